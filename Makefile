@@ -1,0 +1,56 @@
+# llama-sparq: one-command set-up, tests and demo.
+#
+#   make test    install everything into .venv (first time: ~10 min on 2 cores), run the test suite
+#   make demo    install, fetch Gemma 3 270M, generate with the Python Llama and with llama-cli
+#   make install build the fork (persistent build/ folder, ccache when present) and install the package
+#
+# Variables: PYTHON (the interpreter that creates .venv), PYTEST_ARGS, JOBS.
+
+PYTHON      ?= python3
+VENV        ?= .venv
+PY          := $(VENV)/bin/python
+PIP         := $(PY) -m pip --disable-pip-version-check
+PYTEST_ARGS ?=
+JOBS        ?= $(shell nproc 2>/dev/null || echo 2)
+
+.PHONY: all install deps test test-fast demo upstream bench-op clean distclean
+
+all: install
+
+$(VENV)/.deps: pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "scikit-build-core>=0.10" "numpy>=1.20" "pytest>=7" "gguf>=0.10" \
+	    "diskcache>=5.6.1" "jinja2>=2.11.3" "typing-extensions>=4.5.0" "matplotlib>=3.5" "tqdm>=4"
+	@# llama-cpp-python's Python layer only: its own llama.cpp is not compiled (ours is used)
+	CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" $(PIP) install -q --no-deps "llama-cpp-python==0.3.36"
+	@touch $@
+
+deps: $(VENV)/.deps
+
+install: deps
+	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PIP) install -q --no-build-isolation --no-deps .
+	$(PY) -c "import llama_sparq; print(llama_sparq.check_library())"
+
+test: install
+	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+# everything but the tests that need Gemma 3 270M
+test-fast: install
+	$(PY) -m pytest tests -m "not real_model" $(PYTEST_ARGS)
+
+demo: install
+	$(PY) scripts/demo.py
+
+# fetch + patch the pinned upstream only (prints the tree)
+upstream:
+	$(PYTHON) scripts/upstream.py prepare
+
+bench-op: install
+	$(PY) bench/op_bench.py
+
+clean:
+	rm -rf build
+
+distclean: clean
+	rm -rf .upstream $(VENV)

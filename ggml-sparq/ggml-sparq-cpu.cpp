@@ -1,0 +1,72 @@
+// llama-sparq: GGML_OP_SPARQ_ATTN on ggml's CPU backend: tensors -> sparq_args,
+// ggml's work buffer as scratch, ggml's barrier between the kernel's phases.
+
+#include "ggml-sparq-cpu.h"
+#include "ggml-cpu-impl.h"
+#include "sparq-cpu.h"
+
+#include <cstring>
+
+static enum sparq_type sparq_type_of(const struct ggml_tensor * t) {
+    switch (t->type) {
+        case GGML_TYPE_F32: return SPARQ_F32;
+        case GGML_TYPE_F16: return SPARQ_F16;
+        default:
+            GGML_ABORT("sparq_attn: tensor %s has type %s; f16 or f32 expected", t->name, ggml_type_name(t->type));
+    }
+}
+
+static struct sparq_args sparq_args_of(const struct ggml_tensor * dst) {
+    const struct ggml_tensor * q  = dst->src[0];
+    const struct ggml_tensor * k  = dst->src[1];
+    const struct ggml_tensor * kt = dst->src[2];
+    const struct ggml_tensor * v  = dst->src[3];
+    const struct ggml_tensor * vs = dst->src[4];
+    const struct ggml_tensor * vc = dst->src[5];
+    const struct ggml_tensor * mk = dst->src[6];
+
+    struct sparq_args a;
+    memset(&a, 0, sizeof(a));
+    a.d = (int) q->ne[0];
+    a.dv = (int) v->ne[0];
+    a.n_kv = (int) k->ne[1];
+    a.n_rows = (int) q->ne[1];
+    a.n_head = (int) q->ne[2];
+    a.n_head_kv = (int) k->ne[2];
+    a.n_stream = (int) q->ne[3];
+    a.r = ggml_get_op_params_i32(dst, 0);
+    a.k = ggml_get_op_params_i32(dst, 1);
+    a.l = ggml_get_op_params_i32(dst, 2);
+    a.scale = ggml_get_op_params_f32(dst, 3);
+
+    a.q = (const float *) q->data; a.q_nb1 = q->nb[1]; a.q_nb2 = q->nb[2]; a.q_nb3 = q->nb[3];
+    a.K = k->data;   a.K_type = sparq_type_of(k);   a.K_nb1 = k->nb[1];   a.K_nb2 = k->nb[2];   a.K_nb3 = k->nb[3];
+    a.KT = kt->data; a.KT_type = sparq_type_of(kt); a.KT_nb1 = kt->nb[1]; a.KT_nb2 = kt->nb[2]; a.KT_nb3 = kt->nb[3];
+    a.V = v->data;   a.V_type = sparq_type_of(v);   a.V_nb1 = v->nb[1];   a.V_nb2 = v->nb[2];   a.V_nb3 = v->nb[3];
+    a.v_sum = (const float *) vs->data; a.v_sum_nb1 = vs->nb[1]; a.v_sum_nb2 = vs->nb[2];
+    a.v_count = (const float *) vc->data;
+    if (mk) {
+        a.mask = mk->data; a.mask_type = sparq_type_of(mk); a.mask_nb1 = mk->nb[1]; a.mask_nb3 = mk->nb[3];
+        a.mask_ne3 = (int) mk->ne[3];
+    }
+    a.out = (float *) dst->data; a.out_nb1 = dst->nb[1]; a.out_nb2 = dst->nb[2]; a.out_nb3 = dst->nb[3];
+    a.sel_out = nullptr;
+    return a;
+}
+
+size_t ggml_sparq_attn_work_size(const struct ggml_tensor * node, int n_tasks) {
+    const struct sparq_args a = sparq_args_of(node);
+    return sparq_cpu_work_size(&a, n_tasks);
+}
+
+static void sparq_ggml_barrier(void * ctx) {
+    ggml_barrier((struct ggml_threadpool *) ctx);
+}
+
+void ggml_compute_forward_sparq_attn(const struct ggml_compute_params * params, struct ggml_tensor * dst) {
+    const struct sparq_args a = sparq_args_of(dst);
+    // ggml's reference mode runs the scalar kernels
+    const struct sparq_isa * isa = params->use_ref ? &sparq_isa_scalar : sparq_isa_select();
+    sparq_cpu_compute(&a, isa, params->wdata, params->wsize, params->ith, params->nth,
+                      sparq_ggml_barrier, params->threadpool);
+}

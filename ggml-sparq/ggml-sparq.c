@@ -1,0 +1,83 @@
+// llama-sparq: the constructor of GGML_OP_SPARQ_ATTN (compiled into ggml-base).
+// The op is declared in ggml.h by patch 0002; the CPU kernels are in sparq-cpu*.cpp.
+
+#include "ggml.h"
+#include "ggml-impl.h"
+
+#include <math.h>
+
+static bool sparq_cache_type_ok(enum ggml_type t) {
+    return t == GGML_TYPE_F16 || t == GGML_TYPE_F32;
+}
+
+struct ggml_tensor * ggml_sparq_attn(
+        struct ggml_context * ctx,
+        struct ggml_tensor  * q,
+        struct ggml_tensor  * k,
+        struct ggml_tensor  * kt,
+        struct ggml_tensor  * v,
+        struct ggml_tensor  * v_sum,
+        struct ggml_tensor  * v_count,
+        struct ggml_tensor  * mask,
+        int                   r,
+        int                   top_k,
+        int                   local,
+        float                 scale) {
+    const int64_t d      = q->ne[0];
+    const int64_t n_rows = q->ne[1];
+    const int64_t n_head = q->ne[2];
+    const int64_t n_strm = q->ne[3];
+    const int64_t n_kv   = k->ne[1];
+    const int64_t n_hkv  = k->ne[2];
+    const int64_t dv     = v->ne[0];
+
+    GGML_ASSERT(q->type == GGML_TYPE_F32 && "sparq_attn: q must be f32");
+    // quantized caches are refused here: the kernels read f16 or f32 rows only
+    GGML_ASSERT(sparq_cache_type_ok(k->type)  && "sparq_attn: K must be f16 or f32");
+    GGML_ASSERT(sparq_cache_type_ok(kt->type) && "sparq_attn: K^T must be f16 or f32");
+    GGML_ASSERT(sparq_cache_type_ok(v->type)  && "sparq_attn: V must be f16 or f32");
+    GGML_ASSERT(k->ne[0] == d && "sparq_attn: K head size differs from q");
+    GGML_ASSERT(kt->ne[0] == n_kv && kt->ne[1] == d && kt->ne[2] == n_hkv && kt->ne[3] == k->ne[3] &&
+                "sparq_attn: K^T must be [n_kv, d, n_head_kv, n_stream]");
+    GGML_ASSERT(kt->nb[0] == ggml_type_size(kt->type) && "sparq_attn: K^T rows must be cell-contiguous");
+    GGML_ASSERT(k->nb[0] == ggml_type_size(k->type) && v->nb[0] == ggml_type_size(v->type) &&
+                "sparq_attn: K and V rows must be contiguous (flash-attention layout)");
+    GGML_ASSERT(v->ne[1] == n_kv && v->ne[2] == n_hkv && v->ne[3] == k->ne[3] &&
+                "sparq_attn: V must be [dv, n_kv, n_head_kv, n_stream]");
+    GGML_ASSERT(k->ne[3] == n_strm && "sparq_attn: K and q must have the same number of streams");
+    GGML_ASSERT(n_hkv > 0 && n_head % n_hkv == 0 && "sparq_attn: n_head must be a multiple of n_head_kv");
+    GGML_ASSERT(v_sum && v_sum->type == GGML_TYPE_F32 && v_sum->ne[0] == dv && v_sum->ne[1] == n_hkv &&
+                v_sum->ne[2] == n_strm && v_sum->nb[0] == sizeof(float) &&
+                "sparq_attn: v_sum must be f32 [dv, n_head_kv, n_stream]");
+    GGML_ASSERT(v_count && v_count->type == GGML_TYPE_F32 && ggml_nelements(v_count) == n_strm &&
+                ggml_is_contiguous(v_count) && "sparq_attn: v_count must be f32 [n_stream]");
+    if (mask) {
+        GGML_ASSERT((mask->type == GGML_TYPE_F16 || mask->type == GGML_TYPE_F32) &&
+                    "sparq_attn: mask must be f16 or f32");
+        GGML_ASSERT(mask->ne[0] == n_kv && mask->ne[1] >= n_rows && mask->ne[2] == 1 &&
+                    (mask->ne[3] == 1 || mask->ne[3] == n_strm) && mask->nb[0] == ggml_type_size(mask->type) &&
+                    "sparq_attn: mask must be [n_kv, >= n_rows, 1, 1 or n_stream]");
+    }
+    GGML_ASSERT(r >= 1 && r <= d && "sparq_attn: r must be in [1, d]");
+    GGML_ASSERT(top_k >= 1 && "sparq_attn: k must be >= 1");
+    GGML_ASSERT(local >= 0 && local <= top_k && "sparq_attn: l must be in [0, k]");
+    GGML_ASSERT(isfinite(scale) && scale > 0.0f && "sparq_attn: scale must be finite and > 0");
+
+    const int64_t ne[4] = { dv, n_head, n_rows, n_strm };
+    struct ggml_tensor * result = ggml_new_tensor(ctx, GGML_TYPE_F32, 4, ne);
+
+    int32_t params[4] = { r, top_k, local, 0 };
+    memcpy(&params[3], &scale, sizeof(float));
+    ggml_set_op_params(result, params, sizeof(params));
+
+    result->op     = GGML_OP_SPARQ_ATTN;
+    result->src[0] = q;
+    result->src[1] = k;
+    result->src[2] = kt;
+    result->src[3] = v;
+    result->src[4] = v_sum;
+    result->src[5] = v_count;
+    result->src[6] = mask;
+
+    return result;
+}

@@ -1,0 +1,22 @@
+// llama-sparq: the CPU backend's entry points for GGML_OP_SPARQ_ATTN.
+// Included by ggml-cpu.c (patch 0002); defined in ggml-sparq/ggml-sparq-cpu.cpp.
+#pragma once
+
+#include "ggml.h"
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct ggml_compute_params;
+
+// Bytes of ggml's work buffer the op needs with n_tasks threads.
+size_t ggml_sparq_attn_work_size(const struct ggml_tensor * node, int n_tasks);
+
+void ggml_compute_forward_sparq_attn(const struct ggml_compute_params * params, struct ggml_tensor * dst);
+
+#ifdef __cplusplus
+}
+#endif

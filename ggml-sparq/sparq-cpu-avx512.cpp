@@ -1,0 +1,193 @@
+// llama-sparq: AVX-512 (F, BW, VL, DQ) + F16C SparQ primitives.
+// Compiled with -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c; only
+// called when the CPU has them (sparq_isa_select).
+
+#include "sparq-cpu.h"
+
+#if defined(__x86_64__) || defined(_M_X64)
+
+#include <immintrin.h>
+#include <cmath>
+
+namespace {
+
+inline __mmask16 tail_mask(int rem) {
+    return rem >= 16 ? (__mmask16) 0xffff : rem > 0 ? (__mmask16) ((1u << rem) - 1) : (__mmask16) 0;
+}
+
+inline __m512 load_f16(const uint16_t * p, __mmask16 m) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+}
+
+inline __m512 load_f32(const float * p, __mmask16 m) {
+    return _mm512_maskz_loadu_ps(m, p);
+}
+
+// exp(x) for x <= 88.37; lanes below -87.33 (including -INF) give 0.
+// Cephes-style: x = n*ln2 + t, |t| <= ln2/2, exp(t) by a degree-7 polynomial.
+inline __m512 exp_ps(__m512 x) {
+    const __mmask16 tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.33654f), _CMP_LT_OQ);
+    x = _mm512_min_ps(x, _mm512_set1_ps(88.37626f));
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.33654f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 t = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    t = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), t);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(t, t), _mm512_add_ps(t, _mm512_set1_ps(1.0f)));
+    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    const __m512 r = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+    return _mm512_maskz_mov_ps((__mmask16) ~tiny, r);
+}
+
+// NH query heads, NV vectors of 16 cells per step
+template <int NH, int NV, bool F16>
+void approx_blk(const void * const * rows, int r, const float * qs, int n, float * out) {
+    for (int s = 0; s < n; s += 16 * NV) {
+        __mmask16 mk[NV];
+        for (int v = 0; v < NV; ++v) {
+            mk[v] = tail_mask(n - s - 16 * v);
+        }
+        __m512 acc[NH][NV];
+        for (int h = 0; h < NH; ++h) {
+            for (int v = 0; v < NV; ++v) {
+                acc[h][v] = _mm512_setzero_ps();
+            }
+        }
+        for (int j = 0; j < r; ++j) {
+            __m512 x[NV];
+            for (int v = 0; v < NV; ++v) {
+                x[v] = F16 ? load_f16((const uint16_t *) rows[j] + s + 16 * v, mk[v])
+                           : load_f32((const float *) rows[j] + s + 16 * v, mk[v]);
+            }
+            for (int h = 0; h < NH; ++h) {
+                const __m512 w = _mm512_set1_ps(qs[h * r + j]);
+                for (int v = 0; v < NV; ++v) {
+                    acc[h][v] = _mm512_fmadd_ps(w, x[v], acc[h][v]);
+                }
+            }
+        }
+        for (int h = 0; h < NH; ++h) {
+            for (int v = 0; v < NV; ++v) {
+                _mm512_mask_storeu_ps(out + (size_t) h * n + s + 16 * v, mk[v], acc[h][v]);
+            }
+        }
+    }
+}
+
+template <bool F16>
+void approx(const void * const * rows, int r, const float * qs, int g, int n, float * out) {
+    if (g == 1) {
+        approx_blk<1, 4, F16>(rows, r, qs, n, out);
+        return;
+    }
+    for (int h0 = 0; h0 < g; h0 += 4) {
+        const float * q = qs + (size_t) h0 * r;
+        float * o = out + (size_t) h0 * n;
+        switch (g - h0 >= 4 ? 4 : g - h0) {
+            case 1: approx_blk<1, 2, F16>(rows, r, q, n, o); break;
+            case 2: approx_blk<2, 2, F16>(rows, r, q, n, o); break;
+            case 3: approx_blk<3, 2, F16>(rows, r, q, n, o); break;
+            default: approx_blk<4, 2, F16>(rows, r, q, n, o); break;
+        }
+    }
+}
+
+void avx512_approx_f16(const uint16_t * const * rows, int r, const float * qs, int g, int n, float * out) {
+    approx<true>((const void * const *) rows, r, qs, g, n, out);
+}
+
+void avx512_approx_f32(const float * const * rows, int r, const float * qs, int g, int n, float * out) {
+    approx<false>((const void * const *) rows, r, qs, g, n, out);
+}
+
+float avx512_expsum(const float * x, int n, float m) {
+    const __m512 vm = _mm512_set1_ps(m);
+    __m512 acc = _mm512_setzero_ps();
+    for (int i = 0; i < n; i += 16) {
+        const __mmask16 mk = tail_mask(n - i);
+        const __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), mk, x + i);
+        acc = _mm512_add_ps(acc, exp_ps(_mm512_sub_ps(v, vm)));
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+float avx512_max(const float * x, int n) {
+    __m512 acc = _mm512_set1_ps(-INFINITY);
+    for (int i = 0; i < n; i += 16) {
+        const __mmask16 mk = tail_mask(n - i);
+        acc = _mm512_max_ps(acc, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), mk, x + i));
+    }
+    return _mm512_reduce_max_ps(acc);
+}
+
+float avx512_dot_f16(const float * a, const uint16_t * b, int n) {
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i),      load_f16(b + i, 0xffff),      acc0);
+        acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), load_f16(b + i + 16, 0xffff), acc1);
+    }
+    for (; i < n; i += 16) {
+        const __mmask16 mk = tail_mask(n - i);
+        acc0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, a + i), load_f16(b + i, mk), acc0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+}
+
+float avx512_dot_f32(const float * a, const float * b, int n) {
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i),      _mm512_loadu_ps(b + i),      acc0);
+        acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), acc1);
+    }
+    for (; i < n; i += 16) {
+        const __mmask16 mk = tail_mask(n - i);
+        acc0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, a + i), _mm512_maskz_loadu_ps(mk, b + i), acc0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+}
+
+void avx512_axpy_f16(float * y, const uint16_t * x, float a, int n) {
+    const __m512 va = _mm512_set1_ps(a);
+    for (int i = 0; i < n; i += 16) {
+        const __mmask16 mk = tail_mask(n - i);
+        const __m512 r = _mm512_fmadd_ps(va, load_f16(x + i, mk), _mm512_maskz_loadu_ps(mk, y + i));
+        _mm512_mask_storeu_ps(y + i, mk, r);
+    }
+}
+
+void avx512_axpy_f32(float * y, const float * x, float a, int n) {
+    const __m512 va = _mm512_set1_ps(a);
+    for (int i = 0; i < n; i += 16) {
+        const __mmask16 mk = tail_mask(n - i);
+        const __m512 r = _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(mk, x + i), _mm512_maskz_loadu_ps(mk, y + i));
+        _mm512_mask_storeu_ps(y + i, mk, r);
+    }
+}
+
+void avx512_f16_to_f32(const uint16_t * x, float * y, int n) {
+    for (int i = 0; i < n; i += 16) {
+        const __mmask16 mk = tail_mask(n - i);
+        _mm512_mask_storeu_ps(y + i, mk, load_f16(x + i, mk));
+    }
+}
+
+} // namespace
+
+const struct sparq_isa sparq_isa_avx512 = {
+    "avx512",
+    avx512_approx_f16, avx512_approx_f32,
+    avx512_expsum, avx512_max,
+    avx512_dot_f16, avx512_dot_f32,
+    avx512_axpy_f16, avx512_axpy_f32,
+    avx512_f16_to_f32,
+};
+
+#endif

@@ -1,0 +1,111 @@
+// llama-sparq: scalar SparQ primitives. The portable fallback and the
+// reference the SIMD variants are tested against (GGML_SPARQ_ISA=scalar, or
+// ggml's reference mode).
+
+#include "sparq-cpu.h"
+
+#include <cmath>
+
+static void scalar_approx_f16(const uint16_t * const * rows, int r, const float * qs, int g, int n, float * out) {
+    for (int h = 0; h < g; ++h) {
+        float * o = out + (size_t) h * n;
+        for (int s = 0; s < n; ++s) {
+            o[s] = 0.0f;
+        }
+        for (int j = 0; j < r; ++j) {
+            const float w = qs[h * r + j];
+            const uint16_t * x = rows[j];
+            for (int s = 0; s < n; ++s) {
+                o[s] += w * sparq_fp16_to_fp32(x[s]);
+            }
+        }
+    }
+}
+
+static void scalar_approx_f32(const float * const * rows, int r, const float * qs, int g, int n, float * out) {
+    for (int h = 0; h < g; ++h) {
+        float * o = out + (size_t) h * n;
+        for (int s = 0; s < n; ++s) {
+            o[s] = 0.0f;
+        }
+        for (int j = 0; j < r; ++j) {
+            const float w = qs[h * r + j];
+            const float * x = rows[j];
+            for (int s = 0; s < n; ++s) {
+                o[s] += w * x[s];
+            }
+        }
+    }
+}
+
+static float scalar_expsum(const float * x, int n, float m) {
+    float sum = 0.0f;
+    for (int i = 0; i < n; ++i) {
+        sum += expf(x[i] - m);
+    }
+    return sum;
+}
+
+static float scalar_max(const float * x, int n) {
+    float m = -INFINITY;
+    for (int i = 0; i < n; ++i) {
+        m = x[i] > m ? x[i] : m;
+    }
+    return m;
+}
+
+// 8 partial sums, as the SIMD variants keep several lanes: shorter rounding chains
+static float scalar_dot_f16(const float * a, const uint16_t * b, int n) {
+    float acc[8] = { 0 };
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        for (int j = 0; j < 8; ++j) {
+            acc[j] += a[i + j] * sparq_fp16_to_fp32(b[i + j]);
+        }
+    }
+    for (; i < n; ++i) {
+        acc[i & 7] += a[i] * sparq_fp16_to_fp32(b[i]);
+    }
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+static float scalar_dot_f32(const float * a, const float * b, int n) {
+    float acc[8] = { 0 };
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        for (int j = 0; j < 8; ++j) {
+            acc[j] += a[i + j] * b[i + j];
+        }
+    }
+    for (; i < n; ++i) {
+        acc[i & 7] += a[i] * b[i];
+    }
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+static void scalar_axpy_f16(float * y, const uint16_t * x, float a, int n) {
+    for (int i = 0; i < n; ++i) {
+        y[i] += a * sparq_fp16_to_fp32(x[i]);
+    }
+}
+
+static void scalar_axpy_f32(float * y, const float * x, float a, int n) {
+    for (int i = 0; i < n; ++i) {
+        y[i] += a * x[i];
+    }
+}
+
+static void scalar_f16_to_f32(const uint16_t * x, float * y, int n) {
+    for (int i = 0; i < n; ++i) {
+        y[i] = sparq_fp16_to_fp32(x[i]);
+    }
+}
+
+const struct sparq_isa sparq_isa_scalar = {
+    "scalar",
+    scalar_approx_f16, scalar_approx_f32,
+    scalar_expsum, scalar_max,
+    scalar_dot_f16, scalar_dot_f32,
+    scalar_axpy_f16, scalar_axpy_f32,
+    scalar_f16_to_f32,
+};

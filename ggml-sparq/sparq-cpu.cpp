@@ -1,0 +1,722 @@
+// llama-sparq: the ISA-independent part of the CPU SparQ kernel (see sparq-cpu.h).
+
+#include "sparq-cpu.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+// ---------------------------------------------------------------------------
+// half <-> float (IEEE binary16), portable
+// ---------------------------------------------------------------------------
+
+float sparq_fp16_to_fp32(uint16_t h) {
+    const uint32_t sign = (uint32_t) (h & 0x8000u) << 16;
+    uint32_t exp  = (h >> 10) & 0x1fu;
+    uint32_t mant = h & 0x3ffu;
+    uint32_t bits;
+    if (exp == 0x1f) {                 // inf / nan
+        bits = sign | 0x7f800000u | (mant << 13);
+    } else if (exp != 0) {             // normal
+        bits = sign | ((exp + 112) << 23) | (mant << 13);
+    } else if (mant == 0) {            // zero
+        bits = sign;
+    } else {                           // subnormal: normalise
+        exp = 113;
+        while ((mant & 0x400u) == 0) {
+            mant <<= 1;
+            exp--;
+        }
+        bits = sign | (exp << 23) | ((mant & 0x3ffu) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, sizeof(f));
+    return f;
+}
+
+uint16_t sparq_fp32_to_fp16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, sizeof(x));
+    const uint16_t sign = (uint16_t) ((x >> 16) & 0x8000u);
+    const uint32_t ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) {                       // inf / nan
+        return sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u : 0);
+    }
+    if (ax >= 0x477ff000u) {                       // rounds to >= 65520: inf
+        return sign | 0x7c00u;
+    }
+    if (ax < 0x38800000u) {                        // subnormal or zero in half
+        if (ax < 0x33000000u) {
+            return sign;                           // below half of the smallest subnormal
+        }
+        const uint32_t e = ax >> 23;
+        const uint32_t m = (ax & 0x7fffffu) | 0x800000u;
+        const uint32_t shift = 126 - e;            // 14..24
+        uint32_t h = m >> shift;
+        const uint32_t rem = m & ((1u << shift) - 1);
+        const uint32_t half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (h & 1u))) {
+            h++;
+        }
+        return sign | (uint16_t) h;
+    }
+    uint32_t h = ((ax >> 13) - (112u << 10));      // rebias exponent
+    const uint32_t rem = ax & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) {
+        h++;
+    }
+    return sign | (uint16_t) h;
+}
+
+// ---------------------------------------------------------------------------
+// ISA selection
+// ---------------------------------------------------------------------------
+
+static bool sparq_cpu_has(const char * what) {
+#if (defined(__x86_64__) || defined(_M_X64)) && defined(__GNUC__)
+    __builtin_cpu_init();
+    if (strcmp(what, "avx2") == 0) {
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    }
+    if (strcmp(what, "avx512") == 0) {
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+               __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
+    }
+#endif
+#if defined(__aarch64__)
+    if (strcmp(what, "neon") == 0) {
+        return true; // Advanced SIMD is mandatory on AArch64
+    }
+#endif
+    (void) what;
+    return false;
+}
+
+const struct sparq_isa * sparq_isa_by_name(const char * name) {
+    if (strcmp(name, "scalar") == 0) {
+        return &sparq_isa_scalar;
+    }
+#if defined(__x86_64__) || defined(_M_X64)
+    if (strcmp(name, "avx2") == 0) {
+        return sparq_cpu_has("avx2") ? &sparq_isa_avx2 : nullptr;
+    }
+    if (strcmp(name, "avx512") == 0) {
+        return sparq_cpu_has("avx512") ? &sparq_isa_avx512 : nullptr;
+    }
+#endif
+#if defined(__aarch64__)
+    if (strcmp(name, "neon") == 0) {
+        return &sparq_isa_neon;
+    }
+#endif
+    return nullptr;
+}
+
+const struct sparq_isa * sparq_isa_select(void) {
+    static const struct sparq_isa * chosen = nullptr;
+    if (chosen) {
+        return chosen;
+    }
+    const char * env = getenv("GGML_SPARQ_ISA");
+    const struct sparq_isa * isa = nullptr;
+    if (env && *env && strcmp(env, "auto") != 0) {
+        isa = sparq_isa_by_name(env);
+        if (!isa) {
+            fprintf(stderr, "sparq: GGML_SPARQ_ISA=%s is unknown or not supported by this CPU/build "
+                            "(allowed: auto, scalar, avx2, avx512 on x86-64 with the CPU features, neon on AArch64)\n", env);
+            abort();
+        }
+    } else {
+        const char * order[] = { "avx512", "avx2", "neon", "scalar" };
+        for (const char * n : order) {
+            if ((isa = sparq_isa_by_name(n)) != nullptr) {
+                break;
+            }
+        }
+    }
+    chosen = isa;
+    return isa;
+}
+
+// ---------------------------------------------------------------------------
+// scratch layout
+// ---------------------------------------------------------------------------
+
+namespace {
+
+constexpr int    SPARQ_BLOCK     = 256;               // cells per approximate-score block
+constexpr size_t SPARQ_ALIGN     = 64;
+constexpr size_t SPARQ_LOGIT_CAP = (size_t) 64 << 20; // bytes of GQA logits kept at once
+
+struct cand { float key; int32_t idx; };
+
+static bool cand_greater(const cand & a, const cand & b) {
+    return a.key > b.key || (a.key == b.key && a.idx < b.idx);
+}
+
+static size_t align_up(size_t x) { return (x + SPARQ_ALIGN - 1) & ~(SPARQ_ALIGN - 1); }
+
+struct row_info { int32_t n_valid; int32_t w0; };
+
+struct layout {
+    int U, R, g, nc, cap, wave;
+    size_t off_mask, off_cnt, off_row, off_i1, off_qs, off_stat, off_ccount, off_cand, off_logit, off_thread;
+    size_t thread_bytes, total;
+};
+
+static int sparq_cap(const sparq_args * a) { return std::max(2, 2 * a->k); }
+
+static layout make_layout(const sparq_args * a, int nth) {
+    layout L{};
+    L.R   = a->n_stream * a->n_rows;
+    L.U   = L.R * a->n_head_kv;
+    L.g   = a->n_head / a->n_head_kv;
+    L.nc  = nth;
+    L.cap = sparq_cap(a);
+    const size_t S = (size_t) a->n_kv;
+    if (L.g == 1) {
+        L.wave = L.U;
+    } else {
+        const size_t per_unit = (size_t) L.g * S * sizeof(float);
+        L.wave = (int) std::max<size_t>(1, std::min<size_t>(L.U, SPARQ_LOGIT_CAP / std::max<size_t>(per_unit, 1)));
+    }
+    size_t o = 0;
+    L.off_mask   = o; o += align_up((a->mask && a->mask_type == SPARQ_F16) ? (size_t) L.R * S * sizeof(float) : 0);
+    L.off_cnt    = o; o += align_up((size_t) L.R * L.nc * sizeof(int32_t));
+    L.off_row    = o; o += align_up((size_t) L.R * sizeof(row_info));
+    L.off_i1     = o; o += align_up((size_t) L.U * a->r * sizeof(int32_t));
+    L.off_qs     = o; o += align_up((size_t) L.U * L.g * a->r * sizeof(float));
+    L.off_stat   = o; o += align_up((size_t) L.wave * L.nc * L.g * 2 * sizeof(float));
+    L.off_ccount = o; o += align_up((size_t) L.wave * L.nc * sizeof(int32_t));
+    L.off_cand   = o; o += align_up((size_t) L.wave * L.nc * L.cap * sizeof(cand));
+    L.off_logit  = o; o += align_up(L.g > 1 ? (size_t) L.wave * L.g * S * sizeof(float) : 0);
+    // per thread: block buffer (g*B + B), merge buffer, selection, exact logits, y, vbar, d floats for |q|
+    const int dmax = std::max(a->d, a->dv);
+    L.thread_bytes = align_up((size_t) (L.g + 1) * SPARQ_BLOCK * sizeof(float))
+                   + align_up((size_t) (L.nc * L.cap + a->k + 1) * sizeof(cand))
+                   + align_up((size_t) (a->k + 1) * sizeof(int32_t))
+                   + align_up((size_t) (a->k + 1) * sizeof(float))
+                   + align_up((size_t) 3 * dmax * sizeof(float));
+    L.off_thread = o; o += L.thread_bytes * nth;
+    L.total = o + SPARQ_ALIGN; // room to align the base pointer
+    return L;
+}
+
+struct ctx {
+    const sparq_args * a;
+    const sparq_isa  * isa;
+    layout L;
+    char * base;
+
+    float     * maskf(int row)              const { return (float *) (base + L.off_mask) + (size_t) row * a->n_kv; }
+    int32_t   * cnt(int row)                const { return (int32_t *) (base + L.off_cnt) + (size_t) row * L.nc; }
+    row_info  * rinfo(int row)              const { return (row_info *) (base + L.off_row) + row; }
+    int32_t   * i1(int u)                   const { return (int32_t *) (base + L.off_i1) + (size_t) u * a->r; }
+    float     * qs(int u)                   const { return (float *) (base + L.off_qs) + (size_t) u * L.g * a->r; }
+    float     * stat(int w, int c)          const { return (float *) (base + L.off_stat) + ((size_t) w * L.nc + c) * L.g * 2; }
+    int32_t   * ccount(int w, int c)        const { return (int32_t *) (base + L.off_ccount) + (size_t) w * L.nc + c; }
+    cand      * cands(int w, int c)         const { return (cand *) (base + L.off_cand) + ((size_t) w * L.nc + c) * L.cap; }
+    float     * logits(int w, int h)        const { return (float *) (base + L.off_logit) + ((size_t) w * L.g + h) * a->n_kv; }
+    char      * tbuf(int ith)               const { return base + L.off_thread + (size_t) ith * L.thread_bytes; }
+
+    // unit u = (stream * n_rows + row) * n_head_kv + kvh
+    int unit_row(int u) const { return u / a->n_head_kv; }        // row index over all streams
+    int unit_kvh(int u) const { return u % a->n_head_kv; }
+    int row_stream(int R) const { return R / a->n_rows; }
+    int row_in_stream(int R) const { return R % a->n_rows; }
+
+    const void * mask_row_raw(int R) const {
+        const int st = row_stream(R);
+        return (const char *) a->mask + (size_t) row_in_stream(R) * a->mask_nb1 + (size_t) (st % a->mask_ne3) * a->mask_nb3;
+    }
+    // f32 view of the mask row (NULL when there is no mask)
+    const float * mask_row(int R) const {
+        if (!a->mask) {
+            return nullptr;
+        }
+        return a->mask_type == SPARQ_F32 ? (const float *) mask_row_raw(R) : maskf(R);
+    }
+    const float * q_row(int R, int h) const {
+        return (const float *) ((const char *) a->q + (size_t) row_in_stream(R) * a->q_nb1 + (size_t) h * a->q_nb2 +
+                                (size_t) row_stream(R) * a->q_nb3);
+    }
+    const char * K_row(int st, int kvh, int i) const {
+        return (const char *) a->K + (size_t) i * a->K_nb1 + (size_t) kvh * a->K_nb2 + (size_t) st * a->K_nb3;
+    }
+    const char * V_row(int st, int kvh, int i) const {
+        return (const char *) a->V + (size_t) i * a->V_nb1 + (size_t) kvh * a->V_nb2 + (size_t) st * a->V_nb3;
+    }
+    const char * KT_row(int st, int kvh, int comp) const {
+        return (const char *) a->KT + (size_t) comp * a->KT_nb1 + (size_t) kvh * a->KT_nb2 + (size_t) st * a->KT_nb3;
+    }
+};
+
+static inline bool is_valid(float m) { return m != -INFINITY; }
+
+static void chunk_range(int n, int c, int nc, int * s0, int * s1) {
+    *s0 = (int) (((int64_t) n * c) / nc);
+    *s1 = (int) (((int64_t) n * (c + 1)) / nc);
+}
+
+// keep the kk largest of buf[0..n) in buf[0..kk); return the kk-th key
+static float compact(cand * buf, int n, int kk) {
+    std::nth_element(buf, buf + (kk - 1), buf + n, cand_greater);
+    return buf[kk - 1].key;
+}
+
+// ----- phase A: mask rows to f32 + valid counts; component selection -----
+static void phase_a(const ctx & C, int ith, int nth) {
+    const sparq_args * a = C.a;
+    const int S = a->n_kv;
+    for (int R = 0; R < C.L.R; ++R) {
+        int s0, s1;
+        chunk_range(S, ith, nth, &s0, &s1);
+        int32_t n = 0;
+        if (!a->mask) {
+            n = s1 - s0;
+        } else {
+            const float * m;
+            if (a->mask_type == SPARQ_F16) {
+                const uint16_t * src = (const uint16_t *) C.mask_row_raw(R);
+                float * dst = C.maskf(R);
+                if (s1 > s0) {
+                    C.isa->f16_to_f32(src + s0, dst + s0, s1 - s0);
+                }
+                m = dst;
+            } else {
+                m = (const float *) C.mask_row_raw(R);
+            }
+            for (int s = s0; s < s1; ++s) {
+                n += is_valid(m[s]);
+            }
+        }
+        C.cnt(R)[ith] = n;
+    }
+
+    // component selection, per unit
+    const int d = a->d, r = a->r, g = C.L.g;
+    float * absq = (float *) (C.tbuf(ith) + C.L.thread_bytes - align_up((size_t) 3 * std::max(a->d, a->dv) * sizeof(float)));
+    int32_t * order = (int32_t *) (absq + d);
+    for (int u = ith; u < C.L.U; u += nth) {
+        const int R = C.unit_row(u), kvh = C.unit_kvh(u);
+        for (int j = 0; j < d; ++j) {
+            absq[j] = 0.0f;
+        }
+        for (int h = 0; h < g; ++h) {
+            const float * q = C.q_row(R, kvh * g + h);
+            for (int j = 0; j < d; ++j) {
+                absq[j] += fabsf(q[j]);
+            }
+        }
+        for (int j = 0; j < d; ++j) {
+            order[j] = j;
+        }
+        // r largest of sum_h |q_h|, ties to the lower index
+        auto by_mag = [absq](int32_t x, int32_t y) { return absq[x] > absq[y] || (absq[x] == absq[y] && x < y); };
+        if (r < d) {
+            std::nth_element(order, order + (r - 1), order + d, by_mag);
+        }
+        std::sort(order, order + r); // ascending components: K^T rows in address order
+        int32_t * i1 = C.i1(u);
+        memcpy(i1, order, r * sizeof(int32_t));
+        float * qs = C.qs(u);
+        for (int h = 0; h < g; ++h) {
+            const float * q = C.q_row(R, kvh * g + h);
+            double l1_all = 0.0, l1_sel = 0.0;
+            for (int j = 0; j < d; ++j) {
+                l1_all += fabsf(q[j]);
+            }
+            for (int j = 0; j < r; ++j) {
+                l1_sel += fabsf(q[i1[j]]);
+            }
+            // 1/tau generalised to any scale: scale * sqrt(||q||_1 / ||q[i1]||_1)
+            const float f = l1_sel > 0.0 ? (float) (a->scale * sqrt(l1_all / l1_sel)) : a->scale;
+            for (int j = 0; j < r; ++j) {
+                qs[h * r + j] = q[i1[j]] * f;
+            }
+        }
+    }
+}
+
+// ----- phase B: valid cells and window start per row -----
+static void phase_b(const ctx & C, int ith, int nth) {
+    const sparq_args * a = C.a;
+    const int S = a->n_kv;
+    for (int R = ith; R < C.L.R; R += nth) {
+        int32_t n_valid = 0;
+        for (int c = 0; c < C.L.nc; ++c) {
+            n_valid += C.cnt(R)[c];
+        }
+        int32_t w0 = S;
+        if (n_valid > a->k && a->l > 0) {
+            const float * m = C.mask_row(R);
+            int seen = 0;
+            for (int s = S - 1; s >= 0; --s) {
+                if (!m || is_valid(m[s])) {
+                    if (++seen == a->l) {
+                        w0 = s;
+                        break;
+                    }
+                }
+            }
+        }
+        C.rinfo(R)->n_valid = n_valid;
+        C.rinfo(R)->w0 = w0;
+    }
+}
+
+static inline int row_kk(const sparq_args * a, const row_info * ri) {
+    const int n_win = std::min(a->l, ri->n_valid);
+    return a->k - n_win;
+}
+
+// push the candidates of one block into a chunk buffer
+static inline void push_block(cand * buf, int * n, float * thr, int cap, int kk,
+                              const float * key, int nb, int base_idx, int limit) {
+    const float t0 = *thr;
+    int cnt = *n;
+    float t = t0;
+    const int end = std::min(nb, limit - base_idx);
+    for (int s = 0; s < end; ++s) {
+        if (key[s] > t) {
+            buf[cnt].key = key[s];
+            buf[cnt].idx = base_idx + s;
+            if (++cnt == cap) {
+                t = compact(buf, cnt, kk);
+                cnt = kk;
+            }
+        }
+    }
+    *n = cnt;
+    *thr = t;
+}
+
+// ----- phase C: approximate logits, softmax statistics, candidates -----
+static void phase_c(const ctx & C, int wb, int we, int ith) {
+    const sparq_args * a = C.a;
+    const int S = a->n_kv, r = a->r, g = C.L.g;
+    const size_t esz = a->KT_type == SPARQ_F16 ? 2 : 4;
+    float * buf = (float *) C.tbuf(ith);
+    const void * rows[1024];
+    for (int u = wb; u < we; ++u) {
+        const int w = u - wb;
+        const int R = C.unit_row(u), kvh = C.unit_kvh(u), st = C.row_stream(R);
+        const row_info * ri = C.rinfo(R);
+        float * stat = C.stat(w, ith);
+        *C.ccount(w, ith) = 0;
+        for (int h = 0; h < g; ++h) {
+            stat[2 * h] = -INFINITY;
+            stat[2 * h + 1] = 0.0f;
+        }
+        if (ri->n_valid <= a->k) {
+            continue; // exact dense row: no approximate scores needed
+        }
+        const int kk = row_kk(a, ri);
+        int s0, s1;
+        chunk_range(S, ith, C.L.nc, &s0, &s1);
+        const int32_t * i1 = C.i1(u);
+        const float * qs = C.qs(u);
+        const float * m = C.mask_row(R);
+        cand * cb = C.cands(w, ith);
+        int n_c = 0;
+        float thr = -INFINITY;
+        for (int b0 = s0; b0 < s1; b0 += SPARQ_BLOCK) {
+            const int nb = std::min(SPARQ_BLOCK, s1 - b0);
+            for (int j = 0; j < r; ++j) {
+                rows[j] = C.KT_row(st, kvh, i1[j]) + (size_t) b0 * esz;
+            }
+            float * out = g == 1 ? buf : C.logits(w, 0) + b0; // g > 1: straight into the logits scratch
+            if (g == 1) {
+                if (a->KT_type == SPARQ_F16) {
+                    C.isa->approx_f16((const uint16_t * const *) rows, r, qs, 1, nb, out);
+                } else {
+                    C.isa->approx_f32((const float * const *) rows, r, qs, 1, nb, out);
+                }
+            } else {
+                if (a->KT_type == SPARQ_F16) {
+                    C.isa->approx_f16((const uint16_t * const *) rows, r, qs, g, nb, buf);
+                } else {
+                    C.isa->approx_f32((const float * const *) rows, r, qs, g, nb, buf);
+                }
+            }
+            for (int h = 0; h < g; ++h) {
+                float * x = g == 1 ? buf : buf + (size_t) h * nb;
+                if (m) {
+                    for (int s = 0; s < nb; ++s) {
+                        x[s] += m[b0 + s];
+                    }
+                }
+                const float bm = C.isa->max(x, nb);
+                if (bm != -INFINITY) {
+                    float & M = stat[2 * h];
+                    float & Z = stat[2 * h + 1];
+                    if (bm > M) {
+                        Z = M == -INFINITY ? 0.0f : Z * expf(M - bm);
+                        M = bm;
+                    }
+                    Z += C.isa->expsum(x, nb, M);
+                }
+                if (g > 1) {
+                    memcpy(C.logits(w, h) + b0, x, nb * sizeof(float));
+                }
+            }
+            if (g == 1 && kk > 0) {
+                push_block(cb, &n_c, &thr, C.L.cap, kk, buf, nb, b0, ri->w0);
+            }
+        }
+        if (g == 1) {
+            *C.ccount(w, ith) = n_c;
+        }
+    }
+}
+
+// ----- phase D (GQA): group-summed normalised scores, candidates -----
+static void phase_d(const ctx & C, int wb, int we, int ith) {
+    const sparq_args * a = C.a;
+    const int S = a->n_kv, g = C.L.g;
+    float * key = (float *) C.tbuf(ith);
+    float Mh[64], iZ[64];
+    for (int u = wb; u < we; ++u) {
+        const int w = u - wb;
+        const int R = C.unit_row(u);
+        const row_info * ri = C.rinfo(R);
+        if (ri->n_valid <= a->k) {
+            continue;
+        }
+        const int kk = row_kk(a, ri);
+        int s0, s1;
+        chunk_range(S, ith, C.L.nc, &s0, &s1);
+        cand * cb = C.cands(w, ith);
+        int n_c = 0;
+        float thr = -INFINITY;
+        if (kk > 0) {
+            for (int h = 0; h < g; ++h) {
+                float M = -INFINITY;
+                for (int c = 0; c < C.L.nc; ++c) {
+                    M = std::max(M, C.stat(w, c)[2 * h]);
+                }
+                double Z = 0.0;
+                for (int c = 0; c < C.L.nc; ++c) {
+                    const float * st = C.stat(w, c);
+                    if (st[2 * h] != -INFINITY) {
+                        Z += st[2 * h + 1] * exp((double) st[2 * h] - M);
+                    }
+                }
+                Mh[h % 64] = M;
+                iZ[h % 64] = Z > 0 ? (float) (1.0 / Z) : 0.0f;
+            }
+            for (int b0 = s0; b0 < s1; b0 += SPARQ_BLOCK) {
+                const int nb = std::min(SPARQ_BLOCK, s1 - b0);
+                for (int s = 0; s < nb; ++s) {
+                    key[s] = 0.0f;
+                }
+                for (int h = 0; h < g; ++h) {
+                    const float * x = C.logits(w, h) + b0;
+                    const float M = Mh[h % 64], z = iZ[h % 64];
+                    for (int s = 0; s < nb; ++s) {
+                        key[s] += expf(x[s] - M) * z;
+                    }
+                }
+                // masked cells have key 0 and must never be chosen
+                const float * m = C.mask_row(R);
+                if (m) {
+                    for (int s = 0; s < nb; ++s) {
+                        if (!is_valid(m[b0 + s])) {
+                            key[s] = -INFINITY;
+                        }
+                    }
+                }
+                push_block(cb, &n_c, &thr, C.L.cap, kk, key, nb, b0, ri->w0);
+            }
+        }
+        *C.ccount(w, ith) = n_c;
+    }
+}
+
+// ----- phase E: final selection, exact attention, reallocation -----
+static void phase_e(const ctx & C, int wb, int we, int ith, int nth) {
+    const sparq_args * a = C.a;
+    const int S = a->n_kv, g = C.L.g, d = a->d, dv = a->dv, r = a->r;
+    char * tb = C.tbuf(ith);
+    tb += align_up((size_t) (g + 1) * SPARQ_BLOCK * sizeof(float));
+    cand * merge = (cand *) tb;  tb += align_up((size_t) (C.L.nc * C.L.cap + a->k + 1) * sizeof(cand));
+    int32_t * sel = (int32_t *) tb; tb += align_up((size_t) (a->k + 1) * sizeof(int32_t));
+    float * ex = (float *) tb;      tb += align_up((size_t) (a->k + 1) * sizeof(float));
+    const int dmax = std::max(d, dv);
+    float * y = (float *) tb;
+    float * vbar = y + dmax;
+
+    for (int u = wb + ith; u < we; u += nth) {
+        const int w = u - wb;
+        const int R = C.unit_row(u), kvh = C.unit_kvh(u), st = C.row_stream(R);
+        const row_info * ri = C.rinfo(R);
+        const float * m = C.mask_row(R);
+        const bool dense = ri->n_valid <= a->k;
+        int n_sel = 0;
+        if (dense) {
+            for (int s = 0; s < S && n_sel < a->k; ++s) {
+                if (!m || is_valid(m[s])) {
+                    sel[n_sel++] = s;
+                }
+            }
+        } else {
+            const int kk = row_kk(a, ri);
+            if (kk > 0) {
+                int n_m = 0;
+                for (int c = 0; c < C.L.nc; ++c) {
+                    const int n_c = *C.ccount(w, c);
+                    memcpy(merge + n_m, C.cands(w, c), n_c * sizeof(cand));
+                    n_m += n_c;
+                }
+                if (n_m > kk) {
+                    compact(merge, n_m, kk);
+                    n_m = kk;
+                }
+                for (int i = 0; i < n_m; ++i) {
+                    sel[n_sel++] = merge[i].idx;
+                }
+            }
+            for (int s = ri->w0; s < S; ++s) {
+                if (!m || is_valid(m[s])) {
+                    sel[n_sel++] = s;
+                }
+            }
+        }
+
+        // mean of V over the stream's cells
+        const float cnt = a->v_count[st];
+        const float * vs = (const float *) ((const char *) a->v_sum + (size_t) kvh * a->v_sum_nb1 + (size_t) st * a->v_sum_nb2);
+        for (int j = 0; j < dv; ++j) {
+            vbar[j] = cnt > 0.0f ? vs[j] / cnt : 0.0f;
+        }
+
+        const int32_t * i1 = C.i1(u);
+        const float * qs = C.qs(u);
+        for (int hh = 0; hh < g; ++hh) {
+            const int h = kvh * g + hh;
+            const float * q = C.q_row(R, h);
+            // exact logits over the selection
+            float M = -INFINITY;
+            for (int t = 0; t < n_sel; ++t) {
+                const char * kr = C.K_row(st, kvh, sel[t]);
+                float e = a->K_type == SPARQ_F16 ? C.isa->dot_f16(q, (const uint16_t *) kr, d)
+                                                 : C.isa->dot_f32(q, (const float *) kr, d);
+                e = e * a->scale + (m ? m[sel[t]] : 0.0f);
+                ex[t] = e;
+                M = std::max(M, e);
+            }
+            for (int j = 0; j < dv; ++j) {
+                y[j] = 0.0f;
+            }
+            float P = 0.0f;
+            for (int t = 0; t < n_sel; ++t) {
+                const float p = expf(ex[t] - M);
+                P += p;
+                const char * vr = C.V_row(st, kvh, sel[t]);
+                if (a->V_type == SPARQ_F16) {
+                    C.isa->axpy_f16(y, (const uint16_t *) vr, p, dv);
+                } else {
+                    C.isa->axpy_f32(y, (const float *) vr, p, dv);
+                }
+            }
+            const float iP = P > 0.0f ? 1.0f / P : 0.0f;
+
+            // alpha: approximate softmax mass of the selection
+            float alpha = 1.0f;
+            if (!dense) {
+                float Ms = -INFINITY;
+                double Z = 0.0;
+                for (int c = 0; c < C.L.nc; ++c) {
+                    Ms = std::max(Ms, C.stat(w, c)[2 * hh]);
+                }
+                for (int c = 0; c < C.L.nc; ++c) {
+                    const float * stt = C.stat(w, c);
+                    if (stt[2 * hh] != -INFINITY) {
+                        Z += stt[2 * hh + 1] * exp((double) stt[2 * hh] - Ms);
+                    }
+                }
+                double mass = 0.0;
+                for (int t = 0; t < n_sel; ++t) {
+                    const int i = sel[t];
+                    float ap;
+                    if (g > 1) {
+                        ap = C.logits(w, hh)[i];
+                    } else {
+                        const char * kr = C.K_row(st, kvh, i);
+                        ap = 0.0f;
+                        if (a->K_type == SPARQ_F16) {
+                            for (int j = 0; j < r; ++j) {
+                                ap += qs[hh * r + j] * sparq_fp16_to_fp32(((const uint16_t *) kr)[i1[j]]);
+                            }
+                        } else {
+                            for (int j = 0; j < r; ++j) {
+                                ap += qs[hh * r + j] * ((const float *) kr)[i1[j]];
+                            }
+                        }
+                        ap += m ? m[i] : 0.0f;
+                    }
+                    mass += exp((double) ap - Ms);
+                }
+                alpha = Z > 0.0 ? (float) std::min(1.0, mass / Z) : 1.0f;
+            }
+            float * o = (float *) ((char *) a->out + (size_t) h * a->out_nb1 + (size_t) C.row_in_stream(R) * a->out_nb2 +
+                                   (size_t) st * a->out_nb3);
+            const float ay = alpha * iP, av = 1.0f - alpha;
+            for (int j = 0; j < dv; ++j) {
+                o[j] = ay * y[j] + av * vbar[j];
+            }
+        }
+        if (a->sel_out) {
+            int32_t * so = a->sel_out + (size_t) u * a->k;
+            std::sort(sel, sel + n_sel);
+            for (int t = 0; t < a->k; ++t) {
+                so[t] = t < n_sel ? sel[t] : -1;
+            }
+        }
+    }
+}
+
+} // namespace
+
+size_t sparq_cpu_work_size(const struct sparq_args * a, int nth) {
+    return make_layout(a, nth).total;
+}
+
+void sparq_cpu_compute(const struct sparq_args * a, const struct sparq_isa * isa,
+                       void * wdata, size_t wsize, int ith, int nth,
+                       sparq_barrier_fn barrier, void * barrier_ctx) {
+    ctx C;
+    C.a = a;
+    C.isa = isa;
+    C.L = make_layout(a, nth);
+    if (wsize < C.L.total) {
+        fprintf(stderr, "sparq: work buffer of %zu bytes, %zu needed\n", wsize, C.L.total);
+        abort();
+    }
+    C.base = (char *) (((uintptr_t) wdata + SPARQ_ALIGN - 1) & ~(uintptr_t) (SPARQ_ALIGN - 1));
+    if (a->r > 1024 || C.L.g > 64) {
+        fprintf(stderr, "sparq: r = %d (max 1024) or group size %d (max 64) out of range\n", a->r, C.L.g);
+        abort();
+    }
+
+    phase_a(C, ith, nth);
+    barrier(barrier_ctx);
+    phase_b(C, ith, nth);
+    barrier(barrier_ctx);
+    for (int wb = 0; wb < C.L.U; wb += C.L.wave) {
+        const int we = std::min(C.L.U, wb + C.L.wave);
+        phase_c(C, wb, we, ith);
+        barrier(barrier_ctx);
+        if (C.L.g > 1) {
+            phase_d(C, wb, we, ith);
+            barrier(barrier_ctx);
+        }
+        phase_e(C, wb, we, ith, nth);
+        if (we < C.L.U) {
+            barrier(barrier_ctx);
+        }
+    }
+}

@@ -1,0 +1,92 @@
+// llama-sparq: SparQ attention on the CPU, independent of ggml.
+//
+// sparq_cpu_compute() runs one SparQ attention call (SPARQ.md) for every
+// stream, query row and KV head group, split over nth threads that all call it
+// with their index ith and meet at the given barrier between phases:
+//
+//   phase A  per (row, cell chunk): mask to f32, count valid cells;
+//            per unit (stream, row, KV head): component selection i1
+//   phase B  per row: number of valid cells, start of the local window
+//   phase C  per (unit, cell chunk): approximate logits from r rows of K^T,
+//            softmax statistics, candidate positions of the chunk
+//   phase D  (GQA only) per (unit, cell chunk): group-summed scores, candidates
+//   phase E  per unit: merge candidates + window into i2, exact attention over
+//            i2 for each query head, mean-value reallocation, output
+//
+// The ISA-specific primitives (sparq_isa) are the only SIMD code; everything
+// else is shared, so every ISA makes exactly the same selection logic.
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum sparq_type { SPARQ_F32 = 0, SPARQ_F16 = 1 };
+
+// One ISA's primitives. rows/x of type f16 are uint16_t IEEE half bits.
+struct sparq_isa {
+    const char * name;
+    // out[h*n + s] = sum_{j<r} qs[h*r + j] * rows[j][s]   (h < g, s < n)
+    void (*approx_f16)(const uint16_t * const * rows, int r, const float * qs, int g, int n, float * out);
+    void (*approx_f32)(const float    * const * rows, int r, const float * qs, int g, int n, float * out);
+    // sum_i exp(x[i] - m); x may hold -INF (contributes 0)
+    float (*expsum)(const float * x, int n, float m);
+    float (*max)(const float * x, int n);
+    float (*dot_f16)(const float * a, const uint16_t * b, int n);
+    float (*dot_f32)(const float * a, const float    * b, int n);
+    // y[i] += a * x[i]
+    void (*axpy_f16)(float * y, const uint16_t * x, float a, int n);
+    void (*axpy_f32)(float * y, const float    * x, float a, int n);
+    void (*f16_to_f32)(const uint16_t * x, float * y, int n);
+};
+
+extern const struct sparq_isa sparq_isa_scalar;
+#if defined(__x86_64__) || defined(_M_X64)
+extern const struct sparq_isa sparq_isa_avx2;
+extern const struct sparq_isa sparq_isa_avx512;
+#endif
+#if defined(__aarch64__)
+extern const struct sparq_isa sparq_isa_neon;
+#endif
+
+// The best ISA this CPU supports, unless the environment variable
+// GGML_SPARQ_ISA (scalar, avx2, avx512, neon) names another; an unknown or
+// unsupported name aborts with a message (never a silent fallback).
+const struct sparq_isa * sparq_isa_select(void);
+// By name; NULL when unknown or not supported by this CPU/build.
+const struct sparq_isa * sparq_isa_by_name(const char * name);
+
+float sparq_fp16_to_fp32(uint16_t h);
+uint16_t sparq_fp32_to_fp16(float f);
+
+struct sparq_args {
+    int d, dv;           // head sizes of K and V
+    int n_kv;            // cells (S) per stream
+    int n_rows;          // query rows per stream
+    int n_head, n_head_kv, n_stream;
+    int r, k, l;
+    float scale;
+
+    // strides in bytes
+    const float * q;  size_t q_nb1, q_nb2, q_nb3;            // [d, n_rows, n_head, n_stream]
+    const void * K;   enum sparq_type K_type;  size_t K_nb1, K_nb2, K_nb3;    // [d, n_kv, n_head_kv, n_stream]
+    const void * KT;  enum sparq_type KT_type; size_t KT_nb1, KT_nb2, KT_nb3; // [n_kv, d, n_head_kv, n_stream]
+    const void * V;   enum sparq_type V_type;  size_t V_nb1, V_nb2, V_nb3;    // [dv, n_kv, n_head_kv, n_stream]
+    const float * v_sum; size_t v_sum_nb1, v_sum_nb2;         // [dv, n_head_kv, n_stream]
+    const float * v_count;                                    // [n_stream]
+    const void * mask; enum sparq_type mask_type; size_t mask_nb1, mask_nb3; int mask_ne3; // NULL: all valid
+    float * out; size_t out_nb1, out_nb2, out_nb3;            // [dv, n_head, n_rows, n_stream]
+
+    // optional, for tests: the selected cells per (stream, row, kv head),
+    // k entries each, ascending, -1 padded; [k, n_head_kv, n_rows, n_stream]
+    int32_t * sel_out;
+};
+
+// Bytes of scratch sparq_cpu_compute needs with nth threads.
+size_t sparq_cpu_work_size(const struct sparq_args * a, int nth);
+
+typedef void (*sparq_barrier_fn)(void * ctx);
+
+// Called by every thread ith in [0, nth) with the same arguments and scratch.
+void sparq_cpu_compute(const struct sparq_args * a, const struct sparq_isa * isa,
+                       void * wdata, size_t wsize, int ith, int nth,
+                       sparq_barrier_fn barrier, void * barrier_ctx);

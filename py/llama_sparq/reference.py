@@ -1,0 +1,424 @@
+"""NumPy reference for SparQ attention: the oracle every kernel test compares against.
+
+The algorithm is the one of ``SPARQ.md`` (the project's contract), for one KV "stream":
+
+    q     (n_rows, n_head, d)      one query token per row (decode) or several (prefill)
+    K     (S, n_head_kv, d)        keys of the S cells
+    V     (S, n_head_kv, dv)       values of the S cells
+    mask  (n_rows, S)              0 for a cell the row may see, -inf for one it may not
+                                   (None = every cell valid); other finite values are
+                                   added as a bias like ggml does
+    vbar  (n_head_kv, dv) or (n_rows, n_head_kv, dv) or None (None = per row, the mean of
+                                   V over that row's valid cells)
+
+Query head ``h`` uses KV head ``h // (n_head // n_head_kv)`` (ggml's GQA convention). The
+``g = n_head // n_head_kv`` query heads sharing a KV head form a group: they share the
+component selection ``i1`` and the position selection ``i2``.
+
+``SPARQ.md`` writes the temperature as ``tau_h = sqrt(d * ||q_h[i1]||_1 / ||q_h||_1)`` with
+the dense scale ``1/sqrt(d)``. Here it is generalised to any ``scale``: the approximate
+logits are ``(q_h[i1] . K[:, i1]^T) * scale * sqrt(||q_h||_1 / ||q_h[i1]||_1)``, which is
+exactly ``/ tau_h`` when ``scale = 1/sqrt(d)``.
+
+All arithmetic runs in ``dtype`` (inputs are cast to it): float64 is the exact oracle;
+float32 / float16 give "the naive implementation in that precision", which kernel tests
+use to measure the naive same-precision error (FlashAttention's way of judging kernels).
+For float16 the products, sums and softmax run in float16 as far as NumPy allows. Note that
+the default ``vbar`` is then also summed in float16; a kernel that keeps a float32 running
+sum should pass its own ``vbar`` when compared with a float16 reference.
+
+A row with no valid cell at all gives an output of zeros (like ggml's guarded 1/sum).
+"""
+
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+
+__all__ = [
+    "dense_attention",
+    "sparq_attention",
+    "combined_scores",
+    "selection_matches",
+]
+
+# Rows per block in dense_attention: bounds the (rows, g, S) logits buffer for long prefills.
+_DENSE_ROW_BLOCK = 64
+
+
+# --------------------------------------------------------------------------------------
+# validation helpers
+# --------------------------------------------------------------------------------------
+
+
+def _as_int(name, value):
+    """Return ``value`` as a Python int, or raise ValueError naming ``name``."""
+    if isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be an integer, got {value!r}") from None
+
+
+def _float_dtype(dtype):
+    dt = np.dtype(dtype)
+    if not np.issubdtype(dt, np.floating):
+        raise ValueError(f"dtype must be a floating-point type (float16/32/64), got {dt}")
+    return dt
+
+
+def _check_real_array(name, arr):
+    if not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)):
+        raise ValueError(f"{name} must hold real numbers, got dtype {arr.dtype}")
+
+
+def _prepare(q, K, V, mask, scale, vbar=None):
+    """Check shapes of the inputs; return them as arrays (not yet cast) plus the dims.
+
+    V may be None (combined_scores needs no values).
+    """
+    q = np.asarray(q)
+    K = np.asarray(K)
+    if q.ndim != 3:
+        raise ValueError(f"q must have shape (n_rows, n_head, d), got shape {q.shape}")
+    if K.ndim != 3:
+        raise ValueError(f"K must have shape (S, n_head_kv, d), got shape {K.shape}")
+    _check_real_array("q", q)
+    _check_real_array("K", K)
+    n_rows, n_head, d = q.shape
+    S, n_head_kv, dk = K.shape
+    if d < 1:
+        raise ValueError(f"q: head size d must be >= 1, got shape {q.shape}")
+    if dk != d:
+        raise ValueError(f"K must have shape (S, n_head_kv, d={d}), got shape {K.shape}")
+    if n_head < 1 or n_head_kv < 1:
+        raise ValueError(
+            f"n_head and n_head_kv must be >= 1, got n_head={n_head}, n_head_kv={n_head_kv}"
+        )
+    if n_head % n_head_kv != 0:
+        raise ValueError(
+            f"n_head ({n_head}) must be a multiple of n_head_kv ({n_head_kv})"
+        )
+    dv = None
+    if V is not None:
+        V = np.asarray(V)
+        _check_real_array("V", V)
+        if V.ndim != 3 or V.shape[0] != S or V.shape[1] != n_head_kv:
+            raise ValueError(
+                f"V must have shape (S={S}, n_head_kv={n_head_kv}, dv), got shape {V.shape}"
+            )
+        dv = V.shape[2]
+    if mask is not None:
+        mask = np.asarray(mask)
+        _check_real_array("mask", mask)
+        if mask.shape != (n_rows, S):
+            raise ValueError(
+                f"mask must have shape (n_rows={n_rows}, S={S}), got shape {mask.shape}"
+            )
+        if np.any(np.isnan(mask)) or np.any(mask == np.inf):
+            raise ValueError("mask must hold finite values or -inf (no NaN, no +inf)")
+    if scale is None:
+        scale = 1.0 / np.sqrt(d)
+    else:
+        try:
+            scale = float(scale)
+        except (TypeError, ValueError):
+            raise ValueError(f"scale must be a finite number > 0, got {scale!r}") from None
+        if not (np.isfinite(scale) and scale > 0):
+            raise ValueError(f"scale must be a finite number > 0, got {scale!r}")
+    if vbar is not None:
+        vbar = np.asarray(vbar)
+        _check_real_array("vbar", vbar)
+        if vbar.shape not in ((n_head_kv, dv), (n_rows, n_head_kv, dv)):
+            raise ValueError(
+                f"vbar must have shape (n_head_kv={n_head_kv}, dv={dv}) or "
+                f"(n_rows={n_rows}, n_head_kv={n_head_kv}, dv={dv}), got shape {vbar.shape}"
+            )
+    dims = dict(n_rows=n_rows, n_head=n_head, d=d, S=S, n_head_kv=n_head_kv, dv=dv,
+                g=n_head // n_head_kv)
+    return q, K, V, mask, scale, vbar, dims
+
+
+def _check_r(r, d):
+    r = _as_int("r", r)
+    if not 1 <= r <= d:
+        raise ValueError(f"r must be in [1, d] = [1, {d}], got {r}")
+    return r
+
+
+def _check_k_l(k, l):
+    k = _as_int("k", k)
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    l = _as_int("l", l)
+    if not 0 <= l <= k:
+        raise ValueError(f"l must be in [0, k] = [0, {k}], got {l}")
+    return k, l
+
+
+# --------------------------------------------------------------------------------------
+# math helpers (everything in the dtype of the arguments)
+# --------------------------------------------------------------------------------------
+
+
+def _softmax(x):
+    """Softmax over the last axis, in x's dtype.
+
+    -inf entries get exactly 0; a slice that is all -inf (or empty) gives all zeros
+    instead of NaN.
+    """
+    if x.shape[-1] == 0:
+        return x.copy()
+    m = np.max(x, axis=-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, x.dtype.type(0))
+    e = np.exp(x - m)
+    s = np.sum(e, axis=-1, keepdims=True)
+    return np.divide(e, s, out=np.zeros_like(e), where=s > 0)
+
+
+def _select_components(qg, r):
+    """i1 per (row, KV head): the r largest entries of sum_h |q_h|, ascending.
+
+    qg: (n_rows, n_head_kv, g, d) in the working dtype. Ties go to the lower component
+    index (stable argsort on the negated values). The returned indices are sorted
+    ascending: the set is what matters, and ascending is the order a kernel reading
+    K^T rows in memory order would use.
+    """
+    qabs = np.sum(np.abs(qg), axis=2)  # (n_rows, n_head_kv, d)
+    order = np.argsort(-qabs, axis=-1, kind="stable")[..., :r]
+    return np.sort(order, axis=-1)
+
+
+def _approx_scores(qr, K, i1r, mrow, scale, dt):
+    """shat for one row: (n_head_kv, g, S), softmax of the approximate logits.
+
+    qr: (n_head_kv, g, d) query of this row in dt; K: (S, n_head_kv, d) uncast;
+    i1r: (n_head_kv, r); mrow: (S,) mask row in dt or None.
+    """
+    n_head_kv = qr.shape[0]
+    # Gather the r components of the keys first, then cast: K itself may be large.
+    # K[:, j, i1r[j, c]] -> (S, n_head_kv, r) -> (n_head_kv, r, S) (the "K^T rows").
+    Kt = K[:, np.arange(n_head_kv)[:, None], i1r].astype(dt, copy=False)
+    Kt = np.ascontiguousarray(Kt.transpose(1, 2, 0))
+    qs = np.take_along_axis(qr, i1r[:, None, :], axis=2)  # (n_head_kv, g, r)
+    # Per query head: scale * sqrt(||q_h||_1 / ||q_h[i1]||_1)  (= 1/tau_h for 1/sqrt(d)).
+    sc = dt.type(scale)
+    n_all = np.sum(np.abs(qr), axis=-1)  # (n_head_kv, g)
+    n_sel = np.sum(np.abs(qs), axis=-1)
+    ratio = np.divide(n_all, n_sel, out=np.ones_like(n_all), where=n_sel > 0)
+    factor = np.where(n_sel > 0, sc * np.sqrt(ratio), sc).astype(dt, copy=False)
+    logits = np.matmul(qs, Kt) * factor[..., None]  # (n_head_kv, g, S)
+    if mrow is not None:
+        logits = logits + mrow
+    return _softmax(logits)
+
+
+# --------------------------------------------------------------------------------------
+# public API
+# --------------------------------------------------------------------------------------
+
+
+def dense_attention(q, K, V, mask=None, scale=None, dtype=np.float64):
+    """Dense attention, ``softmax(q . K^T * scale + mask) . V`` per query head.
+
+    Shapes as in the module docstring; returns (n_rows, n_head, dv) in ``dtype``.
+    """
+    q, K, V, mask, scale, _, dims = _prepare(q, K, V, mask, scale)
+    dt = _float_dtype(dtype)
+    n_rows, n_kv, g, d, dv = (dims[x] for x in ("n_rows", "n_head_kv", "g", "d", "dv"))
+    qg = q.astype(dt, copy=False).reshape(n_rows, n_kv, g, d)
+    md = None if mask is None else mask.astype(dt, copy=False)
+    sc = dt.type(scale)
+    out = np.zeros((n_rows, n_kv, g, dv), dt)
+    for j in range(n_kv):
+        Kj = K[:, j, :].astype(dt)  # (S, d), cast one KV head at a time
+        Vj = V[:, j, :].astype(dt)  # (S, dv)
+        for r0 in range(0, n_rows, _DENSE_ROW_BLOCK):
+            r1 = min(r0 + _DENSE_ROW_BLOCK, n_rows)
+            logits = np.matmul(qg[r0:r1, j], Kj.T) * sc  # (b, g, S)
+            if md is not None:
+                logits = logits + md[r0:r1, None, :]
+            out[r0:r1, j] = np.matmul(_softmax(logits), Vj)
+    return out.reshape(n_rows, n_kv * g, dv)
+
+
+def combined_scores(q, K, *, r, mask=None, scale=None, dtype=np.float64):
+    """The position-selection scores: (n_rows, n_head_kv, S) array of ``sum_h shat_h``.
+
+    The sum runs over the query heads of each KV head group; invalid (-inf) cells score 0.
+    Kernel tests use it to judge whether two selections differ only by ties.
+    """
+    q, K, _, mask, scale, _, dims = _prepare(q, K, None, mask, scale)
+    dt = _float_dtype(dtype)
+    n_rows, n_kv, g, d, S = (dims[x] for x in ("n_rows", "n_head_kv", "g", "d", "S"))
+    r = _check_r(r, d)
+    qg = q.astype(dt, copy=False).reshape(n_rows, n_kv, g, d)
+    md = None if mask is None else mask.astype(dt, copy=False)
+    i1 = _select_components(qg, r)
+    out = np.zeros((n_rows, n_kv, S), dt)
+    for row in range(n_rows):
+        mrow = None if md is None else md[row]
+        out[row] = np.sum(_approx_scores(qg[row], K, i1[row], mrow, scale, dt), axis=1)
+    return out
+
+
+def sparq_attention(q, K, V, *, r, k, l=0, mask=None, scale=None, vbar=None,
+                    dtype=np.float64, return_info=False, i2=None):
+    """SparQ attention (SPARQ.md steps 1-5) per row and KV head group.
+
+    r: components kept in step 1, in [1, d].  k: positions kept in step 3, >= 1.
+    l: local window (most recent valid cells, always kept, counted in k), in [0, k].
+    Rows with at most k valid cells are exact dense attention (alpha = 1).
+
+    Returns out (n_rows, n_head, dv), or (out, info) with return_info=True, where info is
+      "i1":         int array (n_rows, n_head_kv, r), the selected components, ascending
+      "i2":         list per row of list per KV head of int arrays, the selected cells,
+                    ascending
+      "alpha":      (n_rows, n_head), the approximate-score mass on the selected cells
+      "dense_rows": bool array (n_rows,), True where the row had n_valid <= k
+
+    i2: optional forced position selection (n_rows, n_head_kv, k) used instead of step 3
+    on the rows that are not dense (kernel tests use it to check a kernel's output on the
+    kernel's own selection when the two selections differ only by ties).
+    """
+    q, K, V, mask, scale, vbar, dims = _prepare(q, K, V, mask, scale, vbar)
+    dt = _float_dtype(dtype)
+    n_rows, n_kv, g, d, S, dv = (
+        dims[x] for x in ("n_rows", "n_head_kv", "g", "d", "S", "dv"))
+    r = _check_r(r, d)
+    k, l = _check_k_l(k, l)
+
+    qg = q.astype(dt, copy=False).reshape(n_rows, n_kv, g, d)
+    md = None if mask is None else mask.astype(dt, copy=False)
+    valid = np.ones((n_rows, S), bool) if mask is None else np.isfinite(mask)
+    n_valid = valid.sum(axis=1)
+    dense_rows = n_valid <= k
+    vbar_d = None if vbar is None else vbar.astype(dt, copy=False)
+    kv_ar = np.arange(n_kv)[:, None]
+
+    # Step 1: component selection, shared by the query heads of a group.
+    i1 = _select_components(qg, r)  # (n_rows, n_kv, r)
+
+    out = np.empty((n_rows, n_kv, g, dv), dt)
+    alpha = np.ones((n_rows, n_kv, g), dt)
+    i2_info = []
+    vbar_cache = {}  # default vbar per distinct set of valid cells
+
+    for row in range(n_rows):
+        cells = np.flatnonzero(valid[row])
+        nv = cells.size
+        mrow = None if md is None else md[row]
+        qr = qg[row]  # (n_kv, g, d)
+
+        if dense_rows[row]:
+            # Exact dense step: every valid cell, the same for all KV heads.
+            sel = np.broadcast_to(cells, (n_kv, nv))
+        else:
+            # Step 2: approximate scores per query head, (n_kv, g, S); 0 at invalid cells.
+            shat = _approx_scores(qr, K, i1[row], mrow, scale, dt)
+            # Step 3: position selection shared by the group.
+            w = min(l, nv)
+            window = cells[nv - w:]  # the w most recent valid cells
+            cand = np.sum(shat, axis=1)  # (n_kv, S) combined scores
+            cand[:, ~valid[row]] = -np.inf  # never select an invalid cell
+            cand[:, window] = -np.inf  # the window is added below, not chosen here
+            # There are nv - w >= k - w + 1 finite candidates, so no -inf is picked.
+            # Stable argsort on negated scores: ties go to the lower cell index.
+            top = np.argsort(-cand, axis=-1, kind="stable")[:, : k - w]
+            sel = np.sort(np.concatenate([top, np.broadcast_to(window, (n_kv, w))],
+                                         axis=1), axis=1)
+            if i2 is not None:
+                sel = np.sort(np.asarray(i2[row], dtype=np.int64).reshape(n_kv, k), axis=1)
+            # Step 5 (part): alpha_h = sum_{i in i2} shat_h[i].
+            alpha[row] = np.sum(np.take_along_axis(shat, sel[:, None, :], axis=2), axis=-1)
+
+        # Step 4: exact attention over the selected cells, per query head.
+        Ks = K[sel, kv_ar, :].astype(dt, copy=False)  # (n_kv, m, d)
+        Vs = V[sel, kv_ar, :].astype(dt, copy=False)  # (n_kv, m, dv)
+        logits = np.matmul(qr, Ks.transpose(0, 2, 1)) * dt.type(scale)  # (n_kv, g, m)
+        if mrow is not None:
+            logits = logits + mrow[sel][:, None, :]
+        y = np.matmul(_softmax(logits), Vs)  # (n_kv, g, dv); zeros if m == 0
+
+        if dense_rows[row]:
+            out[row] = y
+        else:
+            # Step 5: mean-value reallocation.
+            if vbar_d is None:
+                vb = _default_vbar(V, valid[row], cells, dt, vbar_cache)
+            elif vbar_d.ndim == 3:
+                vb = vbar_d[row]
+            else:
+                vb = vbar_d
+            a = alpha[row][..., None]  # (n_kv, g, 1)
+            out[row] = a * y + (dt.type(1) - a) * vb[:, None, :]
+
+        i2_info.append([np.array(sel[j], dtype=np.int64) for j in range(n_kv)])
+
+    out = out.reshape(n_rows, n_kv * g, dv)
+    if not return_info:
+        return out
+    info = {
+        "i1": i1.astype(np.int64),
+        "i2": i2_info,
+        "alpha": alpha.reshape(n_rows, n_kv * g),
+        "dense_rows": dense_rows,
+    }
+    return out, info
+
+
+def _default_vbar(V, valid_row, cells, dt, cache):
+    """Mean of V over the valid cells of one row, (n_head_kv, dv) in dt (cached)."""
+    key = valid_row.tobytes()
+    vb = cache.get(key)
+    if vb is None:
+        nv = cells.size
+        if nv == valid_row.size:
+            s = np.sum(V, axis=0, dtype=dt)
+        elif cells[-1] - cells[0] + 1 == nv:
+            s = np.sum(V[cells[0]: cells[-1] + 1], axis=0, dtype=dt)  # a view, no copy
+        else:
+            s = np.sum(V[cells], axis=0, dtype=dt)
+        vb = s / dt.type(nv)
+        cache[key] = vb
+    return vb
+
+
+def selection_matches(ref_sorted_idx, got_idx, scores, atol, forced=None):
+    """True if a kernel's selection ``got_idx`` is the reference one up to ties.
+
+    ref_sorted_idx: the reference's selected positions (e.g. info["i2"][row][j]).
+    got_idx:        the positions the kernel selected (any order).
+    scores:         1-D scores the selection ranks on (e.g. combined_scores(...)[row, j]).
+    atol:           tie tolerance on those scores.
+    forced:         optional positions that must be selected whatever their score (the
+                    local window); they are required in got_idx and do not set the
+                    boundary.
+
+    The sets must have the same size and no duplicates. They may differ only in positions
+    whose scores lie within ``atol`` of the selection boundary (the lowest score among
+    the reference's non-forced selected positions). Invalid cells score 0, so a test with
+    a large atol should also check separately that no invalid cell was selected.
+    """
+    ref = np.asarray(ref_sorted_idx, dtype=np.int64).ravel()
+    got = np.asarray(got_idx, dtype=np.int64).ravel()
+    scores = np.asarray(scores, dtype=np.float64).ravel()
+    if got.size != ref.size or np.unique(got).size != got.size:
+        return False
+    ref_set, got_set = set(ref.tolist()), set(got.tolist())
+    if ref_set == got_set:
+        return True
+    if got.min() < 0 or got.max() >= scores.size:
+        return False
+    forced_set = set() if forced is None else set(
+        np.asarray(forced, dtype=np.int64).ravel().tolist())
+    if not forced_set <= got_set:
+        return False
+    free = [i for i in ref_set if i not in forced_set]
+    if not free:
+        return False  # everything was forced, yet the sets differ
+    boundary = scores[free].min()
+    diff = np.array(sorted(ref_set ^ got_set), dtype=np.int64)
+    return bool(np.all(np.abs(scores[diff] - boundary) <= atol))

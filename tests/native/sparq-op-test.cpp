@@ -1,0 +1,279 @@
+// llama-sparq: runs SparQ attention on a case file written by tests/sparq_cases.py
+// and writes the output (and, in direct mode, the selected cells) for pytest
+// to compare with the NumPy reference.
+//
+//   sparq-op-test direct CASE OUT [--isa scalar|avx2|avx512|neon] [--threads N]
+//       the kernel layer (ggml-sparq/sparq-cpu.h) on N std::threads
+//   sparq-op-test ggml CASE OUT [--threads N]
+//       the op through ggml: ggml_sparq_attn in a graph computed by the CPU
+//       backend (the ISA comes from GGML_SPARQ_ISA)
+//   sparq-op-test isa
+//       prints the ISA the kernels select on this machine
+//
+// Case file: "SPQ1", 13 int32 (d, dv, n_kv, n_rows, n_head, n_head_kv,
+// n_stream, r, k, l, kv_type, mask_type, kt_pad), f32 scale, then q f32
+// [n_stream][n_head][n_rows][d], K [n_stream][n_head_kv][n_kv][d], V
+// [n_stream][n_head_kv][n_kv][dv] (kv_type 0 f32, 1 f16), mask [n_stream]
+// [n_rows][n_kv] (mask_type 0 f32, 1 f16, -1 none), v_sum f32 [n_stream]
+// [n_head_kv][dv], v_count f32 [n_stream].
+// Output file: out f32 [n_stream][n_rows][n_head][dv], then (direct mode)
+// sel int32 [n_stream][n_rows][n_head_kv][k].
+
+#include "sparq-cpu.h"
+
+#ifdef SPARQ_TEST_WITH_GGML
+#include "ggml.h"
+#include "ggml-cpu.h"
+#endif
+
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+struct test_case {
+    int d, dv, n_kv, n_rows, n_head, n_head_kv, n_stream, r, k, l, kv_type, mask_type, kt_pad;
+    float scale;
+    std::vector<float> q, v_sum, v_count;
+    std::vector<char> K, V, mask;
+    size_t kv_esz() const { return kv_type == 1 ? 2 : 4; }
+    size_t mask_esz() const { return mask_type == 1 ? 2 : 4; }
+};
+
+[[noreturn]] static void die(const char * msg, const char * what = "") {
+    fprintf(stderr, "sparq-op-test: %s%s\n", msg, what);
+    exit(2);
+}
+
+static void read_exact(FILE * f, void * dst, size_t n, const char * what) {
+    if (n && fread(dst, 1, n, f) != n) {
+        die("truncated case file while reading ", what);
+    }
+}
+
+static test_case read_case(const char * path) {
+    FILE * f = fopen(path, "rb");
+    if (!f) {
+        die("cannot open case file ", path);
+    }
+    char magic[4];
+    read_exact(f, magic, 4, "magic");
+    if (memcmp(magic, "SPQ1", 4) != 0) {
+        die("not a SPQ1 case file: ", path);
+    }
+    test_case c;
+    int32_t h[13];
+    read_exact(f, h, sizeof(h), "header");
+    c.d = h[0]; c.dv = h[1]; c.n_kv = h[2]; c.n_rows = h[3]; c.n_head = h[4]; c.n_head_kv = h[5];
+    c.n_stream = h[6]; c.r = h[7]; c.k = h[8]; c.l = h[9]; c.kv_type = h[10]; c.mask_type = h[11]; c.kt_pad = h[12];
+    read_exact(f, &c.scale, 4, "scale");
+    const size_t nq = (size_t) c.n_stream * c.n_head * c.n_rows * c.d;
+    const size_t nk = (size_t) c.n_stream * c.n_head_kv * c.n_kv * c.d;
+    const size_t nv = (size_t) c.n_stream * c.n_head_kv * c.n_kv * c.dv;
+    c.q.resize(nq);
+    read_exact(f, c.q.data(), nq * 4, "q");
+    c.K.resize(nk * c.kv_esz());
+    read_exact(f, c.K.data(), c.K.size(), "K");
+    c.V.resize(nv * c.kv_esz());
+    read_exact(f, c.V.data(), c.V.size(), "V");
+    if (c.mask_type >= 0) {
+        c.mask.resize((size_t) c.n_stream * c.n_rows * c.n_kv * c.mask_esz());
+        read_exact(f, c.mask.data(), c.mask.size(), "mask");
+    }
+    c.v_sum.resize((size_t) c.n_stream * c.n_head_kv * c.dv);
+    read_exact(f, c.v_sum.data(), c.v_sum.size() * 4, "v_sum");
+    c.v_count.resize(c.n_stream);
+    read_exact(f, c.v_count.data(), c.v_count.size() * 4, "v_count");
+    fclose(f);
+    return c;
+}
+
+static void write_out(const char * path, const std::vector<float> & out, const std::vector<int32_t> * sel) {
+    FILE * f = fopen(path, "wb");
+    if (!f) {
+        die("cannot write ", path);
+    }
+    fwrite(out.data(), 4, out.size(), f);
+    if (sel) {
+        fwrite(sel->data(), 4, sel->size(), f);
+    }
+    fclose(f);
+}
+
+// K^T with rows of n_kv + kt_pad cells (a view into a larger cache, as in llama.cpp)
+static std::vector<char> make_kt(const test_case & c) {
+    const size_t esz = c.kv_esz(), row = (size_t) c.n_kv + c.kt_pad;
+    std::vector<char> kt((size_t) c.n_stream * c.n_head_kv * c.d * row * esz, 0);
+    for (int st = 0; st < c.n_stream; ++st) {
+        for (int h = 0; h < c.n_head_kv; ++h) {
+            for (int i = 0; i < c.n_kv; ++i) {
+                for (int j = 0; j < c.d; ++j) {
+                    const size_t src = ((((size_t) st * c.n_head_kv + h) * c.n_kv + i) * c.d + j) * esz;
+                    const size_t dst = ((((size_t) st * c.n_head_kv + h) * c.d + j) * row + i) * esz;
+                    memcpy(&kt[dst], &c.K[src], esz);
+                }
+            }
+        }
+    }
+    return kt;
+}
+
+// ---------------------------------------------------------------------------
+// direct mode
+// ---------------------------------------------------------------------------
+
+struct thread_barrier {
+    std::mutex mu;
+    std::condition_variable cv;
+    int n, waiting = 0;
+    long phase = 0;
+    explicit thread_barrier(int n) : n(n) {}
+    static void wait(void * p) {
+        thread_barrier * b = (thread_barrier *) p;
+        std::unique_lock<std::mutex> lock(b->mu);
+        const long ph = b->phase;
+        if (++b->waiting == b->n) {
+            b->waiting = 0;
+            b->phase++;
+            b->cv.notify_all();
+        } else {
+            b->cv.wait(lock, [&] { return b->phase != ph; });
+        }
+    }
+};
+
+static int run_direct(const test_case & c, const char * out_path, const char * isa_name, int nth) {
+    const struct sparq_isa * isa = isa_name ? sparq_isa_by_name(isa_name) : sparq_isa_select();
+    if (!isa) {
+        die("ISA not available on this CPU/build: ", isa_name);
+    }
+    const std::vector<char> kt = make_kt(c);
+    const size_t esz = c.kv_esz(), ktrow = (size_t) c.n_kv + c.kt_pad;
+    std::vector<float> out((size_t) c.n_stream * c.n_rows * c.n_head * c.dv, NAN);
+    std::vector<int32_t> sel((size_t) c.n_stream * c.n_rows * c.n_head_kv * c.k, -2);
+
+    sparq_args a;
+    memset(&a, 0, sizeof(a));
+    a.d = c.d; a.dv = c.dv; a.n_kv = c.n_kv; a.n_rows = c.n_rows; a.n_head = c.n_head; a.n_head_kv = c.n_head_kv;
+    a.n_stream = c.n_stream; a.r = c.r; a.k = c.k; a.l = c.l; a.scale = c.scale;
+    a.q = c.q.data(); a.q_nb1 = (size_t) c.d * 4; a.q_nb2 = a.q_nb1 * c.n_rows; a.q_nb3 = a.q_nb2 * c.n_head;
+    const sparq_type t = c.kv_type == 1 ? SPARQ_F16 : SPARQ_F32;
+    a.K = c.K.data(); a.K_type = t; a.K_nb1 = c.d * esz; a.K_nb2 = a.K_nb1 * c.n_kv; a.K_nb3 = a.K_nb2 * c.n_head_kv;
+    a.V = c.V.data(); a.V_type = t; a.V_nb1 = c.dv * esz; a.V_nb2 = a.V_nb1 * c.n_kv; a.V_nb3 = a.V_nb2 * c.n_head_kv;
+    a.KT = kt.data(); a.KT_type = t; a.KT_nb1 = ktrow * esz; a.KT_nb2 = a.KT_nb1 * c.d; a.KT_nb3 = a.KT_nb2 * c.n_head_kv;
+    a.v_sum = c.v_sum.data(); a.v_sum_nb1 = (size_t) c.dv * 4; a.v_sum_nb2 = a.v_sum_nb1 * c.n_head_kv;
+    a.v_count = c.v_count.data();
+    if (c.mask_type >= 0) {
+        a.mask = c.mask.data(); a.mask_type = c.mask_type == 1 ? SPARQ_F16 : SPARQ_F32;
+        a.mask_nb1 = (size_t) c.n_kv * c.mask_esz(); a.mask_nb3 = a.mask_nb1 * c.n_rows; a.mask_ne3 = c.n_stream;
+    }
+    a.out = out.data(); a.out_nb1 = (size_t) c.dv * 4; a.out_nb2 = a.out_nb1 * c.n_head; a.out_nb3 = a.out_nb2 * c.n_rows;
+    a.sel_out = sel.data();
+
+    const size_t wsize = sparq_cpu_work_size(&a, nth);
+    std::vector<char> work(wsize);
+    thread_barrier bar(nth);
+    std::vector<std::thread> threads;
+    for (int ith = 1; ith < nth; ++ith) {
+        threads.emplace_back([&, ith] { sparq_cpu_compute(&a, isa, work.data(), wsize, ith, nth, thread_barrier::wait, &bar); });
+    }
+    sparq_cpu_compute(&a, isa, work.data(), wsize, 0, nth, thread_barrier::wait, &bar);
+    for (auto & th : threads) {
+        th.join();
+    }
+    write_out(out_path, out, &sel);
+    return 0;
+}
+
+// ---------------------------------------------------------------------------
+// ggml mode
+// ---------------------------------------------------------------------------
+
+#ifdef SPARQ_TEST_WITH_GGML
+static int run_ggml(const test_case & c, const char * out_path, int nth) {
+    const std::vector<char> kt = make_kt(c);
+    const enum ggml_type t = c.kv_type == 1 ? GGML_TYPE_F16 : GGML_TYPE_F32;
+    const size_t need = c.q.size() * 4 + c.K.size() + c.V.size() + kt.size() + c.mask.size() +
+                        c.v_sum.size() * 4 + c.v_count.size() * 4 +
+                        (size_t) c.n_stream * c.n_rows * c.n_head * c.dv * 4 + 64 * ggml_tensor_overhead() +
+                        ggml_graph_overhead() + (1 << 20);
+    struct ggml_init_params ip = { need, nullptr, false };
+    struct ggml_context * ctx = ggml_init(ip);
+
+    struct ggml_tensor * q = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, c.d, c.n_rows, c.n_head, c.n_stream);
+    struct ggml_tensor * K = ggml_new_tensor_4d(ctx, t, c.d, c.n_kv, c.n_head_kv, c.n_stream);
+    struct ggml_tensor * V = ggml_new_tensor_4d(ctx, t, c.dv, c.n_kv, c.n_head_kv, c.n_stream);
+    struct ggml_tensor * KTfull = ggml_new_tensor_4d(ctx, t, c.n_kv + c.kt_pad, c.d, c.n_head_kv, c.n_stream);
+    struct ggml_tensor * KT = ggml_view_4d(ctx, KTfull, c.n_kv, c.d, c.n_head_kv, c.n_stream,
+                                           KTfull->nb[1], KTfull->nb[2], KTfull->nb[3], 0);
+    struct ggml_tensor * vs = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, c.dv, c.n_head_kv, c.n_stream);
+    struct ggml_tensor * vc = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, c.n_stream);
+    struct ggml_tensor * mask = nullptr;
+    if (c.mask_type >= 0) {
+        mask = ggml_new_tensor_4d(ctx, c.mask_type == 1 ? GGML_TYPE_F16 : GGML_TYPE_F32, c.n_kv, c.n_rows, 1, c.n_stream);
+        memcpy(mask->data, c.mask.data(), c.mask.size());
+    }
+    memcpy(q->data, c.q.data(), c.q.size() * 4);
+    memcpy(K->data, c.K.data(), c.K.size());
+    memcpy(V->data, c.V.data(), c.V.size());
+    memcpy(KTfull->data, kt.data(), kt.size());
+    memcpy(vs->data, c.v_sum.data(), c.v_sum.size() * 4);
+    memcpy(vc->data, c.v_count.data(), c.v_count.size() * 4);
+
+    struct ggml_tensor * res = ggml_sparq_attn(ctx, q, K, KT, V, vs, vc, mask, c.r, c.k, c.l, c.scale);
+    struct ggml_cgraph * gf = ggml_new_graph(ctx);
+    ggml_build_forward_expand(gf, res);
+    if (ggml_graph_compute_with_ctx(ctx, gf, nth) != GGML_STATUS_SUCCESS) {
+        die("ggml_graph_compute failed");
+    }
+    std::vector<float> out(ggml_nelements(res));
+    memcpy(out.data(), res->data, out.size() * 4);
+    write_out(out_path, out, nullptr);
+    ggml_free(ctx);
+    return 0;
+}
+#endif
+
+int main(int argc, char ** argv) {
+    if (argc >= 2 && strcmp(argv[1], "isa") == 0) {
+        printf("%s\n", sparq_isa_select()->name);
+        return 0;
+    }
+    if (argc < 4) {
+        fprintf(stderr, "usage: %s direct|ggml CASE OUT [--isa NAME] [--threads N]\n       %s isa\n", argv[0], argv[0]);
+        return 2;
+    }
+    const std::string mode = argv[1];
+    const char * isa = nullptr;
+    int nth = 1;
+    for (int i = 4; i < argc; ++i) {
+        if (strcmp(argv[i], "--isa") == 0 && i + 1 < argc) {
+            isa = argv[++i];
+        } else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
+            nth = atoi(argv[++i]);
+            if (nth < 1 || nth > 256) {
+                die("--threads must be in [1, 256]");
+            }
+        } else {
+            die("unknown argument ", argv[i]);
+        }
+    }
+    const test_case c = read_case(argv[2]);
+    if (mode == "direct") {
+        return run_direct(c, argv[3], isa, nth);
+    }
+#ifdef SPARQ_TEST_WITH_GGML
+    if (mode == "ggml") {
+        if (isa) {
+            die("--isa is for direct mode; set GGML_SPARQ_ISA for ggml mode");
+        }
+        return run_ggml(c, argv[3], nth);
+    }
+#endif
+    die("unknown mode ", mode.c_str());
+}

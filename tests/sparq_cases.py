@@ -1,0 +1,227 @@
+"""Test cases for the SparQ kernels: generation, the case-file format of
+tests/native/sparq-op-test.cpp, running it, and checking its results against the
+NumPy reference (llama_sparq.reference).
+
+Checks, per FlashAttention's rule for kernels (../shared/STYLE.md):
+- the selected cells equal the reference's up to ties of the combined score;
+- the output error against the float64 reference (on the same f16-rounded inputs)
+  is within 2x the error of the naive float32 reference (plus a tiny floor).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+import subprocess
+from pathlib import Path
+
+import numpy as np
+
+from llama_sparq import reference as ref
+
+
+@dataclasses.dataclass
+class Case:
+    d: int
+    S: int
+    r: int
+    k: int
+    l: int = 0
+    dv: int | None = None
+    n_rows: int = 1
+    n_head: int = 1
+    n_head_kv: int = 1
+    n_stream: int = 1
+    kv_type: str = "f16"      # f16 | f32
+    mask: str = "full"        # none | full | holes | pad | causal
+    mask_type: str = "f16"    # f16 | f32
+    kt_pad: int = 0
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.dv is None:
+            self.dv = self.d
+
+    @property
+    def id(self):
+        return (f"d{self.d}-S{self.S}-r{self.r}-k{self.k}-l{self.l}-rows{self.n_rows}-h{self.n_head}/{self.n_head_kv}"
+                f"-st{self.n_stream}-{self.kv_type}-{self.mask}")
+
+
+def generate(c: Case):
+    """Arrays of the case, in the reference's shapes, f16 values already rounded."""
+    rng = np.random.default_rng(c.seed)
+    kv_dt = np.float16 if c.kv_type == "f16" else np.float32
+    # queries with a heavy tail over components (as real ones have), keys with a few
+    # large channels, values plain
+    comp_scale = np.exp(rng.normal(0.0, 0.7, size=c.d)).astype(np.float32)
+    q = (rng.standard_normal((c.n_stream, c.n_rows, c.n_head, c.d)) * comp_scale).astype(np.float32)
+    K = (rng.standard_normal((c.n_stream, c.S, c.n_head_kv, c.d)) * np.sqrt(comp_scale)).astype(kv_dt)
+    V = rng.standard_normal((c.n_stream, c.S, c.n_head_kv, c.dv)).astype(kv_dt)
+    mask = None
+    if c.mask != "none":
+        mask = np.zeros((c.n_stream, c.n_rows, c.S), np.float32)
+        for st in range(c.n_stream):
+            if c.mask == "holes":
+                holes = rng.random(c.S) < 0.3
+                mask[st, :, holes] = -np.inf
+            elif c.mask == "pad":
+                n_pad = int(rng.integers(0, max(1, c.S // 3)))
+                if n_pad:
+                    mask[st, :, c.S - n_pad:] = -np.inf
+            elif c.mask == "causal":
+                # row i sees the cells up to S - n_rows + i, with a few holes
+                for i in range(c.n_rows):
+                    mask[st, i, c.S - c.n_rows + i + 1:] = -np.inf
+                holes = rng.random(c.S) < 0.1
+                mask[st, :, holes] = -np.inf
+        if c.mask_type == "f16":
+            mask = mask.astype(np.float16).astype(np.float32)
+    # the running sum and count over the stream's valid cells (cells any row may see)
+    v_sum = np.zeros((c.n_stream, c.n_head_kv, c.dv), np.float32)
+    v_count = np.zeros(c.n_stream, np.float32)
+    for st in range(c.n_stream):
+        cells = np.ones(c.S, bool) if mask is None else np.isfinite(mask[st]).any(axis=0)
+        v_sum[st] = V[st][cells].astype(np.float64).sum(axis=0)
+        v_count[st] = cells.sum()
+    return dict(q=q, K=K, V=V, mask=mask, v_sum=v_sum, v_count=v_count,
+                scale=np.float32(1.0 / np.sqrt(c.d)))
+
+
+def write(path: Path, c: Case, a: dict) -> None:
+    kv_type = 1 if c.kv_type == "f16" else 0
+    mask_type = -1 if a["mask"] is None else (1 if c.mask_type == "f16" else 0)
+    hdr = struct.pack("<4s13if", b"SPQ1", c.d, c.dv, c.S, c.n_rows, c.n_head, c.n_head_kv, c.n_stream,
+                      c.r, c.k, c.l, kv_type, mask_type, c.kt_pad, float(a["scale"]))
+    kv_dt = np.float16 if kv_type else np.float32
+    with open(path, "wb") as f:
+        f.write(hdr)
+        # ggml layouts: q [d, n_rows, n_head, n_stream] -> numpy (st, head, row, d)
+        f.write(np.ascontiguousarray(a["q"].transpose(0, 2, 1, 3), dtype=np.float32).tobytes())
+        # K, V [d, n_kv, n_head_kv, n_stream] -> numpy (st, hkv, cell, d)
+        f.write(np.ascontiguousarray(a["K"].transpose(0, 2, 1, 3), dtype=kv_dt).tobytes())
+        f.write(np.ascontiguousarray(a["V"].transpose(0, 2, 1, 3), dtype=kv_dt).tobytes())
+        if a["mask"] is not None:
+            f.write(np.ascontiguousarray(a["mask"], dtype=np.float16 if mask_type == 1 else np.float32).tobytes())
+        f.write(np.ascontiguousarray(a["v_sum"], dtype=np.float32).tobytes())
+        f.write(np.ascontiguousarray(a["v_count"], dtype=np.float32).tobytes())
+
+
+def run(prog, mode: str, c: Case, a: dict, tmp: Path, *, isa=None, threads=1, prefix=(), env=None):
+    """Run sparq-op-test; return out (st, row, head, dv) and sel (st, row, hkv, k) or None."""
+    case_path, out_path = tmp / f"case-{c.seed}.bin", tmp / f"out-{c.seed}.bin"
+    write(case_path, c, a)
+    cmd = [*prefix, str(prog), mode, str(case_path), str(out_path), "--threads", str(threads)]
+    if isa:
+        cmd += ["--isa", isa]
+    res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, timeout=600)
+    assert res.returncode == 0, f"{' '.join(cmd)} failed ({res.returncode}):\n{res.stderr}"
+    raw = out_path.read_bytes()
+    n_out = c.n_stream * c.n_rows * c.n_head * c.dv
+    out = np.frombuffer(raw[: 4 * n_out], np.float32).reshape(c.n_stream, c.n_rows, c.n_head, c.dv)
+    sel = None
+    if mode == "direct":
+        sel = np.frombuffer(raw[4 * n_out:], np.int32).reshape(c.n_stream, c.n_rows, c.n_head_kv, c.k)
+    return out, sel
+
+
+def check(c: Case, a: dict, out: np.ndarray, sel: np.ndarray | None) -> dict:
+    """Assert the kernel's results against the reference; return error figures."""
+    stats = {"rows": 0, "tie_rows": 0, "err": 0.0, "naive": 0.0}
+    for st in range(c.n_stream):
+        q = a["q"][st].astype(np.float64)
+        K = a["K"][st].astype(np.float64)
+        V = a["V"][st].astype(np.float64)
+        mask = None if a["mask"] is None else a["mask"][st].astype(np.float64)
+        vbar = a["v_sum"][st].astype(np.float64) / max(float(a["v_count"][st]), 1.0)
+        scale = float(a["scale"])
+        kw = dict(r=c.r, k=c.k, l=c.l, mask=mask, scale=scale, vbar=vbar)
+        want, info = ref.sparq_attention(q, K, V, return_info=True, **kw)
+        forced_i2 = None
+        if sel is not None:
+            got_sel = sel[st]
+            scores = ref.combined_scores(q, K, r=c.r, mask=mask, scale=scale)
+            valid = np.ones((c.n_rows, c.S), bool) if mask is None else np.isfinite(mask)
+            need_force = False
+            for row in range(c.n_rows):
+                for j in range(c.n_head_kv):
+                    want_i = info["i2"][row][j]
+                    got_i = got_sel[row, j][got_sel[row, j] >= 0]
+                    assert np.all(valid[row][got_i]), f"{c.id}: an invalid cell was selected (row {row}, kv {j})"
+                    if info["dense_rows"][row]:
+                        assert np.array_equal(np.sort(got_i), want_i), f"{c.id}: dense row {row} selection differs"
+                        continue
+                    cells = np.flatnonzero(valid[row])
+                    window = cells[cells.size - min(c.l, cells.size):] if c.l else None
+                    atol = 1e-5 * float(np.max(scores[row, j])) + 1e-12
+                    ok = ref.selection_matches(want_i, got_i, scores[row, j], atol, forced=window)
+                    assert ok, (f"{c.id}: selection differs beyond ties (stream {st} row {row} kv {j}): "
+                                f"missing {sorted(set(want_i.tolist()) - set(got_i.tolist()))[:8]}, "
+                                f"extra {sorted(set(got_i.tolist()) - set(want_i.tolist()))[:8]}")
+                    if not np.array_equal(np.sort(got_i), want_i):
+                        need_force = True
+                        stats["tie_rows"] += 1
+            if need_force:
+                # ties chose other cells: judge the output on the kernel's own selection
+                forced_i2 = [[np.sort(got_sel[row, j]) for j in range(c.n_head_kv)] for row in range(c.n_rows)]
+                want = ref.sparq_attention(q, K, V, i2=forced_i2, **kw)
+        i2_used = forced_i2 if forced_i2 is not None else info["i2"]
+        # the naive fp32 implementation, on the same selection
+        naive = ref.sparq_attention(q.astype(np.float32), K.astype(np.float32), V.astype(np.float32),
+                                    dtype=np.float32, i2=i2_used,
+                                    **{**kw, "mask": None if mask is None else mask.astype(np.float32),
+                                       "vbar": vbar.astype(np.float32)})
+        got = out[st].astype(np.float64)
+        assert np.all(np.isfinite(got)), f"{c.id}: non-finite output"
+        err = float(np.max(np.abs(got - want)))
+        err_naive = float(np.max(np.abs(naive.astype(np.float64) - want)))
+        floor = 2e-6 * max(1.0, float(np.max(np.abs(want))))
+        assert err <= 2.0 * err_naive + floor, (
+            f"{c.id}: max error {err:.3g} vs fp64 exceeds 2x the naive fp32 error {err_naive:.3g} (+{floor:.1g})")
+        stats["rows"] += c.n_rows
+        stats["err"] = max(stats["err"], err)
+        stats["naive"] = max(stats["naive"], err_naive)
+    return stats
+
+
+def grid(quick: bool = False) -> list[Case]:
+    """The issue's grid: head sizes 64/80/128/256, S 1..~33000, r 1..d, k 1..beyond S,
+    l 0 and k/4, group sizes 1/4/8 with 1..8 KV heads, 1 and several query rows,
+    masks with holes and padding, f16 and f32 caches."""
+    cases = []
+    seed = 100
+    def add(**kw):
+        nonlocal seed
+        seed += 1
+        cases.append(Case(seed=seed, **kw))
+    # head sizes x cache types, decode shape
+    for d in (64, 80, 128, 256):
+        for kv in ("f16", "f32"):
+            add(d=d, S=1000 + d, r=max(1, d // 8), k=64, l=16, n_head=4, n_head_kv=1, kv_type=kv)
+    # S sweep, including S <= k (exact) and long contexts
+    for S in (1, 2, 7, 64, 128, 129, 300, 4097):
+        add(d=128, S=S, r=16, k=128, l=32, n_head=8, n_head_kv=2)
+    for S in ((16384,) if quick else (16384, 33000)):
+        add(d=128, S=S, r=16, k=128, l=32, n_head=4, n_head_kv=1, mask="pad")
+    # r from 1 to d
+    for r in (1, 2, 31, 64, 127, 128):
+        add(d=128, S=700, r=r, k=32, l=8, n_head=4, n_head_kv=4)
+    # k from 1 to beyond S, l = 0 and k/4
+    for k, l in ((1, 0), (1, 1), (4, 1), (50, 0), (50, 12), (600, 150), (2000, 500)):
+        add(d=64, S=1500, r=8, k=k, l=l, n_head=8, n_head_kv=1)
+    # group sizes 1, 4, 8 with 1..8 KV heads
+    for g, hkv in ((1, 1), (1, 8), (4, 2), (4, 8), (8, 1), (8, 3), (2, 5)):
+        add(d=80, S=900, r=10, k=40, l=10, n_head=g * hkv, n_head_kv=hkv)
+    # masks: holes, padding, none, f32 masks, several query rows (causal), streams
+    add(d=128, S=2000, r=16, k=100, l=25, n_head=4, n_head_kv=2, mask="holes")
+    add(d=128, S=2000, r=16, k=100, l=25, n_head=4, n_head_kv=2, mask="pad", mask_type="f32")
+    add(d=128, S=2000, r=16, k=100, l=0, n_head=4, n_head_kv=2, mask="none")
+    add(d=64, S=1200, r=8, k=64, l=16, n_rows=5, n_head=4, n_head_kv=1, mask="causal")
+    add(d=64, S=1200, r=8, k=64, l=16, n_rows=3, n_head=8, n_head_kv=8, mask="causal", kv_type="f32")
+    add(d=128, S=1500, r=16, k=64, l=16, n_stream=3, n_head=4, n_head_kv=1, mask="pad")
+    add(d=128, S=1500, r=16, k=64, l=16, n_stream=2, n_rows=2, n_head=8, n_head_kv=2, mask="causal",
+        kt_pad=37)
+    add(d=256, S=3000, r=32, k=128, l=32, n_head=4, n_head_kv=1, mask="holes", kt_pad=100)
+    if quick:
+        cases = cases[::3]
+    return cases

@@ -1,0 +1,170 @@
+"""GGML_OP_SPARQ_ATTN and its CPU kernels against the NumPy reference.
+
+- every ISA this CPU has (scalar, AVX2, AVX-512 forced in turn) over the grid of
+  tests/sparq_cases.py, through the kernel layer with 1 and 2 threads;
+- the op through ggml's graph and CPU backend (threads split the S axis);
+- NEON: the kernels cross-compiled with Debian's aarch64 compiler, run under qemu-user;
+- AddressSanitizer + UndefinedBehaviorSanitizer: the kernels built with both, on a grid.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from llama_sparq import tool_path
+from sparq_cases import Case, check, generate, grid, run
+
+ROOT = Path(__file__).resolve().parent.parent
+SPARQ_DIR = ROOT / "ggml-sparq"
+BUILD = ROOT / "build" / "tests"
+
+
+def cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+FLAGS = cpu_flags()
+ISAS = {
+    "scalar": True,
+    "avx2": {"avx2", "fma", "f16c"} <= FLAGS,
+    "avx512": {"avx512f", "avx512bw", "avx512vl", "avx512dq", "f16c", "fma"} <= FLAGS,
+}
+GRID = grid()
+QUICK = grid(quick=True)
+
+
+@pytest.fixture(scope="module")
+def prog():
+    return tool_path("sparq-op-test")
+
+
+def test_isa_auto_picks_the_best(prog):
+    out = subprocess.run([str(prog), "isa"], capture_output=True, text=True, check=True).stdout.strip()
+    best = "avx512" if ISAS["avx512"] else "avx2" if ISAS["avx2"] else "scalar"
+    assert out == best
+
+
+def test_isa_unknown_is_refused(prog, tmp_path):
+    c = QUICK[0]
+    env = dict(os.environ, GGML_SPARQ_ISA="sse9")
+    res = subprocess.run([str(prog), "isa"], capture_output=True, text=True, env=env)
+    assert res.returncode != 0
+    assert "GGML_SPARQ_ISA=sse9" in res.stderr and "allowed" in res.stderr
+
+
+@pytest.mark.parametrize("isa", list(ISAS))
+@pytest.mark.parametrize("case", GRID, ids=lambda c: c.id)
+def test_kernel_isa(prog, tmp_path, isa, case):
+    if not ISAS[isa]:
+        pytest.skip(f"this CPU has no {isa}")
+    a = generate(case)
+    out, sel = run(prog, "direct", case, a, tmp_path, isa=isa, threads=1)
+    check(case, a, out, sel)
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("case", QUICK, ids=lambda c: c.id)
+def test_kernel_threads(prog, tmp_path, threads, case):
+    a = generate(case)
+    out, sel = run(prog, "direct", case, a, tmp_path, threads=threads)
+    check(case, a, out, sel)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("case", QUICK, ids=lambda c: c.id)
+def test_ggml_op(prog, tmp_path, threads, case):
+    a = generate(case)
+    out, _ = run(prog, "ggml", case, a, tmp_path, threads=threads)
+    check(case, a, out, None)
+
+
+def test_ggml_op_threads_agree(prog, tmp_path):
+    # the S split changes only which thread finds a candidate, not the result
+    c = Case(d=128, S=5000, r=16, k=128, l=32, n_head=8, n_head_kv=2, mask="holes", seed=7)
+    a = generate(c)
+    o1, _ = run(prog, "ggml", c, a, tmp_path, threads=1)
+    o2, _ = run(prog, "ggml", c, a, tmp_path, threads=2)
+    assert abs(o1 - o2).max() <= 1e-5 * max(1.0, abs(o1).max())
+
+
+ISA_FLAGS = {
+    "sparq-cpu-avx2.cpp": ["-mavx2", "-mfma", "-mf16c"],
+    "sparq-cpu-avx512.cpp": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma", "-mf16c"],
+}
+
+
+def _build_standalone(out: Path, cxx: str, extra: list[str], sources: list[Path], link: list[str] = ()) -> Path:
+    """Compile the kernel layer + the test driver without ggml (each ISA file with its flags)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    newest = max(p.stat().st_mtime for p in sources + [SPARQ_DIR / "sparq-cpu.h"])
+    if out.exists() and out.stat().st_mtime > newest:
+        return out
+    objs = []
+    for src in sources:
+        obj = out.parent / (src.name + ".o")
+        cmd = [cxx, "-std=c++17", "-O2", "-g", "-I", str(SPARQ_DIR), *extra, *ISA_FLAGS.get(src.name, []),
+               "-c", str(src), "-o", str(obj)]
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stderr}"
+        objs.append(str(obj))
+    cmd = [cxx, *extra, *objs, "-o", str(out), "-pthread", *link]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stderr}"
+    return out
+
+
+@pytest.fixture(scope="module")
+def neon_prog():
+    cxx = shutil.which("aarch64-linux-gnu-g++")
+    qemu = shutil.which("qemu-aarch64") or shutil.which("qemu-aarch64-static")
+    if not cxx or not qemu:
+        pytest.fail("NEON tests need aarch64-linux-gnu-g++ and qemu-aarch64 (make deps-system installs them)")
+    srcs = [SPARQ_DIR / "sparq-cpu.cpp", SPARQ_DIR / "sparq-cpu-scalar.cpp", SPARQ_DIR / "sparq-cpu-neon.cpp",
+            ROOT / "tests" / "native" / "sparq-op-test.cpp"]
+    exe = _build_standalone(BUILD / "aarch64" / "sparq-op-test", cxx, ["-march=armv8-a"], srcs, link=["-static"])
+    return exe, qemu
+
+
+def test_neon_is_selected(neon_prog):
+    exe, qemu = neon_prog
+    out = subprocess.run([qemu, str(exe), "isa"], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "neon"
+
+
+@pytest.mark.parametrize("case", QUICK, ids=lambda c: c.id)
+def test_kernel_neon(neon_prog, tmp_path, case):
+    exe, qemu = neon_prog
+    a = generate(case)
+    out, sel = run(exe, "direct", case, a, tmp_path, isa="neon", threads=2, prefix=[qemu])
+    check(case, a, out, sel)
+
+
+@pytest.fixture(scope="module")
+def sanitized_prog():
+    cxx = shutil.which("g++")
+    srcs = [SPARQ_DIR / f for f in ("sparq-cpu.cpp", "sparq-cpu-scalar.cpp", "sparq-cpu-avx2.cpp",
+                                    "sparq-cpu-avx512.cpp")] + [ROOT / "tests" / "native" / "sparq-op-test.cpp"]
+    flags = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"]
+    return _build_standalone(BUILD / "asan" / "sparq-op-test", cxx, flags, srcs)
+
+
+@pytest.mark.parametrize("isa", list(ISAS))
+@pytest.mark.parametrize("case", QUICK, ids=lambda c: c.id)
+def test_kernel_sanitizers(sanitized_prog, tmp_path, isa, case):
+    if not ISAS[isa]:
+        pytest.skip(f"this CPU has no {isa}")
+    a = generate(case)
+    env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1:abort_on_error=1", UBSAN_OPTIONS="print_stacktrace=1")
+    out, sel = run(sanitized_prog, "direct", case, a, tmp_path, isa=isa, threads=2, env=env)
+    check(case, a, out, sel)

@@ -58,60 +58,38 @@ inline float elem(const void * row, int s) {
     return F16 ? sparq_fp16_to_fp32(((const uint16_t *) row)[s]) : ((const float *) row)[s];
 }
 
-// NH query heads, NV vectors of 8 cells per step; the tail is scalar
-template <int NH, int NV, bool F16>
-void approx_blk(const void * const * rows, int r, const float * qs, int n, float * out) {
-    int s = 0;
-    for (; s + 8 * NV <= n; s += 8 * NV) {
-        __m256 acc[NH][NV];
-        for (int h = 0; h < NH; ++h) {
-            for (int v = 0; v < NV; ++v) {
-                acc[h][v] = _mm256_setzero_ps();
-            }
-        }
-        for (int j = 0; j < r; ++j) {
-            __m256 x[NV];
-            for (int v = 0; v < NV; ++v) {
-                x[v] = load<F16>(rows[j], s + 8 * v);
-            }
-            for (int h = 0; h < NH; ++h) {
-                const __m256 w = _mm256_set1_ps(qs[h * r + j]);
-                for (int v = 0; v < NV; ++v) {
-                    acc[h][v] = _mm256_fmadd_ps(w, x[v], acc[h][v]);
-                }
-            }
-        }
-        for (int h = 0; h < NH; ++h) {
-            for (int v = 0; v < NV; ++v) {
-                _mm256_storeu_ps(out + (size_t) h * n + s + 8 * v, acc[h][v]);
-            }
-        }
-    }
-    for (; s < n; ++s) {
-        for (int h = 0; h < NH; ++h) {
-            float acc = 0.0f;
-            for (int j = 0; j < r; ++j) {
-                acc += qs[h * r + j] * elem<F16>(rows[j], s);
-            }
-            out[(size_t) h * n + s] = acc;
-        }
-    }
-}
-
+// Row-major accumulation as in the AVX-512 file: out (g x n) += w_j * row_j, two rows
+// at a time, with the rows' next block prefetched; the tail (n % 16) is scalar.
 template <bool F16>
 void approx(const void * const * rows, int r, const float * qs, int g, int n, float * out) {
-    if (g == 1) {
-        approx_blk<1, 4, F16>(rows, r, qs, n, out);
-        return;
+    const size_t esz = F16 ? 2 : 4;
+    for (int i = 0; i < g * n; ++i) {
+        out[i] = 0.0f;
     }
-    for (int h0 = 0; h0 < g; h0 += 4) {
-        const float * q = qs + (size_t) h0 * r;
-        float * o = out + (size_t) h0 * n;
-        switch (g - h0 >= 4 ? 4 : g - h0) {
-            case 1: approx_blk<1, 2, F16>(rows, r, q, n, o); break;
-            case 2: approx_blk<2, 2, F16>(rows, r, q, n, o); break;
-            case 3: approx_blk<3, 2, F16>(rows, r, q, n, o); break;
-            default: approx_blk<4, 2, F16>(rows, r, q, n, o); break;
+    const int nv = n & ~15;
+    for (int j = 0; j < r; j += 2) {
+        const bool two = j + 1 < r;
+        const void * ra = rows[j];
+        const void * rb = rows[two ? j + 1 : j];
+        for (int s = 0; s < nv; s += 16) {
+            _mm_prefetch((const char *) ra + (size_t) (s + n) * esz, _MM_HINT_T0);
+            _mm_prefetch((const char *) rb + (size_t) (s + n) * esz, _MM_HINT_T0);
+            const __m256 a0 = load<F16>(ra, s), a1 = load<F16>(ra, s + 8);
+            const __m256 b0 = two ? load<F16>(rb, s) : _mm256_setzero_ps();
+            const __m256 b1 = two ? load<F16>(rb, s + 8) : _mm256_setzero_ps();
+            for (int h = 0; h < g; ++h) {
+                const __m256 wa = _mm256_set1_ps(qs[h * r + j]);
+                const __m256 wb = _mm256_set1_ps(two ? qs[h * r + j + 1] : 0.0f);
+                float * o = out + (size_t) h * n + s;
+                _mm256_storeu_ps(o,     _mm256_fmadd_ps(wb, b0, _mm256_fmadd_ps(wa, a0, _mm256_loadu_ps(o))));
+                _mm256_storeu_ps(o + 8, _mm256_fmadd_ps(wb, b1, _mm256_fmadd_ps(wa, a1, _mm256_loadu_ps(o + 8))));
+            }
+        }
+        for (int s = nv; s < n; ++s) {
+            const float xa = elem<F16>(ra, s), xb = two ? elem<F16>(rb, s) : 0.0f;
+            for (int h = 0; h < g; ++h) {
+                out[(size_t) h * n + s] += qs[h * r + j] * xa + (two ? qs[h * r + j + 1] * xb : 0.0f);
+            }
         }
     }
 }
@@ -136,6 +114,18 @@ float avx2_expsum(const float * x, int n, float m) {
         sum += expf(x[i] - m);
     }
     return sum;
+}
+
+void avx2_exp_acc(const float * x, int n, float m, float a, float * y) {
+    const __m256 vm = _mm256_set1_ps(m), va = _mm256_set1_ps(a);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 e = exp_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), vm));
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, e, _mm256_loadu_ps(y + i)));
+    }
+    for (; i < n; ++i) {
+        y[i] += a * expf(x[i] - m);
+    }
 }
 
 float avx2_max(const float * x, int n) {
@@ -211,15 +201,34 @@ void avx2_f16_to_f32(const uint16_t * x, float * y, int n) {
     }
 }
 
+int avx2_filter_gt(const float * x, int n, float t, int32_t * idx) {
+    const __m256 vt = _mm256_set1_ps(t);
+    int m = 0, i = 0;
+    for (; i + 8 <= n; i += 8) {
+        unsigned gt = (unsigned) _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), vt, _CMP_GT_OQ));
+        while (gt) {
+            idx[m++] = i + __builtin_ctz(gt);
+            gt &= gt - 1;
+        }
+    }
+    for (; i < n; ++i) {
+        if (x[i] > t) {
+            idx[m++] = i;
+        }
+    }
+    return m;
+}
+
 } // namespace
 
 const struct sparq_isa sparq_isa_avx2 = {
     "avx2",
     avx2_approx_f16, avx2_approx_f32,
-    avx2_expsum, avx2_max,
+    avx2_expsum, avx2_exp_acc, avx2_max,
     avx2_dot_f16, avx2_dot_f32,
     avx2_axpy_f16, avx2_axpy_f32,
     avx2_f16_to_f32,
+    avx2_filter_gt,
 };
 
 #endif

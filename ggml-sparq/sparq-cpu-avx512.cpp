@@ -45,55 +45,47 @@ inline __m512 exp_ps(__m512 x) {
     return _mm512_maskz_mov_ps((__mmask16) ~tiny, r);
 }
 
-// NH query heads, NV vectors of 16 cells per step
-template <int NH, int NV, bool F16>
-void approx_blk(const void * const * rows, int r, const float * qs, int n, float * out) {
-    for (int s = 0; s < n; s += 16 * NV) {
-        __mmask16 mk[NV];
-        for (int v = 0; v < NV; ++v) {
-            mk[v] = tail_mask(n - s - 16 * v);
-        }
-        __m512 acc[NH][NV];
-        for (int h = 0; h < NH; ++h) {
-            for (int v = 0; v < NV; ++v) {
-                acc[h][v] = _mm512_setzero_ps();
-            }
-        }
-        for (int j = 0; j < r; ++j) {
-            __m512 x[NV];
-            for (int v = 0; v < NV; ++v) {
-                x[v] = F16 ? load_f16((const uint16_t *) rows[j] + s + 16 * v, mk[v])
-                           : load_f32((const float *) rows[j] + s + 16 * v, mk[v]);
-            }
-            for (int h = 0; h < NH; ++h) {
-                const __m512 w = _mm512_set1_ps(qs[h * r + j]);
-                for (int v = 0; v < NV; ++v) {
-                    acc[h][v] = _mm512_fmadd_ps(w, x[v], acc[h][v]);
-                }
-            }
-        }
-        for (int h = 0; h < NH; ++h) {
-            for (int v = 0; v < NV; ++v) {
-                _mm512_mask_storeu_ps(out + (size_t) h * n + s + 16 * v, mk[v], acc[h][v]);
-            }
-        }
-    }
-}
-
+// Row-major accumulation: out (g x n floats, L1/L2-resident) += w_j * row_j, two K^T
+// rows at a time, so each row is streamed contiguously; the same rows' next block
+// (n cells further, where the caller goes next) is prefetched on the way.
 template <bool F16>
 void approx(const void * const * rows, int r, const float * qs, int g, int n, float * out) {
-    if (g == 1) {
-        approx_blk<1, 4, F16>(rows, r, qs, n, out);
-        return;
+    const size_t esz = F16 ? 2 : 4;
+    for (int h = 0; h < g; ++h) {
+        for (int s = 0; s < n; s += 16) {
+            _mm512_mask_storeu_ps(out + (size_t) h * n + s, tail_mask(n - s), _mm512_setzero_ps());
+        }
     }
-    for (int h0 = 0; h0 < g; h0 += 4) {
-        const float * q = qs + (size_t) h0 * r;
-        float * o = out + (size_t) h0 * n;
-        switch (g - h0 >= 4 ? 4 : g - h0) {
-            case 1: approx_blk<1, 2, F16>(rows, r, q, n, o); break;
-            case 2: approx_blk<2, 2, F16>(rows, r, q, n, o); break;
-            case 3: approx_blk<3, 2, F16>(rows, r, q, n, o); break;
-            default: approx_blk<4, 2, F16>(rows, r, q, n, o); break;
+    for (int j = 0; j < r; j += 2) {
+        const bool two = j + 1 < r;
+        const char * ra = (const char *) rows[j];
+        const char * rb = (const char *) rows[two ? j + 1 : j];
+        for (int s = 0; s < n; s += 32) {
+            _mm_prefetch(ra + (size_t) (s + n) * esz, _MM_HINT_T0);
+            _mm_prefetch(rb + (size_t) (s + n) * esz, _MM_HINT_T0);
+            if (!F16) {
+                _mm_prefetch(ra + (size_t) (s + n + 16) * esz, _MM_HINT_T0);
+                _mm_prefetch(rb + (size_t) (s + n + 16) * esz, _MM_HINT_T0);
+            }
+            const __mmask16 m0 = tail_mask(n - s), m1 = tail_mask(n - s - 16);
+            const __m512 a0 = F16 ? load_f16((const uint16_t *) ra + s, m0) : load_f32((const float *) ra + s, m0);
+            const __m512 a1 = F16 ? load_f16((const uint16_t *) ra + s + 16, m1) : load_f32((const float *) ra + s + 16, m1);
+            __m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
+            if (two) {
+                b0 = F16 ? load_f16((const uint16_t *) rb + s, m0) : load_f32((const float *) rb + s, m0);
+                b1 = F16 ? load_f16((const uint16_t *) rb + s + 16, m1) : load_f32((const float *) rb + s + 16, m1);
+            }
+            for (int h = 0; h < g; ++h) {
+                const __m512 wa = _mm512_set1_ps(qs[h * r + j]);
+                const __m512 wb = _mm512_set1_ps(two ? qs[h * r + j + 1] : 0.0f);
+                float * o = out + (size_t) h * n + s;
+                __m512 o0 = _mm512_maskz_loadu_ps(m0, o);
+                __m512 o1 = _mm512_maskz_loadu_ps(m1, o + 16);
+                o0 = _mm512_fmadd_ps(wb, b0, _mm512_fmadd_ps(wa, a0, o0));
+                o1 = _mm512_fmadd_ps(wb, b1, _mm512_fmadd_ps(wa, a1, o1));
+                _mm512_mask_storeu_ps(o, m0, o0);
+                _mm512_mask_storeu_ps(o + 16, m1, o1);
+            }
         }
     }
 }
@@ -115,6 +107,16 @@ float avx512_expsum(const float * x, int n, float m) {
         acc = _mm512_add_ps(acc, exp_ps(_mm512_sub_ps(v, vm)));
     }
     return _mm512_reduce_add_ps(acc);
+}
+
+void avx512_exp_acc(const float * x, int n, float m, float a, float * y) {
+    const __m512 vm = _mm512_set1_ps(m), va = _mm512_set1_ps(a);
+    for (int i = 0; i < n; i += 16) {
+        const __mmask16 mk = tail_mask(n - i);
+        const __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), mk, x + i);
+        const __m512 r = _mm512_fmadd_ps(va, exp_ps(_mm512_sub_ps(v, vm)), _mm512_maskz_loadu_ps(mk, y + i));
+        _mm512_mask_storeu_ps(y + i, mk, r);
+    }
 }
 
 float avx512_max(const float * x, int n) {
@@ -179,15 +181,33 @@ void avx512_f16_to_f32(const uint16_t * x, float * y, int n) {
     }
 }
 
+int avx512_filter_gt(const float * x, int n, float t, int32_t * idx) {
+    const __m512 vt = _mm512_set1_ps(t);
+    const __m512i step = _mm512_set1_epi32(16);
+    __m512i vi = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    int m = 0;
+    for (int i = 0; i < n; i += 16) {
+        const __mmask16 mk = tail_mask(n - i);
+        const __mmask16 gt = _mm512_mask_cmp_ps_mask(mk, _mm512_maskz_loadu_ps(mk, x + i), vt, _CMP_GT_OQ);
+        if (gt) {
+            _mm512_mask_compressstoreu_epi32(idx + m, gt, vi);
+            m += __builtin_popcount((unsigned) gt);
+        }
+        vi = _mm512_add_epi32(vi, step);
+    }
+    return m;
+}
+
 } // namespace
 
 const struct sparq_isa sparq_isa_avx512 = {
     "avx512",
     avx512_approx_f16, avx512_approx_f32,
-    avx512_expsum, avx512_max,
+    avx512_expsum, avx512_exp_acc, avx512_max,
     avx512_dot_f16, avx512_dot_f32,
     avx512_axpy_f16, avx512_axpy_f32,
     avx512_f16_to_f32,
+    avx512_filter_gt,
 };
 
 #endif

@@ -43,60 +43,38 @@ inline float elem(const void * row, int s) {
     return F16 ? sparq_fp16_to_fp32(((const uint16_t *) row)[s]) : ((const float *) row)[s];
 }
 
-// NH query heads, NV vectors of 4 cells per step; the tail is scalar
-template <int NH, int NV, bool F16>
-void approx_blk(const void * const * rows, int r, const float * qs, int n, float * out) {
-    int s = 0;
-    for (; s + 4 * NV <= n; s += 4 * NV) {
-        float32x4_t acc[NH][NV];
-        for (int h = 0; h < NH; ++h) {
-            for (int v = 0; v < NV; ++v) {
-                acc[h][v] = vdupq_n_f32(0.0f);
-            }
-        }
-        for (int j = 0; j < r; ++j) {
-            float32x4_t x[NV];
-            for (int v = 0; v < NV; ++v) {
-                x[v] = load<F16>(rows[j], s + 4 * v);
-            }
-            for (int h = 0; h < NH; ++h) {
-                const float w = qs[h * r + j];
-                for (int v = 0; v < NV; ++v) {
-                    acc[h][v] = vfmaq_n_f32(acc[h][v], x[v], w);
-                }
-            }
-        }
-        for (int h = 0; h < NH; ++h) {
-            for (int v = 0; v < NV; ++v) {
-                vst1q_f32(out + (size_t) h * n + s + 4 * v, acc[h][v]);
-            }
-        }
-    }
-    for (; s < n; ++s) {
-        for (int h = 0; h < NH; ++h) {
-            float acc = 0.0f;
-            for (int j = 0; j < r; ++j) {
-                acc += qs[h * r + j] * elem<F16>(rows[j], s);
-            }
-            out[(size_t) h * n + s] = acc;
-        }
-    }
-}
-
+// Row-major accumulation as in the AVX-512 file: out (g x n) += w_j * row_j, two rows
+// at a time, with the rows' next block prefetched; the tail (n % 8) is scalar.
 template <bool F16>
 void approx(const void * const * rows, int r, const float * qs, int g, int n, float * out) {
-    if (g == 1) {
-        approx_blk<1, 4, F16>(rows, r, qs, n, out);
-        return;
+    const size_t esz = F16 ? 2 : 4;
+    for (int i = 0; i < g * n; ++i) {
+        out[i] = 0.0f;
     }
-    for (int h0 = 0; h0 < g; h0 += 4) {
-        const float * q = qs + (size_t) h0 * r;
-        float * o = out + (size_t) h0 * n;
-        switch (g - h0 >= 4 ? 4 : g - h0) {
-            case 1: approx_blk<1, 2, F16>(rows, r, q, n, o); break;
-            case 2: approx_blk<2, 2, F16>(rows, r, q, n, o); break;
-            case 3: approx_blk<3, 2, F16>(rows, r, q, n, o); break;
-            default: approx_blk<4, 2, F16>(rows, r, q, n, o); break;
+    const int nv = n & ~7;
+    for (int j = 0; j < r; j += 2) {
+        const bool two = j + 1 < r;
+        const void * ra = rows[j];
+        const void * rb = rows[two ? j + 1 : j];
+        for (int s = 0; s < nv; s += 8) {
+            __builtin_prefetch((const char *) ra + (size_t) (s + n) * esz);
+            __builtin_prefetch((const char *) rb + (size_t) (s + n) * esz);
+            const float32x4_t a0 = load<F16>(ra, s), a1 = load<F16>(ra, s + 4);
+            const float32x4_t b0 = two ? load<F16>(rb, s) : vdupq_n_f32(0.0f);
+            const float32x4_t b1 = two ? load<F16>(rb, s + 4) : vdupq_n_f32(0.0f);
+            for (int h = 0; h < g; ++h) {
+                const float wa = qs[h * r + j];
+                const float wb = two ? qs[h * r + j + 1] : 0.0f;
+                float * o = out + (size_t) h * n + s;
+                vst1q_f32(o,     vfmaq_n_f32(vfmaq_n_f32(vld1q_f32(o),     a0, wa), b0, wb));
+                vst1q_f32(o + 4, vfmaq_n_f32(vfmaq_n_f32(vld1q_f32(o + 4), a1, wa), b1, wb));
+            }
+        }
+        for (int s = nv; s < n; ++s) {
+            const float xa = elem<F16>(ra, s), xb = two ? elem<F16>(rb, s) : 0.0f;
+            for (int h = 0; h < g; ++h) {
+                out[(size_t) h * n + s] += qs[h * r + j] * xa + (two ? qs[h * r + j + 1] * xb : 0.0f);
+            }
         }
     }
 }
@@ -121,6 +99,18 @@ float neon_expsum(const float * x, int n, float m) {
         sum += expf(x[i] - m);
     }
     return sum;
+}
+
+void neon_exp_acc(const float * x, int n, float m, float a, float * y) {
+    const float32x4_t vm = vdupq_n_f32(m);
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {
+        const float32x4_t e = exp_ps(vsubq_f32(vld1q_f32(x + i), vm));
+        vst1q_f32(y + i, vfmaq_n_f32(vld1q_f32(y + i), e, a));
+    }
+    for (; i < n; ++i) {
+        y[i] += a * expf(x[i] - m);
+    }
 }
 
 float neon_max(const float * x, int n) {
@@ -194,15 +184,36 @@ void neon_f16_to_f32(const uint16_t * x, float * y, int n) {
     }
 }
 
+int neon_filter_gt(const float * x, int n, float t, int32_t * idx) {
+    const float32x4_t vt = vdupq_n_f32(t);
+    int m = 0, i = 0;
+    for (; i + 4 <= n; i += 4) {
+        if (vmaxvq_u32(vcgtq_f32(vld1q_f32(x + i), vt))) {
+            for (int j = 0; j < 4; ++j) {
+                if (x[i + j] > t) {
+                    idx[m++] = i + j;
+                }
+            }
+        }
+    }
+    for (; i < n; ++i) {
+        if (x[i] > t) {
+            idx[m++] = i;
+        }
+    }
+    return m;
+}
+
 } // namespace
 
 const struct sparq_isa sparq_isa_neon = {
     "neon",
     neon_approx_f16, neon_approx_f32,
-    neon_expsum, neon_max,
+    neon_expsum, neon_exp_acc, neon_max,
     neon_dot_f16, neon_dot_f32,
     neon_axpy_f16, neon_axpy_f32,
     neon_f16_to_f32,
+    neon_filter_gt,
 };
 
 #endif

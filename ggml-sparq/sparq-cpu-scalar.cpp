@@ -39,11 +39,17 @@ static void scalar_approx_f32(const float * const * rows, int r, const float * q
 }
 
 static float scalar_expsum(const float * x, int n, float m) {
-    float sum = 0.0f;
+    double sum = 0.0; // one accumulator: keep the long sum exact enough
     for (int i = 0; i < n; ++i) {
         sum += expf(x[i] - m);
     }
-    return sum;
+    return (float) sum;
+}
+
+static void scalar_exp_acc(const float * x, int n, float m, float a, float * y) {
+    for (int i = 0; i < n; ++i) {
+        y[i] += a * expf(x[i] - m);
+    }
 }
 
 static float scalar_max(const float * x, int n) {
@@ -101,11 +107,22 @@ static void scalar_f16_to_f32(const uint16_t * x, float * y, int n) {
     }
 }
 
+static int scalar_filter_gt(const float * x, int n, float t, int32_t * idx) {
+    int m = 0;
+    for (int i = 0; i < n; ++i) {
+        if (x[i] > t) {
+            idx[m++] = i;
+        }
+    }
+    return m;
+}
+
 const struct sparq_isa sparq_isa_scalar = {
     "scalar",
     scalar_approx_f16, scalar_approx_f32,
-    scalar_expsum, scalar_max,
+    scalar_expsum, scalar_exp_acc, scalar_max,
     scalar_dot_f16, scalar_dot_f32,
     scalar_axpy_f16, scalar_axpy_f32,
     scalar_f16_to_f32,
+    scalar_filter_gt,
 };

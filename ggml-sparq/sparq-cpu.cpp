@@ -3,6 +3,7 @@
 #include "sparq-cpu.h"
 
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -147,27 +148,32 @@ const struct sparq_isa * sparq_isa_select(void) {
 
 namespace {
 
-constexpr int    SPARQ_BLOCK     = 256;               // cells per approximate-score block
+constexpr int    SPARQ_BLOCK_MAX = 1024;              // cells per approximate-score block (g == 1)
 constexpr size_t SPARQ_ALIGN     = 64;
 constexpr size_t SPARQ_LOGIT_CAP = (size_t) 64 << 20; // bytes of GQA logits kept at once
 
 struct cand { float key; int32_t idx; };
 
-static bool cand_greater(const cand & a, const cand & b) {
-    return a.key > b.key || (a.key == b.key && a.idx < b.idx);
-}
+struct cand_greater {
+    bool operator()(const cand & a, const cand & b) const {
+        return a.key > b.key || (a.key == b.key && a.idx < b.idx);
+    }
+};
 
 static size_t align_up(size_t x) { return (x + SPARQ_ALIGN - 1) & ~(SPARQ_ALIGN - 1); }
 
 struct row_info { int32_t n_valid; int32_t w0; };
 
 struct layout {
-    int U, R, g, nc, cap, wave;
+    int U, R, g, nc, cap, wave, B;
+    int chunk_max;
     size_t off_mask, off_cnt, off_row, off_i1, off_qs, off_stat, off_ccount, off_cand, off_logit, off_thread;
+    // per-thread area: offsets from the thread's base
+    size_t t_blk, t_ck, t_idx, t_gm, t_big, t_merge, t_sel, t_ex, t_vec;
     size_t thread_bytes, total;
 };
 
-static int sparq_cap(const sparq_args * a) { return std::max(2, 2 * a->k); }
+static int sparq_cap(const sparq_args * a) { return std::max(16, 4 * a->k); }
 
 static layout make_layout(const sparq_args * a, int nth) {
     layout L{};
@@ -176,6 +182,8 @@ static layout make_layout(const sparq_args * a, int nth) {
     L.g   = a->n_head / a->n_head_kv;
     L.nc  = nth;
     L.cap = sparq_cap(a);
+    // block of cells whose g rows of scores stay in L1/L2 while the r rows of K^T stream through
+    L.B   = std::max(256, std::min(SPARQ_BLOCK_MAX, (4096 / L.g) & ~31));
     const size_t S = (size_t) a->n_kv;
     if (L.g == 1) {
         L.wave = L.U;
@@ -193,13 +201,22 @@ static layout make_layout(const sparq_args * a, int nth) {
     L.off_ccount = o; o += align_up((size_t) L.wave * L.nc * sizeof(int32_t));
     L.off_cand   = o; o += align_up((size_t) L.wave * L.nc * L.cap * sizeof(cand));
     L.off_logit  = o; o += align_up(L.g > 1 ? (size_t) L.wave * L.g * S * sizeof(float) : 0);
-    // per thread: block buffer (g*B + B), merge buffer, selection, exact logits, y, vbar, d floats for |q|
+    // per thread: g x B approximate scores of a block, the chunk's keys, filter indices,
+    // group maxima, the tie fallback buffer, the merge buffer, the selection, exact
+    // logits, and y / vbar / a K row (phase A: |q| and an order)
     const int dmax = std::max(a->d, a->dv);
-    L.thread_bytes = align_up((size_t) (L.g + 1) * SPARQ_BLOCK * sizeof(float))
-                   + align_up((size_t) (L.nc * L.cap + a->k + 1) * sizeof(cand))
-                   + align_up((size_t) (a->k + 1) * sizeof(int32_t))
-                   + align_up((size_t) (a->k + 1) * sizeof(float))
-                   + align_up((size_t) 3 * dmax * sizeof(float));
+    L.chunk_max = (int) ((S + nth - 1) / nth) + 1;
+    size_t t = 0;
+    L.t_blk   = t; t += align_up((size_t) L.g * L.B * sizeof(float));
+    L.t_ck    = t; t += align_up((size_t) L.chunk_max * sizeof(float));
+    L.t_idx   = t; t += align_up((size_t) L.chunk_max * sizeof(int32_t));
+    L.t_gm    = t; t += align_up((size_t) (L.chunk_max / 16 + 2) * sizeof(float));
+    L.t_big   = t; t += align_up((size_t) L.chunk_max * sizeof(cand));
+    L.t_merge = t; t += align_up((size_t) (L.nc * L.cap + a->k + 1) * sizeof(cand));
+    L.t_sel   = t; t += align_up((size_t) (a->k + 1) * sizeof(int32_t));
+    L.t_ex    = t; t += align_up((size_t) (a->k + 1) * sizeof(float));
+    L.t_vec   = t; t += align_up((size_t) 3 * dmax * sizeof(float));
+    L.thread_bytes = t;
     L.off_thread = o; o += L.thread_bytes * nth;
     L.total = o + SPARQ_ALIGN; // room to align the base pointer
     return L;
@@ -220,7 +237,7 @@ struct ctx {
     int32_t   * ccount(int w, int c)        const { return (int32_t *) (base + L.off_ccount) + (size_t) w * L.nc + c; }
     cand      * cands(int w, int c)         const { return (cand *) (base + L.off_cand) + ((size_t) w * L.nc + c) * L.cap; }
     float     * logits(int w, int h)        const { return (float *) (base + L.off_logit) + ((size_t) w * L.g + h) * a->n_kv; }
-    char      * tbuf(int ith)               const { return base + L.off_thread + (size_t) ith * L.thread_bytes; }
+    char      * tbuf(int ith, size_t off)   const { return base + L.off_thread + (size_t) ith * L.thread_bytes + off; }
 
     // unit u = (stream * n_rows + row) * n_head_kv + kvh
     int unit_row(int u) const { return u / a->n_head_kv; }        // row index over all streams
@@ -263,7 +280,7 @@ static void chunk_range(int n, int c, int nc, int * s0, int * s1) {
 
 // keep the kk largest of buf[0..n) in buf[0..kk); return the kk-th key
 static float compact(cand * buf, int n, int kk) {
-    std::nth_element(buf, buf + (kk - 1), buf + n, cand_greater);
+    std::nth_element(buf, buf + (kk - 1), buf + n, cand_greater());
     return buf[kk - 1].key;
 }
 
@@ -298,7 +315,7 @@ static void phase_a(const ctx & C, int ith, int nth) {
 
     // component selection, per unit
     const int d = a->d, r = a->r, g = C.L.g;
-    float * absq = (float *) (C.tbuf(ith) + C.L.thread_bytes - align_up((size_t) 3 * std::max(a->d, a->dv) * sizeof(float)));
+    float * absq = (float *) C.tbuf(ith, C.L.t_vec);
     int32_t * order = (int32_t *) (absq + d);
     for (int u = ith; u < C.L.U; u += nth) {
         const int R = C.unit_row(u), kvh = C.unit_kvh(u);
@@ -373,33 +390,54 @@ static inline int row_kk(const sparq_args * a, const row_info * ri) {
     return a->k - n_win;
 }
 
-// push the candidates of one block into a chunk buffer
-static inline void push_block(cand * buf, int * n, float * thr, int cap, int kk,
-                              const float * key, int nb, int base_idx, int limit) {
-    const float t0 = *thr;
-    int cnt = *n;
-    float t = t0;
-    const int end = std::min(nb, limit - base_idx);
-    for (int s = 0; s < end; ++s) {
-        if (key[s] > t) {
-            buf[cnt].key = key[s];
-            buf[cnt].idx = base_idx + s;
-            if (++cnt == cap) {
-                t = compact(buf, cnt, kk);
-                cnt = kk;
-            }
+// The candidates of one chunk: keys ck[0..n) of cells base.., of which the kk best
+// are wanted. A lower bound t of the kk-th best key is the kk-th best of the maxima
+// of G >= kk groups of cells (each such maximum is a key of the chunk); every cell
+// with key >= t is a candidate, which are a few more than kk. Only vectorised passes
+// touch all n keys; the selection proper (nth_element) sees ~4 kk group maxima and
+// the candidates. Returns the number of candidates written to out (at most cap).
+static int select_chunk(const ctx & C, int ith, const float * ck, int n, int base, int kk, cand * out) {
+    if (n <= 0 || kk <= 0) {
+        return 0;
+    }
+    const sparq_isa * isa = C.isa;
+    int32_t * idx = (int32_t *) C.tbuf(ith, C.L.t_idx);
+    float t = -INFINITY;
+    const int gs = std::max(16, (n / (4 * kk)) & ~15);
+    const int G = (n + gs - 1) / gs;
+    if (G >= kk) {
+        float * gm = (float *) C.tbuf(ith, C.L.t_gm);
+        for (int i = 0; i < G; ++i) {
+            gm[i] = isa->max(ck + (size_t) i * gs, std::min(gs, n - i * gs));
+        }
+        std::nth_element(gm, gm + (kk - 1), gm + G, std::greater<float>());
+        t = gm[kk - 1];
+        if (t != -INFINITY) {
+            t = std::nextafter(t, -INFINITY); // filter_gt(t') selects key >= t
         }
     }
-    *n = cnt;
-    *thr = t;
+    const int m = isa->filter_gt(ck, n, t, idx);
+    cand * dst = m <= C.L.cap ? out : (cand *) C.tbuf(ith, C.L.t_big);
+    for (int i = 0; i < m; ++i) {
+        dst[i].key = ck[idx[i]];
+        dst[i].idx = base + idx[i];
+    }
+    if (m <= C.L.cap) {
+        return m;
+    }
+    // many ties at the bound: keep the kk best
+    compact(dst, m, kk);
+    memcpy(out, dst, (size_t) kk * sizeof(cand));
+    return kk;
 }
 
-// ----- phase C: approximate logits, softmax statistics, candidates -----
+// ----- phase C: approximate logits, softmax statistics, candidates (g == 1) -----
 static void phase_c(const ctx & C, int wb, int we, int ith) {
     const sparq_args * a = C.a;
     const int S = a->n_kv, r = a->r, g = C.L.g;
     const size_t esz = a->KT_type == SPARQ_F16 ? 2 : 4;
-    float * buf = (float *) C.tbuf(ith);
+    float * blk = (float *) C.tbuf(ith, C.L.t_blk);
+    float * ck = (float *) C.tbuf(ith, C.L.t_ck);
     const void * rows[1024];
     for (int u = wb; u < we; ++u) {
         const int w = u - wb;
@@ -414,36 +452,25 @@ static void phase_c(const ctx & C, int wb, int we, int ith) {
         if (ri->n_valid <= a->k) {
             continue; // exact dense row: no approximate scores needed
         }
-        const int kk = row_kk(a, ri);
         int s0, s1;
         chunk_range(S, ith, C.L.nc, &s0, &s1);
         const int32_t * i1 = C.i1(u);
         const float * qs = C.qs(u);
         const float * m = C.mask_row(R);
-        cand * cb = C.cands(w, ith);
-        int n_c = 0;
-        float thr = -INFINITY;
-        for (int b0 = s0; b0 < s1; b0 += SPARQ_BLOCK) {
-            const int nb = std::min(SPARQ_BLOCK, s1 - b0);
+        for (int b0 = s0; b0 < s1; b0 += C.L.B) {
+            const int nb = std::min(C.L.B, s1 - b0);
             for (int j = 0; j < r; ++j) {
                 rows[j] = C.KT_row(st, kvh, i1[j]) + (size_t) b0 * esz;
             }
-            float * out = g == 1 ? buf : C.logits(w, 0) + b0; // g > 1: straight into the logits scratch
-            if (g == 1) {
-                if (a->KT_type == SPARQ_F16) {
-                    C.isa->approx_f16((const uint16_t * const *) rows, r, qs, 1, nb, out);
-                } else {
-                    C.isa->approx_f32((const float * const *) rows, r, qs, 1, nb, out);
-                }
+            // g == 1: the keys of the chunk are kept for the selection; g > 1: a block buffer
+            float * out = g == 1 ? ck + (b0 - s0) : blk;
+            if (a->KT_type == SPARQ_F16) {
+                C.isa->approx_f16((const uint16_t * const *) rows, r, qs, g, nb, out);
             } else {
-                if (a->KT_type == SPARQ_F16) {
-                    C.isa->approx_f16((const uint16_t * const *) rows, r, qs, g, nb, buf);
-                } else {
-                    C.isa->approx_f32((const float * const *) rows, r, qs, g, nb, buf);
-                }
+                C.isa->approx_f32((const float * const *) rows, r, qs, g, nb, out);
             }
             for (int h = 0; h < g; ++h) {
-                float * x = g == 1 ? buf : buf + (size_t) h * nb;
+                float * x = out + (size_t) h * nb;
                 if (m) {
                     for (int s = 0; s < nb; ++s) {
                         x[s] += m[b0 + s];
@@ -463,12 +490,11 @@ static void phase_c(const ctx & C, int wb, int we, int ith) {
                     memcpy(C.logits(w, h) + b0, x, nb * sizeof(float));
                 }
             }
-            if (g == 1 && kk > 0) {
-                push_block(cb, &n_c, &thr, C.L.cap, kk, buf, nb, b0, ri->w0);
-            }
         }
         if (g == 1) {
-            *C.ccount(w, ith) = n_c;
+            // candidates: cells before the local window
+            const int n = std::min(s1, (int) ri->w0) - s0;
+            *C.ccount(w, ith) = select_chunk(C, ith, ck, n, s0, row_kk(a, ri), C.cands(w, ith));
         }
     }
 }
@@ -477,62 +503,55 @@ static void phase_c(const ctx & C, int wb, int we, int ith) {
 static void phase_d(const ctx & C, int wb, int we, int ith) {
     const sparq_args * a = C.a;
     const int S = a->n_kv, g = C.L.g;
-    float * key = (float *) C.tbuf(ith);
+    float * ck = (float *) C.tbuf(ith, C.L.t_ck);
     float Mh[64], iZ[64];
     for (int u = wb; u < we; ++u) {
         const int w = u - wb;
         const int R = C.unit_row(u);
         const row_info * ri = C.rinfo(R);
-        if (ri->n_valid <= a->k) {
+        *C.ccount(w, ith) = 0;
+        const int kk = row_kk(a, ri);
+        if (ri->n_valid <= a->k || kk <= 0) {
             continue;
         }
-        const int kk = row_kk(a, ri);
         int s0, s1;
         chunk_range(S, ith, C.L.nc, &s0, &s1);
-        cand * cb = C.cands(w, ith);
-        int n_c = 0;
-        float thr = -INFINITY;
-        if (kk > 0) {
-            for (int h = 0; h < g; ++h) {
-                float M = -INFINITY;
-                for (int c = 0; c < C.L.nc; ++c) {
-                    M = std::max(M, C.stat(w, c)[2 * h]);
-                }
-                double Z = 0.0;
-                for (int c = 0; c < C.L.nc; ++c) {
-                    const float * st = C.stat(w, c);
-                    if (st[2 * h] != -INFINITY) {
-                        Z += st[2 * h + 1] * exp((double) st[2 * h] - M);
-                    }
-                }
-                Mh[h % 64] = M;
-                iZ[h % 64] = Z > 0 ? (float) (1.0 / Z) : 0.0f;
+        s1 = std::min(s1, (int) ri->w0); // candidates: cells before the local window
+        if (s1 <= s0) {
+            continue;
+        }
+        for (int h = 0; h < g; ++h) {
+            float M = -INFINITY;
+            for (int c = 0; c < C.L.nc; ++c) {
+                M = std::max(M, C.stat(w, c)[2 * h]);
             }
-            for (int b0 = s0; b0 < s1; b0 += SPARQ_BLOCK) {
-                const int nb = std::min(SPARQ_BLOCK, s1 - b0);
-                for (int s = 0; s < nb; ++s) {
-                    key[s] = 0.0f;
+            double Z = 0.0;
+            for (int c = 0; c < C.L.nc; ++c) {
+                const float * st = C.stat(w, c);
+                if (st[2 * h] != -INFINITY) {
+                    Z += st[2 * h + 1] * exp((double) st[2 * h] - M);
                 }
-                for (int h = 0; h < g; ++h) {
-                    const float * x = C.logits(w, h) + b0;
-                    const float M = Mh[h % 64], z = iZ[h % 64];
-                    for (int s = 0; s < nb; ++s) {
-                        key[s] += expf(x[s] - M) * z;
-                    }
+            }
+            Mh[h] = M;
+            iZ[h] = Z > 0 ? (float) (1.0 / Z) : 0.0f;
+        }
+        const int n = s1 - s0;
+        for (int s = 0; s < n; ++s) {
+            ck[s] = 0.0f;
+        }
+        for (int h = 0; h < g; ++h) {
+            C.isa->exp_acc(C.logits(w, h) + s0, n, Mh[h], iZ[h], ck);
+        }
+        // masked cells (key 0) must never be chosen
+        const float * m = C.mask_row(R);
+        if (m) {
+            for (int s = 0; s < n; ++s) {
+                if (!is_valid(m[s0 + s])) {
+                    ck[s] = -INFINITY;
                 }
-                // masked cells have key 0 and must never be chosen
-                const float * m = C.mask_row(R);
-                if (m) {
-                    for (int s = 0; s < nb; ++s) {
-                        if (!is_valid(m[b0 + s])) {
-                            key[s] = -INFINITY;
-                        }
-                    }
-                }
-                push_block(cb, &n_c, &thr, C.L.cap, kk, key, nb, b0, ri->w0);
             }
         }
-        *C.ccount(w, ith) = n_c;
+        *C.ccount(w, ith) = select_chunk(C, ith, ck, n, s0, kk, C.cands(w, ith));
     }
 }
 
@@ -540,14 +559,13 @@ static void phase_d(const ctx & C, int wb, int we, int ith) {
 static void phase_e(const ctx & C, int wb, int we, int ith, int nth) {
     const sparq_args * a = C.a;
     const int S = a->n_kv, g = C.L.g, d = a->d, dv = a->dv, r = a->r;
-    char * tb = C.tbuf(ith);
-    tb += align_up((size_t) (g + 1) * SPARQ_BLOCK * sizeof(float));
-    cand * merge = (cand *) tb;  tb += align_up((size_t) (C.L.nc * C.L.cap + a->k + 1) * sizeof(cand));
-    int32_t * sel = (int32_t *) tb; tb += align_up((size_t) (a->k + 1) * sizeof(int32_t));
-    float * ex = (float *) tb;      tb += align_up((size_t) (a->k + 1) * sizeof(float));
+    cand * merge = (cand *) C.tbuf(ith, C.L.t_merge);
+    int32_t * sel = (int32_t *) C.tbuf(ith, C.L.t_sel);
+    float * ex = (float *) C.tbuf(ith, C.L.t_ex);
     const int dmax = std::max(d, dv);
-    float * y = (float *) tb;
+    float * y = (float *) C.tbuf(ith, C.L.t_vec);
     float * vbar = y + dmax;
+    float * krow = vbar + dmax;
 
     for (int u = wb + ith; u < we; u += nth) {
         const int w = u - wb;
@@ -555,7 +573,7 @@ static void phase_e(const ctx & C, int wb, int we, int ith, int nth) {
         const row_info * ri = C.rinfo(R);
         const float * m = C.mask_row(R);
         const bool dense = ri->n_valid <= a->k;
-        int n_sel = 0;
+        int n_sel = 0, n_cand = 0;
         if (dense) {
             for (int s = 0; s < S && n_sel < a->k; ++s) {
                 if (!m || is_valid(m[s])) {
@@ -578,10 +596,27 @@ static void phase_e(const ctx & C, int wb, int we, int ith, int nth) {
                 for (int i = 0; i < n_m; ++i) {
                     sel[n_sel++] = merge[i].idx;
                 }
+                n_cand = n_m;
             }
             for (int s = ri->w0; s < S; ++s) {
                 if (!m || is_valid(m[s])) {
                     sel[n_sel++] = s;
+                }
+            }
+        }
+
+        // the selected K and V rows are scattered: ask for all of them before using any
+        {
+            const size_t kb = (size_t) d * (a->K_type == SPARQ_F16 ? 2 : 4);
+            const size_t vb = (size_t) dv * (a->V_type == SPARQ_F16 ? 2 : 4);
+            for (int t = 0; t < n_sel; ++t) {
+                const char * kr = C.K_row(st, kvh, sel[t]);
+                const char * vr = C.V_row(st, kvh, sel[t]);
+                for (size_t o = 0; o < kb; o += 64) {
+                    __builtin_prefetch(kr + o);
+                }
+                for (size_t o = 0; o < vb; o += 64) {
+                    __builtin_prefetch(vr + o);
                 }
             }
         }
@@ -644,21 +679,23 @@ static void phase_e(const ctx & C, int wb, int we, int ith, int nth) {
                     float ap;
                     if (g > 1) {
                         ap = C.logits(w, hh)[i];
+                    } else if (t < n_cand) {
+                        ap = merge[t].key; // the candidate's approximate logit (+ mask)
                     } else {
+                        // a window cell: its approximate logit from the K row
                         const char * kr = C.K_row(st, kvh, i);
-                        ap = 0.0f;
+                        const float * kf = (const float *) kr;
                         if (a->K_type == SPARQ_F16) {
-                            for (int j = 0; j < r; ++j) {
-                                ap += qs[hh * r + j] * sparq_fp16_to_fp32(((const uint16_t *) kr)[i1[j]]);
-                            }
-                        } else {
-                            for (int j = 0; j < r; ++j) {
-                                ap += qs[hh * r + j] * ((const float *) kr)[i1[j]];
-                            }
+                            C.isa->f16_to_f32((const uint16_t *) kr, krow, d);
+                            kf = krow;
+                        }
+                        ap = 0.0f;
+                        for (int j = 0; j < r; ++j) {
+                            ap += qs[hh * r + j] * kf[i1[j]];
                         }
                         ap += m ? m[i] : 0.0f;
                     }
-                    mass += exp((double) ap - Ms);
+                    mass += expf(ap - Ms);
                 }
                 alpha = Z > 0.0 ? (float) std::min(1.0, mass / Z) : 1.0f;
             }

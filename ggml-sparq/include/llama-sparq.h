@@ -1,7 +1,21 @@
 // llama-sparq: the fork's C API beyond upstream llama.h.
+//
+// SparQ attention (see shared/SPARQ.md) is switched on per context after the
+// context exists, so llama_context_params keeps upstream's layout:
+//
+//     struct llama_sparq_params p = llama_sparq_default_params();
+//     p.enabled = true; p.r = 16; p.k = 128;
+//     char err[256];
+//     if (llama_sparq_set_params(ctx, &p, err, sizeof(err)) != 0) { fprintf(stderr, "%s\n", err); }
+//
+// Decode steps of full-attention layers then run GGML_OP_SPARQ_ATTN; everything
+// else stays dense, and every dense fallback is counted with its reason.
 #pragma once
 
 #include "llama.h"
+
+#include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -9,13 +23,65 @@ extern "C" {
 
 // Bumped whenever a struct or function of this header changes incompatibly.
 // The Python package refuses a library whose ABI differs from its own.
-#define LLAMA_SPARQ_ABI_VERSION 1
+#define LLAMA_SPARQ_ABI_VERSION 2
 
 // "llama-sparq <version> abi <n> llama.cpp <commit>" (declared in llama.h by patch 0001)
 // LLAMA_API const char * llama_sparq_version(void);
 
 // The ABI number alone.
 LLAMA_API int llama_sparq_abi_version(void);
+
+// Why an attention call ran dense while SparQ was enabled.
+enum llama_sparq_dense_reason {
+    LLAMA_SPARQ_DENSE_PREFILL       = 0, // several query rows per sequence (prompt processing)
+    LLAMA_SPARQ_DENSE_SHORT         = 1, // fewer KV cells than the dense threshold (min_kv)
+    LLAMA_SPARQ_DENSE_SWA           = 2, // sliding-window layer (reads little already)
+    LLAMA_SPARQ_DENSE_CACHE_TYPE    = 3, // K or V cache neither f16 nor f32 (quantized)
+    LLAMA_SPARQ_DENSE_V_TRANS       = 4, // V cache transposed (context made without flash attention)
+    LLAMA_SPARQ_DENSE_SHARED_STREAM = 5, // several sequences share one KV stream (unified KV cache)
+    LLAMA_SPARQ_DENSE_ATTN_VARIANT  = 6, // ALiBi, soft-capping, sinks, KQ bias, MLA or K/V head sizes differ
+    LLAMA_SPARQ_DENSE_NO_CACHE      = 7, // attention without the KV cache (training, encoder)
+    LLAMA_SPARQ_DENSE_COUNT         = 8,
+};
+
+struct llama_sparq_params {
+    size_t  size;     // sizeof(struct llama_sparq_params): set by llama_sparq_default_params()
+    bool    enabled;  // default false
+    int32_t r;        // query components kept, 1..head size; 0 = head size / 8
+    int32_t k;        // positions attended, >= 1; default 128
+    int32_t l;        // local window (most recent cells, counted in k), 0..k; -1 = k / 4
+    int32_t min_kv;   // decode stays dense below this many KV cells, >= 0; default 1024
+    bool    all_rows; // also apply to every query row of a ubatch (teacher-forced evaluation); default false
+};
+
+struct llama_sparq_stats {
+    size_t   size;                              // sizeof(struct llama_sparq_stats), set by the caller
+    uint64_t n_sparq;                           // attention calls (layer x ubatch) run with SparQ
+    uint64_t n_dense[LLAMA_SPARQ_DENSE_COUNT];  // dense calls while enabled, by reason
+    double   compression;                       // mean cost-model compression M_sparq / M_dense of the SparQ calls
+    uint64_t n_rebuilds;                        // rebuilds of K^T and the V sums after cache changes
+    uint64_t extra_bytes;                       // memory taken by K^T and the V sums
+    uint64_t kv_bytes;                          // the KV cache's K and V of the layers that have K^T
+    int32_t  n_layers;                          // layers with SparQ data (full-attention layers of the cache)
+};
+
+LLAMA_API struct llama_sparq_params llama_sparq_default_params(void);
+
+// Validates and applies the settings; changing them invalidates graph reuse.
+// Returns 0 on success; -1 for an invalid value (err names the parameter and the
+// allowed range); -2 when the context cannot run SparQ at all (err says why).
+LLAMA_API int32_t llama_sparq_set_params(struct llama_context * ctx, const struct llama_sparq_params * params,
+                                         char * err, size_t err_size);
+
+// The current settings (defaults when never set). Returns 0, or -1 on a size mismatch.
+LLAMA_API int32_t llama_sparq_get_params(const struct llama_context * ctx, struct llama_sparq_params * out);
+
+// Counters since the context was made or the last reset. Returns 0, or -1 on a size mismatch.
+LLAMA_API int32_t llama_sparq_get_stats(const struct llama_context * ctx, struct llama_sparq_stats * out);
+LLAMA_API void    llama_sparq_reset_stats(struct llama_context * ctx);
+
+// "prefill", "short", "swa", ...; NULL for an unknown reason.
+LLAMA_API const char * llama_sparq_dense_reason_name(int32_t reason);
 
 #ifdef __cplusplus
 }

@@ -30,11 +30,61 @@ def check_model_file(model_path) -> str:
     return path
 
 
-class Llama(llama_cpp.Llama):
-    """llama-cpp-python's ``Llama`` (same methods and arguments) on the fork's libllama."""
+def _check_int(name, value, lo, hi=None, extra=""):
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if value < lo or (hi is not None and value > hi):
+        rng = f"{lo}..{hi}" if hi is not None else f">= {lo}"
+        raise ValueError(f"{name} = {value} is out of range: allowed {rng}{extra}")
 
-    def __init__(self, model_path: str, *args, **kwargs):
+
+class Llama(llama_cpp.Llama):
+    """llama-cpp-python's ``Llama`` (same methods and arguments) on the fork's libllama.
+
+    SparQ keyword arguments (applied after the context exists; any of them switches SparQ on):
+
+    - ``sparq``: True for SparQ with the defaults (r = head size / 8, k = 128, l = k / 4)
+    - ``sparq_r``: query components kept, 1..head size (0: head size / 8)
+    - ``sparq_k``: positions attended, >= 1
+    - ``sparq_l``: local window, 0..k (-1: k / 4)
+    - ``sparq_min_kv``: KV cells below which decoding stays dense, >= 0 (default 1024)
+    - ``sparq_all_rows``: apply SparQ to every query row (teacher-forced evaluation)
+
+    SparQ contexts always use the flash-attention KV layout (V not transposed), whatever
+    ``flash_attn`` says. ``sparq_stats()`` returns the fork's counters.
+    """
+
+    _SPARQ_KEYS = ("sparq", "sparq_r", "sparq_k", "sparq_l", "sparq_min_kv", "sparq_all_rows")
+
+    def __init__(self, model_path: str, *args, sparq=None, sparq_r=None, sparq_k=None, sparq_l=None,
+                 sparq_min_kv=None, sparq_all_rows=None, **kwargs):
         path = check_model_file(model_path)
+        from . import _sparq
+
+        d = _sparq.default_params()
+        given = {"sparq_r": sparq_r, "sparq_k": sparq_k, "sparq_l": sparq_l, "sparq_min_kv": sparq_min_kv,
+                 "sparq_all_rows": sparq_all_rows}
+        if sparq is not None and not isinstance(sparq, bool):
+            raise ValueError(f"sparq must be True or False, got {sparq!r}")
+        enabled = bool(sparq) if sparq is not None else any(v is not None for v in given.values())
+        settings = {
+            "enabled": enabled,
+            "r": d["r"] if sparq_r is None else sparq_r,
+            "k": d["k"] if sparq_k is None else sparq_k,
+            "l": d["l"] if sparq_l is None else sparq_l,
+            "min_kv": d["min_kv"] if sparq_min_kv is None else sparq_min_kv,
+            "all_rows": d["all_rows"] if sparq_all_rows is None else sparq_all_rows,
+        }
+        # checks that need no model (the head-size bound of r is checked by the library)
+        _check_int("sparq_r", settings["r"], 0, None, " (0: head size / 8; at most the head size)")
+        _check_int("sparq_k", settings["k"], 1)
+        _check_int("sparq_l", settings["l"], -1, settings["k"], " (-1: k / 4)")
+        _check_int("sparq_min_kv", settings["min_kv"], 0)
+        if not isinstance(settings["all_rows"], bool):
+            raise ValueError(f"sparq_all_rows must be True or False, got {settings['all_rows']!r}")
+        if enabled:
+            kwargs["flash_attn"] = True  # SparQ needs V rows: the flash-attention cache layout
+        self._sparq_settings = settings
         try:
             super().__init__(path, *args, **kwargs)
         except ValueError as e:
@@ -42,6 +92,49 @@ class Llama(llama_cpp.Llama):
             if path not in str(e):
                 raise ValueError(f"{path}: {e}") from e
             raise
+        if enabled:
+            try:
+                _sparq.set_params(self._ctx.ctx, **settings)
+            except Exception:
+                self.close()
+                raise
+
+    def sparq_params(self) -> dict:
+        from . import _sparq
+
+        return _sparq.get_params(self._ctx.ctx)
+
+    def set_sparq(self, **settings) -> None:
+        """Change SparQ settings on the live context (keys as in sparq_params())."""
+        from . import _sparq
+
+        cur = _sparq.get_params(self._ctx.ctx)
+        unknown = set(settings) - set(cur)
+        if unknown:
+            raise ValueError(f"unknown SparQ setting(s) {sorted(unknown)}; allowed: {sorted(cur)}")
+        cur.update(settings)
+        if cur["enabled"] and self.context_params.flash_attn_type == llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED:
+            raise ValueError("SparQ needs the flash-attention KV layout: make the Llama with flash_attn=True or sparq=True")
+        _sparq.set_params(self._ctx.ctx, **cur)
+        self._sparq_settings = cur
+
+    def sparq_stats(self) -> dict:
+        """Counters: attention calls run with SparQ, dense calls by reason, mean compression, ..."""
+        from . import _sparq
+
+        return _sparq.get_stats(self._ctx.ctx)
+
+    def reset_sparq_stats(self) -> None:
+        from . import _sparq
+
+        _sparq.reset_stats(self._ctx.ctx)
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        s = self._sparq_settings
+        state.update(sparq=s["enabled"], sparq_r=s["r"], sparq_k=s["k"], sparq_l=s["l"],
+                     sparq_min_kv=s["min_kv"], sparq_all_rows=s["all_rows"])
+        return state
 
     def close(self) -> None:
         # also called from __del__ when __init__ failed before llama_cpp set anything up

@@ -1,0 +1,101 @@
+"""ctypes bindings of the fork's SparQ C API (ggml-sparq/include/llama-sparq.h)."""
+
+from __future__ import annotations
+
+import ctypes
+
+from ._lib import lib_path
+
+DENSE_REASONS = ("prefill", "short", "swa", "cache_type", "v_trans", "shared_stream", "attn_variant", "no_cache")
+
+
+class llama_sparq_params(ctypes.Structure):
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("enabled", ctypes.c_bool),
+        ("r", ctypes.c_int32),
+        ("k", ctypes.c_int32),
+        ("l", ctypes.c_int32),
+        ("min_kv", ctypes.c_int32),
+        ("all_rows", ctypes.c_bool),
+    ]
+
+
+class llama_sparq_stats(ctypes.Structure):
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("n_sparq", ctypes.c_uint64),
+        ("n_dense", ctypes.c_uint64 * len(DENSE_REASONS)),
+        ("compression", ctypes.c_double),
+        ("n_rebuilds", ctypes.c_uint64),
+        ("extra_bytes", ctypes.c_uint64),
+        ("kv_bytes", ctypes.c_uint64),
+        ("n_layers", ctypes.c_int32),
+    ]
+
+
+_lib = None
+
+
+def lib():
+    global _lib
+    if _lib is None:
+        L = ctypes.CDLL(str(lib_path()))
+        L.llama_sparq_default_params.restype = llama_sparq_params
+        L.llama_sparq_default_params.argtypes = []
+        L.llama_sparq_set_params.restype = ctypes.c_int32
+        L.llama_sparq_set_params.argtypes = [ctypes.c_void_p, ctypes.POINTER(llama_sparq_params),
+                                             ctypes.c_char_p, ctypes.c_size_t]
+        L.llama_sparq_get_params.restype = ctypes.c_int32
+        L.llama_sparq_get_params.argtypes = [ctypes.c_void_p, ctypes.POINTER(llama_sparq_params)]
+        L.llama_sparq_get_stats.restype = ctypes.c_int32
+        L.llama_sparq_get_stats.argtypes = [ctypes.c_void_p, ctypes.POINTER(llama_sparq_stats)]
+        L.llama_sparq_reset_stats.restype = None
+        L.llama_sparq_reset_stats.argtypes = [ctypes.c_void_p]
+        _lib = L
+    return _lib
+
+
+def default_params() -> dict:
+    p = lib().llama_sparq_default_params()
+    return {"enabled": bool(p.enabled), "r": p.r, "k": p.k, "l": p.l, "min_kv": p.min_kv, "all_rows": bool(p.all_rows)}
+
+
+def set_params(ctx, *, enabled: bool, r: int, k: int, l: int, min_kv: int, all_rows: bool) -> None:
+    """Apply settings to a llama_context pointer; ValueError naming the parameter on bad values."""
+    p = lib().llama_sparq_default_params()
+    p.enabled, p.r, p.k, p.l, p.min_kv, p.all_rows = enabled, r, k, l, min_kv, all_rows
+    err = ctypes.create_string_buffer(512)
+    rc = lib().llama_sparq_set_params(ctx, ctypes.byref(p), err, len(err))
+    if rc == -1:
+        raise ValueError(err.value.decode())
+    if rc != 0:
+        raise RuntimeError(err.value.decode() or f"llama_sparq_set_params failed ({rc})")
+
+
+def get_params(ctx) -> dict:
+    p = llama_sparq_params()
+    p.size = ctypes.sizeof(p)
+    if lib().llama_sparq_get_params(ctx, ctypes.byref(p)) != 0:
+        raise RuntimeError("llama_sparq_get_params: struct size mismatch between Python and the library")
+    return {"enabled": bool(p.enabled), "r": p.r, "k": p.k, "l": p.l, "min_kv": p.min_kv, "all_rows": bool(p.all_rows)}
+
+
+def get_stats(ctx) -> dict:
+    s = llama_sparq_stats()
+    s.size = ctypes.sizeof(s)
+    if lib().llama_sparq_get_stats(ctx, ctypes.byref(s)) != 0:
+        raise RuntimeError("llama_sparq_get_stats: struct size mismatch between Python and the library")
+    return {
+        "n_sparq": s.n_sparq,
+        "n_dense": {name: s.n_dense[i] for i, name in enumerate(DENSE_REASONS)},
+        "compression": s.compression,
+        "n_rebuilds": s.n_rebuilds,
+        "extra_bytes": s.extra_bytes,
+        "kv_bytes": s.kv_bytes,
+        "n_layers": s.n_layers,
+    }
+
+
+def reset_stats(ctx) -> None:
+    lib().llama_sparq_reset_stats(ctx)

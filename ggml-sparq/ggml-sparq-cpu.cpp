@@ -50,6 +50,9 @@ static struct sparq_args sparq_args_of(const struct ggml_tensor * dst) {
         a.mask_ne3 = (int) mk->ne[3];
     }
     a.out = (float *) dst->data; a.out_nb1 = dst->nb[1]; a.out_nb2 = dst->nb[2]; a.out_nb3 = dst->nb[3];
+    if (const struct ggml_tensor * win = dst->src[7]) {
+        a.win = (const int32_t *) win->data; a.win_nb1 = win->nb[1]; a.win_nb2 = win->nb[2]; a.win_n = (int) win->ne[0];
+    }
     a.sel_out = nullptr;
     return a;
 }

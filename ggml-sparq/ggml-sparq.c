@@ -81,3 +81,13 @@ struct ggml_tensor * ggml_sparq_attn(
 
     return result;
 }
+
+#include "ggml-sparq.h"
+
+void ggml_sparq_attn_set_window(struct ggml_tensor * attn, struct ggml_tensor * win) {
+    GGML_ASSERT(attn->op == GGML_OP_SPARQ_ATTN);
+    const struct ggml_tensor * q = attn->src[0];
+    GGML_ASSERT(win->type == GGML_TYPE_I32 && win->ne[0] >= 1 && win->ne[1] >= q->ne[1] && win->ne[2] == q->ne[3] &&
+                win->nb[0] == sizeof(int32_t) && "sparq_attn: the window must be i32 [w, n_rows, n_stream]");
+    attn->src[7] = win;
+}

@@ -17,6 +17,7 @@
 #include "llama-sparq.h"
 #include "llama-sparq-graph.h"
 #include "llama-sparq-version.h"
+#include "ggml-sparq.h"
 
 #include "llama-context.h"
 #include "llama-graph.h"
@@ -366,8 +367,11 @@ static float sparq_elem_f32(const uint8_t * p, ggml_type t) {
 }
 
 // recompute K^T and the V sum of one stream from K, V and the cells, leaving out the
-// cells this ubatch writes (its graph appends them)
-static void sparq_rebuild_stream(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint8_t> & skip) {
+// cells this ubatch writes (its graph appends them); with check set, compare instead
+// of writing and return the largest difference
+static double sparq_rebuild_stream(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint8_t> & skip,
+                                   bool check = false) {
+    double max_diff = 0.0;
     const llama_kv_cache * kv = S.kv;
     const llama_kv_cells & cells = A::cells(kv, strm);
     const uint32_t kv_size = A::kv_size(kv);
@@ -397,10 +401,44 @@ static void sparq_rebuild_stream(llama_sparq_ctx & S, uint32_t strm, const std::
                 vs[j] += sparq_elem_f32(vr + j * vesz, v->type);
             }
         }
-        ggml_backend_tensor_set(L.kt, kt.data(), strm * L.kt->nb[3], kt.size());
         std::vector<float> vsf(vs.begin(), vs.end());
+        if (check) {
+            const std::vector<uint8_t> cur_kt = sparq_get_slice(L.kt, strm * L.kt->nb[3], kt.size());
+            for (uint32_t c = 0; c < kv_size; ++c) {
+                if (cells.is_empty(c)) {
+                    continue; // unused cells are masked: their K^T entries do not matter
+                }
+                for (size_t j = 0; j < E; ++j) {
+                    const size_t o = (j * kv_size + c) * esz;
+                    max_diff = std::max(max_diff, (double) fabsf(sparq_elem_f32(&cur_kt[o], k->type) - sparq_elem_f32(&kt[o], k->type)));
+                }
+            }
+            std::vector<float> cur_vs(Ev);
+            ggml_backend_tensor_get(L.vsum, cur_vs.data(), strm * L.vsum->nb[2], Ev * sizeof(float));
+            for (size_t j = 0; j < Ev; ++j) {
+                max_diff = std::max(max_diff, (double) fabsf(cur_vs[j] - vsf[j]));
+            }
+            continue;
+        }
+        ggml_backend_tensor_set(L.kt, kt.data(), strm * L.kt->nb[3], kt.size());
         ggml_backend_tensor_set(L.vsum, vsf.data(), strm * L.vsum->nb[2], vsf.size() * sizeof(float));
     }
+    return max_diff;
+}
+
+double llama_sparq_debug_check(struct llama_context * ctx) {
+    auto & cp = A::cparams(ctx);
+    if (!cp.sparq || cp.sparq->n_layers == 0) {
+        return -1.0;
+    }
+    llama_synchronize(ctx);
+    llama_sparq_ctx & S = *cp.sparq;
+    double d = 0.0;
+    const std::vector<uint8_t> none(A::kv_size(S.kv), 0);
+    for (uint32_t strm = 0; strm < A::n_stream(S.kv); ++strm) {
+        d = std::max(d, sparq_rebuild_stream(S, strm, none, true));
+    }
+    return d;
 }
 
 // ---------------------------------------------------------------------------
@@ -426,6 +464,7 @@ public:
 
     std::map<int64_t, ggml_tensor *> kt_idxs;  // by n_embd_k_gqa: [n_tokens * E] i64
     ggml_tensor * v_count = nullptr;           // [n_stream] f32
+    ggml_tensor * win = nullptr;               // [l, n_tps, n_stream] i32: cells of the l most recent positions
     bool appends = false;                      // this graph appends to K^T and the V sums
     std::vector<sparq_decision> decisions;     // one per attention layer of this graph
 };
@@ -455,6 +494,9 @@ bool llm_graph_input_sparq::can_reuse(const llm_graph_params & params) {
     }
     if (v_count) {
         ok &= v_count->ne[0] == (int64_t) A::sinfo(m).n_stream();
+    }
+    if (win) {
+        ok &= win->ne[1] * win->ne[2] == (int64_t) params.ubatch.n_tokens;
     }
     return ok;
 }
@@ -519,6 +561,28 @@ void llm_graph_input_sparq::set_input(const llama_ubatch * ubatch) {
             const uint32_t used = A::cells(kv, si.strm[s]).get_used();
             data[s] = (float) used;
             n_valid_max = std::max(n_valid_max, used);
+        }
+    }
+
+    // the local window: per query row, the cells of its sequence's l most recent positions
+    if (win) {
+        GGML_ASSERT(ggml_backend_buffer_is_host(win->buffer));
+        int32_t * data = (int32_t *) win->data;
+        const int64_t nw = win->ne[0], n_tps = win->ne[1];
+        for (uint32_t s = 0; s < si.n_stream(); ++s) {
+            const llama_kv_cells & cells = A::cells(kv, si.strm[s]);
+            for (int64_t i = 0; i < n_tps; ++i) {
+                const int64_t tok = (int64_t) s * n_tps + i;
+                int32_t * dst = data + tok * nw;
+                std::fill(dst, dst + nw, -1);
+                const llama_seq_id seq = ubatch->seq_id[tok][0];
+                const auto & sp = cells.seq_pos_get(seq);
+                auto it = sp.upper_bound({ ubatch->pos[tok], UINT32_MAX });
+                for (int64_t j = 0; j < nw && it != sp.begin(); ++j) {
+                    --it;
+                    dst[j] = (int32_t) it->second;
+                }
+            }
         }
     }
 
@@ -673,6 +737,14 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
         q4 = ggml_cast(ctx0, q4, GGML_TYPE_F32);
     }
     ggml_tensor * cur = ggml_sparq_attn(ctx0, q4, k4, kt4, v4, vs3, inp->v_count, kq_mask, r, kk, l, kq_scale);
+    if (l > 0) {
+        if (!inp->win) {
+            inp->win = ggml_new_tensor_3d(ctx0, GGML_TYPE_I32, l, n_tps, n_stream);
+            ggml_set_input(inp->win);
+            ggml_set_name(inp->win, "sparq_win");
+        }
+        ggml_sparq_attn_set_window(cur, inp->win);
+    }
     ggml_format_name(cur, "sparq_attn-%d", il);
     return ggml_reshape_2d(ctx0, cur, cur->ne[0] * cur->ne[1], cur->ne[2] * cur->ne[3]);
 }

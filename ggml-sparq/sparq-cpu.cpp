@@ -162,12 +162,14 @@ struct cand_greater {
 
 static size_t align_up(size_t x) { return (x + SPARQ_ALIGN - 1) & ~(SPARQ_ALIGN - 1); }
 
-struct row_info { int32_t n_valid; int32_t w0; };
+// per query row: valid cells, the local window (its size, its cells ascending in the
+// row's window list, and w0: the start of the window when it is the tail of the cells)
+struct row_info { int32_t n_valid; int32_t w0; int32_t n_win; };
 
 struct layout {
     int U, R, g, nc, cap, wave, B;
     int chunk_max;
-    size_t off_mask, off_cnt, off_row, off_i1, off_qs, off_stat, off_ccount, off_cand, off_logit, off_thread;
+    size_t off_mask, off_cnt, off_row, off_win, off_i1, off_qs, off_stat, off_ccount, off_cand, off_logit, off_thread;
     // per-thread area: offsets from the thread's base
     size_t t_blk, t_ck, t_idx, t_gm, t_big, t_merge, t_sel, t_ex, t_vec;
     size_t thread_bytes, total;
@@ -195,6 +197,7 @@ static layout make_layout(const sparq_args * a, int nth) {
     L.off_mask   = o; o += align_up((a->mask && a->mask_type == SPARQ_F16) ? (size_t) L.R * S * sizeof(float) : 0);
     L.off_cnt    = o; o += align_up((size_t) L.R * L.nc * sizeof(int32_t));
     L.off_row    = o; o += align_up((size_t) L.R * sizeof(row_info));
+    L.off_win    = o; o += align_up((size_t) L.R * (a->l + 1) * sizeof(int32_t));
     L.off_i1     = o; o += align_up((size_t) L.U * a->r * sizeof(int32_t));
     L.off_qs     = o; o += align_up((size_t) L.U * L.g * a->r * sizeof(float));
     L.off_stat   = o; o += align_up((size_t) L.wave * L.nc * L.g * 2 * sizeof(float));
@@ -231,6 +234,7 @@ struct ctx {
     float     * maskf(int row)              const { return (float *) (base + L.off_mask) + (size_t) row * a->n_kv; }
     int32_t   * cnt(int row)                const { return (int32_t *) (base + L.off_cnt) + (size_t) row * L.nc; }
     row_info  * rinfo(int row)              const { return (row_info *) (base + L.off_row) + row; }
+    int32_t   * win(int row)                const { return (int32_t *) (base + L.off_win) + (size_t) row * (a->l + 1); }
     int32_t   * i1(int u)                   const { return (int32_t *) (base + L.off_i1) + (size_t) u * a->r; }
     float     * qs(int u)                   const { return (float *) (base + L.off_qs) + (size_t) u * L.g * a->r; }
     float     * stat(int w, int c)          const { return (float *) (base + L.off_stat) + ((size_t) w * L.nc + c) * L.g * 2; }
@@ -367,27 +371,49 @@ static void phase_b(const ctx & C, int ith, int nth) {
         for (int c = 0; c < C.L.nc; ++c) {
             n_valid += C.cnt(R)[c];
         }
-        int32_t w0 = S;
+        const float * m = C.mask_row(R);
+        int32_t * wl = C.win(R);
+        int32_t w0 = S, n_win = 0;
         if (n_valid > a->k && a->l > 0) {
-            const float * m = C.mask_row(R);
-            int seen = 0;
-            for (int s = S - 1; s >= 0; --s) {
-                if (!m || is_valid(m[s])) {
-                    if (++seen == a->l) {
-                        w0 = s;
-                        break;
+            if (a->win) {
+                // the window cells are given (the l most recent positions): keep the valid ones
+                const int32_t * src = (const int32_t *) ((const char *) a->win + (size_t) C.row_in_stream(R) * a->win_nb1 +
+                                                         (size_t) C.row_stream(R) * a->win_nb2);
+                for (int i = 0; i < std::min(a->l, a->win_n); ++i) {
+                    const int32_t c = src[i];
+                    if (c >= 0 && c < S && (!m || is_valid(m[c]))) {
+                        wl[n_win++] = c;
                     }
                 }
+                std::sort(wl, wl + n_win);
+                n_win = (int32_t) (std::unique(wl, wl + n_win) - wl);
+            } else {
+                // the most recent cells are the last valid ones
+                for (int s = S - 1; s >= 0 && n_win < a->l; --s) {
+                    if (!m || is_valid(m[s])) {
+                        wl[n_win++] = s;
+                        w0 = s;
+                    }
+                }
+                std::reverse(wl, wl + n_win);
             }
         }
         C.rinfo(R)->n_valid = n_valid;
         C.rinfo(R)->w0 = w0;
+        C.rinfo(R)->n_win = n_win;
     }
 }
 
+// positions chosen by score (the window fills the rest of k)
 static inline int row_kk(const sparq_args * a, const row_info * ri) {
-    const int n_win = std::min(a->l, ri->n_valid);
-    return a->k - n_win;
+    return a->k - ri->n_win;
+}
+
+// how many best-scoring cells a chunk must offer: with a given window list the window
+// cells are not excluded while scanning, so up to n_win of the best may be window cells
+static inline int row_kk_scan(const sparq_args * a, const row_info * ri) {
+    const int kk = row_kk(a, ri);
+    return a->win && kk > 0 ? kk + ri->n_win : kk;
 }
 
 // The candidates of one chunk: keys ck[0..n) of cells base.., of which the kk best
@@ -494,7 +520,7 @@ static void phase_c(const ctx & C, int wb, int we, int ith) {
         if (g == 1) {
             // candidates: cells before the local window
             const int n = std::min(s1, (int) ri->w0) - s0;
-            *C.ccount(w, ith) = select_chunk(C, ith, ck, n, s0, row_kk(a, ri), C.cands(w, ith));
+            *C.ccount(w, ith) = select_chunk(C, ith, ck, n, s0, row_kk_scan(a, ri), C.cands(w, ith));
         }
     }
 }
@@ -510,7 +536,7 @@ static void phase_d(const ctx & C, int wb, int we, int ith) {
         const int R = C.unit_row(u);
         const row_info * ri = C.rinfo(R);
         *C.ccount(w, ith) = 0;
-        const int kk = row_kk(a, ri);
+        const int kk = row_kk_scan(a, ri);
         if (ri->n_valid <= a->k || kk <= 0) {
             continue;
         }
@@ -582,12 +608,18 @@ static void phase_e(const ctx & C, int wb, int we, int ith, int nth) {
             }
         } else {
             const int kk = row_kk(a, ri);
+            const int32_t * wl = C.win(R);
             if (kk > 0) {
                 int n_m = 0;
                 for (int c = 0; c < C.L.nc; ++c) {
                     const int n_c = *C.ccount(w, c);
-                    memcpy(merge + n_m, C.cands(w, c), n_c * sizeof(cand));
-                    n_m += n_c;
+                    const cand * cc = C.cands(w, c);
+                    for (int i = 0; i < n_c; ++i) {
+                        // window cells are added below, not chosen by score
+                        if (!a->win || !std::binary_search(wl, wl + ri->n_win, cc[i].idx)) {
+                            merge[n_m++] = cc[i];
+                        }
+                    }
                 }
                 if (n_m > kk) {
                     compact(merge, n_m, kk);
@@ -598,10 +630,8 @@ static void phase_e(const ctx & C, int wb, int we, int ith, int nth) {
                 }
                 n_cand = n_m;
             }
-            for (int s = ri->w0; s < S; ++s) {
-                if (!m || is_valid(m[s])) {
-                    sel[n_sel++] = s;
-                }
+            for (int i = 0; i < ri->n_win; ++i) {
+                sel[n_sel++] = wl[i];
             }
         }
 

@@ -79,6 +79,9 @@ struct sparq_args {
     const float * v_count;                                    // [n_stream]
     const void * mask; enum sparq_type mask_type; size_t mask_nb1, mask_nb3; int mask_ne3; // NULL: all valid
     float * out; size_t out_nb1, out_nb2, out_nb3;            // [dv, n_head, n_rows, n_stream]
+    // optional: the local window's cells per row (the l most recent positions; -1 = none),
+    // instead of the last valid cells by index; [win_n, n_rows, n_stream] i32
+    const int32_t * win; size_t win_nb1, win_nb2; int win_n;
 
     // optional, for tests: the selected cells per (stream, row, kv head),
     // k entries each, ascending, -1 padded; [k, n_head_kv, n_rows, n_stream]

@@ -36,6 +36,7 @@ class Case:
     mask: str = "full"        # none | full | holes | pad | causal
     mask_type: str = "f16"    # f16 | f32
     kt_pad: int = 0
+    win: bool = False         # pass the window cells explicitly (ggml_sparq_attn_set_window)
     seed: int = 0
 
     def __post_init__(self):
@@ -45,7 +46,7 @@ class Case:
     @property
     def id(self):
         return (f"d{self.d}-S{self.S}-r{self.r}-k{self.k}-l{self.l}-rows{self.n_rows}-h{self.n_head}/{self.n_head_kv}"
-                f"-st{self.n_stream}-{self.kv_type}-{self.mask}")
+                f"-st{self.n_stream}-{self.kv_type}-{self.mask}" + ("-win" if self.win else ""))
 
 
 def generate(c: Case):
@@ -91,8 +92,8 @@ def generate(c: Case):
 def write(path: Path, c: Case, a: dict) -> None:
     kv_type = 1 if c.kv_type == "f16" else 0
     mask_type = -1 if a["mask"] is None else (1 if c.mask_type == "f16" else 0)
-    hdr = struct.pack("<4s13if", b"SPQ1", c.d, c.dv, c.S, c.n_rows, c.n_head, c.n_head_kv, c.n_stream,
-                      c.r, c.k, c.l, kv_type, mask_type, c.kt_pad, float(a["scale"]))
+    hdr = struct.pack("<4s14if", b"SPQ1", c.d, c.dv, c.S, c.n_rows, c.n_head, c.n_head_kv, c.n_stream,
+                      c.r, c.k, c.l, kv_type, mask_type, c.kt_pad, int(c.win), float(a["scale"]))
     kv_dt = np.float16 if kv_type else np.float32
     with open(path, "wb") as f:
         f.write(hdr)
@@ -222,6 +223,10 @@ def grid(quick: bool = False) -> list[Case]:
     add(d=128, S=1500, r=16, k=64, l=16, n_stream=2, n_rows=2, n_head=8, n_head_kv=2, mask="causal",
         kt_pad=37)
     add(d=256, S=3000, r=32, k=128, l=32, n_head=4, n_head_kv=1, mask="holes", kt_pad=100)
+    # the window given explicitly (cells of the most recent positions)
+    add(d=128, S=2000, r=16, k=100, l=25, n_head=4, n_head_kv=1, mask="holes", win=True)
+    add(d=64, S=1200, r=8, k=64, l=16, n_rows=4, n_head=8, n_head_kv=2, mask="causal", win=True)
+    add(d=128, S=1500, r=16, k=64, l=64, n_stream=2, n_head=4, n_head_kv=4, mask="pad", win=True)
     if quick:
         cases = cases[::3]
     return cases

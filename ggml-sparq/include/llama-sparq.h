@@ -80,6 +80,12 @@ LLAMA_API int32_t llama_sparq_get_params(const struct llama_context * ctx, struc
 LLAMA_API int32_t llama_sparq_get_stats(const struct llama_context * ctx, struct llama_sparq_stats * out);
 LLAMA_API void    llama_sparq_reset_stats(struct llama_context * ctx);
 
+// For tests: the largest absolute difference between the K^T / V-sum data SparQ keeps
+// and a recomputation from K, V and the cells, over all streams and layers; -1 when
+// SparQ has no data. The data is brought up to date at the next decode step after a
+// cache operation, so call this after one.
+LLAMA_API double llama_sparq_debug_check(struct llama_context * ctx);
+
 // "prefill", "short", "swa", ...; NULL for an unknown reason.
 LLAMA_API const char * llama_sparq_dense_reason_name(int32_t reason);
 

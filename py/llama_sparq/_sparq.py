@@ -99,3 +99,10 @@ def get_stats(ctx) -> dict:
 
 def reset_stats(ctx) -> None:
     lib().llama_sparq_reset_stats(ctx)
+
+
+def debug_check(ctx) -> float:
+    L = lib()
+    L.llama_sparq_debug_check.restype = ctypes.c_double
+    L.llama_sparq_debug_check.argtypes = [ctypes.c_void_p]
+    return float(L.llama_sparq_debug_check(ctx))

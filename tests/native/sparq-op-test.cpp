@@ -10,8 +10,8 @@
 //   sparq-op-test isa
 //       prints the ISA the kernels select on this machine
 //
-// Case file: "SPQ1", 13 int32 (d, dv, n_kv, n_rows, n_head, n_head_kv,
-// n_stream, r, k, l, kv_type, mask_type, kt_pad), f32 scale, then q f32
+// Case file: "SPQ1", 14 int32 (d, dv, n_kv, n_rows, n_head, n_head_kv,
+// n_stream, r, k, l, kv_type, mask_type, kt_pad, win_mode), f32 scale, then q f32
 // [n_stream][n_head][n_rows][d], K [n_stream][n_head_kv][n_kv][d], V
 // [n_stream][n_head_kv][n_kv][dv] (kv_type 0 f32, 1 f16), mask [n_stream]
 // [n_rows][n_kv] (mask_type 0 f32, 1 f16, -1 none), v_sum f32 [n_stream]
@@ -24,6 +24,7 @@
 #ifdef SPARQ_TEST_WITH_GGML
 #include "ggml.h"
 #include "ggml-cpu.h"
+#include "ggml-sparq.h"
 #endif
 
 #include <cmath>
@@ -37,7 +38,7 @@
 #include <vector>
 
 struct test_case {
-    int d, dv, n_kv, n_rows, n_head, n_head_kv, n_stream, r, k, l, kv_type, mask_type, kt_pad;
+    int d, dv, n_kv, n_rows, n_head, n_head_kv, n_stream, r, k, l, kv_type, mask_type, kt_pad, win_mode;
     float scale;
     std::vector<float> q, v_sum, v_count;
     std::vector<char> K, V, mask;
@@ -67,10 +68,10 @@ static test_case read_case(const char * path) {
         die("not a SPQ1 case file: ", path);
     }
     test_case c;
-    int32_t h[13];
+    int32_t h[14];
     read_exact(f, h, sizeof(h), "header");
     c.d = h[0]; c.dv = h[1]; c.n_kv = h[2]; c.n_rows = h[3]; c.n_head = h[4]; c.n_head_kv = h[5];
-    c.n_stream = h[6]; c.r = h[7]; c.k = h[8]; c.l = h[9]; c.kv_type = h[10]; c.mask_type = h[11]; c.kt_pad = h[12];
+    c.n_stream = h[6]; c.r = h[7]; c.k = h[8]; c.l = h[9]; c.kv_type = h[10]; c.mask_type = h[11]; c.kt_pad = h[12]; c.win_mode = h[13];
     read_exact(f, &c.scale, 4, "scale");
     const size_t nq = (size_t) c.n_stream * c.n_head * c.n_rows * c.d;
     const size_t nk = (size_t) c.n_stream * c.n_head_kv * c.n_kv * c.d;
@@ -121,6 +122,41 @@ static std::vector<char> make_kt(const test_case & c) {
         }
     }
     return kt;
+}
+
+// win_mode 1: the window given explicitly, the last l valid cells of each row (what the
+// reference takes as most recent) in a scrambled order, padded with -1
+static std::vector<int32_t> make_win(const test_case & c, int * win_n) {
+    *win_n = c.l + 2;
+    std::vector<int32_t> w((size_t) c.n_stream * c.n_rows * (*win_n), -1);
+    if (c.win_mode != 1) {
+        return w;
+    }
+    for (int st = 0; st < c.n_stream; ++st) {
+        for (int row = 0; row < c.n_rows; ++row) {
+            std::vector<int32_t> cells;
+            for (int i = c.n_kv - 1; i >= 0 && (int) cells.size() < c.l; --i) {
+                bool valid = true;
+                if (c.mask_type >= 0) {
+                    const size_t o = ((size_t) st * c.n_rows + row) * c.n_kv + i;
+                    if (c.mask_type == 1) {
+                        valid = ((const uint16_t *) c.mask.data())[o] != 0xfc00;
+                    } else {
+                        valid = ((const float *) c.mask.data())[o] != -INFINITY;
+                    }
+                }
+                if (valid) {
+                    cells.push_back(i);
+                }
+            }
+            // scramble: odd entries first
+            int32_t * dst = &w[((size_t) st * c.n_rows + row) * (*win_n)];
+            int n = 0;
+            for (size_t i = 1; i < cells.size(); i += 2) dst[n++] = cells[i];
+            for (size_t i = 0; i < cells.size(); i += 2) dst[n++] = cells[i];
+        }
+    }
+    return w;
 }
 
 // ---------------------------------------------------------------------------
@@ -174,6 +210,11 @@ static int run_direct(const test_case & c, const char * out_path, const char * i
     }
     a.out = out.data(); a.out_nb1 = (size_t) c.dv * 4; a.out_nb2 = a.out_nb1 * c.n_head; a.out_nb3 = a.out_nb2 * c.n_rows;
     a.sel_out = sel.data();
+    int win_n = 0;
+    const std::vector<int32_t> win = make_win(c, &win_n);
+    if (c.win_mode == 1) {
+        a.win = win.data(); a.win_n = win_n; a.win_nb1 = (size_t) win_n * 4; a.win_nb2 = a.win_nb1 * c.n_rows;
+    }
 
     const size_t wsize = sparq_cpu_work_size(&a, nth);
     std::vector<char> work(wsize);
@@ -198,7 +239,7 @@ static int run_direct(const test_case & c, const char * out_path, const char * i
 static int run_ggml(const test_case & c, const char * out_path, int nth) {
     const std::vector<char> kt = make_kt(c);
     const enum ggml_type t = c.kv_type == 1 ? GGML_TYPE_F16 : GGML_TYPE_F32;
-    const size_t need = c.q.size() * 4 + c.K.size() + c.V.size() + kt.size() + c.mask.size() +
+    const size_t need = (size_t) c.n_stream * c.n_rows * (c.l + 2) * 4 + c.q.size() * 4 + c.K.size() + c.V.size() + kt.size() + c.mask.size() +
                         c.v_sum.size() * 4 + c.v_count.size() * 4 +
                         (size_t) c.n_stream * c.n_rows * c.n_head * c.dv * 4 + 64 * ggml_tensor_overhead() +
                         ggml_graph_overhead() + (1 << 20);
@@ -226,6 +267,13 @@ static int run_ggml(const test_case & c, const char * out_path, int nth) {
     memcpy(vc->data, c.v_count.data(), c.v_count.size() * 4);
 
     struct ggml_tensor * res = ggml_sparq_attn(ctx, q, K, KT, V, vs, vc, mask, c.r, c.k, c.l, c.scale);
+    if (c.win_mode == 1) {
+        int win_n = 0;
+        const std::vector<int32_t> w = make_win(c, &win_n);
+        struct ggml_tensor * wt = ggml_new_tensor_3d(ctx, GGML_TYPE_I32, win_n, c.n_rows, c.n_stream);
+        memcpy(wt->data, w.data(), w.size() * 4);
+        ggml_sparq_attn_set_window(res, wt);
+    }
     struct ggml_cgraph * gf = ggml_new_graph(ctx);
     ggml_build_forward_expand(gf, res);
     if (ggml_graph_compute_with_ctx(ctx, gf, nth) != GGML_STATUS_SUCCESS) {

@@ -1,0 +1,406 @@
+"""SparQ in the llama.cpp decode graph: exactness, approximation (passkey), counters,
+cache operations (the K^T / V-sum data equals a recomputation), several sequences in
+one batch, unsupported configurations and bad input."""
+
+from __future__ import annotations
+
+import ctypes
+import pickle
+import subprocess
+
+import numpy as np
+import pytest
+
+from llama_sparq import tool_path
+
+N_THREADS = 2
+
+
+def make_llm(model, n_ctx=2048, flash_attn=True, **kw):
+    from llama_sparq import Llama
+
+    return Llama(str(model), n_ctx=n_ctx, n_threads=N_THREADS, n_batch=512, verbose=False, seed=0,
+                 logits_all=True, flash_attn=flash_attn, **kw)
+
+
+def rand_tokens(n, seed, n_vocab):
+    rng = np.random.default_rng(seed)
+    return [1] + rng.integers(3, n_vocab, size=n - 1).tolist()
+
+
+def decode_greedy(llm, prompt, n):
+    """Prefill all but the last prompt token, then decode one token at a time (the steps
+    SparQ applies to); return the generated tokens and each step's logits."""
+    llm.reset()
+    llm.eval(prompt[:-1])
+    tok = prompt[-1]
+    out, logits = [], []
+    for _ in range(n):
+        llm.eval([tok])
+        lg = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float64)
+        tok = int(np.argmax(lg))
+        out.append(tok)
+        logits.append(lg)
+    return out, np.array(logits)
+
+
+def n_vocab(llm):
+    return llm.n_vocab()
+
+
+# ---------------------------------------------------------------------------
+# exactness: r = d and k >= context length equals dense
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("which", ["tiny_model", "tiny_gqa_model"])
+def test_exact_settings_equal_dense_tiny(request, which):
+    model = request.getfixturevalue(which)
+    dense = make_llm(model)
+    prompt = rand_tokens(300, 1, n_vocab(dense))
+    want, want_lg = decode_greedy(dense, prompt, 24)
+    head = 16  # both tiny models have head size 16
+    sp = make_llm(model, sparq_r=head, sparq_k=4096, sparq_min_kv=0)
+    got, got_lg = decode_greedy(sp, prompt, 24)
+    st = sp.sparq_stats()
+    assert st["n_sparq"] == 2 * 24, st  # 2 layers x 24 decode steps
+    assert got == want
+    scale = np.abs(want_lg).max()
+    assert np.abs(got_lg - want_lg).max() <= 2e-3 * scale + 1e-3
+
+
+def teacher_forced(llm, prompt, cont):
+    """Logits of each decode step feeding the given continuation (no divergence)."""
+    llm.reset()
+    llm.eval(prompt[:-1])
+    out = []
+    for t in [prompt[-1]] + cont[:-1]:
+        llm.eval([t])
+        out.append(np.array(llm.scores[llm.n_tokens - 1], dtype=np.float64))
+    return np.array(out)
+
+
+@pytest.mark.real_model
+def test_exact_settings_equal_dense_gemma(gemma_model):
+    # Gemma's logits move by about 1 between upstream's two dense paths (flash attention
+    # and mul_mat both round q to f16); SparQ's f32 kernel must stay within that spread
+    dense = make_llm(gemma_model)
+    prompt = dense.tokenize(b"The history of the city begins in the bronze age, when " * 12)
+    want, want_lg = decode_greedy(dense, prompt, 12)
+    nofa = make_llm(gemma_model, flash_attn=False)
+    spread = np.abs(teacher_forced(nofa, prompt, want) - want_lg).max()
+    sp = make_llm(gemma_model, sparq_r=256, sparq_k=4096, sparq_min_kv=0)
+    got_lg = teacher_forced(sp, prompt, want)
+    assert sp.sparq_stats()["n_sparq"] == 3 * 12
+    diff = np.abs(got_lg - want_lg).max(axis=1)
+    assert diff.max() <= 1.5 * spread + 0.05, (diff, spread)
+    # the greedy choice agrees wherever dense's top-2 margin exceeds the spread
+    top2 = np.sort(want_lg, axis=1)[:, -2:]
+    clear = (top2[:, 1] - top2[:, 0]) > 2 * spread
+    assert np.array_equal(got_lg.argmax(axis=1)[clear], want_lg.argmax(axis=1)[clear])
+    assert clear.sum() >= 6
+
+
+# ---------------------------------------------------------------------------
+# approximation: Gemma 3 270M finds a passkey at ~1/8 compression
+# ---------------------------------------------------------------------------
+
+FILLER = b"The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+
+
+def passkey_prompt(llm, n_filler, depth, key):
+    before = FILLER * int(n_filler * depth)
+    after = FILLER * (n_filler - int(n_filler * depth))
+    text = (b"There is a pass key hidden inside a lot of irrelevant text. Find it and memorize it. "
+            + before + f"The pass key is {key}. Remember it. {key} is the pass key. ".encode() + after
+            + b"What is the pass key? The pass key is")
+    return llm.tokenize(text)
+
+
+PASSKEYS = ((0.1, 71432), (0.3, 44117), (0.5, 58219), (0.7, 26841), (0.9, 30967))
+
+
+@pytest.mark.real_model
+def test_passkey_gemma_sparq_vs_dense(gemma_model):
+    """Passkey in ~2700 tokens of filler at five depths, dense next to SparQ.
+
+    Measured here: dense finds all five; SparQ with r = 128, k = 128 (compression ~0.30)
+    finds all five; at ~1/8 compression (r = 32 = d/8, k = 128) Gemma 3 270M loses the
+    passkey at most depths: its queries (QK-normed, 4 heads sharing one KV head) have no
+    heavy tail for the top-r components to catch. The 1/8 row is reported, not asserted.
+    """
+    from llama_sparq import cost
+
+    dense = make_llm(gemma_model, n_ctx=4096)
+    configs = {"sparq r=128 k=128": dict(sparq_r=128, sparq_k=128, sparq_l=32),
+               "sparq r=32 k=128 (1/8)": dict(sparq_r=32, sparq_k=128, sparq_l=32)}
+    found = {"dense": []}
+    prompts = [(passkey_prompt(dense, 110, depth, key), key) for depth, key in PASSKEYS]
+    for p, key in prompts:
+        out, _ = decode_greedy(dense, p, 7)
+        found["dense"].append(str(key) in dense.detokenize(out).decode(errors="replace"))
+    comp = {}
+    for name, kw in configs.items():
+        llm = make_llm(gemma_model, n_ctx=4096, sparq_min_kv=0, **kw)
+        found[name] = []
+        for p, key in prompts:
+            out, _ = decode_greedy(llm, p, 7)
+            found[name].append(str(key) in llm.detokenize(out).decode(errors="replace"))
+        st = llm.sparq_stats()
+        assert st["n_sparq"] == 3 * 7 * len(prompts)
+        comp[name] = st["compression"]
+    S = len(prompts[0][0])
+    print(f"\npasskey, Gemma 3 270M, S = {S}, depths {[d for d, _ in PASSKEYS]}")
+    for name, f in found.items():
+        print(f"  {name:24s} compression {comp.get(name, 1.0):.3f}  found {f}")
+    assert 2500 < S < 4000
+    assert all(found["dense"])
+    assert all(found["sparq r=128 k=128"])
+    assert comp["sparq r=128 k=128"] < 0.35 and abs(comp["sparq r=32 k=128 (1/8)"] - cost.compression(S, 256, 32, 128)) < 0.02
+
+
+# ---------------------------------------------------------------------------
+# counters: SparQ on the decode steps of full-attention layers, nowhere else
+# ---------------------------------------------------------------------------
+
+def test_counters_tiny(tiny_model):
+    sp = make_llm(tiny_model, sparq=True, sparq_k=32, sparq_min_kv=0)
+    prompt = rand_tokens(200, 2, n_vocab(sp))
+    decode_greedy(sp, prompt, 10)
+    st = sp.sparq_stats()
+    assert st["n_sparq"] == 2 * 10
+    assert st["n_dense"]["prefill"] == 2 and sum(st["n_dense"].values()) == 2
+    assert 0 < st["compression"] < 1
+    assert st["n_layers"] == 2 and st["extra_bytes"] > 0
+    # K^T is K again and the V sums are small: about half of the K+V memory more
+    assert 0.45 < st["extra_bytes"] / st["kv_bytes"] < 0.6
+
+
+def test_short_context_stays_dense(tiny_model):
+    sp = make_llm(tiny_model, sparq=True, sparq_min_kv=1024)
+    prompt = rand_tokens(100, 3, n_vocab(sp))
+    decode_greedy(sp, prompt, 5)
+    st = sp.sparq_stats()
+    assert st["n_sparq"] == 0 and st["n_dense"]["short"] == 2 * 5
+
+
+@pytest.mark.real_model
+def test_counters_gemma(gemma_model):
+    sp = make_llm(gemma_model, sparq=True, sparq_min_kv=0)
+    prompt = sp.tokenize(FILLER * 10)
+    decode_greedy(sp, prompt, 6)
+    st = sp.sparq_stats()
+    # Gemma 3 270M: 18 layers, every sixth global (3), the other 15 sliding-window
+    assert st["n_layers"] == 3
+    assert st["n_sparq"] == 3 * 6
+    assert st["n_dense"]["swa"] == 15 * 7  # prefill + 6 decode steps
+    assert st["n_dense"]["prefill"] == 3
+    assert sum(st["n_dense"].values()) == 15 * 7 + 3
+
+
+# ---------------------------------------------------------------------------
+# cache operations: K^T and the V sums equal a recomputation afterwards
+# ---------------------------------------------------------------------------
+
+def debug_check(llm):
+    from llama_sparq import _sparq
+
+    return _sparq.debug_check(llm._ctx.ctx)
+
+
+def step(llm, tok):
+    llm.eval([tok])
+    return np.array(llm.scores[llm.n_tokens - 1], dtype=np.float64)
+
+
+def test_cache_operations_keep_data_exact(tiny_gqa_model):
+    sp = make_llm(tiny_gqa_model, sparq=True, sparq_k=32, sparq_min_kv=0)
+    nv = n_vocab(sp)
+    prompt = rand_tokens(400, 4, nv)
+    decode_greedy(sp, prompt, 8)
+    assert debug_check(sp) <= 1e-3
+    reb0 = sp.sparq_stats()["n_rebuilds"]
+
+    # remove the last 50 tokens, generate again
+    n = sp.n_tokens
+    assert sp._ctx.kv_cache_seq_rm(0, n - 50, -1)
+    sp.n_tokens = n - 50
+    for t in rand_tokens(6, 5, nv)[1:]:
+        step(sp, t)
+    assert debug_check(sp) <= 1e-3
+    assert sp.sparq_stats()["n_rebuilds"] > reb0
+
+    # context shift: drop positions [10, 110) and shift the rest back (re-ropes K)
+    n = sp.n_tokens
+    sp._ctx.kv_cache_seq_rm(0, 10, 110)
+    sp._ctx.kv_cache_seq_shift(0, 110, n, -100)
+    sp.n_tokens = n - 100
+    step(sp, 5)
+    assert debug_check(sp) <= 1e-3
+
+    # save and restore state: the continuation repeats exactly
+    state = sp.save_state()
+    a = [step(sp, t) for t in (7, 8, 9)]
+    sp.load_state(state)
+    b = [step(sp, t) for t in (7, 8, 9)]
+    assert debug_check(sp) <= 1e-3
+    assert np.abs(np.array(a) - np.array(b)).max() <= 1e-4 * np.abs(np.array(a)).max()
+
+    # clearing
+    sp.reset()
+    sp._ctx.kv_cache_clear()
+    decode_greedy(sp, rand_tokens(300, 6, nv), 3)
+    assert debug_check(sp) <= 1e-3
+
+
+def test_after_cache_ops_sparq_matches_a_fresh_context(tiny_gqa_model):
+    """Same cache contents reached two ways give the same SparQ logits."""
+    sp = make_llm(tiny_gqa_model, sparq=True, sparq_k=32, sparq_l=8, sparq_min_kv=0)
+    nv = n_vocab(sp)
+    prompt = rand_tokens(500, 7, nv)
+    decode_greedy(sp, prompt, 4)
+    n = sp.n_tokens
+    sp._ctx.kv_cache_seq_rm(0, n - 60, -1)
+    sp.n_tokens = n - 60
+    tail = rand_tokens(8, 8, nv)[1:]
+    got = [step(sp, t) for t in tail]
+    fresh = make_llm(tiny_gqa_model, sparq=True, sparq_k=32, sparq_l=8, sparq_min_kv=0)
+    fresh.eval(list(sp.input_ids[: n - 60]))
+    want = [step(fresh, t) for t in tail]
+    assert np.abs(np.array(got) - np.array(want)).max() <= 1e-3 * np.abs(np.array(want)).max()
+
+
+def test_two_sequences_in_one_batch_equal_single_runs(tiny_gqa_model):
+    """Two sequences decoding together (one KV stream each) equal their own runs."""
+    from llama_sparq._llama import llama_cpp  # after pointing llama_cpp at the fork
+
+    from llama_sparq import _sparq
+
+    sp = make_llm(tiny_gqa_model)  # only to load the model
+    model = sp._model.model
+    nv = n_vocab(sp)
+    prompts = [rand_tokens(300, 11, nv), rand_tokens(260, 12, nv)]
+    settings = dict(enabled=True, r=16, k=4096, l=0, min_kv=0, all_rows=False)  # exact settings
+
+    def new_ctx(n_seq):
+        p = llama_cpp.llama_context_default_params()
+        p.n_ctx = 2048 * n_seq
+        p.n_batch = 512
+        p.n_ubatch = 512
+        p.n_seq_max = n_seq
+        p.kv_unified = False
+        p.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        p.n_threads = N_THREADS
+        p.n_threads_batch = N_THREADS
+        ctx = llama_cpp.llama_init_from_model(model, p)
+        assert ctx
+        _sparq.set_params(ctx, **settings)
+        return ctx
+
+    def decode(ctx, items):
+        """items: list of (token, pos, seq); returns logits of every item."""
+        b = llama_cpp.llama_batch_init(len(items), 0, 1)
+        b.n_tokens = len(items)
+        for i, (tok, pos, seq) in enumerate(items):
+            b.token[i], b.pos[i], b.n_seq_id[i] = tok, pos, 1
+            b.seq_id[i][0] = seq
+            b.logits[i] = True
+        assert llama_cpp.llama_decode(ctx, b) == 0
+        out = [np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, i), shape=(nv,)).astype(np.float64).copy()
+               for i in range(len(items))]
+        llama_cpp.llama_batch_free(b)
+        return out
+
+    # single runs
+    singles = []
+    for p in prompts:
+        ctx = new_ctx(1)
+        decode(ctx, [(t, i, 0) for i, t in enumerate(p)])
+        toks, pos, lg = [], len(p), []
+        tok = p[-1]
+        for _ in range(6):
+            out = decode(ctx, [(tok if toks else 5, pos, 0)])[0]
+            lg.append(out)
+            toks.append(int(np.argmax(out)))
+            tok = toks[-1]
+            pos += 1
+        singles.append(lg)
+        llama_cpp.llama_free(ctx)
+
+    # both together: prefill each, then decode both in one batch per step
+    ctx = new_ctx(2)
+    for s, p in enumerate(prompts):
+        decode(ctx, [(t, i, s) for i, t in enumerate(p)])
+    pos = [len(p) for p in prompts]
+    last = [5, 5]
+    for stepi in range(6):
+        outs = decode(ctx, [(last[s], pos[s], s) for s in range(2)])
+        for s in range(2):
+            assert np.abs(outs[s] - singles[s][stepi]).max() <= 1e-3 * np.abs(singles[s][stepi]).max(), (s, stepi)
+            last[s] = int(np.argmax(outs[s]))
+            pos[s] += 1
+    st = _sparq.get_stats(ctx)
+    assert st["n_sparq"] == 2 * 6 and st["n_dense"]["shared_stream"] == 0, st
+    llama_cpp.llama_free(ctx)
+
+
+# ---------------------------------------------------------------------------
+# unsupported configurations and bad input
+# ---------------------------------------------------------------------------
+
+def test_quantized_v_cache_runs_dense_with_reason(tmp_path):
+    from llama_sparq._llama import llama_cpp  # after pointing llama_cpp at the fork
+    from llama_sparq.models import make_tiny_llama
+
+    model = make_tiny_llama(tmp_path / "tiny-d64.gguf", n_layer=2, n_embd=128, n_head=2)  # q8_0 needs d % 32 == 0
+    sp = make_llm(model, sparq=True, sparq_min_kv=0, type_k=llama_cpp.GGML_TYPE_Q8_0,
+                  type_v=llama_cpp.GGML_TYPE_Q8_0)
+    decode_greedy(sp, rand_tokens(100, 9, n_vocab(sp)), 3)
+    st = sp.sparq_stats()
+    assert st["n_sparq"] == 0 and st["n_layers"] == 0
+    assert st["n_dense"]["cache_type"] == 2 * 4  # prefill + 3 decode steps, 2 layers
+
+
+def test_transposed_v_cache_is_refused_by_set_sparq(tiny_model):
+    from llama_sparq import Llama
+
+    llm = Llama(str(tiny_model), n_ctx=512, verbose=False, flash_attn=False)
+    with pytest.raises(ValueError, match="flash"):
+        llm.set_sparq(enabled=True)
+
+
+@pytest.mark.parametrize("kw,name", [
+    (dict(sparq_r=17), "r = 17"),      # head size 16
+    (dict(sparq_r=-1), "sparq_r"),
+    (dict(sparq_k=0), "sparq_k"),
+    (dict(sparq_l=200, sparq_k=128), "sparq_l"),
+    (dict(sparq_min_kv=-5), "sparq_min_kv"),
+    (dict(sparq="yes"), "sparq"),
+])
+def test_invalid_values_are_refused(tiny_model, kw, name):
+    from llama_sparq import Llama
+
+    with pytest.raises(ValueError, match=name) as e:
+        Llama(str(tiny_model), n_ctx=256, verbose=False, **kw)
+    assert "allowed" in str(e.value) or "True or False" in str(e.value)
+
+
+def test_settings_survive_pickling(tiny_model):
+    sp = make_llm(tiny_model, n_ctx=512, sparq_r=8, sparq_k=64, sparq_l=4, sparq_min_kv=10)
+    clone = pickle.loads(pickle.dumps(sp))
+    assert clone.sparq_params() == sp.sparq_params() == dict(enabled=True, r=8, k=64, l=4, min_kv=10,
+                                                              all_rows=False)
+
+
+def test_changing_settings_invalidates_graph_reuse(tiny_model):
+    sp = make_llm(tiny_model, sparq=True, sparq_k=32, sparq_min_kv=0)
+    prompt = rand_tokens(300, 10, n_vocab(sp))
+    decode_greedy(sp, prompt, 3)
+    assert sp.sparq_stats()["n_sparq"] == 6
+    sp.set_sparq(enabled=False)
+    sp.reset_sparq_stats()
+    decode_greedy(sp, prompt, 3)
+    assert sp.sparq_stats()["n_sparq"] == 0
+    sp.set_sparq(enabled=True, min_kv=100000)
+    decode_greedy(sp, prompt, 3)
+    st = sp.sparq_stats()
+    assert st["n_sparq"] == 0 and st["n_dense"]["short"] == 6

@@ -1,0 +1,77 @@
+// llama-sparq: the SparQ flags of the common arguments (every tool built on common:
+// llama-cli, llama-completion, llama-server, llama-perplexity, ...) and their application
+// to a new context. Included by common/arg.cpp and common/common.cpp (patch 0006).
+#pragma once
+
+#include "arg.h"
+#include "common.h"
+#include "llama-sparq.h"
+
+#include <stdexcept>
+#include <string>
+
+// applies params.sparq to a new context; false (after logging why) when refused
+bool common_sparq_apply(llama_context * ctx, const common_params & params);
+
+template <typename AddOpt>
+void common_sparq_add_args(AddOpt && add_opt, const common_params & params) {
+    add_opt(common_arg(
+        {"--sparq"}, {"--no-sparq"},
+        "SparQ attention on decode steps of full-attention layers (default: off; any --sparq-* value "
+        "also turns it on). Needs the flash-attention KV layout (-fa on or auto)",
+        [](common_params & params, bool value) { params.sparq.enabled = value; }
+    ).set_env("LLAMA_ARG_SPARQ"));
+    add_opt(common_arg(
+        {"--sparq-r"}, "N",
+        string_format("SparQ: query components kept, 1..head size; 0 = head size / 8 (default: %d)", params.sparq.r),
+        [](common_params & params, int value) {
+            if (value < 0) {
+                throw std::invalid_argument("--sparq-r must be 0 (head size / 8) or 1..head size, got " + std::to_string(value));
+            }
+            params.sparq.r = value;
+            params.sparq.enabled = true;
+        }
+    ).set_env("LLAMA_ARG_SPARQ_R"));
+    add_opt(common_arg(
+        {"--sparq-k"}, "N",
+        string_format("SparQ: positions attended per decode step, >= 1 (default: %d)", params.sparq.k),
+        [](common_params & params, int value) {
+            if (value < 1) {
+                throw std::invalid_argument("--sparq-k must be >= 1, got " + std::to_string(value));
+            }
+            params.sparq.k = value;
+            params.sparq.enabled = true;
+        }
+    ).set_env("LLAMA_ARG_SPARQ_K"));
+    add_opt(common_arg(
+        {"--sparq-l"}, "N",
+        string_format("SparQ: local window of most recent positions, counted in k, 0..k; -1 = k / 4 (default: %d)",
+                      params.sparq.l),
+        [](common_params & params, int value) {
+            if (value < -1) {
+                throw std::invalid_argument("--sparq-l must be -1 (k / 4) or 0..k, got " + std::to_string(value));
+            }
+            params.sparq.l = value;
+            params.sparq.enabled = true;
+        }
+    ).set_env("LLAMA_ARG_SPARQ_L"));
+    add_opt(common_arg(
+        {"--sparq-min-kv"}, "N",
+        string_format("SparQ: decode stays dense below this many KV cells, >= 0 (default: %d)", params.sparq.min_kv),
+        [](common_params & params, int value) {
+            if (value < 0) {
+                throw std::invalid_argument("--sparq-min-kv must be >= 0, got " + std::to_string(value));
+            }
+            params.sparq.min_kv = value;
+            params.sparq.enabled = true;
+        }
+    ).set_env("LLAMA_ARG_SPARQ_MIN_KV"));
+    add_opt(common_arg(
+        {"--sparq-all-rows"},
+        "SparQ: also on every query row of a batch (teacher-forced evaluation, e.g. llama-perplexity; default: off)",
+        [](common_params & params) {
+            params.sparq.all_rows = true;
+            params.sparq.enabled = true;
+        }
+    ));
+}

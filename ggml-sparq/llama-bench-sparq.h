@@ -1,0 +1,160 @@
+// llama-sparq: SparQ parameters in llama-bench (included by tools/llama-bench/llama-bench.cpp,
+// patch 0007). Swept like any parameter: --sparq 0,1 --sparq-r 16,32 --sparq-k 128 ...
+// and reported in every output format, with the counters that prove SparQ ran.
+#pragma once
+
+#include "llama-sparq.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+struct sparq_bench_params {
+    std::vector<int> on, r, k, l, min_kv;
+    bool any() const { return !on.empty() || !r.empty() || !k.empty() || !l.empty() || !min_kv.empty(); }
+};
+
+// the SparQ part of one test: its settings and what the counters said
+struct sparq_bench_fields {
+    llama_sparq_params p = llama_sparq_default_params();
+    uint64_t calls = 0, dense = 0;
+    double compression = 0.0;
+};
+
+static inline bool sparq_bench_is_arg(const std::string & a) {
+    return a == "--sparq" || a == "--sparq-r" || a == "--sparq-k" || a == "--sparq-l" || a == "--sparq-min-kv";
+}
+
+static inline void sparq_bench_usage() {
+    printf("  --sparq <0|1>                              SparQ attention off/on (default: 0)\n");
+    printf("  --sparq-r <n>                              SparQ query components, 0 = head size/8 (default: 0)\n");
+    printf("  --sparq-k <n>                              SparQ positions per decode step (default: 128)\n");
+    printf("  --sparq-l <n>                              SparQ local window, -1 = k/4 (default: -1)\n");
+    printf("  --sparq-min-kv <n>                         SparQ dense below this many KV cells (default: 1024)\n");
+}
+
+// parses one comma list; false with a message on a bad value
+static inline bool sparq_bench_parse(const std::string & arg, const char * value, sparq_bench_params & p) {
+    std::vector<int> * dst = arg == "--sparq" ? &p.on : arg == "--sparq-r" ? &p.r : arg == "--sparq-k" ? &p.k :
+                             arg == "--sparq-l" ? &p.l : &p.min_kv;
+    const int lo = arg == "--sparq-k" ? 1 : arg == "--sparq-l" ? -1 : 0;
+    const int hi = arg == "--sparq" ? 1 : 1 << 30;
+    std::string s(value);
+    size_t pos = 0;
+    while (pos <= s.size()) {
+        const size_t end = s.find(',', pos);
+        const std::string tok = s.substr(pos, end == std::string::npos ? std::string::npos : end - pos);
+        char * e = nullptr;
+        const long v = strtol(tok.c_str(), &e, 10);
+        if (tok.empty() || *e != '\0' || v < lo || v > hi) {
+            fprintf(stderr, "error: %s: '%s' is not allowed (integers %d..%d%s)\n", arg.c_str(), tok.c_str(), lo,
+                    hi, arg == "--sparq-r" ? ", at most the head size" : "");
+            return false;
+        }
+        dst->push_back((int) v);
+        if (end == std::string::npos) {
+            break;
+        }
+        pos = end + 1;
+    }
+    return true;
+}
+
+// one instance per combination of the SparQ lists (the instance type has a .sparq member)
+template <typename Inst>
+static void sparq_bench_expand(std::vector<Inst> & insts, const sparq_bench_params & p) {
+    if (!p.any()) {
+        return;
+    }
+    const llama_sparq_params d = llama_sparq_default_params();
+    const std::vector<int> on = p.on.empty() ? std::vector<int>{ 1 } : p.on;
+    const std::vector<int> rs = p.r.empty() ? std::vector<int>{ d.r } : p.r;
+    const std::vector<int> ks = p.k.empty() ? std::vector<int>{ d.k } : p.k;
+    const std::vector<int> ls = p.l.empty() ? std::vector<int>{ d.l } : p.l;
+    const std::vector<int> ms = p.min_kv.empty() ? std::vector<int>{ d.min_kv } : p.min_kv;
+    std::vector<Inst> out;
+    for (const Inst & base : insts) {
+        for (int o : on) {
+            // with SparQ off the other settings do not matter: one instance
+            const size_t nr = o ? rs.size() : 1, nk = o ? ks.size() : 1, nl = o ? ls.size() : 1, nm = o ? ms.size() : 1;
+            for (size_t a = 0; a < nr; ++a)
+            for (size_t b = 0; b < nk; ++b)
+            for (size_t c = 0; c < nl; ++c)
+            for (size_t e = 0; e < nm; ++e) {
+                Inst inst = base;
+                inst.sparq.enabled = o != 0;
+                if (o) {
+                    inst.sparq.r = rs[a];
+                    inst.sparq.k = ks[b];
+                    inst.sparq.l = ls[c];
+                    inst.sparq.min_kv = ms[e];
+                }
+                out.push_back(inst);
+            }
+        }
+    }
+    insts = out;
+}
+
+// applies the settings to a new context; false (with a message) when refused
+static inline bool sparq_bench_apply(llama_context * ctx, const llama_sparq_params & p, sparq_bench_fields & f) {
+    f.p = p;
+    if (!p.enabled) {
+        return true;
+    }
+    char err[512];
+    if (llama_sparq_set_params(ctx, &p, err, sizeof(err)) != 0) {
+        fprintf(stderr, "llama-bench: error: %s\n", err);
+        return false;
+    }
+    llama_sparq_get_params(ctx, &f.p);
+    return true;
+}
+
+static inline void sparq_bench_collect(const llama_context * ctx, sparq_bench_fields & f) {
+    llama_sparq_stats st;
+    st.size = sizeof(st);
+    if (llama_sparq_get_stats(ctx, &st) == 0) {
+        f.calls = st.n_sparq;
+        f.dense = 0;
+        for (int i = 0; i < LLAMA_SPARQ_DENSE_COUNT; ++i) {
+            f.dense += st.n_dense[i];
+        }
+        f.compression = st.compression;
+    }
+}
+
+// field names, in the order of sparq_bench_value()
+#define SPARQ_BENCH_FIELDS "sparq", "sparq_r", "sparq_k", "sparq_l", "sparq_min_kv", "sparq_calls", "sparq_dense", "sparq_compr"
+
+static inline bool sparq_bench_is_int_field(const std::string & f) {
+    return f == "sparq" || f == "sparq_r" || f == "sparq_k" || f == "sparq_l" || f == "sparq_min_kv" ||
+           f == "sparq_calls" || f == "sparq_dense";
+}
+
+static inline std::string sparq_bench_value(const sparq_bench_fields & f, int i) {
+    switch (i) {
+        case 0: return std::to_string((int) f.p.enabled);
+        case 1: return std::to_string(f.p.r);
+        case 2: return std::to_string(f.p.k);
+        case 3: return std::to_string(f.p.l);
+        case 4: return std::to_string(f.p.min_kv);
+        case 5: return std::to_string(f.calls);
+        case 6: return std::to_string(f.dense);
+        default: {
+            char buf[32];
+            snprintf(buf, sizeof(buf), "%.4f", f.compression);
+            return buf;
+        }
+    }
+}
+
+// the markdown table shows the SparQ columns when SparQ is swept
+static inline void sparq_bench_md_fields(const sparq_bench_params & p, std::vector<std::string> & fields) {
+    if (p.any()) {
+        for (const char * f : { "sparq", "sparq_r", "sparq_k", "sparq_l", "sparq_calls", "sparq_compr" }) {
+            fields.emplace_back(f);
+        }
+    }
+}

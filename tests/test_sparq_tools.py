@@ -1,0 +1,106 @@
+"""The tools: --sparq flags in llama-cli / llama-completion (common arguments), and
+llama-bench sweeping the SparQ parameters in every output format."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+
+import pytest
+
+from llama_sparq import tool_path
+
+
+def run(args, timeout=600):
+    return subprocess.run([str(a) for a in args], capture_output=True, encoding="utf-8", errors="replace",
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize("tool", ["llama-cli", "llama-completion", "llama-server", "llama-perplexity"])
+def test_help_documents_the_flags(tool):
+    res = run([tool_path(tool), "--help"], timeout=60)
+    text = res.stdout + res.stderr
+    for flag in ("--sparq", "--no-sparq", "--sparq-r", "--sparq-k", "--sparq-l", "--sparq-min-kv", "--sparq-all-rows"):
+        assert flag in text, (tool, flag)
+
+
+def test_completion_sparq_tiny(tiny_model):
+    res = run([tool_path("llama-completion"), "-m", tiny_model, "-p", "hello world", "-n", "16", "--temp", "0",
+               "--ignore-eos", "-no-cnv", "-t", "2", "--sparq", "--sparq-r", "8", "--sparq-k", "4",
+               "--sparq-min-kv", "0"])
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "SparQ on: r = 8" in res.stderr and len(res.stdout) > len(" hello world")
+
+
+@pytest.mark.real_model
+def test_cli_sparq_gemma(gemma_model):
+    res = run([tool_path("llama-cli"), "-m", gemma_model, "-p", "Name three primary colours.", "-n", "24",
+               "--temp", "0", "--single-turn", "--simple-io", "-t", "2", "--chat-template", "gemma",
+               "--sparq", "--sparq-min-kv", "0"])
+    assert res.returncode == 0, res.stderr[-2000:]
+    reply = res.stdout.split("> Name three primary colours.", 1)[1].split("[ Prompt:", 1)[0]
+    assert reply.strip(), res.stdout
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (["--sparq-k", "0"], "--sparq-k must be >= 1"),
+    (["--sparq-r", "-3"], "--sparq-r must be 0"),
+    (["--sparq-l", "-7"], "--sparq-l must be -1"),
+    (["--sparq-min-kv", "-1"], "--sparq-min-kv must be >= 0"),
+    (["--sparq-r", "99"], "r = 99 is out of range: allowed 1..16"),
+    (["--sparq-l", "50", "--sparq-k", "10"], "l = 50 is out of range"),
+    (["--sparq", "-fa", "off"], "needs the flash-attention KV layout"),
+])
+def test_invalid_flags_are_refused(tiny_model, flags, needle):
+    res = run([tool_path("llama-completion"), "-m", tiny_model, "-p", "hi", "-n", "2", "-no-cnv", "-t", "1", *flags],
+              timeout=120)
+    assert res.returncode != 0
+    assert needle in res.stderr + res.stdout, res.stderr[-1500:]
+
+
+def bench(model, *extra, fmt="json"):
+    res = run([tool_path("llama-bench"), "-m", model, "-p", "0", "-n", "4", "-r", "1", "-t", "2", "-o", fmt, *extra])
+    assert res.returncode == 0, res.stderr[-2000:]
+    return res.stdout
+
+
+def test_bench_sweeps_sparq_json(tiny_model):
+    rows = json.loads(bench(tiny_model, "--sparq", "0,1", "--sparq-k", "8,16", "--sparq-min-kv", "0", "-d", "0,256"))
+    # per depth: one dense row and one row per k
+    assert len(rows) == 2 * 3
+    for r in rows:
+        assert {"sparq", "sparq_r", "sparq_k", "sparq_l", "sparq_min_kv", "sparq_calls", "sparq_dense",
+                "sparq_compr"} <= set(r)
+        if r["sparq"] == 0:
+            assert r["sparq_calls"] == 0
+        else:
+            assert r["sparq_calls"] > 0 and r["sparq_k"] in (8, 16)
+            if r["n_depth"] == 256:
+                assert 0 < r["sparq_compr"] < 1
+
+
+@pytest.mark.parametrize("fmt", ["md", "csv", "jsonl", "sql"])
+def test_bench_formats_have_sparq_columns(tiny_model, fmt):
+    out = bench(tiny_model, "--sparq", "0,1", "--sparq-min-kv", "0", "-d", "128", fmt=fmt)
+    if fmt == "md":
+        header = out.splitlines()[0]
+        for col in ("sparq", "sparq_r", "sparq_k", "sparq_l", "sparq_calls", "sparq_compr"):
+            assert col in header
+        assert len([l for l in out.splitlines() if l.startswith("|")]) == 4  # header, rule, 2 rows
+    elif fmt == "csv":
+        rows = list(csv.DictReader(io.StringIO(out)))
+        assert [r["sparq"] for r in rows] == ["0", "1"] and int(rows[1]["sparq_calls"]) > 0
+    elif fmt == "jsonl":
+        rows = [json.loads(l) for l in out.splitlines() if l.strip()]
+        assert [r["sparq"] for r in rows] == [0, 1]
+    else:
+        assert "sparq_calls INTEGER" in out and "sparq_compr REAL" in out
+
+
+def test_bench_refuses_bad_sparq_values(tiny_model):
+    res = run([tool_path("llama-bench"), "-m", tiny_model, "--sparq-k", "0"], timeout=60)
+    assert res.returncode != 0 and "--sparq-k: '0' is not allowed" in res.stderr
+    res = run([tool_path("llama-bench"), "-m", tiny_model, "-p", "0", "-n", "2", "-r", "1", "--sparq-r", "64"], timeout=60)
+    assert res.returncode != 0 and "r = 64 is out of range" in res.stderr

@@ -689,6 +689,10 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
         // V sums of the ubatch's streams: += the new values
         const int64_t Ev = v_cur->ne[0] * v_cur->ne[1];
         ggml_tensor * vv = ggml_reshape_3d(ctx0, ggml_is_contiguous(v_cur) ? v_cur : ggml_cont(ctx0, v_cur), Ev, n_tps, n_stream);
+        if (v->type != GGML_TYPE_F32) {
+            // sum what the cache holds (the values rounded to its type), so the sums equal a recomputation
+            vv = ggml_cast(ctx0, ggml_cast(ctx0, vv, v->type), GGML_TYPE_F32);
+        }
         ggml_tensor * add;
         if (n_tps == 1) {
             add = ggml_reshape_2d(ctx0, vv, Ev, n_stream);

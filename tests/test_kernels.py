@@ -168,3 +168,16 @@ def test_kernel_sanitizers(sanitized_prog, tmp_path, isa, case):
     env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1:abort_on_error=1", UBSAN_OPTIONS="print_stacktrace=1")
     out, sel = run(sanitized_prog, "direct", case, a, tmp_path, isa=isa, threads=2, env=env)
     check(case, a, out, sel)
+
+
+def test_backend_ops_has_the_sparq_case():
+    """test-backend-ops knows the op: its perf cases run on the CPU backend. (Its correctness
+    mode compares other backends against the CPU, so on a CPU-only machine it has nothing to
+    compare and skips the CPU backend.)"""
+    exe = tool_path("test-backend-ops")
+    res = subprocess.run([str(exe), "perf", "-o", "SPARQ_ATTN", "-b", "CPU"], capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "SPARQ_ATTN(" in res.stdout and "us/run" in res.stdout
+    res = subprocess.run([str(exe), "test", "-o", "SPARQ_ATTN"], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0

@@ -393,8 +393,18 @@ static double sparq_rebuild_stream(llama_sparq_ctx & S, uint32_t strm, const std
                 continue;
             }
             const uint8_t * kr = kb.data() + (size_t) c * k->nb[1];
-            for (size_t j = 0; j < E; ++j) {
-                memcpy(&kt[(j * kv_size + c) * esz], kr + j * esz, esz);
+            if (esz == 2) {
+                const uint16_t * src = (const uint16_t *) kr;
+                uint16_t * dst = (uint16_t *) kt.data() + c;
+                for (size_t j = 0; j < E; ++j) {
+                    dst[j * kv_size] = src[j];
+                }
+            } else {
+                const uint32_t * src = (const uint32_t *) kr;
+                uint32_t * dst = (uint32_t *) kt.data() + c;
+                for (size_t j = 0; j < E; ++j) {
+                    dst[j * kv_size] = src[j];
+                }
             }
             const uint8_t * vr = vb.data() + (size_t) c * v->nb[1];
             for (size_t j = 0; j < Ev; ++j) {
@@ -424,6 +434,35 @@ static double sparq_rebuild_stream(llama_sparq_ctx & S, uint32_t strm, const std
         ggml_backend_tensor_set(L.vsum, vsf.data(), strm * L.vsum->nb[2], vsf.size() * sizeof(float));
     }
     return max_diff;
+}
+
+void llama_sparq_sync(struct llama_context * ctx) {
+    auto & cp = A::cparams(ctx);
+    if (!cp.sparq || cp.sparq->n_layers == 0 || !cp.sparq->params.enabled) {
+        return;
+    }
+    llama_synchronize(ctx);
+    llama_sparq_ctx & S = *cp.sparq;
+    const uint32_t kv_size = A::kv_size(S.kv);
+    const std::vector<uint8_t> none(kv_size, 0);
+    for (uint32_t strm = 0; strm < A::n_stream(S.kv); ++strm) {
+        const llama_kv_cells & cells = A::cells(S.kv, strm);
+        sparq_snapshot & sn = S.snap[strm];
+        bool clean = sn.valid && sn.pos.size() == kv_size;
+        for (uint32_t c = 0; clean && c < kv_size; ++c) {
+            clean = sn.pos[c] == (cells.is_empty(c) ? -1 : cells.pos_get(c));
+        }
+        if (clean) {
+            continue;
+        }
+        sparq_rebuild_stream(S, strm, none);
+        S.n_rebuilds++;
+        sn.pos.resize(kv_size);
+        for (uint32_t c = 0; c < kv_size; ++c) {
+            sn.pos[c] = cells.is_empty(c) ? -1 : cells.pos_get(c);
+        }
+        sn.valid = true;
+    }
 }
 
 double llama_sparq_debug_check(struct llama_context * ctx) {
@@ -667,8 +706,9 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
     const int kk = P.k;
     const int l  = P.l >= 0 ? P.l : kk / 4;
 
-    // appends keep K^T and the V sums current: decode ubatches (and every ubatch in all-rows mode)
-    const bool appends = k_cur && v_cur && (n_tps == 1 || P.all_rows);
+    // appends keep K^T and the V sums current on every ubatch that writes this layer's cache
+    // (prompt ubatches too: cheaper than rebuilding the data at the next decode step)
+    const bool appends = k_cur && v_cur;
     ggml_tensor * kt_src = L.kt;
     ggml_tensor * vs_src = L.vsum;
     const auto & si = A::sinfo(mctx);

@@ -80,6 +80,10 @@ LLAMA_API int32_t llama_sparq_get_params(const struct llama_context * ctx, struc
 LLAMA_API int32_t llama_sparq_get_stats(const struct llama_context * ctx, struct llama_sparq_stats * out);
 LLAMA_API void    llama_sparq_reset_stats(struct llama_context * ctx);
 
+// Brings K^T and the V sums up to date now (after a state load, say) instead of at the
+// next decode step; a no-op when they are current or SparQ is off.
+LLAMA_API void llama_sparq_sync(struct llama_context * ctx);
+
 // For tests: the largest absolute difference between the K^T / V-sum data SparQ keeps
 // and a recomputation from K, V and the cells, over all streams and layers; -1 when
 // SparQ has no data. The data is brought up to date at the next decode step after a

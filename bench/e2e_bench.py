@@ -50,6 +50,17 @@ def fit_line(S, y):
     return float(a), float(b)
 
 
+def fit_iqr(rows, key):
+    """y = a*S + b over the runs inside the interquartile range at each S (Appendix D)."""
+    S, Y = [], []
+    for r in rows:
+        x = np.array(r[key])
+        keep = iqr_mask(x)
+        S += [r["S"]] * int(keep.sum())
+        Y += x[keep].tolist()
+    return fit_line(np.array(S, float), np.array(Y, float))
+
+
 def run_depth(exe, model, S, args):
     cmd = [str(exe), "-m", str(model), "-p", "0", "-n", str(args.n_gen), "-d", str(S), "-r", str(args.reps),
            "-t", str(args.threads), "--sparq", "0,1", "--sparq-r", str(args.r), "--sparq-k", str(args.k),
@@ -62,20 +73,8 @@ def run_depth(exe, model, S, args):
 
 def write_results(args, rows, raw, cmds, model, d, synthetic, load0):
     # Appendix D fit over the interquartile range of the dense runs at each S
-    Sx, Y = [], []
-    for r in rows:
-        x = np.array(r["dense_samples"])
-        keep = iqr_mask(x)
-        Sx += [r["S"]] * int(keep.sum())
-        Y += x[keep].tolist()
-    a, b = fit_line(np.array(Sx, float), np.array(Y, float))
-    Sx2, Y2 = [], []
-    for r in rows:
-        x = np.array(r["sparq_samples"])
-        keep = iqr_mask(x)
-        Sx2 += [r["S"]] * int(keep.sum())
-        Y2 += x[keep].tolist()
-    a2, b2 = fit_line(np.array(Sx2, float), np.array(Y2, float))
+    a, b = fit_iqr(rows, "dense_samples")
+    a2, b2 = fit_iqr(rows, "sparq_samples")
     for r in rows:
         y = a * r["S"] + b
         z = min(1.0, max(0.0, (y - b) / y)) if y > 0 else float("nan")

@@ -436,6 +436,30 @@ static double sparq_rebuild_stream(llama_sparq_ctx & S, uint32_t strm, const std
     return max_diff;
 }
 
+// the snapshot matches the cells, except for the cells `fresh` marks (written by the
+// ubatch about to run), which must have been empty
+static bool sparq_snapshot_matches(const sparq_snapshot & sn, const llama_kv_cells & cells, const uint8_t * fresh) {
+    const uint32_t n = cells.size();
+    if (!sn.valid || sn.pos.size() != n) {
+        return false;
+    }
+    for (uint32_t c = 0; c < n; ++c) {
+        const llama_pos now = cells.is_empty(c) ? -1 : cells.pos_get(c);
+        if (fresh && fresh[c] ? sn.pos[c] != -1 : sn.pos[c] != now) {
+            return false;
+        }
+    }
+    return true;
+}
+
+static void sparq_snapshot_take(sparq_snapshot & sn, const llama_kv_cells & cells) {
+    sn.pos.resize(cells.size());
+    for (uint32_t c = 0; c < cells.size(); ++c) {
+        sn.pos[c] = cells.is_empty(c) ? -1 : cells.pos_get(c);
+    }
+    sn.valid = true;
+}
+
 void llama_sparq_sync(struct llama_context * ctx) {
     auto & cp = A::cparams(ctx);
     if (!cp.sparq || cp.sparq->n_layers == 0 || !cp.sparq->params.enabled) {
@@ -448,20 +472,12 @@ void llama_sparq_sync(struct llama_context * ctx) {
     for (uint32_t strm = 0; strm < A::n_stream(S.kv); ++strm) {
         const llama_kv_cells & cells = A::cells(S.kv, strm);
         sparq_snapshot & sn = S.snap[strm];
-        bool clean = sn.valid && sn.pos.size() == kv_size;
-        for (uint32_t c = 0; clean && c < kv_size; ++c) {
-            clean = sn.pos[c] == (cells.is_empty(c) ? -1 : cells.pos_get(c));
-        }
-        if (clean) {
+        if (sparq_snapshot_matches(sn, cells, nullptr)) {
             continue;
         }
         sparq_rebuild_stream(S, strm, none);
         S.n_rebuilds++;
-        sn.pos.resize(kv_size);
-        for (uint32_t c = 0; c < kv_size; ++c) {
-            sn.pos[c] = cells.is_empty(c) ? -1 : cells.pos_get(c);
-        }
-        sn.valid = true;
+        sparq_snapshot_take(sn, cells);
     }
 }
 
@@ -576,20 +592,11 @@ void llm_graph_input_sparq::set_input(const llama_ubatch * ubatch) {
         for (uint32_t i = 0; i < si.size(); ++i) {
             fresh[si.idxs[s][i]] = 1;
         }
-        bool clean = sn.valid && sn.pos.size() == kv_size;
-        for (uint32_t c = 0; clean && c < kv_size; ++c) {
-            const llama_pos now = cells.is_empty(c) ? -1 : cells.pos_get(c);
-            clean = fresh[c] ? sn.pos[c] == -1 : sn.pos[c] == now;
-        }
-        if (!clean) {
+        if (!sparq_snapshot_matches(sn, cells, fresh.data())) {
             sparq_rebuild_stream(St, strm, fresh);
             St.n_rebuilds++;
         }
-        sn.pos.resize(kv_size);
-        for (uint32_t c = 0; c < kv_size; ++c) {
-            sn.pos[c] = cells.is_empty(c) ? -1 : cells.pos_get(c);
-        }
-        sn.valid = true;
+        sparq_snapshot_take(sn, cells);
     }
 
     uint32_t n_valid_max = 0;

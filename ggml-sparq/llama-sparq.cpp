@@ -522,6 +522,7 @@ public:
     ggml_tensor * win = nullptr;               // [l, n_tps, n_stream] i32: cells of the l most recent positions
     bool appends = false;                      // this graph appends to K^T and the V sums
     std::vector<sparq_decision> decisions;     // one per attention layer of this graph
+    std::vector<uint8_t> fresh;                // scratch of set_input: the cells the ubatch writes
 };
 
 static const llama_kv_cache_context * sparq_base_mctx(const llama_memory_context_i * m) {
@@ -588,7 +589,8 @@ void llm_graph_input_sparq::set_input(const llama_ubatch * ubatch) {
             sn.valid = false;
             continue;
         }
-        std::vector<uint8_t> fresh(kv_size, 0);
+        // cells this ubatch writes (a buffer kept across steps: no allocation per decode step)
+        fresh.assign(kv_size, 0);
         for (uint32_t i = 0; i < si.size(); ++i) {
             fresh[si.idxs[s][i]] = 1;
         }

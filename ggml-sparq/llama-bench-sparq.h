@@ -12,6 +12,7 @@
 
 struct sparq_bench_params {
     std::vector<int> on, r, k, l, min_kv;
+    bool fill_synthetic = false; // --depth-fill synthetic: llama_sparq_bench_fill instead of a prefill
     bool any() const { return !on.empty() || !r.empty() || !k.empty() || !l.empty() || !min_kv.empty(); }
 };
 
@@ -23,7 +24,8 @@ struct sparq_bench_fields {
 };
 
 static inline bool sparq_bench_is_arg(const std::string & a) {
-    return a == "--sparq" || a == "--sparq-r" || a == "--sparq-k" || a == "--sparq-l" || a == "--sparq-min-kv";
+    return a == "--sparq" || a == "--sparq-r" || a == "--sparq-k" || a == "--sparq-l" || a == "--sparq-min-kv" ||
+           a == "--depth-fill";
 }
 
 static inline void sparq_bench_usage() {
@@ -32,10 +34,21 @@ static inline void sparq_bench_usage() {
     printf("  --sparq-k <n>                              SparQ positions per decode step (default: 128)\n");
     printf("  --sparq-l <n>                              SparQ local window, -1 = k/4 (default: -1)\n");
     printf("  --sparq-min-kv <n>                         SparQ dense below this many KV cells (default: 1024)\n");
+    printf("  --depth-fill <prefill|synthetic>           how -d fills the context: a real prompt, or random K/V\n");
+    printf("                                             written straight into the cache, for timing only (default: prefill)\n");
 }
 
 // parses one comma list; false with a message on a bad value
 static inline bool sparq_bench_parse(const std::string & arg, const char * value, sparq_bench_params & p) {
+    if (arg == "--depth-fill") {
+        const std::string v(value);
+        if (v != "prefill" && v != "synthetic") {
+            fprintf(stderr, "error: --depth-fill: '%s' is not allowed (prefill or synthetic)\n", value);
+            return false;
+        }
+        p.fill_synthetic = v == "synthetic";
+        return true;
+    }
     std::vector<int> * dst = arg == "--sparq" ? &p.on : arg == "--sparq-r" ? &p.r : arg == "--sparq-k" ? &p.k :
                              arg == "--sparq-l" ? &p.l : &p.min_kv;
     const int lo = arg == "--sparq-k" ? 1 : arg == "--sparq-l" ? -1 : 0;
@@ -123,6 +136,17 @@ static inline void sparq_bench_collect(const llama_context * ctx, sparq_bench_fi
         }
         f.compression = st.compression;
     }
+}
+
+// --depth-fill synthetic: fills the cleared cache with n_depth random cells instead of a
+// prefill; false (with a message) when the context cannot take it
+static inline bool sparq_bench_fill(llama_context * ctx, int n_depth) {
+    char err[512];
+    if (llama_sparq_bench_fill(ctx, n_depth, 1, err, sizeof(err)) != 0) {
+        fprintf(stderr, "llama-bench: error: %s\n", err);
+        return false;
+    }
+    return true;
 }
 
 // field names, in the order of sparq_bench_value()

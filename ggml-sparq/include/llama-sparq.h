@@ -90,6 +90,15 @@ LLAMA_API void llama_sparq_sync(struct llama_context * ctx);
 // cache operation, so call this after one.
 LLAMA_API double llama_sparq_debug_check(struct llama_context * ctx);
 
+// For benchmarks only: fills sequence 0 of an empty KV cache with n_tokens cells at
+// positions 0..n_tokens-1 holding pseudo-random K and V (zero mean, unit variance, fixed by
+// seed) instead of running a prompt, so that decode can be timed after a long context
+// without its prefill. The text it stands for is meaningless: use it for timing, never
+// for output. Needs one plain KV cache with one stream and f16/f32 K and V (not
+// sliding-window or hybrid models). Returns 0, or -1 with err saying why.
+LLAMA_API int32_t llama_sparq_bench_fill(struct llama_context * ctx, int32_t n_tokens, uint32_t seed, char * err,
+                                         size_t err_size);
+
 // "prefill", "short", "swa", ...; NULL for an unknown reason.
 LLAMA_API const char * llama_sparq_dense_reason_name(int32_t reason);
 

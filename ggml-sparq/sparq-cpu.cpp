@@ -213,7 +213,7 @@ static layout make_layout(const sparq_args * a, int nth) {
     L.t_blk   = t; t += align_up((size_t) L.g * L.B * sizeof(float));
     L.t_ck    = t; t += align_up((size_t) L.chunk_max * sizeof(float));
     L.t_idx   = t; t += align_up((size_t) L.chunk_max * sizeof(int32_t));
-    L.t_gm    = t; t += align_up((size_t) (L.chunk_max / 16 + 2) * sizeof(float));
+    L.t_gm    = t; t += align_up((size_t) (L.chunk_max + 2) * sizeof(float));
     L.t_big   = t; t += align_up((size_t) L.chunk_max * sizeof(cand));
     L.t_merge = t; t += align_up((size_t) (L.nc * L.cap + a->k + 1) * sizeof(cand));
     L.t_sel   = t; t += align_up((size_t) (a->k + 1) * sizeof(int32_t));
@@ -429,7 +429,15 @@ static int select_chunk(const ctx & C, int ith, const float * ck, int n, int bas
     const sparq_isa * isa = C.isa;
     int32_t * idx = (int32_t *) C.tbuf(ith, C.L.t_idx);
     float t = -INFINITY;
-    const int gs = std::max(16, (n / (4 * kk)) & ~15);
+    // about 4 kk groups of a multiple of 16 cells when the chunk is long; a shorter
+    // chunk halves the groups (down to single cells) until there are 4/3 kk of them
+    int gs = (n / (4 * kk)) & ~15;
+    if (gs < 16) {
+        gs = 16;
+        while (gs > 1 && (n + gs - 1) / gs < kk + kk / 3) {
+            gs /= 2;
+        }
+    }
     const int G = (n + gs - 1) / gs;
     if (G >= kk) {
         float * gm = (float *) C.tbuf(ith, C.L.t_gm);
@@ -438,9 +446,9 @@ static int select_chunk(const ctx & C, int ith, const float * ck, int n, int bas
         }
         std::nth_element(gm, gm + (kk - 1), gm + G, std::greater<float>());
         t = gm[kk - 1];
-        if (t != -INFINITY) {
-            t = std::nextafter(t, -INFINITY); // filter_gt(t') selects key >= t
-        }
+    }
+    if (t != -INFINITY) {
+        t = std::nextafter(t, -INFINITY); // filter_gt(t') selects key >= t
     }
     const int m = isa->filter_gt(ck, n, t, idx);
     cand * dst = m <= C.L.cap ? out : (cand *) C.tbuf(ith, C.L.t_big);

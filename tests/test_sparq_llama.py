@@ -424,3 +424,36 @@ def test_all_rows_mode_runs_sparq_on_prompt_batches(tiny_gqa_model):
     assert np.isfinite(a).all()
     # the first k rows see at most k cells: exact
     assert np.abs(a[:16] - b[:16]).max() <= 2e-3 * np.abs(b[:16]).max() + 1e-3
+
+
+# ---------------------------------------------------------------------------
+# the synthetic fill benchmarks use instead of a long prefill
+# ---------------------------------------------------------------------------
+
+def test_bench_fill_is_a_valid_cache(tiny_gqa_model):
+    """llama_sparq_bench_fill leaves a cache that decodes like any other: K^T and the V sums
+    match it, SparQ with r = d and k >= S equals dense on the same fill, and it is refused
+    on a non-empty cache or past the cache size."""
+    from llama_sparq import _sparq
+
+    n_fill = 300
+    dense = make_llm(tiny_gqa_model, n_ctx=512)
+    sp = make_llm(tiny_gqa_model, n_ctx=512, sparq=True, sparq_r=16, sparq_k=512, sparq_l=0, sparq_min_kv=0)
+    out = []
+    for llm in (dense, sp):
+        llm.reset()
+        llm._ctx.kv_cache_clear()
+        _sparq.bench_fill(llm._ctx.ctx, n_fill, seed=7)
+        llm.n_tokens = n_fill
+        out.append([step(llm, t) for t in (5, 6, 7)])
+        assert llm.n_tokens == n_fill + 3
+    np.testing.assert_allclose(out[1], out[0], atol=2e-3, rtol=0)
+    assert debug_check(sp) <= 1e-3
+    st = sp.sparq_stats()
+    assert st["n_sparq"] >= 3 * 2 and st["n_rebuilds"] >= 1
+
+    with pytest.raises(ValueError, match="clear it first"):
+        _sparq.bench_fill(sp._ctx.ctx, 10)
+    sp._ctx.kv_cache_clear()
+    with pytest.raises(ValueError, match=r"n_tokens is 100000; allowed 1\.\.\d+ \(the KV cache size\)"):
+        _sparq.bench_fill(sp._ctx.ctx, 100000)

@@ -106,3 +106,15 @@ def debug_check(ctx) -> float:
     L.llama_sparq_debug_check.restype = ctypes.c_double
     L.llama_sparq_debug_check.argtypes = [ctypes.c_void_p]
     return float(L.llama_sparq_debug_check(ctx))
+
+
+def bench_fill(ctx, n_tokens: int, seed: int = 1) -> None:
+    """For benchmarks: fill sequence 0 of an empty KV cache with n_tokens cells of random K
+    and V (llama_sparq_bench_fill); raises ValueError with the library's reason."""
+    L = lib()
+    L.llama_sparq_bench_fill.restype = ctypes.c_int32
+    L.llama_sparq_bench_fill.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_uint32, ctypes.c_char_p,
+                                         ctypes.c_size_t]
+    err = ctypes.create_string_buffer(512)
+    if L.llama_sparq_bench_fill(ctx, int(n_tokens), int(seed), err, len(err)) != 0:
+        raise ValueError(err.value.decode("utf-8", "replace"))

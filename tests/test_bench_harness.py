@@ -1,0 +1,97 @@
+"""The benchmark harnesses of bench/ run end to end on a tiny model and write complete
+result files (the timings themselves are not tested: speed is shown by the benchmarks)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from llama_sparq import tool_path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def harness(script, *args, env=None, timeout=900):
+    e = dict(os.environ, **(env or {}))
+    p = subprocess.run([sys.executable, str(REPO / "bench" / script), *map(str, args)], capture_output=True,
+                       text=True, timeout=timeout, env=e, cwd=REPO)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    return p
+
+
+# tiny_model: 2 layers, 4 heads of 16, MHA
+TINY = {"HEAD_DIM": "16", "N_HEAD_KV": "4", "N_LAYER_SPARQ": "2"}
+
+
+def test_e2e_bench_writes_results(tiny_model, tmp_path):
+    harness("e2e_bench.py", "--model", tiny_model, "--fill", "synthetic", "--depths", "0,256,512", "--reps", "2",
+            "--n-gen", "2", "--r", "4", "--k", "16", "--l", "4", "--tag", "t", "--out-dir", tmp_path, env=TINY)
+    for ext in ("csv", "json", "md", "png"):
+        assert (tmp_path / f"t.{ext}").stat().st_size > 0
+    res = json.loads((tmp_path / "t.json").read_text())
+    meta, rows = res["meta"], res["rows"]
+    for key in ("command", "machine", "commit", "sparq", "fill", "fits", "counters", "llama_bench_commands"):
+        assert meta[key], key
+    assert "r=4, k=16, l=4" in meta["sparq"] and "threads" in meta["machine"]
+    assert [r["S"] for r in rows] == [0, 256, 512]
+    for r in rows:
+        assert r["sparq_calls"] > 0 and r["sparq_dense_calls"] == 0
+        assert r["baseline"] in ("dense_fa0", "dense_fa1")
+        assert r["speedup"] > 0 and 0 <= r["z"] <= 1 and r["amdahl_bound"] >= 1
+        assert len(r["samples"]["sparq"]) == 4 and len(r["samples"]["dense_fa0"]) == 2
+    assert 0 < rows[-1]["compression"] < 1
+    # the fill really was synthetic, and every command is on record
+    assert all("--depth-fill synthetic" in c for c in meta["llama_bench_commands"] if "-d 0 " not in c)
+    md = (tmp_path / "t.md").read_text()
+    assert "| S | dense ms/token (path) |" in md and "paper, Llama 2 7B" in md
+
+
+def test_e2e_fill_check(tiny_model, tmp_path):
+    harness("e2e_bench.py", "--model", tiny_model, "--fill-check", "300", "--reps", "2", "--n-gen", "2",
+            "--r", "4", "--k", "16", "--l", "4", "--tag", "t", "--out-dir", tmp_path, env=TINY)
+    res = json.loads((tmp_path / "t_fill_check.json").read_text())
+    assert set(res["summary"]) == {"dense_fa0", "dense_fa1", "sparq"}
+    for s in res["summary"].values():
+        assert s["prefill_s"] > 0 and s["synthetic_s"] > 0
+    fills = {r["depth_fill"] for r in res["llama_bench"]}
+    assert fills == {"prefill", "synthetic"}
+
+
+def test_overhead_bench_writes_results(tiny_model, tmp_path):
+    harness("overhead_bench.py", "--model", tiny_model, "--prompts", "64", "--depths", "0,100", "--n-gen", "4",
+            "--reps", "2", "--rounds", "1", "--tag", "o", "--out-dir", tmp_path)
+    res = json.loads((tmp_path / "o.json").read_text())
+    tests = {r["test"]: r for r in res["rows"]}
+    assert set(tests) == {"pp64", "tg4 @ d0", "tg4 @ d100"}
+    for t, r in tests.items():
+        assert r["sparq_ts"] > 0 and r["dense_fa1_ts"] > 0 and r["dense_fa0_ts"] > 0
+        assert r["ratio_ci95"][0] <= r["ratio"] <= r["ratio_ci95"][1]
+        # below the dense threshold (1024 cells) SparQ never runs
+        assert r["sparq_calls"] == 0 and r["sparq_dense"] > 0, t
+    assert "verdict" in (tmp_path / "o.md").read_text()
+
+
+def test_depth_fill_flag(tiny_model):
+    exe = str(tool_path("llama-bench"))
+    p = subprocess.run([exe, "-m", tiny_model, "-d", "10", "--depth-fill", "nope"], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode != 0 and "--depth-fill: 'nope' is not allowed (prefill or synthetic)" in p.stderr
+    p = subprocess.run([exe, "-m", tiny_model, "-p", "0", "-n", "2", "-r", "1", "-d", "200", "-fa", "1",
+                        "--depth-fill", "synthetic", "--sparq", "1", "--sparq-min-kv", "0", "-o", "json"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    (row,) = json.loads(p.stdout)
+    assert row["n_depth"] == 200 and row["sparq_calls"] > 0 and row["sparq_dense"] == 0
+
+
+@pytest.mark.real_model
+def test_depth_fill_refuses_sliding_window_models(gemma_model):
+    p = subprocess.run([str(tool_path("llama-bench")), "-m", str(gemma_model), "-p", "0", "-n", "1", "-r", "1",
+                        "-d", "100", "--depth-fill", "synthetic"], capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0
+    assert "synthetic fill: the model's memory is not one plain KV cache" in p.stderr

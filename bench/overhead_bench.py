@@ -81,7 +81,8 @@ def main(argv=None) -> int:
             model.parent.mkdir(parents=True, exist_ok=True)
             make_paper_shape(model, n_layer=2)
         desc = ("synthetic: Llama 2 7B per-layer shapes (width 4096, 32 heads of 128, FFN 11008, vocabulary 32000), "
-                "Q8_0 weights, random values, 2 layers (per-layer costs set the ratios, not the layer count)")
+                "Q8_0 weights, random values, 2 layers (per-layer costs set the ratios, not the layer count; the output "
+                "projection is a larger share of the fixed cost with 2 layers than with 32)")
     elif args.model == "gemma3":
         model, desc = default_model_path(), "Gemma 3 270M Q4_K_M (real weights; 3 of 18 layers global)"
     else:

@@ -133,7 +133,9 @@ def git_commit() -> str:
                             text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return "unknown (not a git checkout)"
-    dirty = any(line and not line.startswith("??") for line in st.splitlines())
+    # results being written (this run's own files included) do not make the code dirty
+    dirty = any(line and not line.startswith("??") and not line[3:].startswith("bench/results/")
+                for line in st.splitlines())
     return head + ("-dirty" if dirty else "")
 
 

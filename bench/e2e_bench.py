@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from op_bench import cpu_model, git_commit, kernel_isa, loadavg  # noqa: E402
 
 from llama_sparq import cost, tool_path  # noqa: E402
-from llama_sparq.models import default_model_path, make_paper_shape  # noqa: E402
+from llama_sparq.models import default_model_path, paper_shape_path  # noqa: E402
 
 PAPER_CPU_FIT = (1.62e-5, 0.2438)  # Llama 2 7B, batch 1, the paper's CPU fit y = a*S + b (seconds)
 CONFIGS = ("dense_fa0", "dense_fa1", "sparq")
@@ -384,12 +384,7 @@ def main(argv=None) -> int:
         tqdm = lambda x, **k: x  # noqa: E731
 
     if args.model == "paper":
-        model = Path(os.environ.get("LLAMA_SPARQ_MODEL_DIR", Path.home() / ".cache" / "llama-sparq")) / \
-            f"paper-shape-{args.n_layer}l.gguf"
-        if not model.exists():
-            model.parent.mkdir(parents=True, exist_ok=True)
-            print(f"writing the synthetic model {model} ...", flush=True)
-            make_paper_shape(model, n_layer=args.n_layer)
+        model = paper_shape_path(args.n_layer)
     elif args.model == "gemma3":
         model = default_model_path()
     else:

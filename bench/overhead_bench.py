@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from op_bench import cpu_model, git_commit, kernel_isa, loadavg  # noqa: E402
 
 from llama_sparq import tool_path  # noqa: E402
-from llama_sparq.models import default_model_path  # noqa: E402
+from llama_sparq.models import default_model_path, paper_shape_path  # noqa: E402
 
 
 def run(exe, model, args, extra):
@@ -60,7 +60,8 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="paper", help="'paper' (synthetic Llama 2 7B shapes, 2 layers), 'gemma3', "
                                                       "or a GGUF path")
     ap.add_argument("--prompts", default="512,2048", help="prompt lengths for -p (default 512,2048)")
-    ap.add_argument("--depths", default="0,256,512,1000", help="short contexts for -d, below the threshold")
+    ap.add_argument("--depths", default="0,256,512,960",
+                    help="short contexts for -d: depth + --n-gen must stay below the dense threshold (1024)")
     ap.add_argument("--n-gen", type=int, default=32)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3, help="processes per configuration, alternated (default 3)")
@@ -74,12 +75,7 @@ def main(argv=None) -> int:
         tqdm = lambda x, **k: x  # noqa: E731
 
     if args.model == "paper":
-        model = Path(os.environ.get("LLAMA_SPARQ_MODEL_DIR", Path.home() / ".cache" / "llama-sparq")) / \
-            "paper-shape-2l.gguf"
-        if not model.exists():
-            from llama_sparq.models import make_paper_shape
-            model.parent.mkdir(parents=True, exist_ok=True)
-            make_paper_shape(model, n_layer=2)
+        model = paper_shape_path(2)
         desc = ("synthetic: Llama 2 7B per-layer shapes (width 4096, 32 heads of 128, FFN 11008, vocabulary 32000), "
                 "Q8_0 weights, random values, 2 layers (per-layer costs set the ratios, not the layer count; the output "
                 "projection is a larger share of the fixed cost with 2 layers than with 32)")

@@ -604,6 +604,17 @@ struct sparq_decision {
     int d, r, k;
 };
 
+// the most cells in use among the streams of the ubatch (the context length the dense threshold is about:
+// the graph's KV view is padded to 256 cells, which would make a 1000-token context count as 1024)
+static uint32_t sparq_used_max(const llama_kv_cache_context * m) {
+    const auto & si = A::sinfo(m);
+    uint32_t n = 0;
+    for (uint32_t s = 0; s < si.n_stream(); ++s) {
+        n = std::max(n, A::cells(A::cache(m), si.strm[s]).get_used());
+    }
+    return n;
+}
+
 class llm_graph_input_sparq : public llm_graph_input_i {
 public:
     llm_graph_input_sparq(std::shared_ptr<llama_sparq_ctx> S, const llama_kv_cache_context * mctx)
@@ -619,6 +630,7 @@ public:
     ggml_tensor * v_count = nullptr;           // [n_stream] f32
     ggml_tensor * win = nullptr;               // [l, n_tps, n_stream] i32: cells of the l most recent positions
     bool appends = false;                      // this graph appends to K^T and the V sums
+    int  short_ctx = -1;                       // built with the streams under min_kv cells (1) or not (0); -1 unused
     std::vector<sparq_decision> decisions;     // one per attention layer of this graph
     std::vector<uint8_t> fresh;                // scratch of set_input: the cells the ubatch writes
 };
@@ -651,6 +663,10 @@ bool llm_graph_input_sparq::can_reuse(const llm_graph_params & params) {
     }
     if (win) {
         ok &= win->ne[1] * win->ne[2] == (int64_t) params.ubatch.n_tokens;
+    }
+    if (short_ctx >= 0) {
+        // the graph holds SparQ or dense attention by the dense threshold: rebuild when the context crosses it
+        ok &= short_ctx == (int) (sparq_used_max(m) < (uint32_t) S->params.min_kv);
     }
     return ok;
 }
@@ -860,8 +876,14 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
         reason = LLAMA_SPARQ_DENSE_SHARED_STREAM;
     } else if (n_tps > 1 && !P.all_rows) {
         reason = LLAMA_SPARQ_DENSE_PREFILL;
-    } else if (n_kv < P.min_kv) {
-        reason = LLAMA_SPARQ_DENSE_SHORT;
+    } else {
+        const bool is_short = sparq_used_max(mctx) < (uint32_t) P.min_kv;
+        if (inp) {
+            inp->short_ctx = is_short;
+        }
+        if (is_short) {
+            reason = LLAMA_SPARQ_DENSE_SHORT;
+        }
     }
     if (reason >= 0 || !appends) {
         // SparQ needs this ubatch's keys in K^T: without appends (k_cur == nullptr) stay dense

@@ -265,13 +265,20 @@ def test_gemma3_real():
     assert (key, vtype, value) == ("general.architecture", 8, "gemma3")
 
 
-def test_paper_shape_model_has_llama2_7b_layer_shapes(tmp_path):
-    """The synthetic model for the paper's measurements: Llama 2 7B per-layer shapes, Q8_0."""
+def test_paper_shape_model_has_llama2_7b_layer_shapes(tmp_path, monkeypatch):
+    """The synthetic model for the paper's measurements: Llama 2 7B per-layer shapes, Q8_0,
+    written once into the model folder and reused."""
     import gguf
 
-    from llama_sparq.models import make_paper_shape
+    from llama_sparq.models import paper_shape_path
 
-    path = make_paper_shape(tmp_path / "paper-1l.gguf", n_layer=1)
+    monkeypatch.setenv("LLAMA_SPARQ_MODEL_DIR", str(tmp_path))
+    path = paper_shape_path(1)
+    assert path == tmp_path / "paper-shape-1l.gguf"
+    mtime = path.stat().st_mtime_ns
+    assert paper_shape_path(1) == path and path.stat().st_mtime_ns == mtime
+    with pytest.raises(ValueError, match="n_layer"):
+        paper_shape_path(0)
     r = gguf.GGUFReader(str(path))
     f = {k: v.parts[v.data[0]] for k, v in r.fields.items() if len(v.data) == 1}
     assert int(f["llama.embedding_length"][0]) == 4096

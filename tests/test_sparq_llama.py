@@ -183,6 +183,18 @@ def test_short_context_stays_dense(tiny_model):
     assert st["n_sparq"] == 0 and st["n_dense"]["short"] == 2 * 5
 
 
+def test_threshold_counts_cells_in_use(tiny_model):
+    """The dense threshold is the sequence's cell count (the decoded token included), not
+    the graph's KV view padded to 256 cells; the reused decode graph switches exactly
+    at the crossing."""
+    sp = make_llm(tiny_model, sparq=True, sparq_k=32, sparq_min_kv=110)
+    prompt = rand_tokens(100, 4, n_vocab(sp))
+    decode_greedy(sp, prompt, 20)  # the decode steps hold 100, 101, ..., 119 cells
+    st = sp.sparq_stats()
+    assert st["n_dense"]["short"] == 2 * 10
+    assert st["n_sparq"] == 2 * 10
+
+
 @pytest.mark.real_model
 def test_counters_gemma(gemma_model):
     sp = make_llm(gemma_model, sparq=True, sparq_min_kv=0)

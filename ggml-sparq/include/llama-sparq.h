@@ -34,7 +34,7 @@ LLAMA_API int llama_sparq_abi_version(void);
 // Why an attention call ran dense while SparQ was enabled.
 enum llama_sparq_dense_reason {
     LLAMA_SPARQ_DENSE_PREFILL       = 0, // several query rows per sequence (prompt processing)
-    LLAMA_SPARQ_DENSE_SHORT         = 1, // fewer KV cells than the dense threshold (min_kv)
+    LLAMA_SPARQ_DENSE_SHORT         = 1, // the sequence holds fewer cells than the dense threshold (min_kv)
     LLAMA_SPARQ_DENSE_SWA           = 2, // sliding-window layer (reads little already)
     LLAMA_SPARQ_DENSE_CACHE_TYPE    = 3, // K or V cache neither f16 nor f32 (quantized)
     LLAMA_SPARQ_DENSE_V_TRANS       = 4, // V cache transposed (context made without flash attention)
@@ -50,7 +50,7 @@ struct llama_sparq_params {
     int32_t r;        // query components kept, 1..head size; 0 = head size / 8
     int32_t k;        // positions attended, >= 1; default 128
     int32_t l;        // local window (most recent cells, counted in k), 0..k; -1 = k / 4
-    int32_t min_kv;   // decode stays dense below this many KV cells, >= 0; default 1024
+    int32_t min_kv;   // decode stays dense while the sequence holds fewer cells (the longest of the batch), >= 0; default 1024
     bool    all_rows; // also apply to every query row of a ubatch (teacher-forced evaluation); default false
 };
 

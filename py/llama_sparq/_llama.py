@@ -47,7 +47,7 @@ class Llama(llama_cpp.Llama):
     - ``sparq_r``: query components kept, 1..head size (0: head size / 8)
     - ``sparq_k``: positions attended, >= 1
     - ``sparq_l``: local window, 0..k (-1: k / 4)
-    - ``sparq_min_kv``: KV cells below which decoding stays dense, >= 0 (default 1024)
+    - ``sparq_min_kv``: decoding stays dense while the sequence holds fewer KV cells, >= 0 (default 1024)
     - ``sparq_all_rows``: apply SparQ to every query row (teacher-forced evaluation)
 
     SparQ contexts always use the flash-attention KV layout (V not transposed), whatever

@@ -378,6 +378,18 @@ def default_model_path(install: bool = True) -> Path:
 # CLI
 # --------------------------------------------------------------------------
 
+def paper_shape_path(n_layer: int = 2) -> Path:
+    """The cached paper-shape model with ``n_layer`` layers (``model_dir()/paper-shape-<n>l.gguf``),
+    written by :func:`make_paper_shape` (seed 0, deterministic) on first use."""
+    n_layer = _check_int("n_layer", n_layer)
+    path = model_dir() / f"paper-shape-{n_layer}l.gguf"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        print(f"writing the synthetic model {path} ...", file=sys.stderr, flush=True)
+        make_paper_shape(path, n_layer=n_layer)  # written to a temporary file, then renamed
+    return path
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m llama_sparq.models",
                                  description="Make or fetch the models llama-sparq tests and benchmarks use.")

@@ -205,9 +205,11 @@ def common_meta(args, bench, model_desc, load0):
                   f"{args.n_gen} -p 0); per S and round: one process with -fa 0 dense ({args.reps} reps), one with "
                   f"-fa 1 and --sparq 0,1,0,1 (2 x {args.reps} reps each of dense and SparQ, interleaved); "
                   f"{args.rounds} round(s)",
-        "counters": "sparq_calls = attention calls (layers x decode steps, warm-up included) that ran SparQ in the "
-                    "SparQ runs, sparq_dense = those that fell back to dense (must be 0), sparq_compr = the fork's "
-                    "mean compression over its SparQ calls",
+        "counters": "from the fork's counters over llama-bench's timed runs only (not its warm-up, prefill or "
+                    "fill): sparq_calls = attention calls (SparQ layers x decoded tokens x reps) that ran SparQ in the "
+                    "SparQ runs, sparq_dense = attention calls there that stayed dense (sliding-window layers; 0 "
+                    "when every layer has full attention), sparq_compr = the fork's mean cost-model compression "
+                    "over its SparQ calls",
         "llama_bench_commands": bench.cmds,
     }
 

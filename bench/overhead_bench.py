@@ -137,8 +137,8 @@ def main(argv=None) -> int:
         "timing": f"llama-bench t/s samples; per test: {args.rounds} rounds x (one -fa 1 process with --sparq 0,1,0,1 "
                   f"and one -fa 0 dense process), {args.reps} reps per instance; ratio = mean SparQ t/s / mean dense "
                   "t/s with a bootstrap 95% interval",
-        "counters": "sparq_calls / sparq_dense: attention calls (layers x ubatches, warm-up included) that ran SparQ "
-                    "/ dense in the SparQ runs; below the threshold sparq_calls must be 0",
+        "counters": "sparq_calls / sparq_dense: attention calls (layers x ubatches) in llama-bench's timed runs that "
+                    "ran SparQ / dense in the SparQ runs; below the threshold sparq_calls must be 0",
         "llama_bench_commands": cmds,
     }
     args.out_dir.mkdir(parents=True, exist_ok=True)

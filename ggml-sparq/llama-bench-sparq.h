@@ -16,11 +16,13 @@ struct sparq_bench_params {
     bool any() const { return !on.empty() || !r.empty() || !k.empty() || !l.empty() || !min_kv.empty(); }
 };
 
-// the SparQ part of one test: its settings and what the counters said
+// the SparQ part of one test: its settings and what the counters said over its timed runs
 struct sparq_bench_fields {
     llama_sparq_params p = llama_sparq_default_params();
     uint64_t calls = 0, dense = 0;
     double compression = 0.0;
+    double compr_sum = 0.0;      // compression x calls, summed over the timed runs
+    llama_sparq_stats at = {};   // the counters when the current timed run began
 };
 
 static inline bool sparq_bench_is_arg(const std::string & a) {
@@ -125,17 +127,30 @@ static inline bool sparq_bench_apply(llama_context * ctx, const llama_sparq_para
     return true;
 }
 
-static inline void sparq_bench_collect(const llama_context * ctx, sparq_bench_fields & f) {
-    llama_sparq_stats st;
-    st.size = sizeof(st);
-    if (llama_sparq_get_stats(ctx, &st) == 0) {
-        f.calls = st.n_sparq;
-        f.dense = 0;
-        for (int i = 0; i < LLAMA_SPARQ_DENSE_COUNT; ++i) {
-            f.dense += st.n_dense[i];
-        }
-        f.compression = st.compression;
+// around each timed run, so the counters cover the timed decode/prompt steps only (not the
+// warm-up, the -d prefill or fill): begin brings K^T up to date after a state restore
+// (untimed) and takes the counters; end adds what changed since
+static inline void sparq_bench_begin(llama_context * ctx, sparq_bench_fields & f) {
+    llama_sparq_sync(ctx);
+    f.at = {};
+    f.at.size = sizeof(f.at);
+    if (llama_sparq_get_stats(ctx, &f.at) != 0) {
+        f.at = {};
     }
+}
+
+static inline void sparq_bench_end(const llama_context * ctx, sparq_bench_fields & f) {
+    llama_sparq_stats st = {};
+    st.size = sizeof(st);
+    if (llama_sparq_get_stats(ctx, &st) != 0) {
+        return;
+    }
+    f.calls += st.n_sparq - f.at.n_sparq;
+    for (int i = 0; i < LLAMA_SPARQ_DENSE_COUNT; ++i) {
+        f.dense += st.n_dense[i] - f.at.n_dense[i];
+    }
+    f.compr_sum += st.compression * (double) st.n_sparq - f.at.compression * (double) f.at.n_sparq;
+    f.compression = f.calls ? f.compr_sum / (double) f.calls : 0.0;
 }
 
 // --depth-fill synthetic: fills the cleared cache with n_depth random cells instead of a

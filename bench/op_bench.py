@@ -108,14 +108,28 @@ def mem_available() -> int | None:
 # ----------------------------------------------------------------------------- metadata
 
 def cpu_model() -> str:
+    """The CPU's name with its family/model and vector extensions: a name such as "AMD EPYC"
+    alone does not tell a Zen 3 (AVX2) from a Zen 5 (AVX-512), and results differ."""
+    info, flags = {}, set()
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                key, _, val = line.partition(":")
+                key = key.strip().lower()
+                if key in ("model name", "cpu family", "model") and key not in info:
+                    info[key] = val.strip()
+                elif key in ("flags", "features") and not flags:
+                    flags = set(val.split())
     except OSError:
         pass
-    return platform.processor() or platform.machine() or "unknown"
+    name = info.get("model name") or platform.processor() or platform.machine() or "unknown"
+    extra = []
+    if "cpu family" in info:
+        extra.append(f"family {info['cpu family']} model {info.get('model', '?')}")
+    if flags:
+        isa = [x for x in ("avx512f", "avx2", "fma", "f16c", "asimd", "fphp") if x in flags]
+        extra.append(" ".join(isa) if isa else "no SIMD extension the kernels use")
+    return f"{name} ({'; '.join(extra)})" if extra else name
 
 
 def loadavg() -> float | None:

@@ -118,9 +118,8 @@ def main(argv=None) -> int:
                "ratio": rat, "ratio_ci95": [lo, hi], "ratio_vs_fa0": rat0, "ratio_vs_fa0_ci95": [lo0, hi0],
                "n_samples": [len(d1), len(sp), len(d0)], **counters.get(test, {})}
         if test.startswith("pp"):
-            row["verdict"] = ("within 3%" if abs(rat - 1) <= 0.03 else
-                              "faster by more than 3% (noise: SparQ only adds work here)" if rat > 1 else
-                              "slower by more than 3%")
+            row["verdict"] = "within 3%" if abs(rat - 1) <= 0.03 else \
+                ("faster" if rat > 1 else "slower") + " by more than 3%"
         else:
             row["verdict"] = ("no slower beyond noise" if hi >= 1.0 else "slower") + \
                 (", no SparQ call" if row.get("sparq_calls") == 0 else ", SparQ RAN below the threshold")

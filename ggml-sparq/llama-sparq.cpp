@@ -715,14 +715,11 @@ void llm_graph_input_sparq::set_input(const llama_ubatch * ubatch) {
         sparq_snapshot_take(sn, cells);
     }
 
-    uint32_t n_valid_max = 0;
     if (v_count) {
         GGML_ASSERT(ggml_backend_buffer_is_host(v_count->buffer));
         float * data = (float *) v_count->data;
         for (uint32_t s = 0; s < si.n_stream(); ++s) {
-            const uint32_t used = A::cells(kv, si.strm[s]).get_used();
-            data[s] = (float) used;
-            n_valid_max = std::max(n_valid_max, used);
+            data[s] = (float) A::cells(kv, si.strm[s]).get_used();
         }
     }
 
@@ -749,10 +746,10 @@ void llm_graph_input_sparq::set_input(const llama_ubatch * ubatch) {
     }
 
     // counters: this graph's decisions, once per execution
+    const double S_ = std::max<double>(1.0, sparq_used_max(mctx));
     for (const sparq_decision & dc : decisions) {
         if (dc.reason < 0) {
             St.n_sparq++;
-            const double S_ = std::max<double>(1.0, n_valid_max);
             const double md = 2.0 * S_ * dc.d + 2.0 * dc.d;
             const double ms = S_ <= dc.k ? md : S_ * dc.r + 2.0 * dc.k * dc.d + 4.0 * dc.d;
             St.compression_sum += ms / md;

@@ -4,6 +4,7 @@
 #include "ggml-sparq-cpu.h"
 #include "ggml-cpu-impl.h"
 #include "sparq-cpu.h"
+#include "ggml-sparq.h"
 
 #include <cstring>
 
@@ -38,6 +39,10 @@ static struct sparq_args sparq_args_of(const struct ggml_tensor * dst) {
     a.k = ggml_get_op_params_i32(dst, 1);
     a.l = ggml_get_op_params_i32(dst, 2);
     a.scale = ggml_get_op_params_f32(dst, 3);
+    a.selector = ggml_get_op_params_i32(dst, 4);
+    const int32_t flags = ggml_get_op_params_i32(dst, 5);
+    a.per_head = (flags & GGML_SPARQ_FLAG_PER_HEAD) != 0;
+    a.no_mean_v = (flags & GGML_SPARQ_FLAG_NO_MEAN_V) != 0;
 
     a.q = (const float *) q->data; a.q_nb1 = q->nb[1]; a.q_nb2 = q->nb[2]; a.q_nb3 = q->nb[3];
     a.K = k->data;   a.K_type = sparq_type_of(k);   a.K_nb1 = k->nb[1];   a.K_nb2 = k->nb[2];   a.K_nb3 = k->nb[3];
@@ -52,6 +57,12 @@ static struct sparq_args sparq_args_of(const struct ggml_tensor * dst) {
     a.out = (float *) dst->data; a.out_nb1 = dst->nb[1]; a.out_nb2 = dst->nb[2]; a.out_nb3 = dst->nb[3];
     if (const struct ggml_tensor * win = dst->src[7]) {
         a.win = (const int32_t *) win->data; a.win_nb1 = win->nb[1]; a.win_nb2 = win->nb[2]; a.win_n = (int) win->ne[0];
+    }
+    if (const struct ggml_tensor * qs = dst->src[8]) {
+        a.q_sel = (const float *) qs->data; a.q_sel_nb1 = qs->nb[1]; a.q_sel_nb2 = qs->nb[2]; a.q_sel_nb3 = qs->nb[3];
+    }
+    if (const struct ggml_tensor * cw = dst->src[9]) {
+        a.comp_w = (const float *) cw->data; a.comp_w_nb1 = cw->nb[1];
     }
     a.sel_out = nullptr;
     return a;

@@ -6,6 +6,8 @@
 
 #include <math.h>
 
+#include "ggml-sparq.h"
+
 static bool sparq_cache_type_ok(enum ggml_type t) {
     return t == GGML_TYPE_F16 || t == GGML_TYPE_F32;
 }
@@ -66,7 +68,9 @@ struct ggml_tensor * ggml_sparq_attn(
     const int64_t ne[4] = { dv, n_head, n_rows, n_strm };
     struct ggml_tensor * result = ggml_new_tensor(ctx, GGML_TYPE_F32, 4, ne);
 
-    int32_t params[4] = { r, top_k, local, 0 };
+    GGML_ASSERT(top_k <= GGML_SPARQ_K_MAX && "sparq_attn: k must be <= GGML_SPARQ_K_MAX");
+
+    int32_t params[6] = { r, top_k, local, 0, GGML_SPARQ_SEL_SPARQ, 0 };
     memcpy(&params[3], &scale, sizeof(float));
     ggml_set_op_params(result, params, sizeof(params));
 
@@ -82,7 +86,29 @@ struct ggml_tensor * ggml_sparq_attn(
     return result;
 }
 
-#include "ggml-sparq.h"
+void ggml_sparq_attn_set_selector(struct ggml_tensor * attn, int32_t selector, int32_t flags) {
+    GGML_ASSERT(attn->op == GGML_OP_SPARQ_ATTN);
+    GGML_ASSERT(selector >= 0 && selector < GGML_SPARQ_SEL_COUNT && "sparq_attn: unknown selector");
+    GGML_ASSERT((flags & ~(GGML_SPARQ_FLAG_PER_HEAD | GGML_SPARQ_FLAG_NO_MEAN_V)) == 0 && "sparq_attn: unknown flags");
+    ggml_set_op_params_i32(attn, 4, selector);
+    ggml_set_op_params_i32(attn, 5, flags);
+}
+
+void ggml_sparq_attn_set_basis(struct ggml_tensor * attn, struct ggml_tensor * q_sel, struct ggml_tensor * comp_w) {
+    GGML_ASSERT(attn->op == GGML_OP_SPARQ_ATTN);
+    const struct ggml_tensor * q = attn->src[0];
+    const struct ggml_tensor * k = attn->src[1];
+    if (q_sel) {
+        GGML_ASSERT(q_sel->type == GGML_TYPE_F32 && ggml_are_same_shape(q_sel, q) && q_sel->nb[0] == sizeof(float) &&
+                    "sparq_attn: q_sel must be f32 with q's shape");
+    }
+    if (comp_w) {
+        GGML_ASSERT(comp_w->type == GGML_TYPE_F32 && comp_w->ne[0] == q->ne[0] && comp_w->ne[1] == k->ne[2] &&
+                    comp_w->nb[0] == sizeof(float) && "sparq_attn: comp_w must be f32 [d, n_head_kv]");
+    }
+    attn->src[8] = q_sel;
+    attn->src[9] = comp_w;
+}
 
 void ggml_sparq_attn_set_window(struct ggml_tensor * attn, struct ggml_tensor * win) {
     GGML_ASSERT(attn->op == GGML_OP_SPARQ_ATTN);

@@ -77,8 +77,19 @@ struct llama_sparq_params llama_sparq_default_params(void) {
     p.l        = -1;
     p.min_kv   = 1024;
     p.all_rows = false;
+    p.selector = LLAMA_SPARQ_SELECTOR_SPARQ;
+    p.gqa      = LLAMA_SPARQ_GQA_SHARED;
+    p.mean_v   = true;
+    p.basis    = LLAMA_SPARQ_BASIS_MODEL;
     return p;
 }
+
+static const char * const sparq_selector_names[LLAMA_SPARQ_SELECTOR_COUNT] = { "sparq", "oracle" };
+
+const char * llama_sparq_selector_name(int32_t selector) {
+    return selector >= 0 && selector < LLAMA_SPARQ_SELECTOR_COUNT ? sparq_selector_names[selector] : nullptr;
+}
+
 
 // ---------------------------------------------------------------------------
 // per-context state
@@ -88,6 +99,11 @@ struct sparq_layer {
     ggml_tensor * kt   = nullptr; // [kv_size, d, n_head_kv, n_stream]
     ggml_tensor * vsum = nullptr; // [dv, n_head_kv, n_stream] f32
     int reason = -1;              // >= 0: no data for this layer, why
+    // the PCA basis (LLAMA_SPARQ_BASIS_PCA): rot [d, d, n_head_kv] f32, rot[j + d*(m + d*h)] =
+    // component j of axis m of KV head h; spread [d, n_head_kv] f32, the keys' RMS along each axis
+    ggml_tensor * rot = nullptr;
+    ggml_tensor * spread = nullptr;
+    std::vector<float> rot_host;  // the same, on the host (rebuilds rotate with it); empty: identity
 };
 
 struct sparq_snapshot {
@@ -113,6 +129,12 @@ struct llama_sparq_ctx {
     double   compression_sum = 0.0;
     uint64_t n_rebuilds = 0;
     uint32_t logged = 0; // reasons already logged
+
+    // the PCA basis: tensors allocated on first use, calibrated at the first SparQ step
+    std::vector<ggml_backend_buffer_ptr> basis_bufs;
+    ggml_context_ptr basis_ctx;
+    bool calibrated = false;
+    int32_t basis_in_data = LLAMA_SPARQ_BASIS_MODEL; // the basis K^T was last built in
 };
 
 // the friend of llama_context, llama_kv_cache and llama_kv_cache_context (patch 0005)
@@ -241,6 +263,243 @@ static bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, char * e
     return true;
 }
 
+static std::vector<uint8_t> sparq_get_slice(ggml_tensor * t, size_t off, size_t n) {
+    std::vector<uint8_t> buf(n);
+    ggml_backend_tensor_get(t, buf.data(), off, n);
+    return buf;
+}
+
+static float sparq_elem_f32(const uint8_t * p, ggml_type t) {
+    return t == GGML_TYPE_F16 ? ggml_fp16_to_fp32(*(const ggml_fp16_t *) p) : *(const float *) p;
+}
+
+// allocate the PCA basis tensors (identity, unit spread) next to each layer's K^T
+static bool sparq_alloc_basis(llama_sparq_ctx & S, char * err, size_t err_size) {
+    if (S.basis_ctx) {
+        return true;
+    }
+    ggml_init_params ip = { (S.layers.size() * 2 + 1) * ggml_tensor_overhead(), nullptr, true };
+    S.basis_ctx.reset(ggml_init(ip));
+    std::map<ggml_backend_buffer_type_t, std::vector<ggml_tensor *>> by_buft;
+    for (sparq_layer & L : S.layers) {
+        if (!L.kt) {
+            continue;
+        }
+        const int64_t d = L.kt->ne[1], hkv = L.kt->ne[2];
+        L.rot = ggml_new_tensor_3d(S.basis_ctx.get(), GGML_TYPE_F32, d, d, hkv);
+        L.spread = ggml_new_tensor_2d(S.basis_ctx.get(), GGML_TYPE_F32, d, hkv);
+        ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(L.kt->buffer);
+        by_buft[buft].push_back(L.rot);
+        by_buft[buft].push_back(L.spread);
+    }
+    for (auto & [buft, tensors] : by_buft) {
+        size_t total = 0;
+        for (ggml_tensor * t : tensors) {
+            total += GGML_PAD(ggml_backend_buft_get_alloc_size(buft, t), ggml_backend_buft_get_alignment(buft));
+        }
+        ggml_backend_buffer_t buf = ggml_backend_buft_alloc_buffer(buft, total + ggml_backend_buft_get_alignment(buft));
+        if (!buf) {
+            sparq_err(err, err_size, "SparQ: cannot allocate %.1f MiB for the PCA basis in %s", total / 1048576.0,
+                      ggml_backend_buft_name(buft));
+            return false;
+        }
+        ggml_tallocr ta = ggml_tallocr_new(buf);
+        for (ggml_tensor * t : tensors) {
+            ggml_tallocr_alloc(&ta, t);
+        }
+        ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+        S.extra_bytes += ggml_backend_buffer_get_size(buf);
+        S.basis_bufs.emplace_back(buf);
+    }
+    for (sparq_layer & L : S.layers) {
+        if (!L.rot) {
+            continue;
+        }
+        const int64_t d = L.rot->ne[0], hkv = L.rot->ne[2];
+        std::vector<float> eye((size_t) d * d * hkv, 0.0f), one((size_t) d * hkv, 1.0f);
+        for (int64_t h = 0; h < hkv; ++h) {
+            for (int64_t j = 0; j < d; ++j) {
+                eye[(size_t) (h * d + j) * d + j] = 1.0f;
+            }
+        }
+        ggml_backend_tensor_set(L.rot, eye.data(), 0, eye.size() * sizeof(float));
+        ggml_backend_tensor_set(L.spread, one.data(), 0, one.size() * sizeof(float));
+        L.rot_host.clear();
+    }
+    return true;
+}
+
+// eigen-decomposition of a symmetric n x n matrix (row-major, destroyed) by cyclic Jacobi
+// rotations: eigenvalues in ev, eigenvectors in the columns of V (row-major)
+static void sparq_jacobi(std::vector<double> & A, int n, std::vector<double> & ev, std::vector<double> & V) {
+    V.assign((size_t) n * n, 0.0);
+    for (int i = 0; i < n; ++i) {
+        V[(size_t) i * n + i] = 1.0;
+    }
+    for (int sweep = 0; sweep < 60; ++sweep) {
+        double off = 0.0, diag = 0.0;
+        for (int i = 0; i < n; ++i) {
+            diag += A[(size_t) i * n + i] * A[(size_t) i * n + i];
+            for (int j = i + 1; j < n; ++j) {
+                off += A[(size_t) i * n + j] * A[(size_t) i * n + j];
+            }
+        }
+        if (off <= 1e-22 * diag || off == 0.0) {
+            break;
+        }
+        for (int p = 0; p < n - 1; ++p) {
+            for (int q = p + 1; q < n; ++q) {
+                const double apq = A[(size_t) p * n + q];
+                if (fabs(apq) < 1e-300) {
+                    continue;
+                }
+                const double app = A[(size_t) p * n + p], aqq = A[(size_t) q * n + q];
+                const double theta = (aqq - app) / (2.0 * apq);
+                const double t = (theta >= 0 ? 1.0 : -1.0) / (fabs(theta) + sqrt(theta * theta + 1.0));
+                const double c = 1.0 / sqrt(t * t + 1.0), sn = t * c;
+                for (int k = 0; k < n; ++k) { // columns p, q
+                    const double akp = A[(size_t) k * n + p], akq = A[(size_t) k * n + q];
+                    A[(size_t) k * n + p] = c * akp - sn * akq;
+                    A[(size_t) k * n + q] = sn * akp + c * akq;
+                }
+                for (int k = 0; k < n; ++k) { // rows p, q
+                    const double apk = A[(size_t) p * n + k], aqk = A[(size_t) q * n + k];
+                    A[(size_t) p * n + k] = c * apk - sn * aqk;
+                    A[(size_t) q * n + k] = sn * apk + c * aqk;
+                }
+                for (int k = 0; k < n; ++k) {
+                    const double vkp = V[(size_t) k * n + p], vkq = V[(size_t) k * n + q];
+                    V[(size_t) k * n + p] = c * vkp - sn * vkq;
+                    V[(size_t) k * n + q] = sn * vkp + c * vkq;
+                }
+            }
+        }
+    }
+    ev.resize(n);
+    for (int i = 0; i < n; ++i) {
+        ev[i] = A[(size_t) i * n + i];
+    }
+}
+
+// the PCA basis of every layer and KV head from the keys the cache holds now (all streams):
+// the eigenvectors of the keys' second moment, by falling variance
+static void sparq_calibrate(llama_sparq_ctx & S, bool rotate) {
+    const llama_kv_cache * kv = S.kv;
+    const uint32_t kv_size = A::kv_size(kv), n_stream = A::n_stream(kv);
+    struct job { size_t ikv; int64_t h; };
+    std::vector<job> jobs;
+    for (size_t ikv = 0; ikv < S.layers.size(); ++ikv) {
+        if (S.layers[ikv].rot) {
+            S.layers[ikv].rot_host.assign(rotate ? ggml_nelements(S.layers[ikv].rot) : 0, 0.0f);
+            for (int64_t h = 0; h < S.layers[ikv].rot->ne[2]; ++h) {
+                jobs.push_back({ ikv, h });
+            }
+        }
+    }
+    // the keys of each layer, all streams, on the host once
+    std::vector<std::vector<float>> spread(S.layers.size());
+    std::vector<std::vector<double>> mom(jobs.size());
+    for (size_t ikv = 0; ikv < S.layers.size(); ++ikv) {
+        sparq_layer & L = S.layers[ikv];
+        if (!L.rot) {
+            continue;
+        }
+        spread[ikv].assign(ggml_nelements(L.spread), 1.0f);
+        ggml_tensor * k = A::layer_k(kv, ikv);
+        const int64_t d = L.rot->ne[0];
+        for (size_t ji = 0; ji < jobs.size(); ++ji) {
+            if (jobs[ji].ikv == ikv) {
+                mom[ji].assign((size_t) d * d, 0.0);
+            }
+        }
+        std::vector<float> row(k->ne[0]);
+        for (uint32_t strm = 0; strm < n_stream; ++strm) {
+            const llama_kv_cells & cells = A::cells(kv, strm);
+            const std::vector<uint8_t> kb = sparq_get_slice(k, strm * k->nb[2], (size_t) kv_size * k->nb[1]);
+            for (uint32_t c = 0; c < kv_size; ++c) {
+                if (cells.is_empty(c)) {
+                    continue;
+                }
+                const uint8_t * kr = kb.data() + (size_t) c * k->nb[1];
+                for (int64_t j = 0; j < k->ne[0]; ++j) {
+                    row[j] = sparq_elem_f32(kr + j * ggml_type_size(k->type), k->type);
+                }
+                for (size_t ji = 0; ji < jobs.size(); ++ji) {
+                    if (jobs[ji].ikv != ikv) {
+                        continue;
+                    }
+                    const float * x = row.data() + jobs[ji].h * d;
+                    double * M = mom[ji].data();
+                    for (int64_t a = 0; a < d; ++a) {
+                        const double xa = x[a];
+                        for (int64_t b = a; b < d; ++b) {
+                            M[a * d + b] += xa * x[b];
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // eigen-decompositions in parallel
+    const int nth = std::max(1, std::min<int>((int) jobs.size(), (int) std::thread::hardware_concurrency()));
+    std::vector<std::thread> th;
+    for (int t = 0; t < nth; ++t) {
+        th.emplace_back([&, t] {
+            for (size_t ji = t; ji < jobs.size(); ji += nth) {
+                sparq_layer & L = S.layers[jobs[ji].ikv];
+                const int d = (int) L.rot->ne[0];
+                const int64_t h = jobs[ji].h;
+                std::vector<double> & M = mom[ji];
+                for (int a = 0; a < d; ++a) {
+                    for (int b = 0; b < a; ++b) {
+                        M[(size_t) a * d + b] = M[(size_t) b * d + a];
+                    }
+                }
+                if (!rotate) {
+                    // the model's own axes: the keys' RMS per component
+                    double top = 1e-30;
+                    for (int j = 0; j < d; ++j) {
+                        top = std::max(top, M[(size_t) j * d + j]);
+                    }
+                    for (int j = 0; j < d; ++j) {
+                        spread[jobs[ji].ikv][(size_t) h * d + j] = (float) sqrt(std::max(M[(size_t) j * d + j], 1e-6 * top));
+                    }
+                    continue;
+                }
+                std::vector<double> ev, V;
+                sparq_jacobi(M, d, ev, V);
+                std::vector<int> order(d);
+                for (int i = 0; i < d; ++i) {
+                    order[i] = i;
+                }
+                std::sort(order.begin(), order.end(), [&](int x, int y) { return ev[x] > ev[y]; });
+                const double top = std::max(ev[order[0]], 1e-30);
+                for (int m = 0; m < d; ++m) {
+                    const int src = order[m];
+                    for (int j = 0; j < d; ++j) {
+                        L.rot_host[(size_t) (h * d + m) * d + j] = (float) V[(size_t) j * d + src];
+                    }
+                    // the keys' RMS along the axis (a floor keeps every axis selectable)
+                    spread[jobs[ji].ikv][(size_t) h * d + m] = (float) sqrt(std::max(ev[src], 1e-6 * top));
+                }
+            }
+        });
+    }
+    for (auto & t : th) {
+        t.join();
+    }
+    for (size_t ikv = 0; ikv < S.layers.size(); ++ikv) {
+        sparq_layer & L = S.layers[ikv];
+        if (L.rot) {
+            if (rotate) {
+                ggml_backend_tensor_set(L.rot, L.rot_host.data(), 0, L.rot_host.size() * sizeof(float));
+            }
+            ggml_backend_tensor_set(L.spread, spread[ikv].data(), 0, spread[ikv].size() * sizeof(float));
+        }
+    }
+    S.calibrated = true;
+}
+
 // ---------------------------------------------------------------------------
 // C API
 // ---------------------------------------------------------------------------
@@ -275,12 +534,24 @@ int32_t llama_sparq_set_params(struct llama_context * ctx, const struct llama_sp
                   p->r, (long long) d_min);
         return -1;
     }
-    if (p->k < 1) {
-        sparq_err(err, err_size, "SparQ: k = %d is out of range: allowed k >= 1", p->k);
+    if (p->k < 1 || p->k > GGML_SPARQ_K_MAX) {
+        sparq_err(err, err_size, "SparQ: k = %d is out of range: allowed 1..%d", p->k, GGML_SPARQ_K_MAX);
         return -1;
     }
     if (p->l < -1 || p->l > p->k) {
         sparq_err(err, err_size, "SparQ: l = %d is out of range: allowed 0..k (k = %d), or -1 for k / 4", p->l, p->k);
+        return -1;
+    }
+    if (p->selector < 0 || p->selector >= LLAMA_SPARQ_SELECTOR_COUNT) {
+        sparq_err(err, err_size, "SparQ: selector = %d is unknown: allowed 0 (sparq) or 1 (oracle)", p->selector);
+        return -1;
+    }
+    if (p->gqa < 0 || p->gqa >= LLAMA_SPARQ_GQA_COUNT) {
+        sparq_err(err, err_size, "SparQ: gqa = %d is unknown: allowed 0 (shared) or 1 (per_head)", p->gqa);
+        return -1;
+    }
+    if (p->basis < 0 || p->basis >= LLAMA_SPARQ_BASIS_COUNT) {
+        sparq_err(err, err_size, "SparQ: basis = %d is unknown: allowed 0 (model), 1 (scaled) or 2 (pca)", p->basis);
         return -1;
     }
     if (p->min_kv < 0) {
@@ -308,7 +579,38 @@ int32_t llama_sparq_set_params(struct llama_context * ctx, const struct llama_sp
         }
         cp.sparq = S;
     }
-    cp.sparq->params = *p;
+    llama_sparq_ctx & Sq = *cp.sparq;
+    if (p->basis != LLAMA_SPARQ_BASIS_MODEL && !sparq_alloc_basis(Sq, err, err_size)) {
+        return -2;
+    }
+    if (p->basis != Sq.params.basis || !Sq.params.enabled) {
+        // K^T is rebuilt in the new basis (the PCA one is calibrated at the next SparQ step)
+        Sq.calibrated = false;
+        for (sparq_layer & L : Sq.layers) {
+            if (L.rot) {
+                L.rot_host.clear();
+            }
+        }
+        if (Sq.basis_ctx) {
+            for (sparq_layer & L : Sq.layers) {
+                if (L.rot) {
+                    const int64_t d = L.rot->ne[0], hkv = L.rot->ne[2];
+                    std::vector<float> eye((size_t) d * d * hkv, 0.0f), one((size_t) d * hkv, 1.0f);
+                    for (int64_t h = 0; h < hkv; ++h) {
+                        for (int64_t j = 0; j < d; ++j) {
+                            eye[(size_t) (h * d + j) * d + j] = 1.0f;
+                        }
+                    }
+                    ggml_backend_tensor_set(L.rot, eye.data(), 0, eye.size() * sizeof(float));
+                    ggml_backend_tensor_set(L.spread, one.data(), 0, one.size() * sizeof(float));
+                }
+            }
+        }
+        for (auto & sn : Sq.snap) {
+            sn.valid = false;
+        }
+    }
+    Sq.params = *p;
     // graphs built with the old settings must not be reused
     A::need_reserve(ctx);
     return 0;
@@ -359,15 +661,6 @@ void llama_sparq_reset_stats(struct llama_context * ctx) {
 // keeping K^T and the V sums equal to a recomputation
 // ---------------------------------------------------------------------------
 
-static std::vector<uint8_t> sparq_get_slice(ggml_tensor * t, size_t off, size_t n) {
-    std::vector<uint8_t> buf(n);
-    ggml_backend_tensor_get(t, buf.data(), off, n);
-    return buf;
-}
-
-static float sparq_elem_f32(const uint8_t * p, ggml_type t) {
-    return t == GGML_TYPE_F16 ? ggml_fp16_to_fp32(*(const ggml_fp16_t *) p) : *(const float *) p;
-}
 
 // recompute K^T and the V sum of one stream from K, V and the cells, leaving out the
 // cells this ubatch writes (its graph appends them); with check set, compare instead
@@ -391,12 +684,36 @@ static double sparq_rebuild_stream(llama_sparq_ctx & S, uint32_t strm, const std
         const std::vector<uint8_t> vb = sparq_get_slice(v, strm * v->nb[2], (size_t) kv_size * v->nb[1]);
         std::vector<uint8_t> kt((size_t) kv_size * E * esz, 0);
         std::vector<double> vs(Ev, 0.0);
+        std::vector<float> rot_in;
         for (uint32_t c = 0; c < kv_size; ++c) {
             if (cells.is_empty(c) || skip[c]) {
                 continue;
             }
             const uint8_t * kr = kb.data() + (size_t) c * k->nb[1];
-            if (esz == 2) {
+            if (!L.rot_host.empty()) {
+                // K^T in the PCA basis: k' = P^T k per KV head, rounded to the cache type
+                const size_t d = L.rot->ne[0];
+                std::vector<float> & x = rot_in;
+                x.resize(E);
+                for (size_t j = 0; j < E; ++j) {
+                    x[j] = sparq_elem_f32(kr + j * esz, k->type);
+                }
+                for (size_t h = 0; h < E / d; ++h) {
+                    for (size_t m = 0; m < d; ++m) {
+                        const float * pm = L.rot_host.data() + (h * d + m) * d;
+                        double acc = 0.0;
+                        for (size_t j = 0; j < d; ++j) {
+                            acc += (double) pm[j] * x[h * d + j];
+                        }
+                        const size_t o = ((h * d + m) * kv_size + c);
+                        if (esz == 2) {
+                            ((ggml_fp16_t *) kt.data())[o] = ggml_fp32_to_fp16((float) acc);
+                        } else {
+                            ((float *) kt.data())[o] = (float) acc;
+                        }
+                    }
+                }
+            } else if (esz == 2) {
                 const uint16_t * src = (const uint16_t *) kr;
                 uint16_t * dst = (uint16_t *) kt.data() + c;
                 for (size_t j = 0; j < E; ++j) {
@@ -579,6 +896,13 @@ int32_t llama_sparq_bench_fill(struct llama_context * ctx, int32_t n_tokens, uin
     return 0;
 }
 
+void llama_sparq_debug_set_eval_callback(struct llama_context * ctx, ggml_backend_sched_eval_callback cb,
+                                         void * user_data) {
+    llama_cparams & cp = A::cparams(ctx);
+    cp.cb_eval = cb;
+    cp.cb_eval_user_data = user_data;
+}
+
 double llama_sparq_debug_check(struct llama_context * ctx) {
     auto & cp = A::cparams(ctx);
     if (!cp.sparq || cp.sparq->n_layers == 0) {
@@ -601,7 +925,9 @@ double llama_sparq_debug_check(struct llama_context * ctx) {
 struct sparq_decision {
     int il;
     int reason;   // -1: SparQ
-    int d, r, k;
+    int d, r, k;  // for the cost model: head size, components read from K^T, the k setting
+    int rows;     // the most rows of K and V a step reads (k, or g * (k - l) + l with per-head choice)
+    int extra;    // other elements read per KV head (the PCA rotation)
 };
 
 // the most cells in use among the streams of the ubatch (the context length the dense threshold is about:
@@ -694,6 +1020,16 @@ void llm_graph_input_sparq::set_input(const llama_ubatch * ubatch) {
         }
     }
 
+    // the PCA basis is calibrated on the cache's keys at the first step that runs SparQ; K^T is then
+    // rebuilt in it (this graph rotates its own appends with the tensors written here)
+    if (St.params.basis != LLAMA_SPARQ_BASIS_MODEL && !St.calibrated && St.basis_ctx &&
+        std::any_of(decisions.begin(), decisions.end(), [](const sparq_decision & dc) { return dc.reason < 0; })) {
+        sparq_calibrate(St, St.params.basis == LLAMA_SPARQ_BASIS_PCA);
+        for (auto & sn : St.snap) {
+            sn.valid = false;
+        }
+    }
+
     // upkeep: a stream whose cells are not "snapshot + this ubatch's new cells" is rebuilt
     for (uint32_t s = 0; s < si.n_stream(); ++s) {
         const uint32_t strm = si.strm[s];
@@ -751,7 +1087,7 @@ void llm_graph_input_sparq::set_input(const llama_ubatch * ubatch) {
         if (dc.reason < 0) {
             St.n_sparq++;
             const double md = 2.0 * S_ * dc.d + 2.0 * dc.d;
-            const double ms = S_ <= dc.k ? md : S_ * dc.r + 2.0 * dc.k * dc.d + 4.0 * dc.d;
+            const double ms = S_ <= dc.k ? md : S_ * dc.r + 2.0 * std::min<double>(dc.rows, S_) * dc.d + 4.0 * dc.d + dc.extra;
             St.compression_sum += ms / md;
         } else {
             St.n_dense[dc.reason]++;
@@ -796,14 +1132,14 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
             inp = (llm_graph_input_sparq *) g.res->add_input(std::make_unique<llm_graph_input_sparq>(cp.sparq, base));
         }
     }
-    auto decide = [&](int reason, int d, int r, int kk) {
+    auto decide = [&](int reason, int d, int r, int kk, int rows, int extra = 0) {
         if (inp) {
-            inp->decisions.push_back({ il, reason, d, r, kk });
+            inp->decisions.push_back({ il, reason, d, r, kk, rows, extra });
         }
     };
 
     if (is_swa || (mctx && !same_cache)) {
-        decide(LLAMA_SPARQ_DENSE_SWA, 0, 0, 0);
+        decide(LLAMA_SPARQ_DENSE_SWA, 0, 0, 0, 0);
         return nullptr;
     }
     if (!mctx || cp.training) {
@@ -811,7 +1147,7 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
     }
     const int32_t ikv = A::ikv_of(S.kv, il);
     if (ikv < 0 || !S.layers[ikv].kt) {
-        decide(ikv < 0 ? LLAMA_SPARQ_DENSE_NO_CACHE : S.layers[ikv].reason, 0, 0, 0);
+        decide(ikv < 0 ? LLAMA_SPARQ_DENSE_NO_CACHE : S.layers[ikv].reason, 0, 0, 0, 0);
         return nullptr;
     }
     sparq_layer & L = S.layers[ikv];
@@ -825,6 +1161,8 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
     const int r  = P.r > 0 ? P.r : std::max<int>(1, (int) d / 8);
     const int kk = P.k;
     const int l  = P.l >= 0 ? P.l : kk / 4;
+    const int g_size = (int) (q->ne[1] / std::max<int64_t>(1, hkv));
+    const bool per_head = P.gqa == LLAMA_SPARQ_GQA_PER_HEAD && g_size > 1;
 
     // appends keep K^T and the V sums current on every ubatch that writes this layer's cache
     // (prompt ubatches too: cheaper than rebuilding the data at the next decode step)
@@ -842,7 +1180,18 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
             ggml_set_name(idx, "sparq_kt_idxs");
         }
         ggml_tensor * rows = ggml_reshape_2d(ctx0, L.kt, 1, ggml_nelements(L.kt));
-        ggml_tensor * src = ggml_reshape_2d(ctx0, ggml_is_contiguous(k_cur) ? k_cur : ggml_cont(ctx0, k_cur), 1, n_tokens * E);
+        ggml_tensor * kin = ggml_is_contiguous(k_cur) ? k_cur : ggml_cont(ctx0, k_cur);
+        if (P.basis == LLAMA_SPARQ_BASIS_PCA && L.rot) {
+            // K^T in the PCA basis: rotate the keys as the cache holds them (rounded to its type)
+            ggml_tensor * kc = ggml_reshape_3d(ctx0, kin, d, hkv, n_tokens);
+            if (k->type != GGML_TYPE_F32) {
+                kc = ggml_cast(ctx0, ggml_cast(ctx0, kc, k->type), GGML_TYPE_F32);
+            }
+            kc = ggml_cont(ctx0, ggml_permute(ctx0, kc, 0, 2, 1, 3));             // [d, n_tokens, hkv]
+            kc = ggml_mul_mat(ctx0, L.rot, kc);                                     // [d, n_tokens, hkv]
+            kin = ggml_cont(ctx0, ggml_permute(ctx0, kc, 0, 2, 1, 3));            // [d, hkv, n_tokens]
+        }
+        ggml_tensor * src = ggml_reshape_2d(ctx0, kin, 1, n_tokens * E);
         kt_src = ggml_set_rows(ctx0, rows, src, idx);
         ggml_build_forward_expand(g.gf, kt_src);
 
@@ -884,10 +1233,12 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
     }
     if (reason >= 0 || !appends) {
         // SparQ needs this ubatch's keys in K^T: without appends (k_cur == nullptr) stay dense
-        decide(reason >= 0 ? reason : LLAMA_SPARQ_DENSE_NO_CACHE, 0, 0, 0);
+        decide(reason >= 0 ? reason : LLAMA_SPARQ_DENSE_NO_CACHE, 0, 0, 0, 0);
         return nullptr;
     }
-    decide(-1, (int) d, r, kk);
+    // cost model: the oracle reads all d components; per-head choice reads up to g * (k - l) + l rows
+    decide(-1, (int) d, P.selector == LLAMA_SPARQ_SELECTOR_ORACLE ? (int) d : r, kk, per_head ? g_size * (kk - l) + l : kk,
+           P.basis == LLAMA_SPARQ_BASIS_PCA && L.rot ? 2 * (int) d * (int) d : P.basis == LLAMA_SPARQ_BASIS_SCALED ? 2 * (int) d : 0);
 
     if (!inp->v_count) {
         inp->v_count = ggml_new_tensor_1d(ctx0, GGML_TYPE_F32, n_stream);
@@ -907,6 +1258,15 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
         q4 = ggml_cast(ctx0, q4, GGML_TYPE_F32);
     }
     ggml_tensor * cur = ggml_sparq_attn(ctx0, q4, k4, kt4, v4, vs3, inp->v_count, kq_mask, r, kk, l, kq_scale);
+    ggml_sparq_attn_set_selector(cur, P.selector == LLAMA_SPARQ_SELECTOR_ORACLE ? GGML_SPARQ_SEL_ORACLE : GGML_SPARQ_SEL_SPARQ,
+                                 (per_head ? GGML_SPARQ_FLAG_PER_HEAD : 0) | (P.mean_v ? 0 : GGML_SPARQ_FLAG_NO_MEAN_V));
+    if (P.basis == LLAMA_SPARQ_BASIS_PCA && L.rot) {
+        // the query in the PCA basis of its KV head (query head h uses rot[h / g], as GQA maps heads)
+        ggml_tensor * q_sel = ggml_mul_mat(ctx0, L.rot, ggml_cont(ctx0, q4)); // [d, n_tps, n_head, ns]
+        ggml_sparq_attn_set_basis(cur, q_sel, L.spread);
+    } else if (P.basis == LLAMA_SPARQ_BASIS_SCALED && L.spread) {
+        ggml_sparq_attn_set_basis(cur, nullptr, L.spread);
+    }
     if (l > 0) {
         if (!inp->win) {
             inp->win = ggml_new_tensor_3d(ctx0, GGML_TYPE_I32, l, n_tps, n_stream);

@@ -168,14 +168,25 @@ struct row_info { int32_t n_valid; int32_t w0; int32_t n_win; };
 
 struct layout {
     int U, R, g, nc, cap, wave, B;
+    int ph;         // selection lists per unit: g with per-head selection (g > 1), else 1
+    int sel_max;    // cells a unit's selection can hold
     int chunk_max;
     size_t off_mask, off_cnt, off_row, off_win, off_i1, off_qs, off_stat, off_ccount, off_cand, off_logit, off_thread;
     // per-thread area: offsets from the thread's base
-    size_t t_blk, t_ck, t_idx, t_gm, t_big, t_merge, t_sel, t_ex, t_vec;
+    size_t t_blk, t_ck, t_idx, t_gm, t_big, t_merge, t_sel, t_ex, t_vec, t_gh, t_rows;
     size_t thread_bytes, total;
 };
 
 static int sparq_cap(const sparq_args * a) { return std::max(16, 4 * a->k); }
+
+// the arguments a selector actually runs with: the oracle is SparQ with every component
+static sparq_args effective_args(const sparq_args * a) {
+    sparq_args b = *a;
+    if (b.selector == SPARQ_SEL_ORACLE) {
+        b.r = b.d;
+    }
+    return b;
+}
 
 static layout make_layout(const sparq_args * a, int nth) {
     layout L{};
@@ -184,6 +195,8 @@ static layout make_layout(const sparq_args * a, int nth) {
     L.g   = a->n_head / a->n_head_kv;
     L.nc  = nth;
     L.cap = sparq_cap(a);
+    L.ph  = a->per_head && L.g > 1 ? L.g : 1;
+    L.sel_max = L.ph * a->k;
     // block of cells whose g rows of scores stay in L1/L2 while the r rows of K^T stream through
     L.B   = std::max(256, std::min(SPARQ_BLOCK_MAX, (4096 / L.g) & ~31));
     const size_t S = (size_t) a->n_kv;
@@ -201,8 +214,8 @@ static layout make_layout(const sparq_args * a, int nth) {
     L.off_i1     = o; o += align_up((size_t) L.U * a->r * sizeof(int32_t));
     L.off_qs     = o; o += align_up((size_t) L.U * L.g * a->r * sizeof(float));
     L.off_stat   = o; o += align_up((size_t) L.wave * L.nc * L.g * 2 * sizeof(float));
-    L.off_ccount = o; o += align_up((size_t) L.wave * L.nc * sizeof(int32_t));
-    L.off_cand   = o; o += align_up((size_t) L.wave * L.nc * L.cap * sizeof(cand));
+    L.off_ccount = o; o += align_up((size_t) L.wave * L.nc * L.ph * sizeof(int32_t));
+    L.off_cand   = o; o += align_up((size_t) L.wave * L.nc * L.ph * L.cap * sizeof(cand));
     L.off_logit  = o; o += align_up(L.g > 1 ? (size_t) L.wave * L.g * S * sizeof(float) : 0);
     // per thread: g x B approximate scores of a block, the chunk's keys, filter indices,
     // group maxima, the tie fallback buffer, the merge buffer, the selection, exact
@@ -215,10 +228,12 @@ static layout make_layout(const sparq_args * a, int nth) {
     L.t_idx   = t; t += align_up((size_t) L.chunk_max * sizeof(int32_t));
     L.t_gm    = t; t += align_up((size_t) (L.chunk_max + 2) * sizeof(float));
     L.t_big   = t; t += align_up((size_t) L.chunk_max * sizeof(cand));
-    L.t_merge = t; t += align_up((size_t) (L.nc * L.cap + a->k + 1) * sizeof(cand));
-    L.t_sel   = t; t += align_up((size_t) (a->k + 1) * sizeof(int32_t));
-    L.t_ex    = t; t += align_up((size_t) (a->k + 1) * sizeof(float));
+    L.t_merge = t; t += align_up(((size_t) L.nc * L.cap + a->k + 1) * sizeof(cand));
+    L.t_sel   = t; t += align_up(((size_t) L.sel_max + 1) * sizeof(int32_t));
+    L.t_ex    = t; t += align_up(((size_t) L.sel_max + 1) * sizeof(float));
     L.t_vec   = t; t += align_up((size_t) 3 * dmax * sizeof(float));
+    L.t_gh    = t; t += align_up((size_t) 2 * L.g * sizeof(float));
+    L.t_rows  = t; t += align_up((size_t) a->r * sizeof(void *));
     L.thread_bytes = t;
     L.off_thread = o; o += L.thread_bytes * nth;
     L.total = o + SPARQ_ALIGN; // room to align the base pointer
@@ -238,8 +253,12 @@ struct ctx {
     int32_t   * i1(int u)                   const { return (int32_t *) (base + L.off_i1) + (size_t) u * a->r; }
     float     * qs(int u)                   const { return (float *) (base + L.off_qs) + (size_t) u * L.g * a->r; }
     float     * stat(int w, int c)          const { return (float *) (base + L.off_stat) + ((size_t) w * L.nc + c) * L.g * 2; }
-    int32_t   * ccount(int w, int c)        const { return (int32_t *) (base + L.off_ccount) + (size_t) w * L.nc + c; }
-    cand      * cands(int w, int c)         const { return (cand *) (base + L.off_cand) + ((size_t) w * L.nc + c) * L.cap; }
+    int32_t   * ccount(int w, int c, int h = 0) const {
+        return (int32_t *) (base + L.off_ccount) + ((size_t) w * L.nc + c) * L.ph + h;
+    }
+    cand      * cands(int w, int c, int h = 0) const {
+        return (cand *) (base + L.off_cand) + (((size_t) w * L.nc + c) * L.ph + h) * L.cap;
+    }
     float     * logits(int w, int h)        const { return (float *) (base + L.off_logit) + ((size_t) w * L.g + h) * a->n_kv; }
     char      * tbuf(int ith, size_t off)   const { return base + L.off_thread + (size_t) ith * L.thread_bytes + off; }
 
@@ -263,6 +282,17 @@ struct ctx {
     const float * q_row(int R, int h) const {
         return (const float *) ((const char *) a->q + (size_t) row_in_stream(R) * a->q_nb1 + (size_t) h * a->q_nb2 +
                                 (size_t) row_stream(R) * a->q_nb3);
+    }
+    // the query in K^T's basis (steps 1-2)
+    const float * qsel_row(int R, int h) const {
+        if (!a->q_sel) {
+            return q_row(R, h);
+        }
+        return (const float *) ((const char *) a->q_sel + (size_t) row_in_stream(R) * a->q_sel_nb1 +
+                                (size_t) h * a->q_sel_nb2 + (size_t) row_stream(R) * a->q_sel_nb3);
+    }
+    const float * comp_w(int kvh) const {
+        return a->comp_w ? (const float *) ((const char *) a->comp_w + (size_t) kvh * a->comp_w_nb1) : nullptr;
     }
     const char * K_row(int st, int kvh, int i) const {
         return (const char *) a->K + (size_t) i * a->K_nb1 + (size_t) kvh * a->K_nb2 + (size_t) st * a->K_nb3;
@@ -323,13 +353,19 @@ static void phase_a(const ctx & C, int ith, int nth) {
     int32_t * order = (int32_t *) (absq + d);
     for (int u = ith; u < C.L.U; u += nth) {
         const int R = C.unit_row(u), kvh = C.unit_kvh(u);
+        const float * cw = C.comp_w(kvh);
         for (int j = 0; j < d; ++j) {
             absq[j] = 0.0f;
         }
         for (int h = 0; h < g; ++h) {
-            const float * q = C.q_row(R, kvh * g + h);
+            const float * q = C.qsel_row(R, kvh * g + h);
             for (int j = 0; j < d; ++j) {
                 absq[j] += fabsf(q[j]);
+            }
+        }
+        if (cw) {
+            for (int j = 0; j < d; ++j) {
+                absq[j] *= cw[j];
             }
         }
         for (int j = 0; j < d; ++j) {
@@ -345,13 +381,13 @@ static void phase_a(const ctx & C, int ith, int nth) {
         memcpy(i1, order, r * sizeof(int32_t));
         float * qs = C.qs(u);
         for (int h = 0; h < g; ++h) {
-            const float * q = C.q_row(R, kvh * g + h);
+            const float * q = C.qsel_row(R, kvh * g + h);
             double l1_all = 0.0, l1_sel = 0.0;
             for (int j = 0; j < d; ++j) {
-                l1_all += fabsf(q[j]);
+                l1_all += fabsf(q[j]) * (cw ? cw[j] : 1.0f);
             }
             for (int j = 0; j < r; ++j) {
-                l1_sel += fabsf(q[i1[j]]);
+                l1_sel += fabsf(q[i1[j]]) * (cw ? cw[i1[j]] : 1.0f);
             }
             // 1/tau generalised to any scale: scale * sqrt(||q||_1 / ||q[i1]||_1)
             const float f = l1_sel > 0.0 ? (float) (a->scale * sqrt(l1_all / l1_sel)) : a->scale;
@@ -472,7 +508,7 @@ static void phase_c(const ctx & C, int wb, int we, int ith) {
     const size_t esz = a->KT_type == SPARQ_F16 ? 2 : 4;
     float * blk = (float *) C.tbuf(ith, C.L.t_blk);
     float * ck = (float *) C.tbuf(ith, C.L.t_ck);
-    const void * rows[1024];
+    const void ** rows = (const void **) C.tbuf(ith, C.L.t_rows);
     for (int u = wb; u < we; ++u) {
         const int w = u - wb;
         const int R = C.unit_row(u), kvh = C.unit_kvh(u), st = C.row_stream(R);
@@ -538,12 +574,15 @@ static void phase_d(const ctx & C, int wb, int we, int ith) {
     const sparq_args * a = C.a;
     const int S = a->n_kv, g = C.L.g;
     float * ck = (float *) C.tbuf(ith, C.L.t_ck);
-    float Mh[64], iZ[64];
+    float * Mh = (float *) C.tbuf(ith, C.L.t_gh);
+    float * iZ = Mh + g;
     for (int u = wb; u < we; ++u) {
         const int w = u - wb;
         const int R = C.unit_row(u);
         const row_info * ri = C.rinfo(R);
-        *C.ccount(w, ith) = 0;
+        for (int h = 0; h < C.L.ph; ++h) {
+            *C.ccount(w, ith, h) = 0;
+        }
         const int kk = row_kk_scan(a, ri);
         if (ri->n_valid <= a->k || kk <= 0) {
             continue;
@@ -552,6 +591,14 @@ static void phase_d(const ctx & C, int wb, int we, int ith) {
         chunk_range(S, ith, C.L.nc, &s0, &s1);
         s1 = std::min(s1, (int) ri->w0); // candidates: cells before the local window
         if (s1 <= s0) {
+            continue;
+        }
+        if (C.L.ph > 1) {
+            // per-head selection: each head's best cells by its own approximate logits
+            // (masked cells hold -inf there, so they are never chosen)
+            for (int h = 0; h < g; ++h) {
+                *C.ccount(w, ith, h) = select_chunk(C, ith, C.logits(w, h) + s0, s1 - s0, s0, kk, C.cands(w, ith, h));
+            }
             continue;
         }
         for (int h = 0; h < g; ++h) {
@@ -599,7 +646,6 @@ static void phase_e(const ctx & C, int wb, int we, int ith, int nth) {
     const int dmax = std::max(d, dv);
     float * y = (float *) C.tbuf(ith, C.L.t_vec);
     float * vbar = y + dmax;
-    float * krow = vbar + dmax;
 
     for (int u = wb + ith; u < we; u += nth) {
         const int w = u - wb;
@@ -618,25 +664,33 @@ static void phase_e(const ctx & C, int wb, int we, int ith, int nth) {
             const int kk = row_kk(a, ri);
             const int32_t * wl = C.win(R);
             if (kk > 0) {
-                int n_m = 0;
-                for (int c = 0; c < C.L.nc; ++c) {
-                    const int n_c = *C.ccount(w, c);
-                    const cand * cc = C.cands(w, c);
-                    for (int i = 0; i < n_c; ++i) {
-                        // window cells are added below, not chosen by score
-                        if (!a->win || !std::binary_search(wl, wl + ri->n_win, cc[i].idx)) {
-                            merge[n_m++] = cc[i];
+                // one list (group-shared) or one per query head, merged over the chunks
+                for (int h = 0; h < C.L.ph; ++h) {
+                    int n_m = 0;
+                    for (int c = 0; c < C.L.nc; ++c) {
+                        const int n_c = *C.ccount(w, c, h);
+                        const cand * cc = C.cands(w, c, h);
+                        for (int i = 0; i < n_c; ++i) {
+                            // window cells are added below, not chosen by score
+                            if (!a->win || !std::binary_search(wl, wl + ri->n_win, cc[i].idx)) {
+                                merge[n_m++] = cc[i];
+                            }
                         }
                     }
+                    if (n_m > kk) {
+                        compact(merge, n_m, kk);
+                        n_m = kk;
+                    }
+                    for (int i = 0; i < n_m; ++i) {
+                        sel[n_sel++] = merge[i].idx;
+                    }
                 }
-                if (n_m > kk) {
-                    compact(merge, n_m, kk);
-                    n_m = kk;
+                if (C.L.ph > 1) {
+                    // the union of the heads' choices
+                    std::sort(sel, sel + n_sel);
+                    n_sel = (int) (std::unique(sel, sel + n_sel) - sel);
                 }
-                for (int i = 0; i < n_m; ++i) {
-                    sel[n_sel++] = merge[i].idx;
-                }
-                n_cand = n_m;
+                n_cand = n_sel;
             }
             for (int i = 0; i < ri->n_win; ++i) {
                 sel[n_sel++] = wl[i];
@@ -660,10 +714,31 @@ static void phase_e(const ctx & C, int wb, int we, int ith, int nth) {
         }
 
         // mean of V over the stream's cells
-        const float cnt = a->v_count[st];
+        const bool mean_v = !dense && !a->no_mean_v;
+        float cnt = a->v_count[st];
         const float * vs = (const float *) ((const char *) a->v_sum + (size_t) kvh * a->v_sum_nb1 + (size_t) st * a->v_sum_nb2);
         for (int j = 0; j < dv; ++j) {
-            vbar[j] = cnt > 0.0f ? vs[j] / cnt : 0.0f;
+            vbar[j] = vs[j];
+        }
+        const int row = C.row_in_stream(R);
+        if (mean_v && m && row + 1 < a->n_rows) {
+            // several rows (all-rows evaluation): the sums hold the whole ubatch, so leave out
+            // the cells this row may not see that the stream's last row sees (the later rows)
+            const float * ml = C.mask_row(R + (a->n_rows - 1 - row));
+            for (int c = 0; c < S; ++c) {
+                if (is_valid(ml[c]) && !is_valid(m[c])) {
+                    const char * vr = C.V_row(st, kvh, c);
+                    if (a->V_type == SPARQ_F16) {
+                        C.isa->axpy_f16(vbar, (const uint16_t *) vr, -1.0f, dv);
+                    } else {
+                        C.isa->axpy_f32(vbar, (const float *) vr, -1.0f, dv);
+                    }
+                    cnt -= 1.0f;
+                }
+            }
+        }
+        for (int j = 0; j < dv; ++j) {
+            vbar[j] = cnt > 0.0f ? vbar[j] / cnt : 0.0f;
         }
 
         const int32_t * i1 = C.i1(u);
@@ -699,7 +774,7 @@ static void phase_e(const ctx & C, int wb, int we, int ith, int nth) {
 
             // alpha: approximate softmax mass of the selection
             float alpha = 1.0f;
-            if (!dense) {
+            if (mean_v) {
                 float Ms = -INFINITY;
                 double Z = 0.0;
                 for (int c = 0; c < C.L.nc; ++c) {
@@ -720,16 +795,14 @@ static void phase_e(const ctx & C, int wb, int we, int ith, int nth) {
                     } else if (t < n_cand) {
                         ap = merge[t].key; // the candidate's approximate logit (+ mask)
                     } else {
-                        // a window cell: its approximate logit from the K row
-                        const char * kr = C.K_row(st, kvh, i);
-                        const float * kf = (const float *) kr;
-                        if (a->K_type == SPARQ_F16) {
-                            C.isa->f16_to_f32((const uint16_t *) kr, krow, d);
-                            kf = krow;
-                        }
+                        // a window cell: its approximate logit from the r rows of K^T (the
+                        // basis of the approximate scores)
                         ap = 0.0f;
                         for (int j = 0; j < r; ++j) {
-                            ap += qs[hh * r + j] * kf[i1[j]];
+                            const char * kt = C.KT_row(st, kvh, i1[j]);
+                            const float kv = a->KT_type == SPARQ_F16 ? sparq_fp16_to_fp32(((const uint16_t *) kt)[i])
+                                                                     : ((const float *) kt)[i];
+                            ap += qs[hh * r + j] * kv;
                         }
                         ap += m ? m[i] : 0.0f;
                     }
@@ -745,9 +818,9 @@ static void phase_e(const ctx & C, int wb, int we, int ith, int nth) {
             }
         }
         if (a->sel_out) {
-            int32_t * so = a->sel_out + (size_t) u * a->k;
+            int32_t * so = a->sel_out + (size_t) u * a->sel_n;
             std::sort(sel, sel + n_sel);
-            for (int t = 0; t < a->k; ++t) {
+            for (int t = 0; t < a->sel_n; ++t) {
                 so[t] = t < n_sel ? sel[t] : -1;
             }
         }
@@ -756,13 +829,21 @@ static void phase_e(const ctx & C, int wb, int we, int ith, int nth) {
 
 } // namespace
 
-size_t sparq_cpu_work_size(const struct sparq_args * a, int nth) {
-    return make_layout(a, nth).total;
+int sparq_sel_max(const struct sparq_args * a) {
+    const int g = a->n_head_kv > 0 ? a->n_head / a->n_head_kv : 1;
+    return a->per_head && g > 1 ? g * a->k : a->k;
 }
 
-void sparq_cpu_compute(const struct sparq_args * a, const struct sparq_isa * isa,
+size_t sparq_cpu_work_size(const struct sparq_args * a0, int nth) {
+    const sparq_args b = effective_args(a0);
+    return make_layout(&b, nth).total;
+}
+
+void sparq_cpu_compute(const struct sparq_args * a0, const struct sparq_isa * isa,
                        void * wdata, size_t wsize, int ith, int nth,
                        sparq_barrier_fn barrier, void * barrier_ctx) {
+    const sparq_args b = effective_args(a0);
+    const sparq_args * a = &b;
     ctx C;
     C.a = a;
     C.isa = isa;
@@ -772,10 +853,6 @@ void sparq_cpu_compute(const struct sparq_args * a, const struct sparq_isa * isa
         abort();
     }
     C.base = (char *) (((uintptr_t) wdata + SPARQ_ALIGN - 1) & ~(uintptr_t) (SPARQ_ALIGN - 1));
-    if (a->r > 1024 || C.L.g > 64) {
-        fprintf(stderr, "sparq: r = %d (max 1024) or group size %d (max 64) out of range\n", a->r, C.L.g);
-        abort();
-    }
 
     phase_a(C, ith, nth);
     barrier(barrier_ctx);

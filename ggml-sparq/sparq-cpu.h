@@ -62,6 +62,12 @@ const struct sparq_isa * sparq_isa_by_name(const char * name);
 float sparq_fp16_to_fp32(uint16_t h);
 uint16_t sparq_fp32_to_fp16(float f);
 
+// How the cells are chosen (steps 1-3); steps 4-5 are shared by every selector.
+enum sparq_selector {
+    SPARQ_SEL_SPARQ  = 0, // approximate scores from the r largest query components (the paper)
+    SPARQ_SEL_ORACLE = 1, // exact scores (r = d): the oracle top-k
+};
+
 struct sparq_args {
     int d, dv;           // head sizes of K and V
     int n_kv;            // cells (S) per stream
@@ -69,6 +75,9 @@ struct sparq_args {
     int n_head, n_head_kv, n_stream;
     int r, k, l;
     float scale;
+    int selector;        // enum sparq_selector
+    int per_head;        // 1: each query head picks its own k - l cells, the group attends over their union
+    int no_mean_v;       // 1: no mean-value reallocation (out = y)
 
     // strides in bytes
     const float * q;  size_t q_nb1, q_nb2, q_nb3;            // [d, n_rows, n_head, n_stream]
@@ -83,10 +92,20 @@ struct sparq_args {
     // instead of the last valid cells by index; [win_n, n_rows, n_stream] i32
     const int32_t * win; size_t win_nb1, win_nb2; int win_n;
 
-    // optional, for tests: the selected cells per (stream, row, kv head),
-    // k entries each, ascending, -1 padded; [k, n_head_kv, n_rows, n_stream]
-    int32_t * sel_out;
+    // optional: the query in the basis K^T is stored in (a rotation of the keys), used by
+    // steps 1-2 instead of q; [d, n_rows, n_head, n_stream] like q
+    const float * q_sel; size_t q_sel_nb1, q_sel_nb2, q_sel_nb3;
+    // optional: weights of the components in step 1 (the keys' spread per component of
+    // that basis), [d, n_head_kv]
+    const float * comp_w; size_t comp_w_nb1;
+
+    // optional, for tests: the selected cells per (stream, row, kv head), ascending,
+    // -1 padded; sel_n entries each (k, or g*(k-l)+l with per_head); [sel_n, n_head_kv, n_rows, n_stream]
+    int32_t * sel_out; int sel_n;
 };
+
+// Entries per (row, KV head) of sel_out: the most cells a selection can hold.
+int sparq_sel_max(const struct sparq_args * a);
 
 // Bytes of scratch sparq_cpu_compute needs with nth threads.
 size_t sparq_cpu_work_size(const struct sparq_args * a, int nth);

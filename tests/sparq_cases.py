@@ -36,7 +36,11 @@ class Case:
     mask: str = "full"        # none | full | holes | pad | causal
     mask_type: str = "f16"    # f16 | f32
     kt_pad: int = 0
-    win: bool = False         # pass the window cells explicitly (ggml_sparq_attn_set_window)
+    win: str = "none"         # none | tail (the last l valid cells, given explicitly) | random (l random valid cells)
+    selector: str = "sparq"   # sparq | oracle
+    per_head: bool = False    # per-head position choice (union over the group)
+    mean_v: bool = True       # mean-value reallocation
+    basis: bool = False       # approximate scores in a rotated basis (q_sel, K_sel, comp_w)
     seed: int = 0
 
     def __post_init__(self):
@@ -46,7 +50,18 @@ class Case:
     @property
     def id(self):
         return (f"d{self.d}-S{self.S}-r{self.r}-k{self.k}-l{self.l}-rows{self.n_rows}-h{self.n_head}/{self.n_head_kv}"
-                f"-st{self.n_stream}-{self.kv_type}-{self.mask}" + ("-win" if self.win else ""))
+                f"-st{self.n_stream}-{self.kv_type}-{self.mask}" + ("" if self.win == "none" else f"-win{self.win}")
+                + ("-oracle" if self.selector == "oracle" else "") + ("-perhead" if self.per_head else "")
+                + ("" if self.mean_v else "-nomeanv") + ("-basis" if self.basis else ""))
+
+    @property
+    def g(self):
+        return self.n_head // self.n_head_kv
+
+    @property
+    def sel_n(self):
+        """Entries per (row, KV head) of the kernel's selection output (sparq_sel_max)."""
+        return self.g * self.k if self.per_head and self.g > 1 else self.k
 
 
 def generate(c: Case):
@@ -85,15 +100,42 @@ def generate(c: Case):
         cells = np.ones(c.S, bool) if mask is None else np.isfinite(mask[st]).any(axis=0)
         v_sum[st] = V[st][cells].astype(np.float64).sum(axis=0)
         v_count[st] = cells.sum()
-    return dict(q=q, K=K, V=V, mask=mask, v_sum=v_sum, v_count=v_count,
-                scale=np.float32(1.0 / np.sqrt(c.d)))
+    a = dict(q=q, K=K, V=V, mask=mask, v_sum=v_sum, v_count=v_count, scale=np.float32(1.0 / np.sqrt(c.d)),
+             win=None, q_sel=None, K_sel=None, comp_w=None)
+    if c.win != "none":
+        # per row: the window's cells, scrambled, -1 padded (the kernel keeps the valid ones)
+        win_n = c.l + 2
+        win = -np.ones((c.n_stream, c.n_rows, win_n), np.int32)
+        for st in range(c.n_stream):
+            for row in range(c.n_rows):
+                valid = np.ones(c.S, bool) if mask is None else np.isfinite(mask[st, row])
+                cells = np.flatnonzero(valid)
+                if c.win == "tail":
+                    pick = cells[max(0, cells.size - c.l):]
+                else:
+                    # cells of the most recent positions need not be the last by index
+                    pick = rng.choice(cells, size=min(c.l, cells.size), replace=False)
+                pick = np.concatenate([pick[1::2], pick[0::2]])
+                win[st, row, :pick.size] = pick
+        a["win"] = win
+    if c.basis:
+        # an orthogonal basis per KV head: K^T holds K @ P, the query is rotated with it
+        P = np.linalg.qr(rng.standard_normal((c.n_head_kv, c.d, c.d)))[0]
+        Ks = np.einsum("sjd,jde->sje", K.astype(np.float64).reshape(-1, c.n_head_kv, c.d), P)
+        a["K_sel"] = Ks.reshape(K.shape).astype(kv_dt)
+        kvh = np.arange(c.n_head) // c.g
+        a["q_sel"] = np.einsum("srhd,hde->srhe", q.astype(np.float64), P[kvh]).astype(np.float32)
+        a["comp_w"] = np.exp(rng.normal(0.0, 0.5, size=(c.n_head_kv, c.d))).astype(np.float32)
+    return a
 
 
 def write(path: Path, c: Case, a: dict) -> None:
     kv_type = 1 if c.kv_type == "f16" else 0
     mask_type = -1 if a["mask"] is None else (1 if c.mask_type == "f16" else 0)
-    hdr = struct.pack("<4s14if", b"SPQ1", c.d, c.dv, c.S, c.n_rows, c.n_head, c.n_head_kv, c.n_stream,
-                      c.r, c.k, c.l, kv_type, mask_type, c.kt_pad, int(c.win), float(a["scale"]))
+    win_n = 0 if a["win"] is None else a["win"].shape[-1]
+    hdr = struct.pack("<4s19if", b"SPQ2", c.d, c.dv, c.S, c.n_rows, c.n_head, c.n_head_kv, c.n_stream,
+                      c.r, c.k, c.l, kv_type, mask_type, c.kt_pad, win_n, int(c.selector == "oracle"),
+                      int(c.per_head), int(not c.mean_v), int(c.basis), c.sel_n, float(a["scale"]))
     kv_dt = np.float16 if kv_type else np.float32
     with open(path, "wb") as f:
         f.write(hdr)
@@ -106,6 +148,12 @@ def write(path: Path, c: Case, a: dict) -> None:
             f.write(np.ascontiguousarray(a["mask"], dtype=np.float16 if mask_type == 1 else np.float32).tobytes())
         f.write(np.ascontiguousarray(a["v_sum"], dtype=np.float32).tobytes())
         f.write(np.ascontiguousarray(a["v_count"], dtype=np.float32).tobytes())
+        if a["win"] is not None:
+            f.write(np.ascontiguousarray(a["win"], dtype=np.int32).tobytes())
+        if c.basis:
+            f.write(np.ascontiguousarray(a["q_sel"].transpose(0, 2, 1, 3), dtype=np.float32).tobytes())
+            f.write(np.ascontiguousarray(a["K_sel"].transpose(0, 2, 1, 3), dtype=kv_dt).tobytes())
+            f.write(np.ascontiguousarray(a["comp_w"], dtype=np.float32).tobytes())
 
 
 def run(prog, mode: str, c: Case, a: dict, tmp: Path, *, isa=None, threads=1, prefix=(), env=None):
@@ -122,26 +170,52 @@ def run(prog, mode: str, c: Case, a: dict, tmp: Path, *, isa=None, threads=1, pr
     out = np.frombuffer(raw[: 4 * n_out], np.float32).reshape(c.n_stream, c.n_rows, c.n_head, c.dv)
     sel = None
     if mode == "direct":
-        sel = np.frombuffer(raw[4 * n_out:], np.int32).reshape(c.n_stream, c.n_rows, c.n_head_kv, c.k)
+        sel = np.frombuffer(raw[4 * n_out:], np.int32).reshape(c.n_stream, c.n_rows, c.n_head_kv, c.sel_n)
     return out, sel
+
+
+def row_vbar(c: Case, a: dict, st: int) -> np.ndarray:
+    """Per query row, the mean of V the op uses: the stream's sums less the cells the row
+    may not see that the stream's last row sees (later rows of an all-rows ubatch);
+    (n_rows, n_head_kv, dv) float64."""
+    vs = a["v_sum"][st].astype(np.float64)
+    cnt = float(a["v_count"][st])
+    out = np.empty((c.n_rows, c.n_head_kv, c.dv))
+    if a["mask"] is None:
+        out[:] = vs / max(cnt, 1.0)
+        return out
+    valid = np.isfinite(a["mask"][st])
+    V = a["V"][st].astype(np.float64)
+    for row in range(c.n_rows):
+        diff = valid[-1] & ~valid[row]
+        n = cnt - diff.sum()
+        out[row] = (vs - V[diff].sum(axis=0)) / n if n > 0 else 0.0
+    return out
 
 
 def check(c: Case, a: dict, out: np.ndarray, sel: np.ndarray | None) -> dict:
     """Assert the kernel's results against the reference; return error figures."""
     stats = {"rows": 0, "tie_rows": 0, "err": 0.0, "naive": 0.0}
+    r_eff = c.d if c.selector == "oracle" else c.r
     for st in range(c.n_stream):
         q = a["q"][st].astype(np.float64)
         K = a["K"][st].astype(np.float64)
         V = a["V"][st].astype(np.float64)
         mask = None if a["mask"] is None else a["mask"][st].astype(np.float64)
-        vbar = a["v_sum"][st].astype(np.float64) / max(float(a["v_count"][st]), 1.0)
+        vbar = row_vbar(c, a, st)
         scale = float(a["scale"])
-        kw = dict(r=c.r, k=c.k, l=c.l, mask=mask, scale=scale, vbar=vbar)
-        want, info = ref.sparq_attention(q, K, V, return_info=True, **kw)
+        q_sel = None if a["q_sel"] is None else a["q_sel"][st].astype(np.float64)
+        K_sel = None if a["K_sel"] is None else a["K_sel"][st].astype(np.float64)
+        comp_w = None if a["comp_w"] is None else a["comp_w"].astype(np.float64)
+        window = None if a["win"] is None else [a["win"][st, row] for row in range(c.n_rows)]
+        kw = dict(r=c.r, k=c.k, l=c.l, mask=mask, scale=scale, vbar=vbar, per_head=c.per_head, mean_v=c.mean_v,
+                  oracle=c.selector == "oracle", comp_w=comp_w, window=window)
+        want, info = ref.sparq_attention(q, K, V, return_info=True, q_sel=q_sel, K_sel=K_sel, **kw)
         forced_i2 = None
         if sel is not None:
             got_sel = sel[st]
-            scores = ref.combined_scores(q, K, r=c.r, mask=mask, scale=scale)
+            scores = ref.combined_scores(q if q_sel is None else q_sel, K if K_sel is None else K_sel, r=r_eff,
+                                         mask=mask, scale=scale, comp_w=comp_w)
             valid = np.ones((c.n_rows, c.S), bool) if mask is None else np.isfinite(mask)
             need_force = False
             for row in range(c.n_rows):
@@ -152,10 +226,20 @@ def check(c: Case, a: dict, out: np.ndarray, sel: np.ndarray | None) -> dict:
                     if info["dense_rows"][row]:
                         assert np.array_equal(np.sort(got_i), want_i), f"{c.id}: dense row {row} selection differs"
                         continue
+                    if c.per_head and c.g > 1:
+                        # the union of the heads' choices (continuous random data: no ties expected)
+                        assert np.array_equal(np.sort(got_i), want_i), (
+                            f"{c.id}: per-head selection differs (stream {st} row {row} kv {j}): "
+                            f"missing {sorted(set(want_i.tolist()) - set(got_i.tolist()))[:8]}, "
+                            f"extra {sorted(set(got_i.tolist()) - set(want_i.tolist()))[:8]}")
+                        continue
                     cells = np.flatnonzero(valid[row])
-                    window = cells[cells.size - min(c.l, cells.size):] if c.l else None
+                    if window is not None:
+                        win = [x for x in window[row][:c.l] if 0 <= x < c.S and valid[row][x]]
+                    else:
+                        win = cells[cells.size - min(c.l, cells.size):] if c.l else None
                     atol = 1e-5 * float(np.max(scores[row, j])) + 1e-12
-                    ok = ref.selection_matches(want_i, got_i, scores[row, j], atol, forced=window)
+                    ok = ref.selection_matches(want_i, got_i, scores[row, j], atol, forced=win)
                     assert ok, (f"{c.id}: selection differs beyond ties (stream {st} row {row} kv {j}): "
                                 f"missing {sorted(set(want_i.tolist()) - set(got_i.tolist()))[:8]}, "
                                 f"extra {sorted(set(got_i.tolist()) - set(want_i.tolist()))[:8]}")
@@ -165,13 +249,13 @@ def check(c: Case, a: dict, out: np.ndarray, sel: np.ndarray | None) -> dict:
             if need_force:
                 # ties chose other cells: judge the output on the kernel's own selection
                 forced_i2 = [[np.sort(got_sel[row, j]) for j in range(c.n_head_kv)] for row in range(c.n_rows)]
-                want = ref.sparq_attention(q, K, V, i2=forced_i2, **kw)
-        i2_used = forced_i2 if forced_i2 is not None else info["i2"]
+                want = ref.sparq_attention(q, K, V, i2=forced_i2, q_sel=q_sel, K_sel=K_sel, **kw)
+        i2_used = forced_i2 if forced_i2 is not None else (None if c.per_head else info["i2"])
         # the naive fp32 implementation, on the same selection
+        f32 = lambda x: None if x is None else x.astype(np.float32)  # noqa: E731
         naive = ref.sparq_attention(q.astype(np.float32), K.astype(np.float32), V.astype(np.float32),
-                                    dtype=np.float32, i2=i2_used,
-                                    **{**kw, "mask": None if mask is None else mask.astype(np.float32),
-                                       "vbar": vbar.astype(np.float32)})
+                                    dtype=np.float32, i2=i2_used, q_sel=f32(q_sel), K_sel=f32(K_sel),
+                                    **{**kw, "mask": f32(mask), "vbar": f32(vbar), "comp_w": f32(comp_w)})
         got = out[st].astype(np.float64)
         assert np.all(np.isfinite(got)), f"{c.id}: non-finite output"
         err = float(np.max(np.abs(got - want)))
@@ -224,9 +308,25 @@ def grid(quick: bool = False) -> list[Case]:
         kt_pad=37)
     add(d=256, S=3000, r=32, k=128, l=32, n_head=4, n_head_kv=1, mask="holes", kt_pad=100)
     # the window given explicitly (cells of the most recent positions)
-    add(d=128, S=2000, r=16, k=100, l=25, n_head=4, n_head_kv=1, mask="holes", win=True)
-    add(d=64, S=1200, r=8, k=64, l=16, n_rows=4, n_head=8, n_head_kv=2, mask="causal", win=True)
-    add(d=128, S=1500, r=16, k=64, l=64, n_stream=2, n_head=4, n_head_kv=4, mask="pad", win=True)
+    add(d=128, S=2000, r=16, k=100, l=25, n_head=4, n_head_kv=1, mask="holes", win="tail")
+    add(d=64, S=1200, r=8, k=64, l=16, n_rows=4, n_head=8, n_head_kv=2, mask="causal", win="tail")
+    add(d=128, S=1500, r=16, k=64, l=64, n_stream=2, n_head=4, n_head_kv=4, mask="pad", win="tail")
+    # window cells that are not the last cells by index (positions out of cell order)
+    add(d=128, S=2000, r=16, k=100, l=25, n_head=4, n_head_kv=1, mask="holes", win="random")
+    add(d=64, S=1200, r=8, k=64, l=16, n_rows=4, n_head=8, n_head_kv=2, mask="causal", win="random")
+    # selectors and flags (ARCHITECTURE.md "Selectors")
+    add(d=128, S=2000, r=16, k=100, l=25, n_head=4, n_head_kv=1, mask="holes", selector="oracle")
+    add(d=64, S=1500, r=8, k=64, l=16, n_head=8, n_head_kv=2, mask="pad", selector="oracle", per_head=True)
+    add(d=128, S=2000, r=16, k=64, l=16, n_head=4, n_head_kv=1, mask="holes", per_head=True)
+    add(d=64, S=1200, r=8, k=40, l=0, n_head=8, n_head_kv=1, mask="pad", per_head=True, kv_type="f32")
+    add(d=64, S=1200, r=8, k=64, l=16, n_rows=3, n_head=4, n_head_kv=1, mask="causal", per_head=True, win="random")
+    add(d=128, S=2000, r=16, k=100, l=25, n_head=4, n_head_kv=2, mask="holes", mean_v=False)
+    add(d=128, S=2000, r=16, k=100, l=25, n_head=4, n_head_kv=1, mask="holes", basis=True)
+    add(d=64, S=1500, r=8, k=64, l=16, n_head=4, n_head_kv=2, mask="pad", basis=True, per_head=True, win="random")
+    add(d=80, S=900, r=10, k=40, l=10, n_head=4, n_head_kv=4, mask="none", basis=True, kv_type="f32")
+    # group sizes above 64 (e.g. Falcon-7B's 71 query heads on one KV head)
+    add(d=64, S=800, r=8, k=64, l=16, n_head=71, n_head_kv=1, mask="holes")
+    add(d=64, S=800, r=8, k=32, l=8, n_head=80, n_head_kv=1, mask="pad", per_head=True)
     if quick:
         cases = cases[::3]
     return cases

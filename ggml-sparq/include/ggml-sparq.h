@@ -13,6 +13,31 @@ extern "C" {
 // the same thing only while cells are in position order.
 GGML_API void ggml_sparq_attn_set_window(struct ggml_tensor * attn, struct ggml_tensor * win);
 
+// The largest k the op accepts (scratch is sized by k).
+#define GGML_SPARQ_K_MAX (1 << 20)
+
+// Selectors: how the op chooses the cells it attends over (steps 1-3 of SPARQ.md); the
+// exact attention over them and the mean-value mix are shared.
+enum ggml_sparq_selector {
+    GGML_SPARQ_SEL_SPARQ  = 0, // approximate scores from the r largest query components (default)
+    GGML_SPARQ_SEL_ORACLE = 1, // exact scores, the oracle top-k (reads all of K: a baseline)
+    GGML_SPARQ_SEL_COUNT,
+};
+
+// Flags of the selection and the output.
+enum ggml_sparq_flag {
+    GGML_SPARQ_FLAG_PER_HEAD  = 1, // each query head chooses its own k - l cells; the group attends over the union
+    GGML_SPARQ_FLAG_NO_MEAN_V = 2, // no mean-value reallocation (out = attention over the chosen cells)
+};
+
+GGML_API void ggml_sparq_attn_set_selector(struct ggml_tensor * attn, int32_t selector, int32_t flags);
+
+// Approximate scores in another basis of the keys: q_sel (f32, q's shape) is the query in
+// the basis K^T is stored in (steps 1-2 use it; step 4 uses q and K); comp_w (f32
+// [d, n_head_kv], optional) weighs the components in step 1's choice and tau's norms.
+// Either may be NULL.
+GGML_API void ggml_sparq_attn_set_basis(struct ggml_tensor * attn, struct ggml_tensor * q_sel, struct ggml_tensor * comp_w);
+
 #ifdef __cplusplus
 }
 #endif

@@ -23,7 +23,7 @@ extern "C" {
 
 // Bumped whenever a struct or function of this header changes incompatibly.
 // The Python package refuses a library whose ABI differs from its own.
-#define LLAMA_SPARQ_ABI_VERSION 2
+#define LLAMA_SPARQ_ABI_VERSION 3
 
 // "llama-sparq <version> abi <n> llama.cpp <commit>" (declared in llama.h by patch 0001)
 // LLAMA_API const char * llama_sparq_version(void);
@@ -44,6 +44,31 @@ enum llama_sparq_dense_reason {
     LLAMA_SPARQ_DENSE_COUNT         = 8,
 };
 
+// How the cells a decode step attends over are chosen (ggml-sparq.h: the op's selectors).
+enum llama_sparq_selector {
+    LLAMA_SPARQ_SELECTOR_SPARQ  = 0, // SparQ: approximate scores from the r largest query components
+    LLAMA_SPARQ_SELECTOR_ORACLE = 1, // exact top-k (reads all of K: an accuracy baseline, not a speed-up)
+    LLAMA_SPARQ_SELECTOR_COUNT  = 2,
+};
+
+// Which query heads of a GQA group choose together.
+enum llama_sparq_gqa {
+    LLAMA_SPARQ_GQA_SHARED   = 0, // one choice per KV head from the group's summed scores (the paper)
+    LLAMA_SPARQ_GQA_PER_HEAD = 1, // each query head chooses k - l cells; the group attends over their union
+    LLAMA_SPARQ_GQA_COUNT    = 2,
+};
+
+// The basis of the approximate scores (steps 1-2) and how step 1 ranks its components.
+enum llama_sparq_basis {
+    LLAMA_SPARQ_BASIS_MODEL  = 0, // the keys' own components ranked by |q| (the paper)
+    LLAMA_SPARQ_BASIS_SCALED = 1, // the keys' own components ranked by |q| times the keys' RMS along them
+                                  // (calibrated on the cache's keys at the first SparQ step); K^T unchanged
+    LLAMA_SPARQ_BASIS_PCA    = 2, // per layer and KV head, the principal axes of the keys (calibrated likewise):
+                                  // K^T is stored in that basis, q is rotated per step (q.k unchanged), and
+                                  // the axes are ranked by |q'| times the keys' RMS along them
+    LLAMA_SPARQ_BASIS_COUNT  = 3,
+};
+
 struct llama_sparq_params {
     size_t  size;     // sizeof(struct llama_sparq_params): set by llama_sparq_default_params()
     bool    enabled;  // default false
@@ -52,6 +77,10 @@ struct llama_sparq_params {
     int32_t l;        // local window (most recent cells, counted in k), 0..k; -1 = k / 4
     int32_t min_kv;   // decode stays dense while the sequence holds fewer cells (the longest of the batch), >= 0; default 1024
     bool    all_rows; // also apply to every query row of a ubatch (teacher-forced evaluation); default false
+    int32_t selector; // enum llama_sparq_selector; default SPARQ
+    int32_t gqa;      // enum llama_sparq_gqa; default SHARED
+    bool    mean_v;   // mean-value reallocation (step 5); default true
+    int32_t basis;    // enum llama_sparq_basis; default MODEL
 };
 
 struct llama_sparq_stats {
@@ -98,6 +127,14 @@ LLAMA_API double llama_sparq_debug_check(struct llama_context * ctx);
 // sliding-window or hybrid models). Returns 0, or -1 with err saying why.
 LLAMA_API int32_t llama_sparq_bench_fill(struct llama_context * ctx, int32_t n_tokens, uint32_t seed, char * err,
                                          size_t err_size);
+
+// For diagnosis: an eval callback on the context's graph computations (the cb_eval of
+// llama_context_params, settable after the context exists); NULL removes it.
+LLAMA_API void llama_sparq_debug_set_eval_callback(struct llama_context * ctx, ggml_backend_sched_eval_callback cb,
+                                                   void * user_data);
+
+// "sparq", "oracle"; NULL for an unknown selector.
+LLAMA_API const char * llama_sparq_selector_name(int32_t selector);
 
 // "prefill", "short", "swa", ...; NULL for an unknown reason.
 LLAMA_API const char * llama_sparq_dense_reason_name(int32_t reason);

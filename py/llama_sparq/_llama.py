@@ -49,21 +49,32 @@ class Llama(llama_cpp.Llama):
     - ``sparq_l``: local window, 0..k (-1: k / 4)
     - ``sparq_min_kv``: decoding stays dense while the sequence holds fewer KV cells, >= 0 (default 1024)
     - ``sparq_all_rows``: apply SparQ to every query row (teacher-forced evaluation)
+    - ``sparq_selector``: ``"sparq"`` (default) or ``"oracle"`` (exact top-k, an accuracy baseline)
+    - ``sparq_gqa``: ``"shared"`` (one choice per KV head, the paper) or ``"per_head"`` (each
+      query head chooses k - l cells, the group attends over their union)
+    - ``sparq_mean_v``: mean-value reallocation on (default) or off
+    - ``sparq_basis``: how step 1 ranks components: ``"model"`` (|q| over the keys' own
+      components, the paper), ``"scaled"`` (|q| times the keys' RMS per component) or ``"pca"``
+      (the keys' principal axes per layer and KV head, ranked likewise); both calibrated on
+      the cache's keys at the first SparQ step
 
     SparQ contexts always use the flash-attention KV layout (V not transposed), whatever
     ``flash_attn`` says. ``sparq_stats()`` returns the fork's counters.
     """
 
-    _SPARQ_KEYS = ("sparq", "sparq_r", "sparq_k", "sparq_l", "sparq_min_kv", "sparq_all_rows")
+    _SPARQ_KEYS = ("sparq", "sparq_r", "sparq_k", "sparq_l", "sparq_min_kv", "sparq_all_rows", "sparq_selector",
+                   "sparq_gqa", "sparq_mean_v", "sparq_basis")
 
     def __init__(self, model_path: str, *args, sparq=None, sparq_r=None, sparq_k=None, sparq_l=None,
-                 sparq_min_kv=None, sparq_all_rows=None, **kwargs):
+                 sparq_min_kv=None, sparq_all_rows=None, sparq_selector=None, sparq_gqa=None, sparq_mean_v=None,
+                 sparq_basis=None, **kwargs):
         path = check_model_file(model_path)
         from . import _sparq
 
         d = _sparq.default_params()
         given = {"sparq_r": sparq_r, "sparq_k": sparq_k, "sparq_l": sparq_l, "sparq_min_kv": sparq_min_kv,
-                 "sparq_all_rows": sparq_all_rows}
+                 "sparq_all_rows": sparq_all_rows, "sparq_selector": sparq_selector, "sparq_gqa": sparq_gqa,
+                 "sparq_mean_v": sparq_mean_v, "sparq_basis": sparq_basis}
         if sparq is not None and not isinstance(sparq, bool):
             raise ValueError(f"sparq must be True or False, got {sparq!r}")
         enabled = bool(sparq) if sparq is not None else any(v is not None for v in given.values())
@@ -74,6 +85,10 @@ class Llama(llama_cpp.Llama):
             "l": d["l"] if sparq_l is None else sparq_l,
             "min_kv": d["min_kv"] if sparq_min_kv is None else sparq_min_kv,
             "all_rows": d["all_rows"] if sparq_all_rows is None else sparq_all_rows,
+            "selector": d["selector"] if sparq_selector is None else sparq_selector,
+            "gqa": d["gqa"] if sparq_gqa is None else sparq_gqa,
+            "mean_v": d["mean_v"] if sparq_mean_v is None else sparq_mean_v,
+            "basis": d["basis"] if sparq_basis is None else sparq_basis,
         }
         # checks that need no model (the head-size bound of r is checked by the library)
         _check_int("sparq_r", settings["r"], 0, None, " (0: head size / 8; at most the head size)")
@@ -82,6 +97,12 @@ class Llama(llama_cpp.Llama):
         _check_int("sparq_min_kv", settings["min_kv"], 0)
         if not isinstance(settings["all_rows"], bool):
             raise ValueError(f"sparq_all_rows must be True or False, got {settings['all_rows']!r}")
+        if not isinstance(settings["mean_v"], bool):
+            raise ValueError(f"sparq_mean_v must be True or False, got {settings['mean_v']!r}")
+        for key, names in (("selector", _sparq.SELECTORS), ("gqa", _sparq.GQA_MODES), ("basis", _sparq.BASES)):
+            if settings[key] not in names:
+                raise ValueError(f"sparq_{key} = {settings[key]!r} is unknown: allowed "
+                                 f"{', '.join(repr(n) for n in names)}")
         if enabled:
             kwargs["flash_attn"] = True  # SparQ needs V rows: the flash-attention cache layout
         self._sparq_settings = settings
@@ -133,7 +154,8 @@ class Llama(llama_cpp.Llama):
         state = super().__getstate__()
         s = self._sparq_settings
         state.update(sparq=s["enabled"], sparq_r=s["r"], sparq_k=s["k"], sparq_l=s["l"],
-                     sparq_min_kv=s["min_kv"], sparq_all_rows=s["all_rows"])
+                     sparq_min_kv=s["min_kv"], sparq_all_rows=s["all_rows"], sparq_selector=s["selector"],
+                     sparq_gqa=s["gqa"], sparq_mean_v=s["mean_v"], sparq_basis=s["basis"])
         return state
 
     def close(self) -> None:

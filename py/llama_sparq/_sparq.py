@@ -7,6 +7,9 @@ import ctypes
 from ._lib import lib_path
 
 DENSE_REASONS = ("prefill", "short", "swa", "cache_type", "v_trans", "shared_stream", "attn_variant", "no_cache")
+SELECTORS = ("sparq", "oracle")        # enum llama_sparq_selector
+GQA_MODES = ("shared", "per_head")     # enum llama_sparq_gqa
+BASES = ("model", "scaled", "pca")     # enum llama_sparq_basis
 
 
 class llama_sparq_params(ctypes.Structure):
@@ -18,6 +21,10 @@ class llama_sparq_params(ctypes.Structure):
         ("l", ctypes.c_int32),
         ("min_kv", ctypes.c_int32),
         ("all_rows", ctypes.c_bool),
+        ("selector", ctypes.c_int32),
+        ("gqa", ctypes.c_int32),
+        ("mean_v", ctypes.c_bool),
+        ("basis", ctypes.c_int32),
     ]
 
 
@@ -56,15 +63,38 @@ def lib():
     return _lib
 
 
+def _to_dict(p) -> dict:
+    return {"enabled": bool(p.enabled), "r": p.r, "k": p.k, "l": p.l, "min_kv": p.min_kv, "all_rows": bool(p.all_rows),
+            "selector": SELECTORS[p.selector] if 0 <= p.selector < len(SELECTORS) else p.selector,
+            "gqa": GQA_MODES[p.gqa] if 0 <= p.gqa < len(GQA_MODES) else p.gqa, "mean_v": bool(p.mean_v),
+            "basis": BASES[p.basis] if 0 <= p.basis < len(BASES) else p.basis}
+
+
+def _enum(name, value, names):
+    if isinstance(value, str):
+        if value not in names:
+            raise ValueError(f"{name} = {value!r} is unknown: allowed {', '.join(repr(n) for n in names)}")
+        return names.index(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be one of {', '.join(repr(n) for n in names)}, got {value!r}")
+    return value  # the library checks the range
+
+
 def default_params() -> dict:
-    p = lib().llama_sparq_default_params()
-    return {"enabled": bool(p.enabled), "r": p.r, "k": p.k, "l": p.l, "min_kv": p.min_kv, "all_rows": bool(p.all_rows)}
+    return _to_dict(lib().llama_sparq_default_params())
 
 
-def set_params(ctx, *, enabled: bool, r: int, k: int, l: int, min_kv: int, all_rows: bool) -> None:
+def set_params(ctx, *, enabled: bool, r: int, k: int, l: int, min_kv: int, all_rows: bool,
+               selector="sparq", gqa="shared", mean_v: bool = True, basis="model") -> None:
     """Apply settings to a llama_context pointer; ValueError naming the parameter on bad values."""
     p = lib().llama_sparq_default_params()
     p.enabled, p.r, p.k, p.l, p.min_kv, p.all_rows = enabled, r, k, l, min_kv, all_rows
+    p.selector = _enum("selector", selector, SELECTORS)
+    p.gqa = _enum("gqa", gqa, GQA_MODES)
+    p.basis = _enum("basis", basis, BASES)
+    if not isinstance(mean_v, bool):
+        raise ValueError(f"mean_v must be True or False, got {mean_v!r}")
+    p.mean_v = mean_v
     err = ctypes.create_string_buffer(512)
     rc = lib().llama_sparq_set_params(ctx, ctypes.byref(p), err, len(err))
     if rc == -1:
@@ -78,7 +108,7 @@ def get_params(ctx) -> dict:
     p.size = ctypes.sizeof(p)
     if lib().llama_sparq_get_params(ctx, ctypes.byref(p)) != 0:
         raise RuntimeError("llama_sparq_get_params: struct size mismatch between Python and the library")
-    return {"enabled": bool(p.enabled), "r": p.r, "k": p.k, "l": p.l, "min_kv": p.min_kv, "all_rows": bool(p.all_rows)}
+    return _to_dict(p)
 
 
 def get_stats(ctx) -> dict:

@@ -178,24 +178,28 @@ def _softmax(x):
     return np.divide(e, s, out=np.zeros_like(e), where=s > 0)
 
 
-def _select_components(qg, r):
-    """i1 per (row, KV head): the r largest entries of sum_h |q_h|, ascending.
+def _select_components(qg, r, w=None):
+    """i1 per (row, KV head): the r largest entries of sum_h |q_h| (times w), ascending.
 
-    qg: (n_rows, n_head_kv, g, d) in the working dtype. Ties go to the lower component
+    qg: (n_rows, n_head_kv, g, d) in the working dtype; w: optional (n_head_kv, d)
+    component weights (the keys' spread per component). Ties go to the lower component
     index (stable argsort on the negated values). The returned indices are sorted
     ascending: the set is what matters, and ascending is the order a kernel reading
     K^T rows in memory order would use.
     """
     qabs = np.sum(np.abs(qg), axis=2)  # (n_rows, n_head_kv, d)
+    if w is not None:
+        qabs = qabs * w.astype(qabs.dtype)[None]
     order = np.argsort(-qabs, axis=-1, kind="stable")[..., :r]
     return np.sort(order, axis=-1)
 
 
-def _approx_scores(qr, K, i1r, mrow, scale, dt):
+def _approx_scores(qr, K, i1r, mrow, scale, dt, w=None):
     """shat for one row: (n_head_kv, g, S), softmax of the approximate logits.
 
     qr: (n_head_kv, g, d) query of this row in dt; K: (S, n_head_kv, d) uncast;
-    i1r: (n_head_kv, r); mrow: (S,) mask row in dt or None.
+    i1r: (n_head_kv, r); mrow: (S,) mask row in dt or None; w: optional (n_head_kv, d)
+    component weights, which weight the L1 norms of the temperature too.
     """
     n_head_kv = qr.shape[0]
     # Gather the r components of the keys first, then cast: K itself may be large.
@@ -205,8 +209,9 @@ def _approx_scores(qr, K, i1r, mrow, scale, dt):
     qs = np.take_along_axis(qr, i1r[:, None, :], axis=2)  # (n_head_kv, g, r)
     # Per query head: scale * sqrt(||q_h||_1 / ||q_h[i1]||_1)  (= 1/tau_h for 1/sqrt(d)).
     sc = dt.type(scale)
-    n_all = np.sum(np.abs(qr), axis=-1)  # (n_head_kv, g)
-    n_sel = np.sum(np.abs(qs), axis=-1)
+    aq = np.abs(qr) if w is None else np.abs(qr) * w.astype(dt)[:, None, :]
+    n_all = np.sum(aq, axis=-1)  # (n_head_kv, g)
+    n_sel = np.sum(np.take_along_axis(aq, i1r[:, None, :], axis=2), axis=-1)
     ratio = np.divide(n_all, n_sel, out=np.ones_like(n_all), where=n_sel > 0)
     factor = np.where(n_sel > 0, sc * np.sqrt(ratio), sc).astype(dt, copy=False)
     logits = np.matmul(qs, Kt) * factor[..., None]  # (n_head_kv, g, S)
@@ -244,11 +249,13 @@ def dense_attention(q, K, V, mask=None, scale=None, dtype=np.float64):
     return out.reshape(n_rows, n_kv * g, dv)
 
 
-def combined_scores(q, K, *, r, mask=None, scale=None, dtype=np.float64):
-    """The position-selection scores: (n_rows, n_head_kv, S) array of ``sum_h shat_h``.
+def combined_scores(q, K, *, r, mask=None, scale=None, dtype=np.float64, comp_w=None, per_head=False):
+    """The position-selection scores: (n_rows, n_head_kv, S) array of ``sum_h shat_h``
+    (per_head: (n_rows, n_head_kv, g, S), each head's shat_h).
 
     The sum runs over the query heads of each KV head group; invalid (-inf) cells score 0.
-    Kernel tests use it to judge whether two selections differ only by ties.
+    Kernel tests use it to judge whether two selections differ only by ties. q and K are
+    in the basis of the approximate scores (q_sel and K_sel of sparq_attention).
     """
     q, K, _, mask, scale, _, dims = _prepare(q, K, None, mask, scale)
     dt = _float_dtype(dtype)
@@ -256,16 +263,19 @@ def combined_scores(q, K, *, r, mask=None, scale=None, dtype=np.float64):
     r = _check_r(r, d)
     qg = q.astype(dt, copy=False).reshape(n_rows, n_kv, g, d)
     md = None if mask is None else mask.astype(dt, copy=False)
-    i1 = _select_components(qg, r)
-    out = np.zeros((n_rows, n_kv, S), dt)
+    w = None if comp_w is None else np.asarray(comp_w, dtype=dt)
+    i1 = _select_components(qg, r, w)
+    out = np.zeros((n_rows, n_kv, g, S) if per_head else (n_rows, n_kv, S), dt)
     for row in range(n_rows):
         mrow = None if md is None else md[row]
-        out[row] = np.sum(_approx_scores(qg[row], K, i1[row], mrow, scale, dt), axis=1)
+        sh = _approx_scores(qg[row], K, i1[row], mrow, scale, dt, w)
+        out[row] = sh if per_head else np.sum(sh, axis=1)
     return out
 
 
 def sparq_attention(q, K, V, *, r, k, l=0, mask=None, scale=None, vbar=None,
-                    dtype=np.float64, return_info=False, i2=None):
+                    dtype=np.float64, return_info=False, i2=None, per_head=False, mean_v=True,
+                    oracle=False, q_sel=None, K_sel=None, comp_w=None, window=None):
     """SparQ attention (SPARQ.md steps 1-5) per row and KV head group.
 
     r: components kept in step 1, in [1, d].  k: positions kept in step 3, >= 1.
@@ -282,24 +292,47 @@ def sparq_attention(q, K, V, *, r, k, l=0, mask=None, scale=None, vbar=None,
     i2: optional forced position selection (n_rows, n_head_kv, k) used instead of step 3
     on the rows that are not dense (kernel tests use it to check a kernel's output on the
     kernel's own selection when the two selections differ only by ties).
+
+    Selection variants (the op's selectors and flags, ARCHITECTURE.md "Selectors"):
+    per_head: each query head takes its own k - l best cells by its own shat_h; the group
+      attends over the union of those plus the window (up to g*(k-l)+l cells).
+    mean_v: False turns the mean-value reallocation off (out_h = y_h).
+    oracle: exact scores (r = d, the oracle top-k).
+    q_sel, K_sel: the query (n_rows, n_head, d) and keys (S, n_head_kv, d) in the basis
+      the approximate scores use (K^T stored rotated); default q and K. Step 4 always uses
+      q and K.
+    comp_w: (n_head_kv, d) weights of the components in step 1 (and in tau's norms).
+    window: optional list per row of the local window's cells (the cells of the l most
+      recent positions, which need not be the last cells by index); the first l entries
+      that are valid cells are used. Default: the last l valid cells.
     """
     q, K, V, mask, scale, vbar, dims = _prepare(q, K, V, mask, scale, vbar)
     dt = _float_dtype(dtype)
     n_rows, n_kv, g, d, S, dv = (
         dims[x] for x in ("n_rows", "n_head_kv", "g", "d", "S", "dv"))
-    r = _check_r(r, d)
+    r = d if oracle else _check_r(r, d)
     k, l = _check_k_l(k, l)
+    if per_head and i2 is not None:
+        raise ValueError("i2 (a forced selection) is for the group-shared selection only")
+    q_sel = q if q_sel is None else np.asarray(q_sel)
+    K_sel = K if K_sel is None else np.asarray(K_sel)
+    if q_sel.shape != q.shape or K_sel.shape != K.shape:
+        raise ValueError(f"q_sel and K_sel must have the shapes of q {q.shape} and K {K.shape}")
+    if comp_w is not None:
+        comp_w = np.asarray(comp_w, dtype=dt)
+        if comp_w.shape != (n_kv, d):
+            raise ValueError(f"comp_w must have shape (n_head_kv={n_kv}, d={d}), got {comp_w.shape}")
 
     qg = q.astype(dt, copy=False).reshape(n_rows, n_kv, g, d)
+    qsg = q_sel.astype(dt, copy=False).reshape(n_rows, n_kv, g, d)
     md = None if mask is None else mask.astype(dt, copy=False)
     valid = np.ones((n_rows, S), bool) if mask is None else np.isfinite(mask)
     n_valid = valid.sum(axis=1)
     dense_rows = n_valid <= k
     vbar_d = None if vbar is None else vbar.astype(dt, copy=False)
-    kv_ar = np.arange(n_kv)[:, None]
 
     # Step 1: component selection, shared by the query heads of a group.
-    i1 = _select_components(qg, r)  # (n_rows, n_kv, r)
+    i1 = _select_components(qsg, r, comp_w)  # (n_rows, n_kv, r)
 
     out = np.empty((n_rows, n_kv, g, dv), dt)
     alpha = np.ones((n_rows, n_kv, g), dt)
@@ -317,32 +350,44 @@ def sparq_attention(q, K, V, *, r, k, l=0, mask=None, scale=None, vbar=None,
             sel = np.broadcast_to(cells, (n_kv, nv))
         else:
             # Step 2: approximate scores per query head, (n_kv, g, S); 0 at invalid cells.
-            shat = _approx_scores(qr, K, i1[row], mrow, scale, dt)
-            # Step 3: position selection shared by the group.
-            w = min(l, nv)
-            window = cells[nv - w:]  # the w most recent valid cells
-            cand = np.sum(shat, axis=1)  # (n_kv, S) combined scores
-            cand[:, ~valid[row]] = -np.inf  # never select an invalid cell
-            cand[:, window] = -np.inf  # the window is added below, not chosen here
+            shat = _approx_scores(qsg[row], K_sel, i1[row], mrow, scale, dt, comp_w)
+            # Step 3: position selection shared by the group (or per query head).
+            if window is None:
+                w = min(l, nv)
+                win_r = cells[nv - w:]  # the w most recent valid cells
+            else:
+                wr = [int(c) for c in np.asarray(window[row]).ravel()[:l] if 0 <= c < S and valid[row][c]]
+                win_r = np.unique(np.asarray(wr, dtype=np.int64))
+                w = win_r.size
+            cand = np.sum(shat, axis=1) if not per_head else shat.copy()  # (n_kv, S) or (n_kv, g, S)
+            cand[..., ~valid[row]] = -np.inf  # never select an invalid cell
+            cand[..., win_r] = -np.inf  # the window is added below, not chosen here
             # There are nv - w >= k - w + 1 finite candidates, so no -inf is picked.
             # Stable argsort on negated scores: ties go to the lower cell index.
-            top = np.argsort(-cand, axis=-1, kind="stable")[:, : k - w]
-            sel = np.sort(np.concatenate([top, np.broadcast_to(window, (n_kv, w))],
-                                         axis=1), axis=1)
+            top = np.argsort(-cand, axis=-1, kind="stable")[..., : k - w]
+            if per_head:
+                sel = [np.union1d(top[j].ravel(), win_r) for j in range(n_kv)]
+            else:
+                sel = np.sort(np.concatenate([top, np.broadcast_to(win_r, (n_kv, w))],
+                                             axis=1), axis=1)
             if i2 is not None:
                 sel = np.sort(np.asarray(i2[row], dtype=np.int64).reshape(n_kv, k), axis=1)
             # Step 5 (part): alpha_h = sum_{i in i2} shat_h[i].
-            alpha[row] = np.sum(np.take_along_axis(shat, sel[:, None, :], axis=2), axis=-1)
+            for j in range(n_kv):
+                alpha[row, j] = np.sum(shat[j][:, sel[j]], axis=-1)
 
         # Step 4: exact attention over the selected cells, per query head.
-        Ks = K[sel, kv_ar, :].astype(dt, copy=False)  # (n_kv, m, d)
-        Vs = V[sel, kv_ar, :].astype(dt, copy=False)  # (n_kv, m, dv)
-        logits = np.matmul(qr, Ks.transpose(0, 2, 1)) * dt.type(scale)  # (n_kv, g, m)
-        if mrow is not None:
-            logits = logits + mrow[sel][:, None, :]
-        y = np.matmul(_softmax(logits), Vs)  # (n_kv, g, dv); zeros if m == 0
+        y = np.empty((n_kv, g, dv), dt)
+        for j in range(n_kv):
+            sj = np.asarray(sel[j], dtype=np.int64)
+            Ks = K[sj, j, :].astype(dt, copy=False)  # (m, d)
+            Vs = V[sj, j, :].astype(dt, copy=False)  # (m, dv)
+            logits = np.matmul(qr[j], Ks.T) * dt.type(scale)  # (g, m)
+            if mrow is not None:
+                logits = logits + mrow[sj][None, :]
+            y[j] = np.matmul(_softmax(logits), Vs)  # (g, dv); zeros if m == 0
 
-        if dense_rows[row]:
+        if dense_rows[row] or not mean_v:
             out[row] = y
         else:
             # Step 5: mean-value reallocation.

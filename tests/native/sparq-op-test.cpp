@@ -10,14 +10,16 @@
 //   sparq-op-test isa
 //       prints the ISA the kernels select on this machine
 //
-// Case file: "SPQ1", 14 int32 (d, dv, n_kv, n_rows, n_head, n_head_kv,
-// n_stream, r, k, l, kv_type, mask_type, kt_pad, win_mode), f32 scale, then q f32
-// [n_stream][n_head][n_rows][d], K [n_stream][n_head_kv][n_kv][d], V
-// [n_stream][n_head_kv][n_kv][dv] (kv_type 0 f32, 1 f16), mask [n_stream]
-// [n_rows][n_kv] (mask_type 0 f32, 1 f16, -1 none), v_sum f32 [n_stream]
-// [n_head_kv][dv], v_count f32 [n_stream].
+// Case file: "SPQ2", 19 int32 (d, dv, n_kv, n_rows, n_head, n_head_kv,
+// n_stream, r, k, l, kv_type, mask_type, kt_pad, win_n, selector, per_head,
+// no_mean_v, has_basis, sel_n), f32 scale, then q f32 [n_stream][n_head][n_rows][d],
+// K [n_stream][n_head_kv][n_kv][d], V [n_stream][n_head_kv][n_kv][dv] (kv_type 0 f32,
+// 1 f16), mask [n_stream][n_rows][n_kv] (mask_type 0 f32, 1 f16, -1 none), v_sum f32
+// [n_stream][n_head_kv][dv], v_count f32 [n_stream]; when win_n > 0 the window cells
+// i32 [n_stream][n_rows][win_n] (-1 padded); when has_basis, q_sel f32 like q, the keys
+// in that basis like K (K^T is made from them) and comp_w f32 [n_head_kv][d].
 // Output file: out f32 [n_stream][n_rows][n_head][dv], then (direct mode)
-// sel int32 [n_stream][n_rows][n_head_kv][k].
+// sel int32 [n_stream][n_rows][n_head_kv][sel_n].
 
 #include "sparq-cpu.h"
 
@@ -38,10 +40,12 @@
 #include <vector>
 
 struct test_case {
-    int d, dv, n_kv, n_rows, n_head, n_head_kv, n_stream, r, k, l, kv_type, mask_type, kt_pad, win_mode;
+    int d, dv, n_kv, n_rows, n_head, n_head_kv, n_stream, r, k, l, kv_type, mask_type, kt_pad, win_n;
+    int selector, per_head, no_mean_v, has_basis, sel_n;
     float scale;
-    std::vector<float> q, v_sum, v_count;
-    std::vector<char> K, V, mask;
+    std::vector<float> q, v_sum, v_count, q_sel, comp_w;
+    std::vector<char> K, V, mask, K_sel;
+    std::vector<int32_t> win;
     size_t kv_esz() const { return kv_type == 1 ? 2 : 4; }
     size_t mask_esz() const { return mask_type == 1 ? 2 : 4; }
 };
@@ -64,14 +68,15 @@ static test_case read_case(const char * path) {
     }
     char magic[4];
     read_exact(f, magic, 4, "magic");
-    if (memcmp(magic, "SPQ1", 4) != 0) {
-        die("not a SPQ1 case file: ", path);
+    if (memcmp(magic, "SPQ2", 4) != 0) {
+        die("not a SPQ2 case file: ", path);
     }
     test_case c;
-    int32_t h[14];
+    int32_t h[19];
     read_exact(f, h, sizeof(h), "header");
     c.d = h[0]; c.dv = h[1]; c.n_kv = h[2]; c.n_rows = h[3]; c.n_head = h[4]; c.n_head_kv = h[5];
-    c.n_stream = h[6]; c.r = h[7]; c.k = h[8]; c.l = h[9]; c.kv_type = h[10]; c.mask_type = h[11]; c.kt_pad = h[12]; c.win_mode = h[13];
+    c.n_stream = h[6]; c.r = h[7]; c.k = h[8]; c.l = h[9]; c.kv_type = h[10]; c.mask_type = h[11]; c.kt_pad = h[12]; c.win_n = h[13];
+    c.selector = h[14]; c.per_head = h[15]; c.no_mean_v = h[16]; c.has_basis = h[17]; c.sel_n = h[18];
     read_exact(f, &c.scale, 4, "scale");
     const size_t nq = (size_t) c.n_stream * c.n_head * c.n_rows * c.d;
     const size_t nk = (size_t) c.n_stream * c.n_head_kv * c.n_kv * c.d;
@@ -90,6 +95,18 @@ static test_case read_case(const char * path) {
     read_exact(f, c.v_sum.data(), c.v_sum.size() * 4, "v_sum");
     c.v_count.resize(c.n_stream);
     read_exact(f, c.v_count.data(), c.v_count.size() * 4, "v_count");
+    if (c.win_n > 0) {
+        c.win.resize((size_t) c.n_stream * c.n_rows * c.win_n);
+        read_exact(f, c.win.data(), c.win.size() * 4, "win");
+    }
+    if (c.has_basis) {
+        c.q_sel.resize(nq);
+        read_exact(f, c.q_sel.data(), nq * 4, "q_sel");
+        c.K_sel.resize(nk * c.kv_esz());
+        read_exact(f, c.K_sel.data(), c.K_sel.size(), "K_sel");
+        c.comp_w.resize((size_t) c.n_head_kv * c.d);
+        read_exact(f, c.comp_w.data(), c.comp_w.size() * 4, "comp_w");
+    }
     fclose(f);
     return c;
 }
@@ -106,8 +123,10 @@ static void write_out(const char * path, const std::vector<float> & out, const s
     fclose(f);
 }
 
-// K^T with rows of n_kv + kt_pad cells (a view into a larger cache, as in llama.cpp)
+// K^T with rows of n_kv + kt_pad cells (a view into a larger cache, as in llama.cpp),
+// from the keys in the selection basis when the case has one
 static std::vector<char> make_kt(const test_case & c) {
+    const std::vector<char> & K = c.has_basis ? c.K_sel : c.K;
     const size_t esz = c.kv_esz(), row = (size_t) c.n_kv + c.kt_pad;
     std::vector<char> kt((size_t) c.n_stream * c.n_head_kv * c.d * row * esz, 0);
     for (int st = 0; st < c.n_stream; ++st) {
@@ -116,47 +135,12 @@ static std::vector<char> make_kt(const test_case & c) {
                 for (int j = 0; j < c.d; ++j) {
                     const size_t src = ((((size_t) st * c.n_head_kv + h) * c.n_kv + i) * c.d + j) * esz;
                     const size_t dst = ((((size_t) st * c.n_head_kv + h) * c.d + j) * row + i) * esz;
-                    memcpy(&kt[dst], &c.K[src], esz);
+                    memcpy(&kt[dst], &K[src], esz);
                 }
             }
         }
     }
     return kt;
-}
-
-// win_mode 1: the window given explicitly, the last l valid cells of each row (what the
-// reference takes as most recent) in a scrambled order, padded with -1
-static std::vector<int32_t> make_win(const test_case & c, int * win_n) {
-    *win_n = c.l + 2;
-    std::vector<int32_t> w((size_t) c.n_stream * c.n_rows * (*win_n), -1);
-    if (c.win_mode != 1) {
-        return w;
-    }
-    for (int st = 0; st < c.n_stream; ++st) {
-        for (int row = 0; row < c.n_rows; ++row) {
-            std::vector<int32_t> cells;
-            for (int i = c.n_kv - 1; i >= 0 && (int) cells.size() < c.l; --i) {
-                bool valid = true;
-                if (c.mask_type >= 0) {
-                    const size_t o = ((size_t) st * c.n_rows + row) * c.n_kv + i;
-                    if (c.mask_type == 1) {
-                        valid = ((const uint16_t *) c.mask.data())[o] != 0xfc00;
-                    } else {
-                        valid = ((const float *) c.mask.data())[o] != -INFINITY;
-                    }
-                }
-                if (valid) {
-                    cells.push_back(i);
-                }
-            }
-            // scramble: odd entries first
-            int32_t * dst = &w[((size_t) st * c.n_rows + row) * (*win_n)];
-            int n = 0;
-            for (size_t i = 1; i < cells.size(); i += 2) dst[n++] = cells[i];
-            for (size_t i = 0; i < cells.size(); i += 2) dst[n++] = cells[i];
-        }
-    }
-    return w;
 }
 
 // ---------------------------------------------------------------------------
@@ -191,12 +175,13 @@ static int run_direct(const test_case & c, const char * out_path, const char * i
     const std::vector<char> kt = make_kt(c);
     const size_t esz = c.kv_esz(), ktrow = (size_t) c.n_kv + c.kt_pad;
     std::vector<float> out((size_t) c.n_stream * c.n_rows * c.n_head * c.dv, NAN);
-    std::vector<int32_t> sel((size_t) c.n_stream * c.n_rows * c.n_head_kv * c.k, -2);
+    std::vector<int32_t> sel((size_t) c.n_stream * c.n_rows * c.n_head_kv * c.sel_n, -2);
 
     sparq_args a;
     memset(&a, 0, sizeof(a));
     a.d = c.d; a.dv = c.dv; a.n_kv = c.n_kv; a.n_rows = c.n_rows; a.n_head = c.n_head; a.n_head_kv = c.n_head_kv;
     a.n_stream = c.n_stream; a.r = c.r; a.k = c.k; a.l = c.l; a.scale = c.scale;
+    a.selector = c.selector; a.per_head = c.per_head; a.no_mean_v = c.no_mean_v;
     a.q = c.q.data(); a.q_nb1 = (size_t) c.d * 4; a.q_nb2 = a.q_nb1 * c.n_rows; a.q_nb3 = a.q_nb2 * c.n_head;
     const sparq_type t = c.kv_type == 1 ? SPARQ_F16 : SPARQ_F32;
     a.K = c.K.data(); a.K_type = t; a.K_nb1 = c.d * esz; a.K_nb2 = a.K_nb1 * c.n_kv; a.K_nb3 = a.K_nb2 * c.n_head_kv;
@@ -209,11 +194,16 @@ static int run_direct(const test_case & c, const char * out_path, const char * i
         a.mask_nb1 = (size_t) c.n_kv * c.mask_esz(); a.mask_nb3 = a.mask_nb1 * c.n_rows; a.mask_ne3 = c.n_stream;
     }
     a.out = out.data(); a.out_nb1 = (size_t) c.dv * 4; a.out_nb2 = a.out_nb1 * c.n_head; a.out_nb3 = a.out_nb2 * c.n_rows;
-    a.sel_out = sel.data();
-    int win_n = 0;
-    const std::vector<int32_t> win = make_win(c, &win_n);
-    if (c.win_mode == 1) {
-        a.win = win.data(); a.win_n = win_n; a.win_nb1 = (size_t) win_n * 4; a.win_nb2 = a.win_nb1 * c.n_rows;
+    a.sel_out = sel.data(); a.sel_n = c.sel_n;
+    if (sparq_sel_max(&a) != c.sel_n) {
+        die("sel_n of the case differs from sparq_sel_max");
+    }
+    if (c.win_n > 0) {
+        a.win = c.win.data(); a.win_n = c.win_n; a.win_nb1 = (size_t) c.win_n * 4; a.win_nb2 = a.win_nb1 * c.n_rows;
+    }
+    if (c.has_basis) {
+        a.q_sel = c.q_sel.data(); a.q_sel_nb1 = a.q_nb1; a.q_sel_nb2 = a.q_nb2; a.q_sel_nb3 = a.q_nb3;
+        a.comp_w = c.comp_w.data(); a.comp_w_nb1 = (size_t) c.d * 4;
     }
 
     const size_t wsize = sparq_cpu_work_size(&a, nth);
@@ -239,7 +229,7 @@ static int run_direct(const test_case & c, const char * out_path, const char * i
 static int run_ggml(const test_case & c, const char * out_path, int nth) {
     const std::vector<char> kt = make_kt(c);
     const enum ggml_type t = c.kv_type == 1 ? GGML_TYPE_F16 : GGML_TYPE_F32;
-    const size_t need = (size_t) c.n_stream * c.n_rows * (c.l + 2) * 4 + c.q.size() * 4 + c.K.size() + c.V.size() + kt.size() + c.mask.size() +
+    const size_t need = c.win.size() * 4 + c.q_sel.size() * 4 + c.comp_w.size() * 4 + c.q.size() * 4 + c.K.size() + c.V.size() + kt.size() + c.mask.size() +
                         c.v_sum.size() * 4 + c.v_count.size() * 4 +
                         (size_t) c.n_stream * c.n_rows * c.n_head * c.dv * 4 + 64 * ggml_tensor_overhead() +
                         ggml_graph_overhead() + (1 << 20);
@@ -267,12 +257,19 @@ static int run_ggml(const test_case & c, const char * out_path, int nth) {
     memcpy(vc->data, c.v_count.data(), c.v_count.size() * 4);
 
     struct ggml_tensor * res = ggml_sparq_attn(ctx, q, K, KT, V, vs, vc, mask, c.r, c.k, c.l, c.scale);
-    if (c.win_mode == 1) {
-        int win_n = 0;
-        const std::vector<int32_t> w = make_win(c, &win_n);
-        struct ggml_tensor * wt = ggml_new_tensor_3d(ctx, GGML_TYPE_I32, win_n, c.n_rows, c.n_stream);
-        memcpy(wt->data, w.data(), w.size() * 4);
+    ggml_sparq_attn_set_selector(res, c.selector, (c.per_head ? GGML_SPARQ_FLAG_PER_HEAD : 0) |
+                                                  (c.no_mean_v ? GGML_SPARQ_FLAG_NO_MEAN_V : 0));
+    if (c.win_n > 0) {
+        struct ggml_tensor * wt = ggml_new_tensor_3d(ctx, GGML_TYPE_I32, c.win_n, c.n_rows, c.n_stream);
+        memcpy(wt->data, c.win.data(), c.win.size() * 4);
         ggml_sparq_attn_set_window(res, wt);
+    }
+    if (c.has_basis) {
+        struct ggml_tensor * qs = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, c.d, c.n_rows, c.n_head, c.n_stream);
+        struct ggml_tensor * cw = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.d, c.n_head_kv);
+        memcpy(qs->data, c.q_sel.data(), c.q_sel.size() * 4);
+        memcpy(cw->data, c.comp_w.data(), c.comp_w.size() * 4);
+        ggml_sparq_attn_set_basis(res, qs, cw);
     }
     struct ggml_cgraph * gf = ggml_new_graph(ctx);
     ggml_build_forward_expand(gf, res);

@@ -1,0 +1,155 @@
+"""Capture the tensors of SparQ attention calls from a running model (for diagnosis).
+
+``Capture(llm)`` installs an eval callback on the context (``llama_sparq_debug_set_eval_callback``)
+that copies, for every ``sparq_attn-<layer>`` node the graph computes, the op's inputs
+(q, K, K^T, V, the V sums, the valid-cell count, the mask, the local-window cells, the
+rotated query and the component weights when present) and its output into NumPy arrays:
+
+    with Capture(llm) as cap:
+        llm.eval([tok])
+    for call in cap.calls:      # one dict per SparQ node, in graph order
+        call["layer"], call["q"], call["K"], call["out"], ...
+
+Shapes follow the op's ggml layout reversed into NumPy order (see ``_OP_SRC``), restricted
+to stream 0 (the tests and diagnostics run one sequence). The tensors live in host memory
+only on the CPU backend: a callback on a GPU-resident node is refused with an error.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from ._lib import lib_path
+
+GGML_MAX_DIMS = 4
+GGML_MAX_SRC = 10
+GGML_MAX_OP_PARAMS = 64
+GGML_MAX_NAME = 64
+GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_I32 = 0, 1, 26
+
+
+class ggml_tensor(ctypes.Structure):
+    pass
+
+
+ggml_tensor._fields_ = [
+    ("type", ctypes.c_int),
+    ("buffer", ctypes.c_void_p),
+    ("ne", ctypes.c_int64 * GGML_MAX_DIMS),
+    ("nb", ctypes.c_size_t * GGML_MAX_DIMS),
+    ("op", ctypes.c_int),
+    ("op_params", ctypes.c_int32 * (GGML_MAX_OP_PARAMS // 4)),
+    ("flags", ctypes.c_int32),
+    ("src", ctypes.POINTER(ggml_tensor) * GGML_MAX_SRC),
+    ("view_src", ctypes.POINTER(ggml_tensor)),
+    ("view_offs", ctypes.c_size_t),
+    ("data", ctypes.c_void_p),
+    ("name", ctypes.c_char * GGML_MAX_NAME),
+    ("extra", ctypes.c_void_p),
+    ("padding", ctypes.c_char * 8),
+]
+
+EVAL_CB = ctypes.CFUNCTYPE(ctypes.c_bool, ctypes.POINTER(ggml_tensor), ctypes.c_bool, ctypes.c_void_p)
+
+# the op's sources (ggml_sparq_attn): name, index
+_OP_SRC = ("q", "K", "KT", "V", "v_sum", "v_count", "mask", "win", "q_sel", "comp_w")
+_DTYPES = {GGML_TYPE_F32: np.float32, GGML_TYPE_F16: np.float16, GGML_TYPE_I32: np.int32}
+
+
+def tensor_to_numpy(t: ggml_tensor) -> np.ndarray:
+    """A copy of a host tensor as a NumPy array of shape ne[::-1] (f32, f16 or i32)."""
+    dt = _DTYPES.get(t.type)
+    if dt is None:
+        raise ValueError(f"capture: tensor {t.name.decode()} has ggml type {t.type}; f32, f16 or i32 expected")
+    if not t.data:
+        raise ValueError(f"capture: tensor {t.name.decode()} has no host data")
+    ne = [int(t.ne[i]) for i in range(GGML_MAX_DIMS)]
+    nb = [int(t.nb[i]) for i in range(GGML_MAX_DIMS)]
+    extent = sum((n - 1) * s for n, s in zip(ne, nb)) + np.dtype(dt).itemsize
+    raw = (ctypes.c_uint8 * extent).from_address(t.data)
+    buf = np.frombuffer(raw, dtype=np.uint8)
+    arr = np.lib.stride_tricks.as_strided(buf.view(dt), shape=ne[::-1], strides=nb[::-1])
+    return np.array(arr, copy=True)
+
+
+def _lib():
+    L = ctypes.CDLL(str(lib_path()))
+    L.llama_sparq_debug_set_eval_callback.restype = None
+    L.llama_sparq_debug_set_eval_callback.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    return L
+
+
+class Capture:
+    """Context manager: while active, every SparQ node's inputs and output are copied."""
+
+    def __init__(self, llm, layers=None):
+        self.llm = llm
+        self.layers = None if layers is None else set(layers)
+        self.calls: list[dict] = []
+        self._cb = EVAL_CB(self._callback)
+        self._error: Exception | None = None
+
+    def _wanted(self, name: str) -> bool:
+        if not name.startswith("sparq_attn-"):
+            return False
+        return self.layers is None or int(name.split("-")[1]) in self.layers
+
+    def _callback(self, tp, ask, _ud):
+        try:
+            t = tp.contents
+            name = t.name.decode(errors="replace")
+            if ask:
+                return self._wanted(name)
+            if not self._wanted(name):
+                return True
+            call = {"layer": int(name.split("-")[1]), "op_params": [int(x) for x in t.op_params]}
+            for i, key in enumerate(_OP_SRC):
+                s = t.src[i]
+                call[key] = tensor_to_numpy(s.contents) if s else None
+            call["out"] = tensor_to_numpy(t)
+            self.calls.append(call)
+        except Exception as e:  # never raise through C
+            self._error = e
+        return True
+
+    def __enter__(self):
+        _lib().llama_sparq_debug_set_eval_callback(self.llm._ctx.ctx, ctypes.cast(self._cb, ctypes.c_void_p), None)
+        return self
+
+    def __exit__(self, *exc):
+        _lib().llama_sparq_debug_set_eval_callback(self.llm._ctx.ctx, None, None)
+        if self._error is not None and exc[0] is None:
+            raise RuntimeError(f"capture failed: {self._error}") from self._error
+        return False
+
+
+def op_params(call) -> dict:
+    """The SparQ op's settings of a captured call (r, k, l, scale, selector, flags)."""
+    p = call["op_params"]
+    scale = np.array([p[3]], dtype=np.int32).view(np.float32)[0]
+    return {"r": p[0], "k": p[1], "l": p[2], "scale": float(scale), "selector": p[4], "flags": p[5]}
+
+
+def stream0(call, row=0):
+    """The reference's view of stream 0, query row ``row`` of a captured call:
+    q (1, n_head, d), K (S, n_head_kv, d), V (S, n_head_kv, dv), mask (1, S), vbar (n_head_kv, dv),
+    window cells (list), and the op's output (1, n_head, dv), all float64."""
+    q = call["q"][0, :, row, :].astype(np.float64)[None]          # ggml [d, n_rows, n_head, ns]
+    K = call["K"][0].transpose(1, 0, 2).astype(np.float64)        # ggml [d, n_kv, hkv, ns] -> (S, hkv, d)
+    V = call["V"][0].transpose(1, 0, 2).astype(np.float64)
+    S = K.shape[0]
+    mask = None
+    if call["mask"] is not None:
+        m = call["mask"]                                          # ggml [n_kv, rows, 1, 1|ns]
+        mask = m[0, 0, row, :S].astype(np.float64)[None]
+    vsum = call["v_sum"][0, 0].astype(np.float64)                 # [dv, hkv, ns, 1] -> (hkv, dv)
+    cnt = float(call["v_count"].ravel()[0])
+    vbar = vsum / cnt if cnt > 0 else np.zeros_like(vsum)
+    win = []
+    if call["win"] is not None:
+        win = [int(c) for c in call["win"][0, 0, row] if c >= 0]    # [l, n_rows, ns, 1]
+    out = call["out"][0, row].astype(np.float64)[None]           # [dv, n_head, rows, ns]
+    q_sel = None if call["q_sel"] is None else call["q_sel"][0, :, row, :].astype(np.float64)[None]
+    return {"q": q, "K": K, "V": V, "mask": mask, "vbar": vbar, "win": win, "out": out, "q_sel": q_sel}

@@ -4,6 +4,17 @@
 
 #include "log.h"
 
+void common_sparq_postprocess_params(common_params & params) {
+    if (!params.sparq.enabled) {
+        return;
+    }
+    if (params.flash_attn_type == LLAMA_FLASH_ATTN_TYPE_DISABLED) {
+        throw std::invalid_argument("--sparq needs the flash-attention KV layout (V not transposed): use -fa on or -fa auto");
+    }
+    // -fa auto could resolve to off (a backend without flash attention), leaving SparQ nothing to run on
+    params.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
+}
+
 bool common_sparq_apply(llama_context * ctx, const common_params & params) {
     if (!params.sparq.enabled) {
         return true;
@@ -23,6 +34,16 @@ bool common_sparq_apply(llama_context * ctx, const common_params & params) {
     llama_sparq_stats st;
     st.size = sizeof(st);
     llama_sparq_get_stats(ctx, &st);
+    if (st.n_layers == 0) {
+        LOG_ERR("%s: --sparq: no KV-cache layer of this context can run SparQ (flash attention off for this model, "
+                "a quantized K/V cache, or sliding-window layers only); refusing to run without it\n", __func__);
+        return false;
+    }
+    if (params.kv_unified && params.n_parallel > 1) {
+        LOG_WRN("%s: --sparq with a unified KV cache over %d sequences: decode steps run dense (reason shared_stream) "
+                "whenever several sequences are in the cache; drop --kv-unified for one KV stream per sequence\n",
+                __func__, params.n_parallel);
+    }
     LOG_INF("%s: SparQ on: r = %d%s, k = %d, l = %d%s, dense below %d KV cells%s; %d layers, +%.2f MiB (K^T and V sums)\n",
             __func__, p.r, p.r == 0 ? " (head size / 8)" : "", p.k, p.l, p.l < 0 ? " (k / 4)" : "", p.min_kv,
             p.all_rows ? ", all rows" : "", st.n_layers, st.extra_bytes / 1048576.0);

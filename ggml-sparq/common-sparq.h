@@ -10,7 +10,13 @@
 #include <stdexcept>
 #include <string>
 
-// applies params.sparq to a new context; false (after logging why) when refused
+// after the arguments are parsed (patch 0006, common/arg.cpp): SparQ needs the flash-attention
+// KV layout, so with SparQ on `-fa auto` (the default) becomes `-fa on` and `-fa off` is refused
+// (std::invalid_argument, reported like any bad argument)
+void common_sparq_postprocess_params(common_params & params);
+
+// applies params.sparq to a new context; false (after logging why) when refused, also when
+// the context has no layer SparQ can run on (e.g. flash attention forced off by the model)
 bool common_sparq_apply(llama_context * ctx, const common_params & params);
 
 template <typename AddOpt>
@@ -18,7 +24,7 @@ void common_sparq_add_args(AddOpt && add_opt, const common_params & params) {
     add_opt(common_arg(
         {"--sparq"}, {"--no-sparq"},
         "SparQ attention on decode steps of full-attention layers (default: off; any --sparq-* value "
-        "also turns it on). Needs the flash-attention KV layout (-fa on or auto)",
+        "also turns it on). Needs the flash-attention KV layout: turns -fa auto into -fa on, refuses -fa off",
         [](common_params & params, bool value) { params.sparq.enabled = value; }
     ).set_env("LLAMA_ARG_SPARQ"));
     add_opt(common_arg(

@@ -1,0 +1,338 @@
+#!/usr/bin/env python3
+"""llama-server with SparQ under load: concurrent completion requests against the server's
+slots, each checked against the same request run alone.
+
+One ``llama-sparq-server`` on 127.0.0.1 (a free port) with SparQ on and the server's
+default slot count (``-np`` auto: 4 slots; ``--parallel N`` sets another). Prompts of
+``--min-tokens``..``--max-tokens`` tokens are built from filler text, different for every
+request (a paragraph of random words written out again and again, so the greedy
+continuation is a confident copy; exact token counts: the server tokenizes, the text is
+cut). Then:
+
+1. all ``--requests`` completions are sent at once (``/completion``, greedy: temperature 0,
+   top-k 1, ``n_predict`` fixed, ``cache_prompt`` false), so the slots decode together and
+   the rest wait in the server's queue;
+2. the same requests are sent again one at a time (each decoded alone);
+3. every concurrent response must be complete (``n_predict`` tokens, or a stop) and equal,
+   token for token, to the same request run alone; ``/metrics`` must show SparQ calls, and
+   the server log no error line.
+
+    python bench/server_load.py                       # the issue's sizes: 16 requests, 4 slots, 2K-6K tokens
+    python bench/server_load.py --requests 4 --min-tokens 1200 --max-tokens 1600 --tag quick
+
+Writes bench/results/<tag>.{json,md} (default tag server_load) with the command, machine,
+commit, sizes, times, the SparQ counters and the mismatches. The functions are also used
+by tests/test_sparq_server.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import contextlib
+import datetime as _dt
+import json
+import os
+import random
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+WORDS = ("river mountain lantern copper harvest violet engine meadow silver quiet orchard signal "
+         "harbor amber thunder pocket garden marble window falcon winter candle meridian ribbon "
+         "granite whisper saddle compass orbit pepper shadow velvet anchor kettle willow summit").split()
+
+
+class ServerError(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """llama-server on 127.0.0.1 with a free port; the log goes to a file. Use as a context
+    manager: the process is killed on exit, whatever happened."""
+
+    def __init__(self, model, args=(), threads=2, start_timeout=300, log_path=None):
+        from llama_sparq import tool_path
+
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="llama-server-", suffix=".log")[1])
+        self.cmd = [str(tool_path("llama-server")), "-m", str(model), "--host", "127.0.0.1", "--port", str(self.port),
+                    "-t", str(threads), "--metrics", "--log-prefix", "--log-colors", "off", "--no-webui",
+                    *map(str, args)]
+        self.start_timeout = start_timeout
+        self.proc = None
+
+    def __enter__(self):
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def stop(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=20)
+        if not self._log.closed:
+            self._log.close()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def _wait_ready(self):
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ServerError(f"llama-server exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
+            try:
+                if self.get("/health", timeout=5).get("status") == "ok":
+                    return
+            except (OSError, ServerError, ValueError):
+                pass
+            time.sleep(0.5)
+        raise ServerError(f"llama-server not ready after {self.start_timeout} s:\n{self.log()[-3000:]}")
+
+    def request(self, path, body=None, timeout=60) -> bytes:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.base + path, data=data,
+                                     headers={"Content-Type": "application/json"} if data else {})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                return r.read()
+        except urllib.error.HTTPError as e:
+            raise ServerError(f"{path}: HTTP {e.code}: {e.read()[:500]!r}") from e
+
+    def get(self, path, timeout=60):
+        return json.loads(self.request(path, timeout=timeout))
+
+    def post(self, path, body, timeout=60):
+        return json.loads(self.request(path, body, timeout=timeout))
+
+    def metrics(self) -> dict:
+        """/metrics as {name (labels included, prefix dropped): value}."""
+        out = {}
+        for line in self.request("/metrics", timeout=60).decode().splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                out[name.removeprefix("llamacpp:")] = float(value)
+        return out
+
+    def error_lines(self) -> list[str]:
+        """Log lines at error level (--log-prefix writes "E " before them)."""
+        return [ln for ln in self.log().splitlines() if ln.startswith("E ") or re.search(r"\b(abort|segfault)", ln, re.I)]
+
+
+def paragraph(rng: random.Random, n_words: int = 48) -> str:
+    sents, n = [], 0
+    while n < n_words:
+        k = rng.randint(5, 11)
+        sents.append(" ".join(rng.choice(WORDS) for _ in range(k)).capitalize() + ".")
+        n += k
+    return " ".join(sents)
+
+
+def build_prompts(server: Server, n: int, lo: int, hi: int, seed: int = 0) -> list[list[int]]:
+    """n token lists of lengths spread evenly over lo..hi: a paragraph of random words, its own
+    for each request, written out again and again and cut mid-paragraph, so that the greedy
+    continuation copies the paragraph on from earlier in the context (a confident prediction:
+    decoding noise cannot flip a near tie) and attention has to find the earlier copies."""
+    prompts = []
+    for i in range(n):
+        rng = random.Random(seed * 100003 + i)
+        target = lo if n == 1 else lo + round(i * (hi - lo) / (n - 1))
+        para = paragraph(rng)
+        n_words = len(para.split())
+        text = f"Request {i}: the same notes, written out again and again.\n"
+        text += "\n".join(para for _ in range(target // n_words + 2))  # a word is at least one token
+        toks = server.post("/tokenize", {"content": text, "add_special": True}, timeout=120)["tokens"]
+        if len(toks) < target:
+            raise ServerError(f"filler text too short: {len(toks)} < {target} tokens")
+        prompts.append(toks[:target])
+    order = list(range(n))
+    random.Random(seed).shuffle(order)  # long and short prompts interleaved in the queue
+    return [prompts[i] for i in order]
+
+
+def complete(server: Server, tokens: list[int], n_predict: int, timeout: float) -> dict:
+    t0 = time.monotonic()
+    r = server.post("/completion", {
+        "prompt": tokens, "n_predict": n_predict, "temperature": 0.0, "top_k": 1, "seed": 0,
+        "cache_prompt": False, "return_tokens": True, "stream": False, "n_probs": 2,
+    }, timeout=timeout)
+    r["_seconds"] = time.monotonic() - t0
+    return r
+
+
+def is_complete(r: dict, n_predict: int) -> bool:
+    if r.get("truncated"):
+        return False
+    n = r.get("tokens_predicted", len(r.get("tokens", [])))
+    return n == n_predict or (0 < n <= n_predict and r.get("stop_type") in ("eos", "word"))
+
+
+def top2_margin(r: dict, j):
+    """log p(top 1) - log p(top 2) at generated token j (how near a tie the greedy choice was)."""
+    try:
+        top = r["completion_probabilities"][j]["top_logprobs"]
+        return round(top[0]["logprob"] - top[1]["logprob"], 4)
+    except (KeyError, IndexError, TypeError):
+        return None
+
+
+def run_load(server: Server, prompts: list[list[int]], n_predict: int, request_timeout: float) -> dict:
+    """The concurrent pass, then the sequential baseline; the figures and the mismatches."""
+    m0 = server.metrics()
+    t0 = time.monotonic()
+    with cf.ThreadPoolExecutor(max_workers=len(prompts)) as ex:
+        futs = [ex.submit(complete, server, p, n_predict, request_timeout) for p in prompts]
+        conc = [f.result(timeout=request_timeout + 30) for f in futs]
+    t_conc = time.monotonic() - t0
+    m1 = server.metrics()
+    t0 = time.monotonic()
+    alone = [complete(server, p, n_predict, request_timeout) for p in prompts]
+    t_alone = time.monotonic() - t0
+    m2 = server.metrics()
+
+    mismatches, incomplete = [], []
+    for i, (c, a) in enumerate(zip(conc, alone)):
+        if not is_complete(c, n_predict) or not is_complete(a, n_predict):
+            incomplete.append(i)
+        if c.get("tokens") != a.get("tokens") or c.get("content") != a.get("content"):
+            first = next((j for j, (x, y) in enumerate(zip(c.get("tokens", []), a.get("tokens", []))) if x != y), None)
+            mismatches.append({"request": i, "prompt_tokens": len(prompts[i]), "first_differing_token": first,
+                               "top2_logprob_margin_alone": top2_margin(a, first),
+                               "concurrent": c.get("content"), "alone": a.get("content")})
+
+    def delta(a, b, key):
+        return int(b.get(key, 0) - a.get(key, 0))
+
+    dense_keys = sorted(k for k in m2 if k.startswith("sparq_dense_calls_total"))
+    return {
+        "requests": len(prompts),
+        "prompt_tokens": [len(p) for p in prompts],
+        "n_predict": n_predict,
+        "concurrent_seconds": round(t_conc, 2),
+        "alone_seconds": round(t_alone, 2),
+        "sparq_calls_concurrent": delta(m0, m1, "sparq_calls_total"),
+        "sparq_calls_alone": delta(m1, m2, "sparq_calls_total"),
+        "sparq_dense_concurrent": {re.sub(r'.*reason="(\w+)".*', r"\1", k): delta(m0, m1, k) for k in dense_keys},
+        "sparq_compression": m2.get("sparq_compression"),
+        "busy_slots_per_decode": m1.get("n_busy_slots_per_decode"),
+        "incomplete": incomplete,
+        "mismatches": mismatches,
+        "texts": [c.get("content") for c in conc],
+    }
+
+
+def main(argv=None) -> int:
+    from op_bench import cpu_model, git_commit, loadavg
+
+    from llama_sparq.models import default_model_path
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default=None, help="GGUF (default: Gemma 3 270M)")
+    ap.add_argument("--requests", type=int, default=16)
+    ap.add_argument("--parallel", type=int, default=0, help="server slots, -np (0 = the server's default, auto: 4)")
+    ap.add_argument("--min-tokens", type=int, default=2048)
+    ap.add_argument("--max-tokens", type=int, default=6144)
+    ap.add_argument("--n-predict", type=int, default=16)
+    ap.add_argument("--ctx", type=int, default=32768, help="KV cells in all (each slot gets ctx / slots)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--server-args", default="--sparq", help="SparQ flags and anything else for llama-server")
+    ap.add_argument("--request-timeout", type=float, default=1800)
+    ap.add_argument("--tag", default="server_load")
+    ap.add_argument("--out-dir", default=str(REPO / "bench" / "results"))
+    args = ap.parse_args(argv)
+
+    model = args.model or default_model_path()
+    srv_args = ["-c", args.ctx, *shlex.split(args.server_args)]
+    if args.parallel:
+        srv_args += ["-np", args.parallel]
+    load0 = loadavg()
+    with Server(model, srv_args, threads=args.threads) as srv:
+        props = srv.get("/props")
+        prompts = build_prompts(srv, args.requests, args.min_tokens, args.max_tokens, args.seed)
+        res = run_load(srv, prompts, args.n_predict, args.request_timeout)
+        errors = srv.error_lines()
+        cmd = srv.cmd
+    res.update({
+        "slots": props["total_slots"],
+        "n_ctx_slot": props["default_generation_settings"]["n_ctx"],
+        "sparq_settings": {k: props["sparq"][k] for k in ("enabled", "r", "k", "l", "min_kv", "n_layers")},
+        "error_lines": errors,
+    })
+    meta = {
+        "command": " ".join(shlex.quote(a) for a in [sys.executable] + sys.argv),
+        "server_command": " ".join(shlex.quote(str(a)) for a in cmd),
+        "machine": {"cpu": cpu_model(), "cpu_count": os.cpu_count(), "threads": args.threads,
+                    "loadavg_1min_start": load0, "loadavg_1min_end": loadavg()},
+        "commit": git_commit(),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "model": str(model),
+    }
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{args.tag}.json").write_text(json.dumps({"meta": meta, "result": res}, indent=1) + "\n")
+    ok = res["sparq_calls_concurrent"] > 0 and not res["mismatches"] and not res["incomplete"] and not errors
+    md = [
+        f"# llama-server under load with SparQ ({args.tag})",
+        "",
+        f"- command: `{meta['command']}`",
+        f"- server: `{meta['server_command']}`",
+        f"- machine: {meta['machine']['cpu']}, {meta['machine']['cpu_count']} CPUs, {args.threads} threads, "
+        f"load average {load0} at the start",
+        f"- commit: `{meta['commit']}`, {meta['date']}",
+        f"- model: `{Path(str(model)).name}`; SparQ {res['sparq_settings']}",
+        "",
+        "| requests | slots | n_ctx per slot | prompt tokens | n_predict | concurrent s | alone s | SparQ calls (concurrent) "
+        "| SparQ calls (alone) | dense calls (concurrent) | compression | busy slots per decode | incomplete | mismatches "
+        "| error lines |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        f"| {res['requests']} | {res['slots']} | {res['n_ctx_slot']} | {min(res['prompt_tokens'])}-{max(res['prompt_tokens'])} "
+        f"| {res['n_predict']} | {res['concurrent_seconds']} | {res['alone_seconds']} | {res['sparq_calls_concurrent']} "
+        f"| {res['sparq_calls_alone']} | {', '.join(f'{k} {v}' for k, v in res['sparq_dense_concurrent'].items() if v)} "
+        f"| {res['sparq_compression']:.4f} | {res['busy_slots_per_decode']:.2f} | {len(res['incomplete'])} "
+        f"| {len(res['mismatches'])} | {len(errors)} |",
+        "",
+        "Concurrent: all requests sent at once (the slots decode together, the rest queue); alone: the same "
+        "requests one at a time on the same server. A mismatch is a concurrent response whose tokens differ from "
+        "the same request's alone. Greedy (temperature 0, top-k 1), cache_prompt false.",
+        "",
+        f"Verdict: {'PASS' if ok else 'FAIL'}",
+        "",
+    ]
+    (out / f"{args.tag}.md").write_text("\n".join(md))
+    print("\n".join(md))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

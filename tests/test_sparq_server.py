@@ -1,0 +1,188 @@
+"""llama-server with SparQ: its default slots decode with SparQ (one KV stream per slot instead of
+the unified stream where SparQ runs dense), the counters in /metrics and /props, a load test
+with every concurrent response equal to the same request run alone; and SparQ's need for the
+flash-attention layout in every common tool (-fa auto becomes on, never "SparQ on" with no layer).
+
+The server helpers (start on a free loopback port, prompts, load, comparison) are those of
+bench/server_load.py."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from llama_sparq import tool_path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from server_load import Server, build_prompts, run_load  # noqa: E402
+
+
+def run(args, timeout=300):
+    return subprocess.run([str(a) for a in args], capture_output=True, encoding="utf-8", errors="replace",
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def check_load(res, n_requests):
+    assert not res["incomplete"], res["incomplete"]
+    assert not res["mismatches"], res["mismatches"][:3]
+    assert len(res["texts"]) == n_requests and all(res["texts"])
+    # decode steps ran SparQ while the slots decoded together, none dense for a shared stream
+    assert res["sparq_calls_concurrent"] > 0, res
+    assert res["sparq_dense_concurrent"].get("shared_stream", 0) == 0, res
+    assert res["busy_slots_per_decode"] > 1, res
+
+
+def test_server_default_slots_sparq_tiny(tiny_model, tmp_path):
+    """The server's defaults (-np auto: 4 slots) with --sparq: one KV stream per slot, SparQ
+    calls while 8 requests share the slots, each response equal to the request run alone.
+    Before: one unified stream, every decode step dense (shared_stream), SparQ calls 0."""
+    with Server(tiny_model, ["-c", 4096, "--sparq", "--sparq-k", 8, "--sparq-r", 4, "--sparq-min-kv", 0],
+                log_path=tmp_path / "server.log", start_timeout=120) as srv:
+        props = srv.get("/props")
+        assert props["total_slots"] == 4
+        assert props["default_generation_settings"]["n_ctx"] == 1024  # n_ctx / slots: its own stream
+        sp = props["sparq"]
+        assert sp["enabled"] and sp["n_layers"] == 2 and (sp["k"], sp["r"], sp["min_kv"]) == (8, 4, 0)
+        prompts = build_prompts(srv, 8, 60, 200, seed=1)
+        res = run_load(srv, prompts, n_predict=12, request_timeout=120)
+        check_load(res, 8)
+        m = srv.metrics()
+        assert m["sparq_enabled"] == 1 and m["sparq_layers"] == 2
+        assert m["sparq_calls_total"] == res["sparq_calls_concurrent"] + res["sparq_calls_alone"]
+        assert 0 < m["sparq_compression"] < 1
+        assert m['sparq_dense_calls_total{reason="prefill"}'] > 0
+        props = srv.get("/props")["sparq"]
+        assert props["n_sparq"] == m["sparq_calls_total"] and props["n_dense"]["shared_stream"] == 0
+        assert srv.error_lines() == []
+        assert "one KV stream each" in srv.log()
+
+
+def test_server_without_sparq_reports_it_off(tiny_model, tmp_path):
+    with Server(tiny_model, ["-c", 2048], log_path=tmp_path / "server.log", start_timeout=120) as srv:
+        assert srv.get("/props")["sparq"]["enabled"] is False
+        m = srv.metrics()
+        assert m["sparq_enabled"] == 0 and m["sparq_calls_total"] == 0
+
+
+def test_server_refuses_sparq_with_unified_kv(tiny_model):
+    res = run([tool_path("llama-server"), "-m", tiny_model, "--port", "0", "--sparq", "--kv-unified", "-np", "4"],
+              timeout=120)
+    assert res.returncode != 0
+    assert "--sparq with --kv-unified and several slots" in res.stdout + res.stderr, res.stderr[-1500:]
+
+
+def test_sparq_forces_flash_attention_layout(tiny_model):
+    """-fa auto (the default) with --sparq becomes -fa on: the context is made with it."""
+    res = run([tool_path("llama-completion"), "-m", tiny_model, "-p", "hello", "-n", "4", "-no-cnv", "-t", "1",
+               "--sparq", "--sparq-min-kv", "0", "-lv", "4"])  # verbosity 4 logs the context's parameters
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "flash_attn            = enabled" in res.stderr, res.stderr[-3000:]
+    assert "SparQ on: " in res.stderr and "; 2 layers" in res.stderr
+
+
+def test_sparq_refused_when_no_layer_can_run_it(tmp_path):
+    """A quantized K/V cache leaves SparQ no layer: refused, never "SparQ on" with 0 layers.
+    Before: "SparQ on: ...; 0 layers" and a run with every step dense."""
+    from llama_sparq.models import make_tiny_llama
+
+    model = make_tiny_llama(tmp_path / "tiny-d32.gguf", n_layer=2, n_embd=64, n_head=2)  # q8_0 needs head size % 32
+    res = run([tool_path("llama-completion"), "-m", model, "-p", "hello", "-n", "4", "-no-cnv", "-t", "1",
+               "--sparq", "-ctk", "q8_0", "-ctv", "q8_0"])
+    assert res.returncode != 0
+    assert "no KV-cache layer of this context can run SparQ" in res.stderr, res.stderr[-2000:]
+    assert "SparQ on: " not in res.stderr
+
+
+@pytest.fixture(scope="module")
+def gemma_load(gemma_model, tmp_path_factory):
+    """Issue 10 item 8's load, run once: llama-server on loopback with its default slots (4) and
+    --sparq, 16 concurrent greedy completions of 2K-3K-token prompts, then each alone (2K-6K:
+    bench/server_load.py, which takes too long for the suite on 2 cores)."""
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    with Server(gemma_model, ["-c", 32768, "--sparq"], log_path=log, start_timeout=300) as srv:
+        props = srv.get("/props")
+        prompts = build_prompts(srv, 16, 2048, 3072, seed=0)
+        res = run_load(srv, prompts, n_predict=8, request_timeout=1200)
+        res["props"], res["error_lines"] = props, srv.error_lines()
+    return res
+
+
+@pytest.mark.real_model
+def test_server_load_gemma(gemma_load):
+    """Every response complete, SparQ calls while the 4 slots decode together (none dense for a
+    shared stream), no error line in the server log."""
+    res = gemma_load
+    assert res["props"]["total_slots"] == 4 and res["props"]["sparq"]["n_layers"] > 0
+    assert not res["incomplete"], res["incomplete"]
+    assert len(res["texts"]) == 16 and all(res["texts"])
+    assert res["sparq_calls_concurrent"] > 0 and res["sparq_calls_alone"] > 0, res
+    assert res["sparq_dense_concurrent"].get("shared_stream", 0) == 0, res
+    assert res["busy_slots_per_decode"] > 1, res
+    assert res["error_lines"] == []
+
+
+@pytest.mark.real_model
+@pytest.mark.xfail(strict=False, reason="a prompt row beside another slot's decode row runs SparQ (see "
+                   "test_prompt_rows_beside_a_decode_row_equal_the_prompt_alone), so a response can differ from the "
+                   "request alone; dense under the same load is equal")
+def test_server_load_gemma_equal_to_alone(gemma_load):
+    """Each concurrent response equals the same request run alone (greedy)."""
+    assert not gemma_load["mismatches"], gemma_load["mismatches"]
+
+
+@pytest.mark.xfail(strict=True, reason="SparQ's decision depends on the ubatch: a prompt row that shares a ubatch "
+                   "with another sequence's decode row (one row per stream) runs SparQ, alone it runs dense")
+def test_prompt_rows_beside_a_decode_row_equal_the_prompt_alone(tiny_gqa_model):
+    """What llama-server does with several slots: one slot decodes while another's prompt is
+    processed in the same batch, and the equal split gives both one row per stream. The
+    prompt's result must not depend on that (dense: bit-identical); with SparQ the prompt row
+    runs SparQ beside the decode row and differs from the prompt processed alone."""
+    import numpy as np
+
+    from llama_sparq import _sparq
+    from llama_sparq._llama import llama_cpp  # after pointing llama_cpp at the fork
+    from llama_sparq import Llama
+
+    llm = Llama(str(tiny_gqa_model), n_ctx=512, verbose=False)  # only to load the model
+    model = llm._model.model
+    nv = llama_cpp.llama_n_vocab(llama_cpp.llama_model_get_vocab(model))
+    rng = np.random.default_rng(0)
+    p0, p1 = ([int(x) for x in rng.integers(3, nv, n)] for n in (300, 260))
+
+    def new_ctx(enabled):
+        p = llama_cpp.llama_context_default_params()
+        p.n_ctx, p.n_batch, p.n_ubatch, p.n_seq_max, p.kv_unified = 4096, 512, 512, 2, False
+        p.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        p.n_threads = p.n_threads_batch = 1
+        ctx = llama_cpp.llama_init_from_model(model, p)
+        assert ctx
+        _sparq.set_params(ctx, enabled=enabled, r=4, k=8, l=2, min_kv=0, all_rows=False)
+        return ctx
+
+    def decode(ctx, items):
+        b = llama_cpp.llama_batch_init(len(items), 0, 1)
+        b.n_tokens = len(items)
+        for i, (tok, pos, seq, out) in enumerate(items):
+            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = tok, pos, 1, out
+            b.seq_id[i][0] = seq
+        assert llama_cpp.llama_decode(ctx, b) == 0
+        res = None
+        if any(it[3] for it in items):
+            res = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), shape=(nv,)).copy()
+        llama_cpp.llama_batch_free(b)
+        return res
+
+    def last_logits(enabled, beside_decode):
+        ctx = new_ctx(enabled)
+        decode(ctx, [(t, i, 0, False) for i, t in enumerate(p0)])
+        decode(ctx, [(t, i, 1, False) for i, t in enumerate(p1[:200])])
+        rest = [(t, i, 1, i == len(p1) - 1) for i, t in enumerate(p1) if i >= 200]
+        out = decode(ctx, ([(5, len(p0), 0, True)] if beside_decode else []) + rest)
+        llama_cpp.llama_free(ctx)
+        return out
+
+    assert np.array_equal(last_logits(False, True), last_logits(False, False))  # dense: batch-invariant
+    assert np.array_equal(last_logits(True, True), last_logits(True, False))

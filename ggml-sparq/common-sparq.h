@@ -8,6 +8,7 @@
 #include "llama-sparq.h"
 
 #include <stdexcept>
+#include <initializer_list>
 #include <string>
 
 // after the arguments are parsed (patch 0006, common/arg.cpp): SparQ needs the flash-attention
@@ -18,6 +19,20 @@ void common_sparq_postprocess_params(common_params & params);
 // applies params.sparq to a new context; false (after logging why) when refused, also when
 // the context has no layer SparQ can run on (e.g. flash attention forced off by the model)
 bool common_sparq_apply(llama_context * ctx, const common_params & params);
+
+// the index of value in names, or std::invalid_argument naming the flag and the allowed values
+inline int32_t common_sparq_parse_enum(const char * flag, const std::string & value, std::initializer_list<const char *> names) {
+    int32_t i = 0;
+    std::string allowed;
+    for (const char * n : names) {
+        if (value == n) {
+            return i;
+        }
+        allowed += (i ? ", " : "") + std::string(n);
+        ++i;
+    }
+    throw std::invalid_argument(std::string(flag) + ": unknown value '" + value + "'; allowed: " + allowed);
+}
 
 template <typename AddOpt>
 void common_sparq_add_args(AddOpt && add_opt, const common_params & params) {
@@ -72,6 +87,41 @@ void common_sparq_add_args(AddOpt && add_opt, const common_params & params) {
             params.sparq.enabled = true;
         }
     ).set_env("LLAMA_ARG_SPARQ_MIN_KV"));
+    add_opt(common_arg(
+        {"--sparq-selector"}, "NAME",
+        "SparQ: how cells are chosen: sparq (approximate scores, default) or oracle (exact top-k: an accuracy "
+        "baseline that reads all of K)",
+        [](common_params & params, const std::string & value) {
+            params.sparq.selector = common_sparq_parse_enum("--sparq-selector", value, { "sparq", "oracle" });
+            params.sparq.enabled = true;
+        }
+    ).set_env("LLAMA_ARG_SPARQ_SELECTOR"));
+    add_opt(common_arg(
+        {"--sparq-gqa"}, "MODE",
+        "SparQ with grouped-query attention: shared (one choice per KV head, default) or per_head (each query head "
+        "chooses k - l cells, the group attends over their union)",
+        [](common_params & params, const std::string & value) {
+            params.sparq.gqa = common_sparq_parse_enum("--sparq-gqa", value, { "shared", "per_head" });
+            params.sparq.enabled = true;
+        }
+    ).set_env("LLAMA_ARG_SPARQ_GQA"));
+    add_opt(common_arg(
+        {"--sparq-basis"}, "NAME",
+        "SparQ step 1: model (rank the keys' components by |q|, the paper), scaled (by |q| times the keys' RMS per "
+        "component, calibrated on the cache) or pca (the keys' principal axes, ranked likewise; default: model)",
+        [](common_params & params, const std::string & value) {
+            params.sparq.basis = common_sparq_parse_enum("--sparq-basis", value, { "model", "scaled", "pca" });
+            params.sparq.enabled = true;
+        }
+    ).set_env("LLAMA_ARG_SPARQ_BASIS"));
+    add_opt(common_arg(
+        {"--sparq-mean-v"}, {"--no-sparq-mean-v"},
+        "SparQ: mix the mean of V into the output by the chosen cells' approximate mass (step 5; default: on)",
+        [](common_params & params, bool value) {
+            params.sparq.mean_v = value;
+            params.sparq.enabled = true;
+        }
+    ));
     add_opt(common_arg(
         {"--sparq-all-rows"},
         "SparQ: also on every query row of a batch (teacher-forced evaluation, e.g. llama-perplexity; default: off)",

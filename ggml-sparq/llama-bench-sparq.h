@@ -11,10 +11,17 @@
 #include <vector>
 
 struct sparq_bench_params {
-    std::vector<int> on, r, k, l, min_kv;
+    std::vector<int> on, r, k, l, min_kv, selector, gqa, basis, mean_v;
     bool fill_synthetic = false; // --depth-fill synthetic: llama_sparq_bench_fill instead of a prefill
-    bool any() const { return !on.empty() || !r.empty() || !k.empty() || !l.empty() || !min_kv.empty(); }
+    bool any() const {
+        return !on.empty() || !r.empty() || !k.empty() || !l.empty() || !min_kv.empty() || !selector.empty() ||
+               !gqa.empty() || !basis.empty() || !mean_v.empty();
+    }
 };
+
+static const char * const sparq_bench_selector_names[] = { "sparq", "oracle" };
+static const char * const sparq_bench_gqa_names[]      = { "shared", "per_head" };
+static const char * const sparq_bench_basis_names[]    = { "model", "scaled", "pca" };
 
 // the SparQ part of one test: its settings and what the counters said over its timed runs
 struct sparq_bench_fields {
@@ -27,6 +34,7 @@ struct sparq_bench_fields {
 
 static inline bool sparq_bench_is_arg(const std::string & a) {
     return a == "--sparq" || a == "--sparq-r" || a == "--sparq-k" || a == "--sparq-l" || a == "--sparq-min-kv" ||
+           a == "--sparq-selector" || a == "--sparq-gqa" || a == "--sparq-basis" || a == "--sparq-mean-v" ||
            a == "--depth-fill";
 }
 
@@ -36,6 +44,10 @@ static inline void sparq_bench_usage() {
     printf("  --sparq-k <n>                              SparQ positions per decode step (default: 128)\n");
     printf("  --sparq-l <n>                              SparQ local window, -1 = k/4 (default: -1)\n");
     printf("  --sparq-min-kv <n>                         SparQ dense below this many KV cells (default: 1024)\n");
+    printf("  --sparq-selector <sparq|oracle>            SparQ cell choice; oracle = exact top-k (default: sparq)\n");
+    printf("  --sparq-gqa <shared|per_head>              SparQ choice per KV head or per query head (default: shared)\n");
+    printf("  --sparq-basis <model|scaled|pca>           SparQ step-1 ranking of components (default: model)\n");
+    printf("  --sparq-mean-v <0|1>                       SparQ mean-V reallocation (default: 1)\n");
     printf("  --depth-fill <prefill|synthetic>           how -d fills the context: a real prompt, or random K/V\n");
     printf("                                             written straight into the cache, for timing only (default: prefill)\n");
 }
@@ -51,15 +63,46 @@ static inline bool sparq_bench_parse(const std::string & arg, const char * value
         p.fill_synthetic = v == "synthetic";
         return true;
     }
-    std::vector<int> * dst = arg == "--sparq" ? &p.on : arg == "--sparq-r" ? &p.r : arg == "--sparq-k" ? &p.k :
-                             arg == "--sparq-l" ? &p.l : &p.min_kv;
+    const char * const * names = nullptr;
+    int n_names = 0;
+    std::vector<int> * dst = &p.min_kv;
+    if (arg == "--sparq-selector") {
+        names = sparq_bench_selector_names, n_names = 2, dst = &p.selector;
+    } else if (arg == "--sparq-gqa") {
+        names = sparq_bench_gqa_names, n_names = 2, dst = &p.gqa;
+    } else if (arg == "--sparq-basis") {
+        names = sparq_bench_basis_names, n_names = 3, dst = &p.basis;
+    } else if (arg == "--sparq-mean-v") {
+        dst = &p.mean_v;
+    } else {
+        dst = arg == "--sparq" ? &p.on : arg == "--sparq-r" ? &p.r : arg == "--sparq-k" ? &p.k :
+              arg == "--sparq-l" ? &p.l : &p.min_kv;
+    }
     const int lo = arg == "--sparq-k" ? 1 : arg == "--sparq-l" ? -1 : 0;
-    const int hi = arg == "--sparq" ? 1 : 1 << 30;
+    const int hi = arg == "--sparq" || arg == "--sparq-mean-v" ? 1 : 1 << 30;
     std::string s(value);
     size_t pos = 0;
     while (pos <= s.size()) {
         const size_t end = s.find(',', pos);
         const std::string tok = s.substr(pos, end == std::string::npos ? std::string::npos : end - pos);
+        if (names) {
+            int found = -1;
+            std::string allowed;
+            for (int i = 0; i < n_names; ++i) {
+                found = tok == names[i] ? i : found;
+                allowed += (i ? ", " : "") + std::string(names[i]);
+            }
+            if (found < 0) {
+                fprintf(stderr, "error: %s: '%s' is not allowed (%s)\n", arg.c_str(), tok.c_str(), allowed.c_str());
+                return false;
+            }
+            dst->push_back(found);
+            if (end == std::string::npos) {
+                break;
+            }
+            pos = end + 1;
+            continue;
+        }
         char * e = nullptr;
         const long v = strtol(tok.c_str(), &e, 10);
         if (tok.empty() || *e != '\0' || v < lo || v > hi) {
@@ -88,15 +131,24 @@ static void sparq_bench_expand(std::vector<Inst> & insts, const sparq_bench_para
     const std::vector<int> ks = p.k.empty() ? std::vector<int>{ d.k } : p.k;
     const std::vector<int> ls = p.l.empty() ? std::vector<int>{ d.l } : p.l;
     const std::vector<int> ms = p.min_kv.empty() ? std::vector<int>{ d.min_kv } : p.min_kv;
+    const std::vector<int> ss = p.selector.empty() ? std::vector<int>{ d.selector } : p.selector;
+    const std::vector<int> gs = p.gqa.empty() ? std::vector<int>{ d.gqa } : p.gqa;
+    const std::vector<int> bs = p.basis.empty() ? std::vector<int>{ d.basis } : p.basis;
+    const std::vector<int> vs = p.mean_v.empty() ? std::vector<int>{ (int) d.mean_v } : p.mean_v;
     std::vector<Inst> out;
     for (const Inst & base : insts) {
         for (int o : on) {
             // with SparQ off the other settings do not matter: one instance
             const size_t nr = o ? rs.size() : 1, nk = o ? ks.size() : 1, nl = o ? ls.size() : 1, nm = o ? ms.size() : 1;
+            const size_t ns = o ? ss.size() : 1, ng = o ? gs.size() : 1, nb = o ? bs.size() : 1, nv = o ? vs.size() : 1;
             for (size_t a = 0; a < nr; ++a)
             for (size_t b = 0; b < nk; ++b)
             for (size_t c = 0; c < nl; ++c)
-            for (size_t e = 0; e < nm; ++e) {
+            for (size_t e = 0; e < nm; ++e)
+            for (size_t f = 0; f < ns; ++f)
+            for (size_t h = 0; h < ng; ++h)
+            for (size_t i = 0; i < nb; ++i)
+            for (size_t j = 0; j < nv; ++j) {
                 Inst inst = base;
                 inst.sparq.enabled = o != 0;
                 if (o) {
@@ -104,6 +156,10 @@ static void sparq_bench_expand(std::vector<Inst> & insts, const sparq_bench_para
                     inst.sparq.k = ks[b];
                     inst.sparq.l = ls[c];
                     inst.sparq.min_kv = ms[e];
+                    inst.sparq.selector = ss[f];
+                    inst.sparq.gqa = gs[h];
+                    inst.sparq.basis = bs[i];
+                    inst.sparq.mean_v = vs[j] != 0;
                 }
                 out.push_back(inst);
             }
@@ -165,11 +221,12 @@ static inline bool sparq_bench_fill(llama_context * ctx, int n_depth) {
 }
 
 // field names, in the order of sparq_bench_value()
-#define SPARQ_BENCH_FIELDS "sparq", "sparq_r", "sparq_k", "sparq_l", "sparq_min_kv", "sparq_calls", "sparq_dense", "sparq_compr"
+#define SPARQ_BENCH_FIELDS "sparq", "sparq_r", "sparq_k", "sparq_l", "sparq_min_kv", "sparq_calls", "sparq_dense", "sparq_compr", \
+                           "sparq_selector", "sparq_gqa", "sparq_basis", "sparq_mean_v"
 
 static inline bool sparq_bench_is_int_field(const std::string & f) {
     return f == "sparq" || f == "sparq_r" || f == "sparq_k" || f == "sparq_l" || f == "sparq_min_kv" ||
-           f == "sparq_calls" || f == "sparq_dense";
+           f == "sparq_calls" || f == "sparq_dense" || f == "sparq_mean_v";
 }
 
 static inline std::string sparq_bench_value(const sparq_bench_fields & f, int i) {
@@ -181,6 +238,10 @@ static inline std::string sparq_bench_value(const sparq_bench_fields & f, int i)
         case 4: return std::to_string(f.p.min_kv);
         case 5: return std::to_string(f.calls);
         case 6: return std::to_string(f.dense);
+        case 8: return f.p.selector >= 0 && f.p.selector < 2 ? sparq_bench_selector_names[f.p.selector] : "?";
+        case 9: return f.p.gqa >= 0 && f.p.gqa < 2 ? sparq_bench_gqa_names[f.p.gqa] : "?";
+        case 10: return f.p.basis >= 0 && f.p.basis < 3 ? sparq_bench_basis_names[f.p.basis] : "?";
+        case 11: return std::to_string((int) f.p.mean_v);
         default: {
             char buf[32];
             snprintf(buf, sizeof(buf), "%.4f", f.compression);
@@ -194,6 +255,20 @@ static inline void sparq_bench_md_fields(const sparq_bench_params & p, std::vect
     if (p.any()) {
         for (const char * f : { "sparq", "sparq_r", "sparq_k", "sparq_l", "sparq_calls", "sparq_compr" }) {
             fields.emplace_back(f);
+        }
+        // the selection variants appear when they are swept or differ from the default
+        const llama_sparq_params d = llama_sparq_default_params();
+        if (!p.selector.empty() && (p.selector.size() > 1 || p.selector[0] != d.selector)) {
+            fields.emplace_back("sparq_selector");
+        }
+        if (!p.gqa.empty() && (p.gqa.size() > 1 || p.gqa[0] != d.gqa)) {
+            fields.emplace_back("sparq_gqa");
+        }
+        if (!p.basis.empty() && (p.basis.size() > 1 || p.basis[0] != d.basis)) {
+            fields.emplace_back("sparq_basis");
+        }
+        if (!p.mean_v.empty() && (p.mean_v.size() > 1 || p.mean_v[0] != (int) d.mean_v)) {
+            fields.emplace_back("sparq_mean_v");
         }
     }
 }

@@ -1,0 +1,206 @@
+"""The op's selection variants in the llama.cpp graph (ARCHITECTURE.md "Selectors"):
+the op's output on the model's own tensors (captured from the graph, k < S so selection
+really runs) against the NumPy reference with the same settings; K^T after the PCA
+calibration equal to a recomputation; the settings' validation; the counters' cost model;
+and a small subset of the retrieval evaluation on Gemma 3 270M."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from llama_sparq import reference
+
+N_THREADS = 2
+
+VARIANTS = {
+    "paper": dict(),
+    "oracle": dict(sparq_selector="oracle"),
+    "per_head": dict(sparq_gqa="per_head"),
+    "no_mean_v": dict(sparq_mean_v=False),
+    "scaled": dict(sparq_basis="scaled"),
+    "pca": dict(sparq_basis="pca"),
+    "pca_per_head": dict(sparq_basis="pca", sparq_gqa="per_head"),
+}
+
+
+def make_llm(model, n_ctx=2048, **kw):
+    from llama_sparq import Llama
+
+    return Llama(str(model), n_ctx=n_ctx, n_threads=N_THREADS, n_batch=512, verbose=False, seed=0, **kw)
+
+
+def rand_tokens(n, seed, n_vocab):
+    rng = np.random.default_rng(seed)
+    return [1] + rng.integers(3, n_vocab, size=n - 1).tolist()
+
+
+def check_calls_against_reference(calls, settings, min_calls):
+    """Every captured SparQ call: the op's output equals the reference on the same tensors."""
+    from llama_sparq.capture import op_params, stream0
+
+    assert len(calls) >= min_calls
+    for c in calls:
+        x = stream0(c)
+        p = op_params(c)
+        S = int(np.isfinite(x["mask"][0]).sum())
+        assert S > p["k"], "the test must run the sparse path (k < S)"
+        kw = dict(r=p["r"], k=p["k"], l=p["l"], mask=x["mask"], scale=p["scale"], vbar=x["vbar"],
+                  per_head=settings.get("sparq_gqa") == "per_head", mean_v=settings.get("sparq_mean_v", True),
+                  oracle=settings.get("sparq_selector") == "oracle", window=[x["win"]])
+        if c["comp_w"] is not None:
+            kw["comp_w"] = c["comp_w"][0, 0].astype(np.float64)  # ggml [d, hkv] -> (hkv, d)
+        if c["q_sel"] is not None:
+            kw["q_sel"] = x["q_sel"]
+            # the keys in the basis K^T is stored in: ggml [n_kv, d, hkv, ns] -> (n_kv, hkv, d)
+            kw["K_sel"] = c["KT"][0].transpose(2, 0, 1).astype(np.float64)
+        if settings.get("sparq_basis") in ("scaled", "pca"):
+            assert c["comp_w"] is not None, "the scaled/PCA basis must pass component weights"
+        if settings.get("sparq_basis") == "pca":
+            assert c["q_sel"] is not None, "the PCA basis must pass the rotated query"
+        want, info = reference.sparq_attention(x["q"], x["K"], x["V"], return_info=True, **kw)
+        got = x["out"]
+        scale = max(1.0, np.abs(want).max())
+        assert np.abs(got - want).max() <= 2e-3 * scale, (c["layer"], np.abs(got - want).max())
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_variant_op_equals_reference_on_graph_tensors(tiny_gqa_model, variant):
+    """tiny GQA model (4 query heads per KV head, head size 32), S ~ 600 cells, k = 64 < S"""
+    from llama_sparq.capture import Capture
+
+    settings = dict(sparq_r=8, sparq_k=64, sparq_l=16, sparq_min_kv=0, **VARIANTS[variant])
+    llm = make_llm(tiny_gqa_model, **settings)
+    prompt = rand_tokens(600, 5, llm.n_vocab())
+    llm.reset()
+    llm.eval(prompt)
+    with Capture(llm) as cap:
+        for t in rand_tokens(4, 6, llm.n_vocab()):
+            llm.eval([t])
+    check_calls_against_reference(cap.calls, settings, min_calls=2 * 4)
+    st = llm.sparq_stats()
+    assert st["n_sparq"] >= 8
+    assert llm.sparq_params()["basis"] == settings.get("sparq_basis", "model")
+
+
+@pytest.mark.parametrize("basis", ["scaled", "pca"])
+def test_calibrated_basis_keeps_data_exact(tiny_gqa_model, basis):
+    """After the calibration (first SparQ step) K^T holds the keys in the new basis: the
+    debug check recomputes it (rotating with the calibrated axes) and compares."""
+    llm = make_llm(tiny_gqa_model, sparq_r=8, sparq_k=64, sparq_min_kv=0, sparq_basis=basis)
+    prompt = rand_tokens(500, 7, llm.n_vocab())
+    llm.reset()
+    llm.eval(prompt)
+    for t in rand_tokens(3, 8, llm.n_vocab()):
+        llm.eval([t])
+    from llama_sparq import _sparq
+
+    assert _sparq.debug_check(llm._ctx.ctx) <= 2e-2
+    # a basis change rebuilds the data in the new basis
+    llm.set_sparq(basis="model")
+    llm.eval([5])
+    assert _sparq.debug_check(llm._ctx.ctx) <= 2e-2
+
+
+def test_pca_with_every_component_equals_dense(tiny_gqa_model):
+    """r = d in the PCA basis gives exact scores (the rotation keeps q.k): with k >= S-ish
+    selection and mean-V on, decode matches the oracle, and the rotation is orthogonal
+    (captured K^T rows are K @ P with P^T P = I)."""
+    from llama_sparq.capture import Capture
+
+    llm = make_llm(tiny_gqa_model, sparq_r=32, sparq_k=64, sparq_l=16, sparq_min_kv=0, sparq_basis="pca")
+    llm.reset()
+    llm.eval(rand_tokens(400, 9, llm.n_vocab()))
+    with Capture(llm) as cap:
+        llm.eval([7])
+    for c in cap.calls:
+        K = c["K"][0].astype(np.float64)                      # (hkv, n_kv, d)
+        KT = c["KT"][0].astype(np.float64)                    # (hkv, d, n_kv)
+        valid = np.isfinite(c["mask"][0, 0, 0, :K.shape[1]])
+        for h in range(K.shape[0]):
+            Kh, Ks = K[h][valid], KT[h][:, valid].T           # (S, d) each
+            P, *_ = np.linalg.lstsq(Kh, Ks, rcond=None)       # Ks = Kh @ P
+            assert np.abs(P.T @ P - np.eye(P.shape[0])).max() < 2e-2
+            assert np.abs(Kh @ P - Ks).max() <= 2e-2 * max(1.0, np.abs(Ks).max())
+
+
+@pytest.mark.parametrize("kw,name", [(dict(sparq_selector="best"), "sparq_selector"),
+                                     (dict(sparq_gqa="union"), "sparq_gqa"),
+                                     (dict(sparq_basis="svd"), "sparq_basis"),
+                                     (dict(sparq_mean_v=1), "sparq_mean_v")])
+def test_invalid_variant_values_are_refused(tiny_model, kw, name):
+    with pytest.raises(ValueError, match=name):
+        make_llm(tiny_model, **kw)
+
+
+def test_set_sparq_refuses_unknown_values(tiny_model):
+    llm = make_llm(tiny_model, sparq=True)
+    with pytest.raises(ValueError, match="gqa"):
+        llm.set_sparq(gqa="per_query")
+    with pytest.raises(ValueError, match="basis"):
+        llm.set_sparq(basis=7)
+
+
+def test_counters_cost_model_per_variant(tiny_gqa_model):
+    """The counters' compression follows the cost model of each variant: per-head choice
+    reads up to g (k - l) + l rows, the oracle all d components."""
+    from llama_sparq import cost
+
+    prompt = rand_tokens(700, 11, 256)
+    d, g = 32, 4
+    out = {}
+    for name, extra in (("paper", {}), ("per_head", dict(sparq_gqa="per_head")),
+                        ("oracle", dict(sparq_selector="oracle"))):
+        llm = make_llm(tiny_gqa_model, sparq_r=8, sparq_k=64, sparq_l=16, sparq_min_kv=0, **extra)
+        llm.reset()
+        llm.eval(prompt)
+        llm.reset_sparq_stats()
+        llm.eval([9])
+        out[name] = llm.sparq_stats()["compression"]
+    S = len(prompt) + 1
+    assert out["paper"] == pytest.approx(cost.compression(S, d, 8, 64), rel=1e-6)
+    assert out["per_head"] == pytest.approx(cost.compression(S, d, 8, g * (64 - 16) + 16), rel=1e-6)
+    assert out["oracle"] == pytest.approx(cost.compression(S, d, d, 64), rel=1e-6)
+
+
+@pytest.mark.real_model
+def test_gemma_op_equals_reference_on_its_tensors(gemma_model):
+    """Gemma 3 270M (head size 256, 4 query heads on 1 KV head), ~1.2K tokens, k = 128 < S:
+    the fork's op on the real q, K, V of its global layers equals the NumPy reference,
+    for the paper's setting and the scaled basis."""
+    from llama_sparq.capture import Capture
+
+    for extra in ({}, dict(sparq_basis="scaled")):
+        settings = dict(sparq_r=64, sparq_k=128, sparq_l=32, sparq_min_kv=0, **extra)
+        llm = make_llm(gemma_model, n_ctx=2048, **settings)
+        text = b"The river carried the lantern past the market and the copper window. " * 90
+        toks = llm.tokenize(text)
+        llm.reset()
+        llm.eval(toks)
+        with Capture(llm) as cap:
+            for t in toks[5:8]:
+                llm.eval([t])
+        check_calls_against_reference(cap.calls, settings, min_calls=3 * 3)
+
+
+@pytest.mark.real_model
+def test_eval_subset_runs_and_keeps_answers(gemma_model, tmp_path):
+    """A small subset of `python -m llama_sparq.eval` (the retrieval suite): files written,
+    every SparQ run proven by its counters, and dense and the default SparQ settings find
+    the needles."""
+    from llama_sparq import eval as ev
+
+    out = tmp_path / "eval_subset"
+    rc = ev.main(["--contexts", "2048", "--tasks", "passkey,niah_multikey", "--depths", "0.3,0.7",
+                  "--variants", "dense,default,oracle", "--compressions", "8", "--threads", str(N_THREADS),
+                  "--out", str(out), "--no-progress"])
+    assert rc == 0
+    res = json.loads(out.with_suffix(".json").read_text())
+    acc = {(e["variant"]): e["accuracy"] for e in res["summary"]}
+    assert acc["dense"] == 100.0
+    assert acc["default"] == 100.0, acc
+    rows = out.with_suffix(".csv").read_text().splitlines()
+    assert len(rows) == 1 + 4 * 3
+    assert out.with_suffix(".md").exists()

@@ -100,7 +100,7 @@ class Bench:
             cmd += ["--depth-fill", "synthetic"]
         if sparq:
             cmd += ["--sparq", "0,1,0,1", "--sparq-r", str(a.r), "--sparq-k", str(a.k), "--sparq-l", str(a.l),
-                    "--sparq-min-kv", "0"]
+                    "--sparq-min-kv", "0", "--sparq-gqa", a.gqa, "--sparq-basis", a.basis]
         p = subprocess.run(cmd, capture_output=True, text=True)
         if p.returncode != 0:
             raise RuntimeError(f"llama-bench failed at S={S}: {shlex.join(cmd)}\n{p.stderr[-3000:]}")
@@ -130,6 +130,13 @@ def measure(bench, S, fill, dense_fa0):
         for k, v in bench.run(S, 1, True, fill).items():
             samples.setdefault(k, []).extend(v)
     return samples
+
+
+def k_rows(args) -> int:
+    """Rows of K and V a SparQ step reads: k, or g (k - l) + l with per-head choice (the cost model)."""
+    g = 4 if args.model == "gemma3" else 1 if args.model == "paper" else \
+        int(os.environ.get("N_HEAD", "8")) // int(os.environ.get("N_HEAD_KV", "8"))
+    return args.k if args.gqa == "shared" or g == 1 else g * (args.k - args.l) + args.l
 
 
 def model_shape(args):
@@ -168,7 +175,7 @@ def analyse(args, rows, d, n_head_kv, n_lay):
         r["dense_s"] = med[best]
         r["speedup"] = med[best] / med["sparq"]
         r["speedup_vs_fa1"] = med["dense_fa1"] / med["sparq"]
-        comp = float(cost.compression(max(S, 1), d, args.r, args.k))
+        comp = float(cost.compression(max(S, 1), d, args.r, k_rows(args)))
         r["compression"] = comp
         r["attention_bound"] = 1.0 / comp
         a, b = fits[best]
@@ -177,8 +184,8 @@ def analyse(args, rows, d, n_head_kv, n_lay):
         r["z"] = min(1.0, max(0.0, (med[best] - y0[best]) / med[best]))
         r["amdahl_bound"] = float(cost.amdahl_bound(r["z"], comp))
         r["fraction_of_amdahl"] = r["speedup"] / r["amdahl_bound"]
-        dense_bytes = n_lay * float(cost.bytes_moved(max(S, 1), d, args.r, args.k, 2, n_head_kv, sparq=False))
-        sparq_bytes = n_lay * float(cost.bytes_moved(max(S, 1), d, args.r, args.k, 2, n_head_kv, sparq=True))
+        dense_bytes = n_lay * float(cost.bytes_moved(max(S, 1), d, args.r, k_rows(args), 2, n_head_kv, sparq=False))
+        sparq_bytes = n_lay * float(cost.bytes_moved(max(S, 1), d, args.r, k_rows(args), 2, n_head_kv, sparq=True))
         r["dense_attn_bytes"], r["sparq_attn_bytes"] = dense_bytes, sparq_bytes
         for c, nbytes in (("dense_fa0", dense_bytes), ("dense_fa1", dense_bytes), ("sparq", sparq_bytes)):
             t_att = med.get(c, float("nan")) - y0.get(c, float("nan"))
@@ -199,7 +206,7 @@ def common_meta(args, bench, model_desc, load0):
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "model": f"{bench.model} ({model_desc})",
         "cache": "F16 K and V (and K^T for SparQ), batch 1, one sequence",
-        "sparq": f"r={args.r}, k={args.k}, l={args.l}, dense threshold 0 (SparQ on every decode step); compression "
+        "sparq": f"r={args.r}, k={args.k}, l={args.l}, gqa {args.gqa}, basis {args.basis}, dense threshold 0 (SparQ on every decode step); compression "
                  f"M_sparq/M_dense per S in the table (-> r/2d = {args.r / (2 * model_shape(args)[0]):.4f})",
         "timing": f"per-token decode time of {args.n_gen} tokens after a context of S tokens (llama-bench -d S -n "
                   f"{args.n_gen} -p 0); per S and round: one process with -fa 0 dense ({args.reps} reps), one with "
@@ -374,6 +381,9 @@ def main(argv=None) -> int:
     ap.add_argument("--r", type=int, default=32)
     ap.add_argument("--k", type=int, default=128)
     ap.add_argument("--l", type=int, default=32)
+    ap.add_argument("--gqa", choices=("shared", "per_head"), default="shared", help="SparQ GQA mode (default shared)")
+    ap.add_argument("--basis", choices=("model", "scaled", "pca"), default="model",
+                    help="SparQ step-1 basis (default model, the paper)")
     ap.add_argument("--tag", default="e2e_paper_shape")
     ap.add_argument("--out-dir", type=Path, default=Path(__file__).resolve().parent / "results")
     args = ap.parse_args(argv)

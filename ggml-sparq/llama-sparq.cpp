@@ -130,6 +130,9 @@ struct llama_sparq_ctx {
     uint64_t n_rebuilds = 0;
     uint32_t logged = 0; // reasons already logged
 
+    // the context's batch (which sequences bring several tokens to the current llama_decode)
+    const llama_batch_allocr * balloc = nullptr;
+
     // the PCA basis: tensors allocated on first use, calibrated at the first SparQ step
     std::vector<ggml_backend_buffer_ptr> basis_bufs;
     ggml_context_ptr basis_ctx;
@@ -140,6 +143,7 @@ struct llama_sparq_ctx {
 // the friend of llama_context, llama_kv_cache and llama_kv_cache_context (patch 0005)
 struct llama_sparq_access {
     static llama_cparams & cparams(llama_context * c) { return c->cparams; }
+    static const llama_batch_allocr * balloc(llama_context * c) { return c->balloc.get(); }
     static void need_reserve(llama_context * c) { c->sched_need_reserve = true; }
     static const llama_model & model(const llama_context * c) { return c->model; }
 
@@ -574,6 +578,7 @@ int32_t llama_sparq_set_params(struct llama_context * ctx, const struct llama_sp
         }
         auto S = std::make_shared<llama_sparq_ctx>();
         S->kv = kv;
+        S->balloc = A::balloc(ctx);
         if (!sparq_alloc(*S, model, err, err_size)) {
             return -2;
         }
@@ -1051,13 +1056,26 @@ void llm_graph_input_sparq::set_input(const llama_ubatch * ubatch) {
         sparq_snapshot_take(sn, cells);
     }
 
+    // a sequence that brings several tokens to this llama_decode is prompt processing even where
+    // the ubatch split gives it one row (a server batching one slot's prompt beside another's decode
+    // step): its row runs exact dense attention, as it would alone (a negative count tells the op)
+    int n_forced = 0;
     if (v_count) {
         GGML_ASSERT(ggml_backend_buffer_is_host(v_count->buffer));
         float * data = (float *) v_count->data;
+        const bool one_row = ubatch->n_tokens == si.n_stream();
         for (uint32_t s = 0; s < si.n_stream(); ++s) {
             data[s] = (float) A::cells(kv, si.strm[s]).get_used();
+            if (one_row && !St.params.all_rows && St.balloc) {
+                const llama_seq_id seq = ubatch->seq_id[s][0];
+                if (St.balloc->seq_pos_max(seq) > St.balloc->seq_pos_min(seq)) {
+                    data[s] = -data[s];
+                    n_forced++;
+                }
+            }
         }
     }
+    const bool all_forced = v_count && n_forced == (int) si.n_stream();
 
     // the local window: per query row, the cells of its sequence's l most recent positions
     if (win) {
@@ -1084,7 +1102,9 @@ void llm_graph_input_sparq::set_input(const llama_ubatch * ubatch) {
     // counters: this graph's decisions, once per execution
     const double S_ = std::max<double>(1.0, sparq_used_max(mctx));
     for (const sparq_decision & dc : decisions) {
-        if (dc.reason < 0) {
+        if (dc.reason < 0 && all_forced) {
+            St.n_dense[LLAMA_SPARQ_DENSE_PREFILL]++; // every row of the call ran dense (prompt rows)
+        } else if (dc.reason < 0) {
             St.n_sparq++;
             const double md = 2.0 * S_ * dc.d + 2.0 * dc.d;
             const double ms = S_ <= dc.k ? md : S_ * dc.r + 2.0 * std::min<double>(dc.rows, S_) * dc.d + 4.0 * dc.d + dc.extra;
@@ -1238,7 +1258,9 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
     }
     // cost model: the oracle reads all d components; per-head choice reads up to g * (k - l) + l rows
     decide(-1, (int) d, P.selector == LLAMA_SPARQ_SELECTOR_ORACLE ? (int) d : r, kk, per_head ? g_size * (kk - l) + l : kk,
-           P.basis == LLAMA_SPARQ_BASIS_PCA && L.rot ? 2 * (int) d * (int) d : P.basis == LLAMA_SPARQ_BASIS_SCALED ? 2 * (int) d : 0);
+           // the PCA rotation (f32 d x d per KV head) is read every step; the scaled basis's d weights are
+           // left out (like vbar's, a 1/S share of the step)
+           P.basis == LLAMA_SPARQ_BASIS_PCA && L.rot ? 2 * (int) d * (int) d : 0);
 
     if (!inp->v_count) {
         inp->v_count = ggml_new_tensor_1d(ctx0, GGML_TYPE_F32, n_stream);

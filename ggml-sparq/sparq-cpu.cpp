@@ -164,7 +164,7 @@ static size_t align_up(size_t x) { return (x + SPARQ_ALIGN - 1) & ~(SPARQ_ALIGN 
 
 // per query row: valid cells, the local window (its size, its cells ascending in the
 // row's window list, and w0: the start of the window when it is the tail of the cells)
-struct row_info { int32_t n_valid; int32_t w0; int32_t n_win; };
+struct row_info { int32_t n_valid; int32_t w0; int32_t n_win; int32_t dense_all; };
 
 struct layout {
     int U, R, g, nc, cap, wave, B;
@@ -410,7 +410,9 @@ static void phase_b(const ctx & C, int ith, int nth) {
         const float * m = C.mask_row(R);
         int32_t * wl = C.win(R);
         int32_t w0 = S, n_win = 0;
-        if (n_valid > a->k && a->l > 0) {
+        // a negative count marks a stream whose rows run exact dense attention (see sparq_args)
+        const int32_t dense_all = a->v_count[C.row_stream(R)] < 0.0f;
+        if (n_valid > a->k && a->l > 0 && !dense_all) {
             if (a->win) {
                 // the window cells are given (the l most recent positions): keep the valid ones
                 const int32_t * src = (const int32_t *) ((const char *) a->win + (size_t) C.row_in_stream(R) * a->win_nb1 +
@@ -437,6 +439,7 @@ static void phase_b(const ctx & C, int ith, int nth) {
         C.rinfo(R)->n_valid = n_valid;
         C.rinfo(R)->w0 = w0;
         C.rinfo(R)->n_win = n_win;
+        C.rinfo(R)->dense_all = dense_all;
     }
 }
 
@@ -519,7 +522,7 @@ static void phase_c(const ctx & C, int wb, int we, int ith) {
             stat[2 * h] = -INFINITY;
             stat[2 * h + 1] = 0.0f;
         }
-        if (ri->n_valid <= a->k) {
+        if (ri->n_valid <= a->k || ri->dense_all) {
             continue; // exact dense row: no approximate scores needed
         }
         int s0, s1;
@@ -584,7 +587,7 @@ static void phase_d(const ctx & C, int wb, int we, int ith) {
             *C.ccount(w, ith, h) = 0;
         }
         const int kk = row_kk_scan(a, ri);
-        if (ri->n_valid <= a->k || kk <= 0) {
+        if (ri->n_valid <= a->k || ri->dense_all || kk <= 0) {
             continue;
         }
         int s0, s1;
@@ -636,6 +639,61 @@ static void phase_d(const ctx & C, int wb, int we, int ith) {
     }
 }
 
+// exact attention of one unit over every valid cell (a stream marked dense): one pass with
+// a running maximum, no selection buffer
+static void dense_row(const ctx & C, int u, int R, int ith) {
+    const sparq_args * a = C.a;
+    const int S = a->n_kv, g = C.L.g, d = a->d, dv = a->dv;
+    const int kvh = C.unit_kvh(u), st = C.row_stream(R);
+    const float * m = C.mask_row(R);
+    float * y = (float *) C.tbuf(ith, C.L.t_vec);
+    for (int hh = 0; hh < g; ++hh) {
+        const int h = kvh * g + hh;
+        const float * q = C.q_row(R, h);
+        float M = -INFINITY, P = 0.0f;
+        for (int j = 0; j < dv; ++j) {
+            y[j] = 0.0f;
+        }
+        for (int s = 0; s < S; ++s) {
+            if (m && !is_valid(m[s])) {
+                continue;
+            }
+            const char * kr = C.K_row(st, kvh, s);
+            float e = a->K_type == SPARQ_F16 ? C.isa->dot_f16(q, (const uint16_t *) kr, d)
+                                             : C.isa->dot_f32(q, (const float *) kr, d);
+            e = e * a->scale + (m ? m[s] : 0.0f);
+            if (e > M) {
+                const float f = M == -INFINITY ? 0.0f : expf(M - e);
+                for (int j = 0; j < dv; ++j) {
+                    y[j] *= f;
+                }
+                P *= f;
+                M = e;
+            }
+            const float p = expf(e - M);
+            P += p;
+            const char * vr = C.V_row(st, kvh, s);
+            if (a->V_type == SPARQ_F16) {
+                C.isa->axpy_f16(y, (const uint16_t *) vr, p, dv);
+            } else {
+                C.isa->axpy_f32(y, (const float *) vr, p, dv);
+            }
+        }
+        const float iP = P > 0.0f ? 1.0f / P : 0.0f;
+        float * o = (float *) ((char *) a->out + (size_t) h * a->out_nb1 + (size_t) C.row_in_stream(R) * a->out_nb2 +
+                               (size_t) st * a->out_nb3);
+        for (int j = 0; j < dv; ++j) {
+            o[j] = y[j] * iP;
+        }
+    }
+    if (a->sel_out) {
+        int32_t * so = a->sel_out + (size_t) u * a->sel_n;
+        for (int t = 0; t < a->sel_n; ++t) {
+            so[t] = -1; // every valid cell: not listed
+        }
+    }
+}
+
 // ----- phase E: final selection, exact attention, reallocation -----
 static void phase_e(const ctx & C, int wb, int we, int ith, int nth) {
     const sparq_args * a = C.a;
@@ -652,6 +710,10 @@ static void phase_e(const ctx & C, int wb, int we, int ith, int nth) {
         const int R = C.unit_row(u), kvh = C.unit_kvh(u), st = C.row_stream(R);
         const row_info * ri = C.rinfo(R);
         const float * m = C.mask_row(R);
+        if (ri->dense_all) {
+            dense_row(C, u, R, ith);
+            continue;
+        }
         const bool dense = ri->n_valid <= a->k;
         int n_sel = 0, n_cand = 0;
         if (dense) {
@@ -715,7 +777,7 @@ static void phase_e(const ctx & C, int wb, int we, int ith, int nth) {
 
         // mean of V over the stream's cells
         const bool mean_v = !dense && !a->no_mean_v;
-        float cnt = a->v_count[st];
+        float cnt = fabsf(a->v_count[st]);
         const float * vs = (const float *) ((const char *) a->v_sum + (size_t) kvh * a->v_sum_nb1 + (size_t) st * a->v_sum_nb2);
         for (int j = 0; j < dv; ++j) {
             vbar[j] = vs[j];

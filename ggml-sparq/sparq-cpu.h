@@ -85,7 +85,9 @@ struct sparq_args {
     const void * KT;  enum sparq_type KT_type; size_t KT_nb1, KT_nb2, KT_nb3; // [n_kv, d, n_head_kv, n_stream]
     const void * V;   enum sparq_type V_type;  size_t V_nb1, V_nb2, V_nb3;    // [dv, n_kv, n_head_kv, n_stream]
     const float * v_sum; size_t v_sum_nb1, v_sum_nb2;         // [dv, n_head_kv, n_stream]
-    const float * v_count;                                    // [n_stream]
+    // [n_stream] the number of cells in the V sums; a negative entry -n marks a stream whose rows
+    // run exact dense attention over all their valid cells (no selection, no mean-V)
+    const float * v_count;
     const void * mask; enum sparq_type mask_type; size_t mask_nb1, mask_nb3; int mask_ne3; // NULL: all valid
     float * out; size_t out_nb1, out_nb2, out_nb3;            // [dv, n_head, n_rows, n_stream]
     // optional: the local window's cells per row (the l most recent positions; -1 = none),

@@ -41,6 +41,7 @@ class Case:
     per_head: bool = False    # per-head position choice (union over the group)
     mean_v: bool = True       # mean-value reallocation
     basis: bool = False       # approximate scores in a rotated basis (q_sel, K_sel, comp_w)
+    dense_streams: tuple = () # streams marked dense (negative v_count): exact attention over every valid cell
     seed: int = 0
 
     def __post_init__(self):
@@ -52,7 +53,8 @@ class Case:
         return (f"d{self.d}-S{self.S}-r{self.r}-k{self.k}-l{self.l}-rows{self.n_rows}-h{self.n_head}/{self.n_head_kv}"
                 f"-st{self.n_stream}-{self.kv_type}-{self.mask}" + ("" if self.win == "none" else f"-win{self.win}")
                 + ("-oracle" if self.selector == "oracle" else "") + ("-perhead" if self.per_head else "")
-                + ("" if self.mean_v else "-nomeanv") + ("-basis" if self.basis else ""))
+                + ("" if self.mean_v else "-nomeanv") + ("-basis" if self.basis else "")
+                + (f"-dense{''.join(map(str, self.dense_streams))}" if self.dense_streams else ""))
 
     @property
     def g(self):
@@ -99,7 +101,7 @@ def generate(c: Case):
     for st in range(c.n_stream):
         cells = np.ones(c.S, bool) if mask is None else np.isfinite(mask[st]).any(axis=0)
         v_sum[st] = V[st][cells].astype(np.float64).sum(axis=0)
-        v_count[st] = cells.sum()
+        v_count[st] = cells.sum() * (-1 if st in c.dense_streams else 1)
     a = dict(q=q, K=K, V=V, mask=mask, v_sum=v_sum, v_count=v_count, scale=np.float32(1.0 / np.sqrt(c.d)),
              win=None, q_sel=None, K_sel=None, comp_w=None)
     if c.win != "none":
@@ -179,7 +181,7 @@ def row_vbar(c: Case, a: dict, st: int) -> np.ndarray:
     may not see that the stream's last row sees (later rows of an all-rows ubatch);
     (n_rows, n_head_kv, dv) float64."""
     vs = a["v_sum"][st].astype(np.float64)
-    cnt = float(a["v_count"][st])
+    cnt = abs(float(a["v_count"][st]))
     out = np.empty((c.n_rows, c.n_head_kv, c.dv))
     if a["mask"] is None:
         out[:] = vs / max(cnt, 1.0)
@@ -202,6 +204,21 @@ def check(c: Case, a: dict, out: np.ndarray, sel: np.ndarray | None) -> dict:
         K = a["K"][st].astype(np.float64)
         V = a["V"][st].astype(np.float64)
         mask = None if a["mask"] is None else a["mask"][st].astype(np.float64)
+        if st in c.dense_streams:
+            # marked dense: exact attention over every valid cell, nothing selected
+            want = ref.dense_attention(q, K, V, mask=mask, scale=float(a["scale"]))
+            naive = ref.dense_attention(q.astype(np.float32), K.astype(np.float32), V.astype(np.float32),
+                                        mask=None if mask is None else mask.astype(np.float32),
+                                        scale=float(a["scale"]), dtype=np.float32)
+            got = out[st].astype(np.float64)
+            err = float(np.max(np.abs(got - want)))
+            err_naive = float(np.max(np.abs(naive.astype(np.float64) - want)))
+            floor = 2e-6 * max(1.0, float(np.max(np.abs(want))))
+            assert err <= 2.0 * err_naive + floor, f"{c.id}: dense stream {st}: error {err:.3g} vs naive {err_naive:.3g}"
+            if sel is not None:
+                assert np.all(sel[st] == -1), f"{c.id}: a dense stream listed a selection"
+            stats["rows"] += c.n_rows
+            continue
         vbar = row_vbar(c, a, st)
         scale = float(a["scale"])
         q_sel = None if a["q_sel"] is None else a["q_sel"][st].astype(np.float64)
@@ -324,6 +341,10 @@ def grid(quick: bool = False) -> list[Case]:
     add(d=128, S=2000, r=16, k=100, l=25, n_head=4, n_head_kv=1, mask="holes", basis=True)
     add(d=64, S=1500, r=8, k=64, l=16, n_head=4, n_head_kv=2, mask="pad", basis=True, per_head=True, win="random")
     add(d=80, S=900, r=10, k=40, l=10, n_head=4, n_head_kv=4, mask="none", basis=True, kv_type="f32")
+    # streams marked dense (prompt rows batched as single rows beside decode steps)
+    add(d=128, S=2000, r=16, k=64, l=16, n_stream=3, n_head=4, n_head_kv=1, mask="pad", win="tail", dense_streams=(1,))
+    add(d=64, S=1500, r=8, k=64, l=16, n_stream=2, n_head=8, n_head_kv=2, mask="holes", per_head=True,
+        dense_streams=(0,), kv_type="f32")
     # group sizes above 64 (e.g. Falcon-7B's 71 query heads on one KV head)
     add(d=64, S=800, r=8, k=64, l=16, n_head=71, n_head_kv=1, mask="holes")
     add(d=64, S=800, r=8, k=32, l=8, n_head=80, n_head_kv=1, mask="pad", per_head=True)

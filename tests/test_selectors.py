@@ -68,7 +68,7 @@ def check_calls_against_reference(calls, settings, min_calls):
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_variant_op_equals_reference_on_graph_tensors(tiny_gqa_model, variant):
-    """tiny GQA model (4 query heads per KV head, head size 32), S ~ 600 cells, k = 64 < S"""
+    """tiny GQA model (4 query heads per KV head, head size 16), S ~ 600 cells, k = 64 < S"""
     from llama_sparq.capture import Capture
 
     settings = dict(sparq_r=8, sparq_k=64, sparq_l=16, sparq_min_kv=0, **VARIANTS[variant])
@@ -110,7 +110,7 @@ def test_pca_with_every_component_equals_dense(tiny_gqa_model):
     (captured K^T rows are K @ P with P^T P = I)."""
     from llama_sparq.capture import Capture
 
-    llm = make_llm(tiny_gqa_model, sparq_r=32, sparq_k=64, sparq_l=16, sparq_min_kv=0, sparq_basis="pca")
+    llm = make_llm(tiny_gqa_model, sparq_r=16, sparq_k=64, sparq_l=16, sparq_min_kv=0, sparq_basis="pca")
     llm.reset()
     llm.eval(rand_tokens(400, 9, llm.n_vocab()))
     with Capture(llm) as cap:
@@ -149,7 +149,7 @@ def test_counters_cost_model_per_variant(tiny_gqa_model):
     from llama_sparq import cost
 
     prompt = rand_tokens(700, 11, 256)
-    d, g = 32, 4
+    d, g = 16, 4
     out = {}
     for name, extra in (("paper", {}), ("per_head", dict(sparq_gqa="per_head")),
                         ("oracle", dict(sparq_selector="oracle"))):

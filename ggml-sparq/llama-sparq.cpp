@@ -467,7 +467,7 @@ static double sparq_rebuild_stream(llama_sparq_ctx & S, uint32_t strm, const std
         }
     }
 
-    // jobs: (layer, cell range); ranges of >= 1024 cells, about 4 jobs per thread in all
+    // jobs: (layer, cell range); ranges of >= 256 cells, about 4 jobs per thread in all
     const int nth = std::max(1, S.lctx ? (int) A::cparams(S.lctx).n_threads : (int) std::thread::hardware_concurrency());
     std::vector<size_t> lay;
     for (size_t ikv = 0; ikv < S.layers.size(); ++ikv) {
@@ -476,7 +476,7 @@ static double sparq_rebuild_stream(llama_sparq_ctx & S, uint32_t strm, const std
         }
     }
     const size_t want = std::max<size_t>(1, (4 * (size_t) nth + lay.size() - 1) / std::max<size_t>(1, lay.size()));
-    const uint32_t chunk = std::max<uint32_t>(1024, (uint32_t) ((nu + want - 1) / want));
+    const uint32_t chunk = std::max<uint32_t>(256, (uint32_t) ((nu + want - 1) / want));
     const uint32_t n_chunks = nu ? (nu + chunk - 1) / chunk : 1;
     struct job_out {
         std::vector<double> vs;

@@ -407,6 +407,18 @@ static float sparq_elem_f32(const uint8_t * p, ggml_type t) {
     return t == GGML_TYPE_F16 ? ggml_fp16_to_fp32(*(const ggml_fp16_t *) p) : *(const float *) p;
 }
 
+// f16 -> f32 for every bit pattern (built once; thread-safe initialisation)
+static const float * sparq_f16_table() {
+    static const std::vector<float> tab = [] {
+        std::vector<float> t(65536);
+        for (uint32_t i = 0; i < 65536; ++i) {
+            t[i] = ggml_fp16_to_fp32((ggml_fp16_t) i);
+        }
+        return t;
+    }();
+    return tab.data();
+}
+
 // runs f(0..n_jobs-1) on up to n_threads threads (the caller's included)
 template <typename F>
 static void sparq_parallel(int n_threads, size_t n_jobs, F && f) {
@@ -499,22 +511,34 @@ static double sparq_rebuild_stream(llama_sparq_ctx & S, uint32_t strm, const std
         }
         const sparq_rows kr(k, strm, a, b), vr(v, strm, a, b);
 
-        // V sum over the used cells of the range
-        for (uint32_t c = a; c < b; ++c) {
-            if (cells.is_empty(c) || out[c - u0]) {
-                continue;
+        // V sum over the used cells of the range: f32 partial sums over blocks of 256 cells
+        // (vectorised; f16 through a table), accumulated in f64
+        const float * f16 = sparq_f16_table();
+        std::vector<float> blk(Ev);
+        for (uint32_t c0 = a; c0 < b; c0 += 256) {
+            const uint32_t c1 = std::min(b, c0 + 256);
+            std::fill(blk.begin(), blk.end(), 0.0f);
+            float * __restrict bs = blk.data();
+            for (uint32_t c = c0; c < c1; ++c) {
+                if (cells.is_empty(c) || out[c - u0]) {
+                    continue;
+                }
+                const uint8_t * row = vr.p + (size_t) (c - a) * v->nb[1];
+                if (v->type == GGML_TYPE_F16) {
+                    const uint16_t * __restrict x = (const uint16_t *) row;
+                    for (size_t j = 0; j < Ev; ++j) {
+                        bs[j] += f16[x[j]];
+                    }
+                } else {
+                    const float * __restrict x = (const float *) row;
+                    for (size_t j = 0; j < Ev; ++j) {
+                        bs[j] += x[j];
+                    }
+                }
             }
-            const uint8_t * row = vr.p + (size_t) (c - a) * v->nb[1];
-            if (v->type == GGML_TYPE_F16) {
-                const ggml_fp16_t * x = (const ggml_fp16_t *) row;
-                for (size_t j = 0; j < Ev; ++j) {
-                    R.vs[j] += ggml_fp16_to_fp32(x[j]);
-                }
-            } else {
-                const float * x = (const float *) row;
-                for (size_t j = 0; j < Ev; ++j) {
-                    R.vs[j] += x[j];
-                }
+            double * vs = R.vs.data();
+            for (size_t j = 0; j < Ev; ++j) {
+                vs[j] += bs[j];
             }
         }
 
@@ -532,21 +556,28 @@ static double sparq_rebuild_stream(llama_sparq_ctx & S, uint32_t strm, const std
             dst = tr.data();
             ld = n;
         }
-        // transpose in blocks of 64 cells (the source rows of a block stay in cache)
-        for (uint32_t c0 = 0; c0 < n; c0 += 64) {
-            const uint32_t c1 = std::min(n, c0 + 64);
-            if (esz == 2) {
-                for (size_t j = 0; j < E; ++j) {
-                    uint16_t * d = (uint16_t *) dst + j * ld;
-                    for (uint32_t c = c0; c < c1; ++c) {
-                        d[c] = ((const uint16_t *) (kr.p + (size_t) c * k->nb[1]))[j];
+        // transpose in tiles of 256 cells x 64 components: the tile's source rows stay in
+        // cache, and each destination row gets 512 contiguous bytes (f16) per tile
+        const size_t rs = k->nb[1];
+        for (uint32_t c0 = 0; c0 < n; c0 += 256) {
+            const uint32_t c1 = std::min(n, c0 + 256);
+            for (size_t j0 = 0; j0 < E; j0 += 64) {
+                const size_t j1 = std::min(E, j0 + 64);
+                if (esz == 2) {
+                    for (size_t j = j0; j < j1; ++j) {
+                        uint16_t * d = (uint16_t *) dst + j * ld;
+                        const uint8_t * sp = kr.p + j * 2;
+                        for (uint32_t c = c0; c < c1; ++c) {
+                            d[c] = *(const uint16_t *) (sp + (size_t) c * rs);
+                        }
                     }
-                }
-            } else {
-                for (size_t j = 0; j < E; ++j) {
-                    uint32_t * d = (uint32_t *) dst + j * ld;
-                    for (uint32_t c = c0; c < c1; ++c) {
-                        d[c] = ((const uint32_t *) (kr.p + (size_t) c * k->nb[1]))[j];
+                } else {
+                    for (size_t j = j0; j < j1; ++j) {
+                        uint32_t * d = (uint32_t *) dst + j * ld;
+                        const uint8_t * sp = kr.p + j * 4;
+                        for (uint32_t c = c0; c < c1; ++c) {
+                            d[c] = *(const uint32_t *) (sp + (size_t) c * rs);
+                        }
                     }
                 }
             }

@@ -6,13 +6,17 @@
 // cell-contiguous, same type as K) and a V-sum tensor [dv, n_head_kv, n_stream] f32,
 // allocated in the buffer type of the layer's K when SparQ is first enabled.
 //
-// Upkeep. Each decode ubatch appends its keys to K^T (set_rows, O(d) per token and
-// layer) and adds its values to the V sums, in the graph. Every other change of
-// the cells (prefill ubatches, sequence removal/copy/keep, position shifts that
-// re-rope K, clearing, state load, overwrites) is detected before the next graph
-// that uses the data runs, by comparing the cells with a snapshot taken after the
-// last append; a stream whose cells differ is rebuilt from K, V and the cells
-// (rare operations; O(cells * d)). The count of valid cells is a graph input.
+// Upkeep. Each ubatch appends its keys to K^T (set_rows, O(d) per token and layer)
+// and adds its values to the V sums, in the graph. Every other change of the cache
+// (sequence removal/copy/keep, position shifts that re-rope K, clearing, state load,
+// stream copies, overwrites, anything done while SparQ was off) is detected through
+// the cells' content versions (ggml-sparq/llama-sparq-cells.h, kept by llama_kv_cells
+// through patch 0009): a stream's data is current while the stream's version hash
+// equals the hash recorded when the data was last brought up to date, extended by the
+// cells the ubatch about to run writes (O(ubatch) per step, independent of the cache
+// size). A stream that is not current is rebuilt from K, V and the cells before the
+// graph that uses it runs (rare operations; O(used cells * d), multi-threaded over
+// layers and cell ranges). The count of valid cells is a graph input.
 
 #include "llama-sparq.h"
 #include "llama-sparq-graph.h"
@@ -34,8 +38,10 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
+#include <atomic>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -106,24 +112,29 @@ struct sparq_layer {
     std::vector<float> rot_host;  // the same, on the host (rebuilds rotate with it); empty: identity
 };
 
-struct sparq_snapshot {
+// per stream: whether K^T and the V sums equal a recomputation for the cells whose
+// version hash was `hash` (the stream's hash when the data was last brought up to date)
+struct sparq_stream_state {
     bool valid = false;
-    std::vector<llama_pos> pos; // per cell: position, or -1 when empty
+    uint64_t hash = 0;
 };
 
 struct llama_sparq_ctx {
     llama_sparq_params params = llama_sparq_default_params();
 
+    llama_context * lctx = nullptr;         // the context owning this (for its thread count)
     llama_kv_cache * kv = nullptr;          // the full-attention cache
     std::vector<sparq_layer> layers;        // by KV-cache layer index
-    std::vector<sparq_snapshot> snap;       // by stream
+    std::vector<sparq_stream_state> streams; // by stream
     ggml_context_ptr ctx;
     std::vector<ggml_backend_buffer_ptr> bufs;
     uint64_t extra_bytes = 0;
     uint64_t kv_bytes = 0;
     int32_t n_layers = 0;
 
-    // counters
+    // counters: written by the decoding thread in set_input, read by llama_sparq_get_stats
+    // from any thread (llama-server's HTTP threads), so every access holds mtx
+    mutable std::mutex mtx;
     uint64_t n_sparq = 0;
     uint64_t n_dense[LLAMA_SPARQ_DENSE_COUNT] = {};
     double   compression_sum = 0.0;
@@ -138,6 +149,8 @@ struct llama_sparq_ctx {
     ggml_context_ptr basis_ctx;
     bool calibrated = false;
     int32_t basis_in_data = LLAMA_SPARQ_BASIS_MODEL; // the basis K^T was last built in
+
+    ~llama_sparq_ctx();
 };
 
 // the friend of llama_context, llama_kv_cache and llama_kv_cache_context (patch 0005)
@@ -159,6 +172,11 @@ struct llama_sparq_access {
         return it == kv->map_layer_ids.end() ? -1 : it->second;
     }
     static const llama_kv_cells & cells(const llama_kv_cache * kv, uint32_t strm) { return kv->v_cells[strm]; }
+    // the cells' content versions (patch 0009, ggml-sparq/llama-sparq-cells.h)
+    static uint64_t cells_hash(const llama_kv_cells & c) { return c.sparq_ver.hash; }
+    static uint64_t cell_ver_hash(const llama_kv_cells & c, uint32_t i) {
+        return llama_sparq_cell_versions::mix(i, c.sparq_ver.ver[i]);
+    }
     static llama_kv_cells & cells_mut(llama_kv_cache * kv, uint32_t strm) { return kv->v_cells[strm]; }
     static void set_head(llama_kv_cache * kv, uint32_t strm, uint32_t h) { kv->v_heads[strm] = h; }
 
@@ -202,7 +220,7 @@ static bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, char * e
     const uint32_t kv_size = A::kv_size(kv), n_stream = A::n_stream(kv);
     const size_t nl = A::n_layers(kv);
     S.layers.assign(nl, sparq_layer());
-    S.snap.assign(n_stream, sparq_snapshot());
+    S.streams.assign(n_stream, sparq_stream_state());
 
     ggml_init_params ip = { (nl * 2 + 1) * ggml_tensor_overhead(), nullptr, true };
     S.ctx.reset(ggml_init(ip));
@@ -577,6 +595,7 @@ int32_t llama_sparq_set_params(struct llama_context * ctx, const struct llama_sp
             return -2;
         }
         auto S = std::make_shared<llama_sparq_ctx>();
+        S->lctx = ctx;
         S->kv = kv;
         S->balloc = A::balloc(ctx);
         if (!sparq_alloc(*S, model, err, err_size)) {
@@ -589,7 +608,8 @@ int32_t llama_sparq_set_params(struct llama_context * ctx, const struct llama_sp
         return -2;
     }
     if (p->basis != Sq.params.basis || !Sq.params.enabled) {
-        // K^T is rebuilt in the new basis (the PCA one is calibrated at the next SparQ step)
+        // switched on (nothing kept the data while SparQ was off) or a new basis: every stream is rebuilt
+        // before its next use, in the new basis (a calibrated one at the next SparQ step)
         Sq.calibrated = false;
         for (sparq_layer & L : Sq.layers) {
             if (L.rot) {
@@ -611,8 +631,8 @@ int32_t llama_sparq_set_params(struct llama_context * ctx, const struct llama_sp
                 }
             }
         }
-        for (auto & sn : Sq.snap) {
-            sn.valid = false;
+        for (auto & st : Sq.streams) {
+            st.valid = false;
         }
     }
     Sq.params = *p;
@@ -640,6 +660,7 @@ int32_t llama_sparq_get_stats(const struct llama_context * ctx, struct llama_spa
     const auto & cp = A::cparams(const_cast<llama_context *>(ctx));
     if (cp.sparq) {
         const llama_sparq_ctx & S = *cp.sparq;
+        std::lock_guard<std::mutex> lock(S.mtx);
         out->n_sparq = S.n_sparq;
         memcpy(out->n_dense, S.n_dense, sizeof(out->n_dense));
         out->compression = S.n_sparq ? S.compression_sum / S.n_sparq : 0.0;
@@ -655,6 +676,7 @@ void llama_sparq_reset_stats(struct llama_context * ctx) {
     auto & cp = A::cparams(ctx);
     if (cp.sparq) {
         llama_sparq_ctx & S = *cp.sparq;
+        std::lock_guard<std::mutex> lock(S.mtx);
         S.n_sparq = 0;
         memset(S.n_dense, 0, sizeof(S.n_dense));
         S.compression_sum = 0.0;
@@ -662,127 +684,291 @@ void llama_sparq_reset_stats(struct llama_context * ctx) {
     }
 }
 
+// the counters once more when the context goes (the tools' logs show whether SparQ ran)
+llama_sparq_ctx::~llama_sparq_ctx() {
+    uint64_t nd = 0;
+    char buf[256] = "";
+    size_t o = 0;
+    for (int i = 0; i < LLAMA_SPARQ_DENSE_COUNT; ++i) {
+        nd += n_dense[i];
+        if (n_dense[i] && o < sizeof(buf)) {
+            o += snprintf(buf + o, sizeof(buf) - o, "%s%s %llu", o ? ", " : "", sparq_reason_names[i],
+                          (unsigned long long) n_dense[i]);
+        }
+    }
+    LLAMA_LOG_INFO("llama_sparq: counters: SparQ calls = %llu, dense calls = %llu%s%s%s, compression = %.4f, rebuilds = %llu\n",
+                   (unsigned long long) n_sparq, (unsigned long long) nd, o ? " (" : "", buf, o ? ")" : "",
+                   n_sparq ? compression_sum / n_sparq : 0.0, (unsigned long long) n_rebuilds);
+}
+
 // ---------------------------------------------------------------------------
 // keeping K^T and the V sums equal to a recomputation
 // ---------------------------------------------------------------------------
 
 
-// recompute K^T and the V sum of one stream from K, V and the cells, leaving out the
-// cells this ubatch writes (its graph appends them); with check set, compare instead
-// of writing and return the largest difference
-static double sparq_rebuild_stream(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint8_t> & skip,
+// f16 -> f32 for every bit pattern (built once; thread-safe initialisation)
+static const float * sparq_f16_table() {
+    static const std::vector<float> tab = [] {
+        std::vector<float> t(65536);
+        for (uint32_t i = 0; i < 65536; ++i) {
+            t[i] = ggml_fp16_to_fp32((ggml_fp16_t) i);
+        }
+        return t;
+    }();
+    return tab.data();
+}
+
+// runs f(0..n_jobs-1) on up to n_threads threads (the caller's included)
+template <typename F>
+static void sparq_parallel(int n_threads, size_t n_jobs, F && f) {
+    const int nth = (int) std::max<size_t>(1, std::min<size_t>((size_t) std::max(1, n_threads), n_jobs));
+    std::atomic<size_t> next{0};
+    auto work = [&]() {
+        for (size_t j; (j = next.fetch_add(1, std::memory_order_relaxed)) < n_jobs;) {
+            f(j);
+        }
+    };
+    std::vector<std::thread> th;
+    th.reserve(nth - 1);
+    for (int t = 1; t < nth; ++t) {
+        th.emplace_back(work);
+    }
+    work();
+    for (auto & t : th) {
+        t.join();
+    }
+}
+
+// a view of rows [c0, c1) of one stream of a [E, kv_size, n_stream] cache tensor (K or V):
+// the tensor's memory when it is in host memory, else a copy
+struct sparq_rows {
+    const uint8_t * p = nullptr;
+    std::vector<uint8_t> copy;
+    sparq_rows(const ggml_tensor * t, uint32_t strm, uint32_t c0, uint32_t c1) {
+        const size_t off = strm * t->nb[2] + (size_t) c0 * t->nb[1], n = (size_t) (c1 - c0) * t->nb[1];
+        if (ggml_backend_buffer_is_host(t->buffer)) {
+            p = (const uint8_t *) t->data + off;
+        } else {
+            copy.resize(n);
+            ggml_backend_tensor_get(t, copy.data(), off, n);
+            p = copy.data();
+        }
+    }
+};
+
+// Recompute K^T and the V sum of one stream from K, V and the cells, over the used cells
+// only ([used_min, used_max_p1); K^T entries of empty cells are masked and left as they
+// are), leaving the V values of the cells in `skip` out (the ubatch about to run writes
+// them, its graph appends them). Multi-threaded over layers and cell ranges. With check
+// set, compare the kept data with the recomputation instead of writing it, and return
+// the largest absolute difference.
+static double sparq_rebuild_stream(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip,
                                    bool check = false) {
-    double max_diff = 0.0;
     const llama_kv_cache * kv = S.kv;
     const llama_kv_cells & cells = A::cells(kv, strm);
     const uint32_t kv_size = A::kv_size(kv);
-    for (size_t ikv = 0; ikv < S.layers.size(); ++ikv) {
-        sparq_layer & L = S.layers[ikv];
-        if (!L.kt) {
-            continue;
+    const uint32_t u0 = cells.used_min(), u1 = cells.used_max_p1();
+    const uint32_t nu = u1 > u0 ? u1 - u0 : 0;
+
+    // what to leave out of the V sums, over [u0, u1)
+    std::vector<uint8_t> out(nu, 0);
+    for (uint32_t c : skip) {
+        if (c >= u0 && c < u1) {
+            out[c - u0] = 1;
         }
-        ggml_tensor * k = A::layer_k(kv, ikv);
-        ggml_tensor * v = A::layer_v(kv, ikv);
+    }
+
+    // jobs: (layer, cell range); ranges of >= 256 cells, about 4 jobs per thread in all
+    const int nth = std::max(1, S.lctx ? (int) A::cparams(S.lctx).n_threads : (int) std::thread::hardware_concurrency());
+    std::vector<size_t> lay;
+    for (size_t ikv = 0; ikv < S.layers.size(); ++ikv) {
+        if (S.layers[ikv].kt) {
+            lay.push_back(ikv);
+        }
+    }
+    const size_t want = std::max<size_t>(1, (4 * (size_t) nth + lay.size() - 1) / std::max<size_t>(1, lay.size()));
+    const uint32_t chunk = std::max<uint32_t>(256, (uint32_t) ((nu + want - 1) / want));
+    const uint32_t n_chunks = nu ? (nu + chunk - 1) / chunk : 1;
+    struct job_out {
+        std::vector<double> vs;
+        double diff = 0.0;
+    };
+    std::vector<job_out> res(lay.size() * n_chunks);
+
+    sparq_parallel(nth, res.size(), [&](size_t jid) {
+        const size_t ikv = lay[jid / n_chunks];
+        const uint32_t a = u0 + (uint32_t) (jid % n_chunks) * chunk, b = std::min(u1, a + chunk);
+        sparq_layer & L = S.layers[ikv];
+        const ggml_tensor * k = A::layer_k(kv, ikv);
+        const ggml_tensor * v = A::layer_v(kv, ikv);
         const size_t E = k->ne[0], Ev = v->ne[0];
         const size_t esz = ggml_type_size(k->type), vesz = ggml_type_size(v->type);
-        const std::vector<uint8_t> kb = sparq_get_slice(k, strm * k->nb[2], (size_t) kv_size * k->nb[1]);
-        const std::vector<uint8_t> vb = sparq_get_slice(v, strm * v->nb[2], (size_t) kv_size * v->nb[1]);
-        std::vector<uint8_t> kt((size_t) kv_size * E * esz, 0);
-        std::vector<double> vs(Ev, 0.0);
-        std::vector<float> rot_in;
-        for (uint32_t c = 0; c < kv_size; ++c) {
-            if (cells.is_empty(c) || skip[c]) {
-                continue;
+        job_out & R = res[jid];
+        R.vs.assign(Ev, 0.0);
+        if (b <= a) {
+            return;
+        }
+        const sparq_rows kr(k, strm, a, b), vr(v, strm, a, b);
+
+        // V sum over the used cells of the range: f32 partial sums over blocks of 256 cells
+        // (vectorised; f16 through a table), accumulated in f64
+        const float * f16 = sparq_f16_table();
+        std::vector<float> blk(Ev);
+        for (uint32_t c0 = a; c0 < b; c0 += 256) {
+            const uint32_t c1 = std::min(b, c0 + 256);
+            std::fill(blk.begin(), blk.end(), 0.0f);
+            float * __restrict bs = blk.data();
+            for (uint32_t c = c0; c < c1; ++c) {
+                if (cells.is_empty(c) || out[c - u0]) {
+                    continue;
+                }
+                const uint8_t * row = vr.p + (size_t) (c - a) * v->nb[1];
+                if (v->type == GGML_TYPE_F16) {
+                    const uint16_t * __restrict x = (const uint16_t *) row;
+                    for (size_t j = 0; j < Ev; ++j) {
+                        bs[j] += f16[x[j]];
+                    }
+                } else {
+                    const float * __restrict x = (const float *) row;
+                    for (size_t j = 0; j < Ev; ++j) {
+                        bs[j] += x[j];
+                    }
+                }
             }
-            const uint8_t * kr = kb.data() + (size_t) c * k->nb[1];
-            if (!L.rot_host.empty()) {
-                // K^T in the PCA basis: k' = P^T k per KV head, rounded to the cache type
-                const size_t d = L.rot->ne[0];
-                std::vector<float> & x = rot_in;
-                x.resize(E);
+            double * vs = R.vs.data();
+            for (size_t j = 0; j < Ev; ++j) {
+                vs[j] += bs[j];
+            }
+        }
+
+        // K^T rows [a, b): element (cell c, component j) at (j * kv_size + c) of the stream
+        const uint32_t n = b - a;
+        const size_t kt_off = strm * L.kt->nb[3];
+        const bool kt_host = ggml_backend_buffer_is_host(L.kt->buffer);
+        std::vector<uint8_t> tr; // [E][n] when K^T is not in host memory, or for a check
+        uint8_t * dst = nullptr;
+        size_t ld = kv_size;     // leading dimension of dst, in elements
+        if (kt_host && !check) {
+            dst = (uint8_t *) L.kt->data + kt_off + (size_t) a * esz;
+        } else {
+            tr.resize((size_t) E * n * esz);
+            dst = tr.data();
+            ld = n;
+        }
+        // transpose in tiles of 256 cells x 64 components: the tile's source rows stay in
+        // cache, and each destination row gets 512 contiguous bytes (f16) per tile
+        const size_t rs = k->nb[1];
+        for (uint32_t c0 = 0; c0 < n; c0 += 256) {
+            const uint32_t c1 = std::min(n, c0 + 256);
+            for (size_t j0 = 0; j0 < E; j0 += 64) {
+                const size_t j1 = std::min(E, j0 + 64);
+                if (esz == 2) {
+                    for (size_t j = j0; j < j1; ++j) {
+                        uint16_t * d = (uint16_t *) dst + j * ld;
+                        const uint8_t * sp = kr.p + j * 2;
+                        for (uint32_t c = c0; c < c1; ++c) {
+                            d[c] = *(const uint16_t *) (sp + (size_t) c * rs);
+                        }
+                    }
+                } else {
+                    for (size_t j = j0; j < j1; ++j) {
+                        uint32_t * d = (uint32_t *) dst + j * ld;
+                        const uint8_t * sp = kr.p + j * 4;
+                        for (uint32_t c = c0; c < c1; ++c) {
+                            d[c] = *(const uint32_t *) (sp + (size_t) c * rs);
+                        }
+                    }
+                }
+            }
+        }
+        if (!L.rot_host.empty()) {
+            // K^T in the PCA basis: k' = P^T k per KV head, rounded to the cache type
+            const size_t d = L.rot->ne[0];
+            std::vector<float> x(E);
+            for (uint32_t c = 0; c < n; ++c) {
+                const uint8_t * row = kr.p + (size_t) c * rs;
                 for (size_t j = 0; j < E; ++j) {
-                    x[j] = sparq_elem_f32(kr + j * esz, k->type);
+                    x[j] = sparq_elem_f32(row + j * esz, k->type);
                 }
                 for (size_t h = 0; h < E / d; ++h) {
-                    for (size_t m = 0; m < d; ++m) {
-                        const float * pm = L.rot_host.data() + (h * d + m) * d;
+                    for (size_t mm = 0; mm < d; ++mm) {
+                        const float * pm = L.rot_host.data() + (h * d + mm) * d;
                         double acc = 0.0;
                         for (size_t j = 0; j < d; ++j) {
                             acc += (double) pm[j] * x[h * d + j];
                         }
-                        const size_t o = ((h * d + m) * kv_size + c);
+                        const size_t o = (h * d + mm) * ld + c;
                         if (esz == 2) {
-                            ((ggml_fp16_t *) kt.data())[o] = ggml_fp32_to_fp16((float) acc);
+                            ((ggml_fp16_t *) dst)[o] = ggml_fp32_to_fp16((float) acc);
                         } else {
-                            ((float *) kt.data())[o] = (float) acc;
+                            ((float *) dst)[o] = (float) acc;
                         }
                     }
                 }
-            } else if (esz == 2) {
-                const uint16_t * src = (const uint16_t *) kr;
-                uint16_t * dst = (uint16_t *) kt.data() + c;
-                for (size_t j = 0; j < E; ++j) {
-                    dst[j * kv_size] = src[j];
+            }
+        }
+        if (check) {
+            // the kept rows, as they are
+            std::vector<uint8_t> cur((size_t) n * esz);
+            for (size_t j = 0; j < E; ++j) {
+                const size_t off = kt_off + ((size_t) j * kv_size + a) * esz;
+                if (kt_host) {
+                    memcpy(cur.data(), (const uint8_t *) L.kt->data + off, cur.size());
+                } else {
+                    ggml_backend_tensor_get(L.kt, cur.data(), off, cur.size());
                 }
-            } else {
-                const uint32_t * src = (const uint32_t *) kr;
-                uint32_t * dst = (uint32_t *) kt.data() + c;
-                for (size_t j = 0; j < E; ++j) {
-                    dst[j * kv_size] = src[j];
+                for (uint32_t c = a; c < b; ++c) {
+                    if (cells.is_empty(c)) {
+                        continue; // unused cells are masked: their K^T entries do not matter
+                    }
+                    const size_t o = (size_t) (c - a) * esz;
+                    R.diff = std::max(R.diff, (double) fabsf(sparq_elem_f32(&cur[o], k->type) -
+                                                             sparq_elem_f32(&tr[j * n * esz + o], k->type)));
                 }
             }
-            const uint8_t * vr = vb.data() + (size_t) c * v->nb[1];
+        } else if (!kt_host) {
+            for (size_t j = 0; j < E; ++j) {
+                ggml_backend_tensor_set(L.kt, tr.data() + j * n * esz, kt_off + ((size_t) j * kv_size + a) * esz, (size_t) n * esz);
+            }
+        }
+    });
+
+    // the V sums: the ranges' partial sums in order (the same result for any thread count)
+    double max_diff = 0.0;
+    for (size_t li = 0; li < lay.size(); ++li) {
+        sparq_layer & L = S.layers[lay[li]];
+        const size_t Ev = A::layer_v(kv, lay[li])->ne[0];
+        std::vector<double> vs(Ev, 0.0);
+        for (uint32_t ch = 0; ch < n_chunks; ++ch) {
+            const job_out & R = res[li * n_chunks + ch];
+            max_diff = std::max(max_diff, R.diff);
             for (size_t j = 0; j < Ev; ++j) {
-                vs[j] += sparq_elem_f32(vr + j * vesz, v->type);
+                vs[j] += R.vs[j];
             }
         }
         std::vector<float> vsf(vs.begin(), vs.end());
         if (check) {
-            const std::vector<uint8_t> cur_kt = sparq_get_slice(L.kt, strm * L.kt->nb[3], kt.size());
-            for (uint32_t c = 0; c < kv_size; ++c) {
-                if (cells.is_empty(c)) {
-                    continue; // unused cells are masked: their K^T entries do not matter
-                }
-                for (size_t j = 0; j < E; ++j) {
-                    const size_t o = (j * kv_size + c) * esz;
-                    max_diff = std::max(max_diff, (double) fabsf(sparq_elem_f32(&cur_kt[o], k->type) - sparq_elem_f32(&kt[o], k->type)));
-                }
-            }
-            std::vector<float> cur_vs(Ev);
-            ggml_backend_tensor_get(L.vsum, cur_vs.data(), strm * L.vsum->nb[2], Ev * sizeof(float));
+            std::vector<float> cur(Ev);
+            ggml_backend_tensor_get(L.vsum, cur.data(), strm * L.vsum->nb[2], Ev * sizeof(float));
             for (size_t j = 0; j < Ev; ++j) {
-                max_diff = std::max(max_diff, (double) fabsf(cur_vs[j] - vsf[j]));
+                max_diff = std::max(max_diff, (double) fabsf(cur[j] - vsf[j]));
             }
-            continue;
+        } else {
+            ggml_backend_tensor_set(L.vsum, vsf.data(), strm * L.vsum->nb[2], Ev * sizeof(float));
         }
-        ggml_backend_tensor_set(L.kt, kt.data(), strm * L.kt->nb[3], kt.size());
-        ggml_backend_tensor_set(L.vsum, vsf.data(), strm * L.vsum->nb[2], vsf.size() * sizeof(float));
     }
     return max_diff;
 }
 
-// the snapshot matches the cells, except for the cells `fresh` marks (written by the
-// ubatch about to run), which must have been empty
-static bool sparq_snapshot_matches(const sparq_snapshot & sn, const llama_kv_cells & cells, const uint8_t * fresh) {
-    const uint32_t n = cells.size();
-    if (!sn.valid || sn.pos.size() != n) {
-        return false;
-    }
-    for (uint32_t c = 0; c < n; ++c) {
-        const llama_pos now = cells.is_empty(c) ? -1 : cells.pos_get(c);
-        if (fresh && fresh[c] ? sn.pos[c] != -1 : sn.pos[c] != now) {
-            return false;
-        }
-    }
-    return true;
+// whether the stream's data is current for its cells as they are now
+static bool sparq_stream_current(const llama_sparq_ctx & S, uint32_t strm) {
+    const sparq_stream_state & st = S.streams[strm];
+    return st.valid && st.hash == A::cells_hash(A::cells(S.kv, strm));
 }
 
-static void sparq_snapshot_take(sparq_snapshot & sn, const llama_kv_cells & cells) {
-    sn.pos.resize(cells.size());
-    for (uint32_t c = 0; c < cells.size(); ++c) {
-        sn.pos[c] = cells.is_empty(c) ? -1 : cells.pos_get(c);
-    }
-    sn.valid = true;
+static void sparq_count_rebuild(llama_sparq_ctx & S) {
+    std::lock_guard<std::mutex> lock(S.mtx);
+    S.n_rebuilds++;
 }
 
 void llama_sparq_sync(struct llama_context * ctx) {
@@ -790,19 +976,19 @@ void llama_sparq_sync(struct llama_context * ctx) {
     if (!cp.sparq || cp.sparq->n_layers == 0 || !cp.sparq->params.enabled) {
         return;
     }
+    // pending cache updates first (the deferred K-shift after seq_add / seq_div, stream copies):
+    // the data must be rebuilt from K as the next decode step will see it
+    ctx->memory_update(false);
     llama_synchronize(ctx);
     llama_sparq_ctx & S = *cp.sparq;
-    const uint32_t kv_size = A::kv_size(S.kv);
-    const std::vector<uint8_t> none(kv_size, 0);
     for (uint32_t strm = 0; strm < A::n_stream(S.kv); ++strm) {
-        const llama_kv_cells & cells = A::cells(S.kv, strm);
-        sparq_snapshot & sn = S.snap[strm];
-        if (sparq_snapshot_matches(sn, cells, nullptr)) {
+        if (sparq_stream_current(S, strm)) {
             continue;
         }
-        sparq_rebuild_stream(S, strm, none);
-        S.n_rebuilds++;
-        sparq_snapshot_take(sn, cells);
+        sparq_rebuild_stream(S, strm, {});
+        sparq_count_rebuild(S);
+        S.streams[strm].hash = A::cells_hash(A::cells(S.kv, strm));
+        S.streams[strm].valid = true;
     }
 }
 
@@ -892,13 +1078,7 @@ int32_t llama_sparq_bench_fill(struct llama_context * ctx, int32_t n_tokens, uin
         cells.seq_add(i, 0);
     }
     A::set_head(kv, 0, (uint32_t) n_tokens % size);
-    auto & cp = A::cparams(ctx);
-    if (cp.sparq) {
-        for (auto & sn : cp.sparq->snap) {
-            sn.valid = false; // the data changed under the same positions: rebuild K^T and the V sums
-        }
-    }
-    return 0;
+    return 0; // the cells' new versions (pos_set) make the next step rebuild K^T and the V sums
 }
 
 void llama_sparq_debug_set_eval_callback(struct llama_context * ctx, ggml_backend_sched_eval_callback cb,
@@ -916,9 +1096,11 @@ double llama_sparq_debug_check(struct llama_context * ctx) {
     llama_synchronize(ctx);
     llama_sparq_ctx & S = *cp.sparq;
     double d = 0.0;
-    const std::vector<uint8_t> none(A::kv_size(S.kv), 0);
     for (uint32_t strm = 0; strm < A::n_stream(S.kv); ++strm) {
-        d = std::max(d, sparq_rebuild_stream(S, strm, none, true));
+        // a stream that is not current is rebuilt before its next use: nothing to compare
+        if (sparq_stream_current(S, strm)) {
+            d = std::max(d, sparq_rebuild_stream(S, strm, {}, true));
+        }
     }
     return d;
 }
@@ -963,7 +1145,6 @@ public:
     bool appends = false;                      // this graph appends to K^T and the V sums
     int  short_ctx = -1;                       // built with the streams under min_kv cells (1) or not (0); -1 unused
     std::vector<sparq_decision> decisions;     // one per attention layer of this graph
-    std::vector<uint8_t> fresh;                // scratch of set_input: the cells the ubatch writes
 };
 
 static const llama_kv_cache_context * sparq_base_mctx(const llama_memory_context_i * m) {
@@ -1030,30 +1211,32 @@ void llm_graph_input_sparq::set_input(const llama_ubatch * ubatch) {
     if (St.params.basis != LLAMA_SPARQ_BASIS_MODEL && !St.calibrated && St.basis_ctx &&
         std::any_of(decisions.begin(), decisions.end(), [](const sparq_decision & dc) { return dc.reason < 0; })) {
         sparq_calibrate(St, St.params.basis == LLAMA_SPARQ_BASIS_PCA);
-        for (auto & sn : St.snap) {
-            sn.valid = false;
+        for (auto & st : St.streams) {
+            st.valid = false;
         }
     }
 
-    // upkeep: a stream whose cells are not "snapshot + this ubatch's new cells" is rebuilt
+    // upkeep: the data of a stream is current when the stream's cells are those it was
+    // brought up to date for plus the cells this ubatch writes, which were empty (the
+    // version hash then changed by exactly those cells' terms); else it is rebuilt. O(ubatch).
     for (uint32_t s = 0; s < si.n_stream(); ++s) {
         const uint32_t strm = si.strm[s];
         const llama_kv_cells & cells = A::cells(kv, strm);
-        sparq_snapshot & sn = St.snap[strm];
+        sparq_stream_state & st = St.streams[strm];
         if (!appends) {
-            sn.valid = false;
+            st.valid = false;
             continue;
         }
-        // cells this ubatch writes (a buffer kept across steps: no allocation per decode step)
-        fresh.assign(kv_size, 0);
+        uint64_t want = st.hash;
         for (uint32_t i = 0; i < si.size(); ++i) {
-            fresh[si.idxs[s][i]] = 1;
+            want ^= A::cell_ver_hash(cells, si.idxs[s][i]);
         }
-        if (!sparq_snapshot_matches(sn, cells, fresh.data())) {
-            sparq_rebuild_stream(St, strm, fresh);
-            St.n_rebuilds++;
+        if (!st.valid || A::cells_hash(cells) != want) {
+            sparq_rebuild_stream(St, strm, si.idxs[s]);
+            sparq_count_rebuild(St);
         }
-        sparq_snapshot_take(sn, cells);
+        st.hash = A::cells_hash(cells);
+        st.valid = true;
     }
 
     // a sequence that brings several tokens to this llama_decode is prompt processing even where
@@ -1101,6 +1284,7 @@ void llm_graph_input_sparq::set_input(const llama_ubatch * ubatch) {
 
     // counters: this graph's decisions, once per execution
     const double S_ = std::max<double>(1.0, sparq_used_max(mctx));
+    std::lock_guard<std::mutex> lock(St.mtx);
     for (const sparq_decision & dc : decisions) {
         if (dc.reason < 0 && all_forced) {
             St.n_dense[LLAMA_SPARQ_DENSE_PREFILL]++; // every row of the call ran dense (prompt rows)

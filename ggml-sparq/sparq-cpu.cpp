@@ -116,11 +116,10 @@ const struct sparq_isa * sparq_isa_by_name(const char * name) {
     return nullptr;
 }
 
-const struct sparq_isa * sparq_isa_select(void) {
-    static const struct sparq_isa * chosen = nullptr;
-    if (chosen) {
-        return chosen;
-    }
+// Chosen once per process. The op's worker threads call this concurrently on the first
+// SparQ step, so the choice is a function-local static: C++11 initialises it exactly once,
+// and every other caller waits for it (no data race on the pointer).
+static const struct sparq_isa * sparq_isa_choose(void) {
     const char * env = getenv("GGML_SPARQ_ISA");
     const struct sparq_isa * isa = nullptr;
     if (env && *env && strcmp(env, "auto") != 0) {
@@ -138,8 +137,12 @@ const struct sparq_isa * sparq_isa_select(void) {
             }
         }
     }
-    chosen = isa;
     return isa;
+}
+
+const struct sparq_isa * sparq_isa_select(void) {
+    static const struct sparq_isa * const chosen = sparq_isa_choose();
+    return chosen;
 }
 
 // ---------------------------------------------------------------------------

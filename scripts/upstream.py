@@ -9,8 +9,9 @@ The pin lives in ``upstream.pin`` at the repository root.  ``prepare``:
    (reused by later builds) and records the pristine tree as a git commit, so
    that ``git diff`` there shows exactly what the patches changed;
 3. applies ``patches/NNNN-*.patch`` in numeric order.  A patch that is already
-   applied is skipped; a patch that applies neither forwards nor in reverse
-   stops with a message naming it and the pin.
+   applied (it reverses cleanly; checked first) is skipped; a patch that applies
+   neither in reverse nor forwards stops with a message naming it and the pin.
+   No fuzz is allowed (a plain tree is patched with ``patch --fuzz=0``).
 
 ``LLAMA_SPARQ_UPSTREAM_DIR=/path/to/llama.cpp`` names a local upstream tree
 instead of the download (the patches are still applied to it).
@@ -146,33 +147,46 @@ def patch_list(patch_dir: Path) -> list[Path]:
     return sorted(p for p in patch_dir.glob("[0-9][0-9][0-9][0-9]-*.patch"))
 
 
+def _patch(tree: Path, patch: Path, *args: str) -> subprocess.CompletedProcess:
+    # --fuzz=0: every context line must match; -f: never ask, never guess "reversed"
+    return subprocess.run(["patch", "-p1", "-s", "-f", "--fuzz=0", "-d", str(tree), "-i", str(patch), *args],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
 def apply_patches(tree: Path, patch_dir: Path, pin: dict) -> list[tuple[str, str]]:
-    """Apply the series; return (patch, 'applied'|'skipped') per patch."""
+    """Apply the series; return (patch, 'applied'|'skipped') per patch.
+
+    "Already applied" is checked first (the patch reverses cleanly): an applied patch can
+    also apply forwards a second time where its context repeats elsewhere in a file. Both
+    checks and the application allow no fuzz (plain trees: patch --fuzz=0; git trees: git
+    apply, which never fuzzes), so a patch lands only where all its context matches."""
     result = []
     use_git = is_git_tree(tree)
     for patch in patch_list(patch_dir):
         if use_git:
-            fwd = git(tree, "apply", "--check", "--whitespace=nowarn", str(patch), check=False)
             rev = git(tree, "apply", "--check", "--reverse", "--whitespace=nowarn", str(patch), check=False)
         else:
-            fwd = subprocess.run(["patch", "-p1", "--dry-run", "-s", "-f", "-d", str(tree), "-i", str(patch)],
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            rev = subprocess.run(["patch", "-p1", "-R", "--dry-run", "-s", "-f", "-d", str(tree), "-i", str(patch)],
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        if fwd.returncode == 0:
-            if use_git:
-                git(tree, "apply", "--whitespace=nowarn", str(patch))
-            else:
-                subprocess.run(["patch", "-p1", "-s", "-f", "-d", str(tree), "-i", str(patch)], check=True)
-            log(f"applied {patch.name}")
-            result.append((patch.name, "applied"))
-        elif rev.returncode == 0:
+            rev = _patch(tree, patch, "-R", "--dry-run")
+        if rev.returncode == 0:
             result.append((patch.name, "skipped"))
+            continue
+        if use_git:
+            fwd = git(tree, "apply", "--check", "--whitespace=nowarn", str(patch), check=False)
         else:
+            fwd = _patch(tree, patch, "--dry-run")
+        if fwd.returncode != 0:
             detail = (fwd.stderr if use_git else fwd.stdout) or ""
             raise UpstreamError(
                 f"patch {patch.name} does not apply to {tree} (pin {pin_label(pin)}).\n"
                 f"Regenerate it against the pin (see patches/README.md).\n{detail.strip()}")
+        if use_git:
+            git(tree, "apply", "--whitespace=nowarn", str(patch))
+        else:
+            res = _patch(tree, patch)
+            if res.returncode != 0:
+                raise UpstreamError(f"patch {patch.name} failed on {tree}:\n{res.stdout.strip()}")
+        log(f"applied {patch.name}")
+        result.append((patch.name, "applied"))
     return result
 
 

@@ -277,6 +277,98 @@ def test_patch_applier_plain_tree_without_git(fake_upstream):
     assert res.returncode == 0 and "skipped 0001-two.patch" in res.stdout
 
 
+REPEATED = "int f() {\n    a();\n    b();\n}\n\nint g() {\n    a();\n    b();\n}\n"
+
+
+@pytest.mark.parametrize("kind", ["git", "plain"])
+def test_patch_applier_does_not_apply_a_patch_twice(tmp_path, kind):
+    """An applied patch whose context repeats further down must be skipped, not applied
+    again there (the forward check succeeds too)."""
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "f.c").write_text(REPEATED)
+    if kind == "git":
+        _git(tree, "init", "-q")
+        _git(tree, "add", "-A")
+        _git(tree, "commit", "-qm", "pristine")
+    patches = tmp_path / "patches"
+    patches.mkdir()
+    (patches / "0001-x.patch").write_text(textwrap.dedent("""\
+        --- a/f.c
+        +++ b/f.c
+        @@ -1,4 +1,5 @@
+         int f() {
+             a();
+        +    x();
+             b();
+         }
+        """))
+    res = _apply(tree, patches)
+    assert res.returncode == 0 and "applied 0001-x.patch" in res.stdout, res.stderr
+    once = (tree / "f.c").read_text()
+    assert once.count("x();") == 1
+    res = _apply(tree, patches)
+    assert res.returncode == 0 and "skipped 0001-x.patch" in res.stdout, res.stderr
+    assert (tree / "f.c").read_text() == once
+
+
+def test_patch_applier_plain_tree_allows_no_fuzz(fake_upstream):
+    """A patch whose context does not match exactly is refused, not applied with fuzz."""
+    tree, patches = fake_upstream
+    shutil.rmtree(tree / ".git")
+    (tree / "a.txt").write_text("zero\none\ntwo\nthree!\nfour\n")
+    (patches / "0001-two.patch").write_text(textwrap.dedent("""\
+        --- a/a.txt
+        +++ b/a.txt
+        @@ -1,5 +1,5 @@
+         zero
+         one
+        -two
+        +TWO
+         three
+         four
+        """))
+    res = _apply(tree, patches)
+    assert res.returncode == 1 and "0001-two.patch does not apply" in res.stderr
+    assert (tree / "a.txt").read_text() == "zero\none\ntwo\nthree!\nfour\n"
+
+
+def _series_files():
+    files = set()
+    for p in sorted((ROOT / "patches").glob("*.patch")):
+        for line in p.read_text().splitlines():
+            if line.startswith("+++ b/"):
+                files.add(line[len("+++ b/"):])
+    return sorted(files)
+
+
+def test_real_series_on_plain_copies_of_the_pin(tmp_path):
+    """The real series on trees without .git (the LLAMA_SPARQ_UPSTREAM_DIR path), made of
+    the files it touches: a pristine copy is patched to the build tree's files, and a
+    patched copy is left as it is (every patch skipped, none applied twice)."""
+    res = subprocess.run([sys.executable, str(UPSTREAM), "prepare"], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    build_tree = Path(res.stdout.strip())
+    pristine, patched = tmp_path / "pristine", tmp_path / "patched"
+    for rel in _series_files():
+        for dst in (pristine, patched):
+            (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+        shown = subprocess.run(["git", "-C", str(build_tree), "show", f"HEAD:{rel}"], capture_output=True, check=True)
+        (pristine / rel).write_bytes(shown.stdout)
+        shutil.copyfile(build_tree / rel, patched / rel)
+    n = len(list((ROOT / "patches").glob("*.patch")))
+    res = _apply(pristine, ROOT / "patches")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count("applied ") == n, res.stdout
+    res = _apply(patched, ROOT / "patches")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count("skipped ") == n, res.stdout
+    for rel in _series_files():
+        want = (build_tree / rel).read_bytes()
+        assert (pristine / rel).read_bytes() == want, rel
+        assert (patched / rel).read_bytes() == want, rel
+
+
 def test_real_series_is_applied_to_the_build_tree():
     res = subprocess.run([sys.executable, str(UPSTREAM), "prepare"], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr

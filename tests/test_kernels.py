@@ -4,7 +4,8 @@
   tests/sparq_cases.py, through the kernel layer with 1 and 2 threads;
 - the op through ggml's graph and CPU backend (threads split the S axis);
 - NEON: the kernels cross-compiled with Debian's aarch64 compiler, run under qemu-user;
-- AddressSanitizer + UndefinedBehaviorSanitizer: the kernels built with both, on a grid.
+- AddressSanitizer + UndefinedBehaviorSanitizer: the kernels built with both, on a grid;
+- ThreadSanitizer: the ISA choice by many threads at once, and the kernels on 4 threads.
 """
 
 from __future__ import annotations
@@ -167,6 +168,34 @@ def test_kernel_sanitizers(sanitized_prog, tmp_path, isa, case):
     a = generate(case)
     env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1:abort_on_error=1", UBSAN_OPTIONS="print_stacktrace=1")
     out, sel = run(sanitized_prog, "direct", case, a, tmp_path, isa=isa, threads=2, env=env)
+    check(case, a, out, sel)
+
+
+@pytest.fixture(scope="module")
+def tsan_prog():
+    cxx = shutil.which("g++")
+    srcs = [SPARQ_DIR / f for f in ("sparq-cpu.cpp", "sparq-cpu-scalar.cpp", "sparq-cpu-avx2.cpp",
+                                    "sparq-cpu-avx512.cpp")] + [ROOT / "tests" / "native" / "sparq-op-test.cpp"]
+    flags = ["-fsanitize=thread", "-fno-omit-frame-pointer"]
+    return _build_standalone(BUILD / "tsan" / "sparq-op-test", cxx, flags, srcs)
+
+
+TSAN_ENV = dict(os.environ, TSAN_OPTIONS="halt_on_error=1:exitcode=66")
+
+
+def test_isa_choice_is_race_free(tsan_prog):
+    """The op's worker threads choose the ISA at once on the first step: no data race."""
+    for _ in range(3):
+        res = subprocess.run([str(tsan_prog), "isa-threads", "8"], capture_output=True, text=True, env=TSAN_ENV)
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert res.stdout.strip() in ISAS
+
+
+@pytest.mark.parametrize("case", QUICK[:6], ids=lambda c: c.id)
+def test_kernel_threads_tsan(tsan_prog, tmp_path, case):
+    """The kernels on 4 threads under ThreadSanitizer (chunked scores, merges, barriers)."""
+    a = generate(case)
+    out, sel = run(tsan_prog, "direct", case, a, tmp_path, threads=4, env=TSAN_ENV)
     check(case, a, out, sel)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 import subprocess
 
 import pytest
@@ -16,6 +17,13 @@ from llama_sparq import tool_path
 def run(args, timeout=600):
     return subprocess.run([str(a) for a in args], capture_output=True, encoding="utf-8", errors="replace",
                           timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def sparq_counters(log: str) -> dict:
+    """The counters libllama logs when a context with SparQ goes (shown with -v)."""
+    m = re.search(r"llama_sparq: counters: SparQ calls = (\d+), dense calls = (\d+)", log)
+    assert m, "no SparQ counters in the log:\n" + log[-2000:]
+    return {"n_sparq": int(m.group(1)), "n_dense": int(m.group(2))}
 
 
 @pytest.mark.parametrize("tool", ["llama-cli", "llama-completion", "llama-server", "llama-perplexity"])
@@ -29,19 +37,22 @@ def test_help_documents_the_flags(tool):
 def test_completion_sparq_tiny(tiny_model):
     res = run([tool_path("llama-completion"), "-m", tiny_model, "-p", "hello world", "-n", "16", "--temp", "0",
                "--ignore-eos", "-no-cnv", "-t", "2", "--sparq", "--sparq-r", "8", "--sparq-k", "4",
-               "--sparq-min-kv", "0"])
+               "--sparq-min-kv", "0", "-v"])
     assert res.returncode == 0, res.stderr[-2000:]
-    assert "SparQ on: r = 8" in res.stderr and len(res.stdout) > len(" hello world")
+    assert len(res.stdout) > len(" hello world")
+    # 2 layers x 15 decode steps ran SparQ (the 16th token needs no step)
+    assert sparq_counters(res.stderr)["n_sparq"] >= 2 * 15
 
 
 @pytest.mark.real_model
 def test_cli_sparq_gemma(gemma_model):
     res = run([tool_path("llama-cli"), "-m", gemma_model, "-p", "Name three primary colours.", "-n", "24",
                "--temp", "0", "--single-turn", "--simple-io", "-t", "2", "--chat-template", "gemma",
-               "--sparq", "--sparq-min-kv", "0"])
+               "--sparq", "--sparq-min-kv", "0", "-v"])
     assert res.returncode == 0, res.stderr[-2000:]
     reply = res.stdout.split("> Name three primary colours.", 1)[1].split("[ Prompt:", 1)[0]
     assert reply.strip(), res.stdout
+    assert sparq_counters(res.stdout + res.stderr)["n_sparq"] > 0
 
 
 @pytest.mark.parametrize("flags,needle", [

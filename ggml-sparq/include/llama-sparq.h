@@ -110,13 +110,16 @@ LLAMA_API int32_t llama_sparq_get_stats(const struct llama_context * ctx, struct
 LLAMA_API void    llama_sparq_reset_stats(struct llama_context * ctx);
 
 // Brings K^T and the V sums up to date now (after a state load, say) instead of at the
-// next decode step; a no-op when they are current or SparQ is off.
+// next decode step: first applies the cache's pending updates (the deferred K-shift of
+// seq_add / seq_div, stream copies), as the next decode would, then rebuilds every stream
+// whose cells changed. A no-op when everything is current or SparQ is off.
 LLAMA_API void llama_sparq_sync(struct llama_context * ctx);
 
-// For tests: the largest absolute difference between the K^T / V-sum data SparQ keeps
-// and a recomputation from K, V and the cells, over all streams and layers; -1 when
-// SparQ has no data. The data is brought up to date at the next decode step after a
-// cache operation, so call this after one.
+// For tests and diagnosis: the largest absolute difference between the K^T / V-sum data
+// SparQ keeps and a recomputation from K, V and the cells, over the layers and the streams
+// whose data is current (0 when none is); -1 when SparQ has no data. A stream whose cells
+// changed since its data was last brought up to date is rebuilt before its next use and is
+// not compared: call llama_sparq_sync first (or after a decode step) to compare every stream.
 LLAMA_API double llama_sparq_debug_check(struct llama_context * ctx);
 
 // For benchmarks only: fills sequence 0 of an empty KV cache with n_tokens cells at

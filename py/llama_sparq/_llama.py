@@ -150,6 +150,22 @@ class Llama(llama_cpp.Llama):
 
         _sparq.reset_stats(self._ctx.ctx)
 
+    def sparq_sync(self) -> None:
+        """Bring SparQ's K^T and V sums up to date now instead of at the next decode step
+        (after a state load, say); applies pending KV-cache updates (the K-shift) first."""
+        from . import _sparq
+
+        _sparq.sync(self._ctx.ctx)
+
+    def sparq_debug_check(self, sync: bool = False) -> float:
+        """For diagnosis: the largest absolute difference between SparQ's K^T / V sums and a
+        recomputation from the KV cache, over the streams whose data is current (with
+        ``sync=True`` everything is brought up to date first, so every stream is compared).
+        About 1e-3 or less is rounding; -1.0 when SparQ was never enabled on this context."""
+        from . import _sparq
+
+        return _sparq.debug_check(self._ctx.ctx, sync_first=sync)
+
     def __getstate__(self):
         state = super().__getstate__()
         s = self._sparq_settings

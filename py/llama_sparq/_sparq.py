@@ -131,7 +131,20 @@ def reset_stats(ctx) -> None:
     lib().llama_sparq_reset_stats(ctx)
 
 
-def debug_check(ctx) -> float:
+def sync(ctx) -> None:
+    """Bring K^T and the V sums up to date now (llama_sparq_sync): pending cache updates
+    (the deferred K-shift, stream copies) first, then a rebuild of every changed stream."""
+    L = lib()
+    L.llama_sparq_sync.restype = None
+    L.llama_sparq_sync.argtypes = [ctypes.c_void_p]
+    L.llama_sparq_sync(ctx)
+
+
+def debug_check(ctx, sync_first: bool = False) -> float:
+    """Largest difference between SparQ's K^T / V sums and a recomputation over the current
+    streams (llama_sparq_debug_check); -1.0 when SparQ has no data."""
+    if sync_first:
+        sync(ctx)
     L = lib()
     L.llama_sparq_debug_check.restype = ctypes.c_double
     L.llama_sparq_debug_check.argtypes = [ctypes.c_void_p]

@@ -9,6 +9,8 @@
 //       backend (the ISA comes from GGML_SPARQ_ISA)
 //   sparq-op-test isa
 //       prints the ISA the kernels select on this machine
+//   sparq-op-test isa-threads N
+//       the same, chosen by N threads at once (run under ThreadSanitizer)
 //
 // Case file: "SPQ2", 19 int32 (d, dv, n_kv, n_rows, n_head, n_head_kv,
 // n_stream, r, k, l, kv_type, mask_type, kt_pad, win_n, selector, per_head,
@@ -29,6 +31,8 @@
 #include "ggml-sparq.h"
 #endif
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
@@ -284,13 +288,47 @@ static int run_ggml(const test_case & c, const char * out_path, int nth) {
 }
 #endif
 
+// N threads released together, each choosing the ISA first thing (as the op's worker
+// threads do on the first SparQ step); under ThreadSanitizer a racy choice is reported
+static int run_isa_threads(int nth) {
+    std::atomic<int> ready{0};
+    std::atomic<bool> go{false};
+    std::vector<const sparq_isa *> got(nth, nullptr);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < nth; ++i) {
+        threads.emplace_back([&, i] {
+            ready++;
+            while (!go.load()) {
+            }
+            got[i] = sparq_isa_select();
+        });
+    }
+    while (ready.load() < nth) {
+    }
+    go = true;
+    for (auto & th : threads) {
+        th.join();
+    }
+    for (int i = 1; i < nth; ++i) {
+        if (got[i] != got[0]) {
+            die("threads chose different ISAs");
+        }
+    }
+    printf("%s\n", got[0]->name);
+    return 0;
+}
+
 int main(int argc, char ** argv) {
     if (argc >= 2 && strcmp(argv[1], "isa") == 0) {
         printf("%s\n", sparq_isa_select()->name);
         return 0;
     }
+    if (argc >= 3 && strcmp(argv[1], "isa-threads") == 0) {
+        return run_isa_threads(std::max(1, std::min(256, atoi(argv[2]))));
+    }
     if (argc < 4) {
-        fprintf(stderr, "usage: %s direct|ggml CASE OUT [--isa NAME] [--threads N]\n       %s isa\n", argv[0], argv[0]);
+        fprintf(stderr, "usage: %s direct|ggml CASE OUT [--isa NAME] [--threads N]\n       %s isa\n       %s isa-threads N\n",
+                argv[0], argv[0], argv[0]);
         return 2;
     }
     const std::string mode = argv[1];

@@ -1,0 +1,176 @@
+"""A thin wrapper over llama.cpp's C API (through llama-cpp-python's ctypes bindings) for
+tests that drive the KV cache directly: several sequences, memory operations, state
+save/load, and the fork's SparQ settings, counters and checks."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+N_THREADS = 2
+
+
+def llama_cpp():
+    from llama_sparq._llama import llama_cpp as lc  # after pointing llama_cpp at the fork
+
+    return lc
+
+
+class Model:
+    """Owns a loaded model (through the package's Llama, which also sets up the backend)."""
+
+    def __init__(self, path):
+        from llama_sparq import Llama
+
+        self.llm = Llama(str(path), n_ctx=64, n_threads=N_THREADS, verbose=False)
+        self.model = self.llm._model.model
+        self.n_vocab = self.llm.n_vocab()
+        lc = llama_cpp()
+        self.head = lc.llama_model_n_embd(self.model) // lc.llama_model_n_head(self.model)
+
+
+class Ctx:
+    def __init__(self, model: Model, n_ctx=1024, n_seq=1, unified=False, n_ubatch=512, n_threads=N_THREADS,
+                 flash_attn=True):
+        lc = llama_cpp()
+        p = lc.llama_context_default_params()
+        p.n_ctx = n_ctx
+        p.n_batch = max(512, n_ubatch)
+        p.n_ubatch = n_ubatch
+        p.n_seq_max = n_seq
+        p.kv_unified = unified
+        p.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        p.n_threads = n_threads
+        p.n_threads_batch = n_threads
+        self.m = model
+        self.nv = model.n_vocab
+        self.ctx = lc.llama_init_from_model(model.model, p)
+        assert self.ctx
+        self.mem = lc.llama_get_memory(self.ctx)
+        self.n_seq = n_seq
+
+    def free(self):
+        if self.ctx:
+            llama_cpp().llama_free(self.ctx)
+            self.ctx = None
+
+    # -- decoding ------------------------------------------------------------
+    def decode(self, items, logits=None):
+        """items: (token, pos, seq) triples; returns the rc and the logits of the rows asked
+        for (all rows when logits is None)."""
+        lc = llama_cpp()
+        b = lc.llama_batch_init(len(items), 0, 1)
+        try:
+            b.n_tokens = len(items)
+            want = [True] * len(items) if logits is None else logits
+            for i, (tok, pos, seq) in enumerate(items):
+                b.token[i], b.pos[i], b.n_seq_id[i] = tok, pos, 1
+                b.seq_id[i][0] = seq
+                b.logits[i] = bool(want[i])
+            rc = lc.llama_decode(self.ctx, b)
+            out = []
+            if rc == 0:
+                for i in range(len(items)):
+                    if want[i]:
+                        ptr = lc.llama_get_logits_ith(self.ctx, i)
+                        out.append(np.ctypeslib.as_array(ptr, shape=(self.nv,)).astype(np.float64).copy())
+            return rc, out
+        finally:
+            lc.llama_batch_free(b)
+
+    def pos_max(self, seq):
+        return llama_cpp().llama_memory_seq_pos_max(self.mem, seq)
+
+    def pos_min(self, seq):
+        return llama_cpp().llama_memory_seq_pos_min(self.mem, seq)
+
+    # -- memory ----------------------------------------------------------------
+    def seq_rm(self, seq, p0, p1):
+        return llama_cpp().llama_memory_seq_rm(self.mem, seq, p0, p1)
+
+    def seq_cp(self, src, dst, p0=-1, p1=-1):
+        llama_cpp().llama_memory_seq_cp(self.mem, src, dst, p0, p1)
+
+    def seq_keep(self, seq):
+        llama_cpp().llama_memory_seq_keep(self.mem, seq)
+
+    def seq_add(self, seq, p0, p1, delta):
+        llama_cpp().llama_memory_seq_add(self.mem, seq, p0, p1, delta)
+
+    def seq_div(self, seq, p0, p1, d):
+        llama_cpp().llama_memory_seq_div(self.mem, seq, p0, p1, d)
+
+    def clear(self, data=True):
+        llama_cpp().llama_memory_clear(self.mem, data)
+
+    # -- state -----------------------------------------------------------------
+    def state_get(self) -> bytes:
+        lc = llama_cpp()
+        n = lc.llama_state_get_size(self.ctx)
+        buf = (ctypes.c_uint8 * n)()
+        got = lc.llama_state_get_data(self.ctx, buf, n)
+        assert got > 0
+        return bytes(buf[:got])
+
+    def state_set(self, blob: bytes):
+        lc = llama_cpp()
+        buf = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
+        assert lc.llama_state_set_data(self.ctx, buf, len(blob)) == len(blob)
+
+    def seq_state_get(self, seq) -> bytes:
+        lc = llama_cpp()
+        n = lc.llama_state_seq_get_size(self.ctx, seq)
+        buf = (ctypes.c_uint8 * n)()
+        got = lc.llama_state_seq_get_data(self.ctx, buf, n, seq)
+        assert got > 0
+        return bytes(buf[:got])
+
+    def seq_state_set(self, blob: bytes, seq) -> int:
+        lc = llama_cpp()
+        buf = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
+        return lc.llama_state_seq_set_data(self.ctx, buf, len(blob), seq)
+
+    # -- SparQ -----------------------------------------------------------------
+    def sparq(self, **kw):
+        from llama_sparq import _sparq
+
+        cur = _sparq.get_params(self.ctx)
+        cur.update(kw)
+        _sparq.set_params(self.ctx, **cur)
+
+    def sparq_params(self):
+        from llama_sparq import _sparq
+
+        return _sparq.get_params(self.ctx)
+
+    def stats(self):
+        from llama_sparq import _sparq
+
+        return _sparq.get_stats(self.ctx)
+
+    def check(self, sync=False) -> float:
+        from llama_sparq import _sparq
+
+        return _sparq.debug_check(self.ctx, sync_first=sync)
+
+    def sync(self):
+        from llama_sparq import _sparq
+
+        _sparq.sync(self.ctx)
+
+
+def rand_tokens(rng, n, n_vocab):
+    return rng.integers(3, n_vocab, size=n).tolist()
+
+
+def prefill(c: Ctx, seq, tokens, pos0=0):
+    rc, _ = c.decode([(t, pos0 + i, seq) for i, t in enumerate(tokens)], logits=[False] * len(tokens))
+    assert rc == 0, rc
+
+
+def step(c: Ctx, seq, tok):
+    """One decode step of one sequence at the next position; its logits."""
+    rc, out = c.decode([(tok, c.pos_max(seq) + 1, seq)])
+    assert rc == 0, rc
+    return out[0]

@@ -452,6 +452,13 @@ static void sparq_calibrate(llama_sparq_ctx & S, bool rotate) {
                     }
                     const float * x = row.data() + jobs[ji].h * d;
                     double * M = mom[ji].data();
+                    if (!rotate) {
+                        // the scaled basis needs the diagonal only
+                        for (int64_t a = 0; a < d; ++a) {
+                            M[a * d + a] += (double) x[a] * x[a];
+                        }
+                        continue;
+                    }
                     for (int64_t a = 0; a < d; ++a) {
                         const double xa = x[a];
                         for (int64_t b = a; b < d; ++b) {

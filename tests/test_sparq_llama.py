@@ -123,16 +123,17 @@ PASSKEYS = ((0.1, 71432), (0.3, 44117), (0.5, 58219), (0.7, 26841), (0.9, 30967)
 def test_passkey_gemma_sparq_vs_dense(gemma_model):
     """Passkey in ~2700 tokens of filler at five depths, dense next to SparQ.
 
-    Measured here: dense finds all five; SparQ with r = 128, k = 128 (compression ~0.30)
-    finds all five; at ~1/8 compression (r = 32 = d/8, k = 128) Gemma 3 270M loses the
-    passkey at most depths: its queries (QK-normed, 4 heads sharing one KV head) have no
-    heavy tail for the top-r components to catch. The 1/8 row is reported, not asserted.
+    The paper's step 1 (components ranked by |q|) at 1/8 compression loses the passkey on
+    Gemma 3 270M (README "Accuracy": one global layer's keys have very uneven spread); ranking
+    by |q| times the keys' RMS (basis "scaled", the default) at the same r keeps it, as do the
+    library's defaults. The paper's row is reported, not asserted.
     """
     from llama_sparq import cost
 
     dense = make_llm(gemma_model, n_ctx=4096)
-    configs = {"sparq r=128 k=128": dict(sparq_r=128, sparq_k=128, sparq_l=32),
-               "sparq r=32 k=128 (1/8)": dict(sparq_r=32, sparq_k=128, sparq_l=32)}
+    configs = {"defaults": dict(sparq=True),
+               "scaled r=64 k=128 (1/8)": dict(sparq_r=64, sparq_k=128, sparq_l=32, sparq_basis="scaled"),
+               "paper r=64 k=128 (1/8)": dict(sparq_r=64, sparq_k=128, sparq_l=32, sparq_basis="model")}
     found = {"dense": []}
     prompts = [(passkey_prompt(dense, 110, depth, key), key) for depth, key in PASSKEYS]
     for p, key in prompts:
@@ -151,11 +152,12 @@ def test_passkey_gemma_sparq_vs_dense(gemma_model):
     S = len(prompts[0][0])
     print(f"\npasskey, Gemma 3 270M, S = {S}, depths {[d for d, _ in PASSKEYS]}")
     for name, f in found.items():
-        print(f"  {name:24s} compression {comp.get(name, 1.0):.3f}  found {f}")
+        print(f"  {name:26s} compression {comp.get(name, 1.0):.3f}  found {f}")
     assert 2500 < S < 4000
     assert all(found["dense"])
-    assert all(found["sparq r=128 k=128"])
-    assert comp["sparq r=128 k=128"] < 0.35 and abs(comp["sparq r=32 k=128 (1/8)"] - cost.compression(S, 256, 32, 128)) < 0.02
+    assert all(found["scaled r=64 k=128 (1/8)"])
+    assert all(found["defaults"])
+    assert abs(comp["scaled r=64 k=128 (1/8)"] - cost.compression(S, 256, 64, 128)) < 0.02
 
 
 # ---------------------------------------------------------------------------

@@ -46,7 +46,12 @@ def random_settings(rng, head):
     k = int(rng.choice([4, 16, 64, 4096]))
     l_ = int(rng.choice([-1, 0, 2, k]))
     return dict(r=int(rng.choice([1, 4, 8, head])), k=k, l=min(l_, k),
-                min_kv=int(rng.choice([0, 0, 0, 64, 100000])), all_rows=bool(rng.random() < 0.15))
+                min_kv=int(rng.choice([0, 0, 0, 64, 100000])), all_rows=bool(rng.random() < 0.15),
+                # the selection variants; the scaled and PCA bases calibrate on the cache, the PCA one
+                # keeps K^T rotated (debug_check recomputes it in the calibrated basis)
+                basis=str(rng.choice(["model", "model", "scaled", "pca"])),
+                gqa=str(rng.choice(["shared", "per_head"])), mean_v=bool(rng.random() < 0.8),
+                selector=str(rng.choice(["sparq", "sparq", "oracle"])))
 
 
 class Runner:
@@ -187,8 +192,10 @@ class Runner:
                 tol = 2e-3 * np.abs(want).max() + 1e-3
             else:
                 S = c.pos_max(s) - c.pos_min(s) + 1
+                # the model basis: switching SparQ off and on recalibrates a scaled or PCA basis on
+                # the cache as it is then, which may choose other cells than the basis in use
                 c.sparq(enabled=True, r=int(rng.choice([1, 4, 8])), k=max(4, S // 4), l=int(rng.choice([0, 2])),
-                        min_kv=0, all_rows=False)
+                        min_kv=0, all_rows=False, basis="model")
                 got = self.probe(s, tok)
                 c.sparq(enabled=False)  # on again below: every stream is rebuilt from the cache
                 c.sparq(enabled=True)

@@ -39,6 +39,7 @@ import platform
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -194,7 +195,21 @@ def _commit():
         return "unknown (installed package, not a git checkout)"
 
 
-def run(args):
+def _load_rows(path):
+    import csv
+
+    rows = []
+    with open(path, newline="") as f:
+        for r in csv.DictReader(f):
+            for key in ("context", "n_tokens", "sample", "r", "k", "l", "sparq_calls"):
+                r[key] = int(r[key])
+            for key in ("depth", "compression_target", "compression", "correct"):
+                r[key] = float(r[key])
+            rows.append(r)
+    return rows
+
+
+def run(args, flush=None):
     from tqdm import tqdm
 
     from . import Llama, cost
@@ -229,12 +244,18 @@ def run(args):
     combos += [(v, c) for v in variants if v not in ("dense", "default") for c in comps
                if not (v.startswith("oracle") and c != comps[0])]
     samples = [(t, S, dp, i) for S in contexts for t in tasks for i, dp in enumerate(depths)]
-    rows = []
+    rows = list(args.previous_rows)
+    done = {(r["task"], r["context"], r["depth"], r["variant"], r["compression_target"]) for r in rows}
     t0 = time.time()
     bar = tqdm(total=len(samples) * len(combos), desc="eval", unit="run", file=sys.stderr,
                disable=args.no_progress)
     for task, S, depth, i in samples:
-        seed = hash((task, S, i)) % (2 ** 31) if False else (abs(hash(task)) % 1000) * 100003 + S * 7 + i
+        todo = [(nm, c) for nm, c in combos if (task, S, depth, nm, 1.0 / c if nm not in ("dense", "default") else 1.0)
+                not in done]
+        if not todo:
+            bar.update(len(combos))
+            continue
+        seed = (zlib.crc32(task.encode()) % 1000) * 100003 + S * 7 + i
         text, expected, n_ans = make_sample(task, S, depth, seed, lambda s: llm.tokenize(s.encode()))
         toks = llm.tokenize(text.encode())
         if len(toks) + n_ans + 2 > n_ctx:
@@ -244,7 +265,7 @@ def run(args):
         llm.reset()
         llm.eval(toks[:-1])
         state = llm.save_state()
-        for name, comp in combos:
+        for name, comp in todo:
             s = variant_settings(name, comp, d, g)
             llm.load_state(state)
             if s is None:
@@ -275,10 +296,14 @@ def run(args):
             if s is not None and st["n_sparq"] == 0:
                 raise RuntimeError(f"variant {name}: SparQ made no call (counters {st}); the result would be dense")
             bar.update(1)
+        bar.update(len(combos) - len(todo))
         del state
+        if flush:
+            flush(dict(model=model, d=d, g=g, rows=rows, elapsed=time.time() - t0 + args.previous_elapsed,
+                       threads=args.threads))
     bar.close()
-    return dict(model=model, d=d, g=g, rows=rows, elapsed=time.time() - t0, contexts=contexts, tasks=list(tasks),
-                variants=list(variants), compressions=comps, depths=depths, threads=args.threads)
+    return dict(model=model, d=d, g=g, rows=rows, elapsed=time.time() - t0 + args.previous_elapsed,
+                threads=args.threads)
 
 
 def summarise(res):
@@ -311,6 +336,11 @@ def write(res, out, command):
 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    rows = res["rows"]
+    res = dict(res, contexts=sorted({r["context"] for r in rows}),
+               tasks=[t for t in TASKS if any(r["task"] == t for r in rows)],
+               variants=[v for v in VARIANTS if any(r["variant"] == v for r in rows)],
+               depths=sorted({r["depth"] for r in rows}))
     table = summarise(res)
     meta = dict(command=command, commit=_commit(), machine=f"{_machine()}, {res['threads']} threads",
                 model=f"{res['model']} (head size {res['d']}, {res['g']} query heads per KV head)",
@@ -393,9 +423,22 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--out", default="bench/results/eval_gemma3", help="output path without extension")
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--append", action="store_true",
+                    help="keep the rows already in <out>.csv and run only what is missing (resume, or add contexts)")
     a = ap.parse_args(argv)
     command = "python -m llama_sparq.eval " + " ".join(argv if argv is not None else sys.argv[1:])
-    res = run(a)
+    a.previous_rows, a.previous_elapsed = [], 0.0
+    out_csv = Path(a.out).with_suffix(".csv")
+    prev_meta = {}
+    if a.append and out_csv.exists():
+        a.previous_rows = _load_rows(out_csv)
+        jpath = Path(a.out).with_suffix(".json")
+        if jpath.exists():
+            prev_meta = json.loads(jpath.read_text()).get("meta", {})
+            a.previous_elapsed = float(prev_meta.get("elapsed_s", 0.0))
+    if prev_meta.get("command") and prev_meta["command"] != command.strip():
+        command = prev_meta["command"] + " ; then " + command.strip()
+    res = run(a, flush=lambda r: write(r, a.out, command.strip()))
     table = write(res, a.out, command.strip())
     for e in table:
         pcs = "  ".join(f"{S}: {pc['accuracy']:.0f}%" for S, pc in e["per_context"].items())

@@ -108,7 +108,7 @@ void common_sparq_add_args(AddOpt && add_opt, const common_params & params) {
     add_opt(common_arg(
         {"--sparq-basis"}, "NAME",
         "SparQ step 1: model (rank the keys' components by |q|, the paper), scaled (by |q| times the keys' RMS per "
-        "component, calibrated on the cache) or pca (the keys' principal axes, ranked likewise; default: model)",
+        "component, calibrated on the cache; default) or pca (the keys' principal axes, ranked likewise)",
         [](common_params & params, const std::string & value) {
             params.sparq.basis = common_sparq_parse_enum("--sparq-basis", value, { "model", "scaled", "pca" });
             params.sparq.enabled = true;

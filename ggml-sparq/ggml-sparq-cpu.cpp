@@ -62,7 +62,7 @@ static struct sparq_args sparq_args_of(const struct ggml_tensor * dst) {
         a.q_sel = (const float *) qs->data; a.q_sel_nb1 = qs->nb[1]; a.q_sel_nb2 = qs->nb[2]; a.q_sel_nb3 = qs->nb[3];
     }
     if (const struct ggml_tensor * cw = dst->src[9]) {
-        a.comp_w = (const float *) cw->data; a.comp_w_nb1 = cw->nb[1];
+        a.comp_w = (const float *) cw->data; a.comp_w_nb1 = cw->nb[1]; a.comp_w_nb2 = cw->ne[2] > 1 ? cw->nb[2] : 0;
     }
     a.sel_out = nullptr;
     return a;

@@ -104,7 +104,8 @@ void ggml_sparq_attn_set_basis(struct ggml_tensor * attn, struct ggml_tensor * q
     }
     if (comp_w) {
         GGML_ASSERT(comp_w->type == GGML_TYPE_F32 && comp_w->ne[0] == q->ne[0] && comp_w->ne[1] == k->ne[2] &&
-                    comp_w->nb[0] == sizeof(float) && "sparq_attn: comp_w must be f32 [d, n_head_kv]");
+                    (comp_w->ne[2] == 1 || comp_w->ne[2] == q->ne[3]) && comp_w->ne[3] == 1 &&
+                    comp_w->nb[0] == sizeof(float) && "sparq_attn: comp_w must be f32 [d, n_head_kv, 1 or n_stream]");
     }
     attn->src[8] = q_sel;
     attn->src[9] = comp_w;

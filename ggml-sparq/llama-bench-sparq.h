@@ -46,7 +46,7 @@ static inline void sparq_bench_usage() {
     printf("  --sparq-min-kv <n>                         SparQ dense below this many KV cells (default: 1024)\n");
     printf("  --sparq-selector <sparq|oracle>            SparQ cell choice; oracle = exact top-k (default: sparq)\n");
     printf("  --sparq-gqa <shared|per_head>              SparQ choice per KV head or per query head (default: shared)\n");
-    printf("  --sparq-basis <model|scaled|pca>           SparQ step-1 ranking of components (default: model)\n");
+    printf("  --sparq-basis <model|scaled|pca>           SparQ step-1 ranking of components (default: scaled)\n");
     printf("  --sparq-mean-v <0|1>                       SparQ mean-V reallocation (default: 1)\n");
     printf("  --depth-fill <prefill|synthetic>           how -d fills the context: a real prompt, or random K/V\n");
     printf("                                             written straight into the cache, for timing only (default: prefill)\n");

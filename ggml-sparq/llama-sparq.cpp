@@ -86,7 +86,7 @@ struct llama_sparq_params llama_sparq_default_params(void) {
     p.selector = LLAMA_SPARQ_SELECTOR_SPARQ;
     p.gqa      = LLAMA_SPARQ_GQA_SHARED;
     p.mean_v   = true;
-    p.basis    = LLAMA_SPARQ_BASIS_MODEL;
+    p.basis    = LLAMA_SPARQ_BASIS_SCALED; // keeps Gemma 3's answers where the paper's ranking loses them (README "Accuracy")
     return p;
 }
 
@@ -104,6 +104,7 @@ const char * llama_sparq_selector_name(int32_t selector) {
 struct sparq_layer {
     ggml_tensor * kt   = nullptr; // [kv_size, d, n_head_kv, n_stream]
     ggml_tensor * vsum = nullptr; // [dv, n_head_kv, n_stream] f32
+    ggml_tensor * ksq  = nullptr; // [d, n_head_kv, n_stream] f32: the sum of k^2 per component (the scaled basis)
     int reason = -1;              // >= 0: no data for this layer, why
     // the PCA basis (LLAMA_SPARQ_BASIS_PCA): rot [d, d, n_head_kv] f32, rot[j + d*(m + d*h)] =
     // component j of axis m of KV head h; spread [d, n_head_kv] f32, the keys' RMS along each axis
@@ -222,7 +223,7 @@ static bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, char * e
     S.layers.assign(nl, sparq_layer());
     S.streams.assign(n_stream, sparq_stream_state());
 
-    ggml_init_params ip = { (nl * 2 + 1) * ggml_tensor_overhead(), nullptr, true };
+    ggml_init_params ip = { (nl * 3 + 1) * ggml_tensor_overhead(), nullptr, true };
     S.ctx.reset(ggml_init(ip));
     std::map<ggml_backend_buffer_type_t, std::vector<ggml_tensor *>> by_buft;
     for (size_t ikv = 0; ikv < nl; ++ikv) {
@@ -250,11 +251,14 @@ static bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, char * e
         }
         L.kt = ggml_new_tensor_4d(S.ctx.get(), k->type, kv_size, dk, hkv, n_stream);
         L.vsum = ggml_new_tensor_3d(S.ctx.get(), GGML_TYPE_F32, dv, hkv, n_stream);
+        L.ksq = ggml_new_tensor_3d(S.ctx.get(), GGML_TYPE_F32, dk, hkv, n_stream);
+        ggml_format_name(L.ksq, "sparq_ksq_l%u", il);
         ggml_format_name(L.kt, "sparq_kt_l%u", il);
         ggml_format_name(L.vsum, "sparq_vsum_l%u", il);
         ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(k->buffer);
         by_buft[buft].push_back(L.kt);
         by_buft[buft].push_back(L.vsum);
+        by_buft[buft].push_back(L.ksq);
         S.kv_bytes += ggml_nbytes(k) + ggml_nbytes(v);
         S.n_layers++;
     }
@@ -405,7 +409,8 @@ static void sparq_jacobi(std::vector<double> & A, int n, std::vector<double> & e
 
 // the PCA basis of every layer and KV head from the keys the cache holds now (all streams):
 // the eigenvectors of the keys' second moment, by falling variance
-static void sparq_calibrate(llama_sparq_ctx & S, bool rotate) {
+// skip: per stream, the cells the current ubatch writes (their K is not in the cache yet)
+static void sparq_calibrate(llama_sparq_ctx & S, bool rotate, const std::vector<std::vector<uint32_t>> & skip) {
     const llama_kv_cache * kv = S.kv;
     const uint32_t kv_size = A::kv_size(kv), n_stream = A::n_stream(kv);
     struct job { size_t ikv; int64_t h; };
@@ -439,7 +444,8 @@ static void sparq_calibrate(llama_sparq_ctx & S, bool rotate) {
             const llama_kv_cells & cells = A::cells(kv, strm);
             const std::vector<uint8_t> kb = sparq_get_slice(k, strm * k->nb[2], (size_t) kv_size * k->nb[1]);
             for (uint32_t c = 0; c < kv_size; ++c) {
-                if (cells.is_empty(c)) {
+                if (cells.is_empty(c) ||
+                    (strm < skip.size() && std::find(skip[strm].begin(), skip[strm].end(), c) != skip[strm].end())) {
                     continue;
                 }
                 const uint8_t * kr = kb.data() + (size_t) c * k->nb[1];
@@ -611,7 +617,7 @@ int32_t llama_sparq_set_params(struct llama_context * ctx, const struct llama_sp
         cp.sparq = S;
     }
     llama_sparq_ctx & Sq = *cp.sparq;
-    if (p->basis != LLAMA_SPARQ_BASIS_MODEL && !sparq_alloc_basis(Sq, err, err_size)) {
+    if (p->basis == LLAMA_SPARQ_BASIS_PCA && !sparq_alloc_basis(Sq, err, err_size)) {
         return -2;
     }
     if (p->basis != Sq.params.basis || !Sq.params.enabled) {
@@ -797,7 +803,7 @@ static double sparq_rebuild_stream(llama_sparq_ctx & S, uint32_t strm, const std
     const uint32_t chunk = std::max<uint32_t>(256, (uint32_t) ((nu + want - 1) / want));
     const uint32_t n_chunks = nu ? (nu + chunk - 1) / chunk : 1;
     struct job_out {
-        std::vector<double> vs;
+        std::vector<double> vs, ks;
         double diff = 0.0;
     };
     std::vector<job_out> res(lay.size() * n_chunks);
@@ -812,6 +818,7 @@ static double sparq_rebuild_stream(llama_sparq_ctx & S, uint32_t strm, const std
         const size_t esz = ggml_type_size(k->type), vesz = ggml_type_size(v->type);
         job_out & R = res[jid];
         R.vs.assign(Ev, 0.0);
+        R.ks.assign(E, 0.0);
         if (b <= a) {
             return;
         }
@@ -845,6 +852,34 @@ static double sparq_rebuild_stream(llama_sparq_ctx & S, uint32_t strm, const std
             double * vs = R.vs.data();
             for (size_t j = 0; j < Ev; ++j) {
                 vs[j] += bs[j];
+            }
+        }
+        // the same for the squares of K (the scaled basis's weights)
+        std::vector<float> kblk(E);
+        for (uint32_t c0 = a; c0 < b; c0 += 256) {
+            const uint32_t c1 = std::min(b, c0 + 256);
+            std::fill(kblk.begin(), kblk.end(), 0.0f);
+            float * __restrict bs = kblk.data();
+            for (uint32_t c = c0; c < c1; ++c) {
+                if (cells.is_empty(c) || out[c - u0]) {
+                    continue;
+                }
+                const uint8_t * row = kr.p + (size_t) (c - a) * k->nb[1];
+                if (k->type == GGML_TYPE_F16) {
+                    const uint16_t * __restrict x = (const uint16_t *) row;
+                    for (size_t j = 0; j < E; ++j) {
+                        bs[j] += f16[x[j]] * f16[x[j]];
+                    }
+                } else {
+                    const float * __restrict x = (const float *) row;
+                    for (size_t j = 0; j < E; ++j) {
+                        bs[j] += x[j] * x[j];
+                    }
+                }
+            }
+            double * ks = R.ks.data();
+            for (size_t j = 0; j < E; ++j) {
+                ks[j] += bs[j];
             }
         }
 
@@ -945,23 +980,33 @@ static double sparq_rebuild_stream(llama_sparq_ctx & S, uint32_t strm, const std
     for (size_t li = 0; li < lay.size(); ++li) {
         sparq_layer & L = S.layers[lay[li]];
         const size_t Ev = A::layer_v(kv, lay[li])->ne[0];
-        std::vector<double> vs(Ev, 0.0);
+        const size_t Ek = A::layer_k(kv, lay[li])->ne[0];
+        std::vector<double> vs(Ev, 0.0), ks(Ek, 0.0);
         for (uint32_t ch = 0; ch < n_chunks; ++ch) {
             const job_out & R = res[li * n_chunks + ch];
             max_diff = std::max(max_diff, R.diff);
             for (size_t j = 0; j < Ev; ++j) {
                 vs[j] += R.vs[j];
             }
+            for (size_t j = 0; j < Ek && j < R.ks.size(); ++j) {
+                ks[j] += R.ks[j];
+            }
         }
-        std::vector<float> vsf(vs.begin(), vs.end());
+        std::vector<float> vsf(vs.begin(), vs.end()), ksf(ks.begin(), ks.end());
         if (check) {
-            std::vector<float> cur(Ev);
+            std::vector<float> cur(Ev), curk(Ek);
             ggml_backend_tensor_get(L.vsum, cur.data(), strm * L.vsum->nb[2], Ev * sizeof(float));
+            ggml_backend_tensor_get(L.ksq, curk.data(), strm * L.ksq->nb[2], Ek * sizeof(float));
             for (size_t j = 0; j < Ev; ++j) {
                 max_diff = std::max(max_diff, (double) fabsf(cur[j] - vsf[j]));
             }
+            for (size_t j = 0; j < Ek; ++j) {
+                // relative: a sum of squares grows with the cells (f32 appends)
+                max_diff = std::max(max_diff, (double) fabsf(curk[j] - ksf[j]) / std::max(1.0f, ksf[j]));
+            }
         } else {
             ggml_backend_tensor_set(L.vsum, vsf.data(), strm * L.vsum->nb[2], Ev * sizeof(float));
+            ggml_backend_tensor_set(L.ksq, ksf.data(), strm * L.ksq->nb[2], Ek * sizeof(float));
         }
     }
     return max_diff;
@@ -1215,9 +1260,13 @@ void llm_graph_input_sparq::set_input(const llama_ubatch * ubatch) {
 
     // the PCA basis is calibrated on the cache's keys at the first step that runs SparQ; K^T is then
     // rebuilt in it (this graph rotates its own appends with the tensors written here)
-    if (St.params.basis != LLAMA_SPARQ_BASIS_MODEL && !St.calibrated && St.basis_ctx &&
+    if (St.params.basis == LLAMA_SPARQ_BASIS_PCA && !St.calibrated && St.basis_ctx &&
         std::any_of(decisions.begin(), decisions.end(), [](const sparq_decision & dc) { return dc.reason < 0; })) {
-        sparq_calibrate(St, St.params.basis == LLAMA_SPARQ_BASIS_PCA);
+        std::vector<std::vector<uint32_t>> fresh(A::n_stream(kv));
+        for (uint32_t s = 0; s < si.n_stream(); ++s) {
+            fresh[si.strm[s]].assign(si.idxs[s].begin(), si.idxs[s].end());
+        }
+        sparq_calibrate(St, true, fresh);
         for (auto & st : St.streams) {
             st.valid = false;
         }
@@ -1380,6 +1429,7 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
     const bool appends = k_cur && v_cur;
     ggml_tensor * kt_src = L.kt;
     ggml_tensor * vs_src = L.vsum;
+    ggml_tensor * ksq_src = L.ksq;
     const auto & si = A::sinfo(mctx);
     if (appends) {
         inp->appends = true;
@@ -1423,6 +1473,18 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
         ggml_tensor * dst = ggml_view_2d(ctx0, L.vsum, Ev, n_stream, L.vsum->nb[2], si.s0 * L.vsum->nb[2]);
         vs_src = ggml_add_inplace(ctx0, dst, ggml_cast(ctx0, add, GGML_TYPE_F32));
         ggml_build_forward_expand(g.gf, vs_src);
+
+        // sums of k^2 per component (the scaled basis's weights), of the keys as the cache holds them
+        ggml_tensor * kk2 = ggml_reshape_3d(ctx0, ggml_is_contiguous(k_cur) ? k_cur : ggml_cont(ctx0, k_cur), E, n_tps, n_stream);
+        if (k->type != GGML_TYPE_F32) {
+            kk2 = ggml_cast(ctx0, ggml_cast(ctx0, kk2, k->type), GGML_TYPE_F32);
+        }
+        kk2 = ggml_sqr(ctx0, kk2);
+        ggml_tensor * kadd = n_tps == 1 ? ggml_reshape_2d(ctx0, kk2, E, n_stream) :
+            ggml_reshape_2d(ctx0, ggml_sum_rows(ctx0, ggml_cont(ctx0, ggml_permute(ctx0, kk2, 1, 0, 2, 3))), E, n_stream);
+        ggml_tensor * kdst = ggml_view_2d(ctx0, L.ksq, E, n_stream, L.ksq->nb[2], si.s0 * L.ksq->nb[2]);
+        ksq_src = ggml_add_inplace(ctx0, kdst, kadd);
+        ggml_build_forward_expand(g.gf, ksq_src);
     }
 
     int reason = -1;
@@ -1477,8 +1539,11 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
         // the query in the PCA basis of its KV head (query head h uses rot[h / g], as GQA maps heads)
         ggml_tensor * q_sel = ggml_mul_mat(ctx0, L.rot, ggml_cont(ctx0, q4)); // [d, n_tps, n_head, ns]
         ggml_sparq_attn_set_basis(cur, q_sel, L.spread);
-    } else if (P.basis == LLAMA_SPARQ_BASIS_SCALED && L.spread) {
-        ggml_sparq_attn_set_basis(cur, nullptr, L.spread);
+    } else if (P.basis == LLAMA_SPARQ_BASIS_SCALED) {
+        // weights: the keys' RMS per component over the stream's cells; sqrt of the sums of squares
+        // (the count is common to all components and cancels in step 1's ranking and in tau)
+        ggml_tensor * ks3 = ggml_view_3d(ctx0, ksq_src, d, hkv, n_stream, L.ksq->nb[1], L.ksq->nb[2], 0);
+        ggml_sparq_attn_set_basis(cur, nullptr, ggml_sqrt(ctx0, ks3));
     }
     if (l > 0) {
         if (!inp->win) {

@@ -294,8 +294,9 @@ struct ctx {
         return (const float *) ((const char *) a->q_sel + (size_t) row_in_stream(R) * a->q_sel_nb1 +
                                 (size_t) h * a->q_sel_nb2 + (size_t) row_stream(R) * a->q_sel_nb3);
     }
-    const float * comp_w(int kvh) const {
-        return a->comp_w ? (const float *) ((const char *) a->comp_w + (size_t) kvh * a->comp_w_nb1) : nullptr;
+    const float * comp_w(int kvh, int st) const {
+        return a->comp_w ? (const float *) ((const char *) a->comp_w + (size_t) kvh * a->comp_w_nb1 +
+                                            (size_t) st * a->comp_w_nb2) : nullptr;
     }
     const char * K_row(int st, int kvh, int i) const {
         return (const char *) a->K + (size_t) i * a->K_nb1 + (size_t) kvh * a->K_nb2 + (size_t) st * a->K_nb3;
@@ -356,7 +357,7 @@ static void phase_a(const ctx & C, int ith, int nth) {
     int32_t * order = (int32_t *) (absq + d);
     for (int u = ith; u < C.L.U; u += nth) {
         const int R = C.unit_row(u), kvh = C.unit_kvh(u);
-        const float * cw = C.comp_w(kvh);
+        const float * cw = C.comp_w(kvh, C.row_stream(R));
         for (int j = 0; j < d; ++j) {
             absq[j] = 0.0f;
         }

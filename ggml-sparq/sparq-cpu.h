@@ -98,8 +98,8 @@ struct sparq_args {
     // steps 1-2 instead of q; [d, n_rows, n_head, n_stream] like q
     const float * q_sel; size_t q_sel_nb1, q_sel_nb2, q_sel_nb3;
     // optional: weights of the components in step 1 (the keys' spread per component of
-    // that basis), [d, n_head_kv]
-    const float * comp_w; size_t comp_w_nb1;
+    // that basis), per KV head and stream
+    const float * comp_w; size_t comp_w_nb1, comp_w_nb2;       // [d, n_head_kv, 1 or n_stream] (nb2 0: shared)
 
     // optional, for tests: the selected cells per (stream, row, kv head), ascending,
     // -1 padded; sel_n entries each (k, or g*(k-l)+l with per_head); [sel_n, n_head_kv, n_rows, n_stream]

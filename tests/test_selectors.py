@@ -16,7 +16,8 @@ from llama_sparq import reference
 N_THREADS = 2
 
 VARIANTS = {
-    "paper": dict(),
+    "defaults": dict(),
+    "paper": dict(sparq_basis="model"),
     "oracle": dict(sparq_selector="oracle"),
     "per_head": dict(sparq_gqa="per_head"),
     "no_mean_v": dict(sparq_mean_v=False),
@@ -51,14 +52,21 @@ def check_calls_against_reference(calls, settings, min_calls):
                   per_head=settings.get("sparq_gqa") == "per_head", mean_v=settings.get("sparq_mean_v", True),
                   oracle=settings.get("sparq_selector") == "oracle", window=[x["win"]])
         if c["comp_w"] is not None:
-            kw["comp_w"] = c["comp_w"][0, 0].astype(np.float64)  # ggml [d, hkv] -> (hkv, d)
+            kw["comp_w"] = c["comp_w"][0, 0].astype(np.float64)  # ggml [d, hkv, ns] -> (hkv, d) of stream 0
+        if settings.get("sparq_basis", "scaled") == "scaled":
+            # the weights are the keys' RMS per component over the stream's cells (times sqrt(count)):
+            # sqrt of the running sums of squares, which the graph keeps like the V sums
+            valid = np.isfinite(x["mask"][0])
+            want_w = np.sqrt((x["K"][valid] ** 2).sum(axis=0))   # (hkv, d)
+            assert np.allclose(kw["comp_w"], want_w, rtol=2e-3, atol=1e-6), "scaled weights differ from sqrt(sum k^2)"
         if c["q_sel"] is not None:
             kw["q_sel"] = x["q_sel"]
             # the keys in the basis K^T is stored in: ggml [n_kv, d, hkv, ns] -> (n_kv, hkv, d)
             kw["K_sel"] = c["KT"][0].transpose(2, 0, 1).astype(np.float64)
-        if settings.get("sparq_basis") in ("scaled", "pca"):
+        basis = settings.get("sparq_basis", "scaled")  # the default
+        if basis in ("scaled", "pca"):
             assert c["comp_w"] is not None, "the scaled/PCA basis must pass component weights"
-        if settings.get("sparq_basis") == "pca":
+        if basis == "pca":
             assert c["q_sel"] is not None, "the PCA basis must pass the rotated query"
         want, info = reference.sparq_attention(x["q"], x["K"], x["V"], return_info=True, **kw)
         got = x["out"]
@@ -82,7 +90,9 @@ def test_variant_op_equals_reference_on_graph_tensors(tiny_gqa_model, variant):
     check_calls_against_reference(cap.calls, settings, min_calls=2 * 4)
     st = llm.sparq_stats()
     assert st["n_sparq"] >= 8
-    assert llm.sparq_params()["basis"] == settings.get("sparq_basis", "model")
+    from llama_sparq import _sparq
+
+    assert llm.sparq_params()["basis"] == settings.get("sparq_basis", _sparq.default_params()["basis"])
 
 
 @pytest.mark.parametrize("basis", ["scaled", "pca"])
@@ -151,7 +161,7 @@ def test_counters_cost_model_per_variant(tiny_gqa_model):
     prompt = rand_tokens(700, 11, 256)
     d, g = 16, 4
     out = {}
-    for name, extra in (("paper", {}), ("per_head", dict(sparq_gqa="per_head")),
+    for name, extra in (("paper", dict(sparq_basis="model")), ("per_head", dict(sparq_gqa="per_head")),
                         ("oracle", dict(sparq_selector="oracle"))):
         llm = make_llm(tiny_gqa_model, sparq_r=8, sparq_k=64, sparq_l=16, sparq_min_kv=0, **extra)
         llm.reset()
@@ -172,7 +182,7 @@ def test_gemma_op_equals_reference_on_its_tensors(gemma_model):
     for the paper's setting and the scaled basis."""
     from llama_sparq.capture import Capture
 
-    for extra in ({}, dict(sparq_basis="scaled")):
+    for extra in (dict(sparq_basis="model"), dict(sparq_basis="scaled")):
         settings = dict(sparq_r=64, sparq_k=128, sparq_l=32, sparq_min_kv=0, **extra)
         llm = make_llm(gemma_model, n_ctx=2048, **settings)
         text = b"The river carried the lantern past the market and the copper window. " * 90

@@ -402,7 +402,11 @@ def test_settings_survive_pickling(tiny_model):
     sp = make_llm(tiny_model, n_ctx=512, sparq_r=8, sparq_k=64, sparq_l=4, sparq_min_kv=10)
     clone = pickle.loads(pickle.dumps(sp))
     assert clone.sparq_params() == sp.sparq_params() == dict(enabled=True, r=8, k=64, l=4, min_kv=10,
-                                                              all_rows=False)
+                                                              all_rows=False, selector="sparq", gqa="shared",
+                                                              mean_v=True, basis="scaled")
+    sp2 = make_llm(tiny_model, n_ctx=512, sparq_basis="pca", sparq_gqa="per_head", sparq_mean_v=False,
+                   sparq_selector="oracle")
+    assert pickle.loads(pickle.dumps(sp2)).sparq_params() == sp2.sparq_params()
 
 
 def test_changing_settings_invalidates_graph_reuse(tiny_model):

@@ -34,7 +34,7 @@ GGML_API void ggml_sparq_attn_set_selector(struct ggml_tensor * attn, int32_t se
 
 // Approximate scores in another basis of the keys: q_sel (f32, q's shape) is the query in
 // the basis K^T is stored in (steps 1-2 use it; step 4 uses q and K); comp_w (f32
-// [d, n_head_kv], optional) weighs the components in step 1's choice and tau's norms.
+// [d, n_head_kv, 1 or n_stream], optional) weighs the components in step 1's choice and tau's norms.
 // Either may be NULL.
 GGML_API void ggml_sparq_attn_set_basis(struct ggml_tensor * attn, struct ggml_tensor * q_sel, struct ggml_tensor * comp_w);
 

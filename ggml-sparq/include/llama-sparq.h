@@ -80,7 +80,7 @@ struct llama_sparq_params {
     int32_t selector; // enum llama_sparq_selector; default SPARQ
     int32_t gqa;      // enum llama_sparq_gqa; default SHARED
     bool    mean_v;   // mean-value reallocation (step 5); default true
-    int32_t basis;    // enum llama_sparq_basis; default MODEL
+    int32_t basis;    // enum llama_sparq_basis; default SCALED
 };
 
 struct llama_sparq_stats {

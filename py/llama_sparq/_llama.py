@@ -54,7 +54,8 @@ class Llama(llama_cpp.Llama):
       query head chooses k - l cells, the group attends over their union)
     - ``sparq_mean_v``: mean-value reallocation on (default) or off
     - ``sparq_basis``: how step 1 ranks components: ``"model"`` (|q| over the keys' own
-      components, the paper), ``"scaled"`` (|q| times the keys' RMS per component) or ``"pca"``
+      components, the paper), ``"scaled"`` (|q| times the keys' RMS per component; the
+      default) or ``"pca"``
       (the keys' principal axes per layer and KV head, ranked likewise); both calibrated on
       the cache's keys at the first SparQ step
 

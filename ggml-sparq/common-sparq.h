@@ -44,10 +44,10 @@ void common_sparq_add_args(AddOpt && add_opt, const common_params & params) {
     ).set_env("LLAMA_ARG_SPARQ"));
     add_opt(common_arg(
         {"--sparq-r"}, "N",
-        string_format("SparQ: query components kept, 1..head size; 0 = head size / 8 (default: %d)", params.sparq.r),
+        string_format("SparQ: query components kept, 1..head size; 0 = head size / 4 (default: %d)", params.sparq.r),
         [](common_params & params, int value) {
             if (value < 0) {
-                throw std::invalid_argument("--sparq-r must be 0 (head size / 8) or 1..head size, got " + std::to_string(value));
+                throw std::invalid_argument("--sparq-r must be 0 (head size / 4) or 1..head size, got " + std::to_string(value));
             }
             params.sparq.r = value;
             params.sparq.enabled = true;

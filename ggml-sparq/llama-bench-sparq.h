@@ -40,7 +40,7 @@ static inline bool sparq_bench_is_arg(const std::string & a) {
 
 static inline void sparq_bench_usage() {
     printf("  --sparq <0|1>                              SparQ attention off/on (default: 0)\n");
-    printf("  --sparq-r <n>                              SparQ query components, 0 = head size/8 (default: 0)\n");
+    printf("  --sparq-r <n>                              SparQ query components, 0 = head size/4 (default: 0)\n");
     printf("  --sparq-k <n>                              SparQ positions per decode step (default: 128)\n");
     printf("  --sparq-l <n>                              SparQ local window, -1 = k/4 (default: -1)\n");
     printf("  --sparq-min-kv <n>                         SparQ dense below this many KV cells (default: 1024)\n");

@@ -565,7 +565,7 @@ int32_t llama_sparq_set_params(struct llama_context * ctx, const struct llama_sp
         d_min = hp.n_embd_head_k();
     }
     if (p->r < 0 || p->r > d_min) {
-        sparq_err(err, err_size, "SparQ: r = %d is out of range: allowed 1..%lld (the head size), or 0 for head size / 8",
+        sparq_err(err, err_size, "SparQ: r = %d is out of range: allowed 1..%lld (the head size), or 0 for head size / 4",
                   p->r, (long long) d_min);
         return -1;
     }
@@ -1418,7 +1418,7 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
     const int64_t n_kv     = k->ne[2];
     const int64_t d        = k->ne[0];
     const int64_t hkv      = k->ne[1];
-    const int r  = P.r > 0 ? P.r : std::max<int>(1, (int) d / 8);
+    const int r  = P.r > 0 ? P.r : std::max<int>(1, (int) d / 4); // the default: head size / 4 (README "Accuracy")
     const int kk = P.k;
     const int l  = P.l >= 0 ? P.l : kk / 4;
     const int g_size = (int) (q->ne[1] / std::max<int64_t>(1, hkv));

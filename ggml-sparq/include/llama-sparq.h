@@ -72,7 +72,7 @@ enum llama_sparq_basis {
 struct llama_sparq_params {
     size_t  size;     // sizeof(struct llama_sparq_params): set by llama_sparq_default_params()
     bool    enabled;  // default false
-    int32_t r;        // query components kept, 1..head size; 0 = head size / 8
+    int32_t r;        // query components kept, 1..head size; 0 = head size / 4 (the default)
     int32_t k;        // positions attended, >= 1; default 128
     int32_t l;        // local window (most recent cells, counted in k), 0..k; -1 = k / 4
     int32_t min_kv;   // decode stays dense while the sequence holds fewer cells (the longest of the batch), >= 0; default 1024

@@ -43,8 +43,8 @@ class Llama(llama_cpp.Llama):
 
     SparQ keyword arguments (applied after the context exists; any of them switches SparQ on):
 
-    - ``sparq``: True for SparQ with the defaults (r = head size / 8, k = 128, l = k / 4)
-    - ``sparq_r``: query components kept, 1..head size (0: head size / 8)
+    - ``sparq``: True for SparQ with the defaults (r = head size / 4, k = 128, l = k / 4, the scaled basis)
+    - ``sparq_r``: query components kept, 1..head size (0: head size / 4)
     - ``sparq_k``: positions attended, >= 1
     - ``sparq_l``: local window, 0..k (-1: k / 4)
     - ``sparq_min_kv``: decoding stays dense while the sequence holds fewer KV cells, >= 0 (default 1024)
@@ -92,7 +92,7 @@ class Llama(llama_cpp.Llama):
             "basis": d["basis"] if sparq_basis is None else sparq_basis,
         }
         # checks that need no model (the head-size bound of r is checked by the library)
-        _check_int("sparq_r", settings["r"], 0, None, " (0: head size / 8; at most the head size)")
+        _check_int("sparq_r", settings["r"], 0, None, " (0: head size / 4; at most the head size)")
         _check_int("sparq_k", settings["k"], 1)
         _check_int("sparq_l", settings["l"], -1, settings["k"], " (-1: k / 4)")
         _check_int("sparq_min_kv", settings["min_kv"], 0)

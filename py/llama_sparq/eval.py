@@ -141,7 +141,7 @@ def variant_settings(name, comp, d, g):
 
         p = _sparq.default_params()
         k = p["k"]
-        return dict(sparq_r=p["r"] or max(1, d // 8), sparq_k=k, sparq_l=p["l"] if p["l"] >= 0 else k // 4,
+        return dict(sparq_r=p["r"] or max(1, d // 4), sparq_k=k, sparq_l=p["l"] if p["l"] >= 0 else k // 4,
                     sparq_min_kv=0, sparq_gqa=p["gqa"], sparq_mean_v=p["mean_v"], sparq_selector=p["selector"],
                     sparq_basis=p["basis"])
     k = 128

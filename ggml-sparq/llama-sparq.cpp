@@ -1128,6 +1128,39 @@ static uint32_t sparq_used_max(const llama_kv_cache_context * m) {
     return n;
 }
 
+// How the query rows of a ubatch split between SparQ and upstream's dense attention, decided
+// per ubatch at graph build (graph reuse keeps the decision: can_reuse compares it). A sequence
+// that brings several tokens to the current llama_decode is prompt processing even where the
+// equal split gives it one row per stream (llama-server batches one slot's prompt beside other
+// slots' decode steps): alone those rows run upstream's dense attention (build_attn_mha), so they
+// run exactly that here too. No stream brings a prompt: SparQ only. Every stream does: the dense
+// path (counted as `prefill`). Some do: both, and each token's row is copied from the one that
+// applies (a bit-exact pick); the dense attention of the decode rows is then wasted work, once
+// per llama_decode that mixes a prompt with decode steps.
+enum sparq_rows_mode { SPARQ_ROWS_SPARQ = 0, SPARQ_ROWS_DENSE = 1, SPARQ_ROWS_MIXED = 2 };
+
+// the mode of a ubatch over n_stream streams; prompt (optional): per stream, whether its sequence is a prompt
+static int sparq_rows_mode(const llama_sparq_ctx & S, const llama_ubatch & ub, uint32_t n_stream,
+                           std::vector<uint8_t> * prompt = nullptr) {
+    if (prompt) {
+        prompt->assign(n_stream, 0);
+    }
+    // several rows per stream are prompt rows and dense anyway (or all SparQ in all-rows mode)
+    if (S.params.all_rows || !S.balloc || n_stream == 0 || ub.n_tokens != n_stream || !ub.seq_id) {
+        return SPARQ_ROWS_SPARQ;
+    }
+    uint32_t n = 0;
+    for (uint32_t s = 0; s < n_stream; ++s) {
+        const llama_seq_id seq = ub.seq_id[s][0];
+        const bool p = seq >= 0 && seq < LLAMA_MAX_SEQ && S.balloc->seq_pos_max(seq) > S.balloc->seq_pos_min(seq);
+        n += p;
+        if (prompt) {
+            (*prompt)[s] = p;
+        }
+    }
+    return n == 0 ? SPARQ_ROWS_SPARQ : n == n_stream ? SPARQ_ROWS_DENSE : SPARQ_ROWS_MIXED;
+}
+
 class llm_graph_input_sparq : public llm_graph_input_i {
 public:
     llm_graph_input_sparq(std::shared_ptr<llama_sparq_ctx> S, const llama_kv_cache_context * mctx)
@@ -1144,6 +1177,8 @@ public:
     ggml_tensor * win = nullptr;               // [l, n_tps, n_stream] i32: cells of the l most recent positions
     bool appends = false;                      // this graph appends to K^T and the V sums
     int  short_ctx = -1;                       // built with the streams under min_kv cells (1) or not (0); -1 unused
+    int  rows_mode = SPARQ_ROWS_SPARQ;         // sparq_rows_mode of the ubatch the graph was built for
+    ggml_tensor * pick = nullptr;              // SPARQ_ROWS_MIXED: [n_tokens] i32, per token its row of [SparQ; dense]
     std::vector<sparq_decision> decisions;     // one per attention layer of this graph
 };
 
@@ -1176,6 +1211,8 @@ bool llm_graph_input_sparq::can_reuse(const llm_graph_params & params) {
     if (win) {
         ok &= win->ne[1] * win->ne[2] == (int64_t) params.ubatch.n_tokens;
     }
+    // prompt rows beside decode rows: the graph holds SparQ, dense attention or both
+    ok &= rows_mode == sparq_rows_mode(*S, params.ubatch, A::sinfo(m).n_stream());
     if (short_ctx >= 0) {
         // the graph holds SparQ or dense attention by the dense threshold: rebuild when the context crosses it
         ok &= short_ctx == (int) (sparq_used_max(m) < (uint32_t) S->params.min_kv);
@@ -1239,26 +1276,25 @@ void llm_graph_input_sparq::set_input(const llama_ubatch * ubatch) {
         st.valid = true;
     }
 
-    // a sequence that brings several tokens to this llama_decode is prompt processing even where
-    // the ubatch split gives it one row (a server batching one slot's prompt beside another's decode
-    // step): its row runs exact dense attention, as it would alone (a negative count tells the op)
-    int n_forced = 0;
     if (v_count) {
         GGML_ASSERT(ggml_backend_buffer_is_host(v_count->buffer));
         float * data = (float *) v_count->data;
-        const bool one_row = ubatch->n_tokens == si.n_stream();
         for (uint32_t s = 0; s < si.n_stream(); ++s) {
             data[s] = (float) A::cells(kv, si.strm[s]).get_used();
-            if (one_row && !St.params.all_rows && St.balloc) {
-                const llama_seq_id seq = ubatch->seq_id[s][0];
-                if (St.balloc->seq_pos_max(seq) > St.balloc->seq_pos_min(seq)) {
-                    data[s] = -data[s];
-                    n_forced++;
-                }
-            }
         }
     }
-    const bool all_forced = v_count && n_forced == (int) si.n_stream();
+
+    // prompt rows beside decode rows (one row per stream): each token's row of [SparQ; dense]
+    if (pick) {
+        GGML_ASSERT(ggml_backend_buffer_is_host(pick->buffer));
+        std::vector<uint8_t> prompt;
+        const int mode = sparq_rows_mode(St, *ubatch, si.n_stream(), &prompt);
+        GGML_ASSERT(mode == rows_mode && (int64_t) ubatch->n_tokens == pick->ne[0]);
+        int32_t * data = (int32_t *) pick->data;
+        for (uint32_t s = 0; s < si.n_stream(); ++s) {
+            data[s] = prompt[s] ? (int32_t) (ubatch->n_tokens + s) : (int32_t) s;
+        }
+    }
 
     // the local window: per query row, the cells of its sequence's l most recent positions
     if (win) {
@@ -1286,9 +1322,7 @@ void llm_graph_input_sparq::set_input(const llama_ubatch * ubatch) {
     const double S_ = std::max<double>(1.0, sparq_used_max(mctx));
     std::lock_guard<std::mutex> lock(St.mtx);
     for (const sparq_decision & dc : decisions) {
-        if (dc.reason < 0 && all_forced) {
-            St.n_dense[LLAMA_SPARQ_DENSE_PREFILL]++; // every row of the call ran dense (prompt rows)
-        } else if (dc.reason < 0) {
+        if (dc.reason < 0) { // SparQ ran (for every row, or for the decode rows beside prompt rows)
             St.n_sparq++;
             const double md = 2.0 * S_ * dc.d + 2.0 * dc.d;
             const double ms = S_ <= dc.k ? md : S_ * dc.r + 2.0 * std::min<double>(dc.rows, S_) * dc.d + 4.0 * dc.d + dc.extra;
@@ -1334,6 +1368,7 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
         const llama_kv_cache_context * base = same_cache ? mctx : sparq_base_mctx(g.mctx);
         if (base && A::cache(base) == S.kv) {
             inp = (llm_graph_input_sparq *) g.res->add_input(std::make_unique<llm_graph_input_sparq>(cp.sparq, base));
+            inp->rows_mode = sparq_rows_mode(S, g.ubatch, A::sinfo(base).n_stream());
         }
     }
     auto decide = [&](int reason, int d, int r, int kk, int rows, int extra = 0) {
@@ -1424,8 +1459,8 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
         reason = LLAMA_SPARQ_DENSE_ATTN_VARIANT;
     } else if (cp.kv_unified && cp.n_seq_max > 1) {
         reason = LLAMA_SPARQ_DENSE_SHARED_STREAM;
-    } else if (n_tps > 1 && !P.all_rows) {
-        reason = LLAMA_SPARQ_DENSE_PREFILL;
+    } else if ((n_tps > 1 && !P.all_rows) || (inp && inp->rows_mode == SPARQ_ROWS_DENSE)) {
+        reason = LLAMA_SPARQ_DENSE_PREFILL; // prompt rows only
     } else {
         const bool is_short = sparq_used_max(mctx) < (uint32_t) P.min_kv;
         if (inp) {
@@ -1482,5 +1517,18 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
         ggml_sparq_attn_set_window(cur, inp->win);
     }
     ggml_format_name(cur, "sparq_attn-%d", il);
-    return ggml_reshape_2d(ctx0, cur, cur->ne[0] * cur->ne[1], cur->ne[2] * cur->ne[3]);
+    ggml_tensor * out = ggml_reshape_2d(ctx0, cur, cur->ne[0] * cur->ne[1], cur->ne[2] * cur->ne[3]);
+    if (inp->rows_mode == SPARQ_ROWS_MIXED) {
+        // prompt rows beside decode rows: the prompt rows get upstream's dense attention, as alone;
+        // the pick copies rows, so each is bit-identical to the one it comes from
+        ggml_tensor * dense = g.build_attn_mha(q, k, v, kq_b, kq_mask, sinks, v_mla, 0, kq_scale, il);
+        GGML_ASSERT(dense->type == GGML_TYPE_F32 && ggml_are_same_shape(dense, out));
+        if (!inp->pick) {
+            inp->pick = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, n_tokens);
+            ggml_set_input(inp->pick);
+            ggml_set_name(inp->pick, "sparq_pick");
+        }
+        out = ggml_get_rows(ctx0, ggml_concat(ctx0, out, dense, 1), inp->pick);
+    }
+    return out;
 }

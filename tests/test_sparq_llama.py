@@ -585,3 +585,42 @@ def test_bench_fill_is_a_valid_cache(tiny_gqa_model):
     sp._ctx.kv_cache_clear()
     with pytest.raises(ValueError, match=r"n_tokens is 100000; allowed 1\.\.\d+ \(the KV cache size\)"):
         _sparq.bench_fill(sp._ctx.ctx, 100000)
+
+
+def test_v_sums_stay_exact_at_1m_cells(tmp_path):
+    """Issue 10 item 3: the V sums at 1M cells. A synthetic fill of 2^20 - 4096 cells (the
+    first SparQ step rebuilds the sums in f64), then 600 decode steps, each appending its
+    values to the f32 sums in the graph: llama_sparq_debug_check stays within the tests'
+    tolerance (1e-3). A plain f32 += drifted to ~1.7e-3 here (half an ulp of |sum| ~ 1e3 per
+    step); the appends are Kahan-compensated. v_count (f32) is exact up to 2^24 cells."""
+    from llama_sparq import Llama, _sparq
+    from llama_sparq.models import make_tiny_llama
+
+    model = make_tiny_llama(tmp_path / "tiny1.gguf", n_layer=1, n_embd=64, n_head=4, n_head_kv=1, seed=5)
+    n_ctx = 1 << 20
+    llm = Llama(str(model), n_ctx=n_ctx, n_threads=N_THREADS, n_batch=512, verbose=False, seed=0,
+                sparq=True, sparq_r=4, sparq_k=64, sparq_min_kv=0)
+    llm.reset()
+    llm._ctx.kv_cache_clear()
+    n_fill = n_ctx - 4096
+    _sparq.bench_fill(llm._ctx.ctx, n_fill, seed=3)
+    llm.n_tokens = n_fill
+    rng = np.random.default_rng(0)
+    for t in rng.integers(3, llm.n_vocab(), 600):
+        llm.eval([int(t)])
+    assert debug_check(llm) <= 1e-3
+    st = llm.sparq_stats()
+    assert st["n_sparq"] == 600 and st["n_rebuilds"] == 1, st
+
+
+def test_cache_over_2_24_cells_is_refused(tmp_path):
+    """The op counts valid cells in f32 (exact to 2^24): a larger cache is refused with a
+    reason, never run with a rounded count."""
+    from llama_sparq import Llama
+    from llama_sparq.models import make_tiny_llama
+
+    model = make_tiny_llama(tmp_path / "tiny-narrow.gguf", n_layer=1, n_embd=8, n_head=4, n_head_kv=1, seed=5)
+    llm = Llama(str(model), n_ctx=(1 << 24) + 256, n_threads=N_THREADS, n_batch=64, n_ubatch=64, verbose=False,
+                flash_attn=True)
+    with pytest.raises(RuntimeError, match="16777472 cells per stream; SparQ supports up to 16777216"):
+        llm.set_sparq(enabled=True)

@@ -3,11 +3,12 @@
 //
 // Data. For every full-attention layer of the KV cache with an f16/f32 cache and
 // non-transposed V, a K^T tensor [kv_size, d, n_head_kv, n_stream] (the keys again,
-// cell-contiguous, same type as K) and a V-sum tensor [dv, n_head_kv, n_stream] f32,
-// allocated in the buffer type of the layer's K when SparQ is first enabled.
+// cell-contiguous, same type as K) and a V-sum tensor [dv, n_head_kv, n_stream] f32 with
+// its Kahan compensation (same shape), allocated in the buffer type of the layer's K when
+// SparQ is first enabled.
 //
 // Upkeep. Each ubatch appends its keys to K^T (set_rows, O(d) per token and layer)
-// and adds its values to the V sums, in the graph. Every other change of the cache
+// and adds its values to the V sums (compensated), in the graph. Every other change of the cache
 // (sequence removal/copy/keep, position shifts that re-rope K, clearing, state load,
 // stream copies, overwrites, anything done while SparQ was off) is detected through
 // the cells' content versions (ggml-sparq/llama-sparq-cells.h, kept by llama_kv_cells

@@ -107,6 +107,7 @@ def gemma_load(gemma_model, tmp_path_factory):
         prompts = build_prompts(srv, 16, 2048, 3072, seed=0)
         res = run_load(srv, prompts, n_predict=8, request_timeout=1200)
         res["props"], res["error_lines"] = props, srv.error_lines()
+    print("gemma load:", {k: v for k, v in res.items() if k not in ("texts", "props")})  # pytest -s shows it
     return res
 
 
@@ -125,9 +126,11 @@ def test_server_load_gemma(gemma_load):
 
 
 @pytest.mark.real_model
-@pytest.mark.xfail(strict=False, reason="a prompt row beside another slot's decode row runs SparQ (see "
-                   "test_prompt_rows_beside_a_decode_row_equal_the_prompt_alone), so a response can differ from the "
-                   "request alone; dense under the same load is equal")
+@pytest.mark.xfail(strict=False, reason="prompt rows beside decode rows now run dense as alone (the tiny test below), "
+                   "and decode rows beside other slots' rows equal the step alone on Gemma, yet 6 of 16 responses still "
+                   "differed (first at generated token 1-5) where dense under the same load differs in none: cause not "
+                   "yet found (candidate: SparQ's selection amplifying rounding-level differences of the prompt's K/V, "
+                   "whose rows ran in ubatches of other shapes)")
 def test_server_load_gemma_equal_to_alone(gemma_load):
     """Each concurrent response equals the same request run alone (greedy)."""
     assert not gemma_load["mismatches"], gemma_load["mismatches"]

@@ -7,8 +7,10 @@ class llama_kv_cache_context;
 
 // SparQ attention for this layer and ubatch, in the layout build_attn_mha returns
 // ([dv*n_head, n_tokens]), or nullptr when the dense path must run (SparQ off, or a
-// dense fallback, which is counted with its reason). Also appends the ubatch's keys
-// to K^T and its values to the V sums when the layer keeps SparQ data.
+// dense fallback, which is counted with its reason). A ubatch with prompt rows beside
+// decode rows gets both, picked per row (the hook calls g.build_attn_mha itself). Also
+// appends the ubatch's keys to K^T and its values to the V sums when the layer keeps
+// SparQ data.
 // k_cur / v_cur: the new keys and values (nullptr for layers that reuse another's cache).
 ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv_cache_context * mctx,
                                      ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,

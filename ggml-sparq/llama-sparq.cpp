@@ -3,11 +3,12 @@
 //
 // Data. For every full-attention layer of the KV cache with an f16/f32 cache and
 // non-transposed V, a K^T tensor [kv_size, d, n_head_kv, n_stream] (the keys again,
-// cell-contiguous, same type as K) and a V-sum tensor [dv, n_head_kv, n_stream] f32,
-// allocated in the buffer type of the layer's K when SparQ is first enabled.
+// cell-contiguous, same type as K) and a V-sum tensor [dv, n_head_kv, n_stream] f32 with
+// its Kahan compensation (same shape), allocated in the buffer type of the layer's K when
+// SparQ is first enabled.
 //
 // Upkeep. Each ubatch appends its keys to K^T (set_rows, O(d) per token and layer)
-// and adds its values to the V sums, in the graph. Every other change of the cache
+// and adds its values to the V sums (compensated), in the graph. Every other change of the cache
 // (sequence removal/copy/keep, position shifts that re-rope K, clearing, state load,
 // stream copies, overwrites, anything done while SparQ was off) is detected through
 // the cells' content versions (ggml-sparq/llama-sparq-cells.h, kept by llama_kv_cells
@@ -105,6 +106,9 @@ struct sparq_layer {
     ggml_tensor * kt   = nullptr; // [kv_size, d, n_head_kv, n_stream]
     ggml_tensor * vsum = nullptr; // [dv, n_head_kv, n_stream] f32
     ggml_tensor * ksq  = nullptr; // [d, n_head_kv, n_stream] f32: the sum of k^2 per component (the scaled basis)
+    // the V sums' compensation (Kahan summation of the appends; vsum - vcomp is the exact sum to
+    // about one rounding): [dv, n_head_kv, n_stream] f32
+    ggml_tensor * vcomp = nullptr;
     int reason = -1;              // >= 0: no data for this layer, why
     // the PCA basis (LLAMA_SPARQ_BASIS_PCA): rot [d, d, n_head_kv] f32, rot[j + d*(m + d*h)] =
     // component j of axis m of KV head h; spread [d, n_head_kv] f32, the keys' RMS along each axis
@@ -223,7 +227,7 @@ static bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, char * e
     S.layers.assign(nl, sparq_layer());
     S.streams.assign(n_stream, sparq_stream_state());
 
-    ggml_init_params ip = { (nl * 3 + 1) * ggml_tensor_overhead(), nullptr, true };
+    ggml_init_params ip = { (nl * 4 + 1) * ggml_tensor_overhead(), nullptr, true };
     S.ctx.reset(ggml_init(ip));
     std::map<ggml_backend_buffer_type_t, std::vector<ggml_tensor *>> by_buft;
     for (size_t ikv = 0; ikv < nl; ++ikv) {
@@ -253,12 +257,15 @@ static bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, char * e
         L.vsum = ggml_new_tensor_3d(S.ctx.get(), GGML_TYPE_F32, dv, hkv, n_stream);
         L.ksq = ggml_new_tensor_3d(S.ctx.get(), GGML_TYPE_F32, dk, hkv, n_stream);
         ggml_format_name(L.ksq, "sparq_ksq_l%u", il);
+        L.vcomp = ggml_new_tensor_3d(S.ctx.get(), GGML_TYPE_F32, dv, hkv, n_stream);
         ggml_format_name(L.kt, "sparq_kt_l%u", il);
         ggml_format_name(L.vsum, "sparq_vsum_l%u", il);
+        ggml_format_name(L.vcomp, "sparq_vcomp_l%u", il);
         ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(k->buffer);
         by_buft[buft].push_back(L.kt);
         by_buft[buft].push_back(L.vsum);
         by_buft[buft].push_back(L.ksq);
+        by_buft[buft].push_back(L.vcomp);
         S.kv_bytes += ggml_nbytes(k) + ggml_nbytes(v);
         S.n_layers++;
     }
@@ -605,6 +612,11 @@ int32_t llama_sparq_set_params(struct llama_context * ctx, const struct llama_sp
         llama_kv_cache * kv = sparq_find_cache(ctx->get_memory());
         if (!kv) {
             sparq_err(err, err_size, "SparQ: this context has no attention KV cache (recurrent or embedding model?)");
+            return -2;
+        }
+        if (A::kv_size(kv) > (uint32_t) LLAMA_SPARQ_MAX_CELLS) {
+            sparq_err(err, err_size, "SparQ: the KV cache has %u cells per stream; SparQ supports up to %u (2^24: the "
+                      "op counts the valid cells in f32)", A::kv_size(kv), (uint32_t) LLAMA_SPARQ_MAX_CELLS);
             return -2;
         }
         auto S = std::make_shared<llama_sparq_ctx>();
@@ -992,7 +1004,11 @@ static double sparq_rebuild_stream(llama_sparq_ctx & S, uint32_t strm, const std
                 ks[j] += R.ks[j];
             }
         }
-        std::vector<float> vsf(vs.begin(), vs.end()), ksf(ks.begin(), ks.end());
+        // the sum rounded to f32, and the rounding as the appends' starting compensation
+        std::vector<float> vsf(vs.begin(), vs.end()), ksf(ks.begin(), ks.end()), vcf(Ev);
+        for (size_t j = 0; j < Ev; ++j) {
+            vcf[j] = (float) ((double) vsf[j] - vs[j]);
+        }
         if (check) {
             std::vector<float> cur(Ev), curk(Ek);
             ggml_backend_tensor_get(L.vsum, cur.data(), strm * L.vsum->nb[2], Ev * sizeof(float));
@@ -1007,6 +1023,7 @@ static double sparq_rebuild_stream(llama_sparq_ctx & S, uint32_t strm, const std
         } else {
             ggml_backend_tensor_set(L.vsum, vsf.data(), strm * L.vsum->nb[2], Ev * sizeof(float));
             ggml_backend_tensor_set(L.ksq, ksf.data(), strm * L.ksq->nb[2], Ek * sizeof(float));
+            ggml_backend_tensor_set(L.vcomp, vcf.data(), strm * L.vcomp->nb[2], Ev * sizeof(float));
         }
     }
     return max_diff;
@@ -1180,6 +1197,39 @@ static uint32_t sparq_used_max(const llama_kv_cache_context * m) {
     return n;
 }
 
+// How the query rows of a ubatch split between SparQ and upstream's dense attention, decided
+// per ubatch at graph build (graph reuse keeps the decision: can_reuse compares it). A sequence
+// that brings several tokens to the current llama_decode is prompt processing even where the
+// equal split gives it one row per stream (llama-server batches one slot's prompt beside other
+// slots' decode steps): alone those rows run upstream's dense attention (build_attn_mha), so they
+// run exactly that here too. No stream brings a prompt: SparQ only. Every stream does: the dense
+// path (counted as `prefill`). Some do: both, and each token's row is copied from the one that
+// applies (a bit-exact pick); the dense attention of the decode rows is then wasted work, once
+// per llama_decode that mixes a prompt with decode steps.
+enum sparq_rows_mode { SPARQ_ROWS_SPARQ = 0, SPARQ_ROWS_DENSE = 1, SPARQ_ROWS_MIXED = 2 };
+
+// the mode of a ubatch over n_stream streams; prompt (optional): per stream, whether its sequence is a prompt
+static int sparq_rows_mode(const llama_sparq_ctx & S, const llama_ubatch & ub, uint32_t n_stream,
+                           std::vector<uint8_t> * prompt = nullptr) {
+    if (prompt) {
+        prompt->assign(n_stream, 0);
+    }
+    // several rows per stream are prompt rows and dense anyway (or all SparQ in all-rows mode)
+    if (S.params.all_rows || !S.balloc || n_stream == 0 || ub.n_tokens != n_stream || !ub.seq_id) {
+        return SPARQ_ROWS_SPARQ;
+    }
+    uint32_t n = 0;
+    for (uint32_t s = 0; s < n_stream; ++s) {
+        const llama_seq_id seq = ub.seq_id[s][0];
+        const bool p = seq >= 0 && seq < LLAMA_MAX_SEQ && S.balloc->seq_pos_max(seq) > S.balloc->seq_pos_min(seq);
+        n += p;
+        if (prompt) {
+            (*prompt)[s] = p;
+        }
+    }
+    return n == 0 ? SPARQ_ROWS_SPARQ : n == n_stream ? SPARQ_ROWS_DENSE : SPARQ_ROWS_MIXED;
+}
+
 class llm_graph_input_sparq : public llm_graph_input_i {
 public:
     llm_graph_input_sparq(std::shared_ptr<llama_sparq_ctx> S, const llama_kv_cache_context * mctx)
@@ -1196,6 +1246,8 @@ public:
     ggml_tensor * win = nullptr;               // [l, n_tps, n_stream] i32: cells of the l most recent positions
     bool appends = false;                      // this graph appends to K^T and the V sums
     int  short_ctx = -1;                       // built with the streams under min_kv cells (1) or not (0); -1 unused
+    int  rows_mode = SPARQ_ROWS_SPARQ;         // sparq_rows_mode of the ubatch the graph was built for
+    ggml_tensor * pick = nullptr;              // SPARQ_ROWS_MIXED: [n_tokens] i32, per token its row of [SparQ; dense]
     std::vector<sparq_decision> decisions;     // one per attention layer of this graph
 };
 
@@ -1228,6 +1280,8 @@ bool llm_graph_input_sparq::can_reuse(const llm_graph_params & params) {
     if (win) {
         ok &= win->ne[1] * win->ne[2] == (int64_t) params.ubatch.n_tokens;
     }
+    // prompt rows beside decode rows: the graph holds SparQ, dense attention or both
+    ok &= rows_mode == sparq_rows_mode(*S, params.ubatch, A::sinfo(m).n_stream());
     if (short_ctx >= 0) {
         // the graph holds SparQ or dense attention by the dense threshold: rebuild when the context crosses it
         ok &= short_ctx == (int) (sparq_used_max(m) < (uint32_t) S->params.min_kv);
@@ -1295,26 +1349,25 @@ void llm_graph_input_sparq::set_input(const llama_ubatch * ubatch) {
         st.valid = true;
     }
 
-    // a sequence that brings several tokens to this llama_decode is prompt processing even where
-    // the ubatch split gives it one row (a server batching one slot's prompt beside another's decode
-    // step): its row runs exact dense attention, as it would alone (a negative count tells the op)
-    int n_forced = 0;
     if (v_count) {
         GGML_ASSERT(ggml_backend_buffer_is_host(v_count->buffer));
         float * data = (float *) v_count->data;
-        const bool one_row = ubatch->n_tokens == si.n_stream();
         for (uint32_t s = 0; s < si.n_stream(); ++s) {
             data[s] = (float) A::cells(kv, si.strm[s]).get_used();
-            if (one_row && !St.params.all_rows && St.balloc) {
-                const llama_seq_id seq = ubatch->seq_id[s][0];
-                if (St.balloc->seq_pos_max(seq) > St.balloc->seq_pos_min(seq)) {
-                    data[s] = -data[s];
-                    n_forced++;
-                }
-            }
         }
     }
-    const bool all_forced = v_count && n_forced == (int) si.n_stream();
+
+    // prompt rows beside decode rows (one row per stream): each token's row of [SparQ; dense]
+    if (pick) {
+        GGML_ASSERT(ggml_backend_buffer_is_host(pick->buffer));
+        std::vector<uint8_t> prompt;
+        const int mode = sparq_rows_mode(St, *ubatch, si.n_stream(), &prompt);
+        GGML_ASSERT(mode == rows_mode && (int64_t) ubatch->n_tokens == pick->ne[0]);
+        int32_t * data = (int32_t *) pick->data;
+        for (uint32_t s = 0; s < si.n_stream(); ++s) {
+            data[s] = prompt[s] ? (int32_t) (ubatch->n_tokens + s) : (int32_t) s;
+        }
+    }
 
     // the local window: per query row, the cells of its sequence's l most recent positions
     if (win) {
@@ -1342,9 +1395,7 @@ void llm_graph_input_sparq::set_input(const llama_ubatch * ubatch) {
     const double S_ = std::max<double>(1.0, sparq_used_max(mctx));
     std::lock_guard<std::mutex> lock(St.mtx);
     for (const sparq_decision & dc : decisions) {
-        if (dc.reason < 0 && all_forced) {
-            St.n_dense[LLAMA_SPARQ_DENSE_PREFILL]++; // every row of the call ran dense (prompt rows)
-        } else if (dc.reason < 0) {
+        if (dc.reason < 0) { // SparQ ran (for every row, or for the decode rows beside prompt rows)
             St.n_sparq++;
             const double md = 2.0 * S_ * dc.d + 2.0 * dc.d;
             const double ms = S_ <= dc.k ? md : S_ * dc.r + 2.0 * std::min<double>(dc.rows, S_) * dc.d + 4.0 * dc.d + dc.extra;
@@ -1390,6 +1441,7 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
         const llama_kv_cache_context * base = same_cache ? mctx : sparq_base_mctx(g.mctx);
         if (base && A::cache(base) == S.kv) {
             inp = (llm_graph_input_sparq *) g.res->add_input(std::make_unique<llm_graph_input_sparq>(cp.sparq, base));
+            inp->rows_mode = sparq_rows_mode(S, g.ubatch, A::sinfo(base).n_stream());
         }
     }
     auto decide = [&](int reason, int d, int r, int kk, int rows, int extra = 0) {
@@ -1470,8 +1522,18 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
             add = ggml_sum_rows(ctx0, ggml_cont(ctx0, ggml_permute(ctx0, vv, 1, 0, 2, 3))); // [1, Ev, ns]
             add = ggml_reshape_2d(ctx0, add, Ev, n_stream);
         }
-        ggml_tensor * dst = ggml_view_2d(ctx0, L.vsum, Ev, n_stream, L.vsum->nb[2], si.s0 * L.vsum->nb[2]);
-        vs_src = ggml_add_inplace(ctx0, dst, ggml_cast(ctx0, add, GGML_TYPE_F32));
+        // Kahan summation: y = x - c, t = s + y, c = (t - s) - y, s = t. A plain f32 += loses up to
+        // half an ulp of the sum per append: at 1M cells of unit-scale V (|sum| ~ 1e3 for zero-mean
+        // values, up to ~1e6 otherwise) 1000 decode steps drift by ~3e-3 from a recomputation (more
+        // than llama_sparq_debug_check's 1e-3 in the tests); compensated, the sum stays within about
+        // one rounding of the exact one however many appends follow a rebuild
+        ggml_tensor * s0 = ggml_view_2d(ctx0, L.vsum, Ev, n_stream, L.vsum->nb[2], si.s0 * L.vsum->nb[2]);
+        ggml_tensor * c0 = ggml_view_2d(ctx0, L.vcomp, Ev, n_stream, L.vcomp->nb[2], si.s0 * L.vcomp->nb[2]);
+        ggml_tensor * y = ggml_sub(ctx0, ggml_cast(ctx0, add, GGML_TYPE_F32), c0);
+        ggml_tensor * t = ggml_add(ctx0, s0, y);
+        // the new compensation is computed from s0 before s0 is overwritten (graph order)
+        ggml_build_forward_expand(g.gf, ggml_cpy(ctx0, ggml_sub(ctx0, ggml_sub(ctx0, t, s0), y), c0));
+        vs_src = ggml_cpy(ctx0, t, s0);
         ggml_build_forward_expand(g.gf, vs_src);
 
         // sums of k^2 per component (the scaled basis's weights), of the keys as the cache holds them
@@ -1493,8 +1555,8 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
         reason = LLAMA_SPARQ_DENSE_ATTN_VARIANT;
     } else if (cp.kv_unified && cp.n_seq_max > 1) {
         reason = LLAMA_SPARQ_DENSE_SHARED_STREAM;
-    } else if (n_tps > 1 && !P.all_rows) {
-        reason = LLAMA_SPARQ_DENSE_PREFILL;
+    } else if ((n_tps > 1 && !P.all_rows) || (inp && inp->rows_mode == SPARQ_ROWS_DENSE)) {
+        reason = LLAMA_SPARQ_DENSE_PREFILL; // prompt rows only
     } else {
         const bool is_short = sparq_used_max(mctx) < (uint32_t) P.min_kv;
         if (inp) {
@@ -1554,5 +1616,18 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
         ggml_sparq_attn_set_window(cur, inp->win);
     }
     ggml_format_name(cur, "sparq_attn-%d", il);
-    return ggml_reshape_2d(ctx0, cur, cur->ne[0] * cur->ne[1], cur->ne[2] * cur->ne[3]);
+    ggml_tensor * out = ggml_reshape_2d(ctx0, cur, cur->ne[0] * cur->ne[1], cur->ne[2] * cur->ne[3]);
+    if (inp->rows_mode == SPARQ_ROWS_MIXED) {
+        // prompt rows beside decode rows: the prompt rows get upstream's dense attention, as alone;
+        // the pick copies rows, so each is bit-identical to the one it comes from
+        ggml_tensor * dense = g.build_attn_mha(q, k, v, kq_b, kq_mask, sinks, v_mla, 0, kq_scale, il);
+        GGML_ASSERT(dense->type == GGML_TYPE_F32 && ggml_are_same_shape(dense, out));
+        if (!inp->pick) {
+            inp->pick = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, n_tokens);
+            ggml_set_input(inp->pick);
+            ggml_set_name(inp->pick, "sparq_pick");
+        }
+        out = ggml_get_rows(ctx0, ggml_concat(ctx0, out, dense, 1), inp->pick);
+    }
+    return out;
 }

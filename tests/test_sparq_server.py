@@ -107,6 +107,7 @@ def gemma_load(gemma_model, tmp_path_factory):
         prompts = build_prompts(srv, 16, 2048, 3072, seed=0)
         res = run_load(srv, prompts, n_predict=8, request_timeout=1200)
         res["props"], res["error_lines"] = props, srv.error_lines()
+    print("gemma load:", {k: v for k, v in res.items() if k not in ("texts", "props")})  # pytest -s shows it
     return res
 
 
@@ -125,21 +126,23 @@ def test_server_load_gemma(gemma_load):
 
 
 @pytest.mark.real_model
-@pytest.mark.xfail(strict=False, reason="a prompt row beside another slot's decode row runs SparQ (see "
-                   "test_prompt_rows_beside_a_decode_row_equal_the_prompt_alone), so a response can differ from the "
-                   "request alone; dense under the same load is equal")
+@pytest.mark.xfail(strict=False, reason="prompt rows beside decode rows now run dense as alone (the tiny test below), "
+                   "and decode rows beside other slots' rows equal the step alone on Gemma, yet 6 of 16 responses still "
+                   "differed (first at generated token 1-5) where dense under the same load differs in none: cause not "
+                   "yet found (candidate: SparQ's selection amplifying rounding-level differences of the prompt's K/V, "
+                   "whose rows ran in ubatches of other shapes)")
 def test_server_load_gemma_equal_to_alone(gemma_load):
     """Each concurrent response equals the same request run alone (greedy)."""
     assert not gemma_load["mismatches"], gemma_load["mismatches"]
 
 
-@pytest.mark.xfail(strict=True, reason="SparQ's decision depends on the ubatch: a prompt row that shares a ubatch "
-                   "with another sequence's decode row (one row per stream) runs SparQ, alone it runs dense")
 def test_prompt_rows_beside_a_decode_row_equal_the_prompt_alone(tiny_gqa_model):
     """What llama-server does with several slots: one slot decodes while another's prompt is
     processed in the same batch, and the equal split gives both one row per stream. The
-    prompt's result must not depend on that (dense: bit-identical); with SparQ the prompt row
-    runs SparQ beside the decode row and differs from the prompt processed alone."""
+    prompt's result must not depend on that (dense: bit-identical). With SparQ the ubatch
+    holding both rows runs SparQ for the decode row and upstream's dense attention for the
+    prompt row (picked per row), so the prompt's logits are bit-identical to the prompt
+    processed alone, and the decode row's to that decode step alone."""
     import numpy as np
 
     from llama_sparq import _sparq
@@ -169,20 +172,41 @@ def test_prompt_rows_beside_a_decode_row_equal_the_prompt_alone(tiny_gqa_model):
             b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = tok, pos, 1, out
             b.seq_id[i][0] = seq
         assert llama_cpp.llama_decode(ctx, b) == 0
-        res = None
-        if any(it[3] for it in items):
-            res = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), shape=(nv,)).copy()
+        res = [np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, i), shape=(nv,)).copy()
+               for i, it in enumerate(items) if it[3]]
         llama_cpp.llama_batch_free(b)
         return res
 
-    def last_logits(enabled, beside_decode):
+    def run(enabled, beside_decode):
+        """the prompt's last logits, seq 0's decode logits (alone when not beside), SparQ calls"""
         ctx = new_ctx(enabled)
         decode(ctx, [(t, i, 0, False) for i, t in enumerate(p0)])
         decode(ctx, [(t, i, 1, False) for i, t in enumerate(p1[:200])])
-        rest = [(t, i, 1, i == len(p1) - 1) for i, t in enumerate(p1) if i >= 200]
-        out = decode(ctx, ([(5, len(p0), 0, True)] if beside_decode else []) + rest)
+        # both decode a token: a SparQ-only graph of the shape the mixed ubatch has next (which
+        # must not reuse it)
+        decode(ctx, [(9, len(p0), 0, True), (p1[200], 200, 1, False)])
+        rest = [(t, i, 1, i == len(p1) - 1) for i, t in enumerate(p1) if i > 200]
+        step = [(5, len(p0) + 1, 0, True)]
+        if beside_decode:
+            dec, out = decode(ctx, step + rest)
+        else:
+            (out,) = decode(ctx, rest)
+            (dec,) = decode(ctx, step)
+        n_sparq = _sparq.get_stats(ctx)["n_sparq"]
+        if enabled:
+            # then both decode, one row each: the ubatch has the mixed one's shape, but its graph
+            # (SparQ only) must not be the mixed one reused
+            decode(ctx, [(6, len(p0) + 2, 0, True), (7, len(p1), 1, True)])
+            assert _sparq.get_stats(ctx)["n_sparq"] == n_sparq + 2
         llama_cpp.llama_free(ctx)
-        return out
+        return out, dec, n_sparq
 
-    assert np.array_equal(last_logits(False, True), last_logits(False, False))  # dense: batch-invariant
-    assert np.array_equal(last_logits(True, True), last_logits(True, False))
+    # dense: the prompt's rows are batch-invariant (a decode row is not: alone, upstream's flash
+    # attention splits a single row's KV range over the threads)
+    assert np.array_equal(run(False, True)[0], run(False, False)[0])
+    (out_b, dec_b, n_b), (out_a, dec_a, n_a) = run(True, True), run(True, False)
+    assert np.array_equal(out_b, out_a)  # the prompt row ran upstream's dense attention, as alone
+    # the decode row ran SparQ, as alone (equal to rounding: the projections of a 2-row and a
+    # 1-row ubatch round differently, upstream's behaviour, dense too)
+    assert np.abs(dec_b - dec_a).max() <= 1e-5 * np.abs(dec_a).max()
+    assert n_b == n_a == 2 * 2, (n_b, n_a)  # both layers, the both-decode step and seq 0's step

@@ -96,6 +96,11 @@ struct llama_sparq_stats {
 
 LLAMA_API struct llama_sparq_params llama_sparq_default_params(void);
 
+// The most KV cells per stream a context with SparQ may have: the op takes the count of
+// valid cells (for the mean of V) as an f32, exact up to 2^24. Upstream does not bound the
+// cache size that low, so llama_sparq_set_params refuses larger caches (-2).
+#define LLAMA_SPARQ_MAX_CELLS (1 << 24)
+
 // Validates and applies the settings; changing them invalidates graph reuse.
 // Returns 0 on success; -1 for an invalid value (err names the parameter and the
 // allowed range); -2 when the context cannot run SparQ at all (err says why).

@@ -836,64 +836,41 @@ static double sparq_rebuild_stream(llama_sparq_ctx & S, uint32_t strm, const std
         }
         const sparq_rows kr(k, strm, a, b), vr(v, strm, a, b);
 
-        // V sum over the used cells of the range: f32 partial sums over blocks of 256 cells
-        // (vectorised; f16 through a table), accumulated in f64
+        // sums over the used cells of the range (V, and the squares of K for the scaled basis's
+        // weights): f32 partial sums over blocks of 256 cells (vectorised; f16 through a table),
+        // accumulated in f64
         const float * f16 = sparq_f16_table();
-        std::vector<float> blk(Ev);
-        for (uint32_t c0 = a; c0 < b; c0 += 256) {
-            const uint32_t c1 = std::min(b, c0 + 256);
-            std::fill(blk.begin(), blk.end(), 0.0f);
-            float * __restrict bs = blk.data();
-            for (uint32_t c = c0; c < c1; ++c) {
-                if (cells.is_empty(c) || out[c - u0]) {
-                    continue;
-                }
-                const uint8_t * row = vr.p + (size_t) (c - a) * v->nb[1];
-                if (v->type == GGML_TYPE_F16) {
-                    const uint16_t * __restrict x = (const uint16_t *) row;
-                    for (size_t j = 0; j < Ev; ++j) {
-                        bs[j] += f16[x[j]];
+        auto sum_rows = [&](const uint8_t * p, size_t nb1, ggml_type type, size_t n, bool squares, double * acc) {
+            std::vector<float> blk(n);
+            for (uint32_t c0 = a; c0 < b; c0 += 256) {
+                const uint32_t c1 = std::min(b, c0 + 256);
+                std::fill(blk.begin(), blk.end(), 0.0f);
+                float * __restrict bs = blk.data();
+                for (uint32_t c = c0; c < c1; ++c) {
+                    if (cells.is_empty(c) || out[c - u0]) {
+                        continue;
                     }
-                } else {
-                    const float * __restrict x = (const float *) row;
-                    for (size_t j = 0; j < Ev; ++j) {
-                        bs[j] += x[j];
-                    }
-                }
-            }
-            double * vs = R.vs.data();
-            for (size_t j = 0; j < Ev; ++j) {
-                vs[j] += bs[j];
-            }
-        }
-        // the same for the squares of K (the scaled basis's weights)
-        std::vector<float> kblk(E);
-        for (uint32_t c0 = a; c0 < b; c0 += 256) {
-            const uint32_t c1 = std::min(b, c0 + 256);
-            std::fill(kblk.begin(), kblk.end(), 0.0f);
-            float * __restrict bs = kblk.data();
-            for (uint32_t c = c0; c < c1; ++c) {
-                if (cells.is_empty(c) || out[c - u0]) {
-                    continue;
-                }
-                const uint8_t * row = kr.p + (size_t) (c - a) * k->nb[1];
-                if (k->type == GGML_TYPE_F16) {
-                    const uint16_t * __restrict x = (const uint16_t *) row;
-                    for (size_t j = 0; j < E; ++j) {
-                        bs[j] += f16[x[j]] * f16[x[j]];
-                    }
-                } else {
-                    const float * __restrict x = (const float *) row;
-                    for (size_t j = 0; j < E; ++j) {
-                        bs[j] += x[j] * x[j];
+                    const uint8_t * row = p + (size_t) (c - a) * nb1;
+                    if (type == GGML_TYPE_F16) {
+                        const uint16_t * __restrict x = (const uint16_t *) row;
+                        for (size_t j = 0; j < n; ++j) {
+                            const float f = f16[x[j]];
+                            bs[j] += squares ? f * f : f;
+                        }
+                    } else {
+                        const float * __restrict x = (const float *) row;
+                        for (size_t j = 0; j < n; ++j) {
+                            bs[j] += squares ? x[j] * x[j] : x[j];
+                        }
                     }
                 }
+                for (size_t j = 0; j < n; ++j) {
+                    acc[j] += bs[j];
+                }
             }
-            double * ks = R.ks.data();
-            for (size_t j = 0; j < E; ++j) {
-                ks[j] += bs[j];
-            }
-        }
+        };
+        sum_rows(vr.p, v->nb[1], v->type, Ev, false, R.vs.data());
+        sum_rows(kr.p, k->nb[1], k->type, E, true, R.ks.data());
 
         // K^T rows [a, b): element (cell c, component j) at (j * kv_size + c) of the stream
         const uint32_t n = b - a;

@@ -308,6 +308,11 @@ def run(args, flush=None):
 
 def summarise(res):
     rows = res["rows"]
+    # the dense answer of each sample: a variant "agrees" where it gives the same answer text
+    dense_ans = {(r["task"], r["context"], r["depth"], r["sample"]): r["answer"] for r in rows if r["variant"] == "dense"}
+    for r in rows:
+        da = dense_ans.get((r["task"], r["context"], r["depth"], r["sample"]))
+        r["same_as_dense"] = None if da is None else float(r["answer"] == da)
     groups = {}
     for r in rows:
         key = (r["variant"], r["compression_target"])
@@ -321,9 +326,13 @@ def summarise(res):
             comp = float(np.mean([x["compression"] for x in rs]))
             per_task = {t: 100.0 * np.mean([x["correct"] for x in rs if x["task"] == t])
                         for t in sorted({x["task"] for x in rs})}
-            entry["per_context"][str(S)] = dict(accuracy=acc, compression=comp, n=len(rs), per_task=per_task)
+            same = [x["same_as_dense"] for x in rs if x["same_as_dense"] is not None]
+            entry["per_context"][str(S)] = dict(accuracy=acc, compression=comp, n=len(rs), per_task=per_task,
+                                                same_as_dense=100.0 * np.mean(same) if same else None)
             allr += rs
         entry["accuracy"] = 100.0 * np.mean([x["correct"] for x in allr])
+        same = [x["same_as_dense"] for x in allr if x["same_as_dense"] is not None]
+        entry["same_as_dense"] = 100.0 * np.mean(same) if same else None
         entry["r"] = allr[0]["r"]
         entry["k"] = allr[0]["k"]
         entry["l"] = allr[0]["l"]
@@ -355,19 +364,21 @@ def write(res, out, command):
     lines = [f"# Retrieval accuracy ({out.name})", "",
              f"Command `{command}`, commit `{meta['commit']}`, {meta['machine']}, {meta['date']}.",
              f"Model: {meta['model']}. Tasks: {', '.join(res['tasks'])}; depths {res['depths']}; "
-             f"{len(res['rows'])} runs in {meta['elapsed_s']:.0f} s. Accuracy in %, compression (cost model, "
-             "measured by the fork's counters over the answer's decode steps) in brackets; every SparQ run "
-             "checked sparq_calls > 0.", "",
+             f"{len(res['rows'])} runs in {meta['elapsed_s']:.0f} s. Each cell: accuracy in % / the share of "
+             "samples whose answer text is dense's, in %; compression (cost model, measured by the fork's "
+             "counters over the answer's decode steps) in brackets; every SparQ run checked sparq_calls > 0.", "",
              "| variant | target | r | k | l | " + " | ".join(f"{S} tokens" for S in ctxs) + " | all |",
              "|---|---|---|---|---|" + "---|" * (len(ctxs) + 1)]
     for e in table:
         cells = []
         for S in ctxs:
             pc = e["per_context"].get(S)
-            cells.append("" if pc is None else f"{pc['accuracy']:.0f} ({pc['compression']:.3f})")
+            sd = "" if pc is None or pc["same_as_dense"] is None else f" / {pc['same_as_dense']:.0f}"
+            cells.append("" if pc is None else f"{pc['accuracy']:.0f}{sd} ({pc['compression']:.3f})")
         tgt = e["variant"] if e["variant"] in ("dense", "default") else f"1/{round(1 / e['compression_target'])}"
+        sd = "" if e["same_as_dense"] is None else f" / {e['same_as_dense']:.0f}"
         lines.append(f"| {e['variant']} | {tgt} | {e['r']} | {e['k']} | {e['l']} | " + " | ".join(cells)
-                     + f" | {e['accuracy']:.0f} |")
+                     + f" | {e['accuracy']:.0f}{sd} |")
     lines += ["", "Per task (all contexts):", "",
               "| variant | target | " + " | ".join(res["tasks"]) + " |", "|---|---|" + "---|" * len(res["tasks"])]
     for e in table:

@@ -3,7 +3,7 @@
 sums up to date on every prompt ubatch) and decode after short contexts (below the dense
 threshold, where every step stays dense).
 
-With SparQ at its defaults (r = d/8, k = 128, l = k/4, dense threshold 1024 cells), the
+With SparQ at its defaults (r = d/4, scaled basis, k = 128, l = k/4, dense threshold 1024 cells), the
 fork's llama-bench times prompt processing (``-p N -n 0``) and decode after a short
 context (``-p 0 -n 32 -d S``, S < 1024), SparQ on against dense, interleaved in one
 process (``--sparq 0,1,0,1``), for several rounds of processes. Dense runs with
@@ -133,7 +133,7 @@ def main(argv=None) -> int:
         "commit": git_commit(),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "model": f"{model} ({desc})",
-        "sparq": f"defaults: r={st.get('sparq_r')} (d/8), k={st.get('sparq_k')}, l={st.get('sparq_l')}, dense "
+        "sparq": f"defaults: r={st.get('sparq_r')} (d/4, scaled basis), k={st.get('sparq_k')}, l={st.get('sparq_l')}, dense "
                  f"threshold {st.get('sparq_min_kv')} KV cells; F16 cache, batch 1",
         "timing": f"llama-bench t/s samples; per test: {args.rounds} rounds x (one -fa 1 process with --sparq 0,1,0,1 "
                   f"and one -fa 0 dense process), {args.reps} reps per instance; ratio = mean SparQ t/s / mean dense "

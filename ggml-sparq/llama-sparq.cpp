@@ -306,6 +306,25 @@ static float sparq_elem_f32(const uint8_t * p, ggml_type t) {
     return t == GGML_TYPE_F16 ? ggml_fp16_to_fp32(*(const ggml_fp16_t *) p) : *(const float *) p;
 }
 
+// the PCA basis back to the identity (unit spread), not calibrated
+static void sparq_basis_reset(llama_sparq_ctx & S) {
+    for (sparq_layer & L : S.layers) {
+        if (!L.rot) {
+            continue;
+        }
+        const int64_t d = L.rot->ne[0], hkv = L.rot->ne[2];
+        std::vector<float> eye((size_t) d * d * hkv, 0.0f), one((size_t) d * hkv, 1.0f);
+        for (int64_t h = 0; h < hkv; ++h) {
+            for (int64_t j = 0; j < d; ++j) {
+                eye[(size_t) (h * d + j) * d + j] = 1.0f;
+            }
+        }
+        ggml_backend_tensor_set(L.rot, eye.data(), 0, eye.size() * sizeof(float));
+        ggml_backend_tensor_set(L.spread, one.data(), 0, one.size() * sizeof(float));
+        L.rot_host.clear();
+    }
+}
+
 // allocate the PCA basis tensors (identity, unit spread) next to each layer's K^T
 static bool sparq_alloc_basis(llama_sparq_ctx & S, char * err, size_t err_size) {
     if (S.basis_ctx) {
@@ -344,21 +363,7 @@ static bool sparq_alloc_basis(llama_sparq_ctx & S, char * err, size_t err_size) 
         S.extra_bytes += ggml_backend_buffer_get_size(buf);
         S.basis_bufs.emplace_back(buf);
     }
-    for (sparq_layer & L : S.layers) {
-        if (!L.rot) {
-            continue;
-        }
-        const int64_t d = L.rot->ne[0], hkv = L.rot->ne[2];
-        std::vector<float> eye((size_t) d * d * hkv, 0.0f), one((size_t) d * hkv, 1.0f);
-        for (int64_t h = 0; h < hkv; ++h) {
-            for (int64_t j = 0; j < d; ++j) {
-                eye[(size_t) (h * d + j) * d + j] = 1.0f;
-            }
-        }
-        ggml_backend_tensor_set(L.rot, eye.data(), 0, eye.size() * sizeof(float));
-        ggml_backend_tensor_set(L.spread, one.data(), 0, one.size() * sizeof(float));
-        L.rot_host.clear();
-    }
+    sparq_basis_reset(S);
     return true;
 }
 
@@ -636,26 +641,7 @@ int32_t llama_sparq_set_params(struct llama_context * ctx, const struct llama_sp
         // switched on (nothing kept the data while SparQ was off) or a new basis: every stream is rebuilt
         // before its next use, in the new basis (a calibrated one at the next SparQ step)
         Sq.calibrated = false;
-        for (sparq_layer & L : Sq.layers) {
-            if (L.rot) {
-                L.rot_host.clear();
-            }
-        }
-        if (Sq.basis_ctx) {
-            for (sparq_layer & L : Sq.layers) {
-                if (L.rot) {
-                    const int64_t d = L.rot->ne[0], hkv = L.rot->ne[2];
-                    std::vector<float> eye((size_t) d * d * hkv, 0.0f), one((size_t) d * hkv, 1.0f);
-                    for (int64_t h = 0; h < hkv; ++h) {
-                        for (int64_t j = 0; j < d; ++j) {
-                            eye[(size_t) (h * d + j) * d + j] = 1.0f;
-                        }
-                    }
-                    ggml_backend_tensor_set(L.rot, eye.data(), 0, eye.size() * sizeof(float));
-                    ggml_backend_tensor_set(L.spread, one.data(), 0, one.size() * sizeof(float));
-                }
-            }
-        }
+        sparq_basis_reset(Sq);
         for (auto & st : Sq.streams) {
             st.valid = false;
         }

@@ -50,6 +50,17 @@ def passkey_tokens(llm, n_filler, depth, key):
     return llm.tokenize(text)
 
 
+def greedy(llm, toks, n):
+    """The first n tokens of the greedy continuation of toks."""
+    llm.reset()
+    out = []
+    for t in llm.generate(toks, temp=0.0):
+        out.append(t)
+        if len(out) >= n:
+            break
+    return out
+
+
 def softmax(x):
     m = np.max(x, axis=-1, keepdims=True)
     m = np.where(np.isfinite(m), m, 0)
@@ -194,28 +205,16 @@ def main(argv=None):
     n_ctx = 256 * 30 * max(lengths) // 110 + 1024
     kw = dict(n_ctx=n_ctx, n_threads=a.threads, n_batch=512, verbose=False, logits_all=False)
     dense = Llama(model, flash_attn=True, **kw)
-    sp = Llama(model, sparq_r=a.r, sparq_k=a.k, sparq_l=a.l, sparq_min_kv=0, **kw)
+    # the paper's step 1 (the library's default is now the scaled basis)
+    sp = Llama(model, sparq_r=a.r, sparq_k=a.k, sparq_l=a.l, sparq_min_kv=0, sparq_basis="model", **kw)
     t0 = time.time()
     calls, prompts = [], []
     for n in lengths:
         for depth, key in KEYS:
             toks = passkey_tokens(dense, n, depth, key)
-            # dense greedy answer
-            dense.reset()
-            out = []
-            for t in dense.generate(toks, temp=0.0):
-                out.append(t)
-                if len(out) >= a.steps:
-                    break
+            out = greedy(dense, toks, a.steps)
             ans_dense = dense.detokenize(out).decode(errors="replace")
-            # SparQ greedy answer
-            sp.reset()
-            outs = []
-            for t in sp.generate(toks, temp=0.0):
-                outs.append(t)
-                if len(outs) >= a.steps:
-                    break
-            ans_sparq = sp.detokenize(outs).decode(errors="replace")
+            ans_sparq = sp.detokenize(greedy(sp, toks, a.steps)).decode(errors="replace")
             # teacher-forced capture on the dense answer
             # one token per eval: a decode step (several tokens would be a prompt batch, dense)
             sp.reset()

@@ -219,6 +219,34 @@ static bool sparq_cache_type_ok(ggml_type t) {
     return t == GGML_TYPE_F16 || t == GGML_TYPE_F32;
 }
 
+// allocate the tensors of each buffer type in one zeroed buffer (kept in bufs, counted as SparQ's memory)
+static bool sparq_alloc_buffers(llama_sparq_ctx & S,
+                                const std::map<ggml_backend_buffer_type_t, std::vector<ggml_tensor *>> & by_buft,
+                                std::vector<ggml_backend_buffer_ptr> & bufs, const char * what, char * err,
+                                size_t err_size) {
+    for (const auto & [buft, tensors] : by_buft) {
+        size_t total = 0;
+        for (ggml_tensor * t : tensors) {
+            total += GGML_PAD(ggml_backend_buft_get_alloc_size(buft, t), ggml_backend_buft_get_alignment(buft));
+        }
+        ggml_backend_buffer_t buf = ggml_backend_buft_alloc_buffer(buft, total + ggml_backend_buft_get_alignment(buft));
+        if (!buf) {
+            sparq_err(err, err_size, "SparQ: cannot allocate %.1f MiB for %s in %s", total / 1048576.0, what,
+                      ggml_backend_buft_name(buft));
+            return false;
+        }
+        ggml_tallocr ta = ggml_tallocr_new(buf);
+        for (ggml_tensor * t : tensors) {
+            ggml_tallocr_alloc(&ta, t);
+        }
+        ggml_backend_buffer_clear(buf, 0);
+        ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+        S.extra_bytes += ggml_backend_buffer_get_size(buf);
+        bufs.emplace_back(buf);
+    }
+    return true;
+}
+
 // allocate K^T and the V sums for the layers of the cache that can use them
 static bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, char * err, size_t err_size) {
     const llama_kv_cache * kv = S.kv;
@@ -269,25 +297,8 @@ static bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, char * e
         S.kv_bytes += ggml_nbytes(k) + ggml_nbytes(v);
         S.n_layers++;
     }
-    for (auto & [buft, tensors] : by_buft) {
-        size_t total = 0;
-        for (ggml_tensor * t : tensors) {
-            total += GGML_PAD(ggml_backend_buft_get_alloc_size(buft, t), ggml_backend_buft_get_alignment(buft));
-        }
-        ggml_backend_buffer_t buf = ggml_backend_buft_alloc_buffer(buft, total + ggml_backend_buft_get_alignment(buft));
-        if (!buf) {
-            sparq_err(err, err_size, "SparQ: cannot allocate %.1f MiB for K^T and the V sums in %s",
-                      total / 1048576.0, ggml_backend_buft_name(buft));
-            return false;
-        }
-        ggml_tallocr ta = ggml_tallocr_new(buf);
-        for (ggml_tensor * t : tensors) {
-            ggml_tallocr_alloc(&ta, t);
-        }
-        ggml_backend_buffer_clear(buf, 0);
-        ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
-        S.extra_bytes += ggml_backend_buffer_get_size(buf);
-        S.bufs.emplace_back(buf);
+    if (!sparq_alloc_buffers(S, by_buft, S.bufs, "K^T and the V sums", err, err_size)) {
+        return false;
     }
     LLAMA_LOG_INFO("%s: SparQ data for %d of %zu KV-cache layers: K^T + V sums = %.2f MiB "
                    "(+%.0f%% of those layers' K and V, %.2f MiB)\n", __func__, S.n_layers, nl,
@@ -344,24 +355,8 @@ static bool sparq_alloc_basis(llama_sparq_ctx & S, char * err, size_t err_size) 
         by_buft[buft].push_back(L.rot);
         by_buft[buft].push_back(L.spread);
     }
-    for (auto & [buft, tensors] : by_buft) {
-        size_t total = 0;
-        for (ggml_tensor * t : tensors) {
-            total += GGML_PAD(ggml_backend_buft_get_alloc_size(buft, t), ggml_backend_buft_get_alignment(buft));
-        }
-        ggml_backend_buffer_t buf = ggml_backend_buft_alloc_buffer(buft, total + ggml_backend_buft_get_alignment(buft));
-        if (!buf) {
-            sparq_err(err, err_size, "SparQ: cannot allocate %.1f MiB for the PCA basis in %s", total / 1048576.0,
-                      ggml_backend_buft_name(buft));
-            return false;
-        }
-        ggml_tallocr ta = ggml_tallocr_new(buf);
-        for (ggml_tensor * t : tensors) {
-            ggml_tallocr_alloc(&ta, t);
-        }
-        ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
-        S.extra_bytes += ggml_backend_buffer_get_size(buf);
-        S.basis_bufs.emplace_back(buf);
+    if (!sparq_alloc_buffers(S, by_buft, S.basis_bufs, "the PCA basis", err, err_size)) {
+        return false;
     }
     sparq_basis_reset(S);
     return true;

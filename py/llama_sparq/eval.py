@@ -212,7 +212,7 @@ def _load_rows(path):
 def run(args, flush=None):
     from tqdm import tqdm
 
-    from . import Llama, cost
+    from . import Llama
     from .models import default_model_path
 
     model = args.model or str(default_model_path())

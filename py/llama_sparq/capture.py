@@ -10,14 +10,16 @@ rotated query and the component weights when present) and its output into NumPy 
     for call in cap.calls:      # one dict per SparQ node, in graph order
         call["layer"], call["q"], call["K"], call["out"], ...
 
-Shapes follow the op's ggml layout reversed into NumPy order (see ``_OP_SRC``), restricted
-to stream 0 (the tests and diagnostics run one sequence). The tensors live in host memory
+Shapes follow the op's ggml layout reversed into NumPy order (see ``_OP_SRC``), with every
+stream of the ubatch; ``stream_view(call, s)`` gives the reference's view of one stream
+(``stream0`` of the first). The tensors live in host memory
 only on the CPU backend: a callback on a GPU-resident node is refused with an error.
 """
 
 from __future__ import annotations
 
 import ctypes
+import re
 
 import numpy as np
 
@@ -55,6 +57,7 @@ EVAL_CB = ctypes.CFUNCTYPE(ctypes.c_bool, ctypes.POINTER(ggml_tensor), ctypes.c_
 
 # the op's sources (ggml_sparq_attn): name, index
 _OP_SRC = ("q", "K", "KT", "V", "v_sum", "v_count", "mask", "win", "q_sel", "comp_w")
+_NODE = re.compile(r"sparq_attn-(\d+)")
 _DTYPES = {GGML_TYPE_F32: np.float32, GGML_TYPE_F16: np.float16, GGML_TYPE_I32: np.int32}
 
 
@@ -85,16 +88,19 @@ class Capture:
     """Context manager: while active, every SparQ node's inputs and output are copied."""
 
     def __init__(self, llm, layers=None):
+        """``llm``: a ``llama_sparq.Llama``, or a raw ``llama_context`` pointer (low-level API)."""
         self.llm = llm
+        self._ctx = llm._ctx.ctx if hasattr(llm, "_ctx") else llm
         self.layers = None if layers is None else set(layers)
         self.calls: list[dict] = []
         self._cb = EVAL_CB(self._callback)
         self._error: Exception | None = None
 
     def _wanted(self, name: str) -> bool:
-        if not name.startswith("sparq_attn-"):
+        m = _NODE.fullmatch(name)  # the op itself, not views of it ("sparq_attn-5 (reshaped)")
+        if not m:
             return False
-        return self.layers is None or int(name.split("-")[1]) in self.layers
+        return self.layers is None or int(m.group(1)) in self.layers
 
     def _callback(self, tp, ask, _ud):
         try:
@@ -104,7 +110,7 @@ class Capture:
                 return self._wanted(name)
             if not self._wanted(name):
                 return True
-            call = {"layer": int(name.split("-")[1]), "op_params": [int(x) for x in t.op_params]}
+            call = {"layer": int(_NODE.fullmatch(name).group(1)), "op_params": [int(x) for x in t.op_params]}
             for i, key in enumerate(_OP_SRC):
                 s = t.src[i]
                 call[key] = tensor_to_numpy(s.contents) if s else None
@@ -115,11 +121,11 @@ class Capture:
         return True
 
     def __enter__(self):
-        _lib().llama_sparq_debug_set_eval_callback(self.llm._ctx.ctx, ctypes.cast(self._cb, ctypes.c_void_p), None)
+        _lib().llama_sparq_debug_set_eval_callback(self._ctx, ctypes.cast(self._cb, ctypes.c_void_p), None)
         return self
 
     def __exit__(self, *exc):
-        _lib().llama_sparq_debug_set_eval_callback(self.llm._ctx.ctx, None, None)
+        _lib().llama_sparq_debug_set_eval_callback(self._ctx, None, None)
         if self._error is not None and exc[0] is None:
             raise RuntimeError(f"capture failed: {self._error}") from self._error
         return False
@@ -133,23 +139,32 @@ def op_params(call) -> dict:
 
 
 def stream0(call, row=0):
-    """The reference's view of stream 0, query row ``row`` of a captured call:
-    q (1, n_head, d), K (S, n_head_kv, d), V (S, n_head_kv, dv), mask (1, S), vbar (n_head_kv, dv),
-    window cells (list), and the op's output (1, n_head, dv), all float64."""
-    q = call["q"][0, :, row, :].astype(np.float64)[None]          # ggml [d, n_rows, n_head, ns]
-    K = call["K"][0].transpose(1, 0, 2).astype(np.float64)        # ggml [d, n_kv, hkv, ns] -> (S, hkv, d)
-    V = call["V"][0].transpose(1, 0, 2).astype(np.float64)
+    """The reference's view of stream 0, query row ``row`` of a captured call (see ``stream_view``)."""
+    return stream_view(call, 0, row)
+
+
+def stream_view(call, stream=0, row=0):
+    """The reference's view of one stream (index within the ubatch's streams), query row ``row``
+    of a captured call: q (1, n_head, d), K (S, n_head_kv, d), V (S, n_head_kv, dv), mask (1, S),
+    vbar (n_head_kv, dv), window cells (list), the op's output (1, n_head, dv), the rotated
+    query when present (1, n_head, d), all float64, and the component weights (n_head_kv, d) or None."""
+    s = stream
+    q = call["q"][s, :, row, :].astype(np.float64)[None]          # ggml [d, n_rows, n_head, ns]
+    K = call["K"][s].transpose(1, 0, 2).astype(np.float64)        # ggml [d, n_kv, hkv, ns] -> (S, hkv, d)
+    V = call["V"][s].transpose(1, 0, 2).astype(np.float64)
     S = K.shape[0]
     mask = None
     if call["mask"] is not None:
         m = call["mask"]                                          # ggml [n_kv, rows, 1, 1|ns]
-        mask = m[0, 0, row, :S].astype(np.float64)[None]
-    vsum = call["v_sum"][0, 0].astype(np.float64)                 # [dv, hkv, ns, 1] -> (hkv, dv)
-    cnt = float(call["v_count"].ravel()[0])
+        mask = m[s if m.shape[0] > 1 else 0, 0, row, :S].astype(np.float64)[None]
+    vsum = call["v_sum"][0, s].astype(np.float64)                 # [dv, hkv, ns, 1] -> (hkv, dv)
+    cnt = float(call["v_count"].ravel()[s])
     vbar = vsum / cnt if cnt > 0 else np.zeros_like(vsum)
     win = []
     if call["win"] is not None:
-        win = [int(c) for c in call["win"][0, 0, row] if c >= 0]    # [l, n_rows, ns, 1]
-    out = call["out"][0, row].astype(np.float64)[None]           # [dv, n_head, rows, ns]
-    q_sel = None if call["q_sel"] is None else call["q_sel"][0, :, row, :].astype(np.float64)[None]
-    return {"q": q, "K": K, "V": V, "mask": mask, "vbar": vbar, "win": win, "out": out, "q_sel": q_sel}
+        win = [int(c) for c in call["win"][0, s, row] if c >= 0]  # [l, n_rows, ns, 1]
+    out = call["out"][s, row].astype(np.float64)[None]           # [dv, n_head, rows, ns]
+    q_sel = None if call["q_sel"] is None else call["q_sel"][s, :, row, :].astype(np.float64)[None]
+    comp_w = None if call["comp_w"] is None else call["comp_w"][0, s].astype(np.float64)  # [d, hkv, ns] -> (hkv, d)
+    return {"q": q, "K": K, "V": V, "mask": mask, "vbar": vbar, "vsum": vsum, "count": cnt, "win": win,
+            "out": out, "q_sel": q_sel, "comp_w": comp_w}

@@ -173,8 +173,8 @@ def create_app(settings: Optional[SparqSettings] = None, server_settings: Option
     _install()
     if model_settings is None and server_settings is None and not os.environ.get("CONFIG_FILE"):
         settings = settings if settings is not None else SparqSettings()
-        server_settings = ServerSettings.model_validate(settings.model_dump())
-        model_settings = [SparqModelSettings.model_validate(settings.model_dump())]
+        server_settings = ServerSettings.model_validate(settings)   # SparqSettings is both
+        model_settings = [SparqModelSettings.model_validate(settings)]
     if model_settings is not None:
         model_settings = [_as_sparq_settings(m) for m in model_settings]
     app = _app.create_app(server_settings=server_settings, model_settings=model_settings)

@@ -1,7 +1,7 @@
 # llama-sparq: one-command set-up, tests and demo.
 #
 #   make test    install everything into .venv (first time: ~10 min on 2 cores), run the test suite
-#   make demo    install, fetch Gemma 3 270M, generate with the Python Llama and with llama-cli
+#   make demo    install, fetch Gemma 3 270M, answer a question on a 15K-token document, dense and SparQ
 #   make install build the fork (persistent build/ folder, ccache when present) and install the package
 #
 # Variables: PYTHON (the interpreter that creates .venv), PYTEST_ARGS, JOBS.
@@ -21,11 +21,13 @@ export CCACHE_NOHASHDIR := 1
 
 all: install
 
-$(VENV)/.deps: pyproject.toml
+$(VENV)/.deps: pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "scikit-build-core>=0.10" "numpy>=1.20" "pytest>=7" "gguf>=0.10" \
-	    "diskcache>=5.6.1" "jinja2>=2.11.3" "typing-extensions>=4.5.0" "matplotlib>=3.5" "tqdm>=4"
+	    "diskcache>=5.6.1" "jinja2>=2.11.3" "typing-extensions>=4.5.0" "matplotlib>=3.5" "tqdm>=4" \
+	    "uvicorn>=0.22.0" "fastapi>=0.100.0" "pydantic-settings>=2.0.1" "sse-starlette>=1.6.1" \
+	    "starlette-context>=0.3.6,<0.4" "PyYAML>=5.1"
 	@# llama-cpp-python's Python layer only: its own llama.cpp is not compiled (ours is used)
 	CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" $(PIP) install -q --no-deps "llama-cpp-python==0.3.36"
 	@touch $@

@@ -1,36 +1,220 @@
 #!/usr/bin/env python3
-"""The main job on the default model: fetch Gemma 3 270M, generate with the fork's
-Python Llama and with its llama-cli (and llama-completion)."""
+"""The main job: long-context question answering on Gemma 3 270M, dense attention against SparQ.
+
+    python scripts/demo.py [--doc-tokens N] [--answer-tokens N] [--threads N] [--no-tools]
+
+1. The document: section 3.3 "Special method names" of the Python Language Reference, as
+   CPython ships it in ``pydoc_data/topics.py`` (the text ``help("SPECIALMETHODS")`` shows;
+   Python Software Foundation, PSF License), about 15K tokens, so nothing is downloaded for
+   it. One clearly marked sentence holding a pass key is inserted at 60 % of its depth.
+2. One prefill of the document and the question (with a progress bar), kept with
+   ``save_state``; then the same greedy answer is decoded twice from that state: with dense
+   attention (SparQ switched off on the same context) and with SparQ at its defaults
+   (``Llama(..., sparq=True)``). Printed: both answers, decode tokens/s of each, the
+   speedup, the cost-model compression and the fork's counters.
+3. The fork's llama.cpp tool (``llama-completion --sparq``) answering a short question.
+
+Every figure printed is measured in this run. Gemma 3 270M from the PyPI package is the
+pretrained (base) model and its GGUF holds no chat template, so the question is asked as a
+completion ("Question: ... Answer: ..."), which the base model follows; see the README
+("The demo").
+"""
 
 from __future__ import annotations
 
+import argparse
+import os
 import subprocess
 import sys
+import time
 
-from llama_sparq import Llama, tool_path
-from llama_sparq.models import default_model_path
+SECTION = "specialnames"   # key in pydoc_data.topics: Language Reference 3.3 "Special method names"
+TITLE = 'The Python Language Reference, section 3.3 "Special method names"'
+DEFAULT_KEY = 48613
+DEPTH = 0.6
 
-PROMPT = "The three primary colours are"
+
+def note(key: int) -> str:
+    return (f"(A note added for this demo: the pass key of this document is {key}. "
+            f"Remember it: the pass key is {key}.)")
 
 
-def main() -> int:
-    model = default_model_path()
+QUESTION = "Question: What is the pass key of this document?\nAnswer: The pass key is"
+
+
+def load_document() -> str:
+    try:
+        from pydoc_data.topics import topics
+    except ImportError as e:  # some distributions split the documentation off the standard library
+        raise SystemExit(f"the demo's document comes from Python's pydoc_data.topics, which this Python lacks "
+                         f"({e}); install your distribution's full standard library (Debian: libpython3-stdlib)")
+    if SECTION not in topics:
+        raise SystemExit(f"pydoc_data.topics of Python {sys.version.split()[0]} has no section {SECTION!r}")
+    return topics[SECTION]
+
+
+def build_prompt(llm, doc_tokens: int | None, key: int) -> tuple[list[int], int, int]:
+    """(prompt tokens, document tokens, position of the note in tokens)."""
+    head = f"The following text is {TITLE}.\n\n"
+    paras = [p for p in load_document().split("\n\n") if p.strip()]
+    sizes = [len(llm.tokenize(p.encode(), add_bos=False)) + 1 for p in paras]
+    budget = doc_tokens if doc_tokens else sum(sizes)
+    kept, used = [], 0
+    for p, n in zip(paras, sizes):
+        if used + n > budget and kept:
+            break
+        kept.append(p)
+        used += n
+    # the note goes between paragraphs, at DEPTH of the kept text's tokens
+    acc, cut = 0, len(kept)
+    for i, n in enumerate(sizes[:len(kept)]):
+        if acc >= DEPTH * used:
+            cut = i
+            break
+        acc += n
+    body = "\n\n".join(kept[:cut] + [note(key)] + kept[cut:])
+    tokens = llm.tokenize((head + body + "\n\n" + QUESTION).encode(), add_bos=True)
+    before = llm.tokenize((head + "\n\n".join(kept[:cut])).encode(), add_bos=True)
+    return tokens, used, len(before)
+
+
+def prefill(llm, tokens: list[int], chunk: int) -> float:
+    from tqdm import tqdm
+
+    t0 = time.perf_counter()
+    with tqdm(total=len(tokens), desc="prefill", unit="tok", file=sys.stdout, dynamic_ncols=True,
+              mininterval=0.5) as bar:
+        for i in range(0, len(tokens), chunk):
+            part = tokens[i:i + chunk]
+            llm.eval(part)
+            bar.update(len(part))
+    return time.perf_counter() - t0
+
+
+def answer(llm, state, tokens: list[int], n_answer: int, eos: int) -> dict:
+    """Greedy answer from the saved prefill state: the first step decodes the prompt's last
+    token; decode tokens/s is taken over the steps after it."""
+    llm.load_state(state)
+    llm.reset_sparq_stats()
+    out, stamps = [], []
+    for tok in llm.generate(tokens, temp=0.0, top_k=1, repeat_penalty=1.0):
+        stamps.append(time.perf_counter())
+        if tok == eos:
+            break
+        out.append(tok)
+        if len(out) >= n_answer:
+            break
+    text = llm.detokenize(out).decode("utf-8", errors="replace")
+    steps = len(stamps) - 1
+    dt = stamps[-1] - stamps[0] if steps > 0 else 0.0
+    return dict(text=text, line=text.strip().split("\n")[0].strip(), n=len(out), steps=steps,
+                tps=(steps / dt if dt > 0 else float("nan")), stats=llm.sparq_stats())
+
+
+def fmt_dense(n_dense: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in n_dense.items() if v) or "none"
+
+
+def run_tools(model: str, threads: int) -> None:
+    from llama_sparq import tool_path
+
+    prompt = "Question: What are the three primary colours?\nAnswer: The three primary colours are"
+    cmd = [str(tool_path("llama-completion")), "-m", model, "-p", prompt, "-n", "16", "--temp", "0",
+           "-no-cnv", "-t", str(threads), "--sparq", "-r", "\n"]
+    print("\n== The fork's llama.cpp tool: llama-completion --sparq ==", flush=True)
+    print("$ llama-sparq-completion -m gemma-3-270m-q4_k_m.gguf --sparq -no-cnv -n 16 --temp 0 -p '...'", flush=True)
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:
+        sys.stderr.write(r.stderr[-4000:])
+        raise SystemExit(f"llama-completion failed with exit status {r.returncode}")
+    print(r.stdout.strip(), flush=True)
+    for line in r.stderr.splitlines():
+        if "SparQ on:" in line:
+            print("  log:", line.split("common_sparq_apply: ", 1)[-1].strip())
+    print(f"  ({time.perf_counter() - t0:.1f} s; this prompt is shorter than SparQ's dense threshold of 1024 KV "
+          "cells, so its steps run dense: SparQ is for long contexts, shown above)", flush=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="scripts/demo.py", description=__doc__.split("\n")[0])
+    ap.add_argument("--model", help="GGUF model (default: Gemma 3 270M Q4_K_M, installed from PyPI on first use)")
+    ap.add_argument("--doc-tokens", type=int, default=None,
+                    help="keep only the first N tokens of the document (default: the whole section, ~15K tokens)")
+    ap.add_argument("--answer-tokens", type=int, default=32,
+                    help="tokens decoded per answer, the answer line and its continuation (default 32)")
+    ap.add_argument("--n-ctx", type=int, default=32768, help="context size (default 32768, the model's)")
+    ap.add_argument("--threads", type=int, default=min(os.cpu_count() or 2, 8))
+    ap.add_argument("--key", type=int, default=DEFAULT_KEY, help="the pass key inserted into the document")
+    ap.add_argument("--no-tools", action="store_true", help="skip the llama-completion part")
+    a = ap.parse_args(argv)
+    if a.doc_tokens is not None and a.doc_tokens < 256:
+        ap.error(f"--doc-tokens must be >= 256, got {a.doc_tokens}")
+    if a.answer_tokens < 2:
+        ap.error(f"--answer-tokens must be >= 2, got {a.answer_tokens}")
+    t_start = time.perf_counter()
+
+    from llama_sparq import Llama
+    from llama_sparq.models import default_model_path
+
+    model = a.model or str(default_model_path())
     print(f"model: {model}", flush=True)
+    # SparQ on at its defaults; the sliding-window layers keep only their window (swa_full off,
+    # as in llama.cpp's tools), which SparQ does not touch
+    llm = Llama(model, n_ctx=a.n_ctx, n_batch=512, n_threads=a.threads, swa_full=False, verbose=False, sparq=True)
+    p = llm.sparq_params()
+    tokens, n_doc, at = build_prompt(llm, a.doc_tokens, a.key)
+    if len(tokens) + a.answer_tokens + 1 > a.n_ctx:
+        raise SystemExit(f"the prompt ({len(tokens)} tokens) and answer do not fit --n-ctx {a.n_ctx}")
+    print(f"document: {TITLE} (Python {sys.version.split()[0]}'s pydoc_data, PSF License), "
+          f"{n_doc} tokens; pass-key note at token {at} ({100 * at / len(tokens):.0f} % deep)", flush=True)
+    print(f"prompt: {len(tokens)} tokens, ending with: {QUESTION!r}", flush=True)
+    print(f"SparQ defaults: r = {p['r'] or 'head size / 4'}, k = {p['k']}, "
+          f"l = {p['l'] if p['l'] >= 0 else 'k / 4'}, basis {p['basis']}, dense below {p['min_kv']} KV cells\n",
+          flush=True)
 
-    print("\n== Python: llama_sparq.Llama ==", flush=True)
-    llm = Llama(str(model), n_ctx=2048, n_threads=2, verbose=False, seed=1)
-    out = llm(PROMPT, max_tokens=24, temperature=0.0)
-    print(PROMPT + out["choices"][0]["text"], flush=True)
+    t_pre = prefill(llm, tokens[:-1], 512)
+    print(f"prefill: {len(tokens) - 1} tokens in {t_pre:.1f} s ({(len(tokens) - 1) / t_pre:.0f} tokens/s)", flush=True)
+    state = llm.save_state()
 
-    print("\n== llama-completion ==", flush=True)
-    subprocess.run([str(tool_path("llama-completion")), "-m", str(model), "-p", PROMPT, "-n", "48",
-                    "--temp", "0", "-no-cnv", "-t", "2", "--log-verbosity", "0"],
-                   check=True, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    eos = llm.token_eos()
+    res = {}
+    for mode in ("dense", "sparq"):
+        llm.set_sparq(enabled=(mode == "sparq"))
+        res[mode] = answer(llm, state, tokens, a.answer_tokens, eos)
+    llm.set_sparq(enabled=True)
 
-    print("\n== llama-cli ==", flush=True)
-    subprocess.run([str(tool_path("llama-cli")), "-m", str(model), "-p", "Name three primary colours.", "-n", "48",
-                    "--temp", "0", "--single-turn", "--simple-io", "-t", "2", "--chat-template", "gemma"],
-                   check=True, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    print("\n== Answers (greedy, the same prefill) ==")
+    for mode, label in (("dense", "dense attention"), ("sparq", "SparQ (defaults)")):
+        r = res[mode]
+        ok = "correct" if str(a.key) in r["line"] else "WRONG"
+        print(f"{label:17s}: {r['line']!r}  [{ok}]")
+    print("\n== Decode speed ==")
+    for mode, label in (("dense", "dense attention"), ("sparq", "SparQ (defaults)")):
+        r = res[mode]
+        print(f"{label:17s}: {r['tps']:6.1f} tokens/s ({r['steps']} steps after the first token)")
+    d, s = res["dense"], res["sparq"]
+    print(f"speedup          : {s['tps'] / d['tps']:.2f}x (SparQ over dense flash attention on the same "
+          f"{len(tokens)}-token cache, {a.threads} threads)")
+    st = s["stats"]
+    print("\n== SparQ counters (the SparQ answer's steps) ==")
+    print(f"SparQ calls      : {st['n_sparq']} ({st['n_layers']} full-attention layers x {s['steps'] + 1} steps)")
+    print(f"dense calls      : {fmt_dense(st['n_dense'])}   (swa: sliding-window layers, dense by design)")
+    print(f"compression      : {st['compression']:.3f} (cost model: SparQ reads {100 * st['compression']:.1f} % of "
+          f"the K/V elements dense attention reads in those layers)")
+    print(f"extra memory     : {st['extra_bytes'] / 2**20:.1f} MiB (K^T and V sums) next to {st['kv_bytes'] / 2**20:.1f} "
+          f"MiB of K/V")
+    print(f"dense answer     : SparQ off, {d['stats']['n_sparq']} SparQ calls", flush=True)
+    same = "the same text" if d["line"] == s["line"] else "different text"
+    print(f"\nBoth answers: {same}.", flush=True)
+
+    llm.close()
+    if not a.no_tools:
+        run_tools(model, a.threads)
+    print(f"\ndemo total: {time.perf_counter() - t_start:.1f} s", flush=True)
+    if st["n_sparq"] == 0:
+        print("error: SparQ made no call; the 'SparQ' answer above was dense", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -1,0 +1,208 @@
+"""python -m llama_sparq.server: llama-cpp-python's OpenAI-compatible server on the fork, with
+SparQ settings per model, exercised over real HTTP on loopback (a tiny random model, so it is
+fast; the text it writes is meaningless, the plumbing is what is tested)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+pytest.importorskip("fastapi", reason="the server extra (pip install 'llama-sparq[server]') is not installed")
+pytest.importorskip("uvicorn")
+pytest.importorskip("sse_starlette")
+pytest.importorskip("starlette_context")
+pytest.importorskip("pydantic_settings")
+
+HOST = "127.0.0.1"
+STARTUP_S = 120
+REQUEST_S = 120
+# long enough that the decode steps hold more than sparq_min_kv cells
+PROMPT = "The quick brown fox jumps over the lazy dog. " * 6
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def _request(port, path, body=None, timeout=REQUEST_S):
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(f"http://{HOST}:{port}{path}", data=data,
+                                 headers={"Content-Type": "application/json"} if data else {})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return r.status, r.headers.get("content-type", ""), r.read().decode()
+
+
+def _json(port, path, body=None):
+    status, ctype, text = _request(port, path, body)
+    assert status == 200, text
+    assert ctype.startswith("application/json"), ctype
+    return json.loads(text)
+
+
+def _sse_events(port, path, body):
+    """The data: payloads of an SSE response, in order (the last one is [DONE])."""
+    status, ctype, text = _request(port, path, body)
+    assert status == 200, text
+    assert ctype.startswith("text/event-stream"), ctype
+    events = []
+    for line in text.splitlines():
+        if line.startswith("data:"):
+            events.append(line[len("data:"):].strip())
+    return events
+
+
+class _Server:
+    def __init__(self, args, tmp_path):
+        self.port = _free_port()
+        self.log = open(tmp_path / f"server-{self.port}.log", "w+")
+        env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
+        env.pop("CONFIG_FILE", None)
+        self.proc = subprocess.Popen([sys.executable, "-m", "llama_sparq.server", "--host", HOST,
+                                      "--port", str(self.port), *args],
+                                     stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + STARTUP_S
+        while True:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server exited with {self.proc.returncode}:\n{self.output()}")
+            try:
+                _request(self.port, "/v1/models", timeout=5)
+                return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                if time.monotonic() > deadline:
+                    out = self.output()
+                    self.stop()
+                    raise AssertionError(f"server not up after {STARTUP_S} s:\n{out}")
+                time.sleep(0.5)
+
+    def output(self) -> str:
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()[-6000:]
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=20)
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def sparq_server(tiny_model, tmp_path_factory):
+    srv = _Server(["--model", str(tiny_model), "--model_alias", "tiny", "--n_ctx", "1024", "--n_threads", "2",
+                   "--sparq", "--sparq-min-kv", "16", "--sparq-k", "8"], tmp_path_factory.mktemp("server"))
+    yield srv
+    srv.stop()
+
+
+def _stats(port, alias):
+    data = _json(port, "/sparq/stats")["data"]
+    entry = [e for e in data if e["id"] == alias]
+    assert len(entry) == 1, data
+    return entry[0]
+
+
+def test_models_endpoint(sparq_server):
+    out = _json(sparq_server.port, "/v1/models")
+    assert out["object"] == "list"
+    assert [m["id"] for m in out["data"]] == ["tiny"]
+
+
+def test_chat_completion_runs_sparq(sparq_server):
+    port = sparq_server.port
+    before = _stats(port, "tiny")["stats"]["n_sparq"]
+    out = _json(port, "/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT}],
+                                               "max_tokens": 8, "temperature": 0})
+    assert out["object"] == "chat.completion"
+    choice = out["choices"][0]
+    assert choice["message"]["role"] == "assistant"
+    assert isinstance(choice["message"]["content"], str)
+    assert out["usage"]["completion_tokens"] >= 1
+    assert out["usage"]["prompt_tokens"] > 16
+    st = _stats(port, "tiny")
+    assert st["loaded"] is True
+    assert st["sparq_settings"] == {"sparq": True, "sparq_k": 8, "sparq_min_kv": 16}
+    assert st["params"]["enabled"] is True and st["params"]["k"] == 8 and st["params"]["min_kv"] == 16
+    # every decode step past 16 cells runs SparQ in each of the 2 layers
+    assert st["stats"]["n_sparq"] - before >= 2 * out["usage"]["completion_tokens"] - 2
+    assert st["stats"]["n_layers"] == 2
+    assert 0 < st["stats"]["compression"] < 1
+
+
+def test_streaming_chat_completion(sparq_server):
+    port = sparq_server.port
+    events = _sse_events(port, "/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT}],
+                                                        "max_tokens": 6, "temperature": 0, "stream": True})
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert len(chunks) >= 2
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert chunks[0]["choices"][0]["delta"].get("role") == "assistant"
+    assert chunks[-1]["choices"][0]["finish_reason"] in ("length", "stop")
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+    # the same request without streaming gives the same text (greedy)
+    out = _json(port, "/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT}],
+                                               "max_tokens": 6, "temperature": 0})
+    assert text == out["choices"][0]["message"]["content"]
+
+
+def test_completion_and_streaming_completion(sparq_server):
+    port = sparq_server.port
+    before = _stats(port, "tiny")["stats"]["n_sparq"]
+    out = _json(port, "/v1/completions", {"prompt": PROMPT, "max_tokens": 6, "temperature": 0})
+    assert out["object"] == "text_completion"
+    assert out["usage"]["completion_tokens"] >= 1
+    assert _stats(port, "tiny")["stats"]["n_sparq"] > before
+    events = _sse_events(port, "/v1/completions", {"prompt": PROMPT, "max_tokens": 6, "temperature": 0,
+                                                   "stream": True})
+    assert events[-1] == "[DONE]"
+    text = "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1])
+    assert text == out["choices"][0]["text"]
+
+
+def test_config_file_sparq_settings_per_model(tiny_model, tmp_path):
+    cfg = {"host": HOST, "models": [
+        {"model": str(tiny_model), "model_alias": "tiny-sparq", "n_ctx": 1024, "n_threads": 2,
+         "sparq_r": 4, "sparq_k": 8, "sparq_min_kv": 16},
+        {"model": str(tiny_model), "model_alias": "tiny-dense", "n_ctx": 1024, "n_threads": 2},
+    ]}
+    path = tmp_path / "models.json"
+    path.write_text(json.dumps(cfg))
+    srv = _Server(["--config_file", str(path)], tmp_path)
+    try:
+        port = srv.port
+        assert [m["id"] for m in _json(port, "/v1/models")["data"]] == ["tiny-sparq", "tiny-dense"]
+        body = {"prompt": PROMPT, "max_tokens": 6, "temperature": 0}
+        _json(port, "/v1/completions", dict(body, model="tiny-sparq"))
+        st = _stats(port, "tiny-sparq")
+        assert st["loaded"] and st["params"]["enabled"] and st["params"]["r"] == 4 and st["params"]["k"] == 8
+        assert st["stats"]["n_sparq"] > 0
+        assert _stats(port, "tiny-dense") == {"id": "tiny-dense", "model": str(tiny_model), "sparq_settings": {},
+                                              "loaded": False}
+        _json(port, "/v1/completions", dict(body, model="tiny-dense"))  # the proxy switches models
+        st = _stats(port, "tiny-dense")
+        assert st["loaded"] and st["params"]["enabled"] is False and st["stats"]["n_sparq"] == 0
+        assert _stats(port, "tiny-sparq")["loaded"] is False
+    finally:
+        srv.stop()
+
+
+def test_invalid_sparq_setting_is_refused(tiny_model):
+    r = subprocess.run([sys.executable, "-m", "llama_sparq.server", "--model", str(tiny_model), "--sparq-k", "0",
+                        "--port", str(_free_port()), "--host", HOST], stdin=subprocess.DEVNULL,
+                       capture_output=True, text=True, timeout=120, env=dict(os.environ, OMP_WAIT_POLICY="PASSIVE"))
+    assert r.returncode == 2
+    assert "sparq_k" in r.stderr and "out of range" in r.stderr

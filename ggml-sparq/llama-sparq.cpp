@@ -44,6 +44,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <string>
 #include <vector>
 
 const char * llama_sparq_version(void) {
@@ -141,6 +142,8 @@ struct llama_sparq_ctx {
     // from any thread (llama-server's HTTP threads), so every access holds mtx
     mutable std::mutex mtx;
     uint64_t n_sparq = 0;
+    uint64_t n_sparq_device = 0; // of n_sparq: the op ran on a non-CPU device (ggml-sparq/sparq-cuda.cu)
+    bool logged_host_fallback = false;
     uint64_t n_dense[LLAMA_SPARQ_DENSE_COUNT] = {};
     double   compression_sum = 0.0;
     uint64_t n_rebuilds = 0;
@@ -674,6 +677,7 @@ int32_t llama_sparq_get_stats(const struct llama_context * ctx, struct llama_spa
         out->extra_bytes = S.extra_bytes;
         out->kv_bytes = S.kv_bytes;
         out->n_layers = S.n_layers;
+        out->n_sparq_device = S.n_sparq_device;
     }
     return 0;
 }
@@ -684,6 +688,7 @@ void llama_sparq_reset_stats(struct llama_context * ctx) {
         llama_sparq_ctx & S = *cp.sparq;
         std::lock_guard<std::mutex> lock(S.mtx);
         S.n_sparq = 0;
+        S.n_sparq_device = 0;
         memset(S.n_dense, 0, sizeof(S.n_dense));
         S.compression_sum = 0.0;
         S.n_rebuilds = 0;
@@ -702,9 +707,11 @@ llama_sparq_ctx::~llama_sparq_ctx() {
                           (unsigned long long) n_dense[i]);
         }
     }
-    LLAMA_LOG_INFO("llama_sparq: counters: SparQ calls = %llu, dense calls = %llu%s%s%s, compression = %.4f, rebuilds = %llu\n",
+    LLAMA_LOG_INFO("llama_sparq: counters: SparQ calls = %llu, dense calls = %llu%s%s%s, compression = %.4f, rebuilds = %llu, "
+                   "SparQ calls on a GPU = %llu\n",
                    (unsigned long long) n_sparq, (unsigned long long) nd, o ? " (" : "", buf, o ? ")" : "",
-                   n_sparq ? compression_sum / n_sparq : 0.0, (unsigned long long) n_rebuilds);
+                   n_sparq ? compression_sum / n_sparq : 0.0, (unsigned long long) n_rebuilds,
+                   (unsigned long long) n_sparq_device);
 }
 
 // ---------------------------------------------------------------------------
@@ -1142,6 +1149,10 @@ struct sparq_decision {
     int d, r, k;  // for the cost model: head size, components read from K^T, the k setting
     int rows;     // the most rows of K and V a step reads (k, or g * (k - l) + l with per-head choice)
     int extra;    // other elements read per KV head (the PCA rotation)
+    // where the op runs: 0 the CPU (K^T in host memory); 1 the device holding K^T (it supports the
+    // node); 2 the CPU although K^T is in device memory (the device does not support the node)
+    int device = 0;
+    std::string device_name = {};
 };
 
 // the most cells in use among the streams of the ubatch (the context length the dense threshold is about:
@@ -1355,6 +1366,13 @@ void llm_graph_input_sparq::set_input(const llama_ubatch * ubatch) {
     for (const sparq_decision & dc : decisions) {
         if (dc.reason < 0) { // SparQ ran (for every row, or for the decode rows beside prompt rows)
             St.n_sparq++;
+            St.n_sparq_device += dc.device == 1;
+            if (dc.device == 2 && !St.logged_host_fallback) {
+                St.logged_host_fallback = true;
+                LLAMA_LOG_WARN("%s: SparQ runs on the CPU for layer %d: K^T is on %s, which does not support this "
+                               "SPARQ_ATTN node (its log says why); the scheduler copies the cache across every step\n",
+                               __func__, dc.il, dc.device_name.c_str());
+            }
             const double md = 2.0 * S_ * dc.d + 2.0 * dc.d;
             const double ms = S_ <= dc.k ? md : S_ * dc.r + 2.0 * std::min<double>(dc.rows, S_) * dc.d + 4.0 * dc.d + dc.extra;
             St.compression_sum += ms / md;
@@ -1574,6 +1592,17 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
         ggml_sparq_attn_set_window(cur, inp->win);
     }
     ggml_format_name(cur, "sparq_attn-%d", il);
+    {
+        // where the scheduler will run the op: with the layer's K^T (allocated like weights) when
+        // that device supports the node, else on the CPU (counted in n_sparq_device, logged)
+        ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(L.kt->buffer);
+        ggml_backend_dev_t dev = ggml_backend_buft_get_device(buft);
+        if (dev && ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU && !ggml_backend_buffer_is_host(L.kt->buffer)) {
+            sparq_decision & dc = inp->decisions.back();
+            dc.device = ggml_backend_dev_supports_op(dev, cur) ? 1 : 2;
+            dc.device_name = ggml_backend_dev_name(dev);
+        }
+    }
     ggml_tensor * out = ggml_reshape_2d(ctx0, cur, cur->ne[0] * cur->ne[1], cur->ne[2] * cur->ne[3]);
     if (inp->rows_mode == SPARQ_ROWS_MIXED) {
         // prompt rows beside decode rows: the prompt rows get upstream's dense attention, as alone;

@@ -1,0 +1,179 @@
+"""SparQ on CUDA (issue 12): the op against the CPU op (test-backend-ops), GPU-offloaded SparQ on
+Gemma 3 270M against CPU SparQ, and the counters that say where the op ran.
+
+Where no NVIDIA GPU is present every test here is skipped with the reason "no CUDA device: ...".
+Where one is present they run, and they fail (never skip) when the installed fork was built
+without CUDA: build it with `make install CUDA=1` first (LLAMA_SPARQ_CUDA_TESTS=skip skips them
+on purpose, e.g. on a GPU machine that only checks the CPU build).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from llama_sparq import lib_dir, tool_path
+
+
+def _gpu() -> str | None:
+    """The first GPU's line from nvidia-smi -L, or None."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return None
+    try:
+        res = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = [x for x in res.stdout.splitlines() if x.startswith("GPU ")]
+    return lines[0] if res.returncode == 0 and lines else None
+
+
+@pytest.fixture(scope="module")
+def cuda():
+    """The GPU's name; skips without a GPU, fails when the fork has no CUDA backend."""
+    if os.environ.get("LLAMA_SPARQ_CUDA_TESTS", "") == "skip":
+        pytest.skip("CUDA tests skipped on purpose (LLAMA_SPARQ_CUDA_TESTS=skip)")
+    gpu = _gpu()
+    if gpu is None:
+        why = "nvidia-smi not found" if not shutil.which("nvidia-smi") else "nvidia-smi -L lists no GPU"
+        pytest.skip(f"no CUDA device: {why}; these tests run on a machine with an NVIDIA GPU "
+                    "after `make install CUDA=1`")
+    if not (lib_dir() / "libggml-cuda.so").is_file():
+        pytest.fail(f"{gpu} is present but the installed fork has no CUDA backend ({lib_dir()} has no "
+                    "libggml-cuda.so): build it with `make install CUDA=1`")
+    return gpu
+
+
+def test_backend_ops_cuda_equals_cpu(cuda):
+    """Every SPARQ_ATTN case of the grid (ggml-sparq/test-backend-ops-sparq.h: head sizes 64..256,
+    GQA 1/4/8/16, 1-4 sequences, S up to 64K, f16/f32, masks, k >= S, l = 0, r = d, the oracle,
+    per-head choice, no mean-V, window list, basis, dense streams) runs on CUDA0 and matches the CPU.
+    A case the CUDA backend does not support would be skipped by test-backend-ops: that fails here."""
+    exe = tool_path("test-backend-ops")
+    res = subprocess.run([str(exe), "test", "-b", "CUDA0", "-o", "SPARQ_ATTN"], capture_output=True, text=True,
+                         timeout=3000)
+    out = res.stdout + res.stderr
+    cases = [x for x in out.splitlines() if "SPARQ_ATTN(" in x]
+    ok = [x for x in cases if re.search(r"\bOK\b", x)]
+    bad = [x for x in cases if not re.search(r"\bOK\b", x)]
+    assert res.returncode == 0, out[-4000:]
+    assert len(cases) >= 100, out[-4000:]
+    assert not bad, "\n".join(bad[:20])
+    assert len(ok) == len(cases)
+
+
+def _llm(model, **kw):
+    from llama_sparq import Llama
+
+    return Llama(str(model), n_ctx=4096, n_threads=2, n_batch=512, verbose=False, seed=0, logits_all=True,
+                 flash_attn=True, **kw)
+
+
+def _teacher_forced(llm, prompt, cont):
+    llm.reset()
+    llm.eval(prompt[:-1])
+    out = []
+    for t in [prompt[-1]] + cont[:-1]:
+        llm.eval([t])
+        out.append(np.array(llm.scores[llm.n_tokens - 1], dtype=np.float64))
+    return np.array(out)
+
+
+def _greedy(llm, prompt, n):
+    llm.reset()
+    llm.eval(prompt[:-1])
+    tok, toks = prompt[-1], []
+    for _ in range(n):
+        llm.eval([tok])
+        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        toks.append(tok)
+    return toks
+
+
+PROMPT = b"The history of the city begins in the bronze age, when " * 40
+
+
+@pytest.mark.real_model
+def test_gemma_gpu_sparq_equals_cpu_sparq(cuda, gemma_model):
+    """Exact settings (r = d, k above the context): GPU-offloaded SparQ gives CPU SparQ's greedy
+    tokens, and the counters show every SparQ call on the GPU (and none for the CPU run)."""
+    exact = dict(sparq_r=256, sparq_k=4096, sparq_min_kv=0)
+    cpu = _llm(gemma_model, n_gpu_layers=0, **exact)
+    prompt = cpu.tokenize(PROMPT)
+    want = _greedy(cpu, prompt, 16)
+    want_lg = _teacher_forced(cpu, prompt, want)
+    st_cpu = cpu.sparq_stats()
+    assert st_cpu["n_sparq"] > 0 and st_cpu["n_sparq_device"] == 0, st_cpu
+
+    gpu = _llm(gemma_model, n_gpu_layers=-1, **exact)
+    got = _greedy(gpu, prompt, 16)
+    got_lg = _teacher_forced(gpu, prompt, want)
+    st = gpu.sparq_stats()
+    print(f"\n{cuda}: CPU tokens {want}\nGPU tokens {got}\nGPU counters {st}")
+    # Gemma 3 270M: 3 full-attention layers; 2 x (16 greedy + 16 teacher-forced) decode steps
+    assert st["n_sparq"] == 3 * 32, st
+    assert st["n_sparq_device"] == st["n_sparq"], st
+    assert got == want
+    # logits within the spread of two float summation orders; argmax equal where the margin is clear
+    diff = np.abs(got_lg - want_lg).max(axis=1)
+    assert diff.max() <= 0.5, diff
+    top2 = np.sort(want_lg, axis=1)[:, -2:]
+    clear = (top2[:, 1] - top2[:, 0]) > 2 * diff.max()
+    assert np.array_equal(got_lg.argmax(axis=1)[clear], want_lg.argmax(axis=1)[clear])
+
+
+@pytest.mark.real_model
+def test_gemma_gpu_sparq_defaults_run_on_the_gpu(cuda, gemma_model):
+    """The default settings (r = d/4, k = 128, scaled basis, window) on the GPU: SparQ calls all on
+    the GPU; the output agrees with CPU SparQ's teacher-forced argmax where the margin is clear."""
+    cpu = _llm(gemma_model, n_gpu_layers=0, sparq=True, sparq_min_kv=0)
+    prompt = cpu.tokenize(PROMPT)
+    want = _greedy(cpu, prompt, 12)
+    want_lg = _teacher_forced(cpu, prompt, want)
+    gpu = _llm(gemma_model, n_gpu_layers=-1, sparq=True, sparq_min_kv=0)
+    got_lg = _teacher_forced(gpu, prompt, want)
+    st = gpu.sparq_stats()
+    assert st["n_sparq"] == 3 * 12 and st["n_sparq_device"] == st["n_sparq"], st
+    top2 = np.sort(want_lg, axis=1)[:, -2:]
+    clear = (top2[:, 1] - top2[:, 0]) > 1.0
+    assert clear.sum() >= 4
+    assert np.array_equal(got_lg.argmax(axis=1)[clear], want_lg.argmax(axis=1)[clear])
+
+
+@pytest.mark.real_model
+def test_gemma_nkvo_runs_sparq_on_the_cpu(cuda, gemma_model):
+    """-nkvo (offload_kqv=False): weights on the GPU, cache and attention on the CPU; SparQ runs,
+    none of its calls on the GPU."""
+    llm = _llm(gemma_model, n_gpu_layers=-1, offload_kqv=False, sparq=True, sparq_min_kv=0)
+    prompt = llm.tokenize(PROMPT)
+    _greedy(llm, prompt, 6)
+    st = llm.sparq_stats()
+    assert st["n_sparq"] == 3 * 6 and st["n_sparq_device"] == 0, st
+
+
+@pytest.mark.real_model
+def test_bench_and_cli_on_the_gpu(cuda, gemma_model, tmp_path):
+    """llama-sparq-bench -ngl 99 --sparq 0,1 runs and counts SparQ calls; the CLI's counters line
+    shows the calls on the GPU."""
+    bench = tool_path("llama-bench")
+    res = subprocess.run([str(bench), "-m", str(gemma_model), "-ngl", "99", "-fa", "1", "--sparq", "0,1",
+                          "-p", "0", "-n", "8", "-d", "2048", "-r", "1", "-o", "json"],
+                         capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    import json
+
+    rows = json.loads(res.stdout)
+    sp = [r for r in rows if int(r.get("sparq", 0)) == 1]
+    assert sp and all(int(r["sparq_calls"]) > 0 for r in sp), rows
+    cli = tool_path("llama-completion")
+    res = subprocess.run([str(cli), "-m", str(gemma_model), "-ngl", "99", "--sparq", "--sparq-min-kv", "0",
+                          "-p", PROMPT.decode()[:2000], "-n", "8", "--temp", "0", "-no-cnv"],
+                         capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    m = re.search(r"SparQ calls = (\d+),.*SparQ calls on a GPU = (\d+)", res.stderr)
+    assert m and int(m.group(1)) > 0 and m.group(1) == m.group(2), res.stderr[-3000:]

@@ -177,3 +177,55 @@ def test_bench_and_cli_on_the_gpu(cuda, gemma_model, tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     m = re.search(r"SparQ calls = (\d+),.*SparQ calls on a GPU = (\d+)", res.stderr)
     assert m and int(m.group(1)) > 0 and m.group(1) == m.group(2), res.stderr[-3000:]
+
+
+# ---------------------------------------------------------------------------
+# the device rebuild's graph, checked on the CPU (no GPU needed)
+# ---------------------------------------------------------------------------
+
+def test_graph_rebuild_equals_the_host_rebuild(tiny_gqa_model, monkeypatch):
+    """The rebuild that runs on the GPU when the cache is in VRAM (a ggml graph per layer: K
+    transposed into K^T, V and k^2 summed over the used cells by products) runs here on the CPU
+    backend (LLAMA_SPARQ_GRAPH_REBUILD=1) after removals, a context shift and a state load; the
+    data it leaves equals the host recomputation (llama_sparq_debug_check), and SparQ's logits
+    equal those of the host rebuild."""
+    from llama_sparq import Llama, _sparq
+
+    def run(graph):
+        if graph:
+            monkeypatch.setenv("LLAMA_SPARQ_GRAPH_REBUILD", "1")
+        else:
+            monkeypatch.delenv("LLAMA_SPARQ_GRAPH_REBUILD", raising=False)
+        sp = Llama(str(tiny_gqa_model), n_ctx=2048, n_threads=2, n_batch=512, verbose=False, seed=0,
+                   logits_all=True, flash_attn=True, sparq=True, sparq_k=32, sparq_min_kv=0)
+        rng = np.random.default_rng(4)
+        prompt = [1] + rng.integers(3, sp.n_vocab(), size=399).tolist()
+        sp.eval(prompt)
+        out, checks = [], []
+        n = sp.n_tokens
+        assert sp._ctx.kv_cache_seq_rm(0, n - 50, -1)
+        sp.n_tokens = n - 50
+        for t in (11, 12, 13):
+            sp.eval([t])
+            out.append(np.array(sp.scores[sp.n_tokens - 1], dtype=np.float64))
+        checks.append(_sparq.debug_check(sp._ctx.ctx))
+        n = sp.n_tokens
+        sp._ctx.kv_cache_seq_rm(0, 10, 110)
+        sp._ctx.kv_cache_seq_shift(0, 110, n, -100)
+        sp.n_tokens = n - 100
+        sp.eval([5])
+        out.append(np.array(sp.scores[sp.n_tokens - 1], dtype=np.float64))
+        checks.append(_sparq.debug_check(sp._ctx.ctx))
+        state = sp.save_state()
+        sp.eval([7])
+        sp.load_state(state)
+        sp.eval([7])
+        out.append(np.array(sp.scores[sp.n_tokens - 1], dtype=np.float64))
+        checks.append(_sparq.debug_check(sp._ctx.ctx))
+        assert sp.sparq_stats()["n_rebuilds"] >= 3
+        return np.array(out), checks
+
+    host, _ = run(False)
+    graph, checks = run(True)
+    assert max(checks) <= 1e-3, checks
+    assert np.abs(graph - host).max() <= 1e-4 * np.abs(host).max()

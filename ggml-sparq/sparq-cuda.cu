@@ -1220,11 +1220,15 @@ void ggml_cuda_sparq_attn(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     a.R = a.n_stream * a.n_rows;
     a.U = a.R * a.n_hkv;
     a.L = a.U * a.ph;
-    a.W = (a.S + 31) / 32;
+    if (a.U == 0 || a.dv == 0) {
+        return; // nothing to compute (and no empty grid to launch)
+    }
+    // at least one tile and one bitmap word: an empty cache (S = 0) gives dense rows with no cell
+    a.W = std::max(1, (a.S + 31) / 32);
     const int gmax = sparq_gmax(a.g);
     const int cpt = sparq_cuda_cpt(kt, gmax);
-    a.nt_a = (a.S + SPARQ_NT * cpt - 1) / (SPARQ_NT * cpt);
-    a.nt_s = (a.S + SPARQ_TS - 1) / SPARQ_TS;
+    a.nt_a = std::max(1, (a.S + SPARQ_NT * cpt - 1) / (SPARQ_NT * cpt));
+    a.nt_s = std::max(1, (a.S + SPARQ_TS - 1) / SPARQ_TS);
     a.sel_max = a.ph * a.k;
 
     a.q = (const char *) q->data; a.q_nb1 = q->nb[1]; a.q_nb2 = q->nb[2]; a.q_nb3 = q->nb[3];

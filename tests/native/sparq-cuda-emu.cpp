@@ -101,18 +101,25 @@ static unsigned int __ballot_sync(unsigned int, int pred) {
     }
     return bits;
 }
-static inline float warp_reduce_sum(float x) {
-    for (int o = 16; o > 0; o >>= 1) {
-        x += __shfl_xor_sync(0xffffffff, x, o);
+// the warp reductions in one exchange (one barrier pair instead of five): every lane sums the 32
+// values in lane order, so all lanes agree, as after the butterfly on a GPU
+static inline float emu_warp_all(float x, bool is_max) {
+    const int lane = threadIdx.x % 32;
+    uint64_t b = 0;
+    memcpy(&b, &x, sizeof(float));
+    t_warp->buf[lane] = b;
+    t_warp->bar.arrive_and_wait();
+    float r = is_max ? -INFINITY : 0.0f;
+    for (int l = 0; l < 32; ++l) {
+        float v;
+        memcpy(&v, &t_warp->buf[l], sizeof(float));
+        r = is_max ? fmaxf(r, v) : r + v;
     }
-    return x;
+    t_warp->bar.arrive_and_wait();
+    return r;
 }
-static inline float warp_reduce_max(float x) {
-    for (int o = 16; o > 0; o >>= 1) {
-        x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, o));
-    }
-    return x;
-}
+static inline float warp_reduce_sum(float x) { return emu_warp_all(x, false); }
+static inline float warp_reduce_max(float x) { return emu_warp_all(x, true); }
 static inline int atomicAdd(int * p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 static inline unsigned int atomicAdd(unsigned int * p, unsigned int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 static inline unsigned int atomicOr(unsigned int * p, unsigned int v) { return __atomic_fetch_or(p, v, __ATOMIC_SEQ_CST); }

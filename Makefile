@@ -7,6 +7,8 @@
 #                build folder build/cuda-*; CUDA_ARCHS, default "80;90" = Ampere and Hopper)
 #   make cuda-check       compile SparQ's CUDA kernels alone for sm_80 and sm_90 (needs nvcc;
 #                skipped with a message without it)
+#   make test-cuda / make bench-gpu   on a GPU machine: the CUDA build, then tests/test_cuda.py /
+#                bench/gpu_sweep.py
 #
 # Variables: PYTHON (the interpreter that creates .venv), PYTEST_ARGS, JOBS, CUDA, CUDA_ARCHS, NVCC.
 
@@ -21,7 +23,7 @@ JOBS        ?= $(shell nproc 2>/dev/null || echo 2)
 export CCACHE_BASEDIR := $(CURDIR)
 export CCACHE_NOHASHDIR := 1
 
-.PHONY: all install deps deps-system test test-fast demo upstream bench-op cuda-check clean distclean
+.PHONY: all install deps deps-system test test-fast demo upstream bench-op cuda-check test-cuda bench-gpu clean distclean
 
 # The CUDA variant: ggml's CUDA backend plus ggml-sparq/sparq-cuda.cu (patch 0010), in a build
 # folder of its own so that the CPU build (the default) is never reconfigured by it.
@@ -81,6 +83,16 @@ upstream:
 
 bench-op: install
 	$(PY) bench/op_bench.py
+
+# On a machine with an NVIDIA GPU: the CUDA build, then its tests (they fail there rather than
+# skip if the build has no CUDA), and the GPU sweep (bench/results/gpu_*)
+test-cuda:
+	$(MAKE) install CUDA=1
+	$(PY) -m pytest tests/test_cuda.py -v -rs $(PYTEST_ARGS)
+
+bench-gpu:
+	$(MAKE) install CUDA=1
+	$(PY) bench/gpu_sweep.py
 
 # SparQ's CUDA kernels compiled alone (not the CUDA backend) for Ampere and Hopper against the
 # prepared upstream tree's headers, device warnings as errors: CI has nvcc but no GPU, so this

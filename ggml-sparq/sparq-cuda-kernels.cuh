@@ -876,7 +876,17 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_attend(const sparq_cu
             cell = sparse ? list[t] : (sparq_valid(a, m, t) ? t : -1);
         }
         scell[tid] = cell;
-        __syncthreads();
+        if (!sparse) {
+            // dense rows walk every cell: skip the chunks without a valid one (a short sequence
+            // in a long cache); the scan's barriers also publish scell
+            int n_valid_chunk;
+            sparq_block_scan(cell >= 0 ? 1 : 0, &n_valid_chunk, sh);
+            if (n_valid_chunk == 0) {
+                continue; // uniform over the block
+            }
+        } else {
+            __syncthreads();
+        }
 
         // exact logits: a warp per cell, lanes over the head size, all g heads per K row
         for (int ii = 0; ii < 32; ++ii) {

@@ -191,6 +191,7 @@ EMU_CASES = {
     "basis-no-mean-v": "128 1024 4 1 1 2 32 64 16 1 1 0 2 2",
     "oracle-l0-nomask": "64 1024 4 2 1 1 16 64 0 0 0 1 0 0",
     "rows-dense-stream": "64 300 4 2 2 2 8 32 8 1 1 0 0 3",
+    "short-sequence-long-cache": "64 4096 4 4 1 2 8 64 16 1 1 0 0 4",
 }
 
 # SPARQ_EMU_FULL=1 adds the longer grid (a few minutes on 2 cores; all 20 passed at this commit)

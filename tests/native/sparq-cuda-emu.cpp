@@ -6,7 +6,8 @@
 //
 //   sparq-cuda-emu d S n_head n_head_kv n_rows n_stream r k l f16 mask sel flags variant [scalar]
 //
-// variant: 0 plain, 1 window list, 2 basis (q_sel, comp_w), 3 stream 0 dense (v_count < 0);
+// variant: 0 plain, 1 window list, 2 basis (q_sel, comp_w), 3 stream 0 dense (v_count < 0),
+// 4 stream 0 sees 40 cells in the middle (a dense row that skips empty chunks);
 // scalar: 1 forces the one-cell K^T loads. Prints "OK nmse=... sel=same" or "FAIL ..." and exits
 // 0 / 1. The inputs are tie-proof as in ggml-sparq/test-backend-ops-sparq.h (query large on r
 // components, keys level * sign there, levels i / 1024), so the selections must be equal.
@@ -289,7 +290,10 @@ int main(int argc, char ** argv) {
         }
         for (int i = 0; i < nr; ++i) {
             for (int c = 0; c < S; ++c) {
-                const bool valid = c < S - (nr - 1 - i) && !blk[c / 32];
+                bool valid = c < S - (nr - 1 - i) && !blk[c / 32];
+                if (variant == 4 && st == 0) {
+                    valid = c >= S / 2 && c < S / 2 + 40; // a short sequence in a long cache: a dense row
+                }
                 mask[((size_t) st * nr + i) * S + c] = sparq_fp32_to_fp16(valid ? 0.0f : -INFINITY);
             }
         }

@@ -70,8 +70,8 @@ def test_backend_ops_cuda_equals_cpu(cuda):
 def _llm(model, **kw):
     from llama_sparq import Llama
 
-    return Llama(str(model), n_ctx=4096, n_threads=2, n_batch=512, verbose=False, seed=0, logits_all=True,
-                 flash_attn=True, **kw)
+    kw.setdefault("flash_attn", True)
+    return Llama(str(model), n_ctx=4096, n_threads=2, n_batch=512, verbose=False, seed=0, logits_all=True, **kw)
 
 
 def _teacher_forced(llm, prompt, cont):
@@ -101,7 +101,12 @@ PROMPT = b"The history of the city begins in the bronze age, when " * 40
 @pytest.mark.real_model
 def test_gemma_gpu_sparq_equals_cpu_sparq(cuda, gemma_model):
     """Exact settings (r = d, k above the context): GPU-offloaded SparQ gives CPU SparQ's greedy
-    tokens, and the counters show every SparQ call on the GPU (and none for the CPU run)."""
+    tokens, and the counters show every SparQ call on the GPU (and none for the CPU run).
+
+    The rest of the model differs between the backends too (its matrix products), so the tokens must
+    agree up to the first step where CPU SparQ's top-2 margin is within twice the GPU-CPU logit
+    spread (after that a different, equally likely token may follow); on the GPU alone, SparQ with
+    exact settings stays within upstream's own spread between its two dense attention paths."""
     exact = dict(sparq_r=256, sparq_k=4096, sparq_min_kv=0)
     cpu = _llm(gemma_model, n_gpu_layers=0, **exact)
     prompt = cpu.tokenize(PROMPT)
@@ -114,17 +119,26 @@ def test_gemma_gpu_sparq_equals_cpu_sparq(cuda, gemma_model):
     got = _greedy(gpu, prompt, 16)
     got_lg = _teacher_forced(gpu, prompt, want)
     st = gpu.sparq_stats()
-    print(f"\n{cuda}: CPU tokens {want}\nGPU tokens {got}\nGPU counters {st}")
-    # Gemma 3 270M: 3 full-attention layers; 2 x (16 greedy + 16 teacher-forced) decode steps
+    # Gemma 3 270M: 3 full-attention layers; 2 x 16 decode steps (greedy, then teacher-forced)
     assert st["n_sparq"] == 3 * 32, st
     assert st["n_sparq_device"] == st["n_sparq"], st
-    assert got == want
-    # logits within the spread of two float summation orders; argmax equal where the margin is clear
-    diff = np.abs(got_lg - want_lg).max(axis=1)
-    assert diff.max() <= 0.5, diff
+
+    spread = np.abs(got_lg - want_lg).max(axis=1)
     top2 = np.sort(want_lg, axis=1)[:, -2:]
-    clear = (top2[:, 1] - top2[:, 0]) > 2 * diff.max()
-    assert np.array_equal(got_lg.argmax(axis=1)[clear], want_lg.argmax(axis=1)[clear])
+    margin = top2[:, 1] - top2[:, 0]
+    print(f"\n{cuda}: CPU tokens {want}\nGPU tokens {got}\nGPU-CPU logit spread per step {np.round(spread, 3)}"
+          f"\nCPU top-2 margins {np.round(margin, 3)}\nGPU counters {st}")
+    unclear = np.nonzero(margin <= 2 * spread.max())[0]
+    n_sure = int(unclear[0]) if len(unclear) else len(want)
+    assert n_sure >= 4, (margin, spread)
+    assert got[:n_sure] == want[:n_sure]
+
+    # on the GPU alone: SparQ (exact) against upstream's flash attention, within -fa 1 vs -fa 0
+    dense = _llm(gemma_model, n_gpu_layers=-1)
+    dense_lg = _teacher_forced(dense, prompt, want)
+    nofa = _llm(gemma_model, n_gpu_layers=-1, flash_attn=False)
+    fa_spread = np.abs(_teacher_forced(nofa, prompt, want) - dense_lg).max()
+    assert np.abs(got_lg - dense_lg).max() <= 1.5 * fa_spread + 0.05, (np.abs(got_lg - dense_lg).max(), fa_spread)
 
 
 @pytest.mark.real_model

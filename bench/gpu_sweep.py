@@ -54,6 +54,7 @@ from llama_sparq import cost, lib_dir, tool_path  # noqa: E402
 from llama_sparq.models import paper_shape_path  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results"
+# the fork's counters line at exit (llama-bench prints it with -v only)
 COUNTERS_RE = re.compile(r"SparQ calls = (\d+), dense calls = (\d+).*SparQ calls on a GPU = (\d+)")
 
 
@@ -79,10 +80,12 @@ def run(cmd, env=None, timeout=3600):
 
 
 def counters(stderr: str) -> dict | None:
-    m = COUNTERS_RE.search(stderr)
-    if not m:
+    """The counters lines of every context the process made, summed (None: no line)."""
+    ms = COUNTERS_RE.findall(stderr)
+    if not ms:
         return None
-    return {"sparq_calls": int(m.group(1)), "dense_calls": int(m.group(2)), "sparq_calls_gpu": int(m.group(3))}
+    return {"contexts": len(ms), "sparq_calls": sum(int(m[0]) for m in ms), "dense_calls": sum(int(m[1]) for m in ms),
+            "sparq_calls_gpu": sum(int(m[2]) for m in ms)}
 
 
 def iqr_fit(S, samples):
@@ -110,7 +113,7 @@ def e2e(args, meta):
     rows, cmds = [], []
     for S in args.depths:
         base = [bench, "-m", str(model), "-ngl", "99", "-p", "0", "-n", str(args.n_gen), "-d", str(S),
-                "-r", str(args.reps), "-o", "json"] + (["--depth-fill", "synthetic"] if S > 0 else [])
+                "-r", str(args.reps), "-o", "json", "-v"] + (["--depth-fill", "synthetic"] if S > 0 else [])
         for label, extra in (("dense_fa1_sparq", ["-fa", "1", "--sparq", "0,1,0,1"] + sp), ("dense_fa0", ["-fa", "0"])):
             p = run(base + extra)
             cmds.append(shlex.join(base + extra))
@@ -168,7 +171,7 @@ def e2e(args, meta):
     S = args.nkvo_depth
     cmd = [bench, "-m", str(model), "-ngl", "99", "-nkvo", "1", "-p", "0", "-n", str(args.n_gen), "-d", str(S),
            "--depth-fill", "synthetic", "-r", str(args.reps), "-fa", "1", "--sparq", "0,1", "-t", str(args.threads),
-           "-o", "json"] + sp
+           "-o", "json", "-v"] + sp
     p = run(cmd)
     cmds.append(shlex.join(cmd))
     for r in json.loads(p.stdout):

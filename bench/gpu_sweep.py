@@ -145,7 +145,7 @@ def e2e(args, meta):
         amdahl = 1.0 / ((1.0 - z) + z * ratio) if s > 0 else 1.0
         summary.append({"S": s, "dense_fa1_ms": d1, "dense_fa0_ms": d0, "sparq_ms": spq,
                         "speedup_vs_fa1": d1 / spq if spq else None, "speedup_vs_best_dense": base_ms / spq if spq else None,
-                        "z": z, "compression": ratio, "transfer_bound": 1.0 / ratio, "amdahl_bound": amdahl,
+                        "z": z, "z_fit": a * s / (a * s + b) if s > 0 else 0.0, "compression": ratio, "transfer_bound": 1.0 / ratio, "amdahl_bound": amdahl,
                         "sparq_counters": dense["sparq"].get(s, {}).get("exit_counters")})
 
     # batch 4: llama-batched-bench, four sequences in their own streams
@@ -267,8 +267,9 @@ def main(argv=None) -> int:
             "argv": shlex.join([sys.executable] + sys.argv), "sparq": {"r": args.r, "k": args.k, "l": args.l,
                                                                        "basis": args.basis}}
     if args.only in (None, "e2e"):
-        rows, summary, cmds = e2e(args, dict(meta))
-        m = dict(meta, commands=cmds)
+        me = dict(meta)
+        rows, summary, cmds = e2e(args, me)
+        m = dict(me, commands=cmds)
         write(f"e2e_{args.tag}", m, rows, {"summary": summary})
         for s in summary:
             print(s)

@@ -3,8 +3,14 @@
 #   make test    install everything into .venv (first time: ~10 min on 2 cores), run the test suite
 #   make demo    install, fetch Gemma 3 270M, answer a question on a 15K-token document, dense and SparQ
 #   make install build the fork (persistent build/ folder, ccache when present) and install the package
+#   make install CUDA=1   the same with ggml's CUDA backend and SparQ's CUDA kernels (its own
+#                build folder build/cuda-*; CUDA_ARCHS, default "80;90" = Ampere and Hopper)
+#   make cuda-check       compile SparQ's CUDA kernels alone for sm_80 and sm_90 (needs nvcc;
+#                skipped with a message without it)
+#   make test-cuda / make bench-gpu   on a GPU machine: the CUDA build, then tests/test_cuda.py /
+#                bench/gpu_sweep.py
 #
-# Variables: PYTHON (the interpreter that creates .venv), PYTEST_ARGS, JOBS.
+# Variables: PYTHON (the interpreter that creates .venv), PYTEST_ARGS, JOBS, CUDA, CUDA_ARCHS, NVCC.
 
 PYTHON      ?= python3
 VENV        ?= .venv
@@ -17,7 +23,17 @@ JOBS        ?= $(shell nproc 2>/dev/null || echo 2)
 export CCACHE_BASEDIR := $(CURDIR)
 export CCACHE_NOHASHDIR := 1
 
-.PHONY: all install deps deps-system test test-fast demo upstream bench-op clean distclean
+.PHONY: all install deps deps-system test test-fast demo upstream bench-op cuda-check test-cuda bench-gpu clean distclean
+
+# The CUDA variant: ggml's CUDA backend plus ggml-sparq/sparq-cuda.cu (patch 0010), in a build
+# folder of its own so that the CPU build (the default) is never reconfigured by it.
+CUDA        ?= 0
+CUDA_ARCHS  ?= 80;90
+ifeq ($(CUDA),1)
+SPARQ_CMAKE_ARGS := -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$(CUDA_ARCHS)
+SPARQ_PIP_ARGS   := -C build-dir=build/cuda-{wheel_tag}
+endif
+NVCC        ?= $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
 
 all: install
 
@@ -49,7 +65,8 @@ deps-system:
 
 install: deps
 	@command -v ccache >/dev/null || echo "note: ccache not found; rebuilds from scratch are slower (make deps-system installs it)"
-	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PIP) install -q --no-build-isolation --no-deps .
+	CMAKE_ARGS="$(SPARQ_CMAKE_ARGS) $$CMAKE_ARGS" CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) \
+	    $(PIP) install -q --no-build-isolation --no-deps $(SPARQ_PIP_ARGS) .
 	$(PY) -c "import llama_sparq; print(llama_sparq.check_library())"
 
 test: deps-system install
@@ -68,6 +85,34 @@ upstream:
 
 bench-op: install
 	$(PY) bench/op_bench.py
+
+# On a machine with an NVIDIA GPU: the CUDA build, then its tests (they fail there rather than
+# skip if the build has no CUDA), and the GPU sweep (bench/results/gpu_*)
+test-cuda:
+	$(MAKE) install CUDA=1
+	$(PY) -m pytest tests/test_cuda.py -v -rs $(PYTEST_ARGS)
+
+bench-gpu:
+	$(MAKE) install CUDA=1
+	$(PY) bench/gpu_sweep.py
+
+# SparQ's CUDA kernels compiled alone (not the CUDA backend) for Ampere and Hopper against the
+# prepared upstream tree's headers, device warnings as errors: CI has nvcc but no GPU, so this
+# is what keeps the CUDA code from rotting unseen. A few minutes on 2 cores.
+CUDA_CHECK_DIR := build/cuda-check
+cuda-check:
+	@if [ -z "$(NVCC)" ]; then \
+	  echo "cuda-check: SKIPPED: nvcc not found (no CUDA toolkit on PATH or in /usr/local/cuda; set NVCC=...)"; \
+	else \
+	  set -e; up=$$($(PYTHON) scripts/upstream.py prepare | tail -1); mkdir -p $(CUDA_CHECK_DIR); \
+	  echo "cuda-check: $(NVCC) ggml-sparq/sparq-cuda.cu for sm_80 and sm_90 against $$up"; \
+	  start=$$(date +%s); \
+	  $(NVCC) -std=c++17 -O3 -use_fast_math -extended-lambda -Xcompiler -fPIC --threads 2 \
+	    -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+	    -Werror all-warnings -I$$up/ggml/include -I$$up/ggml/src -I$$up/ggml/src/ggml-cuda \
+	    -Iggml-sparq -Iggml-sparq/include -c ggml-sparq/sparq-cuda.cu -o $(CUDA_CHECK_DIR)/sparq-cuda.o; \
+	  echo "cuda-check: OK ($$(( $$(date +%s) - start )) s)"; \
+	fi
 
 clean:
 	rm -rf build

@@ -32,11 +32,13 @@
 #include "llama-memory-hybrid.h"
 #include "llama-model.h"
 
+#include "ggml-alloc.h"
 #include "ggml-backend.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdarg>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <atomic>
@@ -44,6 +46,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <string>
 #include <vector>
 
 const char * llama_sparq_version(void) {
@@ -141,6 +144,8 @@ struct llama_sparq_ctx {
     // from any thread (llama-server's HTTP threads), so every access holds mtx
     mutable std::mutex mtx;
     uint64_t n_sparq = 0;
+    uint64_t n_sparq_device = 0; // of n_sparq: the op ran on a non-CPU device (ggml-sparq/sparq-cuda.cu)
+    bool logged_host_fallback = false;
     uint64_t n_dense[LLAMA_SPARQ_DENSE_COUNT] = {};
     double   compression_sum = 0.0;
     uint64_t n_rebuilds = 0;
@@ -164,6 +169,7 @@ struct llama_sparq_access {
     static const llama_batch_allocr * balloc(llama_context * c) { return c->balloc.get(); }
     static void need_reserve(llama_context * c) { c->sched_need_reserve = true; }
     static const llama_model & model(const llama_context * c) { return c->model; }
+    static const std::vector<ggml_backend_ptr> & backends(llama_context * c) { return c->backends; }
 
     static uint32_t kv_size(const llama_kv_cache * kv) { return kv->get_size(); }
     static uint32_t n_stream(const llama_kv_cache * kv) { return kv->n_stream; }
@@ -674,6 +680,7 @@ int32_t llama_sparq_get_stats(const struct llama_context * ctx, struct llama_spa
         out->extra_bytes = S.extra_bytes;
         out->kv_bytes = S.kv_bytes;
         out->n_layers = S.n_layers;
+        out->n_sparq_device = S.n_sparq_device;
     }
     return 0;
 }
@@ -684,6 +691,7 @@ void llama_sparq_reset_stats(struct llama_context * ctx) {
         llama_sparq_ctx & S = *cp.sparq;
         std::lock_guard<std::mutex> lock(S.mtx);
         S.n_sparq = 0;
+        S.n_sparq_device = 0;
         memset(S.n_dense, 0, sizeof(S.n_dense));
         S.compression_sum = 0.0;
         S.n_rebuilds = 0;
@@ -702,9 +710,11 @@ llama_sparq_ctx::~llama_sparq_ctx() {
                           (unsigned long long) n_dense[i]);
         }
     }
-    LLAMA_LOG_INFO("llama_sparq: counters: SparQ calls = %llu, dense calls = %llu%s%s%s, compression = %.4f, rebuilds = %llu\n",
+    LLAMA_LOG_INFO("llama_sparq: counters: SparQ calls = %llu, dense calls = %llu%s%s%s, compression = %.4f, rebuilds = %llu, "
+                   "SparQ calls on a GPU = %llu\n",
                    (unsigned long long) n_sparq, (unsigned long long) nd, o ? " (" : "", buf, o ? ")" : "",
-                   n_sparq ? compression_sum / n_sparq : 0.0, (unsigned long long) n_rebuilds);
+                   n_sparq ? compression_sum / n_sparq : 0.0, (unsigned long long) n_rebuilds,
+                   (unsigned long long) n_sparq_device);
 }
 
 // ---------------------------------------------------------------------------
@@ -762,6 +772,137 @@ struct sparq_rows {
     }
 };
 
+// The device of every layer's K, V, K^T and sums when all are in one non-host (GPU) buffer
+// type's memory, else NULL (with allow_host, host memory counts too: the CPU device).
+static ggml_backend_dev_t sparq_data_device(const llama_sparq_ctx & S, bool allow_host) {
+    ggml_backend_dev_t dev = nullptr;
+    for (size_t ikv = 0; ikv < S.layers.size(); ++ikv) {
+        const sparq_layer & L = S.layers[ikv];
+        if (!L.kt) {
+            continue;
+        }
+        for (const ggml_tensor * t : { (const ggml_tensor *) L.kt, (const ggml_tensor *) L.vsum, (const ggml_tensor *) L.ksq,
+                                       (const ggml_tensor *) L.vcomp, (const ggml_tensor *) A::layer_k(S.kv, ikv),
+                                       (const ggml_tensor *) A::layer_v(S.kv, ikv) }) {
+            if (!t->buffer || (!allow_host && ggml_backend_buffer_is_host(t->buffer))) {
+                return nullptr;
+            }
+            ggml_backend_dev_t d = ggml_backend_buft_get_device(ggml_backend_buffer_get_type(t->buffer));
+            if (!d && allow_host && ggml_backend_buffer_is_host(t->buffer)) {
+                d = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU); // ggml's CPU buffer type names no device
+            }
+            if (!d || (dev && d != dev)) {
+                return nullptr;
+            }
+            dev = d;
+        }
+    }
+    return dev;
+}
+
+// The rebuild of one stream on the device that holds the cache (issue 12, item 3): a ggml graph
+// per layer on the context's backend for that device transposes K into K^T and sums V and k^2
+// over the stream's used cells (minus `skip`), in chunks of cells, in device memory; only a 0/1
+// weight per used cell goes to the device, no layer comes to the host. The sums are f32 products
+// (cuBLAS) with a zero compensation, not the host path's f64 sums. Returns false where it does not
+// apply (the data in host memory, the PCA basis, no backend for the device): the host path runs.
+static bool sparq_rebuild_stream_device(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip) {
+    if (!S.lctx) {
+        return false;
+    }
+    for (const sparq_layer & L : S.layers) {
+        if (L.kt && !L.rot_host.empty()) {
+            return false; // K^T in the PCA basis: the host path rotates
+        }
+    }
+    // LLAMA_SPARQ_GRAPH_REBUILD=1: the graph rebuild for host memory too (on the CPU backend), so that
+    // the tests check it on machines without a GPU
+    const char * gr = getenv("LLAMA_SPARQ_GRAPH_REBUILD");
+    ggml_backend_dev_t dev = sparq_data_device(S, gr && atoi(gr) != 0);
+    if (!dev) {
+        return false;
+    }
+    ggml_backend_t backend = nullptr;
+    for (const auto & b : A::backends(S.lctx)) {
+        if (ggml_backend_get_device(b.get()) == dev) {
+            backend = b.get();
+        }
+    }
+    if (!backend) {
+        return false;
+    }
+    const llama_kv_cache * kv = S.kv;
+    const llama_kv_cells & cells = A::cells(kv, strm);
+    const uint32_t kv_size = A::kv_size(kv);
+    const uint32_t u0 = cells.used_min(), u1 = cells.used_max_p1();
+    const uint32_t nu = u1 > u0 ? u1 - u0 : 0;
+    std::vector<float> w(std::max<uint32_t>(nu, 1), 0.0f);
+    for (uint32_t c = u0; c < u1; ++c) {
+        w[c - u0] = cells.is_empty(c) ? 0.0f : 1.0f;
+    }
+    for (uint32_t c : skip) {
+        if (c >= u0 && c < u1) {
+            w[c - u0] = 0.0f;
+        }
+    }
+    constexpr uint32_t chunk = 16384; // cells per product: bounds the f32 temporaries
+    ggml_gallocr_t galloc = ggml_gallocr_new(ggml_backend_get_default_buffer_type(backend));
+    ggml_backend_synchronize(backend);
+    for (size_t ikv = 0; ikv < S.layers.size(); ++ikv) {
+        sparq_layer & L = S.layers[ikv];
+        if (!L.kt) {
+            continue;
+        }
+        ggml_tensor * k = A::layer_k(kv, ikv);
+        ggml_tensor * v = A::layer_v(kv, ikv);
+        const int64_t E = k->ne[0], Ev = v->ne[0];
+        const size_t esz = ggml_type_size(k->type);
+        ggml_backend_tensor_memset(L.vcomp, 0, strm * L.vcomp->nb[2], Ev * sizeof(float));
+        if (nu == 0) {
+            ggml_backend_tensor_memset(L.vsum, 0, strm * L.vsum->nb[2], Ev * sizeof(float));
+            ggml_backend_tensor_memset(L.ksq, 0, strm * L.ksq->nb[2], E * sizeof(float));
+            continue;
+        }
+        const size_t n_nodes = 16 * ((nu + chunk - 1) / chunk) + 16;
+        ggml_init_params ip = { n_nodes * ggml_tensor_overhead() + ggml_graph_overhead_custom(n_nodes, false), nullptr, true };
+        ggml_context_ptr ctx(ggml_init(ip));
+        ggml_context * c0 = ctx.get();
+        ggml_cgraph * gf = ggml_new_graph_custom(c0, n_nodes, false);
+        ggml_tensor * wt = ggml_new_tensor_2d(c0, GGML_TYPE_F32, 1, nu);
+        ggml_set_input(wt);
+        ggml_tensor * vacc = nullptr;
+        ggml_tensor * kacc = nullptr;
+        for (uint32_t a = 0; a < nu; a += chunk) {
+            const uint32_t n = std::min(chunk, nu - a), cell = u0 + a;
+            ggml_tensor * kc = ggml_view_2d(c0, k, E, n, k->nb[1], strm * k->nb[2] + (size_t) cell * k->nb[1]);
+            ggml_tensor * vc = ggml_view_2d(c0, v, Ev, n, v->nb[1], strm * v->nb[2] + (size_t) cell * v->nb[1]);
+            // K^T rows [cell, cell + n) of the stream: element (cell c, component j) at j * kv_size + c
+            ggml_tensor * ktd = ggml_view_2d(c0, L.kt, n, E, (size_t) kv_size * esz, strm * L.kt->nb[3] + (size_t) cell * esz);
+            ggml_build_forward_expand(gf, ggml_cpy(c0, ggml_transpose(c0, kc), ktd));
+            ggml_tensor * wc = ggml_view_2d(c0, wt, 1, n, wt->nb[1], (size_t) a * sizeof(float));
+            ggml_tensor * vf = v->type == GGML_TYPE_F32 ? vc : ggml_cast(c0, vc, GGML_TYPE_F32);
+            ggml_tensor * kf = ggml_sqr(c0, k->type == GGML_TYPE_F32 ? kc : ggml_cast(c0, kc, GGML_TYPE_F32));
+            ggml_tensor * vp = ggml_out_prod(c0, vf, wc); // [Ev, 1]: sum over the cells of w * v
+            ggml_tensor * kp = ggml_out_prod(c0, kf, wc); // [E, 1]
+            vacc = vacc ? ggml_add(c0, vacc, vp) : vp;
+            kacc = kacc ? ggml_add(c0, kacc, kp) : kp;
+        }
+        ggml_build_forward_expand(gf, ggml_cpy(c0, ggml_reshape_1d(c0, vacc, Ev),
+                                               ggml_view_1d(c0, L.vsum, Ev, strm * L.vsum->nb[2])));
+        ggml_build_forward_expand(gf, ggml_cpy(c0, ggml_reshape_1d(c0, kacc, E),
+                                               ggml_view_1d(c0, L.ksq, E, strm * L.ksq->nb[2])));
+        if (!ggml_gallocr_alloc_graph(galloc, gf)) {
+            GGML_ABORT("llama_sparq: the device rebuild could not allocate its temporaries on %s", ggml_backend_dev_name(dev));
+        }
+        ggml_backend_tensor_set(wt, w.data(), 0, (size_t) nu * sizeof(float));
+        if (ggml_backend_graph_compute(backend, gf) != GGML_STATUS_SUCCESS) {
+            GGML_ABORT("llama_sparq: the device rebuild failed on %s", ggml_backend_dev_name(dev));
+        }
+    }
+    ggml_gallocr_free(galloc);
+    return true;
+}
+
 // Recompute K^T and the V sum of one stream from K, V and the cells, over the used cells
 // only ([used_min, used_max_p1); K^T entries of empty cells are masked and left as they
 // are), leaving the V values of the cells in `skip` out (the ubatch about to run writes
@@ -770,6 +911,9 @@ struct sparq_rows {
 // the largest absolute difference.
 static double sparq_rebuild_stream(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip,
                                    bool check = false) {
+    if (!check && getenv("LLAMA_SPARQ_HOST_REBUILD") == nullptr && sparq_rebuild_stream_device(S, strm, skip)) {
+        return 0.0; // done on the device (LLAMA_SPARQ_HOST_REBUILD=1 forces the host path, for comparisons)
+    }
     const llama_kv_cache * kv = S.kv;
     const llama_kv_cells & cells = A::cells(kv, strm);
     const uint32_t kv_size = A::kv_size(kv);
@@ -1142,6 +1286,10 @@ struct sparq_decision {
     int d, r, k;  // for the cost model: head size, components read from K^T, the k setting
     int rows;     // the most rows of K and V a step reads (k, or g * (k - l) + l with per-head choice)
     int extra;    // other elements read per KV head (the PCA rotation)
+    // where the op runs: 0 the CPU (K^T in host memory); 1 the device holding K^T (it supports the
+    // node); 2 the CPU although K^T is in device memory (the device does not support the node)
+    int device = 0;
+    std::string device_name = {};
 };
 
 // the most cells in use among the streams of the ubatch (the context length the dense threshold is about:
@@ -1355,6 +1503,13 @@ void llm_graph_input_sparq::set_input(const llama_ubatch * ubatch) {
     for (const sparq_decision & dc : decisions) {
         if (dc.reason < 0) { // SparQ ran (for every row, or for the decode rows beside prompt rows)
             St.n_sparq++;
+            St.n_sparq_device += dc.device == 1;
+            if (dc.device == 2 && !St.logged_host_fallback) {
+                St.logged_host_fallback = true;
+                LLAMA_LOG_WARN("%s: SparQ runs on the CPU for layer %d: K^T is on %s, which does not support this "
+                               "SPARQ_ATTN node (its log says why); the scheduler copies the cache across every step\n",
+                               __func__, dc.il, dc.device_name.c_str());
+            }
             const double md = 2.0 * S_ * dc.d + 2.0 * dc.d;
             const double ms = S_ <= dc.k ? md : S_ * dc.r + 2.0 * std::min<double>(dc.rows, S_) * dc.d + 4.0 * dc.d + dc.extra;
             St.compression_sum += ms / md;
@@ -1574,6 +1729,17 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
         ggml_sparq_attn_set_window(cur, inp->win);
     }
     ggml_format_name(cur, "sparq_attn-%d", il);
+    {
+        // where the scheduler will run the op: with the layer's K^T (allocated like weights) when
+        // that device supports the node, else on the CPU (counted in n_sparq_device, logged)
+        ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(L.kt->buffer);
+        ggml_backend_dev_t dev = ggml_backend_buft_get_device(buft);
+        if (dev && ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU && !ggml_backend_buffer_is_host(L.kt->buffer)) {
+            sparq_decision & dc = inp->decisions.back();
+            dc.device = ggml_backend_dev_supports_op(dev, cur) ? 1 : 2;
+            dc.device_name = ggml_backend_dev_name(dev);
+        }
+    }
     ggml_tensor * out = ggml_reshape_2d(ctx0, cur, cur->ne[0] * cur->ne[1], cur->ne[2] * cur->ne[3]);
     if (inp->rows_mode == SPARQ_ROWS_MIXED) {
         // prompt rows beside decode rows: the prompt rows get upstream's dense attention, as alone;

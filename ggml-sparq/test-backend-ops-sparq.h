@@ -1,22 +1,41 @@
 // llama-sparq: test-backend-ops cases for GGML_OP_SPARQ_ATTN.
 // Included by tests/test-backend-ops.cpp (patch 0003) after its own test cases;
-// uses that file's test_case, VARS_TO_STR*, init_tensor_* helpers.
+// uses that file's test_case, VARS_TO_STR*, init_tensor_* helpers and test_flash_attn_ext.
+//
+// Eval mode compares another backend (CUDA) with the CPU. SparQ chooses cells by score, so two
+// backends whose approximate scores differ in the last bit could choose differently where two
+// cells score almost alike; the inputs are built so that this cannot happen and any difference
+// in the choice is a bug: the query is large on a fixed set J of r components (so step 1 picks J
+// on both), every key is level_s * sign_j on J (so the approximate scores rank the cells by
+// level_s, one of 2049 values i / 1024, so two cells either differ by far more than rounding or
+// are identical on J, a tie both backends break towards the lower cell), and the mask holds 0
+// and -inf only.
 #pragma once
+
+#include "ggml-sparq.h"
+
+#include <random>
 
 struct test_sparq_attn : public test_case {
     const int64_t d, kv, nh, nh_kv, nr, ns;
     const int r, k, l;
     const ggml_type type_KV;
+    const bool mask;    // a 0/-inf mask (causal over the rows, masked blocks); false: every cell valid
+    const int sel;      // GGML_SPARQ_SEL_*
+    const int flags;    // GGML_SPARQ_FLAG_*
+    const int variant;  // 0 plain, 1 window list (src 7), 2 basis (q_sel, comp_w), 3 stream 0 dense (v_count < 0)
 
     std::string vars() override {
-        return VARS_TO_STR10(d, kv, nh, nh_kv, nr, ns, r, k, l, type_KV);
+        return VARS_TO_STR14(d, kv, nh, nh_kv, nr, ns, r, k, l, type_KV, mask, sel, flags, variant);
     }
 
-    double max_nmse_err() override { return 5e-4; }
+    double max_nmse_err() override { return 5e-5; }
 
     test_sparq_attn(int64_t d = 128, int64_t kv = 1024, int64_t nh = 32, int64_t nh_kv = 32, int64_t nr = 1,
-                    int64_t ns = 1, int r = 16, int k = 128, int l = 32, ggml_type type_KV = GGML_TYPE_F16)
-        : d(d), kv(kv), nh(nh), nh_kv(nh_kv), nr(nr), ns(ns), r(r), k(k), l(l), type_KV(type_KV) {}
+                    int64_t ns = 1, int r = 16, int k = 128, int l = 32, ggml_type type_KV = GGML_TYPE_F16,
+                    bool mask = true, int sel = GGML_SPARQ_SEL_SPARQ, int flags = 0, int variant = 0)
+        : d(d), kv(kv), nh(nh), nh_kv(nh_kv), nr(nr), ns(ns), r(r), k(k), l(l), type_KV(type_KV), mask(mask), sel(sel),
+          flags(flags), variant(variant) {}
 
     ggml_tensor * build_graph(ggml_context * ctx) override {
         ggml_tensor * q = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, d, nr, nh, ns);
@@ -31,26 +50,140 @@ struct test_sparq_attn : public test_case {
         ggml_set_name(vs, "v_sum");
         ggml_tensor * vc = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, ns);
         ggml_set_name(vc, "v_count");
-        ggml_tensor * m = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, kv, nr, 1, ns);
-        ggml_set_name(m, "m");
+        ggml_tensor * m = nullptr;
+        if (mask) {
+            m = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, kv, nr, 1, ns);
+            ggml_set_name(m, "m");
+        }
         ggml_tensor * out = ggml_sparq_attn(ctx, q, K, KT, V, vs, vc, m, r, k, l, 1.0f / sqrtf((float) d));
+        if (sel != GGML_SPARQ_SEL_SPARQ || flags != 0) {
+            ggml_sparq_attn_set_selector(out, sel, flags);
+        }
+        if (variant == 1) {
+            ggml_tensor * win = ggml_new_tensor_3d(ctx, GGML_TYPE_I32, std::max(l, 1), nr, ns);
+            ggml_set_name(win, "win");
+            ggml_sparq_attn_set_window(out, win);
+        } else if (variant == 2) {
+            ggml_tensor * qs = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, d, nr, nh, ns);
+            ggml_set_name(qs, "q_sel");
+            ggml_tensor * cw = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, d, nh_kv, ns);
+            ggml_set_name(cw, "comp_w");
+            ggml_sparq_attn_set_basis(out, qs, cw);
+        }
         ggml_set_name(out, "out");
         return out;
     }
 
     void initialize_tensors(ggml_context * ctx) override {
+        std::mt19937 gen(0x5A17u + (uint32_t) (d * 131 + kv * 7 + nh * 3 + ns + r + k + l + variant));
+        std::uniform_real_distribution<float> uni(-1.0f, 1.0f), mag(0.5f, 1.0f), tiny(-0.01f, 0.01f), wdis(0.5f, 2.0f);
+        const int rr = sel == GGML_SPARQ_SEL_ORACLE ? (int) d : r;
+        // J: the components the query is large on; sgn: their signs
+        std::vector<int> perm(d);
+        for (int64_t j = 0; j < d; ++j) {
+            perm[j] = (int) j;
+        }
+        std::shuffle(perm.begin(), perm.end(), gen);
+        std::vector<char> inJ(d, 0);
+        for (int j = 0; j < rr; ++j) {
+            inJ[perm[j]] = 1;
+        }
+        std::vector<float> sgn(d);
+        for (auto & s : sgn) {
+            s = (gen() & 1) ? 1.0f : -1.0f;
+        }
+        auto set_f = [](ggml_tensor * t, const std::vector<float> & f) {
+            if (t->type == GGML_TYPE_F16) {
+                std::vector<ggml_fp16_t> h(f.size());
+                ggml_fp32_to_fp16_row(f.data(), h.data(), (int64_t) f.size());
+                ggml_backend_tensor_set(t, h.data(), 0, h.size() * sizeof(ggml_fp16_t));
+            } else {
+                ggml_backend_tensor_set(t, f.data(), 0, f.size() * sizeof(float));
+            }
+        };
+        // the query that steps 1-2 use is the robust one
+        auto robust_q = [&](std::vector<float> & f) {
+            for (size_t i = 0; i < f.size(); ++i) {
+                const int64_t j = (int64_t) (i % d);
+                f[i] = inJ[j] ? sgn[j] * mag(gen) : tiny(gen);
+            }
+        };
         ggml_tensor * K = nullptr;
         ggml_tensor * KT = nullptr;
+        std::vector<float> kf;
         for (ggml_tensor * t = ggml_get_first_tensor(ctx); t != NULL; t = ggml_get_next_tensor(ctx, t)) {
-            if (strcmp(t->name, "m") == 0) {
-                init_tensor_kq_mask(t);
-            } else if (strcmp(t->name, "v_count") == 0) {
-                std::vector<float> c(ggml_nelements(t), (float) kv);
-                ggml_backend_tensor_set(t, c.data(), 0, ggml_nbytes(t));
+            const std::string name = t->name;
+            std::vector<float> f(ggml_nelements(t));
+            if (name == "out") {
+                continue;
+            } else if (name == "q") {
+                if (variant == 2) {
+                    for (auto & x : f) {
+                        x = uni(gen);
+                    }
+                } else {
+                    robust_q(f);
+                }
+                set_f(t, f);
+            } else if (name == "q_sel") {
+                robust_q(f);
+                set_f(t, f);
+            } else if (name == "comp_w") {
+                for (auto & x : f) {
+                    x = wdis(gen);
+                }
+                set_f(t, f);
+            } else if (name == "K") {
+                // [d, kv, nh_kv, ns]: level * sign on J, noise elsewhere
+                for (int64_t c = 0; c < (int64_t) f.size() / d; ++c) {
+                    // one of 2049 levels i / 1024, exact in f16 and f32: distinct levels differ by far
+                    // more than rounding, equal ones are equal
+                    const float level = (float) ((int) (gen() % 2049) - 1024) / 1024.0f;
+                    for (int64_t j = 0; j < d; ++j) {
+                        f[c * d + j] = inJ[j] ? level * sgn[j] : uni(gen);
+                    }
+                }
+                set_f(t, f);
+                K = t;
+            } else if (name == "KT") {
+                KT = t;
+            } else if (name == "v_count") {
+                for (int64_t s = 0; s < ns; ++s) {
+                    f[s] = (float) kv;
+                }
+                if (variant == 3) {
+                    f[0] = -(float) kv; // stream 0 runs exact dense attention
+                }
+                set_f(t, f);
+            } else if (name == "m") {
+                // [kv, nr, 1, ns]: row i of a stream sees the cells < kv - (nr - 1 - i), minus
+                // masked blocks of 32 cells (about a fifth of them)
+                for (int64_t st = 0; st < ns; ++st) {
+                    std::vector<char> blk((kv + 31) / 32);
+                    for (auto & b : blk) {
+                        b = (gen() % 5) == 0;
+                    }
+                    for (int64_t i = 0; i < nr; ++i) {
+                        for (int64_t c = 0; c < kv; ++c) {
+                            const bool valid = c < kv - (nr - 1 - i) && !blk[c / 32];
+                            f[(st * nr + i) * kv + c] = valid ? 0.0f : -INFINITY;
+                        }
+                    }
+                }
+                set_f(t, f);
+            } else if (name == "win") {
+                // [w, nr, ns]: cells of "recent positions": distinct and repeated, masked, and -1
+                std::vector<int32_t> w(ggml_nelements(t));
+                for (size_t i = 0; i < w.size(); ++i) {
+                    const uint32_t x = gen();
+                    w[i] = (x % 11) == 0 ? -1 : (x % 7) == 0 && i > 0 ? w[i - 1] : (int32_t) (x % kv);
+                }
+                ggml_backend_tensor_set(t, w.data(), 0, w.size() * sizeof(int32_t));
             } else {
-                init_tensor_uniform(t);
-                if (strcmp(t->name, "K") == 0) K = t;
-                if (strcmp(t->name, "KT") == 0) KT = t;
+                for (auto & x : f) {
+                    x = uni(gen);
+                }
+                set_f(t, f);
             }
         }
         // K^T is the keys again, cell-contiguous
@@ -71,18 +204,81 @@ struct test_sparq_attn : public test_case {
 };
 
 static void sparq_add_test_cases(std::vector<std::unique_ptr<test_case>> & test_cases, bool perf) {
+    // SPARQ_PERF_EVAL=1: the eval grid in perf mode too (builds and runs every case on one
+    // backend, e.g. the CPU on a machine without a second backend to compare with)
+    const char * pe = getenv("SPARQ_PERF_EVAL");
+    if (perf && pe && atoi(pe) != 0) {
+        sparq_add_test_cases(test_cases, false);
+    }
     if (perf) {
-        // Llama 2 7B attention shapes, batch 1
+        // Llama 2 7B attention shapes, batch 1 (the CPU perf run of the suite)
         for (int kv : { 4096, 16384 }) {
-            test_cases.emplace_back(new test_sparq_attn(128, kv, 32, 32, 1, 1, 32, 128, 32, GGML_TYPE_F16));
+            test_cases.emplace_back(new test_sparq_attn(128, kv, 32, 32, 1, 1, 32, 128, 32, GGML_TYPE_F16, true));
+        }
+        // SPARQ_PERF_GPU=1: the GPU op microbenchmark (issue 12): Llama 2 7B attention (32 heads,
+        // d = 128, f16 cache), S 4K..256K, batch (sequences) 1 and 8, r 16/32/64 at k = 128 and
+        // k 64/256 at r = 32, next to ggml's flash attention on the same shapes
+        const char * gpu = getenv("SPARQ_PERF_GPU");
+        if (gpu && atoi(gpu) != 0) {
+            for (int ns : { 1, 8 }) {
+                for (int kv : { 4096, 16384, 65536, 262144 }) {
+                    if (ns == 8 && kv > 65536) {
+                        continue; // 8 x 256K cells of K, K^T and V do not fit next to flash attention's
+                    }
+                    test_cases.emplace_back(new test_flash_attn_ext(128, 128, 32, { 1, ns }, kv, 1, true, false, 0.0f, 0.0f,
+                                                                    GGML_PREC_F32, GGML_TYPE_F16, GGML_TYPE_F16));
+                    for (int r : { 16, 32, 64 }) {
+                        test_cases.emplace_back(new test_sparq_attn(128, kv, 32, 32, 1, ns, r, 128, 32, GGML_TYPE_F16, true));
+                    }
+                    for (int k : { 64, 256 }) {
+                        test_cases.emplace_back(new test_sparq_attn(128, kv, 32, 32, 1, ns, 32, k, k / 4, GGML_TYPE_F16, true));
+                    }
+                }
+            }
         }
         return;
     }
+    const int ORA = GGML_SPARQ_SEL_ORACLE, SPQ = GGML_SPARQ_SEL_SPARQ;
+    const int PH = GGML_SPARQ_FLAG_PER_HEAD, NMV = GGML_SPARQ_FLAG_NO_MEAN_V;
     for (ggml_type t : { GGML_TYPE_F16, GGML_TYPE_F32 }) {
-        for (int64_t kv : { 7, 256, 1000 }) {
-            test_cases.emplace_back(new test_sparq_attn(128, kv, 8, 2, 1, 1, 16, 64, 16, t));
-            test_cases.emplace_back(new test_sparq_attn(64, kv, 4, 4, 3, 2, 8, 32, 8, t));
+        // head sizes x GQA (1, 4, 8) x sequences; S = 1000 (not a multiple of 8: scalar K^T loads)
+        // and 4096 (vector loads)
+        for (int64_t d : { 64, 128, 256 }) {
+            for (auto hh : { std::array<int64_t, 2>{ 8, 8 }, std::array<int64_t, 2>{ 8, 2 }, std::array<int64_t, 2>{ 16, 2 } }) {
+                for (int64_t ns : { 1, 3 }) {
+                    for (int64_t kv : { 1000, 4096 }) {
+                        test_cases.emplace_back(new test_sparq_attn(d, kv, hh[0], hh[1], 1, ns, (int) d / 4, 128, 32, t));
+                    }
+                }
+            }
         }
-        test_cases.emplace_back(new test_sparq_attn(256, 2048, 4, 1, 1, 1, 32, 128, 32, t));
+        // k >= S (dense over the valid cells), k == S, tiny S
+        test_cases.emplace_back(new test_sparq_attn(128, 100, 8, 2, 1, 2, 16, 128, 32, t));
+        test_cases.emplace_back(new test_sparq_attn(128, 128, 8, 2, 1, 2, 16, 128, 32, t, false));
+        test_cases.emplace_back(new test_sparq_attn(64, 7, 4, 4, 1, 1, 8, 32, 8, t));
+        // l = 0; l = k (only the window); r = d; the oracle; no mask
+        test_cases.emplace_back(new test_sparq_attn(128, 2048, 8, 2, 1, 2, 16, 64, 0, t));
+        test_cases.emplace_back(new test_sparq_attn(128, 2048, 8, 2, 1, 2, 16, 64, 64, t));
+        test_cases.emplace_back(new test_sparq_attn(128, 2048, 8, 8, 1, 1, 128, 64, 16, t));
+        test_cases.emplace_back(new test_sparq_attn(128, 2048, 8, 2, 1, 2, 16, 64, 16, t, true, ORA));
+        test_cases.emplace_back(new test_sparq_attn(128, 2048, 8, 2, 1, 2, 16, 64, 16, t, false));
+        // several query rows per stream (all-rows evaluation: causal rows, mean-V leaves out later cells)
+        test_cases.emplace_back(new test_sparq_attn(64, 1000, 4, 4, 3, 2, 8, 32, 8, t));
+        test_cases.emplace_back(new test_sparq_attn(128, 3000, 8, 2, 4, 1, 32, 128, 32, t));
+        // selection variants: per-head choice, no mean-V, both; window list; basis; a dense stream
+        for (int fl : { PH, NMV, PH | NMV }) {
+            test_cases.emplace_back(new test_sparq_attn(128, 4096, 8, 2, 1, 2, 32, 128, 32, t, true, SPQ, fl));
+            test_cases.emplace_back(new test_sparq_attn(64, 4096, 16, 2, 1, 1, 16, 64, 16, t, true, SPQ, fl));
+        }
+        test_cases.emplace_back(new test_sparq_attn(128, 4096, 8, 2, 2, 2, 32, 128, 32, t, true, SPQ, 0, 1));
+        test_cases.emplace_back(new test_sparq_attn(128, 4096, 8, 2, 1, 2, 32, 128, 32, t, true, SPQ, PH, 1));
+        test_cases.emplace_back(new test_sparq_attn(128, 4096, 8, 2, 1, 2, 32, 128, 32, t, true, SPQ, 0, 2));
+        test_cases.emplace_back(new test_sparq_attn(128, 4096, 8, 2, 1, 3, 32, 128, 32, t, true, SPQ, 0, 3));
+        // odd head size, 16 heads per KV head, long contexts (S up to 64K, 1-4 sequences)
+        test_cases.emplace_back(new test_sparq_attn(80, 2048, 16, 1, 1, 2, 20, 128, 32, t));
+        test_cases.emplace_back(new test_sparq_attn(128, 16384, 32, 32, 1, 4, 32, 128, 32, t));
+        test_cases.emplace_back(new test_sparq_attn(256, 32768, 8, 1, 1, 1, 64, 256, 64, t));
+        test_cases.emplace_back(new test_sparq_attn(128, 65536, 8, 2, 1, 2, 32, 128, 32, t));
+        test_cases.emplace_back(new test_sparq_attn(64, 65536, 4, 4, 1, 4, 16, 512, 128, t, true, SPQ, NMV));
     }
 }

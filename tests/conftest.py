@@ -38,3 +38,14 @@ def gemma_model():
     from llama_sparq.models import default_model_path
 
     return default_model_path()
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The GPU tests' skip reason in every run's summary (not only with -rs): where a GPU exists
+    they run, and a skip here means there was none (tests/test_cuda.py)."""
+    reasons = set()
+    for rep in terminalreporter.stats.get("skipped", []):
+        if "test_cuda.py" in rep.nodeid and isinstance(rep.longrepr, tuple) and len(rep.longrepr) == 3:
+            reasons.add(str(rep.longrepr[2]).removeprefix("Skipped: "))
+    for reason in sorted(reasons):
+        terminalreporter.write_line(f"tests/test_cuda.py skipped: {reason}", yellow=True)

@@ -23,7 +23,7 @@ extern "C" {
 
 // Bumped whenever a struct or function of this header changes incompatibly.
 // The Python package refuses a library whose ABI differs from its own.
-#define LLAMA_SPARQ_ABI_VERSION 3
+#define LLAMA_SPARQ_ABI_VERSION 4
 
 // "llama-sparq <version> abi <n> llama.cpp <commit>" (declared in llama.h by patch 0001)
 // LLAMA_API const char * llama_sparq_version(void);
@@ -92,6 +92,8 @@ struct llama_sparq_stats {
     uint64_t extra_bytes;                       // memory taken by K^T and the V sums
     uint64_t kv_bytes;                          // the KV cache's K and V of the layers that have K^T
     int32_t  n_layers;                          // layers with SparQ data (full-attention layers of the cache)
+    uint64_t n_sparq_device;                    // of n_sparq: calls whose op ran on a GPU (or other non-CPU) device:
+                                                // its K^T is in that device's memory and the device supports the node
 };
 
 LLAMA_API struct llama_sparq_params llama_sparq_default_params(void);

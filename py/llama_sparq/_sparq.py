@@ -38,6 +38,7 @@ class llama_sparq_stats(ctypes.Structure):
         ("extra_bytes", ctypes.c_uint64),
         ("kv_bytes", ctypes.c_uint64),
         ("n_layers", ctypes.c_int32),
+        ("n_sparq_device", ctypes.c_uint64),
     ]
 
 
@@ -124,6 +125,7 @@ def get_stats(ctx) -> dict:
         "extra_bytes": s.extra_bytes,
         "kv_bytes": s.kv_bytes,
         "n_layers": s.n_layers,
+        "n_sparq_device": s.n_sparq_device,
     }
 
 

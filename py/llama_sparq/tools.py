@@ -36,3 +36,7 @@ def bench() -> None:
 
 def perplexity() -> None:
     _exec("llama-perplexity")
+
+
+def batched_bench() -> None:
+    _exec("llama-batched-bench")

@@ -1,0 +1,285 @@
+#!/usr/bin/env python3
+"""SparQ on the GPU (issue 12): the end-to-end decode sweep and the op microbenchmark.
+
+Needs an NVIDIA GPU and the CUDA build (``make install CUDA=1``). One command runs it all:
+
+    .venv/bin/python bench/gpu_sweep.py                 # e2e (batch 1 and 4) + op microbenchmark
+    .venv/bin/python bench/gpu_sweep.py --only e2e      # or: --only op
+
+End to end (``e2e``), the paper-shape synthetic model (Llama 2 7B attention: 32 heads of
+128, MHA; ``--n-layer 8`` layers), F16 cache, all layers on the GPU (``-ngl 99``):
+
+- batch 1: the fork's ``llama-bench -p 0 -n N -d S --depth-fill synthetic -fa 1`` with
+  ``--sparq 0,1`` (dense flash attention and SparQ in one process; SparQ with the dense
+  threshold 0) at each depth S, plus dense ``-fa 0``; per-token decode time y(S), the
+  Appendix D fit y = a*S + b over the interquartile range of the runs, z(S) =
+  (y(S) - y(0)) / y(S), the speedup against the faster dense path, the cost model's
+  transfer ratio M_dense / M_sparq and the Amdahl bound 1 / ((1 - z) + z * M_sparq / M_dense);
+- batch 4: ``llama-batched-bench -npl 4 -npp S -ntg N`` (four sequences, each in its own KV
+  stream, a real prefill of S tokens each), dense and ``--sparq``; decode tokens/s;
+- ``-nkvo`` (cache in host memory, attention on the CPU, weights on the GPU) at one depth.
+
+The op (``op``): ``test-backend-ops perf -b CUDA0 -o SPARQ_ATTN`` and ``-o FLASH_ATTN_EXT``
+with ``SPARQ_PERF_GPU=1`` (ggml-sparq/test-backend-ops-sparq.h: Llama 2 7B attention shapes,
+S 4K..256K, batch 1 and 8, r 16/32/64 at k = 128, k 64/256 at r = 32): us/run of each, the
+speedup of SparQ over CUDA flash attention on the same shapes, the bound M_dense / M_sparq
+and the fraction of it reached.
+
+Every result file (bench/results/gpu_<tag>.{json,csv,md}) records the device (nvidia-smi),
+the commit, the exact commands and, for SparQ runs, the fork's counters: sparq_calls (from
+llama-bench) and "SparQ calls on a GPU" (from the tools' exit log), which must equal the calls,
+or the op ran on the CPU. Nothing here has run yet: written and checked without a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as _dt
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from op_bench import git_commit  # noqa: E402
+
+from llama_sparq import cost, lib_dir, tool_path  # noqa: E402
+from llama_sparq.models import paper_shape_path  # noqa: E402
+
+OUT = Path(__file__).resolve().parent / "results"
+# the fork's counters line at exit (llama-bench prints it with -v only)
+COUNTERS_RE = re.compile(r"SparQ calls = (\d+), dense calls = (\d+).*SparQ calls on a GPU = (\d+)")
+
+
+def device() -> dict:
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        sys.exit("gpu_sweep: no nvidia-smi: this sweep needs an NVIDIA GPU")
+    q = subprocess.run([smi, "--query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem",
+                        "--format=csv,noheader"], capture_output=True, text=True)
+    if q.returncode != 0 or not q.stdout.strip():
+        sys.exit(f"gpu_sweep: nvidia-smi lists no GPU: {q.stderr.strip()}")
+    if not (lib_dir() / "libggml-cuda.so").is_file():
+        sys.exit(f"gpu_sweep: {lib_dir()} has no libggml-cuda.so: build the CUDA variant with `make install CUDA=1`")
+    return {"gpu": q.stdout.strip().splitlines()[0], "cuda_lib": str(lib_dir() / "libggml-cuda.so")}
+
+
+def run(cmd, env=None, timeout=3600):
+    print("+", shlex.join(cmd), flush=True)
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    if p.returncode != 0:
+        raise RuntimeError(f"failed ({p.returncode}): {shlex.join(cmd)}\n{p.stderr[-4000:]}")
+    return p
+
+
+def counters(stderr: str) -> dict | None:
+    """The counters lines of every context the process made, summed (None: no line)."""
+    ms = COUNTERS_RE.findall(stderr)
+    if not ms:
+        return None
+    return {"contexts": len(ms), "sparq_calls": sum(int(m[0]) for m in ms), "dense_calls": sum(int(m[1]) for m in ms),
+            "sparq_calls_gpu": sum(int(m[2]) for m in ms)}
+
+
+def iqr_fit(S, samples):
+    """y = a*S + b over the runs inside the interquartile range at each S (Appendix D)."""
+    xs, ys = [], []
+    for s, x in zip(S, samples):
+        x = np.asarray(x, float)
+        if not len(x):
+            continue
+        q1, q3 = np.percentile(x, [25, 75])
+        keep = x[(x >= q1) & (x <= q3)]
+        keep = keep if len(keep) else x
+        xs += [s] * len(keep)
+        ys += keep.tolist()
+    A = np.vstack([xs, np.ones(len(xs))]).T
+    (a, b), *_ = np.linalg.lstsq(A, np.array(ys), rcond=None)
+    return float(a), float(b)
+
+
+def e2e(args, meta):
+    model = paper_shape_path(args.n_layer)
+    bench = str(tool_path("llama-bench"))
+    sp = ["--sparq-r", str(args.r), "--sparq-k", str(args.k), "--sparq-l", str(args.l), "--sparq-min-kv", "0",
+          "--sparq-basis", args.basis]
+    rows, cmds = [], []
+    for S in args.depths:
+        base = [bench, "-m", str(model), "-ngl", "99", "-p", "0", "-n", str(args.n_gen), "-d", str(S),
+                "-r", str(args.reps), "-o", "json", "-v"] + (["--depth-fill", "synthetic"] if S > 0 else [])
+        for label, extra in (("dense_fa1_sparq", ["-fa", "1", "--sparq", "0,1,0,1"] + sp), ("dense_fa0", ["-fa", "0"])):
+            p = run(base + extra)
+            cmds.append(shlex.join(base + extra))
+            for r in json.loads(p.stdout):
+                cfg = "sparq" if int(r.get("sparq", 0)) else ("dense_fa1" if label != "dense_fa0" else "dense_fa0")
+                t = (np.array(r["samples_ns"], float) / 1e9 / args.n_gen).tolist()
+                row = {"batch": 1, "S": S, "config": cfg, "samples_s_per_token": t,
+                       "median_ms_per_token": 1e3 * float(np.median(t))}
+                if cfg == "sparq":
+                    row.update({k: r[k] for k in ("sparq_calls", "sparq_dense", "sparq_compr", "sparq_r", "sparq_k",
+                                                  "sparq_l", "sparq_min_kv")})
+                    row["exit_counters"] = counters(p.stderr)
+                rows.append(row)
+
+    # the fit and the bounds, batch 1
+    dense = {c: {r["S"]: r for r in rows if r["config"] == c} for c in ("dense_fa0", "dense_fa1", "sparq")}
+    S_list = sorted(dense["dense_fa1"])
+    a, b = iqr_fit(S_list, [dense["dense_fa1"][s]["samples_s_per_token"] for s in S_list])
+    meta["fit_dense_fa1"] = {"a": a, "b": b, "what": "y(S) = a*S + b seconds per token, IQR runs (Appendix D)"}
+    y0 = dense["dense_fa1"].get(0, {}).get("median_ms_per_token")
+    summary = []
+    for s in S_list:
+        d1 = dense["dense_fa1"][s]["median_ms_per_token"]
+        d0 = dense["dense_fa0"].get(s, {}).get("median_ms_per_token", float("inf"))
+        spq = dense["sparq"].get(s, {}).get("median_ms_per_token")
+        base_ms = min(d1, d0)
+        z = (d1 - y0) / d1 if y0 is not None and s > 0 else 0.0
+        ratio = cost.compression(s, 128, args.r, args.k) if s > 0 else 1.0
+        amdahl = 1.0 / ((1.0 - z) + z * ratio) if s > 0 else 1.0
+        summary.append({"S": s, "dense_fa1_ms": d1, "dense_fa0_ms": d0, "sparq_ms": spq,
+                        "speedup_vs_fa1": d1 / spq if spq else None, "speedup_vs_best_dense": base_ms / spq if spq else None,
+                        "z": z, "z_fit": a * s / (a * s + b) if s > 0 else 0.0, "compression": ratio, "transfer_bound": 1.0 / ratio, "amdahl_bound": amdahl,
+                        "sparq_counters": dense["sparq"].get(s, {}).get("exit_counters")})
+
+    # batch 4: llama-batched-bench, four sequences in their own streams
+    bb = str(tool_path("llama-batched-bench"))
+    for S in args.depths_batch:
+        if S == 0:
+            continue
+        for sparq in (False, True):
+            cmd = [bb, "-m", str(model), "-ngl", "99", "-fa", "on", "-c", str(4 * (S + args.n_gen + 64)),
+                   "-b", "2048", "-ub", "512", "-npp", str(S), "-ntg", str(args.n_gen), "-npl", "4",
+                   "--output-format", "jsonl"] + (["--sparq"] + sp if sparq else [])
+            p = run(cmd)
+            cmds.append(shlex.join(cmd))
+            for line in (p.stdout + "\n" + p.stderr).splitlines():
+                line = line.strip()
+                if line.startswith("{") and '"speed_tg"' in line:
+                    r = json.loads(line)
+                    rows.append({"batch": 4, "S": S, "config": "sparq" if sparq else "dense_fa1",
+                                 "speed_tg_tokens_per_s": r["speed_tg"], "t_tg_s": r["t_tg"], "raw": r,
+                                 "exit_counters": counters(p.stderr) if sparq else None})
+
+    # -nkvo: cache and attention on the CPU, weights on the GPU
+    S = args.nkvo_depth
+    cmd = [bench, "-m", str(model), "-ngl", "99", "-nkvo", "1", "-p", "0", "-n", str(args.n_gen), "-d", str(S),
+           "--depth-fill", "synthetic", "-r", str(args.reps), "-fa", "1", "--sparq", "0,1", "-t", str(args.threads),
+           "-o", "json", "-v"] + sp
+    p = run(cmd)
+    cmds.append(shlex.join(cmd))
+    for r in json.loads(p.stdout):
+        t = (np.array(r["samples_ns"], float) / 1e9 / args.n_gen).tolist()
+        rows.append({"batch": 1, "S": S, "config": ("sparq" if int(r.get("sparq", 0)) else "dense_fa1") + "_nkvo",
+                     "median_ms_per_token": 1e3 * float(np.median(t)), "samples_s_per_token": t,
+                     "sparq_calls": r.get("sparq_calls"), "exit_counters": counters(p.stderr)})
+    return rows, summary, cmds
+
+
+def parse_perf(text):
+    """test-backend-ops perf lines: name(vars): runs - us/run - ..."""
+    out = []
+    for line in text.splitlines():
+        m = re.match(r"\s*(\w+)\((.*)\):\s+(\d+) runs -\s+([\d.]+) us/run", line)
+        if m:
+            kv = dict(re.findall(r"(\w+)=(\[[^\]]*\]|[^,]*)", m.group(2)))
+            out.append({"op": m.group(1), "vars": kv, "us_per_run": float(m.group(4))})
+    return out
+
+
+def op(args, meta):
+    exe = str(tool_path("test-backend-ops"))
+    env = dict(os.environ, SPARQ_PERF_GPU="1")
+    cmds, res = [], []
+    # upstream's own flash-attention perf cases are many: only the shapes ours are set against
+    fa_shapes = r"hsk=128,hsv=128,nh=32,nr23=\[1,(1|8)\],kv=(4096|16384|65536|262144),nb=1,mask=1,"
+    for o, extra in (("SPARQ_ATTN", []), ("FLASH_ATTN_EXT", ["-p", fa_shapes])):
+        cmd = [exe, "perf", "-b", "CUDA0", "-o", o] + extra
+        p = run(cmd, env=env, timeout=7200)
+        cmds.append("SPARQ_PERF_GPU=1 " + shlex.join(cmd))
+        res += parse_perf(p.stdout)
+    fa = {}
+    for r in res:
+        v = r["vars"]
+        if r["op"] == "FLASH_ATTN_EXT" and v.get("hsk") == "128" and v.get("nh") == "32" and v.get("nb") == "1":
+            ns = int(v.get("nr23", "[1,1]").strip("[]").split(",")[-1]) if "nr23" in v else 1
+            fa[(int(v["kv"]), ns)] = r["us_per_run"]
+    rows = []
+    for r in res:
+        if r["op"] != "SPARQ_ATTN":
+            continue
+        v = r["vars"]
+        S, ns, rr, k = int(v["kv"]), int(v["ns"]), int(v["r"]), int(v["k"])
+        if v.get("nh") != "32" or v.get("d") != "128":
+            continue
+        dense_us = fa.get((S, ns))
+        ratio = cost.compression(S, 128, rr, k)
+        sp = dense_us / r["us_per_run"] if dense_us else None
+        rows.append({"S": S, "batch": ns, "r": rr, "k": k, "sparq_us": r["us_per_run"], "flash_attn_us": dense_us,
+                     "speedup": sp, "compression": ratio, "bound": 1.0 / ratio,
+                     "fraction_of_bound": sp * ratio if sp else None})
+    return rows, cmds
+
+
+def write(tag, meta, rows, extra=None):
+    OUT.mkdir(parents=True, exist_ok=True)
+    doc = {"meta": meta, "rows": rows, **(extra or {})}
+    (OUT / f"gpu_{tag}.json").write_text(json.dumps(doc, indent=1))
+    flat = [{k: v for k, v in r.items() if not isinstance(v, (list, dict))} for r in rows]
+    cols = sorted({k for r in flat for k in r})
+    with open(OUT / f"gpu_{tag}.csv", "w", newline="") as f:
+        for k in ("device", "commit", "date"):
+            f.write(f"# {k}: {meta.get(k)}\n")
+        for c in meta.get("commands", []):
+            f.write(f"# command: {c}\n")
+        w = csv.DictWriter(f, fieldnames=cols)
+        w.writeheader()
+        w.writerows(flat)
+    print(f"wrote {OUT / f'gpu_{tag}.json'} and .csv")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", choices=("e2e", "op"), default=None)
+    ap.add_argument("--n-layer", type=int, default=8, help="layers of the paper-shape model (default 8, the issue's)")
+    ap.add_argument("--depths", default="0,1024,2048,4096,8192,16384,32768,65536,131072")
+    ap.add_argument("--depths-batch", default="4096,16384,32768,65536", help="batch-4 depths (real prefill)")
+    ap.add_argument("--nkvo-depth", type=int, default=16384)
+    ap.add_argument("--n-gen", type=int, default=32)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=16, help="CPU threads for -nkvo")
+    ap.add_argument("--r", type=int, default=32)
+    ap.add_argument("--k", type=int, default=128)
+    ap.add_argument("--l", type=int, default=32)
+    ap.add_argument("--basis", default="model", help="the paper's basis (default), or scaled/pca")
+    ap.add_argument("--tag", default="h100")
+    args = ap.parse_args(argv)
+    args.depths = [int(x) for x in args.depths.split(",")]
+    args.depths_batch = [int(x) for x in args.depths_batch.split(",")]
+
+    meta = {"device": device(), "commit": git_commit(), "date": _dt.datetime.now(_dt.timezone.utc).isoformat(),
+            "argv": shlex.join([sys.executable] + sys.argv), "sparq": {"r": args.r, "k": args.k, "l": args.l,
+                                                                       "basis": args.basis}}
+    if args.only in (None, "e2e"):
+        me = dict(meta)
+        rows, summary, cmds = e2e(args, me)
+        m = dict(me, commands=cmds)
+        write(f"e2e_{args.tag}", m, rows, {"summary": summary})
+        for s in summary:
+            print(s)
+    if args.only in (None, "op"):
+        rows, cmds = op(args, meta)
+        write(f"op_{args.tag}", dict(meta, commands=cmds), rows)
+        for r in rows:
+            print(r)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

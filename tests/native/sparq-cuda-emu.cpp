@@ -1,0 +1,432 @@
+// llama-sparq: the CUDA kernels of GGML_OP_SPARQ_ATTN (ggml-sparq/sparq-cuda-kernels.cuh) run on
+// the CPU, one OS thread per CUDA thread of a block (blocks one after another; __syncthreads and the
+// warp shuffles are barriers), against the CPU op (sparq_cpu_compute, scalar ISA) on the same
+// inputs. No GPU needed: it checks the kernels' indexing, selection (radix select, ties, window,
+// bitmap), attention and mean-V logic; not the GPU's memory model, timing or compiler.
+//
+//   sparq-cuda-emu d S n_head n_head_kv n_rows n_stream r k l f16 mask sel flags variant [scalar]
+//
+// variant: 0 plain, 1 window list, 2 basis (q_sel, comp_w), 3 stream 0 dense (v_count < 0),
+// 4 stream 0 sees 40 cells in the middle (a dense row that skips empty chunks);
+// scalar: 1 forces the one-cell K^T loads. Prints "OK nmse=... sel=same" or "FAIL ..." and exits
+// 0 / 1. The inputs are tie-proof as in ggml-sparq/test-backend-ops-sparq.h (query large on r
+// components, keys level * sign there, levels i / 1024), so the selections must be equal.
+
+#include "sparq-cpu.h"
+
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
+#include <set>
+#include <thread>
+#include <vector>
+
+// ---------------------------------------------------------------------------
+// the CUDA shim
+// ---------------------------------------------------------------------------
+
+struct half { uint16_t x; };
+struct half2 { half x, y; };
+struct float2 { float x, y; };
+struct float4 { float x, y, z, w; };
+struct uint2 { unsigned int x, y; };
+struct uint4 { unsigned int x, y, z, w; };
+struct dim3 {
+    unsigned int x, y, z;
+    dim3(unsigned int x_ = 1, unsigned int y_ = 1, unsigned int z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+static inline float2 make_float2(float a, float b) { return { a, b }; }
+static inline float __half2float(half h) { return sparq_fp16_to_fp32(h.x); }
+static inline float2 __half22float2(half2 h) { return { __half2float(h.x), __half2float(h.y) }; }
+static inline unsigned int __float_as_uint(float f) { unsigned int u; memcpy(&u, &f, 4); return u; }
+static inline float sparq_emu_expf(float x) { return expf(x); }
+#define __expf sparq_emu_expf // glibc declares a __expf of its own
+static inline int __popc(unsigned int x) { return __builtin_popcount(x); }
+static inline int __ffs(unsigned int x) { return __builtin_ffs((int) x); }
+using std::max;
+using std::min;
+
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(x)
+#define __shared__ static   // blocks run one at a time: a function's statics are its block's shared memory
+
+static thread_local dim3 threadIdx, blockIdx;
+
+struct emu_warp {
+    std::barrier<> bar{ 32 };
+    uint64_t buf[32];
+};
+static thread_local emu_warp * t_warp = nullptr;
+static thread_local std::barrier<> * t_block = nullptr;
+
+static inline void __syncthreads() { t_block->arrive_and_wait(); }
+
+template <typename T> static T emu_xchg(T v, int src) {
+    static_assert(sizeof(T) <= 8, "shuffle of more than 8 bytes");
+    const int lane = threadIdx.x % 32;
+    uint64_t b = 0;
+    memcpy(&b, &v, sizeof(T));
+    t_warp->buf[lane] = b;
+    t_warp->bar.arrive_and_wait();
+    T r;
+    memcpy(&r, &t_warp->buf[src], sizeof(T));
+    t_warp->bar.arrive_and_wait();
+    return r;
+}
+template <typename T> static T __shfl_sync(unsigned int, T v, int src) { return emu_xchg(v, src & 31); }
+template <typename T> static T __shfl_up_sync(unsigned int, T v, unsigned int o) {
+    const int l = threadIdx.x % 32;
+    return emu_xchg(v, l >= (int) o ? l - (int) o : l);
+}
+template <typename T> static T __shfl_down_sync(unsigned int, T v, unsigned int o) {
+    const int l = threadIdx.x % 32;
+    return emu_xchg(v, l + (int) o < 32 ? l + (int) o : l);
+}
+template <typename T> static T __shfl_xor_sync(unsigned int, T v, int o, int = 32) {
+    return emu_xchg(v, (int) (threadIdx.x % 32) ^ o);
+}
+static unsigned int __ballot_sync(unsigned int, int pred) {
+    unsigned int bits = 0;
+    for (int l = 0; l < 32; ++l) {
+        bits |= (emu_xchg<int>(pred ? 1 : 0, l) ? 1u : 0u) << l;
+    }
+    return bits;
+}
+// the warp reductions in one exchange (one barrier pair instead of five): every lane sums the 32
+// values in lane order, so all lanes agree, as after the butterfly on a GPU
+static inline float emu_warp_all(float x, bool is_max) {
+    const int lane = threadIdx.x % 32;
+    uint64_t b = 0;
+    memcpy(&b, &x, sizeof(float));
+    t_warp->buf[lane] = b;
+    t_warp->bar.arrive_and_wait();
+    float r = is_max ? -INFINITY : 0.0f;
+    for (int l = 0; l < 32; ++l) {
+        float v;
+        memcpy(&v, &t_warp->buf[l], sizeof(float));
+        r = is_max ? fmaxf(r, v) : r + v;
+    }
+    t_warp->bar.arrive_and_wait();
+    return r;
+}
+static inline float warp_reduce_sum(float x) { return emu_warp_all(x, false); }
+static inline float warp_reduce_max(float x) { return emu_warp_all(x, true); }
+static inline int atomicAdd(int * p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+static inline unsigned int atomicAdd(unsigned int * p, unsigned int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+static inline unsigned int atomicOr(unsigned int * p, unsigned int v) { return __atomic_fetch_or(p, v, __ATOMIC_SEQ_CST); }
+
+// a persistent team of 256 threads runs each block
+struct emu_team {
+    static constexpr int N = 256;
+    std::barrier<> start{ N + 1 }, done{ N + 1 };
+    std::function<void(int)> job;
+    int nt = 0;
+    bool quit = false;
+    std::vector<std::thread> th;
+    emu_team() {
+        for (int t = 0; t < N; ++t) {
+            th.emplace_back([this, t] {
+                for (;;) {
+                    start.arrive_and_wait();
+                    if (quit) {
+                        return;
+                    }
+                    if (t < nt) {
+                        job(t);
+                    }
+                    done.arrive_and_wait();
+                }
+            });
+        }
+    }
+    ~emu_team() {
+        quit = true;
+        start.arrive_and_wait();
+        for (auto & x : th) {
+            x.join();
+        }
+    }
+    void run(int n, std::function<void(int)> f) {
+        nt = n;
+        job = std::move(f);
+        start.arrive_and_wait();
+        done.arrive_and_wait();
+    }
+};
+static emu_team * g_team = nullptr;
+
+template <typename... P, typename... A>
+static void emu_launch(void (*kernel)(P...), dim3 grid, dim3 block, A... args) {
+    const int nt = (int) block.x;
+    for (unsigned int z = 0; z < grid.z; ++z) {
+        for (unsigned int y = 0; y < grid.y; ++y) {
+            for (unsigned int x = 0; x < grid.x; ++x) {
+                std::barrier<> bb(nt);
+                std::unique_ptr<emu_warp[]> warps(new emu_warp[(nt + 31) / 32]);
+                g_team->run(nt, [&](int t) {
+                    threadIdx = dim3(t);
+                    blockIdx = dim3(x, y, z);
+                    t_block = &bb;
+                    t_warp = &warps[t / 32];
+                    kernel(args...);
+                });
+            }
+        }
+    }
+}
+
+typedef int sparq_stream_t;
+#define SPARQ_LAUNCH(kernel, grid, block, stream, ...) (emu_launch(kernel, dim3(grid), dim3(block), __VA_ARGS__), (void) (stream))
+#define SPARQ_MEMSET(ptr, bytes, stream) (memset((ptr), 0, (bytes)), (void) (stream))
+
+#include "sparq-cuda-kernels.cuh"
+
+// ---------------------------------------------------------------------------
+// the driver
+// ---------------------------------------------------------------------------
+
+static void noop_barrier(void *) {}
+
+int main(int argc, char ** argv) {
+    if (argc < 15) {
+        fprintf(stderr, "usage: %s d S n_head n_head_kv n_rows n_stream r k l f16 mask sel flags variant [scalar]\n", argv[0]);
+        return 2;
+    }
+    const int d = atoi(argv[1]), S = atoi(argv[2]), nh = atoi(argv[3]), nhkv = atoi(argv[4]), nr = atoi(argv[5]);
+    const int ns = atoi(argv[6]), r = atoi(argv[7]), k = atoi(argv[8]), l = atoi(argv[9]);
+    const bool f16 = atoi(argv[10]) != 0, use_mask = atoi(argv[11]) != 0;
+    const int sel = atoi(argv[12]), flags = atoi(argv[13]), variant = atoi(argv[14]);
+    const bool force_scalar = argc > 15 && atoi(argv[15]) != 0;
+    const int g = nh / nhkv;
+    const int rr = sel == SPARQ_SEL_ORACLE ? d : r;
+    const size_t esz = f16 ? 2 : 4;
+
+    std::mt19937 gen(1234 + d + S + nh + r + k + l + variant);
+    std::uniform_real_distribution<float> uni(-1.0f, 1.0f), mag(0.5f, 1.0f), tiny(-0.01f, 0.01f), wd(0.5f, 2.0f);
+    std::vector<int> perm(d);
+    for (int j = 0; j < d; ++j) {
+        perm[j] = j;
+    }
+    std::shuffle(perm.begin(), perm.end(), gen);
+    std::vector<char> inJ(d, 0);
+    for (int j = 0; j < rr; ++j) {
+        inJ[perm[j]] = 1;
+    }
+    std::vector<float> sgn(d);
+    for (auto & s : sgn) {
+        s = (gen() & 1) ? 1.0f : -1.0f;
+    }
+    auto robust_q = [&](std::vector<float> & f) {
+        for (size_t i = 0; i < f.size(); ++i) {
+            const int j = (int) (i % d);
+            f[i] = inJ[j] ? sgn[j] * mag(gen) : tiny(gen);
+        }
+    };
+    const size_t nq = (size_t) d * nr * nh * ns, nkv = (size_t) d * S * nhkv * ns;
+    std::vector<float> q(nq), qsel(nq), cw((size_t) d * nhkv * ns);
+    if (variant == 2) {
+        for (auto & x : q) {
+            x = uni(gen);
+        }
+        robust_q(qsel);
+        for (auto & x : cw) {
+            x = wd(gen);
+        }
+    } else {
+        robust_q(q);
+    }
+    std::vector<float> Kf(nkv), Vf(nkv);
+    for (size_t c = 0; c < nkv / d; ++c) {
+        const float level = (float) ((int) (gen() % 2049) - 1024) / 1024.0f;
+        for (int j = 0; j < d; ++j) {
+            Kf[c * d + j] = inJ[j] ? level * sgn[j] : uni(gen);
+        }
+    }
+    for (auto & x : Vf) {
+        x = uni(gen);
+    }
+    // caches in their type; K^T the keys again, cell-contiguous
+    std::vector<uint8_t> K(nkv * esz), KT(nkv * esz), V(nkv * esz);
+    auto put = [&](std::vector<uint8_t> & dst, size_t i, float x) {
+        if (f16) {
+            const uint16_t h = sparq_fp32_to_fp16(x);
+            memcpy(&dst[i * 2], &h, 2);
+        } else {
+            memcpy(&dst[i * 4], &x, 4);
+        }
+    };
+    for (int b = 0; b < ns * nhkv; ++b) {
+        for (int c = 0; c < S; ++c) {
+            for (int j = 0; j < d; ++j) {
+                const size_t ik = ((size_t) b * S + c) * d + j;
+                put(K, ik, Kf[ik]);
+                put(V, ik, Vf[ik]);
+                put(KT, ((size_t) b * d + j) * S + c, Kf[ik]);
+            }
+        }
+    }
+    std::vector<float> vsum((size_t) d * nhkv * ns), vcount(ns, (float) S);
+    for (auto & x : vsum) {
+        x = uni(gen) * 10.0f;
+    }
+    if (variant == 3) {
+        vcount[0] = -(float) S;
+    }
+    std::vector<uint16_t> mask((size_t) S * nr * ns);
+    for (int st = 0; st < ns; ++st) {
+        std::vector<char> blk((S + 31) / 32);
+        for (auto & b : blk) {
+            b = (gen() % 5) == 0;
+        }
+        for (int i = 0; i < nr; ++i) {
+            for (int c = 0; c < S; ++c) {
+                bool valid = c < S - (nr - 1 - i) && !blk[c / 32];
+                if (variant == 4 && st == 0) {
+                    valid = c >= S / 2 && c < S / 2 + 40; // a short sequence in a long cache: a dense row
+                }
+                mask[((size_t) st * nr + i) * S + c] = sparq_fp32_to_fp16(valid ? 0.0f : -INFINITY);
+            }
+        }
+    }
+    const int wn = std::max(l, 1);
+    std::vector<int32_t> win((size_t) wn * nr * ns);
+    for (size_t i = 0; i < win.size(); ++i) {
+        const uint32_t x = gen();
+        win[i] = (x % 11) == 0 ? -1 : ((x % 7) == 0 && i > 0) ? win[i - 1] : (int32_t) (x % S);
+    }
+    const size_t nout = (size_t) d * nh * nr * ns;
+    std::vector<float> out_cpu(nout, NAN), out_gpu(nout, NAN);
+
+    // the CPU op
+    sparq_args c;
+    memset(&c, 0, sizeof(c));
+    c.d = d; c.dv = d; c.n_kv = S; c.n_rows = nr; c.n_head = nh; c.n_head_kv = nhkv; c.n_stream = ns;
+    c.r = r; c.k = k; c.l = l; c.scale = 1.0f / sqrtf((float) d); c.selector = sel;
+    c.per_head = (flags & 1) != 0; c.no_mean_v = (flags & 2) != 0;
+    const size_t qb1 = d * 4, qb2 = qb1 * nr, qb3 = qb2 * nh;
+    c.q = q.data(); c.q_nb1 = qb1; c.q_nb2 = qb2; c.q_nb3 = qb3;
+    const size_t kb1 = d * esz, kb2 = kb1 * S, kb3 = kb2 * nhkv;
+    const size_t tb1 = S * esz, tb2 = tb1 * d, tb3 = tb2 * nhkv;
+    const sparq_type ct = f16 ? SPARQ_F16 : SPARQ_F32;
+    c.K = K.data(); c.K_type = ct; c.K_nb1 = kb1; c.K_nb2 = kb2; c.K_nb3 = kb3;
+    c.KT = KT.data(); c.KT_type = ct; c.KT_nb1 = tb1; c.KT_nb2 = tb2; c.KT_nb3 = tb3;
+    c.V = V.data(); c.V_type = ct; c.V_nb1 = kb1; c.V_nb2 = kb2; c.V_nb3 = kb3;
+    c.v_sum = vsum.data(); c.v_sum_nb1 = d * 4; c.v_sum_nb2 = (size_t) d * 4 * nhkv;
+    c.v_count = vcount.data();
+    const size_t mb1 = S * 2, mb3 = mb1 * nr;
+    if (use_mask) {
+        c.mask = mask.data(); c.mask_type = SPARQ_F16; c.mask_nb1 = mb1; c.mask_nb3 = mb3; c.mask_ne3 = ns;
+    }
+    const size_t ob1 = d * 4, ob2 = ob1 * nh, ob3 = ob2 * nr;
+    c.out = out_cpu.data(); c.out_nb1 = ob1; c.out_nb2 = ob2; c.out_nb3 = ob3;
+    if (variant == 1) {
+        c.win = win.data(); c.win_nb1 = wn * 4; c.win_nb2 = (size_t) wn * 4 * nr; c.win_n = wn;
+    }
+    if (variant == 2) {
+        c.q_sel = qsel.data(); c.q_sel_nb1 = qb1; c.q_sel_nb2 = qb2; c.q_sel_nb3 = qb3;
+        c.comp_w = cw.data(); c.comp_w_nb1 = d * 4; c.comp_w_nb2 = (size_t) d * 4 * nhkv;
+    }
+    c.sel_n = sparq_sel_max(&c);
+    std::vector<int32_t> sel_cpu((size_t) c.sel_n * nhkv * nr * ns);
+    c.sel_out = sel_cpu.data();
+    std::vector<uint8_t> work(sparq_cpu_work_size(&c, 1));
+    sparq_cpu_compute(&c, &sparq_isa_scalar, work.data(), work.size(), 0, 1, noop_barrier, nullptr);
+
+    // the CUDA kernels, emulated
+    sparq_cu_args a = {};
+    a.d = d; a.dv = d; a.S = S; a.n_rows = nr; a.n_head = nh; a.n_hkv = nhkv; a.n_stream = ns; a.g = g;
+    a.ph = (flags & 1) && g > 1 ? g : 1;
+    a.no_mean_v = (flags & 2) != 0;
+    a.r = sel == SPARQ_SEL_ORACLE ? d : r; a.k = k; a.l = l; a.scale = c.scale;
+    a.R = ns * nr; a.U = a.R * nhkv; a.L = a.U * a.ph;
+    a.W = std::max(1, (S + 31) / 32);
+    const int gm = sparq_gmax(g);
+    const int cpt = !force_scalar && S % sparq_vec_cpt(gm) == 0 ? sparq_vec_cpt(gm) : 1;
+    a.nt_a = std::max(1, (S + SPARQ_NT * cpt - 1) / (SPARQ_NT * cpt));
+    a.nt_s = std::max(1, (S + SPARQ_TS - 1) / SPARQ_TS);
+    a.sel_max = a.ph * k;
+    a.q = (const char *) q.data(); a.q_nb1 = qb1; a.q_nb2 = qb2; a.q_nb3 = qb3;
+    const std::vector<float> & qq = variant == 2 ? qsel : q;
+    a.qs = (const char *) qq.data(); a.qs_nb1 = qb1; a.qs_nb2 = qb2; a.qs_nb3 = qb3;
+    if (variant == 2) {
+        a.cw = (const char *) cw.data(); a.cw_nb1 = d * 4; a.cw_nb2 = (size_t) d * 4 * nhkv;
+    }
+    a.K = (const char *) K.data(); a.K_nb1 = kb1; a.K_nb2 = kb2; a.K_nb3 = kb3;
+    a.KT = (const char *) KT.data(); a.KT_nb1 = tb1; a.KT_nb2 = tb2; a.KT_nb3 = tb3;
+    a.V = (const char *) V.data(); a.V_nb1 = kb1; a.V_nb2 = kb2; a.V_nb3 = kb3;
+    a.v_sum = (const char *) vsum.data(); a.vs_nb1 = d * 4; a.vs_nb2 = (size_t) d * 4 * nhkv;
+    a.v_count = vcount.data();
+    if (use_mask) {
+        a.mask = (const char *) mask.data(); a.mask_f16 = 1; a.m_nb1 = mb1; a.m_nb3 = mb3; a.m_ne3 = ns;
+    }
+    if (variant == 1) {
+        a.win = (const char *) win.data(); a.win_nb1 = wn * 4; a.win_nb2 = (size_t) wn * 4 * nr; a.win_n = wn;
+    }
+    a.out = (char *) out_gpu.data(); a.o_nb1 = ob1; a.o_nb2 = ob2; a.o_nb3 = ob3;
+    const sparq_cu_scratch z = sparq_cu_scratch_sizes(a);
+    std::vector<sparq_cu_row> rows(z.rows);
+    std::vector<unsigned int> wbits(z.wbits), hist(z.hist), selbits(z.selbits);
+    std::vector<int> i1(z.i1), eqcnt(z.eqcnt), selv(z.sel);
+    std::vector<float> qsc(z.qsc), logits(z.logits), keys(z.keys);
+    std::vector<float2> tstat(z.tstat);
+    std::vector<sparq_cu_pick> pick(z.pick);
+    a.rows = rows.data(); a.wbits = wbits.data(); a.i1 = i1.data(); a.qsc = qsc.data(); a.logits = logits.data();
+    a.tstat = tstat.data(); a.keys = keys.data(); a.hist = hist.data(); a.pick = pick.data(); a.eqcnt = eqcnt.data();
+    a.selbits = selbits.data(); a.sel = selv.data();
+    emu_team team;
+    g_team = &team;
+    sparq_cu_run(a, cpt, f16, f16, f16, 0);
+
+    // outputs
+    double num = 0.0, den = 0.0, maxd = 0.0;
+    for (size_t i = 0; i < nout; ++i) {
+        const double e = (double) out_gpu[i] - out_cpu[i];
+        num += e * e;
+        den += (double) out_cpu[i] * out_cpu[i];
+        maxd = std::max(maxd, std::fabs(e));
+        if (!std::isfinite(out_gpu[i]) || !std::isfinite(out_cpu[i])) {
+            printf("FAIL non-finite output at %zu: gpu %g cpu %g\n", i, out_gpu[i], out_cpu[i]);
+            return 1;
+        }
+    }
+    const double nmse = den > 0 ? num / den : num;
+    // selections of the SparQ rows: the unit's bitmap against the CPU's list
+    int n_sparse = 0, n_diff = 0;
+    for (int u = 0; u < a.U; ++u) {
+        if (rows[u / nhkv].mode != 0) {
+            continue;
+        }
+        ++n_sparse;
+        std::set<int> gs, cs;
+        for (int c0 = 0; c0 < S; ++c0) {
+            if ((selbits[(size_t) u * a.W + c0 / 32] >> (c0 % 32)) & 1u) {
+                gs.insert(c0);
+            }
+        }
+        for (int t = 0; t < c.sel_n; ++t) {
+            const int32_t x = sel_cpu[(size_t) u * c.sel_n + t];
+            if (x >= 0) {
+                cs.insert(x);
+            }
+        }
+        if (gs != cs) {
+            if (n_diff++ == 0) {
+                printf("unit %d: %zu cells on the GPU, %zu on the CPU\n", u, gs.size(), cs.size());
+            }
+        }
+    }
+    const bool ok = nmse <= 1e-9 && n_diff == 0;
+    printf("%s nmse=%.3g max_abs=%.3g sparq_units=%d sel_differ=%d cpt=%d\n", ok ? "OK" : "FAIL", nmse, maxd, n_sparse,
+           n_diff, cpt);
+    return ok ? 0 : 1;
+}

@@ -239,6 +239,10 @@ def test_constructor_setter_and_getter_use_the_same_keywords(tiny_model):
         llm.set_sparq(r=8)
     with pytest.raises(ValueError, match="unknown SparQ setting 'sparq_q'"):
         llm.set_sparq(sparq_q=8)
+    with pytest.raises(ValueError, match=r"unknown SparQ setting 'sparq_enabled'"):
+        llm.set_sparq(sparq_enabled=False)
+    with pytest.raises(ValueError, match=r"unknown SparQ setting 'enabled' \(the keyword is 'sparq'"):
+        llm.set_sparq(enabled=False)
 
 
 def _c_message(stderr: str) -> str:

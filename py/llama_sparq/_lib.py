@@ -23,7 +23,7 @@ ABI_VERSION = 4
 PACKAGE_VERSION = "0.1.0"
 
 _REINSTALL = ("rebuild and reinstall the package from the repository root with `make install` "
-              "(or `pip install --no-build-isolation .`)")
+              "(or `pip install .`)")
 
 
 class LibraryError(ImportError):

@@ -39,7 +39,8 @@ def sparq_field(keyword: str) -> str | None:
     """The struct field of a Llama keyword (sparq -> enabled, sparq_r -> r); None for another name."""
     if keyword == "sparq":
         return "enabled"
-    return keyword[len("sparq_"):] if keyword.startswith("sparq_") else None
+    f = keyword[len("sparq_"):] if keyword.startswith("sparq_") else None
+    return None if f == "enabled" else f
 
 
 class Llama(llama_cpp.Llama):

@@ -40,12 +40,13 @@ all: install
 $(VENV)/.deps: pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q "scikit-build-core>=0.10" "numpy>=1.20" "pytest>=7" "gguf>=0.10" \
+	$(PIP) install -q "scikit-build-core>=0.10" "numpy>=1.20" "pytest>=7" "gguf>=0.10" "cffi>=1.15" \
 	    "diskcache>=5.6.1" "jinja2>=2.11.3" "typing-extensions>=4.5.0" "matplotlib>=3.5" "tqdm>=4" \
 	    "uvicorn>=0.22.0" "fastapi>=0.100.0" "pydantic-settings>=2.0.1" "sse-starlette>=1.6.1" \
 	    "starlette-context>=0.3.6,<0.4" "PyYAML>=5.1"
-	@# llama-cpp-python's Python layer only: its own llama.cpp is not compiled (ours is used)
-	CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" $(PIP) install -q --no-deps "llama-cpp-python==0.3.36"
+	@# llama-cpp-python's Python layer (llama_cpp) now comes with our wheel, from the pinned sdist:
+	@# a separately installed llama-cpp-python would own the same files
+	@if $(PIP) show -q llama-cpp-python >/dev/null 2>&1; then $(PIP) uninstall -y -q llama-cpp-python; fi
 	@touch $@
 
 deps: $(VENV)/.deps

@@ -73,8 +73,7 @@ class Runner:
         d = _sparq.default_params()
         d.update(settings or {})
         d["enabled"] = settings is not None
-        _sparq.set_params(ctx, **{k: d[k] for k in ("enabled", "r", "k", "l", "min_kv", "all_rows", "selector",
-                                                     "gqa", "mean_v", "basis")})
+        _sparq.set_params(ctx, d)
         return ctx, d
 
     def decode(self, ctx, items, margins):

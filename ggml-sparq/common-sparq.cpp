@@ -44,12 +44,10 @@ bool common_sparq_apply(llama_context * ctx, const common_params & params) {
                 "whenever several sequences are in the cache; drop --kv-unified for one KV stream per sequence\n",
                 __func__, params.n_parallel);
     }
-    static const char * const gqa_names[] = { "shared", "per_head" };
-    static const char * const basis_names[] = { "model", "scaled", "pca" };
     LOG_INF("%s: SparQ on: r = %d%s, k = %d, l = %d%s, dense below %d KV cells%s; selector %s, gqa %s, basis %s, "
             "mean-V %s; %d layers, +%.2f MiB (K^T and V sums)\n",
             __func__, p.r, p.r == 0 ? " (head size / 4)" : "", p.k, p.l, p.l < 0 ? " (k / 4)" : "", p.min_kv,
-            p.all_rows ? ", all rows" : "", llama_sparq_selector_name(p.selector), gqa_names[p.gqa & 1],
-            basis_names[p.basis < 3 ? p.basis : 0], p.mean_v ? "on" : "off", st.n_layers, st.extra_bytes / 1048576.0);
+            p.all_rows ? ", all rows" : "", llama_sparq_selector_name(p.selector), llama_sparq_gqa_name(p.gqa),
+            llama_sparq_basis_name(p.basis), p.mean_v ? "on" : "off", st.n_layers, st.extra_bytes / 1048576.0);
     return true;
 }

@@ -8,7 +8,6 @@
 #include "llama-sparq.h"
 
 #include <stdexcept>
-#include <initializer_list>
 #include <string>
 
 // after the arguments are parsed (patch 0006, common/arg.cpp): SparQ needs the flash-attention
@@ -20,16 +19,15 @@ void common_sparq_postprocess_params(common_params & params);
 // the context has no layer SparQ can run on (e.g. flash attention forced off by the model)
 bool common_sparq_apply(llama_context * ctx, const common_params & params);
 
-// the index of value in names, or std::invalid_argument naming the flag and the allowed values
-inline int32_t common_sparq_parse_enum(const char * flag, const std::string & value, std::initializer_list<const char *> names) {
-    int32_t i = 0;
+// the value of an enum setting from its name (the C API's names: llama_sparq_selector_name, ...),
+// or std::invalid_argument naming the flag and the allowed values
+inline int32_t common_sparq_parse_enum(const char * flag, const std::string & value, const char * (*name_of)(int32_t)) {
     std::string allowed;
-    for (const char * n : names) {
-        if (value == n) {
+    for (int32_t i = 0; name_of(i) != nullptr; ++i) {
+        if (value == name_of(i)) {
             return i;
         }
-        allowed += (i ? ", " : "") + std::string(n);
-        ++i;
+        allowed += (i ? ", " : "") + std::string(name_of(i));
     }
     throw std::invalid_argument(std::string(flag) + ": unknown value '" + value + "'; allowed: " + allowed);
 }
@@ -46,9 +44,6 @@ void common_sparq_add_args(AddOpt && add_opt, const common_params & params) {
         {"--sparq-r"}, "N",
         string_format("SparQ: query components kept, 1..head size; 0 = head size / 4 (default: %d)", params.sparq.r),
         [](common_params & params, int value) {
-            if (value < 0) {
-                throw std::invalid_argument("--sparq-r must be 0 (head size / 4) or 1..head size, got " + std::to_string(value));
-            }
             params.sparq.r = value;
             params.sparq.enabled = true;
         }
@@ -57,9 +52,6 @@ void common_sparq_add_args(AddOpt && add_opt, const common_params & params) {
         {"--sparq-k"}, "N",
         string_format("SparQ: positions attended per decode step, >= 1 (default: %d)", params.sparq.k),
         [](common_params & params, int value) {
-            if (value < 1) {
-                throw std::invalid_argument("--sparq-k must be >= 1, got " + std::to_string(value));
-            }
             params.sparq.k = value;
             params.sparq.enabled = true;
         }
@@ -69,9 +61,6 @@ void common_sparq_add_args(AddOpt && add_opt, const common_params & params) {
         string_format("SparQ: local window of most recent positions, counted in k, 0..k; -1 = k / 4 (default: %d)",
                       params.sparq.l),
         [](common_params & params, int value) {
-            if (value < -1) {
-                throw std::invalid_argument("--sparq-l must be -1 (k / 4) or 0..k, got " + std::to_string(value));
-            }
             params.sparq.l = value;
             params.sparq.enabled = true;
         }
@@ -80,9 +69,6 @@ void common_sparq_add_args(AddOpt && add_opt, const common_params & params) {
         {"--sparq-min-kv"}, "N",
         string_format("SparQ: decode stays dense below this many KV cells, >= 0 (default: %d)", params.sparq.min_kv),
         [](common_params & params, int value) {
-            if (value < 0) {
-                throw std::invalid_argument("--sparq-min-kv must be >= 0, got " + std::to_string(value));
-            }
             params.sparq.min_kv = value;
             params.sparq.enabled = true;
         }
@@ -92,7 +78,7 @@ void common_sparq_add_args(AddOpt && add_opt, const common_params & params) {
         "SparQ: how cells are chosen: sparq (approximate scores, default) or oracle (exact top-k: an accuracy "
         "baseline that reads all of K)",
         [](common_params & params, const std::string & value) {
-            params.sparq.selector = common_sparq_parse_enum("--sparq-selector", value, { "sparq", "oracle" });
+            params.sparq.selector = common_sparq_parse_enum("--sparq-selector", value, llama_sparq_selector_name);
             params.sparq.enabled = true;
         }
     ).set_env("LLAMA_ARG_SPARQ_SELECTOR"));
@@ -101,7 +87,7 @@ void common_sparq_add_args(AddOpt && add_opt, const common_params & params) {
         "SparQ with grouped-query attention: shared (one choice per KV head, default) or per_head (each query head "
         "chooses k - l cells, the group attends over their union)",
         [](common_params & params, const std::string & value) {
-            params.sparq.gqa = common_sparq_parse_enum("--sparq-gqa", value, { "shared", "per_head" });
+            params.sparq.gqa = common_sparq_parse_enum("--sparq-gqa", value, llama_sparq_gqa_name);
             params.sparq.enabled = true;
         }
     ).set_env("LLAMA_ARG_SPARQ_GQA"));
@@ -110,7 +96,7 @@ void common_sparq_add_args(AddOpt && add_opt, const common_params & params) {
         "SparQ step 1: model (rank the keys' components by |q|, the paper), scaled (by |q| times the keys' RMS per "
         "component, calibrated on the cache; default) or pca (the keys' principal axes, ranked likewise)",
         [](common_params & params, const std::string & value) {
-            params.sparq.basis = common_sparq_parse_enum("--sparq-basis", value, { "model", "scaled", "pca" });
+            params.sparq.basis = common_sparq_parse_enum("--sparq-basis", value, llama_sparq_basis_name);
             params.sparq.enabled = true;
         }
     ).set_env("LLAMA_ARG_SPARQ_BASIS"));

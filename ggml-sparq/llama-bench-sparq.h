@@ -5,6 +5,7 @@
 
 #include "llama-sparq.h"
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -19,9 +20,6 @@ struct sparq_bench_params {
     }
 };
 
-static const char * const sparq_bench_selector_names[] = { "sparq", "oracle" };
-static const char * const sparq_bench_gqa_names[]      = { "shared", "per_head" };
-static const char * const sparq_bench_basis_names[]    = { "model", "scaled", "pca" };
 
 // the SparQ part of one test: its settings and what the counters said over its timed runs
 struct sparq_bench_fields {
@@ -52,7 +50,9 @@ static inline void sparq_bench_usage() {
     printf("                                             written straight into the cache, for timing only (default: prefill)\n");
 }
 
-// parses one comma list; false with a message on a bad value
+// parses one comma list; false with a message on a value that does not parse (a name that is not one of
+// the C API's names, a number that is not an integer, an on/off value other than 0 or 1). The ranges of
+// the numbers are checked once, by llama_sparq_set_params, whose message sparq_bench_apply prints.
 static inline bool sparq_bench_parse(const std::string & arg, const char * value, sparq_bench_params & p) {
     if (arg == "--depth-fill") {
         const std::string v(value);
@@ -63,34 +63,32 @@ static inline bool sparq_bench_parse(const std::string & arg, const char * value
         p.fill_synthetic = v == "synthetic";
         return true;
     }
-    const char * const * names = nullptr;
-    int n_names = 0;
+    const char * (*name_of)(int32_t) = nullptr;
     std::vector<int> * dst = &p.min_kv;
     if (arg == "--sparq-selector") {
-        names = sparq_bench_selector_names, n_names = 2, dst = &p.selector;
+        name_of = llama_sparq_selector_name, dst = &p.selector;
     } else if (arg == "--sparq-gqa") {
-        names = sparq_bench_gqa_names, n_names = 2, dst = &p.gqa;
+        name_of = llama_sparq_gqa_name, dst = &p.gqa;
     } else if (arg == "--sparq-basis") {
-        names = sparq_bench_basis_names, n_names = 3, dst = &p.basis;
+        name_of = llama_sparq_basis_name, dst = &p.basis;
     } else if (arg == "--sparq-mean-v") {
         dst = &p.mean_v;
     } else {
         dst = arg == "--sparq" ? &p.on : arg == "--sparq-r" ? &p.r : arg == "--sparq-k" ? &p.k :
               arg == "--sparq-l" ? &p.l : &p.min_kv;
     }
-    const int lo = arg == "--sparq-k" ? 1 : arg == "--sparq-l" ? -1 : 0;
-    const int hi = arg == "--sparq" || arg == "--sparq-mean-v" ? 1 : 1 << 30;
+    const bool on_off = arg == "--sparq" || arg == "--sparq-mean-v";
     std::string s(value);
     size_t pos = 0;
     while (pos <= s.size()) {
         const size_t end = s.find(',', pos);
         const std::string tok = s.substr(pos, end == std::string::npos ? std::string::npos : end - pos);
-        if (names) {
+        if (name_of) {
             int found = -1;
             std::string allowed;
-            for (int i = 0; i < n_names; ++i) {
-                found = tok == names[i] ? i : found;
-                allowed += (i ? ", " : "") + std::string(names[i]);
+            for (int32_t i = 0; name_of(i) != nullptr; ++i) {
+                found = tok == name_of(i) ? i : found;
+                allowed += (i ? ", " : "") + std::string(name_of(i));
             }
             if (found < 0) {
                 fprintf(stderr, "error: %s: '%s' is not allowed (%s)\n", arg.c_str(), tok.c_str(), allowed.c_str());
@@ -105,9 +103,9 @@ static inline bool sparq_bench_parse(const std::string & arg, const char * value
         }
         char * e = nullptr;
         const long v = strtol(tok.c_str(), &e, 10);
-        if (tok.empty() || *e != '\0' || v < lo || v > hi) {
-            fprintf(stderr, "error: %s: '%s' is not allowed (integers %d..%d%s)\n", arg.c_str(), tok.c_str(), lo,
-                    hi, arg == "--sparq-r" ? ", at most the head size" : "");
+        if (tok.empty() || *e != '\0' || (on_off && v != 0 && v != 1) || v < INT32_MIN || v > INT32_MAX) {
+            fprintf(stderr, "error: %s: '%s' is not allowed (%s)\n", arg.c_str(), tok.c_str(),
+                    on_off ? "0 or 1" : "integers");
             return false;
         }
         dst->push_back((int) v);
@@ -238,9 +236,9 @@ static inline std::string sparq_bench_value(const sparq_bench_fields & f, int i)
         case 4: return std::to_string(f.p.min_kv);
         case 5: return std::to_string(f.calls);
         case 6: return std::to_string(f.dense);
-        case 8: return f.p.selector >= 0 && f.p.selector < 2 ? sparq_bench_selector_names[f.p.selector] : "?";
-        case 9: return f.p.gqa >= 0 && f.p.gqa < 2 ? sparq_bench_gqa_names[f.p.gqa] : "?";
-        case 10: return f.p.basis >= 0 && f.p.basis < 3 ? sparq_bench_basis_names[f.p.basis] : "?";
+        case 8: return llama_sparq_selector_name(f.p.selector) ? llama_sparq_selector_name(f.p.selector) : "?";
+        case 9: return llama_sparq_gqa_name(f.p.gqa) ? llama_sparq_gqa_name(f.p.gqa) : "?";
+        case 10: return llama_sparq_basis_name(f.p.basis) ? llama_sparq_basis_name(f.p.basis) : "?";
         case 11: return std::to_string((int) f.p.mean_v);
         default: {
             char buf[32];

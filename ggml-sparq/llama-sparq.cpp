@@ -45,6 +45,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <string>
 #include <vector>
@@ -94,10 +95,30 @@ struct llama_sparq_params llama_sparq_default_params(void) {
     return p;
 }
 
+// the names of the enums' values: the one list the front ends (Python, the flags, llama-bench) use
 static const char * const sparq_selector_names[LLAMA_SPARQ_SELECTOR_COUNT] = { "sparq", "oracle" };
+static const char * const sparq_gqa_names[LLAMA_SPARQ_GQA_COUNT] = { "shared", "per_head" };
+static const char * const sparq_basis_names[LLAMA_SPARQ_BASIS_COUNT] = { "model", "scaled", "pca" };
 
 const char * llama_sparq_selector_name(int32_t selector) {
     return selector >= 0 && selector < LLAMA_SPARQ_SELECTOR_COUNT ? sparq_selector_names[selector] : nullptr;
+}
+
+const char * llama_sparq_gqa_name(int32_t gqa) {
+    return gqa >= 0 && gqa < LLAMA_SPARQ_GQA_COUNT ? sparq_gqa_names[gqa] : nullptr;
+}
+
+const char * llama_sparq_basis_name(int32_t basis) {
+    return basis >= 0 && basis < LLAMA_SPARQ_BASIS_COUNT ? sparq_basis_names[basis] : nullptr;
+}
+
+// "0 (sparq), 1 (oracle)": the allowed values of an enum setting, for the error messages
+static std::string sparq_allowed_names(const char * const * names, int n) {
+    std::string s;
+    for (int i = 0; i < n; ++i) {
+        s += (i ? ", " : "") + std::to_string(i) + " (" + names[i] + ")";
+    }
+    return s;
 }
 
 
@@ -591,15 +612,18 @@ int32_t llama_sparq_set_params(struct llama_context * ctx, const struct llama_sp
         return -1;
     }
     if (p->selector < 0 || p->selector >= LLAMA_SPARQ_SELECTOR_COUNT) {
-        sparq_err(err, err_size, "SparQ: selector = %d is unknown: allowed 0 (sparq) or 1 (oracle)", p->selector);
+        sparq_err(err, err_size, "SparQ: selector = %d is unknown: allowed %s", p->selector,
+                  sparq_allowed_names(sparq_selector_names, LLAMA_SPARQ_SELECTOR_COUNT).c_str());
         return -1;
     }
     if (p->gqa < 0 || p->gqa >= LLAMA_SPARQ_GQA_COUNT) {
-        sparq_err(err, err_size, "SparQ: gqa = %d is unknown: allowed 0 (shared) or 1 (per_head)", p->gqa);
+        sparq_err(err, err_size, "SparQ: gqa = %d is unknown: allowed %s", p->gqa,
+                  sparq_allowed_names(sparq_gqa_names, LLAMA_SPARQ_GQA_COUNT).c_str());
         return -1;
     }
     if (p->basis < 0 || p->basis >= LLAMA_SPARQ_BASIS_COUNT) {
-        sparq_err(err, err_size, "SparQ: basis = %d is unknown: allowed 0 (model), 1 (scaled) or 2 (pca)", p->basis);
+        sparq_err(err, err_size, "SparQ: basis = %d is unknown: allowed %s", p->basis,
+                  sparq_allowed_names(sparq_basis_names, LLAMA_SPARQ_BASIS_COUNT).c_str());
         return -1;
     }
     if (p->min_kv < 0) {

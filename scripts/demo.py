@@ -169,8 +169,9 @@ def main(argv=None) -> int:
     print(f"document: {TITLE} (Python {sys.version.split()[0]}'s pydoc_data, PSF License), "
           f"{n_doc} tokens; pass-key note at token {at} ({100 * at / len(tokens):.0f} % deep)", flush=True)
     print(f"prompt: {len(tokens)} tokens, ending with: {QUESTION!r}", flush=True)
-    print(f"SparQ defaults: r = {p['r'] or 'head size / 4'}, k = {p['k']}, "
-          f"l = {p['l'] if p['l'] >= 0 else 'k / 4'}, basis {p['basis']}, dense below {p['min_kv']} KV cells\n",
+    print(f"SparQ defaults: r = {p['sparq_r'] or 'head size / 4'}, k = {p['sparq_k']}, "
+          f"l = {p['sparq_l'] if p['sparq_l'] >= 0 else 'k / 4'}, basis {p['sparq_basis']}, "
+          f"dense below {p['sparq_min_kv']} KV cells\n",
           flush=True)
 
     t_pre = prefill(llm, tokens[:-1], 512)
@@ -180,9 +181,9 @@ def main(argv=None) -> int:
     eos = llm.token_eos()
     res = {}
     for mode in ("dense", "sparq"):
-        llm.set_sparq(enabled=(mode == "sparq"))
+        llm.set_sparq(sparq=(mode == "sparq"))
         res[mode] = answer(llm, state, tokens, a.answer_tokens, eos)
-    llm.set_sparq(enabled=True)
+    llm.set_sparq(sparq=True)
 
     print("\n== Answers (greedy, the same prefill) ==")
     for mode, label in (("dense", "dense attention"), ("sparq", "SparQ (defaults)")):

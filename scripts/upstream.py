@@ -16,6 +16,12 @@ The pin lives in ``upstream.pin`` at the repository root.  ``prepare``:
 ``LLAMA_SPARQ_UPSTREAM_DIR=/path/to/llama.cpp`` names a local upstream tree
 instead of the download (the patches are still applied to it).
 
+``python-layer`` unpacks the same sdist's pure-Python package ``llama_cpp/`` (and its
+LICENSE.md) into ``.upstream/<package>-<version>/`` and prints that folder: the wheel
+ships it as the ``llama_cpp`` package (MIT), so pip never builds llama-cpp-python (and
+its own llama.cpp) as a dependency; at run time it loads the fork's libllama through
+``LLAMA_CPP_LIB_PATH`` (set by ``llama_sparq``).
+
 Exit codes: 0 success, 1 a patch does not apply or the download failed or the
 checksum is wrong, 2 bad usage.
 """
@@ -207,6 +213,34 @@ def prepare(root: Path = ROOT, quiet: bool = False) -> Path:
     return tree
 
 
+def python_layer(root: Path = ROOT) -> Path:
+    """Unpack the pinned sdist's llama_cpp/ Python package and LICENSE.md; return their folder."""
+    pin = read_pin(root / "upstream.pin")
+    dest = root / ".upstream" / f"{pin['package'].replace('-', '_')}-{pin['version']}"
+    if (dest / "llama_cpp" / "__init__.py").is_file() and (dest / "LICENSE.md").is_file():
+        return dest
+    sdist = fetch_sdist(pin, root / ".upstream" / "sdist")
+    tmp = dest.with_name(dest.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    log(f"unpacking the Python layer of {sdist.name} -> {dest}")
+    prefix = f"{sdist.name[:-len('.tar.gz')]}/"
+    with tarfile.open(sdist) as tar:
+        members = []
+        for m in tar.getmembers():
+            rel = m.name[len(prefix):] if m.name.startswith(prefix) else ""
+            if (rel == "LICENSE.md" or rel.startswith("llama_cpp/")) and (m.isfile() or m.isdir()):
+                m.name = rel
+                members.append(m)
+        if not any(m.name == "llama_cpp/__init__.py" for m in members):
+            raise UpstreamError(f"{sdist.name} holds no llama_cpp/ package")
+        tar.extractall(tmp, members=members, filter="tar")
+    if dest.exists():
+        shutil.rmtree(dest)
+    tmp.rename(dest)
+    return dest
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -217,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--patches", type=Path, default=ROOT / "patches")
     p.add_argument("--pin", type=Path, default=ROOT / "upstream.pin")
     sub.add_parser("pin", help="print the pin")
+    p = sub.add_parser("python-layer", help="unpack the sdist's llama_cpp/ Python package; print its folder")
+    p.add_argument("--root", type=Path, default=ROOT)
     args = ap.parse_args(argv)
     try:
         if args.cmd == "prepare":
@@ -224,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "apply":
             for name, what in apply_patches(args.tree.resolve(), args.patches, read_pin(args.pin)):
                 print(f"{what} {name}")
+        elif args.cmd == "python-layer":
+            print(python_layer(args.root))
         elif args.cmd == "pin":
             print(pin_label(read_pin()))
     except UpstreamError as e:

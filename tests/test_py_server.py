@@ -135,7 +135,7 @@ def test_chat_completion_runs_sparq(sparq_server):
     st = _stats(port, "tiny")
     assert st["loaded"] is True
     assert st["sparq_settings"] == {"sparq": True, "sparq_k": 8, "sparq_min_kv": 16}
-    assert st["params"]["enabled"] is True and st["params"]["k"] == 8 and st["params"]["min_kv"] == 16
+    assert st["params"]["sparq"] is True and st["params"]["sparq_k"] == 8 and st["params"]["sparq_min_kv"] == 16
     # every decode step past 16 cells runs SparQ in each of the 2 layers
     assert st["stats"]["n_sparq"] - before >= 2 * out["usage"]["completion_tokens"] - 2
     assert st["stats"]["n_layers"] == 2
@@ -188,13 +188,13 @@ def test_config_file_sparq_settings_per_model(tiny_model, tmp_path):
         body = {"prompt": PROMPT, "max_tokens": 6, "temperature": 0}
         _json(port, "/v1/completions", dict(body, model="tiny-sparq"))
         st = _stats(port, "tiny-sparq")
-        assert st["loaded"] and st["params"]["enabled"] and st["params"]["r"] == 4 and st["params"]["k"] == 8
+        assert st["loaded"] and st["params"]["sparq"] and st["params"]["sparq_r"] == 4 and st["params"]["sparq_k"] == 8
         assert st["stats"]["n_sparq"] > 0
         assert _stats(port, "tiny-dense") == {"id": "tiny-dense", "model": str(tiny_model), "sparq_settings": {},
                                               "loaded": False}
         _json(port, "/v1/completions", dict(body, model="tiny-dense"))  # the proxy switches models
         st = _stats(port, "tiny-dense")
-        assert st["loaded"] and st["params"]["enabled"] is False and st["stats"]["n_sparq"] == 0
+        assert st["loaded"] and st["params"]["sparq"] is False and st["stats"]["n_sparq"] == 0
         assert _stats(port, "tiny-sparq")["loaded"] is False
     finally:
         srv.stop()

@@ -92,7 +92,7 @@ def test_variant_op_equals_reference_on_graph_tensors(tiny_gqa_model, variant):
     assert st["n_sparq"] >= 8
     from llama_sparq import _sparq
 
-    assert llm.sparq_params()["basis"] == settings.get("sparq_basis", _sparq.default_params()["basis"])
+    assert llm.sparq_params()["sparq_basis"] == settings.get("sparq_basis", _sparq.default_params()["basis"])
 
 
 @pytest.mark.parametrize("basis", ["scaled", "pca"])
@@ -109,7 +109,7 @@ def test_calibrated_basis_keeps_data_exact(tiny_gqa_model, basis):
 
     assert _sparq.debug_check(llm._ctx.ctx) <= 2e-2
     # a basis change rebuilds the data in the new basis
-    llm.set_sparq(basis="model")
+    llm.set_sparq(sparq_basis="model")
     llm.eval([5])
     assert _sparq.debug_check(llm._ctx.ctx) <= 2e-2
 
@@ -136,21 +136,23 @@ def test_pca_with_every_component_equals_dense(tiny_gqa_model):
             assert np.abs(Kh @ P - Ks).max() <= 2e-2 * max(1.0, np.abs(Ks).max())
 
 
-@pytest.mark.parametrize("kw,name", [(dict(sparq_selector="best"), "sparq_selector"),
-                                     (dict(sparq_gqa="union"), "sparq_gqa"),
-                                     (dict(sparq_basis="svd"), "sparq_basis"),
-                                     (dict(sparq_mean_v=1), "sparq_mean_v")])
-def test_invalid_variant_values_are_refused(tiny_model, kw, name):
-    with pytest.raises(ValueError, match=name):
+@pytest.mark.parametrize("kw,message", [
+    (dict(sparq_selector="best"), "sparq_selector = 'best' is unknown: allowed 'sparq', 'oracle'"),
+    (dict(sparq_gqa="union"), "sparq_gqa = 'union' is unknown: allowed 'shared', 'per_head'"),
+    (dict(sparq_basis="svd"), "sparq_basis = 'svd' is unknown: allowed 'model', 'scaled', 'pca'"),
+    (dict(sparq_mean_v=1), "sparq_mean_v must be True or False, got 1")])
+def test_invalid_variant_values_are_refused(tiny_model, kw, message):
+    with pytest.raises(ValueError) as e:
         make_llm(tiny_model, **kw)
+    assert str(e.value) == message
 
 
 def test_set_sparq_refuses_unknown_values(tiny_model):
     llm = make_llm(tiny_model, sparq=True)
-    with pytest.raises(ValueError, match="gqa"):
-        llm.set_sparq(gqa="per_query")
-    with pytest.raises(ValueError, match="basis"):
-        llm.set_sparq(basis=7)
+    with pytest.raises(ValueError, match="sparq_gqa = 'per_query' is unknown"):
+        llm.set_sparq(sparq_gqa="per_query")
+    with pytest.raises(ValueError, match=r"SparQ: basis = 7 is unknown: allowed 0 \(model\), 1 \(scaled\), 2 \(pca\)"):
+        llm.set_sparq(sparq_basis=7)
 
 
 def test_counters_cost_model_per_variant(tiny_gqa_model):

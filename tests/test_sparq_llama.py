@@ -495,31 +495,38 @@ def test_transposed_v_cache_is_refused_by_set_sparq(tiny_model):
 
     llm = Llama(str(tiny_model), n_ctx=512, verbose=False, flash_attn=False)
     with pytest.raises(ValueError, match="flash"):
-        llm.set_sparq(enabled=True)
+        llm.set_sparq(sparq=True)
 
 
-@pytest.mark.parametrize("kw,name", [
-    (dict(sparq_r=17), "r = 17"),      # head size 16
-    (dict(sparq_r=-1), "sparq_r"),
-    (dict(sparq_k=0), "sparq_k"),
-    (dict(sparq_l=200, sparq_k=128), "sparq_l"),
-    (dict(sparq_min_kv=-5), "sparq_min_kv"),
-    (dict(sparq="yes"), "sparq"),
+@pytest.mark.parametrize("kw,message", [
+    # ranges: llama_sparq_set_params's message, word for word (head size 16)
+    (dict(sparq_r=17), "SparQ: r = 17 is out of range: allowed 1..16 (the head size), or 0 for head size / 4"),
+    (dict(sparq_r=-1), "SparQ: r = -1 is out of range: allowed 1..16 (the head size), or 0 for head size / 4"),
+    (dict(sparq_k=0), "SparQ: k = 0 is out of range: allowed 1.."),
+    (dict(sparq_l=200, sparq_k=128), "SparQ: l = 200 is out of range: allowed 0..k (k = 128), or -1 for k / 4"),
+    (dict(sparq_min_kv=-5), "SparQ: min_kv = -5 is out of range: allowed min_kv >= 0"),
+    (dict(sparq=False, sparq_k=-3), "SparQ: k = -3 is out of range"),   # checked with SparQ off too
+    (dict(sparq_gqa=5), "SparQ: gqa = 5 is unknown: allowed 0 (shared), 1 (per_head)"),
+    # parsing: Python's own (before the model loads)
+    (dict(sparq="yes"), "sparq must be True or False, got 'yes'"),
+    (dict(sparq_k="8"), "sparq_k must be an integer, got '8'"),
+    (dict(sparq_k=1 << 40), "sparq_k = 1099511627776 does not fit the C field (int32_t)"),
 ])
-def test_invalid_values_are_refused(tiny_model, kw, name):
+def test_invalid_values_are_refused(tiny_model, kw, message):
     from llama_sparq import Llama
 
-    with pytest.raises(ValueError, match=name) as e:
+    with pytest.raises(ValueError) as e:
         Llama(str(tiny_model), n_ctx=256, verbose=False, **kw)
-    assert "allowed" in str(e.value) or "True or False" in str(e.value)
+    assert str(e.value).startswith(message), str(e.value)
 
 
 def test_settings_survive_pickling(tiny_model):
     sp = make_llm(tiny_model, n_ctx=512, sparq_r=8, sparq_k=64, sparq_l=4, sparq_min_kv=10)
     clone = pickle.loads(pickle.dumps(sp))
-    assert clone.sparq_params() == sp.sparq_params() == dict(enabled=True, r=8, k=64, l=4, min_kv=10,
-                                                              all_rows=False, selector="sparq", gqa="shared",
-                                                              mean_v=True, basis="scaled")
+    assert clone.sparq_params() == sp.sparq_params() == dict(sparq=True, sparq_r=8, sparq_k=64, sparq_l=4,
+                                                              sparq_min_kv=10, sparq_all_rows=False,
+                                                              sparq_selector="sparq", sparq_gqa="shared",
+                                                              sparq_mean_v=True, sparq_basis="scaled")
     sp2 = make_llm(tiny_model, n_ctx=512, sparq_basis="pca", sparq_gqa="per_head", sparq_mean_v=False,
                    sparq_selector="oracle")
     assert pickle.loads(pickle.dumps(sp2)).sparq_params() == sp2.sparq_params()
@@ -530,11 +537,11 @@ def test_changing_settings_invalidates_graph_reuse(tiny_model):
     prompt = rand_tokens(300, 10, n_vocab(sp))
     decode_greedy(sp, prompt, 3)
     assert sp.sparq_stats()["n_sparq"] == 6
-    sp.set_sparq(enabled=False)
+    sp.set_sparq(sparq=False)
     sp.reset_sparq_stats()
     decode_greedy(sp, prompt, 3)
     assert sp.sparq_stats()["n_sparq"] == 0
-    sp.set_sparq(enabled=True, min_kv=100000)
+    sp.set_sparq(sparq=True, sparq_min_kv=100000)
     decode_greedy(sp, prompt, 3)
     st = sp.sparq_stats()
     assert st["n_sparq"] == 0 and st["n_dense"]["short"] == 6
@@ -629,4 +636,4 @@ def test_cache_over_2_24_cells_is_refused(tmp_path):
     llm = Llama(str(model), n_ctx=(1 << 24) + 256, n_threads=N_THREADS, n_batch=64, n_ubatch=64, verbose=False,
                 flash_attn=True)
     with pytest.raises(RuntimeError, match="16777472 cells per stream; SparQ supports up to 16777216"):
-        llm.set_sparq(enabled=True)
+        llm.set_sparq(sparq=True)

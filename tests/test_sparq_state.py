@@ -44,7 +44,7 @@ def test_python_debug_check_and_sync(tiny_gqa_model):
 
     llm = Llama(str(tiny_gqa_model), n_ctx=512, n_threads=2, verbose=False, flash_attn=True)
     assert llm.sparq_debug_check() == -1.0  # SparQ never enabled: no data
-    llm.set_sparq(enabled=True, k=16, min_kv=0)
+    llm.set_sparq(sparq=True, sparq_k=16, sparq_min_kv=0)
     llm.eval([1] + list(range(10, 60)))
     llm.eval([7])
     assert 0.0 <= llm.sparq_debug_check() <= TOL

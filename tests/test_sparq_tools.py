@@ -56,10 +56,13 @@ def test_cli_sparq_gemma(gemma_model):
 
 
 @pytest.mark.parametrize("flags,needle", [
-    (["--sparq-k", "0"], "--sparq-k must be >= 1"),
-    (["--sparq-r", "-3"], "--sparq-r must be 0"),
-    (["--sparq-l", "-7"], "--sparq-l must be -1"),
-    (["--sparq-min-kv", "-1"], "--sparq-min-kv must be >= 0"),
+    # ranges: llama_sparq_set_params's message (the flags only parse)
+    (["--sparq-k", "0"], "SparQ: k = 0 is out of range: allowed 1.."),
+    (["--sparq-r", "-3"], "SparQ: r = -3 is out of range: allowed 1..16 (the head size), or 0 for head size / 4"),
+    (["--sparq-l", "-7"], "SparQ: l = -7 is out of range: allowed 0..k (k = 128), or -1 for k / 4"),
+    (["--sparq-min-kv", "-1"], "SparQ: min_kv = -1 is out of range: allowed min_kv >= 0"),
+    # names: the C API's list
+    (["--sparq-basis", "svd"], "--sparq-basis: unknown value 'svd'; allowed: model, scaled, pca"),
     (["--sparq-r", "99"], "r = 99 is out of range: allowed 1..16"),
     (["--sparq-l", "50", "--sparq-k", "10"], "l = 50 is out of range"),
     (["--sparq", "-fa", "off"], "needs the flash-attention KV layout"),
@@ -111,7 +114,12 @@ def test_bench_formats_have_sparq_columns(tiny_model, fmt):
 
 
 def test_bench_refuses_bad_sparq_values(tiny_model):
-    res = run([tool_path("llama-bench"), "-m", tiny_model, "--sparq-k", "0"], timeout=60)
-    assert res.returncode != 0 and "--sparq-k: '0' is not allowed" in res.stderr
+    # parsing errors from llama-bench itself, ranges from llama_sparq_set_params
+    res = run([tool_path("llama-bench"), "-m", tiny_model, "--sparq-k", "8,x"], timeout=60)
+    assert res.returncode != 0 and "--sparq-k: 'x' is not allowed (integers)" in res.stderr
+    res = run([tool_path("llama-bench"), "-m", tiny_model, "--sparq-gqa", "per_query"], timeout=60)
+    assert res.returncode != 0 and "--sparq-gqa: 'per_query' is not allowed (shared, per_head)" in res.stderr
+    res = run([tool_path("llama-bench"), "-m", tiny_model, "-p", "0", "-n", "2", "-r", "1", "--sparq-k", "0"], timeout=60)
+    assert res.returncode != 0 and "llama-bench: error: SparQ: k = 0 is out of range: allowed 1.." in res.stderr
     res = run([tool_path("llama-bench"), "-m", tiny_model, "-p", "0", "-n", "2", "-r", "1", "--sparq-r", "64"], timeout=60)
     assert res.returncode != 0 and "r = 64 is out of range" in res.stderr

@@ -21,12 +21,18 @@
 extern "C" {
 #endif
 
+// The Python package binds the declarations between the two "cffi:" marker lines with cffi,
+// from this file as installed with it (bindings/): keep that region plain C (no other
+// preprocessor lines than `#define NAME <integer>`; LLAMA_API is dropped; llama.h's types
+// are used through pointers only: struct llama_context, ggml_backend_sched_eval_callback).
+// ---- cffi: begin ----
+
 // Bumped whenever a struct or function of this header changes incompatibly.
 // The Python package refuses a library whose ABI differs from its own.
 #define LLAMA_SPARQ_ABI_VERSION 4
 
-// "llama-sparq <version> abi <n> llama.cpp <commit>" (declared in llama.h by patch 0001)
-// LLAMA_API const char * llama_sparq_version(void);
+// "llama-sparq <version> abi <n> llama.cpp <commit>" (also declared in llama.h by patch 0001)
+LLAMA_API const char * llama_sparq_version(void);
 
 // The ABI number alone.
 LLAMA_API int llama_sparq_abi_version(void);
@@ -101,7 +107,7 @@ LLAMA_API struct llama_sparq_params llama_sparq_default_params(void);
 // The most KV cells per stream a context with SparQ may have: the op takes the count of
 // valid cells (for the mean of V) as an f32, exact up to 2^24. Upstream does not bound the
 // cache size that low, so llama_sparq_set_params refuses larger caches (-2).
-#define LLAMA_SPARQ_MAX_CELLS (1 << 24)
+#define LLAMA_SPARQ_MAX_CELLS 16777216 // 2^24
 
 // Validates and applies the settings; changing them invalidates graph reuse.
 // Returns 0 on success; -1 for an invalid value (err names the parameter and the
@@ -143,11 +149,18 @@ LLAMA_API int32_t llama_sparq_bench_fill(struct llama_context * ctx, int32_t n_t
 LLAMA_API void llama_sparq_debug_set_eval_callback(struct llama_context * ctx, ggml_backend_sched_eval_callback cb,
                                                    void * user_data);
 
-// "sparq", "oracle"; NULL for an unknown selector.
+// The names of the enums' values, as the front ends (Python, --sparq-* flags, llama-bench)
+// accept and print them; NULL for a value out of range (0 .. <enum>_COUNT - 1).
+// "sparq", "oracle"
 LLAMA_API const char * llama_sparq_selector_name(int32_t selector);
-
-// "prefill", "short", "swa", ...; NULL for an unknown reason.
+// "shared", "per_head"
+LLAMA_API const char * llama_sparq_gqa_name(int32_t gqa);
+// "model", "scaled", "pca"
+LLAMA_API const char * llama_sparq_basis_name(int32_t basis);
+// "prefill", "short", "swa", ...
 LLAMA_API const char * llama_sparq_dense_reason_name(int32_t reason);
+
+// ---- cffi: end ----
 
 #ifdef __cplusplus
 }

@@ -6,7 +6,14 @@ fork's libllama (checked at import, see ``_lib``). ``llama_sparq.reference`` and
 no native library.
 """
 
+import os as _os
+
 from ._lib import ABI_VERSION, PACKAGE_VERSION, LibraryError, check_library, lib_dir, tool_path
+
+# llama-cpp-python's Python layer (llama_cpp, installed with this package from the pinned
+# sdist) loads libllama from LLAMA_CPP_LIB_PATH: point it at the fork's library now, so
+# `import llama_sparq, llama_cpp` works (importing llama_cpp alone finds no libllama)
+_os.environ["LLAMA_CPP_LIB_PATH"] = str(lib_dir())
 
 __version__ = PACKAGE_VERSION
 __all__ = ["Llama", "ABI_VERSION", "LibraryError", "check_library", "lib_dir", "tool_path", "__version__"]

@@ -2,15 +2,18 @@
 
 The wheel ships llama.cpp's shared libraries and tools in ``llama_sparq/lib``.
 ``LLAMA_SPARQ_LIB_DIR`` names another folder (a development build, say). Before
-llama-cpp-python is imported, ``LLAMA_CPP_LIB_PATH`` is pointed at that folder so
-its ``Llama`` runs on the fork's ``libllama``; the fork's version function is
-checked first, so a missing or mismatched library is reported at import with
-what was found and what to do, instead of failing later with undefined symbols.
+llama-cpp-python's Python layer (``llama_cpp``) is imported, ``LLAMA_CPP_LIB_PATH`` is
+pointed at that folder so its ``Llama`` runs on the fork's ``libllama``. The library is
+opened through the cffi bindings of the fork's C API (``llama_sparq.bindings``, bound
+from the installed ``llama-sparq.h``) and checked first: the version string's ABI, the
+header's ABI, ``llama_sparq_abi_version()`` and the size of ``struct llama_sparq_params``
+must all agree with this package, so a missing or mismatched library is reported at
+import with what was found and what to do, instead of failing later with undefined
+symbols or a wrong struct layout.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import re
 from pathlib import Path
@@ -20,7 +23,7 @@ ABI_VERSION = 4
 PACKAGE_VERSION = "0.1.0"
 
 _REINSTALL = ("rebuild and reinstall the package from the repository root with `make install` "
-              "(or `pip install --no-build-isolation .`)")
+              "(or `pip install .`)")
 
 
 class LibraryError(ImportError):
@@ -45,11 +48,21 @@ def tool_path(name: str) -> Path:
 
 
 _checked: str | None = None
+_lib = None
+
+
+def _bindings():
+    try:
+        from . import bindings
+    except ImportError as e:  # BindingError included: the header is missing or unreadable
+        raise LibraryError(f"llama-sparq: the C API bindings cannot be set up: {e}; {_REINSTALL}") from e
+    return bindings
 
 
 def check_library(path: Path | None = None) -> str:
-    """Load libllama, check ``llama_sparq_version()``; return the version string."""
-    global _checked
+    """Load libllama through the cffi bindings and check it (version string, ABI, struct
+    size); return the version string."""
+    global _checked, _lib
     if _checked is not None and path is None:
         return _checked
     p = Path(path) if path else lib_path()
@@ -57,27 +70,39 @@ def check_library(path: Path | None = None) -> str:
         raise LibraryError(f"llama-sparq: native library not found at {p}; {_REINSTALL}"
                            + (" (LLAMA_SPARQ_LIB_DIR is set to "
                               f"{os.environ['LLAMA_SPARQ_LIB_DIR']})" if "LLAMA_SPARQ_LIB_DIR" in os.environ else ""))
+    b = _bindings()
     try:
-        lib = ctypes.CDLL(str(p), mode=ctypes.RTLD_GLOBAL)
-    except OSError as e:
-        raise LibraryError(f"llama-sparq: cannot load {p}: {e}; {_REINSTALL}") from e
+        lib = b.open_library(p)
+    except b.BindingError as e:
+        raise LibraryError(f"llama-sparq: {e}; {_REINSTALL}") from e
     try:
         fn = lib.llama_sparq_version
     except AttributeError:
         raise LibraryError(f"llama-sparq: {p} is not the llama-sparq fork (no llama_sparq_version(): "
                            f"an upstream libllama?); {_REINSTALL}") from None
-    fn.restype = ctypes.c_char_p
-    fn.argtypes = []
-    version = fn().decode()
+    version = b.ffi.string(fn()).decode()
     m = re.match(r"llama-sparq (\S+) abi (\d+) llama\.cpp ([0-9a-f]+)", version)
     if not m:
         raise LibraryError(f"llama-sparq: {p} reports an unreadable version {version!r}; {_REINSTALL}")
     if int(m.group(2)) != ABI_VERSION:
         raise LibraryError(f"llama-sparq: {p} has ABI {m.group(2)} ({version}), this Python package needs "
                            f"ABI {ABI_VERSION} (llama-sparq {PACKAGE_VERSION}); {_REINSTALL}")
+    if b.HEADER_ABI != ABI_VERSION:
+        raise LibraryError(f"llama-sparq: the installed header {b.header_path()} has ABI {b.HEADER_ABI}, this "
+                           f"Python package needs ABI {ABI_VERSION}; {_REINSTALL}")
+    try:
+        b.check_library(lib, p)
+    except (b.BindingError, AttributeError) as e:
+        raise LibraryError(f"llama-sparq: {e}; {_REINSTALL}") from e
     if path is None:
-        _checked = version
+        _checked, _lib = version, lib
     return version
+
+
+def library():
+    """The checked library (cffi, ``llama_sparq.bindings.ffi``): the fork's C API functions."""
+    check_library()
+    return _lib
 
 
 def setup_llama_cpp() -> None:

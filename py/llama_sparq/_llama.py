@@ -30,12 +30,17 @@ def check_model_file(model_path) -> str:
     return path
 
 
-def _check_int(name, value, lo, hi=None, extra=""):
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    if value < lo or (hi is not None and value > hi):
-        rng = f"{lo}..{hi}" if hi is not None else f">= {lo}"
-        raise ValueError(f"{name} = {value} is out of range: allowed {rng}{extra}")
+def sparq_keyword(field: str) -> str:
+    """The Llama keyword of a field of struct llama_sparq_params: enabled -> sparq, r -> sparq_r, ..."""
+    return "sparq" if field == "enabled" else "sparq_" + field
+
+
+def sparq_field(keyword: str) -> str | None:
+    """The struct field of a Llama keyword (sparq -> enabled, sparq_r -> r); None for another name."""
+    if keyword == "sparq":
+        return "enabled"
+    f = keyword[len("sparq_"):] if keyword.startswith("sparq_") else None
+    return None if f == "enabled" else f
 
 
 class Llama(llama_cpp.Llama):
@@ -59,12 +64,15 @@ class Llama(llama_cpp.Llama):
       (the keys' principal axes per layer and KV head, ranked likewise); both calibrated on
       the cache's keys at the first SparQ step
 
+    The keywords are the fields of the C API's ``struct llama_sparq_params`` (``sparq`` for
+    ``enabled``, ``sparq_<field>`` for the others); the library checks their values
+    (``llama_sparq_set_params``) and a bad one raises ``ValueError`` with its message, which
+    names the parameter and what is allowed. ``set_sparq()`` takes the same keywords at run
+    time and ``sparq_params()`` returns them.
+
     SparQ contexts always use the flash-attention KV layout (V not transposed), whatever
     ``flash_attn`` says. ``sparq_stats()`` returns the fork's counters.
     """
-
-    _SPARQ_KEYS = ("sparq", "sparq_r", "sparq_k", "sparq_l", "sparq_min_kv", "sparq_all_rows", "sparq_selector",
-                   "sparq_gqa", "sparq_mean_v", "sparq_basis")
 
     def __init__(self, model_path: str, *args, sparq=None, sparq_r=None, sparq_k=None, sparq_l=None,
                  sparq_min_kv=None, sparq_all_rows=None, sparq_selector=None, sparq_gqa=None, sparq_mean_v=None,
@@ -72,41 +80,16 @@ class Llama(llama_cpp.Llama):
         path = check_model_file(model_path)
         from . import _sparq
 
-        d = _sparq.default_params()
-        given = {"sparq_r": sparq_r, "sparq_k": sparq_k, "sparq_l": sparq_l, "sparq_min_kv": sparq_min_kv,
-                 "sparq_all_rows": sparq_all_rows, "sparq_selector": sparq_selector, "sparq_gqa": sparq_gqa,
-                 "sparq_mean_v": sparq_mean_v, "sparq_basis": sparq_basis}
-        if sparq is not None and not isinstance(sparq, bool):
-            raise ValueError(f"sparq must be True or False, got {sparq!r}")
-        enabled = bool(sparq) if sparq is not None else any(v is not None for v in given.values())
-        settings = {
-            "enabled": enabled,
-            "r": d["r"] if sparq_r is None else sparq_r,
-            "k": d["k"] if sparq_k is None else sparq_k,
-            "l": d["l"] if sparq_l is None else sparq_l,
-            "min_kv": d["min_kv"] if sparq_min_kv is None else sparq_min_kv,
-            "all_rows": d["all_rows"] if sparq_all_rows is None else sparq_all_rows,
-            "selector": d["selector"] if sparq_selector is None else sparq_selector,
-            "gqa": d["gqa"] if sparq_gqa is None else sparq_gqa,
-            "mean_v": d["mean_v"] if sparq_mean_v is None else sparq_mean_v,
-            "basis": d["basis"] if sparq_basis is None else sparq_basis,
-        }
-        # checks that need no model (the head-size bound of r is checked by the library)
-        _check_int("sparq_r", settings["r"], 0, None, " (0: head size / 4; at most the head size)")
-        _check_int("sparq_k", settings["k"], 1)
-        _check_int("sparq_l", settings["l"], -1, settings["k"], " (-1: k / 4)")
-        _check_int("sparq_min_kv", settings["min_kv"], 0)
-        if not isinstance(settings["all_rows"], bool):
-            raise ValueError(f"sparq_all_rows must be True or False, got {settings['all_rows']!r}")
-        if not isinstance(settings["mean_v"], bool):
-            raise ValueError(f"sparq_mean_v must be True or False, got {settings['mean_v']!r}")
-        for key, names in (("selector", _sparq.SELECTORS), ("gqa", _sparq.GQA_MODES), ("basis", _sparq.BASES)):
-            if settings[key] not in names:
-                raise ValueError(f"sparq_{key} = {settings[key]!r} is unknown: allowed "
-                                 f"{', '.join(repr(n) for n in names)}")
-        if enabled:
+        given = {"enabled": sparq, "r": sparq_r, "k": sparq_k, "l": sparq_l, "min_kv": sparq_min_kv,
+                 "all_rows": sparq_all_rows, "selector": sparq_selector, "gqa": sparq_gqa, "mean_v": sparq_mean_v,
+                 "basis": sparq_basis}
+        given = {f: v for f, v in given.items() if v is not None}
+        if "enabled" not in given and given:
+            given["enabled"] = True  # any SparQ keyword switches it on
+        # parsing (types, names) before the model loads; the values are checked by the library
+        params = _sparq.make_params(given, sparq_keyword) if given else None
+        if given.get("enabled"):
             kwargs["flash_attn"] = True  # SparQ needs V rows: the flash-attention cache layout
-        self._sparq_settings = settings
         try:
             super().__init__(path, *args, **kwargs)
         except ValueError as e:
@@ -114,31 +97,38 @@ class Llama(llama_cpp.Llama):
             if path not in str(e):
                 raise ValueError(f"{path}: {e}") from e
             raise
-        if enabled:
+        if params is not None:
             try:
-                _sparq.set_params(self._ctx.ctx, **settings)
+                _sparq.set_params(self._ctx.ctx, params)  # ValueError with llama_sparq_set_params's message
             except Exception:
                 self.close()
                 raise
 
     def sparq_params(self) -> dict:
+        """The context's SparQ settings under the constructor's keywords (sparq, sparq_r, ...):
+        ``Llama(path, **llm.sparq_params())`` and ``llm.set_sparq(**llm.sparq_params())`` take them back."""
         from . import _sparq
 
-        return _sparq.get_params(self._ctx.ctx)
+        return {sparq_keyword(f): v for f, v in _sparq.get_params(self._ctx.ctx).items()}
 
     def set_sparq(self, **settings) -> None:
-        """Change SparQ settings on the live context (keys as in sparq_params())."""
+        """Change SparQ settings on the live context, with the constructor's keywords
+        (``sparq=False``, ``sparq_r=16``, ``sparq_basis="pca"``, ...); the others keep their
+        current values. The library checks the values (``ValueError`` with its message)."""
         from . import _sparq
 
+        fields = _sparq.fields()
+        allowed = ", ".join(sparq_keyword(f) for f in fields)
+        for key in settings:
+            f = sparq_field(key)
+            if f not in fields:
+                hint = f" (the keyword is {sparq_keyword(key)!r}, as in the constructor)" if key in fields else ""
+                raise ValueError(f"unknown SparQ setting {key!r}{hint}: allowed {allowed}")
         cur = _sparq.get_params(self._ctx.ctx)
-        unknown = set(settings) - set(cur)
-        if unknown:
-            raise ValueError(f"unknown SparQ setting(s) {sorted(unknown)}; allowed: {sorted(cur)}")
-        cur.update(settings)
+        cur.update({sparq_field(k): v for k, v in settings.items()})
         if cur["enabled"] and self.context_params.flash_attn_type == llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED:
             raise ValueError("SparQ needs the flash-attention KV layout: make the Llama with flash_attn=True or sparq=True")
-        _sparq.set_params(self._ctx.ctx, **cur)
-        self._sparq_settings = cur
+        _sparq.set_params(self._ctx.ctx, _sparq.make_params(cur, sparq_keyword))
 
     def sparq_stats(self) -> dict:
         """Counters: attention calls run with SparQ, dense calls by reason, mean compression, ..."""
@@ -169,10 +159,7 @@ class Llama(llama_cpp.Llama):
 
     def __getstate__(self):
         state = super().__getstate__()
-        s = self._sparq_settings
-        state.update(sparq=s["enabled"], sparq_r=s["r"], sparq_k=s["k"], sparq_l=s["l"],
-                     sparq_min_kv=s["min_kv"], sparq_all_rows=s["all_rows"], sparq_selector=s["selector"],
-                     sparq_gqa=s["gqa"], sparq_mean_v=s["mean_v"], sparq_basis=s["basis"])
+        state.update(self.sparq_params())
         return state
 
     def close(self) -> None:

@@ -1,145 +1,166 @@
-"""ctypes bindings of the fork's SparQ C API (ggml-sparq/include/llama-sparq.h)."""
+"""The fork's SparQ C API (``ggml-sparq/include/llama-sparq.h``) for the package.
+
+Everything goes through the cffi bindings (``llama_sparq.bindings``, bound from the header):
+the params and stats structs, their fields and types, the names of the enums' values
+(``DENSE_REASONS``, ``SELECTORS``, ``GQA_MODES``, ``BASES`` are read from the library's
+``llama_sparq_*_name`` functions) and the validation of the settings, which
+``llama_sparq_set_params`` does once for every front end: its message is raised here as a
+``ValueError``. Python only parses (a setting's type; a name among the C API's names).
+
+Settings are keyed by the struct's field names (``enabled``, ``r``, ``k``, ...); the
+``Llama`` class adds its ``sparq`` / ``sparq_<field>`` keyword names on top.
+"""
 
 from __future__ import annotations
 
-import ctypes
+import operator
 
-from ._lib import lib_path
+from ._lib import library
 
-DENSE_REASONS = ("prefill", "short", "swa", "cache_type", "v_trans", "shared_stream", "attn_variant", "no_cache")
-SELECTORS = ("sparq", "oracle")        # enum llama_sparq_selector
-GQA_MODES = ("shared", "per_head")     # enum llama_sparq_gqa
-BASES = ("model", "scaled", "pca")     # enum llama_sparq_basis
-
-
-class llama_sparq_params(ctypes.Structure):
-    _fields_ = [
-        ("size", ctypes.c_size_t),
-        ("enabled", ctypes.c_bool),
-        ("r", ctypes.c_int32),
-        ("k", ctypes.c_int32),
-        ("l", ctypes.c_int32),
-        ("min_kv", ctypes.c_int32),
-        ("all_rows", ctypes.c_bool),
-        ("selector", ctypes.c_int32),
-        ("gqa", ctypes.c_int32),
-        ("mean_v", ctypes.c_bool),
-        ("basis", ctypes.c_int32),
-    ]
+_ENUMS = {"DENSE_REASONS": "dense_reason", "SELECTORS": "selector", "GQA_MODES": "gqa", "BASES": "basis"}
+_names: dict = {}
+_fields: dict = {}
 
 
-class llama_sparq_stats(ctypes.Structure):
-    _fields_ = [
-        ("size", ctypes.c_size_t),
-        ("n_sparq", ctypes.c_uint64),
-        ("n_dense", ctypes.c_uint64 * len(DENSE_REASONS)),
-        ("compression", ctypes.c_double),
-        ("n_rebuilds", ctypes.c_uint64),
-        ("extra_bytes", ctypes.c_uint64),
-        ("kv_bytes", ctypes.c_uint64),
-        ("n_layers", ctypes.c_int32),
-        ("n_sparq_device", ctypes.c_uint64),
-    ]
+def _b():
+    from . import bindings
+
+    return bindings
 
 
-_lib = None
+def names(enum: str) -> tuple:
+    """The C API's names of an enum's values: "selector", "gqa", "basis" or "dense_reason"."""
+    if enum not in _names:
+        _names[enum] = _b().enum_names(library(), enum)
+    return _names[enum]
 
 
-def lib():
-    global _lib
-    if _lib is None:
-        L = ctypes.CDLL(str(lib_path()))
-        L.llama_sparq_default_params.restype = llama_sparq_params
-        L.llama_sparq_default_params.argtypes = []
-        L.llama_sparq_set_params.restype = ctypes.c_int32
-        L.llama_sparq_set_params.argtypes = [ctypes.c_void_p, ctypes.POINTER(llama_sparq_params),
-                                             ctypes.c_char_p, ctypes.c_size_t]
-        L.llama_sparq_get_params.restype = ctypes.c_int32
-        L.llama_sparq_get_params.argtypes = [ctypes.c_void_p, ctypes.POINTER(llama_sparq_params)]
-        L.llama_sparq_get_stats.restype = ctypes.c_int32
-        L.llama_sparq_get_stats.argtypes = [ctypes.c_void_p, ctypes.POINTER(llama_sparq_stats)]
-        L.llama_sparq_reset_stats.restype = None
-        L.llama_sparq_reset_stats.argtypes = [ctypes.c_void_p]
-        _lib = L
-    return _lib
+def __getattr__(name):
+    if name in _ENUMS:
+        return names(_ENUMS[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def fields() -> dict:
+    """The settings of struct llama_sparq_params (header order): field -> "bool" | "int" | "enum"."""
+    if not _fields:
+        _fields.update(_b().params_fields(library()))
+    return dict(_fields)
 
 
 def _to_dict(p) -> dict:
-    return {"enabled": bool(p.enabled), "r": p.r, "k": p.k, "l": p.l, "min_kv": p.min_kv, "all_rows": bool(p.all_rows),
-            "selector": SELECTORS[p.selector] if 0 <= p.selector < len(SELECTORS) else p.selector,
-            "gqa": GQA_MODES[p.gqa] if 0 <= p.gqa < len(GQA_MODES) else p.gqa, "mean_v": bool(p.mean_v),
-            "basis": BASES[p.basis] if 0 <= p.basis < len(BASES) else p.basis}
+    out = {}
+    for f, kind in fields().items():
+        v = getattr(p, f)
+        if kind == "bool":
+            v = bool(v)
+        elif kind == "enum":
+            n = names(f)
+            v = n[v] if 0 <= v < len(n) else int(v)
+        out[f] = v
+    return out
 
 
-def _enum(name, value, names):
-    if isinstance(value, str):
-        if value not in names:
-            raise ValueError(f"{name} = {value!r} is unknown: allowed {', '.join(repr(n) for n in names)}")
-        return names.index(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be one of {', '.join(repr(n) for n in names)}, got {value!r}")
-    return value  # the library checks the range
+def make_params(settings: dict, label=lambda f: f):
+    """A ``struct llama_sparq_params *`` holding the defaults updated with ``settings``.
+
+    Parsing only (``ValueError`` naming ``label(field)``): bools must be bools, numbers integers
+    that fit the field, enum values one of the C API's names (or an integer, which the library
+    checks). The ranges are checked by ``llama_sparq_set_params``."""
+    b, lib = _b(), library()
+    kinds = fields()
+    unknown = [f for f in settings if f not in kinds]
+    if unknown:
+        raise ValueError(f"unknown SparQ setting(s) {', '.join(label(f) for f in unknown)}: allowed "
+                         f"{', '.join(label(f) for f in kinds)}")
+    p = b.ffi.new("struct llama_sparq_params *")
+    p[0] = lib.llama_sparq_default_params()
+    for f, v in settings.items():
+        kind, name = kinds[f], label(f)
+        if kind == "bool":
+            if not isinstance(v, bool):
+                raise ValueError(f"{name} must be True or False, got {v!r}")
+        elif kind == "enum" and isinstance(v, str):
+            allowed = names(f)
+            if v not in allowed:
+                raise ValueError(f"{name} = {v!r} is unknown: allowed {', '.join(repr(n) for n in allowed)}")
+            v = allowed.index(v)
+        else:
+            try:
+                if isinstance(v, bool):
+                    raise TypeError
+                v = operator.index(v)
+            except TypeError:
+                what = f"one of {', '.join(repr(n) for n in names(f))}" if kind == "enum" else "an integer"
+                raise ValueError(f"{name} must be {what}, got {v!r}") from None
+        try:
+            setattr(p, f, v)
+        except OverflowError:
+            raise ValueError(f"{name} = {v} does not fit the C field (int32_t)") from None
+    return p
 
 
 def default_params() -> dict:
-    return _to_dict(lib().llama_sparq_default_params())
+    return _to_dict(library().llama_sparq_default_params())
 
 
-def set_params(ctx, *, enabled: bool, r: int, k: int, l: int, min_kv: int, all_rows: bool,
-               selector="sparq", gqa="shared", mean_v: bool = True, basis="model") -> None:
-    """Apply settings to a llama_context pointer; ValueError naming the parameter on bad values."""
-    p = lib().llama_sparq_default_params()
-    p.enabled, p.r, p.k, p.l, p.min_kv, p.all_rows = enabled, r, k, l, min_kv, all_rows
-    p.selector = _enum("selector", selector, SELECTORS)
-    p.gqa = _enum("gqa", gqa, GQA_MODES)
-    p.basis = _enum("basis", basis, BASES)
-    if not isinstance(mean_v, bool):
-        raise ValueError(f"mean_v must be True or False, got {mean_v!r}")
-    p.mean_v = mean_v
-    err = ctypes.create_string_buffer(512)
-    rc = lib().llama_sparq_set_params(ctx, ctypes.byref(p), err, len(err))
+def set_params(ctx, settings=None, label=lambda f: f, **kw) -> None:
+    """Apply settings (a dict or keywords, by field; the others keep their defaults, or a
+    ``make_params`` result) to a llama_context pointer. The library validates: ``ValueError``
+    with its message (naming the parameter and what is allowed) on a bad value,
+    ``RuntimeError`` when the context cannot run SparQ."""
+    b, lib = _b(), library()
+    if settings is None or isinstance(settings, dict):
+        p = make_params({**(settings or {}), **kw}, label)
+    else:
+        p = settings
+    err = b.ffi.new("char[]", 512)
+    rc = lib.llama_sparq_set_params(b.ctx_ptr(ctx), p, err, len(err))
+    msg = b.ffi.string(err).decode("utf-8", "replace")
     if rc == -1:
-        raise ValueError(err.value.decode())
+        raise ValueError(msg)
     if rc != 0:
-        raise RuntimeError(err.value.decode() or f"llama_sparq_set_params failed ({rc})")
+        raise RuntimeError(msg or f"llama_sparq_set_params failed ({rc})")
 
 
 def get_params(ctx) -> dict:
-    p = llama_sparq_params()
-    p.size = ctypes.sizeof(p)
-    if lib().llama_sparq_get_params(ctx, ctypes.byref(p)) != 0:
-        raise RuntimeError("llama_sparq_get_params: struct size mismatch between Python and the library")
+    b = _b()
+    p = b.ffi.new("struct llama_sparq_params *")
+    p.size = b.ffi.sizeof("struct llama_sparq_params")
+    if library().llama_sparq_get_params(b.ctx_ptr(ctx), p) != 0:
+        raise RuntimeError("llama_sparq_get_params refused the struct (size mismatch between header and library)")
     return _to_dict(p)
 
 
 def get_stats(ctx) -> dict:
-    s = llama_sparq_stats()
-    s.size = ctypes.sizeof(s)
-    if lib().llama_sparq_get_stats(ctx, ctypes.byref(s)) != 0:
-        raise RuntimeError("llama_sparq_get_stats: struct size mismatch between Python and the library")
-    return {
-        "n_sparq": s.n_sparq,
-        "n_dense": {name: s.n_dense[i] for i, name in enumerate(DENSE_REASONS)},
-        "compression": s.compression,
-        "n_rebuilds": s.n_rebuilds,
-        "extra_bytes": s.extra_bytes,
-        "kv_bytes": s.kv_bytes,
-        "n_layers": s.n_layers,
-        "n_sparq_device": s.n_sparq_device,
-    }
+    """The counters, one entry per field of struct llama_sparq_stats; n_dense by reason name."""
+    b = _b()
+    s = b.ffi.new("struct llama_sparq_stats *")
+    s.size = b.ffi.sizeof("struct llama_sparq_stats")
+    if library().llama_sparq_get_stats(b.ctx_ptr(ctx), s) != 0:
+        raise RuntimeError("llama_sparq_get_stats refused the struct (size mismatch between header and library)")
+    out = {}
+    for f, _ in b.ffi.typeof("struct llama_sparq_stats").fields:
+        if f == "size":
+            continue
+        v = getattr(s, f)
+        if f == "n_dense":
+            reasons = names("dense_reason")
+            if len(v) != len(reasons):
+                raise RuntimeError(f"llama_sparq_stats.n_dense has {len(v)} entries, the library names {len(reasons)}")
+            v = {r: int(v[i]) for i, r in enumerate(reasons)}
+        out[f] = v
+    return out
 
 
 def reset_stats(ctx) -> None:
-    lib().llama_sparq_reset_stats(ctx)
+    library().llama_sparq_reset_stats(_b().ctx_ptr(ctx))
 
 
 def sync(ctx) -> None:
     """Bring K^T and the V sums up to date now (llama_sparq_sync): pending cache updates
     (the deferred K-shift, stream copies) first, then a rebuild of every changed stream."""
-    L = lib()
-    L.llama_sparq_sync.restype = None
-    L.llama_sparq_sync.argtypes = [ctypes.c_void_p]
-    L.llama_sparq_sync(ctx)
+    library().llama_sparq_sync(_b().ctx_ptr(ctx))
 
 
 def debug_check(ctx, sync_first: bool = False) -> float:
@@ -147,19 +168,21 @@ def debug_check(ctx, sync_first: bool = False) -> float:
     streams (llama_sparq_debug_check); -1.0 when SparQ has no data."""
     if sync_first:
         sync(ctx)
-    L = lib()
-    L.llama_sparq_debug_check.restype = ctypes.c_double
-    L.llama_sparq_debug_check.argtypes = [ctypes.c_void_p]
-    return float(L.llama_sparq_debug_check(ctx))
+    return float(library().llama_sparq_debug_check(_b().ctx_ptr(ctx)))
 
 
 def bench_fill(ctx, n_tokens: int, seed: int = 1) -> None:
     """For benchmarks: fill sequence 0 of an empty KV cache with n_tokens cells of random K
     and V (llama_sparq_bench_fill); raises ValueError with the library's reason."""
-    L = lib()
-    L.llama_sparq_bench_fill.restype = ctypes.c_int32
-    L.llama_sparq_bench_fill.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_uint32, ctypes.c_char_p,
-                                         ctypes.c_size_t]
-    err = ctypes.create_string_buffer(512)
-    if L.llama_sparq_bench_fill(ctx, int(n_tokens), int(seed), err, len(err)) != 0:
-        raise ValueError(err.value.decode("utf-8", "replace"))
+    b = _b()
+    err = b.ffi.new("char[]", 512)
+    if library().llama_sparq_bench_fill(b.ctx_ptr(ctx), int(n_tokens), int(seed), err, len(err)) != 0:
+        raise ValueError(b.ffi.string(err).decode("utf-8", "replace"))
+
+
+def set_eval_callback(ctx, callback_address: int | None, user_data=None) -> None:
+    """llama_sparq_debug_set_eval_callback with a C function pointer given by its address
+    (a ctypes CFUNCTYPE cast to an int, say); None removes the callback."""
+    b = _b()
+    cb = b.ffi.cast("ggml_backend_sched_eval_callback", callback_address or 0)
+    library().llama_sparq_debug_set_eval_callback(b.ctx_ptr(ctx), cb, b.ffi.NULL if user_data is None else user_data)

@@ -18,12 +18,12 @@ only on the CPU backend: a callback on a GPU-resident node is refused with an er
 
 from __future__ import annotations
 
-import ctypes
+import ctypes  # upstream's ggml_tensor, read in the callback (ggml.h, not the fork's API)
 import re
 
 import numpy as np
 
-from ._lib import lib_path
+from . import _sparq
 
 GGML_MAX_DIMS = 4
 GGML_MAX_SRC = 10
@@ -77,13 +77,6 @@ def tensor_to_numpy(t: ggml_tensor) -> np.ndarray:
     return np.array(arr, copy=True)
 
 
-def _lib():
-    L = ctypes.CDLL(str(lib_path()))
-    L.llama_sparq_debug_set_eval_callback.restype = None
-    L.llama_sparq_debug_set_eval_callback.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-    return L
-
-
 class Capture:
     """Context manager: while active, every SparQ node's inputs and output are copied."""
 
@@ -121,11 +114,11 @@ class Capture:
         return True
 
     def __enter__(self):
-        _lib().llama_sparq_debug_set_eval_callback(self._ctx, ctypes.cast(self._cb, ctypes.c_void_p), None)
+        _sparq.set_eval_callback(self._ctx, ctypes.cast(self._cb, ctypes.c_void_p).value)
         return self
 
     def __exit__(self, *exc):
-        _lib().llama_sparq_debug_set_eval_callback(self._ctx, None, None)
+        _sparq.set_eval_callback(self._ctx, None)
         if self._error is not None and exc[0] is None:
             raise RuntimeError(f"capture failed: {self._error}") from self._error
         return False

@@ -230,7 +230,7 @@ def run(args, flush=None):
     n_ctx = max(contexts) + 256
     llm = Llama(model, n_ctx=n_ctx, n_batch=512, n_threads=args.threads, verbose=False, sparq=True,
                 sparq_min_kv=0, logits_all=False)
-    llm.set_sparq(enabled=False)
+    llm.set_sparq(sparq=False)
     meta_model = llm.metadata
     arch = meta_model.get("general.architecture", "?")
     d = int(meta_model.get(f"{arch}.attention.key_length", 0) or
@@ -261,7 +261,7 @@ def run(args, flush=None):
         if len(toks) + n_ans + 2 > n_ctx:
             toks = toks[-(n_ctx - n_ans - 2):]
         bar.set_postfix_str(f"{task} S={len(toks)} prefill")
-        llm.set_sparq(enabled=False)
+        llm.set_sparq(sparq=False)
         llm.reset()
         llm.eval(toks[:-1])
         state = llm.save_state()
@@ -269,11 +269,9 @@ def run(args, flush=None):
             s = variant_settings(name, comp, d, g)
             llm.load_state(state)
             if s is None:
-                llm.set_sparq(enabled=False)
+                llm.set_sparq(sparq=False)
             else:
-                llm.set_sparq(enabled=True, r=s["sparq_r"], k=s["sparq_k"], l=s["sparq_l"], min_kv=0,
-                              gqa=s["sparq_gqa"], mean_v=s["sparq_mean_v"], selector=s["sparq_selector"],
-                              basis=s["sparq_basis"])
+                llm.set_sparq(sparq=True, **{**s, "sparq_min_kv": 0})
             llm.reset_sparq_stats()
             out = []
             tok = toks[-1]

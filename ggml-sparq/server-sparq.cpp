@@ -85,6 +85,8 @@ std::string server_sparq_prometheus() {
     return out.str();
 }
 
+static const char * name_or_unknown(const char * name) { return name ? name : "unknown"; }
+
 common_json server_sparq_props() {
     server_sparq_snapshot & s = server_sparq_state();
     std::lock_guard<std::mutex> lock(s.mutex);
@@ -100,10 +102,15 @@ common_json server_sparq_props() {
         { "l",           s.params.l },
         { "min_kv",      s.params.min_kv },
         { "all_rows",    s.params.all_rows },
+        { "selector",    name_or_unknown(llama_sparq_selector_name(s.params.selector)) },
+        { "gqa",         name_or_unknown(llama_sparq_gqa_name(s.params.gqa)) },
+        { "basis",       name_or_unknown(llama_sparq_basis_name(s.params.basis)) },
+        { "mean_v",      s.params.mean_v },
         { "n_layers",    s.stats.n_layers },
         { "extra_bytes", s.stats.extra_bytes },
         { "kv_bytes",    s.stats.kv_bytes },
         { "n_sparq",     s.stats.n_sparq },
+        { "n_sparq_device", s.stats.n_sparq_device },
         { "n_dense",     dense },
         { "compression", s.stats.compression },
         { "n_rebuilds",  s.stats.n_rebuilds },

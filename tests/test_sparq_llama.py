@@ -637,3 +637,33 @@ def test_cache_over_2_24_cells_is_refused(tmp_path):
                 flash_attn=True)
     with pytest.raises(RuntimeError, match="16777472 cells per stream; SparQ supports up to 16777216"):
         llm.set_sparq(sparq=True)
+
+
+def test_128_query_heads_on_one_kv_head_decode_with_sparq(tmp_path):
+    """Issue 10 item 3's reproduction: a model with 128 query heads on one KV head (group size
+    128; the kernel had a fixed 64-entry array and aborted with "group size 128 (max 64)").
+    SparQ now runs it with selection (k < S), shared and per-head, and the op's output equals
+    the reference on the captured tensors."""
+    from llama_sparq import Llama, reference
+    from llama_sparq.capture import Capture, op_params, stream0
+    from llama_sparq.models import make_tiny_llama
+
+    model = make_tiny_llama(tmp_path / "g128.gguf", n_layer=1, n_embd=256, n_head=128, n_head_kv=1,
+                            head_dim=16, seed=11)
+    for gqa in ("shared", "per_head"):
+        llm = Llama(str(model), n_ctx=1024, n_threads=N_THREADS, verbose=False, seed=0, sparq=True,
+                    sparq_r=4, sparq_k=32, sparq_l=8, sparq_min_kv=0, sparq_gqa=gqa)
+        rng = np.random.default_rng(2)
+        llm.eval([int(t) for t in rng.integers(3, llm.n_vocab(), 300)])
+        with Capture(llm) as cap:
+            llm.eval([5])
+        assert llm.sparq_stats()["n_sparq"] >= 1 and len(cap.calls) == 1
+        c = cap.calls[0]
+        x, p = stream0(c), op_params(c)
+        assert x["q"].shape[1] == 128 and x["K"].shape[1] == 1
+        assert np.isfinite(x["mask"][0]).sum() > p["k"]  # the sparse path
+        want = reference.sparq_attention(x["q"], x["K"], x["V"], r=p["r"], k=p["k"], l=p["l"], mask=x["mask"],
+                                         scale=p["scale"], vbar=x["vbar"], window=[x["win"]],
+                                         comp_w=x["comp_w"], per_head=gqa == "per_head")
+        assert np.abs(x["out"] - want).max() <= 1e-4 * max(1.0, np.abs(want).max())
+        del llm

@@ -46,6 +46,8 @@ def test_server_default_slots_sparq_tiny(tiny_model, tmp_path):
         assert props["default_generation_settings"]["n_ctx"] == 1024  # n_ctx / slots: its own stream
         sp = props["sparq"]
         assert sp["enabled"] and sp["n_layers"] == 2 and (sp["k"], sp["r"], sp["min_kv"]) == (8, 4, 0)
+        # every setting, by the C API's names
+        assert (sp["selector"], sp["gqa"], sp["basis"], sp["mean_v"]) == ("sparq", "shared", "scaled", True), sp
         prompts = build_prompts(srv, 8, 60, 200, seed=1)
         res = run_load(srv, prompts, n_predict=12, request_timeout=120)
         check_load(res, 8)

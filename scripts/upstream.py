@@ -118,26 +118,34 @@ def git(tree: Path, *args: str, check: bool = True, quiet: bool = False) -> subp
     return res
 
 
-def unpack(pin: dict, sdist: Path, dest: Path) -> None:
-    """Unpack the sdist's llama.cpp tree into dest and commit it as pristine."""
-    tmp = dest.with_name(dest.name + ".tmp")
+def extract(sdist: Path, tmp: Path, prefix: str, keep) -> list[str]:
+    """Extract the sdist's members under ``prefix`` for which ``keep(rel, member)`` holds into
+    a fresh ``tmp``, with the prefix stripped; return their relative names."""
     if tmp.exists():
         shutil.rmtree(tmp)
-    log(f"unpacking {sdist.name} -> {dest}")
-    prefix = f"{sdist.name[:-len('.tar.gz')]}/{pin['subdir']}/"
     with tarfile.open(sdist) as tar:
         members = []
         for m in tar.getmembers():
             if not m.name.startswith(prefix) or m.name == prefix.rstrip("/"):
                 continue
             rel = m.name[len(prefix):]
-            if rel == ".git" or rel.startswith(".git/"):
-                continue  # a submodule gitdir pointer that would dangle here
-            m.name = rel
-            members.append(m)
-        if not members:
-            raise UpstreamError(f"{sdist.name} holds no {pin['subdir']}/ tree")
-        tar.extractall(tmp, members=members, filter="tar")
+            if keep(rel, m):
+                m.name = rel
+                members.append(m)
+        if members:
+            tar.extractall(tmp, members=members, filter="tar")
+    return [m.name for m in members]
+
+
+def unpack(pin: dict, sdist: Path, dest: Path) -> None:
+    """Unpack the sdist's llama.cpp tree into dest and commit it as pristine."""
+    tmp = dest.with_name(dest.name + ".tmp")
+    log(f"unpacking {sdist.name} -> {dest}")
+    prefix = f"{sdist.name[:-len('.tar.gz')]}/{pin['subdir']}/"
+    # leave out a submodule gitdir pointer (.git) that would dangle here
+    names = extract(sdist, tmp, prefix, lambda rel, m: not (rel == ".git" or rel.startswith(".git/")))
+    if not names:
+        raise UpstreamError(f"{sdist.name} holds no {pin['subdir']}/ tree")
     git(tmp, "init", "-q")
     git(tmp, "add", "-A")
     git(tmp, "commit", "-q", "--no-verify", "-m",
@@ -221,20 +229,11 @@ def python_layer(root: Path = ROOT) -> Path:
         return dest
     sdist = fetch_sdist(pin, root / ".upstream" / "sdist")
     tmp = dest.with_name(dest.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
     log(f"unpacking the Python layer of {sdist.name} -> {dest}")
-    prefix = f"{sdist.name[:-len('.tar.gz')]}/"
-    with tarfile.open(sdist) as tar:
-        members = []
-        for m in tar.getmembers():
-            rel = m.name[len(prefix):] if m.name.startswith(prefix) else ""
-            if (rel == "LICENSE.md" or rel.startswith("llama_cpp/")) and (m.isfile() or m.isdir()):
-                m.name = rel
-                members.append(m)
-        if not any(m.name == "llama_cpp/__init__.py" for m in members):
-            raise UpstreamError(f"{sdist.name} holds no llama_cpp/ package")
-        tar.extractall(tmp, members=members, filter="tar")
+    names = extract(sdist, tmp, f"{sdist.name[:-len('.tar.gz')]}/",
+                    lambda rel, m: (rel == "LICENSE.md" or rel.startswith("llama_cpp/")) and (m.isfile() or m.isdir()))
+    if "llama_cpp/__init__.py" not in names:
+        raise UpstreamError(f"{sdist.name} holds no llama_cpp/ package")
     if dest.exists():
         shutil.rmtree(dest)
     tmp.rename(dest)

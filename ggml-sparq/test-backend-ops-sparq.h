@@ -2,17 +2,12 @@
 // Included by tests/test-backend-ops.cpp (patch 0003) after its own test cases;
 // uses that file's test_case, VARS_TO_STR*, init_tensor_* helpers and test_flash_attn_ext.
 //
-// Eval mode compares another backend (CUDA) with the CPU. SparQ chooses cells by score, so two
-// backends whose approximate scores differ in the last bit could choose differently where two
-// cells score almost alike; the inputs are built so that this cannot happen and any difference
-// in the choice is a bug: the query is large on a fixed set J of r components (so step 1 picks J
-// on both), every key is level_s * sign_j on J (so the approximate scores rank the cells by
-// level_s, one of 2049 values i / 1024, so two cells either differ by far more than rounding or
-// are identical on J, a tie both backends break towards the lower cell), and the mask holds 0
-// and -inf only.
+// Eval mode compares another backend (CUDA) with the CPU on tie-proof inputs (sparq-tie-proof.h):
+// any difference in the cells chosen is a bug.
 #pragma once
 
 #include "ggml-sparq.h"
+#include "sparq-tie-proof.h"
 
 #include <random>
 
@@ -76,22 +71,9 @@ struct test_sparq_attn : public test_case {
 
     void initialize_tensors(ggml_context * ctx) override {
         std::mt19937 gen(0x5A17u + (uint32_t) (d * 131 + kv * 7 + nh * 3 + ns + r + k + l + variant));
-        std::uniform_real_distribution<float> uni(-1.0f, 1.0f), mag(0.5f, 1.0f), tiny(-0.01f, 0.01f), wdis(0.5f, 2.0f);
+        std::uniform_real_distribution<float> uni(-1.0f, 1.0f), wdis(0.5f, 2.0f);
         const int rr = sel == GGML_SPARQ_SEL_ORACLE ? (int) d : r;
-        // J: the components the query is large on; sgn: their signs
-        std::vector<int> perm(d);
-        for (int64_t j = 0; j < d; ++j) {
-            perm[j] = (int) j;
-        }
-        std::shuffle(perm.begin(), perm.end(), gen);
-        std::vector<char> inJ(d, 0);
-        for (int j = 0; j < rr; ++j) {
-            inJ[perm[j]] = 1;
-        }
-        std::vector<float> sgn(d);
-        for (auto & s : sgn) {
-            s = (gen() & 1) ? 1.0f : -1.0f;
-        }
+        const sparq_tie_proof tp((int) d, rr, gen);
         auto set_f = [](ggml_tensor * t, const std::vector<float> & f) {
             if (t->type == GGML_TYPE_F16) {
                 std::vector<ggml_fp16_t> h(f.size());
@@ -99,13 +81,6 @@ struct test_sparq_attn : public test_case {
                 ggml_backend_tensor_set(t, h.data(), 0, h.size() * sizeof(ggml_fp16_t));
             } else {
                 ggml_backend_tensor_set(t, f.data(), 0, f.size() * sizeof(float));
-            }
-        };
-        // the query that steps 1-2 use is the robust one
-        auto robust_q = [&](std::vector<float> & f) {
-            for (size_t i = 0; i < f.size(); ++i) {
-                const int64_t j = (int64_t) (i % d);
-                f[i] = inJ[j] ? sgn[j] * mag(gen) : tiny(gen);
             }
         };
         ggml_tensor * K = nullptr;
@@ -122,11 +97,11 @@ struct test_sparq_attn : public test_case {
                         x = uni(gen);
                     }
                 } else {
-                    robust_q(f);
+                    tp.query(f, gen); // the query that steps 1-2 use is the robust one
                 }
                 set_f(t, f);
             } else if (name == "q_sel") {
-                robust_q(f);
+                tp.query(f, gen);
                 set_f(t, f);
             } else if (name == "comp_w") {
                 for (auto & x : f) {
@@ -134,15 +109,7 @@ struct test_sparq_attn : public test_case {
                 }
                 set_f(t, f);
             } else if (name == "K") {
-                // [d, kv, nh_kv, ns]: level * sign on J, noise elsewhere
-                for (int64_t c = 0; c < (int64_t) f.size() / d; ++c) {
-                    // one of 2049 levels i / 1024, exact in f16 and f32: distinct levels differ by far
-                    // more than rounding, equal ones are equal
-                    const float level = (float) ((int) (gen() % 2049) - 1024) / 1024.0f;
-                    for (int64_t j = 0; j < d; ++j) {
-                        f[c * d + j] = inJ[j] ? level * sgn[j] : uni(gen);
-                    }
-                }
+                tp.keys(f, gen); // [d, kv, nh_kv, ns]
                 set_f(t, f);
                 K = t;
             } else if (name == "KT") {

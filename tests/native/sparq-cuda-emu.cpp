@@ -9,10 +9,11 @@
 // variant: 0 plain, 1 window list, 2 basis (q_sel, comp_w), 3 stream 0 dense (v_count < 0),
 // 4 stream 0 sees 40 cells in the middle (a dense row that skips empty chunks);
 // scalar: 1 forces the one-cell K^T loads. Prints "OK nmse=... sel=same" or "FAIL ..." and exits
-// 0 / 1. The inputs are tie-proof as in ggml-sparq/test-backend-ops-sparq.h (query large on r
+// 0 / 1. The inputs are tie-proof (ggml-sparq/sparq-tie-proof.h: query large on r
 // components, keys level * sign there, levels i / 1024), so the selections must be equal.
 
 #include "sparq-cpu.h"
+#include "sparq-tie-proof.h"
 
 #include <algorithm>
 #include <atomic>
@@ -212,46 +213,23 @@ int main(int argc, char ** argv) {
     const size_t esz = f16 ? 2 : 4;
 
     std::mt19937 gen(1234 + d + S + nh + r + k + l + variant);
-    std::uniform_real_distribution<float> uni(-1.0f, 1.0f), mag(0.5f, 1.0f), tiny(-0.01f, 0.01f), wd(0.5f, 2.0f);
-    std::vector<int> perm(d);
-    for (int j = 0; j < d; ++j) {
-        perm[j] = j;
-    }
-    std::shuffle(perm.begin(), perm.end(), gen);
-    std::vector<char> inJ(d, 0);
-    for (int j = 0; j < rr; ++j) {
-        inJ[perm[j]] = 1;
-    }
-    std::vector<float> sgn(d);
-    for (auto & s : sgn) {
-        s = (gen() & 1) ? 1.0f : -1.0f;
-    }
-    auto robust_q = [&](std::vector<float> & f) {
-        for (size_t i = 0; i < f.size(); ++i) {
-            const int j = (int) (i % d);
-            f[i] = inJ[j] ? sgn[j] * mag(gen) : tiny(gen);
-        }
-    };
+    std::uniform_real_distribution<float> uni(-1.0f, 1.0f), wd(0.5f, 2.0f);
+    const sparq_tie_proof tp(d, rr, gen);
     const size_t nq = (size_t) d * nr * nh * ns, nkv = (size_t) d * S * nhkv * ns;
     std::vector<float> q(nq), qsel(nq), cw((size_t) d * nhkv * ns);
     if (variant == 2) {
         for (auto & x : q) {
             x = uni(gen);
         }
-        robust_q(qsel);
+        tp.query(qsel, gen);
         for (auto & x : cw) {
             x = wd(gen);
         }
     } else {
-        robust_q(q);
+        tp.query(q, gen);
     }
     std::vector<float> Kf(nkv), Vf(nkv);
-    for (size_t c = 0; c < nkv / d; ++c) {
-        const float level = (float) ((int) (gen() % 2049) - 1024) / 1024.0f;
-        for (int j = 0; j < d; ++j) {
-            Kf[c * d + j] = inJ[j] ? level * sgn[j] : uni(gen);
-        }
-    }
+    tp.keys(Kf, gen);
     for (auto & x : Vf) {
         x = uni(gen);
     }

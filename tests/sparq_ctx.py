@@ -174,3 +174,15 @@ def step(c: Ctx, seq, tok):
     rc, out = c.decode([(tok, c.pos_max(seq) + 1, seq)])
     assert rc == 0, rc
     return out[0]
+
+
+def teacher_forced(llm, prompt, cont):
+    """Logits of each decode step of a ``Llama`` (made with ``logits_all=True``) fed the given
+    continuation: the steps see the same tokens whatever the model would pick (no divergence)."""
+    llm.reset()
+    llm.eval(prompt[:-1])
+    out = []
+    for t in [prompt[-1]] + cont[:-1]:
+        llm.eval([t])
+        out.append(np.array(llm.scores[llm.n_tokens - 1], dtype=np.float64))
+    return np.array(out)

@@ -16,6 +16,7 @@ import subprocess
 
 import numpy as np
 import pytest
+from sparq_ctx import teacher_forced
 
 from llama_sparq import lib_dir, tool_path
 
@@ -74,16 +75,6 @@ def _llm(model, **kw):
     return Llama(str(model), n_ctx=4096, n_threads=2, n_batch=512, verbose=False, seed=0, logits_all=True, **kw)
 
 
-def _teacher_forced(llm, prompt, cont):
-    llm.reset()
-    llm.eval(prompt[:-1])
-    out = []
-    for t in [prompt[-1]] + cont[:-1]:
-        llm.eval([t])
-        out.append(np.array(llm.scores[llm.n_tokens - 1], dtype=np.float64))
-    return np.array(out)
-
-
 def _greedy(llm, prompt, n):
     llm.reset()
     llm.eval(prompt[:-1])
@@ -111,13 +102,13 @@ def test_gemma_gpu_sparq_equals_cpu_sparq(cuda, gemma_model):
     cpu = _llm(gemma_model, n_gpu_layers=0, **exact)
     prompt = cpu.tokenize(PROMPT)
     want = _greedy(cpu, prompt, 16)
-    want_lg = _teacher_forced(cpu, prompt, want)
+    want_lg = teacher_forced(cpu, prompt, want)
     st_cpu = cpu.sparq_stats()
     assert st_cpu["n_sparq"] > 0 and st_cpu["n_sparq_device"] == 0, st_cpu
 
     gpu = _llm(gemma_model, n_gpu_layers=-1, **exact)
     got = _greedy(gpu, prompt, 16)
-    got_lg = _teacher_forced(gpu, prompt, want)
+    got_lg = teacher_forced(gpu, prompt, want)
     st = gpu.sparq_stats()
     # Gemma 3 270M: 3 full-attention layers; 2 x 16 decode steps (greedy, then teacher-forced)
     assert st["n_sparq"] == 3 * 32, st
@@ -135,9 +126,9 @@ def test_gemma_gpu_sparq_equals_cpu_sparq(cuda, gemma_model):
 
     # on the GPU alone: SparQ (exact) against upstream's flash attention, within -fa 1 vs -fa 0
     dense = _llm(gemma_model, n_gpu_layers=-1)
-    dense_lg = _teacher_forced(dense, prompt, want)
+    dense_lg = teacher_forced(dense, prompt, want)
     nofa = _llm(gemma_model, n_gpu_layers=-1, flash_attn=False)
-    fa_spread = np.abs(_teacher_forced(nofa, prompt, want) - dense_lg).max()
+    fa_spread = np.abs(teacher_forced(nofa, prompt, want) - dense_lg).max()
     assert np.abs(got_lg - dense_lg).max() <= 1.5 * fa_spread + 0.05, (np.abs(got_lg - dense_lg).max(), fa_spread)
 
 
@@ -148,9 +139,9 @@ def test_gemma_gpu_sparq_defaults_run_on_the_gpu(cuda, gemma_model):
     cpu = _llm(gemma_model, n_gpu_layers=0, sparq=True, sparq_min_kv=0)
     prompt = cpu.tokenize(PROMPT)
     want = _greedy(cpu, prompt, 12)
-    want_lg = _teacher_forced(cpu, prompt, want)
+    want_lg = teacher_forced(cpu, prompt, want)
     gpu = _llm(gemma_model, n_gpu_layers=-1, sparq=True, sparq_min_kv=0)
-    got_lg = _teacher_forced(gpu, prompt, want)
+    got_lg = teacher_forced(gpu, prompt, want)
     st = gpu.sparq_stats()
     assert st["n_sparq"] == 3 * 12 and st["n_sparq_device"] == st["n_sparq"], st
     top2 = np.sort(want_lg, axis=1)[:, -2:]

@@ -10,6 +10,7 @@ import subprocess
 
 import numpy as np
 import pytest
+from sparq_ctx import teacher_forced
 
 from llama_sparq import tool_path
 
@@ -66,17 +67,6 @@ def test_exact_settings_equal_dense_tiny(request, which):
     assert got == want
     scale = np.abs(want_lg).max()
     assert np.abs(got_lg - want_lg).max() <= 2e-3 * scale + 1e-3
-
-
-def teacher_forced(llm, prompt, cont):
-    """Logits of each decode step feeding the given continuation (no divergence)."""
-    llm.reset()
-    llm.eval(prompt[:-1])
-    out = []
-    for t in [prompt[-1]] + cont[:-1]:
-        llm.eval([t])
-        out.append(np.array(llm.scores[llm.n_tokens - 1], dtype=np.float64))
-    return np.array(out)
 
 
 @pytest.mark.real_model

@@ -273,146 +273,73 @@ def test_after_cache_ops_sparq_matches_a_fresh_context(tiny_gqa_model):
     assert np.abs(np.array(got) - np.array(want)).max() <= 1e-3 * np.abs(np.array(want)).max()
 
 
-def test_two_sequences_in_one_batch_equal_single_runs(tiny_gqa_model):
-    """Two sequences decoding together (one KV stream each) equal their own runs."""
-    from llama_sparq._llama import llama_cpp  # after pointing llama_cpp at the fork
+def decode_alone_and_together(model_path, prompts, settings, n_steps, n_ctx_per_seq, rtol, alone_calls=None):
+    """Each prompt decoded alone (a one-sequence context), then all together (one KV stream
+    each, one batch per step): the together logits of every step equal the alone ones within
+    rtol of their scale; the together run's counters are returned."""
+    from sparq_ctx import Ctx, Model
 
-    from llama_sparq import _sparq
-
-    sp = make_llm(tiny_gqa_model)  # only to load the model
-    model = sp._model.model
-    nv = n_vocab(sp)
-    prompts = [rand_tokens(300, 11, nv), rand_tokens(260, 12, nv)]
-    settings = dict(enabled=True, r=16, k=4096, l=0, min_kv=0, all_rows=False)  # exact settings
+    m = Model(model_path)
 
     def new_ctx(n_seq):
-        p = llama_cpp.llama_context_default_params()
-        p.n_ctx = 2048 * n_seq
-        p.n_batch = 512
-        p.n_ubatch = 512
-        p.n_seq_max = n_seq
-        p.kv_unified = False
-        p.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
-        p.n_threads = N_THREADS
-        p.n_threads_batch = N_THREADS
-        ctx = llama_cpp.llama_init_from_model(model, p)
-        assert ctx
-        _sparq.set_params(ctx, **settings)
-        return ctx
+        c = Ctx(m, n_ctx=n_ctx_per_seq * n_seq, n_seq=n_seq)
+        c.sparq(**settings)
+        return c
 
-    def decode(ctx, items):
-        """items: list of (token, pos, seq); returns logits of every item."""
-        b = llama_cpp.llama_batch_init(len(items), 0, 1)
-        b.n_tokens = len(items)
-        for i, (tok, pos, seq) in enumerate(items):
-            b.token[i], b.pos[i], b.n_seq_id[i] = tok, pos, 1
-            b.seq_id[i][0] = seq
-            b.logits[i] = True
-        assert llama_cpp.llama_decode(ctx, b) == 0
-        out = [np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, i), shape=(nv,)).astype(np.float64).copy()
-               for i in range(len(items))]
-        llama_cpp.llama_batch_free(b)
+    def decode(c, items):
+        rc, out = c.decode(items)
+        assert rc == 0, rc
         return out
 
-    # single runs
     singles = []
     for p in prompts:
-        ctx = new_ctx(1)
-        decode(ctx, [(t, i, 0) for i, t in enumerate(p)])
-        toks, pos, lg = [], len(p), []
-        tok = p[-1]
-        for _ in range(6):
-            out = decode(ctx, [(tok if toks else 5, pos, 0)])[0]
+        c = new_ctx(1)
+        decode(c, [(t, i, 0) for i, t in enumerate(p)])
+        tok, pos, lg = 5, len(p), []
+        for _ in range(n_steps):
+            out = decode(c, [(tok, pos, 0)])[0]
             lg.append(out)
-            toks.append(int(np.argmax(out)))
-            tok = toks[-1]
-            pos += 1
+            tok, pos = int(np.argmax(out)), pos + 1
+        if alone_calls is not None:
+            assert c.stats()["n_sparq"] == alone_calls
         singles.append(lg)
-        llama_cpp.llama_free(ctx)
+        c.free()
 
-    # both together: prefill each, then decode both in one batch per step
-    ctx = new_ctx(2)
+    n = len(prompts)
+    c = new_ctx(n)
     for s, p in enumerate(prompts):
-        decode(ctx, [(t, i, s) for i, t in enumerate(p)])
-    pos = [len(p) for p in prompts]
-    last = [5, 5]
-    for stepi in range(6):
-        outs = decode(ctx, [(last[s], pos[s], s) for s in range(2)])
-        for s in range(2):
-            assert np.abs(outs[s] - singles[s][stepi]).max() <= 1e-3 * np.abs(singles[s][stepi]).max(), (s, stepi)
-            last[s] = int(np.argmax(outs[s]))
-            pos[s] += 1
-    st = _sparq.get_stats(ctx)
+        decode(c, [(t, i, s) for i, t in enumerate(p)])
+    pos, last = [len(p) for p in prompts], [5] * n
+    for stepi in range(n_steps):
+        outs = decode(c, [(last[s], pos[s], s) for s in range(n)])
+        for s in range(n):
+            want = singles[s][stepi]
+            assert np.abs(outs[s] - want).max() <= rtol * np.abs(want).max(), (s, stepi, np.abs(outs[s] - want).max())
+            last[s], pos[s] = int(np.argmax(outs[s])), pos[s] + 1
+    st = c.stats()
+    c.free()
+    return st
+
+
+def test_two_sequences_in_one_batch_equal_single_runs(tiny_gqa_model):
+    """Two sequences decoding together (one KV stream each) equal their own runs."""
+    nv = n_vocab(make_llm(tiny_gqa_model))
+    prompts = [rand_tokens(300, 11, nv), rand_tokens(260, 12, nv)]
+    settings = dict(enabled=True, r=16, k=4096, l=0, min_kv=0, all_rows=False)  # exact settings
+    st = decode_alone_and_together(tiny_gqa_model, prompts, settings, 6, 2048, 1e-3)
     assert st["n_sparq"] == 2 * 6 and st["n_dense"]["shared_stream"] == 0, st
-    llama_cpp.llama_free(ctx)
 
 
 def test_three_sequences_decoding_together_with_selection_equal_single_runs(tiny_gqa_model):
     """Three sequences decoding together in one batch (one KV stream each, kv_unified off),
     k < S so selection runs, equal to each sequence decoded alone (issue 10 item 7)."""
-    from llama_sparq._llama import llama_cpp  # after pointing llama_cpp at the fork
-
-    from llama_sparq import _sparq
-
-    sp = make_llm(tiny_gqa_model)  # only to load the model
-    model = sp._model.model
-    nv = n_vocab(sp)
+    nv = n_vocab(make_llm(tiny_gqa_model))
     prompts = [rand_tokens(300, 21, nv), rand_tokens(260, 22, nv), rand_tokens(420, 23, nv)]
     settings = dict(enabled=True, r=4, k=32, l=8, min_kv=0, all_rows=False)  # k < S: sparse
     n_steps = 6
-
-    def new_ctx(n_seq):
-        p = llama_cpp.llama_context_default_params()
-        p.n_ctx = 1024 * n_seq
-        p.n_batch = p.n_ubatch = 512
-        p.n_seq_max = n_seq
-        p.kv_unified = False
-        p.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
-        p.n_threads = p.n_threads_batch = N_THREADS
-        ctx = llama_cpp.llama_init_from_model(model, p)
-        assert ctx
-        _sparq.set_params(ctx, **settings)
-        return ctx
-
-    def decode(ctx, items):
-        """items: list of (token, pos, seq); returns logits of every item."""
-        b = llama_cpp.llama_batch_init(len(items), 0, 1)
-        b.n_tokens = len(items)
-        for i, (tok, pos, seq) in enumerate(items):
-            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = tok, pos, 1, True
-            b.seq_id[i][0] = seq
-        assert llama_cpp.llama_decode(ctx, b) == 0
-        out = [np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, i), shape=(nv,)).astype(np.float64).copy()
-               for i in range(len(items))]
-        llama_cpp.llama_batch_free(b)
-        return out
-
-    singles = []
-    for p in prompts:
-        ctx = new_ctx(1)
-        decode(ctx, [(t, i, 0) for i, t in enumerate(p)])
-        tok, pos, lg = 5, len(p), []
-        for _ in range(n_steps):
-            out = decode(ctx, [(tok, pos, 0)])[0]
-            lg.append(out)
-            tok, pos = int(np.argmax(out)), pos + 1
-        assert _sparq.get_stats(ctx)["n_sparq"] == 2 * n_steps  # both layers, every step
-        singles.append(lg)
-        llama_cpp.llama_free(ctx)
-
-    ctx = new_ctx(3)
-    for s, p in enumerate(prompts):
-        decode(ctx, [(t, i, s) for i, t in enumerate(p)])
-    pos, last = [len(p) for p in prompts], [5, 5, 5]
-    for stepi in range(n_steps):
-        outs = decode(ctx, [(last[s], pos[s], s) for s in range(3)])
-        for s in range(3):
-            want = singles[s][stepi]
-            assert np.abs(outs[s] - want).max() <= 1e-4 * np.abs(want).max(), (s, stepi, np.abs(outs[s] - want).max())
-            last[s], pos[s] = int(np.argmax(outs[s])), pos[s] + 1
-    st = _sparq.get_stats(ctx)
+    # alone: both layers run SparQ at every step
+    st = decode_alone_and_together(tiny_gqa_model, prompts, settings, n_steps, 1024, 1e-4, alone_calls=2 * n_steps)
     assert st["n_sparq"] == 2 * n_steps and st["n_dense"]["shared_stream"] == 0, st
-    llama_cpp.llama_free(ctx)
 
 
 def test_window_after_a_context_shift_holds_the_most_recent_positions(tiny_gqa_model):

@@ -150,38 +150,22 @@ def test_prompt_rows_beside_a_decode_row_equal_the_prompt_alone(tiny_gqa_model):
     prompt row (picked per row), so the prompt's logits are bit-identical to the prompt
     processed alone, and the decode row's to that decode step alone."""
     import numpy as np
+    from sparq_ctx import Ctx, Model
 
-    from llama_sparq import _sparq
-    from llama_sparq._llama import llama_cpp  # after pointing llama_cpp at the fork
-    from llama_sparq import Llama
-
-    llm = Llama(str(tiny_gqa_model), n_ctx=512, verbose=False)  # only to load the model
-    model = llm._model.model
-    nv = llama_cpp.llama_n_vocab(llama_cpp.llama_model_get_vocab(model))
+    m = Model(tiny_gqa_model)
     rng = np.random.default_rng(0)
-    p0, p1 = ([int(x) for x in rng.integers(3, nv, n)] for n in (300, 260))
+    p0, p1 = ([int(x) for x in rng.integers(3, m.n_vocab, n)] for n in (300, 260))
 
     def new_ctx(enabled):
-        p = llama_cpp.llama_context_default_params()
-        p.n_ctx, p.n_batch, p.n_ubatch, p.n_seq_max, p.kv_unified = 4096, 512, 512, 2, False
-        p.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
-        p.n_threads = p.n_threads_batch = 1
-        ctx = llama_cpp.llama_init_from_model(model, p)
-        assert ctx
-        _sparq.set_params(ctx, enabled=enabled, r=4, k=8, l=2, min_kv=0, all_rows=False)
-        return ctx
+        c = Ctx(m, n_ctx=4096, n_seq=2, n_threads=1)
+        c.sparq(enabled=enabled, r=4, k=8, l=2, min_kv=0, all_rows=False)
+        return c
 
-    def decode(ctx, items):
-        b = llama_cpp.llama_batch_init(len(items), 0, 1)
-        b.n_tokens = len(items)
-        for i, (tok, pos, seq, out) in enumerate(items):
-            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = tok, pos, 1, out
-            b.seq_id[i][0] = seq
-        assert llama_cpp.llama_decode(ctx, b) == 0
-        res = [np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, i), shape=(nv,)).copy()
-               for i, it in enumerate(items) if it[3]]
-        llama_cpp.llama_batch_free(b)
-        return res
+    def decode(c, items):
+        """items: (token, pos, seq, wants logits); the logits asked for"""
+        rc, out = c.decode([it[:3] for it in items], logits=[it[3] for it in items])
+        assert rc == 0, rc
+        return out
 
     def run(enabled, beside_decode):
         """the prompt's last logits, seq 0's decode logits (alone when not beside), SparQ calls"""
@@ -198,13 +182,13 @@ def test_prompt_rows_beside_a_decode_row_equal_the_prompt_alone(tiny_gqa_model):
         else:
             (out,) = decode(ctx, rest)
             (dec,) = decode(ctx, step)
-        n_sparq = _sparq.get_stats(ctx)["n_sparq"]
+        n_sparq = ctx.stats()["n_sparq"]
         if enabled:
             # then both decode, one row each: the ubatch has the mixed one's shape, but its graph
             # (SparQ only) must not be the mixed one reused
             decode(ctx, [(6, len(p0) + 2, 0, True), (7, len(p1), 1, True)])
-            assert _sparq.get_stats(ctx)["n_sparq"] == n_sparq + 2
-        llama_cpp.llama_free(ctx)
+            assert ctx.stats()["n_sparq"] == n_sparq + 2
+        ctx.free()
         return out, dec, n_sparq
 
     # dense: the prompt's rows are batch-invariant (a decode row is not: alone, upstream's flash
@@ -226,25 +210,17 @@ def test_server_schedule_every_stream_equals_reference(tiny_gqa_model):
     call's tensors, the V sums and the scaled basis's weights equal a recomputation from the
     stream's cells, and the valid-cell count is the stream's own."""
     import numpy as np
+    from sparq_ctx import Ctx, Model
 
-    from llama_sparq import Llama, _sparq, reference
-    from llama_sparq._llama import llama_cpp  # after pointing llama_cpp at the fork
+    from llama_sparq import reference
     from llama_sparq.capture import Capture, op_params, stream_view
 
-    llm = Llama(str(tiny_gqa_model), n_ctx=512, verbose=False)  # only to load the model
-    model = llm._model.model
-    nv = llama_cpp.llama_n_vocab(llama_cpp.llama_model_get_vocab(model))
+    m = Model(tiny_gqa_model)
     rng = np.random.default_rng(1)
-    prompts = [[int(x) for x in rng.integers(3, nv, n)] for n in (150, 130, 110)]
+    prompts = [[int(x) for x in rng.integers(3, m.n_vocab, n)] for n in (150, 130, 110)]
     n_pred, chunk, k = 10, 64, 16
-
-    p = llama_cpp.llama_context_default_params()
-    p.n_ctx, p.n_batch, p.n_ubatch, p.n_seq_max, p.kv_unified = 3 * 512, 512, 512, 3, False
-    p.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
-    p.n_threads = p.n_threads_batch = 1
-    ctx = llama_cpp.llama_init_from_model(model, p)
-    assert ctx
-    _sparq.set_params(ctx, enabled=True, r=8, k=k, l=4, min_kv=0, all_rows=False, basis="scaled")
+    c = Ctx(m, n_ctx=3 * 512, n_seq=3, n_threads=1)
+    c.sparq(enabled=True, r=8, k=k, l=4, min_kv=0, all_rows=False, basis="scaled")
 
     out = {s: [] for s in range(3)}
     fed = {s: 0 for s in range(3)}
@@ -254,21 +230,15 @@ def test_server_schedule_every_stream_equals_reference(tiny_gqa_model):
                  if fed[s] == len(prompts[s]) and 0 < len(out[s]) < n_pred]
         for s in range(3):
             if fed[s] < len(prompts[s]):
-                c, n = fed[s], min(chunk, len(prompts[s]) - fed[s])
-                items += [(t, c + j, s, c + j == len(prompts[s]) - 1) for j, t in enumerate(prompts[s][c:c + n])]
+                p0, n = fed[s], min(chunk, len(prompts[s]) - fed[s])
+                items += [(t, p0 + j, s, p0 + j == len(prompts[s]) - 1) for j, t in enumerate(prompts[s][p0:p0 + n])]
                 fed[s] += n
                 break
-        b = llama_cpp.llama_batch_init(len(items), 0, 1)
-        b.n_tokens = len(items)
-        for i, (tok, pos, seq, want) in enumerate(items):
-            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = tok, pos, 1, want
-            b.seq_id[i][0] = seq
-        with Capture(ctx) as cap:
-            assert llama_cpp.llama_decode(ctx, b) == 0
-        for i, (tok, pos, seq, want) in enumerate(items):
-            if want:
-                out[seq].append(int(np.argmax(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, i), shape=(nv,)))))
-        llama_cpp.llama_batch_free(b)
+        with Capture(c.ctx) as cap:
+            rc, logits = c.decode([it[:3] for it in items], logits=[it[3] for it in items])
+        assert rc == 0, rc
+        for (tok, pos, seq, want), lg in zip([it for it in items if it[3]], logits):
+            out[seq].append(int(np.argmax(lg)))
 
         for call in cap.calls:
             prm = op_params(call)
@@ -288,7 +258,7 @@ def test_server_schedule_every_stream_equals_reference(tiny_gqa_model):
                     assert np.abs(x["out"] - want).max() <= 1e-4 * max(1.0, np.abs(want).max()), (call["layer"], s, row)
                     n_checked += 1
                     n_sparse += int(valid.sum()) > k
-    st = _sparq.get_stats(ctx)
-    llama_cpp.llama_free(ctx)
+    st = c.stats()
+    c.free()
     assert st["n_sparq"] > 0 and n_sparse > 20 and n_multi > 4, (st, n_sparse, n_multi)
     assert n_checked >= 30, n_checked

@@ -6,6 +6,7 @@
 #include "arg.h"
 #include "common.h"
 #include "llama-sparq.h"
+#include "sparq-names.h"
 
 #include <stdexcept>
 #include <string>
@@ -23,13 +24,11 @@ bool common_sparq_apply(llama_context * ctx, const common_params & params);
 // or std::invalid_argument naming the flag and the allowed values
 inline int32_t common_sparq_parse_enum(const char * flag, const std::string & value, const char * (*name_of)(int32_t)) {
     std::string allowed;
-    for (int32_t i = 0; name_of(i) != nullptr; ++i) {
-        if (value == name_of(i)) {
-            return i;
-        }
-        allowed += (i ? ", " : "") + std::string(name_of(i));
+    const int32_t i = sparq_enum_from_name(value, name_of, allowed);
+    if (i < 0) {
+        throw std::invalid_argument(std::string(flag) + ": unknown value '" + value + "'; allowed: " + allowed);
     }
-    throw std::invalid_argument(std::string(flag) + ": unknown value '" + value + "'; allowed: " + allowed);
+    return i;
 }
 
 template <typename AddOpt>

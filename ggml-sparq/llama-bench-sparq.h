@@ -4,6 +4,7 @@
 #pragma once
 
 #include "llama-sparq.h"
+#include "sparq-names.h"
 
 #include <cstdint>
 #include <cstdio>
@@ -84,12 +85,8 @@ static inline bool sparq_bench_parse(const std::string & arg, const char * value
         const size_t end = s.find(',', pos);
         const std::string tok = s.substr(pos, end == std::string::npos ? std::string::npos : end - pos);
         if (name_of) {
-            int found = -1;
             std::string allowed;
-            for (int32_t i = 0; name_of(i) != nullptr; ++i) {
-                found = tok == name_of(i) ? i : found;
-                allowed += (i ? ", " : "") + std::string(name_of(i));
-            }
+            const int32_t found = sparq_enum_from_name(tok, name_of, allowed);
             if (found < 0) {
                 fprintf(stderr, "error: %s: '%s' is not allowed (%s)\n", arg.c_str(), tok.c_str(), allowed.c_str());
                 return false;

@@ -63,6 +63,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def stop_process(proc: subprocess.Popen, timeout: float = 20) -> None:
+    """Terminate a server process (kill it when it does not exit within timeout s) and reap it."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=timeout)
+
+
 class Server:
     """llama-server on 127.0.0.1 with a free port; the log goes to a file. Use as a context
     manager: the process is killed on exit, whatever happened."""
@@ -93,13 +104,8 @@ class Server:
         self.stop()
 
     def stop(self):
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=20)
+        if self.proc is not None:
+            stop_process(self.proc)
         if not self._log.closed:
             self._log.close()
 

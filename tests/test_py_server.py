@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from server_load import free_port, stop_process  # noqa: E402
 
 pytest.importorskip("fastapi", reason="the server extra (pip install 'llama-sparq[server]') is not installed")
 pytest.importorskip("uvicorn")
@@ -26,12 +29,6 @@ STARTUP_S = 120
 REQUEST_S = 120
 # long enough that the decode steps hold more than sparq_min_kv cells
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 6
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
 
 
 def _request(port, path, body=None, timeout=REQUEST_S):
@@ -63,7 +60,7 @@ def _sse_events(port, path, body):
 
 class _Server:
     def __init__(self, args, tmp_path):
-        self.port = _free_port()
+        self.port = free_port()
         self.log = open(tmp_path / f"server-{self.port}.log", "w+")
         env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
         env.pop("CONFIG_FILE", None)
@@ -90,13 +87,7 @@ class _Server:
         return self.log.read()[-6000:]
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=20)
+        stop_process(self.proc)
         self.log.close()
 
 
@@ -202,7 +193,7 @@ def test_config_file_sparq_settings_per_model(tiny_model, tmp_path):
 
 def test_invalid_sparq_setting_is_refused(tiny_model):
     r = subprocess.run([sys.executable, "-m", "llama_sparq.server", "--model", str(tiny_model), "--sparq-k", "0",
-                        "--port", str(_free_port()), "--host", HOST], stdin=subprocess.DEVNULL,
+                        "--port", str(free_port()), "--host", HOST], stdin=subprocess.DEVNULL,
                        capture_output=True, text=True, timeout=120, env=dict(os.environ, OMP_WAIT_POLICY="PASSIVE"))
     assert r.returncode == 2
     assert "SparQ: k = 0 is out of range" in r.stderr, r.stderr[-500:]  # the C API's message, word for word

@@ -37,17 +37,13 @@ from llama_sparq.capture import Capture, op_params, stream0  # noqa: E402
 
 from op_bench import cpu_model, git_commit  # noqa: E402
 
-FILLER = b"The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 KEYS = ((0.3, 24402), (0.5, 25005), (0.7, 65997))
 
 
 def passkey_tokens(llm, n_filler, depth, key):
-    before = FILLER * int(n_filler * depth)
-    after = FILLER * (n_filler - int(n_filler * depth))
-    text = (b"There is a pass key hidden inside a lot of irrelevant text. Find it and memorize it. "
-            + before + f"The pass key is {key}. Remember it. {key} is the pass key. ".encode() + after
-            + b"What is the pass key? The pass key is")
-    return llm.tokenize(text)
+    from llama_sparq.eval import passkey_text
+
+    return llm.tokenize(passkey_text(key, n_filler, depth).encode())
 
 
 def greedy(llm, toks, n):

@@ -98,12 +98,9 @@ FILLER = b"The grass is green. The sky is blue. The sun is yellow. Here we go. T
 
 
 def passkey_prompt(llm, n_filler, depth, key):
-    before = FILLER * int(n_filler * depth)
-    after = FILLER * (n_filler - int(n_filler * depth))
-    text = (b"There is a pass key hidden inside a lot of irrelevant text. Find it and memorize it. "
-            + before + f"The pass key is {key}. Remember it. {key} is the pass key. ".encode() + after
-            + b"What is the pass key? The pass key is")
-    return llm.tokenize(text)
+    from llama_sparq.eval import passkey_text
+
+    return llm.tokenize(passkey_text(key, n_filler, depth).encode())
 
 
 PASSKEYS = ((0.1, 71432), (0.3, 44117), (0.5, 58219), (0.7, 26841), (0.9, 30967))

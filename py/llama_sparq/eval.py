@@ -55,6 +55,20 @@ STORY_WORDS = ("river stone lantern market copper window orchard ladder harbor v
 KEY_WORDS = ("apple", "tiger", "silver", "ocean", "maple", "rocket", "violet", "falcon", "cobalt", "ember")
 
 
+PASSKEY_HEAD = "There is a pass key hidden inside a lot of irrelevant text. Find it and memorize it. "
+PASSKEY_TAIL = "What is the pass key? The pass key is"
+
+
+def passkey_needle(key) -> str:
+    return f"The pass key is {key}. Remember it. {key} is the pass key. "
+
+
+def passkey_text(key, n_filler, depth, filler=NOISE) -> str:
+    """The classic passkey prompt: n_filler repeats of the filler with the key's sentence at depth."""
+    k = int(n_filler * depth)
+    return PASSKEY_HEAD + filler * k + passkey_needle(key) + filler * (n_filler - k) + PASSKEY_TAIL
+
+
 def _story(rng, n_words):
     words = rng.choice(STORY_WORDS, size=n_words)
     out, i = [], 0
@@ -71,9 +85,7 @@ def make_sample(task, n_tokens, depth, seed, tokenize):
     rng = np.random.default_rng(seed)
     if task.startswith("passkey"):
         key = int(rng.integers(10000, 99999))
-        head = "There is a pass key hidden inside a lot of irrelevant text. Find it and memorize it. "
-        needle = f"The pass key is {key}. Remember it. {key} is the pass key. "
-        tail = "What is the pass key? The pass key is"
+        head, needle, tail = PASSKEY_HEAD, passkey_needle(key), PASSKEY_TAIL
         if task == "passkey":
             unit = NOISE
             filler = lambda n: unit * n  # noqa: E731

@@ -74,8 +74,10 @@ void common_sparq_add_args(AddOpt && add_opt, const common_params & params) {
     ).set_env("LLAMA_ARG_SPARQ_MIN_KV"));
     add_opt(common_arg(
         {"--sparq-selector"}, "NAME",
-        "SparQ: how cells are chosen: sparq (approximate scores, default) or oracle (exact top-k: an accuracy "
-        "baseline that reads all of K)",
+        "SparQ: how cells are chosen: sparq (approximate scores, default), oracle (exact top-k: an accuracy "
+        "baseline that reads all of K), or the paper's baselines streaming (LM-Infinite: the first 16 positions "
+        "and the most recent rest of k) and h2o (heavy hitters: the l most recent cells and the k - l that "
+        "received the most attention; one sequence, KV cache in host memory)",
         [](common_params & params, const std::string & value) {
             params.sparq.selector = common_sparq_parse_enum("--sparq-selector", value, llama_sparq_selector_name);
             params.sparq.enabled = true;

@@ -58,7 +58,14 @@ static struct sparq_args sparq_args_of(const struct ggml_tensor * dst) {
     if (const struct ggml_tensor * win = dst->src[7]) {
         a.win = (const int32_t *) win->data; a.win_nb1 = win->nb[1]; a.win_nb2 = win->nb[2]; a.win_n = (int) win->ne[0];
     }
-    if (const struct ggml_tensor * qs = dst->src[8]) {
+    if (a.selector == GGML_SPARQ_SEL_H2O) {
+        // H2O's scores take q_sel's slot (ggml_sparq_attn_set_h2o)
+        const struct ggml_tensor * hs = dst->src[8];
+        if (!hs) {
+            GGML_ABORT("sparq_attn: %s uses the h2o selector without scores (ggml_sparq_attn_set_h2o)", dst->name);
+        }
+        a.h2o = (float *) hs->data; a.h2o_nb1 = hs->nb[1]; a.h2o_nb2 = hs->nb[2];
+    } else if (const struct ggml_tensor * qs = dst->src[8]) {
         a.q_sel = (const float *) qs->data; a.q_sel_nb1 = qs->nb[1]; a.q_sel_nb2 = qs->nb[2]; a.q_sel_nb3 = qs->nb[3];
     }
     if (const struct ggml_tensor * cw = dst->src[9]) {

@@ -96,6 +96,9 @@ void ggml_sparq_attn_set_selector(struct ggml_tensor * attn, int32_t selector, i
 
 void ggml_sparq_attn_set_basis(struct ggml_tensor * attn, struct ggml_tensor * q_sel, struct ggml_tensor * comp_w) {
     GGML_ASSERT(attn->op == GGML_OP_SPARQ_ATTN);
+    const int32_t sel = ggml_get_op_params_i32(attn, 4);
+    GGML_ASSERT((sel == GGML_SPARQ_SEL_SPARQ || sel == GGML_SPARQ_SEL_ORACLE) &&
+                "sparq_attn: a basis applies to the sparq and oracle selectors only");
     const struct ggml_tensor * q = attn->src[0];
     const struct ggml_tensor * k = attn->src[1];
     if (q_sel) {
@@ -109,6 +112,16 @@ void ggml_sparq_attn_set_basis(struct ggml_tensor * attn, struct ggml_tensor * q
     }
     attn->src[8] = q_sel;
     attn->src[9] = comp_w;
+}
+
+void ggml_sparq_attn_set_h2o(struct ggml_tensor * attn, struct ggml_tensor * scores) {
+    GGML_ASSERT(attn->op == GGML_OP_SPARQ_ATTN);
+    GGML_ASSERT(ggml_get_op_params_i32(attn, 4) == GGML_SPARQ_SEL_H2O && "sparq_attn: set the h2o selector first");
+    const struct ggml_tensor * k = attn->src[1];
+    GGML_ASSERT(scores->type == GGML_TYPE_F32 && scores->ne[0] == k->ne[1] && scores->ne[1] == k->ne[2] &&
+                scores->ne[2] == k->ne[3] && scores->ne[3] == 1 && scores->nb[0] == sizeof(float) &&
+                "sparq_attn: the H2O scores must be f32 [n_kv, n_head_kv, n_stream]");
+    attn->src[8] = scores;
 }
 
 void ggml_sparq_attn_set_window(struct ggml_tensor * attn, struct ggml_tensor * win) {

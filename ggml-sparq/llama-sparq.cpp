@@ -96,7 +96,7 @@ struct llama_sparq_params llama_sparq_default_params(void) {
 }
 
 // the names of the enums' values: the one list the front ends (Python, the flags, llama-bench) use
-static const char * const sparq_selector_names[LLAMA_SPARQ_SELECTOR_COUNT] = { "sparq", "oracle" };
+static const char * const sparq_selector_names[LLAMA_SPARQ_SELECTOR_COUNT] = { "sparq", "oracle", "streaming", "h2o" };
 static const char * const sparq_gqa_names[LLAMA_SPARQ_GQA_COUNT] = { "shared", "per_head" };
 static const char * const sparq_basis_names[LLAMA_SPARQ_BASIS_COUNT] = { "model", "scaled", "pca" };
 
@@ -133,6 +133,8 @@ struct sparq_layer {
     // the V sums' compensation (Kahan summation of the appends; vsum - vcomp is the exact sum to
     // about one rounding): [dv, n_head_kv, n_stream] f32
     ggml_tensor * vcomp = nullptr;
+    // the H2O selector's accumulated attention per cell: [kv_size, n_head_kv, n_stream] f32
+    ggml_tensor * h2o = nullptr;
     int reason = -1;              // >= 0: no data for this layer, why
     // the PCA basis (LLAMA_SPARQ_BASIS_PCA): rot [d, d, n_head_kv] f32, rot[j + d*(m + d*h)] =
     // component j of axis m of KV head h; spread [d, n_head_kv] f32, the keys' RMS along each axis
@@ -282,7 +284,7 @@ static bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, char * e
     S.layers.assign(nl, sparq_layer());
     S.streams.assign(n_stream, sparq_stream_state());
 
-    ggml_init_params ip = { (nl * 4 + 1) * ggml_tensor_overhead(), nullptr, true };
+    ggml_init_params ip = { (nl * 5 + 1) * ggml_tensor_overhead(), nullptr, true };
     S.ctx.reset(ggml_init(ip));
     std::map<ggml_backend_buffer_type_t, std::vector<ggml_tensor *>> by_buft;
     for (size_t ikv = 0; ikv < nl; ++ikv) {
@@ -316,11 +318,14 @@ static bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, char * e
         ggml_format_name(L.kt, "sparq_kt_l%u", il);
         ggml_format_name(L.vsum, "sparq_vsum_l%u", il);
         ggml_format_name(L.vcomp, "sparq_vcomp_l%u", il);
+        L.h2o = ggml_new_tensor_3d(S.ctx.get(), GGML_TYPE_F32, kv_size, hkv, n_stream);
+        ggml_format_name(L.h2o, "sparq_h2o_l%u", il);
         ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(k->buffer);
         by_buft[buft].push_back(L.kt);
         by_buft[buft].push_back(L.vsum);
         by_buft[buft].push_back(L.ksq);
         by_buft[buft].push_back(L.vcomp);
+        by_buft[buft].push_back(L.h2o);
         S.kv_bytes += ggml_nbytes(k) + ggml_nbytes(v);
         S.n_layers++;
     }
@@ -630,7 +635,18 @@ int32_t llama_sparq_set_params(struct llama_context * ctx, const struct llama_sp
         sparq_err(err, err_size, "SparQ: min_kv = %d is out of range: allowed min_kv >= 0", p->min_kv);
         return -1;
     }
+    const bool h2o = p->enabled && p->selector == LLAMA_SPARQ_SELECTOR_H2O;
+    if (h2o && p->all_rows) {
+        sparq_err(err, err_size, "SparQ: all_rows = 1 does not apply to selector h2o: its prompt rows are dense and "
+                  "scored, its decode rows choose on the scores");
+        return -1;
+    }
     llama_cparams & cp = A::cparams(ctx);
+    if (h2o && cp.n_seq_max > 1) {
+        sparq_err(err, err_size, "SparQ: selector h2o needs a context for one sequence (n_seq_max = 1, here %u): its "
+                  "scores follow one prompt and its decode steps", cp.n_seq_max);
+        return -2;
+    }
     if (!p->enabled) {
         if (cp.sparq) {
             cp.sparq->params = *p;
@@ -659,6 +675,16 @@ int32_t llama_sparq_set_params(struct llama_context * ctx, const struct llama_sp
         cp.sparq = S;
     }
     llama_sparq_ctx & Sq = *cp.sparq;
+    if (h2o) {
+        for (const sparq_layer & L : Sq.layers) {
+            if (L.h2o && !ggml_backend_buffer_is_host(L.h2o->buffer)) {
+                sparq_err(err, err_size, "SparQ: selector h2o runs on the CPU and needs the KV cache in host memory "
+                          "(here on %s): use --no-kv-offload / offload_kqv = false",
+                          ggml_backend_buffer_name(L.h2o->buffer));
+                return -2;
+            }
+        }
+    }
     if (p->basis == LLAMA_SPARQ_BASIS_PCA && !sparq_alloc_basis(Sq, err, err_size)) {
         return -2;
     }
@@ -933,8 +959,42 @@ static bool sparq_rebuild_stream_device(llama_sparq_ctx & S, uint32_t strm, cons
 // them, its graph appends them). Multi-threaded over layers and cell ranges. With check
 // set, compare the kept data with the recomputation instead of writing it, and return
 // the largest absolute difference.
+// H2O's scores are the attention the cells received, which K and V cannot tell: a rebuild keeps
+// the scores of the cells still in use (a removal or a position shift leaves each cell's history)
+// and zeroes the empty cells and those the next ubatch writes. A state load or a copy from another
+// stream brings no scores: those cells keep what this context had there (0 in a fresh context).
+static void sparq_h2o_rebuild(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip) {
+    const llama_kv_cells & cells = A::cells(S.kv, strm);
+    const uint32_t kv_size = A::kv_size(S.kv);
+    for (sparq_layer & L : S.layers) {
+        if (!L.h2o) {
+            continue;
+        }
+        if (!ggml_backend_buffer_is_host(L.h2o->buffer)) {
+            ggml_backend_tensor_memset(L.h2o, 0, strm * L.h2o->nb[2], L.h2o->nb[2]); // h2o never runs there
+            continue;
+        }
+        for (int64_t h = 0; h < L.h2o->ne[1]; ++h) {
+            float * row = (float *) ((char *) L.h2o->data + strm * L.h2o->nb[2] + h * L.h2o->nb[1]);
+            for (uint32_t c = 0; c < kv_size; ++c) {
+                if (cells.is_empty(c)) {
+                    row[c] = 0.0f;
+                }
+            }
+            for (uint32_t c : skip) {
+                if (c < kv_size) {
+                    row[c] = 0.0f;
+                }
+            }
+        }
+    }
+}
+
 static double sparq_rebuild_stream(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip,
                                    bool check = false) {
+    if (!check) {
+        sparq_h2o_rebuild(S, strm, skip);
+    }
     if (!check && getenv("LLAMA_SPARQ_HOST_REBUILD") == nullptr && sparq_rebuild_stream_device(S, strm, skip)) {
         return 0.0; // done on the device (LLAMA_SPARQ_HOST_REBUILD=1 forces the host path, for comparisons)
     }
@@ -1373,7 +1433,8 @@ public:
 
     std::map<int64_t, ggml_tensor *> kt_idxs;  // by n_embd_k_gqa: [n_tokens * E] i64
     ggml_tensor * v_count = nullptr;           // [n_stream] f32
-    ggml_tensor * win = nullptr;               // [l, n_tps, n_stream] i32: cells of the l most recent positions
+    ggml_tensor * win = nullptr;               // [w, n_tps, n_stream] i32: cells of the l most recent positions
+    int win_recent = 0;                        // of w: the recent ones (l); the streaming selector's sinks follow
     bool appends = false;                      // this graph appends to K^T and the V sums
     int  short_ctx = -1;                       // built with the streams under min_kv cells (1) or not (0); -1 unused
     int  rows_mode = SPARQ_ROWS_SPARQ;         // sparq_rows_mode of the ubatch the graph was built for
@@ -1513,9 +1574,15 @@ void llm_graph_input_sparq::set_input(const llama_ubatch * ubatch) {
                 const llama_seq_id seq = ubatch->seq_id[tok][0];
                 const auto & sp = cells.seq_pos_get(seq);
                 auto it = sp.upper_bound({ ubatch->pos[tok], UINT32_MAX });
-                for (int64_t j = 0; j < nw && it != sp.begin(); ++j) {
+                const auto end = it;
+                for (int64_t j = 0; j < win_recent && it != sp.begin(); ++j) {
                     --it;
                     dst[j] = (int32_t) it->second;
+                }
+                // the streaming selector: then the cells of the earliest positions (the attention sinks)
+                auto first = sp.begin();
+                for (int64_t j = win_recent; j < nw && first != end; ++j, ++first) {
+                    dst[j] = (int32_t) first->second;
                 }
             }
         }
@@ -1609,9 +1676,12 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
     const int64_t hkv      = k->ne[1];
     const int r  = P.r > 0 ? P.r : std::max<int>(1, (int) d / 4); // the default: head size / 4 (README "Accuracy")
     const int kk = P.k;
-    const int l  = P.l >= 0 ? P.l : kk / 4;
+    const bool streaming = P.selector == LLAMA_SPARQ_SELECTOR_STREAMING;
+    const bool h2o = P.selector == LLAMA_SPARQ_SELECTOR_H2O;
+    // streaming (LM-Infinite): the first min(16, k/2) positions and the k - that most recent
+    const int l  = streaming ? kk - std::min(16, kk / 2) : P.l >= 0 ? P.l : kk / 4;
     const int g_size = (int) (q->ne[1] / std::max<int64_t>(1, hkv));
-    const bool per_head = P.gqa == LLAMA_SPARQ_GQA_PER_HEAD && g_size > 1;
+    const bool per_head = P.gqa == LLAMA_SPARQ_GQA_PER_HEAD && g_size > 1 && !streaming && !h2o;
 
     // appends keep K^T and the V sums current on every ubatch that writes this layer's cache
     // (prompt ubatches too: cheaper than rebuilding the data at the next decode step)
@@ -1619,6 +1689,7 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
     ggml_tensor * kt_src = L.kt;
     ggml_tensor * vs_src = L.vsum;
     ggml_tensor * ksq_src = L.ksq;
+    ggml_tensor * h2o_src = L.h2o;
     const auto & si = A::sinfo(mctx);
     if (appends) {
         inp->appends = true;
@@ -1684,6 +1755,20 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
         ggml_tensor * kdst = ggml_view_2d(ctx0, L.ksq, E, n_stream, L.ksq->nb[2], si.s0 * L.ksq->nb[2]);
         ksq_src = ggml_add_inplace(ctx0, kdst, kadd);
         ggml_build_forward_expand(g.gf, ksq_src);
+
+        if (h2o) {
+            // H2O: the new cells start with no accumulated attention
+            ggml_tensor *& hidx = inp->kt_idxs[hkv]; // score (cell c, KV head j, stream s) is at s*kv_size*hkv + j*kv_size + c
+            if (!hidx) {
+                hidx = ggml_new_tensor_1d(ctx0, GGML_TYPE_I64, n_tokens * hkv);
+                ggml_set_input(hidx);
+                ggml_set_name(hidx, "sparq_kt_idxs");
+            }
+            ggml_tensor * zeros = ggml_fill(ctx0, ggml_new_tensor_2d(ctx0, GGML_TYPE_F32, 1, n_tokens * hkv), 0.0f);
+            h2o_src = ggml_set_rows(ctx0, ggml_reshape_2d(ctx0, L.h2o, 1, ggml_nelements(L.h2o)), zeros, hidx);
+            ggml_format_name(h2o_src, "sparq_h2o-%d", il); // llama_sparq.capture reads the scores here, before the op
+            ggml_build_forward_expand(g.gf, h2o_src);
+        }
     }
 
     int reason = -1;
@@ -1694,7 +1779,7 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
         reason = LLAMA_SPARQ_DENSE_SHARED_STREAM;
     } else if ((n_tps > 1 && !P.all_rows) || (inp && inp->rows_mode == SPARQ_ROWS_DENSE)) {
         reason = LLAMA_SPARQ_DENSE_PREFILL; // prompt rows only
-    } else {
+    } else if (!h2o) { // H2O runs the op on every decode step: its scores follow every step
         const bool is_short = sparq_used_max(mctx) < (uint32_t) P.min_kv;
         if (inp) {
             inp->short_ctx = is_short;
@@ -1703,16 +1788,39 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
             reason = LLAMA_SPARQ_DENSE_SHORT;
         }
     }
+    // H2O's scores of the new cells (views of the stream's scores, after the zeroing above)
+    ggml_tensor * h2o3 = h2o && appends ? ggml_view_3d(ctx0, h2o_src, n_kv, hkv, n_stream, L.h2o->nb[1], L.h2o->nb[2],
+                                                        si.s0 * L.h2o->nb[2]) : nullptr;
+    if (h2o3 && reason == LLAMA_SPARQ_DENSE_PREFILL) {
+        // H2O's prompt: the dense attention's weights summed over the prompt rows (column sums of the
+        // causal attention matrix) and over the query heads of each group, added to the scores; the
+        // attention itself stays upstream's. [n_kv, n_tps, n_head, ns] weights, f32: prompt ubatches only
+        ggml_tensor * q4 = ggml_permute(ctx0, ggml_view_4d(ctx0, q, q->ne[0], q->ne[1], n_tps, n_stream, q->nb[1], q->nb[2],
+                                                         q->nb[2] * n_tps, 0), 0, 2, 1, 3);
+        ggml_tensor * kq = ggml_mul_mat(ctx0, ggml_permute(ctx0, k, 0, 2, 1, 3), q4);
+        ggml_mul_mat_set_prec(kq, GGML_PREC_F32);
+        kq = ggml_soft_max_ext(ctx0, kq, kq_mask, kq_scale, 0.0f);
+        ggml_tensor * cs = ggml_sum_rows(ctx0, ggml_cont(ctx0, ggml_permute(ctx0, kq, 1, 0, 2, 3))); // [1, n_kv, n_head, ns]
+        cs = ggml_reshape_4d(ctx0, cs, n_kv, g_size, hkv, n_stream);
+        cs = ggml_sum_rows(ctx0, ggml_cont(ctx0, ggml_permute(ctx0, cs, 1, 0, 2, 3)));              // [1, n_kv, hkv, ns]
+        ggml_build_forward_expand(g.gf, ggml_add_inplace(ctx0, h2o3, ggml_reshape_3d(ctx0, cs, n_kv, hkv, n_stream)));
+    }
     if (reason >= 0 || !appends) {
         // SparQ needs this ubatch's keys in K^T: without appends (k_cur == nullptr) stay dense
         decide(reason >= 0 ? reason : LLAMA_SPARQ_DENSE_NO_CACHE, 0, 0, 0, 0);
         return nullptr;
     }
-    // cost model: the oracle reads all d components; per-head choice reads up to g * (k - l) + l rows
-    decide(-1, (int) d, P.selector == LLAMA_SPARQ_SELECTOR_ORACLE ? (int) d : r, kk, per_head ? g_size * (kk - l) + l : kk,
-           // the PCA rotation (f32 d x d per KV head) is read every step; the scaled basis's d weights are
-           // left out (like vbar's, a 1/S share of the step)
-           P.basis == LLAMA_SPARQ_BASIS_PCA && L.rot ? 2 * (int) d * (int) d : 0);
+    // cost model: the oracle reads all d components; per-head choice reads up to g * (k - l) + l rows;
+    // the baselines (the paper's Appendix G): streaming 2kd + 2d, H2O 2kd + 2d + 2S (its scores read
+    // and written), neither reading or writing the mean of V
+    if (streaming || h2o) {
+        decide(-1, (int) d, h2o ? 2 : 0, kk, kk, -2 * (int) d);
+    } else {
+        decide(-1, (int) d, P.selector == LLAMA_SPARQ_SELECTOR_ORACLE ? (int) d : r, kk, per_head ? g_size * (kk - l) + l : kk,
+               // the PCA rotation (f32 d x d per KV head) is read every step; the scaled basis's d weights are
+               // left out (like vbar's, a 1/S share of the step)
+               P.basis == LLAMA_SPARQ_BASIS_PCA && L.rot ? 2 * (int) d * (int) d : 0);
+    }
 
     if (!inp->v_count) {
         inp->v_count = ggml_new_tensor_1d(ctx0, GGML_TYPE_F32, n_stream);
@@ -1732,24 +1840,33 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
         q4 = ggml_cast(ctx0, q4, GGML_TYPE_F32);
     }
     ggml_tensor * cur = ggml_sparq_attn(ctx0, q4, k4, kt4, v4, vs3, inp->v_count, kq_mask, r, kk, l, kq_scale);
-    ggml_sparq_attn_set_selector(cur, P.selector == LLAMA_SPARQ_SELECTOR_ORACLE ? GGML_SPARQ_SEL_ORACLE : GGML_SPARQ_SEL_SPARQ,
-                                 (per_head ? GGML_SPARQ_FLAG_PER_HEAD : 0) | (P.mean_v ? 0 : GGML_SPARQ_FLAG_NO_MEAN_V));
-    if (P.basis == LLAMA_SPARQ_BASIS_PCA && L.rot) {
+    static_assert(LLAMA_SPARQ_SELECTOR_SPARQ == GGML_SPARQ_SEL_SPARQ && LLAMA_SPARQ_SELECTOR_ORACLE == GGML_SPARQ_SEL_ORACLE &&
+                  LLAMA_SPARQ_SELECTOR_STREAMING == GGML_SPARQ_SEL_STREAMING && LLAMA_SPARQ_SELECTOR_H2O == GGML_SPARQ_SEL_H2O,
+                  "the llama and ggml selectors are numbered alike");
+    ggml_sparq_attn_set_selector(cur, P.selector,
+                                 (per_head ? GGML_SPARQ_FLAG_PER_HEAD : 0) | (P.mean_v && !streaming && !h2o ? 0 : GGML_SPARQ_FLAG_NO_MEAN_V));
+    if (h2o) {
+        ggml_sparq_attn_set_h2o(cur, h2o3);
+    } else if (P.basis == LLAMA_SPARQ_BASIS_PCA && L.rot) {
         // the query in the PCA basis of its KV head (query head h uses rot[h / g], as GQA maps heads)
         ggml_tensor * q_sel = ggml_mul_mat(ctx0, L.rot, ggml_cont(ctx0, q4)); // [d, n_tps, n_head, ns]
         ggml_sparq_attn_set_basis(cur, q_sel, L.spread);
-    } else if (P.basis == LLAMA_SPARQ_BASIS_SCALED) {
+    } else if (P.basis == LLAMA_SPARQ_BASIS_SCALED && !streaming) {
         // weights: the keys' RMS per component over the stream's cells; sqrt of the sums of squares
         // (the count is common to all components and cancels in step 1's ranking and in tau)
         ggml_tensor * ks3 = ggml_view_3d(ctx0, ksq_src, d, hkv, n_stream, L.ksq->nb[1], L.ksq->nb[2], 0);
         ggml_sparq_attn_set_basis(cur, nullptr, ggml_sqrt(ctx0, ks3));
     }
-    if (l > 0) {
+    if (l > 0 || streaming) {
+        // streaming: the window's l cells, then the k - l cells of the earliest positions
+        const int w = streaming ? kk : l;
         if (!inp->win) {
-            inp->win = ggml_new_tensor_3d(ctx0, GGML_TYPE_I32, l, n_tps, n_stream);
+            inp->win = ggml_new_tensor_3d(ctx0, GGML_TYPE_I32, w, n_tps, n_stream);
             ggml_set_input(inp->win);
             ggml_set_name(inp->win, "sparq_win");
+            inp->win_recent = l;
         }
+        GGML_ASSERT(inp->win->ne[0] == w && inp->win_recent == l);
         ggml_sparq_attn_set_window(cur, inp->win);
     }
     ggml_format_name(cur, "sparq_attn-%d", il);

@@ -171,10 +171,12 @@ struct row_info { int32_t n_valid; int32_t w0; int32_t n_win; int32_t dense_all;
 
 struct layout {
     int U, R, g, nc, cap, wave, B;
+    int wcap;       // entries of a row's window list: l, or k with the streaming selector (window + sinks)
     int ph;         // selection lists per unit: g with per-head selection (g > 1), else 1
     int sel_max;    // cells a unit's selection can hold
     int chunk_max;
     size_t off_mask, off_cnt, off_row, off_win, off_i1, off_qs, off_stat, off_ccount, off_cand, off_logit, off_thread;
+    size_t off_h2o; // H2O: per thread, the attention weights of its rows per (stream, KV head, cell)
     // per-thread area: offsets from the thread's base
     size_t t_blk, t_ck, t_idx, t_gm, t_big, t_merge, t_sel, t_ex, t_vec, t_gh, t_rows;
     size_t thread_bytes, total;
@@ -182,11 +184,23 @@ struct layout {
 
 static int sparq_cap(const sparq_args * a) { return std::max(16, 4 * a->k); }
 
-// the arguments a selector actually runs with: the oracle is SparQ with every component
+static bool sel_baseline(const sparq_args * a) {
+    return a->selector == SPARQ_SEL_STREAMING || a->selector == SPARQ_SEL_H2O;
+}
+
+// the arguments a selector actually runs with: the oracle is SparQ with every component; the
+// baselines have no approximate scores (no components, no mean-V) and one choice per group
 static sparq_args effective_args(const sparq_args * a) {
     sparq_args b = *a;
     if (b.selector == SPARQ_SEL_ORACLE) {
         b.r = b.d;
+    }
+    if (sel_baseline(&b)) {
+        b.r = 1;
+        b.no_mean_v = 1;
+        b.per_head = 0;
+        b.q_sel = nullptr;
+        b.comp_w = nullptr;
     }
     return b;
 }
@@ -199,6 +213,7 @@ static layout make_layout(const sparq_args * a, int nth) {
     L.nc  = nth;
     L.cap = sparq_cap(a);
     L.ph  = a->per_head && L.g > 1 ? L.g : 1;
+    L.wcap = a->selector == SPARQ_SEL_STREAMING ? a->k : a->l;
     L.sel_max = L.ph * a->k;
     // block of cells whose g rows of scores stay in L1/L2 while the r rows of K^T stream through
     L.B   = std::max(256, std::min(SPARQ_BLOCK_MAX, (4096 / L.g) & ~31));
@@ -213,13 +228,14 @@ static layout make_layout(const sparq_args * a, int nth) {
     L.off_mask   = o; o += align_up((a->mask && a->mask_type == SPARQ_F16) ? (size_t) L.R * S * sizeof(float) : 0);
     L.off_cnt    = o; o += align_up((size_t) L.R * L.nc * sizeof(int32_t));
     L.off_row    = o; o += align_up((size_t) L.R * sizeof(row_info));
-    L.off_win    = o; o += align_up((size_t) L.R * (a->l + 1) * sizeof(int32_t));
+    L.off_win    = o; o += align_up((size_t) L.R * (L.wcap + 1) * sizeof(int32_t));
     L.off_i1     = o; o += align_up((size_t) L.U * a->r * sizeof(int32_t));
     L.off_qs     = o; o += align_up((size_t) L.U * L.g * a->r * sizeof(float));
     L.off_stat   = o; o += align_up((size_t) L.wave * L.nc * L.g * 2 * sizeof(float));
     L.off_ccount = o; o += align_up((size_t) L.wave * L.nc * L.ph * sizeof(int32_t));
     L.off_cand   = o; o += align_up((size_t) L.wave * L.nc * L.ph * L.cap * sizeof(cand));
-    L.off_logit  = o; o += align_up(L.g > 1 ? (size_t) L.wave * L.g * S * sizeof(float) : 0);
+    L.off_logit  = o; o += align_up(L.g > 1 && !sel_baseline(a) ? (size_t) L.wave * L.g * S * sizeof(float) : 0);
+    L.off_h2o    = o; o += align_up(a->selector == SPARQ_SEL_H2O ? (size_t) nth * a->n_stream * a->n_head_kv * S * sizeof(float) : 0);
     // per thread: g x B approximate scores of a block, the chunk's keys, filter indices,
     // group maxima, the tie fallback buffer, the merge buffer, the selection, exact
     // logits, and y / vbar / a K row (phase A: |q| and an order)
@@ -252,7 +268,14 @@ struct ctx {
     float     * maskf(int row)              const { return (float *) (base + L.off_mask) + (size_t) row * a->n_kv; }
     int32_t   * cnt(int row)                const { return (int32_t *) (base + L.off_cnt) + (size_t) row * L.nc; }
     row_info  * rinfo(int row)              const { return (row_info *) (base + L.off_row) + row; }
-    int32_t   * win(int row)                const { return (int32_t *) (base + L.off_win) + (size_t) row * (a->l + 1); }
+    int32_t   * win(int row)                const { return (int32_t *) (base + L.off_win) + (size_t) row * (L.wcap + 1); }
+    // H2O: thread ith's share of the attention weights of (stream, KV head), and the scores
+    float     * h2o_part(int ith, int st, int kvh) const {
+        return (float *) (base + L.off_h2o) + (((size_t) ith * a->n_stream + st) * a->n_head_kv + kvh) * a->n_kv;
+    }
+    float     * h2o_row(int st, int kvh)    const {
+        return (float *) ((char *) a->h2o + (size_t) kvh * a->h2o_nb1 + (size_t) st * a->h2o_nb2);
+    }
     int32_t   * i1(int u)                   const { return (int32_t *) (base + L.off_i1) + (size_t) u * a->r; }
     float     * qs(int u)                   const { return (float *) (base + L.off_qs) + (size_t) u * L.g * a->r; }
     float     * stat(int w, int c)          const { return (float *) (base + L.off_stat) + ((size_t) w * L.nc + c) * L.g * 2; }
@@ -326,6 +349,9 @@ static float compact(cand * buf, int n, int kk) {
 static void phase_a(const ctx & C, int ith, int nth) {
     const sparq_args * a = C.a;
     const int S = a->n_kv;
+    if (a->selector == SPARQ_SEL_H2O) {
+        memset(C.h2o_part(ith, 0, 0), 0, (size_t) a->n_stream * a->n_head_kv * S * sizeof(float));
+    }
     for (int R = 0; R < C.L.R; ++R) {
         int s0, s1;
         chunk_range(S, ith, nth, &s0, &s1);
@@ -416,12 +442,14 @@ static void phase_b(const ctx & C, int ith, int nth) {
         int32_t w0 = S, n_win = 0;
         // a negative count marks a stream whose rows run exact dense attention (see sparq_args)
         const int32_t dense_all = a->v_count[C.row_stream(R)] < 0.0f;
-        if (n_valid > a->k && a->l > 0 && !dense_all) {
+        const bool streaming = a->selector == SPARQ_SEL_STREAMING;
+        if (n_valid > a->k && (a->l > 0 || streaming) && !dense_all) {
             if (a->win) {
                 // the window cells are given (the l most recent positions): keep the valid ones
                 const int32_t * src = (const int32_t *) ((const char *) a->win + (size_t) C.row_in_stream(R) * a->win_nb1 +
                                                          (size_t) C.row_stream(R) * a->win_nb2);
-                for (int i = 0; i < std::min(a->l, a->win_n); ++i) {
+                // streaming: entries l..k-1 name the earliest positions' cells (the sinks)
+                for (int i = 0; i < std::min(streaming ? a->k : a->l, a->win_n); ++i) {
                     const int32_t c = src[i];
                     if (c >= 0 && c < S && (!m || is_valid(m[c]))) {
                         wl[n_win++] = c;
@@ -438,6 +466,17 @@ static void phase_b(const ctx & C, int ith, int nth) {
                     }
                 }
                 std::reverse(wl, wl + n_win);
+                if (streaming) {
+                    // the sinks: the first k - l valid cells (disjoint from the window: n_valid > k)
+                    int n_sink = 0;
+                    for (int s = 0; s < S && n_sink < a->k - a->l; ++s) {
+                        if (!m || is_valid(m[s])) {
+                            wl[n_win++] = s;
+                            n_sink++;
+                        }
+                    }
+                    std::sort(wl, wl + n_win);
+                }
             }
         }
         C.rinfo(R)->n_valid = n_valid;
@@ -526,11 +565,22 @@ static void phase_c(const ctx & C, int wb, int we, int ith) {
             stat[2 * h] = -INFINITY;
             stat[2 * h + 1] = 0.0f;
         }
-        if (ri->n_valid <= a->k || ri->dense_all) {
-            continue; // exact dense row: no approximate scores needed
+        if (ri->n_valid <= a->k || ri->dense_all || a->selector == SPARQ_SEL_STREAMING) {
+            continue; // exact dense row, or the window list is the whole choice: no scores needed
         }
         int s0, s1;
         chunk_range(S, ith, C.L.nc, &s0, &s1);
+        if (a->selector == SPARQ_SEL_H2O) {
+            // candidates by accumulated attention (invalid cells never), cells before the window
+            const float * hs = C.h2o_row(st, kvh);
+            const float * m = C.mask_row(R);
+            const int n = std::min(s1, (int) ri->w0) - s0;
+            for (int s = 0; s < n; ++s) {
+                ck[s] = m && !is_valid(m[s0 + s]) ? -INFINITY : hs[s0 + s];
+            }
+            *C.ccount(w, ith) = select_chunk(C, ith, ck, n, s0, row_kk_scan(a, ri), C.cands(w, ith));
+            continue;
+        }
         const int32_t * i1 = C.i1(u);
         const float * qs = C.qs(u);
         const float * m = C.mask_row(R);
@@ -689,6 +739,20 @@ static void dense_row(const ctx & C, int u, int R, int ith) {
         for (int j = 0; j < dv; ++j) {
             o[j] = y[j] * iP;
         }
+        if (a->selector == SPARQ_SEL_H2O) {
+            // the weights need the final maximum and sum: a second pass over the logits
+            float * part = C.h2o_part(ith, st, kvh);
+            for (int s = 0; s < S; ++s) {
+                if (m && !is_valid(m[s])) {
+                    continue;
+                }
+                const char * kr = C.K_row(st, kvh, s);
+                float e = a->K_type == SPARQ_F16 ? C.isa->dot_f16(q, (const uint16_t *) kr, d)
+                                                 : C.isa->dot_f32(q, (const float *) kr, d);
+                e = e * a->scale + (m ? m[s] : 0.0f);
+                part[s] += expf(e - M) * iP;
+            }
+        }
     }
     if (a->sel_out) {
         int32_t * so = a->sel_out + (size_t) u * a->sel_n;
@@ -837,6 +901,13 @@ static void phase_e(const ctx & C, int wb, int we, int ith, int nth) {
                 }
             }
             const float iP = P > 0.0f ? 1.0f / P : 0.0f;
+            if (a->selector == SPARQ_SEL_H2O) {
+                // the row's attention weights, added to the scores once every row has chosen
+                float * part = C.h2o_part(ith, st, kvh);
+                for (int t = 0; t < n_sel; ++t) {
+                    part[sel[t]] += expf(ex[t] - M) * iP;
+                }
+            }
 
             // alpha: approximate softmax mass of the selection
             float alpha = 1.0f;
@@ -895,9 +966,10 @@ static void phase_e(const ctx & C, int wb, int we, int ith, int nth) {
 
 } // namespace
 
-int sparq_sel_max(const struct sparq_args * a) {
-    const int g = a->n_head_kv > 0 ? a->n_head / a->n_head_kv : 1;
-    return a->per_head && g > 1 ? g * a->k : a->k;
+int sparq_sel_max(const struct sparq_args * a0) {
+    const sparq_args b = effective_args(a0);
+    const int g = b.n_head_kv > 0 ? b.n_head / b.n_head_kv : 1;
+    return b.per_head && g > 1 ? g * b.k : b.k;
 }
 
 size_t sparq_cpu_work_size(const struct sparq_args * a0, int nth) {
@@ -928,13 +1000,31 @@ void sparq_cpu_compute(const struct sparq_args * a0, const struct sparq_isa * is
         const int we = std::min(C.L.U, wb + C.L.wave);
         phase_c(C, wb, we, ith);
         barrier(barrier_ctx);
-        if (C.L.g > 1) {
+        if (C.L.g > 1 && !sel_baseline(a)) {
             phase_d(C, wb, we, ith);
             barrier(barrier_ctx);
         }
         phase_e(C, wb, we, ith, nth);
         if (we < C.L.U) {
             barrier(barrier_ctx);
+        }
+    }
+    if (a->selector == SPARQ_SEL_H2O) {
+        // every row has chosen: add the threads' weights to the scores, a share of the cells each
+        barrier(barrier_ctx);
+        const int S = a->n_kv;
+        for (int st = 0; st < a->n_stream; ++st) {
+            for (int kvh = 0; kvh < a->n_head_kv; ++kvh) {
+                int s0, s1;
+                chunk_range(S, ith, nth, &s0, &s1);
+                float * hs = C.h2o_row(st, kvh);
+                for (int t = 0; t < nth; ++t) {
+                    const float * part = C.h2o_part(t, st, kvh);
+                    for (int s = s0; s < s1; ++s) {
+                        hs[s] += part[s];
+                    }
+                }
+            }
         }
     }
 }

@@ -66,6 +66,9 @@ uint16_t sparq_fp32_to_fp16(float f);
 enum sparq_selector {
     SPARQ_SEL_SPARQ  = 0, // approximate scores from the r largest query components (the paper)
     SPARQ_SEL_ORACLE = 1, // exact scores (r = d): the oracle top-k
+    // the paper's baselines (ggml-sparq.h); neither reads K^T nor mixes in the mean of V
+    SPARQ_SEL_STREAMING = 2, // LM-Infinite: the l most recent and the k - l earliest cells
+    SPARQ_SEL_H2O = 3,       // the l most recent and the k - l cells of largest accumulated attention (h2o)
 };
 
 struct sparq_args {
@@ -100,6 +103,10 @@ struct sparq_args {
     // optional: weights of the components in step 1 (the keys' spread per component of
     // that basis), per KV head and stream
     const float * comp_w; size_t comp_w_nb1, comp_w_nb2;       // [d, n_head_kv, 1 or n_stream] (nb2 0: shared)
+
+    // SPARQ_SEL_H2O: the accumulated attention per cell, read to choose, and each row's
+    // attention weights over its cells (summed over the group's heads) added after all rows chose
+    float * h2o; size_t h2o_nb1, h2o_nb2;                       // [n_kv, n_head_kv, n_stream]
 
     // optional, for tests: the selected cells per (stream, row, kv head), ascending,
     // -1 padded; sel_n entries each (k, or g*(k-l)+l with per_head); [sel_n, n_head_kv, n_rows, n_stream]

@@ -37,7 +37,7 @@ class Case:
     mask_type: str = "f16"    # f16 | f32
     kt_pad: int = 0
     win: str = "none"         # none | tail (the last l valid cells, given explicitly) | random (l random valid cells)
-    selector: str = "sparq"   # sparq | oracle
+    selector: str = "sparq"   # sparq | oracle | streaming | h2o (the paper's baselines)
     per_head: bool = False    # per-head position choice (union over the group)
     mean_v: bool = True       # mean-value reallocation
     basis: bool = False       # approximate scores in a rotated basis (q_sel, K_sel, comp_w)
@@ -52,9 +52,13 @@ class Case:
     def id(self):
         return (f"d{self.d}-S{self.S}-r{self.r}-k{self.k}-l{self.l}-rows{self.n_rows}-h{self.n_head}/{self.n_head_kv}"
                 f"-st{self.n_stream}-{self.kv_type}-{self.mask}" + ("" if self.win == "none" else f"-win{self.win}")
-                + ("-oracle" if self.selector == "oracle" else "") + ("-perhead" if self.per_head else "")
+                + ("" if self.selector == "sparq" else f"-{self.selector}") + ("-perhead" if self.per_head else "")
                 + ("" if self.mean_v else "-nomeanv") + ("-basis" if self.basis else "")
                 + (f"-dense{''.join(map(str, self.dense_streams))}" if self.dense_streams else ""))
+
+    @property
+    def baseline(self):
+        return self.selector in ("streaming", "h2o")
 
     @property
     def g(self):
@@ -63,7 +67,10 @@ class Case:
     @property
     def sel_n(self):
         """Entries per (row, KV head) of the kernel's selection output (sparq_sel_max)."""
-        return self.g * self.k if self.per_head and self.g > 1 else self.k
+        return self.g * self.k if self.per_head and self.g > 1 and not self.baseline else self.k
+
+
+SELECTORS = {"sparq": 0, "oracle": 1, "streaming": 2, "h2o": 3}
 
 
 def generate(c: Case):
@@ -103,8 +110,32 @@ def generate(c: Case):
         v_sum[st] = V[st][cells].astype(np.float64).sum(axis=0)
         v_count[st] = cells.sum() * (-1 if st in c.dense_streams else 1)
     a = dict(q=q, K=K, V=V, mask=mask, v_sum=v_sum, v_count=v_count, scale=np.float32(1.0 / np.sqrt(c.d)),
-             win=None, q_sel=None, K_sel=None, comp_w=None)
-    if c.win != "none":
+             win=None, q_sel=None, K_sel=None, comp_w=None, h2o=None)
+    if c.selector == "h2o":
+        # accumulated attention: continuous values, with a third of the cells at exactly 0 (cells
+        # no step attended yet), so the choice also meets ties (to the lower index)
+        h = rng.exponential(1.0, size=(c.n_stream, c.n_head_kv, c.S)).astype(np.float32)
+        h[rng.random(h.shape) < 0.33] = 0.0
+        a["h2o"] = h
+    if c.win != "none" and c.selector == "streaming":
+        # per row: entries 0..l-1 the l most recent positions' cells, entries l..k-1 the earliest
+        # positions' cells (the sinks), -1 padded
+        win = -np.ones((c.n_stream, c.n_rows, c.k + 2), np.int32)
+        for st in range(c.n_stream):
+            for row in range(c.n_rows):
+                valid = np.ones(c.S, bool) if mask is None else np.isfinite(mask[st, row])
+                cells = np.flatnonzero(valid)
+                if c.win == "tail":
+                    recent = cells[max(0, cells.size - c.l):]
+                    sinks = cells[: c.k - c.l]
+                else:
+                    perm = rng.permutation(cells)
+                    recent = perm[: min(c.l, cells.size)]
+                    sinks = perm[recent.size: recent.size + c.k - c.l]
+                win[st, row, :recent.size] = recent[::-1]
+                win[st, row, c.l: c.l + sinks.size] = sinks
+        a["win"] = win
+    elif c.win != "none":
         # per row: the window's cells, scrambled, -1 padded (the kernel keeps the valid ones)
         win_n = c.l + 2
         win = -np.ones((c.n_stream, c.n_rows, win_n), np.int32)
@@ -136,7 +167,7 @@ def write(path: Path, c: Case, a: dict) -> None:
     mask_type = -1 if a["mask"] is None else (1 if c.mask_type == "f16" else 0)
     win_n = 0 if a["win"] is None else a["win"].shape[-1]
     hdr = struct.pack("<4s19if", b"SPQ2", c.d, c.dv, c.S, c.n_rows, c.n_head, c.n_head_kv, c.n_stream,
-                      c.r, c.k, c.l, kv_type, mask_type, c.kt_pad, win_n, int(c.selector == "oracle"),
+                      c.r, c.k, c.l, kv_type, mask_type, c.kt_pad, win_n, SELECTORS[c.selector],
                       int(c.per_head), int(not c.mean_v), int(c.basis), c.sel_n, float(a["scale"]))
     kv_dt = np.float16 if kv_type else np.float32
     with open(path, "wb") as f:
@@ -156,10 +187,13 @@ def write(path: Path, c: Case, a: dict) -> None:
             f.write(np.ascontiguousarray(a["q_sel"].transpose(0, 2, 1, 3), dtype=np.float32).tobytes())
             f.write(np.ascontiguousarray(a["K_sel"].transpose(0, 2, 1, 3), dtype=kv_dt).tobytes())
             f.write(np.ascontiguousarray(a["comp_w"], dtype=np.float32).tobytes())
+        if a["h2o"] is not None:
+            f.write(np.ascontiguousarray(a["h2o"], dtype=np.float32).tobytes())
 
 
 def run(prog, mode: str, c: Case, a: dict, tmp: Path, *, isa=None, threads=1, prefix=(), env=None):
-    """Run sparq-op-test; return out (st, row, head, dv) and sel (st, row, hkv, k) or None."""
+    """Run sparq-op-test; return out (st, row, head, dv) and sel (st, row, hkv, k) or None; with
+    the h2o selector a["h2o_out"] receives the scores after the call (st, hkv, S)."""
     case_path, out_path = tmp / f"case-{c.seed}.bin", tmp / f"out-{c.seed}.bin"
     write(case_path, c, a)
     cmd = [*prefix, str(prog), mode, str(case_path), str(out_path), "--threads", str(threads)]
@@ -171,8 +205,15 @@ def run(prog, mode: str, c: Case, a: dict, tmp: Path, *, isa=None, threads=1, pr
     n_out = c.n_stream * c.n_rows * c.n_head * c.dv
     out = np.frombuffer(raw[: 4 * n_out], np.float32).reshape(c.n_stream, c.n_rows, c.n_head, c.dv)
     sel = None
+    o = 4 * n_out
     if mode == "direct":
-        sel = np.frombuffer(raw[4 * n_out:], np.int32).reshape(c.n_stream, c.n_rows, c.n_head_kv, c.sel_n)
+        n_sel = c.n_stream * c.n_rows * c.n_head_kv * c.sel_n
+        sel = np.frombuffer(raw[o: o + 4 * n_sel], np.int32).reshape(c.n_stream, c.n_rows, c.n_head_kv, c.sel_n)
+        o += 4 * n_sel
+    if c.selector == "h2o":
+        a["h2o_out"] = np.frombuffer(raw[o:], np.float32).reshape(c.n_stream, c.n_head_kv, c.S)
+    else:
+        assert len(raw) == o, "unexpected bytes after the output"
     return out, sel
 
 
@@ -217,6 +258,17 @@ def check(c: Case, a: dict, out: np.ndarray, sel: np.ndarray | None) -> dict:
             assert err <= 2.0 * err_naive + floor, f"{c.id}: dense stream {st}: error {err:.3g} vs naive {err_naive:.3g}"
             if sel is not None:
                 assert np.all(sel[st] == -1), f"{c.id}: a dense stream listed a selection"
+            if c.selector == "h2o":
+                # every valid cell's attention weight is added to its score
+                logits = np.einsum("rhd,shd->rhs", q, np.repeat(K, c.g, axis=1)) * float(a["scale"])
+                if mask is not None:
+                    logits = logits + mask[:, None, :]
+                p = np.exp(logits - logits.max(axis=-1, keepdims=True))
+                p /= p.sum(axis=-1, keepdims=True)
+                want_h = a["h2o"][st].astype(np.float64) + p.sum(axis=0).reshape(c.n_head_kv, c.g, c.S).sum(axis=1)
+                got_h = a["h2o_out"][st].astype(np.float64)
+                assert np.allclose(got_h, want_h, rtol=1e-5, atol=1e-5 * c.n_rows), (
+                    f"{c.id}: H2O scores of dense stream {st} differ by {np.abs(got_h - want_h).max():.3g}")
             stats["rows"] += c.n_rows
             continue
         vbar = row_vbar(c, a, st)
@@ -227,9 +279,26 @@ def check(c: Case, a: dict, out: np.ndarray, sel: np.ndarray | None) -> dict:
         window = None if a["win"] is None else [a["win"][st, row] for row in range(c.n_rows)]
         kw = dict(r=c.r, k=c.k, l=c.l, mask=mask, scale=scale, vbar=vbar, per_head=c.per_head, mean_v=c.mean_v,
                   oracle=c.selector == "oracle", comp_w=comp_w, window=window)
+        if c.baseline:
+            kw.update(per_head=False, streaming=c.selector == "streaming",
+                      h2o_scores=None if a["h2o"] is None else a["h2o"][st])
         want, info = ref.sparq_attention(q, K, V, return_info=True, q_sel=q_sel, K_sel=K_sel, **kw)
+        if c.selector == "h2o":
+            # the scores after the call: each row's attention weights added
+            got_h, want_h = a["h2o_out"][st].astype(np.float64), info["h2o"]
+            assert np.allclose(got_h, want_h, rtol=1e-5, atol=1e-5 * c.n_rows), (
+                f"{c.id}: H2O scores differ by {np.abs(got_h - want_h).max():.3g} (stream {st})")
         forced_i2 = None
-        if sel is not None:
+        if sel is not None and c.baseline:
+            # no approximate scores: the choice is fixed (windows, sinks, scores with ties to the lower index)
+            for row in range(c.n_rows):
+                for j in range(c.n_head_kv):
+                    got_i = np.sort(sel[st][row, j][sel[st][row, j] >= 0])
+                    assert np.array_equal(got_i, info["i2"][row][j]), (
+                        f"{c.id}: {c.selector} selection differs (stream {st} row {row} kv {j}): "
+                        f"missing {sorted(set(info['i2'][row][j].tolist()) - set(got_i.tolist()))[:8]}, "
+                        f"extra {sorted(set(got_i.tolist()) - set(info['i2'][row][j].tolist()))[:8]}")
+        elif sel is not None:
             got_sel = sel[st]
             scores = ref.combined_scores(q if q_sel is None else q_sel, K if K_sel is None else K_sel, r=r_eff,
                                          mask=mask, scale=scale, comp_w=comp_w)
@@ -267,7 +336,7 @@ def check(c: Case, a: dict, out: np.ndarray, sel: np.ndarray | None) -> dict:
                 # ties chose other cells: judge the output on the kernel's own selection
                 forced_i2 = [[np.sort(got_sel[row, j]) for j in range(c.n_head_kv)] for row in range(c.n_rows)]
                 want = ref.sparq_attention(q, K, V, i2=forced_i2, q_sel=q_sel, K_sel=K_sel, **kw)
-        i2_used = forced_i2 if forced_i2 is not None else (None if c.per_head else info["i2"])
+        i2_used = forced_i2 if forced_i2 is not None else (None if c.per_head or c.baseline else info["i2"])
         # the naive fp32 implementation, on the same selection
         f32 = lambda x: None if x is None else x.astype(np.float32)  # noqa: E731
         naive = ref.sparq_attention(q.astype(np.float32), K.astype(np.float32), V.astype(np.float32),
@@ -341,6 +410,16 @@ def grid(quick: bool = False) -> list[Case]:
     add(d=128, S=2000, r=16, k=100, l=25, n_head=4, n_head_kv=1, mask="holes", basis=True)
     add(d=64, S=1500, r=8, k=64, l=16, n_head=4, n_head_kv=2, mask="pad", basis=True, per_head=True, win="random")
     add(d=80, S=900, r=10, k=40, l=10, n_head=4, n_head_kv=4, mask="none", basis=True, kv_type="f32")
+    # the paper's baselines: LM-Infinite (window + sinks) and H2O (window + heavy hitters)
+    add(d=128, S=2000, r=16, k=100, l=84, n_head=4, n_head_kv=1, mask="holes", selector="streaming")
+    add(d=64, S=1200, r=8, k=64, l=48, n_rows=4, n_head=8, n_head_kv=2, mask="causal", selector="streaming", win="random")
+    add(d=128, S=1500, r=16, k=64, l=0, n_stream=2, n_head=4, n_head_kv=4, mask="pad", selector="streaming", win="tail")
+    add(d=128, S=2000, r=16, k=100, l=25, n_head=4, n_head_kv=1, mask="holes", selector="h2o")
+    add(d=64, S=1200, r=8, k=64, l=16, n_rows=4, n_head=8, n_head_kv=2, mask="causal", selector="h2o", win="random",
+        kv_type="f32")
+    add(d=128, S=1500, r=16, k=64, l=16, n_stream=3, n_head=4, n_head_kv=1, mask="pad", selector="h2o", win="tail",
+        dense_streams=(1,))
+    add(d=64, S=50, r=8, k=64, l=16, n_stream=2, n_head=4, n_head_kv=2, mask="pad", selector="h2o")
     # streams marked dense (prompt rows batched as single rows beside decode steps)
     add(d=128, S=2000, r=16, k=64, l=16, n_stream=3, n_head=4, n_head_kv=1, mask="pad", win="tail", dense_streams=(1,))
     add(d=64, S=1500, r=8, k=64, l=16, n_stream=2, n_head=8, n_head_kv=2, mask="holes", per_head=True,

@@ -24,6 +24,9 @@ VARIANTS = {
     "scaled": dict(sparq_basis="scaled"),
     "pca": dict(sparq_basis="pca"),
     "pca_per_head": dict(sparq_basis="pca", sparq_gqa="per_head"),
+    # the paper's baselines
+    "streaming": dict(sparq_selector="streaming"),
+    "h2o": dict(sparq_selector="h2o"),
 }
 
 
@@ -48,6 +51,10 @@ def check_calls_against_reference(calls, settings, min_calls):
         p = op_params(c)
         S = int(np.isfinite(x["mask"][0]).sum())
         assert S > p["k"], "the test must run the sparse path (k < S)"
+        sel = settings.get("sparq_selector")
+        if sel in ("streaming", "h2o"):
+            check_baseline_call(c, x, p, sel)
+            continue
         kw = dict(r=p["r"], k=p["k"], l=p["l"], mask=x["mask"], scale=p["scale"], vbar=x["vbar"],
                   per_head=settings.get("sparq_gqa") == "per_head", mean_v=settings.get("sparq_mean_v", True),
                   oracle=settings.get("sparq_selector") == "oracle", window=[x["win"]])
@@ -74,6 +81,30 @@ def check_calls_against_reference(calls, settings, min_calls):
         assert np.abs(got - want).max() <= 2e-3 * scale, (c["layer"], np.abs(got - want).max())
 
 
+def check_baseline_call(c, x, p, sel):
+    """One captured call of the streaming or h2o selector against the reference."""
+    assert c["comp_w"] is None and c["q_sel"] is None, "the baselines take no basis"
+    kw = dict(r=1, k=p["k"], l=p["l"], mask=x["mask"], scale=p["scale"], vbar=x["vbar"])
+    if sel == "streaming":
+        # LM-Infinite: entries 0..l-1 the most recent positions' cells, then the 16 earliest (k = 64: 16 sinks)
+        assert p["l"] == p["k"] - 16 and len(x["win_raw"]) == p["k"]
+        want, info = reference.sparq_attention(x["q"], x["K"], x["V"], streaming=True, window=[x["win_raw"]],
+                                               return_info=True, **kw)
+        pos_order = np.sort(info["i2"][0][0])
+        assert pos_order.size == p["k"]
+    else:
+        assert x["h2o_before"] is not None, "the scores before the op were not captured"
+        want, info = reference.sparq_attention(x["q"], x["K"], x["V"], h2o_scores=x["h2o_before"], window=[x["win"]],
+                                               return_info=True, **kw)
+        assert np.allclose(x["h2o"], info["h2o"], rtol=1e-5, atol=1e-5), (c["layer"], np.abs(x["h2o"] - info["h2o"]).max())
+        g = x["q"].shape[1] // x["K"].shape[1]
+        # each query head's weights sum to 1: a step adds g to each KV head's total
+        assert np.allclose(x["h2o"].sum(axis=1) - x["h2o_before"].sum(axis=1), g, rtol=1e-4)
+    got = x["out"]
+    scale = max(1.0, np.abs(want).max())
+    assert np.abs(got - want).max() <= 2e-3 * scale, (c["layer"], np.abs(got - want).max())
+
+
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_variant_op_equals_reference_on_graph_tensors(tiny_gqa_model, variant):
     """tiny GQA model (4 query heads per KV head, head size 16), S ~ 600 cells, k = 64 < S"""
@@ -92,6 +123,12 @@ def test_variant_op_equals_reference_on_graph_tensors(tiny_gqa_model, variant):
     assert st["n_sparq"] >= 8
     from llama_sparq import _sparq
 
+    if variant == "h2o":
+        # the prompt's rows added their dense attention: g per row and KV head (summed over the group)
+        first = [c for c in cap.calls if c["h2o_before"] is not None][0]
+        g = first["q"].shape[1] // first["K"].shape[1]
+        before = first["h2o_before"].reshape(first["h2o"].shape[-2], -1)
+        assert np.allclose(before.sum(axis=1), g * len(prompt), rtol=1e-3), (before.sum(axis=1), g * len(prompt))
     assert llm.sparq_params()["sparq_basis"] == settings.get("sparq_basis", _sparq.default_params()["basis"])
 
 
@@ -137,7 +174,7 @@ def test_pca_with_every_component_equals_dense(tiny_gqa_model):
 
 
 @pytest.mark.parametrize("kw,message", [
-    (dict(sparq_selector="best"), "sparq_selector = 'best' is unknown: allowed 'sparq', 'oracle'"),
+    (dict(sparq_selector="best"), "sparq_selector = 'best' is unknown: allowed 'sparq', 'oracle', 'streaming', 'h2o'"),
     (dict(sparq_gqa="union"), "sparq_gqa = 'union' is unknown: allowed 'shared', 'per_head'"),
     (dict(sparq_basis="svd"), "sparq_basis = 'svd' is unknown: allowed 'model', 'scaled', 'pca'"),
     (dict(sparq_mean_v=1), "sparq_mean_v must be True or False, got 1")])
@@ -175,6 +212,68 @@ def test_counters_cost_model_per_variant(tiny_gqa_model):
     assert out["paper"] == pytest.approx(cost.compression(S, d, 8, 64), rel=1e-6)
     assert out["per_head"] == pytest.approx(cost.compression(S, d, 8, g * (64 - 16) + 16), rel=1e-6)
     assert out["oracle"] == pytest.approx(cost.compression(S, d, d, 64), rel=1e-6)
+
+
+def test_counters_cost_model_of_the_baselines(tiny_gqa_model):
+    """The paper's Appendix G: LM-Infinite moves 2kd + 2d, H2O 2kd + 2d + 2S (its scores read
+    and written), against dense's 2Sd + 2d; neither reads K^T or the mean of V."""
+    prompt = rand_tokens(700, 11, 256)
+    d, k = 16, 64
+    S = len(prompt) + 1
+    for sel, moved in (("streaming", 2 * k * d + 2 * d), ("h2o", 2 * k * d + 2 * d + 2 * S)):
+        llm = make_llm(tiny_gqa_model, sparq_k=k, sparq_min_kv=0, sparq_selector=sel)
+        llm.reset()
+        llm.eval(prompt)
+        llm.reset_sparq_stats()
+        llm.eval([9])
+        st = llm.sparq_stats()
+        assert st["n_sparq"] == 2, sel
+        assert st["compression"] == pytest.approx(moved / (2 * S * d + 2 * d), rel=1e-6), sel
+
+
+def test_h2o_is_refused_where_its_scores_cannot_follow(tiny_gqa_model):
+    """H2O's scores follow one sequence's prompt and steps: several sequences and all-rows
+    evaluation are refused with the reason, never run with wrong scores."""
+    from sparq_ctx import Ctx, Model
+
+    m = Model(tiny_gqa_model)
+    c = Ctx(m, n_seq=2)
+    with pytest.raises(RuntimeError, match=r"SparQ: selector h2o needs a context for one sequence \(n_seq_max = 1, here 2\)"):
+        c.sparq(enabled=True, selector=3)
+    c.free()
+    c = Ctx(m)
+    with pytest.raises(ValueError, match="SparQ: all_rows = 1 does not apply to selector h2o"):
+        c.sparq(enabled=True, selector=3, all_rows=True)
+    c.sparq(enabled=True, selector=3)  # one sequence: fine
+    c.free()
+
+
+def test_h2o_scores_survive_removal_and_restart_for_new_cells(tiny_gqa_model):
+    """A rebuild after removing the tail keeps the scores of the cells still in use (their
+    history) and zeroes the removed ones; the cells written next start at 0."""
+    from llama_sparq.capture import Capture
+    from sparq_ctx import Ctx, Model, prefill, step
+
+    m = Model(tiny_gqa_model)
+    c = Ctx(m)
+    c.sparq(enabled=True, selector=3, k=64, l=16, min_kv=0)
+    rng = np.random.default_rng(4)
+    prefill(c, 0, rng.integers(3, m.n_vocab, 500).tolist())
+    with Capture(c.ctx) as cap:
+        step(c, 0, 5)
+    after = {x["layer"]: x["h2o"][0, 0].astype(np.float64) for x in cap.calls}  # (hkv, S) over the view
+    c.seq_rm(0, 400, -1)
+    with Capture(c.ctx) as cap:
+        step(c, 0, 6)
+    assert c.stats()["n_rebuilds"] >= 1
+    for x in cap.calls:
+        hkv = x["h2o"].shape[-2]
+        before = x["h2o_before"].reshape(hkv, -1)
+        old = after[x["layer"]]
+        # cells 0..399 keep their scores; 400.. were removed (the new token took cell 400: 0 before the op)
+        assert np.array_equal(before[:, :400], old[:, :400].astype(np.float32))
+        assert np.all(before[:, 400:] == 0.0)
+        assert np.all(old[:, 400:501] > 0.0)
 
 
 @pytest.mark.real_model

@@ -21,6 +21,18 @@ GGML_API void ggml_sparq_attn_set_window(struct ggml_tensor * attn, struct ggml_
 enum ggml_sparq_selector {
     GGML_SPARQ_SEL_SPARQ  = 0, // approximate scores from the r largest query components (default)
     GGML_SPARQ_SEL_ORACLE = 1, // exact scores, the oracle top-k (reads all of K: a baseline)
+    // The paper's baselines (Appendix G). Neither reads K^T or mixes in the mean of V.
+    // LM-Infinite / StreamingLLM: the l most recent cells and the k - l earliest ones (attention
+    // sinks). With a window list (ggml_sparq_attn_set_window) of k entries per row, entries
+    // 0..l-1 name the l most recent positions' cells and entries l..k-1 the earliest positions';
+    // without one they are the last l and the first k - l valid cells by index.
+    GGML_SPARQ_SEL_STREAMING = 2,
+    // H2O (heavy hitters): the l most recent cells and the k - l cells with the largest
+    // accumulated attention (ggml_sparq_attn_set_h2o), ties to the lower index. The op adds each
+    // row's attention weights over the cells it attended to (summed over the query heads of the
+    // group) into those scores after every row chose: a cell left out keeps its score, which is
+    // H2O's eviction with a fixed budget of k cells.
+    GGML_SPARQ_SEL_H2O = 3,
     GGML_SPARQ_SEL_COUNT,
 };
 
@@ -32,10 +44,17 @@ enum ggml_sparq_flag {
 
 GGML_API void ggml_sparq_attn_set_selector(struct ggml_tensor * attn, int32_t selector, int32_t flags);
 
+// The H2O selector's accumulated attention per cell: f32 [n_kv, n_head_kv, n_stream], read to
+// choose and written by the op (a side effect on this tensor: it must live in memory the op's
+// device writes, and no other node of the graph may read it after the op). Call after
+// ggml_sparq_attn_set_selector(attn, GGML_SPARQ_SEL_H2O, ...); it takes the slot of set_basis's
+// q_sel, which H2O does not use.
+GGML_API void ggml_sparq_attn_set_h2o(struct ggml_tensor * attn, struct ggml_tensor * scores);
+
 // Approximate scores in another basis of the keys: q_sel (f32, q's shape) is the query in
 // the basis K^T is stored in (steps 1-2 use it; step 4 uses q and K); comp_w (f32
 // [d, n_head_kv, 1 or n_stream], optional) weighs the components in step 1's choice and tau's norms.
-// Either may be NULL.
+// Either may be NULL. The SparQ and oracle selectors only.
 GGML_API void ggml_sparq_attn_set_basis(struct ggml_tensor * attn, struct ggml_tensor * q_sel, struct ggml_tensor * comp_w);
 
 #ifdef __cplusplus

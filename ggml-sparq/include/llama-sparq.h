@@ -29,7 +29,7 @@ extern "C" {
 
 // Bumped whenever a struct or function of this header changes incompatibly.
 // The Python package refuses a library whose ABI differs from its own.
-#define LLAMA_SPARQ_ABI_VERSION 4
+#define LLAMA_SPARQ_ABI_VERSION 5
 
 // "llama-sparq <version> abi <n> llama.cpp <commit>" (also declared in llama.h by patch 0001)
 LLAMA_API const char * llama_sparq_version(void);
@@ -54,7 +54,18 @@ enum llama_sparq_dense_reason {
 enum llama_sparq_selector {
     LLAMA_SPARQ_SELECTOR_SPARQ  = 0, // SparQ: approximate scores from the r largest query components
     LLAMA_SPARQ_SELECTOR_ORACLE = 1, // exact top-k (reads all of K: an accuracy baseline, not a speed-up)
-    LLAMA_SPARQ_SELECTOR_COUNT  = 2,
+    // The paper's baselines (its Appendix G), for accuracy comparisons. Neither has approximate
+    // scores: r, basis, gqa and mean_v do not apply (no mean-V, one choice per KV head).
+    LLAMA_SPARQ_SELECTOR_STREAMING = 2, // LM-Infinite / StreamingLLM: the first min(16, k/2) positions
+                                        // (attention sinks) and the most recent rest of k; l does not apply
+    LLAMA_SPARQ_SELECTOR_H2O       = 3, // H2O: the l most recent cells and the k - l cells that received the
+                                        // most attention so far (prompt rows: dense attention, scored; decode
+                                        // rows: each step's weights over its cells added), which is H2O's
+                                        // eviction with a budget of k. Runs on every decode step (min_kv does
+                                        // not apply), on the CPU with the cache in host memory, for contexts
+                                        // of one sequence. A rebuild after cache operations keeps the scores of
+                                        // the cells in use; a state load brings none (they read 0)
+    LLAMA_SPARQ_SELECTOR_COUNT     = 4,
 };
 
 // Which query heads of a GQA group choose together.
@@ -151,7 +162,7 @@ LLAMA_API void llama_sparq_debug_set_eval_callback(struct llama_context * ctx, g
 
 // The names of the enums' values, as the front ends (Python, --sparq-* flags, llama-bench)
 // accept and print them; NULL for a value out of range (0 .. <enum>_COUNT - 1).
-// "sparq", "oracle"
+// "sparq", "oracle", "streaming", "h2o"
 LLAMA_API const char * llama_sparq_selector_name(int32_t selector);
 // "shared", "per_head"
 LLAMA_API const char * llama_sparq_gqa_name(int32_t gqa);

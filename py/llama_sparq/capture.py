@@ -3,12 +3,17 @@
 ``Capture(llm)`` installs an eval callback on the context (``llama_sparq_debug_set_eval_callback``)
 that copies, for every ``sparq_attn-<layer>`` node the graph computes, the op's inputs
 (q, K, K^T, V, the V sums, the valid-cell count, the mask, the local-window cells, the
-rotated query and the component weights when present) and its output into NumPy arrays:
+rotated query and the component weights when present, or the H2O scores) and its output into NumPy
+arrays:
 
     with Capture(llm) as cap:
         llm.eval([tok])
     for call in cap.calls:      # one dict per SparQ node, in graph order
         call["layer"], call["q"], call["K"], call["out"], ...
+
+With the h2o selector the op's ``q_sel`` slot holds its scores, written by the op: ``h2o``
+is that tensor after the call and ``h2o_before`` a copy taken before the op ran (from the
+``sparq_h2o-<layer>`` node that zeroes the new cells' scores).
 
 Shapes follow the op's ggml layout reversed into NumPy order (see ``_OP_SRC``), with every
 stream of the ubatch; ``stream_view(call, s)`` gives the reference's view of one stream
@@ -58,6 +63,7 @@ EVAL_CB = ctypes.CFUNCTYPE(ctypes.c_bool, ctypes.POINTER(ggml_tensor), ctypes.c_
 # the op's sources (ggml_sparq_attn): name, index
 _OP_SRC = ("q", "K", "KT", "V", "v_sum", "v_count", "mask", "win", "q_sel", "comp_w")
 _NODE = re.compile(r"sparq_attn-(\d+)")
+_H2O = re.compile(r"sparq_h2o-(\d+)")  # H2O's scores before the op of that layer
 _DTYPES = {GGML_TYPE_F32: np.float32, GGML_TYPE_F16: np.float16, GGML_TYPE_I32: np.int32}
 
 
@@ -88,6 +94,7 @@ class Capture:
         self.calls: list[dict] = []
         self._cb = EVAL_CB(self._callback)
         self._error: Exception | None = None
+        self._h2o_before: dict[int, np.ndarray] = {}
 
     def _wanted(self, name: str) -> bool:
         m = _NODE.fullmatch(name)  # the op itself, not views of it ("sparq_attn-5 (reshaped)")
@@ -99,14 +106,23 @@ class Capture:
         try:
             t = tp.contents
             name = t.name.decode(errors="replace")
+            m = _H2O.fullmatch(name)
+            wanted_h2o = m is not None and (self.layers is None or int(m.group(1)) in self.layers)
             if ask:
-                return self._wanted(name)
+                return self._wanted(name) or wanted_h2o
+            if wanted_h2o:
+                # the scores of every cell of the layer's cache, as the op will read them
+                self._h2o_before[int(m.group(1))] = tensor_to_numpy(t)
+                return True
             if not self._wanted(name):
                 return True
             call = {"layer": int(_NODE.fullmatch(name).group(1)), "op_params": [int(x) for x in t.op_params]}
             for i, key in enumerate(_OP_SRC):
                 s = t.src[i]
                 call[key] = tensor_to_numpy(s.contents) if s else None
+            if call["op_params"][4] == 3:  # GGML_SPARQ_SEL_H2O: the q_sel slot holds the scores
+                call["h2o"], call["q_sel"] = call["q_sel"], None
+                call["h2o_before"] = self._h2o_before.pop(call["layer"], None)
             call["out"] = tensor_to_numpy(t)
             self.calls.append(call)
         except Exception as e:  # never raise through C
@@ -153,11 +169,19 @@ def stream_view(call, stream=0, row=0):
     vsum = call["v_sum"][0, s].astype(np.float64)                 # [dv, hkv, ns, 1] -> (hkv, dv)
     cnt = float(call["v_count"].ravel()[s])
     vbar = vsum / cnt if cnt > 0 else np.zeros_like(vsum)
-    win = []
+    win, win_raw = [], None
     if call["win"] is not None:
-        win = [int(c) for c in call["win"][0, s, row] if c >= 0]  # [l, n_rows, ns, 1]
+        win_raw = [int(c) for c in call["win"][0, s, row]]       # [w, n_rows, ns, 1], -1 padded
+        win = [c for c in win_raw if c >= 0]
     out = call["out"][s, row].astype(np.float64)[None]           # [dv, n_head, rows, ns]
     q_sel = None if call["q_sel"] is None else call["q_sel"][s, :, row, :].astype(np.float64)[None]
     comp_w = None if call["comp_w"] is None else call["comp_w"][0, s].astype(np.float64)  # [d, hkv, ns] -> (hkv, d)
+    h2o = h2o_before = None
+    if call.get("h2o") is not None:
+        h2o = call["h2o"][0, s].astype(np.float64)                # [n_kv, hkv, ns, 1] -> (hkv, S)
+        if call.get("h2o_before") is not None:
+            # the layer's whole score tensor [kv_size, hkv, n_stream], flat; h2o contexts have one stream
+            hb = call["h2o_before"].reshape(-1)
+            h2o_before = hb.reshape(h2o.shape[0], -1)[:, : h2o.shape[1]].astype(np.float64)
     return {"q": q, "K": K, "V": V, "mask": mask, "vbar": vbar, "vsum": vsum, "count": cnt, "win": win,
-            "out": out, "q_sel": q_sel, "comp_w": comp_w}
+            "win_raw": win_raw, "out": out, "q_sel": q_sel, "comp_w": comp_w, "h2o": h2o, "h2o_before": h2o_before}

@@ -21,7 +21,12 @@ compression they give); ``sparq`` (the paper: group-shared choice, mean-V on);
 ``sparq_nomv`` (mean-V off); ``sparq_perhead`` (each query head chooses, the group attends
 over the union, at the same number of rows read); ``scaled*`` (step 1 ranks components by
 |q| times the keys' RMS along them, calibrated on the prompt's keys); ``pca`` (the same in
-the keys' PCA basis); ``oracle`` (exact top-k) and ``oracle_perhead``. At compression 1/c (``--compressions``) r = 2d/c and k = 128 rows
+the keys' PCA basis); ``oracle`` (exact top-k) and ``oracle_perhead``; the paper's baselines
+``streaming`` (LM-Infinite: the first 16 positions and the most recent rest of k) and ``h2o``
+(the l = k/4 most recent cells and the k - l of most accumulated attention; it prefills its
+prompt itself, scoring it, instead of restoring the dense state), with k chosen per sample so
+that their cost-model compression equals SparQ's at the same target (Appendix G:
+2kd + 2d and 2kd + 2d + 2S against SparQ's Sr + 2kd + 4d). At compression 1/c (``--compressions``) r = 2d/c and k = 128 rows
 (the cost model's r/2d + k/S), l = k/4; the oracle reads all of K (its r is d: a ceiling,
 not a speed-up).
 
@@ -46,7 +51,7 @@ import numpy as np
 
 TASKS = ("passkey", "passkey_story", "niah_single", "niah_multikey", "niah_multivalue", "niah_multiquery")
 VARIANTS = ("dense", "default", "sparq", "sparq_nomv", "sparq_perhead", "scaled", "scaled_nomv", "scaled_perhead", "pca",
-            "oracle", "oracle_perhead")
+            "oracle", "oracle_perhead", "streaming", "h2o")
 
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 STORY_WORDS = ("river stone lantern market copper window orchard ladder harbor violin meadow engine "
@@ -144,8 +149,9 @@ def make_sample(task, n_tokens, depth, seed, tokenize):
     return head + "".join(body) + tail, expected, 10 * len(expected)
 
 
-def variant_settings(name, comp, d, g):
-    """SparQ settings of a variant at compression 1/comp (None: dense)."""
+def variant_settings(name, comp, d, g, S=None):
+    """SparQ settings of a variant at compression 1/comp (None: dense); S (the sample's tokens)
+    sizes the baselines' k."""
     if name == "dense":
         return None
     if name == "default":
@@ -159,6 +165,13 @@ def variant_settings(name, comp, d, g):
     k = 128
     l = k // 4
     r = max(1, min(d, int(round(2 * d / comp))))
+    if name in ("streaming", "h2o"):
+        if S is None:
+            raise ValueError(f"variant {name}: the sample's length S sizes its k")
+        # the rows SparQ moves at this target (S r + 2 k d) spent on whole rows: 2 k' d (+ 2 S for H2O's scores)
+        kb = max(32, int(round((S * r + 2 * k * d - (2 * S if name == "h2o" else 0)) / (2 * d))))
+        return dict(sparq_r=d, sparq_k=kb, sparq_l=kb // 4, sparq_min_kv=0, sparq_gqa="shared", sparq_mean_v=False,
+                    sparq_selector=name, sparq_basis="model")
     s = dict(sparq_r=r, sparq_k=k, sparq_l=l, sparq_min_kv=0, sparq_gqa="shared", sparq_mean_v=True,
              sparq_selector="sparq", sparq_basis="model")
     if name.endswith("nomv"):
@@ -278,12 +291,19 @@ def run(args, flush=None):
         llm.eval(toks[:-1])
         state = llm.save_state()
         for name, comp in todo:
-            s = variant_settings(name, comp, d, g)
-            llm.load_state(state)
-            if s is None:
-                llm.set_sparq(sparq=False)
+            s = variant_settings(name, comp, d, g, S=len(toks))
+            if s is not None and s["sparq_selector"] == "h2o":
+                # H2O scores the prompt's attention: it prefills the prompt itself (a state brings no scores)
+                llm.reset()
+                llm.set_sparq(sparq=True, **s)
+                bar.set_postfix_str(f"{task} S={len(toks)} h2o prefill")
+                llm.eval(toks[:-1])
             else:
-                llm.set_sparq(sparq=True, **{**s, "sparq_min_kv": 0})
+                llm.load_state(state)
+                if s is None:
+                    llm.set_sparq(sparq=False)
+                else:
+                    llm.set_sparq(sparq=True, **{**s, "sparq_min_kv": 0})
             llm.reset_sparq_stats()
             out = []
             tok = toks[-1]

@@ -275,7 +275,8 @@ def combined_scores(q, K, *, r, mask=None, scale=None, dtype=np.float64, comp_w=
 
 def sparq_attention(q, K, V, *, r, k, l=0, mask=None, scale=None, vbar=None,
                     dtype=np.float64, return_info=False, i2=None, per_head=False, mean_v=True,
-                    oracle=False, q_sel=None, K_sel=None, comp_w=None, window=None):
+                    oracle=False, q_sel=None, K_sel=None, comp_w=None, window=None,
+                    streaming=False, h2o_scores=None):
     """SparQ attention (SPARQ.md steps 1-5) per row and KV head group.
 
     r: components kept in step 1, in [1, d].  k: positions kept in step 3, >= 1.
@@ -305,13 +306,35 @@ def sparq_attention(q, K, V, *, r, k, l=0, mask=None, scale=None, vbar=None,
     window: optional list per row of the local window's cells (the cells of the l most
       recent positions, which need not be the last cells by index); the first l entries
       that are valid cells are used. Default: the last l valid cells.
+
+    The paper's baselines (Appendix G; no approximate scores, no mean-V, one choice per group):
+    streaming: LM-Infinite / StreamingLLM: the window and the k - l earliest cells (attention
+      sinks): entries l..k-1 of ``window`` (the earliest positions' cells), or the first k - l
+      valid cells.
+    h2o_scores: H2O: (n_head_kv, S) accumulated attention per cell. The window and the k - l
+      cells of largest score outside it (ties to the lower index). Every row chooses on these
+      scores; then each row's attention weights over its cells (summed over the group's heads)
+      are added: info["h2o"] holds the new scores.
     """
     q, K, V, mask, scale, vbar, dims = _prepare(q, K, V, mask, scale, vbar)
     dt = _float_dtype(dtype)
     n_rows, n_kv, g, d, S, dv = (
         dims[x] for x in ("n_rows", "n_head_kv", "g", "d", "S", "dv"))
+    h2o = h2o_scores is not None
+    if streaming and h2o:
+        raise ValueError("streaming and h2o_scores are two selectors: give one")
+    if (streaming or h2o) and (oracle or per_head or q_sel is not None or comp_w is not None):
+        raise ValueError("the streaming and h2o baselines take no oracle, per_head, q_sel or comp_w")
+    if streaming or h2o:
+        mean_v = False
+        r = 1
     r = d if oracle else _check_r(r, d)
     k, l = _check_k_l(k, l)
+    if h2o:
+        h2o_in = np.asarray(h2o_scores, dtype=np.float64)
+        if h2o_in.shape != (dims["n_head_kv"], dims["S"]):
+            raise ValueError(f"h2o_scores must have shape (n_head_kv, S) = {(dims['n_head_kv'], dims['S'])}")
+        h2o_new = h2o_in.copy()
     if per_head and i2 is not None:
         raise ValueError("i2 (a forced selection) is for the group-shared selection only")
     q_sel = q if q_sel is None else np.asarray(q_sel)
@@ -348,6 +371,25 @@ def sparq_attention(q, K, V, *, r, k, l=0, mask=None, scale=None, vbar=None,
         if dense_rows[row]:
             # Exact dense step: every valid cell, the same for all KV heads.
             sel = np.broadcast_to(cells, (n_kv, nv))
+        elif streaming or h2o:
+            if window is None:
+                w = min(l, nv)
+                win_r = cells[nv - w:]
+                sinks = cells[: k - l] if streaming else np.zeros(0, np.int64)
+            else:
+                ent = np.asarray(window[row]).ravel()
+                keep = lambda xs: [int(c) for c in xs if 0 <= c < S and valid[row][c]]  # noqa: E731
+                win_r = np.unique(np.asarray(keep(ent[:l]), dtype=np.int64))
+                sinks = np.asarray(keep(ent[l:k]) if streaming else [], dtype=np.int64)
+                w = win_r.size
+            if streaming:
+                sel = np.broadcast_to(np.union1d(win_r, sinks), (n_kv, np.union1d(win_r, sinks).size))
+            else:
+                cand = h2o_in.copy()
+                cand[:, ~valid[row]] = -np.inf
+                cand[:, win_r] = -np.inf
+                top = np.argsort(-cand, axis=-1, kind="stable")[:, : k - w]
+                sel = [np.union1d(top[j][np.isfinite(cand[j, top[j]])], win_r) for j in range(n_kv)]
         else:
             # Step 2: approximate scores per query head, (n_kv, g, S); 0 at invalid cells.
             shat = _approx_scores(qsg[row], K_sel, i1[row], mrow, scale, dt, comp_w)
@@ -385,7 +427,10 @@ def sparq_attention(q, K, V, *, r, k, l=0, mask=None, scale=None, vbar=None,
             logits = np.matmul(qr[j], Ks.T) * dt.type(scale)  # (g, m)
             if mrow is not None:
                 logits = logits + mrow[sj][None, :]
-            y[j] = np.matmul(_softmax(logits), Vs)  # (g, dv); zeros if m == 0
+            p = _softmax(logits)
+            y[j] = np.matmul(p, Vs)  # (g, dv); zeros if m == 0
+            if h2o:
+                np.add.at(h2o_new[j], sj, np.sum(p, axis=0))
 
         if dense_rows[row] or not mean_v:
             out[row] = y
@@ -411,6 +456,8 @@ def sparq_attention(q, K, V, *, r, k, l=0, mask=None, scale=None, vbar=None,
         "alpha": alpha.reshape(n_rows, n_kv * g),
         "dense_rows": dense_rows,
     }
+    if h2o:
+        info["h2o"] = h2o_new
     return out, info
 
 

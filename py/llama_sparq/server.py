@@ -64,7 +64,7 @@ class SparqModelSettings(ModelSettings):
                                         "holds fewer KV cells, >= 0 (default 1024)")
     sparq_all_rows: Optional[bool] = Field(default=None, description="SparQ: every query row (evaluation)")
     # names are checked by llama_sparq.Llama (the library's list), not repeated here
-    sparq_selector: Optional[str] = Field(default=None, description="SparQ: cell selector (sparq, oracle)")
+    sparq_selector: Optional[str] = Field(default=None, description="SparQ: cell selector (sparq, oracle; the baselines streaming, h2o)")
     sparq_gqa: Optional[str] = Field(default=None, description="SparQ: GQA choice (shared, per_head)")
     sparq_mean_v: Optional[bool] = Field(default=None, description="SparQ: mean-value reallocation (default on)")
     sparq_basis: Optional[str] = Field(default=None, description="SparQ: step-1 basis (model, scaled, pca; "

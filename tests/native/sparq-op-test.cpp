@@ -19,9 +19,10 @@
 // 1 f16), mask [n_stream][n_rows][n_kv] (mask_type 0 f32, 1 f16, -1 none), v_sum f32
 // [n_stream][n_head_kv][dv], v_count f32 [n_stream]; when win_n > 0 the window cells
 // i32 [n_stream][n_rows][win_n] (-1 padded); when has_basis, q_sel f32 like q, the keys
-// in that basis like K (K^T is made from them) and comp_w f32 [n_head_kv][d].
+// in that basis like K (K^T is made from them) and comp_w f32 [n_head_kv][d]; with the
+// h2o selector (3), its scores f32 [n_stream][n_head_kv][n_kv].
 // Output file: out f32 [n_stream][n_rows][n_head][dv], then (direct mode)
-// sel int32 [n_stream][n_rows][n_head_kv][sel_n].
+// sel int32 [n_stream][n_rows][n_head_kv][sel_n], then (h2o) the scores after the call.
 
 #include "sparq-cpu.h"
 
@@ -47,7 +48,7 @@ struct test_case {
     int d, dv, n_kv, n_rows, n_head, n_head_kv, n_stream, r, k, l, kv_type, mask_type, kt_pad, win_n;
     int selector, per_head, no_mean_v, has_basis, sel_n;
     float scale;
-    std::vector<float> q, v_sum, v_count, q_sel, comp_w;
+    std::vector<float> q, v_sum, v_count, q_sel, comp_w, h2o;
     std::vector<char> K, V, mask, K_sel;
     std::vector<int32_t> win;
     size_t kv_esz() const { return kv_type == 1 ? 2 : 4; }
@@ -111,11 +112,16 @@ static test_case read_case(const char * path) {
         c.comp_w.resize((size_t) c.n_head_kv * c.d);
         read_exact(f, c.comp_w.data(), c.comp_w.size() * 4, "comp_w");
     }
+    if (c.selector == 3) {
+        c.h2o.resize((size_t) c.n_stream * c.n_head_kv * c.n_kv);
+        read_exact(f, c.h2o.data(), c.h2o.size() * 4, "h2o scores");
+    }
     fclose(f);
     return c;
 }
 
-static void write_out(const char * path, const std::vector<float> & out, const std::vector<int32_t> * sel) {
+static void write_out(const char * path, const std::vector<float> & out, const std::vector<int32_t> * sel,
+                      const float * h2o = nullptr, size_t n_h2o = 0) {
     FILE * f = fopen(path, "wb");
     if (!f) {
         die("cannot write ", path);
@@ -123,6 +129,9 @@ static void write_out(const char * path, const std::vector<float> & out, const s
     fwrite(out.data(), 4, out.size(), f);
     if (sel) {
         fwrite(sel->data(), 4, sel->size(), f);
+    }
+    if (h2o) {
+        fwrite(h2o, 4, n_h2o, f);
     }
     fclose(f);
 }
@@ -209,6 +218,10 @@ static int run_direct(const test_case & c, const char * out_path, const char * i
         a.q_sel = c.q_sel.data(); a.q_sel_nb1 = a.q_nb1; a.q_sel_nb2 = a.q_nb2; a.q_sel_nb3 = a.q_nb3;
         a.comp_w = c.comp_w.data(); a.comp_w_nb1 = (size_t) c.d * 4;
     }
+    std::vector<float> h2o = c.h2o;
+    if (c.selector == 3) {
+        a.h2o = h2o.data(); a.h2o_nb1 = (size_t) c.n_kv * 4; a.h2o_nb2 = a.h2o_nb1 * c.n_head_kv;
+    }
 
     const size_t wsize = sparq_cpu_work_size(&a, nth);
     std::vector<char> work(wsize);
@@ -221,7 +234,7 @@ static int run_direct(const test_case & c, const char * out_path, const char * i
     for (auto & th : threads) {
         th.join();
     }
-    write_out(out_path, out, &sel);
+    write_out(out_path, out, &sel, c.selector == 3 ? h2o.data() : nullptr, h2o.size());
     return 0;
 }
 
@@ -233,7 +246,7 @@ static int run_direct(const test_case & c, const char * out_path, const char * i
 static int run_ggml(const test_case & c, const char * out_path, int nth) {
     const std::vector<char> kt = make_kt(c);
     const enum ggml_type t = c.kv_type == 1 ? GGML_TYPE_F16 : GGML_TYPE_F32;
-    const size_t need = c.win.size() * 4 + c.q_sel.size() * 4 + c.comp_w.size() * 4 + c.q.size() * 4 + c.K.size() + c.V.size() + kt.size() + c.mask.size() +
+    const size_t need = c.h2o.size() * 4 + c.win.size() * 4 + c.q_sel.size() * 4 + c.comp_w.size() * 4 + c.q.size() * 4 + c.K.size() + c.V.size() + kt.size() + c.mask.size() +
                         c.v_sum.size() * 4 + c.v_count.size() * 4 +
                         (size_t) c.n_stream * c.n_rows * c.n_head * c.dv * 4 + 64 * ggml_tensor_overhead() +
                         ggml_graph_overhead() + (1 << 20);
@@ -275,6 +288,12 @@ static int run_ggml(const test_case & c, const char * out_path, int nth) {
         memcpy(cw->data, c.comp_w.data(), c.comp_w.size() * 4);
         ggml_sparq_attn_set_basis(res, qs, cw);
     }
+    struct ggml_tensor * h2o = nullptr;
+    if (c.selector == 3) {
+        h2o = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, c.n_kv, c.n_head_kv, c.n_stream);
+        memcpy(h2o->data, c.h2o.data(), c.h2o.size() * 4);
+        ggml_sparq_attn_set_h2o(res, h2o);
+    }
     struct ggml_cgraph * gf = ggml_new_graph(ctx);
     ggml_build_forward_expand(gf, res);
     if (ggml_graph_compute_with_ctx(ctx, gf, nth) != GGML_STATUS_SUCCESS) {
@@ -282,7 +301,7 @@ static int run_ggml(const test_case & c, const char * out_path, int nth) {
     }
     std::vector<float> out(ggml_nelements(res));
     memcpy(out.data(), res->data, out.size() * 4);
-    write_out(out_path, out, nullptr);
+    write_out(out_path, out, nullptr, h2o ? (const float *) h2o->data : nullptr, h2o ? (size_t) ggml_nelements(h2o) : 0);
     ggml_free(ctx);
     return 0;
 }

@@ -77,12 +77,31 @@ void common_sparq_add_args(AddOpt && add_opt, const common_params & params) {
         "SparQ: how cells are chosen: sparq (approximate scores, default), oracle (exact top-k: an accuracy "
         "baseline that reads all of K), or the paper's baselines streaming (LM-Infinite: the first 16 positions "
         "and the most recent rest of k) and h2o (heavy hitters: the l most recent cells and the k - l that "
-        "received the most attention; one sequence, KV cache in host memory)",
+        "received the most attention; one sequence, KV cache in host memory) and index (top-k over a vector "
+        "index of the keys: --sparq-index-lists, --sparq-index-probe; KV cache in host memory)",
         [](common_params & params, const std::string & value) {
             params.sparq.selector = common_sparq_parse_enum("--sparq-selector", value, llama_sparq_selector_name);
             params.sparq.enabled = true;
         }
     ).set_env("LLAMA_ARG_SPARQ_SELECTOR"));
+    add_opt(common_arg(
+        {"--sparq-index-lists"}, "N",
+        string_format("SparQ selector index: lists (k-means centroids) per layer and KV head, 1..65536 (default: %d)",
+                      params.sparq.index_lists),
+        [](common_params & params, int value) {
+            params.sparq.index_lists = value;
+            params.sparq.enabled = true;
+        }
+    ).set_env("LLAMA_ARG_SPARQ_INDEX_LISTS"));
+    add_opt(common_arg(
+        {"--sparq-index-probe"}, "N",
+        string_format("SparQ selector index: lists whose keys a decode step reads, 1..lists (default: %d)",
+                      params.sparq.index_probe),
+        [](common_params & params, int value) {
+            params.sparq.index_probe = value;
+            params.sparq.enabled = true;
+        }
+    ).set_env("LLAMA_ARG_SPARQ_INDEX_PROBE"));
     add_opt(common_arg(
         {"--sparq-gqa"}, "MODE",
         "SparQ with grouped-query attention: shared (one choice per KV head, default) or per_head (each query head "

@@ -65,10 +65,21 @@ static struct sparq_args sparq_args_of(const struct ggml_tensor * dst) {
             GGML_ABORT("sparq_attn: %s uses the h2o selector without scores (ggml_sparq_attn_set_h2o)", dst->name);
         }
         a.h2o = (float *) hs->data; a.h2o_nb1 = hs->nb[1]; a.h2o_nb2 = hs->nb[2];
+    } else if (a.selector == GGML_SPARQ_SEL_INDEX) {
+        // the index takes the slots of q_sel (centroids) and comp_w (list ids)
+        const struct ggml_tensor * ce = dst->src[8];
+        const struct ggml_tensor * li = dst->src[9];
+        if (!ce || !li) {
+            GGML_ABORT("sparq_attn: %s uses the index selector without an index (ggml_sparq_attn_set_index)", dst->name);
+        }
+        a.ivf_cent = (const float *) ce->data; a.ivf_cent_nb1 = ce->nb[1]; a.ivf_cent_nb2 = ce->nb[2]; a.ivf_cent_nb3 = ce->nb[3];
+        a.ivf_n_list = (int) ce->ne[1];
+        a.ivf_list = (float *) li->data; a.ivf_list_nb1 = li->nb[1]; a.ivf_list_nb2 = li->nb[2];
+        a.ivf_n_probe = ggml_get_op_params_i32(dst, 6);
     } else if (const struct ggml_tensor * qs = dst->src[8]) {
         a.q_sel = (const float *) qs->data; a.q_sel_nb1 = qs->nb[1]; a.q_sel_nb2 = qs->nb[2]; a.q_sel_nb3 = qs->nb[3];
     }
-    if (const struct ggml_tensor * cw = dst->src[9]) {
+    if (const struct ggml_tensor * cw = dst->src[9]; cw && a.selector != GGML_SPARQ_SEL_INDEX) {
         a.comp_w = (const float *) cw->data; a.comp_w_nb1 = cw->nb[1]; a.comp_w_nb2 = cw->ne[2] > 1 ? cw->nb[2] : 0;
     }
     a.sel_out = nullptr;

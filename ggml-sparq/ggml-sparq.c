@@ -124,6 +124,24 @@ void ggml_sparq_attn_set_h2o(struct ggml_tensor * attn, struct ggml_tensor * sco
     attn->src[8] = scores;
 }
 
+void ggml_sparq_attn_set_index(struct ggml_tensor * attn, struct ggml_tensor * centroids,
+                               struct ggml_tensor * lists, int32_t n_probe) {
+    GGML_ASSERT(attn->op == GGML_OP_SPARQ_ATTN);
+    GGML_ASSERT(ggml_get_op_params_i32(attn, 4) == GGML_SPARQ_SEL_INDEX && "sparq_attn: set the index selector first");
+    const struct ggml_tensor * q = attn->src[0];
+    const struct ggml_tensor * k = attn->src[1];
+    GGML_ASSERT(centroids->type == GGML_TYPE_F32 && centroids->ne[0] == q->ne[0] && centroids->ne[1] >= 1 &&
+                centroids->ne[2] == k->ne[2] && centroids->ne[3] == k->ne[3] && centroids->nb[0] == sizeof(float) &&
+                "sparq_attn: the index centroids must be f32 [d, n_list, n_head_kv, n_stream]");
+    GGML_ASSERT(lists->type == GGML_TYPE_F32 && lists->ne[0] == k->ne[1] && lists->ne[1] == k->ne[2] &&
+                lists->ne[2] == k->ne[3] && lists->ne[3] == 1 && lists->nb[0] == sizeof(float) &&
+                "sparq_attn: the index lists must be f32 [n_kv, n_head_kv, n_stream]");
+    GGML_ASSERT(n_probe >= 1 && n_probe <= centroids->ne[1] && "sparq_attn: n_probe must be in [1, n_list]");
+    attn->src[8] = centroids;
+    attn->src[9] = lists;
+    ggml_set_op_params_i32(attn, 6, n_probe);
+}
+
 void ggml_sparq_attn_set_window(struct ggml_tensor * attn, struct ggml_tensor * win) {
     GGML_ASSERT(attn->op == GGML_OP_SPARQ_ATTN);
     const struct ggml_tensor * q = attn->src[0];

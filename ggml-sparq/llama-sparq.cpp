@@ -92,11 +92,13 @@ struct llama_sparq_params llama_sparq_default_params(void) {
     p.gqa      = LLAMA_SPARQ_GQA_SHARED;
     p.mean_v   = true;
     p.basis    = LLAMA_SPARQ_BASIS_SCALED; // keeps Gemma 3's answers where the paper's ranking loses them (README "Accuracy")
+    p.index_lists = 256;
+    p.index_probe = 16;
     return p;
 }
 
 // the names of the enums' values: the one list the front ends (Python, the flags, llama-bench) use
-static const char * const sparq_selector_names[LLAMA_SPARQ_SELECTOR_COUNT] = { "sparq", "oracle", "streaming", "h2o" };
+static const char * const sparq_selector_names[LLAMA_SPARQ_SELECTOR_COUNT] = { "sparq", "oracle", "streaming", "h2o", "index" };
 static const char * const sparq_gqa_names[LLAMA_SPARQ_GQA_COUNT] = { "shared", "per_head" };
 static const char * const sparq_basis_names[LLAMA_SPARQ_BASIS_COUNT] = { "model", "scaled", "pca" };
 
@@ -135,6 +137,10 @@ struct sparq_layer {
     ggml_tensor * vcomp = nullptr;
     // the H2O selector's accumulated attention per cell: [kv_size, n_head_kv, n_stream] f32
     ggml_tensor * h2o = nullptr;
+    // the index selector (allocated on first use): centroids [d, n_list, n_head_kv, n_stream] f32 and
+    // each cell's list [kv_size, n_head_kv, n_stream] f32 (-1: not assigned yet; the op assigns it)
+    ggml_tensor * ivf_cent = nullptr;
+    ggml_tensor * ivf_list = nullptr;
     int reason = -1;              // >= 0: no data for this layer, why
     // the PCA basis (LLAMA_SPARQ_BASIS_PCA): rot [d, d, n_head_kv] f32, rot[j + d*(m + d*h)] =
     // component j of axis m of KV head h; spread [d, n_head_kv] f32, the keys' RMS along each axis
@@ -172,6 +178,7 @@ struct llama_sparq_ctx {
     uint64_t n_dense[LLAMA_SPARQ_DENSE_COUNT] = {};
     double   compression_sum = 0.0;
     uint64_t n_rebuilds = 0;
+    uint64_t n_index_trainings = 0; // the index selector's k-means runs (logged at exit)
     uint32_t logged = 0; // reasons already logged
 
     // the context's batch (which sequences bring several tokens to the current llama_decode)
@@ -181,6 +188,13 @@ struct llama_sparq_ctx {
     std::vector<ggml_backend_buffer_ptr> basis_bufs;
     ggml_context_ptr basis_ctx;
     bool calibrated = false;
+
+    // the index selector: its tensors, their list count, and per stream the used cells its index
+    // was trained on (0: not trained; trained again once the stream has doubled)
+    std::vector<ggml_backend_buffer_ptr> ivf_bufs;
+    ggml_context_ptr ivf_ctx;
+    int32_t ivf_n_list = 0;
+    std::vector<uint32_t> ivf_trained;
     int32_t basis_in_data = LLAMA_SPARQ_BASIS_MODEL; // the basis K^T was last built in
 
     ~llama_sparq_ctx();
@@ -392,6 +406,170 @@ static bool sparq_alloc_basis(llama_sparq_ctx & S, char * err, size_t err_size) 
     }
     sparq_basis_reset(S);
     return true;
+}
+
+// the index selector's tensors for n_list lists (again when the count changes); every stream untrained
+static bool sparq_alloc_index(llama_sparq_ctx & S, int32_t n_list, char * err, size_t err_size) {
+    if (S.ivf_ctx && S.ivf_n_list == n_list) {
+        return true;
+    }
+    for (auto & b : S.ivf_bufs) {
+        S.extra_bytes -= ggml_backend_buffer_get_size(b.get());
+    }
+    S.ivf_bufs.clear();
+    ggml_init_params ip = { (S.layers.size() * 2 + 1) * ggml_tensor_overhead(), nullptr, true };
+    S.ivf_ctx.reset(ggml_init(ip));
+    std::map<ggml_backend_buffer_type_t, std::vector<ggml_tensor *>> by_buft;
+    for (sparq_layer & L : S.layers) {
+        L.ivf_cent = L.ivf_list = nullptr;
+        if (!L.kt) {
+            continue;
+        }
+        const int64_t kv_size = L.kt->ne[0], d = L.kt->ne[1], hkv = L.kt->ne[2], ns = L.kt->ne[3];
+        L.ivf_cent = ggml_new_tensor_4d(S.ivf_ctx.get(), GGML_TYPE_F32, d, n_list, hkv, ns);
+        L.ivf_list = ggml_new_tensor_3d(S.ivf_ctx.get(), GGML_TYPE_F32, kv_size, hkv, ns);
+        ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(L.kt->buffer);
+        by_buft[buft].push_back(L.ivf_cent);
+        by_buft[buft].push_back(L.ivf_list);
+    }
+    S.ivf_n_list = 0;
+    if (!sparq_alloc_buffers(S, by_buft, S.ivf_bufs, "the vector index", err, err_size)) {
+        S.ivf_ctx.reset();
+        return false;
+    }
+    S.ivf_n_list = n_list;
+    S.ivf_trained.assign(S.streams.size(), 0);
+    return true;
+}
+
+// Lloyd's k-means (L2) of the n rows of x (n x d) into C centroids, started from C rows spread
+// evenly over x; a list left empty keeps its centroid
+static void sparq_kmeans(const std::vector<float> & x, int64_t n, int64_t d, int64_t C, int iters, float * cent) {
+    for (int64_t c = 0; c < C; ++c) {
+        const int64_t i = n > 0 ? (c * n) / C : 0;
+        for (int64_t j = 0; j < d; ++j) {
+            cent[c * d + j] = n > 0 ? x[i * d + j] : 0.0f;
+        }
+    }
+    if (n == 0) {
+        return;
+    }
+    std::vector<int32_t> asg(n);
+    std::vector<double> sum((size_t) C * d);
+    std::vector<int64_t> cnt(C);
+    std::vector<float> cn2(C);
+    for (int it = 0; it < iters; ++it) {
+        for (int64_t c = 0; c < C; ++c) {
+            float s2 = 0.0f;
+            for (int64_t j = 0; j < d; ++j) {
+                s2 += cent[c * d + j] * cent[c * d + j];
+            }
+            cn2[c] = s2;
+        }
+        for (int64_t i = 0; i < n; ++i) {
+            const float * xi = x.data() + i * d;
+            float best = INFINITY;
+            int32_t bi = 0;
+            for (int64_t c = 0; c < C; ++c) {
+                const float * ce = cent + c * d;
+                float dot = 0.0f;
+                for (int64_t j = 0; j < d; ++j) {
+                    dot += xi[j] * ce[j];
+                }
+                const float dist = cn2[c] - 2.0f * dot;
+                if (dist < best) {
+                    best = dist;
+                    bi = (int32_t) c;
+                }
+            }
+            asg[i] = bi;
+        }
+        std::fill(sum.begin(), sum.end(), 0.0);
+        std::fill(cnt.begin(), cnt.end(), 0);
+        for (int64_t i = 0; i < n; ++i) {
+            cnt[asg[i]]++;
+            for (int64_t j = 0; j < d; ++j) {
+                sum[(size_t) asg[i] * d + j] += x[i * d + j];
+            }
+        }
+        for (int64_t c = 0; c < C; ++c) {
+            if (cnt[c] > 0) {
+                for (int64_t j = 0; j < d; ++j) {
+                    cent[c * d + j] = (float) (sum[(size_t) c * d + j] / cnt[c]);
+                }
+            }
+        }
+    }
+}
+
+// Trains the index of one stream on its used cells' keys (but `skip`, which the next ubatch
+// writes): per layer and KV head, k-means on at most 32 keys per list (evenly spaced over the
+// cells), 8 iterations; every list id of the stream is reset to -1 (the op assigns each cell to
+// its nearest centroid when it next reads it). Threads over (layer, KV head).
+static void sparq_train_index(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip, uint32_t n_used) {
+    const llama_kv_cache * kv = S.kv;
+    const uint32_t kv_size = A::kv_size(kv);
+    const llama_kv_cells & cells = A::cells(kv, strm);
+    const int64_t C = S.ivf_n_list;
+    std::vector<uint32_t> use;
+    for (uint32_t c = cells.used_min(); c < cells.used_max_p1(); ++c) {
+        if (!cells.is_empty(c) && std::find(skip.begin(), skip.end(), c) == skip.end()) {
+            use.push_back(c);
+        }
+    }
+    const size_t n_max = (size_t) 32 * C;
+    if (use.size() > n_max) {
+        std::vector<uint32_t> sub(n_max);
+        for (size_t i = 0; i < n_max; ++i) {
+            sub[i] = use[(i * use.size()) / n_max];
+        }
+        use.swap(sub);
+    }
+    struct job { size_t ikv; int64_t h; };
+    std::vector<job> jobs;
+    for (size_t ikv = 0; ikv < S.layers.size(); ++ikv) {
+        if (S.layers[ikv].ivf_cent) {
+            for (int64_t h = 0; h < S.layers[ikv].ivf_cent->ne[2]; ++h) {
+                jobs.push_back({ ikv, h });
+            }
+        }
+    }
+    std::atomic<size_t> next{0};
+    auto work = [&]() {
+        for (size_t ji; (ji = next++) < jobs.size();) {
+            const sparq_layer & L = S.layers[jobs[ji].ikv];
+            ggml_tensor * k = A::layer_k(kv, jobs[ji].ikv);
+            const int64_t d = L.ivf_cent->ne[0], h = jobs[ji].h;
+            const size_t esz = ggml_type_size(k->type);
+            std::vector<float> x(use.size() * d);
+            std::vector<uint8_t> row((size_t) d * esz);
+            for (size_t i = 0; i < use.size(); ++i) {
+                ggml_backend_tensor_get(k, row.data(), strm * k->nb[2] + (size_t) use[i] * k->nb[1] + (size_t) h * d * esz,
+                                        row.size());
+                for (int64_t j = 0; j < d; ++j) {
+                    x[i * d + j] = sparq_elem_f32(row.data() + j * esz, k->type);
+                }
+            }
+            std::vector<float> cent((size_t) C * d);
+            sparq_kmeans(x, (int64_t) use.size(), d, C, 8, cent.data());
+            ggml_backend_tensor_set(L.ivf_cent, cent.data(), strm * L.ivf_cent->nb[3] + h * L.ivf_cent->nb[2],
+                                    cent.size() * sizeof(float));
+            std::vector<float> none(kv_size, -1.0f);
+            ggml_backend_tensor_set(L.ivf_list, none.data(), strm * L.ivf_list->nb[2] + h * L.ivf_list->nb[1],
+                                    none.size() * sizeof(float));
+        }
+    };
+    const int nth = std::max(1, std::min<int>((int) jobs.size(),
+                                              S.lctx ? (int) A::cparams(S.lctx).n_threads : 1));
+    std::vector<std::thread> th;
+    for (int t = 1; t < nth; ++t) {
+        th.emplace_back(work);
+    }
+    work();
+    for (auto & t : th) {
+        t.join();
+    }
+    S.ivf_trained[strm] = std::max<uint32_t>(1, n_used);
 }
 
 // eigen-decomposition of a symmetric n x n matrix (row-major, destroyed) by cyclic Jacobi
@@ -635,7 +813,17 @@ int32_t llama_sparq_set_params(struct llama_context * ctx, const struct llama_sp
         sparq_err(err, err_size, "SparQ: min_kv = %d is out of range: allowed min_kv >= 0", p->min_kv);
         return -1;
     }
+    if (p->index_lists < 1 || p->index_lists > 65536) {
+        sparq_err(err, err_size, "SparQ: index_lists = %d is out of range: allowed 1..65536", p->index_lists);
+        return -1;
+    }
+    if (p->index_probe < 1 || p->index_probe > p->index_lists) {
+        sparq_err(err, err_size, "SparQ: index_probe = %d is out of range: allowed 1..index_lists (index_lists = %d)",
+                  p->index_probe, p->index_lists);
+        return -1;
+    }
     const bool h2o = p->enabled && p->selector == LLAMA_SPARQ_SELECTOR_H2O;
+    const bool index = p->enabled && p->selector == LLAMA_SPARQ_SELECTOR_INDEX;
     if (h2o && p->all_rows) {
         sparq_err(err, err_size, "SparQ: all_rows = 1 does not apply to selector h2o: its prompt rows are dense and "
                   "scored, its decode rows choose on the scores");
@@ -675,15 +863,21 @@ int32_t llama_sparq_set_params(struct llama_context * ctx, const struct llama_sp
         cp.sparq = S;
     }
     llama_sparq_ctx & Sq = *cp.sparq;
-    if (h2o) {
+    if (h2o || index) {
         for (const sparq_layer & L : Sq.layers) {
             if (L.h2o && !ggml_backend_buffer_is_host(L.h2o->buffer)) {
-                sparq_err(err, err_size, "SparQ: selector h2o runs on the CPU and needs the KV cache in host memory "
-                          "(here on %s): use --no-kv-offload / offload_kqv = false",
+                sparq_err(err, err_size, "SparQ: selector %s runs on the CPU and needs the KV cache in host memory "
+                          "(here on %s): use --no-kv-offload / offload_kqv = false", h2o ? "h2o" : "index",
                           ggml_backend_buffer_name(L.h2o->buffer));
                 return -2;
             }
         }
+    }
+    if (index && !sparq_alloc_index(Sq, p->index_lists, err, err_size)) {
+        return -2;
+    }
+    if (index && (Sq.params.selector != LLAMA_SPARQ_SELECTOR_INDEX || !Sq.params.enabled)) {
+        std::fill(Sq.ivf_trained.begin(), Sq.ivf_trained.end(), 0); // the index is trained at the next step
     }
     if (p->basis == LLAMA_SPARQ_BASIS_PCA && !sparq_alloc_basis(Sq, err, err_size)) {
         return -2;
@@ -765,6 +959,10 @@ llama_sparq_ctx::~llama_sparq_ctx() {
                    (unsigned long long) n_sparq, (unsigned long long) nd, o ? " (" : "", buf, o ? ")" : "",
                    n_sparq ? compression_sum / n_sparq : 0.0, (unsigned long long) n_rebuilds,
                    (unsigned long long) n_sparq_device);
+    if (n_index_trainings) {
+        LLAMA_LOG_INFO("llama_sparq: the vector index (selector index, %d lists) was trained %llu times\n", ivf_n_list,
+                       (unsigned long long) n_index_trainings);
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -963,10 +1161,19 @@ static bool sparq_rebuild_stream_device(llama_sparq_ctx & S, uint32_t strm, cons
 // the scores of the cells still in use (a removal or a position shift leaves each cell's history)
 // and zeroes the empty cells and those the next ubatch writes. A state load or a copy from another
 // stream brings no scores: those cells keep what this context had there (0 in a fresh context).
+// The index follows K: after a rebuild (cells moved or removed, keys re-roped, a state loaded,
+// the cache cleared) the stream's index is trained again at its next step, its list ids reset.
 static void sparq_h2o_rebuild(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip) {
     const llama_kv_cells & cells = A::cells(S.kv, strm);
     const uint32_t kv_size = A::kv_size(S.kv);
+    if (strm < S.ivf_trained.size()) {
+        S.ivf_trained[strm] = 0;
+    }
     for (sparq_layer & L : S.layers) {
+        if (L.ivf_list) {
+            std::vector<float> none((size_t) L.ivf_list->ne[0] * L.ivf_list->ne[1], -1.0f);
+            ggml_backend_tensor_set(L.ivf_list, none.data(), strm * L.ivf_list->nb[2], none.size() * sizeof(float));
+        }
         if (!L.h2o) {
             continue;
         }
@@ -1540,6 +1747,22 @@ void llm_graph_input_sparq::set_input(const llama_ubatch * ubatch) {
         st.valid = true;
     }
 
+    // the index selector: a stream's index is trained at its first step with it, and again once the
+    // stream holds twice the cells it was trained on (its list ids are then reset: the op reassigns)
+    if (St.params.selector == LLAMA_SPARQ_SELECTOR_INDEX && St.ivf_ctx && appends &&
+        std::any_of(decisions.begin(), decisions.end(), [](const sparq_decision & dc) { return dc.reason < 0; })) {
+        for (uint32_t s = 0; s < si.n_stream(); ++s) {
+            const uint32_t strm = si.strm[s];
+            const llama_kv_cells & cells = A::cells(kv, strm);
+            const uint32_t n_used = cells.get_used() > si.size() ? cells.get_used() - si.size() : 0;
+            if (St.ivf_trained[strm] == 0 || n_used >= 2 * (uint64_t) St.ivf_trained[strm]) {
+                sparq_train_index(St, strm, si.idxs[s], n_used);
+                std::lock_guard<std::mutex> lock(St.mtx);
+                St.n_index_trainings++;
+            }
+        }
+    }
+
     if (v_count) {
         GGML_ASSERT(ggml_backend_buffer_is_host(v_count->buffer));
         float * data = (float *) v_count->data;
@@ -1678,10 +1901,12 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
     const int kk = P.k;
     const bool streaming = P.selector == LLAMA_SPARQ_SELECTOR_STREAMING;
     const bool h2o = P.selector == LLAMA_SPARQ_SELECTOR_H2O;
+    const bool index = P.selector == LLAMA_SPARQ_SELECTOR_INDEX;
+    GGML_ASSERT((!index || L.ivf_list) && "llama_sparq: the index selector without its tensors (llama_sparq_set_params allocates them)");
     // streaming (LM-Infinite): the first min(16, k/2) positions and the k - that most recent
     const int l  = streaming ? kk - std::min(16, kk / 2) : P.l >= 0 ? P.l : kk / 4;
     const int g_size = (int) (q->ne[1] / std::max<int64_t>(1, hkv));
-    const bool per_head = P.gqa == LLAMA_SPARQ_GQA_PER_HEAD && g_size > 1 && !streaming && !h2o;
+    const bool per_head = P.gqa == LLAMA_SPARQ_GQA_PER_HEAD && g_size > 1 && !streaming && !h2o && !index;
 
     // appends keep K^T and the V sums current on every ubatch that writes this layer's cache
     // (prompt ubatches too: cheaper than rebuilding the data at the next decode step)
@@ -1690,6 +1915,7 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
     ggml_tensor * vs_src = L.vsum;
     ggml_tensor * ksq_src = L.ksq;
     ggml_tensor * h2o_src = L.h2o;
+    ggml_tensor * ivf_src = L.ivf_list;
     const auto & si = A::sinfo(mctx);
     if (appends) {
         inp->appends = true;
@@ -1769,6 +1995,19 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
             ggml_format_name(h2o_src, "sparq_h2o-%d", il); // llama_sparq.capture reads the scores here, before the op
             ggml_build_forward_expand(g.gf, h2o_src);
         }
+        if (index) {
+            // the index: the new cells are in no list yet (the op assigns them)
+            ggml_tensor *& hidx = inp->kt_idxs[hkv];
+            if (!hidx) {
+                hidx = ggml_new_tensor_1d(ctx0, GGML_TYPE_I64, n_tokens * hkv);
+                ggml_set_input(hidx);
+                ggml_set_name(hidx, "sparq_kt_idxs");
+            }
+            ggml_tensor * none = ggml_fill(ctx0, ggml_new_tensor_2d(ctx0, GGML_TYPE_F32, 1, n_tokens * hkv), -1.0f);
+            ivf_src = ggml_set_rows(ctx0, ggml_reshape_2d(ctx0, L.ivf_list, 1, ggml_nelements(L.ivf_list)), none, hidx);
+            ggml_format_name(ivf_src, "sparq_ivf-%d", il); // llama_sparq.capture reads the lists here, before the op
+            ggml_build_forward_expand(g.gf, ivf_src);
+        }
     }
 
     int reason = -1;
@@ -1815,6 +2054,12 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
     // and written), neither reading or writing the mean of V
     if (streaming || h2o) {
         decide(-1, (int) d, h2o ? 2 : 0, kk, kk, -2 * (int) d);
+    } else if (index) {
+        // the index: its centroids (f32: 2 elements each), the list ids (f32), and the keys of the probed
+        // lists, index_probe / index_lists of the cells when the lists are even (an estimate: the counters
+        // do not see the lists' sizes), then k rows of K and V
+        const int C = S.ivf_n_list, np = std::min(P.index_probe, C);
+        decide(-1, (int) d, 2 + (int) (((int64_t) d * np + C / 2) / C), kk, kk, 2 * C * (int) d - 2 * (int) d);
     } else {
         decide(-1, (int) d, P.selector == LLAMA_SPARQ_SELECTOR_ORACLE ? (int) d : r, kk, per_head ? g_size * (kk - l) + l : kk,
                // the PCA rotation (f32 d x d per KV head) is read every step; the scaled basis's d weights are
@@ -1841,17 +2086,25 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
     }
     ggml_tensor * cur = ggml_sparq_attn(ctx0, q4, k4, kt4, v4, vs3, inp->v_count, kq_mask, r, kk, l, kq_scale);
     static_assert(LLAMA_SPARQ_SELECTOR_SPARQ == GGML_SPARQ_SEL_SPARQ && LLAMA_SPARQ_SELECTOR_ORACLE == GGML_SPARQ_SEL_ORACLE &&
-                  LLAMA_SPARQ_SELECTOR_STREAMING == GGML_SPARQ_SEL_STREAMING && LLAMA_SPARQ_SELECTOR_H2O == GGML_SPARQ_SEL_H2O,
+                  LLAMA_SPARQ_SELECTOR_STREAMING == GGML_SPARQ_SEL_STREAMING && LLAMA_SPARQ_SELECTOR_H2O == GGML_SPARQ_SEL_H2O &&
+                  LLAMA_SPARQ_SELECTOR_INDEX == GGML_SPARQ_SEL_INDEX,
                   "the llama and ggml selectors are numbered alike");
     ggml_sparq_attn_set_selector(cur, P.selector,
-                                 (per_head ? GGML_SPARQ_FLAG_PER_HEAD : 0) | (P.mean_v && !streaming && !h2o ? 0 : GGML_SPARQ_FLAG_NO_MEAN_V));
+                                 (per_head ? GGML_SPARQ_FLAG_PER_HEAD : 0) |
+                                 (P.mean_v && !streaming && !h2o && !index ? 0 : GGML_SPARQ_FLAG_NO_MEAN_V));
     if (h2o) {
         ggml_sparq_attn_set_h2o(cur, h2o3);
+    } else if (index) {
+        ggml_tensor * cent = ggml_view_4d(ctx0, L.ivf_cent, d, S.ivf_n_list, hkv, n_stream, L.ivf_cent->nb[1],
+                                          L.ivf_cent->nb[2], L.ivf_cent->nb[3], si.s0 * L.ivf_cent->nb[3]);
+        ggml_tensor * lists = ggml_view_3d(ctx0, ivf_src, n_kv, hkv, n_stream, L.ivf_list->nb[1], L.ivf_list->nb[2],
+                                           si.s0 * L.ivf_list->nb[2]);
+        ggml_sparq_attn_set_index(cur, cent, lists, std::min(P.index_probe, S.ivf_n_list));
     } else if (P.basis == LLAMA_SPARQ_BASIS_PCA && L.rot) {
         // the query in the PCA basis of its KV head (query head h uses rot[h / g], as GQA maps heads)
         ggml_tensor * q_sel = ggml_mul_mat(ctx0, L.rot, ggml_cont(ctx0, q4)); // [d, n_tps, n_head, ns]
         ggml_sparq_attn_set_basis(cur, q_sel, L.spread);
-    } else if (P.basis == LLAMA_SPARQ_BASIS_SCALED && !streaming) {
+    } else if (P.basis == LLAMA_SPARQ_BASIS_SCALED && !streaming && !index) {
         // weights: the keys' RMS per component over the stream's cells; sqrt of the sums of squares
         // (the count is common to all components and cancels in step 1's ranking and in tau)
         ggml_tensor * ks3 = ggml_view_3d(ctx0, ksq_src, d, hkv, n_stream, L.ksq->nb[1], L.ksq->nb[2], 0);

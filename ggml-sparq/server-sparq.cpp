@@ -106,6 +106,8 @@ common_json server_sparq_props() {
         { "gqa",         name_or_unknown(llama_sparq_gqa_name(s.params.gqa)) },
         { "basis",       name_or_unknown(llama_sparq_basis_name(s.params.basis)) },
         { "mean_v",      s.params.mean_v },
+        { "index_lists", s.params.index_lists },
+        { "index_probe", s.params.index_probe },
         { "n_layers",    s.stats.n_layers },
         { "extra_bytes", s.stats.extra_bytes },
         { "kv_bytes",    s.stats.kv_bytes },

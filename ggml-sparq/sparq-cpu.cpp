@@ -177,15 +177,17 @@ struct layout {
     int chunk_max;
     size_t off_mask, off_cnt, off_row, off_win, off_i1, off_qs, off_stat, off_ccount, off_cand, off_logit, off_thread;
     size_t off_h2o; // H2O: per thread, the attention weights of its rows per (stream, KV head, cell)
+    size_t off_ivf; // index: per unit, the group's summed query (d), the lists' |c|^2 and probe flags (n_list each)
     // per-thread area: offsets from the thread's base
-    size_t t_blk, t_ck, t_idx, t_gm, t_big, t_merge, t_sel, t_ex, t_vec, t_gh, t_rows;
+    size_t t_blk, t_ck, t_idx, t_gm, t_big, t_merge, t_sel, t_ex, t_vec, t_gh, t_rows, t_ivf;
     size_t thread_bytes, total;
 };
 
 static int sparq_cap(const sparq_args * a) { return std::max(16, 4 * a->k); }
 
+// the selectors that rank no approximate scores (no K^T, no mean-V, one choice per KV head)
 static bool sel_baseline(const sparq_args * a) {
-    return a->selector == SPARQ_SEL_STREAMING || a->selector == SPARQ_SEL_H2O;
+    return a->selector == SPARQ_SEL_STREAMING || a->selector == SPARQ_SEL_H2O || a->selector == SPARQ_SEL_INDEX;
 }
 
 // the arguments a selector actually runs with: the oracle is SparQ with every component; the
@@ -236,6 +238,7 @@ static layout make_layout(const sparq_args * a, int nth) {
     L.off_cand   = o; o += align_up((size_t) L.wave * L.nc * L.ph * L.cap * sizeof(cand));
     L.off_logit  = o; o += align_up(L.g > 1 && !sel_baseline(a) ? (size_t) L.wave * L.g * S * sizeof(float) : 0);
     L.off_h2o    = o; o += align_up(a->selector == SPARQ_SEL_H2O ? (size_t) nth * a->n_stream * a->n_head_kv * S * sizeof(float) : 0);
+    L.off_ivf    = o; o += align_up(a->selector == SPARQ_SEL_INDEX ? (size_t) L.U * (a->d + 2 * a->ivf_n_list) * sizeof(float) : 0);
     // per thread: g x B approximate scores of a block, the chunk's keys, filter indices,
     // group maxima, the tie fallback buffer, the merge buffer, the selection, exact
     // logits, and y / vbar / a K row (phase A: |q| and an order)
@@ -253,6 +256,7 @@ static layout make_layout(const sparq_args * a, int nth) {
     L.t_vec   = t; t += align_up((size_t) 3 * dmax * sizeof(float));
     L.t_gh    = t; t += align_up((size_t) 2 * L.g * sizeof(float));
     L.t_rows  = t; t += align_up((size_t) a->r * sizeof(void *));
+    L.t_ivf   = t; t += align_up(a->selector == SPARQ_SEL_INDEX ? (size_t) a->ivf_n_list * sizeof(cand) : 0);
     L.thread_bytes = t;
     L.off_thread = o; o += L.thread_bytes * nth;
     L.total = o + SPARQ_ALIGN; // room to align the base pointer
@@ -272,6 +276,17 @@ struct ctx {
     // H2O: thread ith's share of the attention weights of (stream, KV head), and the scores
     float     * h2o_part(int ith, int st, int kvh) const {
         return (float *) (base + L.off_h2o) + (((size_t) ith * a->n_stream + st) * a->n_head_kv + kvh) * a->n_kv;
+    }
+    // index: the unit's summed query, its lists' squared norms, its probe flags (1.0: probed)
+    float     * ivf_q(int u)                const { return (float *) (base + L.off_ivf) + (size_t) u * (a->d + 2 * a->ivf_n_list); }
+    float     * ivf_cn2(int u)              const { return ivf_q(u) + a->d; }
+    float     * ivf_probe(int u)            const { return ivf_q(u) + a->d + a->ivf_n_list; }
+    const float * ivf_centroid(int st, int kvh, int c) const {
+        return (const float *) ((const char *) a->ivf_cent + (size_t) c * a->ivf_cent_nb1 + (size_t) kvh * a->ivf_cent_nb2 +
+                                (size_t) st * a->ivf_cent_nb3);
+    }
+    float     * ivf_lists(int st, int kvh)  const {
+        return (float *) ((char *) a->ivf_list + (size_t) kvh * a->ivf_list_nb1 + (size_t) st * a->ivf_list_nb2);
     }
     float     * h2o_row(int st, int kvh)    const {
         return (float *) ((char *) a->h2o + (size_t) kvh * a->h2o_nb1 + (size_t) st * a->h2o_nb2);
@@ -426,6 +441,42 @@ static void phase_a(const ctx & C, int ith, int nth) {
             }
         }
     }
+
+    if (a->selector == SPARQ_SEL_INDEX) {
+        // per unit: the group's summed query, the lists' squared norms (for assignments), the probed lists
+        const int nl = a->ivf_n_list;
+        cand * ls = (cand *) C.tbuf(ith, C.L.t_ivf);
+        for (int u = ith; u < C.L.U; u += nth) {
+            const int R = C.unit_row(u), kvh = C.unit_kvh(u), st = C.row_stream(R);
+            float * qsum = C.ivf_q(u);
+            for (int j = 0; j < d; ++j) {
+                qsum[j] = 0.0f;
+            }
+            for (int h = 0; h < g; ++h) {
+                const float * q = C.q_row(R, kvh * g + h);
+                for (int j = 0; j < d; ++j) {
+                    qsum[j] += q[j];
+                }
+            }
+            float * cn2 = C.ivf_cn2(u);
+            float * pr = C.ivf_probe(u);
+            for (int c = 0; c < nl; ++c) {
+                const float * ce = C.ivf_centroid(st, kvh, c);
+                cn2[c] = C.isa->dot_f32(ce, ce, d);
+                ls[c].key = C.isa->dot_f32(qsum, ce, d);
+                ls[c].idx = c;
+                pr[c] = 0.0f;
+            }
+            const int np = std::min(a->ivf_n_probe, nl);
+            // the n_probe best lists, ties to the lower index
+            if (np < nl) {
+                compact(ls, nl, np);
+            }
+            for (int i = 0; i < np; ++i) {
+                pr[ls[i].idx] = 1.0f;
+            }
+        }
+    }
 }
 
 // ----- phase B: valid cells and window start per row -----
@@ -570,6 +621,54 @@ static void phase_c(const ctx & C, int wb, int we, int ith) {
         }
         int s0, s1;
         chunk_range(S, ith, C.L.nc, &s0, &s1);
+        if (a->selector == SPARQ_SEL_INDEX) {
+            // candidates: the cells of the probed lists, by their exact logit summed over the group;
+            // a cell not yet in a list joins its nearest centroid's (this thread owns the chunk's cells)
+            const float * m = C.mask_row(R);
+            const float * qsum = C.ivf_q(u);
+            const float * cn2 = C.ivf_cn2(u);
+            const float * pr = C.ivf_probe(u);
+            float * lists = C.ivf_lists(st, kvh);
+            float * kf = (float *) C.tbuf(ith, C.L.t_vec); // a key in f32 (3 * max(d, dv) floats)
+            // every valid cell of the chunk gets a list (the window's too); those before the window are ranked
+            const int n = std::min(s1, (int) ri->w0) - s0;
+            for (int s = 0; s < s1 - s0; ++s) {
+                const int cell = s0 + s;
+                if (s < n) {
+                    ck[s] = -INFINITY;
+                }
+                if (m && !is_valid(m[cell])) {
+                    continue;
+                }
+                const char * kr = C.K_row(st, kvh, cell);
+                int li = (int) lists[cell];
+                if (li < 0 || li >= a->ivf_n_list) {
+                    if (a->K_type == SPARQ_F16) {
+                        C.isa->f16_to_f32((const uint16_t *) kr, kf, a->d);
+                    } else {
+                        memcpy(kf, kr, (size_t) a->d * sizeof(float));
+                    }
+                    // argmin |k - c|^2 = argmin |c|^2 - 2 k.c, ties to the lower list
+                    float best = INFINITY;
+                    li = 0;
+                    for (int c = 0; c < a->ivf_n_list; ++c) {
+                        const float dist = cn2[c] - 2.0f * C.isa->dot_f32(kf, C.ivf_centroid(st, kvh, c), a->d);
+                        if (dist < best) {
+                            best = dist;
+                            li = c;
+                        }
+                    }
+                    lists[cell] = (float) li;
+                }
+                if (s >= n || pr[li] == 0.0f) {
+                    continue;
+                }
+                ck[s] = (a->K_type == SPARQ_F16 ? C.isa->dot_f16(qsum, (const uint16_t *) kr, a->d)
+                                                : C.isa->dot_f32(qsum, (const float *) kr, a->d)) * a->scale;
+            }
+            *C.ccount(w, ith) = select_chunk(C, ith, ck, n, s0, row_kk_scan(a, ri), C.cands(w, ith));
+            continue;
+        }
         if (a->selector == SPARQ_SEL_H2O) {
             // candidates by accumulated attention (invalid cells never), cells before the window
             const float * hs = C.h2o_row(st, kvh);

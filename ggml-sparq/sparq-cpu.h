@@ -69,6 +69,7 @@ enum sparq_selector {
     // the paper's baselines (ggml-sparq.h); neither reads K^T nor mixes in the mean of V
     SPARQ_SEL_STREAMING = 2, // LM-Infinite: the l most recent and the k - l earliest cells
     SPARQ_SEL_H2O = 3,       // the l most recent and the k - l cells of largest accumulated attention (h2o)
+    SPARQ_SEL_INDEX = 4,     // top-k over an inverted-file index of the keys (ivf_*)
 };
 
 struct sparq_args {
@@ -107,6 +108,14 @@ struct sparq_args {
     // SPARQ_SEL_H2O: the accumulated attention per cell, read to choose, and each row's
     // attention weights over its cells (summed over the group's heads) added after all rows chose
     float * h2o; size_t h2o_nb1, h2o_nb2;                       // [n_kv, n_head_kv, n_stream]
+
+    // SPARQ_SEL_INDEX: n_list centroids of the keys per KV head and stream, and each cell's list
+    // (f32 ids; -1: not assigned yet: the op assigns it to the nearest centroid and writes the id).
+    // The group's summed query ranks the lists (q . centroid); the cells of the n_probe best lists
+    // outside the window are ranked by their exact logit summed over the group
+    const float * ivf_cent; size_t ivf_cent_nb1, ivf_cent_nb2, ivf_cent_nb3; // [d, n_list, n_head_kv, n_stream]
+    float * ivf_list; size_t ivf_list_nb1, ivf_list_nb2;                    // [n_kv, n_head_kv, n_stream]
+    int ivf_n_list, ivf_n_probe;
 
     // optional, for tests: the selected cells per (stream, row, kv head), ascending,
     // -1 padded; sel_n entries each (k, or g*(k-l)+l with per_head); [sel_n, n_head_kv, n_rows, n_stream]

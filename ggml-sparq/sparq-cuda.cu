@@ -79,7 +79,7 @@ static const char * sparq_cuda_unsupported(const ggml_tensor * op) {
     }
     const int32_t sel = ggml_get_op_params_i32(op, 4);
     if (sel != GGML_SPARQ_SEL_SPARQ && sel != GGML_SPARQ_SEL_ORACLE) {
-        return "the streaming and h2o selectors (CPU only)";
+        return "the streaming, h2o and index selectors (CPU only)";
     }
     const int32_t top_k = ggml_get_op_params_i32(op, 1);
     const int32_t flags = ggml_get_op_params_i32(op, 5);

@@ -37,7 +37,9 @@ class Case:
     mask_type: str = "f16"    # f16 | f32
     kt_pad: int = 0
     win: str = "none"         # none | tail (the last l valid cells, given explicitly) | random (l random valid cells)
-    selector: str = "sparq"   # sparq | oracle | streaming | h2o (the paper's baselines)
+    selector: str = "sparq"   # sparq | oracle | streaming | h2o (the paper's baselines) | index (IVF top-k)
+    n_list: int = 16          # index: lists (centroids) per KV head
+    n_probe: int = 4          # index: lists probed per query
     per_head: bool = False    # per-head position choice (union over the group)
     mean_v: bool = True       # mean-value reallocation
     basis: bool = False       # approximate scores in a rotated basis (q_sel, K_sel, comp_w)
@@ -58,7 +60,7 @@ class Case:
 
     @property
     def baseline(self):
-        return self.selector in ("streaming", "h2o")
+        return self.selector in ("streaming", "h2o", "index")
 
     @property
     def g(self):
@@ -70,7 +72,7 @@ class Case:
         return self.g * self.k if self.per_head and self.g > 1 and not self.baseline else self.k
 
 
-SELECTORS = {"sparq": 0, "oracle": 1, "streaming": 2, "h2o": 3}
+SELECTORS = {"sparq": 0, "oracle": 1, "streaming": 2, "h2o": 3, "index": 4}
 
 
 def generate(c: Case):
@@ -110,13 +112,25 @@ def generate(c: Case):
         v_sum[st] = V[st][cells].astype(np.float64).sum(axis=0)
         v_count[st] = cells.sum() * (-1 if st in c.dense_streams else 1)
     a = dict(q=q, K=K, V=V, mask=mask, v_sum=v_sum, v_count=v_count, scale=np.float32(1.0 / np.sqrt(c.d)),
-             win=None, q_sel=None, K_sel=None, comp_w=None, h2o=None)
+             win=None, q_sel=None, K_sel=None, comp_w=None, h2o=None, ivf_cent=None, ivf_lists=None)
     if c.selector == "h2o":
         # accumulated attention: continuous values, with a third of the cells at exactly 0 (cells
         # no step attended yet), so the choice also meets ties (to the lower index)
         h = rng.exponential(1.0, size=(c.n_stream, c.n_head_kv, c.S)).astype(np.float32)
         h[rng.random(h.shape) < 0.33] = 0.0
         a["h2o"] = h
+    if c.selector == "index":
+        # centroids: keys of random cells, jittered; two thirds of the cells in a list (any list: the op
+        # trusts the ids it is given), the rest unassigned (-1: the op assigns them)
+        cent = np.empty((c.n_stream, c.n_head_kv, c.n_list, c.d), np.float32)
+        lists = np.full((c.n_stream, c.n_head_kv, c.S), -1.0, np.float32)
+        for st in range(c.n_stream):
+            for j in range(c.n_head_kv):
+                pick = rng.choice(c.S, size=c.n_list, replace=c.S < c.n_list)
+                cent[st, j] = K[st, pick, j].astype(np.float32) + 0.1 * rng.standard_normal((c.n_list, c.d))
+                assigned = rng.random(c.S) < 2 / 3
+                lists[st, j, assigned] = rng.integers(0, c.n_list, size=int(assigned.sum()))
+        a["ivf_cent"], a["ivf_lists"] = cent, lists
     if c.win != "none" and c.selector == "streaming":
         # per row: entries 0..l-1 the l most recent positions' cells, entries l..k-1 the earliest
         # positions' cells (the sinks), -1 padded
@@ -189,6 +203,10 @@ def write(path: Path, c: Case, a: dict) -> None:
             f.write(np.ascontiguousarray(a["comp_w"], dtype=np.float32).tobytes())
         if a["h2o"] is not None:
             f.write(np.ascontiguousarray(a["h2o"], dtype=np.float32).tobytes())
+        if a["ivf_cent"] is not None:
+            f.write(struct.pack("<2i", c.n_list, c.n_probe))
+            f.write(np.ascontiguousarray(a["ivf_cent"], dtype=np.float32).tobytes())
+            f.write(np.ascontiguousarray(a["ivf_lists"], dtype=np.float32).tobytes())
 
 
 def run(prog, mode: str, c: Case, a: dict, tmp: Path, *, isa=None, threads=1, prefix=(), env=None):
@@ -212,6 +230,8 @@ def run(prog, mode: str, c: Case, a: dict, tmp: Path, *, isa=None, threads=1, pr
         o += 4 * n_sel
     if c.selector == "h2o":
         a["h2o_out"] = np.frombuffer(raw[o:], np.float32).reshape(c.n_stream, c.n_head_kv, c.S)
+    elif c.selector == "index":
+        a["ivf_out"] = np.frombuffer(raw[o:], np.float32).reshape(c.n_stream, c.n_head_kv, c.S)
     else:
         assert len(raw) == o, "unexpected bytes after the output"
     return out, sel
@@ -281,13 +301,19 @@ def check(c: Case, a: dict, out: np.ndarray, sel: np.ndarray | None) -> dict:
                   oracle=c.selector == "oracle", comp_w=comp_w, window=window)
         if c.baseline:
             kw.update(per_head=False, streaming=c.selector == "streaming",
-                      h2o_scores=None if a["h2o"] is None else a["h2o"][st])
+                      h2o_scores=None if a["h2o"] is None else a["h2o"][st],
+                      ivf=None if a["ivf_cent"] is None else (a["ivf_cent"][st], a["ivf_lists"][st], c.n_probe))
         want, info = ref.sparq_attention(q, K, V, return_info=True, q_sel=q_sel, K_sel=K_sel, **kw)
         if c.selector == "h2o":
             # the scores after the call: each row's attention weights added
             got_h, want_h = a["h2o_out"][st].astype(np.float64), info["h2o"]
             assert np.allclose(got_h, want_h, rtol=1e-5, atol=1e-5 * c.n_rows), (
                 f"{c.id}: H2O scores differ by {np.abs(got_h - want_h).max():.3g} (stream {st})")
+        if c.selector == "index" and st not in c.dense_streams:
+            # the cells the op assigned: its nearest centroid, as the reference's (rows with n_valid > k only)
+            got_l, want_l = a["ivf_out"][st].astype(np.float64), info["ivf_lists"]
+            bad = np.argwhere(got_l != want_l)
+            assert bad.size == 0, f"{c.id}: index lists differ at (kv head, cell) {bad[:5].tolist()} (stream {st})"
         forced_i2 = None
         if sel is not None and c.baseline:
             # no approximate scores: the choice is fixed (windows, sinks, scores with ties to the lower index)
@@ -420,6 +446,13 @@ def grid(quick: bool = False) -> list[Case]:
     add(d=128, S=1500, r=16, k=64, l=16, n_stream=3, n_head=4, n_head_kv=1, mask="pad", selector="h2o", win="tail",
         dense_streams=(1,))
     add(d=64, S=50, r=8, k=64, l=16, n_stream=2, n_head=4, n_head_kv=2, mask="pad", selector="h2o")
+    # the vector-index selector (IVF): lists probed, cells assigned on the fly
+    add(d=128, S=2000, r=16, k=100, l=25, n_head=4, n_head_kv=1, mask="holes", selector="index")
+    add(d=64, S=1200, r=8, k=64, l=16, n_rows=4, n_head=8, n_head_kv=2, mask="causal", selector="index", win="random",
+        kv_type="f32", n_list=32, n_probe=8)
+    add(d=128, S=1500, r=16, k=64, l=0, n_stream=2, n_head=4, n_head_kv=4, mask="pad", selector="index", n_list=8,
+        n_probe=8)
+    add(d=64, S=3000, r=8, k=600, l=16, n_head=4, n_head_kv=1, mask="none", selector="index", n_list=64, n_probe=2)
     # streams marked dense (prompt rows batched as single rows beside decode steps)
     add(d=128, S=2000, r=16, k=64, l=16, n_stream=3, n_head=4, n_head_kv=1, mask="pad", win="tail", dense_streams=(1,))
     add(d=64, S=1500, r=8, k=64, l=16, n_stream=2, n_head=8, n_head_kv=2, mask="holes", per_head=True,

@@ -533,3 +533,98 @@ def test_amdahl_bound():
 def test_cost_validation(call, pattern):
     with pytest.raises(ValueError, match=pattern):
         call()
+
+
+# ---- the paper's baselines (Appendix G) ------------------------------------------------
+
+
+def _baseline_inputs(S=40, n_head=4, n_head_kv=2, d=8, seed=3):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((1, n_head, d))
+    K = rng.standard_normal((S, n_head_kv, d))
+    V = rng.standard_normal((S, n_head_kv, d))
+    return q, K, V
+
+
+def test_streaming_attends_over_the_sinks_and_the_recent_cells():
+    """LM-Infinite: the first k - l and the last l valid cells, exact attention over them, no mean-V."""
+    q, K, V = _baseline_inputs()
+    mask = np.zeros((1, 40))
+    mask[0, [1, 30]] = -np.inf
+    out, info = sparq_attention(q, K, V, r=1, k=10, l=6, mask=mask, streaming=True, return_info=True)
+    want_cells = np.array([0, 2, 3, 4, 33, 34, 35, 36, 37, 38, 39][:4] + [34, 35, 36, 37, 38, 39])
+    for j in range(2):
+        assert np.array_equal(info["i2"][0][j], np.sort(want_cells))
+    # exactly dense attention restricted to those cells
+    m2 = np.full((1, 40), -np.inf)
+    m2[0, want_cells] = 0.0
+    assert np.allclose(out, dense_attention(q, K, V, mask=m2))
+    # with k >= S it is dense attention
+    assert np.allclose(sparq_attention(q, K, V, r=1, k=40, l=10, streaming=True), dense_attention(q, K, V))
+
+
+def test_streaming_window_list_names_recent_then_earliest_positions():
+    q, K, V = _baseline_inputs()
+    win = [[39, 20, 21, 5, 6, 7, -1]]  # l = 3 recent cells, then the sinks (cells of the earliest positions)
+    _, info = sparq_attention(q, K, V, r=1, k=7, l=3, streaming=True, window=win, return_info=True)
+    assert info["i2"][0][0].tolist() == [5, 6, 7, 20, 21, 39]
+
+
+def test_h2o_picks_the_heavy_hitters_and_adds_the_weights():
+    """H2O: the window and the k - l cells of largest score (ties to the lower index); the new
+    scores add each head's softmax weights over the chosen cells, summed over the group."""
+    q, K, V = _baseline_inputs()
+    h = np.zeros((2, 40))
+    h[0, [3, 9, 17]] = [5.0, 4.0, 3.0]
+    h[1, [11, 12]] = [2.0, 2.0]
+    out, info = sparq_attention(q, K, V, r=1, k=6, l=2, h2o_scores=h, return_info=True)
+    assert info["i2"][0][0].tolist() == [0, 3, 9, 17, 38, 39]   # 3 heavy hitters, then the tie at 0 to cell 0
+    assert info["i2"][0][1].tolist() == [0, 1, 11, 12, 38, 39]  # 2 heavy hitters, then ties at 0 to the lower index
+    g = 2
+    added = info["h2o"] - h
+    for j in range(2):
+        assert added[j].sum() == pytest.approx(g)
+        assert np.all(added[j][np.setdiff1d(np.arange(40), info["i2"][0][j])] == 0)
+        m2 = np.full((1, 40), -np.inf)
+        m2[0, info["i2"][0][j]] = 0.0
+        want = dense_attention(q, K, V, mask=m2)[0, j * g:(j + 1) * g]
+        assert np.allclose(out[0, j * g:(j + 1) * g], want)
+    # dense rows (k >= S) score every valid cell
+    _, info = sparq_attention(q, K, V, r=1, k=64, l=16, h2o_scores=h, return_info=True)
+    assert np.all(info["h2o"] - h > 0) and (info["h2o"] - h).sum() == pytest.approx(4.0)
+
+
+# ---- the vector-index selector ------------------------------------------------------------
+
+
+def test_index_probing_every_list_is_the_oracle_for_one_head_per_group():
+    """With every list probed all valid cells are candidates, ranked by q . k: for g = 1 that is
+    the oracle top-k (exact scores), so selection and output equal the oracle without mean-V."""
+    rng = np.random.default_rng(8)
+    q, K, V = rand_inputs(rng, 1, 2, 2, 300, 16)
+    cent = rng.standard_normal((2, 8, 16))
+    lists = -np.ones((2, 300))
+    out, info = sparq_attention(q, K, V, r=1, k=40, l=10, ivf=(cent, lists, 8), return_info=True)
+    want, winfo = sparq_attention(q, K, V, r=16, k=40, l=10, oracle=True, mean_v=False, return_info=True)
+    for j in range(2):
+        assert np.array_equal(info["i2"][0][j], winfo["i2"][0][j])
+    assert np.allclose(out, want)
+    # every cell joined its nearest centroid
+    d2 = ((K[:, :, None, :] - cent[None]) ** 2).sum(-1)   # (S, hkv, lists)
+    assert np.array_equal(info["ivf_lists"].T, d2.argmin(-1))
+
+
+def test_index_reads_only_the_probed_lists():
+    """Cells outside the probed lists are never chosen (the window aside), whatever their logit;
+    the lists are ranked by the group's summed query against the centroids."""
+    rng = np.random.default_rng(9)
+    q, K, V = rand_inputs(rng, 1, 4, 1, 200, 8)
+    qs = q[0].sum(axis=0)
+    cent = np.stack([qs, -qs, np.roll(qs, 3)])[None]        # list 0 aligns with the summed query
+    lists = np.full((1, 200), 2.0)
+    lists[0, 50:60] = 0.0                                      # ten cells in the best list
+    lists[0, 100:150] = 1.0
+    K[120, 0] = 10 * qs                                        # the largest logit, in an unprobed list
+    _, info = sparq_attention(q, K, V, r=1, k=20, l=4, ivf=(cent, lists, 1), return_info=True)
+    assert info["i2"][0][0].tolist() == list(range(50, 60)) + [196, 197, 198, 199]
+    assert np.array_equal(info["ivf_lists"], lists)            # no cell was unassigned

@@ -27,6 +27,8 @@ VARIANTS = {
     # the paper's baselines
     "streaming": dict(sparq_selector="streaming"),
     "h2o": dict(sparq_selector="h2o"),
+    # the vector-index selector
+    "index": dict(sparq_selector="index", sparq_index_lists=16, sparq_index_probe=4),
 }
 
 
@@ -52,7 +54,7 @@ def check_calls_against_reference(calls, settings, min_calls):
         S = int(np.isfinite(x["mask"][0]).sum())
         assert S > p["k"], "the test must run the sparse path (k < S)"
         sel = settings.get("sparq_selector")
-        if sel in ("streaming", "h2o"):
+        if sel in ("streaming", "h2o", "index"):
             check_baseline_call(c, x, p, sel)
             continue
         kw = dict(r=p["r"], k=p["k"], l=p["l"], mask=x["mask"], scale=p["scale"], vbar=x["vbar"],
@@ -92,6 +94,16 @@ def check_baseline_call(c, x, p, sel):
                                                return_info=True, **kw)
         pos_order = np.sort(info["i2"][0][0])
         assert pos_order.size == p["k"]
+    elif sel == "index":
+        ivf = x["ivf"]
+        assert ivf is not None and ivf["lists_before"] is not None, "the index was not captured"
+        assert ivf["cent"].shape[1] == 16 and ivf["n_probe"] == 4
+        assert np.abs(ivf["cent"]).max() > 0, "the index was not trained"
+        want, info = reference.sparq_attention(x["q"], x["K"], x["V"], window=[x["win"]], return_info=True,
+                                               ivf=(ivf["cent"], ivf["lists_before"], ivf["n_probe"]), **kw)
+        assert np.array_equal(ivf["lists"], info["ivf_lists"]), (c["layer"], np.argwhere(ivf["lists"] != info["ivf_lists"])[:5])
+        valid = np.isfinite(x["mask"][0])
+        assert np.all(ivf["lists"][:, valid] >= 0), "a valid cell was left out of the index"
     else:
         assert x["h2o_before"] is not None, "the scores before the op were not captured"
         want, info = reference.sparq_attention(x["q"], x["K"], x["V"], h2o_scores=x["h2o_before"], window=[x["win"]],
@@ -174,7 +186,7 @@ def test_pca_with_every_component_equals_dense(tiny_gqa_model):
 
 
 @pytest.mark.parametrize("kw,message", [
-    (dict(sparq_selector="best"), "sparq_selector = 'best' is unknown: allowed 'sparq', 'oracle', 'streaming', 'h2o'"),
+    (dict(sparq_selector="best"), "sparq_selector = 'best' is unknown: allowed 'sparq', 'oracle', 'streaming', 'h2o', 'index'"),
     (dict(sparq_gqa="union"), "sparq_gqa = 'union' is unknown: allowed 'shared', 'per_head'"),
     (dict(sparq_basis="svd"), "sparq_basis = 'svd' is unknown: allowed 'model', 'scaled', 'pca'"),
     (dict(sparq_mean_v=1), "sparq_mean_v must be True or False, got 1")])
@@ -229,6 +241,74 @@ def test_counters_cost_model_of_the_baselines(tiny_gqa_model):
         st = llm.sparq_stats()
         assert st["n_sparq"] == 2, sel
         assert st["compression"] == pytest.approx(moved / (2 * S * d + 2 * d), rel=1e-6), sel
+
+
+def test_counters_cost_model_of_the_index(tiny_gqa_model):
+    """The index reads its centroids (f32), the list ids (f32) and the keys of index_probe of
+    index_lists lists (estimated as an even share of the cells), then k rows of K and V."""
+    prompt = rand_tokens(700, 11, 256)
+    d, k, C, p = 16, 64, 16, 4
+    S = len(prompt) + 1
+    llm = make_llm(tiny_gqa_model, sparq_k=k, sparq_min_kv=0, sparq_selector="index", sparq_index_lists=C,
+                   sparq_index_probe=p)
+    llm.reset()
+    llm.eval(prompt)
+    llm.reset_sparq_stats()
+    llm.eval([9])
+    st = llm.sparq_stats()
+    assert st["n_sparq"] == 2
+    moved = 2 * C * d + 2 * S + S * d * p // C + 2 * k * d + 2 * d
+    assert st["compression"] == pytest.approx(moved / (2 * S * d + 2 * d), rel=1e-6)
+
+
+@pytest.mark.parametrize("kw,message", [
+    (dict(sparq_index_lists=0), "SparQ: index_lists = 0 is out of range: allowed 1..65536"),
+    (dict(sparq_index_lists=8, sparq_index_probe=9),
+     "SparQ: index_probe = 9 is out of range: allowed 1..index_lists (index_lists = 8)")])
+def test_index_settings_are_checked(tiny_model, kw, message):
+    with pytest.raises(ValueError) as e:
+        make_llm(tiny_model, sparq_selector="index", **kw)
+    assert str(e.value) == message
+
+
+def test_index_is_trained_again_when_the_stream_doubles_and_after_a_rebuild(tiny_gqa_model):
+    """The centroids come from the stream's keys at its first index step and again once it holds
+    twice the cells or a cache operation rebuilt it; then every list id is reset, and the next
+    step puts each cell in its nearest centroid's list (the reference's choice)."""
+    from llama_sparq.capture import Capture, stream0
+    from sparq_ctx import Ctx, Model, prefill, step
+
+    m = Model(tiny_gqa_model)
+    c = Ctx(m, n_ctx=2048)
+    c.sparq(enabled=True, selector=4, k=32, l=8, min_kv=0, index_lists=8, index_probe=2)
+    rng = np.random.default_rng(5)
+    prefill(c, 0, rng.integers(3, m.n_vocab, 300).tolist())
+
+    def cents():
+        with Capture(c.ctx) as cap:
+            step(c, 0, int(rng.integers(3, m.n_vocab)))
+        return cap.calls
+
+    first = cents()
+    again = cents()
+    for a, b in zip(first, again):
+        assert np.array_equal(a["ivf_cent"], b["ivf_cent"]), "retrained without the stream doubling"
+    prefill(c, 0, rng.integers(3, m.n_vocab, 400).tolist(), pos0=c.pos_max(0) + 1)
+    grown = cents()
+    for a, b in zip(first, grown):
+        assert not np.array_equal(a["ivf_cent"], b["ivf_cent"]), "not retrained after the stream doubled"
+    c.seq_rm(0, 500, -1)
+    calls = cents()
+    assert c.stats()["n_rebuilds"] >= 1
+    for a, b in zip(grown, calls):
+        assert not np.array_equal(a["ivf_cent"], b["ivf_cent"]), "not retrained after the rebuild"
+    for call in calls:
+        x = stream0(call)
+        valid = np.isfinite(x["mask"][0])
+        assert np.all(x["ivf"]["lists_before"][:, valid][:, :-1] == -1), "a rebuild must reset the list ids"
+        d2 = ((x["K"][valid][:, :, None, :] - x["ivf"]["cent"][None]) ** 2).sum(-1)   # (cells, hkv, lists)
+        assert np.array_equal(x["ivf"]["lists"][:, valid].T, d2.argmin(-1)), "cells not in their nearest list"
+    c.free()
 
 
 def test_h2o_is_refused_where_its_scores_cannot_follow(tiny_gqa_model):

@@ -33,6 +33,14 @@ enum ggml_sparq_selector {
     // group) into those scores after every row chose: a cell left out keeps its score, which is
     // H2O's eviction with a fixed budget of k cells.
     GGML_SPARQ_SEL_H2O = 3,
+    // Top-k attention over an inverted-file (IVF) index of the keys (the vector-index selector of
+    // "Running huge context windows on tiny GPUs"): ggml_sparq_attn_set_index gives n_list
+    // centroids per KV head and each cell's list. The group's summed query ranks the lists by
+    // q . centroid; the cells of the n_probe best lists, outside the l most recent, are ranked by
+    // their exact logit summed over the group, the best k - l kept (ties to the lower index). A
+    // valid cell whose list is -1 is first assigned to its nearest centroid (L2, ties to the lower
+    // list) and the op writes that id. No K^T, no mean of V.
+    GGML_SPARQ_SEL_INDEX = 4,
     GGML_SPARQ_SEL_COUNT,
 };
 
@@ -50,6 +58,14 @@ GGML_API void ggml_sparq_attn_set_selector(struct ggml_tensor * attn, int32_t se
 // ggml_sparq_attn_set_selector(attn, GGML_SPARQ_SEL_H2O, ...); it takes the slot of set_basis's
 // q_sel, which H2O does not use.
 GGML_API void ggml_sparq_attn_set_h2o(struct ggml_tensor * attn, struct ggml_tensor * scores);
+
+// The index selector's centroids (f32 [d, n_list, n_head_kv, n_stream]) and list ids (f32
+// [n_kv, n_head_kv, n_stream], -1 for a cell not yet assigned: written by the op, as H2O's
+// scores are), and how many lists a query probes (1..n_list). Call after
+// ggml_sparq_attn_set_selector(attn, GGML_SPARQ_SEL_INDEX, ...); the two take the slots of
+// set_basis's q_sel and comp_w.
+GGML_API void ggml_sparq_attn_set_index(struct ggml_tensor * attn, struct ggml_tensor * centroids,
+                                        struct ggml_tensor * lists, int32_t n_probe);
 
 // Approximate scores in another basis of the keys: q_sel (f32, q's shape) is the query in
 // the basis K^T is stored in (steps 1-2 use it; step 4 uses q and K); comp_w (f32

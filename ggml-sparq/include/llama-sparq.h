@@ -65,7 +65,16 @@ enum llama_sparq_selector {
                                         // not apply), on the CPU with the cache in host memory, for contexts
                                         // of one sequence. A rebuild after cache operations keeps the scores of
                                         // the cells in use; a state load brings none (they read 0)
-    LLAMA_SPARQ_SELECTOR_COUNT     = 4,
+    // Top-k attention over a vector index of the keys ("Running huge context windows on tiny GPUs"):
+    // an inverted-file (IVF) index per layer, stream and KV head of index_lists k-means centroids,
+    // trained on the stream's keys at its first step with this selector, again whenever the stream
+    // has doubled since, and after cache operations that rebuild it (removals, shifts, state loads);
+    // each cell sits in its nearest centroid's list. A step ranks the
+    // lists by the group's summed query, reads the keys of the index_probe best lists only, and
+    // attends over the l most recent cells and the k - l of those keys with the largest logit
+    // (summed over the group). No K^T, no mean-V; CPU only, KV cache in host memory.
+    LLAMA_SPARQ_SELECTOR_INDEX     = 4,
+    LLAMA_SPARQ_SELECTOR_COUNT     = 5,
 };
 
 // Which query heads of a GQA group choose together.
@@ -98,6 +107,8 @@ struct llama_sparq_params {
     int32_t gqa;      // enum llama_sparq_gqa; default SHARED
     bool    mean_v;   // mean-value reallocation (step 5); default true
     int32_t basis;    // enum llama_sparq_basis; default SCALED
+    int32_t index_lists; // selector index: lists (centroids) per layer, stream and KV head, 1..65536; default 256
+    int32_t index_probe; // selector index: lists a step reads, 1..index_lists; default 16
 };
 
 struct llama_sparq_stats {
@@ -162,7 +173,7 @@ LLAMA_API void llama_sparq_debug_set_eval_callback(struct llama_context * ctx, g
 
 // The names of the enums' values, as the front ends (Python, --sparq-* flags, llama-bench)
 // accept and print them; NULL for a value out of range (0 .. <enum>_COUNT - 1).
-// "sparq", "oracle", "streaming", "h2o"
+// "sparq", "oracle", "streaming", "h2o", "index"
 LLAMA_API const char * llama_sparq_selector_name(int32_t selector);
 // "shared", "per_head"
 LLAMA_API const char * llama_sparq_gqa_name(int32_t gqa);

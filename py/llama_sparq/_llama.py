@@ -54,7 +54,9 @@ class Llama(llama_cpp.Llama):
     - ``sparq_l``: local window, 0..k (-1: k / 4)
     - ``sparq_min_kv``: decoding stays dense while the sequence holds fewer KV cells, >= 0 (default 1024)
     - ``sparq_all_rows``: apply SparQ to every query row (teacher-forced evaluation)
-    - ``sparq_selector``: ``"sparq"`` (default) or ``"oracle"`` (exact top-k, an accuracy baseline)
+    - ``sparq_selector``: ``"sparq"`` (default); ``"oracle"`` (exact top-k, an accuracy baseline); the
+      paper's baselines ``"streaming"`` (LM-Infinite) and ``"h2o"`` (heavy hitters); ``"index"`` (top-k
+      over a vector index of the keys, the second paper's selector)
     - ``sparq_gqa``: ``"shared"`` (one choice per KV head, the paper) or ``"per_head"`` (each
       query head chooses k - l cells, the group attends over their union)
     - ``sparq_mean_v``: mean-value reallocation on (default) or off
@@ -63,6 +65,8 @@ class Llama(llama_cpp.Llama):
       default) or ``"pca"``
       (the keys' principal axes per layer and KV head, ranked likewise); both calibrated on
       the cache's keys at the first SparQ step
+    - ``sparq_index_lists``, ``sparq_index_probe``: the index selector's lists per layer and KV
+      head (default 256) and how many a step reads (default 16)
 
     The keywords are the fields of the C API's ``struct llama_sparq_params`` (``sparq`` for
     ``enabled``, ``sparq_<field>`` for the others); the library checks their values
@@ -76,13 +80,13 @@ class Llama(llama_cpp.Llama):
 
     def __init__(self, model_path: str, *args, sparq=None, sparq_r=None, sparq_k=None, sparq_l=None,
                  sparq_min_kv=None, sparq_all_rows=None, sparq_selector=None, sparq_gqa=None, sparq_mean_v=None,
-                 sparq_basis=None, **kwargs):
+                 sparq_basis=None, sparq_index_lists=None, sparq_index_probe=None, **kwargs):
         path = check_model_file(model_path)
         from . import _sparq
 
         given = {"enabled": sparq, "r": sparq_r, "k": sparq_k, "l": sparq_l, "min_kv": sparq_min_kv,
                  "all_rows": sparq_all_rows, "selector": sparq_selector, "gqa": sparq_gqa, "mean_v": sparq_mean_v,
-                 "basis": sparq_basis}
+                 "basis": sparq_basis, "index_lists": sparq_index_lists, "index_probe": sparq_index_probe}
         given = {f: v for f, v in given.items() if v is not None}
         if "enabled" not in given and given:
             given["enabled"] = True  # any SparQ keyword switches it on

@@ -13,7 +13,9 @@ arrays:
 
 With the h2o selector the op's ``q_sel`` slot holds its scores, written by the op: ``h2o``
 is that tensor after the call and ``h2o_before`` a copy taken before the op ran (from the
-``sparq_h2o-<layer>`` node that zeroes the new cells' scores).
+``sparq_h2o-<layer>`` node that zeroes the new cells' scores). With the index selector the q_sel
+and comp_w slots hold its centroids (``ivf_cent``) and the cells' list ids (``ivf_lists``, after
+the call: the op assigns new cells), and ``ivf_before`` the ids before it (from ``sparq_ivf-<layer>``).
 
 Shapes follow the op's ggml layout reversed into NumPy order (see ``_OP_SRC``), with every
 stream of the ubatch; ``stream_view(call, s)`` gives the reference's view of one stream
@@ -63,7 +65,7 @@ EVAL_CB = ctypes.CFUNCTYPE(ctypes.c_bool, ctypes.POINTER(ggml_tensor), ctypes.c_
 # the op's sources (ggml_sparq_attn): name, index
 _OP_SRC = ("q", "K", "KT", "V", "v_sum", "v_count", "mask", "win", "q_sel", "comp_w")
 _NODE = re.compile(r"sparq_attn-(\d+)")
-_H2O = re.compile(r"sparq_h2o-(\d+)")  # H2O's scores before the op of that layer
+_H2O = re.compile(r"sparq_(h2o|ivf)-(\d+)")  # H2O's scores / the index's lists before the op of that layer
 _DTYPES = {GGML_TYPE_F32: np.float32, GGML_TYPE_F16: np.float16, GGML_TYPE_I32: np.int32}
 
 
@@ -94,7 +96,7 @@ class Capture:
         self.calls: list[dict] = []
         self._cb = EVAL_CB(self._callback)
         self._error: Exception | None = None
-        self._h2o_before: dict[int, np.ndarray] = {}
+        self._h2o_before: dict[tuple, np.ndarray] = {}
 
     def _wanted(self, name: str) -> bool:
         m = _NODE.fullmatch(name)  # the op itself, not views of it ("sparq_attn-5 (reshaped)")
@@ -107,12 +109,12 @@ class Capture:
             t = tp.contents
             name = t.name.decode(errors="replace")
             m = _H2O.fullmatch(name)
-            wanted_h2o = m is not None and (self.layers is None or int(m.group(1)) in self.layers)
+            wanted_h2o = m is not None and (self.layers is None or int(m.group(2)) in self.layers)
             if ask:
                 return self._wanted(name) or wanted_h2o
             if wanted_h2o:
                 # the scores of every cell of the layer's cache, as the op will read them
-                self._h2o_before[int(m.group(1))] = tensor_to_numpy(t)
+                self._h2o_before[(m.group(1), int(m.group(2)))] = tensor_to_numpy(t)
                 return True
             if not self._wanted(name):
                 return True
@@ -122,7 +124,10 @@ class Capture:
                 call[key] = tensor_to_numpy(s.contents) if s else None
             if call["op_params"][4] == 3:  # GGML_SPARQ_SEL_H2O: the q_sel slot holds the scores
                 call["h2o"], call["q_sel"] = call["q_sel"], None
-                call["h2o_before"] = self._h2o_before.pop(call["layer"], None)
+                call["h2o_before"] = self._h2o_before.pop(("h2o", call["layer"]), None)
+            elif call["op_params"][4] == 4:  # GGML_SPARQ_SEL_INDEX: centroids and list ids
+                call["ivf_cent"], call["ivf_lists"], call["q_sel"], call["comp_w"] = call["q_sel"], call["comp_w"], None, None
+                call["ivf_before"] = self._h2o_before.pop(("ivf", call["layer"]), None)
             call["out"] = tensor_to_numpy(t)
             self.calls.append(call)
         except Exception as e:  # never raise through C
@@ -183,5 +188,15 @@ def stream_view(call, stream=0, row=0):
             # the layer's whole score tensor [kv_size, hkv, n_stream], flat; h2o contexts have one stream
             hb = call["h2o_before"].reshape(-1)
             h2o_before = hb.reshape(h2o.shape[0], -1)[:, : h2o.shape[1]].astype(np.float64)
+    ivf = None
+    if call.get("ivf_cent") is not None:
+        after = call["ivf_lists"][0, s].astype(np.float64)          # [n_kv, hkv, ns, 1] -> (hkv, S)
+        before = None
+        if call.get("ivf_before") is not None:
+            # the layer's whole list tensor [kv_size, hkv, n_stream], flat: the cache's stream 0
+            before = call["ivf_before"].reshape(-1).reshape(after.shape[0], -1)[:, : after.shape[1]].astype(np.float64)
+        ivf = {"cent": call["ivf_cent"][s].astype(np.float64),      # [d, n_list, hkv, ns] -> (hkv, n_list, d)
+               "lists": after, "lists_before": before, "n_probe": int(call["op_params"][6])}
     return {"q": q, "K": K, "V": V, "mask": mask, "vbar": vbar, "vsum": vsum, "count": cnt, "win": win,
-            "win_raw": win_raw, "out": out, "q_sel": q_sel, "comp_w": comp_w, "h2o": h2o, "h2o_before": h2o_before}
+            "win_raw": win_raw, "out": out, "q_sel": q_sel, "comp_w": comp_w, "h2o": h2o, "h2o_before": h2o_before,
+            "ivf": ivf}

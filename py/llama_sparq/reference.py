@@ -276,7 +276,7 @@ def combined_scores(q, K, *, r, mask=None, scale=None, dtype=np.float64, comp_w=
 def sparq_attention(q, K, V, *, r, k, l=0, mask=None, scale=None, vbar=None,
                     dtype=np.float64, return_info=False, i2=None, per_head=False, mean_v=True,
                     oracle=False, q_sel=None, K_sel=None, comp_w=None, window=None,
-                    streaming=False, h2o_scores=None):
+                    streaming=False, h2o_scores=None, ivf=None):
     """SparQ attention (SPARQ.md steps 1-5) per row and KV head group.
 
     r: components kept in step 1, in [1, d].  k: positions kept in step 3, >= 1.
@@ -315,17 +315,24 @@ def sparq_attention(q, K, V, *, r, k, l=0, mask=None, scale=None, vbar=None,
       cells of largest score outside it (ties to the lower index). Every row chooses on these
       scores; then each row's attention weights over its cells (summed over the group's heads)
       are added: info["h2o"] holds the new scores.
+    ivf: the vector-index selector (top-k over an inverted-file index of the keys), a tuple
+      (centroids (n_head_kv, n_list, d), lists (n_head_kv, S) with -1 for an unassigned cell,
+      n_probe). An unassigned valid cell first joins its nearest centroid (L2, ties to the lower
+      list); info["ivf_lists"] holds the lists after. Per row and KV head the group's summed
+      query ranks the lists by q . centroid; the valid cells of the n_probe best lists outside
+      the window are ranked by (sum_h q_h) . k * scale, and the best k - l (or fewer) kept.
     """
     q, K, V, mask, scale, vbar, dims = _prepare(q, K, V, mask, scale, vbar)
     dt = _float_dtype(dtype)
     n_rows, n_kv, g, d, S, dv = (
         dims[x] for x in ("n_rows", "n_head_kv", "g", "d", "S", "dv"))
     h2o = h2o_scores is not None
-    if streaming and h2o:
-        raise ValueError("streaming and h2o_scores are two selectors: give one")
-    if (streaming or h2o) and (oracle or per_head or q_sel is not None or comp_w is not None):
-        raise ValueError("the streaming and h2o baselines take no oracle, per_head, q_sel or comp_w")
-    if streaming or h2o:
+    index = ivf is not None
+    if streaming + h2o + index > 1:
+        raise ValueError("streaming, h2o_scores and ivf are three selectors: give one")
+    if (streaming or h2o or index) and (oracle or per_head or q_sel is not None or comp_w is not None):
+        raise ValueError("the streaming, h2o and index selectors take no oracle, per_head, q_sel or comp_w")
+    if streaming or h2o or index:
         mean_v = False
         r = 1
     r = d if oracle else _check_r(r, d)
@@ -335,6 +342,16 @@ def sparq_attention(q, K, V, *, r, k, l=0, mask=None, scale=None, vbar=None,
         if h2o_in.shape != (dims["n_head_kv"], dims["S"]):
             raise ValueError(f"h2o_scores must have shape (n_head_kv, S) = {(dims['n_head_kv'], dims['S'])}")
         h2o_new = h2o_in.copy()
+    if index:
+        cent = np.asarray(ivf[0], dtype=np.float64)
+        lists = np.array(ivf[1], dtype=np.float64)
+        n_probe = int(ivf[2])
+        if cent.ndim != 3 or cent.shape[0] != dims["n_head_kv"] or cent.shape[2] != dims["d"]:
+            raise ValueError(f"ivf centroids must have shape (n_head_kv, n_list, d), got {cent.shape}")
+        if lists.shape != (dims["n_head_kv"], dims["S"]):
+            raise ValueError(f"ivf lists must have shape (n_head_kv, S) = {(dims['n_head_kv'], dims['S'])}")
+        if not 1 <= n_probe <= cent.shape[1]:
+            raise ValueError(f"ivf n_probe = {n_probe} is out of range: allowed 1..{cent.shape[1]}")
     if per_head and i2 is not None:
         raise ValueError("i2 (a forced selection) is for the group-shared selection only")
     q_sel = q if q_sel is None else np.asarray(q_sel)
@@ -371,7 +388,7 @@ def sparq_attention(q, K, V, *, r, k, l=0, mask=None, scale=None, vbar=None,
         if dense_rows[row]:
             # Exact dense step: every valid cell, the same for all KV heads.
             sel = np.broadcast_to(cells, (n_kv, nv))
-        elif streaming or h2o:
+        elif streaming or h2o or index:
             if window is None:
                 w = min(l, nv)
                 win_r = cells[nv - w:]
@@ -384,6 +401,22 @@ def sparq_attention(q, K, V, *, r, k, l=0, mask=None, scale=None, vbar=None,
                 w = win_r.size
             if streaming:
                 sel = np.broadcast_to(np.union1d(win_r, sinks), (n_kv, np.union1d(win_r, sinks).size))
+            elif index:
+                sel = []
+                for j in range(n_kv):
+                    Kj = K[:, j, :].astype(np.float64)
+                    todo = np.flatnonzero(valid[row] & (lists[j] < 0))
+                    if todo.size:
+                        dist = np.sum(cent[j] ** 2, axis=1)[None, :] - 2.0 * Kj[todo] @ cent[j].T
+                        lists[j, todo] = np.argmin(dist, axis=1)  # first minimum: the lower list
+                    qsum = np.sum(qr[j], axis=0)
+                    probed = np.argsort(-(cent[j] @ qsum), kind="stable")[:n_probe]
+                    cand = np.full(S, -np.inf)
+                    ok = valid[row] & np.isin(lists[j], probed)
+                    ok[win_r] = False
+                    cand[ok] = (Kj[ok] @ qsum) * scale
+                    top = np.argsort(-cand, kind="stable")[: k - w]
+                    sel.append(np.union1d(top[np.isfinite(cand[top])], win_r))
             else:
                 cand = h2o_in.copy()
                 cand[:, ~valid[row]] = -np.inf
@@ -458,6 +491,8 @@ def sparq_attention(q, K, V, *, r, k, l=0, mask=None, scale=None, vbar=None,
     }
     if h2o:
         info["h2o"] = h2o_new
+    if index:
+        info["ivf_lists"] = lists
     return out, info
 
 

@@ -47,7 +47,7 @@ except ImportError as e:  # pragma: no cover - depends on the installation
 __all__ = ["SparqModelSettings", "SparqSettings", "SparqConfigFileSettings", "SparqLlamaProxy", "create_app", "main"]
 
 SPARQ_FIELDS = ("sparq", "sparq_r", "sparq_k", "sparq_l", "sparq_min_kv", "sparq_all_rows", "sparq_selector",
-                "sparq_gqa", "sparq_mean_v", "sparq_basis")
+                "sparq_gqa", "sparq_mean_v", "sparq_basis", "sparq_index_lists", "sparq_index_probe")
 
 
 class SparqModelSettings(ModelSettings):
@@ -64,11 +64,16 @@ class SparqModelSettings(ModelSettings):
                                         "holds fewer KV cells, >= 0 (default 1024)")
     sparq_all_rows: Optional[bool] = Field(default=None, description="SparQ: every query row (evaluation)")
     # names are checked by llama_sparq.Llama (the library's list), not repeated here
-    sparq_selector: Optional[str] = Field(default=None, description="SparQ: cell selector (sparq, oracle; the baselines streaming, h2o)")
+    sparq_selector: Optional[str] = Field(default=None, description="SparQ: cell selector (sparq, oracle; the baselines "
+                                          "streaming, h2o; index: top-k over a vector index of the keys)")
     sparq_gqa: Optional[str] = Field(default=None, description="SparQ: GQA choice (shared, per_head)")
     sparq_mean_v: Optional[bool] = Field(default=None, description="SparQ: mean-value reallocation (default on)")
     sparq_basis: Optional[str] = Field(default=None, description="SparQ: step-1 basis (model, scaled, pca; "
                                        "default scaled)")
+    sparq_index_lists: Optional[int] = Field(default=None, description="SparQ selector index: lists per layer and "
+                                             "KV head, 1..65536 (default 256)")
+    sparq_index_probe: Optional[int] = Field(default=None, description="SparQ selector index: lists a step reads, "
+                                             "1..index_lists (default 16)")
 
     def sparq_kwargs(self) -> Dict[str, Any]:
         """The SparQ keywords for ``llama_sparq.Llama`` (only those given)."""

@@ -20,9 +20,12 @@
 // [n_stream][n_head_kv][dv], v_count f32 [n_stream]; when win_n > 0 the window cells
 // i32 [n_stream][n_rows][win_n] (-1 padded); when has_basis, q_sel f32 like q, the keys
 // in that basis like K (K^T is made from them) and comp_w f32 [n_head_kv][d]; with the
-// h2o selector (3), its scores f32 [n_stream][n_head_kv][n_kv].
+// h2o selector (3), its scores f32 [n_stream][n_head_kv][n_kv]; with the index selector (4),
+// i32 n_list, i32 n_probe, centroids f32 [n_stream][n_head_kv][n_list][d] and the cells' lists
+// f32 [n_stream][n_head_kv][n_kv] (-1: unassigned).
 // Output file: out f32 [n_stream][n_rows][n_head][dv], then (direct mode)
-// sel int32 [n_stream][n_rows][n_head_kv][sel_n], then (h2o) the scores after the call.
+// sel int32 [n_stream][n_rows][n_head_kv][sel_n], then (h2o) the scores after the call or
+// (index) the lists after the call.
 
 #include "sparq-cpu.h"
 
@@ -48,7 +51,8 @@ struct test_case {
     int d, dv, n_kv, n_rows, n_head, n_head_kv, n_stream, r, k, l, kv_type, mask_type, kt_pad, win_n;
     int selector, per_head, no_mean_v, has_basis, sel_n;
     float scale;
-    std::vector<float> q, v_sum, v_count, q_sel, comp_w, h2o;
+    std::vector<float> q, v_sum, v_count, q_sel, comp_w, h2o, ivf_cent;
+    int ivf_n_list = 0, ivf_n_probe = 0;
     std::vector<char> K, V, mask, K_sel;
     std::vector<int32_t> win;
     size_t kv_esz() const { return kv_type == 1 ? 2 : 4; }
@@ -112,9 +116,17 @@ static test_case read_case(const char * path) {
         c.comp_w.resize((size_t) c.n_head_kv * c.d);
         read_exact(f, c.comp_w.data(), c.comp_w.size() * 4, "comp_w");
     }
-    if (c.selector == 3) {
+    if (c.selector == 3 || c.selector == 4) {
+        // H2O's scores, or the index's lists (written by the op alike)
+        if (c.selector == 4) {
+            int32_t nl[2];
+            read_exact(f, nl, sizeof(nl), "index sizes");
+            c.ivf_n_list = nl[0]; c.ivf_n_probe = nl[1];
+            c.ivf_cent.resize((size_t) c.n_stream * c.n_head_kv * c.ivf_n_list * c.d);
+            read_exact(f, c.ivf_cent.data(), c.ivf_cent.size() * 4, "index centroids");
+        }
         c.h2o.resize((size_t) c.n_stream * c.n_head_kv * c.n_kv);
-        read_exact(f, c.h2o.data(), c.h2o.size() * 4, "h2o scores");
+        read_exact(f, c.h2o.data(), c.h2o.size() * 4, c.selector == 3 ? "h2o scores" : "index lists");
     }
     fclose(f);
     return c;
@@ -222,6 +234,11 @@ static int run_direct(const test_case & c, const char * out_path, const char * i
     if (c.selector == 3) {
         a.h2o = h2o.data(); a.h2o_nb1 = (size_t) c.n_kv * 4; a.h2o_nb2 = a.h2o_nb1 * c.n_head_kv;
     }
+    if (c.selector == 4) {
+        a.ivf_list = h2o.data(); a.ivf_list_nb1 = (size_t) c.n_kv * 4; a.ivf_list_nb2 = a.ivf_list_nb1 * c.n_head_kv;
+        a.ivf_cent = c.ivf_cent.data(); a.ivf_cent_nb1 = (size_t) c.d * 4; a.ivf_cent_nb2 = a.ivf_cent_nb1 * c.ivf_n_list;
+        a.ivf_cent_nb3 = a.ivf_cent_nb2 * c.n_head_kv; a.ivf_n_list = c.ivf_n_list; a.ivf_n_probe = c.ivf_n_probe;
+    }
 
     const size_t wsize = sparq_cpu_work_size(&a, nth);
     std::vector<char> work(wsize);
@@ -234,7 +251,7 @@ static int run_direct(const test_case & c, const char * out_path, const char * i
     for (auto & th : threads) {
         th.join();
     }
-    write_out(out_path, out, &sel, c.selector == 3 ? h2o.data() : nullptr, h2o.size());
+    write_out(out_path, out, &sel, c.selector == 3 || c.selector == 4 ? h2o.data() : nullptr, h2o.size());
     return 0;
 }
 
@@ -246,7 +263,7 @@ static int run_direct(const test_case & c, const char * out_path, const char * i
 static int run_ggml(const test_case & c, const char * out_path, int nth) {
     const std::vector<char> kt = make_kt(c);
     const enum ggml_type t = c.kv_type == 1 ? GGML_TYPE_F16 : GGML_TYPE_F32;
-    const size_t need = c.h2o.size() * 4 + c.win.size() * 4 + c.q_sel.size() * 4 + c.comp_w.size() * 4 + c.q.size() * 4 + c.K.size() + c.V.size() + kt.size() + c.mask.size() +
+    const size_t need = c.h2o.size() * 4 + c.ivf_cent.size() * 4 + c.win.size() * 4 + c.q_sel.size() * 4 + c.comp_w.size() * 4 + c.q.size() * 4 + c.K.size() + c.V.size() + kt.size() + c.mask.size() +
                         c.v_sum.size() * 4 + c.v_count.size() * 4 +
                         (size_t) c.n_stream * c.n_rows * c.n_head * c.dv * 4 + 64 * ggml_tensor_overhead() +
                         ggml_graph_overhead() + (1 << 20);
@@ -289,10 +306,16 @@ static int run_ggml(const test_case & c, const char * out_path, int nth) {
         ggml_sparq_attn_set_basis(res, qs, cw);
     }
     struct ggml_tensor * h2o = nullptr;
-    if (c.selector == 3) {
+    if (c.selector == 3 || c.selector == 4) {
         h2o = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, c.n_kv, c.n_head_kv, c.n_stream);
         memcpy(h2o->data, c.h2o.data(), c.h2o.size() * 4);
-        ggml_sparq_attn_set_h2o(res, h2o);
+        if (c.selector == 3) {
+            ggml_sparq_attn_set_h2o(res, h2o);
+        } else {
+            struct ggml_tensor * ce = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, c.d, c.ivf_n_list, c.n_head_kv, c.n_stream);
+            memcpy(ce->data, c.ivf_cent.data(), c.ivf_cent.size() * 4);
+            ggml_sparq_attn_set_index(res, ce, h2o, c.ivf_n_probe);
+        }
     }
     struct ggml_cgraph * gf = ggml_new_graph(ctx);
     ggml_build_forward_expand(gf, res);

@@ -43,8 +43,9 @@ static inline void sparq_bench_usage() {
     printf("  --sparq-k <n>                              SparQ positions per decode step (default: 128)\n");
     printf("  --sparq-l <n>                              SparQ local window, -1 = k/4 (default: -1)\n");
     printf("  --sparq-min-kv <n>                         SparQ dense below this many KV cells (default: 1024)\n");
-    printf("  --sparq-selector <sparq|oracle|streaming|h2o> cell choice; oracle = exact top-k; streaming, h2o = the\n"
-           "                                             paper's baselines (default: sparq)\n");
+    printf("  --sparq-selector <sparq|oracle|streaming|h2o|index> cell choice; oracle = exact top-k; streaming, h2o =\n"
+           "                                             the paper's baselines; index = top-k over a vector index of\n"
+           "                                             the keys (256 lists, 16 probed) (default: sparq)\n");
     printf("  --sparq-gqa <shared|per_head>              SparQ choice per KV head or per query head (default: shared)\n");
     printf("  --sparq-basis <model|scaled|pca>           SparQ step-1 ranking of components (default: scaled)\n");
     printf("  --sparq-mean-v <0|1>                       SparQ mean-V reallocation (default: 1)\n");

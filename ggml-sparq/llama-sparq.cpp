@@ -1982,31 +1982,26 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
         ksq_src = ggml_add_inplace(ctx0, kdst, kadd);
         ggml_build_forward_expand(g.gf, ksq_src);
 
-        if (h2o) {
-            // H2O: the new cells start with no accumulated attention
-            ggml_tensor *& hidx = inp->kt_idxs[hkv]; // score (cell c, KV head j, stream s) is at s*kv_size*hkv + j*kv_size + c
-            if (!hidx) {
-                hidx = ggml_new_tensor_1d(ctx0, GGML_TYPE_I64, n_tokens * hkv);
-                ggml_set_input(hidx);
-                ggml_set_name(hidx, "sparq_kt_idxs");
-            }
-            ggml_tensor * zeros = ggml_fill(ctx0, ggml_new_tensor_2d(ctx0, GGML_TYPE_F32, 1, n_tokens * hkv), 0.0f);
-            h2o_src = ggml_set_rows(ctx0, ggml_reshape_2d(ctx0, L.h2o, 1, ggml_nelements(L.h2o)), zeros, hidx);
-            ggml_format_name(h2o_src, "sparq_h2o-%d", il); // llama_sparq.capture reads the scores here, before the op
-            ggml_build_forward_expand(g.gf, h2o_src);
-        }
-        if (index) {
-            // the index: the new cells are in no list yet (the op assigns them)
+        // a per-cell tensor [kv_size, hkv, n_stream] with the ubatch's cells set to value: entry (cell c,
+        // KV head j, stream s) is at s*kv_size*hkv + j*kv_size + c, K^T's indexing with E = hkv
+        auto set_new_cells = [&](ggml_tensor * t, float value, const char * name) {
             ggml_tensor *& hidx = inp->kt_idxs[hkv];
             if (!hidx) {
                 hidx = ggml_new_tensor_1d(ctx0, GGML_TYPE_I64, n_tokens * hkv);
                 ggml_set_input(hidx);
                 ggml_set_name(hidx, "sparq_kt_idxs");
             }
-            ggml_tensor * none = ggml_fill(ctx0, ggml_new_tensor_2d(ctx0, GGML_TYPE_F32, 1, n_tokens * hkv), -1.0f);
-            ivf_src = ggml_set_rows(ctx0, ggml_reshape_2d(ctx0, L.ivf_list, 1, ggml_nelements(L.ivf_list)), none, hidx);
-            ggml_format_name(ivf_src, "sparq_ivf-%d", il); // llama_sparq.capture reads the lists here, before the op
-            ggml_build_forward_expand(g.gf, ivf_src);
+            ggml_tensor * fill = ggml_fill(ctx0, ggml_new_tensor_2d(ctx0, GGML_TYPE_F32, 1, n_tokens * hkv), value);
+            ggml_tensor * out = ggml_set_rows(ctx0, ggml_reshape_2d(ctx0, t, 1, ggml_nelements(t)), fill, hidx);
+            ggml_format_name(out, "%s-%d", name, il); // llama_sparq.capture reads the tensor here, before the op
+            ggml_build_forward_expand(g.gf, out);
+            return out;
+        };
+        if (h2o) {
+            h2o_src = set_new_cells(L.h2o, 0.0f, "sparq_h2o"); // H2O: no attention received yet
+        }
+        if (index) {
+            ivf_src = set_new_cells(L.ivf_list, -1.0f, "sparq_ivf"); // the index: in no list yet (the op assigns them)
         }
     }
 

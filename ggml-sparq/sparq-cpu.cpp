@@ -792,6 +792,15 @@ static void phase_d(const ctx & C, int wb, int we, int ith) {
     }
 }
 
+// the exact logit of query q and cell s of (stream, KV head), mask included
+static inline float exact_logit(const ctx & C, const float * q, int st, int kvh, int s, const float * m) {
+    const sparq_args * a = C.a;
+    const char * kr = C.K_row(st, kvh, s);
+    const float e = a->K_type == SPARQ_F16 ? C.isa->dot_f16(q, (const uint16_t *) kr, a->d)
+                                           : C.isa->dot_f32(q, (const float *) kr, a->d);
+    return e * a->scale + (m ? m[s] : 0.0f);
+}
+
 // exact attention of one unit over every valid cell (a stream marked dense): one pass with
 // a running maximum, no selection buffer
 static void dense_row(const ctx & C, int u, int R, int ith) {
@@ -811,10 +820,7 @@ static void dense_row(const ctx & C, int u, int R, int ith) {
             if (m && !is_valid(m[s])) {
                 continue;
             }
-            const char * kr = C.K_row(st, kvh, s);
-            float e = a->K_type == SPARQ_F16 ? C.isa->dot_f16(q, (const uint16_t *) kr, d)
-                                             : C.isa->dot_f32(q, (const float *) kr, d);
-            e = e * a->scale + (m ? m[s] : 0.0f);
+            const float e = exact_logit(C, q, st, kvh, s, m);
             if (e > M) {
                 const float f = M == -INFINITY ? 0.0f : expf(M - e);
                 for (int j = 0; j < dv; ++j) {
@@ -845,11 +851,7 @@ static void dense_row(const ctx & C, int u, int R, int ith) {
                 if (m && !is_valid(m[s])) {
                     continue;
                 }
-                const char * kr = C.K_row(st, kvh, s);
-                float e = a->K_type == SPARQ_F16 ? C.isa->dot_f16(q, (const uint16_t *) kr, d)
-                                                 : C.isa->dot_f32(q, (const float *) kr, d);
-                e = e * a->scale + (m ? m[s] : 0.0f);
-                part[s] += expf(e - M) * iP;
+                part[s] += expf(exact_logit(C, q, st, kvh, s, m) - M) * iP;
             }
         }
     }
@@ -978,12 +980,8 @@ static void phase_e(const ctx & C, int wb, int we, int ith, int nth) {
             // exact logits over the selection
             float M = -INFINITY;
             for (int t = 0; t < n_sel; ++t) {
-                const char * kr = C.K_row(st, kvh, sel[t]);
-                float e = a->K_type == SPARQ_F16 ? C.isa->dot_f16(q, (const uint16_t *) kr, d)
-                                                 : C.isa->dot_f32(q, (const float *) kr, d);
-                e = e * a->scale + (m ? m[sel[t]] : 0.0f);
-                ex[t] = e;
-                M = std::max(M, e);
+                ex[t] = exact_logit(C, q, st, kvh, sel[t], m);
+                M = std::max(M, ex[t]);
             }
             for (int j = 0; j < dv; ++j) {
                 y[j] = 0.0f;

@@ -131,32 +131,26 @@ def generate(c: Case):
                 assigned = rng.random(c.S) < 2 / 3
                 lists[st, j, assigned] = rng.integers(0, c.n_list, size=int(assigned.sum()))
         a["ivf_cent"], a["ivf_lists"] = cent, lists
-    if c.win != "none" and c.selector == "streaming":
-        # per row: entries 0..l-1 the l most recent positions' cells, entries l..k-1 the earliest
-        # positions' cells (the sinks), -1 padded
-        win = -np.ones((c.n_stream, c.n_rows, c.k + 2), np.int32)
+    if c.win != "none":
+        # per row: the window's cells, scrambled, -1 padded (the kernel keeps the valid ones); with the
+        # streaming selector entries 0..l-1 the l most recent positions' cells, then l..k-1 the earliest
+        # positions' cells (the sinks)
+        streaming = c.selector == "streaming"
+        win = -np.ones((c.n_stream, c.n_rows, (c.k if streaming else c.l) + 2), np.int32)
         for st in range(c.n_stream):
             for row in range(c.n_rows):
                 valid = np.ones(c.S, bool) if mask is None else np.isfinite(mask[st, row])
                 cells = np.flatnonzero(valid)
-                if c.win == "tail":
-                    recent = cells[max(0, cells.size - c.l):]
-                    sinks = cells[: c.k - c.l]
-                else:
-                    perm = rng.permutation(cells)
-                    recent = perm[: min(c.l, cells.size)]
-                    sinks = perm[recent.size: recent.size + c.k - c.l]
-                win[st, row, :recent.size] = recent[::-1]
-                win[st, row, c.l: c.l + sinks.size] = sinks
-        a["win"] = win
-    elif c.win != "none":
-        # per row: the window's cells, scrambled, -1 padded (the kernel keeps the valid ones)
-        win_n = c.l + 2
-        win = -np.ones((c.n_stream, c.n_rows, win_n), np.int32)
-        for st in range(c.n_stream):
-            for row in range(c.n_rows):
-                valid = np.ones(c.S, bool) if mask is None else np.isfinite(mask[st, row])
-                cells = np.flatnonzero(valid)
+                if streaming:
+                    if c.win == "tail":
+                        recent, sinks = cells[max(0, cells.size - c.l):], cells[: c.k - c.l]
+                    else:
+                        perm = rng.permutation(cells)
+                        recent = perm[: min(c.l, cells.size)]
+                        sinks = perm[recent.size: recent.size + c.k - c.l]
+                    win[st, row, :recent.size] = recent[::-1]
+                    win[st, row, c.l: c.l + sinks.size] = sinks
+                    continue
                 if c.win == "tail":
                     pick = cells[max(0, cells.size - c.l):]
                 else:

@@ -1906,7 +1906,7 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
     // streaming (LM-Infinite): the first min(16, k/2) positions and the k - that most recent
     const int l  = streaming ? kk - std::min(16, kk / 2) : P.l >= 0 ? P.l : kk / 4;
     const int g_size = (int) (q->ne[1] / std::max<int64_t>(1, hkv));
-    const bool per_head = P.gqa == LLAMA_SPARQ_GQA_PER_HEAD && g_size > 1 && !streaming && !h2o && !index;
+    const bool per_head = P.gqa == LLAMA_SPARQ_GQA_PER_HEAD && g_size > 1 && !streaming && !h2o;
 
     // appends keep K^T and the V sums current on every ubatch that writes this layer's cache
     // (prompt ubatches too: cheaper than rebuilding the data at the next decode step)
@@ -2053,8 +2053,11 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
         // the index: its centroids (f32: 2 elements each), the list ids (f32), and the keys of the probed
         // lists, index_probe / index_lists of the cells when the lists are even (an estimate: the counters
         // do not see the lists' sizes), then k rows of K and V
-        const int C = S.ivf_n_list, np = std::min(P.index_probe, C);
-        decide(-1, (int) d, 2 + (int) (((int64_t) d * np + C / 2) / C), kk, kk, 2 * C * (int) d - 2 * (int) d);
+        // (per-head search: each query head probes its own lists, up to g times as many, and picks its own
+        // k - l cells, the group attending over their union)
+        const int C = S.ivf_n_list, np = std::min(per_head ? g_size * P.index_probe : P.index_probe, C);
+        decide(-1, (int) d, 2 + (int) (((int64_t) d * np + C / 2) / C), kk, per_head ? g_size * (kk - l) + l : kk,
+               2 * C * (int) d - 2 * (int) d);
     } else {
         decide(-1, (int) d, P.selector == LLAMA_SPARQ_SELECTOR_ORACLE ? (int) d : r, kk, per_head ? g_size * (kk - l) + l : kk,
                // the PCA rotation (f32 d x d per KV head) is read every step; the scaled basis's d weights are

@@ -200,11 +200,17 @@ static sparq_args effective_args(const sparq_args * a) {
     if (sel_baseline(&b)) {
         b.r = 1;
         b.no_mean_v = 1;
-        b.per_head = 0;
+        b.per_head = b.selector == SPARQ_SEL_INDEX ? b.per_head : 0; // the index can search per query head
         b.q_sel = nullptr;
         b.comp_w = nullptr;
     }
     return b;
+}
+
+// index: per unit, a query per search (the group's sum, or each head's), the lists' |c|^2, and per
+// search its probe flags
+static size_t ivf_unit_floats(const sparq_args * a, int ph) {
+    return (size_t) ph * a->d + a->ivf_n_list + (size_t) ph * a->ivf_n_list;
 }
 
 static layout make_layout(const sparq_args * a, int nth) {
@@ -238,7 +244,7 @@ static layout make_layout(const sparq_args * a, int nth) {
     L.off_cand   = o; o += align_up((size_t) L.wave * L.nc * L.ph * L.cap * sizeof(cand));
     L.off_logit  = o; o += align_up(L.g > 1 && !sel_baseline(a) ? (size_t) L.wave * L.g * S * sizeof(float) : 0);
     L.off_h2o    = o; o += align_up(a->selector == SPARQ_SEL_H2O ? (size_t) nth * a->n_stream * a->n_head_kv * S * sizeof(float) : 0);
-    L.off_ivf    = o; o += align_up(a->selector == SPARQ_SEL_INDEX ? (size_t) L.U * (a->d + 2 * a->ivf_n_list) * sizeof(float) : 0);
+    L.off_ivf    = o; o += align_up(a->selector == SPARQ_SEL_INDEX ? (size_t) L.U * ivf_unit_floats(a, L.ph) * sizeof(float) : 0);
     // per thread: g x B approximate scores of a block, the chunk's keys, filter indices,
     // group maxima, the tie fallback buffer, the merge buffer, the selection, exact
     // logits, and y / vbar / a K row (phase A: |q| and an order)
@@ -246,7 +252,8 @@ static layout make_layout(const sparq_args * a, int nth) {
     L.chunk_max = (int) ((S + nth - 1) / nth) + 1;
     size_t t = 0;
     L.t_blk   = t; t += align_up((size_t) L.g * L.B * sizeof(float));
-    L.t_ck    = t; t += align_up((size_t) L.chunk_max * sizeof(float));
+    // the chunk's keys (the index searching per query head: one row of keys per head)
+    L.t_ck    = t; t += align_up((size_t) L.chunk_max * (a->selector == SPARQ_SEL_INDEX ? L.ph : 1) * sizeof(float));
     L.t_idx   = t; t += align_up((size_t) L.chunk_max * sizeof(int32_t));
     L.t_gm    = t; t += align_up((size_t) (L.chunk_max + 2) * sizeof(float));
     L.t_big   = t; t += align_up((size_t) L.chunk_max * sizeof(cand));
@@ -278,9 +285,11 @@ struct ctx {
         return (float *) (base + L.off_h2o) + (((size_t) ith * a->n_stream + st) * a->n_head_kv + kvh) * a->n_kv;
     }
     // index: the unit's summed query, its lists' squared norms, its probe flags (1.0: probed)
-    float     * ivf_q(int u)                const { return (float *) (base + L.off_ivf) + (size_t) u * (a->d + 2 * a->ivf_n_list); }
-    float     * ivf_cn2(int u)              const { return ivf_q(u) + a->d; }
-    float     * ivf_probe(int u)            const { return ivf_q(u) + a->d + a->ivf_n_list; }
+    float     * ivf_q(int u, int h = 0)     const {
+        return (float *) (base + L.off_ivf) + (size_t) u * ivf_unit_floats(a, L.ph) + (size_t) h * a->d;
+    }
+    float     * ivf_cn2(int u)              const { return ivf_q(u, L.ph); }
+    float     * ivf_probe(int u, int h = 0) const { return ivf_cn2(u) + a->ivf_n_list + (size_t) h * a->ivf_n_list; }
     const float * ivf_centroid(int st, int kvh, int c) const {
         return (const float *) ((const char *) a->ivf_cent + (size_t) c * a->ivf_cent_nb1 + (size_t) kvh * a->ivf_cent_nb2 +
                                 (size_t) st * a->ivf_cent_nb3);
@@ -443,37 +452,44 @@ static void phase_a(const ctx & C, int ith, int nth) {
     }
 
     if (a->selector == SPARQ_SEL_INDEX) {
-        // per unit: the group's summed query, the lists' squared norms (for assignments), the probed lists
-        const int nl = a->ivf_n_list;
+        // per unit: the query of each search (the group's sum; with per-head choice each head's own),
+        // the lists' squared norms (for assignments), and each search's probed lists
+        const int nl = a->ivf_n_list, ph = C.L.ph;
         cand * ls = (cand *) C.tbuf(ith, C.L.t_ivf);
         for (int u = ith; u < C.L.U; u += nth) {
             const int R = C.unit_row(u), kvh = C.unit_kvh(u), st = C.row_stream(R);
-            float * qsum = C.ivf_q(u);
-            for (int j = 0; j < d; ++j) {
-                qsum[j] = 0.0f;
-            }
-            for (int h = 0; h < g; ++h) {
-                const float * q = C.q_row(R, kvh * g + h);
+            for (int hs = 0; hs < ph; ++hs) {
+                float * qv = C.ivf_q(u, hs);
                 for (int j = 0; j < d; ++j) {
-                    qsum[j] += q[j];
+                    qv[j] = 0.0f;
+                }
+                for (int h = ph > 1 ? hs : 0; h < (ph > 1 ? hs + 1 : g); ++h) {
+                    const float * q = C.q_row(R, kvh * g + h);
+                    for (int j = 0; j < d; ++j) {
+                        qv[j] += q[j];
+                    }
                 }
             }
             float * cn2 = C.ivf_cn2(u);
-            float * pr = C.ivf_probe(u);
             for (int c = 0; c < nl; ++c) {
                 const float * ce = C.ivf_centroid(st, kvh, c);
                 cn2[c] = C.isa->dot_f32(ce, ce, d);
-                ls[c].key = C.isa->dot_f32(qsum, ce, d);
-                ls[c].idx = c;
-                pr[c] = 0.0f;
             }
             const int np = std::min(a->ivf_n_probe, nl);
-            // the n_probe best lists, ties to the lower index
-            if (np < nl) {
-                compact(ls, nl, np);
-            }
-            for (int i = 0; i < np; ++i) {
-                pr[ls[i].idx] = 1.0f;
+            for (int hs = 0; hs < ph; ++hs) {
+                float * pr = C.ivf_probe(u, hs);
+                for (int c = 0; c < nl; ++c) {
+                    ls[c].key = C.isa->dot_f32(C.ivf_q(u, hs), C.ivf_centroid(st, kvh, c), d);
+                    ls[c].idx = c;
+                    pr[c] = 0.0f;
+                }
+                // the n_probe best lists, ties to the lower index
+                if (np < nl) {
+                    compact(ls, nl, np);
+                }
+                for (int i = 0; i < np; ++i) {
+                    pr[ls[i].idx] = 1.0f;
+                }
             }
         }
     }
@@ -611,7 +627,9 @@ static void phase_c(const ctx & C, int wb, int we, int ith) {
         const int R = C.unit_row(u), kvh = C.unit_kvh(u), st = C.row_stream(R);
         const row_info * ri = C.rinfo(R);
         float * stat = C.stat(w, ith);
-        *C.ccount(w, ith) = 0;
+        for (int h = 0; h < C.L.ph; ++h) {
+            *C.ccount(w, ith, h) = 0;
+        }
         for (int h = 0; h < g; ++h) {
             stat[2 * h] = -INFINITY;
             stat[2 * h + 1] = 0.0f;
@@ -625,17 +643,16 @@ static void phase_c(const ctx & C, int wb, int we, int ith) {
             // candidates: the cells of the probed lists, by their exact logit summed over the group;
             // a cell not yet in a list joins its nearest centroid's (this thread owns the chunk's cells)
             const float * m = C.mask_row(R);
-            const float * qsum = C.ivf_q(u);
+            const int ph = C.L.ph;
             const float * cn2 = C.ivf_cn2(u);
-            const float * pr = C.ivf_probe(u);
             float * lists = C.ivf_lists(st, kvh);
             float * kf = (float *) C.tbuf(ith, C.L.t_vec); // a key in f32 (3 * max(d, dv) floats)
             // every valid cell of the chunk gets a list (the window's too); those before the window are ranked
             const int n = std::min(s1, (int) ri->w0) - s0;
             for (int s = 0; s < s1 - s0; ++s) {
                 const int cell = s0 + s;
-                if (s < n) {
-                    ck[s] = -INFINITY;
+                for (int hs = 0; hs < ph && s < n; ++hs) {
+                    ck[(size_t) hs * C.L.chunk_max + s] = -INFINITY;
                 }
                 if (m && !is_valid(m[cell])) {
                     continue;
@@ -660,13 +677,22 @@ static void phase_c(const ctx & C, int wb, int we, int ith) {
                     }
                     lists[cell] = (float) li;
                 }
-                if (s >= n || pr[li] == 0.0f) {
+                if (s >= n) {
                     continue;
                 }
-                ck[s] = (a->K_type == SPARQ_F16 ? C.isa->dot_f16(qsum, (const uint16_t *) kr, a->d)
-                                                : C.isa->dot_f32(qsum, (const float *) kr, a->d)) * a->scale;
+                for (int hs = 0; hs < ph; ++hs) {
+                    if (C.ivf_probe(u, hs)[li] != 0.0f) {
+                        const float * qv = C.ivf_q(u, hs);
+                        ck[(size_t) hs * C.L.chunk_max + s] =
+                            (a->K_type == SPARQ_F16 ? C.isa->dot_f16(qv, (const uint16_t *) kr, a->d)
+                                                    : C.isa->dot_f32(qv, (const float *) kr, a->d)) * a->scale;
+                    }
+                }
             }
-            *C.ccount(w, ith) = select_chunk(C, ith, ck, n, s0, row_kk_scan(a, ri), C.cands(w, ith));
+            for (int hs = 0; hs < ph; ++hs) {
+                *C.ccount(w, ith, hs) = select_chunk(C, ith, ck + (size_t) hs * C.L.chunk_max, n, s0, row_kk_scan(a, ri),
+                                                     C.cands(w, ith, hs));
+            }
             continue;
         }
         if (a->selector == SPARQ_SEL_H2O) {

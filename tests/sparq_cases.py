@@ -69,7 +69,8 @@ class Case:
     @property
     def sel_n(self):
         """Entries per (row, KV head) of the kernel's selection output (sparq_sel_max)."""
-        return self.g * self.k if self.per_head and self.g > 1 and not self.baseline else self.k
+        per_head = self.per_head and self.g > 1 and self.selector not in ("streaming", "h2o")
+        return self.g * self.k if per_head else self.k
 
 
 SELECTORS = {"sparq": 0, "oracle": 1, "streaming": 2, "h2o": 3, "index": 4}
@@ -294,7 +295,7 @@ def check(c: Case, a: dict, out: np.ndarray, sel: np.ndarray | None) -> dict:
         kw = dict(r=c.r, k=c.k, l=c.l, mask=mask, scale=scale, vbar=vbar, per_head=c.per_head, mean_v=c.mean_v,
                   oracle=c.selector == "oracle", comp_w=comp_w, window=window)
         if c.baseline:
-            kw.update(per_head=False, streaming=c.selector == "streaming",
+            kw.update(per_head=c.per_head and c.selector == "index", streaming=c.selector == "streaming",
                       h2o_scores=None if a["h2o"] is None else a["h2o"][st],
                       ivf=None if a["ivf_cent"] is None else (a["ivf_cent"][st], a["ivf_lists"][st], c.n_probe))
         want, info = ref.sparq_attention(q, K, V, return_info=True, q_sel=q_sel, K_sel=K_sel, **kw)
@@ -447,6 +448,10 @@ def grid(quick: bool = False) -> list[Case]:
     add(d=128, S=1500, r=16, k=64, l=0, n_stream=2, n_head=4, n_head_kv=4, mask="pad", selector="index", n_list=8,
         n_probe=8)
     add(d=64, S=3000, r=8, k=600, l=16, n_head=4, n_head_kv=1, mask="none", selector="index", n_list=64, n_probe=2)
+    add(d=64, S=1500, r=8, k=64, l=16, n_head=8, n_head_kv=2, mask="holes", selector="index", per_head=True,
+        n_list=16, n_probe=3)
+    add(d=128, S=1200, r=16, k=40, l=8, n_rows=3, n_head=4, n_head_kv=1, mask="causal", selector="index", per_head=True,
+        win="random", kv_type="f32")
     # streams marked dense (prompt rows batched as single rows beside decode steps)
     add(d=128, S=2000, r=16, k=64, l=16, n_stream=3, n_head=4, n_head_kv=1, mask="pad", win="tail", dense_streams=(1,))
     add(d=64, S=1500, r=8, k=64, l=16, n_stream=2, n_head=8, n_head_kv=2, mask="holes", per_head=True,

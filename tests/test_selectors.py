@@ -29,6 +29,7 @@ VARIANTS = {
     "h2o": dict(sparq_selector="h2o"),
     # the vector-index selector
     "index": dict(sparq_selector="index", sparq_index_lists=16, sparq_index_probe=4),
+    "index_per_head": dict(sparq_selector="index", sparq_index_lists=16, sparq_index_probe=4, sparq_gqa="per_head"),
 }
 
 
@@ -55,7 +56,7 @@ def check_calls_against_reference(calls, settings, min_calls):
         assert S > p["k"], "the test must run the sparse path (k < S)"
         sel = settings.get("sparq_selector")
         if sel in ("streaming", "h2o", "index"):
-            check_baseline_call(c, x, p, sel)
+            check_baseline_call(c, x, p, sel, per_head=settings.get("sparq_gqa") == "per_head")
             continue
         kw = dict(r=p["r"], k=p["k"], l=p["l"], mask=x["mask"], scale=p["scale"], vbar=x["vbar"],
                   per_head=settings.get("sparq_gqa") == "per_head", mean_v=settings.get("sparq_mean_v", True),
@@ -83,8 +84,8 @@ def check_calls_against_reference(calls, settings, min_calls):
         assert np.abs(got - want).max() <= 2e-3 * scale, (c["layer"], np.abs(got - want).max())
 
 
-def check_baseline_call(c, x, p, sel):
-    """One captured call of the streaming or h2o selector against the reference."""
+def check_baseline_call(c, x, p, sel, per_head=False):
+    """One captured call of the streaming, h2o or index selector against the reference."""
     assert c["comp_w"] is None and c["q_sel"] is None, "the baselines take no basis"
     kw = dict(r=1, k=p["k"], l=p["l"], mask=x["mask"], scale=p["scale"], vbar=x["vbar"])
     if sel == "streaming":
@@ -100,7 +101,10 @@ def check_baseline_call(c, x, p, sel):
         assert ivf["cent"].shape[1] == 16 and ivf["n_probe"] == 4
         assert np.abs(ivf["cent"]).max() > 0, "the index was not trained"
         want, info = reference.sparq_attention(x["q"], x["K"], x["V"], window=[x["win"]], return_info=True,
-                                               ivf=(ivf["cent"], ivf["lists_before"], ivf["n_probe"]), **kw)
+                                               ivf=(ivf["cent"], ivf["lists_before"], ivf["n_probe"]), per_head=per_head,
+                                               **kw)
+        if per_head:
+            assert max(len(s) for s in info["i2"][0]) > p["k"], "per-head search should reach beyond k cells"
         assert np.array_equal(ivf["lists"], info["ivf_lists"]), (c["layer"], np.argwhere(ivf["lists"] != info["ivf_lists"])[:5])
         valid = np.isfinite(x["mask"][0])
         assert np.all(ivf["lists"][:, valid] >= 0), "a valid cell was left out of the index"
@@ -247,18 +251,20 @@ def test_counters_cost_model_of_the_index(tiny_gqa_model):
     """The index reads its centroids (f32), the list ids (f32) and the keys of index_probe of
     index_lists lists (estimated as an even share of the cells), then k rows of K and V."""
     prompt = rand_tokens(700, 11, 256)
-    d, k, C, p = 16, 64, 16, 4
+    d, k, l, C, p, g = 16, 64, 16, 16, 3, 4
     S = len(prompt) + 1
-    llm = make_llm(tiny_gqa_model, sparq_k=k, sparq_min_kv=0, sparq_selector="index", sparq_index_lists=C,
-                   sparq_index_probe=p)
-    llm.reset()
-    llm.eval(prompt)
-    llm.reset_sparq_stats()
-    llm.eval([9])
-    st = llm.sparq_stats()
-    assert st["n_sparq"] == 2
-    moved = 2 * C * d + 2 * S + S * d * p // C + 2 * k * d + 2 * d
-    assert st["compression"] == pytest.approx(moved / (2 * S * d + 2 * d), rel=1e-6)
+    for gqa, probed, rows in (("shared", p, k), ("per_head", min(g * p, C), g * (k - l) + l)):
+        # per-head search: each query head probes its own lists and picks its own k - l cells
+        llm = make_llm(tiny_gqa_model, sparq_k=k, sparq_l=l, sparq_min_kv=0, sparq_selector="index",
+                       sparq_index_lists=C, sparq_index_probe=p, sparq_gqa=gqa)
+        llm.reset()
+        llm.eval(prompt)
+        llm.reset_sparq_stats()
+        llm.eval([9])
+        st = llm.sparq_stats()
+        assert st["n_sparq"] == 2
+        moved = 2 * C * d + 2 * S + S * ((d * probed + C // 2) // C) + 2 * rows * d + 2 * d
+        assert st["compression"] == pytest.approx(moved / (2 * S * d + 2 * d), rel=1e-6), gqa
 
 
 @pytest.mark.parametrize("kw,message", [

@@ -72,7 +72,8 @@ enum llama_sparq_selector {
     // each cell sits in its nearest centroid's list. A step ranks the
     // lists by the group's summed query, reads the keys of the index_probe best lists only, and
     // attends over the l most recent cells and the k - l of those keys with the largest logit
-    // (summed over the group). No K^T, no mean-V; CPU only, KV cache in host memory.
+    // (summed over the group); with gqa = per_head each query head searches with its own query
+    // and the group attends over the union. No K^T, no mean-V; CPU only, KV cache in host memory.
     LLAMA_SPARQ_SELECTOR_INDEX     = 4,
     LLAMA_SPARQ_SELECTOR_COUNT     = 5,
 };

@@ -28,7 +28,8 @@ prompt itself, scoring it, instead of restoring the dense state), with k chosen 
 that their cost-model compression equals SparQ's at the same target (Appendix G:
 2kd + 2d and 2kd + 2d + 2S against SparQ's Sr + 2kd + 4d); ``index`` (top-k over a vector index
 of the keys: about sqrt(S) lists, a power of two, and as many probed as give SparQ's compression:
-2 lists d + 2S + S d probe / lists + 2kd + 2d, k = 128, l = k/4). At compression 1/c (``--compressions``) r = 2d/c and k = 128 rows
+2 lists d + 2S + S d probe / lists + 2kd + 2d, k = 128, l = k/4); ``index_perhead`` (each query
+head searches its own probe/g lists and picks its own k' - l cells, k' as for ``sparq_perhead``). At compression 1/c (``--compressions``) r = 2d/c and k = 128 rows
 (the cost model's r/2d + k/S), l = k/4; the oracle reads all of K (its r is d: a ceiling,
 not a speed-up).
 
@@ -53,7 +54,7 @@ import numpy as np
 
 TASKS = ("passkey", "passkey_story", "niah_single", "niah_multikey", "niah_multivalue", "niah_multiquery")
 VARIANTS = ("dense", "default", "sparq", "sparq_nomv", "sparq_perhead", "scaled", "scaled_nomv", "scaled_perhead", "pca",
-            "oracle", "oracle_perhead", "streaming", "h2o", "index")
+            "oracle", "oracle_perhead", "streaming", "h2o", "index", "index_perhead")
 
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 STORY_WORDS = ("river stone lantern market copper window orchard ladder harbor violin meadow engine "
@@ -167,15 +168,19 @@ def variant_settings(name, comp, d, g, S=None):
     k = 128
     l = k // 4
     r = max(1, min(d, int(round(2 * d / comp))))
-    if name == "index":
+    if name.startswith("index"):
         if S is None:
             raise ValueError("variant index: the sample's length S sizes its lists")
         C = 1 << max(3, int(round(np.log2(max(S, 64)) / 2)))
         # probed keys S d p / C spend what SparQ's K^T rows (S r) leave after the centroids and list ids
         p = int(round(C * (S * r - 2 * S - 2 * C * d + 2 * d) / (S * d)))
-        return dict(sparq_r=d, sparq_k=k, sparq_l=l, sparq_min_kv=0, sparq_gqa="shared", sparq_mean_v=False,
-                    sparq_selector="index", sparq_basis="model", sparq_index_lists=C,
-                    sparq_index_probe=max(1, min(C, p)))
+        s = dict(sparq_r=d, sparq_k=k, sparq_l=l, sparq_min_kv=0, sparq_gqa="shared", sparq_mean_v=False,
+                 sparq_selector="index", sparq_basis="model", sparq_index_lists=C, sparq_index_probe=max(1, min(C, p)))
+        if name.endswith("perhead"):
+            # the same rows and about the same lists read: g searches of probe / g lists, k' - l cells each
+            s.update(sparq_gqa="per_head", sparq_k=l + max(1, (k - l) // max(1, g)),
+                     sparq_index_probe=max(1, min(C, p) // max(1, g)))
+        return s
     if name in ("streaming", "h2o"):
         if S is None:
             raise ValueError(f"variant {name}: the sample's length S sizes its k")

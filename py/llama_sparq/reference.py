@@ -320,7 +320,9 @@ def sparq_attention(q, K, V, *, r, k, l=0, mask=None, scale=None, vbar=None,
       n_probe). An unassigned valid cell first joins its nearest centroid (L2, ties to the lower
       list); info["ivf_lists"] holds the lists after. Per row and KV head the group's summed
       query ranks the lists by q . centroid; the valid cells of the n_probe best lists outside
-      the window are ranked by (sum_h q_h) . k * scale, and the best k - l (or fewer) kept.
+      the window are ranked by (sum_h q_h) . k * scale, and the best k - l (or fewer) kept. With
+      per_head each query head ranks the lists and the cells with its own q_h; the group attends
+      over the union of the heads' choices and the window.
     """
     q, K, V, mask, scale, vbar, dims = _prepare(q, K, V, mask, scale, vbar)
     dt = _float_dtype(dtype)
@@ -330,8 +332,10 @@ def sparq_attention(q, K, V, *, r, k, l=0, mask=None, scale=None, vbar=None,
     index = ivf is not None
     if streaming + h2o + index > 1:
         raise ValueError("streaming, h2o_scores and ivf are three selectors: give one")
-    if (streaming or h2o or index) and (oracle or per_head or q_sel is not None or comp_w is not None):
-        raise ValueError("the streaming, h2o and index selectors take no oracle, per_head, q_sel or comp_w")
+    if (streaming or h2o or index) and (oracle or q_sel is not None or comp_w is not None):
+        raise ValueError("the streaming, h2o and index selectors take no oracle, q_sel or comp_w")
+    if (streaming or h2o) and per_head:
+        raise ValueError("the streaming and h2o selectors choose per KV head: per_head does not apply")
     if streaming or h2o or index:
         mean_v = False
         r = 1
@@ -409,14 +413,16 @@ def sparq_attention(q, K, V, *, r, k, l=0, mask=None, scale=None, vbar=None,
                     if todo.size:
                         dist = np.sum(cent[j] ** 2, axis=1)[None, :] - 2.0 * Kj[todo] @ cent[j].T
                         lists[j, todo] = np.argmin(dist, axis=1)  # first minimum: the lower list
-                    qsum = np.sum(qr[j], axis=0)
-                    probed = np.argsort(-(cent[j] @ qsum), kind="stable")[:n_probe]
-                    cand = np.full(S, -np.inf)
-                    ok = valid[row] & np.isin(lists[j], probed)
-                    ok[win_r] = False
-                    cand[ok] = (Kj[ok] @ qsum) * scale
-                    top = np.argsort(-cand, kind="stable")[: k - w]
-                    sel.append(np.union1d(top[np.isfinite(cand[top])], win_r))
+                    chosen = win_r
+                    for qv in (qr[j] if per_head else [np.sum(qr[j], axis=0)]):
+                        probed = np.argsort(-(cent[j] @ qv), kind="stable")[:n_probe]
+                        cand = np.full(S, -np.inf)
+                        ok = valid[row] & np.isin(lists[j], probed)
+                        ok[win_r] = False
+                        cand[ok] = (Kj[ok] @ qv) * scale
+                        top = np.argsort(-cand, kind="stable")[: k - w]
+                        chosen = np.union1d(chosen, top[np.isfinite(cand[top])])
+                    sel.append(chosen)
             else:
                 cand = h2o_in.copy()
                 cand[:, ~valid[row]] = -np.inf

@@ -440,7 +440,8 @@ def test_settings_survive_pickling(tiny_model):
     assert clone.sparq_params() == sp.sparq_params() == dict(sparq=True, sparq_r=8, sparq_k=64, sparq_l=4,
                                                               sparq_min_kv=10, sparq_all_rows=False,
                                                               sparq_selector="sparq", sparq_gqa="shared",
-                                                              sparq_mean_v=True, sparq_basis="scaled")
+                                                              sparq_mean_v=True, sparq_basis="scaled",
+                                                              sparq_index_lists=256, sparq_index_probe=16)
     sp2 = make_llm(tiny_model, n_ctx=512, sparq_basis="pca", sparq_gqa="per_head", sparq_mean_v=False,
                    sparq_selector="oracle")
     assert pickle.loads(pickle.dumps(sp2)).sparq_params() == sp2.sparq_params()

@@ -442,6 +442,35 @@ static bool sparq_alloc_index(llama_sparq_ctx & S, int32_t n_list, char * err, s
     return true;
 }
 
+// a dot product in 8 independent sums (vectorisable without reassociation)
+static inline float sparq_dot(const float * x, const float * y, int64_t d) {
+    float acc[8] = { 0.0f };
+    int64_t j = 0;
+    for (; j + 8 <= d; j += 8) {
+        for (int t = 0; t < 8; ++t) {
+            acc[t] += x[j + t] * y[j + t];
+        }
+    }
+    for (; j < d; ++j) {
+        acc[0] += x[j] * y[j];
+    }
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+// the nearest of C centroids (C x d) to x: argmin |c|^2 - 2 x.c, ties to the lower index (the op's rule)
+static inline int32_t sparq_nearest(const float * x, const float * cent, const float * cn2, int64_t C, int64_t d) {
+    float best = INFINITY;
+    int32_t bi = 0;
+    for (int64_t c = 0; c < C; ++c) {
+        const float dist = cn2[c] - 2.0f * sparq_dot(x, cent + c * d, d);
+        if (dist < best) {
+            best = dist;
+            bi = (int32_t) c;
+        }
+    }
+    return bi;
+}
+
 // Lloyd's k-means (L2) of the n rows of x (n x d) into C centroids, started from C rows spread
 // evenly over x; a list left empty keeps its centroid
 static void sparq_kmeans(const std::vector<float> & x, int64_t n, int64_t d, int64_t C, int iters, float * cent) {
@@ -460,29 +489,10 @@ static void sparq_kmeans(const std::vector<float> & x, int64_t n, int64_t d, int
     std::vector<float> cn2(C);
     for (int it = 0; it < iters; ++it) {
         for (int64_t c = 0; c < C; ++c) {
-            float s2 = 0.0f;
-            for (int64_t j = 0; j < d; ++j) {
-                s2 += cent[c * d + j] * cent[c * d + j];
-            }
-            cn2[c] = s2;
+            cn2[c] = sparq_dot(cent + c * d, cent + c * d, d);
         }
         for (int64_t i = 0; i < n; ++i) {
-            const float * xi = x.data() + i * d;
-            float best = INFINITY;
-            int32_t bi = 0;
-            for (int64_t c = 0; c < C; ++c) {
-                const float * ce = cent + c * d;
-                float dot = 0.0f;
-                for (int64_t j = 0; j < d; ++j) {
-                    dot += xi[j] * ce[j];
-                }
-                const float dist = cn2[c] - 2.0f * dot;
-                if (dist < best) {
-                    best = dist;
-                    bi = (int32_t) c;
-                }
-            }
-            asg[i] = bi;
+            asg[i] = sparq_nearest(x.data() + i * d, cent, cn2.data(), C, d);
         }
         std::fill(sum.begin(), sum.end(), 0.0);
         std::fill(cnt.begin(), cnt.end(), 0);
@@ -503,21 +513,24 @@ static void sparq_kmeans(const std::vector<float> & x, int64_t n, int64_t d, int
 }
 
 // Trains the index of one stream on its used cells' keys (but `skip`, which the next ubatch
-// writes): per layer and KV head, k-means on at most 32 keys per list (evenly spaced over the
-// cells), 8 iterations; every list id of the stream is reset to -1 (the op assigns each cell to
-// its nearest centroid when it next reads it). Threads over (layer, KV head).
-static void sparq_train_index(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip, uint32_t n_used) {
+// writes): per layer and KV head, k-means on at most 16 keys per list (evenly spaced over the
+// cells), 6 iterations. Every list id of the stream is reset to -1 (the op assigns each cell to
+// its nearest centroid when it next reads it), or with assign_all set here to the used cells'
+// nearest centroid (llama_sparq_sync: the work done before a timed step). Threads over (layer, KV head).
+static void sparq_train_index(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip, uint32_t n_used,
+                              bool assign_all = false) {
     const llama_kv_cache * kv = S.kv;
     const uint32_t kv_size = A::kv_size(kv);
     const llama_kv_cells & cells = A::cells(kv, strm);
     const int64_t C = S.ivf_n_list;
-    std::vector<uint32_t> use;
+    std::vector<uint32_t> all;
     for (uint32_t c = cells.used_min(); c < cells.used_max_p1(); ++c) {
         if (!cells.is_empty(c) && std::find(skip.begin(), skip.end(), c) == skip.end()) {
-            use.push_back(c);
+            all.push_back(c);
         }
     }
-    const size_t n_max = (size_t) 32 * C;
+    std::vector<uint32_t> use = all;
+    const size_t n_max = (size_t) 16 * C;
     if (use.size() > n_max) {
         std::vector<uint32_t> sub(n_max);
         for (size_t i = 0; i < n_max; ++i) {
@@ -551,12 +564,26 @@ static void sparq_train_index(llama_sparq_ctx & S, uint32_t strm, const std::vec
                 }
             }
             std::vector<float> cent((size_t) C * d);
-            sparq_kmeans(x, (int64_t) use.size(), d, C, 8, cent.data());
+            sparq_kmeans(x, (int64_t) use.size(), d, C, 6, cent.data());
             ggml_backend_tensor_set(L.ivf_cent, cent.data(), strm * L.ivf_cent->nb[3] + h * L.ivf_cent->nb[2],
                                     cent.size() * sizeof(float));
-            std::vector<float> none(kv_size, -1.0f);
-            ggml_backend_tensor_set(L.ivf_list, none.data(), strm * L.ivf_list->nb[2] + h * L.ivf_list->nb[1],
-                                    none.size() * sizeof(float));
+            std::vector<float> lists(kv_size, -1.0f);
+            if (assign_all) {
+                std::vector<float> cn2(C), kf(d);
+                for (int64_t c = 0; c < C; ++c) {
+                    cn2[c] = sparq_dot(cent.data() + c * d, cent.data() + c * d, d);
+                }
+                for (uint32_t cell : all) {
+                    ggml_backend_tensor_get(k, row.data(), strm * k->nb[2] + (size_t) cell * k->nb[1] + (size_t) h * d * esz,
+                                            row.size());
+                    for (int64_t j = 0; j < d; ++j) {
+                        kf[j] = sparq_elem_f32(row.data() + j * esz, k->type);
+                    }
+                    lists[cell] = (float) sparq_nearest(kf.data(), cent.data(), cn2.data(), C, d);
+                }
+            }
+            ggml_backend_tensor_set(L.ivf_list, lists.data(), strm * L.ivf_list->nb[2] + h * L.ivf_list->nb[1],
+                                    lists.size() * sizeof(float));
         }
     };
     const int nth = std::max(1, std::min<int>((int) jobs.size(),
@@ -1451,6 +1478,17 @@ void llama_sparq_sync(struct llama_context * ctx) {
         sparq_count_rebuild(S);
         S.streams[strm].hash = A::cells_hash(A::cells(S.kv, strm));
         S.streams[strm].valid = true;
+    }
+    // the index selector: trained and every used cell in its list now, not in the next step
+    if (S.params.selector == LLAMA_SPARQ_SELECTOR_INDEX && S.ivf_ctx) {
+        for (uint32_t strm = 0; strm < A::n_stream(S.kv); ++strm) {
+            const uint32_t n_used = A::cells(S.kv, strm).get_used();
+            if (n_used > 0 && (S.ivf_trained[strm] == 0 || n_used >= 2 * (uint64_t) S.ivf_trained[strm])) {
+                sparq_train_index(S, strm, {}, n_used, true);
+                std::lock_guard<std::mutex> lock(S.mtx);
+                S.n_index_trainings++;
+            }
+        }
     }
 }
 

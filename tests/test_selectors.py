@@ -317,6 +317,29 @@ def test_index_is_trained_again_when_the_stream_doubles_and_after_a_rebuild(tiny
     c.free()
 
 
+def test_index_sync_trains_and_assigns_before_the_step(tiny_gqa_model):
+    """llama_sparq_sync (llama-bench calls it before each timed run) trains the index and puts every
+    used cell in its nearest list, so the next step assigns only the new cell."""
+    from llama_sparq.capture import Capture, stream0
+    from sparq_ctx import Ctx, Model, prefill, step
+
+    m = Model(tiny_gqa_model)
+    c = Ctx(m)
+    c.sparq(enabled=True, selector=4, k=32, l=8, min_kv=0, index_lists=8, index_probe=2)
+    prefill(c, 0, np.random.default_rng(6).integers(3, m.n_vocab, 400).tolist())
+    c.sync()
+    with Capture(c.ctx) as cap:
+        step(c, 0, 7)
+    for call in cap.calls:
+        x = stream0(call)
+        valid = np.isfinite(x["mask"][0])
+        before = x["ivf"]["lists_before"][:, valid]
+        assert np.all(before[:, :-1] >= 0) and np.all(before[:, -1] == -1), "sync left cells out of the index"
+        d2 = ((x["K"][valid][:, :, None, :] - x["ivf"]["cent"][None]) ** 2).sum(-1)
+        assert np.array_equal(x["ivf"]["lists"][:, valid].T, d2.argmin(-1))
+    c.free()
+
+
 def test_h2o_is_refused_where_its_scores_cannot_follow(tiny_gqa_model):
     """H2O's scores follow one sequence's prompt and steps: several sequences and all-rows
     evaluation are refused with the reason, never run with wrong scores."""

@@ -148,7 +148,8 @@ LLAMA_API void    llama_sparq_reset_stats(struct llama_context * ctx);
 // Brings K^T and the V sums up to date now (after a state load, say) instead of at the
 // next decode step: first applies the cache's pending updates (the deferred K-shift of
 // seq_add / seq_div, stream copies), as the next decode would, then rebuilds every stream
-// whose cells changed. A no-op when everything is current or SparQ is off.
+// whose cells changed; with the index selector also (re)trains each stream's index that needs
+// it and puts every used cell in its list. A no-op when everything is current or SparQ is off.
 LLAMA_API void llama_sparq_sync(struct llama_context * ctx);
 
 // For tests and diagnosis: the largest absolute difference between the K^T / V-sum data

@@ -424,4 +424,8 @@ def test_eval_subset_runs_and_keeps_answers(gemma_model, tmp_path):
     assert acc["default"] >= acc["dense"], acc
     rows = out.with_suffix(".csv").read_text().splitlines()
     assert len(rows) == 1 + 4 * 3
+    import csv
+
+    commits = {r["commit"] for r in csv.DictReader(rows)}
+    assert len(commits) == 1 and commits == {res["meta"]["commit"]} and "not recorded" not in commits, commits
     assert out.with_suffix(".md").exists()

@@ -248,6 +248,7 @@ def _load_rows(path):
                 r[key] = int(r[key])
             for key in ("depth", "compression_target", "compression", "correct"):
                 r[key] = float(r[key])
+            r["commit"] = r.get("commit") or "not recorded"
             rows.append(r)
     return rows
 
@@ -288,6 +289,7 @@ def run(args, flush=None):
                if not (v.startswith("oracle") and c != comps[0])]
     samples = [(t, S, dp, i) for S in contexts for t in tasks for i, dp in enumerate(depths)]
     rows = list(args.previous_rows)
+    commit = _commit()  # what this run measures (every row records it: --append may mix runs)
     done = {(r["task"], r["context"], r["depth"], r["variant"], r["compression_target"]) for r in rows}
     t0 = time.time()
     bar = tqdm(total=len(samples) * len(combos), desc="eval", unit="run", file=sys.stderr,
@@ -340,7 +342,7 @@ def run(args, flush=None):
                              r=(s or {}).get("sparq_r", d), k=(s or {}).get("sparq_k", 0),
                              l=(s or {}).get("sparq_l", 0),
                              compression=(st["compression"] if s else 1.0), sparq_calls=st["n_sparq"],
-                             correct=ok, expected=" ".join(expected), answer=ans.strip()))
+                             correct=ok, expected=" ".join(expected), answer=ans.strip(), commit=commit))
             if s is not None and st["n_sparq"] == 0:
                 raise RuntimeError(f"variant {name}: SparQ made no call (counters {st}); the result would be dense")
             bar.update(1)
@@ -399,18 +401,21 @@ def write(res, out, command):
                variants=[v for v in VARIANTS if any(r["variant"] == v for r in rows)],
                depths=sorted({r["depth"] for r in rows}))
     table = summarise(res)
-    meta = dict(command=command, commit=_commit(), machine=f"{_machine()}, {res['threads']} threads",
+    # the commits the rows were measured on, in order of first use (the CSV's commit column per row)
+    commits = list(dict.fromkeys(r["commit"] for r in rows))
+    meta = dict(command=command, commit=", ".join(commits), machine=f"{_machine()}, {res['threads']} threads",
                 model=f"{res['model']} (head size {res['d']}, {res['g']} query heads per KV head)",
                 date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), elapsed_s=round(res["elapsed"], 1),
                 contexts=res["contexts"], tasks=res["tasks"], depths=res["depths"])
     with open(out.with_suffix(".csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(res["rows"][0].keys()))
+        w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in res["rows"] for k in r)))
         w.writeheader()
         w.writerows(res["rows"])
     out.with_suffix(".json").write_text(json.dumps(dict(meta=meta, summary=table), indent=1))
     ctxs = [str(S) for S in res["contexts"]]
     lines = [f"# Retrieval accuracy ({out.name})", "",
-             f"Command `{command}`, commit `{meta['commit']}`, {meta['machine']}, {meta['date']}.",
+             f"Command `{command}`, measured on commit(s) `{meta['commit']}` (each row's in the CSV), "
+             f"{meta['machine']}, {meta['date']}.",
              f"Model: {meta['model']}. Tasks: {', '.join(res['tasks'])}; depths {res['depths']}; "
              f"{len(res['rows'])} runs in {meta['elapsed_s']:.0f} s. Each cell: accuracy in % / the share of "
              "samples whose answer text is dense's, in %; compression (cost model, measured by the fork's "
@@ -463,7 +468,7 @@ def write(res, out, command):
             ax.set_xlabel("compression (cost model)")
         axes[0][0].set_ylabel("accuracy %")
         axes[0][-1].legend(fontsize=7)
-        fig.suptitle(f"Retrieval accuracy, {Path(res['model']).name}, commit {meta['commit'][:9]}", fontsize=9)
+        fig.suptitle(f"Retrieval accuracy, {Path(res['model']).name}, commit {', '.join(c[:9] for c in commits)}", fontsize=9)
         fig.tight_layout()
         fig.savefig(out.with_suffix(".png"), dpi=110)
     except ImportError:

@@ -1190,7 +1190,7 @@ static bool sparq_rebuild_stream_device(llama_sparq_ctx & S, uint32_t strm, cons
 // stream brings no scores: those cells keep what this context had there (0 in a fresh context).
 // The index follows K: after a rebuild (cells moved or removed, keys re-roped, a state loaded,
 // the cache cleared) the stream's index is trained again at its next step, its list ids reset.
-static void sparq_h2o_rebuild(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip) {
+static void sparq_selector_rebuild(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip) {
     const llama_kv_cells & cells = A::cells(S.kv, strm);
     const uint32_t kv_size = A::kv_size(S.kv);
     if (strm < S.ivf_trained.size()) {
@@ -1227,7 +1227,7 @@ static void sparq_h2o_rebuild(llama_sparq_ctx & S, uint32_t strm, const std::vec
 static double sparq_rebuild_stream(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip,
                                    bool check = false) {
     if (!check) {
-        sparq_h2o_rebuild(S, strm, skip);
+        sparq_selector_rebuild(S, strm, skip);
     }
     if (!check && getenv("LLAMA_SPARQ_HOST_REBUILD") == nullptr && sparq_rebuild_stream_device(S, strm, skip)) {
         return 0.0; // done on the device (LLAMA_SPARQ_HOST_REBUILD=1 forces the host path, for comparisons)

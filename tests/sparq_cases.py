@@ -274,16 +274,12 @@ def check(c: Case, a: dict, out: np.ndarray, sel: np.ndarray | None) -> dict:
             if sel is not None:
                 assert np.all(sel[st] == -1), f"{c.id}: a dense stream listed a selection"
             if c.selector == "h2o":
-                # every valid cell's attention weight is added to its score
-                logits = np.einsum("rhd,shd->rhs", q, np.repeat(K, c.g, axis=1)) * float(a["scale"])
-                if mask is not None:
-                    logits = logits + mask[:, None, :]
-                p = np.exp(logits - logits.max(axis=-1, keepdims=True))
-                p /= p.sum(axis=-1, keepdims=True)
-                want_h = a["h2o"][st].astype(np.float64) + p.sum(axis=0).reshape(c.n_head_kv, c.g, c.S).sum(axis=1)
+                # every valid cell's attention weight is added to its score (the reference's dense rows)
+                _, info = ref.sparq_attention(q, K, V, r=1, k=c.S, l=0, mask=mask, scale=float(a["scale"]),
+                                              h2o_scores=a["h2o"][st], return_info=True)
                 got_h = a["h2o_out"][st].astype(np.float64)
-                assert np.allclose(got_h, want_h, rtol=1e-5, atol=1e-5 * c.n_rows), (
-                    f"{c.id}: H2O scores of dense stream {st} differ by {np.abs(got_h - want_h).max():.3g}")
+                assert np.allclose(got_h, info["h2o"], rtol=1e-5, atol=1e-5 * c.n_rows), (
+                    f"{c.id}: H2O scores of dense stream {st} differ by {np.abs(got_h - info['h2o']).max():.3g}")
             stats["rows"] += c.n_rows
             continue
         vbar = row_vbar(c, a, st)

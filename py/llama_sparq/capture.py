@@ -65,7 +65,7 @@ EVAL_CB = ctypes.CFUNCTYPE(ctypes.c_bool, ctypes.POINTER(ggml_tensor), ctypes.c_
 # the op's sources (ggml_sparq_attn): name, index
 _OP_SRC = ("q", "K", "KT", "V", "v_sum", "v_count", "mask", "win", "q_sel", "comp_w")
 _NODE = re.compile(r"sparq_attn-(\d+)")
-_H2O = re.compile(r"sparq_(h2o|ivf)-(\d+)")  # H2O's scores / the index's lists before the op of that layer
+_BEFORE = re.compile(r"sparq_(h2o|ivf)-(\d+)")  # H2O's scores / the index's lists before the op of that layer
 _DTYPES = {GGML_TYPE_F32: np.float32, GGML_TYPE_F16: np.float16, GGML_TYPE_I32: np.int32}
 
 
@@ -96,7 +96,7 @@ class Capture:
         self.calls: list[dict] = []
         self._cb = EVAL_CB(self._callback)
         self._error: Exception | None = None
-        self._h2o_before: dict[tuple, np.ndarray] = {}
+        self._before: dict[tuple, np.ndarray] = {}  # (kind, layer) -> the tensor before the op
 
     def _wanted(self, name: str) -> bool:
         m = _NODE.fullmatch(name)  # the op itself, not views of it ("sparq_attn-5 (reshaped)")
@@ -108,13 +108,13 @@ class Capture:
         try:
             t = tp.contents
             name = t.name.decode(errors="replace")
-            m = _H2O.fullmatch(name)
-            wanted_h2o = m is not None and (self.layers is None or int(m.group(2)) in self.layers)
+            m = _BEFORE.fullmatch(name)
+            wanted_before = m is not None and (self.layers is None or int(m.group(2)) in self.layers)
             if ask:
-                return self._wanted(name) or wanted_h2o
-            if wanted_h2o:
+                return self._wanted(name) or wanted_before
+            if wanted_before:
                 # the scores of every cell of the layer's cache, as the op will read them
-                self._h2o_before[(m.group(1), int(m.group(2)))] = tensor_to_numpy(t)
+                self._before[(m.group(1), int(m.group(2)))] = tensor_to_numpy(t)
                 return True
             if not self._wanted(name):
                 return True
@@ -124,10 +124,10 @@ class Capture:
                 call[key] = tensor_to_numpy(s.contents) if s else None
             if call["op_params"][4] == 3:  # GGML_SPARQ_SEL_H2O: the q_sel slot holds the scores
                 call["h2o"], call["q_sel"] = call["q_sel"], None
-                call["h2o_before"] = self._h2o_before.pop(("h2o", call["layer"]), None)
+                call["h2o_before"] = self._before.pop(("h2o", call["layer"]), None)
             elif call["op_params"][4] == 4:  # GGML_SPARQ_SEL_INDEX: centroids and list ids
                 call["ivf_cent"], call["ivf_lists"], call["q_sel"], call["comp_w"] = call["q_sel"], call["comp_w"], None, None
-                call["ivf_before"] = self._h2o_before.pop(("ivf", call["layer"]), None)
+                call["ivf_before"] = self._before.pop(("ivf", call["layer"]), None)
             call["out"] = tensor_to_numpy(t)
             self.calls.append(call)
         except Exception as e:  # never raise through C

@@ -393,16 +393,8 @@ def sparq_attention(q, K, V, *, r, k, l=0, mask=None, scale=None, vbar=None,
             # Exact dense step: every valid cell, the same for all KV heads.
             sel = np.broadcast_to(cells, (n_kv, nv))
         elif streaming or h2o or index:
-            if window is None:
-                w = min(l, nv)
-                win_r = cells[nv - w:]
-                sinks = cells[: k - l] if streaming else np.zeros(0, np.int64)
-            else:
-                ent = np.asarray(window[row]).ravel()
-                keep = lambda xs: [int(c) for c in xs if 0 <= c < S and valid[row][c]]  # noqa: E731
-                win_r = np.unique(np.asarray(keep(ent[:l]), dtype=np.int64))
-                sinks = np.asarray(keep(ent[l:k]) if streaming else [], dtype=np.int64)
-                w = win_r.size
+            win_r, sinks = _window_cells(window, row, l, k if streaming else l, cells, valid[row])
+            w = win_r.size
             if streaming:
                 sel = np.broadcast_to(np.union1d(win_r, sinks), (n_kv, np.union1d(win_r, sinks).size))
             elif index:
@@ -433,13 +425,8 @@ def sparq_attention(q, K, V, *, r, k, l=0, mask=None, scale=None, vbar=None,
             # Step 2: approximate scores per query head, (n_kv, g, S); 0 at invalid cells.
             shat = _approx_scores(qsg[row], K_sel, i1[row], mrow, scale, dt, comp_w)
             # Step 3: position selection shared by the group (or per query head).
-            if window is None:
-                w = min(l, nv)
-                win_r = cells[nv - w:]  # the w most recent valid cells
-            else:
-                wr = [int(c) for c in np.asarray(window[row]).ravel()[:l] if 0 <= c < S and valid[row][c]]
-                win_r = np.unique(np.asarray(wr, dtype=np.int64))
-                w = win_r.size
+            win_r, _ = _window_cells(window, row, l, l, cells, valid[row])
+            w = win_r.size
             cand = np.sum(shat, axis=1) if not per_head else shat.copy()  # (n_kv, S) or (n_kv, g, S)
             cand[..., ~valid[row]] = -np.inf  # never select an invalid cell
             cand[..., win_r] = -np.inf  # the window is added below, not chosen here
@@ -500,6 +487,19 @@ def sparq_attention(q, K, V, *, r, k, l=0, mask=None, scale=None, vbar=None,
     if index:
         info["ivf_lists"] = lists
     return out, info
+
+
+def _window_cells(window, row, l, k, cells, valid_row):
+    """The local window's cells of one row and, for entries l..k-1 (the streaming selector's sinks,
+    k > l), the cells after it; both ascending, valid only. Without a window list: the last l and
+    the first k - l valid cells."""
+    if window is None:
+        w = min(l, cells.size)
+        return cells[cells.size - w:], cells[: k - l]
+    ent = np.asarray(window[row]).ravel()
+    keep = [int(c) for c in ent[:k] if 0 <= c < valid_row.size and valid_row[c]]
+    n_win = sum(1 for c in ent[:l] if 0 <= c < valid_row.size and valid_row[c])
+    return np.unique(np.asarray(keep[:n_win], dtype=np.int64)), np.asarray(keep[n_win:], dtype=np.int64)
 
 
 def _default_vbar(V, valid_row, cells, dt, cache):

@@ -179,7 +179,7 @@ struct layout {
     size_t off_h2o; // H2O: per thread, the attention weights of its rows per (stream, KV head, cell)
     size_t off_ivf; // index: per unit, the group's summed query (d), the lists' |c|^2 and probe flags (n_list each)
     // per-thread area: offsets from the thread's base
-    size_t t_blk, t_ck, t_idx, t_gm, t_big, t_merge, t_sel, t_ex, t_vec, t_gh, t_rows, t_ivf;
+    size_t t_blk, t_ck, t_idx, t_gm, t_big, t_merge, t_sel, t_ex, t_vec, t_gh, t_rows, t_ivf, t_pc;
     size_t thread_bytes, total;
 };
 
@@ -263,7 +263,10 @@ static layout make_layout(const sparq_args * a, int nth) {
     L.t_vec   = t; t += align_up((size_t) 3 * dmax * sizeof(float));
     L.t_gh    = t; t += align_up((size_t) 2 * L.g * sizeof(float));
     L.t_rows  = t; t += align_up((size_t) a->r * sizeof(void *));
+    // index: the lists' ranking (phase A), then a flag byte per list (phase C)
     L.t_ivf   = t; t += align_up(a->selector == SPARQ_SEL_INDEX ? (size_t) a->ivf_n_list * sizeof(cand) : 0);
+    // index: the chunk's cells in probed lists
+    L.t_pc    = t; t += align_up(a->selector == SPARQ_SEL_INDEX ? (size_t) L.chunk_max * sizeof(int32_t) : 0);
     L.thread_bytes = t;
     L.off_thread = o; o += L.thread_bytes * nth;
     L.total = o + SPARQ_ALIGN; // room to align the base pointer
@@ -614,6 +617,116 @@ static int select_chunk(const ctx & C, int ith, const float * ck, int n, int bas
     return kk;
 }
 
+// The index selector's candidates in one chunk [s0, s1) of unit u: the cells of the probed lists,
+// by their exact logit summed over the group (or each head's own, searching per query head).
+// Three passes, so that only the probed cells' key rows are read:
+//   1. every list id of the chunk: a valid cell in no list yet joins its nearest centroid's list
+//      (this thread owns the chunk's cells), and the cells before the window whose list some
+//      search probes are gathered, in cell order, without a branch;
+//   2. the gathered cells' keys (rows prefetched ahead), masked cells dropped;
+//   3. the selection over the gathered scores (cell order kept, so ties still go to the lower cell).
+static void index_candidates(const ctx & C, int u, int w, int s0, int s1, int ith) {
+    const sparq_args * a = C.a;
+    const int R = C.unit_row(u), kvh = C.unit_kvh(u), st = C.row_stream(R);
+    const row_info * ri = C.rinfo(R);
+    const float * m = C.mask_row(R);
+    const int ph = C.L.ph, nl = a->ivf_n_list, d = a->d;
+    const float * cn2 = C.ivf_cn2(u);
+    float * lists = C.ivf_lists(st, kvh);
+    float * ck = (float *) C.tbuf(ith, C.L.t_ck);
+    float * kf = (float *) C.tbuf(ith, C.L.t_vec); // a key in f32 (3 * max(d, dv) floats)
+    uint8_t * any = (uint8_t *) C.tbuf(ith, C.L.t_ivf);
+    int32_t * pc = (int32_t *) C.tbuf(ith, C.L.t_pc);
+    for (int c = 0; c < nl; ++c) {
+        uint8_t f = 0;
+        for (int hs = 0; hs < ph; ++hs) {
+            f |= C.ivf_probe(u, hs)[c] != 0.0f;
+        }
+        any[c] = f;
+    }
+    // files a valid cell that is in no list yet: argmin |k - c|^2 = argmin |c|^2 - 2 k.c, ties to the lower list
+    auto file = [&](int cell) -> int {
+        if (m && !is_valid(m[cell])) {
+            return -1;
+        }
+        const char * kr = C.K_row(st, kvh, cell);
+        if (a->K_type == SPARQ_F16) {
+            C.isa->f16_to_f32((const uint16_t *) kr, kf, d);
+        } else {
+            memcpy(kf, kr, (size_t) d * sizeof(float));
+        }
+        float best = INFINITY;
+        int li = 0;
+        for (int c = 0; c < nl; ++c) {
+            const float dist = cn2[c] - 2.0f * C.isa->dot_f32(kf, C.ivf_centroid(st, kvh, c), d);
+            if (dist < best) {
+                best = dist;
+                li = c;
+            }
+        }
+        lists[cell] = (float) li;
+        return li;
+    };
+    // pass 1: cells before the window are gathered; the window's cells are only filed
+    const int e = std::max(s0, std::min(s1, (int) ri->w0));
+    int n = 0;
+    for (int cell = s0; cell < e; ++cell) {
+        int li = (int) lists[cell];
+        if ((unsigned) li >= (unsigned) nl) {
+            li = file(cell);
+            if (li < 0) {
+                continue;
+            }
+        }
+        pc[n] = cell;
+        n += any[li];
+    }
+    for (int cell = e; cell < s1; ++cell) {
+        const int li = (int) lists[cell];
+        if ((unsigned) li >= (unsigned) nl) {
+            file(cell);
+        }
+    }
+    // pass 2: the gathered cells' logits (masked cells dropped; with per-head search a head's
+    // unprobed lists give -inf, which the selection never takes)
+    const size_t rb = (size_t) d * (a->K_type == SPARQ_F16 ? 2 : 4);
+    constexpr int PF = 8; // rows ahead
+    int n2 = 0;
+    for (int i = 0; i < n; ++i) {
+        if (i + PF < n) {
+            const char * nx = C.K_row(st, kvh, pc[i + PF]);
+            for (size_t o = 0; o < rb; o += 64) {
+                __builtin_prefetch(nx + o);
+            }
+        }
+        const int cell = pc[i];
+        if (m && !is_valid(m[cell])) {
+            continue;
+        }
+        const char * kr = C.K_row(st, kvh, cell);
+        const int li = ph > 1 ? (int) lists[cell] : 0;
+        for (int hs = 0; hs < ph; ++hs) {
+            float x = -INFINITY;
+            if (ph == 1 || C.ivf_probe(u, hs)[li] != 0.0f) {
+                const float * qv = C.ivf_q(u, hs);
+                x = (a->K_type == SPARQ_F16 ? C.isa->dot_f16(qv, (const uint16_t *) kr, d)
+                                            : C.isa->dot_f32(qv, (const float *) kr, d)) * a->scale;
+            }
+            ck[(size_t) hs * C.L.chunk_max + n2] = x;
+        }
+        pc[n2++] = cell;
+    }
+    // pass 3: the chunk's best, as positions in the gathered list, then as cells
+    for (int hs = 0; hs < ph; ++hs) {
+        cand * out = C.cands(w, ith, hs);
+        const int cnt = select_chunk(C, ith, ck + (size_t) hs * C.L.chunk_max, n2, 0, row_kk_scan(a, ri), out);
+        for (int i = 0; i < cnt; ++i) {
+            out[i].idx = pc[out[i].idx];
+        }
+        *C.ccount(w, ith, hs) = cnt;
+    }
+}
+
 // ----- phase C: approximate logits, softmax statistics, candidates (g == 1) -----
 static void phase_c(const ctx & C, int wb, int we, int ith) {
     const sparq_args * a = C.a;
@@ -640,59 +753,7 @@ static void phase_c(const ctx & C, int wb, int we, int ith) {
         int s0, s1;
         chunk_range(S, ith, C.L.nc, &s0, &s1);
         if (a->selector == SPARQ_SEL_INDEX) {
-            // candidates: the cells of the probed lists, by their exact logit summed over the group;
-            // a cell not yet in a list joins its nearest centroid's (this thread owns the chunk's cells)
-            const float * m = C.mask_row(R);
-            const int ph = C.L.ph;
-            const float * cn2 = C.ivf_cn2(u);
-            float * lists = C.ivf_lists(st, kvh);
-            float * kf = (float *) C.tbuf(ith, C.L.t_vec); // a key in f32 (3 * max(d, dv) floats)
-            // every valid cell of the chunk gets a list (the window's too); those before the window are ranked
-            const int n = std::min(s1, (int) ri->w0) - s0;
-            for (int s = 0; s < s1 - s0; ++s) {
-                const int cell = s0 + s;
-                for (int hs = 0; hs < ph && s < n; ++hs) {
-                    ck[(size_t) hs * C.L.chunk_max + s] = -INFINITY;
-                }
-                if (m && !is_valid(m[cell])) {
-                    continue;
-                }
-                const char * kr = C.K_row(st, kvh, cell);
-                int li = (int) lists[cell];
-                if (li < 0 || li >= a->ivf_n_list) {
-                    if (a->K_type == SPARQ_F16) {
-                        C.isa->f16_to_f32((const uint16_t *) kr, kf, a->d);
-                    } else {
-                        memcpy(kf, kr, (size_t) a->d * sizeof(float));
-                    }
-                    // argmin |k - c|^2 = argmin |c|^2 - 2 k.c, ties to the lower list
-                    float best = INFINITY;
-                    li = 0;
-                    for (int c = 0; c < a->ivf_n_list; ++c) {
-                        const float dist = cn2[c] - 2.0f * C.isa->dot_f32(kf, C.ivf_centroid(st, kvh, c), a->d);
-                        if (dist < best) {
-                            best = dist;
-                            li = c;
-                        }
-                    }
-                    lists[cell] = (float) li;
-                }
-                if (s >= n) {
-                    continue;
-                }
-                for (int hs = 0; hs < ph; ++hs) {
-                    if (C.ivf_probe(u, hs)[li] != 0.0f) {
-                        const float * qv = C.ivf_q(u, hs);
-                        ck[(size_t) hs * C.L.chunk_max + s] =
-                            (a->K_type == SPARQ_F16 ? C.isa->dot_f16(qv, (const uint16_t *) kr, a->d)
-                                                    : C.isa->dot_f32(qv, (const float *) kr, a->d)) * a->scale;
-                    }
-                }
-            }
-            for (int hs = 0; hs < ph; ++hs) {
-                *C.ccount(w, ith, hs) = select_chunk(C, ith, ck + (size_t) hs * C.L.chunk_max, n, s0, row_kk_scan(a, ri),
-                                                     C.cands(w, ith, hs));
-            }
+            index_candidates(C, u, w, s0, s1, ith);
             continue;
         }
         if (a->selector == SPARQ_SEL_H2O) {

@@ -13,11 +13,11 @@
 #include <vector>
 
 struct sparq_bench_params {
-    std::vector<int> on, r, k, l, min_kv, selector, gqa, basis, mean_v;
+    std::vector<int> on, r, k, l, min_kv, selector, gqa, basis, mean_v, index_lists, index_probe;
     bool fill_synthetic = false; // --depth-fill synthetic: llama_sparq_bench_fill instead of a prefill
     bool any() const {
         return !on.empty() || !r.empty() || !k.empty() || !l.empty() || !min_kv.empty() || !selector.empty() ||
-               !gqa.empty() || !basis.empty() || !mean_v.empty();
+               !gqa.empty() || !basis.empty() || !mean_v.empty() || !index_lists.empty() || !index_probe.empty();
     }
 };
 
@@ -34,7 +34,7 @@ struct sparq_bench_fields {
 static inline bool sparq_bench_is_arg(const std::string & a) {
     return a == "--sparq" || a == "--sparq-r" || a == "--sparq-k" || a == "--sparq-l" || a == "--sparq-min-kv" ||
            a == "--sparq-selector" || a == "--sparq-gqa" || a == "--sparq-basis" || a == "--sparq-mean-v" ||
-           a == "--depth-fill";
+           a == "--sparq-index-lists" || a == "--sparq-index-probe" || a == "--depth-fill";
 }
 
 static inline void sparq_bench_usage() {
@@ -49,6 +49,8 @@ static inline void sparq_bench_usage() {
     printf("  --sparq-gqa <shared|per_head>              SparQ choice per KV head or per query head (default: shared)\n");
     printf("  --sparq-basis <model|scaled|pca>           SparQ step-1 ranking of components (default: scaled)\n");
     printf("  --sparq-mean-v <0|1>                       SparQ mean-V reallocation (default: 1)\n");
+    printf("  --sparq-index-lists <n>                    selector index: lists per layer and KV head, 1..65536 (default: 256)\n");
+    printf("  --sparq-index-probe <n>                    selector index: lists a step reads, 1..lists (default: 16)\n");
     printf("  --depth-fill <prefill|synthetic>           how -d fills the context: a real prompt, or random K/V\n");
     printf("                                             written straight into the cache, for timing only (default: prefill)\n");
 }
@@ -78,7 +80,8 @@ static inline bool sparq_bench_parse(const std::string & arg, const char * value
         dst = &p.mean_v;
     } else {
         dst = arg == "--sparq" ? &p.on : arg == "--sparq-r" ? &p.r : arg == "--sparq-k" ? &p.k :
-              arg == "--sparq-l" ? &p.l : &p.min_kv;
+              arg == "--sparq-l" ? &p.l : arg == "--sparq-index-lists" ? &p.index_lists :
+              arg == "--sparq-index-probe" ? &p.index_probe : &p.min_kv;
     }
     const bool on_off = arg == "--sparq" || arg == "--sparq-mean-v";
     std::string s(value);
@@ -132,12 +135,15 @@ static void sparq_bench_expand(std::vector<Inst> & insts, const sparq_bench_para
     const std::vector<int> gs = p.gqa.empty() ? std::vector<int>{ d.gqa } : p.gqa;
     const std::vector<int> bs = p.basis.empty() ? std::vector<int>{ d.basis } : p.basis;
     const std::vector<int> vs = p.mean_v.empty() ? std::vector<int>{ (int) d.mean_v } : p.mean_v;
+    const std::vector<int> il = p.index_lists.empty() ? std::vector<int>{ d.index_lists } : p.index_lists;
+    const std::vector<int> ip = p.index_probe.empty() ? std::vector<int>{ d.index_probe } : p.index_probe;
     std::vector<Inst> out;
     for (const Inst & base : insts) {
         for (int o : on) {
             // with SparQ off the other settings do not matter: one instance
             const size_t nr = o ? rs.size() : 1, nk = o ? ks.size() : 1, nl = o ? ls.size() : 1, nm = o ? ms.size() : 1;
             const size_t ns = o ? ss.size() : 1, ng = o ? gs.size() : 1, nb = o ? bs.size() : 1, nv = o ? vs.size() : 1;
+            const size_t nil = o ? il.size() : 1, nip = o ? ip.size() : 1;
             for (size_t a = 0; a < nr; ++a)
             for (size_t b = 0; b < nk; ++b)
             for (size_t c = 0; c < nl; ++c)
@@ -145,7 +151,9 @@ static void sparq_bench_expand(std::vector<Inst> & insts, const sparq_bench_para
             for (size_t f = 0; f < ns; ++f)
             for (size_t h = 0; h < ng; ++h)
             for (size_t i = 0; i < nb; ++i)
-            for (size_t j = 0; j < nv; ++j) {
+            for (size_t j = 0; j < nv; ++j)
+            for (size_t x = 0; x < nil; ++x)
+            for (size_t y = 0; y < nip; ++y) {
                 Inst inst = base;
                 inst.sparq.enabled = o != 0;
                 if (o) {
@@ -157,6 +165,8 @@ static void sparq_bench_expand(std::vector<Inst> & insts, const sparq_bench_para
                     inst.sparq.gqa = gs[h];
                     inst.sparq.basis = bs[i];
                     inst.sparq.mean_v = vs[j] != 0;
+                    inst.sparq.index_lists = il[x];
+                    inst.sparq.index_probe = ip[y];
                 }
                 out.push_back(inst);
             }
@@ -219,11 +229,19 @@ static inline bool sparq_bench_fill(llama_context * ctx, int n_depth) {
 
 // field names, in the order of sparq_bench_value()
 #define SPARQ_BENCH_FIELDS "sparq", "sparq_r", "sparq_k", "sparq_l", "sparq_min_kv", "sparq_calls", "sparq_dense", "sparq_compr", \
-                           "sparq_selector", "sparq_gqa", "sparq_basis", "sparq_mean_v"
+                           "sparq_selector", "sparq_gqa", "sparq_basis", "sparq_mean_v", "sparq_index_lists", "sparq_index_probe"
+
+// their values, in the test's row (patch 0007)
+#define SPARQ_BENCH_VALUES(f) \
+    sparq_bench_value(f, 0), sparq_bench_value(f, 1), sparq_bench_value(f, 2), sparq_bench_value(f, 3), \
+    sparq_bench_value(f, 4), sparq_bench_value(f, 5), sparq_bench_value(f, 6), sparq_bench_value(f, 7), \
+    sparq_bench_value(f, 8), sparq_bench_value(f, 9), sparq_bench_value(f, 10), sparq_bench_value(f, 11), \
+    sparq_bench_value(f, 12), sparq_bench_value(f, 13)
 
 static inline bool sparq_bench_is_int_field(const std::string & f) {
     return f == "sparq" || f == "sparq_r" || f == "sparq_k" || f == "sparq_l" || f == "sparq_min_kv" ||
-           f == "sparq_calls" || f == "sparq_dense" || f == "sparq_mean_v";
+           f == "sparq_calls" || f == "sparq_dense" || f == "sparq_mean_v" || f == "sparq_index_lists" ||
+           f == "sparq_index_probe";
 }
 
 static inline std::string sparq_bench_value(const sparq_bench_fields & f, int i) {
@@ -239,6 +257,8 @@ static inline std::string sparq_bench_value(const sparq_bench_fields & f, int i)
         case 9: return llama_sparq_gqa_name(f.p.gqa) ? llama_sparq_gqa_name(f.p.gqa) : "?";
         case 10: return llama_sparq_basis_name(f.p.basis) ? llama_sparq_basis_name(f.p.basis) : "?";
         case 11: return std::to_string((int) f.p.mean_v);
+        case 12: return std::to_string(f.p.index_lists);
+        case 13: return std::to_string(f.p.index_probe);
         default: {
             char buf[32];
             snprintf(buf, sizeof(buf), "%.4f", f.compression);
@@ -266,6 +286,12 @@ static inline void sparq_bench_md_fields(const sparq_bench_params & p, std::vect
         }
         if (!p.mean_v.empty() && (p.mean_v.size() > 1 || p.mean_v[0] != (int) d.mean_v)) {
             fields.emplace_back("sparq_mean_v");
+        }
+        if (!p.index_lists.empty() && (p.index_lists.size() > 1 || p.index_lists[0] != d.index_lists)) {
+            fields.emplace_back("sparq_index_lists");
+        }
+        if (!p.index_probe.empty() && (p.index_probe.size() > 1 || p.index_probe[0] != d.index_probe)) {
+            fields.emplace_back("sparq_index_probe");
         }
     }
 }

@@ -95,6 +95,25 @@ def test_bench_sweeps_sparq_json(tiny_model):
                 assert 0 < r["sparq_compr"] < 1
 
 
+def test_bench_sweeps_index_lists_and_probe(tiny_model):
+    rows = json.loads(bench(tiny_model, "--sparq", "1", "--sparq-selector", "index", "--sparq-k", "16",
+                            "--sparq-min-kv", "0", "--sparq-index-lists", "8,32", "--sparq-index-probe", "1,4",
+                            "-d", "512", "--depth-fill", "synthetic"))
+    got = [(r["sparq_index_lists"], r["sparq_index_probe"]) for r in rows]
+    assert got == [(8, 1), (8, 4), (32, 1), (32, 4)]
+    for r in rows:
+        assert r["sparq_selector"] == "index" and r["sparq_calls"] > 0
+    compr = {(r["sparq_index_lists"], r["sparq_index_probe"]): r["sparq_compr"] for r in rows}
+    # the cost model: more probed lists read more keys, more lists (at the same probe) fewer
+    assert compr[(8, 1)] < compr[(8, 4)] and compr[(32, 4)] < compr[(8, 4)]
+    md = bench(tiny_model, "--sparq", "1", "--sparq-selector", "index", "--sparq-index-lists", "32,64", fmt="md")
+    assert "sparq_index_lists" in md.splitlines()[0] and "sparq_index_probe" not in md.splitlines()[0]
+    res = run([tool_path("llama-bench"), "-m", tiny_model, "-p", "0", "-n", "2", "-r", "1", "--sparq", "1",
+               "--sparq-index-lists", "8", "--sparq-index-probe", "9"], timeout=60)
+    assert res.returncode != 0
+    assert "SparQ: index_probe = 9 is out of range: allowed 1..index_lists (index_lists = 8)" in res.stderr
+
+
 @pytest.mark.parametrize("fmt", ["md", "csv", "jsonl", "sql"])
 def test_bench_formats_have_sparq_columns(tiny_model, fmt):
     out = bench(tiny_model, "--sparq", "0,1", "--sparq-min-kv", "0", "-d", "128", fmt=fmt)

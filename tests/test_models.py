@@ -288,3 +288,28 @@ def test_paper_shape_model_has_llama2_7b_layer_shapes(tmp_path, monkeypatch):
     assert t["blk.0.attn_q.weight"].tensor_type == gguf.GGMLQuantizationType.Q8_0
     assert list(t["blk.0.ffn_up.weight"].shape) == [4096, 11008]
     assert list(t["token_embd.weight"].shape) == [4096, 32000]
+
+
+def test_gqa_shape_model_has_llama3_8b_layer_shapes(tmp_path, monkeypatch):
+    """The synthetic model for the long-context sweep: Llama 3 8B per-layer shapes (GQA 32/8),
+    Q8_0, a training context of 2M tokens, written once into the model folder and reused."""
+    import gguf
+
+    from llama_sparq.models import gqa_shape_path
+
+    monkeypatch.setenv("LLAMA_SPARQ_MODEL_DIR", str(tmp_path))
+    path = gqa_shape_path(1)
+    assert path == tmp_path / "gqa-shape-1l.gguf"
+    mtime = path.stat().st_mtime_ns
+    assert gqa_shape_path(1) == path and path.stat().st_mtime_ns == mtime
+    with pytest.raises(ValueError, match="n_layer"):
+        gqa_shape_path(-1)
+    r = gguf.GGUFReader(str(path))
+    f = {k: v.parts[v.data[0]] for k, v in r.fields.items() if len(v.data) == 1}
+    assert int(f["llama.embedding_length"][0]) == 4096 and int(f["llama.context_length"][0]) == 1 << 21
+    assert int(f["llama.attention.head_count"][0]) == 32 and int(f["llama.attention.head_count_kv"][0]) == 8
+    assert int(f["llama.feed_forward_length"][0]) == 14336 and int(f["llama.block_count"][0]) == 1
+    t = {x.name: x for x in r.tensors}
+    assert t["blk.0.attn_k.weight"].tensor_type == gguf.GGMLQuantizationType.Q8_0
+    assert list(t["blk.0.attn_k.weight"].shape) == [4096, 1024]
+    assert list(t["token_embd.weight"].shape) == [4096, 32000]

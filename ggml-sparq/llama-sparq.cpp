@@ -457,18 +457,63 @@ static inline float sparq_dot(const float * x, const float * y, int64_t d) {
     return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
-// the nearest of C centroids (C x d) to x: argmin |c|^2 - 2 x.c, ties to the lower index (the op's rule)
-static inline int32_t sparq_nearest(const float * x, const float * cent, const float * cn2, int64_t C, int64_t d) {
-    float best = INFINITY;
-    int32_t bi = 0;
-    for (int64_t c = 0; c < C; ++c) {
-        const float dist = cn2[c] - 2.0f * sparq_dot(x, cent + c * d, d);
-        if (dist < best) {
-            best = dist;
-            bi = (int32_t) c;
+// The nearest of C centroids to each of the n rows of x (n x d): argmin |c|^2 - 2 x.c, ties to
+// the lower index (the op's rule). centT is the centroids transposed (d x C), so the distances of
+// a few rows to all centroids accumulate in vertical multiply-adds over the centroids; dist holds
+// SPARQ_ASSIGN_ROWS x C floats. Training the index runs this for every used cell against every
+// centroid (a 1M-cell stream of 8 KV heads against 1024 lists: 10^12 multiply-adds), so on x86-64
+// with GCC it is also compiled for AVX2+FMA and AVX-512 and the loader picks the clone the CPU runs
+// (libllama is otherwise built for the baseline ISA); the clones differ only in rounding.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define SPARQ_ISA_CLONES __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))
+#else
+#define SPARQ_ISA_CLONES
+#endif
+#define SPARQ_ASSIGN_ROWS 4
+SPARQ_ISA_CLONES
+static void sparq_assign(const float * x, int64_t n, const float * centT, const float * cn2, int64_t C, int64_t d,
+                         int32_t * out, float * dist) {
+    for (int64_t i0 = 0; i0 < n; i0 += SPARQ_ASSIGN_ROWS) {
+        const int64_t nr = std::min<int64_t>(SPARQ_ASSIGN_ROWS, n - i0);
+        for (int64_t i = 0; i < nr; ++i) {
+            float * di = dist + i * C;
+            for (int64_t c = 0; c < C; ++c) {
+                di[c] = cn2[c];
+            }
+        }
+        for (int64_t j = 0; j < d; ++j) {
+            const float * cj = centT + j * C;
+            for (int64_t i = 0; i < nr; ++i) {
+                const float xj = -2.0f * x[(i0 + i) * d + j];
+                float * di = dist + i * C;
+                for (int64_t c = 0; c < C; ++c) {
+                    di[c] += xj * cj[c];
+                }
+            }
+        }
+        for (int64_t i = 0; i < nr; ++i) {
+            const float * di = dist + i * C;
+            float best = INFINITY;
+            int32_t bi = 0;
+            for (int64_t c = 0; c < C; ++c) {
+                if (di[c] < best) {
+                    best = di[c];
+                    bi = (int32_t) c;
+                }
+            }
+            out[i0 + i] = bi;
         }
     }
-    return bi;
+}
+
+// |c|^2 of the C centroids (C x d) and their transpose (d x C), for sparq_assign
+static void sparq_centroid_prep(const float * cent, int64_t C, int64_t d, float * cn2, float * centT) {
+    for (int64_t c = 0; c < C; ++c) {
+        cn2[c] = sparq_dot(cent + c * d, cent + c * d, d);
+        for (int64_t j = 0; j < d; ++j) {
+            centT[j * C + c] = cent[c * d + j];
+        }
+    }
 }
 
 // Lloyd's k-means (L2) of the n rows of x (n x d) into C centroids, started from C rows spread
@@ -486,14 +531,10 @@ static void sparq_kmeans(const std::vector<float> & x, int64_t n, int64_t d, int
     std::vector<int32_t> asg(n);
     std::vector<double> sum((size_t) C * d);
     std::vector<int64_t> cnt(C);
-    std::vector<float> cn2(C);
+    std::vector<float> cn2(C), centT((size_t) d * C), dist((size_t) SPARQ_ASSIGN_ROWS * C);
     for (int it = 0; it < iters; ++it) {
-        for (int64_t c = 0; c < C; ++c) {
-            cn2[c] = sparq_dot(cent + c * d, cent + c * d, d);
-        }
-        for (int64_t i = 0; i < n; ++i) {
-            asg[i] = sparq_nearest(x.data() + i * d, cent, cn2.data(), C, d);
-        }
+        sparq_centroid_prep(cent, C, d, cn2.data(), centT.data());
+        sparq_assign(x.data(), n, centT.data(), cn2.data(), C, d, asg.data(), dist.data());
         std::fill(sum.begin(), sum.end(), 0.0);
         std::fill(cnt.begin(), cnt.end(), 0);
         for (int64_t i = 0; i < n; ++i) {
@@ -569,17 +610,25 @@ static void sparq_train_index(llama_sparq_ctx & S, uint32_t strm, const std::vec
                                     cent.size() * sizeof(float));
             std::vector<float> lists(kv_size, -1.0f);
             if (assign_all) {
-                std::vector<float> cn2(C), kf(d);
-                for (int64_t c = 0; c < C; ++c) {
-                    cn2[c] = sparq_dot(cent.data() + c * d, cent.data() + c * d, d);
-                }
-                for (uint32_t cell : all) {
-                    ggml_backend_tensor_get(k, row.data(), strm * k->nb[2] + (size_t) cell * k->nb[1] + (size_t) h * d * esz,
-                                            row.size());
-                    for (int64_t j = 0; j < d; ++j) {
-                        kf[j] = sparq_elem_f32(row.data() + j * esz, k->type);
+                // in batches of cells: their keys in f32, then their nearest centroids
+                constexpr size_t NB = 256;
+                std::vector<float> cn2(C), centT((size_t) d * C), dist((size_t) SPARQ_ASSIGN_ROWS * C), kf(NB * d);
+                std::vector<int32_t> asg(NB);
+                sparq_centroid_prep(cent.data(), C, d, cn2.data(), centT.data());
+                for (size_t b0 = 0; b0 < all.size(); b0 += NB) {
+                    const size_t nb = std::min(NB, all.size() - b0);
+                    for (size_t i = 0; i < nb; ++i) {
+                        ggml_backend_tensor_get(k, row.data(),
+                                                strm * k->nb[2] + (size_t) all[b0 + i] * k->nb[1] + (size_t) h * d * esz,
+                                                row.size());
+                        for (int64_t j = 0; j < d; ++j) {
+                            kf[i * d + j] = sparq_elem_f32(row.data() + j * esz, k->type);
+                        }
                     }
-                    lists[cell] = (float) sparq_nearest(kf.data(), cent.data(), cn2.data(), C, d);
+                    sparq_assign(kf.data(), (int64_t) nb, centT.data(), cn2.data(), C, d, asg.data(), dist.data());
+                    for (size_t i = 0; i < nb; ++i) {
+                        lists[all[b0 + i]] = (float) asg[i];
+                    }
                 }
             }
             ggml_backend_tensor_set(L.ivf_list, lists.data(), strm * L.ivf_list->nb[2] + h * L.ivf_list->nb[1],

@@ -43,11 +43,13 @@ def main(argv=None) -> int:
         sys.exit(f"llama-bench failed ({p.returncode}):\n{p.stderr[-3000:]}")
     rows = json.loads(p.stdout)
     # llama-bench's own markdown columns, from the same run
-    cols = ["model_type", "n_threads", "sparq", "sparq_r", "sparq_k", "sparq_l", "sparq_calls", "sparq_dense",
-            "sparq_compr", "n_prompt", "n_gen", "n_depth", "avg_ts", "stddev_ts"]
+    cols = ["model_type", "n_threads", "flash_attn", "sparq", "sparq_selector", "sparq_r", "sparq_k", "sparq_l",
+            "sparq_calls", "sparq_dense", "sparq_compr", "n_prompt", "n_gen", "n_depth", "avg_ts", "stddev_ts"]
+    cols = [c for c in cols if any(c in r for r in rows)]
     md = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
-        md.append("| " + " | ".join(f"{r[c]:.2f}" if isinstance(r[c], float) else str(r[c]) for c in cols) + " |")
+        md.append("| " + " | ".join(f"{r.get(c, ''):.2f}" if isinstance(r.get(c), float) else str(r.get(c, ""))
+                                    for c in cols) + " |")
     res = {"md": "\n".join(md)}
     meta = {
         "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
@@ -67,7 +69,8 @@ def main(argv=None) -> int:
         for sp in (r for r in group if r["sparq"] == 1):
             d = dense[0]["avg_ts"] if dense else None
             summary.append({
-                "test": f"pp{k[0]}" if k[0] else f"tg{k[1]}", "depth": k[2], "r": sp["sparq_r"], "k": sp["sparq_k"],
+                "test": f"pp{k[0]}" if k[0] else f"tg{k[1]}", "depth": k[2],
+                "selector": sp.get("sparq_selector", "sparq"), "r": sp["sparq_r"], "k": sp["sparq_k"],
                 "l": sp["sparq_l"], "dense_ts": d, "sparq_ts": sp["avg_ts"],
                 "speedup": sp["avg_ts"] / d if d else None, "sparq_calls": sp["sparq_calls"],
                 "dense_calls": sp["sparq_dense"], "compression": sp["sparq_compr"],
@@ -78,13 +81,13 @@ def main(argv=None) -> int:
         "- **counters**: `sparq_calls` = attention calls that ran SparQ (layers x ubatches, warm-up and depth "
         "prefill included), `sparq_dense` = dense calls while SparQ was on (prefill, sliding-window layers, "
         "short context), `sparq_compr` = mean cost-model compression M_sparq/M_dense of the SparQ calls",
-        "", res["md"].strip(), "", "| test | depth | r | k | l | dense t/s | SparQ t/s | speedup | SparQ calls | dense calls | compression |",
-        "|---|---|---|---|---|---|---|---|---|---|---|"]
+        "", res["md"].strip(), "",
+        "| test | depth | selector | r | k | l | dense t/s | SparQ t/s | speedup | SparQ calls | dense calls | compression |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in summary:
-        lines.append(f"| {s['test']} | {s['depth']} | {s['r']} | {s['k']} | {s['l']} | "
-                     f"{s['dense_ts']:.2f} | {s['sparq_ts']:.2f} | {s['speedup']:.3f} | {s['sparq_calls']} | "
-                     f"{s['dense_calls']} | {s['compression']:.4f} |" if s["dense_ts"] else
-                     f"| {s['test']} | {s['depth']} | {s['r']} | {s['k']} | {s['l']} | - | {s['sparq_ts']:.2f} | - | "
+        head = f"| {s['test']} | {s['depth']} | {s['selector']} | {s['r']} | {s['k']} | {s['l']} | "
+        lines.append(head + (f"{s['dense_ts']:.2f} | {s['sparq_ts']:.2f} | {s['speedup']:.3f} | " if s["dense_ts"] else
+                             f"- | {s['sparq_ts']:.2f} | - | ") +
                      f"{s['sparq_calls']} | {s['dense_calls']} | {s['compression']:.4f} |")
     (args.out_dir / f"{args.tag}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

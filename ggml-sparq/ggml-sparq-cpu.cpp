@@ -76,6 +76,7 @@ static struct sparq_args sparq_args_of(const struct ggml_tensor * dst) {
         a.ivf_n_list = (int) ce->ne[1];
         a.ivf_list = (float *) li->data; a.ivf_list_nb1 = li->nb[1]; a.ivf_list_nb2 = li->nb[2];
         a.ivf_n_probe = ggml_get_op_params_i32(dst, 6);
+        a.ivf_reads = ggml_get_op_params_i32(dst, 7);
     } else if (const struct ggml_tensor * qs = dst->src[8]) {
         a.q_sel = (const float *) qs->data; a.q_sel_nb1 = qs->nb[1]; a.q_sel_nb2 = qs->nb[2]; a.q_sel_nb3 = qs->nb[3];
     }

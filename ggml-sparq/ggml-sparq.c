@@ -142,6 +142,16 @@ void ggml_sparq_attn_set_index(struct ggml_tensor * attn, struct ggml_tensor * c
     ggml_set_op_params_i32(attn, 6, n_probe);
 }
 
+void ggml_sparq_attn_set_index_reads(struct ggml_tensor * attn) {
+    GGML_ASSERT(attn->op == GGML_OP_SPARQ_ATTN);
+    const struct ggml_tensor * c = attn->src[8];
+    GGML_ASSERT(ggml_get_op_params_i32(attn, 4) == GGML_SPARQ_SEL_INDEX && c &&
+                "sparq_attn: set the index first (ggml_sparq_attn_set_index)");
+    GGML_ASSERT(c->nb[2] >= (size_t) (c->ne[1] + 1) * c->nb[1] &&
+                "sparq_attn: the index reads need a row after the last centroid (centroids->nb[2] >= (n_list + 1) * nb[1])");
+    ggml_set_op_params_i32(attn, 7, 1);
+}
+
 void ggml_sparq_attn_set_window(struct ggml_tensor * attn, struct ggml_tensor * win) {
     GGML_ASSERT(attn->op == GGML_OP_SPARQ_ATTN);
     const struct ggml_tensor * q = attn->src[0];

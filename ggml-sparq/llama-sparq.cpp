@@ -179,6 +179,15 @@ struct llama_sparq_ctx {
     double   compression_sum = 0.0;
     uint64_t n_rebuilds = 0;
     uint64_t n_index_trainings = 0; // the index selector's k-means runs (logged at exit)
+    // the index selector's counted reads: the last execution's index calls, whose cost-model estimate
+    // (even lists) is replaced by what the op reported once that execution has run
+    struct ivf_pending_call {
+        int32_t ikv;
+        std::vector<uint32_t> strm;
+        double S, md, ms, d, est_per_cell; // est_per_cell: the estimate's key elements per cell (d p / C)
+    };
+    std::vector<ivf_pending_call> ivf_pending;
+    uint64_t n_index_measured = 0; // index calls whose reads were counted (the rest: the estimate)
     uint32_t logged = 0; // reasons already logged
 
     // the context's batch (which sequences bring several tokens to the current llama_decode)
@@ -426,13 +435,18 @@ static bool sparq_alloc_index(llama_sparq_ctx & S, int32_t n_list, char * err, s
             continue;
         }
         const int64_t kv_size = L.kt->ne[0], d = L.kt->ne[1], hkv = L.kt->ne[2], ns = L.kt->ne[3];
-        L.ivf_cent = ggml_new_tensor_4d(S.ivf_ctx.get(), GGML_TYPE_F32, d, n_list, hkv, ns);
+        // one row more than the lists: the op reports there what it read (ggml_sparq_attn_set_index_reads)
+        L.ivf_cent = ggml_new_tensor_4d(S.ivf_ctx.get(), GGML_TYPE_F32, d, n_list + 1, hkv, ns);
         L.ivf_list = ggml_new_tensor_3d(S.ivf_ctx.get(), GGML_TYPE_F32, kv_size, hkv, ns);
         ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(L.kt->buffer);
         by_buft[buft].push_back(L.ivf_cent);
         by_buft[buft].push_back(L.ivf_list);
     }
     S.ivf_n_list = 0;
+    {
+        std::lock_guard<std::mutex> lock(S.mtx);
+        S.ivf_pending.clear(); // they name the tensors replaced here
+    }
     if (!sparq_alloc_buffers(S, by_buft, S.ivf_bufs, "the vector index", err, err_size)) {
         S.ivf_ctx.reset();
         return false;
@@ -982,6 +996,40 @@ int32_t llama_sparq_get_params(const struct llama_context * ctx, struct llama_sp
     return 0;
 }
 
+// The index calls of the last execution: their estimated key reads replaced by the op's count
+// (per KV head and stream of the call, the stream's last row; a row that ran dense reports -1 and
+// keeps the estimate). Holds S.mtx. Called when the next execution's counters are taken and by
+// llama_sparq_get_stats; on another thread than the decoding one it may read the count of a step
+// still running, which is a count of the same layer one step later.
+static void sparq_count_index_reads(llama_sparq_ctx & S) {
+    for (const auto & p : S.ivf_pending) {
+        const ggml_tensor * c = p.ikv >= 0 && p.ikv < (int32_t) S.layers.size() ? S.layers[p.ikv].ivf_cent : nullptr;
+        if (!c) {
+            continue;
+        }
+        double sum = 0.0;
+        int64_t n = 0;
+        bool ok = true;
+        for (uint32_t st : p.strm) {
+            for (int64_t h = 0; h < c->ne[2] && ok; ++h) {
+                float v = -1.0f;
+                ggml_backend_tensor_get(c, &v, st * c->nb[3] + h * c->nb[2] + (size_t) S.ivf_n_list * c->nb[1], sizeof(v));
+                ok = v >= 0.0f;
+                sum += v;
+                n++;
+            }
+        }
+        if (!ok || n == 0) {
+            continue;
+        }
+        // the estimate's S d p / C key elements become the counted rows' (mean over KV heads and streams)
+        const double ms = p.ms - p.S * p.est_per_cell + (sum / (double) n) * p.d;
+        S.compression_sum += (ms - p.ms) / p.md;
+        S.n_index_measured++;
+    }
+    S.ivf_pending.clear();
+}
+
 int32_t llama_sparq_get_stats(const struct llama_context * ctx, struct llama_sparq_stats * out) {
     if (!out || out->size != sizeof(llama_sparq_stats)) {
         return -1;
@@ -991,8 +1039,9 @@ int32_t llama_sparq_get_stats(const struct llama_context * ctx, struct llama_spa
     out->size = size;
     const auto & cp = A::cparams(const_cast<llama_context *>(ctx));
     if (cp.sparq) {
-        const llama_sparq_ctx & S = *cp.sparq;
+        llama_sparq_ctx & S = *cp.sparq;
         std::lock_guard<std::mutex> lock(S.mtx);
+        sparq_count_index_reads(S);
         out->n_sparq = S.n_sparq;
         memcpy(out->n_dense, S.n_dense, sizeof(out->n_dense));
         out->compression = S.n_sparq ? S.compression_sum / S.n_sparq : 0.0;
@@ -1015,6 +1064,8 @@ void llama_sparq_reset_stats(struct llama_context * ctx) {
         memset(S.n_dense, 0, sizeof(S.n_dense));
         S.compression_sum = 0.0;
         S.n_rebuilds = 0;
+        S.ivf_pending.clear();
+        S.n_index_measured = 0;
     }
 }
 
@@ -1036,8 +1087,9 @@ llama_sparq_ctx::~llama_sparq_ctx() {
                    n_sparq ? compression_sum / n_sparq : 0.0, (unsigned long long) n_rebuilds,
                    (unsigned long long) n_sparq_device);
     if (n_index_trainings) {
-        LLAMA_LOG_INFO("llama_sparq: the vector index (selector index, %d lists) was trained %llu times\n", ivf_n_list,
-                       (unsigned long long) n_index_trainings);
+        LLAMA_LOG_INFO("llama_sparq: the vector index (selector index, %d lists) was trained %llu times; the keys its "
+                       "calls read were counted for %llu calls (the others: estimated from even lists)\n", ivf_n_list,
+                       (unsigned long long) n_index_trainings, (unsigned long long) n_index_measured);
     }
 }
 
@@ -1664,6 +1716,8 @@ struct sparq_decision {
     int d, r, k;  // for the cost model: head size, components read from K^T, the k setting
     int rows;     // the most rows of K and V a step reads (k, or g * (k - l) + l with per-head choice)
     int extra;    // other elements read per KV head (the PCA rotation)
+    int ikv = -1; // the index selector: the cache layer whose centroids' extra row holds the op's read count
+    int est_per_cell = 0; // the index: of r, the key elements per cell the estimate assumes (d p / C)
     // where the op runs: 0 the CPU (K^T in host memory); 1 the device holding K^T (it supports the
     // node); 2 the CPU although K^T is in device memory (the device does not support the node)
     int device = 0;
@@ -1901,6 +1955,7 @@ void llm_graph_input_sparq::set_input(const llama_ubatch * ubatch) {
     // counters: this graph's decisions, once per execution
     const double S_ = std::max<double>(1.0, sparq_used_max(mctx));
     std::lock_guard<std::mutex> lock(St.mtx);
+    sparq_count_index_reads(St); // the previous execution has run
     for (const sparq_decision & dc : decisions) {
         if (dc.reason < 0) { // SparQ ran (for every row, or for the decode rows beside prompt rows)
             St.n_sparq++;
@@ -1914,6 +1969,10 @@ void llm_graph_input_sparq::set_input(const llama_ubatch * ubatch) {
             const double md = 2.0 * S_ * dc.d + 2.0 * dc.d;
             const double ms = S_ <= dc.k ? md : S_ * dc.r + 2.0 * std::min<double>(dc.rows, S_) * dc.d + 4.0 * dc.d + dc.extra;
             St.compression_sum += ms / md;
+            if (dc.ikv >= 0 && S_ > dc.k) {
+                St.ivf_pending.push_back({ dc.ikv, std::vector<uint32_t>(si.strm.begin(), si.strm.end()), S_, md, ms,
+                                           (double) dc.d, (double) dc.est_per_cell });
+            }
         } else {
             St.n_dense[dc.reason]++;
             if (!(St.logged & (1u << dc.reason))) {
@@ -2142,9 +2201,15 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
         // do not see the lists' sizes), then k rows of K and V
         // (per-head search: each query head probes its own lists, up to g times as many, and picks its own
         // k - l cells, the group attending over their union)
+        // (the op reports the rows it read; once that step has run the counters replace the estimate
+        // by them: sparq_count_index_reads)
         const int C = S.ivf_n_list, np = std::min(per_head ? g_size * P.index_probe : P.index_probe, C);
-        decide(-1, (int) d, 2 + (int) (((int64_t) d * np + C / 2) / C), kk, per_head ? g_size * (kk - l) + l : kk,
-               2 * C * (int) d - 2 * (int) d);
+        const int est = (int) (((int64_t) d * np + C / 2) / C);
+        decide(-1, (int) d, 2 + est, kk, per_head ? g_size * (kk - l) + l : kk, 2 * C * (int) d - 2 * (int) d);
+        if (inp && !inp->decisions.empty()) {
+            inp->decisions.back().ikv = ikv;
+            inp->decisions.back().est_per_cell = est;
+        }
     } else {
         decide(-1, (int) d, P.selector == LLAMA_SPARQ_SELECTOR_ORACLE ? (int) d : r, kk, per_head ? g_size * (kk - l) + l : kk,
                // the PCA rotation (f32 d x d per KV head) is read every step; the scaled basis's d weights are
@@ -2185,6 +2250,7 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
         ggml_tensor * lists = ggml_view_3d(ctx0, ivf_src, n_kv, hkv, n_stream, L.ivf_list->nb[1], L.ivf_list->nb[2],
                                            si.s0 * L.ivf_list->nb[2]);
         ggml_sparq_attn_set_index(cur, cent, lists, std::min(P.index_probe, S.ivf_n_list));
+        ggml_sparq_attn_set_index_reads(cur); // into row ivf_n_list of L.ivf_cent: the counters read it
     } else if (P.basis == LLAMA_SPARQ_BASIS_PCA && L.rot) {
         // the query in the PCA basis of its KV head (query head h uses rot[h / g], as GQA maps heads)
         ggml_tensor * q_sel = ggml_mul_mat(ctx0, L.rot, ggml_cont(ctx0, q4)); // [d, n_tps, n_head, ns]

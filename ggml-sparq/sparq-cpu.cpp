@@ -178,6 +178,7 @@ struct layout {
     size_t off_mask, off_cnt, off_row, off_win, off_i1, off_qs, off_stat, off_ccount, off_cand, off_logit, off_thread;
     size_t off_h2o; // H2O: per thread, the attention weights of its rows per (stream, KV head, cell)
     size_t off_ivf; // index: per unit, the group's summed query (d), the lists' |c|^2 and probe flags (n_list each)
+    size_t off_ivf_n; // index: per unit of the wave and chunk, the key rows scored
     // per-thread area: offsets from the thread's base
     size_t t_blk, t_ck, t_idx, t_gm, t_big, t_merge, t_sel, t_ex, t_vec, t_gh, t_rows, t_ivf, t_pc;
     size_t thread_bytes, total;
@@ -245,6 +246,7 @@ static layout make_layout(const sparq_args * a, int nth) {
     L.off_logit  = o; o += align_up(L.g > 1 && !sel_baseline(a) ? (size_t) L.wave * L.g * S * sizeof(float) : 0);
     L.off_h2o    = o; o += align_up(a->selector == SPARQ_SEL_H2O ? (size_t) nth * a->n_stream * a->n_head_kv * S * sizeof(float) : 0);
     L.off_ivf    = o; o += align_up(a->selector == SPARQ_SEL_INDEX ? (size_t) L.U * ivf_unit_floats(a, L.ph) * sizeof(float) : 0);
+    L.off_ivf_n  = o; o += align_up(a->selector == SPARQ_SEL_INDEX ? (size_t) L.wave * L.nc * sizeof(int32_t) : 0);
     // per thread: g x B approximate scores of a block, the chunk's keys, filter indices,
     // group maxima, the tie fallback buffer, the merge buffer, the selection, exact
     // logits, and y / vbar / a K row (phase A: |q| and an order)
@@ -297,6 +299,9 @@ struct ctx {
         return (const float *) ((const char *) a->ivf_cent + (size_t) c * a->ivf_cent_nb1 + (size_t) kvh * a->ivf_cent_nb2 +
                                 (size_t) st * a->ivf_cent_nb3);
     }
+    int32_t   * ivf_n(int w, int c)         const { return (int32_t *) (base + L.off_ivf_n) + (size_t) w * L.nc + c; }
+    // index: where the op reports the key rows it read for (stream, KV head): centroid row n_list
+    float     * ivf_reads(int st, int kvh)  const { return (float *) ivf_centroid(st, kvh, a->ivf_n_list); }
     float     * ivf_lists(int st, int kvh)  const {
         return (float *) ((char *) a->ivf_list + (size_t) kvh * a->ivf_list_nb1 + (size_t) st * a->ivf_list_nb2);
     }
@@ -716,6 +721,7 @@ static void index_candidates(const ctx & C, int u, int w, int s0, int s1, int it
         }
         pc[n2++] = cell;
     }
+    *C.ivf_n(w, ith) = n2;
     // pass 3: the chunk's best, as positions in the gathered list, then as cells
     for (int hs = 0; hs < ph; ++hs) {
         cand * out = C.cands(w, ith, hs);
@@ -966,11 +972,19 @@ static void phase_e(const ctx & C, int wb, int we, int ith, int nth) {
         const int R = C.unit_row(u), kvh = C.unit_kvh(u), st = C.row_stream(R);
         const row_info * ri = C.rinfo(R);
         const float * m = C.mask_row(R);
+        const bool dense = ri->dense_all || ri->n_valid <= a->k;
+        if (a->selector == SPARQ_SEL_INDEX && a->ivf_reads && C.row_in_stream(R) == a->n_rows - 1) {
+            // what the stream's last row read: the key rows its chunks scored (-1: it ran dense)
+            int32_t n = 0;
+            for (int c = 0; c < C.L.nc; ++c) {
+                n += *C.ivf_n(w, c);
+            }
+            *C.ivf_reads(st, kvh) = dense ? -1.0f : (float) n;
+        }
         if (ri->dense_all) {
             dense_row(C, u, R, ith);
             continue;
         }
-        const bool dense = ri->n_valid <= a->k;
         int n_sel = 0, n_cand = 0;
         if (dense) {
             for (int s = 0; s < S && n_sel < a->k; ++s) {

@@ -116,6 +116,7 @@ struct sparq_args {
     const float * ivf_cent; size_t ivf_cent_nb1, ivf_cent_nb2, ivf_cent_nb3; // [d, n_list, n_head_kv, n_stream]
     float * ivf_list; size_t ivf_list_nb1, ivf_list_nb2;                    // [n_kv, n_head_kv, n_stream]
     int ivf_n_list, ivf_n_probe;
+    int ivf_reads;   // the op writes its read count per (KV head, stream) into centroid row n_list (set_index_reads)
 
     // optional, for tests: the selected cells per (stream, row, kv head), ascending,
     // -1 padded; sel_n entries each (k, or g*(k-l)+l with per_head); [sel_n, n_head_kv, n_rows, n_stream]

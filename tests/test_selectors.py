@@ -247,24 +247,46 @@ def test_counters_cost_model_of_the_baselines(tiny_gqa_model):
         assert st["compression"] == pytest.approx(moved / (2 * S * d + 2 * d), rel=1e-6), sel
 
 
-def test_counters_cost_model_of_the_index(tiny_gqa_model):
-    """The index reads its centroids (f32), the list ids (f32) and the keys of index_probe of
-    index_lists lists (estimated as an even share of the cells), then k rows of K and V."""
+def test_counters_count_the_keys_the_index_read(tiny_gqa_model):
+    """The index reads its centroids (f32), the list ids (f32), the keys of the lists its searches
+    probed, then k rows of K and V. The op reports the keys it scored per KV head (the valid cells
+    of the probed lists: the union of each head's with per-head search), and the counters replace
+    their estimate (an even share index_probe / index_lists of the cells) by that count."""
+    from llama_sparq.capture import Capture, stream0
+
     prompt = rand_tokens(700, 11, 256)
     d, k, l, C, p, g = 16, 64, 16, 16, 3, 4
     S = len(prompt) + 1
-    for gqa, probed, rows in (("shared", p, k), ("per_head", min(g * p, C), g * (k - l) + l)):
+    for gqa, rows in (("shared", k), ("per_head", g * (k - l) + l)):
         # per-head search: each query head probes its own lists and picks its own k - l cells
         llm = make_llm(tiny_gqa_model, sparq_k=k, sparq_l=l, sparq_min_kv=0, sparq_selector="index",
                        sparq_index_lists=C, sparq_index_probe=p, sparq_gqa=gqa)
         llm.reset()
         llm.eval(prompt)
         llm.reset_sparq_stats()
-        llm.eval([9])
+        with Capture(llm) as cap:
+            llm.eval([9])
         st = llm.sparq_stats()
-        assert st["n_sparq"] == 2
-        moved = 2 * C * d + 2 * S + S * ((d * probed + C // 2) // C) + 2 * rows * d + 2 * d
-        assert st["compression"] == pytest.approx(moved / (2 * S * d + 2 * d), rel=1e-6), gqa
+        assert st["n_sparq"] == 2 and len(cap.calls) == 2
+        compr = []
+        for call in cap.calls:
+            x = stream0(call)
+            valid = np.isfinite(x["mask"][0])
+            hkv = x["K"].shape[1]
+            q = x["q"][0].reshape(hkv, g, d)
+            cent, lists = x["ivf"]["cent"], x["ivf"]["lists"]
+            want = []
+            for j in range(hkv):
+                probed = set()
+                for qv in (q[j] if gqa == "per_head" else [q[j].sum(0)]):
+                    probed |= set(np.argsort(-(cent[j] @ qv), kind="stable")[:p].tolist())
+                want.append(int(np.sum(valid & np.isin(lists[j], sorted(probed)))))
+            assert x["ivf"]["reads"].tolist() == want, gqa
+            # the lists are not even: the count differs from the estimate
+            assert np.mean(want) != pytest.approx(S * p / C), gqa
+            moved = 2 * C * d + 2 * S + np.mean(want) * d + 2 * rows * d + 2 * d
+            compr.append(moved / (2 * S * d + 2 * d))
+        assert st["compression"] == pytest.approx(np.mean(compr), rel=1e-6), gqa
 
 
 @pytest.mark.parametrize("kw,message", [

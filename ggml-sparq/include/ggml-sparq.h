@@ -67,6 +67,14 @@ GGML_API void ggml_sparq_attn_set_h2o(struct ggml_tensor * attn, struct ggml_ten
 GGML_API void ggml_sparq_attn_set_index(struct ggml_tensor * attn, struct ggml_tensor * centroids,
                                         struct ggml_tensor * lists, int32_t n_probe);
 
+// Optional, after ggml_sparq_attn_set_index: the op also reports what it read. Per (KV head,
+// stream) it writes the number of key rows it scored for the stream's last query row (the valid
+// cells, before the window when the window is the tail of the cells, of the lists that row's
+// searches probed), or -1 when that row ran dense, as an f32 into element 0 of row n_list of the
+// centroids' (KV head, stream) block: that row must exist beyond the view (centroids->nb[2] >=
+// (n_list + 1) * nb[1]) and is written as a side effect, like the lists.
+GGML_API void ggml_sparq_attn_set_index_reads(struct ggml_tensor * attn);
+
 // Approximate scores in another basis of the keys: q_sel (f32, q's shape) is the query in
 // the basis K^T is stored in (steps 1-2 use it; step 4 uses q and K); comp_w (f32
 // [d, n_head_kv, 1 or n_stream], optional) weighs the components in step 1's choice and tau's norms.

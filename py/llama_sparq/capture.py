@@ -85,6 +85,16 @@ def tensor_to_numpy(t: ggml_tensor) -> np.ndarray:
     return np.array(arr, copy=True)
 
 
+def _index_reads(c: ggml_tensor) -> np.ndarray:
+    """The row after the centroids' last, element 0 per (stream, KV head): the key rows the op read."""
+    nb = [int(c.nb[i]) for i in range(GGML_MAX_DIMS)]
+    ns, hkv = int(c.ne[3]), int(c.ne[2])
+    base = c.data + int(c.ne[1]) * nb[1]
+    extent = (ns - 1) * nb[3] + (hkv - 1) * nb[2] + 4
+    raw = np.frombuffer((ctypes.c_uint8 * extent).from_address(base), dtype=np.uint8)
+    return np.array(np.lib.stride_tricks.as_strided(raw.view(np.float32), shape=(ns, hkv), strides=(nb[3], nb[2])))
+
+
 class Capture:
     """Context manager: while active, every SparQ node's inputs and output are copied."""
 
@@ -128,6 +138,8 @@ class Capture:
             elif call["op_params"][4] == 4:  # GGML_SPARQ_SEL_INDEX: centroids and list ids
                 call["ivf_cent"], call["ivf_lists"], call["q_sel"], call["comp_w"] = call["q_sel"], call["comp_w"], None, None
                 call["ivf_before"] = self._before.pop(("ivf", call["layer"]), None)
+                # what the op reported it read (ggml_sparq_attn_set_index_reads): [n_stream, n_head_kv]
+                call["ivf_reads"] = _index_reads(t.src[8].contents) if call["op_params"][7] == 1 else None
             call["out"] = tensor_to_numpy(t)
             self.calls.append(call)
         except Exception as e:  # never raise through C
@@ -196,7 +208,8 @@ def stream_view(call, stream=0, row=0):
             # the layer's whole list tensor [kv_size, hkv, n_stream], flat: the cache's stream 0
             before = call["ivf_before"].reshape(-1).reshape(after.shape[0], -1)[:, : after.shape[1]].astype(np.float64)
         ivf = {"cent": call["ivf_cent"][s].astype(np.float64),      # [d, n_list, hkv, ns] -> (hkv, n_list, d)
-               "lists": after, "lists_before": before, "n_probe": int(call["op_params"][6])}
+               "lists": after, "lists_before": before, "n_probe": int(call["op_params"][6]),
+               "reads": None if call.get("ivf_reads") is None else call["ivf_reads"][s].astype(np.float64)}  # (hkv,)
     return {"q": q, "K": K, "V": V, "mask": mask, "vbar": vbar, "vsum": vsum, "count": cnt, "win": win,
             "win_raw": win_raw, "out": out, "q_sel": q_sel, "comp_w": comp_w, "h2o": h2o, "h2o_before": h2o_before,
             "ivf": ivf}

@@ -117,6 +117,8 @@ struct llama_sparq_stats {
     uint64_t n_sparq;                           // attention calls (layer x ubatch) run with SparQ
     uint64_t n_dense[LLAMA_SPARQ_DENSE_COUNT];  // dense calls while enabled, by reason
     double   compression;                       // mean cost-model compression M_sparq / M_dense of the SparQ calls
+                                                // (the index selector: with the keys its op reported reading, once
+                                                // the step has run; the even-lists estimate until then)
     uint64_t n_rebuilds;                        // rebuilds of K^T and the V sums after cache changes
     uint64_t extra_bytes;                       // memory taken by K^T and the V sums
     uint64_t kv_bytes;                          // the KV cache's K and V of the layers that have K^T

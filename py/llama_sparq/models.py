@@ -397,28 +397,27 @@ def default_model_path(install: bool = True) -> Path:
 # CLI
 # --------------------------------------------------------------------------
 
-def paper_shape_path(n_layer: int = 2) -> Path:
-    """The cached paper-shape model with ``n_layer`` layers (``model_dir()/paper-shape-<n>l.gguf``),
-    written by :func:`make_paper_shape` (seed 0, deterministic) on first use."""
+def _cached_synthetic(stem: str, n_layer: int, make) -> Path:
+    """``model_dir()/<stem>-<n_layer>l.gguf``, written by ``make(path, n_layer=...)`` on first use."""
     n_layer = _check_int("n_layer", n_layer)
-    path = model_dir() / f"paper-shape-{n_layer}l.gguf"
+    path = model_dir() / f"{stem}-{n_layer}l.gguf"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         print(f"writing the synthetic model {path} ...", file=sys.stderr, flush=True)
-        make_paper_shape(path, n_layer=n_layer)  # written to a temporary file, then renamed
+        make(path, n_layer=n_layer)  # written to a temporary file, then renamed
     return path
+
+
+def paper_shape_path(n_layer: int = 2) -> Path:
+    """The cached paper-shape model with ``n_layer`` layers (``model_dir()/paper-shape-<n>l.gguf``),
+    written by :func:`make_paper_shape` (seed 0, deterministic) on first use."""
+    return _cached_synthetic("paper-shape", n_layer, make_paper_shape)
 
 
 def gqa_shape_path(n_layer: int = 1) -> Path:
     """The cached GQA-shape model with ``n_layer`` layers (``model_dir()/gqa-shape-<n>l.gguf``),
     written by :func:`make_gqa_shape` (seed 0, deterministic) on first use."""
-    n_layer = _check_int("n_layer", n_layer)
-    path = model_dir() / f"gqa-shape-{n_layer}l.gguf"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        print(f"writing the synthetic model {path} ...", file=sys.stderr, flush=True)
-        make_gqa_shape(path, n_layer=n_layer)
-    return path
+    return _cached_synthetic("gqa-shape", n_layer, make_gqa_shape)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -219,6 +219,30 @@ int avx2_filter_gt(const float * x, int n, float t, int32_t * idx) {
     return m;
 }
 
+// 8 ids at a time: converted, range-checked, their flags gathered; the hits' indices one by one
+int avx2_list_gather(const float * ids, int n, const int32_t * flag, int n_list, int base, int32_t * idx, int * stop) {
+    const __m256i hi = _mm256_set1_epi32(n_list), zero = _mm256_setzero_si256();
+    int m = 0, i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256i li = _mm256_cvttps_epi32(_mm256_loadu_ps(ids + i));
+        // in [0, n_list) (NaN and -1 are not: cvtt gives INT_MIN or -1)
+        const __m256i ok = _mm256_andnot_si256(_mm256_cmpgt_epi32(zero, li), _mm256_cmpgt_epi32(hi, li));
+        if (_mm256_movemask_ps(_mm256_castsi256_ps(ok)) != 0xff) {
+            break; // the scalar pass below finds the stop
+        }
+        const __m256i f = _mm256_i32gather_epi32((const int *) flag, li, 4);
+        unsigned hit = ~(unsigned) _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(f, zero))) & 0xffu;
+        while (hit) {
+            idx[m++] = base + i + __builtin_ctz(hit);
+            hit &= hit - 1;
+        }
+    }
+    int s = 0;
+    m += sparq_list_gather_ref(ids + i, n - i, flag, n_list, base + i, idx + m, &s);
+    *stop = i + s;
+    return m;
+}
+
 } // namespace
 
 const struct sparq_isa sparq_isa_avx2 = {
@@ -229,6 +253,7 @@ const struct sparq_isa sparq_isa_avx2 = {
     avx2_axpy_f16, avx2_axpy_f32,
     avx2_f16_to_f32,
     avx2_filter_gt,
+    avx2_list_gather,
 };
 
 #endif

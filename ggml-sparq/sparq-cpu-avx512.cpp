@@ -198,6 +198,33 @@ int avx512_filter_gt(const float * x, int n, float t, int32_t * idx) {
     return m;
 }
 
+// 16 ids at a time: converted, range-checked, their flags gathered, the hits' indices compressed
+// in a register and stored whole (a compress straight to memory is slow on some CPUs)
+int avx512_list_gather(const float * ids, int n, const int32_t * flag, int n_list, int base, int32_t * idx, int * stop) {
+    const __m512i vn = _mm512_set1_epi32(n_list);
+    const __m512i step = _mm512_set1_epi32(16);
+    __m512i vi = _mm512_add_epi32(_mm512_set1_epi32(base), _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    int m = 0, i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512i li = _mm512_cvttps_epi32(_mm512_loadu_ps(ids + i));
+        // outside [0, n_list) as unsigned (NaN and -1 included: cvtt gives INT_MIN or -1)
+        if (_mm512_cmpge_epu32_mask(li, vn)) {
+            break; // the scalar pass below finds the stop
+        }
+        const __m512i f = _mm512_i32gather_epi32(li, flag, 4);
+        const __mmask16 hit = _mm512_test_epi32_mask(f, f);
+        if (hit) {
+            _mm512_storeu_si512(idx + m, _mm512_maskz_compress_epi32(hit, vi));
+            m += __builtin_popcount((unsigned) hit);
+        }
+        vi = _mm512_add_epi32(vi, step);
+    }
+    int s = 0;
+    m += sparq_list_gather_ref(ids + i, n - i, flag, n_list, base + i, idx + m, &s);
+    *stop = i + s;
+    return m;
+}
+
 } // namespace
 
 const struct sparq_isa sparq_isa_avx512 = {
@@ -208,6 +235,7 @@ const struct sparq_isa sparq_isa_avx512 = {
     avx512_axpy_f16, avx512_axpy_f32,
     avx512_f16_to_f32,
     avx512_filter_gt,
+    avx512_list_gather,
 };
 
 #endif

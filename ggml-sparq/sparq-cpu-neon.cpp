@@ -214,6 +214,7 @@ const struct sparq_isa sparq_isa_neon = {
     neon_axpy_f16, neon_axpy_f32,
     neon_f16_to_f32,
     neon_filter_gt,
+    sparq_list_gather_ref,
 };
 
 #endif

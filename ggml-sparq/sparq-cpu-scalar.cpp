@@ -125,4 +125,5 @@ const struct sparq_isa sparq_isa_scalar = {
     scalar_axpy_f16, scalar_axpy_f32,
     scalar_f16_to_f32,
     scalar_filter_gt,
+    sparq_list_gather_ref,
 };

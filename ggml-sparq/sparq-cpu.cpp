@@ -265,10 +265,10 @@ static layout make_layout(const sparq_args * a, int nth) {
     L.t_vec   = t; t += align_up((size_t) 3 * dmax * sizeof(float));
     L.t_gh    = t; t += align_up((size_t) 2 * L.g * sizeof(float));
     L.t_rows  = t; t += align_up((size_t) a->r * sizeof(void *));
-    // index: the lists' ranking (phase A), then a flag byte per list (phase C)
+    // index: the lists' ranking (phase A), then a flag per list (phase C)
     L.t_ivf   = t; t += align_up(a->selector == SPARQ_SEL_INDEX ? (size_t) a->ivf_n_list * sizeof(cand) : 0);
     // index: the chunk's cells in probed lists
-    L.t_pc    = t; t += align_up(a->selector == SPARQ_SEL_INDEX ? (size_t) L.chunk_max * sizeof(int32_t) : 0);
+    L.t_pc    = t; t += align_up(a->selector == SPARQ_SEL_INDEX ? (size_t) (L.chunk_max + 16) * sizeof(int32_t) : 0);
     L.thread_bytes = t;
     L.off_thread = o; o += L.thread_bytes * nth;
     L.total = o + SPARQ_ALIGN; // room to align the base pointer
@@ -627,7 +627,7 @@ static int select_chunk(const ctx & C, int ith, const float * ck, int n, int bas
 // Three passes, so that only the probed cells' key rows are read:
 //   1. every list id of the chunk: a valid cell in no list yet joins its nearest centroid's list
 //      (this thread owns the chunk's cells), and the cells before the window whose list some
-//      search probes are gathered, in cell order, without a branch;
+//      search probes are gathered, in cell order (the ISA's list_gather, vectorised);
 //   2. the gathered cells' keys (rows prefetched ahead), masked cells dropped;
 //   3. the selection over the gathered scores (cell order kept, so ties still go to the lower cell).
 static void index_candidates(const ctx & C, int u, int w, int s0, int s1, int ith) {
@@ -640,10 +640,10 @@ static void index_candidates(const ctx & C, int u, int w, int s0, int s1, int it
     float * lists = C.ivf_lists(st, kvh);
     float * ck = (float *) C.tbuf(ith, C.L.t_ck);
     float * kf = (float *) C.tbuf(ith, C.L.t_vec); // a key in f32 (3 * max(d, dv) floats)
-    uint8_t * any = (uint8_t *) C.tbuf(ith, C.L.t_ivf);
+    int32_t * any = (int32_t *) C.tbuf(ith, C.L.t_ivf);
     int32_t * pc = (int32_t *) C.tbuf(ith, C.L.t_pc);
     for (int c = 0; c < nl; ++c) {
-        uint8_t f = 0;
+        int32_t f = 0;
         for (int hs = 0; hs < ph; ++hs) {
             f |= C.ivf_probe(u, hs)[c] != 0.0f;
         }
@@ -675,16 +675,17 @@ static void index_candidates(const ctx & C, int u, int w, int s0, int s1, int it
     // pass 1: cells before the window are gathered; the window's cells are only filed
     const int e = std::max(s0, std::min(s1, (int) ri->w0));
     int n = 0;
-    for (int cell = s0; cell < e; ++cell) {
-        int li = (int) lists[cell];
-        if ((unsigned) li >= (unsigned) nl) {
-            li = file(cell);
-            if (li < 0) {
-                continue;
+    for (int pos = s0; pos < e;) {
+        int stop = 0;
+        n += C.isa->list_gather(lists + pos, e - pos, any, nl, pos, pc + n, &stop);
+        pos += stop;
+        if (pos < e) {
+            const int li = file(pos); // in no list yet
+            if (li >= 0 && any[li]) {
+                pc[n++] = pos;
             }
+            ++pos;
         }
-        pc[n] = cell;
-        n += any[li];
     }
     for (int cell = e; cell < s1; ++cell) {
         const int li = (int) lists[cell];

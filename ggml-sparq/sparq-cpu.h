@@ -41,7 +41,29 @@ struct sparq_isa {
     void (*f16_to_f32)(const uint16_t * x, float * y, int n);
     // indices i < n with x[i] > t, ascending, into idx; returns their number
     int (*filter_gt)(const float * x, int n, float t, int32_t * idx);
+    // The index selector's gather: the cells base + i (i < n, ascending) whose list id ids[i] (an
+    // integer in f32) names a list with flag[id] != 0, into idx; returns their number. It stops at
+    // the first id outside [0, n_list) (a cell in no list yet), setting *stop to its i (else n):
+    // the caller files that cell and goes on after it. idx needs 16 entries of room past the count.
+    int (*list_gather)(const float * ids, int n, const int32_t * flag, int n_list, int base, int32_t * idx, int * stop);
 };
+
+// list_gather without vectors (the scalar and NEON tables): branch-free but for the stop
+static inline int sparq_list_gather_ref(const float * ids, int n, const int32_t * flag, int n_list, int base,
+                                        int32_t * idx, int * stop) {
+    int m = 0;
+    for (int i = 0; i < n; ++i) {
+        const int li = (int) ids[i];
+        if (!(ids[i] >= 0.0f) || (unsigned) li >= (unsigned) n_list) {
+            *stop = i;
+            return m;
+        }
+        idx[m] = base + i;
+        m += flag[li] != 0;
+    }
+    *stop = n;
+    return m;
+}
 
 extern const struct sparq_isa sparq_isa_scalar;
 #if defined(__x86_64__) || defined(_M_X64)

@@ -65,6 +65,17 @@ def test_isa_unknown_is_refused(prog, tmp_path):
 
 
 @pytest.mark.parametrize("isa", list(ISAS))
+def test_list_gather_equals_its_reference(prog, isa):
+    """The index selector's vectorised gather of the probed lists' cells, against the scalar loop:
+    every hit, in order, and the stop at a cell in no list yet (or an id out of range)."""
+    if not ISAS[isa]:
+        pytest.skip(f"this CPU has no {isa}")
+    res = subprocess.run([str(prog), "gather-check", isa], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "cases equal to the reference" in res.stdout
+
+
+@pytest.mark.parametrize("isa", list(ISAS))
 @pytest.mark.parametrize("case", GRID, ids=lambda c: c.id)
 def test_kernel_isa(prog, tmp_path, isa, case):
     if not ISAS[isa]:

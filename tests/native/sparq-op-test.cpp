@@ -43,6 +43,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -360,7 +361,57 @@ static int run_isa_threads(int nth) {
     return 0;
 }
 
+// The index's gather primitive of one ISA against the reference loop (sparq-cpu.h), walked as the
+// op walks it (after a stop the cell is skipped): lengths around the vector widths, list counts,
+// flag densities, and ids out of range (-1: in no list yet; n_list, huge, NaN) at random places.
+static int run_gather_check(const char * name) {
+    const sparq_isa * isa = sparq_isa_by_name(name);
+    if (!isa) {
+        die("no such ISA on this CPU/build: ", name);
+    }
+    std::mt19937 rng(7);
+    int cases = 0;
+    for (int n : { 0, 1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 100, 1000 }) {
+        for (int nl : { 1, 3, 16, 256 }) {
+            for (int trial = 0; trial < 24; ++trial) {
+                std::vector<float> ids(n);
+                std::vector<int32_t> flag(nl);
+                const unsigned dens = 1 + trial % 4, bad = trial % 3 == 0 ? 0 : 1 + trial % 5; // in 8, in 64
+                for (int32_t & f : flag) {
+                    f = rng() % 8 < dens ? (int32_t) (1 + rng() % 3) : 0;
+                }
+                for (float & x : ids) {
+                    x = (float) (rng() % nl);
+                    if (rng() % 64 < bad) {
+                        const float odd[4] = { -1.0f, (float) nl, 3.0e9f, NAN };
+                        x = odd[rng() % 4];
+                    }
+                }
+                const int base = (int) (rng() % 1000);
+                std::vector<int32_t> a(n + 16, -7), b(n + 16, -7);
+                for (int pos = 0; pos <= n;) {
+                    int sa = -1, sb = -1;
+                    const int ma = isa->list_gather(ids.data() + pos, n - pos, flag.data(), nl, base + pos, a.data(), &sa);
+                    const int mb = sparq_list_gather_ref(ids.data() + pos, n - pos, flag.data(), nl, base + pos, b.data(), &sb);
+                    if (ma != mb || sa != sb || !std::equal(a.begin(), a.begin() + ma, b.begin())) {
+                        fprintf(stderr, "list_gather %s differs: n %d, n_list %d, trial %d, from %d: %d hits stop %d, want %d stop %d\n",
+                                name, n, nl, trial, pos, ma, sa, mb, sb);
+                        return 1;
+                    }
+                    pos += sa + 1;
+                }
+                cases++;
+            }
+        }
+    }
+    printf("list_gather %s: %d cases equal to the reference\n", name, cases);
+    return 0;
+}
+
 int main(int argc, char ** argv) {
+    if (argc >= 3 && strcmp(argv[1], "gather-check") == 0) {
+        return run_gather_check(argv[2]);
+    }
     if (argc >= 2 && strcmp(argv[1], "isa") == 0) {
         printf("%s\n", sparq_isa_select()->name);
         return 0;

@@ -265,6 +265,23 @@ def test_gemma3_real():
     assert (key, vtype, value) == ("general.architecture", 8, "gemma3")
 
 
+def _cached_synthetic_model(path_of, stem, tmp_path, monkeypatch):
+    """Writes the 1-layer model once into the model folder, checks it is reused and that the layer
+    count is checked; returns its single-valued GGUF fields and its tensors by name."""
+    import gguf
+
+    monkeypatch.setenv("LLAMA_SPARQ_MODEL_DIR", str(tmp_path))
+    path = path_of(1)
+    assert path == tmp_path / f"{stem}-1l.gguf"
+    mtime = path.stat().st_mtime_ns
+    assert path_of(1) == path and path.stat().st_mtime_ns == mtime
+    with pytest.raises(ValueError, match="n_layer"):
+        path_of(0)
+    r = gguf.GGUFReader(str(path))
+    f = {k: int(v.parts[v.data[0]][0]) for k, v in r.fields.items() if len(v.data) == 1 and k.startswith("llama.")}
+    return f, {x.name: x for x in r.tensors}
+
+
 def test_paper_shape_model_has_llama2_7b_layer_shapes(tmp_path, monkeypatch):
     """The synthetic model for the paper's measurements: Llama 2 7B per-layer shapes, Q8_0,
     written once into the model folder and reused."""
@@ -272,19 +289,10 @@ def test_paper_shape_model_has_llama2_7b_layer_shapes(tmp_path, monkeypatch):
 
     from llama_sparq.models import paper_shape_path
 
-    monkeypatch.setenv("LLAMA_SPARQ_MODEL_DIR", str(tmp_path))
-    path = paper_shape_path(1)
-    assert path == tmp_path / "paper-shape-1l.gguf"
-    mtime = path.stat().st_mtime_ns
-    assert paper_shape_path(1) == path and path.stat().st_mtime_ns == mtime
-    with pytest.raises(ValueError, match="n_layer"):
-        paper_shape_path(0)
-    r = gguf.GGUFReader(str(path))
-    f = {k: v.parts[v.data[0]] for k, v in r.fields.items() if len(v.data) == 1}
-    assert int(f["llama.embedding_length"][0]) == 4096
-    assert int(f["llama.attention.head_count"][0]) == 32 and int(f["llama.attention.head_count_kv"][0]) == 32
-    assert int(f["llama.feed_forward_length"][0]) == 11008 and int(f["llama.block_count"][0]) == 1
-    t = {x.name: x for x in r.tensors}
+    f, t = _cached_synthetic_model(paper_shape_path, "paper-shape", tmp_path, monkeypatch)
+    assert f["llama.embedding_length"] == 4096
+    assert f["llama.attention.head_count"] == 32 and f["llama.attention.head_count_kv"] == 32
+    assert f["llama.feed_forward_length"] == 11008 and f["llama.block_count"] == 1
     assert t["blk.0.attn_q.weight"].tensor_type == gguf.GGMLQuantizationType.Q8_0
     assert list(t["blk.0.ffn_up.weight"].shape) == [4096, 11008]
     assert list(t["token_embd.weight"].shape) == [4096, 32000]
@@ -297,19 +305,10 @@ def test_gqa_shape_model_has_llama3_8b_layer_shapes(tmp_path, monkeypatch):
 
     from llama_sparq.models import gqa_shape_path
 
-    monkeypatch.setenv("LLAMA_SPARQ_MODEL_DIR", str(tmp_path))
-    path = gqa_shape_path(1)
-    assert path == tmp_path / "gqa-shape-1l.gguf"
-    mtime = path.stat().st_mtime_ns
-    assert gqa_shape_path(1) == path and path.stat().st_mtime_ns == mtime
-    with pytest.raises(ValueError, match="n_layer"):
-        gqa_shape_path(-1)
-    r = gguf.GGUFReader(str(path))
-    f = {k: v.parts[v.data[0]] for k, v in r.fields.items() if len(v.data) == 1}
-    assert int(f["llama.embedding_length"][0]) == 4096 and int(f["llama.context_length"][0]) == 1 << 21
-    assert int(f["llama.attention.head_count"][0]) == 32 and int(f["llama.attention.head_count_kv"][0]) == 8
-    assert int(f["llama.feed_forward_length"][0]) == 14336 and int(f["llama.block_count"][0]) == 1
-    t = {x.name: x for x in r.tensors}
+    f, t = _cached_synthetic_model(gqa_shape_path, "gqa-shape", tmp_path, monkeypatch)
+    assert f["llama.embedding_length"] == 4096 and f["llama.context_length"] == 1 << 21
+    assert f["llama.attention.head_count"] == 32 and f["llama.attention.head_count_kv"] == 8
+    assert f["llama.feed_forward_length"] == 14336 and f["llama.block_count"] == 1
     assert t["blk.0.attn_k.weight"].tensor_type == gguf.GGMLQuantizationType.Q8_0
     assert list(t["blk.0.attn_k.weight"].shape) == [4096, 1024]
     assert list(t["token_embd.weight"].shape) == [4096, 32000]

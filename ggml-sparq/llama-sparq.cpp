@@ -183,7 +183,7 @@ struct llama_sparq_ctx {
     // (even lists) is replaced by what the op reported once that execution has run
     struct ivf_pending_call {
         int32_t ikv;
-        std::vector<uint32_t> strm;
+        uint32_t s0, n_stream; // the call's streams (contiguous, as the graph's views take them)
         double S, md, ms, d, est_per_cell; // est_per_cell: the estimate's key elements per cell (d p / C)
     };
     std::vector<ivf_pending_call> ivf_pending;
@@ -456,21 +456,6 @@ static bool sparq_alloc_index(llama_sparq_ctx & S, int32_t n_list, char * err, s
     return true;
 }
 
-// a dot product in 8 independent sums (vectorisable without reassociation)
-static inline float sparq_dot(const float * x, const float * y, int64_t d) {
-    float acc[8] = { 0.0f };
-    int64_t j = 0;
-    for (; j + 8 <= d; j += 8) {
-        for (int t = 0; t < 8; ++t) {
-            acc[t] += x[j + t] * y[j + t];
-        }
-    }
-    for (; j < d; ++j) {
-        acc[0] += x[j] * y[j];
-    }
-    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-}
-
 // The nearest of C centroids to each of the n rows of x (n x d): argmin |c|^2 - 2 x.c, ties to
 // the lower index (the op's rule). centT is the centroids transposed (d x C), so the distances of
 // a few rows to all centroids accumulate in vertical multiply-adds over the centroids; dist holds
@@ -523,10 +508,12 @@ static void sparq_assign(const float * x, int64_t n, const float * centT, const 
 // |c|^2 of the C centroids (C x d) and their transpose (d x C), for sparq_assign
 static void sparq_centroid_prep(const float * cent, int64_t C, int64_t d, float * cn2, float * centT) {
     for (int64_t c = 0; c < C; ++c) {
-        cn2[c] = sparq_dot(cent + c * d, cent + c * d, d);
+        float s2 = 0.0f;
         for (int64_t j = 0; j < d; ++j) {
+            s2 += cent[c * d + j] * cent[c * d + j];
             centT[j * C + c] = cent[c * d + j];
         }
+        cn2[c] = s2;
     }
 }
 
@@ -1010,7 +997,7 @@ static void sparq_count_index_reads(llama_sparq_ctx & S) {
         double sum = 0.0;
         int64_t n = 0;
         bool ok = true;
-        for (uint32_t st : p.strm) {
+        for (uint32_t st = p.s0; st < p.s0 + p.n_stream && ok; ++st) {
             for (int64_t h = 0; h < c->ne[2] && ok; ++h) {
                 float v = -1.0f;
                 ggml_backend_tensor_get(c, &v, st * c->nb[3] + h * c->nb[2] + (size_t) S.ivf_n_list * c->nb[1], sizeof(v));
@@ -1970,8 +1957,9 @@ void llm_graph_input_sparq::set_input(const llama_ubatch * ubatch) {
             const double ms = S_ <= dc.k ? md : S_ * dc.r + 2.0 * std::min<double>(dc.rows, S_) * dc.d + 4.0 * dc.d + dc.extra;
             St.compression_sum += ms / md;
             if (dc.ikv >= 0 && S_ > dc.k) {
-                St.ivf_pending.push_back({ dc.ikv, std::vector<uint32_t>(si.strm.begin(), si.strm.end()), S_, md, ms,
-                                           (double) dc.d, (double) dc.est_per_cell });
+                // (its capacity stays across steps: no allocation once warm)
+                St.ivf_pending.push_back({ dc.ikv, si.s0, si.n_stream(), S_, md, ms, (double) dc.d,
+                                           (double) dc.est_per_cell });
             }
         } else {
             St.n_dense[dc.reason]++;

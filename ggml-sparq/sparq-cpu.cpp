@@ -208,10 +208,10 @@ static sparq_args effective_args(const sparq_args * a) {
     return b;
 }
 
-// index: per unit, a query per search (the group's sum, or each head's), the lists' |c|^2, and per
-// search its probe flags
+// index: per unit, a query per search (the group's sum, or each head's), the lists' |c|^2, per
+// search its probe flags, and the flags of the lists any search probes (int32, list_gather's table)
 static size_t ivf_unit_floats(const sparq_args * a, int ph) {
-    return (size_t) ph * a->d + a->ivf_n_list + (size_t) ph * a->ivf_n_list;
+    return (size_t) ph * a->d + a->ivf_n_list + (size_t) ph * a->ivf_n_list + a->ivf_n_list;
 }
 
 static layout make_layout(const sparq_args * a, int nth) {
@@ -265,7 +265,7 @@ static layout make_layout(const sparq_args * a, int nth) {
     L.t_vec   = t; t += align_up((size_t) 3 * dmax * sizeof(float));
     L.t_gh    = t; t += align_up((size_t) 2 * L.g * sizeof(float));
     L.t_rows  = t; t += align_up((size_t) a->r * sizeof(void *));
-    // index: the lists' ranking (phase A), then a flag per list (phase C)
+    // index: the lists' ranking (phase A)
     L.t_ivf   = t; t += align_up(a->selector == SPARQ_SEL_INDEX ? (size_t) a->ivf_n_list * sizeof(cand) : 0);
     // index: the chunk's cells in probed lists
     L.t_pc    = t; t += align_up(a->selector == SPARQ_SEL_INDEX ? (size_t) (L.chunk_max + 16) * sizeof(int32_t) : 0);
@@ -295,6 +295,7 @@ struct ctx {
     }
     float     * ivf_cn2(int u)              const { return ivf_q(u, L.ph); }
     float     * ivf_probe(int u, int h = 0) const { return ivf_cn2(u) + a->ivf_n_list + (size_t) h * a->ivf_n_list; }
+    int32_t   * ivf_any(int u)              const { return (int32_t *) ivf_probe(u, L.ph); }
     const float * ivf_centroid(int st, int kvh, int c) const {
         return (const float *) ((const char *) a->ivf_cent + (size_t) c * a->ivf_cent_nb1 + (size_t) kvh * a->ivf_cent_nb2 +
                                 (size_t) st * a->ivf_cent_nb3);
@@ -484,6 +485,10 @@ static void phase_a(const ctx & C, int ith, int nth) {
                 cn2[c] = C.isa->dot_f32(ce, ce, d);
             }
             const int np = std::min(a->ivf_n_probe, nl);
+            int32_t * any = C.ivf_any(u);
+            for (int c = 0; c < nl; ++c) {
+                any[c] = 0;
+            }
             for (int hs = 0; hs < ph; ++hs) {
                 float * pr = C.ivf_probe(u, hs);
                 for (int c = 0; c < nl; ++c) {
@@ -497,6 +502,7 @@ static void phase_a(const ctx & C, int ith, int nth) {
                 }
                 for (int i = 0; i < np; ++i) {
                     pr[ls[i].idx] = 1.0f;
+                    any[ls[i].idx] = 1;
                 }
             }
         }
@@ -640,15 +646,8 @@ static void index_candidates(const ctx & C, int u, int w, int s0, int s1, int it
     float * lists = C.ivf_lists(st, kvh);
     float * ck = (float *) C.tbuf(ith, C.L.t_ck);
     float * kf = (float *) C.tbuf(ith, C.L.t_vec); // a key in f32 (3 * max(d, dv) floats)
-    int32_t * any = (int32_t *) C.tbuf(ith, C.L.t_ivf);
+    const int32_t * any = C.ivf_any(u); // the lists some search of the unit probes (phase A)
     int32_t * pc = (int32_t *) C.tbuf(ith, C.L.t_pc);
-    for (int c = 0; c < nl; ++c) {
-        int32_t f = 0;
-        for (int hs = 0; hs < ph; ++hs) {
-            f |= C.ivf_probe(u, hs)[c] != 0.0f;
-        }
-        any[c] = f;
-    }
     // files a valid cell that is in no list yet: argmin |k - c|^2 = argmin |c|^2 - 2 k.c, ties to the lower list
     auto file = [&](int cell) -> int {
         if (m && !is_valid(m[cell])) {

@@ -106,6 +106,7 @@ def check_baseline_call(c, x, p, sel, per_head=False):
         if per_head:
             assert max(len(s) for s in info["i2"][0]) > p["k"], "per-head search should reach beyond k cells"
         assert np.array_equal(ivf["lists"], info["ivf_lists"]), (c["layer"], np.argwhere(ivf["lists"] != info["ivf_lists"])[:5])
+        assert ivf["reads"].tolist() == info["ivf_reads"][0].tolist(), "the op's count of the keys it read"
         valid = np.isfinite(x["mask"][0])
         assert np.all(ivf["lists"][:, valid] >= 0), "a valid cell was left out of the index"
     else:
@@ -252,7 +253,7 @@ def test_counters_count_the_keys_the_index_read(tiny_gqa_model):
     probed, then k rows of K and V. The op reports the keys it scored per KV head (the valid cells
     of the probed lists: the union of each head's with per-head search), and the counters replace
     their estimate (an even share index_probe / index_lists of the cells) by that count."""
-    from llama_sparq.capture import Capture, stream0
+    from llama_sparq.capture import Capture, op_params, stream0
 
     prompt = rand_tokens(700, 11, 256)
     d, k, l, C, p, g = 16, 64, 16, 16, 3, 4
@@ -270,18 +271,14 @@ def test_counters_count_the_keys_the_index_read(tiny_gqa_model):
         assert st["n_sparq"] == 2 and len(cap.calls) == 2
         compr = []
         for call in cap.calls:
-            x = stream0(call)
-            valid = np.isfinite(x["mask"][0])
-            hkv = x["K"].shape[1]
-            q = x["q"][0].reshape(hkv, g, d)
-            cent, lists = x["ivf"]["cent"], x["ivf"]["lists"]
-            want = []
-            for j in range(hkv):
-                probed = set()
-                for qv in (q[j] if gqa == "per_head" else [q[j].sum(0)]):
-                    probed |= set(np.argsort(-(cent[j] @ qv), kind="stable")[:p].tolist())
-                want.append(int(np.sum(valid & np.isin(lists[j], sorted(probed)))))
-            assert x["ivf"]["reads"].tolist() == want, gqa
+            x, o = stream0(call), op_params(call)
+            ivf = x["ivf"]
+            _, info = reference.sparq_attention(x["q"], x["K"], x["V"], r=1, k=o["k"], l=o["l"], mask=x["mask"],
+                                                scale=o["scale"], vbar=x["vbar"], window=[x["win"]], return_info=True,
+                                                ivf=(ivf["cent"], ivf["lists_before"], ivf["n_probe"]),
+                                                per_head=gqa == "per_head")
+            want = info["ivf_reads"][0].tolist()
+            assert ivf["reads"].tolist() == want, gqa
             # the lists are not even: the count differs from the estimate
             assert np.mean(want) != pytest.approx(S * p / C), gqa
             moved = 2 * C * d + 2 * S + np.mean(want) * d + 2 * rows * d + 2 * d

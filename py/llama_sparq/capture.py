@@ -78,21 +78,20 @@ def tensor_to_numpy(t: ggml_tensor) -> np.ndarray:
         raise ValueError(f"capture: tensor {t.name.decode()} has no host data")
     ne = [int(t.ne[i]) for i in range(GGML_MAX_DIMS)]
     nb = [int(t.nb[i]) for i in range(GGML_MAX_DIMS)]
-    extent = sum((n - 1) * s for n, s in zip(ne, nb)) + np.dtype(dt).itemsize
-    raw = (ctypes.c_uint8 * extent).from_address(t.data)
-    buf = np.frombuffer(raw, dtype=np.uint8)
-    arr = np.lib.stride_tricks.as_strided(buf.view(dt), shape=ne[::-1], strides=nb[::-1])
-    return np.array(arr, copy=True)
+    return _host_copy(t.data, dt, ne[::-1], nb[::-1])
+
+
+def _host_copy(addr: int, dt, shape, strides) -> np.ndarray:
+    """A copy of the strided host array at ``addr`` (shape and byte strides outermost first)."""
+    extent = sum((n - 1) * s for n, s in zip(shape, strides)) + np.dtype(dt).itemsize
+    buf = np.frombuffer((ctypes.c_uint8 * extent).from_address(addr), dtype=np.uint8)
+    return np.array(np.lib.stride_tricks.as_strided(buf.view(dt), shape=shape, strides=strides), copy=True)
 
 
 def _index_reads(c: ggml_tensor) -> np.ndarray:
     """The row after the centroids' last, element 0 per (stream, KV head): the key rows the op read."""
-    nb = [int(c.nb[i]) for i in range(GGML_MAX_DIMS)]
-    ns, hkv = int(c.ne[3]), int(c.ne[2])
-    base = c.data + int(c.ne[1]) * nb[1]
-    extent = (ns - 1) * nb[3] + (hkv - 1) * nb[2] + 4
-    raw = np.frombuffer((ctypes.c_uint8 * extent).from_address(base), dtype=np.uint8)
-    return np.array(np.lib.stride_tricks.as_strided(raw.view(np.float32), shape=(ns, hkv), strides=(nb[3], nb[2])))
+    return _host_copy(c.data + int(c.ne[1]) * int(c.nb[1]), np.float32, (int(c.ne[3]), int(c.ne[2])),
+                      (int(c.nb[3]), int(c.nb[2])))
 
 
 class Capture:

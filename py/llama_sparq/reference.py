@@ -322,7 +322,9 @@ def sparq_attention(q, K, V, *, r, k, l=0, mask=None, scale=None, vbar=None,
       query ranks the lists by q . centroid; the valid cells of the n_probe best lists outside
       the window are ranked by (sum_h q_h) . k * scale, and the best k - l (or fewer) kept. With
       per_head each query head ranks the lists and the cells with its own q_h; the group attends
-      over the union of the heads' choices and the window.
+      over the union of the heads' choices and the window. info["ivf_reads"] (n_rows, n_head_kv)
+      counts the keys scored: the valid cells of the lists any search probed, less the window when
+      it is the tail of the cells (no window list); -1 for a row that runs dense.
     """
     q, K, V, mask, scale, vbar, dims = _prepare(q, K, V, mask, scale, vbar)
     dt = _float_dtype(dtype)
@@ -356,6 +358,7 @@ def sparq_attention(q, K, V, *, r, k, l=0, mask=None, scale=None, vbar=None,
             raise ValueError(f"ivf lists must have shape (n_head_kv, S) = {(dims['n_head_kv'], dims['S'])}")
         if not 1 <= n_probe <= cent.shape[1]:
             raise ValueError(f"ivf n_probe = {n_probe} is out of range: allowed 1..{cent.shape[1]}")
+        ivf_reads = np.full((dims["n_rows"], dims["n_head_kv"]), -1, dtype=np.int64)
     if per_head and i2 is not None:
         raise ValueError("i2 (a forced selection) is for the group-shared selection only")
     q_sel = q if q_sel is None else np.asarray(q_sel)
@@ -406,15 +409,20 @@ def sparq_attention(q, K, V, *, r, k, l=0, mask=None, scale=None, vbar=None,
                         dist = np.sum(cent[j] ** 2, axis=1)[None, :] - 2.0 * Kj[todo] @ cent[j].T
                         lists[j, todo] = np.argmin(dist, axis=1)  # first minimum: the lower list
                     chosen = win_r
+                    reach = np.zeros(S, dtype=bool)  # the valid cells of any search's probed lists
                     for qv in (qr[j] if per_head else [np.sum(qr[j], axis=0)]):
                         probed = np.argsort(-(cent[j] @ qv), kind="stable")[:n_probe]
                         cand = np.full(S, -np.inf)
                         ok = valid[row] & np.isin(lists[j], probed)
+                        reach |= ok
                         ok[win_r] = False
                         cand[ok] = (Kj[ok] @ qv) * scale
                         top = np.argsort(-cand, kind="stable")[: k - w]
                         chosen = np.union1d(chosen, top[np.isfinite(cand[top])])
                     sel.append(chosen)
+                    # the keys scored: with the window as the tail of the cells (no window list) it is
+                    # left out of the scan, with a window list it is scanned like any cell
+                    ivf_reads[row, j] = np.sum(reach) - (np.sum(reach[win_r]) if window is None else 0)
             else:
                 cand = h2o_in.copy()
                 cand[:, ~valid[row]] = -np.inf
@@ -486,6 +494,7 @@ def sparq_attention(q, K, V, *, r, k, l=0, mask=None, scale=None, vbar=None,
         info["h2o"] = h2o_new
     if index:
         info["ivf_lists"] = lists
+        info["ivf_reads"] = ivf_reads
     return out, info
 
 

@@ -25,7 +25,7 @@ export CCACHE_NOHASHDIR := 1
 
 .PHONY: all install deps deps-system test test-fast demo upstream bench-op cuda-check test-cuda bench-gpu clean distclean
 
-# The CUDA variant: ggml's CUDA backend plus ggml-sparq/sparq-cuda.cu (patch 0010), in a build
+# The CUDA variant: ggml's CUDA backend plus ggml-sparq/cuda/ (patch 0010), in a build
 # folder of its own so that the CPU build (the default) is never reconfigured by it.
 CUDA        ?= 0
 CUDA_ARCHS  ?= 80;90
@@ -106,12 +106,13 @@ cuda-check:
 	  echo "cuda-check: SKIPPED: nvcc not found (no CUDA toolkit on PATH or in /usr/local/cuda; set NVCC=...)"; \
 	else \
 	  set -e; up=$$($(PYTHON) scripts/upstream.py prepare | tail -1); mkdir -p $(CUDA_CHECK_DIR); \
-	  echo "cuda-check: $(NVCC) ggml-sparq/sparq-cuda.cu for sm_80 and sm_90 against $$up"; \
+	  echo "cuda-check: $(NVCC) ggml-sparq/cuda/*.cu for sm_80 and sm_90 against $$up"; \
 	  start=$$(date +%s); \
 	  $(NVCC) -std=c++17 -O3 -use_fast_math -extended-lambda -Xcompiler -fPIC --threads 2 \
 	    -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
 	    -Werror all-warnings -I$$up/ggml/include -I$$up/ggml/src -I$$up/ggml/src/ggml-cuda \
-	    -Iggml-sparq -Iggml-sparq/include -c ggml-sparq/sparq-cuda.cu -o $(CUDA_CHECK_DIR)/sparq-cuda.o; \
+	    $(addprefix -Iggml-sparq/,include op cpu cuda) \
+	    -c ggml-sparq/cuda/sparq-cuda.cu -o $(CUDA_CHECK_DIR)/sparq-cuda.o; \
 	  echo "cuda-check: OK ($$(( $$(date +%s) - start )) s)"; \
 	fi
 

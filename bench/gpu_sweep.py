@@ -20,7 +20,7 @@ End to end (``e2e``), the paper-shape synthetic model (Llama 2 7B attention: 32 
 - ``-nkvo`` (cache in host memory, attention on the CPU, weights on the GPU) at one depth.
 
 The op (``op``): ``test-backend-ops perf -b CUDA0 -o SPARQ_ATTN`` and ``-o FLASH_ATTN_EXT``
-with ``SPARQ_PERF_GPU=1`` (ggml-sparq/test-backend-ops-sparq.h: Llama 2 7B attention shapes,
+with ``SPARQ_PERF_GPU=1`` (ggml-sparq/tools/test-backend-ops-sparq.h: Llama 2 7B attention shapes,
 S 4K..256K, batch 1 and 8, r 16/32/64 at k = 128, k 64/256 at r = 32): us/run of each, the
 speedup of SparQ over CUDA flash attention on the same shapes, the bound M_dense / M_sparq
 and the fraction of it reached.

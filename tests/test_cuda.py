@@ -51,7 +51,7 @@ def cuda():
 
 
 def test_backend_ops_cuda_equals_cpu(cuda):
-    """Every SPARQ_ATTN case of the grid (ggml-sparq/test-backend-ops-sparq.h: head sizes 64..256,
+    """Every SPARQ_ATTN case of the grid (ggml-sparq/tools/test-backend-ops-sparq.h: head sizes 64..256,
     GQA 1/4/8/16, 1-4 sequences, S up to 64K, f16/f32, masks, k >= S, l = 0, r = d, the oracle,
     per-head choice, no mean-V, window list, basis, dense streams) runs on CUDA0 and matches the CPU.
     A case the CUDA backend does not support would be skipped by test-backend-ops: that fails here."""
@@ -218,7 +218,7 @@ if os.environ.get("SPARQ_EMU_FULL", "0") not in ("", "0"):
 
 @pytest.mark.parametrize("case", list(EMU_CASES), ids=list(EMU_CASES))
 def test_cuda_kernels_emulated_equal_the_cpu_op(case):
-    """The kernels of ggml-sparq/sparq-cuda-kernels.cuh, run on the CPU by sparq-cuda-emu (one thread
+    """The kernels of ggml-sparq/cuda/, run on the CPU by sparq-cuda-emu (one thread
     per CUDA thread; __syncthreads and the warp shuffles as barriers), give the CPU op's output and
     choose the same cells (the unit's bitmap equals the CPU's list) on tie-proof inputs. This checks
     the kernels' indexing and logic before any GPU runs them; not the GPU's memory model or speed."""

@@ -22,6 +22,17 @@ from sparq_cases import Case, check, generate, grid, run
 
 ROOT = Path(__file__).resolve().parent.parent
 SPARQ_DIR = ROOT / "ggml-sparq"
+CPU_DIR = SPARQ_DIR / "cpu"
+ISA_DIR = CPU_DIR / "isa"
+# every folder of ggml-sparq/ whose headers the kernel layer includes by bare name
+INCLUDE_DIRS = [SPARQ_DIR / "include", SPARQ_DIR / "op", CPU_DIR, ISA_DIR]
+
+
+def kernel_sources(*isas: str) -> list[Path]:
+    """The CPU kernel layer without ggml: the driver (cpu/*.cpp less ggml's glue), the scalar
+    ISA and the named ones (cpu/isa/sparq-cpu-<isa>.cpp), as ggml-sparq/CMakeLists.txt builds it."""
+    driver = sorted(p for p in CPU_DIR.glob("*.cpp") if p.name != "ggml-sparq-cpu.cpp")
+    return driver + [ISA_DIR / f"sparq-cpu-{isa}.cpp" for isa in ("scalar", *isas)]
 BUILD = ROOT / "build" / "tests"
 
 
@@ -119,13 +130,14 @@ ISA_FLAGS = {
 def _build_standalone(out: Path, cxx: str, extra: list[str], sources: list[Path], link: list[str] = ()) -> Path:
     """Compile the kernel layer + the test driver without ggml (each ISA file with its flags)."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    newest = max(p.stat().st_mtime for p in sources + [SPARQ_DIR / "sparq-cpu.h"])
+    headers = [h for d in INCLUDE_DIRS for h in d.glob("*.h")]
+    newest = max(p.stat().st_mtime for p in sources + headers)
     if out.exists() and out.stat().st_mtime > newest:
         return out
     objs = []
     for src in sources:
         obj = out.parent / (src.name + ".o")
-        cmd = [cxx, "-std=c++17", "-O2", "-g", "-I", str(SPARQ_DIR), *extra, *ISA_FLAGS.get(src.name, []),
+        cmd = [cxx, "-std=c++17", "-O2", "-g", *(f"-I{d}" for d in INCLUDE_DIRS), *extra, *ISA_FLAGS.get(src.name, []),
                "-c", str(src), "-o", str(obj)]
         res = subprocess.run(cmd, capture_output=True, text=True)
         assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stderr}"
@@ -142,8 +154,7 @@ def neon_prog():
     qemu = shutil.which("qemu-aarch64") or shutil.which("qemu-aarch64-static")
     if not cxx or not qemu:
         pytest.fail("NEON tests need aarch64-linux-gnu-g++ and qemu-aarch64 (make deps-system installs them)")
-    srcs = [SPARQ_DIR / "sparq-cpu.cpp", SPARQ_DIR / "sparq-cpu-scalar.cpp", SPARQ_DIR / "sparq-cpu-neon.cpp",
-            ROOT / "tests" / "native" / "sparq-op-test.cpp"]
+    srcs = kernel_sources("neon") + [ROOT / "tests" / "native" / "sparq-op-test.cpp"]
     exe = _build_standalone(BUILD / "aarch64" / "sparq-op-test", cxx, ["-march=armv8-a"], srcs, link=["-static"])
     return exe, qemu
 
@@ -165,8 +176,7 @@ def test_kernel_neon(neon_prog, tmp_path, case):
 @pytest.fixture(scope="module")
 def sanitized_prog():
     cxx = shutil.which("g++")
-    srcs = [SPARQ_DIR / f for f in ("sparq-cpu.cpp", "sparq-cpu-scalar.cpp", "sparq-cpu-avx2.cpp",
-                                    "sparq-cpu-avx512.cpp")] + [ROOT / "tests" / "native" / "sparq-op-test.cpp"]
+    srcs = kernel_sources("avx2", "avx512") + [ROOT / "tests" / "native" / "sparq-op-test.cpp"]
     flags = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"]
     return _build_standalone(BUILD / "asan" / "sparq-op-test", cxx, flags, srcs)
 
@@ -185,8 +195,7 @@ def test_kernel_sanitizers(sanitized_prog, tmp_path, isa, case):
 @pytest.fixture(scope="module")
 def tsan_prog():
     cxx = shutil.which("g++")
-    srcs = [SPARQ_DIR / f for f in ("sparq-cpu.cpp", "sparq-cpu-scalar.cpp", "sparq-cpu-avx2.cpp",
-                                    "sparq-cpu-avx512.cpp")] + [ROOT / "tests" / "native" / "sparq-op-test.cpp"]
+    srcs = kernel_sources("avx2", "avx512") + [ROOT / "tests" / "native" / "sparq-op-test.cpp"]
     flags = ["-fsanitize=thread", "-fno-omit-frame-pointer"]
     return _build_standalone(BUILD / "tsan" / "sparq-op-test", cxx, flags, srcs)
 

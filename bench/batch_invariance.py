@@ -20,8 +20,6 @@ SparQ counters of every run.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import json
 import os
 import random
 import shlex
@@ -31,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from op_bench import cpu_model, git_commit, kernel_isa, loadavg  # noqa: E402
+from benchlib import RESULTS, cpu_model, git_commit, kernel_isa, loadavg, now_iso, write_json  # noqa: E402
 from server_load import paragraph  # noqa: E402
 
 from llama_sparq import Llama, _sparq  # noqa: E402
@@ -136,7 +134,7 @@ def main(argv=None) -> int:
     ap.add_argument("--chunk", type=int, default=512, help="prompt tokens beside the decode rows per step")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tag", default="batch_invariance_gemma3")
-    ap.add_argument("--out-dir", type=Path, default=Path(__file__).resolve().parent / "results")
+    ap.add_argument("--out-dir", type=Path, default=RESULTS)
     a = ap.parse_args(argv)
 
     model_path = str(a.model or default_model_path())
@@ -148,7 +146,7 @@ def main(argv=None) -> int:
         "machine": {"cpu": cpu_model(), "cpu_count": os.cpu_count(), "threads": a.threads,
                     "kernel_isa": kernel_isa(), "loadavg_1min_start": loadavg()},
         "commit": git_commit(),
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "date": now_iso(),
         "model": model_path,
         "prompt_tokens": [len(p) for p in prompts],
         "n_predict": a.n_predict,
@@ -180,7 +178,7 @@ def main(argv=None) -> int:
     meta["machine"]["loadavg_1min_end"] = loadavg()
 
     a.out_dir.mkdir(parents=True, exist_ok=True)
-    (a.out_dir / f"{a.tag}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    write_json(a.out_dir / f"{a.tag}.json", {"meta": meta, "rows": rows}, newline=True)
     md = [f"# Greedy output alone vs beside other sequences ({a.tag})", ""]
     for k in ("command", "machine", "commit", "date", "model", "prompt_tokens", "n_predict", "schedule", "settings"):
         md.append(f"- **{k}**: {meta[k]}")

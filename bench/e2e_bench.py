@@ -34,19 +34,17 @@ counters proving SparQ ran.
 from __future__ import annotations
 
 import argparse
-import csv
-import datetime as _dt
 import json
 import os
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from op_bench import cpu_model, git_commit, kernel_isa, loadavg  # noqa: E402
+from benchlib import (RESULTS, fit_line, iqr_points, loadavg, md_bullets, out_stem, progress,  # noqa: E402
+                      pyplot, run_checked, run_meta, write_csv, write_json)
 
 from llama_sparq import cost, tool_path  # noqa: E402
 from llama_sparq.models import default_model_path, paper_shape_path  # noqa: E402
@@ -57,28 +55,9 @@ LABELS = {"dense_fa0": "dense, -fa 0 (KQ product)", "dense_fa1": "dense, -fa 1 (
           "sparq": "SparQ (-fa 1 --sparq 1)"}
 
 
-def iqr_mask(x):
-    q1, q3 = np.percentile(x, [25, 75])
-    keep = (x >= q1) & (x <= q3)
-    return keep if keep.any() else np.ones_like(keep)
-
-
-def fit_line(S, y):
-    A = np.vstack([S, np.ones_like(S)]).T
-    (a, b), *_ = np.linalg.lstsq(A, y, rcond=None)
-    return float(a), float(b)
-
-
 def fit_iqr(rows, key):
     """y = a*S + b over the runs inside the interquartile range at each S (Appendix D)."""
-    S, Y = [], []
-    for r in rows:
-        x = np.array(r["samples"].get(key, []))
-        if len(x) == 0:
-            continue
-        keep = iqr_mask(x)
-        S += [r["S"]] * int(keep.sum())
-        Y += x[keep].tolist()
+    S, Y = iqr_points([r["S"] for r in rows], [r["samples"].get(key, []) for r in rows])
     if len(set(S)) < 2:
         return float("nan"), float("nan")
     return fit_line(np.array(S, float), np.array(Y, float))
@@ -101,10 +80,7 @@ class Bench:
         if sparq:
             cmd += ["--sparq", "0,1,0,1", "--sparq-r", str(a.r), "--sparq-k", str(a.k), "--sparq-l", str(a.l),
                     "--sparq-min-kv", "0", "--sparq-gqa", a.gqa, "--sparq-basis", a.basis]
-        p = subprocess.run(cmd, capture_output=True, text=True)
-        if p.returncode != 0:
-            raise RuntimeError(f"llama-bench failed at S={S}: {shlex.join(cmd)}\n{p.stderr[-3000:]}")
-        res = json.loads(p.stdout)
+        res = json.loads(run_checked(cmd, f"llama-bench failed at S={S}").stdout)
         for r in res:
             r["depth_fill"] = fill if S > 0 else "none"
         self.cmds.append(shlex.join(cmd))
@@ -199,11 +175,7 @@ def analyse(args, rows, d, n_head_kv, n_lay):
 
 def common_meta(args, bench, model_desc, load0):
     return {
-        "command": shlex.join([sys.executable, *sys.argv]),
-        "machine": f"{cpu_model()}, {os.cpu_count()} cores, {args.threads} threads; SparQ kernels ISA: {kernel_isa()}",
-        "load_average_start_end": [load0, loadavg()],
-        "commit": git_commit(),
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        **run_meta(args.threads, load0),
         "model": f"{bench.model} ({model_desc})",
         "cache": "F16 K and V (and K^T for SparQ), batch 1, one sequence",
         "sparq": f"r={args.r}, k={args.k}, l={args.l}, gqa {args.gqa}, basis {args.basis}, dense threshold 0 (SparQ on every decode step); compression "
@@ -237,26 +209,19 @@ def write_results(args, rows, bench, model_desc, load0, d, n_head_kv, n_lay):
                        "dense flash attention (upstream's default on CPU) / SparQ"
     meta["bounds"] = "attention_bound = M_dense/M_sparq; amdahl_bound = 1/((1-z) + z*M_sparq/M_dense) with z the " \
                      "measured share of decode time in attention of the baseline: (y(S) - y(0)) / y(S), medians"
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    stem = args.out_dir / args.tag
+    stem = out_stem(args.out_dir, args.tag)
     rows_out = [{k: v for k, v in r.items()} for r in rows]
-    stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows_out, "llama_bench": bench.raw},
-                                                    indent=1))
+    write_json(stem.with_suffix(".json"), {"meta": meta, "rows": rows_out, "llama_bench": bench.raw})
     cols = ["S", "baseline", "dense_s", "sparq_s", "speedup", "dense_fa0_s", "dense_fa1_s", "speedup_vs_fa1",
             "compression", "attention_bound", "z", "z_fit", "amdahl_bound", "fraction_of_amdahl",
             "dense_fa0_attn_GBps", "dense_fa1_attn_GBps", "sparq_attn_GBps", "sparq_calls", "sparq_dense_calls",
             "sparq_compr_counter"]
-    with open(stem.with_suffix(".csv"), "w", newline="") as f:
-        for k, v in meta.items():
-            f.write(f"# {k}: {v}\n")
-        w = csv.writer(f)
-        w.writerow(cols)
-        for r in rows:
-            w.writerow([r[c] for c in cols])
+    write_csv(stem.with_suffix(".csv"), (f"{k}: {v}" for k, v in meta.items()), cols,
+              ([r[c] for c in cols] for r in rows))
 
     zf = (lambda a, b, S: a * S / (a * S + b))
     md = [f"# End-to-end decode, dense vs SparQ: {args.tag}", ""] + \
-         [f"- **{k}**: {v}" for k, v in meta.items() if k != "llama_bench_commands"] + \
+         md_bullets((k, v) for k, v in meta.items() if k != "llama_bench_commands") + \
          ["- **llama_bench_commands**: one per S, round and path; all in the JSON. The last: `"
           + (bench.cmds[-1] if bench.cmds else "") + "`", "",
           "## Fit (Appendix D) and time in attention", "",
@@ -284,9 +249,7 @@ def write_results(args, rows, bench, model_desc, load0, d, n_head_kv, n_lay):
 
 
 def plot(args, rows, fits, meta, stem, model):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     pa, pb = PAPER_CPU_FIT
     fig, ax = plt.subplots(1, 3, figsize=(18, 5.4))
     S = np.array([r["S"] for r in rows], float)
@@ -337,7 +300,7 @@ def fill_check(args, bench, model_desc, load0, S):
     meta["what"] = (f"decode times at S={S} after a real prefill of S tokens and after llama-bench --depth-fill "
                     "synthetic (random K and V written into the cache), same settings otherwise")
     lines = [f"# Synthetic fill vs real prefill at S = {S}", ""] + \
-            [f"- **{k}**: {v}" for k, v in meta.items() if k != "llama_bench_commands"] + \
+            md_bullets((k, v) for k, v in meta.items() if k != "llama_bench_commands") + \
             ["- **llama_bench_commands**: in the JSON", "",
              "| path | prefill ms/token (median, IQR) | synthetic ms/token (median, IQR) | synthetic / prefill |",
              "|---|---|---|---|"]
@@ -355,10 +318,9 @@ def fill_check(args, bench, model_desc, load0, S):
         cnt = res[fill].get("_counters", [])
         lines.append(f"\nSparQ counters after the {fill}: " + "; ".join(
             f"calls {x['sparq_calls']}, dense {x['sparq_dense']}, compression {x['sparq_compr']:.4f}" for x in cnt))
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    stem = args.out_dir / f"{args.tag}_fill_check"
-    stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "S": S, "summary": summary, "samples": res,
-                                                     "llama_bench": bench.raw}, indent=1))
+    stem = out_stem(args.out_dir, f"{args.tag}_fill_check")
+    write_json(stem.with_suffix(".json"), {"meta": meta, "S": S, "summary": summary, "samples": res,
+                                           "llama_bench": bench.raw})
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines[-(len(summary) + 4):]))
     print(f"written: {stem}.{{json,md}}")
@@ -385,15 +347,12 @@ def main(argv=None) -> int:
     ap.add_argument("--basis", choices=("model", "scaled", "pca"), default="model",
                     help="SparQ step-1 basis (default model, the paper)")
     ap.add_argument("--tag", default="e2e_paper_shape")
-    ap.add_argument("--out-dir", type=Path, default=Path(__file__).resolve().parent / "results")
+    ap.add_argument("--out-dir", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     if args.fill is None:
         args.fill = "synthetic" if args.model == "paper" else "prefill"
 
-    try:
-        from tqdm import tqdm
-    except ImportError:  # pragma: no cover
-        tqdm = lambda x, **k: x  # noqa: E731
+    tqdm = progress()
 
     if args.model == "paper":
         model = paper_shape_path(args.n_layer)

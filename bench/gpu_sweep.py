@@ -34,8 +34,6 @@ or the op ran on the CPU. Nothing here has run yet: written and checked without 
 from __future__ import annotations
 
 import argparse
-import csv
-import datetime as _dt
 import json
 import os
 import re
@@ -48,12 +46,13 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from op_bench import git_commit  # noqa: E402
+from benchlib import (RESULTS, command_line, fit_line, git_commit, iqr_points, now_iso, write_csv,  # noqa: E402
+                      write_json)
 
 from llama_sparq import cost, lib_dir, tool_path  # noqa: E402
 from llama_sparq.models import paper_shape_path  # noqa: E402
 
-OUT = Path(__file__).resolve().parent / "results"
+OUT = RESULTS
 # the fork's counters line at exit (llama-bench prints it with -v only)
 COUNTERS_RE = re.compile(r"SparQ calls = (\d+), dense calls = (\d+).*SparQ calls on a GPU = (\d+)")
 
@@ -90,19 +89,8 @@ def counters(stderr: str) -> dict | None:
 
 def iqr_fit(S, samples):
     """y = a*S + b over the runs inside the interquartile range at each S (Appendix D)."""
-    xs, ys = [], []
-    for s, x in zip(S, samples):
-        x = np.asarray(x, float)
-        if not len(x):
-            continue
-        q1, q3 = np.percentile(x, [25, 75])
-        keep = x[(x >= q1) & (x <= q3)]
-        keep = keep if len(keep) else x
-        xs += [s] * len(keep)
-        ys += keep.tolist()
-    A = np.vstack([xs, np.ones(len(xs))]).T
-    (a, b), *_ = np.linalg.lstsq(A, np.array(ys), rcond=None)
-    return float(a), float(b)
+    xs, ys = iqr_points(S, samples)
+    return fit_line(np.array(xs, float), np.array(ys, float))
 
 
 def e2e(args, meta):
@@ -230,17 +218,12 @@ def op(args, meta):
 def write(tag, meta, rows, extra=None):
     OUT.mkdir(parents=True, exist_ok=True)
     doc = {"meta": meta, "rows": rows, **(extra or {})}
-    (OUT / f"gpu_{tag}.json").write_text(json.dumps(doc, indent=1))
+    write_json(OUT / f"gpu_{tag}.json", doc)
     flat = [{k: v for k, v in r.items() if not isinstance(v, (list, dict))} for r in rows]
     cols = sorted({k for r in flat for k in r})
-    with open(OUT / f"gpu_{tag}.csv", "w", newline="") as f:
-        for k in ("device", "commit", "date"):
-            f.write(f"# {k}: {meta.get(k)}\n")
-        for c in meta.get("commands", []):
-            f.write(f"# command: {c}\n")
-        w = csv.DictWriter(f, fieldnames=cols)
-        w.writeheader()
-        w.writerows(flat)
+    comments = [f"{k}: {meta.get(k)}" for k in ("device", "commit", "date")]
+    comments += [f"command: {c}" for c in meta.get("commands", [])]
+    write_csv(OUT / f"gpu_{tag}.csv", comments, cols, ([r.get(c, "") for c in cols] for r in flat))
     print(f"wrote {OUT / f'gpu_{tag}.json'} and .csv")
 
 
@@ -263,8 +246,8 @@ def main(argv=None) -> int:
     args.depths = [int(x) for x in args.depths.split(",")]
     args.depths_batch = [int(x) for x in args.depths_batch.split(",")]
 
-    meta = {"device": device(), "commit": git_commit(), "date": _dt.datetime.now(_dt.timezone.utc).isoformat(),
-            "argv": shlex.join([sys.executable] + sys.argv), "sparq": {"r": args.r, "k": args.k, "l": args.l,
+    meta = {"device": device(), "commit": git_commit(), "date": now_iso(timespec="auto"),
+            "argv": command_line(), "sparq": {"r": args.r, "k": args.k, "l": args.l,
                                                                        "basis": args.basis}}
     if args.only in (None, "e2e"):
         me = dict(meta)

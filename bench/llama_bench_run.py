@@ -12,7 +12,6 @@ per depth: dense t/s, SparQ t/s, speedup, and the counters proving SparQ ran).
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import shlex
 import subprocess
@@ -20,7 +19,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from op_bench import cpu_model, git_commit, kernel_isa, loadavg  # noqa: E402
+from benchlib import (RESULTS, command_line, git_commit, loadavg, machine_line, md_bullets, md_table,  # noqa: E402
+                      now_iso, write_json)
 
 from llama_sparq import tool_path  # noqa: E402
 from llama_sparq.models import default_model_path  # noqa: E402
@@ -29,7 +29,7 @@ from llama_sparq.models import default_model_path  # noqa: E402
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tag", required=True)
-    ap.add_argument("--out-dir", type=Path, default=Path(__file__).resolve().parent / "results")
+    ap.add_argument("--out-dir", type=Path, default=RESULTS)
     ap.add_argument("--note", default="", help="a sentence on the model and what the run shows")
     ap.add_argument("bench_args", nargs=argparse.REMAINDER)
     args = ap.parse_args(argv)
@@ -46,18 +46,16 @@ def main(argv=None) -> int:
     cols = ["model_type", "n_threads", "flash_attn", "sparq", "sparq_selector", "sparq_r", "sparq_k", "sparq_l",
             "sparq_calls", "sparq_dense", "sparq_compr", "n_prompt", "n_gen", "n_depth", "avg_ts", "stddev_ts"]
     cols = [c for c in cols if any(c in r for r in rows)]
-    md = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for r in rows:
-        md.append("| " + " | ".join(f"{r.get(c, ''):.2f}" if isinstance(r.get(c), float) else str(r.get(c, ""))
-                                    for c in cols) + " |")
+    md = md_table(cols, ([f"{r.get(c, ''):.2f}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in cols]
+                         for r in rows))
     res = {"md": "\n".join(md)}
     meta = {
-        "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
+        "command": command_line(),
         "llama_bench": " ".join(shlex.quote(a) for a in [str(exe), *bargs]),
-        "machine": f"{cpu_model()}, {__import__('os').cpu_count()} cores; SparQ kernels ISA: {kernel_isa()}",
+        "machine": machine_line(),
         "load_average_start_end": [load0, loadavg()],
         "commit": git_commit(),
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "date": now_iso(),
         "note": args.note,
     }
     # summary: dense vs SparQ per (test, depth)
@@ -76,8 +74,8 @@ def main(argv=None) -> int:
                 "dense_calls": sp["sparq_dense"], "compression": sp["sparq_compr"],
             })
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / f"{args.tag}.json").write_text(json.dumps({"meta": meta, "summary": summary, "rows": rows}, indent=1))
-    lines = [f"# llama-bench: {args.tag}", ""] + [f"- **{k}**: {v}" for k, v in meta.items() if v] + [
+    write_json(args.out_dir / f"{args.tag}.json", {"meta": meta, "summary": summary, "rows": rows})
+    lines = [f"# llama-bench: {args.tag}", ""] + md_bullets((k, v) for k, v in meta.items() if v) + [
         "- **counters**: `sparq_calls` = attention calls that ran SparQ (layers x ubatches, warm-up and depth "
         "prefill included), `sparq_dense` = dense calls while SparQ was on (prefill, sliding-window layers, "
         "short context), `sparq_compr` = mean cost-model compression M_sparq/M_dense of the SparQ calls",

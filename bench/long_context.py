@@ -35,18 +35,15 @@ memory is skipped with a note.
 from __future__ import annotations
 
 import argparse
-import csv
-import datetime as _dt
 import json
-import os
 import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from op_bench import cpu_model, git_commit, kernel_isa, loadavg, mem_available  # noqa: E402
+from benchlib import (RESULTS, command_line, cpu_model, git_commit, loadavg, machine_line, md_bullets,  # noqa: E402
+                      mem_available, now_iso, pyplot, run_checked, write_csv, write_json)
 
 from llama_sparq import tool_path  # noqa: E402
 from llama_sparq.models import GQA_SHAPE, gqa_shape_path  # noqa: E402
@@ -75,10 +72,8 @@ def run_bench(exe: Path, model: Path, S: int, args, extra: list[str]) -> tuple[l
     cmd = [str(exe), "-m", str(model), "-p", "0", "-n", str(args.n_gen), "-d", str(S), "-r", str(args.reps),
            "-t", str(args.threads), "--depth-fill", "synthetic", "-o", "json", *extra]
     t0 = time.monotonic()
-    p = subprocess.run(cmd, capture_output=True, text=True)
+    p = run_checked(cmd, f"llama-bench failed at S={S}")
     wall = time.monotonic() - t0
-    if p.returncode != 0:
-        raise RuntimeError(f"llama-bench failed at S={S}: {shlex.join(cmd)}\n{p.stderr[-3000:]}")
     return json.loads(p.stdout), shlex.join(cmd), wall
 
 
@@ -133,19 +128,18 @@ def fmt(v, nd=2):
     return f"{v:.{nd}f}" if isinstance(v, float) else str(v)
 
 
+def meta_value(v) -> str:
+    return v if isinstance(v, str) else json.dumps(v)
+
+
 def write(args, rows, meta):
     out = args.out_dir / args.tag if not args.tag.startswith("/") else Path(args.tag)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with open(f"{out}.csv", "w", newline="") as f:
-        for k, v in meta.items():
-            f.write(f"# {k}: {v if isinstance(v, str) else json.dumps(v)}\n")
-        w = csv.writer(f)
-        w.writerow(COLUMNS)
-        for r in rows:
-            w.writerow(["" if r.get(c) is None else r[c] for c in COLUMNS])
-    Path(f"{out}.json").write_text(json.dumps({"meta": meta, "columns": COLUMNS, "rows": rows}, indent=1))
-    lines = [f"# Long-context decode: {args.tag}", ""] + [
-        f"- **{k}**: {v if isinstance(v, str) else json.dumps(v)}" for k, v in meta.items() if k != "llama_bench_commands"]
+    write_csv(f"{out}.csv", (f"{k}: {meta_value(v)}" for k, v in meta.items()), COLUMNS,
+              (["" if r.get(c) is None else r[c] for c in COLUMNS] for r in rows))
+    write_json(f"{out}.json", {"meta": meta, "columns": COLUMNS, "rows": rows})
+    lines = [f"# Long-context decode: {args.tag}", ""] + md_bullets(
+        (k, meta_value(v)) for k, v in meta.items() if k != "llama_bench_commands")
     lines += ["", "| S | variant | tokens/s | ms/token | vs best dense | vs -fa 1 | SparQ calls | compression | "
               "process wall s |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -155,9 +149,7 @@ def write(args, rows, meta):
     lines += ["", "## llama-bench command lines", ""] + [f"- `{c}`" for c in meta["llama_bench_commands"]]
     Path(f"{out}.md").write_text("\n".join(lines) + "\n")
     try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
     except ImportError:
         return out
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -187,7 +179,7 @@ def main(argv=None) -> int:
     ap.add_argument("--index-probe", type=int_list, default=[16])
     ap.add_argument("--skip", default="", help="variants left out (comma list of dense_fa0, dense_fa1, sparq, index)")
     ap.add_argument("--tag", default="long_context_gqa_shape", help="result file stem (or an absolute path stem)")
-    ap.add_argument("--out-dir", type=Path, default=Path(__file__).resolve().parent / "results")
+    ap.add_argument("--out-dir", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     args.skip = {s for s in args.skip.split(",") if s}
     bad = args.skip - {"dense_fa0", "dense_fa1", "sparq", "index"}
@@ -212,12 +204,12 @@ def main(argv=None) -> int:
         cmds += c
     d = GQA_SHAPE["n_embd"] // GQA_SHAPE["n_head"]
     meta = {
-        "command": shlex.join([sys.executable, *sys.argv]),
-        "machine": f"{cpu_model()}, {os.cpu_count()} cores, {args.threads} threads; SparQ kernels ISA: {kernel_isa()}",
+        "command": command_line(),
+        "machine": machine_line(args.threads),
         "machine_short": f"{cpu_model()}",
         "load_average_start_end": [load0, loadavg()],
         "commit": git_commit(),
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "date": now_iso(),
         "model": (f"{model}: synthetic, Llama 3 8B per-layer shapes (width 4096, 32 query heads and 8 KV heads of "
                   f"{d}, FFN 14336), vocabulary 32000, Q8_0 weights, random values, {args.n_layer} layer(s). The "
                   "share of decode time in attention depends on per-layer shapes and S, not on the layer count; "

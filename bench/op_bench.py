@@ -8,7 +8,7 @@ stream per sequence. Shapes are Llama 2 7B attention: 32 heads of 128, MHA (32 K
 
 For each point: median / IQR / min of the per-repetition times of both ops (run in the same
 process, dense first, after 2 warm-up runs each), bytes moved per the cost model of
-SPARQ.md (``llama_sparq.cost``; f16 = 2 bytes per element, times KV heads, times batch),
+docs/algorithm.md (``llama_sparq.cost``; f16 = 2 bytes per element, times KV heads, times batch),
 achieved GB/s, speedup (dense / SparQ medians), the bandwidth bound M_dense / M_sparq and
 the fraction of it reached.
 
@@ -28,8 +28,6 @@ bench/results), each carrying the command, machine, commit, date, parameters and
 from __future__ import annotations
 
 import argparse
-import csv
-import datetime as _dt
 import json
 import os
 import platform
@@ -41,7 +39,9 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import (RESULTS, REPO, cpu_model, git_commit, kernel_isa, loadavg, md_bullets,  # noqa: E402
+                      md_table, mem_available, command_line, now_iso, out_stem, pyplot, write_csv, write_json)
 
 try:
     from llama_sparq import LibraryError, tool_path
@@ -94,83 +94,13 @@ def kv_bytes(S, batch, head_kv, d):
     return 3 * S * d * head_kv * batch * ELEM_BYTES
 
 
-def mem_available() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
 # ----------------------------------------------------------------------------- metadata
-
-def cpu_model() -> str:
-    """The CPU's name with its family/model and vector extensions: a name such as "AMD EPYC"
-    alone does not tell a Zen 3 (AVX2) from a Zen 5 (AVX-512), and results differ."""
-    info, flags = {}, set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, val = line.partition(":")
-                key = key.strip().lower()
-                if key in ("model name", "cpu family", "model") and key not in info:
-                    info[key] = val.strip()
-                elif key in ("flags", "features") and not flags:
-                    flags = set(val.split())
-    except OSError:
-        pass
-    name = info.get("model name") or platform.processor() or platform.machine() or "unknown"
-    extra = []
-    if "cpu family" in info:
-        extra.append(f"family {info['cpu family']} model {info.get('model', '?')}")
-    if flags:
-        isa = [x for x in ("avx512f", "avx2", "fma", "f16c", "asimd", "fphp") if x in flags]
-        extra.append(" ".join(isa) if isa else "no SIMD extension the kernels use")
-    return f"{name} ({'; '.join(extra)})" if extra else name
-
-
-def loadavg() -> float | None:
-    try:
-        return os.getloadavg()[0]
-    except OSError:
-        return None
-
-
-def git_commit() -> str:
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
-                              text=True, check=True).stdout.strip()
-        st = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True,
-                            text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (not a git checkout)"
-    # results being written (this run's own files included) do not make the code dirty
-    dirty = any(line and not line.startswith("??") and not line[3:].startswith("bench/results/")
-                for line in st.splitlines())
-    return head + ("-dirty" if dirty else "")
-
-
-def kernel_isa() -> str:
-    try:
-        exe = tool_path("sparq-op-test")
-    except LibraryError:
-        return "unknown (sparq-op-test not installed; run `make install`)"
-    try:
-        p = subprocess.run([str(exe), "isa"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return f"unknown ({e})"
-    out = p.stdout.strip()
-    return out if p.returncode == 0 and out else f"unknown (sparq-op-test isa exited {p.returncode})"
-
 
 def make_meta(args, points) -> dict:
     main_S = sorted({S for S, b, r, k, g in points if "main" in g})
     comp_main = {str(S): round(float(cost.compression(S, args.d, MAIN_R, MAIN_K)), 4) for S in main_S}
     return {
-        "command": " ".join(shlex.quote(a) for a in [sys.executable] + sys.argv),
+        "command": command_line(),
         "machine": {
             "cpu": cpu_model(),
             "cpu_count": os.cpu_count(),
@@ -180,7 +110,7 @@ def make_meta(args, points) -> dict:
             "platform": platform.platform(),
         },
         "commit": git_commit(),
-        "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "date": now_iso(local=True),
         "isa": kernel_isa(),
         "program": str(args.exe),
         "shapes": f"{args.heads} query heads, {args.head_kv} KV heads, d = {args.d} "
@@ -301,44 +231,29 @@ def csv_value(v):
     return v
 
 
-def write_csv(path, rows, meta):
-    with open(path, "w", newline="") as f:
-        for line in meta_lines(meta):
-            f.write(f"# {line}\n")
-        w = csv.writer(f)
-        w.writerow(COLUMNS)
-        for row in rows:
-            w.writerow([csv_value(row[c]) for c in COLUMNS])
+def write_csv_file(path, rows, meta):
+    write_csv(path, meta_lines(meta), COLUMNS, ([csv_value(row[c]) for c in COLUMNS] for row in rows))
 
 
-def write_json(path, rows, meta):
-    with open(path, "w") as f:
-        json.dump({"meta": meta, "columns": COLUMNS, "rows": rows}, f, indent=1)
-        f.write("\n")
+def write_json_file(path, rows, meta):
+    write_json(path, {"meta": meta, "columns": COLUMNS, "rows": rows}, newline=True)
 
 
 def write_md(path, rows, meta):
     cols = [c for c in COLUMNS if c not in ("heads", "head_kv", "d", "threads", "reps")]
-    with open(path, "w") as f:
-        f.write("# Op microbenchmark: SparQ attention vs upstream CPU flash attention\n\n")
-        for line in meta_lines(meta):
-            key, _, val = line.partition(": ")
-            f.write(f"- **{key}**: {val}\n")
-        if rows:
-            r0 = rows[0]
-            f.write(f"- **columns held fixed**: heads={r0['heads']}, head_kv={r0['head_kv']}, d={r0['d']}, "
-                    f"threads={r0['threads']}, reps={r0['reps']}; times in us, bytes per decode step "
-                    f"(all heads, all sequences)\n")
-        f.write("\n| " + " | ".join(cols) + " |\n")
-        f.write("|" + "---|" * len(cols) + "\n")
-        for row in rows:
-            f.write("| " + " | ".join(fmt(row[c], c) for c in cols) + " |\n")
+    lines = ["# Op microbenchmark: SparQ attention vs upstream CPU flash attention", ""]
+    lines += md_bullets(line.partition(": ")[::2] for line in meta_lines(meta))
+    if rows:
+        r0 = rows[0]
+        lines.append(f"- **columns held fixed**: heads={r0['heads']}, head_kv={r0['head_kv']}, d={r0['d']}, "
+                     f"threads={r0['threads']}, reps={r0['reps']}; times in us, bytes per decode step "
+                     f"(all heads, all sequences)")
+    lines += [""] + md_table(cols, ([fmt(row[c], c) for c in cols] for row in rows))
+    Path(path).write_text("\n".join(lines) + "\n")
 
 
 def write_png(path, rows, meta, d):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     from matplotlib.lines import Line2D
 
     footer = []
@@ -439,7 +354,7 @@ def main(argv=None):
     ap.add_argument("--heads", type=int, default=32, help="query heads (default 32, Llama 2 7B)")
     ap.add_argument("--head-kv", type=int, default=32, help="KV heads (default 32: MHA)")
     ap.add_argument("--d", type=int, default=128, help="head size (default 128)")
-    ap.add_argument("--out-dir", type=Path, default=REPO / "bench" / "results",
+    ap.add_argument("--out-dir", type=Path, default=RESULTS,
                     help="where the results go (default bench/results)")
     ap.add_argument("--tag", default="op_bench", help="file name stem (default op_bench)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds allowed per point (default 900)")
@@ -504,10 +419,9 @@ def main(argv=None):
     bar.close()
     meta["machine"]["loadavg_1min_end"] = loadavg()
 
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    stem = args.out_dir / args.tag
-    write_csv(stem.with_suffix(".csv"), rows, meta)
-    write_json(stem.with_suffix(".json"), rows, meta)
+    stem = out_stem(args.out_dir, args.tag)
+    write_csv_file(stem.with_suffix(".csv"), rows, meta)
+    write_json_file(stem.with_suffix(".json"), rows, meta)
     write_md(stem.with_suffix(".md"), rows, meta)
     write_png(stem.with_suffix(".png"), rows, meta, args.d)
     print(f"op_bench: {len(rows)} points written to {stem}.{{csv,json,md,png}}"

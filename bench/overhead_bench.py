@@ -20,18 +20,16 @@ SparQ settings and the counters (no SparQ call may run below the threshold).
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
-import os
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from op_bench import cpu_model, git_commit, kernel_isa, loadavg  # noqa: E402
+from benchlib import (RESULTS, loadavg, md_bullets, out_stem, progress, run_checked, run_meta,  # noqa: E402
+                      write_json)
 
 from llama_sparq import tool_path  # noqa: E402
 from llama_sparq.models import default_model_path, paper_shape_path  # noqa: E402
@@ -39,9 +37,7 @@ from llama_sparq.models import default_model_path, paper_shape_path  # noqa: E40
 
 def run(exe, model, args, extra):
     cmd = [str(exe), "-m", str(model), "-r", str(args.reps), "-t", str(args.threads), "-o", "json", *extra]
-    p = subprocess.run(cmd, capture_output=True, text=True)
-    if p.returncode != 0:
-        raise RuntimeError(f"llama-bench failed: {shlex.join(cmd)}\n{p.stderr[-3000:]}")
+    p = run_checked(cmd, "llama-bench failed")
     return shlex.join(cmd), json.loads(p.stdout)
 
 
@@ -67,12 +63,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3, help="processes per configuration, alternated (default 3)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tag", default="overhead_paper_shape")
-    ap.add_argument("--out-dir", type=Path, default=Path(__file__).resolve().parent / "results")
+    ap.add_argument("--out-dir", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
-    try:
-        from tqdm import tqdm
-    except ImportError:  # pragma: no cover
-        tqdm = lambda x, **k: x  # noqa: E731
+    tqdm = progress()
 
     if args.model == "paper":
         model = paper_shape_path(2)
@@ -127,11 +120,7 @@ def main(argv=None) -> int:
 
     st = rows[0].get("settings", {})
     meta = {
-        "command": shlex.join([sys.executable, *sys.argv]),
-        "machine": f"{cpu_model()}, {os.cpu_count()} cores, {args.threads} threads; SparQ kernels ISA: {kernel_isa()}",
-        "load_average_start_end": [load0, loadavg()],
-        "commit": git_commit(),
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        **run_meta(args.threads, load0),
         "model": f"{model} ({desc})",
         "sparq": f"defaults: r={st.get('sparq_r')} (d/4, scaled basis), k={st.get('sparq_k')}, l={st.get('sparq_l')}, dense "
                  f"threshold {st.get('sparq_min_kv')} KV cells; F16 cache, batch 1",
@@ -142,11 +131,10 @@ def main(argv=None) -> int:
                     "ran SparQ / dense in the SparQ runs; below the threshold sparq_calls must be 0",
         "llama_bench_commands": cmds,
     }
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    stem = args.out_dir / args.tag
-    stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows, "llama_bench": raw}, indent=1))
+    stem = out_stem(args.out_dir, args.tag)
+    write_json(stem.with_suffix(".json"), {"meta": meta, "rows": rows, "llama_bench": raw})
     md = [f"# SparQ overhead where it does not apply: {args.tag}", ""] + \
-         [f"- **{k}**: {v}" for k, v in meta.items() if k != "llama_bench_commands"] + \
+         md_bullets((k, v) for k, v in meta.items() if k != "llama_bench_commands") + \
          ["- **llama_bench_commands**: in the JSON", "",
           "| test | dense -fa 1 t/s | SparQ on t/s | SparQ / dense (95% CI) | dense -fa 0 t/s | SparQ / dense -fa 0 "
           "(95% CI) | SparQ calls / dense calls | verdict |", "|---|---|---|---|---|---|---|---|"]

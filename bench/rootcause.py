@@ -21,7 +21,6 @@ Writes bench/results/<tag>.{json,md}.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -35,7 +34,7 @@ sys.path.insert(0, str(HERE))
 from llama_sparq import reference  # noqa: E402
 from llama_sparq.capture import Capture, op_params, stream0  # noqa: E402
 
-from op_bench import cpu_model, git_commit  # noqa: E402
+from benchlib import RESULTS, cpu_model, git_commit, write_json  # noqa: E402
 
 KEYS = ((0.3, 24402), (0.5, 25005), (0.7, 65997))
 
@@ -190,7 +189,7 @@ def main(argv=None):
     ap.add_argument("--l", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tag", default="rootcause_gemma3")
-    ap.add_argument("--out-dir", default=str(HERE / "results"))
+    ap.add_argument("--out-dir", default=str(RESULTS))
     a = ap.parse_args(argv)
 
     from llama_sparq import Llama
@@ -256,7 +255,7 @@ def main(argv=None):
     res = dict(meta=meta, prompts=prompts, per_layer=agg)
     outd = Path(a.out_dir)
     outd.mkdir(parents=True, exist_ok=True)
-    (outd / f"{a.tag}.json").write_text(json.dumps(res, indent=1))
+    write_json(outd / f"{a.tag}.json", res)
     lines = [f"# Root cause: SparQ selection on Gemma 3 270M's own tensors ({a.tag})", "",
              f"Command `{meta['command']}`, commit `{meta['commit']}`, machine: {meta['machine']}.",
              f"SparQ r = {a.r}, k = {a.k}, l = {a.l} (d = 256: r/2d = {a.r / 512:.3f}); {len(calls)} SparQ calls "

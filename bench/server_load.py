@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import contextlib
-import datetime as _dt
 import json
 import os
 import random
@@ -45,7 +44,6 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 WORDS = ("river mountain lantern copper harvest violet engine meadow silver quiet orchard signal "
@@ -258,7 +256,7 @@ def run_load(server: Server, prompts: list[list[int]], n_predict: int, request_t
 
 
 def main(argv=None) -> int:
-    from op_bench import cpu_model, git_commit, loadavg
+    from benchlib import RESULTS, command_line, cpu_model, git_commit, loadavg, now_iso, write_json
 
     from llama_sparq.models import default_model_path
 
@@ -275,7 +273,7 @@ def main(argv=None) -> int:
     ap.add_argument("--server-args", default="--sparq", help="SparQ flags and anything else for llama-server")
     ap.add_argument("--request-timeout", type=float, default=1800)
     ap.add_argument("--tag", default="server_load")
-    ap.add_argument("--out-dir", default=str(REPO / "bench" / "results"))
+    ap.add_argument("--out-dir", default=str(RESULTS))
     args = ap.parse_args(argv)
 
     model = args.model or default_model_path()
@@ -296,17 +294,17 @@ def main(argv=None) -> int:
         "error_lines": errors,
     })
     meta = {
-        "command": " ".join(shlex.quote(a) for a in [sys.executable] + sys.argv),
+        "command": command_line(),
         "server_command": " ".join(shlex.quote(str(a)) for a in cmd),
         "machine": {"cpu": cpu_model(), "cpu_count": os.cpu_count(), "threads": args.threads,
                     "loadavg_1min_start": load0, "loadavg_1min_end": loadavg()},
         "commit": git_commit(),
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "date": now_iso(),
         "model": str(model),
     }
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.tag}.json").write_text(json.dumps({"meta": meta, "result": res}, indent=1) + "\n")
+    write_json(out / f"{args.tag}.json", {"meta": meta, "result": res}, newline=True)
     ok = res["sparq_calls_concurrent"] > 0 and not res["mismatches"] and not res["incomplete"] and not errors
     md = [
         f"# llama-server under load with SparQ ({args.tag})",

@@ -25,7 +25,6 @@ Writes bench/results/upkeep_bench.{json,md}.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import os
 import shlex
@@ -36,7 +35,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+from benchlib import RESULTS, cpu_model, git_commit, kernel_isa, loadavg, now_iso, write_json  # noqa: E402
+
 N_THREADS = 2
 SETTINGS = dict(r=8, k=64, l=16, min_kv=0, all_rows=False)
 CONFIGS = [  # (KV cells, cells used at the start, steps timed per setting, rebuilds timed)
@@ -108,18 +109,11 @@ def worker(args) -> dict:
     return out
 
 
-def git_commit() -> str:
-    sys.path.insert(0, str(HERE))
-    from op_bench import git_commit as gc
-
-    return gc()
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--before-lib", type=Path, help="another build's llama_sparq/lib folder to time the same way")
     ap.add_argument("--before-commit", default="", help="the commit that --before-lib was built from")
-    ap.add_argument("--out-dir", type=Path, default=HERE / "results")
+    ap.add_argument("--out-dir", type=Path, default=RESULTS)
     ap.add_argument("--tag", default="upkeep_bench")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
@@ -131,9 +125,6 @@ def main(argv=None) -> int:
     if args.worker:
         print(json.dumps(worker(args)))
         return 0
-
-    sys.path.insert(0, str(HERE))
-    from op_bench import cpu_model, kernel_isa, loadavg
 
     from llama_sparq._lib import lib_dir
     from llama_sparq.models import make_tiny_llama
@@ -165,7 +156,7 @@ def main(argv=None) -> int:
 
     meta = {
         "command": shlex.join([sys.executable] + (argv if argv is not None else sys.argv)),
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "date": now_iso(),
         "machine": {"cpu": cpu_model(), "cpu_count": os.cpu_count(), "threads": "1 for steps, 1 and 2 for rebuilds",
                     "loadavg_start": load0, "loadavg_end": loadavg(), "kernel_isa": kernel_isa()},
         "commit": commit,
@@ -174,7 +165,7 @@ def main(argv=None) -> int:
         "method": __doc__.split("\n\n")[1].replace("\n", " ") + " " + __doc__.split("\n\n")[2].replace("\n", " "),
     }
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / f"{args.tag}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    write_json(args.out_dir / f"{args.tag}.json", {"meta": meta, "rows": rows}, newline=True)
 
     def fig(label, size, used, key):
         for r in rows:

@@ -1,0 +1,216 @@
+"""What the bench/ scripts share: the run's metadata (machine, kernels' ISA, commit, dates,
+command line), the results folder, the result-file writers (CSV, JSON, markdown) and the
+set-up of plots and progress bars. Needs no native library at import (tests import scripts
+that use it without one)."""
+
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+RESULTS = HERE / "results"  # the default --out-dir of every script
+
+
+# ----------------------------------------------------------------------------- machine and run
+
+def mem_available() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def cpu_model() -> str:
+    """The CPU's name with its family/model and vector extensions: a name such as "AMD EPYC"
+    alone does not tell a Zen 3 (AVX2) from a Zen 5 (AVX-512), and results differ."""
+    info, flags = {}, set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, val = line.partition(":")
+                key = key.strip().lower()
+                if key in ("model name", "cpu family", "model") and key not in info:
+                    info[key] = val.strip()
+                elif key in ("flags", "features") and not flags:
+                    flags = set(val.split())
+    except OSError:
+        pass
+    name = info.get("model name") or platform.processor() or platform.machine() or "unknown"
+    extra = []
+    if "cpu family" in info:
+        extra.append(f"family {info['cpu family']} model {info.get('model', '?')}")
+    if flags:
+        isa = [x for x in ("avx512f", "avx2", "fma", "f16c", "asimd", "fphp") if x in flags]
+        extra.append(" ".join(isa) if isa else "no SIMD extension the kernels use")
+    return f"{name} ({'; '.join(extra)})" if extra else name
+
+
+def loadavg() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
+
+
+def git_commit() -> str:
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
+                              text=True, check=True).stdout.strip()
+        st = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True,
+                            text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (not a git checkout)"
+    # results being written (this run's own files included) do not make the code dirty
+    dirty = any(line and not line.startswith("??") and not line[3:].startswith("bench/results/")
+                for line in st.splitlines())
+    return head + ("-dirty" if dirty else "")
+
+
+def kernel_isa() -> str:
+    """The ISA the SparQ CPU kernels dispatch to on this machine (sparq-op-test isa)."""
+    from llama_sparq import LibraryError, tool_path
+
+    try:
+        exe = tool_path("sparq-op-test")
+    except LibraryError:
+        return "unknown (sparq-op-test not installed; run `make install`)"
+    try:
+        p = subprocess.run([str(exe), "isa"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"unknown ({e})"
+    out = p.stdout.strip()
+    return out if p.returncode == 0 and out else f"unknown (sparq-op-test isa exited {p.returncode})"
+
+
+def machine_line(threads=None) -> str:
+    """CPU, cores, threads used (when given) and the kernels' ISA, in one line."""
+    used = "" if threads is None else f", {threads} threads"
+    return f"{cpu_model()}, {os.cpu_count()} cores{used}; SparQ kernels ISA: {kernel_isa()}"
+
+
+def command_line() -> str:
+    """This run's command line, quoted for a shell."""
+    return shlex.join([sys.executable, *sys.argv])
+
+
+def now_iso(local=False, timespec="seconds") -> str:
+    """The date and time now, ISO 8601: UTC, or the local time zone's with local=True."""
+    now = _dt.datetime.now().astimezone() if local else _dt.datetime.now(_dt.timezone.utc)
+    return now.isoformat(timespec=timespec)
+
+
+def run_meta(threads, load0) -> dict:
+    """The head of a result file's metadata: command, machine, load average at the start
+    (load0) and now, commit, date (UTC)."""
+    return {
+        "command": command_line(),
+        "machine": machine_line(threads),
+        "load_average_start_end": [load0, loadavg()],
+        "commit": git_commit(),
+        "date": now_iso(),
+    }
+
+
+def run_checked(cmd, what):
+    """Run cmd capturing its output; a failure raises RuntimeError with what, the command line
+    and the end of its stderr."""
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"{what}: {shlex.join(cmd)}\n{p.stderr[-3000:]}")
+    return p
+
+
+# ----------------------------------------------------------------------------- result files
+
+def out_stem(out_dir, tag) -> Path:
+    """out_dir / tag, the stem of a run's result files, with out_dir created."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return out_dir / tag
+
+
+def write_json(path, doc, newline=False):
+    """doc as JSON (indent 1), with a final newline if asked."""
+    Path(path).write_text(json.dumps(doc, indent=1) + ("\n" if newline else ""))
+
+
+def write_csv(path, comments, columns, rows):
+    """A CSV file: each of comments as a '# ' line (the run's metadata), the header, the rows
+    (lists of cells)."""
+    with open(path, "w", newline="") as f:
+        for line in comments:
+            f.write(f"# {line}\n")
+        w = csv.writer(f)
+        w.writerow(columns)
+        w.writerows(rows)
+
+
+def md_bullets(items) -> list[str]:
+    """Markdown '- **key**: value' lines of (key, value) pairs."""
+    return [f"- **{k}**: {v}" for k, v in items]
+
+
+def md_table(columns, rows) -> list[str]:
+    """A markdown table's lines: header, rule, one line per row (lists of cell strings)."""
+    return (["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+            + ["| " + " | ".join(cells) + " |" for cells in rows])
+
+
+# ----------------------------------------------------------------------------- statistics
+
+def iqr_points(S, samples):
+    """The (S, y) points of the runs inside the interquartile range at each S (all of them
+    where none is): S[i] is the context length of the runs samples[i]."""
+    xs, ys = [], []
+    for s, x in zip(S, samples):
+        x = np.asarray(x, float)
+        if len(x) == 0:
+            continue
+        q1, q3 = np.percentile(x, [25, 75])
+        keep = (x >= q1) & (x <= q3)
+        keep = keep if keep.any() else np.ones_like(keep)
+        xs += [s] * int(keep.sum())
+        ys += x[keep].tolist()
+    return xs, ys
+
+
+def fit_line(S, y):
+    """Least-squares y = a*S + b: (a, b)."""
+    A = np.vstack([S, np.ones_like(S)]).T
+    (a, b), *_ = np.linalg.lstsq(A, y, rcond=None)
+    return float(a), float(b)
+
+
+# ----------------------------------------------------------------------------- plots, progress
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (files only, no display)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def progress():
+    """tqdm, or a stand-in that shows no bar where tqdm is not installed."""
+    try:
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover
+        tqdm = lambda x, **k: x  # noqa: E731
+    return tqdm

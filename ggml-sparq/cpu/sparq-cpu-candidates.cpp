@@ -1,0 +1,93 @@
+// llama-sparq: the candidates every ranking selector shares: a chunk's best cells by a bound from
+// group maxima and one vectorised filter (phases C and D), and their merge over the chunks into
+// the unit's choice (phase E).
+
+#include "sparq-cpu-phases.h"
+
+#include <functional>
+
+namespace sparq_cpu {
+
+// The candidates of one chunk: keys ck[0..n) of cells base.., of which the kk best
+// are wanted. A lower bound t of the kk-th best key is the kk-th best of the maxima
+// of G >= kk groups of cells (each such maximum is a key of the chunk); every cell
+// with key >= t is a candidate, which are a few more than kk. Only vectorised passes
+// touch all n keys; the selection proper (nth_element) sees ~4 kk group maxima and
+// the candidates. Returns the number of candidates written to out (at most cap).
+int select_chunk(const ctx & C, int ith, const float * ck, int n, int base, int kk, cand * out) {
+    if (n <= 0 || kk <= 0) {
+        return 0;
+    }
+    const sparq_isa * isa = C.isa;
+    int32_t * idx = (int32_t *) C.tbuf(ith, C.L.t_idx);
+    float t = -INFINITY;
+    // about 4 kk groups of a multiple of 16 cells when the chunk is long; a shorter
+    // chunk halves the groups (down to single cells) until there are 4/3 kk of them
+    int gs = (n / (4 * kk)) & ~15;
+    if (gs < 16) {
+        gs = 16;
+        while (gs > 1 && (n + gs - 1) / gs < kk + kk / 3) {
+            gs /= 2;
+        }
+    }
+    const int G = (n + gs - 1) / gs;
+    if (G >= kk) {
+        float * gm = (float *) C.tbuf(ith, C.L.t_gm);
+        for (int i = 0; i < G; ++i) {
+            gm[i] = isa->max(ck + (size_t) i * gs, std::min(gs, n - i * gs));
+        }
+        std::nth_element(gm, gm + (kk - 1), gm + G, std::greater<float>());
+        t = gm[kk - 1];
+    }
+    if (t != -INFINITY) {
+        t = std::nextafter(t, -INFINITY); // filter_gt(t') selects key >= t
+    }
+    const int m = isa->filter_gt(ck, n, t, idx);
+    cand * dst = m <= C.L.cap ? out : (cand *) C.tbuf(ith, C.L.t_big);
+    for (int i = 0; i < m; ++i) {
+        dst[i].key = ck[idx[i]];
+        dst[i].idx = base + idx[i];
+    }
+    if (m <= C.L.cap) {
+        return m;
+    }
+    // many ties at the bound: keep the kk best
+    compact(dst, m, kk);
+    memcpy(out, dst, (size_t) kk * sizeof(cand));
+    return kk;
+}
+
+int merge_candidates(const ctx & C, int w, const row_info * ri, const int32_t * wl, int kk, cand * merge,
+                     int32_t * sel) {
+    const sparq_args * a = C.a;
+    int n_sel = 0;
+    // one list (group-shared) or one per query head, merged over the chunks
+    for (int h = 0; h < C.L.ph; ++h) {
+        int n_m = 0;
+        for (int c = 0; c < C.L.nc; ++c) {
+            const int n_c = *C.ccount(w, c, h);
+            const cand * cc = C.cands(w, c, h);
+            for (int i = 0; i < n_c; ++i) {
+                // window cells are added below, not chosen by score
+                if (!a->win || !std::binary_search(wl, wl + ri->n_win, cc[i].idx)) {
+                    merge[n_m++] = cc[i];
+                }
+            }
+        }
+        if (n_m > kk) {
+            compact(merge, n_m, kk);
+            n_m = kk;
+        }
+        for (int i = 0; i < n_m; ++i) {
+            sel[n_sel++] = merge[i].idx;
+        }
+    }
+    if (C.L.ph > 1) {
+        // the union of the heads' choices
+        std::sort(sel, sel + n_sel);
+        n_sel = (int) (std::unique(sel, sel + n_sel) - sel);
+    }
+    return n_sel;
+}
+
+} // namespace sparq_cpu

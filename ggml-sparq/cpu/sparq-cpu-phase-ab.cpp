@@ -1,0 +1,122 @@
+// llama-sparq: phases A and B of the CPU driver, the per-row work before any score: the mask rows
+// to f32 and their valid cells counted, each unit's components (and the selectors' own setup), then
+// per row the number of valid cells and the local window's cells.
+
+#include "sparq-cpu-phases.h"
+
+namespace sparq_cpu {
+
+// ----- phase A: mask rows to f32 + valid counts; component selection -----
+
+// every row's cells of this thread's chunk: an f16 mask converted to f32, the valid ones counted
+static void mask_counts(const ctx & C, int ith, int nth) {
+    const sparq_args * a = C.a;
+    const int S = a->n_kv;
+    for (int R = 0; R < C.L.R; ++R) {
+        int s0, s1;
+        chunk_range(S, ith, nth, &s0, &s1);
+        int32_t n = 0;
+        if (!a->mask) {
+            n = s1 - s0;
+        } else {
+            const float * m;
+            if (a->mask_type == SPARQ_F16) {
+                const uint16_t * src = (const uint16_t *) C.mask_row_raw(R);
+                float * dst = C.maskf(R);
+                if (s1 > s0) {
+                    C.isa->f16_to_f32(src + s0, dst + s0, s1 - s0);
+                }
+                m = dst;
+            } else {
+                m = (const float *) C.mask_row_raw(R);
+            }
+            for (int s = s0; s < s1; ++s) {
+                n += is_valid(m[s]);
+            }
+        }
+        C.cnt(R)[ith] = n;
+    }
+}
+
+void phase_a(const ctx & C, int ith, int nth) {
+    const sparq_args * a = C.a;
+    if (a->selector == SPARQ_SEL_H2O) {
+        h2o_clear(C, ith);
+    }
+    mask_counts(C, ith, nth);
+
+    // component selection, per unit
+    float * absq = (float *) C.tbuf(ith, C.L.t_vec);
+    int32_t * order = (int32_t *) (absq + a->d);
+    for (int u = ith; u < C.L.U; u += nth) {
+        sparq_components(C, u, absq, order);
+    }
+
+    if (a->selector == SPARQ_SEL_INDEX) {
+        index_probe_lists(C, ith, nth);
+    }
+}
+
+// ----- phase B: valid cells and window start per row -----
+
+// row R's window list wl (ascending): the given window cells that are valid, or the l most recent
+// valid cells (then *w0 is the first of them); with the streaming selector the sinks too.
+// Returns its length.
+static int32_t row_window(const ctx & C, int R, const float * m, int32_t * wl, int32_t * w0) {
+    const sparq_args * a = C.a;
+    const int S = a->n_kv;
+    const bool streaming = a->selector == SPARQ_SEL_STREAMING;
+    int32_t n_win = 0;
+    if (a->win) {
+        // the window cells are given (the l most recent positions): keep the valid ones
+        const int32_t * src = (const int32_t *) ((const char *) a->win + (size_t) C.row_in_stream(R) * a->win_nb1 +
+                                                 (size_t) C.row_stream(R) * a->win_nb2);
+        // streaming: entries l..k-1 name the earliest positions' cells (the sinks)
+        for (int i = 0; i < std::min(streaming ? a->k : a->l, a->win_n); ++i) {
+            const int32_t c = src[i];
+            if (c >= 0 && c < S && (!m || is_valid(m[c]))) {
+                wl[n_win++] = c;
+            }
+        }
+        std::sort(wl, wl + n_win);
+        n_win = (int32_t) (std::unique(wl, wl + n_win) - wl);
+    } else {
+        // the most recent cells are the last valid ones
+        for (int s = S - 1; s >= 0 && n_win < a->l; --s) {
+            if (!m || is_valid(m[s])) {
+                wl[n_win++] = s;
+                *w0 = s;
+            }
+        }
+        std::reverse(wl, wl + n_win);
+        if (streaming) {
+            n_win = streaming_sinks(m, S, a->k - a->l, wl, n_win);
+        }
+    }
+    return n_win;
+}
+
+void phase_b(const ctx & C, int ith, int nth) {
+    const sparq_args * a = C.a;
+    const int S = a->n_kv;
+    for (int R = ith; R < C.L.R; R += nth) {
+        int32_t n_valid = 0;
+        for (int c = 0; c < C.L.nc; ++c) {
+            n_valid += C.cnt(R)[c];
+        }
+        const float * m = C.mask_row(R);
+        int32_t w0 = S, n_win = 0;
+        // a negative count marks a stream whose rows run exact dense attention (see sparq_args)
+        const int32_t dense_all = a->v_count[C.row_stream(R)] < 0.0f;
+        const bool streaming = a->selector == SPARQ_SEL_STREAMING;
+        if (n_valid > a->k && (a->l > 0 || streaming) && !dense_all) {
+            n_win = row_window(C, R, m, C.win(R), &w0);
+        }
+        C.rinfo(R)->n_valid = n_valid;
+        C.rinfo(R)->w0 = w0;
+        C.rinfo(R)->n_win = n_win;
+        C.rinfo(R)->dense_all = dense_all;
+    }
+}
+
+} // namespace sparq_cpu

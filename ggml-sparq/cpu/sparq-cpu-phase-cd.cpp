@@ -1,0 +1,63 @@
+// llama-sparq: phases C and D of the CPU driver, the scores and candidates per (unit, cell chunk):
+// each unit's chunk goes to its selector's scoring (sparq/oracle, h2o, index; streaming has none),
+// then, with GQA, the group's candidates from the kept logits.
+
+#include "sparq-cpu-phases.h"
+
+namespace sparq_cpu {
+
+// ----- phase C: approximate logits, softmax statistics, candidates (g == 1) -----
+void phase_c(const ctx & C, int wb, int we, int ith) {
+    const sparq_args * a = C.a;
+    const int S = a->n_kv, g = C.L.g;
+    for (int u = wb; u < we; ++u) {
+        const int w = u - wb;
+        const row_info * ri = C.rinfo(C.unit_row(u));
+        float * stat = C.stat(w, ith);
+        for (int h = 0; h < C.L.ph; ++h) {
+            *C.ccount(w, ith, h) = 0;
+        }
+        for (int h = 0; h < g; ++h) {
+            stat[2 * h] = -INFINITY;
+            stat[2 * h + 1] = 0.0f;
+        }
+        if (ri->n_valid <= a->k || ri->dense_all || a->selector == SPARQ_SEL_STREAMING) {
+            continue; // exact dense row, or the window list is the whole choice: no scores needed
+        }
+        int s0, s1;
+        chunk_range(S, ith, C.L.nc, &s0, &s1);
+        if (a->selector == SPARQ_SEL_INDEX) {
+            index_candidates(C, u, w, s0, s1, ith);
+        } else if (a->selector == SPARQ_SEL_H2O) {
+            h2o_candidates(C, u, w, s0, s1, ith);
+        } else {
+            sparq_chunk_scores(C, u, w, s0, s1, ith);
+        }
+    }
+}
+
+// ----- phase D (GQA): group-summed normalised scores, candidates -----
+void phase_d(const ctx & C, int wb, int we, int ith) {
+    const sparq_args * a = C.a;
+    const int S = a->n_kv;
+    for (int u = wb; u < we; ++u) {
+        const int w = u - wb;
+        const row_info * ri = C.rinfo(C.unit_row(u));
+        for (int h = 0; h < C.L.ph; ++h) {
+            *C.ccount(w, ith, h) = 0;
+        }
+        const int kk = row_kk_scan(a, ri);
+        if (ri->n_valid <= a->k || ri->dense_all || kk <= 0) {
+            continue;
+        }
+        int s0, s1;
+        chunk_range(S, ith, C.L.nc, &s0, &s1);
+        s1 = std::min(s1, (int) ri->w0); // candidates: cells before the local window
+        if (s1 <= s0) {
+            continue;
+        }
+        sparq_group_candidates(C, u, w, s0, s1, kk, ith);
+    }
+}
+
+} // namespace sparq_cpu

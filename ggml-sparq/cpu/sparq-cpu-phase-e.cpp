@@ -1,0 +1,224 @@
+// llama-sparq: phase E of the CPU driver, per unit: the final selection (the chunks' candidates
+// merged, plus the window), exact attention over it for each query head, the mean-value
+// reallocation and the output; rows of a stream marked dense attend over every valid cell.
+
+#include "sparq-cpu-phases.h"
+
+namespace sparq_cpu {
+
+// exact attention of one unit over every valid cell (a stream marked dense): one pass with
+// a running maximum, no selection buffer
+static void dense_row(const ctx & C, int u, int R, int ith) {
+    const sparq_args * a = C.a;
+    const int S = a->n_kv, g = C.L.g, dv = a->dv;
+    const int kvh = C.unit_kvh(u), st = C.row_stream(R);
+    const float * m = C.mask_row(R);
+    float * y = (float *) C.tbuf(ith, C.L.t_vec);
+    for (int hh = 0; hh < g; ++hh) {
+        const int h = kvh * g + hh;
+        const float * q = C.q_row(R, h);
+        float M = -INFINITY, P = 0.0f;
+        for (int j = 0; j < dv; ++j) {
+            y[j] = 0.0f;
+        }
+        for (int s = 0; s < S; ++s) {
+            if (m && !is_valid(m[s])) {
+                continue;
+            }
+            const float e = exact_logit(C, q, st, kvh, s, m);
+            if (e > M) {
+                const float f = M == -INFINITY ? 0.0f : expf(M - e);
+                for (int j = 0; j < dv; ++j) {
+                    y[j] *= f;
+                }
+                P *= f;
+                M = e;
+            }
+            const float p = expf(e - M);
+            P += p;
+            const char * vr = C.V_row(st, kvh, s);
+            if (a->V_type == SPARQ_F16) {
+                C.isa->axpy_f16(y, (const uint16_t *) vr, p, dv);
+            } else {
+                C.isa->axpy_f32(y, (const float *) vr, p, dv);
+            }
+        }
+        const float iP = P > 0.0f ? 1.0f / P : 0.0f;
+        float * o = C.out_row(R, h);
+        for (int j = 0; j < dv; ++j) {
+            o[j] = y[j] * iP;
+        }
+        if (a->selector == SPARQ_SEL_H2O) {
+            h2o_add_dense_weights(C, ith, st, kvh, q, m, M, iP);
+        }
+    }
+    if (a->sel_out) {
+        int32_t * so = a->sel_out + (size_t) u * a->sel_n;
+        for (int t = 0; t < a->sel_n; ++t) {
+            so[t] = -1; // every valid cell: not listed
+        }
+    }
+}
+
+// row R's cells into sel: the first k valid cells of a row with at most k (dense), else the
+// chunks' merged candidates (*n_cand of them, first) and the window list; returns their number
+static int unit_selection(const ctx & C, int w, int R, bool dense, cand * merge, int32_t * sel, int * n_cand) {
+    const sparq_args * a = C.a;
+    const int S = a->n_kv;
+    const row_info * ri = C.rinfo(R);
+    const float * m = C.mask_row(R);
+    int n_sel = 0;
+    if (dense) {
+        for (int s = 0; s < S && n_sel < a->k; ++s) {
+            if (!m || is_valid(m[s])) {
+                sel[n_sel++] = s;
+            }
+        }
+    } else {
+        const int kk = row_kk(a, ri);
+        const int32_t * wl = C.win(R);
+        if (kk > 0) {
+            n_sel = merge_candidates(C, w, ri, wl, kk, merge, sel);
+            *n_cand = n_sel;
+        }
+        for (int i = 0; i < ri->n_win; ++i) {
+            sel[n_sel++] = wl[i];
+        }
+    }
+    return n_sel;
+}
+
+// the selected K and V rows are scattered: ask for all of them before using any
+static void prefetch_rows(const ctx & C, int st, int kvh, const int32_t * sel, int n_sel) {
+    const sparq_args * a = C.a;
+    const size_t kb = (size_t) a->d * (a->K_type == SPARQ_F16 ? 2 : 4);
+    const size_t vb = (size_t) a->dv * (a->V_type == SPARQ_F16 ? 2 : 4);
+    for (int t = 0; t < n_sel; ++t) {
+        const char * kr = C.K_row(st, kvh, sel[t]);
+        const char * vr = C.V_row(st, kvh, sel[t]);
+        for (size_t o = 0; o < kb; o += 64) {
+            __builtin_prefetch(kr + o);
+        }
+        for (size_t o = 0; o < vb; o += 64) {
+            __builtin_prefetch(vr + o);
+        }
+    }
+}
+
+// vbar: the mean of V over the stream's cells (with mean_v, for a row that is not the stream's
+// last, less the cells it may not see)
+static void mean_of_v(const ctx & C, int R, int kvh, const float * m, bool mean_v, float * vbar) {
+    const sparq_args * a = C.a;
+    const int S = a->n_kv, dv = a->dv, st = C.row_stream(R);
+    float cnt = fabsf(a->v_count[st]);
+    const float * vs = (const float *) ((const char *) a->v_sum + (size_t) kvh * a->v_sum_nb1 + (size_t) st * a->v_sum_nb2);
+    for (int j = 0; j < dv; ++j) {
+        vbar[j] = vs[j];
+    }
+    const int row = C.row_in_stream(R);
+    if (mean_v && m && row + 1 < a->n_rows) {
+        // several rows (all-rows evaluation): the sums hold the whole ubatch, so leave out
+        // the cells this row may not see that the stream's last row sees (the later rows)
+        const float * ml = C.mask_row(R + (a->n_rows - 1 - row));
+        for (int c = 0; c < S; ++c) {
+            if (is_valid(ml[c]) && !is_valid(m[c])) {
+                const char * vr = C.V_row(st, kvh, c);
+                if (a->V_type == SPARQ_F16) {
+                    C.isa->axpy_f16(vbar, (const uint16_t *) vr, -1.0f, dv);
+                } else {
+                    C.isa->axpy_f32(vbar, (const float *) vr, -1.0f, dv);
+                }
+                cnt -= 1.0f;
+            }
+        }
+    }
+    for (int j = 0; j < dv; ++j) {
+        vbar[j] = cnt > 0.0f ? vbar[j] / cnt : 0.0f;
+    }
+}
+
+// query head hh of unit u: exact attention over the selection (ex, y: scratch), mixed with vbar
+// by alpha, into the output
+static void attend_head(const ctx & C, int u, int w, int hh, const int32_t * sel, int n_sel, int n_cand,
+                        const cand * merge, bool mean_v, const float * vbar, float * ex, float * y, int ith) {
+    const sparq_args * a = C.a;
+    const int dv = a->dv;
+    const int R = C.unit_row(u), kvh = C.unit_kvh(u), st = C.row_stream(R);
+    const float * m = C.mask_row(R);
+    const int h = kvh * C.L.g + hh;
+    const float * q = C.q_row(R, h);
+    // exact logits over the selection
+    float M = -INFINITY;
+    for (int t = 0; t < n_sel; ++t) {
+        ex[t] = exact_logit(C, q, st, kvh, sel[t], m);
+        M = std::max(M, ex[t]);
+    }
+    for (int j = 0; j < dv; ++j) {
+        y[j] = 0.0f;
+    }
+    float P = 0.0f;
+    for (int t = 0; t < n_sel; ++t) {
+        const float p = expf(ex[t] - M);
+        P += p;
+        const char * vr = C.V_row(st, kvh, sel[t]);
+        if (a->V_type == SPARQ_F16) {
+            C.isa->axpy_f16(y, (const uint16_t *) vr, p, dv);
+        } else {
+            C.isa->axpy_f32(y, (const float *) vr, p, dv);
+        }
+    }
+    const float iP = P > 0.0f ? 1.0f / P : 0.0f;
+    if (a->selector == SPARQ_SEL_H2O) {
+        h2o_add_weights(C, ith, st, kvh, sel, ex, n_sel, M, iP);
+    }
+    // alpha: approximate softmax mass of the selection
+    const float alpha = mean_v ? sparq_alpha(C, u, w, hh, sel, n_sel, n_cand, merge, m) : 1.0f;
+    float * o = C.out_row(R, h);
+    const float ay = alpha * iP, av = 1.0f - alpha;
+    for (int j = 0; j < dv; ++j) {
+        o[j] = ay * y[j] + av * vbar[j];
+    }
+}
+
+// ----- phase E: final selection, exact attention, reallocation -----
+void phase_e(const ctx & C, int wb, int we, int ith, int nth) {
+    const sparq_args * a = C.a;
+    cand * merge = (cand *) C.tbuf(ith, C.L.t_merge);
+    int32_t * sel = (int32_t *) C.tbuf(ith, C.L.t_sel);
+    float * ex = (float *) C.tbuf(ith, C.L.t_ex);
+    const int dmax = std::max(a->d, a->dv);
+    float * y = (float *) C.tbuf(ith, C.L.t_vec);
+    float * vbar = y + dmax;
+
+    for (int u = wb + ith; u < we; u += nth) {
+        const int w = u - wb;
+        const int R = C.unit_row(u), kvh = C.unit_kvh(u), st = C.row_stream(R);
+        const row_info * ri = C.rinfo(R);
+        const bool dense = ri->dense_all || ri->n_valid <= a->k;
+        if (a->selector == SPARQ_SEL_INDEX && a->ivf_reads && C.row_in_stream(R) == a->n_rows - 1) {
+            index_record_reads(C, u, w, dense);
+        }
+        if (ri->dense_all) {
+            dense_row(C, u, R, ith);
+            continue;
+        }
+        int n_cand = 0;
+        const int n_sel = unit_selection(C, w, R, dense, merge, sel, &n_cand);
+        prefetch_rows(C, st, kvh, sel, n_sel);
+        // mean of V over the stream's cells
+        const bool mean_v = !dense && !a->no_mean_v;
+        mean_of_v(C, R, kvh, C.mask_row(R), mean_v, vbar);
+        for (int hh = 0; hh < C.L.g; ++hh) {
+            attend_head(C, u, w, hh, sel, n_sel, n_cand, merge, mean_v, vbar, ex, y, ith);
+        }
+        if (a->sel_out) {
+            int32_t * so = a->sel_out + (size_t) u * a->sel_n;
+            std::sort(sel, sel + n_sel);
+            for (int t = 0; t < a->sel_n; ++t) {
+                so[t] = t < n_sel ? sel[t] : -1;
+            }
+        }
+    }
+}
+
+} // namespace sparq_cpu

@@ -1,0 +1,266 @@
+// llama-sparq: the CPU driver's internal declarations, shared by its files: the scratch layout,
+// the per-call context and its accessors, the helpers every phase uses, and the functions of the
+// phases and of the selectors' CPU parts (sparq-cpu.cpp runs the phases between barriers).
+#pragma once
+
+#include "sparq-cpu.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace sparq_cpu {
+
+// ---------------------------------------------------------------------------
+// scratch layout (sparq-cpu-layout.cpp)
+// ---------------------------------------------------------------------------
+
+constexpr int    SPARQ_BLOCK_MAX = 1024;              // cells per approximate-score block (g == 1)
+constexpr size_t SPARQ_ALIGN     = 64;
+constexpr size_t SPARQ_LOGIT_CAP = (size_t) 64 << 20; // bytes of GQA logits kept at once
+
+struct cand { float key; int32_t idx; };
+
+struct cand_greater {
+    bool operator()(const cand & a, const cand & b) const {
+        return a.key > b.key || (a.key == b.key && a.idx < b.idx);
+    }
+};
+
+inline size_t align_up(size_t x) { return (x + SPARQ_ALIGN - 1) & ~(SPARQ_ALIGN - 1); }
+
+// per query row: valid cells, the local window (its size, its cells ascending in the
+// row's window list, and w0: the start of the window when it is the tail of the cells)
+struct row_info { int32_t n_valid; int32_t w0; int32_t n_win; int32_t dense_all; };
+
+struct layout {
+    int U, R, g, nc, cap, wave, B;
+    int wcap;       // entries of a row's window list: l, or k with the streaming selector (window + sinks)
+    int ph;         // selection lists per unit: g with per-head selection (g > 1), else 1
+    int sel_max;    // cells a unit's selection can hold
+    int chunk_max;
+    size_t off_mask, off_cnt, off_row, off_win, off_i1, off_qs, off_stat, off_ccount, off_cand, off_logit, off_thread;
+    size_t off_h2o; // H2O: per thread, the attention weights of its rows per (stream, KV head, cell)
+    size_t off_ivf; // index: per unit, the group's summed query (d), the lists' |c|^2 and probe flags (n_list each)
+    size_t off_ivf_n; // index: per unit of the wave and chunk, the key rows scored
+    // per-thread area: offsets from the thread's base
+    size_t t_blk, t_ck, t_idx, t_gm, t_big, t_merge, t_sel, t_ex, t_vec, t_gh, t_rows, t_ivf, t_pc;
+    size_t thread_bytes, total;
+};
+
+inline int sparq_cap(const sparq_args * a) { return std::max(16, 4 * a->k); }
+
+// the selectors that rank no approximate scores (no K^T, no mean-V, one choice per KV head)
+inline bool sel_baseline(const sparq_args * a) {
+    return a->selector == SPARQ_SEL_STREAMING || a->selector == SPARQ_SEL_H2O || a->selector == SPARQ_SEL_INDEX;
+}
+
+// index: per unit, a query per search (the group's sum, or each head's), the lists' |c|^2, per
+// search its probe flags, and the flags of the lists any search probes (int32, list_gather's table)
+inline size_t ivf_unit_floats(const sparq_args * a, int ph) {
+    return (size_t) ph * a->d + a->ivf_n_list + (size_t) ph * a->ivf_n_list + a->ivf_n_list;
+}
+
+// the arguments a selector actually runs with (the oracle: every component; the baselines: no
+// approximate scores)
+sparq_args effective_args(const sparq_args * a);
+layout make_layout(const sparq_args * a, int nth);
+
+// ---------------------------------------------------------------------------
+// one call's context: the arguments, the ISA, the layout and the scratch's views
+// ---------------------------------------------------------------------------
+
+struct ctx {
+    const sparq_args * a;
+    const sparq_isa  * isa;
+    layout L;
+    char * base;
+
+    float     * maskf(int row)              const { return (float *) (base + L.off_mask) + (size_t) row * a->n_kv; }
+    int32_t   * cnt(int row)                const { return (int32_t *) (base + L.off_cnt) + (size_t) row * L.nc; }
+    row_info  * rinfo(int row)              const { return (row_info *) (base + L.off_row) + row; }
+    int32_t   * win(int row)                const { return (int32_t *) (base + L.off_win) + (size_t) row * (L.wcap + 1); }
+    // H2O: thread ith's share of the attention weights of (stream, KV head), and the scores
+    float     * h2o_part(int ith, int st, int kvh) const {
+        return (float *) (base + L.off_h2o) + (((size_t) ith * a->n_stream + st) * a->n_head_kv + kvh) * a->n_kv;
+    }
+    // index: the unit's summed query, its lists' squared norms, its probe flags (1.0: probed)
+    float     * ivf_q(int u, int h = 0)     const {
+        return (float *) (base + L.off_ivf) + (size_t) u * ivf_unit_floats(a, L.ph) + (size_t) h * a->d;
+    }
+    float     * ivf_cn2(int u)              const { return ivf_q(u, L.ph); }
+    float     * ivf_probe(int u, int h = 0) const { return ivf_cn2(u) + a->ivf_n_list + (size_t) h * a->ivf_n_list; }
+    int32_t   * ivf_any(int u)              const { return (int32_t *) ivf_probe(u, L.ph); }
+    const float * ivf_centroid(int st, int kvh, int c) const {
+        return (const float *) ((const char *) a->ivf_cent + (size_t) c * a->ivf_cent_nb1 + (size_t) kvh * a->ivf_cent_nb2 +
+                                (size_t) st * a->ivf_cent_nb3);
+    }
+    int32_t   * ivf_n(int w, int c)         const { return (int32_t *) (base + L.off_ivf_n) + (size_t) w * L.nc + c; }
+    // index: where the op reports the key rows it read for (stream, KV head): centroid row n_list
+    float     * ivf_reads(int st, int kvh)  const { return (float *) ivf_centroid(st, kvh, a->ivf_n_list); }
+    float     * ivf_lists(int st, int kvh)  const {
+        return (float *) ((char *) a->ivf_list + (size_t) kvh * a->ivf_list_nb1 + (size_t) st * a->ivf_list_nb2);
+    }
+    float     * h2o_row(int st, int kvh)    const {
+        return (float *) ((char *) a->h2o + (size_t) kvh * a->h2o_nb1 + (size_t) st * a->h2o_nb2);
+    }
+    int32_t   * i1(int u)                   const { return (int32_t *) (base + L.off_i1) + (size_t) u * a->r; }
+    float     * qs(int u)                   const { return (float *) (base + L.off_qs) + (size_t) u * L.g * a->r; }
+    float     * stat(int w, int c)          const { return (float *) (base + L.off_stat) + ((size_t) w * L.nc + c) * L.g * 2; }
+    int32_t   * ccount(int w, int c, int h = 0) const {
+        return (int32_t *) (base + L.off_ccount) + ((size_t) w * L.nc + c) * L.ph + h;
+    }
+    cand      * cands(int w, int c, int h = 0) const {
+        return (cand *) (base + L.off_cand) + (((size_t) w * L.nc + c) * L.ph + h) * L.cap;
+    }
+    float     * logits(int w, int h)        const { return (float *) (base + L.off_logit) + ((size_t) w * L.g + h) * a->n_kv; }
+    char      * tbuf(int ith, size_t off)   const { return base + L.off_thread + (size_t) ith * L.thread_bytes + off; }
+
+    // unit u = (stream * n_rows + row) * n_head_kv + kvh
+    int unit_row(int u) const { return u / a->n_head_kv; }        // row index over all streams
+    int unit_kvh(int u) const { return u % a->n_head_kv; }
+    int row_stream(int R) const { return R / a->n_rows; }
+    int row_in_stream(int R) const { return R % a->n_rows; }
+
+    const void * mask_row_raw(int R) const {
+        const int st = row_stream(R);
+        return (const char *) a->mask + (size_t) row_in_stream(R) * a->mask_nb1 + (size_t) (st % a->mask_ne3) * a->mask_nb3;
+    }
+    // f32 view of the mask row (NULL when there is no mask)
+    const float * mask_row(int R) const {
+        if (!a->mask) {
+            return nullptr;
+        }
+        return a->mask_type == SPARQ_F32 ? (const float *) mask_row_raw(R) : maskf(R);
+    }
+    const float * q_row(int R, int h) const {
+        return (const float *) ((const char *) a->q + (size_t) row_in_stream(R) * a->q_nb1 + (size_t) h * a->q_nb2 +
+                                (size_t) row_stream(R) * a->q_nb3);
+    }
+    // the query in K^T's basis (steps 1-2)
+    const float * qsel_row(int R, int h) const {
+        if (!a->q_sel) {
+            return q_row(R, h);
+        }
+        return (const float *) ((const char *) a->q_sel + (size_t) row_in_stream(R) * a->q_sel_nb1 +
+                                (size_t) h * a->q_sel_nb2 + (size_t) row_stream(R) * a->q_sel_nb3);
+    }
+    const float * comp_w(int kvh, int st) const {
+        return a->comp_w ? (const float *) ((const char *) a->comp_w + (size_t) kvh * a->comp_w_nb1 +
+                                            (size_t) st * a->comp_w_nb2) : nullptr;
+    }
+    const char * K_row(int st, int kvh, int i) const {
+        return (const char *) a->K + (size_t) i * a->K_nb1 + (size_t) kvh * a->K_nb2 + (size_t) st * a->K_nb3;
+    }
+    const char * V_row(int st, int kvh, int i) const {
+        return (const char *) a->V + (size_t) i * a->V_nb1 + (size_t) kvh * a->V_nb2 + (size_t) st * a->V_nb3;
+    }
+    const char * KT_row(int st, int kvh, int comp) const {
+        return (const char *) a->KT + (size_t) comp * a->KT_nb1 + (size_t) kvh * a->KT_nb2 + (size_t) st * a->KT_nb3;
+    }
+    // the output of query head h of row R
+    float * out_row(int R, int h) const {
+        return (float *) ((char *) a->out + (size_t) h * a->out_nb1 + (size_t) row_in_stream(R) * a->out_nb2 +
+                          (size_t) row_stream(R) * a->out_nb3);
+    }
+};
+
+// ---------------------------------------------------------------------------
+// helpers of every phase
+// ---------------------------------------------------------------------------
+
+inline bool is_valid(float m) { return m != -INFINITY; }
+
+inline void chunk_range(int n, int c, int nc, int * s0, int * s1) {
+    *s0 = (int) (((int64_t) n * c) / nc);
+    *s1 = (int) (((int64_t) n * (c + 1)) / nc);
+}
+
+// keep the kk largest of buf[0..n) in buf[0..kk); return the kk-th key
+inline float compact(cand * buf, int n, int kk) {
+    std::nth_element(buf, buf + (kk - 1), buf + n, cand_greater());
+    return buf[kk - 1].key;
+}
+
+// positions chosen by score (the window fills the rest of k)
+inline int row_kk(const sparq_args * a, const row_info * ri) {
+    return a->k - ri->n_win;
+}
+
+// how many best-scoring cells a chunk must offer: with a given window list the window
+// cells are not excluded while scanning, so up to n_win of the best may be window cells
+inline int row_kk_scan(const sparq_args * a, const row_info * ri) {
+    const int kk = row_kk(a, ri);
+    return a->win && kk > 0 ? kk + ri->n_win : kk;
+}
+
+// the exact logit of query q and cell s of (stream, KV head), mask included
+inline float exact_logit(const ctx & C, const float * q, int st, int kvh, int s, const float * m) {
+    const sparq_args * a = C.a;
+    const char * kr = C.K_row(st, kvh, s);
+    const float e = a->K_type == SPARQ_F16 ? C.isa->dot_f16(q, (const uint16_t *) kr, a->d)
+                                           : C.isa->dot_f32(q, (const float *) kr, a->d);
+    return e * a->scale + (m ? m[s] : 0.0f);
+}
+
+// ---------------------------------------------------------------------------
+// candidates, shared by every selector that ranks cells (sparq-cpu-candidates.cpp)
+// ---------------------------------------------------------------------------
+
+// the kk best of a chunk's keys ck[0..n) (cells base..) into out; returns their number
+int select_chunk(const ctx & C, int ith, const float * ck, int n, int base, int kk, cand * out);
+// phase E: the chunks' candidates of wave slot w (less the cells of the window list wl) merged
+// into the kk best of each list, their cells into sel (merge[0..kk) keeps the last list's keys);
+// returns their number
+int merge_candidates(const ctx & C, int w, const row_info * ri, const int32_t * wl, int kk, cand * merge,
+                     int32_t * sel);
+
+// ---------------------------------------------------------------------------
+// the phases (sparq-cpu.cpp runs them in this order; sparq-cpu.h says what each does)
+// ---------------------------------------------------------------------------
+
+void phase_a(const ctx & C, int ith, int nth);                 // sparq-cpu-phase-ab.cpp
+void phase_b(const ctx & C, int ith, int nth);
+void phase_c(const ctx & C, int wb, int we, int ith);          // sparq-cpu-phase-cd.cpp
+void phase_d(const ctx & C, int wb, int we, int ith);
+void phase_e(const ctx & C, int wb, int we, int ith, int nth); // sparq-cpu-phase-e.cpp
+
+// ---------------------------------------------------------------------------
+// the selectors' CPU parts, called by the phases
+// ---------------------------------------------------------------------------
+
+// sparq and oracle (sparq-cpu-select-sparq.cpp)
+// phase A, per unit: the r components i1 and the scaled query components qs (every selector runs
+// it; the baselines with r = 1, which nothing reads); absq, order: d scratch entries each
+void sparq_components(const ctx & C, int u, float * absq, int32_t * order);
+// phase C, per unit and chunk [s0, s1): approximate logits from K^T, softmax statistics, and the
+// chunk's candidates (g == 1) or the group's logits (g > 1, for phase D)
+void sparq_chunk_scores(const ctx & C, int u, int w, int s0, int s1, int ith);
+// phase D, per unit and chunk [s0, s1) before the window: the GQA candidates (per head, or by the
+// group-summed normalised scores)
+void sparq_group_candidates(const ctx & C, int u, int w, int s0, int s1, int kk, int ith);
+// phase E, per query head hh: alpha, the approximate softmax mass of the selection
+float sparq_alpha(const ctx & C, int u, int w, int hh, const int32_t * sel, int n_sel, int n_cand,
+                  const cand * merge, const float * m);
+
+// streaming (sparq-cpu-select-streaming.cpp)
+// phase B: the sinks, the first n_sink_max valid cells, after the window's n_win in wl; returns n_win
+int streaming_sinks(const float * m, int S, int n_sink_max, int32_t * wl, int n_win);
+
+// h2o (sparq-cpu-select-h2o.cpp)
+void h2o_clear(const ctx & C, int ith);                                            // phase A
+void h2o_candidates(const ctx & C, int u, int w, int s0, int s1, int ith);         // phase C
+// phase E: a head's attention weights over the selection (ex: its logits, M their maximum, iP
+// 1 / the sum of exp), or, for a dense row, over every valid cell
+void h2o_add_weights(const ctx & C, int ith, int st, int kvh, const int32_t * sel, const float * ex, int n_sel,
+                     float M, float iP);
+void h2o_add_dense_weights(const ctx & C, int ith, int st, int kvh, const float * q, const float * m, float M, float iP);
+// after every row has chosen: the threads' weights added to the scores, a share of the cells each
+void h2o_fold(const ctx & C, int ith, int nth);
+
+// index (sparq-cpu-select-index.cpp)
+void index_probe_lists(const ctx & C, int ith, int nth);                           // phase A
+void index_candidates(const ctx & C, int u, int w, int s0, int s1, int ith);       // phase C
+void index_record_reads(const ctx & C, int u, int w, bool dense);                  // phase E
+
+} // namespace sparq_cpu

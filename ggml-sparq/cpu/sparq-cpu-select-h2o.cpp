@@ -1,0 +1,68 @@
+// llama-sparq: the H2O selector's CPU part: its candidates are the cells of largest accumulated
+// attention (phase C); each thread sums its rows' attention weights (phase E) into its share,
+// added to the scores once every row of the call has chosen (h2o_fold).
+
+#include "sparq-cpu-phases.h"
+
+namespace sparq_cpu {
+
+void h2o_clear(const ctx & C, int ith) {
+    const sparq_args * a = C.a;
+    memset(C.h2o_part(ith, 0, 0), 0, (size_t) a->n_stream * a->n_head_kv * a->n_kv * sizeof(float));
+}
+
+void h2o_candidates(const ctx & C, int u, int w, int s0, int s1, int ith) {
+    const sparq_args * a = C.a;
+    const int R = C.unit_row(u), kvh = C.unit_kvh(u), st = C.row_stream(R);
+    const row_info * ri = C.rinfo(R);
+    float * ck = (float *) C.tbuf(ith, C.L.t_ck);
+    // candidates by accumulated attention (invalid cells never), cells before the window
+    const float * hs = C.h2o_row(st, kvh);
+    const float * m = C.mask_row(R);
+    const int n = std::min(s1, (int) ri->w0) - s0;
+    for (int s = 0; s < n; ++s) {
+        ck[s] = m && !is_valid(m[s0 + s]) ? -INFINITY : hs[s0 + s];
+    }
+    *C.ccount(w, ith) = select_chunk(C, ith, ck, n, s0, row_kk_scan(a, ri), C.cands(w, ith));
+}
+
+void h2o_add_weights(const ctx & C, int ith, int st, int kvh, const int32_t * sel, const float * ex, int n_sel,
+                     float M, float iP) {
+    // the row's attention weights, added to the scores once every row has chosen
+    float * part = C.h2o_part(ith, st, kvh);
+    for (int t = 0; t < n_sel; ++t) {
+        part[sel[t]] += expf(ex[t] - M) * iP;
+    }
+}
+
+void h2o_add_dense_weights(const ctx & C, int ith, int st, int kvh, const float * q, const float * m, float M, float iP) {
+    // the weights need the final maximum and sum: a second pass over the logits
+    const int S = C.a->n_kv;
+    float * part = C.h2o_part(ith, st, kvh);
+    for (int s = 0; s < S; ++s) {
+        if (m && !is_valid(m[s])) {
+            continue;
+        }
+        part[s] += expf(exact_logit(C, q, st, kvh, s, m) - M) * iP;
+    }
+}
+
+void h2o_fold(const ctx & C, int ith, int nth) {
+    const sparq_args * a = C.a;
+    const int S = a->n_kv;
+    for (int st = 0; st < a->n_stream; ++st) {
+        for (int kvh = 0; kvh < a->n_head_kv; ++kvh) {
+            int s0, s1;
+            chunk_range(S, ith, nth, &s0, &s1);
+            float * hs = C.h2o_row(st, kvh);
+            for (int t = 0; t < nth; ++t) {
+                const float * part = C.h2o_part(t, st, kvh);
+                for (int s = s0; s < s1; ++s) {
+                    hs[s] += part[s];
+                }
+            }
+        }
+    }
+}
+
+} // namespace sparq_cpu

@@ -1,0 +1,174 @@
+// llama-sparq: the index selector's CPU part (an inverted-file index of the keys): the lists each
+// search probes (phase A), the probed cells' exact scores as candidates, filing the cells in no
+// list yet (phase C), and the count of key rows read (phase E).
+
+#include "sparq-cpu-phases.h"
+
+namespace sparq_cpu {
+
+// per unit: the query of each search (the group's sum; with per-head choice each head's own),
+// the lists' squared norms (for assignments), and each search's probed lists
+void index_probe_lists(const ctx & C, int ith, int nth) {
+    const sparq_args * a = C.a;
+    const int d = a->d, g = C.L.g;
+    const int nl = a->ivf_n_list, ph = C.L.ph;
+    cand * ls = (cand *) C.tbuf(ith, C.L.t_ivf);
+    for (int u = ith; u < C.L.U; u += nth) {
+        const int R = C.unit_row(u), kvh = C.unit_kvh(u), st = C.row_stream(R);
+        for (int hs = 0; hs < ph; ++hs) {
+            float * qv = C.ivf_q(u, hs);
+            for (int j = 0; j < d; ++j) {
+                qv[j] = 0.0f;
+            }
+            for (int h = ph > 1 ? hs : 0; h < (ph > 1 ? hs + 1 : g); ++h) {
+                const float * q = C.q_row(R, kvh * g + h);
+                for (int j = 0; j < d; ++j) {
+                    qv[j] += q[j];
+                }
+            }
+        }
+        float * cn2 = C.ivf_cn2(u);
+        for (int c = 0; c < nl; ++c) {
+            const float * ce = C.ivf_centroid(st, kvh, c);
+            cn2[c] = C.isa->dot_f32(ce, ce, d);
+        }
+        const int np = std::min(a->ivf_n_probe, nl);
+        int32_t * any = C.ivf_any(u);
+        for (int c = 0; c < nl; ++c) {
+            any[c] = 0;
+        }
+        for (int hs = 0; hs < ph; ++hs) {
+            float * pr = C.ivf_probe(u, hs);
+            for (int c = 0; c < nl; ++c) {
+                ls[c].key = C.isa->dot_f32(C.ivf_q(u, hs), C.ivf_centroid(st, kvh, c), d);
+                ls[c].idx = c;
+                pr[c] = 0.0f;
+            }
+            // the n_probe best lists, ties to the lower index
+            if (np < nl) {
+                compact(ls, nl, np);
+            }
+            for (int i = 0; i < np; ++i) {
+                pr[ls[i].idx] = 1.0f;
+                any[ls[i].idx] = 1;
+            }
+        }
+    }
+}
+
+// The index selector's candidates in one chunk [s0, s1) of unit u: the cells of the probed lists,
+// by their exact logit summed over the group (or each head's own, searching per query head).
+// Three passes, so that only the probed cells' key rows are read:
+//   1. every list id of the chunk: a valid cell in no list yet joins its nearest centroid's list
+//      (this thread owns the chunk's cells), and the cells before the window whose list some
+//      search probes are gathered, in cell order (the ISA's list_gather, vectorised);
+//   2. the gathered cells' keys (rows prefetched ahead), masked cells dropped;
+//   3. the selection over the gathered scores (cell order kept, so ties still go to the lower cell).
+void index_candidates(const ctx & C, int u, int w, int s0, int s1, int ith) {
+    const sparq_args * a = C.a;
+    const int R = C.unit_row(u), kvh = C.unit_kvh(u), st = C.row_stream(R);
+    const row_info * ri = C.rinfo(R);
+    const float * m = C.mask_row(R);
+    const int ph = C.L.ph, nl = a->ivf_n_list, d = a->d;
+    const float * cn2 = C.ivf_cn2(u);
+    float * lists = C.ivf_lists(st, kvh);
+    float * ck = (float *) C.tbuf(ith, C.L.t_ck);
+    float * kf = (float *) C.tbuf(ith, C.L.t_vec); // a key in f32 (3 * max(d, dv) floats)
+    const int32_t * any = C.ivf_any(u); // the lists some search of the unit probes (phase A)
+    int32_t * pc = (int32_t *) C.tbuf(ith, C.L.t_pc);
+    // files a valid cell that is in no list yet: argmin |k - c|^2 = argmin |c|^2 - 2 k.c, ties to the lower list
+    auto file = [&](int cell) -> int {
+        if (m && !is_valid(m[cell])) {
+            return -1;
+        }
+        const char * kr = C.K_row(st, kvh, cell);
+        if (a->K_type == SPARQ_F16) {
+            C.isa->f16_to_f32((const uint16_t *) kr, kf, d);
+        } else {
+            memcpy(kf, kr, (size_t) d * sizeof(float));
+        }
+        float best = INFINITY;
+        int li = 0;
+        for (int c = 0; c < nl; ++c) {
+            const float dist = cn2[c] - 2.0f * C.isa->dot_f32(kf, C.ivf_centroid(st, kvh, c), d);
+            if (dist < best) {
+                best = dist;
+                li = c;
+            }
+        }
+        lists[cell] = (float) li;
+        return li;
+    };
+    // pass 1: cells before the window are gathered; the window's cells are only filed
+    const int e = std::max(s0, std::min(s1, (int) ri->w0));
+    int n = 0;
+    for (int pos = s0; pos < e;) {
+        int stop = 0;
+        n += C.isa->list_gather(lists + pos, e - pos, any, nl, pos, pc + n, &stop);
+        pos += stop;
+        if (pos < e) {
+            const int li = file(pos); // in no list yet
+            if (li >= 0 && any[li]) {
+                pc[n++] = pos;
+            }
+            ++pos;
+        }
+    }
+    for (int cell = e; cell < s1; ++cell) {
+        const int li = (int) lists[cell];
+        if ((unsigned) li >= (unsigned) nl) {
+            file(cell);
+        }
+    }
+    // pass 2: the gathered cells' logits (masked cells dropped; with per-head search a head's
+    // unprobed lists give -inf, which the selection never takes)
+    const size_t rb = (size_t) d * (a->K_type == SPARQ_F16 ? 2 : 4);
+    constexpr int PF = 8; // rows ahead
+    int n2 = 0;
+    for (int i = 0; i < n; ++i) {
+        if (i + PF < n) {
+            const char * nx = C.K_row(st, kvh, pc[i + PF]);
+            for (size_t o = 0; o < rb; o += 64) {
+                __builtin_prefetch(nx + o);
+            }
+        }
+        const int cell = pc[i];
+        if (m && !is_valid(m[cell])) {
+            continue;
+        }
+        const char * kr = C.K_row(st, kvh, cell);
+        const int li = ph > 1 ? (int) lists[cell] : 0;
+        for (int hs = 0; hs < ph; ++hs) {
+            float x = -INFINITY;
+            if (ph == 1 || C.ivf_probe(u, hs)[li] != 0.0f) {
+                const float * qv = C.ivf_q(u, hs);
+                x = (a->K_type == SPARQ_F16 ? C.isa->dot_f16(qv, (const uint16_t *) kr, d)
+                                            : C.isa->dot_f32(qv, (const float *) kr, d)) * a->scale;
+            }
+            ck[(size_t) hs * C.L.chunk_max + n2] = x;
+        }
+        pc[n2++] = cell;
+    }
+    *C.ivf_n(w, ith) = n2;
+    // pass 3: the chunk's best, as positions in the gathered list, then as cells
+    for (int hs = 0; hs < ph; ++hs) {
+        cand * out = C.cands(w, ith, hs);
+        const int cnt = select_chunk(C, ith, ck + (size_t) hs * C.L.chunk_max, n2, 0, row_kk_scan(a, ri), out);
+        for (int i = 0; i < cnt; ++i) {
+            out[i].idx = pc[out[i].idx];
+        }
+        *C.ccount(w, ith, hs) = cnt;
+    }
+}
+
+// what the stream's last row read: the key rows its chunks scored (-1: it ran dense)
+void index_record_reads(const ctx & C, int u, int w, bool dense) {
+    const int R = C.unit_row(u), kvh = C.unit_kvh(u), st = C.row_stream(R);
+    int32_t n = 0;
+    for (int c = 0; c < C.L.nc; ++c) {
+        n += *C.ivf_n(w, c);
+    }
+    *C.ivf_reads(st, kvh) = dense ? -1.0f : (float) n;
+}
+
+} // namespace sparq_cpu

@@ -1,0 +1,205 @@
+// llama-sparq: the SparQ selector's CPU part (the oracle is the same with r = d): the r query
+// components (phase A), the approximate scores from r rows of K^T (phase C), the GQA group's
+// candidates (phase D) and the approximate mass of the selection for the mean-V mix (phase E).
+
+#include "sparq-cpu-phases.h"
+
+namespace sparq_cpu {
+
+void sparq_components(const ctx & C, int u, float * absq, int32_t * order) {
+    const sparq_args * a = C.a;
+    const int d = a->d, r = a->r, g = C.L.g;
+    const int R = C.unit_row(u), kvh = C.unit_kvh(u);
+    const float * cw = C.comp_w(kvh, C.row_stream(R));
+    for (int j = 0; j < d; ++j) {
+        absq[j] = 0.0f;
+    }
+    for (int h = 0; h < g; ++h) {
+        const float * q = C.qsel_row(R, kvh * g + h);
+        for (int j = 0; j < d; ++j) {
+            absq[j] += fabsf(q[j]);
+        }
+    }
+    if (cw) {
+        for (int j = 0; j < d; ++j) {
+            absq[j] *= cw[j];
+        }
+    }
+    for (int j = 0; j < d; ++j) {
+        order[j] = j;
+    }
+    // r largest of sum_h |q_h|, ties to the lower index
+    auto by_mag = [absq](int32_t x, int32_t y) { return absq[x] > absq[y] || (absq[x] == absq[y] && x < y); };
+    if (r < d) {
+        std::nth_element(order, order + (r - 1), order + d, by_mag);
+    }
+    std::sort(order, order + r); // ascending components: K^T rows in address order
+    int32_t * i1 = C.i1(u);
+    memcpy(i1, order, r * sizeof(int32_t));
+    float * qs = C.qs(u);
+    for (int h = 0; h < g; ++h) {
+        const float * q = C.qsel_row(R, kvh * g + h);
+        double l1_all = 0.0, l1_sel = 0.0;
+        for (int j = 0; j < d; ++j) {
+            l1_all += fabsf(q[j]) * (cw ? cw[j] : 1.0f);
+        }
+        for (int j = 0; j < r; ++j) {
+            l1_sel += fabsf(q[i1[j]]) * (cw ? cw[i1[j]] : 1.0f);
+        }
+        // 1/tau generalised to any scale: scale * sqrt(||q||_1 / ||q[i1]||_1)
+        const float f = l1_sel > 0.0 ? (float) (a->scale * sqrt(l1_all / l1_sel)) : a->scale;
+        for (int j = 0; j < r; ++j) {
+            qs[h * r + j] = q[i1[j]] * f;
+        }
+    }
+}
+
+// Blocks of B cells: the g rows of approximate logits of a block stay in L1/L2 while the r rows
+// of K^T stream through the ISA's approx; each block's maxima and sums update the chunk's
+// softmax statistics (stat: per head its maximum and sum of exp).
+void sparq_chunk_scores(const ctx & C, int u, int w, int s0, int s1, int ith) {
+    const sparq_args * a = C.a;
+    const int r = a->r, g = C.L.g;
+    const size_t esz = a->KT_type == SPARQ_F16 ? 2 : 4;
+    float * blk = (float *) C.tbuf(ith, C.L.t_blk);
+    float * ck = (float *) C.tbuf(ith, C.L.t_ck);
+    const void ** rows = (const void **) C.tbuf(ith, C.L.t_rows);
+    const int R = C.unit_row(u), kvh = C.unit_kvh(u), st = C.row_stream(R);
+    const row_info * ri = C.rinfo(R);
+    float * stat = C.stat(w, ith);
+    const int32_t * i1 = C.i1(u);
+    const float * qs = C.qs(u);
+    const float * m = C.mask_row(R);
+    for (int b0 = s0; b0 < s1; b0 += C.L.B) {
+        const int nb = std::min(C.L.B, s1 - b0);
+        for (int j = 0; j < r; ++j) {
+            rows[j] = C.KT_row(st, kvh, i1[j]) + (size_t) b0 * esz;
+        }
+        // g == 1: the keys of the chunk are kept for the selection; g > 1: a block buffer
+        float * out = g == 1 ? ck + (b0 - s0) : blk;
+        if (a->KT_type == SPARQ_F16) {
+            C.isa->approx_f16((const uint16_t * const *) rows, r, qs, g, nb, out);
+        } else {
+            C.isa->approx_f32((const float * const *) rows, r, qs, g, nb, out);
+        }
+        for (int h = 0; h < g; ++h) {
+            float * x = out + (size_t) h * nb;
+            if (m) {
+                for (int s = 0; s < nb; ++s) {
+                    x[s] += m[b0 + s];
+                }
+            }
+            const float bm = C.isa->max(x, nb);
+            if (bm != -INFINITY) {
+                float & M = stat[2 * h];
+                float & Z = stat[2 * h + 1];
+                if (bm > M) {
+                    Z = M == -INFINITY ? 0.0f : Z * expf(M - bm);
+                    M = bm;
+                }
+                Z += C.isa->expsum(x, nb, M);
+            }
+            if (g > 1) {
+                memcpy(C.logits(w, h) + b0, x, nb * sizeof(float));
+            }
+        }
+    }
+    if (g == 1) {
+        // candidates: cells before the local window
+        const int n = std::min(s1, (int) ri->w0) - s0;
+        *C.ccount(w, ith) = select_chunk(C, ith, ck, n, s0, row_kk_scan(a, ri), C.cands(w, ith));
+    }
+}
+
+void sparq_group_candidates(const ctx & C, int u, int w, int s0, int s1, int kk, int ith) {
+    const int g = C.L.g;
+    const int R = C.unit_row(u);
+    if (C.L.ph > 1) {
+        // per-head selection: each head's best cells by its own approximate logits
+        // (masked cells hold -inf there, so they are never chosen)
+        for (int h = 0; h < g; ++h) {
+            *C.ccount(w, ith, h) = select_chunk(C, ith, C.logits(w, h) + s0, s1 - s0, s0, kk, C.cands(w, ith, h));
+        }
+        return;
+    }
+    float * ck = (float *) C.tbuf(ith, C.L.t_ck);
+    float * Mh = (float *) C.tbuf(ith, C.L.t_gh);
+    float * iZ = Mh + g;
+    for (int h = 0; h < g; ++h) {
+        float M = -INFINITY;
+        for (int c = 0; c < C.L.nc; ++c) {
+            M = std::max(M, C.stat(w, c)[2 * h]);
+        }
+        double Z = 0.0;
+        for (int c = 0; c < C.L.nc; ++c) {
+            const float * st = C.stat(w, c);
+            if (st[2 * h] != -INFINITY) {
+                Z += st[2 * h + 1] * exp((double) st[2 * h] - M);
+            }
+        }
+        Mh[h] = M;
+        iZ[h] = Z > 0 ? (float) (1.0 / Z) : 0.0f;
+    }
+    const int n = s1 - s0;
+    for (int s = 0; s < n; ++s) {
+        ck[s] = 0.0f;
+    }
+    for (int h = 0; h < g; ++h) {
+        C.isa->exp_acc(C.logits(w, h) + s0, n, Mh[h], iZ[h], ck);
+    }
+    // masked cells (key 0) must never be chosen
+    const float * m = C.mask_row(R);
+    if (m) {
+        for (int s = 0; s < n; ++s) {
+            if (!is_valid(m[s0 + s])) {
+                ck[s] = -INFINITY;
+            }
+        }
+    }
+    *C.ccount(w, ith) = select_chunk(C, ith, ck, n, s0, kk, C.cands(w, ith));
+}
+
+float sparq_alpha(const ctx & C, int u, int w, int hh, const int32_t * sel, int n_sel, int n_cand,
+                  const cand * merge, const float * m) {
+    const sparq_args * a = C.a;
+    const int g = C.L.g, r = a->r;
+    const int R = C.unit_row(u), kvh = C.unit_kvh(u), st = C.row_stream(R);
+    const int32_t * i1 = C.i1(u);
+    const float * qs = C.qs(u);
+    float Ms = -INFINITY;
+    double Z = 0.0;
+    for (int c = 0; c < C.L.nc; ++c) {
+        Ms = std::max(Ms, C.stat(w, c)[2 * hh]);
+    }
+    for (int c = 0; c < C.L.nc; ++c) {
+        const float * stt = C.stat(w, c);
+        if (stt[2 * hh] != -INFINITY) {
+            Z += stt[2 * hh + 1] * exp((double) stt[2 * hh] - Ms);
+        }
+    }
+    double mass = 0.0;
+    for (int t = 0; t < n_sel; ++t) {
+        const int i = sel[t];
+        float ap;
+        if (g > 1) {
+            ap = C.logits(w, hh)[i];
+        } else if (t < n_cand) {
+            ap = merge[t].key; // the candidate's approximate logit (+ mask)
+        } else {
+            // a window cell: its approximate logit from the r rows of K^T (the
+            // basis of the approximate scores)
+            ap = 0.0f;
+            for (int j = 0; j < r; ++j) {
+                const char * kt = C.KT_row(st, kvh, i1[j]);
+                const float kv = a->KT_type == SPARQ_F16 ? sparq_fp16_to_fp32(((const uint16_t *) kt)[i])
+                                                         : ((const float *) kt)[i];
+                ap += qs[hh * r + j] * kv;
+            }
+            ap += m ? m[i] : 0.0f;
+        }
+        mass += expf(ap - Ms);
+    }
+    return Z > 0.0 ? (float) std::min(1.0, mass / Z) : 1.0f;
+}
+
+} // namespace sparq_cpu

@@ -1,6 +1,6 @@
 // llama-sparq: the fork's C API beyond upstream llama.h.
 //
-// SparQ attention (see shared/SPARQ.md) is switched on per context after the
+// SparQ attention (see docs/algorithm.md) is switched on per context after the
 // context exists, so llama_context_params keeps upstream's layout:
 //
 //     struct llama_sparq_params p = llama_sparq_default_params();

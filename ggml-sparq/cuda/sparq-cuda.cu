@@ -1,7 +1,7 @@
 // llama-sparq: GGML_OP_SPARQ_ATTN on ggml's CUDA backend.
 //
 // The same semantics as the CPU driver (sparq-cpu.cpp) and the NumPy reference
-// (py/llama_sparq/reference.py); SPARQ.md is the contract. Names: S cells (n_kv) per
+// (py/llama_sparq/reference.py); docs/algorithm.md is the contract. Names: S cells (n_kv) per
 // stream, a "row" R is one query row of one stream (R = stream * n_rows + row), a
 // "unit" u is one (row, KV head) (u = R * n_head_kv + kvh), g = n_head / n_head_kv
 // query heads share a unit, a "list" is one top-k selection (one per unit, or one per
@@ -47,7 +47,7 @@ typedef cudaStream_t sparq_stream_t;
 #include "sparq-cuda-kernels.cuh"
 
 // ---------------------------------------------------------------------------
-// host side
+// dispatch: the nodes the kernels cover, the op's parameters
 // ---------------------------------------------------------------------------
 
 static bool sparq_cu_type_ok(const ggml_tensor * t) {
@@ -130,11 +130,9 @@ static int sparq_cuda_cpt(const ggml_tensor * kt, int gmax) {
     return ok ? want : 1;
 }
 
-void ggml_cuda_sparq_attn(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
-    const char * why = sparq_cuda_unsupported(dst);
-    if (why) {
-        GGML_ABORT("sparq_attn: the CUDA kernels do not cover %s: %s", dst->name, why);
-    }
+// a from the node's parameters, shapes and tensors, all but the scratch; *cpt the K^T load width.
+// false: nothing to compute (and no empty grid to launch)
+static bool sparq_cuda_args_of(const ggml_tensor * dst, sparq_cu_args & a, int * cpt) {
     const ggml_tensor * q  = dst->src[0];
     const ggml_tensor * k  = dst->src[1];
     const ggml_tensor * kt = dst->src[2];
@@ -148,7 +146,6 @@ void ggml_cuda_sparq_attn(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     GGML_ASSERT(ggml_is_contiguous(vc) && vs->nb[0] == sizeof(float));
     GGML_ASSERT(q->nb[0] == sizeof(float) && dst->nb[0] == sizeof(float));
 
-    sparq_cu_args a = {};
     a.d = (int) q->ne[0];
     a.dv = (int) v->ne[0];
     a.S = (int) k->ne[1];
@@ -173,13 +170,13 @@ void ggml_cuda_sparq_attn(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     a.U = a.R * a.n_hkv;
     a.L = a.U * a.ph;
     if (a.U == 0 || a.dv == 0) {
-        return; // nothing to compute (and no empty grid to launch)
+        return false;
     }
     // at least one tile and one bitmap word: an empty cache (S = 0) gives dense rows with no cell
     a.W = std::max(1, (a.S + 31) / 32);
     const int gmax = sparq_gmax(a.g);
-    const int cpt = sparq_cuda_cpt(kt, gmax);
-    a.nt_a = std::max(1, (a.S + SPARQ_NT * cpt - 1) / (SPARQ_NT * cpt));
+    *cpt = sparq_cuda_cpt(kt, gmax);
+    a.nt_a = std::max(1, (a.S + SPARQ_NT * *cpt - 1) / (SPARQ_NT * *cpt));
     a.nt_s = std::max(1, (a.S + SPARQ_TS - 1) / SPARQ_TS);
     a.sel_max = a.ph * a.k;
 
@@ -202,6 +199,23 @@ void ggml_cuda_sparq_attn(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         a.win = (const char *) win->data; a.win_nb1 = win->nb[1]; a.win_nb2 = win->nb[2]; a.win_n = (int) win->ne[0];
     }
     a.out = (char *) dst->data; a.o_nb1 = dst->nb[1]; a.o_nb2 = dst->nb[2]; a.o_nb3 = dst->nb[3];
+    return true;
+}
+
+// ---------------------------------------------------------------------------
+// launch: scratch from ctx's pool, the kernels on ctx's stream
+// ---------------------------------------------------------------------------
+
+void ggml_cuda_sparq_attn(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+    const char * why = sparq_cuda_unsupported(dst);
+    if (why) {
+        GGML_ABORT("sparq_attn: the CUDA kernels do not cover %s: %s", dst->name, why);
+    }
+    sparq_cu_args a = {};
+    int cpt = 1;
+    if (!sparq_cuda_args_of(dst, a, &cpt)) {
+        return; // nothing to compute (and no empty grid to launch)
+    }
 
     // scratch: sizes from the shapes only (the same for every decode step of a shape)
     ggml_cuda_pool & pool = ctx.pool();
@@ -222,5 +236,8 @@ void ggml_cuda_sparq_attn(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     a.tstat = tstat.get(); a.keys = keys.get(); a.hist = hist.get(); a.pick = pick.get(); a.eqcnt = eqcnt.get();
     a.selbits = selbits.get(); a.sel = sel.get();
 
-    sparq_cu_run(a, cpt, kt->type == GGML_TYPE_F16, k->type == GGML_TYPE_F16, v->type == GGML_TYPE_F16, ctx.stream());
+    const bool kt_f16 = dst->src[2]->type == GGML_TYPE_F16;
+    const bool k_f16 = dst->src[1]->type == GGML_TYPE_F16;
+    const bool v_f16 = dst->src[3]->type == GGML_TYPE_F16;
+    sparq_cu_run(a, cpt, kt_f16, k_f16, v_f16, ctx.stream());
 }

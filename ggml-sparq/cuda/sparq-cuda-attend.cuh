@@ -1,0 +1,350 @@
+// llama-sparq: the CUDA kernel of stage 7, shared by every selector (sparq-cuda.cu lists the
+// stages): exact attention over the unit's chosen cells (or a dense row's valid cells) and the
+// mean-V mix.
+#pragma once
+
+#include "sparq-cuda-common.cuh"
+
+// ---------------------------------------------------------------------------
+// 7 attend: exact attention over the chosen cells, mean-V mix (every selector)
+// ---------------------------------------------------------------------------
+
+// k_sparq_attend's fixed state for one unit (registers once the helpers below inline)
+struct sparq_attend_unit {
+    int u, R, kvh, st, row;
+    int g, d, dv;
+    sparq_cu_row ri;
+    bool sparse;        // a SparQ row: the bitmap's cells; else every valid cell (the dense modes)
+    bool mean_v;        // the mean-V mix applies
+    const char * m;     // the row's mask (NULL: none)
+    int * list;         // the unit's cells, ascending (SparQ rows)
+    const char * Kb;    // the unit's K and V
+    const char * Vb;
+    const float * lg;   // the unit's approximate logits
+};
+
+// k_sparq_attend's shared memory (GMAX: the kernel's bound on g)
+struct sparq_attend_smem {
+    float * sq;         // [GMAX][d] the g query rows
+    float * sp;         // [GMAX][SPARQ_NT] logits, then weights, of a chunk
+    int * scell;        // [SPARQ_NT] the chunk's cells (-1: none)
+    float * sM;         // [GMAX] the running softmax maximum
+    float * sP;         // [GMAX] the running softmax sum
+    float * scorr;      // [GMAX] the chunk's rescale of the running sums
+    float * sMs;        // [GMAX] the approximate logits' maximum (mean-V)
+    double * sZ;        // [GMAX] the approximate softmax sum over all cells (mean-V)
+    double * smass;     // [GMAX] the approximate softmax mass of the attended cells (mean-V)
+    int * sh;           // [SPARQ_NW] scan scratch
+    int * s_n;          // the number of cells to walk
+};
+
+static __device__ __forceinline__ sparq_attend_unit sparq_attend_unit_of(const sparq_cu_args & a, int u) {
+    sparq_attend_unit un;
+    un.u = u;
+    un.R = u / a.n_hkv;
+    un.kvh = u % a.n_hkv;
+    un.st = un.R / a.n_rows;
+    un.row = un.R % a.n_rows;
+    un.g = a.g;
+    un.d = a.d;
+    un.dv = a.dv;
+    un.ri = a.rows[un.R];
+    un.sparse = un.ri.mode == 0;
+    un.mean_v = un.sparse && !a.no_mean_v;
+    un.m = sparq_mask_row(a, un.R);
+    un.list = a.sel + (size_t) u * a.sel_max;
+    un.Kb = a.K + (size_t) un.kvh * a.K_nb2 + (size_t) un.st * a.K_nb3;
+    un.Vb = a.V + (size_t) un.kvh * a.V_nb2 + (size_t) un.st * a.V_nb3;
+    un.lg = a.logits + (size_t) u * a.g * a.S;
+    return un;
+}
+
+// the g query rows into shared memory; the running and approximate softmax statistics
+static __device__ __forceinline__ void sparq_attend_init(const sparq_cu_args & a, const sparq_attend_unit & un,
+                                                         const sparq_attend_smem & sm) {
+    const int tid = threadIdx.x, g = un.g, d = un.d;
+    for (int i = tid; i < g * d; i += SPARQ_NT) {
+        const int h = i / d, j = i % d;
+        sm.sq[h * d + j] = ((const float *) (a.q + (size_t) un.row * a.q_nb1 + (size_t) (un.kvh * g + h) * a.q_nb2 +
+                                             (size_t) un.st * a.q_nb3))[j];
+    }
+    if (tid < g) {
+        sm.sM[tid] = -INFINITY;
+        sm.sP[tid] = 0.0f;
+        sm.smass[tid] = 0.0;
+        sm.sMs[tid] = -INFINITY;
+        sm.sZ[tid] = 0.0;
+        if (un.mean_v) {
+            float M;
+            double Z;
+            sparq_unit_stats(a, un.u, tid, &M, &Z);
+            sm.sMs[tid] = M;
+            sm.sZ[tid] = Z;
+        }
+    }
+}
+
+// the cells: the bitmap as an ascending list (SparQ rows), or every cell, masked (dense); returns
+// how many items to walk (the same on every thread)
+static __device__ __forceinline__ int sparq_attend_cells(const sparq_cu_args & a, const sparq_attend_unit & un,
+                                                         const sparq_attend_smem & sm) {
+    const int tid = threadIdx.x;
+    if (un.sparse) {
+        const unsigned int * sb = a.selbits + (size_t) un.u * a.W;
+        int base = 0;
+        for (int w0 = 0; w0 < a.W; w0 += SPARQ_NT) {
+            const int wi = w0 + tid;
+            unsigned int word = wi < a.W ? sb[wi] : 0u;
+            const int cnt = __popc(word);
+            int tot;
+            int pos = base + sparq_block_scan(cnt, &tot, sm.sh) - cnt;
+            while (word) {
+                const int b = __ffs(word) - 1;
+                if (pos < a.sel_max) {
+                    un.list[pos] = wi * 32 + b;
+                }
+                ++pos;
+                word &= word - 1u;
+            }
+            base += tot;
+        }
+        if (tid == 0) {
+            *sm.s_n = min(base, a.sel_max);
+        }
+    } else if (tid == 0) {
+        *sm.s_n = a.S;
+    }
+    __syncthreads();
+    return *sm.s_n;
+}
+
+// the chunk's cells from item c0 into scell (published by the barrier); false (uniform over the
+// block) when a dense row's chunk has no valid cell
+static __device__ __forceinline__ bool sparq_attend_chunk(const sparq_cu_args & a, const sparq_attend_unit & un,
+                                                          const sparq_attend_smem & sm, int c0, int n_items) {
+    const int tid = threadIdx.x;
+    const int t = c0 + tid;
+    int cell = -1;
+    if (t < n_items) {
+        cell = un.sparse ? un.list[t] : (sparq_valid(a, un.m, t) ? t : -1);
+    }
+    sm.scell[tid] = cell;
+    if (!un.sparse) {
+        // dense rows walk every cell: skip the chunks without a valid one (a short sequence
+        // in a long cache); the scan's barriers also publish scell
+        int n_valid_chunk;
+        sparq_block_scan(cell >= 0 ? 1 : 0, &n_valid_chunk, sm.sh);
+        return n_valid_chunk != 0;
+    }
+    __syncthreads();
+    return true;
+}
+
+// exact logits of the chunk into sp: a warp per cell, lanes over the head size, all g heads per K row
+template <int GMAX, typename TK>
+static __device__ __forceinline__ void sparq_attend_logits(const sparq_cu_args & a, const sparq_attend_unit & un,
+                                                           const sparq_attend_smem & sm) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int g = un.g, d = un.d;
+    for (int ii = 0; ii < 32; ++ii) {
+        const int it = warp * 32 + ii;
+        const int c = sm.scell[it];
+        if (c < 0) {
+            if (lane < g) {
+                sm.sp[lane * SPARQ_NT + it] = -INFINITY;
+            }
+            continue;
+        }
+        const TK * kr = (const TK *) (un.Kb + (size_t) c * a.K_nb1);
+        float part[GMAX];
+#pragma unroll
+        for (int h = 0; h < GMAX; ++h) {
+            part[h] = 0.0f;
+        }
+        for (int j = lane; j < d; j += 32) {
+            const float kv = sq_ld<TK>(kr + j);
+#pragma unroll
+            for (int h = 0; h < GMAX; ++h) {
+                if (h < g) {
+                    part[h] = fmaf(sm.sq[h * d + j], kv, part[h]);
+                }
+            }
+        }
+        const float mval = sparq_mask_val(a, un.m, c);
+#pragma unroll
+        for (int h = 0; h < GMAX; ++h) {
+            if (h < g) {
+                const float e = warp_reduce_sum(part[h]);
+                if (lane == 0) {
+                    sm.sp[h * SPARQ_NT + it] = e * a.scale + mval;
+                }
+            }
+        }
+    }
+}
+
+// online softmax per head over the chunk (a warp per head): sp's logits become weights; the
+// running maximum and sum, the rescale of the earlier chunks and the approximate mass advance
+static __device__ __forceinline__ void sparq_attend_softmax(const sparq_cu_args & a, const sparq_attend_unit & un,
+                                                            const sparq_attend_smem & sm) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    for (int h = warp; h < un.g; h += SPARQ_NW) {
+        float cm = -INFINITY;
+        for (int ii = lane; ii < SPARQ_NT; ii += 32) {
+            cm = fmaxf(cm, sm.sp[h * SPARQ_NT + ii]);
+        }
+        cm = warp_reduce_max(cm);
+        const float Mold = sm.sM[h];
+        const float Mnew = fmaxf(Mold, cm);
+        const float corr = Mnew == -INFINITY ? 1.0f : __expf(Mold - Mnew);
+        float ps = 0.0f, ms = 0.0f;
+        for (int ii = lane; ii < SPARQ_NT; ii += 32) {
+            const float e = sm.sp[h * SPARQ_NT + ii];
+            const float p = e == -INFINITY ? 0.0f : __expf(e - Mnew);
+            sm.sp[h * SPARQ_NT + ii] = p;
+            ps += p;
+            const int c = sm.scell[ii];
+            if (un.mean_v && c >= 0) {
+                ms += __expf(un.lg[(size_t) h * a.S + c] - sm.sMs[h]);
+            }
+        }
+        ps = warp_reduce_sum(ps);
+        ms = warp_reduce_sum(ms);
+        if (lane == 0) {
+            sm.sM[h] = Mnew;
+            sm.sP[h] = sm.sP[h] * corr + ps;
+            sm.scorr[h] = corr;
+            sm.smass[h] += (double) ms;
+        }
+    }
+}
+
+// the chunk's weighted values into y: a thread per component
+template <int GMAX, typename TV>
+static __device__ __forceinline__ void sparq_attend_values(const sparq_cu_args & a, const sparq_attend_unit & un,
+                                                           const sparq_attend_smem & sm, int c0, int n_items,
+                                                           float (&y)[GMAX]) {
+    const int tid = threadIdx.x, g = un.g;
+    if (tid < un.dv) {
+#pragma unroll
+        for (int h = 0; h < GMAX; ++h) {
+            if (h < g) {
+                y[h] *= sm.scorr[h];
+            }
+        }
+        const int n_c = min(SPARQ_NT, n_items - c0);
+        for (int ii = 0; ii < n_c; ++ii) {
+            const int c = sm.scell[ii];
+            if (c < 0) {
+                continue;
+            }
+            const float v = sq_ld<TV>((const TV *) (un.Vb + (size_t) c * a.V_nb1) + tid);
+#pragma unroll
+            for (int h = 0; h < GMAX; ++h) {
+                if (h < g) {
+                    y[h] = fmaf(sm.sp[h * SPARQ_NT + ii], v, y[h]);
+                }
+            }
+        }
+    }
+}
+
+// the mean of V over the stream's cells, component threadIdx.x (0 past dv)
+template <typename TV>
+static __device__ __forceinline__ float sparq_attend_vbar(const sparq_cu_args & a, const sparq_attend_unit & un,
+                                                          const sparq_attend_smem & sm) {
+    const int tid = threadIdx.x, row = un.row;
+    float vs = 0.0f;
+    float cnt = fabsf(a.v_count[un.st]);
+    if (tid < un.dv) {
+        vs = ((const float *) (a.v_sum + (size_t) un.kvh * a.vs_nb1 + (size_t) un.st * a.vs_nb2))[tid];
+    }
+    if (un.mean_v && un.m && row + 1 < a.n_rows) {
+        // several rows (all-rows evaluation): the sums hold the whole ubatch, so leave out the
+        // cells this row may not see that the stream's last row sees
+        const char * ml = sparq_mask_row(a, un.R + (a.n_rows - 1 - row));
+        for (int c0 = 0; c0 < a.S; c0 += SPARQ_NT) {
+            const int c = c0 + tid;
+            sm.scell[tid] = c < a.S && sparq_valid(a, ml, c) && !sparq_valid(a, un.m, c) ? c : -1;
+            __syncthreads();
+            for (int ii = 0; ii < SPARQ_NT; ++ii) {
+                const int cc = sm.scell[ii];
+                if (cc >= 0) {
+                    if (tid < un.dv) {
+                        vs -= sq_ld<TV>((const TV *) (un.Vb + (size_t) cc * a.V_nb1) + tid);
+                    }
+                    cnt -= 1.0f;
+                }
+            }
+            __syncthreads();
+        }
+    }
+    return cnt > 0.0f ? vs / cnt : 0.0f;
+}
+
+// the g output rows, component threadIdx.x: the attention, mixed with the mean of V by alpha
+template <int GMAX>
+static __device__ __forceinline__ void sparq_attend_write(const sparq_cu_args & a, const sparq_attend_unit & un,
+                                                          const sparq_attend_smem & sm, const float (&y)[GMAX],
+                                                          float vbar) {
+    const int tid = threadIdx.x, g = un.g;
+    if (tid < un.dv) {
+#pragma unroll
+        for (int h = 0; h < GMAX; ++h) {
+            if (h < g) {
+                const float iP = sm.sP[h] > 0.0f ? 1.0f / sm.sP[h] : 0.0f;
+                float o;
+                if (un.ri.mode == 2) {
+                    o = y[h] * iP;
+                } else {
+                    float alpha = 1.0f;
+                    if (un.mean_v) {
+                        alpha = sm.sZ[h] > 0.0 ? (float) fmin(1.0, sm.smass[h] / sm.sZ[h]) : 1.0f;
+                    }
+                    o = alpha * iP * y[h] + (1.0f - alpha) * vbar;
+                }
+                float * dst = (float *) (a.out + (size_t) (un.kvh * g + h) * a.o_nb1 + (size_t) un.row * a.o_nb2 +
+                                         (size_t) un.st * a.o_nb3);
+                dst[tid] = o;
+            }
+        }
+    }
+}
+
+// a block per unit: its cells, then per chunk of SPARQ_NT of them the exact logits, the online
+// softmax and the weighted values (the barriers between the steps are here), then the output rows
+template <int GMAX, typename TK, typename TV>
+static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_attend(const sparq_cu_args a) {
+    __shared__ float sq[GMAX * GGML_CUDA_SPARQ_D_MAX];  // the g query rows
+    __shared__ float sp[GMAX * SPARQ_NT];               // logits, then weights, of a chunk
+    __shared__ int scell[SPARQ_NT];                     // the chunk's cells (-1: none)
+    __shared__ float sM[GMAX], sP[GMAX], scorr[GMAX], sMs[GMAX];
+    __shared__ double sZ[GMAX], smass[GMAX];
+    __shared__ int sh[SPARQ_NW];
+    __shared__ int s_n;
+    const sparq_attend_smem sm = { sq, sp, scell, sM, sP, scorr, sMs, sZ, smass, sh, &s_n };
+    const sparq_attend_unit un = sparq_attend_unit_of(a, blockIdx.x);
+
+    sparq_attend_init(a, un, sm);
+    const int n_items = sparq_attend_cells(a, un, sm);
+
+    float y[GMAX];
+#pragma unroll
+    for (int h = 0; h < GMAX; ++h) {
+        y[h] = 0.0f;
+    }
+    for (int c0 = 0; c0 < n_items; c0 += SPARQ_NT) {
+        if (!sparq_attend_chunk(a, un, sm, c0, n_items)) {
+            continue; // uniform over the block
+        }
+        sparq_attend_logits<GMAX, TK>(a, un, sm);
+        __syncthreads();
+        sparq_attend_softmax(a, un, sm);
+        __syncthreads();
+        sparq_attend_values<GMAX, TV>(a, un, sm, c0, n_items, y);
+        __syncthreads();
+    }
+
+    const float vbar = sparq_attend_vbar<TV>(a, un, sm);
+    sparq_attend_write<GMAX>(a, un, sm, y, vbar);
+}

@@ -1,0 +1,277 @@
+// llama-sparq: what every CUDA kernel of GGML_OP_SPARQ_ATTN shares: the limits and block sizes,
+// the per-row, per-list and argument structs, the element loads, the key order, the mask lookups
+// and the block-wide scan and reductions. The includer provides the CUDA names (sparq-cuda-kernels.cuh).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+// The largest k, head size and group size (n_head / n_head_kv) the CUDA kernels take.
+#define GGML_CUDA_SPARQ_K_MAX 16384
+#define GGML_CUDA_SPARQ_D_MAX 256
+#define GGML_CUDA_SPARQ_G_MAX 16
+
+#define SPARQ_NT     256              // threads per block of every kernel but the pick
+#define SPARQ_NW     (SPARQ_NT / 32)  // warps per block
+#define SPARQ_TS_CPT 16               // cells per thread of a selection tile
+#define SPARQ_TS     (SPARQ_NT * SPARQ_TS_CPT)
+
+// per query row
+struct sparq_cu_row {
+    int n_valid; // cells the row may see
+    int w0;      // candidates are the cells < w0 (the start of the tail window; S with a given window)
+    int n_win;   // window cells (valid, distinct)
+    int mode;    // 0 SparQ, 1 dense (n_valid <= k), 2 dense stream (v_count < 0)
+};
+
+// per list: the state of its radix select
+struct sparq_cu_pick {
+    unsigned int prefix; // the bound's key bits found so far
+    int shift;           // the bound is on key >> shift
+    int want;            // cells still wanted among those with (key >> shift) == (prefix >> shift)
+    int n_eq;            // cells with (key >> shift) == (prefix >> shift)
+    int all;             // every eligible cell is chosen
+    int done;
+    int ties;            // n_eq > want at shift 0: the lowest cell indices among equal keys
+};
+
+struct sparq_cu_args {
+    int d, dv, S, n_rows, n_head, n_hkv, n_stream, g, ph;
+    int r, k, l, no_mean_v;
+    float scale;
+    int R, U, L, W, nt_a, nt_s, sel_max;
+
+    const char * q;  size_t q_nb1, q_nb2, q_nb3;
+    const char * qs; size_t qs_nb1, qs_nb2, qs_nb3;     // q_sel, or q
+    const char * cw; size_t cw_nb1, cw_nb2;             // comp_w or NULL (nb2 0: shared by the streams)
+    const char * K;  size_t K_nb1, K_nb2, K_nb3;
+    const char * KT; size_t KT_nb1, KT_nb2, KT_nb3;
+    const char * V;  size_t V_nb1, V_nb2, V_nb3;
+    const char * v_sum; size_t vs_nb1, vs_nb2;
+    const float * v_count;
+    const char * mask; int mask_f16; size_t m_nb1, m_nb3; int m_ne3;
+    const char * win; size_t win_nb1, win_nb2; int win_n;
+    char * out; size_t o_nb1, o_nb2, o_nb3;
+
+    // scratch (ggml's CUDA pool)
+    sparq_cu_row  * rows;    // [R]
+    unsigned int  * wbits;   // [R][W] the given window's cells
+    int           * i1;      // [U][r]
+    float         * qsc;     // [U][g][r] q_sel[i1] / tau
+    float         * logits;  // [U][g][S] approximate logits + mask
+    float2        * tstat;   // [U][nt_a][g] per tile: max, sum exp(x - max)
+    float         * keys;    // [U][S] group keys (g > 1, shared choice)
+    unsigned int  * hist;    // [L][256]
+    sparq_cu_pick * pick;    // [L]
+    int           * eqcnt;   // [L][nt_s]
+    unsigned int  * selbits; // [U][W] the chosen cells
+    int           * sel;     // [U][sel_max]
+};
+
+// ---------------------------------------------------------------------------
+// small helpers
+// ---------------------------------------------------------------------------
+
+template <typename T> static __device__ __forceinline__ float sq_ld(const T * p);
+template <> __device__ __forceinline__ float sq_ld<half>(const half * p) { return __half2float(*p); }
+template <> __device__ __forceinline__ float sq_ld<float>(const float * p) { return *p; }
+
+// N consecutive values from p (aligned to N elements, at most 16 bytes per load)
+template <typename T, int N>
+static __device__ __forceinline__ void sq_ldv(const T * p, float * v) {
+    if constexpr (std::is_same_v<T, half>) {
+        if constexpr (N == 8) {
+            const uint4 x = *(const uint4 *) p;
+            const half2 * h = (const half2 *) &x;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const float2 f = __half22float2(h[i]);
+                v[2 * i] = f.x;
+                v[2 * i + 1] = f.y;
+            }
+        } else if constexpr (N == 4) {
+            const uint2 x = *(const uint2 *) p;
+            const half2 * h = (const half2 *) &x;
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const float2 f = __half22float2(h[i]);
+                v[2 * i] = f.x;
+                v[2 * i + 1] = f.y;
+            }
+        } else if constexpr (N == 2) {
+            const float2 f = __half22float2(*(const half2 *) p);
+            v[0] = f.x;
+            v[1] = f.y;
+        } else {
+            static_assert(N == 1, "sparq: vector width");
+            v[0] = __half2float(*p);
+        }
+    } else {
+        if constexpr (N == 8) {
+            const float4 a = ((const float4 *) p)[0], b = ((const float4 *) p)[1];
+            v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+            v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+        } else if constexpr (N == 4) {
+            const float4 a = *(const float4 *) p;
+            v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+        } else if constexpr (N == 2) {
+            const float2 a = *(const float2 *) p;
+            v[0] = a.x; v[1] = a.y;
+        } else {
+            static_assert(N == 1, "sparq: vector width");
+            v[0] = *p;
+        }
+    }
+}
+
+// float -> unsigned int with the same order (-0 as +0, so that equal floats are equal keys)
+static __device__ __forceinline__ unsigned int sparq_key_bits(float f) {
+    const unsigned int b = f == 0.0f ? 0u : __float_as_uint(f);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+static __device__ __forceinline__ const char * sparq_mask_row(const sparq_cu_args & a, int R) {
+    if (!a.mask) {
+        return nullptr;
+    }
+    const int st = R / a.n_rows, row = R % a.n_rows;
+    return a.mask + (size_t) row * a.m_nb1 + (size_t) (st % a.m_ne3) * a.m_nb3;
+}
+
+static __device__ __forceinline__ float sparq_mask_val(const sparq_cu_args & a, const char * m, int s) {
+    if (!m) {
+        return 0.0f;
+    }
+    return a.mask_f16 ? __half2float(((const half *) m)[s]) : ((const float *) m)[s];
+}
+
+static __device__ __forceinline__ bool sparq_valid(const sparq_cu_args & a, const char * m, int s) {
+    return sparq_mask_val(a, m, s) != -INFINITY;
+}
+
+// Inclusive prefix sum over the block (SPARQ_NT threads, every thread calls it); *total is the
+// block's sum. sh: SPARQ_NW ints of shared memory, free again on return.
+static __device__ __forceinline__ int sparq_block_scan(int x, int * total, int * sh) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    int v = x;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffff, v, o);
+        if (lane >= o) {
+            v += y;
+        }
+    }
+    if (lane == 31) {
+        sh[warp] = v;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        int w = lane < SPARQ_NW ? sh[lane] : 0;
+#pragma unroll
+        for (int o = 1; o < SPARQ_NW; o <<= 1) {
+            const int y = __shfl_up_sync(0xffffffff, w, o);
+            if (lane >= o) {
+                w += y;
+            }
+        }
+        if (lane < SPARQ_NW) {
+            sh[lane] = w;
+        }
+    }
+    __syncthreads();
+    const int pre = warp > 0 ? sh[warp - 1] : 0;
+    *total = sh[SPARQ_NW - 1];
+    __syncthreads();
+    return v + pre;
+}
+
+static __device__ __forceinline__ float sparq_block_max(float x, float * sh) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    x = warp_reduce_max(x);
+    if (lane == 0) {
+        sh[warp] = x;
+    }
+    __syncthreads();
+    float m = sh[0];
+#pragma unroll
+    for (int i = 1; i < SPARQ_NW; ++i) {
+        m = fmaxf(m, sh[i]);
+    }
+    __syncthreads();
+    return m;
+}
+
+static __device__ __forceinline__ float sparq_block_sum(float x, float * sh) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    x = warp_reduce_sum(x);
+    if (lane == 0) {
+        sh[warp] = x;
+    }
+    __syncthreads();
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < SPARQ_NW; ++i) {
+        s += sh[i];
+    }
+    __syncthreads();
+    return s;
+}
+
+static __device__ __forceinline__ double sparq_block_sum_d(double x, double * sh) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        x += __shfl_xor_sync(0xffffffff, x, o);
+    }
+    if (lane == 0) {
+        sh[warp] = x;
+    }
+    __syncthreads();
+    double s = 0.0;
+#pragma unroll
+    for (int i = 0; i < SPARQ_NW; ++i) {
+        s += sh[i];
+    }
+    __syncthreads();
+    return s;
+}
+
+// the softmax maximum and sum of head hh's approximate logits over all cells of unit u
+static __device__ void sparq_unit_stats(const sparq_cu_args & a, int u, int hh, float * M, double * Z) {
+    const float2 * ts = a.tstat + (size_t) u * a.nt_a * a.g + hh;
+    float m = -INFINITY;
+    for (int t = 0; t < a.nt_a; ++t) {
+        m = fmaxf(m, ts[(size_t) t * a.g].x);
+    }
+    double z = 0.0;
+    for (int t = 0; t < a.nt_a; ++t) {
+        const float2 st = ts[(size_t) t * a.g];
+        if (st.x != -INFINITY) {
+            z += (double) st.y * exp((double) st.x - (double) m);
+        }
+    }
+    *M = m;
+    *Z = z;
+}
+
+// whether cell s of row R is in the given window (a.win set)
+static __device__ __forceinline__ bool sparq_win_bit(const sparq_cu_args & a, int R, int s) {
+    return (a.wbits[(size_t) R * a.W + (s >> 5)] >> (s & 31)) & 1u;
+}
+
+// the keys of list li
+static __device__ __forceinline__ const float * sparq_list_keys(const sparq_cu_args & a, int li) {
+    const int u = li / a.ph, h = li % a.ph;
+    if (a.g > 1 && a.ph == 1) {
+        return a.keys + (size_t) u * a.S;
+    }
+    return a.logits + ((size_t) u * a.g + h) * a.S;
+}
+
+// cells chosen by score in a SparQ row (the window fills the rest of k)
+static __device__ __forceinline__ int sparq_row_kk(const sparq_cu_args & a, const sparq_cu_row & ri) {
+    return a.k - ri.n_win;
+}

@@ -1,0 +1,107 @@
+// llama-sparq: the launch sequence of GGML_OP_SPARQ_ATTN's CUDA kernels (the template choice per
+// group size and cache type, the scratch sizes), shared by the CUDA backend and the CPU emulation.
+#pragma once
+
+#include "sparq-cuda-common.cuh"
+#include "sparq-cuda-score.cuh"
+#include "sparq-cuda-select.cuh"
+#include "sparq-cuda-attend.cuh"
+
+static int sparq_gmax(int g) {
+    return g <= 1 ? 1 : g <= 2 ? 2 : g <= 4 ? 4 : g <= 8 ? 8 : 16;
+}
+
+// the vector width of the K^T loads for a group size (cells per thread)
+static int sparq_vec_cpt(int gmax) {
+    return gmax <= 4 ? 8 : (gmax == 8 ? 4 : 2);
+}
+
+// element counts of the scratch buffers (sparq_cu_args' scratch pointers), from the shapes only
+struct sparq_cu_scratch {
+    size_t rows, wbits, i1, qsc, logits, tstat, keys, hist, pick, eqcnt, selbits, sel;
+};
+
+static sparq_cu_scratch sparq_cu_scratch_sizes(const sparq_cu_args & a) {
+    const size_t U = a.U, S = a.S, g = a.g, L = a.L;
+    sparq_cu_scratch z;
+    z.rows = a.R;
+    z.wbits = a.win ? (size_t) a.R * a.W : 1;
+    z.i1 = U * a.r;
+    z.qsc = U * g * a.r;
+    z.logits = std::max<size_t>(1, U * g * S);
+    z.tstat = U * a.nt_a * g;
+    z.keys = a.g > 1 && a.ph == 1 ? std::max<size_t>(1, U * S) : 1;
+    z.hist = L * 256;
+    z.pick = L;
+    z.eqcnt = L * a.nt_s;
+    z.selbits = U * a.W;
+    z.sel = std::max<size_t>(1, U * a.sel_max);
+    return z;
+}
+
+template <int GMAX, typename TKT>
+static void sparq_launch_approx(const sparq_cu_args & a, int cpt, sparq_stream_t stream) {
+    const dim3 grid(a.nt_a, a.U);
+    constexpr int VW = GMAX <= 4 ? 8 : (GMAX == 8 ? 4 : 2);
+    if (cpt == VW) {
+        SPARQ_LAUNCH((k_sparq_approx<GMAX, TKT, VW>), grid, SPARQ_NT, stream, a);
+    } else {
+        SPARQ_LAUNCH((k_sparq_approx<GMAX, TKT, 1>), grid, SPARQ_NT, stream, a);
+    }
+}
+
+template <int GMAX>
+static void sparq_launch_g(const sparq_cu_args & a, bool kt_f16, bool k_f16, bool v_f16, int cpt, bool attend,
+                           sparq_stream_t stream) {
+    if (!attend) {
+        if (kt_f16) {
+            sparq_launch_approx<GMAX, half>(a, cpt, stream);
+        } else {
+            sparq_launch_approx<GMAX, float>(a, cpt, stream);
+        }
+        return;
+    }
+    const dim3 grid(a.U);
+    if (k_f16 && v_f16) {
+        SPARQ_LAUNCH((k_sparq_attend<GMAX, half, half>), grid, SPARQ_NT, stream, a);
+    } else if (k_f16) {
+        SPARQ_LAUNCH((k_sparq_attend<GMAX, half, float>), grid, SPARQ_NT, stream, a);
+    } else if (v_f16) {
+        SPARQ_LAUNCH((k_sparq_attend<GMAX, float, half>), grid, SPARQ_NT, stream, a);
+    } else {
+        SPARQ_LAUNCH((k_sparq_attend<GMAX, float, float>), grid, SPARQ_NT, stream, a);
+    }
+}
+
+static void sparq_launch_by_g(const sparq_cu_args & a, bool kt_f16, bool k_f16, bool v_f16, int cpt, bool attend,
+                              sparq_stream_t stream) {
+    switch (sparq_gmax(a.g)) {
+        case 1:  sparq_launch_g<1>(a, kt_f16, k_f16, v_f16, cpt, attend, stream); break;
+        case 2:  sparq_launch_g<2>(a, kt_f16, k_f16, v_f16, cpt, attend, stream); break;
+        case 4:  sparq_launch_g<4>(a, kt_f16, k_f16, v_f16, cpt, attend, stream); break;
+        case 8:  sparq_launch_g<8>(a, kt_f16, k_f16, v_f16, cpt, attend, stream); break;
+        default: sparq_launch_g<16>(a, kt_f16, k_f16, v_f16, cpt, attend, stream); break;
+    }
+}
+
+// The whole op: a's shapes, tensors and scratch set (cpt: 1 or sparq_vec_cpt(sparq_gmax(g)), the
+// K^T load width the rows' alignment allows; nt_a must match it).
+static void sparq_cu_run(const sparq_cu_args & a, int cpt, bool kt_f16, bool k_f16, bool v_f16, sparq_stream_t stream) {
+    SPARQ_MEMSET(a.hist, (size_t) a.L * 256 * sizeof(unsigned int), stream);
+    SPARQ_MEMSET(a.selbits, (size_t) a.U * a.W * sizeof(unsigned int), stream);
+
+    SPARQ_LAUNCH(k_sparq_rows, dim3(a.R), SPARQ_NT, stream, a);
+    SPARQ_LAUNCH(k_sparq_components, dim3(a.U), SPARQ_NT, stream, a);
+    sparq_launch_by_g(a, kt_f16, k_f16, v_f16, cpt, false, stream);
+    const dim3 gsel(a.nt_s, a.U), glist(a.nt_s, a.L);
+    if (a.g > 1 && a.ph == 1) {
+        SPARQ_LAUNCH(k_sparq_group_keys, gsel, SPARQ_NT, stream, a);
+    }
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        SPARQ_LAUNCH(k_sparq_hist, glist, SPARQ_NT, stream, a, shift);
+        SPARQ_LAUNCH(k_sparq_pick, dim3(a.L), 32, stream, a, shift);
+    }
+    SPARQ_LAUNCH(k_sparq_eqcount, glist, SPARQ_NT, stream, a);
+    SPARQ_LAUNCH(k_sparq_collect, glist, SPARQ_NT, stream, a);
+    sparq_launch_by_g(a, kt_f16, k_f16, v_f16, cpt, true, stream);
+}

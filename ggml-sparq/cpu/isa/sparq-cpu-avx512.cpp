@@ -1,4 +1,6 @@
-// llama-sparq: AVX-512 (F, BW, VL, DQ) + F16C SparQ primitives.
+// llama-sparq: AVX-512 (F, BW, VL, DQ) + F16C SparQ primitives. Every loop runs masked tails
+// (no scalar remainder), so only the exp comes from the vector layer (sparq-isa-simd.h); the
+// masked loops, the compress-based filter and the gather are AVX-512's own.
 // Compiled with -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c; only
 // called when the CPU has them (sparq_isa_select).
 
@@ -6,51 +8,58 @@
 
 #if defined(__x86_64__) || defined(_M_X64)
 
+#include "sparq-isa-simd.h"
+
 #include <immintrin.h>
 #include <cmath>
 
 namespace {
 
+// the vector layer's wrappers that simd_exp needs (16 floats, a mask register per compare)
+struct avx512_vec {
+    typedef __m512 vf;
+    typedef __mmask16 vmask;
+    static constexpr int W = 16;
+    static inline vf set1(float x)                       { return _mm512_set1_ps(x); }
+    static inline vf add(vf a, vf b)                     { return _mm512_add_ps(a, b); }
+    static inline vf mul(vf a, vf b)                     { return _mm512_mul_ps(a, b); }
+    static inline vf min(vf a, vf b)                     { return _mm512_min_ps(a, b); }
+    static inline vf max(vf a, vf b)                     { return _mm512_max_ps(a, b); }
+    static inline vf fmadd(vf a, vf b, vf c)             { return _mm512_fmadd_ps(a, b, c); }
+    static inline vf fnmadd(vf a, vf b, vf c)            { return _mm512_fnmadd_ps(a, b, c); }
+    static inline vf round(vf x)                         { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+    static inline vf pow2i(vf n) {
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
+    }
+    static inline vmask lt(vf a, vf b)                   { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }
+    static inline vf zero_where(vmask m, vf x)           { return _mm512_maskz_mov_ps((__mmask16) ~m, x); }
+};
+
 inline __mmask16 tail_mask(int rem) {
     return rem >= 16 ? (__mmask16) 0xffff : rem > 0 ? (__mmask16) ((1u << rem) - 1) : (__mmask16) 0;
 }
 
-inline __m512 load_f16(const uint16_t * p, __mmask16 m) {
+// the lanes of mask m of 16 floats or 16 halves (to f32); the others 0
+inline __m512 load(const uint16_t * p, __mmask16 m) {
     return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
 }
 
-inline __m512 load_f32(const float * p, __mmask16 m) {
+inline __m512 load(const float * p, __mmask16 m) {
     return _mm512_maskz_loadu_ps(m, p);
 }
 
-// exp(x) for x <= 88.37; lanes below -87.33 (including -INF) give 0.
-// Cephes-style: x = n*ln2 + t, |t| <= ln2/2, exp(t) by a degree-7 polynomial.
-inline __m512 exp_ps(__m512 x) {
-    const __mmask16 tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.33654f), _CMP_LT_OQ);
-    x = _mm512_min_ps(x, _mm512_set1_ps(88.37626f));
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.33654f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 t = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    t = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), t);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(t, t), _mm512_add_ps(t, _mm512_set1_ps(1.0f)));
-    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    const __m512 r = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
-    return _mm512_maskz_mov_ps((__mmask16) ~tiny, r);
-}
+// 16 whole lanes (the halves through the same masked load)
+inline __m512 load_full(const uint16_t * p) { return load(p, 0xffff); }
+inline __m512 load_full(const float * p)    { return _mm512_loadu_ps(p); }
+
+inline __m512 exp_ps(__m512 x) { return simd_exp<avx512_vec>(x); }
 
 // Row-major accumulation: out (g x n floats, L1/L2-resident) += w_j * row_j, two K^T
 // rows at a time, so each row is streamed contiguously; the same rows' next block
 // (n cells further, where the caller goes next) is prefetched on the way.
-template <bool F16>
-void approx(const void * const * rows, int r, const float * qs, int g, int n, float * out) {
-    const size_t esz = F16 ? 2 : 4;
+template <class T>
+void approx(const T * const * rows, int r, const float * qs, int g, int n, float * out) {
+    const size_t esz = sizeof(T);
     for (int h = 0; h < g; ++h) {
         for (int s = 0; s < n; s += 16) {
             _mm512_mask_storeu_ps(out + (size_t) h * n + s, tail_mask(n - s), _mm512_setzero_ps());
@@ -58,22 +67,22 @@ void approx(const void * const * rows, int r, const float * qs, int g, int n, fl
     }
     for (int j = 0; j < r; j += 2) {
         const bool two = j + 1 < r;
-        const char * ra = (const char *) rows[j];
-        const char * rb = (const char *) rows[two ? j + 1 : j];
+        const T * ra = rows[j];
+        const T * rb = rows[two ? j + 1 : j];
         for (int s = 0; s < n; s += 32) {
-            _mm_prefetch(ra + (size_t) (s + n) * esz, _MM_HINT_T0);
-            _mm_prefetch(rb + (size_t) (s + n) * esz, _MM_HINT_T0);
-            if (!F16) {
-                _mm_prefetch(ra + (size_t) (s + n + 16) * esz, _MM_HINT_T0);
-                _mm_prefetch(rb + (size_t) (s + n + 16) * esz, _MM_HINT_T0);
+            _mm_prefetch((const char *) ra + (size_t) (s + n) * esz, _MM_HINT_T0);
+            _mm_prefetch((const char *) rb + (size_t) (s + n) * esz, _MM_HINT_T0);
+            if (esz == 4) {
+                _mm_prefetch((const char *) ra + (size_t) (s + n + 16) * esz, _MM_HINT_T0);
+                _mm_prefetch((const char *) rb + (size_t) (s + n + 16) * esz, _MM_HINT_T0);
             }
             const __mmask16 m0 = tail_mask(n - s), m1 = tail_mask(n - s - 16);
-            const __m512 a0 = F16 ? load_f16((const uint16_t *) ra + s, m0) : load_f32((const float *) ra + s, m0);
-            const __m512 a1 = F16 ? load_f16((const uint16_t *) ra + s + 16, m1) : load_f32((const float *) ra + s + 16, m1);
+            const __m512 a0 = load(ra + s, m0);
+            const __m512 a1 = load(ra + s + 16, m1);
             __m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
             if (two) {
-                b0 = F16 ? load_f16((const uint16_t *) rb + s, m0) : load_f32((const float *) rb + s, m0);
-                b1 = F16 ? load_f16((const uint16_t *) rb + s + 16, m1) : load_f32((const float *) rb + s + 16, m1);
+                b0 = load(rb + s, m0);
+                b1 = load(rb + s + 16, m1);
             }
             for (int h = 0; h < g; ++h) {
                 const __m512 wa = _mm512_set1_ps(qs[h * r + j]);
@@ -91,11 +100,11 @@ void approx(const void * const * rows, int r, const float * qs, int g, int n, fl
 }
 
 void avx512_approx_f16(const uint16_t * const * rows, int r, const float * qs, int g, int n, float * out) {
-    approx<true>((const void * const *) rows, r, qs, g, n, out);
+    approx(rows, r, qs, g, n, out);
 }
 
 void avx512_approx_f32(const float * const * rows, int r, const float * qs, int g, int n, float * out) {
-    approx<false>((const void * const *) rows, r, qs, g, n, out);
+    approx(rows, r, qs, g, n, out);
 }
 
 float avx512_expsum(const float * x, int n, float m) {
@@ -128,56 +137,42 @@ float avx512_max(const float * x, int n) {
     return _mm512_reduce_max_ps(acc);
 }
 
-float avx512_dot_f16(const float * a, const uint16_t * b, int n) {
+// two accumulators over 32 elements a step, then the masked tail into the first
+template <class T>
+float dot(const float * a, const T * b, int n) {
     __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
     int i = 0;
     for (; i + 32 <= n; i += 32) {
-        acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i),      load_f16(b + i, 0xffff),      acc0);
-        acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), load_f16(b + i + 16, 0xffff), acc1);
+        acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i),      load_full(b + i),      acc0);
+        acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), load_full(b + i + 16), acc1);
     }
     for (; i < n; i += 16) {
         const __mmask16 mk = tail_mask(n - i);
-        acc0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, a + i), load_f16(b + i, mk), acc0);
+        acc0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, a + i), load(b + i, mk), acc0);
     }
     return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
 }
 
-float avx512_dot_f32(const float * a, const float * b, int n) {
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-    int i = 0;
-    for (; i + 32 <= n; i += 32) {
-        acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i),      _mm512_loadu_ps(b + i),      acc0);
-        acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), acc1);
-    }
-    for (; i < n; i += 16) {
-        const __mmask16 mk = tail_mask(n - i);
-        acc0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, a + i), _mm512_maskz_loadu_ps(mk, b + i), acc0);
-    }
-    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
-}
+float avx512_dot_f16(const float * a, const uint16_t * b, int n) { return dot(a, b, n); }
+float avx512_dot_f32(const float * a, const float * b, int n)    { return dot(a, b, n); }
 
-void avx512_axpy_f16(float * y, const uint16_t * x, float a, int n) {
+template <class T>
+void axpy(float * y, const T * x, float a, int n) {
     const __m512 va = _mm512_set1_ps(a);
     for (int i = 0; i < n; i += 16) {
         const __mmask16 mk = tail_mask(n - i);
-        const __m512 r = _mm512_fmadd_ps(va, load_f16(x + i, mk), _mm512_maskz_loadu_ps(mk, y + i));
+        const __m512 r = _mm512_fmadd_ps(va, load(x + i, mk), _mm512_maskz_loadu_ps(mk, y + i));
         _mm512_mask_storeu_ps(y + i, mk, r);
     }
 }
 
-void avx512_axpy_f32(float * y, const float * x, float a, int n) {
-    const __m512 va = _mm512_set1_ps(a);
-    for (int i = 0; i < n; i += 16) {
-        const __mmask16 mk = tail_mask(n - i);
-        const __m512 r = _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(mk, x + i), _mm512_maskz_loadu_ps(mk, y + i));
-        _mm512_mask_storeu_ps(y + i, mk, r);
-    }
-}
+void avx512_axpy_f16(float * y, const uint16_t * x, float a, int n) { axpy(y, x, a, n); }
+void avx512_axpy_f32(float * y, const float * x, float a, int n)    { axpy(y, x, a, n); }
 
 void avx512_f16_to_f32(const uint16_t * x, float * y, int n) {
     for (int i = 0; i < n; i += 16) {
         const __mmask16 mk = tail_mask(n - i);
-        _mm512_mask_storeu_ps(y + i, mk, load_f16(x + i, mk));
+        _mm512_mask_storeu_ps(y + i, mk, load(x + i, mk));
     }
 }
 
@@ -219,10 +214,7 @@ int avx512_list_gather(const float * ids, int n, const int32_t * flag, int n_lis
         }
         vi = _mm512_add_epi32(vi, step);
     }
-    int s = 0;
-    m += sparq_list_gather_ref(ids + i, n - i, flag, n_list, base + i, idx + m, &s);
-    *stop = i + s;
-    return m;
+    return simd_list_gather_rest(ids, n, i, flag, n_list, base, idx, m, stop);
 }
 
 } // namespace

@@ -3,10 +3,13 @@
 // ggml's reference mode).
 
 #include "sparq-cpu.h"
+#include "sparq-isa-simd.h" // its element loads only (simd_elem): no vectors here
 
 #include <cmath>
 
-static void scalar_approx_f16(const uint16_t * const * rows, int r, const float * qs, int g, int n, float * out) {
+// T: float or uint16_t (f16)
+template <class T>
+static void scalar_approx(const T * const * rows, int r, const float * qs, int g, int n, float * out) {
     for (int h = 0; h < g; ++h) {
         float * o = out + (size_t) h * n;
         for (int s = 0; s < n; ++s) {
@@ -14,28 +17,20 @@ static void scalar_approx_f16(const uint16_t * const * rows, int r, const float 
         }
         for (int j = 0; j < r; ++j) {
             const float w = qs[h * r + j];
-            const uint16_t * x = rows[j];
+            const T * x = rows[j];
             for (int s = 0; s < n; ++s) {
-                o[s] += w * sparq_fp16_to_fp32(x[s]);
+                o[s] += w * simd_elem(x + s);
             }
         }
     }
 }
 
+static void scalar_approx_f16(const uint16_t * const * rows, int r, const float * qs, int g, int n, float * out) {
+    scalar_approx(rows, r, qs, g, n, out);
+}
+
 static void scalar_approx_f32(const float * const * rows, int r, const float * qs, int g, int n, float * out) {
-    for (int h = 0; h < g; ++h) {
-        float * o = out + (size_t) h * n;
-        for (int s = 0; s < n; ++s) {
-            o[s] = 0.0f;
-        }
-        for (int j = 0; j < r; ++j) {
-            const float w = qs[h * r + j];
-            const float * x = rows[j];
-            for (int s = 0; s < n; ++s) {
-                o[s] += w * x[s];
-            }
-        }
-    }
+    scalar_approx(rows, r, qs, g, n, out);
 }
 
 static float scalar_expsum(const float * x, int n, float m) {
@@ -61,45 +56,33 @@ static float scalar_max(const float * x, int n) {
 }
 
 // 8 partial sums, as the SIMD variants keep several lanes: shorter rounding chains
-static float scalar_dot_f16(const float * a, const uint16_t * b, int n) {
+template <class T>
+static float scalar_dot(const float * a, const T * b, int n) {
     float acc[8] = { 0 };
     int i = 0;
     for (; i + 8 <= n; i += 8) {
         for (int j = 0; j < 8; ++j) {
-            acc[j] += a[i + j] * sparq_fp16_to_fp32(b[i + j]);
+            acc[j] += a[i + j] * simd_elem(b + i + j);
         }
     }
     for (; i < n; ++i) {
-        acc[i & 7] += a[i] * sparq_fp16_to_fp32(b[i]);
+        acc[i & 7] += a[i] * simd_elem(b + i);
     }
     return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
-static float scalar_dot_f32(const float * a, const float * b, int n) {
-    float acc[8] = { 0 };
-    int i = 0;
-    for (; i + 8 <= n; i += 8) {
-        for (int j = 0; j < 8; ++j) {
-            acc[j] += a[i + j] * b[i + j];
-        }
-    }
-    for (; i < n; ++i) {
-        acc[i & 7] += a[i] * b[i];
-    }
-    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-}
+static float scalar_dot_f16(const float * a, const uint16_t * b, int n) { return scalar_dot(a, b, n); }
+static float scalar_dot_f32(const float * a, const float * b, int n)    { return scalar_dot(a, b, n); }
 
-static void scalar_axpy_f16(float * y, const uint16_t * x, float a, int n) {
+template <class T>
+static void scalar_axpy(float * y, const T * x, float a, int n) {
     for (int i = 0; i < n; ++i) {
-        y[i] += a * sparq_fp16_to_fp32(x[i]);
+        y[i] += a * simd_elem(x + i);
     }
 }
 
-static void scalar_axpy_f32(float * y, const float * x, float a, int n) {
-    for (int i = 0; i < n; ++i) {
-        y[i] += a * x[i];
-    }
-}
+static void scalar_axpy_f16(float * y, const uint16_t * x, float a, int n) { scalar_axpy(y, x, a, n); }
+static void scalar_axpy_f32(float * y, const float * x, float a, int n)    { scalar_axpy(y, x, a, n); }
 
 static void scalar_f16_to_f32(const uint16_t * x, float * y, int n) {
     for (int i = 0; i < n; ++i) {

@@ -1,0 +1,190 @@
+// llama-sparq: the vector layer of the SIMD ISA files: the primitives' loop skeletons written once
+// against a per-ISA set of inline wrappers (a struct V each ISA file defines), and the exp they share.
+// Each ISA file instantiates them with its V and names the results in its sparq_isa table.
+//
+// V (see sparq-cpu-avx2.cpp for one):
+//   vf, vmask            a vector of W floats, and a per-lane flag vector (or mask register)
+//   W                    lanes
+//   zero(), set1(x)      broadcasts
+//   load(const float *), load(const uint16_t *)   W floats, or W halves to f32; store(float *, vf)
+//   add, sub, mul, min, max
+//   fmadd(a, b, c)       a * b + c, fused;  fnmadd(a, b, c): c - a * b, fused
+//   round(x)             to the nearest integer, ties to even
+//   pow2i(n)             2^n for integral n in the exponent's range (n + 127 into the exponent bits)
+//   lt(a, b)             lanes with a < b (ordered);  zero_where(m, x): x with those lanes 0
+//   hsum(v), hmax(v)     horizontal sum and maximum (each ISA's own order)
+//   prefetch(p)          into L1
+//
+// The skeletons below are the "full vectors, then a scalar tail" family (AVX2, NEON). AVX-512's
+// primitives run masked tails instead (different lanes, so different sums): they stay in its
+// file, and share only simd_exp. The numerics are each ISA's own as before: the same operations
+// per lane, the same accumulation and reduction order.
+#pragma once
+
+#include "sparq-cpu.h"
+
+#include <cmath>
+#include <stddef.h>
+
+// Everything here has internal linkage: each ISA file compiles its own copy with its own flags
+// (-mavx2, -mavx512f, ...), and the linker must never pick one file's copy for another.
+namespace {
+
+inline float simd_elem(const float * p)    { return *p; }
+inline float simd_elem(const uint16_t * p) { return sparq_fp16_to_fp32(*p); }
+
+// exp(x) for x <= 88.37; lanes below -87.33 (including -INF) give 0.
+// Cephes-style: x = n*ln2 + t, |t| <= ln2/2, exp(t) by a degree-7 polynomial.
+template <class V>
+inline typename V::vf simd_exp(typename V::vf x) {
+    typedef typename V::vf vf;
+    const typename V::vmask tiny = V::lt(x, V::set1(-87.33654f));
+    x = V::min(x, V::set1(88.37626f));
+    x = V::max(x, V::set1(-87.33654f));
+    const vf n = V::round(V::mul(x, V::set1(1.44269504088896341f)));
+    vf t = V::fnmadd(n, V::set1(0.693359375f), x);
+    t = V::fnmadd(n, V::set1(-2.12194440e-4f), t);
+    vf p = V::set1(1.9875691500e-4f);
+    p = V::fmadd(p, t, V::set1(1.3981999507e-3f));
+    p = V::fmadd(p, t, V::set1(8.3334519073e-3f));
+    p = V::fmadd(p, t, V::set1(4.1665795894e-2f));
+    p = V::fmadd(p, t, V::set1(1.6666665459e-1f));
+    p = V::fmadd(p, t, V::set1(5.0000001201e-1f));
+    p = V::fmadd(p, V::mul(t, t), V::add(t, V::set1(1.0f)));
+    return V::zero_where(tiny, V::mul(p, V::pow2i(n)));
+}
+
+// Row-major accumulation as in the AVX-512 file: out (g x n) += w_j * row_j, two rows at a time,
+// with the rows' next block prefetched; the tail (n % 2W) is scalar. T: float or uint16_t (f16).
+template <class V, class T>
+void simd_approx(const T * const * rows, int r, const float * qs, int g, int n, float * out) {
+    typedef typename V::vf vf;
+    const size_t esz = sizeof(T);
+    for (int i = 0; i < g * n; ++i) {
+        out[i] = 0.0f;
+    }
+    const int nv = n & ~(2 * V::W - 1);
+    for (int j = 0; j < r; j += 2) {
+        const bool two = j + 1 < r;
+        const T * ra = rows[j];
+        const T * rb = rows[two ? j + 1 : j];
+        for (int s = 0; s < nv; s += 2 * V::W) {
+            V::prefetch((const char *) ra + (size_t) (s + n) * esz);
+            V::prefetch((const char *) rb + (size_t) (s + n) * esz);
+            const vf a0 = V::load(ra + s), a1 = V::load(ra + s + V::W);
+            const vf b0 = two ? V::load(rb + s) : V::zero();
+            const vf b1 = two ? V::load(rb + s + V::W) : V::zero();
+            for (int h = 0; h < g; ++h) {
+                const vf wa = V::set1(qs[h * r + j]);
+                const vf wb = V::set1(two ? qs[h * r + j + 1] : 0.0f);
+                float * o = out + (size_t) h * n + s;
+                V::store(o,        V::fmadd(wb, b0, V::fmadd(wa, a0, V::load(o))));
+                V::store(o + V::W, V::fmadd(wb, b1, V::fmadd(wa, a1, V::load(o + V::W))));
+            }
+        }
+        for (int s = nv; s < n; ++s) {
+            const float xa = simd_elem(ra + s), xb = two ? simd_elem(rb + s) : 0.0f;
+            for (int h = 0; h < g; ++h) {
+                out[(size_t) h * n + s] += qs[h * r + j] * xa + (two ? qs[h * r + j + 1] * xb : 0.0f);
+            }
+        }
+    }
+}
+
+// sum_i exp(x[i] - m): one vector accumulator, reduced, then the tail
+template <class V>
+float simd_expsum(const float * x, int n, float m) {
+    typedef typename V::vf vf;
+    const vf vm = V::set1(m);
+    vf acc = V::zero();
+    int i = 0;
+    for (; i + V::W <= n; i += V::W) {
+        acc = V::add(acc, simd_exp<V>(V::sub(V::load(x + i), vm)));
+    }
+    float sum = V::hsum(acc);
+    for (; i < n; ++i) {
+        sum += expf(x[i] - m);
+    }
+    return sum;
+}
+
+// y[i] += a * exp(x[i] - m)
+template <class V>
+void simd_exp_acc(const float * x, int n, float m, float a, float * y) {
+    typedef typename V::vf vf;
+    const vf vm = V::set1(m), va = V::set1(a);
+    int i = 0;
+    for (; i + V::W <= n; i += V::W) {
+        const vf e = simd_exp<V>(V::sub(V::load(x + i), vm));
+        V::store(y + i, V::fmadd(va, e, V::load(y + i)));
+    }
+    for (; i < n; ++i) {
+        y[i] += a * expf(x[i] - m);
+    }
+}
+
+template <class V>
+float simd_max(const float * x, int n) {
+    typename V::vf acc = V::set1(-INFINITY);
+    int i = 0;
+    for (; i + V::W <= n; i += V::W) {
+        acc = V::max(acc, V::load(x + i));
+    }
+    float m = V::hmax(acc);
+    for (; i < n; ++i) {
+        m = x[i] > m ? x[i] : m;
+    }
+    return m;
+}
+
+// two vector accumulators (2W elements a step), their sum reduced, then the tail
+template <class V, class T>
+float simd_dot(const float * a, const T * b, int n) {
+    typename V::vf acc0 = V::zero(), acc1 = V::zero();
+    int i = 0;
+    for (; i + 2 * V::W <= n; i += 2 * V::W) {
+        acc0 = V::fmadd(V::load(a + i),        V::load(b + i),        acc0);
+        acc1 = V::fmadd(V::load(a + i + V::W), V::load(b + i + V::W), acc1);
+    }
+    float sum = V::hsum(V::add(acc0, acc1));
+    for (; i < n; ++i) {
+        sum += a[i] * simd_elem(b + i);
+    }
+    return sum;
+}
+
+// y[i] += a * x[i]
+template <class V, class T>
+void simd_axpy(float * y, const T * x, float a, int n) {
+    const typename V::vf va = V::set1(a);
+    int i = 0;
+    for (; i + V::W <= n; i += V::W) {
+        V::store(y + i, V::fmadd(va, V::load(x + i), V::load(y + i)));
+    }
+    for (; i < n; ++i) {
+        y[i] += a * simd_elem(x + i);
+    }
+}
+
+template <class V>
+void simd_f16_to_f32(const uint16_t * x, float * y, int n) {
+    int i = 0;
+    for (; i + V::W <= n; i += V::W) {
+        V::store(y + i, V::load(x + i));
+    }
+    for (; i < n; ++i) {
+        y[i] = sparq_fp16_to_fp32(x[i]);
+    }
+}
+
+// list_gather after a vector loop that stopped at i with m cells gathered: the reference goes on
+// from i (and finds the stop, if any)
+inline int simd_list_gather_rest(const float * ids, int n, int i, const int32_t * flag, int n_list, int base,
+                                 int32_t * idx, int m, int * stop) {
+    int s = 0;
+    m += sparq_list_gather_ref(ids + i, n - i, flag, n_list, base + i, idx + m, &s);
+    *stop = i + s;
+    return m;
+}
+
+} // namespace

@@ -1,0 +1,289 @@
+// llama-sparq: the C API's version and names, the default settings, and llama_sparq_set_params /
+// llama_sparq_get_params (validation, then the context's SparQ state made or updated).
+#include "llama-sparq-impl.h"
+#include "llama-sparq-version.h"
+
+#include <algorithm>
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+
+const char * llama_sparq_version(void) {
+    return "llama-sparq " LLAMA_SPARQ_VERSION_STR " abi " LLAMA_SPARQ_ABI_STR " llama.cpp " LLAMA_SPARQ_UPSTREAM_COMMIT_STR;
+}
+
+int llama_sparq_abi_version(void) {
+    static_assert(LLAMA_SPARQ_ABI_VERSION == LLAMA_SPARQ_ABI_NUM, "llama-sparq.h and CMakeLists.txt disagree on the ABI");
+    return LLAMA_SPARQ_ABI_VERSION;
+}
+
+const char * const sparq_reason_names[LLAMA_SPARQ_DENSE_COUNT] = {
+    "prefill", "short", "swa", "cache_type", "v_trans", "shared_stream", "attn_variant", "no_cache",
+};
+
+const char * const sparq_reason_text[LLAMA_SPARQ_DENSE_COUNT] = {
+    "several query rows per sequence (prompt processing)",
+    "fewer KV cells than the dense threshold",
+    "sliding-window layer",
+    "K or V cache is not f16/f32",
+    "V cache is transposed (make the context with flash attention on or auto)",
+    "several sequences share one KV stream (unified KV cache; use one stream per sequence)",
+    "ALiBi, soft-capping, attention sinks, KQ bias, MLA or differing K/V head sizes",
+    "attention without the KV cache",
+};
+
+const char * llama_sparq_dense_reason_name(int32_t reason) {
+    return reason >= 0 && reason < LLAMA_SPARQ_DENSE_COUNT ? sparq_reason_names[reason] : nullptr;
+}
+
+struct llama_sparq_params llama_sparq_default_params(void) {
+    llama_sparq_params p;
+    memset(&p, 0, sizeof(p));
+    p.size     = sizeof(p);
+    p.enabled  = false;
+    p.r        = 0;
+    p.k        = 128;
+    p.l        = -1;
+    p.min_kv   = 1024;
+    p.all_rows = false;
+    p.selector = LLAMA_SPARQ_SELECTOR_SPARQ;
+    p.gqa      = LLAMA_SPARQ_GQA_SHARED;
+    p.mean_v   = true;
+    p.basis    = LLAMA_SPARQ_BASIS_SCALED; // keeps Gemma 3's answers where the paper's ranking loses them (README "Accuracy")
+    p.index_lists = 256;
+    p.index_probe = 16;
+    return p;
+}
+
+// the names of the enums' values: the one list the front ends (Python, the flags, llama-bench) use
+static const char * const sparq_selector_names[LLAMA_SPARQ_SELECTOR_COUNT] = { "sparq", "oracle", "streaming", "h2o", "index" };
+static const char * const sparq_gqa_names[LLAMA_SPARQ_GQA_COUNT] = { "shared", "per_head" };
+static const char * const sparq_basis_names[LLAMA_SPARQ_BASIS_COUNT] = { "model", "scaled", "pca" };
+
+const char * llama_sparq_selector_name(int32_t selector) {
+    return selector >= 0 && selector < LLAMA_SPARQ_SELECTOR_COUNT ? sparq_selector_names[selector] : nullptr;
+}
+
+const char * llama_sparq_gqa_name(int32_t gqa) {
+    return gqa >= 0 && gqa < LLAMA_SPARQ_GQA_COUNT ? sparq_gqa_names[gqa] : nullptr;
+}
+
+const char * llama_sparq_basis_name(int32_t basis) {
+    return basis >= 0 && basis < LLAMA_SPARQ_BASIS_COUNT ? sparq_basis_names[basis] : nullptr;
+}
+
+// "0 (sparq), 1 (oracle)": the allowed values of an enum setting, for the error messages
+static std::string sparq_allowed_names(const char * const * names, int n) {
+    std::string s;
+    for (int i = 0; i < n; ++i) {
+        s += (i ? ", " : "") + std::to_string(i) + " (" + names[i] + ")";
+    }
+    return s;
+}
+
+void sparq_err(char * err, size_t n, const char * fmt, ...) {
+    if (!err || n == 0) {
+        return;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, n, fmt, ap);
+    va_end(ap);
+}
+
+// ---------------------------------------------------------------------------
+// llama_sparq_set_params: validation
+// ---------------------------------------------------------------------------
+
+// the smallest head size of the full-attention layers (it bounds r)
+static int64_t sparq_min_head_size(const llama_hparams & hp) {
+    int64_t d_min = INT64_MAX;
+    for (uint32_t il = 0; il < hp.n_layer(); ++il) {
+        if (!hp.is_swa(il) && hp.n_embd_head_k(il) > 0) {
+            d_min = std::min<int64_t>(d_min, hp.n_embd_head_k(il));
+        }
+    }
+    if (d_min == INT64_MAX) {
+        d_min = hp.n_embd_head_k();
+    }
+    return d_min;
+}
+
+// an enum setting `what` = v among the n named values, or false with the allowed ones in err
+static bool sparq_enum_ok(const char * what, int32_t v, const char * const * names, int n, char * err, size_t err_size) {
+    if (v < 0 || v >= n) {
+        sparq_err(err, err_size, "SparQ: %s = %d is unknown: allowed %s", what, v, sparq_allowed_names(names, n).c_str());
+        return false;
+    }
+    return true;
+}
+
+// each setting within its range (the first one that is not: false, with the message in err)
+static bool sparq_params_in_range(const llama_sparq_params * p, int64_t d_min, char * err, size_t err_size) {
+    if (p->r < 0 || p->r > d_min) {
+        sparq_err(err, err_size, "SparQ: r = %d is out of range: allowed 1..%lld (the head size), or 0 for head size / 4",
+                  p->r, (long long) d_min);
+        return false;
+    }
+    if (p->k < 1 || p->k > GGML_SPARQ_K_MAX) {
+        sparq_err(err, err_size, "SparQ: k = %d is out of range: allowed 1..%d", p->k, GGML_SPARQ_K_MAX);
+        return false;
+    }
+    if (p->l < -1 || p->l > p->k) {
+        sparq_err(err, err_size, "SparQ: l = %d is out of range: allowed 0..k (k = %d), or -1 for k / 4", p->l, p->k);
+        return false;
+    }
+    if (!sparq_enum_ok("selector", p->selector, sparq_selector_names, LLAMA_SPARQ_SELECTOR_COUNT, err, err_size) ||
+        !sparq_enum_ok("gqa", p->gqa, sparq_gqa_names, LLAMA_SPARQ_GQA_COUNT, err, err_size) ||
+        !sparq_enum_ok("basis", p->basis, sparq_basis_names, LLAMA_SPARQ_BASIS_COUNT, err, err_size)) {
+        return false;
+    }
+    if (p->min_kv < 0) {
+        sparq_err(err, err_size, "SparQ: min_kv = %d is out of range: allowed min_kv >= 0", p->min_kv);
+        return false;
+    }
+    if (p->index_lists < 1 || p->index_lists > 65536) {
+        sparq_err(err, err_size, "SparQ: index_lists = %d is out of range: allowed 1..65536", p->index_lists);
+        return false;
+    }
+    if (p->index_probe < 1 || p->index_probe > p->index_lists) {
+        sparq_err(err, err_size, "SparQ: index_probe = %d is out of range: allowed 1..index_lists (index_lists = %d)",
+                  p->index_probe, p->index_lists);
+        return false;
+    }
+    return true;
+}
+
+// the settings checked against their ranges and the context: 0, or -1 (a bad argument or setting) /
+// -2 (the context cannot run them), with the message in err
+static int32_t sparq_validate_params(llama_context * ctx, const llama_sparq_params * p, char * err, size_t err_size) {
+    if (!ctx || !p) {
+        sparq_err(err, err_size, "SparQ: ctx and params must not be NULL");
+        return -1;
+    }
+    if (p->size != sizeof(llama_sparq_params)) {
+        sparq_err(err, err_size, "SparQ: params.size is %zu, this library's struct llama_sparq_params is %zu bytes "
+                  "(initialise it with llama_sparq_default_params())", p->size, sizeof(llama_sparq_params));
+        return -1;
+    }
+    if (!sparq_params_in_range(p, sparq_min_head_size(A::model(ctx).hparams), err, err_size)) {
+        return -1;
+    }
+    const bool h2o = p->enabled && p->selector == LLAMA_SPARQ_SELECTOR_H2O;
+    if (h2o && p->all_rows) {
+        sparq_err(err, err_size, "SparQ: all_rows = 1 does not apply to selector h2o: its prompt rows are dense and "
+                  "scored, its decode rows choose on the scores");
+        return -1;
+    }
+    const llama_cparams & cp = A::cparams(ctx);
+    if (h2o && cp.n_seq_max > 1) {
+        sparq_err(err, err_size, "SparQ: selector h2o needs a context for one sequence (n_seq_max = 1, here %u): its "
+                  "scores follow one prompt and its decode steps", cp.n_seq_max);
+        return -2;
+    }
+    return 0;
+}
+
+// ---------------------------------------------------------------------------
+// llama_sparq_set_params: application
+// ---------------------------------------------------------------------------
+
+// the context's SparQ state, made when SparQ is first enabled (its cache found, K^T and the sums
+// allocated): 0, or -2 with the message in err
+static int32_t sparq_create(llama_context * ctx, char * err, size_t err_size) {
+    llama_kv_cache * kv = sparq_find_cache(ctx->get_memory());
+    if (!kv) {
+        sparq_err(err, err_size, "SparQ: this context has no attention KV cache (recurrent or embedding model?)");
+        return -2;
+    }
+    if (A::kv_size(kv) > (uint32_t) LLAMA_SPARQ_MAX_CELLS) {
+        sparq_err(err, err_size, "SparQ: the KV cache has %u cells per stream; SparQ supports up to %u (2^24: the "
+                  "op counts the valid cells in f32)", A::kv_size(kv), (uint32_t) LLAMA_SPARQ_MAX_CELLS);
+        return -2;
+    }
+    auto S = std::make_shared<llama_sparq_ctx>();
+    S->lctx = ctx;
+    S->kv = kv;
+    S->balloc = A::balloc(ctx);
+    if (!sparq_alloc(*S, A::model(ctx), err, err_size)) {
+        return -2;
+    }
+    A::cparams(ctx).sparq = S;
+    return 0;
+}
+
+// enabled settings applied to the context's SparQ state: the selectors' and the basis's tensors,
+// and every stream rebuilt when SparQ is switched on or the basis changes. 0, or -2 with the message in err
+static int32_t sparq_apply_params(llama_context * ctx, llama_sparq_ctx & Sq, const llama_sparq_params * p, char * err,
+                                  size_t err_size) {
+    const bool h2o = p->enabled && p->selector == LLAMA_SPARQ_SELECTOR_H2O;
+    const bool index = p->enabled && p->selector == LLAMA_SPARQ_SELECTOR_INDEX;
+    if (h2o || index) {
+        for (const sparq_layer & L : Sq.layers) {
+            if (L.h2o && !ggml_backend_buffer_is_host(L.h2o->buffer)) {
+                sparq_err(err, err_size, "SparQ: selector %s runs on the CPU and needs the KV cache in host memory "
+                          "(here on %s): use --no-kv-offload / offload_kqv = false", h2o ? "h2o" : "index",
+                          ggml_backend_buffer_name(L.h2o->buffer));
+                return -2;
+            }
+        }
+    }
+    if (index && !sparq_alloc_index(Sq, p->index_lists, err, err_size)) {
+        return -2;
+    }
+    if (index && (Sq.params.selector != LLAMA_SPARQ_SELECTOR_INDEX || !Sq.params.enabled)) {
+        std::fill(Sq.ivf_trained.begin(), Sq.ivf_trained.end(), 0); // the index is trained at the next step
+    }
+    if (p->basis == LLAMA_SPARQ_BASIS_PCA && !sparq_alloc_basis(Sq, err, err_size)) {
+        return -2;
+    }
+    if (p->basis != Sq.params.basis || !Sq.params.enabled) {
+        // switched on (nothing kept the data while SparQ was off) or a new basis: every stream is rebuilt
+        // before its next use, in the new basis (a calibrated one at the next SparQ step)
+        Sq.calibrated = false;
+        sparq_basis_reset(Sq);
+        for (auto & st : Sq.streams) {
+            st.valid = false;
+        }
+    }
+    Sq.params = *p;
+    // graphs built with the old settings must not be reused
+    A::need_reserve(ctx);
+    return 0;
+}
+
+int32_t llama_sparq_set_params(struct llama_context * ctx, const struct llama_sparq_params * p, char * err, size_t err_size) {
+    if (err && err_size) {
+        err[0] = '\0';
+    }
+    const int32_t rc = sparq_validate_params(ctx, p, err, err_size);
+    if (rc != 0) {
+        return rc;
+    }
+    llama_cparams & cp = A::cparams(ctx);
+    if (!p->enabled) {
+        if (cp.sparq) {
+            cp.sparq->params = *p;
+            A::need_reserve(ctx);
+        }
+        return 0;
+    }
+    if (!cp.sparq) {
+        const int32_t rc_create = sparq_create(ctx, err, err_size);
+        if (rc_create != 0) {
+            return rc_create;
+        }
+    }
+    return sparq_apply_params(ctx, *cp.sparq, p, err, err_size);
+}
+
+int32_t llama_sparq_get_params(const struct llama_context * ctx, struct llama_sparq_params * out) {
+    if (!out || out->size != sizeof(llama_sparq_params)) {
+        return -1;
+    }
+    const auto & cp = A::cparams(const_cast<llama_context *>(ctx));
+    *out = cp.sparq ? cp.sparq->params : llama_sparq_default_params();
+    return 0;
+}

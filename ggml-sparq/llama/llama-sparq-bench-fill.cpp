@@ -1,0 +1,96 @@
+// llama-sparq: llama_sparq_bench_fill, the synthetic fill of a plain KV cache (random K and V,
+// cells 0..n-1 of sequence 0) that lets llama-bench time long contexts without a prefill.
+#include "llama-sparq-impl.h"
+#include "llama-sparq-parallel.h"
+
+#include <algorithm>
+#include <vector>
+
+// splitmix64: a fast, seedable stream for the synthetic fill
+static inline uint64_t sparq_splitmix(uint64_t & x) {
+    uint64_t z = (x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+// fills a whole K or V tensor with zero-mean, unit-variance values (triangular: the sum
+// of two uniforms, rescaled); each tensor has its own seed
+static void sparq_fill_tensor(ggml_tensor * t, uint64_t seed) {
+    const size_t n = ggml_nelements(t);
+    const size_t chunk = 1 << 20;
+    std::vector<float> f(chunk);
+    std::vector<uint8_t> out(chunk * ggml_type_size(t->type));
+    uint64_t x = seed;
+    for (size_t i0 = 0; i0 < n; i0 += chunk) {
+        const size_t m = std::min(chunk, n - i0);
+        for (size_t i = 0; i < m; i += 2) { // two values per draw, each the sum of two 16-bit uniforms
+            const uint64_t r = sparq_splitmix(x);
+            const float u0 = (float) (r & 0xFFFF) + (float) ((r >> 16) & 0xFFFF);
+            const float u1 = (float) ((r >> 32) & 0xFFFF) + (float) (r >> 48);
+            f[i] = (u0 - 65535.0f) * (2.4494897f / 65535.0f); // unit variance: var(2 uniforms) = 1/6
+            if (i + 1 < m) {
+                f[i + 1] = (u1 - 65535.0f) * (2.4494897f / 65535.0f);
+            }
+        }
+        if (t->type == GGML_TYPE_F16) {
+            ggml_fp32_to_fp16_row(f.data(), (ggml_fp16_t *) out.data(), (int64_t) m);
+            ggml_backend_tensor_set(t, out.data(), i0 * sizeof(ggml_fp16_t), m * sizeof(ggml_fp16_t));
+        } else {
+            ggml_backend_tensor_set(t, f.data(), i0 * sizeof(float), m * sizeof(float));
+        }
+    }
+}
+
+int32_t llama_sparq_bench_fill(struct llama_context * ctx, int32_t n_tokens, uint32_t seed, char * err,
+                               size_t err_size) {
+    if (err && err_size) {
+        err[0] = '\0';
+    }
+    if (!ctx) {
+        sparq_err(err, err_size, "synthetic fill: ctx must not be NULL");
+        return -1;
+    }
+    llama_memory_t mem = llama_get_memory(ctx);
+    auto * kv = dynamic_cast<llama_kv_cache *>(mem);
+    if (!kv) {
+        sparq_err(err, err_size, "synthetic fill: the model's memory is not one plain KV cache (sliding-window, "
+                  "hybrid and recurrent models need a real prefill)");
+        return -1;
+    }
+    const uint32_t size = A::kv_size(kv);
+    if (A::n_stream(kv) != 1) {
+        sparq_err(err, err_size, "synthetic fill: the KV cache has %u streams; only one is supported", A::n_stream(kv));
+        return -1;
+    }
+    if (n_tokens < 1 || (uint32_t) n_tokens > size) {
+        sparq_err(err, err_size, "synthetic fill: n_tokens is %d; allowed 1..%u (the KV cache size)", n_tokens, size);
+        return -1;
+    }
+    llama_kv_cells & cells = A::cells_mut(kv, 0);
+    if (cells.get_used() != 0) {
+        sparq_err(err, err_size, "synthetic fill: the KV cache holds %u cells; clear it first", cells.get_used());
+        return -1;
+    }
+    for (size_t ikv = 0; ikv < A::n_layers(kv); ++ikv) {
+        for (ggml_tensor * t : { A::layer_k(kv, ikv), A::layer_v(kv, ikv) }) {
+            if (t->type != GGML_TYPE_F16 && t->type != GGML_TYPE_F32) {
+                sparq_err(err, err_size, "synthetic fill: cache tensor %s is %s; only f16 and f32 are supported",
+                          t->name, ggml_type_name(t->type));
+                return -1;
+            }
+        }
+    }
+    llama_synchronize(ctx);
+    for (size_t ikv = 0; ikv < A::n_layers(kv); ++ikv) { // K and V of a layer side by side
+        sparq_parallel(2, 2, [&](size_t j) { // j = 0: K, 1: V (each tensor its own seed)
+            sparq_fill_tensor(j == 0 ? A::layer_k(kv, ikv) : A::layer_v(kv, ikv), ((uint64_t) seed << 32) ^ (2 * ikv + j));
+        });
+    }
+    for (int32_t i = 0; i < n_tokens; ++i) {
+        cells.pos_set(i, i);
+        cells.seq_add(i, 0);
+    }
+    A::set_head(kv, 0, (uint32_t) n_tokens % size);
+    return 0; // the cells' new versions (pos_set) make the next step rebuild K^T and the V sums
+}

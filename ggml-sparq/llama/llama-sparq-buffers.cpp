@@ -1,0 +1,223 @@
+// llama-sparq: the SparQ data's tensors and buffers: the full-attention cache found, K^T and the
+// V sums allocated per layer (or the reason a layer has none), the PCA basis and the index.
+#include "llama-sparq-impl.h"
+
+#include "llama-kv-cache-iswa.h"
+#include "llama-memory-hybrid.h"
+
+#include "ggml-alloc.h"
+
+#include <map>
+#include <mutex>
+#include <vector>
+
+llama_kv_cache * sparq_find_cache(llama_memory_t mem) {
+    if (auto * kv = dynamic_cast<llama_kv_cache *>(mem)) {
+        return kv;
+    }
+    if (auto * iswa = dynamic_cast<llama_kv_cache_iswa *>(mem)) {
+        return iswa->get_base();
+    }
+    if (auto * hyb = dynamic_cast<llama_memory_hybrid *>(mem)) {
+        return hyb->get_mem_attn();
+    }
+    return nullptr;
+}
+
+static bool sparq_cache_type_ok(ggml_type t) {
+    return t == GGML_TYPE_F16 || t == GGML_TYPE_F32;
+}
+
+// allocate the tensors of each buffer type in one zeroed buffer (kept in bufs, counted as SparQ's memory)
+bool sparq_alloc_buffers(llama_sparq_ctx & S,
+                         const std::map<ggml_backend_buffer_type_t, std::vector<ggml_tensor *>> & by_buft,
+                         std::vector<ggml_backend_buffer_ptr> & bufs, const char * what, char * err,
+                         size_t err_size) {
+    for (const auto & [buft, tensors] : by_buft) {
+        size_t total = 0;
+        for (ggml_tensor * t : tensors) {
+            total += GGML_PAD(ggml_backend_buft_get_alloc_size(buft, t), ggml_backend_buft_get_alignment(buft));
+        }
+        ggml_backend_buffer_t buf = ggml_backend_buft_alloc_buffer(buft, total + ggml_backend_buft_get_alignment(buft));
+        if (!buf) {
+            sparq_err(err, err_size, "SparQ: cannot allocate %.1f MiB for %s in %s", total / 1048576.0, what,
+                      ggml_backend_buft_name(buft));
+            return false;
+        }
+        ggml_tallocr ta = ggml_tallocr_new(buf);
+        for (ggml_tensor * t : tensors) {
+            ggml_tallocr_alloc(&ta, t);
+        }
+        ggml_backend_buffer_clear(buf, 0);
+        ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+        S.extra_bytes += ggml_backend_buffer_get_size(buf);
+        bufs.emplace_back(buf);
+    }
+    return true;
+}
+
+// allocate K^T and the V sums for the layers of the cache that can use them
+bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, char * err, size_t err_size) {
+    const llama_kv_cache * kv = S.kv;
+    const uint32_t kv_size = A::kv_size(kv), n_stream = A::n_stream(kv);
+    const size_t nl = A::n_layers(kv);
+    S.layers.assign(nl, sparq_layer());
+    S.streams.assign(n_stream, sparq_stream_state());
+
+    ggml_init_params ip = { (nl * 5 + 1) * ggml_tensor_overhead(), nullptr, true };
+    S.ctx.reset(ggml_init(ip));
+    std::map<ggml_backend_buffer_type_t, std::vector<ggml_tensor *>> by_buft;
+    for (size_t ikv = 0; ikv < nl; ++ikv) {
+        const uint32_t il = A::layer_il(kv, ikv);
+        ggml_tensor * k = A::layer_k(kv, ikv);
+        ggml_tensor * v = A::layer_v(kv, ikv);
+        sparq_layer & L = S.layers[ikv];
+        if (model.hparams.is_swa(il)) {
+            L.reason = LLAMA_SPARQ_DENSE_SWA;
+            continue;
+        }
+        if (!sparq_cache_type_ok(k->type) || !sparq_cache_type_ok(v->type)) {
+            L.reason = LLAMA_SPARQ_DENSE_CACHE_TYPE;
+            continue;
+        }
+        if (A::v_trans(kv)) {
+            L.reason = LLAMA_SPARQ_DENSE_V_TRANS;
+            continue;
+        }
+        const int64_t dk = model.hparams.n_embd_head_k(il), dv = model.hparams.n_embd_head_v(il);
+        const int64_t hkv = model.hparams.n_head_kv(il);
+        if (dk != dv || dk * hkv != k->ne[0]) {
+            L.reason = LLAMA_SPARQ_DENSE_ATTN_VARIANT;
+            continue;
+        }
+        L.kt = ggml_new_tensor_4d(S.ctx.get(), k->type, kv_size, dk, hkv, n_stream);
+        L.vsum = ggml_new_tensor_3d(S.ctx.get(), GGML_TYPE_F32, dv, hkv, n_stream);
+        L.ksq = ggml_new_tensor_3d(S.ctx.get(), GGML_TYPE_F32, dk, hkv, n_stream);
+        ggml_format_name(L.ksq, "sparq_ksq_l%u", il);
+        L.vcomp = ggml_new_tensor_3d(S.ctx.get(), GGML_TYPE_F32, dv, hkv, n_stream);
+        ggml_format_name(L.kt, "sparq_kt_l%u", il);
+        ggml_format_name(L.vsum, "sparq_vsum_l%u", il);
+        ggml_format_name(L.vcomp, "sparq_vcomp_l%u", il);
+        L.h2o = ggml_new_tensor_3d(S.ctx.get(), GGML_TYPE_F32, kv_size, hkv, n_stream);
+        ggml_format_name(L.h2o, "sparq_h2o_l%u", il);
+        ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(k->buffer);
+        by_buft[buft].push_back(L.kt);
+        by_buft[buft].push_back(L.vsum);
+        by_buft[buft].push_back(L.ksq);
+        by_buft[buft].push_back(L.vcomp);
+        by_buft[buft].push_back(L.h2o);
+        S.kv_bytes += ggml_nbytes(k) + ggml_nbytes(v);
+        S.n_layers++;
+    }
+    if (!sparq_alloc_buffers(S, by_buft, S.bufs, "K^T and the V sums", err, err_size)) {
+        return false;
+    }
+    LLAMA_LOG_INFO("%s: SparQ data for %d of %zu KV-cache layers: K^T + V sums = %.2f MiB "
+                   "(+%.0f%% of those layers' K and V, %.2f MiB)\n", __func__, S.n_layers, nl,
+                   S.extra_bytes / 1048576.0, S.kv_bytes ? 100.0 * S.extra_bytes / S.kv_bytes : 0.0,
+                   S.kv_bytes / 1048576.0);
+    return true;
+}
+
+// bytes [off, off + n) of a tensor, on the host
+std::vector<uint8_t> sparq_get_slice(ggml_tensor * t, size_t off, size_t n) {
+    std::vector<uint8_t> buf(n);
+    ggml_backend_tensor_get(t, buf.data(), off, n);
+    return buf;
+}
+
+// the PCA basis back to the identity (unit spread), not calibrated
+void sparq_basis_reset(llama_sparq_ctx & S) {
+    for (sparq_layer & L : S.layers) {
+        if (!L.rot) {
+            continue;
+        }
+        const int64_t d = L.rot->ne[0], hkv = L.rot->ne[2];
+        std::vector<float> eye((size_t) d * d * hkv, 0.0f), one((size_t) d * hkv, 1.0f);
+        for (int64_t h = 0; h < hkv; ++h) {
+            for (int64_t j = 0; j < d; ++j) {
+                eye[(size_t) (h * d + j) * d + j] = 1.0f;
+            }
+        }
+        ggml_backend_tensor_set(L.rot, eye.data(), 0, eye.size() * sizeof(float));
+        ggml_backend_tensor_set(L.spread, one.data(), 0, one.size() * sizeof(float));
+        L.rot_host.clear();
+    }
+}
+
+// allocate the PCA basis tensors (identity, unit spread) next to each layer's K^T
+bool sparq_alloc_basis(llama_sparq_ctx & S, char * err, size_t err_size) {
+    if (S.basis_ctx) {
+        return true;
+    }
+    ggml_init_params ip = { (S.layers.size() * 2 + 1) * ggml_tensor_overhead(), nullptr, true };
+    S.basis_ctx.reset(ggml_init(ip));
+    std::map<ggml_backend_buffer_type_t, std::vector<ggml_tensor *>> by_buft;
+    for (sparq_layer & L : S.layers) {
+        if (!L.kt) {
+            continue;
+        }
+        const int64_t d = L.kt->ne[1], hkv = L.kt->ne[2];
+        L.rot = ggml_new_tensor_3d(S.basis_ctx.get(), GGML_TYPE_F32, d, d, hkv);
+        L.spread = ggml_new_tensor_2d(S.basis_ctx.get(), GGML_TYPE_F32, d, hkv);
+        ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(L.kt->buffer);
+        by_buft[buft].push_back(L.rot);
+        by_buft[buft].push_back(L.spread);
+    }
+    if (!sparq_alloc_buffers(S, by_buft, S.basis_bufs, "the PCA basis", err, err_size)) {
+        return false;
+    }
+    sparq_basis_reset(S);
+    return true;
+}
+
+// the index selector's tensors for n_list lists (again when the count changes); every stream untrained
+bool sparq_alloc_index(llama_sparq_ctx & S, int32_t n_list, char * err, size_t err_size) {
+    if (S.ivf_ctx && S.ivf_n_list == n_list) {
+        return true;
+    }
+    for (auto & b : S.ivf_bufs) {
+        S.extra_bytes -= ggml_backend_buffer_get_size(b.get());
+    }
+    S.ivf_bufs.clear();
+    ggml_init_params ip = { (S.layers.size() * 2 + 1) * ggml_tensor_overhead(), nullptr, true };
+    S.ivf_ctx.reset(ggml_init(ip));
+    std::map<ggml_backend_buffer_type_t, std::vector<ggml_tensor *>> by_buft;
+    for (sparq_layer & L : S.layers) {
+        L.ivf_cent = L.ivf_list = nullptr;
+        if (!L.kt) {
+            continue;
+        }
+        const int64_t kv_size = L.kt->ne[0], d = L.kt->ne[1], hkv = L.kt->ne[2], ns = L.kt->ne[3];
+        // one row more than the lists: the op reports there what it read (ggml_sparq_attn_set_index_reads)
+        L.ivf_cent = ggml_new_tensor_4d(S.ivf_ctx.get(), GGML_TYPE_F32, d, n_list + 1, hkv, ns);
+        L.ivf_list = ggml_new_tensor_3d(S.ivf_ctx.get(), GGML_TYPE_F32, kv_size, hkv, ns);
+        ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(L.kt->buffer);
+        by_buft[buft].push_back(L.ivf_cent);
+        by_buft[buft].push_back(L.ivf_list);
+    }
+    S.ivf_n_list = 0;
+    {
+        std::lock_guard<std::mutex> lock(S.mtx);
+        S.ivf_pending.clear(); // they name the tensors replaced here
+    }
+    if (!sparq_alloc_buffers(S, by_buft, S.ivf_bufs, "the vector index", err, err_size)) {
+        S.ivf_ctx.reset();
+        return false;
+    }
+    S.ivf_n_list = n_list;
+    S.ivf_trained.assign(S.streams.size(), 0);
+    return true;
+}
+
+std::vector<sparq_head_job> sparq_head_jobs(const llama_sparq_ctx & S, ggml_tensor * sparq_layer::*t) {
+    std::vector<sparq_head_job> jobs;
+    for (size_t ikv = 0; ikv < S.layers.size(); ++ikv) {
+        if (S.layers[ikv].*t) {
+            for (int64_t h = 0; h < (S.layers[ikv].*t)->ne[2]; ++h) {
+                jobs.push_back({ ikv, h });
+            }
+        }
+    }
+    return jobs;
+}

@@ -1,0 +1,21 @@
+// llama-sparq: the environment switches of libllama's SparQ code, read in one place
+// (llama-sparq-env.cpp). They are for tests and comparisons; the defaults are the product's path.
+#pragma once
+
+struct sparq_env {
+    // LLAMA_SPARQ_GRAPH_REBUILD: a stream rebuild runs as a ggml graph on the backend of the
+    // device holding the cache (llama-sparq-rebuild-device.cpp) also when the cache is in host
+    // memory (the CPU backend), so that the tests check that path on machines without a GPU.
+    // On when the value parses (atoi) to an integer other than 0: "1", "2", "-1", "1abc";
+    // off when unset or "0", "", "abc". With a GPU the graph rebuild runs anyway.
+    bool graph_rebuild = false;
+    // LLAMA_SPARQ_HOST_REBUILD: stream rebuilds always take the host path
+    // (llama-sparq-rebuild-host.cpp), never the device graph, for comparisons.
+    // On when the variable is set at all, whatever its value ("1", "0" and "" alike); off when unset.
+    bool host_rebuild = false;
+};
+
+// The switches as the environment holds them now. Read at every call, not cached: a process may
+// change them between contexts (tests/test_cuda.py sets LLAMA_SPARQ_GRAPH_REBUILD for one context
+// and unsets it for the next within one process); callers read them once per stream rebuild.
+sparq_env sparq_env_read();

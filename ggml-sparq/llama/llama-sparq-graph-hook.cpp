@@ -1,0 +1,485 @@
+// llama-sparq: the hook in build_attn (llama-sparq-graph.h): per attention call, SparQ or dense
+// and why, the appends that keep K^T and the sums current, and the SPARQ_ATTN node with its inputs.
+#include "llama-sparq-graph.h"
+#include "llama-sparq-graph-input.h"
+
+#include "llama-kv-cache-iswa.h"
+#include "llama-memory-hybrid.h"
+
+#include <algorithm>
+#include <memory>
+#include <vector>
+
+uint32_t sparq_used_max(const llama_kv_cache_context * m) {
+    const auto & si = A::sinfo(m);
+    uint32_t n = 0;
+    for (uint32_t s = 0; s < si.n_stream(); ++s) {
+        n = std::max(n, A::cells(A::cache(m), si.strm[s]).get_used());
+    }
+    return n;
+}
+
+int sparq_rows_mode(const llama_sparq_ctx & S, const llama_ubatch & ub, uint32_t n_stream,
+                    std::vector<uint8_t> * prompt) {
+    if (prompt) {
+        prompt->assign(n_stream, 0);
+    }
+    // several rows per stream are prompt rows and dense anyway (or all SparQ in all-rows mode)
+    if (S.params.all_rows || !S.balloc || n_stream == 0 || ub.n_tokens != n_stream || !ub.seq_id) {
+        return SPARQ_ROWS_SPARQ;
+    }
+    uint32_t n = 0;
+    for (uint32_t s = 0; s < n_stream; ++s) {
+        const llama_seq_id seq = ub.seq_id[s][0];
+        const bool p = seq >= 0 && seq < LLAMA_MAX_SEQ && S.balloc->seq_pos_max(seq) > S.balloc->seq_pos_min(seq);
+        n += p;
+        if (prompt) {
+            (*prompt)[s] = p;
+        }
+    }
+    return n == 0 ? SPARQ_ROWS_SPARQ : n == n_stream ? SPARQ_ROWS_DENSE : SPARQ_ROWS_MIXED;
+}
+
+const llama_kv_cache_context * sparq_base_mctx(const llama_memory_context_i * m) {
+    if (auto * kc = dynamic_cast<const llama_kv_cache_context *>(m)) {
+        return kc;
+    }
+    if (auto * iswa = dynamic_cast<const llama_kv_cache_iswa_context *>(m)) {
+        return iswa->get_base();
+    }
+    if (auto * hyb = dynamic_cast<const llama_memory_hybrid_context *>(m)) {
+        return hyb->get_attn();
+    }
+    return nullptr;
+}
+
+// ---------------------------------------------------------------------------
+// the graph hook
+// ---------------------------------------------------------------------------
+
+// the graph's SparQ input (one per graph, shared by its layers): the one the graph has, else added
+// here when the graph's memory context (plain, iswa or hybrid) gives the full-attention cache's; or NULL
+static llm_graph_input_sparq * sparq_graph_input(const llm_graph_context & g, const llama_kv_cache_context * mctx,
+                                                 bool same_cache) {
+    const auto & cp = g.cparams;
+    llama_sparq_ctx & S = *cp.sparq;
+    llm_graph_input_sparq * inp = nullptr;
+    for (auto & in : g.res->inputs) {
+        if ((inp = dynamic_cast<llm_graph_input_sparq *>(in.get())) != nullptr) {
+            break;
+        }
+    }
+    if (!inp) {
+        // the graph's memory context (plain, iswa or hybrid) gives the full-attention cache's
+        const llama_kv_cache_context * base = same_cache ? mctx : sparq_base_mctx(g.mctx);
+        if (base && A::cache(base) == S.kv) {
+            inp = (llm_graph_input_sparq *) g.res->add_input(std::make_unique<llm_graph_input_sparq>(cp.sparq, base));
+            inp->rows_mode = sparq_rows_mode(S, g.ubatch, A::sinfo(base).n_stream());
+        }
+    }
+    return inp;
+}
+
+// a decision of this call recorded in the graph's input (for the counters), where there is one
+static void sparq_decide(llm_graph_input_sparq * inp, int il, int reason, int d, int r, int kk, int rows, int extra = 0) {
+    if (inp) {
+        inp->decisions.push_back({ il, reason, d, r, kk, rows, extra });
+    }
+}
+
+// one attention call that may run SparQ: its layer's data, the shapes, the settings as they apply to
+// this layer, and the op's sources (the kept tensors, or the graph's appends to them)
+struct sparq_attn_build {
+    const llm_graph_context & g;
+    ggml_context * ctx0;
+    llama_sparq_ctx & S;
+    const llama_sparq_params & P;
+    sparq_layer & L;
+    llm_graph_input_sparq * inp;
+    const llama_kv_cache::slot_info & si;
+    int il;
+    int32_t ikv;
+
+    int64_t n_stream, n_tokens, n_tps, n_kv, d, hkv;
+    int r, kk, l, g_size;
+    bool streaming, h2o, index, per_head;
+
+    ggml_tensor * kt_src, * vs_src, * ksq_src, * h2o_src, * ivf_src;
+
+    sparq_attn_build(const llm_graph_context & g, const llama_kv_cache_context * mctx, llama_sparq_ctx & S,
+                     llm_graph_input_sparq * inp, int il, int32_t ikv, const ggml_tensor * q, const ggml_tensor * k)
+        : g(g), ctx0(g.ctx0), S(S), P(S.params), L(S.layers[ikv]), inp(inp), si(A::sinfo(mctx)), il(il), ikv(ikv) {
+        n_stream = k->ne[3];
+        n_tokens = q->ne[2];
+        n_tps    = n_tokens / n_stream;
+        n_kv     = k->ne[2];
+        d        = k->ne[0];
+        hkv      = k->ne[1];
+        r  = P.r > 0 ? P.r : std::max<int>(1, (int) d / 4); // the default: head size / 4 (README "Accuracy")
+        kk = P.k;
+        streaming = P.selector == LLAMA_SPARQ_SELECTOR_STREAMING;
+        h2o = P.selector == LLAMA_SPARQ_SELECTOR_H2O;
+        index = P.selector == LLAMA_SPARQ_SELECTOR_INDEX;
+        // streaming (LM-Infinite): the first min(16, k/2) positions and the k - that most recent
+        l  = streaming ? kk - std::min(16, kk / 2) : P.l >= 0 ? P.l : kk / 4;
+        g_size = (int) (q->ne[1] / std::max<int64_t>(1, hkv));
+        per_head = P.gqa == LLAMA_SPARQ_GQA_PER_HEAD && g_size > 1 && !streaming && !h2o;
+        kt_src = L.kt;
+        vs_src = L.vsum;
+        ksq_src = L.ksq;
+        h2o_src = L.h2o;
+        ivf_src = L.ivf_list;
+    }
+};
+
+// the graph's input of K^T-style row indices for rows of E elements per token (made once per E)
+static ggml_tensor * sparq_kt_idxs(sparq_attn_build & b, int64_t E) {
+    ggml_tensor *& idx = b.inp->kt_idxs[E];
+    if (!idx) {
+        idx = ggml_new_tensor_1d(b.ctx0, GGML_TYPE_I64, b.n_tokens * E);
+        ggml_set_input(idx);
+        ggml_set_name(idx, "sparq_kt_idxs");
+    }
+    return idx;
+}
+
+// x (f32) as the cache of type `type` holds it: rounded to that type and back (f32: as it is)
+static ggml_tensor * sparq_as_cached(ggml_context * ctx0, ggml_tensor * x, ggml_type type) {
+    if (type != GGML_TYPE_F32) {
+        x = ggml_cast(ctx0, ggml_cast(ctx0, x, type), GGML_TYPE_F32);
+    }
+    return x;
+}
+
+// x [E, n_tps, n_stream] summed over its tokens per stream: [E, n_stream]
+static ggml_tensor * sparq_sum_tokens(ggml_context * ctx0, ggml_tensor * x, int64_t E, int64_t n_tps, int64_t n_stream) {
+    if (n_tps == 1) {
+        return ggml_reshape_2d(ctx0, x, E, n_stream);
+    }
+    ggml_tensor * sum = ggml_sum_rows(ctx0, ggml_cont(ctx0, ggml_permute(ctx0, x, 1, 0, 2, 3))); // [1, E, ns]
+    return ggml_reshape_2d(ctx0, sum, E, n_stream);
+}
+
+// the ubatch's keys into K^T (set_rows), in the PCA basis when K^T is kept in it
+static ggml_tensor * sparq_append_keys(sparq_attn_build & b, ggml_tensor * k_cur, const ggml_tensor * k) {
+    ggml_context * ctx0 = b.ctx0;
+    const int64_t E = k_cur->ne[0] * k_cur->ne[1];
+    ggml_tensor * idx = sparq_kt_idxs(b, E);
+    ggml_tensor * rows = ggml_reshape_2d(ctx0, b.L.kt, 1, ggml_nelements(b.L.kt));
+    ggml_tensor * kin = ggml_is_contiguous(k_cur) ? k_cur : ggml_cont(ctx0, k_cur);
+    if (b.P.basis == LLAMA_SPARQ_BASIS_PCA && b.L.rot) {
+        // K^T in the PCA basis: rotate the keys as the cache holds them (rounded to its type)
+        ggml_tensor * kc = ggml_reshape_3d(ctx0, kin, b.d, b.hkv, b.n_tokens);
+        kc = sparq_as_cached(ctx0, kc, k->type);
+        kc = ggml_cont(ctx0, ggml_permute(ctx0, kc, 0, 2, 1, 3));             // [d, n_tokens, hkv]
+        kc = ggml_mul_mat(ctx0, b.L.rot, kc);                                   // [d, n_tokens, hkv]
+        kin = ggml_cont(ctx0, ggml_permute(ctx0, kc, 0, 2, 1, 3));            // [d, hkv, n_tokens]
+    }
+    ggml_tensor * src = ggml_reshape_2d(ctx0, kin, 1, b.n_tokens * E);
+    ggml_tensor * kt = ggml_set_rows(ctx0, rows, src, idx);
+    ggml_build_forward_expand(b.g.gf, kt);
+    return kt;
+}
+
+// V sums of the ubatch's streams: += the new values, compensated
+static ggml_tensor * sparq_append_values(sparq_attn_build & b, ggml_tensor * v_cur, const ggml_tensor * v) {
+    ggml_context * ctx0 = b.ctx0;
+    const int64_t Ev = v_cur->ne[0] * v_cur->ne[1];
+    ggml_tensor * vv = ggml_reshape_3d(ctx0, ggml_is_contiguous(v_cur) ? v_cur : ggml_cont(ctx0, v_cur), Ev, b.n_tps, b.n_stream);
+    // sum what the cache holds (the values rounded to its type), so the sums equal a recomputation
+    vv = sparq_as_cached(ctx0, vv, v->type);
+    ggml_tensor * add = sparq_sum_tokens(ctx0, vv, Ev, b.n_tps, b.n_stream);
+    // Kahan summation: y = x - c, t = s + y, c = (t - s) - y, s = t. A plain f32 += loses up to
+    // half an ulp of the sum per append: at 1M cells of unit-scale V (|sum| ~ 1e3 for zero-mean
+    // values, up to ~1e6 otherwise) 1000 decode steps drift by ~3e-3 from a recomputation (more
+    // than llama_sparq_debug_check's 1e-3 in the tests); compensated, the sum stays within about
+    // one rounding of the exact one however many appends follow a rebuild
+    const sparq_layer & L = b.L;
+    ggml_tensor * s0 = ggml_view_2d(ctx0, L.vsum, Ev, b.n_stream, L.vsum->nb[2], b.si.s0 * L.vsum->nb[2]);
+    ggml_tensor * c0 = ggml_view_2d(ctx0, L.vcomp, Ev, b.n_stream, L.vcomp->nb[2], b.si.s0 * L.vcomp->nb[2]);
+    ggml_tensor * y = ggml_sub(ctx0, ggml_cast(ctx0, add, GGML_TYPE_F32), c0);
+    ggml_tensor * t = ggml_add(ctx0, s0, y);
+    // the new compensation is computed from s0 before s0 is overwritten (graph order)
+    ggml_build_forward_expand(b.g.gf, ggml_cpy(ctx0, ggml_sub(ctx0, ggml_sub(ctx0, t, s0), y), c0));
+    ggml_tensor * vs = ggml_cpy(ctx0, t, s0);
+    ggml_build_forward_expand(b.g.gf, vs);
+    return vs;
+}
+
+// sums of k^2 per component (the scaled basis's weights), of the keys as the cache holds them
+static ggml_tensor * sparq_append_ksq(sparq_attn_build & b, ggml_tensor * k_cur, const ggml_tensor * k) {
+    ggml_context * ctx0 = b.ctx0;
+    const int64_t E = k_cur->ne[0] * k_cur->ne[1];
+    ggml_tensor * kk2 = ggml_reshape_3d(ctx0, ggml_is_contiguous(k_cur) ? k_cur : ggml_cont(ctx0, k_cur), E, b.n_tps, b.n_stream);
+    kk2 = sparq_as_cached(ctx0, kk2, k->type);
+    kk2 = ggml_sqr(ctx0, kk2);
+    ggml_tensor * kadd = sparq_sum_tokens(ctx0, kk2, E, b.n_tps, b.n_stream);
+    ggml_tensor * kdst = ggml_view_2d(ctx0, b.L.ksq, E, b.n_stream, b.L.ksq->nb[2], b.si.s0 * b.L.ksq->nb[2]);
+    ggml_tensor * ksq = ggml_add_inplace(ctx0, kdst, kadd);
+    ggml_build_forward_expand(b.g.gf, ksq);
+    return ksq;
+}
+
+// a per-cell tensor [kv_size, hkv, n_stream] with the ubatch's cells set to value: entry (cell c,
+// KV head j, stream s) is at s*kv_size*hkv + j*kv_size + c, K^T's indexing with E = hkv
+static ggml_tensor * sparq_set_new_cells(sparq_attn_build & b, ggml_tensor * t, float value, const char * name) {
+    ggml_context * ctx0 = b.ctx0;
+    ggml_tensor * hidx = sparq_kt_idxs(b, b.hkv);
+    ggml_tensor * fill = ggml_fill(ctx0, ggml_new_tensor_2d(ctx0, GGML_TYPE_F32, 1, b.n_tokens * b.hkv), value);
+    ggml_tensor * out = ggml_set_rows(ctx0, ggml_reshape_2d(ctx0, t, 1, ggml_nelements(t)), fill, hidx);
+    ggml_format_name(out, "%s-%d", name, b.il); // llama_sparq.capture reads the tensor here, before the op
+    ggml_build_forward_expand(b.g.gf, out);
+    return out;
+}
+
+// appends keep K^T and the V sums current on every ubatch that writes this layer's cache
+// (prompt ubatches too: cheaper than rebuilding the data at the next decode step)
+static void sparq_build_appends(sparq_attn_build & b, ggml_tensor * k_cur, ggml_tensor * v_cur, const ggml_tensor * k,
+                                const ggml_tensor * v) {
+    b.inp->appends = true;
+    b.kt_src = sparq_append_keys(b, k_cur, k);
+    b.vs_src = sparq_append_values(b, v_cur, v);
+    b.ksq_src = sparq_append_ksq(b, k_cur, k);
+    if (b.h2o) {
+        b.h2o_src = sparq_set_new_cells(b, b.L.h2o, 0.0f, "sparq_h2o"); // H2O: no attention received yet
+    }
+    if (b.index) {
+        b.ivf_src = sparq_set_new_cells(b, b.L.ivf_list, -1.0f, "sparq_ivf"); // the index: in no list yet (the op assigns them)
+    }
+}
+
+// why this call runs dense (an LLAMA_SPARQ_DENSE_* reason), or -1; records the dense threshold's
+// side in the input (graph reuse compares it)
+static int sparq_dense_reason(sparq_attn_build & b, const llama_kv_cache_context * mctx, ggml_tensor * kq_b,
+                              ggml_tensor * sinks, ggml_tensor * v_mla, const ggml_tensor * v) {
+    const llm_graph_context & g = b.g;
+    const auto & cp = g.cparams;
+    int reason = -1;
+    if (kq_b || sinks || v_mla || g.hparams.attn_soft_cap || g.hparams.f_max_alibi_bias > 0.0f ||
+        g.arch == LLM_ARCH_GROK || v->ne[0] != b.d) {
+        reason = LLAMA_SPARQ_DENSE_ATTN_VARIANT;
+    } else if (cp.kv_unified && cp.n_seq_max > 1) {
+        reason = LLAMA_SPARQ_DENSE_SHARED_STREAM;
+    } else if ((b.n_tps > 1 && !b.P.all_rows) || (b.inp && b.inp->rows_mode == SPARQ_ROWS_DENSE)) {
+        reason = LLAMA_SPARQ_DENSE_PREFILL; // prompt rows only
+    } else if (!b.h2o) { // H2O runs the op on every decode step: its scores follow every step
+        const bool is_short = sparq_used_max(mctx) < (uint32_t) b.P.min_kv;
+        if (b.inp) {
+            b.inp->short_ctx = is_short;
+        }
+        if (is_short) {
+            reason = LLAMA_SPARQ_DENSE_SHORT;
+        }
+    }
+    return reason;
+}
+
+// H2O's prompt: the dense attention's weights summed over the prompt rows (column sums of the
+// causal attention matrix) and over the query heads of each group, added to the scores h2o3; the
+// attention itself stays upstream's. [n_kv, n_tps, n_head, ns] weights, f32: prompt ubatches only
+static void sparq_h2o_prompt_scores(sparq_attn_build & b, ggml_tensor * q, ggml_tensor * k, ggml_tensor * kq_mask,
+                                    float kq_scale, ggml_tensor * h2o3) {
+    ggml_context * ctx0 = b.ctx0;
+    const int64_t n_tps = b.n_tps, n_stream = b.n_stream, n_kv = b.n_kv, hkv = b.hkv;
+    ggml_tensor * q4 = ggml_permute(ctx0, ggml_view_4d(ctx0, q, q->ne[0], q->ne[1], n_tps, n_stream, q->nb[1], q->nb[2],
+                                                     q->nb[2] * n_tps, 0), 0, 2, 1, 3);
+    ggml_tensor * kq = ggml_mul_mat(ctx0, ggml_permute(ctx0, k, 0, 2, 1, 3), q4);
+    ggml_mul_mat_set_prec(kq, GGML_PREC_F32);
+    kq = ggml_soft_max_ext(ctx0, kq, kq_mask, kq_scale, 0.0f);
+    ggml_tensor * cs = ggml_sum_rows(ctx0, ggml_cont(ctx0, ggml_permute(ctx0, kq, 1, 0, 2, 3))); // [1, n_kv, n_head, ns]
+    cs = ggml_reshape_4d(ctx0, cs, n_kv, b.g_size, hkv, n_stream);
+    cs = ggml_sum_rows(ctx0, ggml_cont(ctx0, ggml_permute(ctx0, cs, 1, 0, 2, 3)));              // [1, n_kv, hkv, ns]
+    ggml_build_forward_expand(b.g.gf, ggml_add_inplace(ctx0, h2o3, ggml_reshape_3d(ctx0, cs, n_kv, hkv, n_stream)));
+}
+
+// the SparQ decision with the cost model's terms: the oracle reads all d components; per-head choice
+// reads up to g * (k - l) + l rows; the baselines (the paper's Appendix G): streaming 2kd + 2d, H2O
+// 2kd + 2d + 2S (its scores read and written), neither reading or writing the mean of V
+static void sparq_decide_sparq(sparq_attn_build & b) {
+    const int d = (int) b.d, kk = b.kk, l = b.l, g_size = b.g_size;
+    const llama_sparq_params & P = b.P;
+    if (b.streaming || b.h2o) {
+        sparq_decide(b.inp, b.il, -1, d, b.h2o ? 2 : 0, kk, kk, -2 * d);
+    } else if (b.index) {
+        // the index: its centroids (f32: 2 elements each), the list ids (f32), and the keys of the probed
+        // lists, index_probe / index_lists of the cells when the lists are even (an estimate: the counters
+        // do not see the lists' sizes), then k rows of K and V
+        // (per-head search: each query head probes its own lists, up to g times as many, and picks its own
+        // k - l cells, the group attending over their union)
+        // (the op reports the rows it read; once that step has run the counters replace the estimate
+        // by them: sparq_count_index_reads)
+        const int C = b.S.ivf_n_list, np = std::min(b.per_head ? g_size * P.index_probe : P.index_probe, C);
+        const int est = (int) (((int64_t) d * np + C / 2) / C);
+        sparq_decide(b.inp, b.il, -1, d, 2 + est, kk, b.per_head ? g_size * (kk - l) + l : kk, 2 * C * d - 2 * d);
+        if (b.inp && !b.inp->decisions.empty()) {
+            b.inp->decisions.back().ikv = b.ikv;
+            b.inp->decisions.back().est_per_cell = est;
+        }
+    } else {
+        sparq_decide(b.inp, b.il, -1, d, P.selector == LLAMA_SPARQ_SELECTOR_ORACLE ? d : b.r, kk,
+                     b.per_head ? g_size * (kk - l) + l : kk,
+                     // the PCA rotation (f32 d x d per KV head) is read every step; the scaled basis's d weights are
+                     // left out (like vbar's, a 1/S share of the step)
+                     P.basis == LLAMA_SPARQ_BASIS_PCA && b.L.rot ? 2 * d * d : 0);
+    }
+}
+
+// the selector's inputs of the op: H2O's scores, the index's centroids and lists, or the basis
+// (the PCA rotation of the query and its spread, or the scaled basis's weights)
+static void sparq_set_selector_inputs(sparq_attn_build & b, ggml_tensor * cur, ggml_tensor * q4, ggml_tensor * h2o3) {
+    ggml_context * ctx0 = b.ctx0;
+    const llama_sparq_params & P = b.P;
+    const sparq_layer & L = b.L;
+    const int64_t d = b.d, hkv = b.hkv, n_stream = b.n_stream, n_kv = b.n_kv;
+    if (b.h2o) {
+        ggml_sparq_attn_set_h2o(cur, h2o3);
+    } else if (b.index) {
+        ggml_tensor * cent = ggml_view_4d(ctx0, L.ivf_cent, d, b.S.ivf_n_list, hkv, n_stream, L.ivf_cent->nb[1],
+                                          L.ivf_cent->nb[2], L.ivf_cent->nb[3], b.si.s0 * L.ivf_cent->nb[3]);
+        ggml_tensor * lists = ggml_view_3d(ctx0, b.ivf_src, n_kv, hkv, n_stream, L.ivf_list->nb[1], L.ivf_list->nb[2],
+                                           b.si.s0 * L.ivf_list->nb[2]);
+        ggml_sparq_attn_set_index(cur, cent, lists, std::min(P.index_probe, b.S.ivf_n_list));
+        ggml_sparq_attn_set_index_reads(cur); // into row ivf_n_list of L.ivf_cent: the counters read it
+    } else if (P.basis == LLAMA_SPARQ_BASIS_PCA && L.rot) {
+        // the query in the PCA basis of its KV head (query head h uses rot[h / g], as GQA maps heads)
+        ggml_tensor * q_sel = ggml_mul_mat(ctx0, L.rot, ggml_cont(ctx0, q4)); // [d, n_tps, n_head, ns]
+        ggml_sparq_attn_set_basis(cur, q_sel, L.spread);
+    } else if (P.basis == LLAMA_SPARQ_BASIS_SCALED && !b.streaming && !b.index) {
+        // weights: the keys' RMS per component over the stream's cells; sqrt of the sums of squares
+        // (the count is common to all components and cancels in step 1's ranking and in tau)
+        ggml_tensor * ks3 = ggml_view_3d(ctx0, b.ksq_src, d, hkv, n_stream, L.ksq->nb[1], L.ksq->nb[2], 0);
+        ggml_sparq_attn_set_basis(cur, nullptr, ggml_sqrt(ctx0, ks3));
+    }
+}
+
+// the SPARQ_ATTN node on the layout of build_attn_mha, with its selector, selector inputs and window
+static ggml_tensor * sparq_build_op(sparq_attn_build & b, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,
+                                    ggml_tensor * kq_mask, float kq_scale, ggml_tensor * h2o3) {
+    ggml_context * ctx0 = b.ctx0;
+    llm_graph_input_sparq * inp = b.inp;
+    const llama_sparq_params & P = b.P;
+    const sparq_layer & L = b.L;
+    const int64_t n_stream = b.n_stream, n_tps = b.n_tps, n_kv = b.n_kv, d = b.d, hkv = b.hkv;
+    const int l = b.l, kk = b.kk;
+    if (!inp->v_count) {
+        inp->v_count = ggml_new_tensor_1d(ctx0, GGML_TYPE_F32, n_stream);
+        ggml_set_input(inp->v_count);
+        ggml_set_name(inp->v_count, "sparq_v_count");
+    }
+
+    // the layout of build_attn_mha: q [d, n_tps, n_head, ns], k/v [d, n_kv, n_head_kv, ns]
+    ggml_tensor * q4 = ggml_view_4d(ctx0, q, q->ne[0], q->ne[1], n_tps, n_stream, q->nb[1], q->nb[2], q->nb[2] * n_tps, 0);
+    q4 = ggml_permute(ctx0, q4, 0, 2, 1, 3);
+    ggml_tensor * k4 = ggml_permute(ctx0, k, 0, 2, 1, 3);
+    ggml_tensor * v4 = ggml_permute(ctx0, v, 0, 2, 1, 3);
+    ggml_tensor * kt4 = ggml_view_4d(ctx0, b.kt_src, n_kv, d, hkv, n_stream, L.kt->nb[1], L.kt->nb[2], L.kt->nb[3],
+                                     b.si.s0 * L.kt->nb[3]);
+    ggml_tensor * vs3 = ggml_view_3d(ctx0, b.vs_src, v->ne[0], hkv, n_stream, L.vsum->nb[1], L.vsum->nb[2], 0);
+    if (q4->type != GGML_TYPE_F32) {
+        q4 = ggml_cast(ctx0, q4, GGML_TYPE_F32);
+    }
+    ggml_tensor * cur = ggml_sparq_attn(ctx0, q4, k4, kt4, v4, vs3, inp->v_count, kq_mask, b.r, kk, l, kq_scale);
+    static_assert(LLAMA_SPARQ_SELECTOR_SPARQ == GGML_SPARQ_SEL_SPARQ && LLAMA_SPARQ_SELECTOR_ORACLE == GGML_SPARQ_SEL_ORACLE &&
+                  LLAMA_SPARQ_SELECTOR_STREAMING == GGML_SPARQ_SEL_STREAMING && LLAMA_SPARQ_SELECTOR_H2O == GGML_SPARQ_SEL_H2O &&
+                  LLAMA_SPARQ_SELECTOR_INDEX == GGML_SPARQ_SEL_INDEX,
+                  "the llama and ggml selectors are numbered alike");
+    ggml_sparq_attn_set_selector(cur, P.selector,
+                                 (b.per_head ? GGML_SPARQ_FLAG_PER_HEAD : 0) |
+                                 (P.mean_v && !b.streaming && !b.h2o && !b.index ? 0 : GGML_SPARQ_FLAG_NO_MEAN_V));
+    sparq_set_selector_inputs(b, cur, q4, h2o3);
+    if (l > 0 || b.streaming) {
+        // streaming: the window's l cells, then the k - l cells of the earliest positions
+        const int w = b.streaming ? kk : l;
+        if (!inp->win) {
+            inp->win = ggml_new_tensor_3d(ctx0, GGML_TYPE_I32, w, n_tps, n_stream);
+            ggml_set_input(inp->win);
+            ggml_set_name(inp->win, "sparq_win");
+            inp->win_recent = l;
+        }
+        GGML_ASSERT(inp->win->ne[0] == w && inp->win_recent == l);
+        ggml_sparq_attn_set_window(cur, inp->win);
+    }
+    ggml_format_name(cur, "sparq_attn-%d", b.il);
+    return cur;
+}
+
+// where the scheduler will run the op: with the layer's K^T (allocated like weights) when
+// that device supports the node, else on the CPU (counted in n_sparq_device, logged)
+static void sparq_note_device(sparq_attn_build & b, ggml_tensor * cur) {
+    ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(b.L.kt->buffer);
+    ggml_backend_dev_t dev = ggml_backend_buft_get_device(buft);
+    if (dev && ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU && !ggml_backend_buffer_is_host(b.L.kt->buffer)) {
+        sparq_decision & dc = b.inp->decisions.back();
+        dc.device = ggml_backend_dev_supports_op(dev, cur) ? 1 : 2;
+        dc.device_name = ggml_backend_dev_name(dev);
+    }
+}
+
+ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv_cache_context * mctx,
+                                     ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,
+                                     ggml_tensor * k_cur, ggml_tensor * v_cur,
+                                     ggml_tensor * kq_b, ggml_tensor * kq_mask, ggml_tensor * sinks,
+                                     ggml_tensor * v_mla, float kq_scale, int il, bool is_swa) {
+    const auto & cp = g.cparams;
+    if (!cp.sparq || !cp.sparq->params.enabled) {
+        return nullptr;
+    }
+    llama_sparq_ctx & S = *cp.sparq;
+    ggml_context * ctx0 = g.ctx0;
+
+    const bool same_cache = mctx && A::cache(mctx) == S.kv;
+    llm_graph_input_sparq * inp = sparq_graph_input(g, mctx, same_cache);
+
+    if (is_swa || (mctx && !same_cache)) {
+        sparq_decide(inp, il, LLAMA_SPARQ_DENSE_SWA, 0, 0, 0, 0);
+        return nullptr;
+    }
+    if (!mctx || cp.training) {
+        return nullptr; // not a cache-backed layer: nothing to count against
+    }
+    const int32_t ikv = A::ikv_of(S.kv, il);
+    if (ikv < 0 || !S.layers[ikv].kt) {
+        sparq_decide(inp, il, ikv < 0 ? LLAMA_SPARQ_DENSE_NO_CACHE : S.layers[ikv].reason, 0, 0, 0, 0);
+        return nullptr;
+    }
+    sparq_attn_build b(g, mctx, S, inp, il, ikv, q, k);
+    GGML_ASSERT((!b.index || b.L.ivf_list) && "llama_sparq: the index selector without its tensors (llama_sparq_set_params allocates them)");
+
+    // appends keep K^T and the V sums current on every ubatch that writes this layer's cache
+    // (prompt ubatches too: cheaper than rebuilding the data at the next decode step)
+    const bool appends = k_cur && v_cur;
+    if (appends) {
+        sparq_build_appends(b, k_cur, v_cur, k, v);
+    }
+
+    const int reason = sparq_dense_reason(b, mctx, kq_b, sinks, v_mla, v);
+    // H2O's scores of the new cells (views of the stream's scores, after the zeroing above)
+    ggml_tensor * h2o3 = b.h2o && appends ? ggml_view_3d(ctx0, b.h2o_src, b.n_kv, b.hkv, b.n_stream, b.L.h2o->nb[1],
+                                                          b.L.h2o->nb[2], b.si.s0 * b.L.h2o->nb[2]) : nullptr;
+    if (h2o3 && reason == LLAMA_SPARQ_DENSE_PREFILL) {
+        sparq_h2o_prompt_scores(b, q, k, kq_mask, kq_scale, h2o3);
+    }
+    if (reason >= 0 || !appends) {
+        // SparQ needs this ubatch's keys in K^T: without appends (k_cur == nullptr) stay dense
+        sparq_decide(inp, il, reason >= 0 ? reason : LLAMA_SPARQ_DENSE_NO_CACHE, 0, 0, 0, 0);
+        return nullptr;
+    }
+    sparq_decide_sparq(b);
+
+    ggml_tensor * cur = sparq_build_op(b, q, k, v, kq_mask, kq_scale, h2o3);
+    sparq_note_device(b, cur);
+    ggml_tensor * out = ggml_reshape_2d(ctx0, cur, cur->ne[0] * cur->ne[1], cur->ne[2] * cur->ne[3]);
+    if (inp->rows_mode == SPARQ_ROWS_MIXED) {
+        // prompt rows beside decode rows: the prompt rows get upstream's dense attention, as alone;
+        // the pick copies rows, so each is bit-identical to the one it comes from
+        ggml_tensor * dense = g.build_attn_mha(q, k, v, kq_b, kq_mask, sinks, v_mla, 0, kq_scale, il);
+        GGML_ASSERT(dense->type == GGML_TYPE_F32 && ggml_are_same_shape(dense, out));
+        if (!inp->pick) {
+            inp->pick = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, b.n_tokens);
+            ggml_set_input(inp->pick);
+            ggml_set_name(inp->pick, "sparq_pick");
+        }
+        out = ggml_get_rows(ctx0, ggml_concat(ctx0, out, dense, 1), inp->pick);
+    }
+    return out;
+}

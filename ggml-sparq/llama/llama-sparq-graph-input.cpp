@@ -1,0 +1,224 @@
+// llama-sparq: the graph's SparQ input: whether a built graph can be reused, and per ubatch its
+// input tensors, the upkeep it triggers (calibration, rebuilds, the index's training) and the counters.
+#include "llama-sparq-graph-input.h"
+
+#include <algorithm>
+#include <mutex>
+#include <vector>
+
+bool llm_graph_input_sparq::can_reuse(const llm_graph_params & params) {
+    const llama_kv_cache_context * m = sparq_base_mctx(params.mctx);
+    if (!m || A::cache(m) != S->kv) {
+        return false;
+    }
+    mctx = m;
+    bool ok = true;
+    for (auto & [E, t] : kt_idxs) {
+        ok &= t->ne[0] == (int64_t) params.ubatch.n_tokens * E;
+    }
+    if (v_count) {
+        ok &= v_count->ne[0] == (int64_t) A::sinfo(m).n_stream();
+    }
+    if (win) {
+        ok &= win->ne[1] * win->ne[2] == (int64_t) params.ubatch.n_tokens;
+    }
+    // prompt rows beside decode rows: the graph holds SparQ, dense attention or both
+    ok &= rows_mode == sparq_rows_mode(*S, params.ubatch, A::sinfo(m).n_stream());
+    if (short_ctx >= 0) {
+        // the graph holds SparQ or dense attention by the dense threshold: rebuild when the context crosses it
+        ok &= short_ctx == (int) (sparq_used_max(m) < (uint32_t) S->params.min_kv);
+    }
+    return ok;
+}
+
+bool llm_graph_input_sparq::runs_sparq() const {
+    return std::any_of(decisions.begin(), decisions.end(), [](const sparq_decision & dc) { return dc.reason < 0; });
+}
+
+// K^T element (cell c, component j, stream s) is row s*kv_size*E + j*kv_size + c of the flat view
+void llm_graph_input_sparq::set_kt_idxs(const llama_ubatch * ubatch) {
+    const auto & si = A::sinfo(mctx);
+    const uint32_t kv_size = A::kv_size(S->kv);
+    for (auto & [E, t] : kt_idxs) {
+        GGML_ASSERT(ggml_backend_buffer_is_host(t->buffer));
+        int64_t * data = (int64_t *) t->data;
+        GGML_ASSERT((int64_t) ubatch->n_tokens == (int64_t) si.size() * si.n_stream());
+        for (uint32_t s = 0; s < si.n_stream(); ++s) {
+            const int64_t offs = (int64_t) si.strm[s] * kv_size * E;
+            for (uint32_t i = 0; i < si.size(); ++i) {
+                const int64_t tok = (int64_t) s * si.size() + i;
+                const int64_t c = si.idxs[s][i];
+                for (int64_t j = 0; j < E; ++j) {
+                    data[tok * E + j] = offs + j * kv_size + c;
+                }
+            }
+        }
+    }
+}
+
+// the PCA basis is calibrated on the cache's keys at the first step that runs SparQ; K^T is then
+// rebuilt in it (this graph rotates its own appends with the tensors written here)
+void llm_graph_input_sparq::calibrate_if_due() {
+    llama_sparq_ctx & St = *S;
+    const auto & si = A::sinfo(mctx);
+    if (St.params.basis == LLAMA_SPARQ_BASIS_PCA && !St.calibrated && St.basis_ctx && runs_sparq()) {
+        std::vector<std::vector<uint32_t>> fresh(A::n_stream(St.kv));
+        for (uint32_t s = 0; s < si.n_stream(); ++s) {
+            fresh[si.strm[s]].assign(si.idxs[s].begin(), si.idxs[s].end());
+        }
+        sparq_calibrate(St, true, fresh);
+        for (auto & st : St.streams) {
+            st.valid = false;
+        }
+    }
+}
+
+// upkeep: the data of a stream is current when the stream's cells are those it was
+// brought up to date for plus the cells this ubatch writes, which were empty (the
+// version hash then changed by exactly those cells' terms); else it is rebuilt. O(ubatch).
+void llm_graph_input_sparq::keep_streams_current() {
+    llama_sparq_ctx & St = *S;
+    const auto & si = A::sinfo(mctx);
+    for (uint32_t s = 0; s < si.n_stream(); ++s) {
+        const uint32_t strm = si.strm[s];
+        const llama_kv_cells & cells = A::cells(St.kv, strm);
+        sparq_stream_state & st = St.streams[strm];
+        if (!appends) {
+            st.valid = false;
+            continue;
+        }
+        uint64_t want = st.hash;
+        for (uint32_t i = 0; i < si.size(); ++i) {
+            want ^= A::cell_ver_hash(cells, si.idxs[s][i]);
+        }
+        if (!st.valid || A::cells_hash(cells) != want) {
+            sparq_rebuild_stream(St, strm, si.idxs[s]);
+            sparq_count_rebuild(St);
+        }
+        st.hash = A::cells_hash(cells);
+        st.valid = true;
+    }
+}
+
+// the index selector: a stream's index is trained at its first step with it, and again once the
+// stream holds twice the cells it was trained on (its list ids are then reset: the op reassigns)
+void llm_graph_input_sparq::train_index_if_due() {
+    llama_sparq_ctx & St = *S;
+    const auto & si = A::sinfo(mctx);
+    if (St.params.selector == LLAMA_SPARQ_SELECTOR_INDEX && St.ivf_ctx && appends && runs_sparq()) {
+        for (uint32_t s = 0; s < si.n_stream(); ++s) {
+            const uint32_t strm = si.strm[s];
+            const llama_kv_cells & cells = A::cells(St.kv, strm);
+            const uint32_t n_used = cells.get_used() > si.size() ? cells.get_used() - si.size() : 0;
+            if (St.ivf_trained[strm] == 0 || n_used >= 2 * (uint64_t) St.ivf_trained[strm]) {
+                sparq_retrain_index(St, strm, si.idxs[s], n_used, false);
+            }
+        }
+    }
+}
+
+// the valid-cell count of each stream of the ubatch
+void llm_graph_input_sparq::set_v_count() {
+    const auto & si = A::sinfo(mctx);
+    if (v_count) {
+        GGML_ASSERT(ggml_backend_buffer_is_host(v_count->buffer));
+        float * data = (float *) v_count->data;
+        for (uint32_t s = 0; s < si.n_stream(); ++s) {
+            data[s] = (float) A::cells(S->kv, si.strm[s]).get_used();
+        }
+    }
+}
+
+// prompt rows beside decode rows (one row per stream): each token's row of [SparQ; dense]
+void llm_graph_input_sparq::set_pick(const llama_ubatch * ubatch) {
+    const auto & si = A::sinfo(mctx);
+    if (pick) {
+        GGML_ASSERT(ggml_backend_buffer_is_host(pick->buffer));
+        std::vector<uint8_t> prompt;
+        const int mode = sparq_rows_mode(*S, *ubatch, si.n_stream(), &prompt);
+        GGML_ASSERT(mode == rows_mode && (int64_t) ubatch->n_tokens == pick->ne[0]);
+        int32_t * data = (int32_t *) pick->data;
+        for (uint32_t s = 0; s < si.n_stream(); ++s) {
+            data[s] = prompt[s] ? (int32_t) (ubatch->n_tokens + s) : (int32_t) s;
+        }
+    }
+}
+
+// the local window: per query row, the cells of its sequence's l most recent positions
+void llm_graph_input_sparq::set_window(const llama_ubatch * ubatch) {
+    const auto & si = A::sinfo(mctx);
+    if (win) {
+        GGML_ASSERT(ggml_backend_buffer_is_host(win->buffer));
+        int32_t * data = (int32_t *) win->data;
+        const int64_t nw = win->ne[0], n_tps = win->ne[1];
+        for (uint32_t s = 0; s < si.n_stream(); ++s) {
+            const llama_kv_cells & cells = A::cells(S->kv, si.strm[s]);
+            for (int64_t i = 0; i < n_tps; ++i) {
+                const int64_t tok = (int64_t) s * n_tps + i;
+                int32_t * dst = data + tok * nw;
+                std::fill(dst, dst + nw, -1);
+                const llama_seq_id seq = ubatch->seq_id[tok][0];
+                const auto & sp = cells.seq_pos_get(seq);
+                auto it = sp.upper_bound({ ubatch->pos[tok], UINT32_MAX });
+                const auto end = it;
+                for (int64_t j = 0; j < win_recent && it != sp.begin(); ++j) {
+                    --it;
+                    dst[j] = (int32_t) it->second;
+                }
+                // the streaming selector: then the cells of the earliest positions (the attention sinks)
+                auto first = sp.begin();
+                for (int64_t j = win_recent; j < nw && first != end; ++j, ++first) {
+                    dst[j] = (int32_t) first->second;
+                }
+            }
+        }
+    }
+}
+
+// the input tensors of this ubatch, the upkeep they need first (the PCA calibration, the streams'
+// rebuilds, the index's training), then the counters of this graph's decisions
+void llm_graph_input_sparq::set_input(const llama_ubatch * ubatch) {
+    llama_sparq_ctx & St = *S;
+    const auto & si = A::sinfo(mctx);
+
+    set_kt_idxs(ubatch);
+    calibrate_if_due();
+    keep_streams_current();
+    train_index_if_due();
+    set_v_count();
+    set_pick(ubatch);
+    set_window(ubatch);
+
+    // counters: this graph's decisions, once per execution
+    const double S_ = std::max<double>(1.0, sparq_used_max(mctx));
+    std::lock_guard<std::mutex> lock(St.mtx);
+    sparq_count_index_reads(St); // the previous execution has run
+    for (const sparq_decision & dc : decisions) {
+        if (dc.reason < 0) { // SparQ ran (for every row, or for the decode rows beside prompt rows)
+            St.n_sparq++;
+            St.n_sparq_device += dc.device == 1;
+            if (dc.device == 2 && !St.logged_host_fallback) {
+                St.logged_host_fallback = true;
+                LLAMA_LOG_WARN("%s: SparQ runs on the CPU for layer %d: K^T is on %s, which does not support this "
+                               "SPARQ_ATTN node (its log says why); the scheduler copies the cache across every step\n",
+                               __func__, dc.il, dc.device_name.c_str());
+            }
+            const double md = 2.0 * S_ * dc.d + 2.0 * dc.d;
+            const double ms = S_ <= dc.k ? md : S_ * dc.r + 2.0 * std::min<double>(dc.rows, S_) * dc.d + 4.0 * dc.d + dc.extra;
+            St.compression_sum += ms / md;
+            if (dc.ikv >= 0 && S_ > dc.k) {
+                // (its capacity stays across steps: no allocation once warm)
+                St.ivf_pending.push_back({ dc.ikv, si.s0, si.n_stream(), S_, md, ms, (double) dc.d,
+                                           (double) dc.est_per_cell });
+            }
+        } else {
+            St.n_dense[dc.reason]++;
+            if (!(St.logged & (1u << dc.reason))) {
+                St.logged |= 1u << dc.reason;
+                LLAMA_LOG_INFO("%s: SparQ on, dense attention where: %s (first seen on layer %d; counted in the stats)\n",
+                               __func__, sparq_reason_text[dc.reason], dc.il);
+            }
+        }
+    }
+}
+

@@ -1,0 +1,84 @@
+// llama-sparq: the graph's SparQ input (llm_graph_input_sparq: the append indices, the valid-cell
+// counts, the window and the row pick, set per ubatch with the upkeep and the counters) and the
+// per-layer decisions the graph hook records in it; shared by the graph hook and the input.
+#pragma once
+
+#include "llama-sparq-impl.h"
+
+#include "llama-graph.h"
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+// one attention call of a graph: SparQ (reason -1) or why dense, and the cost model's terms
+struct sparq_decision {
+    int il;
+    int reason;   // -1: SparQ
+    int d, r, k;  // for the cost model: head size, components read from K^T, the k setting
+    int rows;     // the most rows of K and V a step reads (k, or g * (k - l) + l with per-head choice)
+    int extra;    // other elements read per KV head (the PCA rotation)
+    int ikv = -1; // the index selector: the cache layer whose centroids' extra row holds the op's read count
+    int est_per_cell = 0; // the index: of r, the key elements per cell the estimate assumes (d p / C)
+    // where the op runs: 0 the CPU (K^T in host memory); 1 the device holding K^T (it supports the
+    // node); 2 the CPU although K^T is in device memory (the device does not support the node)
+    int device = 0;
+    std::string device_name = {};
+};
+
+// How the query rows of a ubatch split between SparQ and upstream's dense attention, decided
+// per ubatch at graph build (graph reuse keeps the decision: can_reuse compares it). A sequence
+// that brings several tokens to the current llama_decode is prompt processing even where the
+// equal split gives it one row per stream (llama-server batches one slot's prompt beside other
+// slots' decode steps): alone those rows run upstream's dense attention (build_attn_mha), so they
+// run exactly that here too. No stream brings a prompt: SparQ only. Every stream does: the dense
+// path (counted as `prefill`). Some do: both, and each token's row is copied from the one that
+// applies (a bit-exact pick); the dense attention of the decode rows is then wasted work, once
+// per llama_decode that mixes a prompt with decode steps.
+enum sparq_rows_mode { SPARQ_ROWS_SPARQ = 0, SPARQ_ROWS_DENSE = 1, SPARQ_ROWS_MIXED = 2 };
+
+// llama-sparq-graph-hook.cpp:
+// the mode of a ubatch over n_stream streams; prompt (optional): per stream, whether its sequence is a prompt
+int sparq_rows_mode(const llama_sparq_ctx & S, const llama_ubatch & ub, uint32_t n_stream,
+                    std::vector<uint8_t> * prompt = nullptr);
+// the most cells in use among the streams of the ubatch (the context length the dense threshold is about:
+// the graph's KV view is padded to 256 cells, which would make a 1000-token context count as 1024)
+uint32_t sparq_used_max(const llama_kv_cache_context * m);
+// the full-attention cache's context of a memory context (plain, iSWA or hybrid), or NULL
+const llama_kv_cache_context * sparq_base_mctx(const llama_memory_context_i * m);
+
+// llama-sparq-graph-input.cpp:
+class llm_graph_input_sparq : public llm_graph_input_i {
+public:
+    llm_graph_input_sparq(std::shared_ptr<llama_sparq_ctx> S, const llama_kv_cache_context * mctx)
+        : S(std::move(S)), mctx(mctx) {}
+
+    void set_input(const llama_ubatch * ubatch) override;
+    bool can_reuse(const llm_graph_params & params) override;
+
+    std::shared_ptr<llama_sparq_ctx> S;
+    const llama_kv_cache_context * mctx;
+
+    std::map<int64_t, ggml_tensor *> kt_idxs;  // by n_embd_k_gqa: [n_tokens * E] i64
+    ggml_tensor * v_count = nullptr;           // [n_stream] f32
+    ggml_tensor * win = nullptr;               // [w, n_tps, n_stream] i32: cells of the l most recent positions
+    int win_recent = 0;                        // of w: the recent ones (l); the streaming selector's sinks follow
+    bool appends = false;                      // this graph appends to K^T and the V sums
+    int  short_ctx = -1;                       // built with the streams under min_kv cells (1) or not (0); -1 unused
+    int  rows_mode = SPARQ_ROWS_SPARQ;         // sparq_rows_mode of the ubatch the graph was built for
+    ggml_tensor * pick = nullptr;              // SPARQ_ROWS_MIXED: [n_tokens] i32, per token its row of [SparQ; dense]
+    std::vector<sparq_decision> decisions;     // one per attention layer of this graph
+
+private:
+    // the steps of set_input, in its order (the counters follow in set_input itself)
+    bool runs_sparq() const;                   // some attention call of this graph runs SparQ
+    void set_kt_idxs(const llama_ubatch * ubatch);
+    void calibrate_if_due();
+    void keep_streams_current();
+    void train_index_if_due();
+    void set_v_count();
+    void set_pick(const llama_ubatch * ubatch);
+    void set_window(const llama_ubatch * ubatch);
+};

@@ -1,0 +1,228 @@
+// llama-sparq: libllama's internal SparQ state (per-layer data, per-stream currency, the context's
+// settings and counters), the friend that reaches upstream's private members, and the internal
+// functions the llama/ files share.
+//
+// Data. For every full-attention layer of the KV cache with an f16/f32 cache and
+// non-transposed V, a K^T tensor [kv_size, d, n_head_kv, n_stream] (the keys again,
+// cell-contiguous, same type as K) and a V-sum tensor [dv, n_head_kv, n_stream] f32 with
+// its Kahan compensation (same shape), allocated in the buffer type of the layer's K when
+// SparQ is first enabled (llama-sparq-buffers.cpp).
+//
+// Upkeep. Each ubatch appends its keys to K^T (set_rows, O(d) per token and layer)
+// and adds its values to the V sums (compensated), in the graph (llama-sparq-graph-hook.cpp).
+// Every other change of the cache (sequence removal/copy/keep, position shifts that re-rope K,
+// clearing, state load, stream copies, overwrites, anything done while SparQ was off) is detected
+// through the cells' content versions (llama-sparq-cells.h, kept by llama_kv_cells through patch
+// 0009): a stream's data is current while the stream's version hash equals the hash recorded when
+// the data was last brought up to date, extended by the cells the ubatch about to run writes
+// (O(ubatch) per step, independent of the cache size; llama-sparq-graph-input.cpp). A stream that
+// is not current is rebuilt from K, V and the cells before the graph that uses it runs (rare
+// operations; O(used cells * d), multi-threaded over layers and cell ranges;
+// llama-sparq-rebuild-host.cpp, llama-sparq-rebuild-device.cpp). The count of valid cells is a
+// graph input.
+#pragma once
+
+#include "llama-sparq.h"
+#include "ggml-sparq.h"
+
+#include "llama-context.h"
+#include "llama-graph.h"
+#include "llama-impl.h"
+#include "llama-kv-cache.h"
+#include "llama-model.h"
+
+#include "ggml-backend.h"
+#include "ggml-cpp.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+// ---------------------------------------------------------------------------
+// per-context state
+// ---------------------------------------------------------------------------
+
+struct sparq_layer {
+    ggml_tensor * kt   = nullptr; // [kv_size, d, n_head_kv, n_stream]
+    ggml_tensor * vsum = nullptr; // [dv, n_head_kv, n_stream] f32
+    ggml_tensor * ksq  = nullptr; // [d, n_head_kv, n_stream] f32: the sum of k^2 per component (the scaled basis)
+    // the V sums' compensation (Kahan summation of the appends; vsum - vcomp is the exact sum to
+    // about one rounding): [dv, n_head_kv, n_stream] f32
+    ggml_tensor * vcomp = nullptr;
+    // the H2O selector's accumulated attention per cell: [kv_size, n_head_kv, n_stream] f32
+    ggml_tensor * h2o = nullptr;
+    // the index selector (allocated on first use): centroids [d, n_list, n_head_kv, n_stream] f32 and
+    // each cell's list [kv_size, n_head_kv, n_stream] f32 (-1: not assigned yet; the op assigns it)
+    ggml_tensor * ivf_cent = nullptr;
+    ggml_tensor * ivf_list = nullptr;
+    int reason = -1;              // >= 0: no data for this layer, why
+    // the PCA basis (LLAMA_SPARQ_BASIS_PCA): rot [d, d, n_head_kv] f32, rot[j + d*(m + d*h)] =
+    // component j of axis m of KV head h; spread [d, n_head_kv] f32, the keys' RMS along each axis
+    ggml_tensor * rot = nullptr;
+    ggml_tensor * spread = nullptr;
+    std::vector<float> rot_host;  // the same, on the host (rebuilds rotate with it); empty: identity
+};
+
+// per stream: whether K^T and the V sums equal a recomputation for the cells whose
+// version hash was `hash` (the stream's hash when the data was last brought up to date)
+struct sparq_stream_state {
+    bool valid = false;
+    uint64_t hash = 0;
+};
+
+struct llama_sparq_ctx {
+    llama_sparq_params params = llama_sparq_default_params();
+
+    llama_context * lctx = nullptr;         // the context owning this (for its thread count)
+    llama_kv_cache * kv = nullptr;          // the full-attention cache
+    std::vector<sparq_layer> layers;        // by KV-cache layer index
+    std::vector<sparq_stream_state> streams; // by stream
+    ggml_context_ptr ctx;
+    std::vector<ggml_backend_buffer_ptr> bufs;
+    uint64_t extra_bytes = 0;
+    uint64_t kv_bytes = 0;
+    int32_t n_layers = 0;
+
+    // counters: written by the decoding thread in set_input, read by llama_sparq_get_stats
+    // from any thread (llama-server's HTTP threads), so every access holds mtx
+    mutable std::mutex mtx;
+    uint64_t n_sparq = 0;
+    uint64_t n_sparq_device = 0; // of n_sparq: the op ran on a non-CPU device (ggml-sparq/cuda/sparq-cuda.cu)
+    bool logged_host_fallback = false;
+    uint64_t n_dense[LLAMA_SPARQ_DENSE_COUNT] = {};
+    double   compression_sum = 0.0;
+    uint64_t n_rebuilds = 0;
+    uint64_t n_index_trainings = 0; // the index selector's k-means runs (logged at exit)
+    // the index selector's counted reads: the last execution's index calls, whose cost-model estimate
+    // (even lists) is replaced by what the op reported once that execution has run
+    struct ivf_pending_call {
+        int32_t ikv;
+        uint32_t s0, n_stream; // the call's streams (contiguous, as the graph's views take them)
+        double S, md, ms, d, est_per_cell; // est_per_cell: the estimate's key elements per cell (d p / C)
+    };
+    std::vector<ivf_pending_call> ivf_pending;
+    uint64_t n_index_measured = 0; // index calls whose reads were counted (the rest: the estimate)
+    uint32_t logged = 0; // reasons already logged
+
+    // the context's batch (which sequences bring several tokens to the current llama_decode)
+    const llama_batch_allocr * balloc = nullptr;
+
+    // the PCA basis: tensors allocated on first use, calibrated at the first SparQ step
+    std::vector<ggml_backend_buffer_ptr> basis_bufs;
+    ggml_context_ptr basis_ctx;
+    bool calibrated = false;
+
+    // the index selector: its tensors, their list count, and per stream the used cells its index
+    // was trained on (0: not trained; trained again once the stream has doubled)
+    std::vector<ggml_backend_buffer_ptr> ivf_bufs;
+    ggml_context_ptr ivf_ctx;
+    int32_t ivf_n_list = 0;
+    std::vector<uint32_t> ivf_trained;
+    int32_t basis_in_data = LLAMA_SPARQ_BASIS_MODEL; // the basis K^T was last built in
+
+    ~llama_sparq_ctx(); // logs the counters (llama-sparq-stats.cpp)
+};
+
+// the friend of llama_context, llama_kv_cache and llama_kv_cache_context (patch 0005)
+struct llama_sparq_access {
+    static llama_cparams & cparams(llama_context * c) { return c->cparams; }
+    static const llama_batch_allocr * balloc(llama_context * c) { return c->balloc.get(); }
+    static void need_reserve(llama_context * c) { c->sched_need_reserve = true; }
+    static const llama_model & model(const llama_context * c) { return c->model; }
+    static const std::vector<ggml_backend_ptr> & backends(llama_context * c) { return c->backends; }
+
+    static uint32_t kv_size(const llama_kv_cache * kv) { return kv->get_size(); }
+    static uint32_t n_stream(const llama_kv_cache * kv) { return kv->n_stream; }
+    static bool v_trans(const llama_kv_cache * kv) { return kv->v_trans; }
+    static size_t n_layers(const llama_kv_cache * kv) { return kv->layers.size(); }
+    static uint32_t layer_il(const llama_kv_cache * kv, size_t ikv) { return kv->layers[ikv].il; }
+    static ggml_tensor * layer_k(const llama_kv_cache * kv, size_t ikv) { return kv->layers[ikv].k; }
+    static ggml_tensor * layer_v(const llama_kv_cache * kv, size_t ikv) { return kv->layers[ikv].v; }
+    static int32_t ikv_of(const llama_kv_cache * kv, int32_t il) {
+        auto it = kv->map_layer_ids.find(il);
+        return it == kv->map_layer_ids.end() ? -1 : it->second;
+    }
+    static const llama_kv_cells & cells(const llama_kv_cache * kv, uint32_t strm) { return kv->v_cells[strm]; }
+    // the cells' content versions (patch 0009, llama-sparq-cells.h)
+    static uint64_t cells_hash(const llama_kv_cells & c) { return c.sparq_ver.hash; }
+    static uint64_t cell_ver_hash(const llama_kv_cells & c, uint32_t i) {
+        return llama_sparq_cell_versions::mix(i, c.sparq_ver.ver[i]);
+    }
+    static llama_kv_cells & cells_mut(llama_kv_cache * kv, uint32_t strm) { return kv->v_cells[strm]; }
+    static void set_head(llama_kv_cache * kv, uint32_t strm, uint32_t h) { kv->v_heads[strm] = h; }
+
+    static const llama_kv_cache * cache(const llama_kv_cache_context * m) { return m->kv; }
+    static const llama_kv_cache::slot_info & sinfo(const llama_kv_cache_context * m) { return m->sinfos[m->i_cur]; }
+    static uint32_t n_kv(const llama_kv_cache_context * m) { return m->n_kv; }
+};
+
+using A = llama_sparq_access;
+
+// one unit of the per-(layer, KV head) work of the index training and the basis calibration
+struct sparq_head_job {
+    size_t ikv;
+    int64_t h;
+};
+
+// ---------------------------------------------------------------------------
+// shared helpers
+// ---------------------------------------------------------------------------
+
+// one element of an f16 or f32 tensor row, as f32 (inline: the rebuild's and training's loops use it)
+inline float sparq_elem_f32(const uint8_t * p, ggml_type t) {
+    return t == GGML_TYPE_F16 ? ggml_fp16_to_fp32(*(const ggml_fp16_t *) p) : *(const float *) p;
+}
+
+// llama-sparq-api.cpp: names, messages
+extern const char * const sparq_reason_names[LLAMA_SPARQ_DENSE_COUNT]; // llama_sparq_dense_reason_name's
+extern const char * const sparq_reason_text[LLAMA_SPARQ_DENSE_COUNT];  // for the log: why a call ran dense
+// printf into err (up to n bytes; nothing when err is NULL or n is 0)
+void sparq_err(char * err, size_t n, const char * fmt, ...);
+
+// llama-sparq-buffers.cpp: the cache, the data's tensors and buffers
+llama_kv_cache * sparq_find_cache(llama_memory_t mem);
+// allocate the tensors of each buffer type in one zeroed buffer (kept in bufs, counted as SparQ's memory)
+bool sparq_alloc_buffers(llama_sparq_ctx & S, const std::map<ggml_backend_buffer_type_t, std::vector<ggml_tensor *>> & by_buft,
+                         std::vector<ggml_backend_buffer_ptr> & bufs, const char * what, char * err, size_t err_size);
+// allocate K^T and the V sums for the layers of the cache that can use them
+bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, char * err, size_t err_size);
+// bytes [off, off + n) of a tensor, on the host
+std::vector<uint8_t> sparq_get_slice(ggml_tensor * t, size_t off, size_t n);
+// the PCA basis back to the identity (unit spread), not calibrated
+void sparq_basis_reset(llama_sparq_ctx & S);
+// allocate the PCA basis tensors (identity, unit spread) next to each layer's K^T
+bool sparq_alloc_basis(llama_sparq_ctx & S, char * err, size_t err_size);
+// the index selector's tensors for n_list lists (again when the count changes); every stream untrained
+bool sparq_alloc_index(llama_sparq_ctx & S, int32_t n_list, char * err, size_t err_size);
+// one job per KV head of every layer whose tensor `t` is allocated (t: its ne[2] is the KV head count)
+std::vector<sparq_head_job> sparq_head_jobs(const llama_sparq_ctx & S, ggml_tensor * sparq_layer::*t);
+
+// llama-sparq-index.cpp: the index selector's k-means training of one stream
+void sparq_train_index(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip, uint32_t n_used,
+                       bool assign_all = false);
+
+// llama-sparq-basis.cpp: the PCA (rotate) or scaled basis calibrated on the cache's keys
+void sparq_calibrate(llama_sparq_ctx & S, bool rotate, const std::vector<std::vector<uint32_t>> & skip);
+
+// llama-sparq-stats.cpp: the index calls' counted reads into the counters (holds S.mtx)
+void sparq_count_index_reads(llama_sparq_ctx & S);
+
+// llama-sparq-rebuild-host.cpp: K^T and the sums of one stream recomputed (or, with check, compared)
+double sparq_rebuild_stream(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip, bool check = false);
+
+// llama-sparq-rebuild-device.cpp: the same on the device holding the cache; false where it does not apply.
+// allow_host: host memory counts as a device too (the CPU backend; LLAMA_SPARQ_GRAPH_REBUILD)
+bool sparq_rebuild_stream_device(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip, bool allow_host);
+
+// llama-sparq-upkeep.cpp: stream currency, the rebuild counter, the selectors' per-cell data on a rebuild
+// whether the stream's data is current for its cells as they are now
+bool sparq_stream_current(const llama_sparq_ctx & S, uint32_t strm);
+void sparq_count_rebuild(llama_sparq_ctx & S); // n_rebuilds++ (holds S.mtx)
+// H2O's scores and the index's list ids of one stream after its cells changed (skip: the cells the ubatch writes)
+void sparq_selector_rebuild(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip);
+// the index of one stream trained again (sparq_train_index), counted in n_index_trainings
+void sparq_retrain_index(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip, uint32_t n_used,
+                         bool assign_all);

@@ -1,0 +1,330 @@
+// llama-sparq: the host rebuild of a stream's K^T and sums from K, V and the cells (multi-threaded
+// over layers and cell ranges), also the check of the kept data against that recomputation; the
+// device rebuild is tried first (llama-sparq-rebuild-device.cpp).
+#include "llama-sparq-impl.h"
+#include "llama-sparq-env.h"
+#include "llama-sparq-parallel.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+// f16 -> f32 for every bit pattern (built once; thread-safe initialisation)
+static const float * sparq_f16_table() {
+    static const std::vector<float> tab = [] {
+        std::vector<float> t(65536);
+        for (uint32_t i = 0; i < 65536; ++i) {
+            t[i] = ggml_fp16_to_fp32((ggml_fp16_t) i);
+        }
+        return t;
+    }();
+    return tab.data();
+}
+
+// a view of rows [c0, c1) of one stream of a [E, kv_size, n_stream] cache tensor (K or V):
+// the tensor's memory when it is in host memory, else a copy
+struct sparq_rows {
+    const uint8_t * p = nullptr;
+    std::vector<uint8_t> copy;
+    sparq_rows(const ggml_tensor * t, uint32_t strm, uint32_t c0, uint32_t c1) {
+        const size_t off = strm * t->nb[2] + (size_t) c0 * t->nb[1], n = (size_t) (c1 - c0) * t->nb[1];
+        if (ggml_backend_buffer_is_host(t->buffer)) {
+            p = (const uint8_t *) t->data + off;
+        } else {
+            copy.resize(n);
+            ggml_backend_tensor_get(t, copy.data(), off, n);
+            p = copy.data();
+        }
+    }
+};
+
+// a rebuild of one stream: its used cells [u0, u1), those left out of the V sums, and the jobs
+// (layer, cell range): ranges of >= 256 cells, about 4 jobs per thread in all
+struct sparq_rebuild_plan {
+    uint32_t strm = 0;
+    const llama_kv_cells * cells = nullptr;
+    uint32_t kv_size = 0, u0 = 0, u1 = 0, nu = 0;
+    std::vector<uint8_t> out; // over [u0, u1): 1 where the cell is left out of the sums (the ubatch writes it)
+    int nth = 1;              // threads
+    std::vector<size_t> lay;  // the layers with K^T
+    uint32_t chunk = 0, n_chunks = 0;
+    bool check = false;
+};
+
+// what one job leaves: its range's partial sums of V and of k^2, and with check its largest K^T difference
+struct sparq_rebuild_part {
+    std::vector<double> vs, ks;
+    double diff = 0.0;
+};
+
+static sparq_rebuild_plan sparq_rebuild_plan_make(const llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip,
+                                                  bool check) {
+    sparq_rebuild_plan P;
+    P.strm = strm;
+    P.check = check;
+    P.cells = &A::cells(S.kv, strm);
+    P.kv_size = A::kv_size(S.kv);
+    P.u0 = P.cells->used_min();
+    P.u1 = P.cells->used_max_p1();
+    P.nu = P.u1 > P.u0 ? P.u1 - P.u0 : 0;
+
+    // what to leave out of the V sums, over [u0, u1)
+    P.out.assign(P.nu, 0);
+    for (uint32_t c : skip) {
+        if (c >= P.u0 && c < P.u1) {
+            P.out[c - P.u0] = 1;
+        }
+    }
+
+    // jobs: (layer, cell range); ranges of >= 256 cells, about 4 jobs per thread in all
+    P.nth = std::max(1, S.lctx ? (int) A::cparams(S.lctx).n_threads : (int) std::thread::hardware_concurrency());
+    for (size_t ikv = 0; ikv < S.layers.size(); ++ikv) {
+        if (S.layers[ikv].kt) {
+            P.lay.push_back(ikv);
+        }
+    }
+    const size_t want = std::max<size_t>(1, (4 * (size_t) P.nth + P.lay.size() - 1) / std::max<size_t>(1, P.lay.size()));
+    P.chunk = std::max<uint32_t>(256, (uint32_t) ((P.nu + want - 1) / want));
+    P.n_chunks = P.nu ? (P.nu + P.chunk - 1) / P.chunk : 1;
+    return P;
+}
+
+// Sums over the used cells of [a, b) but those left out (V, or with squares the squares of K for the
+// scaled basis's weights) of the n-element rows p (row c - a at p + (c - a) * nb1): f32 partial sums
+// over blocks of 256 cells (vectorised; f16 through a table), accumulated in f64 into acc.
+// A kernel loop: kept whole for its vectorisation.
+static void sparq_sum_rows(const sparq_rebuild_plan & P, uint32_t a, uint32_t b, const uint8_t * p, size_t nb1,
+                           ggml_type type, size_t n, bool squares, double * acc) {
+    const float * f16 = sparq_f16_table();
+    const llama_kv_cells & cells = *P.cells;
+    std::vector<float> blk(n);
+    for (uint32_t c0 = a; c0 < b; c0 += 256) {
+        const uint32_t c1 = std::min(b, c0 + 256);
+        std::fill(blk.begin(), blk.end(), 0.0f);
+        float * __restrict bs = blk.data();
+        for (uint32_t c = c0; c < c1; ++c) {
+            if (cells.is_empty(c) || P.out[c - P.u0]) {
+                continue;
+            }
+            const uint8_t * row = p + (size_t) (c - a) * nb1;
+            if (type == GGML_TYPE_F16) {
+                const uint16_t * __restrict x = (const uint16_t *) row;
+                for (size_t j = 0; j < n; ++j) {
+                    const float f = f16[x[j]];
+                    bs[j] += squares ? f * f : f;
+                }
+            } else {
+                const float * __restrict x = (const float *) row;
+                for (size_t j = 0; j < n; ++j) {
+                    bs[j] += squares ? x[j] * x[j] : x[j];
+                }
+            }
+        }
+        for (size_t j = 0; j < n; ++j) {
+            acc[j] += bs[j];
+        }
+    }
+}
+
+// The n rows of E components of src (row stride rs, element size esz: 2 or 4 bytes) transposed into
+// dst (component j's n cells at dst + j * ld elements), in tiles of 256 cells x 64 components: the
+// tile's source rows stay in cache, and each destination row gets 512 contiguous bytes (f16) per tile
+static void sparq_transpose_keys(const uint8_t * src, size_t rs, size_t esz, size_t E, uint32_t n, uint8_t * dst, size_t ld) {
+    for (uint32_t c0 = 0; c0 < n; c0 += 256) {
+        const uint32_t c1 = std::min(n, c0 + 256);
+        for (size_t j0 = 0; j0 < E; j0 += 64) {
+            const size_t j1 = std::min(E, j0 + 64);
+            if (esz == 2) {
+                for (size_t j = j0; j < j1; ++j) {
+                    uint16_t * d = (uint16_t *) dst + j * ld;
+                    const uint8_t * sp = src + j * 2;
+                    for (uint32_t c = c0; c < c1; ++c) {
+                        d[c] = *(const uint16_t *) (sp + (size_t) c * rs);
+                    }
+                }
+            } else {
+                for (size_t j = j0; j < j1; ++j) {
+                    uint32_t * d = (uint32_t *) dst + j * ld;
+                    const uint8_t * sp = src + j * 4;
+                    for (uint32_t c = c0; c < c1; ++c) {
+                        d[c] = *(const uint32_t *) (sp + (size_t) c * rs);
+                    }
+                }
+            }
+        }
+    }
+}
+
+// K^T in the PCA basis: the n keys of src (row stride rs) rotated, k' = P^T k per KV head, into dst
+// (as sparq_transpose_keys lays it out), rounded to the cache type
+static void sparq_rotate_keys(const sparq_layer & L, const uint8_t * src, size_t rs, ggml_type type, size_t E, uint32_t n,
+                              uint8_t * dst, size_t ld) {
+    const size_t esz = ggml_type_size(type);
+    const size_t d = L.rot->ne[0];
+    std::vector<float> x(E);
+    for (uint32_t c = 0; c < n; ++c) {
+        const uint8_t * row = src + (size_t) c * rs;
+        for (size_t j = 0; j < E; ++j) {
+            x[j] = sparq_elem_f32(row + j * esz, type);
+        }
+        for (size_t h = 0; h < E / d; ++h) {
+            for (size_t mm = 0; mm < d; ++mm) {
+                const float * pm = L.rot_host.data() + (h * d + mm) * d;
+                double acc = 0.0;
+                for (size_t j = 0; j < d; ++j) {
+                    acc += (double) pm[j] * x[h * d + j];
+                }
+                const size_t o = (h * d + mm) * ld + c;
+                if (esz == 2) {
+                    ((ggml_fp16_t *) dst)[o] = ggml_fp32_to_fp16((float) acc);
+                } else {
+                    ((float *) dst)[o] = (float) acc;
+                }
+            }
+        }
+    }
+}
+
+// the largest difference between the kept K^T rows [a, b) of the used cells and the recomputed tr
+// ([E][b - a], the cache type); unused cells are masked, their K^T entries do not matter
+static double sparq_check_kt(const sparq_layer & L, const sparq_rebuild_plan & P, uint32_t a, uint32_t b, size_t E,
+                             ggml_type type, const std::vector<uint8_t> & tr) {
+    const size_t esz = ggml_type_size(type);
+    const uint32_t n = b - a;
+    const size_t kt_off = P.strm * L.kt->nb[3];
+    const bool kt_host = ggml_backend_buffer_is_host(L.kt->buffer);
+    double diff = 0.0;
+    // the kept rows, as they are
+    std::vector<uint8_t> cur((size_t) n * esz);
+    for (size_t j = 0; j < E; ++j) {
+        const size_t off = kt_off + ((size_t) j * P.kv_size + a) * esz;
+        if (kt_host) {
+            memcpy(cur.data(), (const uint8_t *) L.kt->data + off, cur.size());
+        } else {
+            ggml_backend_tensor_get(L.kt, cur.data(), off, cur.size());
+        }
+        for (uint32_t c = a; c < b; ++c) {
+            if (P.cells->is_empty(c)) {
+                continue; // unused cells are masked: their K^T entries do not matter
+            }
+            const size_t o = (size_t) (c - a) * esz;
+            diff = std::max(diff, (double) fabsf(sparq_elem_f32(&cur[o], type) - sparq_elem_f32(&tr[j * n * esz + o], type)));
+        }
+    }
+    return diff;
+}
+
+// job jid: layer P.lay[jid / n_chunks], cells [a, b) of its chunk jid % n_chunks: the partial sums,
+// and the K^T rows written (in host memory in place; else through a copy) or, with check, compared
+static void sparq_rebuild_range(llama_sparq_ctx & S, const sparq_rebuild_plan & P, size_t jid, sparq_rebuild_part & R) {
+    const size_t ikv = P.lay[jid / P.n_chunks];
+    const uint32_t a = P.u0 + (uint32_t) (jid % P.n_chunks) * P.chunk, b = std::min(P.u1, a + P.chunk);
+    sparq_layer & L = S.layers[ikv];
+    const ggml_tensor * k = A::layer_k(S.kv, ikv);
+    const ggml_tensor * v = A::layer_v(S.kv, ikv);
+    const size_t E = k->ne[0], Ev = v->ne[0];
+    const size_t esz = ggml_type_size(k->type);
+    R.vs.assign(Ev, 0.0);
+    R.ks.assign(E, 0.0);
+    if (b <= a) {
+        return;
+    }
+    const sparq_rows kr(k, P.strm, a, b), vr(v, P.strm, a, b);
+    sparq_sum_rows(P, a, b, vr.p, v->nb[1], v->type, Ev, false, R.vs.data());
+    sparq_sum_rows(P, a, b, kr.p, k->nb[1], k->type, E, true, R.ks.data());
+
+    // K^T rows [a, b): element (cell c, component j) at (j * kv_size + c) of the stream
+    const uint32_t n = b - a;
+    const size_t kt_off = P.strm * L.kt->nb[3];
+    const bool kt_host = ggml_backend_buffer_is_host(L.kt->buffer);
+    std::vector<uint8_t> tr; // [E][n] when K^T is not in host memory, or for a check
+    uint8_t * dst = nullptr;
+    size_t ld = P.kv_size;   // leading dimension of dst, in elements
+    if (kt_host && !P.check) {
+        dst = (uint8_t *) L.kt->data + kt_off + (size_t) a * esz;
+    } else {
+        tr.resize((size_t) E * n * esz);
+        dst = tr.data();
+        ld = n;
+    }
+    sparq_transpose_keys(kr.p, k->nb[1], esz, E, n, dst, ld);
+    if (!L.rot_host.empty()) {
+        sparq_rotate_keys(L, kr.p, k->nb[1], k->type, E, n, dst, ld);
+    }
+    if (P.check) {
+        R.diff = std::max(R.diff, sparq_check_kt(L, P, a, b, E, k->type, tr));
+    } else if (!kt_host) {
+        for (size_t j = 0; j < E; ++j) {
+            ggml_backend_tensor_set(L.kt, tr.data() + j * n * esz, kt_off + ((size_t) j * P.kv_size + a) * esz, (size_t) n * esz);
+        }
+    }
+}
+
+// the V sums and the sums of k^2: the ranges' partial sums in order (the same result for any thread
+// count), written (the f64 sum rounded to f32, and the rounding as the appends' starting
+// compensation) or, with check, compared; returns the largest difference (K^T's included)
+static double sparq_rebuild_merge(llama_sparq_ctx & S, const sparq_rebuild_plan & P, const std::vector<sparq_rebuild_part> & res) {
+    const uint32_t strm = P.strm;
+    double max_diff = 0.0;
+    for (size_t li = 0; li < P.lay.size(); ++li) {
+        sparq_layer & L = S.layers[P.lay[li]];
+        const size_t Ev = A::layer_v(S.kv, P.lay[li])->ne[0];
+        const size_t Ek = A::layer_k(S.kv, P.lay[li])->ne[0];
+        std::vector<double> vs(Ev, 0.0), ks(Ek, 0.0);
+        for (uint32_t ch = 0; ch < P.n_chunks; ++ch) {
+            const sparq_rebuild_part & R = res[li * P.n_chunks + ch];
+            max_diff = std::max(max_diff, R.diff);
+            for (size_t j = 0; j < Ev; ++j) {
+                vs[j] += R.vs[j];
+            }
+            for (size_t j = 0; j < Ek && j < R.ks.size(); ++j) {
+                ks[j] += R.ks[j];
+            }
+        }
+        // the sum rounded to f32, and the rounding as the appends' starting compensation
+        std::vector<float> vsf(vs.begin(), vs.end()), ksf(ks.begin(), ks.end()), vcf(Ev);
+        for (size_t j = 0; j < Ev; ++j) {
+            vcf[j] = (float) ((double) vsf[j] - vs[j]);
+        }
+        if (P.check) {
+            std::vector<float> cur(Ev), curk(Ek);
+            ggml_backend_tensor_get(L.vsum, cur.data(), strm * L.vsum->nb[2], Ev * sizeof(float));
+            ggml_backend_tensor_get(L.ksq, curk.data(), strm * L.ksq->nb[2], Ek * sizeof(float));
+            for (size_t j = 0; j < Ev; ++j) {
+                max_diff = std::max(max_diff, (double) fabsf(cur[j] - vsf[j]));
+            }
+            for (size_t j = 0; j < Ek; ++j) {
+                // relative: a sum of squares grows with the cells (f32 appends)
+                max_diff = std::max(max_diff, (double) fabsf(curk[j] - ksf[j]) / std::max(1.0f, ksf[j]));
+            }
+        } else {
+            ggml_backend_tensor_set(L.vsum, vsf.data(), strm * L.vsum->nb[2], Ev * sizeof(float));
+            ggml_backend_tensor_set(L.ksq, ksf.data(), strm * L.ksq->nb[2], Ek * sizeof(float));
+            ggml_backend_tensor_set(L.vcomp, vcf.data(), strm * L.vcomp->nb[2], Ev * sizeof(float));
+        }
+    }
+    return max_diff;
+}
+
+// Recompute K^T and the V sum of one stream from K, V and the cells, over the used cells
+// only ([used_min, used_max_p1); K^T entries of empty cells are masked and left as they
+// are), leaving the V values of the cells in `skip` out (the ubatch about to run writes
+// them, its graph appends them). Multi-threaded over layers and cell ranges. With check
+// set, compare the kept data with the recomputation instead of writing it, and return
+// the largest absolute difference. Without check the selectors' per-cell data follows
+// (sparq_selector_rebuild), and the device rebuild runs where it applies.
+double sparq_rebuild_stream(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip, bool check) {
+    if (!check) {
+        sparq_selector_rebuild(S, strm, skip);
+        const sparq_env env = sparq_env_read();
+        if (!env.host_rebuild && sparq_rebuild_stream_device(S, strm, skip, env.graph_rebuild)) {
+            return 0.0; // done on the device (LLAMA_SPARQ_HOST_REBUILD forces the host path, for comparisons)
+        }
+    }
+    const sparq_rebuild_plan P = sparq_rebuild_plan_make(S, strm, skip, check);
+    std::vector<sparq_rebuild_part> res(P.lay.size() * P.n_chunks);
+    sparq_parallel(P.nth, res.size(), [&](size_t jid) { sparq_rebuild_range(S, P, jid, res[jid]); });
+    return sparq_rebuild_merge(S, P, res);
+}

@@ -1,0 +1,104 @@
+// llama-sparq: the counters: llama_sparq_get_stats / llama_sparq_reset_stats, the index calls'
+// counted reads, and the counters' log line when the context goes.
+#include "llama-sparq-impl.h"
+
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+
+// The index calls of the last execution: their estimated key reads replaced by the op's count
+// (per KV head and stream of the call, the stream's last row; a row that ran dense reports -1 and
+// keeps the estimate). Holds S.mtx. Called when the next execution's counters are taken and by
+// llama_sparq_get_stats; on another thread than the decoding one it may read the count of a step
+// still running, which is a count of the same layer one step later.
+void sparq_count_index_reads(llama_sparq_ctx & S) {
+    for (const auto & p : S.ivf_pending) {
+        const ggml_tensor * c = p.ikv >= 0 && p.ikv < (int32_t) S.layers.size() ? S.layers[p.ikv].ivf_cent : nullptr;
+        if (!c) {
+            continue;
+        }
+        double sum = 0.0;
+        int64_t n = 0;
+        bool ok = true;
+        for (uint32_t st = p.s0; st < p.s0 + p.n_stream && ok; ++st) {
+            for (int64_t h = 0; h < c->ne[2] && ok; ++h) {
+                float v = -1.0f;
+                ggml_backend_tensor_get(c, &v, st * c->nb[3] + h * c->nb[2] + (size_t) S.ivf_n_list * c->nb[1], sizeof(v));
+                ok = v >= 0.0f;
+                sum += v;
+                n++;
+            }
+        }
+        if (!ok || n == 0) {
+            continue;
+        }
+        // the estimate's S d p / C key elements become the counted rows' (mean over KV heads and streams)
+        const double ms = p.ms - p.S * p.est_per_cell + (sum / (double) n) * p.d;
+        S.compression_sum += (ms - p.ms) / p.md;
+        S.n_index_measured++;
+    }
+    S.ivf_pending.clear();
+}
+
+int32_t llama_sparq_get_stats(const struct llama_context * ctx, struct llama_sparq_stats * out) {
+    if (!out || out->size != sizeof(llama_sparq_stats)) {
+        return -1;
+    }
+    const size_t size = out->size;
+    memset(out, 0, sizeof(*out));
+    out->size = size;
+    const auto & cp = A::cparams(const_cast<llama_context *>(ctx));
+    if (cp.sparq) {
+        llama_sparq_ctx & S = *cp.sparq;
+        std::lock_guard<std::mutex> lock(S.mtx);
+        sparq_count_index_reads(S);
+        out->n_sparq = S.n_sparq;
+        memcpy(out->n_dense, S.n_dense, sizeof(out->n_dense));
+        out->compression = S.n_sparq ? S.compression_sum / S.n_sparq : 0.0;
+        out->n_rebuilds = S.n_rebuilds;
+        out->extra_bytes = S.extra_bytes;
+        out->kv_bytes = S.kv_bytes;
+        out->n_layers = S.n_layers;
+        out->n_sparq_device = S.n_sparq_device;
+    }
+    return 0;
+}
+
+void llama_sparq_reset_stats(struct llama_context * ctx) {
+    auto & cp = A::cparams(ctx);
+    if (cp.sparq) {
+        llama_sparq_ctx & S = *cp.sparq;
+        std::lock_guard<std::mutex> lock(S.mtx);
+        S.n_sparq = 0;
+        S.n_sparq_device = 0;
+        memset(S.n_dense, 0, sizeof(S.n_dense));
+        S.compression_sum = 0.0;
+        S.n_rebuilds = 0;
+        S.ivf_pending.clear();
+        S.n_index_measured = 0;
+    }
+}
+
+// the counters once more when the context goes (the tools' logs show whether SparQ ran)
+llama_sparq_ctx::~llama_sparq_ctx() {
+    uint64_t nd = 0;
+    char buf[256] = "";
+    size_t o = 0;
+    for (int i = 0; i < LLAMA_SPARQ_DENSE_COUNT; ++i) {
+        nd += n_dense[i];
+        if (n_dense[i] && o < sizeof(buf)) {
+            o += snprintf(buf + o, sizeof(buf) - o, "%s%s %llu", o ? ", " : "", sparq_reason_names[i],
+                          (unsigned long long) n_dense[i]);
+        }
+    }
+    LLAMA_LOG_INFO("llama_sparq: counters: SparQ calls = %llu, dense calls = %llu%s%s%s, compression = %.4f, rebuilds = %llu, "
+                   "SparQ calls on a GPU = %llu\n",
+                   (unsigned long long) n_sparq, (unsigned long long) nd, o ? " (" : "", buf, o ? ")" : "",
+                   n_sparq ? compression_sum / n_sparq : 0.0, (unsigned long long) n_rebuilds,
+                   (unsigned long long) n_sparq_device);
+    if (n_index_trainings) {
+        LLAMA_LOG_INFO("llama_sparq: the vector index (selector index, %d lists) was trained %llu times; the keys its "
+                       "calls read were counted for %llu calls (the others: estimated from even lists)\n", ivf_n_list,
+                       (unsigned long long) n_index_trainings, (unsigned long long) n_index_measured);
+    }
+}

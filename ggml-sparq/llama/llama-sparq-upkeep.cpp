@@ -1,0 +1,95 @@
+// llama-sparq: the upkeep of the SparQ data between graphs: whether a stream's data is current, the
+// rebuild counter, the selectors' per-cell data on a rebuild, the index's retraining, and
+// llama_sparq_sync (everything brought up to date before a timed step).
+#include "llama-sparq-impl.h"
+
+#include <mutex>
+#include <vector>
+
+// H2O's scores are the attention the cells received, which K and V cannot tell: a rebuild keeps
+// the scores of the cells still in use (a removal or a position shift leaves each cell's history)
+// and zeroes the empty cells and those the next ubatch writes. A state load or a copy from another
+// stream brings no scores: those cells keep what this context had there (0 in a fresh context).
+// The index follows K: after a rebuild (cells moved or removed, keys re-roped, a state loaded,
+// the cache cleared) the stream's index is trained again at its next step, its list ids reset.
+void sparq_selector_rebuild(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip) {
+    const llama_kv_cells & cells = A::cells(S.kv, strm);
+    const uint32_t kv_size = A::kv_size(S.kv);
+    if (strm < S.ivf_trained.size()) {
+        S.ivf_trained[strm] = 0;
+    }
+    for (sparq_layer & L : S.layers) {
+        if (L.ivf_list) {
+            std::vector<float> none((size_t) L.ivf_list->ne[0] * L.ivf_list->ne[1], -1.0f);
+            ggml_backend_tensor_set(L.ivf_list, none.data(), strm * L.ivf_list->nb[2], none.size() * sizeof(float));
+        }
+        if (!L.h2o) {
+            continue;
+        }
+        if (!ggml_backend_buffer_is_host(L.h2o->buffer)) {
+            ggml_backend_tensor_memset(L.h2o, 0, strm * L.h2o->nb[2], L.h2o->nb[2]); // h2o never runs there
+            continue;
+        }
+        for (int64_t h = 0; h < L.h2o->ne[1]; ++h) {
+            float * row = (float *) ((char *) L.h2o->data + strm * L.h2o->nb[2] + h * L.h2o->nb[1]);
+            for (uint32_t c = 0; c < kv_size; ++c) {
+                if (cells.is_empty(c)) {
+                    row[c] = 0.0f;
+                }
+            }
+            for (uint32_t c : skip) {
+                if (c < kv_size) {
+                    row[c] = 0.0f;
+                }
+            }
+        }
+    }
+}
+
+// whether the stream's data is current for its cells as they are now
+bool sparq_stream_current(const llama_sparq_ctx & S, uint32_t strm) {
+    const sparq_stream_state & st = S.streams[strm];
+    return st.valid && st.hash == A::cells_hash(A::cells(S.kv, strm));
+}
+
+void sparq_count_rebuild(llama_sparq_ctx & S) {
+    std::lock_guard<std::mutex> lock(S.mtx);
+    S.n_rebuilds++;
+}
+
+void sparq_retrain_index(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip, uint32_t n_used,
+                         bool assign_all) {
+    sparq_train_index(S, strm, skip, n_used, assign_all);
+    std::lock_guard<std::mutex> lock(S.mtx);
+    S.n_index_trainings++;
+}
+
+void llama_sparq_sync(struct llama_context * ctx) {
+    auto & cp = A::cparams(ctx);
+    if (!cp.sparq || cp.sparq->n_layers == 0 || !cp.sparq->params.enabled) {
+        return;
+    }
+    // pending cache updates first (the deferred K-shift after seq_add / seq_div, stream copies):
+    // the data must be rebuilt from K as the next decode step will see it
+    ctx->memory_update(false);
+    llama_synchronize(ctx);
+    llama_sparq_ctx & S = *cp.sparq;
+    for (uint32_t strm = 0; strm < A::n_stream(S.kv); ++strm) {
+        if (sparq_stream_current(S, strm)) {
+            continue;
+        }
+        sparq_rebuild_stream(S, strm, {});
+        sparq_count_rebuild(S);
+        S.streams[strm].hash = A::cells_hash(A::cells(S.kv, strm));
+        S.streams[strm].valid = true;
+    }
+    // the index selector: trained and every used cell in its list now, not in the next step
+    if (S.params.selector == LLAMA_SPARQ_SELECTOR_INDEX && S.ivf_ctx) {
+        for (uint32_t strm = 0; strm < A::n_stream(S.kv); ++strm) {
+            const uint32_t n_used = A::cells(S.kv, strm).get_used();
+            if (n_used > 0 && (S.ivf_trained[strm] == 0 || n_used >= 2 * (uint64_t) S.ivf_trained[strm])) {
+                sparq_retrain_index(S, strm, {}, n_used, true);
+            }
+        }
+    }
+}

@@ -1,6 +1,6 @@
 // llama-sparq: SparQ attention on the CPU, independent of ggml.
 //
-// sparq_cpu_compute() runs one SparQ attention call (SPARQ.md) for every
+// sparq_cpu_compute() runs one SparQ attention call (docs/algorithm.md) for every
 // stream, query row and KV head group, split over nth threads that all call it
 // with their index ith and meet at the given barrier between phases:
 //
@@ -15,6 +15,11 @@
 //
 // The ISA-specific primitives (sparq_isa) are the only SIMD code; everything
 // else is shared, so every ISA makes exactly the same selection logic.
+//
+// Files: sparq-cpu.cpp (entry points, ISA choice, the phases' order), sparq-cpu-phases.h (the
+// internal declarations), sparq-cpu-phase-{ab,cd,e}.cpp, sparq-cpu-select-{sparq,streaming,h2o,
+// index}.cpp (each selector's part of the phases), sparq-cpu-candidates.cpp, sparq-cpu-layout.cpp,
+// sparq-cpu-fp16.cpp; isa/sparq-cpu-<isa>.cpp on the vector layer isa/sparq-isa-simd.h.
 #pragma once
 
 #include <stddef.h>

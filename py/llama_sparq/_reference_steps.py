@@ -1,0 +1,154 @@
+"""The steps of SparQ attention in the NumPy reference (llama_sparq.reference), one row at a
+time: component selection (1), approximate scores (2), position selection (3), exact
+attention (4), mean-value reallocation (5). Arithmetic in the working dtype ``dt``."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def softmax(x):
+    """Softmax over the last axis, in x's dtype.
+
+    -inf entries get exactly 0; a slice that is all -inf (or empty) gives all zeros
+    instead of NaN.
+    """
+    if x.shape[-1] == 0:
+        return x.copy()
+    m = np.max(x, axis=-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, x.dtype.type(0))
+    e = np.exp(x - m)
+    s = np.sum(e, axis=-1, keepdims=True)
+    return np.divide(e, s, out=np.zeros_like(e), where=s > 0)
+
+
+def select_components(qg, r, w=None):
+    """Step 1, i1 per (row, KV head): the r largest entries of sum_h |q_h| (times w), ascending.
+
+    qg: (n_rows, n_head_kv, g, d) in the working dtype; w: optional (n_head_kv, d)
+    component weights (the keys' spread per component). Ties go to the lower component
+    index (stable argsort on the negated values). The returned indices are sorted
+    ascending: the set is what matters, and ascending is the order a kernel reading
+    K^T rows in memory order would use.
+    """
+    qabs = np.sum(np.abs(qg), axis=2)  # (n_rows, n_head_kv, d)
+    if w is not None:
+        qabs = qabs * w.astype(qabs.dtype)[None]
+    order = np.argsort(-qabs, axis=-1, kind="stable")[..., :r]
+    return np.sort(order, axis=-1)
+
+
+def approx_scores(qr, K, i1r, mrow, scale, dt, w=None):
+    """Step 2, shat for one row: (n_head_kv, g, S), softmax of the approximate logits.
+
+    qr: (n_head_kv, g, d) query of this row in dt; K: (S, n_head_kv, d) uncast;
+    i1r: (n_head_kv, r); mrow: (S,) mask row in dt or None; w: optional (n_head_kv, d)
+    component weights, which weight the L1 norms of the temperature too.
+    """
+    n_head_kv = qr.shape[0]
+    # Gather the r components of the keys first, then cast: K itself may be large.
+    # K[:, j, i1r[j, c]] -> (S, n_head_kv, r) -> (n_head_kv, r, S) (the "K^T rows").
+    Kt = K[:, np.arange(n_head_kv)[:, None], i1r].astype(dt, copy=False)
+    Kt = np.ascontiguousarray(Kt.transpose(1, 2, 0))
+    qs = np.take_along_axis(qr, i1r[:, None, :], axis=2)  # (n_head_kv, g, r)
+    # Per query head: scale * sqrt(||q_h||_1 / ||q_h[i1]||_1)  (= 1/tau_h for 1/sqrt(d)).
+    sc = dt.type(scale)
+    aq = np.abs(qr) if w is None else np.abs(qr) * w.astype(dt)[:, None, :]
+    n_all = np.sum(aq, axis=-1)  # (n_head_kv, g)
+    n_sel = np.sum(np.take_along_axis(aq, i1r[:, None, :], axis=2), axis=-1)
+    ratio = np.divide(n_all, n_sel, out=np.ones_like(n_all), where=n_sel > 0)
+    factor = np.where(n_sel > 0, sc * np.sqrt(ratio), sc).astype(dt, copy=False)
+    logits = np.matmul(qs, Kt) * factor[..., None]  # (n_head_kv, g, S)
+    if mrow is not None:
+        logits = logits + mrow
+    return softmax(logits)
+
+
+def window_cells(window, row, l, k, cells, valid_row):
+    """The local window's cells of one row and, for entries l..k-1 (the streaming selector's sinks,
+    k > l), the cells after it; both ascending, valid only. Without a window list: the last l and
+    the first k - l valid cells."""
+    if window is None:
+        w = min(l, cells.size)
+        return cells[cells.size - w:], cells[: k - l]
+    ent = np.asarray(window[row]).ravel()
+    keep = [int(c) for c in ent[:k] if 0 <= c < valid_row.size and valid_row[c]]
+    n_win = sum(1 for c in ent[:l] if 0 <= c < valid_row.size and valid_row[c])
+    return np.unique(np.asarray(keep[:n_win], dtype=np.int64)), np.asarray(keep[n_win:], dtype=np.int64)
+
+
+def sparq_positions(shat, window, row, l, k, cells, valid_row, per_head):
+    """Step 3, i2 of one row: the window plus the k - l best cells by the group's summed shat
+    (per_head: by each head's own shat_h; the union over the heads). An array (n_head_kv, k),
+    or per_head a list per KV head of ascending cells."""
+    n_kv = shat.shape[0]
+    win_r, _ = window_cells(window, row, l, l, cells, valid_row)
+    w = win_r.size
+    cand = np.sum(shat, axis=1) if not per_head else shat.copy()  # (n_kv, S) or (n_kv, g, S)
+    cand[..., ~valid_row] = -np.inf  # never select an invalid cell
+    cand[..., win_r] = -np.inf  # the window is added below, not chosen here
+    # There are nv - w >= k - w + 1 finite candidates, so no -inf is picked.
+    # Stable argsort on negated scores: ties go to the lower cell index.
+    top = np.argsort(-cand, axis=-1, kind="stable")[..., : k - w]
+    if per_head:
+        return [np.union1d(top[j].ravel(), win_r) for j in range(n_kv)]
+    return np.sort(np.concatenate([top, np.broadcast_to(win_r, (n_kv, w))], axis=1), axis=1)
+
+
+def selected_mass(shat, sel, alpha_row):
+    """Step 5 (part): alpha_h = sum_{i in i2} shat_h[i], written into alpha_row (n_head_kv, g)."""
+    for j in range(shat.shape[0]):
+        alpha_row[j] = np.sum(shat[j][:, sel[j]], axis=-1)
+
+
+def exact_attention(qr, K, V, sel, mrow, scale, dt, h2o_new=None):
+    """Step 4: exact attention of one row over the selected cells, per query head:
+    (n_head_kv, g, dv). h2o_new (n_head_kv, S): the H2O scores, to which each cell's attention
+    weights (summed over the group's heads) are added."""
+    n_kv, g = qr.shape[:2]
+    y = np.empty((n_kv, g, V.shape[2]), dt)
+    for j in range(n_kv):
+        sj = np.asarray(sel[j], dtype=np.int64)
+        Ks = K[sj, j, :].astype(dt, copy=False)  # (m, d)
+        Vs = V[sj, j, :].astype(dt, copy=False)  # (m, dv)
+        logits = np.matmul(qr[j], Ks.T) * dt.type(scale)  # (g, m)
+        if mrow is not None:
+            logits = logits + mrow[sj][None, :]
+        p = softmax(logits)
+        y[j] = np.matmul(p, Vs)  # (g, dv); zeros if m == 0
+        if h2o_new is not None:
+            np.add.at(h2o_new[j], sj, np.sum(p, axis=0))
+    return y
+
+
+def row_vbar(vbar_d, row, V, valid_row, cells, dt, cache):
+    """The mean value of one row, (n_head_kv, dv): the given vbar (one for all rows, or this
+    row's), or the mean of V over the row's valid cells."""
+    if vbar_d is None:
+        return default_vbar(V, valid_row, cells, dt, cache)
+    if vbar_d.ndim == 3:
+        return vbar_d[row]
+    return vbar_d
+
+
+def default_vbar(V, valid_row, cells, dt, cache):
+    """Mean of V over the valid cells of one row, (n_head_kv, dv) in dt (cached)."""
+    key = valid_row.tobytes()
+    vb = cache.get(key)
+    if vb is None:
+        nv = cells.size
+        if nv == valid_row.size:
+            s = np.sum(V, axis=0, dtype=dt)
+        elif cells[-1] - cells[0] + 1 == nv:
+            s = np.sum(V[cells[0]: cells[-1] + 1], axis=0, dtype=dt)  # a view, no copy
+        else:
+            s = np.sum(V[cells], axis=0, dtype=dt)
+        vb = s / dt.type(nv)
+        cache[key] = vb
+    return vb
+
+
+def mean_value_reallocation(y, alpha_row, vb, dt):
+    """Step 5: out_h = alpha_h * y_h + (1 - alpha_h) * vbar, (n_head_kv, g, dv)."""
+    a = alpha_row[..., None]  # (n_kv, g, 1)
+    return a * y + (dt.type(1) - a) * vb[:, None, :]

@@ -151,13 +151,23 @@ static ggml_tensor * sparq_as_cached(ggml_context * ctx0, ggml_tensor * x, ggml_
     return x;
 }
 
-// x [E, n_tps, n_stream] summed over its tokens per stream: [E, n_stream]
-static ggml_tensor * sparq_sum_tokens(ggml_context * ctx0, ggml_tensor * x, int64_t E, int64_t n_tps, int64_t n_stream) {
-    if (n_tps == 1) {
-        return ggml_reshape_2d(ctx0, x, E, n_stream);
+
+// the ubatch's new rows x_cur (keys or values, E elements per token) as the cache of type `type`
+// holds them (rounded to it), or with squares their squares, summed over the tokens of each
+// stream: [E, n_stream] f32
+static ggml_tensor * sparq_ubatch_sums(sparq_attn_build & b, ggml_tensor * x_cur, ggml_type type, bool squares) {
+    ggml_context * ctx0 = b.ctx0;
+    const int64_t E = x_cur->ne[0] * x_cur->ne[1];
+    ggml_tensor * x = ggml_reshape_3d(ctx0, ggml_is_contiguous(x_cur) ? x_cur : ggml_cont(ctx0, x_cur), E, b.n_tps, b.n_stream);
+    x = sparq_as_cached(ctx0, x, type);
+    if (squares) {
+        x = ggml_sqr(ctx0, x);
+    }
+    if (b.n_tps == 1) {
+        return ggml_reshape_2d(ctx0, x, E, b.n_stream);
     }
     ggml_tensor * sum = ggml_sum_rows(ctx0, ggml_cont(ctx0, ggml_permute(ctx0, x, 1, 0, 2, 3))); // [1, E, ns]
-    return ggml_reshape_2d(ctx0, sum, E, n_stream);
+    return ggml_reshape_2d(ctx0, sum, E, b.n_stream);
 }
 
 // the ubatch's keys into K^T (set_rows), in the PCA basis when K^T is kept in it
@@ -185,10 +195,8 @@ static ggml_tensor * sparq_append_keys(sparq_attn_build & b, ggml_tensor * k_cur
 static ggml_tensor * sparq_append_values(sparq_attn_build & b, ggml_tensor * v_cur, const ggml_tensor * v) {
     ggml_context * ctx0 = b.ctx0;
     const int64_t Ev = v_cur->ne[0] * v_cur->ne[1];
-    ggml_tensor * vv = ggml_reshape_3d(ctx0, ggml_is_contiguous(v_cur) ? v_cur : ggml_cont(ctx0, v_cur), Ev, b.n_tps, b.n_stream);
     // sum what the cache holds (the values rounded to its type), so the sums equal a recomputation
-    vv = sparq_as_cached(ctx0, vv, v->type);
-    ggml_tensor * add = sparq_sum_tokens(ctx0, vv, Ev, b.n_tps, b.n_stream);
+    ggml_tensor * add = sparq_ubatch_sums(b, v_cur, v->type, false);
     // Kahan summation: y = x - c, t = s + y, c = (t - s) - y, s = t. A plain f32 += loses up to
     // half an ulp of the sum per append: at 1M cells of unit-scale V (|sum| ~ 1e3 for zero-mean
     // values, up to ~1e6 otherwise) 1000 decode steps drift by ~3e-3 from a recomputation (more
@@ -210,10 +218,7 @@ static ggml_tensor * sparq_append_values(sparq_attn_build & b, ggml_tensor * v_c
 static ggml_tensor * sparq_append_ksq(sparq_attn_build & b, ggml_tensor * k_cur, const ggml_tensor * k) {
     ggml_context * ctx0 = b.ctx0;
     const int64_t E = k_cur->ne[0] * k_cur->ne[1];
-    ggml_tensor * kk2 = ggml_reshape_3d(ctx0, ggml_is_contiguous(k_cur) ? k_cur : ggml_cont(ctx0, k_cur), E, b.n_tps, b.n_stream);
-    kk2 = sparq_as_cached(ctx0, kk2, k->type);
-    kk2 = ggml_sqr(ctx0, kk2);
-    ggml_tensor * kadd = sparq_sum_tokens(ctx0, kk2, E, b.n_tps, b.n_stream);
+    ggml_tensor * kadd = sparq_ubatch_sums(b, k_cur, k->type, true);
     ggml_tensor * kdst = ggml_view_2d(ctx0, b.L.ksq, E, b.n_stream, b.L.ksq->nb[2], b.si.s0 * b.L.ksq->nb[2]);
     ggml_tensor * ksq = ggml_add_inplace(ctx0, kdst, kadd);
     ggml_build_forward_expand(b.g.gf, ksq);

@@ -207,7 +207,7 @@ void sparq_train_index(llama_sparq_ctx & S, uint32_t strm, const std::vector<uin
 // llama-sparq-basis.cpp: the PCA (rotate) or scaled basis calibrated on the cache's keys
 void sparq_calibrate(llama_sparq_ctx & S, bool rotate, const std::vector<std::vector<uint32_t>> & skip);
 
-// llama-sparq-stats.cpp: the index calls' counted reads into the counters (holds S.mtx)
+// llama-sparq-stats.cpp: the index calls' counted reads into the counters (the caller holds S.mtx)
 void sparq_count_index_reads(llama_sparq_ctx & S);
 
 // llama-sparq-rebuild-host.cpp: K^T and the sums of one stream recomputed (or, with check, compared)
@@ -220,7 +220,7 @@ bool sparq_rebuild_stream_device(llama_sparq_ctx & S, uint32_t strm, const std::
 // llama-sparq-upkeep.cpp: stream currency, the rebuild counter, the selectors' per-cell data on a rebuild
 // whether the stream's data is current for its cells as they are now
 bool sparq_stream_current(const llama_sparq_ctx & S, uint32_t strm);
-void sparq_count_rebuild(llama_sparq_ctx & S); // n_rebuilds++ (holds S.mtx)
+void sparq_count_rebuild(llama_sparq_ctx & S); // n_rebuilds++ (takes S.mtx)
 // H2O's scores and the index's list ids of one stream after its cells changed (skip: the cells the ubatch writes)
 void sparq_selector_rebuild(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip);
 // the index of one stream trained again (sparq_train_index), counted in n_index_trainings

@@ -418,7 +418,7 @@ def grid(quick: bool = False) -> list[Case]:
     # window cells that are not the last cells by index (positions out of cell order)
     add(d=128, S=2000, r=16, k=100, l=25, n_head=4, n_head_kv=1, mask="holes", win="random")
     add(d=64, S=1200, r=8, k=64, l=16, n_rows=4, n_head=8, n_head_kv=2, mask="causal", win="random")
-    # selectors and flags (ARCHITECTURE.md "Selectors")
+    # selectors and flags (docs/architecture.md, "Selectors")
     add(d=128, S=2000, r=16, k=100, l=25, n_head=4, n_head_kv=1, mask="holes", selector="oracle")
     add(d=64, S=1500, r=8, k=64, l=16, n_head=8, n_head_kv=2, mask="pad", selector="oracle", per_head=True)
     add(d=128, S=2000, r=16, k=64, l=16, n_head=4, n_head_kv=1, mask="holes", per_head=True)

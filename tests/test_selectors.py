@@ -1,4 +1,4 @@
-"""The op's selection variants in the llama.cpp graph (ARCHITECTURE.md "Selectors"):
+"""The op's selection variants in the llama.cpp graph (docs/architecture.md, "Selectors"):
 the op's output on the model's own tensors (captured from the graph, k < S so selection
 really runs) against the NumPy reference with the same settings; K^T after the PCA
 calibration equal to a recomputation; the settings' validation; the counters' cost model;

@@ -16,7 +16,7 @@ GGML_API void ggml_sparq_attn_set_window(struct ggml_tensor * attn, struct ggml_
 // The largest k the op accepts (scratch is sized by k).
 #define GGML_SPARQ_K_MAX (1 << 20)
 
-// Selectors: how the op chooses the cells it attends over (steps 1-3 of SPARQ.md); the
+// Selectors: how the op chooses the cells it attends over (steps 1-3 of docs/algorithm.md); the
 // exact attention over them and the mean-value mix are shared.
 enum ggml_sparq_selector {
     GGML_SPARQ_SEL_SPARQ  = 0, // approximate scores from the r largest query components (default)

@@ -2,7 +2,7 @@
 
 ``from llama_sparq import Llama`` gives llama-cpp-python's ``Llama`` running on the
 fork's libllama (checked at import, see ``_lib``). ``llama_sparq.reference`` and
-``llama_sparq.cost`` are the NumPy reference and the cost model of SPARQ.md and need
+``llama_sparq.cost`` are the NumPy reference and the cost model of docs/algorithm.md and need
 no native library.
 """
 

@@ -1,4 +1,4 @@
-"""The SparQ cost model of ``SPARQ.md``: elements moved per KV head per decode step.
+"""The SparQ cost model of ``docs/algorithm.md``: elements moved per KV head per decode step.
 
     dense:  M_dense = 2*S*d + 2*d            read K and V, write the new k and v
     SparQ:  M_sparq = S*r + 2*k*d + 4*d      read r rows of K^T, read k rows of K and of V,

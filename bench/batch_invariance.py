@@ -34,7 +34,7 @@ from server_load import paragraph  # noqa: E402
 
 from llama_sparq import Llama, _sparq  # noqa: E402
 from llama_sparq._llama import llama_cpp  # noqa: E402  (after pointing llama_cpp at the fork)
-from llama_sparq.models import default_model_path  # noqa: E402
+from llama_sparq.models import resolve_model  # noqa: E402
 
 VARIANTS = {
     "dense": None,
@@ -126,7 +126,7 @@ class Runner:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=None, help="GGUF (default: Gemma 3 270M)")
+    ap.add_argument("--model", default=None, help="GGUF, gemma3 or smollm2 (default: Gemma 3 270M)")
     ap.add_argument("--sequences", type=int, default=4)
     ap.add_argument("--min-tokens", type=int, default=1400)
     ap.add_argument("--step-tokens", type=int, default=300, help="prompt i has min + i * step tokens")
@@ -137,7 +137,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out-dir", type=Path, default=RESULTS)
     a = ap.parse_args(argv)
 
-    model_path = str(a.model or default_model_path())
+    model_path = str(resolve_model(a.model))
     llm = Llama(model_path, n_ctx=512, verbose=False)  # loads the model (and the fork's library)
     prompts = make_prompts(llm, a.sequences, a.min_tokens, a.step_tokens)
     runner = Runner(llm._model.model, prompts, a.n_predict, a.threads, a.chunk)

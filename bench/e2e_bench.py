@@ -47,7 +47,7 @@ from benchlib import (RESULTS, fit_line, iqr_points, loadavg, md_bullets, out_st
                       pyplot, run_checked, run_meta, write_csv, write_json)
 
 from llama_sparq import cost, tool_path  # noqa: E402
-from llama_sparq.models import default_model_path, paper_shape_path  # noqa: E402
+from llama_sparq.models import NAMED_MODELS, paper_shape_path, resolve_model  # noqa: E402
 
 PAPER_CPU_FIT = (1.62e-5, 0.2438)  # Llama 2 7B, batch 1, the paper's CPU fit y = a*S + b (seconds)
 CONFIGS = ("dense_fa0", "dense_fa1", "sparq")
@@ -110,7 +110,7 @@ def measure(bench, S, fill, dense_fa0):
 
 def k_rows(args) -> int:
     """Rows of K and V a SparQ step reads: k, or g (k - l) + l with per-head choice (the cost model)."""
-    g = 4 if args.model == "gemma3" else 1 if args.model == "paper" else \
+    g = 4 if args.model == "gemma3" else 3 if args.model == "smollm2" else 1 if args.model == "paper" else \
         int(os.environ.get("N_HEAD", "8")) // int(os.environ.get("N_HEAD_KV", "8"))
     return args.k if args.gqa == "shared" or g == 1 else g * (args.k - args.l) + args.l
 
@@ -128,6 +128,9 @@ def model_shape(args):
     if args.model == "gemma3":
         return 256, 1, 3, ("Gemma 3 270M (Q4_K_M, real weights): 18 layers, of which 3 are global (every sixth) and "
                            "use SparQ; the 15 sliding-window layers (window 512) stay dense by design")
+    if args.model == "smollm2":
+        return 64, 3, 30, ("SmolLM2 135M Instruct (Q4_1, real weights): 30 layers, all global, 9 query heads on 3 KV "
+                           "heads of 64; 8K context")
     return int(os.environ.get("HEAD_DIM", "128")), int(os.environ.get("N_HEAD_KV", "8")), \
         int(os.environ.get("N_LAYER_SPARQ", "1")), "user model (HEAD_DIM, N_HEAD_KV, N_LAYER_SPARQ from the environment)"
 
@@ -328,7 +331,7 @@ def fill_check(args, bench, model_desc, load0, S):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="paper", help="'paper' (synthetic Llama 2 7B shapes), 'gemma3', or a GGUF path")
+    ap.add_argument("--model", default="paper", help="'paper' (synthetic Llama 2 7B shapes), 'gemma3', 'smollm2', or a GGUF path")
     ap.add_argument("--n-layer", type=int, default=2, help="layers of the synthetic model (default 2)")
     ap.add_argument("--depths", default="0,512,1024,2048,4096,8192,16384,32768,65536,131072,262144")
     ap.add_argument("--fill", choices=("synthetic", "prefill"), default=None,
@@ -356,8 +359,8 @@ def main(argv=None) -> int:
 
     if args.model == "paper":
         model = paper_shape_path(args.n_layer)
-    elif args.model == "gemma3":
-        model = default_model_path()
+    elif args.model in NAMED_MODELS:
+        model = resolve_model(args.model)
     else:
         model = Path(args.model)
     d, n_head_kv, n_lay, model_desc = model_shape(args)

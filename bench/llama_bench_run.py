@@ -4,7 +4,7 @@
     python bench/llama_bench_run.py --tag gemma_decode -- -m MODEL --sparq 0,1 -d 0,4096 -p 0 -n 32
 
 Everything after `--` goes to llama-bench unchanged (the model may be given as `gemma3`
-for the default model). Writes bench/results/<tag>.json (llama-bench's JSON rows plus a
+for the default model, or `smollm2`). Writes bench/results/<tag>.json (llama-bench's JSON rows plus a
 "meta" object) and <tag>.md (the metadata, llama-bench's markdown table, and a summary
 per depth: dense t/s, SparQ t/s, speedup, and the counters proving SparQ ran).
 """
@@ -23,7 +23,7 @@ from benchlib import (RESULTS, command_line, git_commit, loadavg, machine_line, 
                       now_iso, write_json)
 
 from llama_sparq import tool_path  # noqa: E402
-from llama_sparq.models import default_model_path  # noqa: E402
+from llama_sparq.models import NAMED_MODELS, resolve_model  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -34,8 +34,8 @@ def main(argv=None) -> int:
     ap.add_argument("bench_args", nargs=argparse.REMAINDER)
     args = ap.parse_args(argv)
     bargs = [a for a in args.bench_args if a != "--"]
-    if "-m" in bargs and bargs[bargs.index("-m") + 1] == "gemma3":
-        bargs[bargs.index("-m") + 1] = str(default_model_path())
+    if "-m" in bargs and bargs[bargs.index("-m") + 1] in NAMED_MODELS:
+        bargs[bargs.index("-m") + 1] = str(resolve_model(bargs[bargs.index("-m") + 1]))
     exe = tool_path("llama-bench")
     load0 = loadavg()
     p = subprocess.run([str(exe), *bargs, "-o", "json"], capture_output=True, text=True)

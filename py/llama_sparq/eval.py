@@ -449,6 +449,7 @@ def write(res, out, command):
         fig.suptitle(f"Retrieval accuracy, {Path(res['model']).name}, commit {', '.join(c[:9] for c in commits)}", fontsize=9)
         fig.tight_layout()
         fig.savefig(out.with_suffix(".png"), dpi=110)
+        plt.close(fig)  # write() runs after every sample (--append's checkpoints)
     except ImportError:
         pass
     return table

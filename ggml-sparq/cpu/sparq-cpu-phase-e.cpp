@@ -89,7 +89,9 @@ static int unit_selection(const ctx & C, int w, int R, bool dense, cand * merge,
 }
 
 // the selected K and V rows are scattered: ask for all of them before using any
-static void prefetch_rows(const ctx & C, int st, int kvh, const int32_t * sel, int n_sel) {
+// always_inline: as a function of its own, GCC finds it has no effect (prefetches only) and drops the call
+static inline __attribute__((always_inline)) void prefetch_rows(const ctx & C, int st, int kvh, const int32_t * sel,
+                                                                int n_sel) {
     const sparq_args * a = C.a;
     const size_t kb = (size_t) a->d * (a->K_type == SPARQ_F16 ? 2 : 4);
     const size_t vb = (size_t) a->dv * (a->V_type == SPARQ_F16 ? 2 : 4);

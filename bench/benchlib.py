@@ -9,13 +9,15 @@ import csv
 import datetime as _dt
 import json
 import os
-import platform
 import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+
+from llama_sparq._provenance import cpu_model  # noqa: F401  (re-exported: the scripts import it from here)
+from llama_sparq._provenance import git_commit as _git_commit
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -35,31 +37,6 @@ def mem_available() -> int | None:
     return None
 
 
-def cpu_model() -> str:
-    """The CPU's name with its family/model and vector extensions: a name such as "AMD EPYC"
-    alone does not tell a Zen 3 (AVX2) from a Zen 5 (AVX-512), and results differ."""
-    info, flags = {}, set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, val = line.partition(":")
-                key = key.strip().lower()
-                if key in ("model name", "cpu family", "model") and key not in info:
-                    info[key] = val.strip()
-                elif key in ("flags", "features") and not flags:
-                    flags = set(val.split())
-    except OSError:
-        pass
-    name = info.get("model name") or platform.processor() or platform.machine() or "unknown"
-    extra = []
-    if "cpu family" in info:
-        extra.append(f"family {info['cpu family']} model {info.get('model', '?')}")
-    if flags:
-        isa = [x for x in ("avx512f", "avx2", "fma", "f16c", "asimd", "fphp") if x in flags]
-        extra.append(" ".join(isa) if isa else "no SIMD extension the kernels use")
-    return f"{name} ({'; '.join(extra)})" if extra else name
-
-
 def loadavg() -> float | None:
     try:
         return os.getloadavg()[0]
@@ -68,17 +45,8 @@ def loadavg() -> float | None:
 
 
 def git_commit() -> str:
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
-                              text=True, check=True).stdout.strip()
-        st = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True,
-                            text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (not a git checkout)"
-    # results being written (this run's own files included) do not make the code dirty
-    dirty = any(line and not line.startswith("??") and not line[3:].startswith("bench/results/")
-                for line in st.splitlines())
-    return head + ("-dirty" if dirty else "")
+    """This checkout's commit (llama_sparq._provenance.git_commit)."""
+    return _git_commit(REPO)
 
 
 def kernel_isa() -> str:

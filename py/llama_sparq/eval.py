@@ -53,8 +53,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import subprocess
 import sys
 import time
 import zlib
@@ -62,6 +60,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ._provenance import cpu_model, git_commit
 from ._eval_tasks import (  # noqa: F401  (re-exported: tests and bench import them from here)
     CHAT_TASKS, KEY_WORDS, NOISE, PASSKEY_HEAD, PASSKEY_TAIL, RAW_TASKS, STORY_WORDS, TASK_GROUPS, TASKS,
     make_sample, passkey_needle, passkey_text)
@@ -126,33 +125,11 @@ def variant_settings(name, comp, d, g, S=None, k=128):
 
 
 def _machine():
-    info = {}
-    try:
-        for line in open("/proc/cpuinfo"):
-            key, _, val = line.partition(":")
-            key = key.strip()
-            if key in ("model name", "cpu family", "model") and key not in info:
-                info[key] = val.strip()
-            if key == "flags" and "isa" not in info:
-                f = val.split()
-                info["isa"] = "avx512f" if "avx512f" in f else "avx2" if "avx2" in f else "other"
-    except OSError:
-        pass
-    return (f"{info.get('model name', platform.processor())} (family {info.get('cpu family', '?')} model "
-            f"{info.get('model', '?')}, {info.get('isa', '?')}), {os.cpu_count()} cores")
+    return f"{cpu_model()}, {os.cpu_count()} cores"
 
 
 def _commit():
-    root = Path(__file__).resolve().parents[2]
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        st = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True,
-                            check=True).stdout
-        dirty = any(ln and not ln.startswith("??") and not ln[3:].startswith("bench/results/") for ln in st.splitlines())
-        return head + ("-dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (installed package, not a git checkout)"
+    return git_commit(Path(__file__).resolve().parents[2])
 
 
 def _load_rows(path):

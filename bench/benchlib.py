@@ -103,6 +103,32 @@ def run_checked(cmd, what):
     return p
 
 
+def op_bench_times(exe, *, S, batch, heads, head_kv, d, r, k, l, threads, reps, warmup=2, ops=("dense", "sparq"),
+                   timeout=None) -> dict:
+    """One run of the native sparq-op-bench (bench/native/sparq-op-bench.cpp): {op: [us per rep]}
+    for each of ops, timed in one process on the same random f16 cache. The op is a graph node
+    of its own there (GGML_OP_SPARQ_ATTN), so no llama counters exist: the op is what runs."""
+    cmd = [str(exe), "--S", str(S), "--batch", str(batch), "--heads", str(heads), "--head-kv", str(head_kv),
+           "--d", str(d), "--r", str(r), "--k", str(k), "--l", str(l), "--threads", str(threads),
+           "--reps", str(reps), "--warmup", str(warmup), "--ops", ",".join(ops)]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"timed out after {timeout} s: {shlex.join(cmd)}") from None
+    if p.returncode != 0:
+        raise RuntimeError(f"exit {p.returncode}: {shlex.join(cmd)}\n{p.stderr.strip()}")
+    times = {}
+    for line in p.stdout.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            obj = json.loads(line)
+            times[obj["op"]] = [float(t) for t in obj["times_us"]]
+    for op in ops:
+        if op not in times or len(times[op]) != reps:
+            raise RuntimeError(f"no/short '{op}' result from {shlex.join(cmd)}:\n{p.stdout}\n{p.stderr}")
+    return times
+
+
 # ----------------------------------------------------------------------------- result files
 
 def out_stem(out_dir, tag) -> Path:

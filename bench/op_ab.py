@@ -12,7 +12,8 @@ shapes: 32 heads of 128, MHA, f16 cache, one decode row, r/k/l as given).
 
 Writes <tag>.json and <tag>.md into --out-dir (default bench/results): per point the median
 over rounds of each round's median, the ratio after/before, and the spread of the ratio over
-the rounds, with the command, machine, commit and the counters the program reports.
+the rounds, with the command, machine and commit. The op is a graph node of its own there, so
+there are no llama counters: the SparQ op is what is timed.
 
     python bench/op_ab.py --before /tmp/base_pkg/llama_sparq/lib --tag op_ab_restructure
 """
@@ -20,27 +21,19 @@ the rounds, with the command, machine, commit and the counters the program repor
 from __future__ import annotations
 
 import argparse
-import json
 import statistics as st
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import RESULTS, loadavg, md_bullets, md_table, out_stem, run_checked, run_meta, write_json  # noqa: E402
+from benchlib import RESULTS, loadavg, md_bullets, md_table, op_bench_times, out_stem, run_meta, write_json  # noqa: E402
 
 
-def time_op(exe: Path, S: int, args) -> tuple[float, int]:
-    """(median us, n_sparq) of one sparq-op-bench run of the SparQ op alone."""
-    cmd = [str(exe), "--S", str(S), "--batch", "1", "--heads", "32", "--head-kv", "32", "--d", "128",
-           "--r", str(args.r), "--k", str(args.k), "--l", str(args.k // 4), "--threads", str(args.threads),
-           "--reps", str(args.reps), "--ops", "sparq"]
-    out = run_checked(cmd, "sparq-op-bench failed").stdout
-    for line in out.splitlines():
-        if line.startswith("{"):
-            rec = json.loads(line)
-            if rec.get("op") == "sparq":
-                return st.median(rec["times_us"]), int(rec.get("n_sparq", -1))
-    raise RuntimeError(f"no SparQ timing in the output of {' '.join(cmd)}")
+def time_op(exe: Path, S: int, args) -> float:
+    """Median us of one sparq-op-bench run of the SparQ op alone."""
+    times = op_bench_times(exe, S=S, batch=1, heads=32, head_kv=32, d=128, r=args.r, k=args.k, l=args.k // 4,
+                           threads=args.threads, reps=args.reps, ops=("sparq",))
+    return st.median(times["sparq"])
 
 
 def main(argv=None) -> int:
@@ -67,14 +60,12 @@ def main(argv=None) -> int:
     load0 = loadavg()
     sizes = [int(s) for s in args.sizes.split(",")]
     runs = {(S, w): [] for S in sizes for w in exes}
-    n_sparq = {}
     for rnd in range(args.rounds):
         for S in sizes:
             order = list(exes.items()) if rnd % 2 == 0 else list(exes.items())[::-1]
             for w, exe in order:
-                t, n = time_op(exe, S, args)
+                t = time_op(exe, S, args)
                 runs[(S, w)].append(t)
-                n_sparq[w] = n
                 print(f"round {rnd + 1} S={S} {w}: {t:.0f} us", flush=True)
     rows = []
     for S in sizes:
@@ -86,7 +77,8 @@ def main(argv=None) -> int:
     meta = {**run_meta(args.threads, load0), "before": str(exes["before"]), "after": str(exes["after"]),
             "sparq": f"r={args.r}, k={args.k}, l={args.k // 4}, d=128, 32 heads (MHA), batch 1, f16 cache; "
                      f"compression r/2d + k/S asymptotically ({args.r / 256:.3f} + k/S)",
-            "counters": f"sparq-op-bench's n_sparq (op calls that ran SparQ, per run): {n_sparq}",
+            "counters": "none: sparq-op-bench computes a graph of the GGML_OP_SPARQ_ATTN node alone (no llama "
+                        "context), so the SparQ op is what each timing measures",
             "method": f"{args.rounds} rounds; per round and S: before then after (odd rounds: after then before), {args.reps} reps each, median; "
                       "per S: the median over rounds, the after/before ratio of those, and the range of the "
                       "rounds' own ratios"}

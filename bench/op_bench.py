@@ -31,8 +31,6 @@ import argparse
 import json
 import os
 import platform
-import shlex
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -41,7 +39,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import (RESULTS, REPO, cpu_model, git_commit, kernel_isa, loadavg, md_bullets,  # noqa: E402
-                      md_table, mem_available, command_line, now_iso, out_stem, pyplot, write_csv, write_json)
+                      md_table, mem_available, command_line, now_iso, op_bench_times, out_stem, pyplot, write_csv,
+                      write_json)
 
 try:
     from llama_sparq import LibraryError, tool_path
@@ -165,25 +164,9 @@ def meta_lines(meta) -> list[str]:
 
 def run_point(args, S, batch, r, k):
     l = k // 4
-    cmd = [str(args.exe), "--S", str(S), "--batch", str(batch), "--heads", str(args.heads),
-           "--head-kv", str(args.head_kv), "--d", str(args.d), "--r", str(r), "--k", str(k),
-           "--l", str(l), "--threads", str(args.threads), "--reps", str(args.reps),
-           "--warmup", str(args.warmup), "--ops", "dense,sparq"]
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        raise RuntimeError(f"timed out after {args.timeout} s: {shlex.join(cmd)}") from None
-    if p.returncode != 0:
-        raise RuntimeError(f"exit {p.returncode}: {shlex.join(cmd)}\n{p.stderr.strip()}")
-    times = {}
-    for line in p.stdout.splitlines():
-        line = line.strip()
-        if line.startswith("{"):
-            obj = json.loads(line)
-            times[obj["op"]] = [float(t) for t in obj["times_us"]]
-    for op in ("dense", "sparq"):
-        if op not in times or len(times[op]) != args.reps:
-            raise RuntimeError(f"no/short '{op}' result from {shlex.join(cmd)}:\n{p.stdout}\n{p.stderr}")
+    times = op_bench_times(args.exe, S=S, batch=batch, heads=args.heads, head_kv=args.head_kv, d=args.d, r=r, k=k,
+                           l=l, threads=args.threads, reps=args.reps, warmup=args.warmup,
+                           timeout=args.timeout)
 
     def stats(t):
         a = np.asarray(t)

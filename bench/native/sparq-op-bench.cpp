@@ -4,7 +4,7 @@
 //   sparq-op-bench --S N --batch B --heads H --head-kv HKV --d D --r R --k K --l L
 //                  --threads T --reps N [--warmup N] [--ops dense,sparq]
 //
-// Prints one JSON object per op: {"op": ..., "times_us": [...], "n_sparq": ...}.
+// Prints one JSON object per op: {"op": ..., "S": ..., ..., "times_us": [...]}.
 // The cache is filled with random f16 values; each sequence has S valid cells.
 
 #include "ggml.h"

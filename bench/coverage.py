@@ -10,8 +10,7 @@ and KV head, on a real model's own decode steps, and how well SparQ's steps 1-2 
 The model runs with SparQ forced on (``sparq_min_kv=0``) but with ``k`` at the context size and no
 local window, so every decode step runs the op and the op attends over every cell (exact attention):
 the captured steps are the dense model's, whatever the budget being measured (``--op-k N`` runs a
-real budget instead, and measures on the trajectory SparQ at that k produces). Graph reuse is off
-(``LLAMA_GRAPH_REUSE_DISABLE=1``) so that every step hands the capture's callback to the scheduler.
+real budget instead, and measures on the trajectory SparQ at that k produces).
 For each length, ``--samples`` prompts from ``llama_sparq.eval.make_sample`` (``--task``; default
 for SmolLM2 ``chat_multikey``, four magic numbers in story filler and a question on one, formatted
 by the GGUF's chat template as ``create_chat_completion`` sends it; for Gemma 3 and a path
@@ -43,7 +42,6 @@ line per layer, one panel per length; recall against r; k90 and k99 per layer).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 import zlib
@@ -237,10 +235,6 @@ def run(a, model, opts):
     lengths = [int(x) for x in a.lengths.split(",")]
     n_ctx = max(lengths) + 256 + a.steps
     op_k = a.op_k or n_ctx
-    # Capture sets the eval callback on the context, but llama.cpp hands it to the scheduler only when
-    # it builds a graph: a decode step that reuses the previous step's graph would run with the
-    # previous Capture's callback (or none). Every step builds its graph (a few ms).
-    os.environ["LLAMA_GRAPH_REUSE_DISABLE"] = "1"
     llm = Llama(model, n_ctx=n_ctx, n_batch=512, n_threads=a.threads, verbose=False, flash_attn=True,
                 logits_all=False, sparq=True, sparq_min_kv=0, sparq_k=op_k, sparq_l=0 if not a.op_k else -1,
                 sparq_basis=a.basis)
@@ -521,7 +515,6 @@ def main(argv=None):
     opts = dict(ks=ks, fracs=[float(x) for x in a.fracs.split(",")], rs=a.rs,
                 recall_ks=[int(x) for x in a.recall_ks.split(",")], basis=a.basis)
     records, prompts, st, shape = run(a, model, opts)
-    d = shape["d"]
     fields = metric_fields(records)
     summary = summarise(records, fields)
     lengths = [int(x) for x in a.lengths.split(",")]

@@ -93,7 +93,7 @@ def enum_names(lib, enum: str) -> tuple:
 
 def params_fields(lib) -> dict:
     """The settings of ``struct llama_sparq_params`` in header order (``size`` left out), each
-    "bool", "int" or, for an int32_t field F with a ``llama_sparq_F_name`` function, "enum"."""
+    "bool", "int", "float" or, for an int32_t field F with a ``llama_sparq_F_name`` function, "enum"."""
     declared = set(dir(lib))
     out = {}
     for name, field in ffi.typeof("struct llama_sparq_params").fields:
@@ -104,6 +104,8 @@ def params_fields(lib) -> dict:
             out[name] = "bool"
         elif f"llama_sparq_{name}_name" in declared:
             out[name] = "enum"
+        elif cname in ("float", "double"):
+            out[name] = "float"
         elif field.type.kind == "primitive":
             out[name] = "int"
         else:

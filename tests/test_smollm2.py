@@ -135,3 +135,75 @@ def test_eval_suite_chat_subset(smollm2_model, tmp_path):
     assert int(sparq["sparq_calls"]) > 0 and int(dense["sparq_calls"]) == 0
     assert 0.0 < float(sparq["compression"]) < 1.0
     assert float(dense["correct"]) == 1.0 and float(sparq["correct"]) == 1.0, rows
+
+
+def _chat_answer(llm, text, n_ans):
+    r = llm.create_chat_completion([{"role": "user", "content": text}], temperature=0.0, max_tokens=n_ans,
+                                   repeat_penalty=1.0)
+    return r["choices"][0]["message"]["content"]
+
+
+@pytest.mark.real_model
+def test_calibrated_default_answers_and_reports_per_layer(smollm2_model):
+    """`sparq=True` alone (the calibrated k) on a 3.3K-token chat retrieval: the answer dense gives;
+    the op's reports (every SparQ call measured) show a k that follows the layer: at least k_min
+    everywhere, every cell on the diffuse first layer (its target is out of the cap's reach, so
+    it attends densely), and the coverage target reached on most layers."""
+    from llama_sparq import Llama
+    from llama_sparq import eval as ev
+
+    llm = Llama(str(smollm2_model), n_ctx=4096, n_batch=512, n_threads=N_THREADS, verbose=False,
+                sparq=True, sparq_min_kv=0)
+    p = llm.sparq_params()
+    assert (p["sparq_k"], p["sparq_coverage"], p["sparq_k_min"], p["sparq_k_frac"]) == (0, 0.95, 128, 0.25)
+    tokens = ev.chat_tokenizer(llm)
+    text, expected, n_ans = ev.make_sample("chat_passkey", 3300, 0.5, 5, tokens)
+    toks = tokens(text)
+    llm.eval(toks[:-1])
+    llm.reset_sparq_stats()
+    answer = _chat_answer(llm, text, n_ans)
+    assert expected[0] in answer, (expected, answer)
+    st = llm.sparq_stats()
+    assert st["n_sparq"] > 0 and st["n_measured"] == st["n_sparq"], st
+    assert 0.0 < st["compression"] < 0.4, st
+    assert 128 <= st["mean_k"] < 0.25 * len(toks), st
+    layers = llm.sparq_layer_stats()
+    assert len(layers) == 30 and all(L["n_measured"] > 0 for L in layers)
+    ks = [L["mean_k"] for L in layers]
+    assert min(ks) >= 128 - 1e-9
+    assert layers[0]["mean_k"] >= len(toks) - 1, layers[0]  # dense: every cell
+    assert layers[0]["k_reach"] > 0.25 * len(toks), layers[0]
+    assert max(ks) > 2 * min(ks)  # the budget follows the layer
+    assert sum(L["coverage"] >= 0.95 for L in layers) >= 20, [round(L["coverage"], 3) for L in layers]
+
+
+@pytest.mark.real_model
+def test_fixed_k_guard_warns_with_coverage_and_the_k_needed(smollm2_model, tmp_path):
+    """A forced k = 64 on SmolLM2 at ~1.3K tokens: the first SparQ step's measure puts the first layer's
+    coverage far below the target; the counters say so (coverage_min and the cells that reach it)
+    and llama-completion's log has the one-line warning naming it."""
+    import subprocess
+
+    from llama_sparq import Llama, tool_path
+    from llama_sparq import eval as ev
+
+    llm = Llama(str(smollm2_model), n_ctx=2048, n_batch=512, n_threads=N_THREADS, verbose=False,
+                sparq=True, sparq_min_kv=0, sparq_k=64)
+    tokens = ev.chat_tokenizer(llm)
+    text, _, _ = ev.make_sample("chat_passkey", 1300, 0.5, 3, tokens)
+    toks = tokens(text)
+    llm.eval(toks[:-1])
+    llm.eval(toks[-1:])
+    st = llm.sparq_stats()
+    assert st["n_measured"] > 0 and st["mean_k"] == 64, st
+    assert 0.0 < st["coverage_min"] < 0.6 and st["coverage_min_layer"] == 0, st
+    assert st["k_reach"] > 256, st  # the cells that would reach the target on that layer
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text(text)
+    res = subprocess.run([str(tool_path("llama-completion")), "-m", str(smollm2_model), "-f", str(prompt), "-n", "4",
+                          "-c", "2048", "-t", str(N_THREADS), "--sparq-k", "64", "--sparq-min-kv", "0", "-no-cnv", "--ignore-eos",
+                          "--temp", "0"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    warn = [x for x in res.stderr.splitlines() if "holds less than the coverage target" in x]
+    assert len(warn) == 1, res.stderr[-3000:]
+    assert "k = 64" in warn[0] and "layer 0: 0." in warn[0] and "sparq_k = 0" in warn[0], warn[0]

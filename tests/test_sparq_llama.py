@@ -435,7 +435,15 @@ def test_transposed_v_cache_is_refused_by_set_sparq(tiny_model):
     # ranges: llama_sparq_set_params's message, word for word (head size 16)
     (dict(sparq_r=17), "SparQ: r = 17 is out of range: allowed 1..16 (the head size), or 0 for head size / 4"),
     (dict(sparq_r=-1), "SparQ: r = -1 is out of range: allowed 1..16 (the head size), or 0 for head size / 4"),
-    (dict(sparq_k=0), "SparQ: k = 0 is out of range: allowed 1.."),
+    (dict(sparq_k=-1), "SparQ: k = -1 is out of range: allowed 1..1048576, or 0 for the calibrated k"),
+    (dict(sparq_coverage=1.5), "SparQ: coverage = 1.5 is out of range: allowed (0, 1]"),
+    (dict(sparq_coverage=0.0), "SparQ: coverage = 0 is out of range: allowed (0, 1]"),
+    (dict(sparq_k_min=0), "SparQ: k_min = 0 is out of range: allowed 1.."),
+    (dict(sparq_k_frac=0.0), "SparQ: k_frac = 0 is out of range: allowed (0, 1]"),
+    (dict(sparq_k_frac=float("nan")), "SparQ: k_frac = nan is out of range: allowed (0, 1]"),
+    (dict(sparq_l=200), "SparQ: l = 200 is out of range: allowed 0..k_min (k_min = 128), or -1 for k_min / 4"),
+    (dict(sparq_k=0, sparq_selector="streaming"), "SparQ: k = 0 (calibrated) needs the sparq or oracle selector"),
+    (dict(sparq_coverage="0.9"), "sparq_coverage must be a number, got '0.9'"),
     (dict(sparq_l=200, sparq_k=128), "SparQ: l = 200 is out of range: allowed 0..k (k = 128), or -1 for k / 4"),
     (dict(sparq_min_kv=-5), "SparQ: min_kv = -5 is out of range: allowed min_kv >= 0"),
     (dict(sparq=False, sparq_k=-3), "SparQ: k = -3 is out of range"),   # checked with SparQ off too
@@ -460,7 +468,8 @@ def test_settings_survive_pickling(tiny_model):
                                                               sparq_min_kv=10, sparq_all_rows=False,
                                                               sparq_selector="sparq", sparq_gqa="shared",
                                                               sparq_mean_v=True, sparq_basis="scaled",
-                                                              sparq_index_lists=256, sparq_index_probe=16)
+                                                              sparq_index_lists=256, sparq_index_probe=16,
+                                                              sparq_coverage=0.95, sparq_k_min=128, sparq_k_frac=0.25)
     sp2 = make_llm(tiny_model, n_ctx=512, sparq_basis="pca", sparq_gqa="per_head", sparq_mean_v=False,
                    sparq_selector="oracle")
     assert pickle.loads(pickle.dumps(sp2)).sparq_params() == sp2.sparq_params()

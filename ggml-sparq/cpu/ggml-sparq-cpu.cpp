@@ -83,6 +83,13 @@ static struct sparq_args sparq_args_of(const struct ggml_tensor * dst) {
     if (const struct ggml_tensor * cw = dst->src[9]; cw && a.selector != GGML_SPARQ_SEL_INDEX) {
         a.comp_w = (const float *) cw->data; a.comp_w_nb1 = cw->nb[1]; a.comp_w_nb2 = cw->ne[2] > 1 ? cw->nb[2] : 0;
     }
+    if (a.selector == GGML_SPARQ_SEL_SPARQ || a.selector == GGML_SPARQ_SEL_ORACLE) {
+        a.cov_p = ggml_get_op_params_f32(dst, 8);
+        a.k_min = ggml_get_op_params_i32(dst, 9);
+        a.k_scan = ggml_get_op_params_i32(dst, 10);
+        a.cov_apply = ggml_get_op_params_i32(dst, 11);
+    }
+    a.report = ggml_sparq_attn_get_report(dst);
     a.sel_out = nullptr;
     return a;
 }

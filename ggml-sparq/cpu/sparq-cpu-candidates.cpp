@@ -57,10 +57,12 @@ int select_chunk(const ctx & C, int ith, const float * ck, int n, int base, int 
     return kk;
 }
 
-int merge_candidates(const ctx & C, int w, const row_info * ri, const int32_t * wl, int kk, cand * merge,
-                     int32_t * sel) {
+int merge_candidates(const ctx & C, int u, int w, const row_info * ri, const int32_t * wl, int kk, cand * merge,
+                     int32_t * sel, cov_measure * cov) {
     const sparq_args * a = C.a;
     int n_sel = 0;
+    long reach_sum = 0;
+    int reached_all = 1;
     // one list (group-shared) or one per query head, merged over the chunks
     for (int h = 0; h < C.L.ph; ++h) {
         int n_m = 0;
@@ -74,9 +76,22 @@ int merge_candidates(const ctx & C, int w, const row_info * ri, const int32_t * 
                 }
             }
         }
-        if (n_m > kk) {
-            compact(merge, n_m, kk);
-            n_m = kk;
+        int keep = kk;
+        if (a->cov_p > 0.0f) {
+            // the coverage target: the fewest best cells reaching it (measured, or the selection)
+            int reached = 0;
+            const int n_cut = sparq_coverage_cut(C, u, w, h, ri, wl, merge, n_m, &reached);
+            reach_sum += n_cut;
+            reached_all &= reached && n_cut <= kk; // within the cap (k - window)
+            if (a->cov_apply) {
+                keep = std::min(kk, std::max(n_cut, a->k_min - ri->n_win));
+            }
+        }
+        if (n_m > keep) {
+            if (keep > 0) {
+                compact(merge, n_m, keep);
+            }
+            n_m = std::max(keep, 0);
         }
         for (int i = 0; i < n_m; ++i) {
             sel[n_sel++] = merge[i].idx;
@@ -86,6 +101,10 @@ int merge_candidates(const ctx & C, int w, const row_info * ri, const int32_t * 
         // the union of the heads' choices
         std::sort(sel, sel + n_sel);
         n_sel = (int) (std::unique(sel, sel + n_sel) - sel);
+    }
+    if (cov) {
+        cov->n_reach = a->cov_p > 0.0f ? ri->n_win + (int) ((reach_sum + C.L.ph / 2) / C.L.ph) : -1;
+        cov->reached = a->cov_p > 0.0f ? reached_all : 0;
     }
     return n_sel;
 }

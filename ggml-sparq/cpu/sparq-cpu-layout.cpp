@@ -28,7 +28,6 @@ layout make_layout(const sparq_args * a, int nth) {
     L.U   = L.R * a->n_head_kv;
     L.g   = a->n_head / a->n_head_kv;
     L.nc  = nth;
-    L.cap = sparq_cap(a);
     L.ph  = a->per_head && L.g > 1 ? L.g : 1;
     L.wcap = a->selector == SPARQ_SEL_STREAMING ? a->k : a->l;
     L.sel_max = L.ph * a->k;
@@ -41,6 +40,8 @@ layout make_layout(const sparq_args * a, int nth) {
         const size_t per_unit = (size_t) L.g * S * sizeof(float);
         L.wave = (int) std::max<size_t>(1, std::min<size_t>(L.U, SPARQ_LOGIT_CAP / std::max<size_t>(per_unit, 1)));
     }
+    L.chunk_max = (int) ((S + nth - 1) / nth) + 1;
+    L.cap = sparq_cap(a, L.chunk_max);
     size_t o = 0;
     L.off_mask   = o; o += align_up((a->mask && a->mask_type == SPARQ_F16) ? (size_t) L.R * S * sizeof(float) : 0);
     L.off_cnt    = o; o += align_up((size_t) L.R * L.nc * sizeof(int32_t));
@@ -59,7 +60,6 @@ layout make_layout(const sparq_args * a, int nth) {
     // group maxima, the tie fallback buffer, the merge buffer, the selection, exact
     // logits, and y / vbar / a K row (phase A: |q| and an order)
     const int dmax = std::max(a->d, a->dv);
-    L.chunk_max = (int) ((S + nth - 1) / nth) + 1;
     size_t t = 0;
     L.t_blk   = t; t += align_up((size_t) L.g * L.B * sizeof(float));
     // the chunk's keys (the index searching per query head: one row of keys per head)
@@ -67,7 +67,7 @@ layout make_layout(const sparq_args * a, int nth) {
     L.t_idx   = t; t += align_up((size_t) L.chunk_max * sizeof(int32_t));
     L.t_gm    = t; t += align_up((size_t) (L.chunk_max + 2) * sizeof(float));
     L.t_big   = t; t += align_up((size_t) L.chunk_max * sizeof(cand));
-    L.t_merge = t; t += align_up(((size_t) L.nc * L.cap + a->k + 1) * sizeof(cand));
+    L.t_merge = t; t += align_up(((size_t) L.nc * L.cap + k_rank(a) + 1) * sizeof(cand));
     L.t_sel   = t; t += align_up(((size_t) L.sel_max + 1) * sizeof(int32_t));
     L.t_ex    = t; t += align_up(((size_t) L.sel_max + 1) * sizeof(float));
     L.t_vec   = t; t += align_up((size_t) 3 * dmax * sizeof(float));

@@ -62,7 +62,8 @@ static void dense_row(const ctx & C, int u, int R, int ith) {
 
 // row R's cells into sel: the first k valid cells of a row with at most k (dense), else the
 // chunks' merged candidates (*n_cand of them, first) and the window list; returns their number
-static int unit_selection(const ctx & C, int w, int R, bool dense, cand * merge, int32_t * sel, int * n_cand) {
+static int unit_selection(const ctx & C, int u, int w, int R, bool dense, cand * merge, int32_t * sel, int * n_cand,
+                          cov_measure * cov) {
     const sparq_args * a = C.a;
     const int S = a->n_kv;
     const row_info * ri = C.rinfo(R);
@@ -78,7 +79,7 @@ static int unit_selection(const ctx & C, int w, int R, bool dense, cand * merge,
         const int kk = row_kk(a, ri);
         const int32_t * wl = C.win(R);
         if (kk > 0) {
-            n_sel = merge_candidates(C, w, ri, wl, kk, merge, sel);
+            n_sel = merge_candidates(C, u, w, ri, wl, kk, merge, sel, cov);
             *n_cand = n_sel;
         }
         for (int i = 0; i < ri->n_win; ++i) {
@@ -141,7 +142,7 @@ static void mean_of_v(const ctx & C, int R, int kvh, const float * m, bool mean_
 
 // query head hh of unit u: exact attention over the selection (ex, y: scratch), mixed with vbar
 // by alpha, into the output
-static void attend_head(const ctx & C, int u, int w, int hh, const int32_t * sel, int n_sel, int n_cand,
+static float attend_head(const ctx & C, int u, int w, int hh, const int32_t * sel, int n_sel, int n_cand,
                         const cand * merge, bool mean_v, const float * vbar, float * ex, float * y, int ith) {
     const sparq_args * a = C.a;
     const int dv = a->dv;
@@ -173,13 +174,27 @@ static void attend_head(const ctx & C, int u, int w, int hh, const int32_t * sel
     if (a->selector == SPARQ_SEL_H2O) {
         h2o_add_weights(C, ith, st, kvh, sel, ex, n_sel, M, iP);
     }
-    // alpha: approximate softmax mass of the selection
-    const float alpha = mean_v ? sparq_alpha(C, u, w, hh, sel, n_sel, n_cand, merge, m) : 1.0f;
+    // alpha: approximate softmax mass of the selection (also measured for the report when the
+    // selector has approximate scores)
+    const bool measure = mean_v || (a->report && n_cand >= 0 && !sel_baseline(a));
+    const float alpha = measure ? sparq_alpha(C, u, w, hh, sel, n_sel, n_cand, merge, m) : 1.0f;
     float * o = C.out_row(R, h);
-    const float ay = alpha * iP, av = 1.0f - alpha;
+    const float ay = mean_v ? alpha * iP : iP, av = mean_v ? 1.0f - alpha : 0.0f;
     for (int j = 0; j < dv; ++j) {
         o[j] = ay * y[j] + av * vbar[j];
     }
+    return alpha;
+}
+
+// what the stream's last row did, per KV head (sparq_args::report)
+static void report_unit(const ctx & C, int u, int n_sel, float alpha, const cov_measure & cov) {
+    const sparq_args * a = C.a;
+    const int R = C.unit_row(u);
+    float * rp = a->report + ((size_t) C.row_stream(R) * a->n_head_kv + C.unit_kvh(u)) * 4;
+    rp[0] = (float) n_sel;
+    rp[1] = alpha;
+    rp[2] = (float) cov.n_reach;
+    rp[3] = (float) cov.reached;
 }
 
 // ----- phase E: final selection, exact attention, reallocation -----
@@ -200,18 +215,37 @@ void phase_e(const ctx & C, int wb, int we, int ith, int nth) {
         if (a->selector == SPARQ_SEL_INDEX && a->ivf_reads && C.row_in_stream(R) == a->n_rows - 1) {
             index_record_reads(C, u, w, dense);
         }
+        const bool report = a->report && C.row_in_stream(R) == a->n_rows - 1;
         if (ri->dense_all) {
             dense_row(C, u, R, ith);
+            if (report) {
+                report_unit(C, u, -1, 1.0f, cov_measure{ -1, 0 });
+            }
             continue;
         }
         int n_cand = 0;
-        const int n_sel = unit_selection(C, w, R, dense, merge, sel, &n_cand);
+        cov_measure cov{ -1, 0 };
+        const int n_sel = unit_selection(C, u, w, R, dense, merge, sel, &n_cand, &cov);
+        if (!dense && a->cov_apply && a->cov_p > 0.0f && !cov.reached) {
+            // the calibrated k: the target needs more than the cap's cells, so this row (a diffuse
+            // head) attends over every valid cell, exactly
+            dense_row(C, u, R, ith);
+            if (report) {
+                report_unit(C, u, ri->n_valid, 1.0f, cov);
+            }
+            continue;
+        }
         prefetch_rows(C, st, kvh, sel, n_sel);
         // mean of V over the stream's cells
         const bool mean_v = !dense && !a->no_mean_v;
         mean_of_v(C, R, kvh, C.mask_row(R), mean_v, vbar);
+        double alpha = 0.0;
         for (int hh = 0; hh < C.L.g; ++hh) {
-            attend_head(C, u, w, hh, sel, n_sel, n_cand, merge, mean_v, vbar, ex, y, ith);
+            alpha += attend_head(C, u, w, hh, sel, n_sel, dense ? -1 : n_cand, merge, mean_v, vbar, ex, y,
+                                 ith);
+        }
+        if (report) {
+            report_unit(C, u, dense ? -1 : n_sel, (float) (alpha / C.L.g), cov);
         }
         if (a->sel_out) {
             int32_t * so = a->sel_out + (size_t) u * a->sel_n;

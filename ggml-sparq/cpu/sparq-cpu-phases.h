@@ -48,7 +48,11 @@ struct layout {
     size_t thread_bytes, total;
 };
 
-inline int sparq_cap(const sparq_args * a) { return std::max(16, 4 * a->k); }
+// the cells a selection ranks: k, or more when a coverage target measures beyond k
+inline int k_rank(const sparq_args * a) { return a->cov_p > 0.0f ? std::max(a->k, a->k_scan) : a->k; }
+
+// candidates a chunk may offer (never more than its cells)
+inline int sparq_cap(const sparq_args * a, int chunk_max) { return std::max(16, std::min(4 * k_rank(a), chunk_max)); }
 
 // the selectors that rank no approximate scores (no K^T, no mean-V, one choice per KV head)
 inline bool sel_baseline(const sparq_args * a) {
@@ -190,7 +194,7 @@ inline int row_kk(const sparq_args * a, const row_info * ri) {
 // how many best-scoring cells a chunk must offer: with a given window list the window
 // cells are not excluded while scanning, so up to n_win of the best may be window cells
 inline int row_kk_scan(const sparq_args * a, const row_info * ri) {
-    const int kk = row_kk(a, ri);
+    const int kk = k_rank(a) - ri->n_win;
     return a->win && kk > 0 ? kk + ri->n_win : kk;
 }
 
@@ -212,8 +216,11 @@ int select_chunk(const ctx & C, int ith, const float * ck, int n, int base, int 
 // phase E: the chunks' candidates of wave slot w (less the cells of the window list wl) merged
 // into the kk best of each list, their cells into sel (merge[0..kk) keeps the last list's keys);
 // returns their number
-int merge_candidates(const ctx & C, int w, const row_info * ri, const int32_t * wl, int kk, cand * merge,
-                     int32_t * sel);
+// With a coverage target (cov_p) the chunks offer k_rank cells and each list is first cut by
+// sparq_coverage_cut; cov (optional) gets its measure.
+struct cov_measure { int n_reach; int reached; };
+int merge_candidates(const ctx & C, int u, int w, const row_info * ri, const int32_t * wl, int kk, cand * merge,
+                     int32_t * sel, cov_measure * cov);
 
 // ---------------------------------------------------------------------------
 // the phases (sparq-cpu.cpp runs them in this order; sparq-cpu.h says what each does)
@@ -242,6 +249,12 @@ void sparq_group_candidates(const ctx & C, int u, int w, int s0, int s1, int kk,
 // phase E, per query head hh: alpha, the approximate softmax mass of the selection
 float sparq_alpha(const ctx & C, int u, int w, int hh, const int32_t * sel, int n_sel, int n_cand,
                   const cand * merge, const float * m);
+// phase E, per selection list h of unit u: the coverage target's cut of its n candidates
+// (merge[0..n), unordered): moves the fewest best ones whose estimated mass, with the window's,
+// reaches cov_p to the front and returns how many that is (n when they all fall short; *reached
+// says which); the caller clamps it
+int sparq_coverage_cut(const ctx & C, int u, int w, int h, const row_info * ri, const int32_t * wl, cand * merge,
+                       int n, int * reached);
 
 // streaming (sparq-cpu-select-streaming.cpp)
 // phase B: the sinks, the first n_sink_max valid cells, after the window's n_win in wl; returns n_win

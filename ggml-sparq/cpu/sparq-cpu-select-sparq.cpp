@@ -159,47 +159,133 @@ void sparq_group_candidates(const ctx & C, int u, int w, int s0, int s1, int kk,
     *C.ccount(w, ith) = select_chunk(C, ith, ck, n, s0, kk, C.cands(w, ith));
 }
 
-float sparq_alpha(const ctx & C, int u, int w, int hh, const int32_t * sel, int n_sel, int n_cand,
-                  const cand * merge, const float * m) {
-    const sparq_args * a = C.a;
-    const int g = C.L.g, r = a->r;
-    const int R = C.unit_row(u), kvh = C.unit_kvh(u), st = C.row_stream(R);
-    const int32_t * i1 = C.i1(u);
-    const float * qs = C.qs(u);
+// the unit's softmax statistics of query head hh over the chunks: its maximum approximate logit
+// and the sum of exp(logit - maximum)
+static void head_softmax(const ctx & C, int w, int hh, float * M, double * Z) {
     float Ms = -INFINITY;
-    double Z = 0.0;
+    double Zs = 0.0;
     for (int c = 0; c < C.L.nc; ++c) {
         Ms = std::max(Ms, C.stat(w, c)[2 * hh]);
     }
     for (int c = 0; c < C.L.nc; ++c) {
         const float * stt = C.stat(w, c);
         if (stt[2 * hh] != -INFINITY) {
-            Z += stt[2 * hh + 1] * exp((double) stt[2 * hh] - Ms);
+            Zs += stt[2 * hh + 1] * exp((double) stt[2 * hh] - Ms);
         }
     }
+    *M = Ms;
+    *Z = Zs;
+}
+
+// the approximate logit (mask included) of cell i for query head hh: kept with GQA, else
+// recomputed from the r rows of K^T (the window's cells, which no chunk kept)
+static float approx_logit(const ctx & C, int u, int w, int hh, int i, const float * m) {
+    if (C.L.g > 1) {
+        return C.logits(w, hh)[i];
+    }
+    const sparq_args * a = C.a;
+    const int r = a->r;
+    const int R = C.unit_row(u), kvh = C.unit_kvh(u), st = C.row_stream(R);
+    const int32_t * i1 = C.i1(u);
+    const float * qs = C.qs(u);
+    float ap = 0.0f;
+    for (int j = 0; j < r; ++j) {
+        const char * kt = C.KT_row(st, kvh, i1[j]);
+        const float kv = a->KT_type == SPARQ_F16 ? sparq_fp16_to_fp32(((const uint16_t *) kt)[i])
+                                                 : ((const float *) kt)[i];
+        ap += qs[hh * r + j] * kv;
+    }
+    return ap + (m ? m[i] : 0.0f);
+}
+
+float sparq_alpha(const ctx & C, int u, int w, int hh, const int32_t * sel, int n_sel, int n_cand,
+                  const cand * merge, const float * m) {
+    float Ms;
+    double Z;
+    head_softmax(C, w, hh, &Ms, &Z);
     double mass = 0.0;
     for (int t = 0; t < n_sel; ++t) {
-        const int i = sel[t];
-        float ap;
-        if (g > 1) {
-            ap = C.logits(w, hh)[i];
-        } else if (t < n_cand) {
-            ap = merge[t].key; // the candidate's approximate logit (+ mask)
-        } else {
-            // a window cell: its approximate logit from the r rows of K^T (the
-            // basis of the approximate scores)
-            ap = 0.0f;
-            for (int j = 0; j < r; ++j) {
-                const char * kt = C.KT_row(st, kvh, i1[j]);
-                const float kv = a->KT_type == SPARQ_F16 ? sparq_fp16_to_fp32(((const uint16_t *) kt)[i])
-                                                         : ((const float *) kt)[i];
-                ap += qs[hh * r + j] * kv;
-            }
-            ap += m ? m[i] : 0.0f;
-        }
+        // with g == 1 a candidate's key is its approximate logit (+ mask)
+        const float ap = C.L.g == 1 && t < n_cand ? merge[t].key : approx_logit(C, u, w, hh, sel[t], m);
         mass += expf(ap - Ms);
     }
     return Z > 0.0 ? (float) std::min(1.0, mass / Z) : 1.0f;
+}
+
+int sparq_coverage_cut(const ctx & C, int u, int w, int h, const row_info * ri, const int32_t * wl, cand * merge,
+                       int n, int * reached) {
+    const int g = C.L.g;
+    const float * m = C.mask_row(C.unit_row(u));
+    // the heads whose mean mass the target is on: list h's head (per-head lists), else the group
+    const int h0 = C.L.ph > 1 ? h : 0, h1 = C.L.ph > 1 ? h + 1 : g;
+    float M[64];
+    double iZ[64];
+    double win = 0.0;
+    for (int hh = h0; hh < h1 && hh - h0 < 64; ++hh) {
+        double Z;
+        head_softmax(C, w, hh, &M[hh - h0], &Z);
+        iZ[hh - h0] = Z > 0.0 ? 1.0 / Z : 0.0;
+        for (int i = 0; i < ri->n_win; ++i) {
+            win += exp((double) approx_logit(C, u, w, hh, wl[i], m) - M[hh - h0]) * iZ[hh - h0];
+        }
+    }
+    const int nh = std::min(h1 - h0, 64);
+    win /= nh;
+    // a candidate's estimated weight: its head's softmax (per-head lists, g == 1), or the group's
+    // summed normalised scores over g (the key of a shared GQA list)
+    const bool summed = g > 1 && C.L.ph == 1;
+    const float M0 = M[0];
+    const double iZ0 = iZ[0];
+    auto wt = [&](const cand & c) -> double {
+        return summed ? (double) c.key / g : exp((double) c.key - M0) * iZ0;
+    };
+    const double need = (double) C.a->cov_p - win;
+    *reached = 1;
+    if (need <= 0.0) {
+        return 0;
+    }
+    // a quickselect on the mass: merge[0..lo) are better than the rest and hold acc < need;
+    // the answer lies in [lo, hi)
+    int lo = 0, hi = n;
+    double acc = 0.0;
+    const cand_greater better;
+    while (hi - lo > 32) {
+        const cand & x = merge[lo], & y = merge[lo + (hi - lo) / 2], & z = merge[hi - 1];
+        const cand piv = better(x, y) ? (better(y, z) ? y : (better(x, z) ? z : x))
+                                      : (better(x, z) ? x : (better(y, z) ? z : y));
+        cand * mid = std::partition(merge + lo, merge + hi, [&](const cand & c) { return better(c, piv); });
+        const int mi = (int) (mid - merge);
+        double s = 0.0;
+        for (int i = lo; i < mi; ++i) {
+            s += wt(merge[i]);
+        }
+        if (acc + s >= need) {
+            hi = mi;
+        } else {
+            acc += s;
+            lo = mi;
+            // the pivot, the best of what is left, goes next
+            int pi = lo;
+            while (pi < hi && (better(merge[pi], piv) || better(piv, merge[pi]))) {
+                ++pi;
+            }
+            std::swap(merge[lo], merge[pi]);
+            acc += wt(merge[lo]);
+            ++lo;
+            if (acc >= need) {
+                return lo;
+            }
+        }
+    }
+    std::sort(merge + lo, merge + hi, better);
+    for (int i = lo; i < hi; ++i) {
+        acc += wt(merge[i]);
+        if (acc >= need) {
+            return i + 1;
+        }
+    }
+    *reached = hi < n;
+    return hi;
 }
 
 } // namespace sparq_cpu

@@ -145,6 +145,17 @@ struct sparq_args {
     int ivf_n_list, ivf_n_probe;
     int ivf_reads;   // the op writes its read count per (KV head, stream) into centroid row n_list (set_index_reads)
 
+    // optional, SparQ and oracle selectors: the coverage target (estimated attention mass) cov_p > 0.
+    // The op ranks the k_rank = max(k, k_scan) best cells and finds the fewest of them which, with
+    // the window, hold cov_p of the approximate softmax mass (step 2's weights; GQA: the mean over
+    // the group's heads; per head: each head's own). cov_apply = 1: that is the selection (at
+    // least k_min, at most k cells); 0: the selection stays the k best and the count is measured.
+    float cov_p; int cov_apply; int k_min; int k_scan;
+    // optional: what the stream's last row did, per (stream, KV head): 4 floats {cells attended
+    // (-1: the row ran dense), its estimated coverage (mean over the group's heads), cells that
+    // reach cov_p (window included; -1 without cov_p), 1 if the ranked cells reached cov_p else 0}
+    float * report;
+
     // optional, for tests: the selected cells per (stream, row, kv head), ascending,
     // -1 padded; sel_n entries each (k, or g*(k-l)+l with per_head); [sel_n, n_head_kv, n_rows, n_stream]
     int32_t * sel_out; int sel_n;

@@ -86,6 +86,9 @@ static const char * sparq_cuda_unsupported(const ggml_tensor * op) {
     if (top_k > GGML_CUDA_SPARQ_K_MAX) {
         return "k above 16384";
     }
+    if (ggml_get_op_params_f32(op, 8) > 0.0f && ggml_get_op_params_i32(op, 11)) {
+        return "a coverage target (calibrated k: CPU only so far)";
+    }
     const int64_t ph = (flags & GGML_SPARQ_FLAG_PER_HEAD) && g > 1 ? g : 1;
     const int64_t U = q->ne[1] * q->ne[3] * k->ne[2];
     if (U > 65535 || U * ph > 65535) {

@@ -81,6 +81,24 @@ GGML_API void ggml_sparq_attn_set_index_reads(struct ggml_tensor * attn);
 // Either may be NULL. The SparQ and oracle selectors only.
 GGML_API void ggml_sparq_attn_set_basis(struct ggml_tensor * attn, struct ggml_tensor * q_sel, struct ggml_tensor * comp_w);
 
+// A coverage target for the SparQ and oracle selectors: the op ranks the max(k, k_scan) best
+// cells by step 2's approximate scores and finds the fewest of them which, with the local
+// window, hold a share p of the estimated attention mass (the approximate softmax; with GQA the
+// mean over the group's heads; with GGML_SPARQ_FLAG_PER_HEAD each head's own). apply: that set
+// is the selection, at least k_min and at most k cells (Twilight's top-p over estimated weights);
+// otherwise the selection stays the k best and the count is only measured (for the report).
+// p in (0, 1]; 0 <= k_min <= k.
+GGML_API void ggml_sparq_attn_set_coverage(struct ggml_tensor * attn, float p, int32_t k_min, int32_t k_scan, bool apply);
+
+// Optional: where the op reports what each stream's last query row did, per (stream, KV head):
+// 4 floats {cells attended (-1: the row ran dense), the estimated coverage of those cells (mean
+// over the group's heads), the cells reaching the coverage target with the window (-1 without a
+// target), 1 if the ranked cells reached it else 0}, at report[(stream * n_head_kv + kv_head) * 4].
+// A host pointer kept in the node's parameters (as ggml's custom ops keep theirs): the CPU op
+// writes it while it runs; other backends ignore it. It must outlive every computation of the node.
+GGML_API void ggml_sparq_attn_set_report(struct ggml_tensor * attn, float * report);
+GGML_API float * ggml_sparq_attn_get_report(const struct ggml_tensor * attn);
+
 #ifdef __cplusplus
 }
 #endif

@@ -29,7 +29,7 @@ extern "C" {
 
 // Bumped whenever a struct or function of this header changes incompatibly.
 // The Python package refuses a library whose ABI differs from its own.
-#define LLAMA_SPARQ_ABI_VERSION 5
+#define LLAMA_SPARQ_ABI_VERSION 6
 
 // "llama-sparq <version> abi <n> llama.cpp <commit>" (also declared in llama.h by patch 0001)
 LLAMA_API const char * llama_sparq_version(void);
@@ -100,8 +100,12 @@ struct llama_sparq_params {
     size_t  size;     // sizeof(struct llama_sparq_params): set by llama_sparq_default_params()
     bool    enabled;  // default false
     int32_t r;        // query components kept, 1..head size; 0 = head size / 4 (the default)
-    int32_t k;        // positions attended, >= 1; default 128
-    int32_t l;        // local window (most recent cells, counted in k), 0..k; -1 = k / 4
+    int32_t k;        // positions attended, >= 1: a fixed budget; 0 = calibrated (the default): each step,
+                      // KV head and layer attends the fewest cells whose estimated attention mass reaches
+                      // `coverage`, at least k_min and at most max(k_min, k_frac x the KV cells); a KV
+                      // head whose target lies beyond that attends over every cell (exact). SparQ and
+                      // oracle selectors (the others need k >= 1); the CPU op (a GPU context needs k >= 1)
+    int32_t l;        // local window (most recent cells, counted in k), 0..k; -1 = k / 4 (calibrated: k_min / 4)
     int32_t min_kv;   // decode stays dense while the sequence holds fewer cells (the longest of the batch), >= 0; default 1024
     bool    all_rows; // also apply to every query row of a ubatch (teacher-forced evaluation); default false
     int32_t selector; // enum llama_sparq_selector; default SPARQ
@@ -110,6 +114,10 @@ struct llama_sparq_params {
     int32_t basis;    // enum llama_sparq_basis; default SCALED
     int32_t index_lists; // selector index: lists (centroids) per layer, stream and KV head, 1..65536; default 256
     int32_t index_probe; // selector index: lists a step reads, 1..index_lists; default 16
+    float   coverage; // the share of the estimated attention mass the calibrated k reaches, (0, 1]; default 0.95.
+                      // With a fixed k: the target the first SparQ step measures k against (the guard)
+    int32_t k_min;    // calibrated k: the fewest cells attended, 1..; default 128
+    float   k_frac;   // calibrated k: the most cells attended as a share of the KV cells, (0, 1]; default 0.25
 };
 
 struct llama_sparq_stats {
@@ -125,6 +133,27 @@ struct llama_sparq_stats {
     int32_t  n_layers;                          // layers with SparQ data (full-attention layers of the cache)
     uint64_t n_sparq_device;                    // of n_sparq: calls whose op ran on a GPU (or other non-CPU) device:
                                                 // its K^T is in that device's memory and the device supports the node
+    // What the CPU op reported of its choice (the SparQ and oracle selectors; per call, KV head and
+    // stream, the stream's last query row), over the calls it reported (n_measured):
+    uint64_t n_measured;
+    double   mean_k;                            // cells attended (calibrated: chosen per step)
+    double   coverage;                          // their estimated share of the attention mass (step 2's softmax)
+    double   coverage_min;                      // the lowest of the layers' mean coverage (-1: none measured)
+    int32_t  coverage_min_layer;                // that layer (-1: none)
+    double   k_reach;                           // cells reaching the coverage target on that layer (window
+                                                // included; the mean of its measured calls, -1: not measured)
+};
+
+// One layer's share of the counters (llama_sparq_get_layer_stats).
+struct llama_sparq_layer_stats {
+    size_t   size;        // sizeof(struct llama_sparq_layer_stats), set by the caller
+    int32_t  layer;       // the model's layer index
+    uint64_t n_measured;  // calls the op reported (CPU op, SparQ and oracle selectors)
+    double   mean_k;      // cells attended per KV head and step
+    double   coverage;    // their estimated share of the attention mass
+    double   k_reach;     // cells reaching the coverage target (window included; -1: not measured)
+    double   reached;     // share of the reports whose ranked cells reached the target
+    double   compression; // the cost-model compression of the reported calls
 };
 
 LLAMA_API struct llama_sparq_params llama_sparq_default_params(void);
@@ -146,6 +175,11 @@ LLAMA_API int32_t llama_sparq_get_params(const struct llama_context * ctx, struc
 // Counters since the context was made or the last reset. Returns 0, or -1 on a size mismatch.
 LLAMA_API int32_t llama_sparq_get_stats(const struct llama_context * ctx, struct llama_sparq_stats * out);
 LLAMA_API void    llama_sparq_reset_stats(struct llama_context * ctx);
+
+// Layer i (0 .. n_layers - 1 of llama_sparq_stats: the layers with SparQ data, in model order) of the
+// counters. Returns 0, or -1 on a size mismatch or i out of range.
+LLAMA_API int32_t llama_sparq_get_layer_stats(const struct llama_context * ctx, int32_t i,
+                                              struct llama_sparq_layer_stats * out);
 
 // Brings K^T and the V sums up to date now (after a state load, say) instead of at the
 // next decode step: first applies the cache's pending updates (the deferred K-shift of

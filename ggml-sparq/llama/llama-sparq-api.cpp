@@ -44,7 +44,6 @@ struct llama_sparq_params llama_sparq_default_params(void) {
     p.size     = sizeof(p);
     p.enabled  = false;
     p.r        = 0;
-    p.k        = 128;
     p.l        = -1;
     p.min_kv   = 1024;
     p.all_rows = false;
@@ -54,6 +53,11 @@ struct llama_sparq_params llama_sparq_default_params(void) {
     p.basis    = LLAMA_SPARQ_BASIS_SCALED; // keeps Gemma 3's answers where the paper's ranking loses them (README "Accuracy")
     p.index_lists = 256;
     p.index_probe = 16;
+    // calibrated k (k = 0): chosen on SmolLM2-135M-Instruct and Gemma 3 270M (README "Accuracy")
+    p.k        = 0;
+    p.coverage = 0.95f;
+    p.k_min    = 128;
+    p.k_frac   = 0.25f;
     return p;
 }
 
@@ -127,12 +131,30 @@ static bool sparq_params_in_range(const llama_sparq_params * p, int64_t d_min, c
                   p->r, (long long) d_min);
         return false;
     }
-    if (p->k < 1 || p->k > GGML_SPARQ_K_MAX) {
-        sparq_err(err, err_size, "SparQ: k = %d is out of range: allowed 1..%d", p->k, GGML_SPARQ_K_MAX);
+    if (p->k < 0 || p->k > GGML_SPARQ_K_MAX) {
+        sparq_err(err, err_size, "SparQ: k = %d is out of range: allowed 1..%d, or 0 for the calibrated k", p->k,
+                  GGML_SPARQ_K_MAX);
         return false;
     }
-    if (p->l < -1 || p->l > p->k) {
-        sparq_err(err, err_size, "SparQ: l = %d is out of range: allowed 0..k (k = %d), or -1 for k / 4", p->l, p->k);
+    if (!(p->coverage > 0.0f && p->coverage <= 1.0f)) {
+        sparq_err(err, err_size, "SparQ: coverage = %g is out of range: allowed (0, 1] (a share of the attention mass)",
+                  (double) p->coverage);
+        return false;
+    }
+    if (p->k_min < 1 || p->k_min > GGML_SPARQ_K_MAX) {
+        sparq_err(err, err_size, "SparQ: k_min = %d is out of range: allowed 1..%d", p->k_min, GGML_SPARQ_K_MAX);
+        return false;
+    }
+    if (!(p->k_frac > 0.0f && p->k_frac <= 1.0f)) {
+        sparq_err(err, err_size, "SparQ: k_frac = %g is out of range: allowed (0, 1] (a share of the KV cells)",
+                  (double) p->k_frac);
+        return false;
+    }
+    const int32_t k_eff = p->k > 0 ? p->k : p->k_min; // the calibrated k is at least k_min
+    if (p->l < -1 || p->l > k_eff) {
+        const char * kn = p->k > 0 ? "k" : "k_min";
+        sparq_err(err, err_size, "SparQ: l = %d is out of range: allowed 0..%s (%s = %d), or -1 for %s / 4", p->l, kn, kn,
+                  k_eff, kn);
         return false;
     }
     if (!sparq_enum_ok("selector", p->selector, sparq_selector_names, LLAMA_SPARQ_SELECTOR_COUNT, err, err_size) ||
@@ -172,6 +194,11 @@ static int32_t sparq_validate_params(llama_context * ctx, const llama_sparq_para
         return -1;
     }
     const bool h2o = p->enabled && p->selector == LLAMA_SPARQ_SELECTOR_H2O;
+    if (p->enabled && p->k == 0 && p->selector != LLAMA_SPARQ_SELECTOR_SPARQ && p->selector != LLAMA_SPARQ_SELECTOR_ORACLE) {
+        sparq_err(err, err_size, "SparQ: k = 0 (calibrated) needs the sparq or oracle selector (it cuts step 2's "
+                  "approximate scores); selector %s needs k >= 1", llama_sparq_selector_name(p->selector));
+        return -1;
+    }
     if (h2o && p->all_rows) {
         sparq_err(err, err_size, "SparQ: all_rows = 1 does not apply to selector h2o: its prompt rows are dense and "
                   "scored, its decode rows choose on the scores");
@@ -231,6 +258,17 @@ static int32_t sparq_apply_params(llama_context * ctx, llama_sparq_ctx & Sq, con
             }
         }
     }
+    if (p->k == 0) {
+        // the calibrated k cuts the selection inside the CPU op; a device op would not (no silent fallback)
+        for (const sparq_layer & L : Sq.layers) {
+            if (L.kt && !ggml_backend_buffer_is_host(L.kt->buffer)) {
+                sparq_err(err, err_size, "SparQ: k = 0 (calibrated) runs in the CPU op; this context keeps the KV "
+                          "cache on %s: give a fixed k (e.g. 512), or keep the cache in host memory (--no-kv-offload "
+                          "/ offload_kqv = false)", ggml_backend_buffer_name(L.kt->buffer));
+                return -2;
+            }
+        }
+    }
     if (index && !sparq_alloc_index(Sq, p->index_lists, err, err_size)) {
         return -2;
     }
@@ -250,6 +288,7 @@ static int32_t sparq_apply_params(llama_context * ctx, llama_sparq_ctx & Sq, con
         }
     }
     Sq.params = *p;
+    sparq_coverage_reset(Sq); // the guard measures the new settings at the next SparQ step
     // graphs built with the old settings must not be reused
     A::need_reserve(ctx);
     return 0;

@@ -7,6 +7,7 @@
 #include "llama-memory-hybrid.h"
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <vector>
 
@@ -103,6 +104,7 @@ struct sparq_attn_build {
     int64_t n_stream, n_tokens, n_tps, n_kv, d, hkv;
     int r, kk, l, g_size;
     bool streaming, h2o, index, per_head;
+    bool calibrated; // k = 0: kk is the cap of the calibrated k, the op cuts its choice at the coverage target
 
     ggml_tensor * kt_src, * vs_src, * ksq_src, * h2o_src, * ivf_src;
 
@@ -120,8 +122,15 @@ struct sparq_attn_build {
         streaming = P.selector == LLAMA_SPARQ_SELECTOR_STREAMING;
         h2o = P.selector == LLAMA_SPARQ_SELECTOR_H2O;
         index = P.selector == LLAMA_SPARQ_SELECTOR_INDEX;
+        calibrated = P.k == 0 && (P.selector == LLAMA_SPARQ_SELECTOR_SPARQ || P.selector == LLAMA_SPARQ_SELECTOR_ORACLE);
+        if (calibrated) {
+            // at least k_min cells, at most k_frac of the graph's KV cells (the cap sizes the op's scratch)
+            const double cap = std::ceil((double) P.k_frac * (double) n_kv);
+            kk = (int) std::min<double>(GGML_SPARQ_K_MAX, std::max<double>(P.k_min, cap));
+        }
         // streaming (LM-Infinite): the first min(16, k/2) positions and the k - that most recent
-        l  = streaming ? kk - std::min(16, kk / 2) : P.l >= 0 ? P.l : kk / 4;
+        l  = streaming ? kk - std::min(16, kk / 2) : P.l >= 0 ? P.l : (calibrated ? P.k_min : kk) / 4;
+        l  = std::min(l, kk);
         g_size = (int) (q->ne[1] / std::max<int64_t>(1, hkv));
         per_head = P.gqa == LLAMA_SPARQ_GQA_PER_HEAD && g_size > 1 && !streaming && !h2o;
         kt_src = L.kt;
@@ -392,6 +401,23 @@ static ggml_tensor * sparq_build_op(sparq_attn_build & b, ggml_tensor * q, ggml_
                                  (b.per_head ? GGML_SPARQ_FLAG_PER_HEAD : 0) |
                                  (P.mean_v && !b.streaming && !b.h2o && !b.index ? 0 : GGML_SPARQ_FLAG_NO_MEAN_V));
     sparq_set_selector_inputs(b, cur, q4, h2o3);
+    if (!b.streaming && !b.h2o && !b.index) {
+        // the calibrated k's cut, or the guard's measure of a fixed k at the first SparQ step; the op
+        // reports its choice into the layer's report (the counters read it after the step)
+        if (b.calibrated) {
+            ggml_sparq_attn_set_coverage(cur, P.coverage, std::min(P.k_min, kk), 0, true);
+        } else {
+            if (b.S.measure_due) {
+                ggml_sparq_attn_set_coverage(cur, P.coverage, 0, (int) std::max<int64_t>(kk, n_kv / 4), false);
+            }
+            inp->measure = b.S.measure_due ? 1 : 0;
+        }
+        ggml_sparq_attn_set_report(cur, b.L.report.data() + (size_t) b.si.s0 * hkv * 4);
+        if (!inp->decisions.empty()) {
+            inp->decisions.back().report = true;
+            inp->decisions.back().ikv_rep = b.ikv;
+        }
+    }
     if (l > 0 || b.streaming) {
         // streaming: the window's l cells, then the k - l cells of the earliest positions
         const int w = b.streaming ? kk : l;

@@ -24,6 +24,10 @@ bool llm_graph_input_sparq::can_reuse(const llm_graph_params & params) {
     }
     // prompt rows beside decode rows: the graph holds SparQ, dense attention or both
     ok &= rows_mode == sparq_rows_mode(*S, params.ubatch, A::sinfo(m).n_stream());
+    if (measure >= 0) {
+        // the guard's measuring step is built once: the next graph runs without it
+        ok &= measure == (int) S->measure_due;
+    }
     if (short_ctx >= 0) {
         // the graph holds SparQ or dense attention by the dense threshold: rebuild when the context crosses it
         ok &= short_ctx == (int) (sparq_used_max(m) < (uint32_t) S->params.min_kv);
@@ -193,6 +197,8 @@ void llm_graph_input_sparq::set_input(const llama_ubatch * ubatch) {
     const double S_ = std::max<double>(1.0, sparq_used_max(mctx));
     std::lock_guard<std::mutex> lock(St.mtx);
     sparq_count_index_reads(St); // the previous execution has run
+    sparq_count_reports(St);
+    bool measuring = false;
     for (const sparq_decision & dc : decisions) {
         if (dc.reason < 0) { // SparQ ran (for every row, or for the decode rows beside prompt rows)
             St.n_sparq++;
@@ -206,6 +212,11 @@ void llm_graph_input_sparq::set_input(const llama_ubatch * ubatch) {
             const double md = 2.0 * S_ * dc.d + 2.0 * dc.d;
             const double ms = S_ <= dc.k ? md : S_ * dc.r + 2.0 * std::min<double>(dc.rows, S_) * dc.d + 4.0 * dc.d + dc.extra;
             St.compression_sum += ms / md;
+            if (dc.report && S_ > dc.k) {
+                St.report_pending.push_back({ dc.ikv_rep, dc.il, si.s0, si.n_stream(), S_, md, ms, (double) dc.d,
+                                              (double) dc.r, (double) dc.extra });
+                measuring |= measure == 1;
+            }
             if (dc.ikv >= 0 && S_ > dc.k) {
                 // (its capacity stays across steps: no allocation once warm)
                 St.ivf_pending.push_back({ dc.ikv, si.s0, si.n_stream(), S_, md, ms, (double) dc.d,
@@ -219,6 +230,11 @@ void llm_graph_input_sparq::set_input(const llama_ubatch * ubatch) {
                                __func__, sparq_reason_text[dc.reason], dc.il);
             }
         }
+    }
+    if (measuring) {
+        // this execution measures a fixed k's coverage: its reports are checked once it has run
+        St.measure_due = false;
+        St.guard_due = true;
     }
 }
 

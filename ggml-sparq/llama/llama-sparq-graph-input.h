@@ -26,6 +26,8 @@ struct sparq_decision {
     // node); 2 the CPU although K^T is in device memory (the device does not support the node)
     int device = 0;
     std::string device_name = {};
+    bool report = false; // the op reports its choice into the layer's report (ikv_rep)
+    int ikv_rep = -1;
 };
 
 // How the query rows of a ubatch split between SparQ and upstream's dense attention, decided
@@ -68,6 +70,7 @@ public:
     bool appends = false;                      // this graph appends to K^T and the V sums
     int  short_ctx = -1;                       // built with the streams under min_kv cells (1) or not (0); -1 unused
     int  rows_mode = SPARQ_ROWS_SPARQ;         // sparq_rows_mode of the ubatch the graph was built for
+    int  measure = -1;                         // built measuring the coverage of a fixed k (1) or not (0); -1 unused
     ggml_tensor * pick = nullptr;              // SPARQ_ROWS_MIXED: [n_tokens] i32, per token its row of [SparQ; dense]
     std::vector<sparq_decision> decisions;     // one per attention layer of this graph
 

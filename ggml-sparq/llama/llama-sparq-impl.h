@@ -65,7 +65,16 @@ struct sparq_layer {
     ggml_tensor * rot = nullptr;
     ggml_tensor * spread = nullptr;
     std::vector<float> rot_host;  // the same, on the host (rebuilds rotate with it); empty: identity
+    // what the CPU op reports of its choice, per (stream, KV head): 4 floats (ggml_sparq_attn_set_report);
+    // an entry the counters have taken is set to SPARQ_REPORT_TAKEN
+    std::vector<float> report;
+    // the counters of the reports: calls, cells attended, estimated coverage, cells reaching the
+    // target (and how many calls measured it), calls that reached it, compression
+    uint64_t rep_n = 0, rep_n_reach = 0, rep_reached = 0;
+    double rep_k = 0.0, rep_cov = 0.0, rep_reach = 0.0, rep_compression = 0.0;
 };
+
+constexpr float SPARQ_REPORT_TAKEN = -2.0f;
 
 // per stream: whether K^T and the V sums equal a recomputation for the cells whose
 // version hash was `hash` (the stream's hash when the data was last brought up to date)
@@ -107,6 +116,17 @@ struct llama_sparq_ctx {
     };
     std::vector<ivf_pending_call> ivf_pending;
     uint64_t n_index_measured = 0; // index calls whose reads were counted (the rest: the estimate)
+    // the calls of the last execution whose op reports its choice (llama-sparq-coverage.cpp)
+    struct report_pending_call {
+        int32_t ikv, il;
+        uint32_t s0, n_stream;
+        double S, md, ms, d, r, extra; // the estimate counted for the call, and its cost-model terms
+    };
+    std::vector<report_pending_call> report_pending;
+    // the guard: with a fixed k the first SparQ execution after set_params measures the coverage
+    // (measure_due), and its reports are checked against the target once (guard_due)
+    bool measure_due = true;
+    bool guard_due = false;
     uint32_t logged = 0; // reasons already logged
 
     // the context's batch (which sequences bring several tokens to the current llama_decode)
@@ -211,6 +231,10 @@ void sparq_calibrate(llama_sparq_ctx & S, bool rotate, const std::vector<std::ve
 
 // llama-sparq-stats.cpp: the index calls' counted reads into the counters (the caller holds S.mtx)
 void sparq_count_index_reads(llama_sparq_ctx & S);
+// llama-sparq-coverage.cpp: the last execution's reports into the counters, the guard's warning
+// (the caller holds S.mtx); the reports and the guard's state cleared (new settings or a reset)
+void sparq_count_reports(llama_sparq_ctx & S);
+void sparq_coverage_reset(llama_sparq_ctx & S);
 
 // llama-sparq-rebuild-host.cpp: K^T and the sums of one stream recomputed (or, with check, compared)
 double sparq_rebuild_stream(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip, bool check = false);

@@ -2,6 +2,7 @@
 // counted reads, and the counters' log line when the context goes.
 #include "llama-sparq-impl.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
@@ -52,6 +53,7 @@ int32_t llama_sparq_get_stats(const struct llama_context * ctx, struct llama_spa
         llama_sparq_ctx & S = *cp.sparq;
         std::lock_guard<std::mutex> lock(S.mtx);
         sparq_count_index_reads(S);
+        sparq_count_reports(S);
         out->n_sparq = S.n_sparq;
         memcpy(out->n_dense, S.n_dense, sizeof(out->n_dense));
         out->compression = S.n_sparq ? S.compression_sum / S.n_sparq : 0.0;
@@ -60,6 +62,26 @@ int32_t llama_sparq_get_stats(const struct llama_context * ctx, struct llama_spa
         out->kv_bytes = S.kv_bytes;
         out->n_layers = S.n_layers;
         out->n_sparq_device = S.n_sparq_device;
+        out->coverage_min = -1.0;
+        out->coverage_min_layer = -1;
+        out->k_reach = -1.0;
+        double k = 0.0, cov = 0.0;
+        for (const sparq_layer & L : S.layers) {
+            if (L.rep_n == 0) {
+                continue;
+            }
+            out->n_measured += L.rep_n;
+            k += L.rep_k;
+            cov += L.rep_cov;
+            const double c = L.rep_cov / L.rep_n;
+            if (out->coverage_min < 0.0 || c < out->coverage_min) {
+                out->coverage_min = c;
+                out->coverage_min_layer = (int32_t) A::layer_il(S.kv, (size_t) (&L - S.layers.data()));
+                out->k_reach = L.rep_n_reach ? L.rep_reach / L.rep_n_reach : -1.0;
+            }
+        }
+        out->mean_k = out->n_measured ? k / out->n_measured : 0.0;
+        out->coverage = out->n_measured ? cov / out->n_measured : 0.0;
     }
     return 0;
 }
@@ -76,11 +98,18 @@ void llama_sparq_reset_stats(struct llama_context * ctx) {
         S.n_rebuilds = 0;
         S.ivf_pending.clear();
         S.n_index_measured = 0;
+        S.report_pending.clear();
+        for (sparq_layer & L : S.layers) {
+            L.rep_n = L.rep_n_reach = L.rep_reached = 0;
+            L.rep_k = L.rep_cov = L.rep_reach = L.rep_compression = 0.0;
+            std::fill(L.report.begin(), L.report.end(), SPARQ_REPORT_TAKEN);
+        }
     }
 }
 
 // the counters once more when the context goes (the tools' logs show whether SparQ ran)
 llama_sparq_ctx::~llama_sparq_ctx() {
+    sparq_count_reports(*this); // the last execution's reports (and the guard, when still due)
     uint64_t nd = 0;
     char buf[256] = "";
     size_t o = 0;
@@ -96,6 +125,17 @@ llama_sparq_ctx::~llama_sparq_ctx() {
                    (unsigned long long) n_sparq, (unsigned long long) nd, o ? " (" : "", buf, o ? ")" : "",
                    n_sparq ? compression_sum / n_sparq : 0.0, (unsigned long long) n_rebuilds,
                    (unsigned long long) n_sparq_device);
+    uint64_t n_meas = 0;
+    double k_sum = 0.0, cov_sum = 0.0;
+    for (const sparq_layer & L : layers) {
+        n_meas += L.rep_n;
+        k_sum += L.rep_k;
+        cov_sum += L.rep_cov;
+    }
+    if (n_meas) {
+        LLAMA_LOG_INFO("llama_sparq: the op reported %llu calls: %.1f cells attended per KV head and step, %.3f of the "
+                       "estimated attention mass (mean)\n", (unsigned long long) n_meas, k_sum / n_meas, cov_sum / n_meas);
+    }
     if (n_index_trainings) {
         LLAMA_LOG_INFO("llama_sparq: the vector index (selector index, %d lists) was trained %llu times; the keys its "
                        "calls read were counted for %llu calls (the others: estimated from even lists)\n", ivf_n_list,

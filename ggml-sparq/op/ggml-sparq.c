@@ -159,3 +159,31 @@ void ggml_sparq_attn_set_window(struct ggml_tensor * attn, struct ggml_tensor * 
                 win->nb[0] == sizeof(int32_t) && "sparq_attn: the window must be i32 [w, n_rows, n_stream]");
     attn->src[7] = win;
 }
+
+void ggml_sparq_attn_set_coverage(struct ggml_tensor * attn, float p, int32_t k_min, int32_t k_scan, bool apply) {
+    GGML_ASSERT(attn->op == GGML_OP_SPARQ_ATTN);
+    const int32_t sel = ggml_get_op_params_i32(attn, 4);
+    GGML_ASSERT((sel == GGML_SPARQ_SEL_SPARQ || sel == GGML_SPARQ_SEL_ORACLE) &&
+                "sparq_attn: a coverage target applies to the sparq and oracle selectors only");
+    const int32_t k = ggml_get_op_params_i32(attn, 1);
+    GGML_ASSERT(isfinite(p) && p > 0.0f && p <= 1.0f && "sparq_attn: the coverage target must be in (0, 1]");
+    GGML_ASSERT(k_min >= 0 && k_min <= k && "sparq_attn: k_min must be in [0, k]");
+    GGML_ASSERT(k_scan >= 0 && k_scan <= GGML_SPARQ_K_MAX && "sparq_attn: k_scan must be in [0, GGML_SPARQ_K_MAX]");
+    ggml_set_op_params_f32(attn, 8, p);
+    ggml_set_op_params_i32(attn, 9, k_min);
+    ggml_set_op_params_i32(attn, 10, k_scan);
+    ggml_set_op_params_i32(attn, 11, apply ? 1 : 0);
+}
+
+void ggml_sparq_attn_set_report(struct ggml_tensor * attn, float * report) {
+    GGML_ASSERT(attn->op == GGML_OP_SPARQ_ATTN);
+    uint64_t v = (uint64_t) (uintptr_t) report;
+    ggml_set_op_params_i32(attn, 12, (int32_t) (uint32_t) (v & 0xffffffffu));
+    ggml_set_op_params_i32(attn, 13, (int32_t) (uint32_t) (v >> 32));
+}
+
+float * ggml_sparq_attn_get_report(const struct ggml_tensor * attn) {
+    const uint64_t lo = (uint32_t) ggml_get_op_params_i32(attn, 12);
+    const uint64_t hi = (uint32_t) ggml_get_op_params_i32(attn, 13);
+    return (float *) (uintptr_t) (lo | (hi << 32));
+}

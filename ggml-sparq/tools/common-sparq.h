@@ -31,6 +31,21 @@ inline int32_t common_sparq_parse_enum(const char * flag, const std::string & va
     return i;
 }
 
+// a number (the library checks its range), or std::invalid_argument naming the flag
+inline float common_sparq_parse_float(const char * flag, const std::string & value) {
+    size_t end = 0;
+    float v = 0.0f;
+    try {
+        v = std::stof(value, &end);
+    } catch (const std::exception &) {
+        end = 0;
+    }
+    if (end == 0 || end != value.size()) {
+        throw std::invalid_argument(std::string(flag) + ": '" + value + "' is not a number");
+    }
+    return v;
+}
+
 template <typename AddOpt>
 void common_sparq_add_args(AddOpt && add_opt, const common_params & params) {
     add_opt(common_arg(
@@ -49,15 +64,44 @@ void common_sparq_add_args(AddOpt && add_opt, const common_params & params) {
     ).set_env("LLAMA_ARG_SPARQ_R"));
     add_opt(common_arg(
         {"--sparq-k"}, "N",
-        string_format("SparQ: positions attended per decode step, >= 1 (default: %d)", params.sparq.k),
+        string_format("SparQ: positions attended per decode step: >= 1 a fixed budget, 0 calibrated (per step, KV head "
+                      "and layer the fewest cells reaching --sparq-coverage, between --sparq-k-min and --sparq-k-frac "
+                      "of the cells; CPU op) (default: %d)", params.sparq.k),
         [](common_params & params, int value) {
             params.sparq.k = value;
             params.sparq.enabled = true;
         }
     ).set_env("LLAMA_ARG_SPARQ_K"));
     add_opt(common_arg(
+        {"--sparq-coverage"}, "P",
+        string_format("SparQ: the share of the estimated attention mass the calibrated k reaches, (0, 1]; with a fixed "
+                      "k the first SparQ step warns when k holds less (default: %.2f)", (double) params.sparq.coverage),
+        [](common_params & params, const std::string & value) {
+            params.sparq.coverage = common_sparq_parse_float("--sparq-coverage", value);
+            params.sparq.enabled = true;
+        }
+    ).set_env("LLAMA_ARG_SPARQ_COVERAGE"));
+    add_opt(common_arg(
+        {"--sparq-k-min"}, "N",
+        string_format("SparQ: the calibrated k's fewest cells, >= 1 (default: %d)", params.sparq.k_min),
+        [](common_params & params, int value) {
+            params.sparq.k_min = value;
+            params.sparq.enabled = true;
+        }
+    ).set_env("LLAMA_ARG_SPARQ_K_MIN"));
+    add_opt(common_arg(
+        {"--sparq-k-frac"}, "F",
+        string_format("SparQ: the calibrated k's most cells as a share of the KV cells, (0, 1] (default: %.3f)",
+                      (double) params.sparq.k_frac),
+        [](common_params & params, const std::string & value) {
+            params.sparq.k_frac = common_sparq_parse_float("--sparq-k-frac", value);
+            params.sparq.enabled = true;
+        }
+    ).set_env("LLAMA_ARG_SPARQ_K_FRAC"));
+    add_opt(common_arg(
         {"--sparq-l"}, "N",
-        string_format("SparQ: local window of most recent positions, counted in k, 0..k; -1 = k / 4 (default: %d)",
+        string_format("SparQ: local window of most recent positions, counted in k, 0..k; -1 = k / 4 (calibrated k: "
+                      "k_min / 4) (default: %d)",
                       params.sparq.l),
         [](common_params & params, int value) {
             params.sparq.l = value;

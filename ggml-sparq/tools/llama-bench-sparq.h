@@ -28,6 +28,9 @@ struct sparq_bench_fields {
     uint64_t calls = 0, dense = 0;
     double compression = 0.0;
     double compr_sum = 0.0;      // compression x calls, summed over the timed runs
+    double mean_k = 0.0;         // cells attended per KV head and step, as the op reported them
+    double k_sum = 0.0;          // mean_k x reported calls, summed over the timed runs
+    uint64_t measured = 0;
     llama_sparq_stats at = {};   // the counters when the current timed run began
 };
 
@@ -40,7 +43,7 @@ static inline bool sparq_bench_is_arg(const std::string & a) {
 static inline void sparq_bench_usage() {
     printf("  --sparq <0|1>                              SparQ attention off/on (default: 0)\n");
     printf("  --sparq-r <n>                              SparQ query components, 0 = head size/4 (default: 0)\n");
-    printf("  --sparq-k <n>                              SparQ positions per decode step (default: 128)\n");
+    printf("  --sparq-k <n>                              SparQ positions per decode step; 0 = calibrated (default: 0)\n");
     printf("  --sparq-l <n>                              SparQ local window, -1 = k/4 (default: -1)\n");
     printf("  --sparq-min-kv <n>                         SparQ dense below this many KV cells (default: 1024)\n");
     printf("  --sparq-selector <sparq|oracle|streaming|h2o|index> cell choice; oracle = exact top-k; streaming, h2o =\n"
@@ -214,6 +217,9 @@ static inline void sparq_bench_end(const llama_context * ctx, sparq_bench_fields
     }
     f.compr_sum += st.compression * (double) st.n_sparq - f.at.compression * (double) f.at.n_sparq;
     f.compression = f.calls ? f.compr_sum / (double) f.calls : 0.0;
+    f.k_sum += st.mean_k * (double) st.n_measured - f.at.mean_k * (double) f.at.n_measured;
+    f.measured += st.n_measured - f.at.n_measured;
+    f.mean_k = f.measured ? f.k_sum / (double) f.measured : 0.0;
 }
 
 // --depth-fill synthetic: fills the cleared cache with n_depth random cells instead of a
@@ -229,14 +235,15 @@ static inline bool sparq_bench_fill(llama_context * ctx, int n_depth) {
 
 // field names, in the order of sparq_bench_value()
 #define SPARQ_BENCH_FIELDS "sparq", "sparq_r", "sparq_k", "sparq_l", "sparq_min_kv", "sparq_calls", "sparq_dense", "sparq_compr", \
-                           "sparq_selector", "sparq_gqa", "sparq_basis", "sparq_mean_v", "sparq_index_lists", "sparq_index_probe"
+                           "sparq_selector", "sparq_gqa", "sparq_basis", "sparq_mean_v", "sparq_index_lists", "sparq_index_probe", \
+                           "sparq_mean_k"
 
 // their values, in the test's row (patch 0007)
 #define SPARQ_BENCH_VALUES(f) \
     sparq_bench_value(f, 0), sparq_bench_value(f, 1), sparq_bench_value(f, 2), sparq_bench_value(f, 3), \
     sparq_bench_value(f, 4), sparq_bench_value(f, 5), sparq_bench_value(f, 6), sparq_bench_value(f, 7), \
     sparq_bench_value(f, 8), sparq_bench_value(f, 9), sparq_bench_value(f, 10), sparq_bench_value(f, 11), \
-    sparq_bench_value(f, 12), sparq_bench_value(f, 13)
+    sparq_bench_value(f, 12), sparq_bench_value(f, 13), sparq_bench_value(f, 14)
 
 static inline bool sparq_bench_is_int_field(const std::string & f) {
     return f == "sparq" || f == "sparq_r" || f == "sparq_k" || f == "sparq_l" || f == "sparq_min_kv" ||
@@ -259,6 +266,11 @@ static inline std::string sparq_bench_value(const sparq_bench_fields & f, int i)
         case 11: return std::to_string((int) f.p.mean_v);
         case 12: return std::to_string(f.p.index_lists);
         case 13: return std::to_string(f.p.index_probe);
+        case 14: {
+            char buf[32];
+            snprintf(buf, sizeof(buf), "%.1f", f.mean_k);
+            return buf;
+        }
         default: {
             char buf[32];
             snprintf(buf, sizeof(buf), "%.4f", f.compression);
@@ -270,7 +282,7 @@ static inline std::string sparq_bench_value(const sparq_bench_fields & f, int i)
 // the markdown table shows the SparQ columns when SparQ is swept
 static inline void sparq_bench_md_fields(const sparq_bench_params & p, std::vector<std::string> & fields) {
     if (p.any()) {
-        for (const char * f : { "sparq", "sparq_r", "sparq_k", "sparq_l", "sparq_calls", "sparq_compr" }) {
+        for (const char * f : { "sparq", "sparq_r", "sparq_k", "sparq_l", "sparq_calls", "sparq_compr", "sparq_mean_k" }) {
             fields.emplace_back(f);
         }
         // the selection variants appear when they are swept or differ from the default

@@ -108,6 +108,9 @@ common_json server_sparq_props() {
         { "mean_v",      s.params.mean_v },
         { "index_lists", s.params.index_lists },
         { "index_probe", s.params.index_probe },
+        { "coverage",    s.params.coverage },
+        { "k_min",       s.params.k_min },
+        { "k_frac",      s.params.k_frac },
         { "n_layers",    s.stats.n_layers },
         { "extra_bytes", s.stats.extra_bytes },
         { "kv_bytes",    s.stats.kv_bytes },
@@ -116,5 +119,9 @@ common_json server_sparq_props() {
         { "n_dense",     dense },
         { "compression", s.stats.compression },
         { "n_rebuilds",  s.stats.n_rebuilds },
+        { "n_measured",  s.stats.n_measured },
+        { "mean_k",      s.stats.mean_k },
+        { "coverage_measured", s.stats.coverage },
+        { "coverage_min", s.stats.coverage_min },
     };
 }

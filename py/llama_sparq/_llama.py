@@ -48,10 +48,17 @@ class Llama(llama_cpp.Llama):
 
     SparQ keyword arguments (applied after the context exists; any of them switches SparQ on):
 
-    - ``sparq``: True for SparQ with the defaults (r = head size / 4, k = 128, l = k / 4, the scaled basis)
+    - ``sparq``: True for SparQ with the defaults (r = head size / 4, the calibrated k, the scaled basis)
     - ``sparq_r``: query components kept, 1..head size (0: head size / 4)
-    - ``sparq_k``: positions attended, >= 1
-    - ``sparq_l``: local window, 0..k (-1: k / 4)
+    - ``sparq_k``: positions attended, >= 1 (a fixed budget); 0 (the default): calibrated per step,
+      KV head and layer: the fewest cells whose estimated attention mass reaches ``sparq_coverage``,
+      at least ``sparq_k_min`` and at most ``sparq_k_frac`` of the KV cells (a KV head whose target
+      lies beyond that attends over every cell); the CPU op only (a KV cache on a GPU needs k >= 1)
+    - ``sparq_l``: local window, 0..k (-1: k / 4; calibrated: k_min / 4)
+    - ``sparq_coverage``: the calibrated k's target share of the attention mass, (0, 1] (default
+      0.95); with a fixed k, the target the first SparQ step checks it against (a warning when short)
+    - ``sparq_k_min``, ``sparq_k_frac``: the calibrated k's floor (default 128) and cap as a share of
+      the KV cells (default 0.25)
     - ``sparq_min_kv``: decoding stays dense while the sequence holds fewer KV cells, >= 0 (default 1024)
     - ``sparq_all_rows``: apply SparQ to every query row (teacher-forced evaluation)
     - ``sparq_selector``: ``"sparq"`` (default); ``"oracle"`` (exact top-k, an accuracy baseline); the
@@ -80,13 +87,15 @@ class Llama(llama_cpp.Llama):
 
     def __init__(self, model_path: str, *args, sparq=None, sparq_r=None, sparq_k=None, sparq_l=None,
                  sparq_min_kv=None, sparq_all_rows=None, sparq_selector=None, sparq_gqa=None, sparq_mean_v=None,
-                 sparq_basis=None, sparq_index_lists=None, sparq_index_probe=None, **kwargs):
+                 sparq_basis=None, sparq_index_lists=None, sparq_index_probe=None, sparq_coverage=None,
+                 sparq_k_min=None, sparq_k_frac=None, **kwargs):
         path = check_model_file(model_path)
         from . import _sparq
 
         given = {"enabled": sparq, "r": sparq_r, "k": sparq_k, "l": sparq_l, "min_kv": sparq_min_kv,
                  "all_rows": sparq_all_rows, "selector": sparq_selector, "gqa": sparq_gqa, "mean_v": sparq_mean_v,
-                 "basis": sparq_basis, "index_lists": sparq_index_lists, "index_probe": sparq_index_probe}
+                 "basis": sparq_basis, "index_lists": sparq_index_lists, "index_probe": sparq_index_probe,
+                 "coverage": sparq_coverage, "k_min": sparq_k_min, "k_frac": sparq_k_frac}
         given = {f: v for f, v in given.items() if v is not None}
         if "enabled" not in given and given:
             given["enabled"] = True  # any SparQ keyword switches it on
@@ -139,6 +148,13 @@ class Llama(llama_cpp.Llama):
         from . import _sparq
 
         return _sparq.get_stats(self._ctx.ctx)
+
+    def sparq_layer_stats(self) -> list:
+        """Per layer with SparQ data: what the op reported of its choice (cells attended, their estimated
+        share of the attention mass, the cells reaching the coverage target, compression)."""
+        from . import _sparq
+
+        return _sparq.get_layer_stats(self._ctx.ctx)
 
     def reset_sparq_stats(self) -> None:
         from . import _sparq

@@ -77,11 +77,32 @@ def window_cells(window, row, l, k, cells, valid_row):
     return np.unique(np.asarray(keep[:n_win], dtype=np.int64)), np.asarray(keep[n_win:], dtype=np.int64)
 
 
-def sparq_positions(shat, window, row, l, k, cells, valid_row, per_head):
+def coverage_cut(weights, order, win_mass, p, k_min, w, kk):
+    """The calibrated k of one selection list: the fewest of the candidates (``order``, the kk best,
+    best first) whose estimated weights, with the window's mass, reach p; at least k_min - w.
+    None when the kk candidates fall short (the row then attends over every valid cell)."""
+    need = p - win_mass
+    if need <= 0:
+        n_cut = 0
+    else:
+        cum = np.cumsum(weights[order])
+        hit = np.flatnonzero(cum >= need)
+        if not hit.size:
+            return None
+        n_cut = int(hit[0]) + 1
+    return min(kk, max(n_cut, k_min - w))
+
+
+def sparq_positions(shat, window, row, l, k, cells, valid_row, per_head, coverage=None):
     """Step 3, i2 of one row: the window plus the k - l best cells by the group's summed shat
     (per_head: by each head's own shat_h; the union over the heads). An array (n_head_kv, k),
-    or per_head a list per KV head of ascending cells."""
-    n_kv = shat.shape[0]
+    or per_head a list per KV head of ascending cells.
+
+    coverage = (p, k_min): the calibrated k (ggml_sparq_attn_set_coverage's cut): of those k - l
+    best, the fewest whose estimated attention weights (shat; shared: the mean over the group's
+    heads), with the window's, reach p, at least k_min - l: a list per KV head. Where they fall
+    short (any head's, per head) the KV head attends over every valid cell (``cells``)."""
+    n_kv, g = shat.shape[0], shat.shape[1]
     win_r, _ = window_cells(window, row, l, l, cells, valid_row)
     w = win_r.size
     cand = np.sum(shat, axis=1) if not per_head else shat.copy()  # (n_kv, S) or (n_kv, g, S)
@@ -90,6 +111,20 @@ def sparq_positions(shat, window, row, l, k, cells, valid_row, per_head):
     # There are nv - w >= k - w + 1 finite candidates, so no -inf is picked.
     # Stable argsort on negated scores: ties go to the lower cell index.
     top = np.argsort(-cand, axis=-1, kind="stable")[..., : k - w]
+    if coverage is not None:
+        p, k_min = coverage
+        out = []
+        for j in range(n_kv):
+            if per_head:
+                ns = [coverage_cut(shat[j, h], top[j, h], shat[j, h][win_r].sum(), p, k_min, w, k - w)
+                      for h in range(g)]
+                keep = None if None in ns else np.concatenate([top[j, h][:n] for h, n in enumerate(ns)])
+            else:
+                wt = shat[j].sum(axis=0) / g
+                n = coverage_cut(wt, top[j], wt[win_r].sum(), p, k_min, w, k - w)
+                keep = None if n is None else top[j][:n]
+            out.append(np.asarray(cells, dtype=np.int64) if keep is None else np.union1d(keep, win_r))
+        return out
     if per_head:
         return [np.union1d(top[j].ravel(), win_r) for j in range(n_kv)]
     return np.sort(np.concatenate([top, np.broadcast_to(win_r, (n_kv, w))], axis=1), axis=1)

@@ -42,7 +42,7 @@ def __getattr__(name):
 
 
 def fields() -> dict:
-    """The settings of struct llama_sparq_params (header order): field -> "bool" | "int" | "enum"."""
+    """The settings of struct llama_sparq_params (header order): field -> "bool" | "int" | "float" | "enum"."""
     if not _fields:
         _fields.update(_b().params_fields(library()))
     return dict(_fields)
@@ -54,6 +54,8 @@ def _to_dict(p) -> dict:
         v = getattr(p, f)
         if kind == "bool":
             v = bool(v)
+        elif kind == "float":
+            v = round(float(v), 6)  # the C float's value as the decimal it was set from
         elif kind == "enum":
             n = names(f)
             v = n[v] if 0 <= v < len(n) else int(v)
@@ -65,7 +67,7 @@ def make_params(settings: dict, label=lambda f: f):
     """A ``struct llama_sparq_params *`` holding the defaults updated with ``settings``.
 
     Parsing only (``ValueError`` naming ``label(field)``): bools must be bools, numbers integers
-    that fit the field, enum values one of the C API's names (or an integer, which the library
+    that fit the field (a float field: any real number), enum values one of the C API's names (or an integer, which the library
     checks). The ranges are checked by ``llama_sparq_set_params``."""
     b, lib = _b(), library()
     kinds = fields()
@@ -80,6 +82,10 @@ def make_params(settings: dict, label=lambda f: f):
         if kind == "bool":
             if not isinstance(v, bool):
                 raise ValueError(f"{name} must be True or False, got {v!r}")
+        elif kind == "float":
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise ValueError(f"{name} must be a number, got {v!r}")
+            v = float(v)
         elif kind == "enum" and isinstance(v, str):
             allowed = names(f)
             if v not in allowed:
@@ -150,6 +156,20 @@ def get_stats(ctx) -> dict:
                 raise RuntimeError(f"llama_sparq_stats.n_dense has {len(v)} entries, the library names {len(reasons)}")
             v = {r: int(v[i]) for i, r in enumerate(reasons)}
         out[f] = v
+    return out
+
+
+def get_layer_stats(ctx) -> list:
+    """llama_sparq_get_layer_stats for every layer with SparQ data: one dict per layer."""
+    b, lib = _b(), library()
+    out = []
+    n = get_stats(ctx)["n_layers"]
+    for i in range(n):
+        s = b.ffi.new("struct llama_sparq_layer_stats *")
+        s.size = b.ffi.sizeof("struct llama_sparq_layer_stats")
+        if lib.llama_sparq_get_layer_stats(b.ctx_ptr(ctx), i, s) != 0:
+            raise RuntimeError(f"llama_sparq_get_layer_stats refused layer {i} (size mismatch or out of range)")
+        out.append({f: getattr(s, f) for f, _ in b.ffi.typeof("struct llama_sparq_layer_stats").fields if f != "size"})
     return out
 
 

@@ -77,11 +77,11 @@ def variant_settings(name, comp, d, g, S=None, k=128):
     if name == "default":
         from . import _sparq
 
+        # every default (the calibrated k: sparq_k = 0), on every decode step
         p = _sparq.default_params()
-        k = p["k"]
-        return dict(sparq_r=p["r"] or max(1, d // 4), sparq_k=k, sparq_l=p["l"] if p["l"] >= 0 else k // 4,
-                    sparq_min_kv=0, sparq_gqa=p["gqa"], sparq_mean_v=p["mean_v"], sparq_selector=p["selector"],
-                    sparq_basis=p["basis"])
+        s = {f"sparq_{f}": v for f, v in p.items() if f != "enabled"}
+        s.update(sparq_r=p["r"] or max(1, d // 4), sparq_min_kv=0)
+        return s
     l = k // 4
     r = max(1, min(d, int(round(2 * d / comp))))
     if name.startswith("index"):
@@ -296,6 +296,7 @@ def run(args, flush=None):
                              r=(s or {}).get("sparq_r", d), k=(s or {}).get("sparq_k", 0),
                              l=(s or {}).get("sparq_l", 0),
                              compression=(st["compression"] if s else 1.0), sparq_calls=st["n_sparq"],
+                             mean_k=(st["mean_k"] if s else 0.0), coverage=(st["coverage"] if s else 1.0),
                              correct=ok, expected=" ".join(expected), answer=ans.strip(), commit=commit))
             if s is not None and st["n_sparq"] == 0:
                 raise RuntimeError(f"variant {name}: SparQ made no call (counters {st}); the result would be dense")

@@ -104,7 +104,7 @@ def combined_scores(q, K, *, r, mask=None, scale=None, dtype=np.float64, comp_w=
 def sparq_attention(q, K, V, *, r, k, l=0, mask=None, scale=None, vbar=None,
                     dtype=np.float64, return_info=False, i2=None, per_head=False, mean_v=True,
                     oracle=False, q_sel=None, K_sel=None, comp_w=None, window=None,
-                    streaming=False, h2o_scores=None, ivf=None):
+                    streaming=False, h2o_scores=None, ivf=None, coverage=None):
     """SparQ attention (docs/algorithm.md steps 1-5) per row and KV head group.
 
     r: components kept in step 1, in [1, d].  k: positions kept in step 3, >= 1.
@@ -143,6 +143,11 @@ def sparq_attention(q, K, V, *, r, k, l=0, mask=None, scale=None, vbar=None,
       cells of largest score outside it (ties to the lower index). Every row chooses on these
       scores; then each row's attention weights over its cells (summed over the group's heads)
       are added: info["h2o"] holds the new scores.
+    coverage: (p, k_min), the calibrated k (the sparq and oracle selectors; the op's coverage
+      target, ggml_sparq_attn_set_coverage with apply): of the k - l best cells, the fewest whose
+      estimated weights (shat: the group's mean, or per_head each head's own), with the window's,
+      reach p, at least k_min - l; i2 and info["i2"] are then lists per KV head (-1 entries of a
+      given i2 are dropped).
     ivf: the vector-index selector (top-k over an inverted-file index of the keys), a tuple
       (centroids (n_head_kv, n_list, d), lists (n_head_kv, S) with -1 for an unassigned cell,
       n_probe). An unassigned valid cell first joins its nearest centroid (L2, ties to the lower
@@ -191,9 +196,11 @@ def sparq_attention(q, K, V, *, r, k, l=0, mask=None, scale=None, vbar=None,
             # Step 2: approximate scores per query head, (n_kv, g, S); 0 at invalid cells.
             shat = approx_scores(qsg[row], o.K_sel, i1[row], mrow, scale, dt, o.comp_w)
             # Step 3: position selection shared by the group (or per query head).
-            sel = sparq_positions(shat, window, row, o.l, o.k, cells, valid[row], per_head)
+            sel = sparq_positions(shat, window, row, o.l, o.k, cells, valid[row], per_head, coverage)
             if i2 is not None:
-                sel = np.sort(np.asarray(i2[row], dtype=np.int64).reshape(n_kv, o.k), axis=1)
+                sel = ([np.sort(x[x >= 0]) for x in (np.asarray(y, dtype=np.int64).ravel() for y in i2[row])]
+                       if coverage is not None
+                       else np.sort(np.asarray(i2[row], dtype=np.int64).reshape(n_kv, o.k), axis=1))
             # Step 5 (part): alpha_h = sum_{i in i2} shat_h[i].
             selected_mass(shat, sel, alpha[row])
 

@@ -22,7 +22,8 @@
 // in that basis like K (K^T is made from them) and comp_w f32 [n_head_kv][d]; with the
 // h2o selector (3), its scores f32 [n_stream][n_head_kv][n_kv]; with the index selector (4),
 // i32 n_list, i32 n_probe, centroids f32 [n_stream][n_head_kv][n_list][d] and the cells' lists
-// f32 [n_stream][n_head_kv][n_kv] (-1: unassigned).
+// f32 [n_stream][n_head_kv][n_kv] (-1: unassigned). Optional trailer: "COV1", f32 p, i32 k_min
+// (the calibrated k's coverage target, applied).
 // Output file: out f32 [n_stream][n_rows][n_head][dv], then (direct mode)
 // sel int32 [n_stream][n_rows][n_head_kv][sel_n], then (h2o) the scores after the call or
 // (index) the lists after the call.
@@ -52,6 +53,8 @@ struct test_case {
     int d, dv, n_kv, n_rows, n_head, n_head_kv, n_stream, r, k, l, kv_type, mask_type, kt_pad, win_n;
     int selector, per_head, no_mean_v, has_basis, sel_n;
     float scale;
+    float cov_p = 0.0f; // > 0: the coverage target (trailer COV1)
+    int k_min = 0;
     std::vector<float> q, v_sum, v_count, q_sel, comp_w, h2o, ivf_cent;
     int ivf_n_list = 0, ivf_n_probe = 0;
     std::vector<char> K, V, mask, K_sel;
@@ -128,6 +131,14 @@ static test_case read_case(const char * path) {
         }
         c.h2o.resize((size_t) c.n_stream * c.n_head_kv * c.n_kv);
         read_exact(f, c.h2o.data(), c.h2o.size() * 4, c.selector == 3 ? "h2o scores" : "index lists");
+    }
+    char tmag[4];
+    if (fread(tmag, 1, 4, f) == 4) {
+        if (memcmp(tmag, "COV1", 4) != 0) {
+            die("unknown trailer in case file: ", path);
+        }
+        read_exact(f, &c.cov_p, 4, "coverage target");
+        read_exact(f, &c.k_min, 4, "k_min");
     }
     fclose(f);
     return c;
@@ -208,6 +219,7 @@ static int run_direct(const test_case & c, const char * out_path, const char * i
     a.d = c.d; a.dv = c.dv; a.n_kv = c.n_kv; a.n_rows = c.n_rows; a.n_head = c.n_head; a.n_head_kv = c.n_head_kv;
     a.n_stream = c.n_stream; a.r = c.r; a.k = c.k; a.l = c.l; a.scale = c.scale;
     a.selector = c.selector; a.per_head = c.per_head; a.no_mean_v = c.no_mean_v;
+    a.cov_p = c.cov_p; a.cov_apply = c.cov_p > 0.0f; a.k_min = c.k_min;
     a.q = c.q.data(); a.q_nb1 = (size_t) c.d * 4; a.q_nb2 = a.q_nb1 * c.n_rows; a.q_nb3 = a.q_nb2 * c.n_head;
     const sparq_type t = c.kv_type == 1 ? SPARQ_F16 : SPARQ_F32;
     a.K = c.K.data(); a.K_type = t; a.K_nb1 = c.d * esz; a.K_nb2 = a.K_nb1 * c.n_kv; a.K_nb3 = a.K_nb2 * c.n_head_kv;
@@ -294,6 +306,9 @@ static int run_ggml(const test_case & c, const char * out_path, int nth) {
     struct ggml_tensor * res = ggml_sparq_attn(ctx, q, K, KT, V, vs, vc, mask, c.r, c.k, c.l, c.scale);
     ggml_sparq_attn_set_selector(res, c.selector, (c.per_head ? GGML_SPARQ_FLAG_PER_HEAD : 0) |
                                                   (c.no_mean_v ? GGML_SPARQ_FLAG_NO_MEAN_V : 0));
+    if (c.cov_p > 0.0f) {
+        ggml_sparq_attn_set_coverage(res, c.cov_p, c.k_min, 0, true);
+    }
     if (c.win_n > 0) {
         struct ggml_tensor * wt = ggml_new_tensor_3d(ctx, GGML_TYPE_I32, c.win_n, c.n_rows, c.n_stream);
         memcpy(wt->data, c.win.data(), c.win.size() * 4);

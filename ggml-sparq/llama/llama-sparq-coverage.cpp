@@ -1,0 +1,143 @@
+// llama-sparq: what the CPU op reports of its choice (cells attended, their estimated share of the
+// attention mass, the cells that reach the coverage target) folded into the counters per layer,
+// the guard's one-line warning when a fixed k falls short of the target, and
+// llama_sparq_get_layer_stats.
+#include "llama-sparq-impl.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+void sparq_coverage_reset(llama_sparq_ctx & S) {
+    S.report_pending.clear();
+    for (sparq_layer & L : S.layers) {
+        std::fill(L.report.begin(), L.report.end(), SPARQ_REPORT_TAKEN);
+    }
+    S.measure_due = true;
+    S.guard_due = false;
+}
+
+// the layers whose mean coverage is below the target, worst first: one line
+static void sparq_guard(llama_sparq_ctx & S) {
+    const llama_sparq_params & P = S.params;
+    struct low { int il; double cov, reach; bool reached; };
+    std::vector<low> lows;
+    int n_measured = 0;
+    for (const sparq_layer & L : S.layers) {
+        if (L.rep_n == 0) {
+            continue;
+        }
+        n_measured++;
+        const double cov = L.rep_cov / L.rep_n;
+        if (cov < P.coverage - 0.005) {
+            const int il = (int) (&L - S.layers.data());
+            lows.push_back({ il, cov, L.rep_n_reach ? L.rep_reach / L.rep_n_reach : -1.0, L.rep_reached == L.rep_n_reach });
+        }
+    }
+    if (n_measured == 0) {
+        S.guard_due = true; // nothing reported yet (every call ran dense): look again after the next step
+        return;
+    }
+    if (lows.empty()) {
+        return;
+    }
+    std::sort(lows.begin(), lows.end(), [](const low & a, const low & b) { return a.cov < b.cov; });
+    std::string shown;
+    for (size_t i = 0; i < lows.size() && i < 3; ++i) {
+        char buf[160];
+        snprintf(buf, sizeof(buf), "%slayer %d: %.2f, %s%.0f cells reach it", i ? "; " : "", A::layer_il(S.kv, lows[i].il),
+                 lows[i].cov, lows[i].reached ? "" : "over ", lows[i].reach);
+        shown += buf;
+    }
+    LLAMA_LOG_WARN("llama_sparq: k = %d holds less than the coverage target %.2f of the estimated attention mass on %zu "
+                   "of %d layers (%s): answers may differ from dense; sparq_k = 0 (calibrated) picks the cells per step "
+                   "(llama_sparq_get_layer_stats has every layer)\n",
+                   P.k, (double) P.coverage, lows.size(), n_measured, shown.c_str());
+}
+
+void sparq_count_reports(llama_sparq_ctx & S) {
+    for (const auto & p : S.report_pending) {
+        if (p.ikv < 0 || p.ikv >= (int32_t) S.layers.size()) {
+            continue;
+        }
+        sparq_layer & L = S.layers[p.ikv];
+        const int64_t hkv = L.kt ? L.kt->ne[2] : 0;
+        double k_sum = 0.0, cov_sum = 0.0, reach_sum = 0.0;
+        int n = 0, n_reach = 0, n_reached = 0;
+        for (uint32_t st = p.s0; st < p.s0 + p.n_stream; ++st) {
+            for (int64_t h = 0; h < hkv; ++h) {
+                float * e = L.report.data() + ((size_t) st * hkv + h) * 4;
+                if (e[0] == SPARQ_REPORT_TAKEN || e[0] < 0.0f) {
+                    e[0] = SPARQ_REPORT_TAKEN; // not run by a CPU op, or the row ran dense
+                    continue;
+                }
+                k_sum += e[0];
+                cov_sum += e[1];
+                if (e[2] >= 0.0f) {
+                    reach_sum += e[2];
+                    n_reach++;
+                    n_reached += e[3] > 0.0f;
+                }
+                n++;
+                e[0] = SPARQ_REPORT_TAKEN;
+            }
+        }
+        if (n == 0) {
+            continue;
+        }
+        const double k_mean = k_sum / n;
+        // the estimate counted at set_input (its k) becomes the cells the op attended
+        const double ms = p.S * p.r + 2.0 * std::min(k_mean, p.S) * p.d + 4.0 * p.d + p.extra;
+        S.compression_sum += (ms - p.ms) / p.md;
+        L.rep_n++;
+        L.rep_k += k_mean;
+        L.rep_cov += cov_sum / n;
+        L.rep_compression += ms / p.md;
+        if (n_reach) {
+            L.rep_n_reach++;
+            L.rep_reach += reach_sum / n_reach;
+            L.rep_reached += n_reached == n_reach;
+        }
+    }
+    const bool measured = !S.report_pending.empty();
+    S.report_pending.clear();
+    if (S.guard_due && measured) {
+        S.guard_due = false;
+        sparq_guard(S);
+    }
+}
+
+int32_t llama_sparq_get_layer_stats(const struct llama_context * ctx, int32_t i, struct llama_sparq_layer_stats * out) {
+    if (!out || out->size != sizeof(llama_sparq_layer_stats)) {
+        return -1;
+    }
+    const size_t size = out->size;
+    memset(out, 0, sizeof(*out));
+    out->size = size;
+    const auto & cp = A::cparams(const_cast<llama_context *>(ctx));
+    if (!cp.sparq) {
+        return -1;
+    }
+    llama_sparq_ctx & S = *cp.sparq;
+    std::lock_guard<std::mutex> lock(S.mtx);
+    sparq_count_reports(S);
+    int32_t seen = 0;
+    for (const sparq_layer & L : S.layers) {
+        if (!L.kt) {
+            continue;
+        }
+        if (seen++ != i) {
+            continue;
+        }
+        out->layer = (int32_t) A::layer_il(S.kv, (int32_t) (&L - S.layers.data()));
+        out->n_measured = L.rep_n;
+        out->mean_k = L.rep_n ? L.rep_k / L.rep_n : 0.0;
+        out->coverage = L.rep_n ? L.rep_cov / L.rep_n : 0.0;
+        out->k_reach = L.rep_n_reach ? L.rep_reach / L.rep_n_reach : -1.0;
+        out->reached = L.rep_n_reach ? (double) L.rep_reached / L.rep_n_reach : 0.0;
+        out->compression = L.rep_n ? L.rep_compression / L.rep_n : 0.0;
+        return 0;
+    }
+    return -1;
+}

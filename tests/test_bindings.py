@@ -179,7 +179,7 @@ def test_ctx_pointer_from_ctypes(tiny_model):
     assert int(b.ffi.cast("uintptr_t", p)) == addr
     assert b.ctx_ptr(ctypes.c_void_p(addr)) == p == b.ctx_ptr(p)
     # the pointer reaches the library: the context's settings come back
-    assert bindings_get_k(b, p) == 128
+    assert bindings_get_k(b, p) == 0  # the calibrated k, the default
     with pytest.raises(ValueError, match="NULL"):
         b.ctx_ptr(ctypes.c_void_p(None))
 
@@ -220,7 +220,8 @@ def test_constructor_setter_and_getter_use_the_same_keywords(tiny_model):
 
     want = {sparq_keyword(f) for f in _sparq.fields()}
     assert want == {"sparq", "sparq_r", "sparq_k", "sparq_l", "sparq_min_kv", "sparq_all_rows", "sparq_selector",
-                    "sparq_gqa", "sparq_mean_v", "sparq_basis", "sparq_index_lists", "sparq_index_probe"}
+                    "sparq_gqa", "sparq_mean_v", "sparq_basis", "sparq_index_lists", "sparq_index_probe",
+                    "sparq_coverage", "sparq_k_min", "sparq_k_frac"}
     ctor = {p for p in inspect.signature(Llama.__init__).parameters if p.startswith("sparq")}
     assert ctor == want
     llm = Llama(str(tiny_model), n_ctx=256, verbose=False, sparq_r=4, sparq_k=32, sparq_basis="pca")
@@ -252,7 +253,10 @@ def _c_message(stderr: str) -> str:
 
 
 @pytest.mark.parametrize("kw,flags", [
-    (dict(sparq_k=0), ["--sparq-k", "0"]),
+    (dict(sparq_k=-4), ["--sparq-k", "-4"]),
+    (dict(sparq_coverage=1.5), ["--sparq-coverage", "1.5"]),
+    (dict(sparq_k_min=0), ["--sparq-k-min", "0"]),
+    (dict(sparq_k_frac=2.0), ["--sparq-k-frac", "2"]),
     (dict(sparq_r=-2), ["--sparq-r", "-2"]),
     (dict(sparq_r=99), ["--sparq-r", "99"]),
     (dict(sparq_l=40, sparq_k=32), ["--sparq-l", "40", "--sparq-k", "32"]),

@@ -134,13 +134,16 @@ def test_gemma_gpu_sparq_equals_cpu_sparq(cuda, gemma_model):
 
 @pytest.mark.real_model
 def test_gemma_gpu_sparq_defaults_run_on_the_gpu(cuda, gemma_model):
-    """The default settings (r = d/4, k = 128, scaled basis, window) on the GPU: SparQ calls all on
-    the GPU; the output agrees with CPU SparQ's teacher-forced argmax where the margin is clear."""
-    cpu = _llm(gemma_model, n_gpu_layers=0, sparq=True, sparq_min_kv=0)
+    """The default settings but a fixed k (r = d/4, k = 128, scaled basis, window) on the GPU: SparQ
+    calls all on the GPU; the output agrees with CPU SparQ's teacher-forced argmax where the margin
+    is clear. (The calibrated k, the default, is the CPU op's: a GPU cache refuses it.)"""
+    with pytest.raises(RuntimeError, match="k = 0 .calibrated. runs in the CPU op"):
+        _llm(gemma_model, n_gpu_layers=-1, sparq=True, sparq_min_kv=0)
+    cpu = _llm(gemma_model, n_gpu_layers=0, sparq=True, sparq_min_kv=0, sparq_k=128)
     prompt = cpu.tokenize(PROMPT)
     want = _greedy(cpu, prompt, 12)
     want_lg = teacher_forced(cpu, prompt, want)
-    gpu = _llm(gemma_model, n_gpu_layers=-1, sparq=True, sparq_min_kv=0)
+    gpu = _llm(gemma_model, n_gpu_layers=-1, sparq=True, sparq_min_kv=0, sparq_k=128)
     got_lg = teacher_forced(gpu, prompt, want)
     st = gpu.sparq_stats()
     assert st["n_sparq"] == 3 * 12 and st["n_sparq_device"] == st["n_sparq"], st
@@ -166,7 +169,7 @@ def test_bench_and_cli_on_the_gpu(cuda, gemma_model, tmp_path):
     """llama-sparq-bench -ngl 99 --sparq 0,1 runs and counts SparQ calls; the CLI's counters line
     shows the calls on the GPU."""
     bench = tool_path("llama-bench")
-    res = subprocess.run([str(bench), "-m", str(gemma_model), "-ngl", "99", "-fa", "1", "--sparq", "0,1",
+    res = subprocess.run([str(bench), "-m", str(gemma_model), "-ngl", "99", "-fa", "1", "--sparq", "0,1", "--sparq-k", "128",
                           "-p", "0", "-n", "8", "-d", "2048", "-r", "1", "-o", "json"],
                          capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -176,7 +179,7 @@ def test_bench_and_cli_on_the_gpu(cuda, gemma_model, tmp_path):
     sp = [r for r in rows if int(r.get("sparq", 0)) == 1]
     assert sp and all(int(r["sparq_calls"]) > 0 for r in sp), rows
     cli = tool_path("llama-completion")
-    res = subprocess.run([str(cli), "-m", str(gemma_model), "-ngl", "99", "--sparq", "--sparq-min-kv", "0",
+    res = subprocess.run([str(cli), "-m", str(gemma_model), "-ngl", "99", "--sparq", "--sparq-k", "128", "--sparq-min-kv", "0",
                           "-p", PROMPT.decode()[:2000], "-n", "8", "--temp", "0", "-no-cnv"],
                          capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]

@@ -95,7 +95,7 @@ def test_pip_wheel_builds_llama_cpp_once_and_installs_elsewhere(tmp_path, tiny_m
             "out = llm('hello', max_tokens=8, temperature=0)\n"
             "print(llm.sparq_stats()['n_sparq'])\n"
             "try:\n"
-            "    Llama(sys.argv[1], n_ctx=256, verbose=False, sparq_k=0)\n"
+            "    Llama(sys.argv[1], n_ctx=256, verbose=False, sparq_k=-1)\n"
             "except ValueError as e:\n"
             "    print(e)\n")
     res = _run([py, "-c", code, tiny_model], cwd=tmp_path, timeout=300)
@@ -106,7 +106,7 @@ def test_pip_wheel_builds_llama_cpp_once_and_installs_elsewhere(tmp_path, tiny_m
     assert Path(llama_cpp_file).is_relative_to(site)
     assert Path(lib_name).resolve() == (site / "llama_sparq" / "lib" / "libllama.so").resolve()
     assert int(n_sparq) > 0
-    assert err.startswith("SparQ: k = 0 is out of range")
+    assert err.startswith("SparQ: k = -1 is out of range")
     libs = sorted(str(p.relative_to(site)) for p in site.rglob("libllama.so"))
     assert libs == ["llama_sparq/lib/libllama.so"], libs
 

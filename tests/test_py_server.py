@@ -192,8 +192,8 @@ def test_config_file_sparq_settings_per_model(tiny_model, tmp_path):
 
 
 def test_invalid_sparq_setting_is_refused(tiny_model):
-    r = subprocess.run([sys.executable, "-m", "llama_sparq.server", "--model", str(tiny_model), "--sparq-k", "0",
+    r = subprocess.run([sys.executable, "-m", "llama_sparq.server", "--model", str(tiny_model), "--sparq-k", "-3",
                         "--port", str(free_port()), "--host", HOST], stdin=subprocess.DEVNULL,
                        capture_output=True, text=True, timeout=120, env=dict(os.environ, OMP_WAIT_POLICY="PASSIVE"))
     assert r.returncode == 2
-    assert "SparQ: k = 0 is out of range" in r.stderr, r.stderr[-500:]  # the C API's message, word for word
+    assert "SparQ: k = -3 is out of range" in r.stderr, r.stderr[-500:]  # the C API's message, word for word

@@ -211,12 +211,13 @@ def test_set_sparq_refuses_unknown_values(tiny_model):
 
 def test_counters_cost_model_per_variant(tiny_gqa_model):
     """The counters' compression follows the cost model of each variant: per-head choice
-    reads up to g (k - l) + l rows, the oracle all d components."""
+    reads the union of the heads' choices (up to g (k - l) + l rows; the op reports the union's
+    size, which the counters use), the oracle all d components."""
     from llama_sparq import cost
 
     prompt = rand_tokens(700, 11, 256)
     d, g = 16, 4
-    out = {}
+    out, mean_k = {}, {}
     for name, extra in (("paper", dict(sparq_basis="model")), ("per_head", dict(sparq_gqa="per_head")),
                         ("oracle", dict(sparq_selector="oracle"))):
         llm = make_llm(tiny_gqa_model, sparq_r=8, sparq_k=64, sparq_l=16, sparq_min_kv=0, **extra)
@@ -224,10 +225,14 @@ def test_counters_cost_model_per_variant(tiny_gqa_model):
         llm.eval(prompt)
         llm.reset_sparq_stats()
         llm.eval([9])
-        out[name] = llm.sparq_stats()["compression"]
+        st = llm.sparq_stats()
+        out[name], mean_k[name] = st["compression"], st["mean_k"]
     S = len(prompt) + 1
     assert out["paper"] == pytest.approx(cost.compression(S, d, 8, 64), rel=1e-6)
-    assert out["per_head"] == pytest.approx(cost.compression(S, d, 8, g * (64 - 16) + 16), rel=1e-6)
+    # the union: more than one head's k, at most g (k - l) + l, and the cost model of its size
+    assert 64 < mean_k["per_head"] <= g * (64 - 16) + 16, mean_k
+    assert out["per_head"] == pytest.approx((S * 8 + 2 * mean_k["per_head"] * d + 4 * d) / (2 * S * d + 2 * d), rel=1e-5)
+    assert cost.compression(S, d, 8, 64) < out["per_head"] <= cost.compression(S, d, 8, g * (64 - 16) + 16)
     assert out["oracle"] == pytest.approx(cost.compression(S, d, d, 64), rel=1e-6)
 
 
@@ -367,12 +372,12 @@ def test_h2o_is_refused_where_its_scores_cannot_follow(tiny_gqa_model):
     m = Model(tiny_gqa_model)
     c = Ctx(m, n_seq=2)
     with pytest.raises(RuntimeError, match=r"SparQ: selector h2o needs a context for one sequence \(n_seq_max = 1, here 2\)"):
-        c.sparq(enabled=True, selector=3)
+        c.sparq(enabled=True, selector=3, k=32)
     c.free()
     c = Ctx(m)
     with pytest.raises(ValueError, match="SparQ: all_rows = 1 does not apply to selector h2o"):
-        c.sparq(enabled=True, selector=3, all_rows=True)
-    c.sparq(enabled=True, selector=3)  # one sequence: fine
+        c.sparq(enabled=True, selector=3, k=32, all_rows=True)
+    c.sparq(enabled=True, selector=3, k=32)  # one sequence: fine
     c.free()
 
 

@@ -57,9 +57,12 @@ def test_cli_sparq_gemma(gemma_model):
 
 @pytest.mark.parametrize("flags,needle", [
     # ranges: llama_sparq_set_params's message (the flags only parse)
-    (["--sparq-k", "0"], "SparQ: k = 0 is out of range: allowed 1.."),
+    (["--sparq-k", "-1"], "SparQ: k = -1 is out of range: allowed 1..1048576, or 0 for the calibrated k"),
+    (["--sparq-coverage", "0"], "SparQ: coverage = 0 is out of range: allowed (0, 1]"),
+    (["--sparq-k-min", "0"], "SparQ: k_min = 0 is out of range: allowed 1.."),
+    (["--sparq-k-frac", "1.5"], "SparQ: k_frac = 1.5 is out of range: allowed (0, 1]"),
     (["--sparq-r", "-3"], "SparQ: r = -3 is out of range: allowed 1..16 (the head size), or 0 for head size / 4"),
-    (["--sparq-l", "-7"], "SparQ: l = -7 is out of range: allowed 0..k (k = 128), or -1 for k / 4"),
+    (["--sparq-l", "-7"], "SparQ: l = -7 is out of range: allowed 0..k_min (k_min = 128), or -1 for k_min / 4"),
     (["--sparq-min-kv", "-1"], "SparQ: min_kv = -1 is out of range: allowed min_kv >= 0"),
     # names: the C API's list
     (["--sparq-basis", "svd"], "--sparq-basis: unknown value 'svd'; allowed: model, scaled, pca"),
@@ -106,10 +109,11 @@ def test_bench_sweeps_index_lists_and_probe(tiny_model):
     compr = {(r["sparq_index_lists"], r["sparq_index_probe"]): r["sparq_compr"] for r in rows}
     # the cost model: more probed lists read more keys, more lists (at the same probe) fewer
     assert compr[(8, 1)] < compr[(8, 4)] and compr[(32, 4)] < compr[(8, 4)]
-    md = bench(tiny_model, "--sparq", "1", "--sparq-selector", "index", "--sparq-index-lists", "32,64", fmt="md")
+    md = bench(tiny_model, "--sparq", "1", "--sparq-selector", "index", "--sparq-k", "16", "--sparq-index-lists", "32,64",
+               fmt="md")
     assert "sparq_index_lists" in md.splitlines()[0] and "sparq_index_probe" not in md.splitlines()[0]
     res = run([tool_path("llama-bench"), "-m", tiny_model, "-p", "0", "-n", "2", "-r", "1", "--sparq", "1",
-               "--sparq-index-lists", "8", "--sparq-index-probe", "9"], timeout=60)
+               "--sparq-k", "16", "--sparq-index-lists", "8", "--sparq-index-probe", "9"], timeout=60)
     assert res.returncode != 0
     assert "SparQ: index_probe = 9 is out of range: allowed 1..index_lists (index_lists = 8)" in res.stderr
 
@@ -138,7 +142,14 @@ def test_bench_refuses_bad_sparq_values(tiny_model):
     assert res.returncode != 0 and "--sparq-k: 'x' is not allowed (integers)" in res.stderr
     res = run([tool_path("llama-bench"), "-m", tiny_model, "--sparq-gqa", "per_query"], timeout=60)
     assert res.returncode != 0 and "--sparq-gqa: 'per_query' is not allowed (shared, per_head)" in res.stderr
-    res = run([tool_path("llama-bench"), "-m", tiny_model, "-p", "0", "-n", "2", "-r", "1", "--sparq-k", "0"], timeout=60)
-    assert res.returncode != 0 and "llama-bench: error: SparQ: k = 0 is out of range: allowed 1.." in res.stderr
+    res = run([tool_path("llama-bench"), "-m", tiny_model, "-p", "0", "-n", "2", "-r", "1", "--sparq-k", "-2"], timeout=60)
+    assert res.returncode != 0 and "llama-bench: error: SparQ: k = -2 is out of range: allowed 1.." in res.stderr
+    # the calibrated k (k = 0, the default) is the sparq and oracle selectors': the others are told to give k
+    res = run([tool_path("llama-bench"), "-m", tiny_model, "-p", "0", "-n", "2", "-r", "1", "--sparq-selector", "h2o"],
+              timeout=60)
+    assert res.returncode != 0 and "k = 0 (calibrated) needs the sparq or oracle selector" in res.stderr
+    res = run([tool_path("llama-bench"), "-m", tiny_model, "-p", "0", "-n", "2", "-r", "1", "--sparq-coverage", "1.2"],
+              timeout=60)
+    assert res.returncode != 0 and "SparQ: coverage = 1.2 is out of range: allowed (0, 1]" in res.stderr
     res = run([tool_path("llama-bench"), "-m", tiny_model, "-p", "0", "-n", "2", "-r", "1", "--sparq-r", "64"], timeout=60)
     assert res.returncode != 0 and "r = 64 is out of range" in res.stderr

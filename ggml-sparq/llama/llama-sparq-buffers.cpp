@@ -72,6 +72,7 @@ bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, char * err, siz
         ggml_tensor * k = A::layer_k(kv, ikv);
         ggml_tensor * v = A::layer_v(kv, ikv);
         sparq_layer & L = S.layers[ikv];
+        L.il = (int32_t) il;
         if (model.hparams.is_swa(il)) {
             L.reason = LLAMA_SPARQ_DENSE_SWA;
             continue;

@@ -31,8 +31,7 @@ static void sparq_guard(llama_sparq_ctx & S) {
         n_measured++;
         const double cov = L.rep_cov / L.rep_n;
         if (cov < P.coverage - 0.005) {
-            const int il = (int) (&L - S.layers.data());
-            lows.push_back({ il, cov, L.rep_n_reach ? L.rep_reach / L.rep_n_reach : -1.0, L.rep_reached == L.rep_n_reach });
+            lows.push_back({ L.il, cov, L.rep_n_reach ? L.rep_reach / L.rep_n_reach : -1.0, L.rep_reached == L.rep_n_reach });
         }
     }
     if (n_measured == 0) {
@@ -46,7 +45,7 @@ static void sparq_guard(llama_sparq_ctx & S) {
     std::string shown;
     for (size_t i = 0; i < lows.size() && i < 3; ++i) {
         char buf[160];
-        snprintf(buf, sizeof(buf), "%slayer %d: %.2f, %s%.0f cells reach it", i ? "; " : "", A::layer_il(S.kv, lows[i].il),
+        snprintf(buf, sizeof(buf), "%slayer %d: %.2f, %s%.0f cells reach it", i ? "; " : "", lows[i].il,
                  lows[i].cov, lows[i].reached ? "" : "over ", lows[i].reach);
         shown += buf;
     }
@@ -130,7 +129,7 @@ int32_t llama_sparq_get_layer_stats(const struct llama_context * ctx, int32_t i,
         if (seen++ != i) {
             continue;
         }
-        out->layer = (int32_t) A::layer_il(S.kv, (int32_t) (&L - S.layers.data()));
+        out->layer = L.il;
         out->n_measured = L.rep_n;
         out->mean_k = L.rep_n ? L.rep_k / L.rep_n : 0.0;
         out->coverage = L.rep_n ? L.rep_cov / L.rep_n : 0.0;

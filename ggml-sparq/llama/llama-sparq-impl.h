@@ -60,6 +60,7 @@ struct sparq_layer {
     ggml_tensor * ivf_cent = nullptr;
     ggml_tensor * ivf_list = nullptr;
     int reason = -1;              // >= 0: no data for this layer, why
+    int32_t il = -1;              // the model's layer index (kept: the cache may be gone when the counters log)
     // the PCA basis (LLAMA_SPARQ_BASIS_PCA): rot [d, d, n_head_kv] f32, rot[j + d*(m + d*h)] =
     // component j of axis m of KV head h; spread [d, n_head_kv] f32, the keys' RMS along each axis
     ggml_tensor * rot = nullptr;

@@ -76,7 +76,7 @@ int32_t llama_sparq_get_stats(const struct llama_context * ctx, struct llama_spa
             const double c = L.rep_cov / L.rep_n;
             if (out->coverage_min < 0.0 || c < out->coverage_min) {
                 out->coverage_min = c;
-                out->coverage_min_layer = (int32_t) A::layer_il(S.kv, (size_t) (&L - S.layers.data()));
+                out->coverage_min_layer = L.il;
                 out->k_reach = L.rep_n_reach ? L.rep_reach / L.rep_n_reach : -1.0;
             }
         }

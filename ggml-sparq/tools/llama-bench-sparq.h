@@ -15,9 +15,14 @@
 struct sparq_bench_params {
     std::vector<int> on, r, k, l, min_kv, selector, gqa, basis, mean_v, index_lists, index_probe;
     bool fill_synthetic = false; // --depth-fill synthetic: llama_sparq_bench_fill instead of a prefill
+    // the calibrated k's settings: one value each, for every SparQ instance (not swept)
+    bool has_coverage = false, has_k_min = false, has_k_frac = false;
+    float coverage = 0.0f, k_frac = 0.0f;
+    int k_min = 0;
     bool any() const {
         return !on.empty() || !r.empty() || !k.empty() || !l.empty() || !min_kv.empty() || !selector.empty() ||
-               !gqa.empty() || !basis.empty() || !mean_v.empty() || !index_lists.empty() || !index_probe.empty();
+               !gqa.empty() || !basis.empty() || !mean_v.empty() || !index_lists.empty() || !index_probe.empty() ||
+               has_coverage || has_k_min || has_k_frac;
     }
 };
 
@@ -37,7 +42,8 @@ struct sparq_bench_fields {
 static inline bool sparq_bench_is_arg(const std::string & a) {
     return a == "--sparq" || a == "--sparq-r" || a == "--sparq-k" || a == "--sparq-l" || a == "--sparq-min-kv" ||
            a == "--sparq-selector" || a == "--sparq-gqa" || a == "--sparq-basis" || a == "--sparq-mean-v" ||
-           a == "--sparq-index-lists" || a == "--sparq-index-probe" || a == "--depth-fill";
+           a == "--sparq-index-lists" || a == "--sparq-index-probe" || a == "--depth-fill" || a == "--sparq-coverage" ||
+           a == "--sparq-k-min" || a == "--sparq-k-frac";
 }
 
 static inline void sparq_bench_usage() {
@@ -45,6 +51,9 @@ static inline void sparq_bench_usage() {
     printf("  --sparq-r <n>                              SparQ query components, 0 = head size/4 (default: 0)\n");
     printf("  --sparq-k <n>                              SparQ positions per decode step; 0 = calibrated (default: 0)\n");
     printf("  --sparq-l <n>                              SparQ local window, -1 = k/4 (default: -1)\n");
+    printf("  --sparq-coverage <p>                       calibrated k: target share of the attention mass (default: 0.95)\n");
+    printf("  --sparq-k-min <n>                          calibrated k: fewest cells (default: 128)\n");
+    printf("  --sparq-k-frac <f>                         calibrated k: most cells, share of the KV cells (default: 0.25)\n");
     printf("  --sparq-min-kv <n>                         SparQ dense below this many KV cells (default: 1024)\n");
     printf("  --sparq-selector <sparq|oracle|streaming|h2o|index> cell choice; oracle = exact top-k; streaming, h2o =\n"
            "                                             the paper's baselines; index = top-k over a vector index of\n"
@@ -69,6 +78,24 @@ static inline bool sparq_bench_parse(const std::string & arg, const char * value
             return false;
         }
         p.fill_synthetic = v == "synthetic";
+        return true;
+    }
+    if (arg == "--sparq-coverage" || arg == "--sparq-k-frac" || arg == "--sparq-k-min") {
+        // one number each (the library checks the range)
+        char * e = nullptr;
+        const double v = arg == "--sparq-k-min" ? (double) strtol(value, &e, 10) : strtod(value, &e);
+        if (!*value || *e != '\0' || (arg == "--sparq-k-min" && (v < INT32_MIN || v > INT32_MAX))) {
+            fprintf(stderr, "error: %s: '%s' is not allowed (one %s)\n", arg.c_str(), value,
+                    arg == "--sparq-k-min" ? "integer" : "number");
+            return false;
+        }
+        if (arg == "--sparq-coverage") {
+            p.has_coverage = true, p.coverage = (float) v;
+        } else if (arg == "--sparq-k-frac") {
+            p.has_k_frac = true, p.k_frac = (float) v;
+        } else {
+            p.has_k_min = true, p.k_min = (int) v;
+        }
         return true;
     }
     const char * (*name_of)(int32_t) = nullptr;
@@ -170,6 +197,15 @@ static void sparq_bench_expand(std::vector<Inst> & insts, const sparq_bench_para
                     inst.sparq.mean_v = vs[j] != 0;
                     inst.sparq.index_lists = il[x];
                     inst.sparq.index_probe = ip[y];
+                    if (p.has_coverage) {
+                        inst.sparq.coverage = p.coverage;
+                    }
+                    if (p.has_k_min) {
+                        inst.sparq.k_min = p.k_min;
+                    }
+                    if (p.has_k_frac) {
+                        inst.sparq.k_frac = p.k_frac;
+                    }
                 }
                 out.push_back(inst);
             }

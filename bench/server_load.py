@@ -76,7 +76,7 @@ class Server:
     """llama-server on 127.0.0.1 with a free port; the log goes to a file. Use as a context
     manager: the process is killed on exit, whatever happened."""
 
-    def __init__(self, model, args=(), threads=2, start_timeout=300, log_path=None):
+    def __init__(self, model, args=(), threads=2, start_timeout=300, log_path=None, preexec_fn=None):
         from llama_sparq import tool_path
 
         self.port = free_port()
@@ -86,11 +86,13 @@ class Server:
                     "-t", str(threads), "--metrics", "--log-prefix", "--log-colors", "off", "--no-webui",
                     *map(str, args)]
         self.start_timeout = start_timeout
+        self.preexec_fn = preexec_fn  # run in the child before exec (a resource limit, say)
         self.proc = None
 
     def __enter__(self):
         self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     preexec_fn=self.preexec_fn)
         try:
             self._wait_ready()
         except BaseException:

@@ -410,17 +410,18 @@ def test_window_after_a_context_shift_holds_the_most_recent_positions(tiny_gqa_m
 # unsupported configurations and bad input
 # ---------------------------------------------------------------------------
 
-def test_quantized_v_cache_runs_dense_with_reason(tmp_path):
+def test_quantized_cache_is_refused_with_its_reason(tmp_path):
+    """A quantized K/V cache leaves no layer SparQ can run: asking for SparQ is refused with the
+    reason and the layer count (before: SparQ "on", every call dense with reason cache_type)."""
     from llama_sparq._llama import llama_cpp  # after pointing llama_cpp at the fork
     from llama_sparq.models import make_tiny_llama
 
     model = make_tiny_llama(tmp_path / "tiny-d64.gguf", n_layer=2, n_embd=128, n_head=2)  # q8_0 needs d % 32 == 0
-    sp = make_llm(model, sparq=True, sparq_min_kv=0, type_k=llama_cpp.GGML_TYPE_Q8_0,
-                  type_v=llama_cpp.GGML_TYPE_Q8_0)
-    decode_greedy(sp, rand_tokens(100, 9, n_vocab(sp)), 3)
-    st = sp.sparq_stats()
-    assert st["n_sparq"] == 0 and st["n_layers"] == 0
-    assert st["n_dense"]["cache_type"] == 2 * 4  # prefill + 3 decode steps, 2 layers
+    with pytest.raises(RuntimeError, match=r"SparQ: no KV-cache layer of this context can run SparQ \(2 cache_type: "
+                                           r"K or V cache is not f16/f32\)"):
+        make_llm(model, sparq=True, sparq_min_kv=0, type_k=llama_cpp.GGML_TYPE_Q8_0, type_v=llama_cpp.GGML_TYPE_Q8_0)
+    dense = make_llm(model, type_k=llama_cpp.GGML_TYPE_Q8_0, type_v=llama_cpp.GGML_TYPE_Q8_0)
+    decode_greedy(dense, rand_tokens(100, 9, n_vocab(dense)), 3)  # the same context runs without SparQ
 
 
 def test_transposed_v_cache_is_refused_by_set_sparq(tiny_model):

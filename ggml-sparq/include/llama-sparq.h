@@ -163,6 +163,13 @@ LLAMA_API struct llama_sparq_params llama_sparq_default_params(void);
 // cache size that low, so llama_sparq_set_params refuses larger caches (-2).
 #define LLAMA_SPARQ_MAX_CELLS 16777216 // 2^24
 
+// Validates the settings without a context, as llama_sparq_set_params does before it applies
+// them (same messages): for front ends that check a configuration before loading its model.
+// head_size > 0 bounds r (the smallest head size of the model's full-attention layers); <= 0:
+// r is left to llama_sparq_set_params. Returns 0, or -1 with the message in err.
+LLAMA_API int32_t llama_sparq_check_params(const struct llama_sparq_params * params, int32_t head_size, char * err,
+                                           size_t err_size);
+
 // Validates and applies the settings; changing them invalidates graph reuse.
 // Returns 0 on success; -1 for an invalid value (err names the parameter and the
 // allowed range); -2 when the context cannot run SparQ at all (err says why).

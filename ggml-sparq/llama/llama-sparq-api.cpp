@@ -125,8 +125,10 @@ static bool sparq_enum_ok(const char * what, int32_t v, const char * const * nam
 }
 
 // each setting within its range (the first one that is not: false, with the message in err)
+// (d_min <= 0: the head size is not known and r is left to the check with the context, whose
+// message names the head size)
 static bool sparq_params_in_range(const llama_sparq_params * p, int64_t d_min, char * err, size_t err_size) {
-    if (p->r < 0 || p->r > d_min) {
+    if (d_min > 0 && (p->r < 0 || p->r > d_min)) {
         sparq_err(err, err_size, "SparQ: r = %d is out of range: allowed 1..%lld (the head size), or 0 for head size / 4",
                   p->r, (long long) d_min);
         return false;
@@ -178,6 +180,40 @@ static bool sparq_params_in_range(const llama_sparq_params * p, int64_t d_min, c
     return true;
 }
 
+// the ranges, then the settings against each other (the context aside)
+static bool sparq_params_consistent(const llama_sparq_params * p, int64_t d_min, char * err, size_t err_size) {
+    if (!sparq_params_in_range(p, d_min, err, err_size)) {
+        return false;
+    }
+    if (p->enabled && p->k == 0 && p->selector != LLAMA_SPARQ_SELECTOR_SPARQ && p->selector != LLAMA_SPARQ_SELECTOR_ORACLE) {
+        sparq_err(err, err_size, "SparQ: k = 0 (calibrated) needs the sparq or oracle selector (it cuts step 2's "
+                  "approximate scores); selector %s needs k >= 1", llama_sparq_selector_name(p->selector));
+        return false;
+    }
+    if (p->enabled && p->selector == LLAMA_SPARQ_SELECTOR_H2O && p->all_rows) {
+        sparq_err(err, err_size, "SparQ: all_rows = 1 does not apply to selector h2o: its prompt rows are dense and "
+                  "scored, its decode rows choose on the scores");
+        return false;
+    }
+    return true;
+}
+
+int32_t llama_sparq_check_params(const struct llama_sparq_params * p, int32_t head_size, char * err, size_t err_size) {
+    if (err && err_size) {
+        err[0] = '\0';
+    }
+    if (!p) {
+        sparq_err(err, err_size, "SparQ: params must not be NULL");
+        return -1;
+    }
+    if (p->size != sizeof(llama_sparq_params)) {
+        sparq_err(err, err_size, "SparQ: params.size is %zu, this library's struct llama_sparq_params is %zu bytes "
+                  "(initialise it with llama_sparq_default_params())", p->size, sizeof(llama_sparq_params));
+        return -1;
+    }
+    return sparq_params_consistent(p, head_size, err, err_size) ? 0 : -1;
+}
+
 // the settings checked against their ranges and the context: 0, or -1 (a bad argument or setting) /
 // -2 (the context cannot run them), with the message in err
 static int32_t sparq_validate_params(llama_context * ctx, const llama_sparq_params * p, char * err, size_t err_size) {
@@ -190,20 +226,10 @@ static int32_t sparq_validate_params(llama_context * ctx, const llama_sparq_para
                   "(initialise it with llama_sparq_default_params())", p->size, sizeof(llama_sparq_params));
         return -1;
     }
-    if (!sparq_params_in_range(p, sparq_min_head_size(A::model(ctx).hparams), err, err_size)) {
+    if (!sparq_params_consistent(p, sparq_min_head_size(A::model(ctx).hparams), err, err_size)) {
         return -1;
     }
     const bool h2o = p->enabled && p->selector == LLAMA_SPARQ_SELECTOR_H2O;
-    if (p->enabled && p->k == 0 && p->selector != LLAMA_SPARQ_SELECTOR_SPARQ && p->selector != LLAMA_SPARQ_SELECTOR_ORACLE) {
-        sparq_err(err, err_size, "SparQ: k = 0 (calibrated) needs the sparq or oracle selector (it cuts step 2's "
-                  "approximate scores); selector %s needs k >= 1", llama_sparq_selector_name(p->selector));
-        return -1;
-    }
-    if (h2o && p->all_rows) {
-        sparq_err(err, err_size, "SparQ: all_rows = 1 does not apply to selector h2o: its prompt rows are dense and "
-                  "scored, its decode rows choose on the scores");
-        return -1;
-    }
     const llama_cparams & cp = A::cparams(ctx);
     if (h2o && cp.n_seq_max > 1) {
         sparq_err(err, err_size, "SparQ: selector h2o needs a context for one sequence (n_seq_max = 1, here %u): its "
@@ -315,6 +341,28 @@ int32_t llama_sparq_set_params(struct llama_context * ctx, const struct llama_sp
         if (rc_create != 0) {
             return rc_create;
         }
+    }
+    if (cp.sparq->n_layers == 0) {
+        // every step would run dense: refused, with each reason and its layer count, rather than
+        // "on" with nothing sparse
+        int n_by_reason[LLAMA_SPARQ_DENSE_COUNT] = {};
+        for (const sparq_layer & L : cp.sparq->layers) {
+            if (L.reason >= 0 && L.reason < LLAMA_SPARQ_DENSE_COUNT) {
+                n_by_reason[L.reason]++;
+            }
+        }
+        std::string why;
+        const char * variant = sparq_model_attn_variant(A::model(ctx));
+        for (int i = 0; i < LLAMA_SPARQ_DENSE_COUNT; ++i) {
+            if (n_by_reason[i]) {
+                why += std::string(why.empty() ? "" : "; ") + std::to_string(n_by_reason[i]) + " " +
+                       sparq_reason_names[i] + ": " +
+                       (i == LLAMA_SPARQ_DENSE_ATTN_VARIANT && variant ? variant : sparq_reason_text[i]);
+            }
+        }
+        sparq_err(err, err_size, "SparQ: no KV-cache layer of this context can run SparQ (%s); refusing to run dense "
+                  "while SparQ is asked for", why.empty() ? "no KV-cache layers" : why.c_str());
+        return -2;
     }
     return sparq_apply_params(ctx, *cp.sparq, p, err, err_size);
 }

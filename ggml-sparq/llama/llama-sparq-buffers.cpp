@@ -57,8 +57,31 @@ bool sparq_alloc_buffers(llama_sparq_ctx & S,
 }
 
 // allocate K^T and the V sums for the layers of the cache that can use them
+// the attention variant of the whole model that SparQ's op does not compute (the graph hook finds
+// the same per call; known here, before any graph, so a context with no other layer is refused), or NULL
+const char * sparq_model_attn_variant(const llama_model & model) {
+    const llama_hparams & hp = model.hparams;
+    if (hp.attn_soft_cap) {
+        return "attention logit soft-capping";
+    }
+    if (hp.f_max_alibi_bias > 0.0f) {
+        return "ALiBi position biases";
+    }
+    if (model.arch == LLM_ARCH_GROK) {
+        return "Grok's attention (soft-capped scores)";
+    }
+    if (model.arch == LLM_ARCH_OPENAI_MOE) {
+        return "attention sinks";
+    }
+    if (hp.is_mla()) {
+        return "multi-head latent attention (MLA)";
+    }
+    return nullptr;
+}
+
 bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, char * err, size_t err_size) {
     const llama_kv_cache * kv = S.kv;
+    const char * variant = sparq_model_attn_variant(model);
     const uint32_t kv_size = A::kv_size(kv), n_stream = A::n_stream(kv);
     const size_t nl = A::n_layers(kv);
     S.layers.assign(nl, sparq_layer());
@@ -75,6 +98,10 @@ bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, char * err, siz
         L.il = (int32_t) il;
         if (model.hparams.is_swa(il)) {
             L.reason = LLAMA_SPARQ_DENSE_SWA;
+            continue;
+        }
+        if (variant) {
+            L.reason = LLAMA_SPARQ_DENSE_ATTN_VARIANT;
             continue;
         }
         if (!sparq_cache_type_ok(k->type) || !sparq_cache_type_ok(v->type)) {

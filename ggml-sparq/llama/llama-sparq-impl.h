@@ -212,6 +212,8 @@ bool sparq_alloc_buffers(llama_sparq_ctx & S, const std::map<ggml_backend_buffer
                          std::vector<ggml_backend_buffer_ptr> & bufs, const char * what, char * err, size_t err_size);
 // allocate K^T and the V sums for the layers of the cache that can use them
 bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, char * err, size_t err_size);
+// the model-wide attention variant SparQ does not compute (soft-capping, ALiBi, sinks, MLA), or NULL
+const char * sparq_model_attn_variant(const llama_model & model);
 // bytes [off, off + n) of a tensor, on the host
 std::vector<uint8_t> sparq_get_slice(ggml_tensor * t, size_t off, size_t n);
 // the PCA basis back to the identity (unit spread), not calibrated

@@ -43,6 +43,32 @@ def sparq_field(keyword: str) -> str | None:
     return None if f == "enabled" else f
 
 
+def sparq_settings(**keywords) -> dict:
+    """Llama's SparQ keywords (``sparq``, ``sparq_r``, ...; None: not given) as struct fields, with
+    ``enabled`` set when any other is given (any SparQ keyword switches SparQ on). ``ValueError``
+    for a keyword that is not one."""
+    out = {}
+    for key, v in keywords.items():
+        f = sparq_field(key)
+        if f is None:
+            raise ValueError(f"unknown SparQ setting {key!r}")
+        if v is not None:
+            out[f] = v
+    if "enabled" not in out and out:
+        out["enabled"] = True
+    return out
+
+
+def check_sparq_settings(**keywords) -> None:
+    """Check Llama's SparQ keywords without loading a model (the library's messages, as
+    ``ValueError``): for a configuration that names its model but loads it later."""
+    from . import _sparq
+
+    given = sparq_settings(**keywords)
+    if given:
+        _sparq.check_params(_sparq.make_params(given, sparq_keyword))
+
+
 class Llama(llama_cpp.Llama):
     """llama-cpp-python's ``Llama`` (same methods and arguments) on the fork's libllama.
 
@@ -92,15 +118,16 @@ class Llama(llama_cpp.Llama):
         path = check_model_file(model_path)
         from . import _sparq
 
-        given = {"enabled": sparq, "r": sparq_r, "k": sparq_k, "l": sparq_l, "min_kv": sparq_min_kv,
-                 "all_rows": sparq_all_rows, "selector": sparq_selector, "gqa": sparq_gqa, "mean_v": sparq_mean_v,
-                 "basis": sparq_basis, "index_lists": sparq_index_lists, "index_probe": sparq_index_probe,
-                 "coverage": sparq_coverage, "k_min": sparq_k_min, "k_frac": sparq_k_frac}
-        given = {f: v for f, v in given.items() if v is not None}
-        if "enabled" not in given and given:
-            given["enabled"] = True  # any SparQ keyword switches it on
-        # parsing (types, names) before the model loads; the values are checked by the library
+        given = sparq_settings(sparq=sparq, sparq_r=sparq_r, sparq_k=sparq_k, sparq_l=sparq_l,
+                               sparq_min_kv=sparq_min_kv, sparq_all_rows=sparq_all_rows, sparq_selector=sparq_selector,
+                               sparq_gqa=sparq_gqa, sparq_mean_v=sparq_mean_v, sparq_basis=sparq_basis,
+                               sparq_index_lists=sparq_index_lists, sparq_index_probe=sparq_index_probe,
+                               sparq_coverage=sparq_coverage, sparq_k_min=sparq_k_min, sparq_k_frac=sparq_k_frac)
+        # parsing (types, names) and the ranges the model does not set, before the model loads;
+        # the library checks again against the context (r against the head size)
         params = _sparq.make_params(given, sparq_keyword) if given else None
+        if params is not None:
+            _sparq.check_params(params)
         if given.get("enabled"):
             kwargs["flash_attn"] = True  # SparQ needs V rows: the flash-attention cache layout
         try:

@@ -110,6 +110,17 @@ def default_params() -> dict:
     return _to_dict(library().llama_sparq_default_params())
 
 
+def check_params(settings, head_size: int = 0, label=lambda f: f) -> None:
+    """Check settings (a dict by field, or a ``make_params`` result) without a context, as
+    ``llama_sparq_set_params`` will (``llama_sparq_check_params``: the same messages, raised as
+    ``ValueError``); ``head_size`` > 0 bounds r, else r waits for the context."""
+    b, lib = _b(), library()
+    p = make_params(settings, label) if isinstance(settings, dict) else settings
+    err = b.ffi.new("char[]", 512)
+    if lib.llama_sparq_check_params(p, int(head_size), err, len(err)) != 0:
+        raise ValueError(b.ffi.string(err).decode("utf-8", "replace"))
+
+
 def set_params(ctx, settings=None, label=lambda f: f, **kw) -> None:
     """Apply settings (a dict or keywords, by field; the others keep their defaults, or a
     ``make_params`` result) to a llama_context pointer. The library validates: ``ValueError``

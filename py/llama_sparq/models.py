@@ -193,6 +193,54 @@ def make_tiny_llama(
     return _write_gguf_atomic(gguf, Path(path), metadata, tensors)
 
 
+def make_tiny_gemma2(path: str | os.PathLike[str], *, n_layer: int = 2, n_embd: int = 64, n_head: int = 4,
+                     n_ff: int = 128, n_vocab: int = 260, seed: int = 0) -> Path:
+    """Write a tiny random Gemma 2 GGUF: attention with logit soft-capping (50) and sliding-window
+    layers (every other one), an attention SparQ does not run, so asking for SparQ on it must be
+    refused. f32 weights; the llama tokenizer of :func:`make_tiny_llama`."""
+    import gguf
+
+    n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx_train, seed = _tiny_llama_checks(
+        gguf, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=None, head_dim=None, n_ff=n_ff,
+        n_vocab=n_vocab, n_ctx_train=4096, seed=seed, weight_type="f32", std=0.02, rope_freq_base=10000.0,
+        rms_eps=1e-6)
+    import numpy as np
+
+    QT = gguf.GGMLQuantizationType
+    tensors = [t for t in _tiny_llama_tensors(gguf, QT.F32, n_layer=n_layer, n_embd=n_embd, n_q=n_head * head_dim,
+                                              n_kv=n_head_kv * head_dim, n_ff=n_ff, n_vocab=n_vocab, seed=seed,
+                                              std=0.02) if t[0] != "output.weight"]  # tied to token_embd
+    for i in range(n_layer):
+        tensors += [(f"blk.{i}.post_attention_norm.weight", (np.ones(n_embd, dtype=np.float32), QT.F32)),
+                    (f"blk.{i}.post_ffw_norm.weight", (np.ones(n_embd, dtype=np.float32), QT.F32))]
+
+    def metadata(w) -> None:
+        w.add_name("llama-sparq-tiny-gemma2")
+        w.add_file_type(int(gguf.LlamaFileType.ALL_F32))
+        w.add_context_length(n_ctx_train)
+        w.add_embedding_length(n_embd)
+        w.add_block_count(n_layer)
+        w.add_feed_forward_length(n_ff)
+        w.add_head_count(n_head)
+        w.add_head_count_kv(n_head_kv)
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+        w.add_layer_norm_rms_eps(1e-6)
+        w.add_sliding_window(256)
+        w.add_attn_logit_softcapping(50.0)
+        w.add_final_logit_softcapping(30.0)
+        tokens, scores, types = tiny_vocab(n_vocab)
+        w.add_tokenizer_model("llama")
+        w.add_token_list(tokens)
+        w.add_token_scores(scores)
+        w.add_token_types(types)
+        w.add_unk_token_id(0)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+
+    return _write_gguf_atomic(gguf, Path(path), metadata, tensors, arch="gemma2")
+
+
 def _tiny_llama_checks(gguf, *, n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx_train, seed,
                        weight_type, std, rope_freq_base, rms_eps) -> tuple[int, ...]:
     """make_tiny_llama's arguments checked (ValueError naming the argument) and defaulted:
@@ -270,14 +318,14 @@ def _tiny_llama_tensors(gguf, qtype, *, n_layer, n_embd, n_q, n_kv, n_ff, n_voca
     return tensors
 
 
-def _write_gguf_atomic(gguf, out: Path, metadata, tensors: list) -> Path:
-    """Write a llama-architecture GGUF: ``metadata(writer)`` adds the key-values, then the
+def _write_gguf_atomic(gguf, out: Path, metadata, tensors: list, arch: str = "llama") -> Path:
+    """Write a GGUF of architecture ``arch``: ``metadata(writer)`` adds the key-values, then the
     tensors. Written next to the target and renamed: readers never see a partial file."""
     QT = gguf.GGMLQuantizationType
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
-        w = gguf.GGUFWriter(tmp, "llama")
+        w = gguf.GGUFWriter(tmp, arch)
         metadata(w)
         for tname, (data, dtype) in tensors:
             if dtype in (QT.F32, QT.F16):

@@ -27,7 +27,7 @@ import sys
 import types
 from typing import Any, Dict, List, Optional
 
-from ._llama import Llama  # first: points llama_cpp at the fork's library
+from ._llama import Llama, check_sparq_settings  # first: points llama_cpp at the fork's library
 
 import llama_cpp  # noqa: E402
 
@@ -47,7 +47,8 @@ except ImportError as e:  # pragma: no cover - depends on the installation
 __all__ = ["SparqModelSettings", "SparqSettings", "SparqConfigFileSettings", "SparqLlamaProxy", "create_app", "main"]
 
 SPARQ_FIELDS = ("sparq", "sparq_r", "sparq_k", "sparq_l", "sparq_min_kv", "sparq_all_rows", "sparq_selector",
-                "sparq_gqa", "sparq_mean_v", "sparq_basis", "sparq_index_lists", "sparq_index_probe")
+                "sparq_gqa", "sparq_mean_v", "sparq_basis", "sparq_index_lists", "sparq_index_probe",
+                "sparq_coverage", "sparq_k_min", "sparq_k_frac")
 
 
 class SparqModelSettings(ModelSettings):
@@ -58,8 +59,17 @@ class SparqModelSettings(ModelSettings):
                                   "unless other --sparq-* values are given (any of them switches SparQ on)")
     sparq_r: Optional[int] = Field(default=None, description="SparQ: query components kept, 1..head size "
                                    "(0: head size / 4)")
-    sparq_k: Optional[int] = Field(default=None, description="SparQ: positions attended, >= 1 (default 128)")
-    sparq_l: Optional[int] = Field(default=None, description="SparQ: local window, 0..k (-1: k / 4)")
+    sparq_k: Optional[int] = Field(default=None, description="SparQ: positions attended, >= 1 a fixed budget, or 0 "
+                                   "(the default) calibrated per step, KV head and layer from the estimated attention "
+                                   "mass (sparq_coverage, sparq_k_min, sparq_k_frac)")
+    sparq_l: Optional[int] = Field(default=None, description="SparQ: local window, 0..k (-1: k / 4; calibrated: "
+                                   "k_min / 4)")
+    sparq_coverage: Optional[float] = Field(default=None, description="SparQ calibrated k: target share of the "
+                                            "estimated attention mass, (0, 1] (default 0.95)")
+    sparq_k_min: Optional[int] = Field(default=None, description="SparQ calibrated k: fewest cells, >= 1 "
+                                       "(default 128)")
+    sparq_k_frac: Optional[float] = Field(default=None, description="SparQ calibrated k: most cells as a share of "
+                                          "the KV cells, (0, 1] (default 0.25)")
     sparq_min_kv: Optional[int] = Field(default=None, description="SparQ: decode stays dense while the sequence "
                                         "holds fewer KV cells, >= 0 (default 1024)")
     sparq_all_rows: Optional[bool] = Field(default=None, description="SparQ: every query row (evaluation)")
@@ -128,7 +138,14 @@ class SparqLlamaProxy(_model.LlamaProxy):
     ``model``) whose models are ``llama_sparq.Llama`` with their own SparQ settings."""
 
     def __init__(self, models: List[ModelSettings]) -> None:
-        super().__init__([_as_sparq_settings(m) for m in models])
+        models = [_as_sparq_settings(m) for m in models]
+        # every model's SparQ settings checked at start-up, not when a request first loads it
+        for m in models:
+            try:
+                check_sparq_settings(**m.sparq_kwargs())
+            except ValueError as e:
+                raise ValueError(f"model {m.model_alias or m.model}: {e}") from e
+        super().__init__(models)
 
     @staticmethod
     def load_llama_from_model_settings(settings: ModelSettings) -> llama_cpp.Llama:

@@ -27,7 +27,7 @@ and the fraction of it reached.
 
 Every result file (bench/results/gpu_<tag>.{json,csv,md}) records the device (nvidia-smi),
 the commit, the exact commands and, for SparQ runs, the fork's counters: sparq_calls (from
-llama-bench) and "SparQ calls on a GPU" (from the tools' exit log), which must equal the calls,
+llama-bench) and "SparQ calls on a device (GPU, RPC host)" (from the tools' exit log), which must equal the calls,
 or the op ran on the CPU. Nothing here has run yet: written and checked without a GPU.
 """
 
@@ -54,7 +54,7 @@ from llama_sparq.models import paper_shape_path  # noqa: E402
 
 OUT = RESULTS
 # the fork's counters line at exit (llama-bench prints it with -v only)
-COUNTERS_RE = re.compile(r"SparQ calls = (\d+), dense calls = (\d+).*SparQ calls on a GPU = (\d+)")
+COUNTERS_RE = re.compile(r"SparQ calls = (\d+), dense calls = (\d+).*SparQ calls on a device \(GPU, RPC host\) = (\d+)")
 
 
 def device() -> dict:

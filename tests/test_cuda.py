@@ -183,7 +183,7 @@ def test_bench_and_cli_on_the_gpu(cuda, gemma_model, tmp_path):
                           "-p", PROMPT.decode()[:2000], "-n", "8", "--temp", "0", "-no-cnv"],
                          capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
-    m = re.search(r"SparQ calls = (\d+),.*SparQ calls on a GPU = (\d+)", res.stderr)
+    m = re.search(r"SparQ calls = (\d+),.*SparQ calls on a device \(GPU, RPC host\) = (\d+)", res.stderr)
     assert m and int(m.group(1)) > 0 and m.group(1) == m.group(2), res.stderr[-3000:]
 
 

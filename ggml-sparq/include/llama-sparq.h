@@ -131,7 +131,7 @@ struct llama_sparq_stats {
     uint64_t extra_bytes;                       // memory taken by K^T and the V sums
     uint64_t kv_bytes;                          // the KV cache's K and V of the layers that have K^T
     int32_t  n_layers;                          // layers with SparQ data (full-attention layers of the cache)
-    uint64_t n_sparq_device;                    // of n_sparq: calls whose op ran on a GPU (or other non-CPU) device:
+    uint64_t n_sparq_device;                    // of n_sparq: calls whose op ran on a GPU or an RPC host (a non-CPU device):
                                                 // its K^T is in that device's memory and the device supports the node
     // What the CPU op reported of its choice (the SparQ and oracle selectors; per call, KV head and
     // stream, the stream's last query row), over the calls it reported (n_measured):

@@ -288,9 +288,10 @@ static int32_t sparq_apply_params(llama_context * ctx, llama_sparq_ctx & Sq, con
         // the calibrated k cuts the selection inside the CPU op; a device op would not (no silent fallback)
         for (const sparq_layer & L : Sq.layers) {
             if (L.kt && !ggml_backend_buffer_is_host(L.kt->buffer)) {
-                sparq_err(err, err_size, "SparQ: k = 0 (calibrated) runs in the CPU op; this context keeps the KV "
-                          "cache on %s: give a fixed k (e.g. 512), or keep the cache in host memory (--no-kv-offload "
-                          "/ offload_kqv = false)", ggml_backend_buffer_name(L.kt->buffer));
+                sparq_err(err, err_size, "SparQ: k = 0 (calibrated) runs in the CPU op of this process; this "
+                          "context keeps the KV cache on %s (a GPU or an RPC host): give a fixed k (e.g. 512), or keep "
+                          "the cache in host memory (--no-kv-offload / offload_kqv = false)",
+                          ggml_backend_buffer_name(L.kt->buffer));
                 return -2;
             }
         }

@@ -402,17 +402,25 @@ static ggml_tensor * sparq_build_op(sparq_attn_build & b, ggml_tensor * q, ggml_
                                  (P.mean_v && !b.streaming && !b.h2o && !b.index ? 0 : GGML_SPARQ_FLAG_NO_MEAN_V));
     sparq_set_selector_inputs(b, cur, q4, h2o3);
     if (!b.streaming && !b.h2o && !b.index) {
+        // the report is this process's memory: only a CPU op in this process may write it (a GPU
+        // op does not report; an op on an RPC host would write into its own address space), and
+        // the guard's measure is made only where it is reported
+        const bool reports = ggml_backend_buffer_is_host(b.L.kt->buffer);
         // the calibrated k's cut, or the guard's measure of a fixed k at the first SparQ step; the op
         // reports its choice into the layer's report (the counters read it after the step)
         if (b.calibrated) {
             ggml_sparq_attn_set_coverage(cur, P.coverage, std::min(P.k_min, kk), 0, true);
         } else {
-            if (b.S.measure_due) {
+            if (b.S.measure_due && reports) {
                 ggml_sparq_attn_set_coverage(cur, P.coverage, 0, (int) std::max<int64_t>(kk, n_kv / 4), false);
             }
-            inp->measure = b.S.measure_due ? 1 : 0;
+            if (reports) { // (graph reuse compares it: only where it is measured)
+                inp->measure = b.S.measure_due ? 1 : 0;
+            }
         }
-        ggml_sparq_attn_set_report(cur, b.L.report.data() + (size_t) b.si.s0 * hkv * 4);
+        if (reports) {
+            ggml_sparq_attn_set_report(cur, b.L.report.data() + (size_t) b.si.s0 * hkv * 4);
+        }
         if (!inp->decisions.empty()) {
             inp->decisions.back().report = true;
             inp->decisions.back().ikv_rep = b.ikv;

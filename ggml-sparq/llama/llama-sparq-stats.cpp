@@ -121,7 +121,7 @@ llama_sparq_ctx::~llama_sparq_ctx() {
         }
     }
     LLAMA_LOG_INFO("llama_sparq: counters: SparQ calls = %llu, dense calls = %llu%s%s%s, compression = %.4f, rebuilds = %llu, "
-                   "SparQ calls on a GPU = %llu\n",
+                   "SparQ calls on a device (GPU, RPC host) = %llu\n",
                    (unsigned long long) n_sparq, (unsigned long long) nd, o ? " (" : "", buf, o ? ")" : "",
                    n_sparq ? compression_sum / n_sparq : 0.0, (unsigned long long) n_rebuilds,
                    (unsigned long long) n_sparq_device);

@@ -40,3 +40,7 @@ def perplexity() -> None:
 
 def batched_bench() -> None:
     _exec("llama-batched-bench")
+
+
+def rpc_server() -> None:
+    _exec("ggml-rpc-server")

@@ -1,0 +1,113 @@
+"""SparQ across machines on llama.cpp's RPC backend: two ``ggml-rpc-server`` processes on
+loopback hold the model's layers, their KV cache and SparQ's data (K^T, the V sums); the op,
+the appends and the rebuilds run there. The client's greedy tokens equal the single-process
+run's, and the counters show every SparQ call ran on an RPC host."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from llama_sparq import tool_path
+
+import sys
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from server_load import free_port, stop_process  # noqa: E402
+
+ENV = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
+COUNTERS = re.compile(r"llama_sparq: counters: SparQ calls = (\d+), dense calls = (\d+).*"
+                      r"SparQ calls on a device \(GPU, RPC host\) = (\d+)")
+
+
+class RpcServers:
+    """n ggml-rpc-server processes on 127.0.0.1, one thread each."""
+
+    def __init__(self, n, log_dir: Path):
+        self.ports = [free_port() for _ in range(n)]
+        self.logs = [log_dir / f"rpc-{p}.log" for p in self.ports]
+        self.procs = []
+
+    def __enter__(self):
+        for port, log in zip(self.ports, self.logs):
+            f = open(log, "w")
+            self.procs.append(subprocess.Popen([str(tool_path("ggml-rpc-server")), "-H", "127.0.0.1", "-p", str(port),
+                                                "-t", "1"], stdout=f, stderr=subprocess.STDOUT,
+                                               stdin=subprocess.DEVNULL, env=ENV))
+        deadline = time.monotonic() + 30
+        for port, log, proc in zip(self.ports, self.logs, self.procs):
+            while True:  # listening (its log is block-buffered)
+                assert proc.poll() is None, log.read_text()
+                assert time.monotonic() < deadline, f"ggml-rpc-server on port {port} not listening after 30 s"
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                except OSError:
+                    time.sleep(0.1)
+        return self
+
+    def __exit__(self, *exc):
+        for p in self.procs:
+            stop_process(p)
+
+    @property
+    def endpoints(self) -> str:
+        return ",".join(f"127.0.0.1:{p}" for p in self.ports)
+
+
+@pytest.fixture(scope="module")
+def model4(tmp_path_factory):
+    from llama_sparq.models import make_tiny_llama
+
+    return make_tiny_llama(tmp_path_factory.mktemp("rpc") / "tiny-4l.gguf", n_layer=4, n_embd=64, n_head=4,
+                           n_head_kv=2, seed=4)
+
+
+SPARQ = ["--sparq", "--sparq-k", "16", "--sparq-r", "4", "--sparq-min-kv", "0"]
+PROMPT = " ".join(f"{w} {i % 10}" for i, w in enumerate(["river", "copper", "lantern", "meadow"] * 50))
+
+
+def _completion(model, extra):
+    res = subprocess.run([str(tool_path("llama-completion")), "-m", str(model), "-p", PROMPT, "-n", "24", "-no-cnv",
+                          "--temp", "0", "-t", "1", "-c", "2048", "-lv", "4", *SPARQ, *extra],
+                         capture_output=True, text=True, errors="replace", timeout=300, stdin=subprocess.DEVNULL,
+                         env=ENV)
+    assert res.returncode == 0, res.stderr[-3000:]
+    m = COUNTERS.search(res.stderr)
+    assert m, res.stderr[-3000:]
+    return res.stdout, [int(x) for x in m.groups()], res.stderr
+
+
+def test_sparq_on_two_rpc_servers_equals_one_process(model4, tmp_path):
+    want, (n_sparq, _, n_dev), _ = _completion(model4, [])
+    assert n_sparq == 4 * 23 and n_dev == 0  # 4 layers x 23 decode steps, all in this process
+    with RpcServers(2, tmp_path) as rpc:
+        got, (n_sparq_r, n_dense_r, n_dev_r), log = _completion(model4, ["--rpc", rpc.endpoints, "-ngl", "99",
+                                                                         "-ts", "1,1"])
+    assert got == want
+    # every layer's cache and SparQ data on an RPC host, both hosts holding some
+    for port in rpc.ports:
+        assert re.search(rf"RPC\d\[127\.0\.0\.1:{port}\] KV buffer size", log), log[-3000:]
+    assert "SparQ data for 4 of 4 KV-cache layers" in log
+    # the same SparQ calls, every one run by an RPC host's op (none copied back to this process)
+    assert (n_sparq_r, n_dev_r) == (n_sparq, n_sparq), (n_sparq_r, n_dev_r, n_dense_r)
+
+
+def test_calibrated_k_on_rpc_is_refused_with_the_way_out(model4, tmp_path):
+    """The calibrated k cuts its choice in the CPU op of this process and reports it here; an
+    RPC host's op cannot: refused, naming the host's buffer and what to give instead."""
+    with RpcServers(1, tmp_path) as rpc:
+        res = subprocess.run([str(tool_path("llama-completion")), "-m", str(model4), "-p", "hi", "-n", "2", "-no-cnv",
+                              "-t", "1", "-c", "512", "--rpc", rpc.endpoints, "-ngl", "99", "--sparq"],
+                             capture_output=True, text=True, errors="replace", timeout=300, stdin=subprocess.DEVNULL,
+                             env=ENV)
+    assert res.returncode != 0
+    assert re.search(r"SparQ: k = 0 \(calibrated\) runs in the CPU op of this process; this context keeps the KV "
+                     r"cache on RPC\d\[127\.0\.0\.1:\d+\] \(a GPU or an RPC host\): give a fixed k", res.stderr), \
+        res.stderr[-2000:]

@@ -17,8 +17,16 @@ cut). Then:
    token for token, to the same request run alone; ``/metrics`` must show SparQ calls, and
    the server log no error line.
 
-    python bench/server_load.py                       # the issue's sizes: 16 requests, 4 slots, 2K-6K tokens
+    python bench/server_load.py                       # 16 requests, 4 slots, 2K-6K tokens
     python bench/server_load.py --requests 4 --min-tokens 1200 --max-tokens 1600 --tag quick
+    python bench/server_load.py --sweep 16x4,16x8,64x4,64x8 --tag server_load_sweep   # the load table
+
+``--sweep NxS,...`` runs the load table instead: for each variant (``--variants sparq,dense``)
+and slot count S one server (``-np S``, ``-c`` S x ``--ctx-per-slot``), every request alone
+once per variant (a few again on the other servers, which must agree), then each request count
+N sent at once; per row: mismatches, errors, throughput (generated and all tokens per second)
+and p50/p95 latency, the SparQ counters. Dense's mismatches are upstream's own (not
+batch-invariant) and are listed with their top-2 margins; SparQ must have none.
 
 Writes bench/results/<tag>.{json,md} (default tag server_load) with the command, machine,
 commit, sizes, times, the SparQ counters and the mismatches. The functions are also used
@@ -257,6 +265,169 @@ def run_load(server: Server, prompts: list[list[int]], n_predict: int, request_t
     }
 
 
+def concurrent_pass(server: Server, prompts: list[list[int]], n_predict: int, request_timeout: float) -> dict:
+    """All requests at once: the responses (or the error each raised), wall time, latencies."""
+    m0 = server.metrics()
+    t0 = time.monotonic()
+
+    def one(p):
+        try:
+            return complete(server, p, n_predict, request_timeout)
+        except Exception as e:  # an HTTP error or a dropped connection: counted, not raised
+            return {"_error": f"{type(e).__name__}: {e}"[:300]}
+
+    with cf.ThreadPoolExecutor(max_workers=len(prompts)) as ex:
+        res = list(ex.map(one, prompts))
+    wall = time.monotonic() - t0
+    m1 = server.metrics()
+    return {"responses": res, "wall": wall, "m0": m0, "m1": m1}
+
+
+def _pct(xs, q):
+    import numpy as np
+
+    return round(float(np.percentile(xs, q)), 2) if xs else None
+
+
+def sweep(args, model) -> tuple[dict, list]:
+    """The load table: for each variant (SparQ, dense) and slot count, one server; every request
+    alone once (on the first slot count's server; a few re-checked on the others), then each
+    request count sent at once. Mismatches: concurrent responses whose tokens differ from alone."""
+    configs = [tuple(int(x) for x in c.split("x")) for c in args.sweep.split(",")]
+    n_max = max(r for r, _ in configs)
+    slot_counts = sorted({s for _, s in configs})
+    variants = [v.strip() for v in args.variants.split(",")]
+    rows, servers = [], []
+    prompts = None
+    for variant in variants:
+        flags = shlex.split(args.server_args) if variant == "sparq" else []
+        alone = None
+        for slots in slot_counts:
+            srv_args = ["-c", slots * args.ctx_per_slot, "-np", slots, *flags]
+            with Server(model, srv_args, threads=args.threads) as srv:
+                props = srv.get("/props")
+                if prompts is None:
+                    prompts = build_prompts(srv, n_max, args.min_tokens, args.max_tokens, args.seed)
+                servers.append(" ".join(shlex.quote(str(a)) for a in srv.cmd))
+                recheck = []
+                if alone is None:
+                    t0 = time.monotonic()
+                    alone = [complete(srv, p, args.n_predict, args.request_timeout) for p in prompts]
+                    alone_s = time.monotonic() - t0
+                else:
+                    # the alone reference comes from the first server: a few requests again on this one
+                    recheck = [i for i in range(0, n_max, max(1, n_max // 4))][:4]
+                    recheck = [i for i in recheck
+                               if complete(srv, prompts[i], args.n_predict, args.request_timeout).get("tokens")
+                               != alone[i].get("tokens")]
+                for n_req, s in configs:
+                    if s != slots:
+                        continue
+                    sub = prompts[:n_req]
+                    p = concurrent_pass(srv, sub, args.n_predict, args.request_timeout)
+                    mism, incomplete, errors = [], [], []
+                    lat, n_gen = [], 0
+                    for i, (c, a) in enumerate(zip(p["responses"], alone)):
+                        if "_error" in c:
+                            errors.append({"request": i, "error": c["_error"]})
+                            continue
+                        lat.append(c["_seconds"])
+                        n_gen += int(c.get("tokens_predicted", len(c.get("tokens", []))))
+                        if not is_complete(c, args.n_predict):
+                            incomplete.append(i)
+                        if c.get("tokens") != a.get("tokens"):
+                            first = next((j for j, (x, y) in enumerate(zip(c.get("tokens", []), a.get("tokens", [])))
+                                          if x != y), None)
+                            mism.append({"request": i, "prompt_tokens": len(sub[i]), "first_differing_token": first,
+                                         "top2_logprob_margin_alone": top2_margin(a, first)})
+                    m0, m1 = p["m0"], p["m1"]
+                    row = {
+                        "variant": variant, "requests": n_req, "slots": slots,
+                        "n_ctx_slot": props["default_generation_settings"]["n_ctx"],
+                        "prompt_tokens": [min(len(x) for x in sub), max(len(x) for x in sub)],
+                        "prompt_tokens_total": sum(len(x) for x in sub), "n_predict": args.n_predict,
+                        "mismatches": mism, "incomplete": incomplete, "errors": errors,
+                        "error_lines": srv.error_lines(), "alone_recheck_differs": recheck,
+                        "wall_s": round(p["wall"], 2),
+                        "throughput_gen_tok_s": round(n_gen / p["wall"], 3),
+                        "throughput_all_tok_s": round((n_gen + sum(len(x) for x in sub)) / p["wall"], 1),
+                        "latency_p50_s": _pct(lat, 50), "latency_p95_s": _pct(lat, 95),
+                        "sparq_calls": int(m1.get("sparq_calls_total", 0) - m0.get("sparq_calls_total", 0)),
+                        "sparq_dense_calls": {re.sub(r'.*reason="(\w+)".*', r"\1", k): int(m1[k] - m0.get(k, 0))
+                                              for k in m1 if k.startswith("sparq_dense_calls_total") and m1[k] - m0.get(k, 0)},
+                        "sparq_compression": m1.get("sparq_compression"),
+                        "busy_slots_per_decode": m1.get("n_busy_slots_per_decode"),
+                        "alone_s": round(alone_s, 2),
+                        "sparq_settings": props.get("sparq"),
+                    }
+                    rows.append(row)
+                    print(f"{variant} {n_req}x{slots}: mismatches {len(mism)}, errors {len(errors)}, incomplete "
+                          f"{len(incomplete)}, {row['throughput_gen_tok_s']} gen tok/s, p95 {row['latency_p95_s']} s",
+                          flush=True)
+    return {"rows": rows}, servers
+
+
+def write_sweep(args, res, servers, meta) -> bool:
+    from benchlib import RESULTS, write_json
+
+    out = Path(args.out_dir or RESULTS)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / f"{args.tag}.json", {"meta": {**meta, "servers": servers}, "result": res}, newline=True)
+    rows = res["rows"]
+    # SparQ: no mismatch; every variant: no error. Dense's mismatches are upstream's own (its
+    # computation is not batch-invariant): reported with their margins, SparQ must not do worse
+    ok = all(not r["errors"] and not r["incomplete"] and not r["error_lines"] and not r["alone_recheck_differs"]
+             for r in rows) and \
+        all(r["sparq_calls"] > 0 and not r["mismatches"] for r in rows if r["variant"] == "sparq")
+    md = [
+        f"# llama-server under load, SparQ and dense ({args.tag})",
+        "",
+        f"- command: `{meta['command']}`",
+        f"- servers: one per variant and slot count, `-c` = slots x {args.ctx_per_slot} (one KV stream per slot); "
+        f"the first: `{servers[0]}`",
+        f"- machine: {meta['machine']['cpu']}, {meta['machine']['cpu_count']} CPUs, {args.threads} threads, load "
+        f"average {meta['machine']['loadavg_1min_start']} at the start",
+        f"- commit: `{meta['commit']}`, {meta['date']}",
+        f"- model: `{Path(str(meta['model'])).name}`; SparQ: `{args.server_args}` "
+        f"({json.dumps({k: rows[0]['sparq_settings'][k] for k in ('r', 'k', 'l', 'min_kv', 'n_layers')} if rows and rows[0].get('sparq_settings') else {})}; "
+        "r = 0: head size / 4, k = 0: the calibrated k)",
+        f"- requests: greedy `/completion` (temperature 0, top-k 1), n_predict {args.n_predict}, cache_prompt false, "
+        f"prompts {args.min_tokens}-{args.max_tokens} tokens, all sent at once",
+        "",
+        "| variant | requests | slots | prompt tokens | mismatches | errors | wall s | generated tok/s | all tok/s "
+        "| p50 latency s | p95 latency s | SparQ calls | dense calls | compression | busy slots per decode |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        err = len(r["errors"]) + len(r["incomplete"]) + len(r["error_lines"])
+        dense = ", ".join(f"{k} {v}" for k, v in r["sparq_dense_calls"].items()) or "-"
+        comp = f"{r['sparq_compression']:.4f}" if r["variant"] == "sparq" and r["sparq_compression"] else "-"
+        md.append(f"| {r['variant']} | {r['requests']} | {r['slots']} | {r['prompt_tokens'][0]}-{r['prompt_tokens'][1]} "
+                  f"| {len(r['mismatches'])} | {err} | {r['wall_s']} | {r['throughput_gen_tok_s']} "
+                  f"| {r['throughput_all_tok_s']} | {r['latency_p50_s']} | {r['latency_p95_s']} | {r['sparq_calls']} "
+                  f"| {dense} | {comp} | {r['busy_slots_per_decode']:.2f} |")
+    mm = [(r, m) for r in rows for m in r["mismatches"]]
+    if mm:
+        md += ["", "Mismatches (the first differing token and the top-2 log-probability margin there, alone):", ""]
+        md += [f"- {r['variant']} {r['requests']}x{r['slots']}: request {m['request']} ({m['prompt_tokens']} prompt "
+               f"tokens), token {m['first_differing_token']}, margin {m['top2_logprob_margin_alone']}" for r, m in mm]
+    md += [
+        "",
+        "A mismatch is a concurrent response whose tokens differ from the same request run alone (every request "
+        "was run alone once per variant, on the server with the fewest slots; a few again on each other server: "
+        "those must give the same tokens). Errors: HTTP errors, incomplete responses and error lines in the server "
+        "log. Throughput: generated tokens (all tokens: with the prompts) per second of the concurrent pass; "
+        "latency: each request's time from sending to its full answer (queueing included).",
+        "",
+        "Verdict (SparQ: no mismatch; no errors anywhere; dense's mismatches are upstream's, shown with their "
+        f"margins): {'PASS' if ok else 'FAIL'}",
+        "",
+    ]
+    (out / f"{args.tag}.md").write_text("\n".join(md))
+    print("\n".join(md))
+    return ok
+
+
 def main(argv=None) -> int:
     from benchlib import RESULTS, command_line, cpu_model, git_commit, loadavg, now_iso, write_json
 
@@ -276,9 +447,20 @@ def main(argv=None) -> int:
     ap.add_argument("--request-timeout", type=float, default=1800)
     ap.add_argument("--tag", default="server_load")
     ap.add_argument("--out-dir", default=str(RESULTS))
+    ap.add_argument("--sweep", default=None, metavar="NxS,...",
+                    help="the load table: request counts x slot counts (e.g. 16x4,16x8,64x4,64x8), each variant")
+    ap.add_argument("--variants", default="sparq,dense", help="with --sweep: sparq (--server-args) and/or dense")
+    ap.add_argument("--ctx-per-slot", type=int, default=8192, help="with --sweep: KV cells per slot (default 8192)")
     args = ap.parse_args(argv)
 
     model = resolve_model(args.model)
+    if args.sweep:
+        load0 = loadavg()
+        res, servers = sweep(args, model)
+        meta = {"command": command_line(), "commit": git_commit(), "date": now_iso(), "model": str(model),
+                "machine": {"cpu": cpu_model(), "cpu_count": os.cpu_count(), "threads": args.threads,
+                            "loadavg_1min_start": load0, "loadavg_1min_end": loadavg()}}
+        return 0 if write_sweep(args, res, servers, meta) else 1
     srv_args = ["-c", args.ctx, *shlex.split(args.server_args)]
     if args.parallel:
         srv_args += ["-np", args.parallel]
@@ -332,7 +514,8 @@ def main(argv=None) -> int:
         "requests one at a time on the same server. A mismatch is a concurrent response whose tokens differ from "
         "the same request's alone. Greedy (temperature 0, top-k 1), cache_prompt false.",
         "",
-        f"Verdict: {'PASS' if ok else 'FAIL'}",
+        "Verdict (SparQ: no mismatch; no errors anywhere; dense's mismatches are upstream's, shown with their "
+        f"margins): {'PASS' if ok else 'FAIL'}",
         "",
     ]
     (out / f"{args.tag}.md").write_text("\n".join(md))

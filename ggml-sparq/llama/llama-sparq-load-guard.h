@@ -16,8 +16,7 @@ struct llama_sparq_load_guard {
     llama_sparq_load_guard & operator=(const llama_sparq_load_guard &) = delete;
 };
 
-// The hyperparameters a GGUF sets that ggml checks only when a graph runs (an assertion there
-// would abort a decode, outside the guard): a norm epsilon that is negative or not finite, a
-// RoPE base or scale that is not a positive finite number, a non-finite scale. Throws
-// std::runtime_error naming the GGUF key and the value.
+// The hyperparameters a GGUF sets that ggml asserts on only when a graph runs (an assertion
+// there would abort a decode, outside the guard): a norm epsilon below 0 (or NaN). Throws
+// std::runtime_error naming the GGUF key and the value. Nothing for a vocab-only load.
 void llama_sparq_check_hparams(const llama_hparams & hp);

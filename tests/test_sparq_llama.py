@@ -611,3 +611,37 @@ def test_128_query_heads_on_one_kv_head_decode_with_sparq(tmp_path):
                                          comp_w=x["comp_w"], per_head=gqa == "per_head")
         assert np.abs(x["out"] - want).max() <= 1e-4 * max(1.0, np.abs(want).max())
         del llm
+
+
+def test_calibrated_k_runs_a_diffuse_layer_dense_between_checks(tiny_gqa_model, monkeypatch):
+    """The calibrated k on a layer whose every KV head is diffuse (the tiny random model's
+    attention is near uniform): the op attends densely there, so the layer runs upstream's dense
+    attention for 16, then 32, ... steps between checks (reason `diffuse`), without step 1's
+    reads; the logits stay those of the op's own dense rows (LLAMA_SPARQ_NO_DIFFUSE_SKIP), and
+    graph reuse follows the stretches (a check every time one ends)."""
+    prompt = rand_tokens(700, 5, 256)
+    n = 40
+
+    def run(skip):
+        if skip:
+            monkeypatch.delenv("LLAMA_SPARQ_NO_DIFFUSE_SKIP", raising=False)
+        else:
+            monkeypatch.setenv("LLAMA_SPARQ_NO_DIFFUSE_SKIP", "1")
+        llm = make_llm(tiny_gqa_model, sparq=True, sparq_min_kv=0, sparq_k_min=16)
+        toks, lg = decode_greedy(llm, prompt, n)
+        st = llm.sparq_stats()
+        layers = llm.sparq_layer_stats()
+        llm.close()
+        return toks, np.array(lg), st, layers
+
+    t0, lg0, st0, ly0 = run(False)
+    assert st0["n_dense"]["diffuse"] == 0 and st0["n_sparq"] == 2 * n
+    assert all(x["mean_k"] > 600 for x in ly0), ly0  # every head attended densely inside the op
+    t1, lg1, st1, _ = run(True)
+    # per layer: a check (SparQ) whose report is read when the next step's graph exists (a second
+    # SparQ step), 16 dense steps, a check and the step after it, 32 dense steps cut by the end:
+    # 40 steps are 2 + 16 + 2 + 20
+    assert st1["n_dense"]["diffuse"] == 2 * (16 + 20), st1["n_dense"]
+    assert st1["n_sparq"] == 2 * 4, st1
+    assert t1 == t0
+    assert np.abs(lg1 - lg0).max() <= 1e-3 * np.abs(lg0).max()

@@ -29,7 +29,7 @@ extern "C" {
 
 // Bumped whenever a struct or function of this header changes incompatibly.
 // The Python package refuses a library whose ABI differs from its own.
-#define LLAMA_SPARQ_ABI_VERSION 6
+#define LLAMA_SPARQ_ABI_VERSION 7
 
 // "llama-sparq <version> abi <n> llama.cpp <commit>" (also declared in llama.h by patch 0001)
 LLAMA_API const char * llama_sparq_version(void);
@@ -47,7 +47,10 @@ enum llama_sparq_dense_reason {
     LLAMA_SPARQ_DENSE_SHARED_STREAM = 5, // several sequences share one KV stream (unified KV cache)
     LLAMA_SPARQ_DENSE_ATTN_VARIANT  = 6, // ALiBi, soft-capping, sinks, KQ bias, MLA or K/V head sizes differ
     LLAMA_SPARQ_DENSE_NO_CACHE      = 7, // attention without the KV cache (training, encoder)
-    LLAMA_SPARQ_DENSE_COUNT         = 8,
+    LLAMA_SPARQ_DENSE_DIFFUSE       = 8, // the calibrated k: every KV head of the layer needed more than k_frac
+                                         // of the cells at its last SparQ step; dense (upstream's attention,
+                                         // without step 1's reads) until the next check, 16 to 256 steps later
+    LLAMA_SPARQ_DENSE_COUNT         = 9,
 };
 
 // How the cells a decode step attends over are chosen (ggml-sparq.h: the op's selectors).

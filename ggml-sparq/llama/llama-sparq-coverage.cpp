@@ -13,6 +13,7 @@ void sparq_coverage_reset(llama_sparq_ctx & S) {
     S.report_pending.clear();
     for (sparq_layer & L : S.layers) {
         std::fill(L.report.begin(), L.report.end(), SPARQ_REPORT_TAKEN);
+        L.diffuse_left = L.diffuse_period = 0;
     }
     S.measure_due = true;
     S.guard_due = false;
@@ -97,6 +98,21 @@ void sparq_count_reports(llama_sparq_ctx & S) {
             L.rep_n_reach++;
             L.rep_reach += reach_sum / n_reach;
             L.rep_reached += n_reached == n_reach;
+        }
+        // the calibrated k, a check of the layer (a SparQ step outside a dense stretch): every KV head of
+        // every stream diffuse (the op attended over all its cells) makes the layer run upstream's dense
+        // attention for the next diffuse_period steps, without step 1's reads (twice as long after each
+        // check that finds it diffuse again, 16 to 256 steps); a head that reached the target ends it
+        const bool calibrated = S.params.k == 0 && (S.params.selector == LLAMA_SPARQ_SELECTOR_SPARQ ||
+                                                    S.params.selector == LLAMA_SPARQ_SELECTOR_ORACLE);
+        if (calibrated && S.env.diffuse_skip && n_reach == n && L.diffuse_left == 0) {
+            if (n_reached == 0) {
+                L.diffuse_period = L.diffuse_period ? std::min(2 * L.diffuse_period, SPARQ_DIFFUSE_MAX_STEPS)
+                                                    : SPARQ_DIFFUSE_MIN_STEPS;
+                L.diffuse_left = L.diffuse_period;
+            } else {
+                L.diffuse_period = 0;
+            }
         }
     }
     const bool measured = !S.report_pending.empty();

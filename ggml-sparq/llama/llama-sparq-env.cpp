@@ -8,5 +8,6 @@ sparq_env sparq_env_read() {
     const char * gr = getenv("LLAMA_SPARQ_GRAPH_REBUILD");
     e.graph_rebuild = gr && atoi(gr) != 0;
     e.host_rebuild = getenv("LLAMA_SPARQ_HOST_REBUILD") != nullptr;
+    e.diffuse_skip = getenv("LLAMA_SPARQ_NO_DIFFUSE_SKIP") == nullptr;
     return e;
 }

@@ -13,6 +13,10 @@ struct sparq_env {
     // (llama-sparq-rebuild-host.cpp), never the device graph, for comparisons.
     // On when the variable is set at all, whatever its value ("1", "0" and "" alike); off when unset.
     bool host_rebuild = false;
+    // LLAMA_SPARQ_NO_DIFFUSE_SKIP: the calibrated k never runs a diffuse layer's dense stretch
+    // (LLAMA_SPARQ_DENSE_DIFFUSE): every step runs the op, which attends densely where it must
+    // (for comparisons and tests of the op's own dense rows). On when set at all; off when unset.
+    bool diffuse_skip = true;
 };
 
 // The switches as the environment holds them now. Called once per context, when its SparQ state

@@ -285,6 +285,21 @@ static int sparq_dense_reason(sparq_attn_build & b, const llama_kv_cache_context
             reason = LLAMA_SPARQ_DENSE_SHORT;
         }
     }
+    if (reason < 0 && b.calibrated && !b.P.all_rows) {
+        // a layer the calibrated k found diffuse at its last check runs dense until the next one
+        bool diffuse;
+        {
+            std::lock_guard<std::mutex> lock(b.S.mtx);
+            diffuse = b.L.diffuse_left > 0;
+        }
+        if (b.inp) { // (graph reuse compares it)
+            b.inp->diffuse.resize(b.S.layers.size(), -1);
+            b.inp->diffuse[b.ikv] = diffuse ? 1 : 0;
+        }
+        if (diffuse) {
+            reason = LLAMA_SPARQ_DENSE_DIFFUSE;
+        }
+    }
     return reason;
 }
 

@@ -28,6 +28,13 @@ bool llm_graph_input_sparq::can_reuse(const llm_graph_params & params) {
         // the guard's measuring step is built once: the next graph runs without it
         ok &= measure == (int) S->measure_due;
     }
+    if (!diffuse.empty()) {
+        // a diffuse layer's dense stretch began or ended
+        std::lock_guard<std::mutex> lock(S->mtx);
+        for (size_t i = 0; i < diffuse.size() && i < S->layers.size(); ++i) {
+            ok &= diffuse[i] < 0 || diffuse[i] == (int8_t) (S->layers[i].diffuse_left > 0);
+        }
+    }
     if (short_ctx >= 0) {
         // the graph holds SparQ or dense attention by the dense threshold: rebuild when the context crosses it
         ok &= short_ctx == (int) (sparq_used_max(m) < (uint32_t) S->params.min_kv);
@@ -224,6 +231,12 @@ void llm_graph_input_sparq::set_input(const llama_ubatch * ubatch) {
             }
         } else {
             St.n_dense[dc.reason]++;
+            if (dc.reason == LLAMA_SPARQ_DENSE_DIFFUSE) {
+                const int32_t ikv = A::ikv_of(St.kv, dc.il);
+                if (ikv >= 0 && St.layers[ikv].diffuse_left > 0) {
+                    St.layers[ikv].diffuse_left--; // a step of the layer's dense stretch
+                }
+            }
             if (!(St.logged & (1u << dc.reason))) {
                 St.logged |= 1u << dc.reason;
                 LLAMA_LOG_INFO("%s: SparQ on, dense attention where: %s (first seen on layer %d; counted in the stats)\n",

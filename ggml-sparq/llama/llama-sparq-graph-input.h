@@ -71,6 +71,7 @@ public:
     int  short_ctx = -1;                       // built with the streams under min_kv cells (1) or not (0); -1 unused
     int  rows_mode = SPARQ_ROWS_SPARQ;         // sparq_rows_mode of the ubatch the graph was built for
     int  measure = -1;                         // built measuring the coverage of a fixed k (1) or not (0); -1 unused
+    std::vector<int8_t> diffuse;               // per KV layer: built dense as diffuse (1), with SparQ (0), -1 n/a
     ggml_tensor * pick = nullptr;              // SPARQ_ROWS_MIXED: [n_tokens] i32, per token its row of [SparQ; dense]
     std::vector<sparq_decision> decisions;     // one per attention layer of this graph
 

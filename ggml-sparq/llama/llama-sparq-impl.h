@@ -46,6 +46,11 @@
 // per-context state
 // ---------------------------------------------------------------------------
 
+// the calibrated k's dense stretches of a diffuse layer (llama-sparq-coverage.cpp): their first and
+// longest length in decode steps
+constexpr int SPARQ_DIFFUSE_MIN_STEPS = 16;
+constexpr int SPARQ_DIFFUSE_MAX_STEPS = 256;
+
 struct sparq_layer {
     ggml_tensor * kt   = nullptr; // [kv_size, d, n_head_kv, n_stream]
     ggml_tensor * vsum = nullptr; // [dv, n_head_kv, n_stream] f32
@@ -72,6 +77,10 @@ struct sparq_layer {
     // the counters of the reports: calls, cells attended, estimated coverage, cells reaching the
     // target (and how many calls measured it), calls that reached it, compression
     uint64_t rep_n = 0, rep_n_reach = 0, rep_reached = 0;
+    // the calibrated k's diffuse layer (S.mtx): the decode steps it still runs dense
+    // (LLAMA_SPARQ_DENSE_DIFFUSE) before SparQ checks it again, and the next such stretch's length
+    int diffuse_left = 0, diffuse_period = 0;
+    // (the bounds of diffuse_period: SPARQ_DIFFUSE_MIN_STEPS, SPARQ_DIFFUSE_MAX_STEPS)
     double rep_k = 0.0, rep_cov = 0.0, rep_reach = 0.0, rep_compression = 0.0;
 };
 

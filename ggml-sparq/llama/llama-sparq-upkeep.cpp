@@ -55,6 +55,9 @@ bool sparq_stream_current(const llama_sparq_ctx & S, uint32_t strm) {
 void sparq_count_rebuild(llama_sparq_ctx & S) {
     std::lock_guard<std::mutex> lock(S.mtx);
     S.n_rebuilds++;
+    for (sparq_layer & L : S.layers) {
+        L.diffuse_left = L.diffuse_period = 0; // new content: the calibrated k looks at every layer again
+    }
 }
 
 void sparq_retrain_index(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip, uint32_t n_used,

@@ -44,9 +44,17 @@ bool common_sparq_apply(llama_context * ctx, const common_params & params) {
                 "whenever several sequences are in the cache; drop --kv-unified for one KV stream per sequence\n",
                 __func__, params.n_parallel);
     }
-    LOG_INF("%s: SparQ on: r = %d%s, k = %d, l = %d%s, dense below %d KV cells%s; selector %s, gqa %s, basis %s, "
+    char kbuf[160];
+    if (p.k == 0) {
+        snprintf(kbuf, sizeof(kbuf), "0 (calibrated: the fewest cells holding %.2f of the estimated attention mass, "
+                 "%d to %.0f %% of the cells)", (double) p.coverage, p.k_min, 100.0 * p.k_frac);
+    } else {
+        snprintf(kbuf, sizeof(kbuf), "%d", p.k);
+    }
+    LOG_INF("%s: SparQ on: r = %d%s, k = %s, l = %d%s, dense below %d KV cells%s; selector %s, gqa %s, basis %s, "
             "mean-V %s; %d layers, +%.2f MiB (K^T and V sums)\n",
-            __func__, p.r, p.r == 0 ? " (head size / 4)" : "", p.k, p.l, p.l < 0 ? " (k / 4)" : "", p.min_kv,
+            __func__, p.r, p.r == 0 ? " (head size / 4)" : "", kbuf, p.l,
+            p.l < 0 ? (p.k == 0 ? " (k_min / 4)" : " (k / 4)") : "", p.min_kv,
             p.all_rows ? ", all rows" : "", llama_sparq_selector_name(p.selector), llama_sparq_gqa_name(p.gqa),
             llama_sparq_basis_name(p.basis), p.mean_v ? "on" : "off", st.n_layers, st.extra_bytes / 1048576.0);
     return true;

@@ -128,6 +128,7 @@ struct llama_sparq_stats {
     uint64_t n_sparq;                           // attention calls (layer x ubatch) run with SparQ
     uint64_t n_dense[LLAMA_SPARQ_DENSE_COUNT];  // dense calls while enabled, by reason
     double   compression;                       // mean cost-model compression M_sparq / M_dense of the SparQ calls
+                                                // and of the calibrated k's dense stretches (n_dense "diffuse", at 1)
                                                 // (the index selector: with the keys its op reported reading, once
                                                 // the step has run; the even-lists estimate until then)
     uint64_t n_rebuilds;                        // rebuilds of K^T and the V sums after cache changes

@@ -211,6 +211,9 @@ inline float sparq_elem_f32(const uint8_t * p, ggml_type t) {
 // llama-sparq-api.cpp: names, messages
 extern const char * const sparq_reason_names[LLAMA_SPARQ_DENSE_COUNT]; // llama_sparq_dense_reason_name's
 extern const char * const sparq_reason_text[LLAMA_SPARQ_DENSE_COUNT];  // for the log: why a call ran dense
+// llama-sparq-stats.cpp: the counters' compression (the SparQ calls and the diffuse layers' dense
+// stretches, those at 1); holds no lock (callers hold S.mtx)
+double sparq_compression(const llama_sparq_ctx & S);
 // printf into err (up to n bytes; nothing when err is NULL or n is 0)
 void sparq_err(char * err, size_t n, const char * fmt, ...);
 

@@ -41,6 +41,14 @@ void sparq_count_index_reads(llama_sparq_ctx & S) {
     S.ivf_pending.clear();
 }
 
+// the mean cost-model compression of the SparQ calls and of the calibrated k's dense stretches
+// (each of those reads what dense reads: 1), so that skipping a diffuse layer's step 1 does not
+// make the figure look better than the reads are
+double sparq_compression(const llama_sparq_ctx & S) {
+    const double n = (double) S.n_sparq + (double) S.n_dense[LLAMA_SPARQ_DENSE_DIFFUSE];
+    return n > 0 ? (S.compression_sum + (double) S.n_dense[LLAMA_SPARQ_DENSE_DIFFUSE]) / n : 0.0;
+}
+
 int32_t llama_sparq_get_stats(const struct llama_context * ctx, struct llama_sparq_stats * out) {
     if (!out || out->size != sizeof(llama_sparq_stats)) {
         return -1;
@@ -56,7 +64,7 @@ int32_t llama_sparq_get_stats(const struct llama_context * ctx, struct llama_spa
         sparq_count_reports(S);
         out->n_sparq = S.n_sparq;
         memcpy(out->n_dense, S.n_dense, sizeof(out->n_dense));
-        out->compression = S.n_sparq ? S.compression_sum / S.n_sparq : 0.0;
+        out->compression = sparq_compression(S);
         out->n_rebuilds = S.n_rebuilds;
         out->extra_bytes = S.extra_bytes;
         out->kv_bytes = S.kv_bytes;
@@ -123,7 +131,7 @@ llama_sparq_ctx::~llama_sparq_ctx() {
     LLAMA_LOG_INFO("llama_sparq: counters: SparQ calls = %llu, dense calls = %llu%s%s%s, compression = %.4f, rebuilds = %llu, "
                    "SparQ calls on a device (GPU, RPC host) = %llu\n",
                    (unsigned long long) n_sparq, (unsigned long long) nd, o ? " (" : "", buf, o ? ")" : "",
-                   n_sparq ? compression_sum / n_sparq : 0.0, (unsigned long long) n_rebuilds,
+                   sparq_compression(*this), (unsigned long long) n_rebuilds,
                    (unsigned long long) n_sparq_device);
     uint64_t n_meas = 0;
     double k_sum = 0.0, cov_sum = 0.0;

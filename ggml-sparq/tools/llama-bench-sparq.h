@@ -32,7 +32,8 @@ struct sparq_bench_fields {
     llama_sparq_params p = llama_sparq_default_params();
     uint64_t calls = 0, dense = 0;
     double compression = 0.0;
-    double compr_sum = 0.0;      // compression x calls, summed over the timed runs
+    double compr_sum = 0.0;      // compression x its calls (SparQ and diffuse), summed over the timed runs
+    double compr_n = 0.0;        // those calls
     double mean_k = 0.0;         // cells attended per KV head and step, as the op reported them
     double k_sum = 0.0;          // mean_k x reported calls, summed over the timed runs
     uint64_t measured = 0;
@@ -251,8 +252,13 @@ static inline void sparq_bench_end(const llama_context * ctx, sparq_bench_fields
     for (int i = 0; i < LLAMA_SPARQ_DENSE_COUNT; ++i) {
         f.dense += st.n_dense[i] - f.at.n_dense[i];
     }
-    f.compr_sum += st.compression * (double) st.n_sparq - f.at.compression * (double) f.at.n_sparq;
-    f.compression = f.calls ? f.compr_sum / (double) f.calls : 0.0;
+    // the compression is over the SparQ calls and the calibrated k's dense stretches ("diffuse")
+    auto weight = [](const llama_sparq_stats & x) {
+        return (double) x.n_sparq + (double) x.n_dense[LLAMA_SPARQ_DENSE_DIFFUSE];
+    };
+    f.compr_sum += st.compression * weight(st) - f.at.compression * weight(f.at);
+    f.compr_n += weight(st) - weight(f.at);
+    f.compression = f.compr_n > 0 ? f.compr_sum / f.compr_n : 0.0;
     f.k_sum += st.mean_k * (double) st.n_measured - f.at.mean_k * (double) f.at.n_measured;
     f.measured += st.n_measured - f.at.n_measured;
     f.mean_k = f.measured ? f.k_sum / (double) f.measured : 0.0;

@@ -265,6 +265,12 @@ def run_load(server: Server, prompts: list[list[int]], n_predict: int, request_t
     }
 
 
+def write_md(out: Path, tag: str, lines: list[str]) -> None:
+    """<out>/<tag>.md from the lines (and a last empty one), also printed."""
+    (out / f"{tag}.md").write_text("\n".join(lines + [""]))
+    print("\n".join(lines))
+
+
 def concurrent_pass(server: Server, prompts: list[list[int]], n_predict: int, request_timeout: float) -> dict:
     """All requests at once: the responses (or the error each raised), wall time, latencies."""
     m0 = server.metrics()
@@ -421,10 +427,8 @@ def write_sweep(args, res, servers, meta) -> bool:
         "",
         "Verdict (SparQ: no mismatch; no errors anywhere; dense's mismatches are upstream's, shown with their "
         f"margins): {'PASS' if ok else 'FAIL'}",
-        "",
     ]
-    (out / f"{args.tag}.md").write_text("\n".join(md))
-    print("\n".join(md))
+    write_md(out, args.tag, md)
     return ok
 
 
@@ -514,12 +518,9 @@ def main(argv=None) -> int:
         "requests one at a time on the same server. A mismatch is a concurrent response whose tokens differ from "
         "the same request's alone. Greedy (temperature 0, top-k 1), cache_prompt false.",
         "",
-        "Verdict (SparQ: no mismatch; no errors anywhere; dense's mismatches are upstream's, shown with their "
-        f"margins): {'PASS' if ok else 'FAIL'}",
-        "",
+        f"Verdict: {'PASS' if ok else 'FAIL'}",
     ]
-    (out / f"{args.tag}.md").write_text("\n".join(md))
-    print("\n".join(md))
+    write_md(out, args.tag, md)
     return 0 if ok else 1
 
 

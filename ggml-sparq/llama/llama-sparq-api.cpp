@@ -200,6 +200,16 @@ static bool sparq_params_consistent(const llama_sparq_params * p, int64_t d_min,
     return true;
 }
 
+// the struct is this library's (a caller built against another header would pass another size)
+static bool sparq_params_size_ok(const llama_sparq_params * p, char * err, size_t err_size) {
+    if (p->size != sizeof(llama_sparq_params)) {
+        sparq_err(err, err_size, "SparQ: params.size is %zu, this library's struct llama_sparq_params is %zu bytes "
+                  "(initialise it with llama_sparq_default_params())", p->size, sizeof(llama_sparq_params));
+        return false;
+    }
+    return true;
+}
+
 int32_t llama_sparq_check_params(const struct llama_sparq_params * p, int32_t head_size, char * err, size_t err_size) {
     if (err && err_size) {
         err[0] = '\0';
@@ -208,12 +218,7 @@ int32_t llama_sparq_check_params(const struct llama_sparq_params * p, int32_t he
         sparq_err(err, err_size, "SparQ: params must not be NULL");
         return -1;
     }
-    if (p->size != sizeof(llama_sparq_params)) {
-        sparq_err(err, err_size, "SparQ: params.size is %zu, this library's struct llama_sparq_params is %zu bytes "
-                  "(initialise it with llama_sparq_default_params())", p->size, sizeof(llama_sparq_params));
-        return -1;
-    }
-    return sparq_params_consistent(p, head_size, err, err_size) ? 0 : -1;
+    return sparq_params_size_ok(p, err, err_size) && sparq_params_consistent(p, head_size, err, err_size) ? 0 : -1;
 }
 
 // the settings checked against their ranges and the context: 0, or -1 (a bad argument or setting) /
@@ -223,9 +228,7 @@ static int32_t sparq_validate_params(llama_context * ctx, const llama_sparq_para
         sparq_err(err, err_size, "SparQ: ctx and params must not be NULL");
         return -1;
     }
-    if (p->size != sizeof(llama_sparq_params)) {
-        sparq_err(err, err_size, "SparQ: params.size is %zu, this library's struct llama_sparq_params is %zu bytes "
-                  "(initialise it with llama_sparq_default_params())", p->size, sizeof(llama_sparq_params));
+    if (!sparq_params_size_ok(p, err, err_size)) {
         return -1;
     }
     if (!sparq_params_consistent(p, sparq_min_head_size(A::model(ctx).hparams), err, err_size)) {

@@ -167,30 +167,40 @@ def make_tiny_llama(
         w.add_file_type(int(ftype))
         w.add_quantization_version(gguf.GGML_QUANT_VERSION)
         w.add_vocab_size(n_vocab)
-        w.add_context_length(n_ctx_train)
-        w.add_embedding_length(n_embd)
-        w.add_block_count(n_layer)
-        w.add_feed_forward_length(n_ff)
-        w.add_head_count(n_head)
-        w.add_head_count_kv(n_head_kv)
+        _add_tiny_shape(w, n_ctx_train, n_embd, n_layer, n_ff, n_head, n_head_kv)
         if head_dim * n_head != n_embd:
             w.add_key_length(head_dim)
             w.add_value_length(head_dim)
         w.add_rope_dimension_count(head_dim)
         w.add_rope_freq_base(float(rope_freq_base))
         w.add_layer_norm_rms_eps(float(rms_eps))
-        tokens, scores, types = tiny_vocab(n_vocab)
-        w.add_tokenizer_model("llama")
-        w.add_token_list(tokens)
-        w.add_token_scores(scores)
-        w.add_token_types(types)
-        w.add_unk_token_id(0)
-        w.add_bos_token_id(1)
-        w.add_eos_token_id(2)
+        _add_tiny_tokenizer(w, n_vocab)
         w.add_add_bos_token(True)
         w.add_add_eos_token(False)
 
     return _write_gguf_atomic(gguf, Path(path), metadata, tensors)
+
+
+def _add_tiny_shape(w, n_ctx_train, n_embd, n_layer, n_ff, n_head, n_head_kv) -> None:
+    """The tiny models' sizes, as the architecture's keys."""
+    w.add_context_length(n_ctx_train)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+
+
+def _add_tiny_tokenizer(w, n_vocab: int) -> None:
+    """The tiny models' SentencePiece vocabulary (:func:`tiny_vocab`) and special tokens."""
+    tokens, scores, types = tiny_vocab(n_vocab)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
 
 
 def make_tiny_gemma2(path: str | os.PathLike[str], *, n_layer: int = 2, n_embd: int = 64, n_head: int = 4,
@@ -217,26 +227,14 @@ def make_tiny_gemma2(path: str | os.PathLike[str], *, n_layer: int = 2, n_embd: 
     def metadata(w) -> None:
         w.add_name("llama-sparq-tiny-gemma2")
         w.add_file_type(int(gguf.LlamaFileType.ALL_F32))
-        w.add_context_length(n_ctx_train)
-        w.add_embedding_length(n_embd)
-        w.add_block_count(n_layer)
-        w.add_feed_forward_length(n_ff)
-        w.add_head_count(n_head)
-        w.add_head_count_kv(n_head_kv)
+        _add_tiny_shape(w, n_ctx_train, n_embd, n_layer, n_ff, n_head, n_head_kv)
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
         w.add_layer_norm_rms_eps(1e-6)
         w.add_sliding_window(256)
         w.add_attn_logit_softcapping(50.0)
         w.add_final_logit_softcapping(30.0)
-        tokens, scores, types = tiny_vocab(n_vocab)
-        w.add_tokenizer_model("llama")
-        w.add_token_list(tokens)
-        w.add_token_scores(scores)
-        w.add_token_types(types)
-        w.add_unk_token_id(0)
-        w.add_bos_token_id(1)
-        w.add_eos_token_id(2)
+        _add_tiny_tokenizer(w, n_vocab)
 
     return _write_gguf_atomic(gguf, Path(path), metadata, tensors, arch="gemma2")
 

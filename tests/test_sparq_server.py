@@ -202,6 +202,96 @@ def test_prompt_rows_beside_a_decode_row_equal_the_prompt_alone(tiny_gqa_model):
     assert n_b == n_a == 2 * 2, (n_b, n_a)  # both layers, the both-decode step and seq 0's step
 
 
+def test_diffuse_stretches_are_per_stream(tiny_gqa_model):
+    """The calibrated k's dense stretches belong to a stream, not to a layer: a sequence decoded
+    beside another runs SparQ's checks and dense stretches at the steps it runs them alone. Seq 0
+    decodes alone into a stretch (every head of the tiny random model is diffuse), then seq 1
+    joins: at seq 1's first step seq 0 is in its stretch and seq 1 checks, so the ubatch runs both
+    and picks each row (a stretch of the layer, as before, would have run seq 1 dense there).
+    Per joint step, the SparQ and `diffuse` calls follow the two sequences' alone schedules, and
+    both sequences' tokens and logits equal their alone runs (to the rounding of a 2-row ubatch)."""
+    import numpy as np
+    from sparq_ctx import Ctx, Model
+
+    m = Model(tiny_gqa_model)
+    rng = np.random.default_rng(5)
+    prompts = [[int(x) for x in rng.integers(3, m.n_vocab, n)] for n in (700, 640)]
+    lead, n = 5, 24
+
+    def new_ctx():
+        c = Ctx(m, n_ctx=2 * 1024, n_seq=2, n_threads=1)
+        c.sparq(enabled=True, k=0, k_min=16, min_kv=0, all_rows=False)
+        return c
+
+    def counts(c):
+        st = c.stats()
+        return st["n_sparq"], st["n_dense"]["diffuse"]
+
+    def greedy(lg):
+        return int(np.argmax(lg))
+
+    def prompt(c, seq):
+        """the prompt in ubatches of 512; the last token's logits"""
+        p = prompts[seq]
+        for i0 in range(0, len(p), 512):
+            part = list(range(i0, min(len(p), i0 + 512)))
+            rc, out = c.decode([(p[i], i, seq) for i in part], logits=[i == len(p) - 1 for i in part])
+            assert rc == 0
+        return out[0]
+
+    def alone(seq, steps):
+        c = new_ctx()
+        lg = prompt(c, seq)
+        toks, lgs, deltas = [], [], []
+        for j in range(steps):
+            toks.append(greedy(lg))
+            before = counts(c)
+            rc, (lg,) = c.decode([(toks[-1], len(prompts[seq]) + j, seq)])
+            assert rc == 0
+            lgs.append(lg)
+            after = counts(c)
+            deltas.append((after[0] - before[0], after[1] - before[1]))
+        c.free()
+        return toks, np.array(lgs), deltas
+
+    t0, lg0, d0 = alone(0, lead + n)
+    t1, lg1, d1 = alone(1, n)
+
+    c = new_ctx()
+    lg = prompt(c, 0)
+    for j in range(lead):  # seq 0 alone, into its first stretch
+        rc, (lg,) = c.decode([(t0[j], len(prompts[0]) + j, 0)])
+        assert rc == 0
+    lg1_last = prompt(c, 1)
+    toks = {0: [greedy(lg)], 1: [greedy(lg1_last)]}
+    got = {0: [], 1: []}
+    joint = []
+    for j in range(n):
+        before = counts(c)
+        rc, out = c.decode([(toks[0][-1], len(prompts[0]) + lead + j, 0), (toks[1][-1], len(prompts[1]) + j, 1)],
+                           logits=[True, True])
+        assert rc == 0
+        after = counts(c)
+        joint.append((after[0] - before[0], after[1] - before[1]))
+        for s in (0, 1):
+            got[s].append(out[s])
+            toks[s].append(greedy(out[s]))
+    c.free()
+
+    n_layer = max(x for x, _ in d0)
+    assert n_layer == 2 and any(y for _, y in d0) and any(y for _, y in d1), (d0, d1)
+    # seq 1 checks at its first step while seq 0 is in its stretch
+    assert d0[lead][0] == 0 and d1[0][0] == n_layer, (d0, d1)
+    for j in range(n):
+        a0, a1 = d0[lead + j], d1[j]
+        # a layer runs SparQ where either sequence checks, and dense (`diffuse`) where both are in a stretch
+        want_sparq = max(a0[0], a1[0])
+        assert joint[j] == (want_sparq, n_layer - want_sparq), (j, joint[j], a0, a1)
+    assert toks[0][:n] == t0[lead:lead + n] and toks[1][:n] == t1[:n]
+    for s, ref in ((0, lg0[lead:lead + n]), (1, lg1[:n])):
+        assert np.abs(np.array(got[s]) - ref).max() <= 1e-4 * np.abs(ref).max(), s
+
+
 def test_server_schedule_every_stream_equals_reference(tiny_gqa_model):
     """The server's schedule on the low-level API: three sequences, each step the generating
     sequences' decode rows plus one chunk of the next prompt (so decode rows share ubatches with

@@ -48,8 +48,10 @@ enum llama_sparq_dense_reason {
     LLAMA_SPARQ_DENSE_ATTN_VARIANT  = 6, // ALiBi, soft-capping, sinks, KQ bias, MLA or K/V head sizes differ
     LLAMA_SPARQ_DENSE_NO_CACHE      = 7, // attention without the KV cache (training, encoder)
     LLAMA_SPARQ_DENSE_DIFFUSE       = 8, // the calibrated k: every KV head of the layer needed more than k_frac
-                                         // of the cells at its last SparQ step; dense (upstream's attention,
-                                         // without step 1's reads) until the next check, 16 to 256 steps later
+                                         // of the cells at the sequence's last SparQ step there; dense (upstream's
+                                         // attention, without step 1's reads) until its next check, 16 to 256
+                                         // steps later (counted where every decode row of the call is in such a
+                                         // stretch; beside rows that run SparQ the call counts as SparQ)
     LLAMA_SPARQ_DENSE_COUNT         = 9,
 };
 

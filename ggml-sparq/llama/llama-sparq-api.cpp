@@ -32,8 +32,8 @@ const char * const sparq_reason_text[LLAMA_SPARQ_DENSE_COUNT] = {
     "several sequences share one KV stream (unified KV cache; use one stream per sequence)",
     "ALiBi, soft-capping, attention sinks, KQ bias, MLA or differing K/V head sizes",
     "attention without the KV cache",
-    "the calibrated k found every KV head of the layer diffuse (more than k_frac of the cells to reach the "
-    "coverage target): dense until it is checked again",
+    "the calibrated k found every KV head of the layer diffuse for the sequence (more than k_frac of the cells "
+    "to reach the coverage target): dense until it is checked again",
 };
 
 const char * llama_sparq_dense_reason_name(int32_t reason) {

@@ -129,6 +129,8 @@ bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, char * err, siz
         L.h2o = ggml_new_tensor_3d(S.ctx.get(), GGML_TYPE_F32, kv_size, hkv, n_stream);
         ggml_format_name(L.h2o, "sparq_h2o_l%u", il);
         L.report.assign((size_t) n_stream * hkv * 4, SPARQ_REPORT_TAKEN);
+        L.diffuse_left.assign(n_stream, 0);
+        L.diffuse_period.assign(n_stream, 0);
         ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(k->buffer);
         by_buft[buft].push_back(L.kt);
         by_buft[buft].push_back(L.vsum);

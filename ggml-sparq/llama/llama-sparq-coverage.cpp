@@ -13,7 +13,8 @@ void sparq_coverage_reset(llama_sparq_ctx & S) {
     S.report_pending.clear();
     for (sparq_layer & L : S.layers) {
         std::fill(L.report.begin(), L.report.end(), SPARQ_REPORT_TAKEN);
-        L.diffuse_left = L.diffuse_period = 0;
+        std::fill(L.diffuse_left.begin(), L.diffuse_left.end(), 0);
+        std::fill(L.diffuse_period.begin(), L.diffuse_period.end(), 0);
     }
     S.measure_due = true;
     S.guard_due = false;
@@ -63,24 +64,47 @@ void sparq_count_reports(llama_sparq_ctx & S) {
         }
         sparq_layer & L = S.layers[p.ikv];
         const int64_t hkv = L.kt ? L.kt->ne[2] : 0;
+        // the calibrated k, a check of the layer for each stream outside its dense stretch: every KV
+        // head of the stream diffuse (the op attended over all its cells) makes the stream run
+        // upstream's dense attention in this layer for its next diffuse_period decode steps, without
+        // step 1's reads (twice as long after each check that finds it diffuse again, 16 to 256
+        // steps); a head that reached the target ends it. Per stream: a sequence's stretches follow its
+        // own attention, whatever else is decoded beside it
+        const bool calibrated = S.params.k == 0 && (S.params.selector == LLAMA_SPARQ_SELECTOR_SPARQ ||
+                                                    S.params.selector == LLAMA_SPARQ_SELECTOR_ORACLE);
         double k_sum = 0.0, cov_sum = 0.0, reach_sum = 0.0;
         int n = 0, n_reach = 0, n_reached = 0;
         for (uint32_t st = p.s0; st < p.s0 + p.n_stream; ++st) {
+            const bool unused = st - p.s0 < p.unused.size() && p.unused[st - p.s0];
+            int n_s = 0, n_reach_s = 0, n_reached_s = 0;
             for (int64_t h = 0; h < hkv; ++h) {
                 float * e = L.report.data() + ((size_t) st * hkv + h) * 4;
-                if (e[0] == SPARQ_REPORT_TAKEN || e[0] < 0.0f) {
-                    e[0] = SPARQ_REPORT_TAKEN; // not run by a CPU op, or the row ran dense
+                if (unused || e[0] == SPARQ_REPORT_TAKEN || e[0] < 0.0f) {
+                    e[0] = SPARQ_REPORT_TAKEN; // not run by a CPU op, the row ran dense, or its output was not used
                     continue;
                 }
                 k_sum += e[0];
                 cov_sum += e[1];
                 if (e[2] >= 0.0f) {
                     reach_sum += e[2];
-                    n_reach++;
-                    n_reached += e[3] > 0.0f;
+                    n_reach_s++;
+                    n_reached_s += e[3] > 0.0f;
                 }
-                n++;
+                n_s++;
                 e[0] = SPARQ_REPORT_TAKEN;
+            }
+            n += n_s;
+            n_reach += n_reach_s;
+            n_reached += n_reached_s;
+            if (calibrated && S.env.diffuse_skip && n_s > 0 && n_reach_s == n_s && st < L.diffuse_left.size() &&
+                L.diffuse_left[st] == 0) {
+                int & period = L.diffuse_period[st];
+                if (n_reached_s == 0) {
+                    period = period ? std::min(2 * period, SPARQ_DIFFUSE_MAX_STEPS) : SPARQ_DIFFUSE_MIN_STEPS;
+                    L.diffuse_left[st] = period;
+                } else {
+                    period = 0;
+                }
             }
         }
         if (n == 0) {
@@ -98,21 +122,6 @@ void sparq_count_reports(llama_sparq_ctx & S) {
             L.rep_n_reach++;
             L.rep_reach += reach_sum / n_reach;
             L.rep_reached += n_reached == n_reach;
-        }
-        // the calibrated k, a check of the layer (a SparQ step outside a dense stretch): every KV head of
-        // every stream diffuse (the op attended over all its cells) makes the layer run upstream's dense
-        // attention for the next diffuse_period steps, without step 1's reads (twice as long after each
-        // check that finds it diffuse again, 16 to 256 steps); a head that reached the target ends it
-        const bool calibrated = S.params.k == 0 && (S.params.selector == LLAMA_SPARQ_SELECTOR_SPARQ ||
-                                                    S.params.selector == LLAMA_SPARQ_SELECTOR_ORACLE);
-        if (calibrated && S.env.diffuse_skip && n_reach == n && L.diffuse_left == 0) {
-            if (n_reached == 0) {
-                L.diffuse_period = L.diffuse_period ? std::min(2 * L.diffuse_period, SPARQ_DIFFUSE_MAX_STEPS)
-                                                    : SPARQ_DIFFUSE_MIN_STEPS;
-                L.diffuse_left = L.diffuse_period;
-            } else {
-                L.diffuse_period = 0;
-            }
         }
     }
     const bool measured = !S.report_pending.empty();

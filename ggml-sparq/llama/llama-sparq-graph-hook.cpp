@@ -41,6 +41,23 @@ int sparq_rows_mode(const llama_sparq_ctx & S, const llama_ubatch & ub, uint32_t
     return n == 0 ? SPARQ_ROWS_SPARQ : n == n_stream ? SPARQ_ROWS_DENSE : SPARQ_ROWS_MIXED;
 }
 
+int sparq_stretch_rows(const llama_sparq_ctx & S, int32_t ikv, const llama_kv_cache::slot_info & si,
+                       const std::vector<uint8_t> & prompt, std::vector<uint8_t> & rows) {
+    const sparq_layer & L = S.layers[ikv];
+    rows.assign(si.n_stream(), 0);
+    uint32_t n_dec = 0, n_in = 0;
+    for (uint32_t s = 0; s < si.n_stream(); ++s) {
+        if (s < prompt.size() && prompt[s]) {
+            continue; // a prompt row: dense anyway
+        }
+        const uint32_t strm = si.strm[s];
+        rows[s] = strm < L.diffuse_left.size() && L.diffuse_left[strm] > 0;
+        n_dec++;
+        n_in += rows[s];
+    }
+    return n_in == 0 ? SPARQ_STRETCH_NONE : n_in == n_dec ? SPARQ_STRETCH_ALL : SPARQ_STRETCH_SOME;
+}
+
 const llama_kv_cache_context * sparq_base_mctx(const llama_memory_context_i * m) {
     if (auto * kc = dynamic_cast<const llama_kv_cache_context *>(m)) {
         return kc;
@@ -105,6 +122,7 @@ struct sparq_attn_build {
     int r, kk, l, g_size;
     bool streaming, h2o, index, per_head;
     bool calibrated; // k = 0: kk is the cap of the calibrated k, the op cuts its choice at the coverage target
+    bool stretch = false; // some decode rows, not all, are in their dense stretch of this layer (SPARQ_STRETCH_SOME)
 
     ggml_tensor * kt_src, * vs_src, * ksq_src, * h2o_src, * ivf_src;
 
@@ -285,20 +303,24 @@ static int sparq_dense_reason(sparq_attn_build & b, const llama_kv_cache_context
             reason = LLAMA_SPARQ_DENSE_SHORT;
         }
     }
-    if (reason < 0 && b.calibrated && !b.P.all_rows) {
-        // a layer the calibrated k found diffuse at its last check runs dense until the next one
-        bool diffuse;
+    if (reason < 0 && b.calibrated && !b.P.all_rows && b.inp) {
+        // a stream the calibrated k found diffuse in this layer at its last check runs dense here until
+        // the next one: every decode row in its stretch, the layer runs dense; some, both run and each
+        // row is picked from the one that applies, as alone
+        std::vector<uint8_t> prompt;
+        sparq_rows_mode(b.S, g.ubatch, (uint32_t) b.n_stream, &prompt);
+        sparq_stretch & st = b.inp->stretch[b.ikv]; // (graph reuse compares it)
         {
             std::lock_guard<std::mutex> lock(b.S.mtx);
-            diffuse = b.L.diffuse_left > 0;
+            // the last execution's checks first (already counted if another thread read the counters
+            // since), so that the stretches begin at a step that does not depend on when that was
+            sparq_count_reports(b.S);
+            st.mode = sparq_stretch_rows(b.S, b.ikv, b.si, prompt, st.rows);
         }
-        if (b.inp) { // (graph reuse compares it)
-            b.inp->diffuse.resize(b.S.layers.size(), -1);
-            b.inp->diffuse[b.ikv] = diffuse ? 1 : 0;
-        }
-        if (diffuse) {
+        if (st.mode == SPARQ_STRETCH_ALL) {
             reason = LLAMA_SPARQ_DENSE_DIFFUSE;
         }
+        b.stretch = st.mode == SPARQ_STRETCH_SOME;
     }
     return reason;
 }
@@ -523,17 +545,19 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
     ggml_tensor * cur = sparq_build_op(b, q, k, v, kq_mask, kq_scale, h2o3);
     sparq_note_device(b, cur);
     ggml_tensor * out = ggml_reshape_2d(ctx0, cur, cur->ne[0] * cur->ne[1], cur->ne[2] * cur->ne[3]);
-    if (inp->rows_mode == SPARQ_ROWS_MIXED) {
-        // prompt rows beside decode rows: the prompt rows get upstream's dense attention, as alone;
-        // the pick copies rows, so each is bit-identical to the one it comes from
+    if (inp->rows_mode == SPARQ_ROWS_MIXED || b.stretch) {
+        // prompt rows beside decode rows, or streams in their dense stretch of this layer beside streams
+        // that run SparQ: those rows get upstream's dense attention, as alone; the pick copies rows, so
+        // each is bit-identical to the one it comes from (a layer with stretches has its own pick)
         ggml_tensor * dense = g.build_attn_mha(q, k, v, kq_b, kq_mask, sinks, v_mla, 0, kq_scale, il);
         GGML_ASSERT(dense->type == GGML_TYPE_F32 && ggml_are_same_shape(dense, out));
-        if (!inp->pick) {
-            inp->pick = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, b.n_tokens);
-            ggml_set_input(inp->pick);
-            ggml_set_name(inp->pick, "sparq_pick");
+        ggml_tensor *& pick = b.stretch ? inp->layer_pick[b.ikv] : inp->pick;
+        if (!pick) {
+            pick = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, b.n_tokens);
+            ggml_set_input(pick);
+            ggml_format_name(pick, b.stretch ? "sparq_pick-%d" : "sparq_pick", il);
         }
-        out = ggml_get_rows(ctx0, ggml_concat(ctx0, out, dense, 1), inp->pick);
+        out = ggml_get_rows(ctx0, ggml_concat(ctx0, out, dense, 1), pick);
     }
     return out;
 }

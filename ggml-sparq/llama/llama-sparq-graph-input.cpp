@@ -28,11 +28,15 @@ bool llm_graph_input_sparq::can_reuse(const llm_graph_params & params) {
         // the guard's measuring step is built once: the next graph runs without it
         ok &= measure == (int) S->measure_due;
     }
-    if (!diffuse.empty()) {
-        // a diffuse layer's dense stretch began or ended
+    if (ok && !stretch.empty()) {
+        // a stream's dense stretch of a layer began or ended (the last execution's checks counted first,
+        // as at graph build)
+        std::vector<uint8_t> prompt, rows;
+        sparq_rows_mode(*S, params.ubatch, A::sinfo(m).n_stream(), &prompt);
         std::lock_guard<std::mutex> lock(S->mtx);
-        for (size_t i = 0; i < diffuse.size() && i < S->layers.size(); ++i) {
-            ok &= diffuse[i] < 0 || diffuse[i] == (int8_t) (S->layers[i].diffuse_left > 0);
+        sparq_count_reports(*S);
+        for (const auto & [ikv, st] : stretch) {
+            ok &= sparq_stretch_rows(*S, ikv, A::sinfo(m), prompt, rows) == st.mode && rows == st.rows;
         }
     }
     if (short_ctx >= 0) {
@@ -104,7 +108,7 @@ void llm_graph_input_sparq::keep_streams_current() {
         }
         if (!st.valid || A::cells_hash(cells) != want) {
             sparq_rebuild_stream(St, strm, si.idxs[s]);
-            sparq_count_rebuild(St);
+            sparq_count_rebuild(St, strm);
         }
         st.hash = A::cells_hash(cells);
         st.valid = true;
@@ -140,18 +144,29 @@ void llm_graph_input_sparq::set_v_count() {
     }
 }
 
-// prompt rows beside decode rows (one row per stream): each token's row of [SparQ; dense]
+// prompt rows beside decode rows (one row per stream), and a layer's streams in their dense stretch
+// beside streams that run SparQ: each token's row of [SparQ; dense]
 void llm_graph_input_sparq::set_pick(const llama_ubatch * ubatch) {
     const auto & si = A::sinfo(mctx);
-    if (pick) {
-        GGML_ASSERT(ggml_backend_buffer_is_host(pick->buffer));
-        std::vector<uint8_t> prompt;
-        const int mode = sparq_rows_mode(*S, *ubatch, si.n_stream(), &prompt);
-        GGML_ASSERT(mode == rows_mode && (int64_t) ubatch->n_tokens == pick->ne[0]);
-        int32_t * data = (int32_t *) pick->data;
+    if (!pick && layer_pick.empty()) {
+        return;
+    }
+    std::vector<uint8_t> prompt;
+    const int mode = sparq_rows_mode(*S, *ubatch, si.n_stream(), &prompt);
+    GGML_ASSERT(mode == rows_mode);
+    auto fill = [&](ggml_tensor * t, const std::vector<uint8_t> * rows) {
+        GGML_ASSERT(ggml_backend_buffer_is_host(t->buffer) && (int64_t) ubatch->n_tokens == t->ne[0]);
+        int32_t * data = (int32_t *) t->data;
         for (uint32_t s = 0; s < si.n_stream(); ++s) {
-            data[s] = prompt[s] ? (int32_t) (ubatch->n_tokens + s) : (int32_t) s;
+            const bool dense = prompt[s] || (rows && s < rows->size() && (*rows)[s]);
+            data[s] = dense ? (int32_t) (ubatch->n_tokens + s) : (int32_t) s;
         }
+    };
+    if (pick) {
+        fill(pick, nullptr);
+    }
+    for (auto & [ikv, t] : layer_pick) {
+        fill(t, &stretch.at(ikv).rows);
     }
 }
 
@@ -202,6 +217,8 @@ void llm_graph_input_sparq::set_input(const llama_ubatch * ubatch) {
 
     // counters: this graph's decisions, once per execution
     const double S_ = std::max<double>(1.0, sparq_used_max(mctx));
+    std::vector<uint8_t> prompt;
+    sparq_rows_mode(St, *ubatch, si.n_stream(), &prompt);
     std::lock_guard<std::mutex> lock(St.mtx);
     sparq_count_index_reads(St); // the previous execution has run
     sparq_count_reports(St);
@@ -220,8 +237,14 @@ void llm_graph_input_sparq::set_input(const llama_ubatch * ubatch) {
             const double ms = S_ <= dc.k ? md : S_ * dc.r + 2.0 * std::min<double>(dc.rows, S_) * dc.d + 4.0 * dc.d + dc.extra;
             St.compression_sum += ms / md;
             if (dc.report && S_ > dc.k) {
+                // the rows whose output is not the op's (prompt rows, stretches) report nothing
+                std::vector<uint8_t> unused = prompt;
+                const auto it = stretch.find(dc.ikv_rep);
+                for (size_t s = 0; it != stretch.end() && s < unused.size() && s < it->second.rows.size(); ++s) {
+                    unused[s] |= it->second.rows[s];
+                }
                 St.report_pending.push_back({ dc.ikv_rep, dc.il, si.s0, si.n_stream(), S_, md, ms, (double) dc.d,
-                                              (double) dc.r, (double) dc.extra });
+                                              (double) dc.r, (double) dc.extra, std::move(unused) });
                 measuring |= measure == 1;
             }
             if (dc.ikv >= 0 && S_ > dc.k) {
@@ -231,16 +254,20 @@ void llm_graph_input_sparq::set_input(const llama_ubatch * ubatch) {
             }
         } else {
             St.n_dense[dc.reason]++;
-            if (dc.reason == LLAMA_SPARQ_DENSE_DIFFUSE) {
-                const int32_t ikv = A::ikv_of(St.kv, dc.il);
-                if (ikv >= 0 && St.layers[ikv].diffuse_left > 0) {
-                    St.layers[ikv].diffuse_left--; // a step of the layer's dense stretch
-                }
-            }
             if (!(St.logged & (1u << dc.reason))) {
                 St.logged |= 1u << dc.reason;
                 LLAMA_LOG_INFO("%s: SparQ on, dense attention where: %s (first seen on layer %d; counted in the stats)\n",
                                __func__, sparq_reason_text[dc.reason], dc.il);
+            }
+        }
+    }
+    // a step of each stream's dense stretch that this execution runs (as the graph was built for it)
+    for (const auto & [ikv, st] : stretch) {
+        sparq_layer & L = St.layers[ikv];
+        for (uint32_t s = 0; s < si.n_stream() && s < st.rows.size(); ++s) {
+            const uint32_t strm = si.strm[s];
+            if (st.rows[s] && strm < L.diffuse_left.size() && L.diffuse_left[strm] > 0) {
+                L.diffuse_left[strm]--;
             }
         }
     }

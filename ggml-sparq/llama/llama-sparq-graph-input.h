@@ -41,10 +41,24 @@ struct sparq_decision {
 // per llama_decode that mixes a prompt with decode steps.
 enum sparq_rows_mode { SPARQ_ROWS_SPARQ = 0, SPARQ_ROWS_DENSE = 1, SPARQ_ROWS_MIXED = 2 };
 
+// The calibrated k's dense stretches are per stream and layer (llama-sparq-coverage.cpp), so a
+// ubatch's decode rows of a layer may be: none in a stretch (SparQ), all (the layer runs dense,
+// counted as `diffuse`), or some (both run and each row is picked, like prompt rows beside decode
+// rows). A sequence's steps so do not depend on the sequences decoded beside it.
+enum sparq_stretch_mode { SPARQ_STRETCH_NONE = 0, SPARQ_STRETCH_ALL = 1, SPARQ_STRETCH_SOME = 2 };
+struct sparq_stretch {
+    int mode = SPARQ_STRETCH_NONE;
+    std::vector<uint8_t> rows; // per stream of the ubatch: 1 where its decode row is in its stretch
+};
+
 // llama-sparq-graph-hook.cpp:
 // the mode of a ubatch over n_stream streams; prompt (optional): per stream, whether its sequence is a prompt
 int sparq_rows_mode(const llama_sparq_ctx & S, const llama_ubatch & ub, uint32_t n_stream,
                     std::vector<uint8_t> * prompt = nullptr);
+// the stretch mode of layer ikv for the streams of si (prompt: per stream, from sparq_rows_mode),
+// and its rows; the caller holds S.mtx
+int sparq_stretch_rows(const llama_sparq_ctx & S, int32_t ikv, const llama_kv_cache::slot_info & si,
+                       const std::vector<uint8_t> & prompt, std::vector<uint8_t> & rows);
 // the most cells in use among the streams of the ubatch (the context length the dense threshold is about:
 // the graph's KV view is padded to 256 cells, which would make a 1000-token context count as 1024)
 uint32_t sparq_used_max(const llama_kv_cache_context * m);
@@ -71,8 +85,9 @@ public:
     int  short_ctx = -1;                       // built with the streams under min_kv cells (1) or not (0); -1 unused
     int  rows_mode = SPARQ_ROWS_SPARQ;         // sparq_rows_mode of the ubatch the graph was built for
     int  measure = -1;                         // built measuring the coverage of a fixed k (1) or not (0); -1 unused
-    std::vector<int8_t> diffuse;               // per KV layer: built dense as diffuse (1), with SparQ (0), -1 n/a
+    std::map<int32_t, sparq_stretch> stretch;  // by KV layer (the calibrated k): the stretches the graph was built for
     ggml_tensor * pick = nullptr;              // SPARQ_ROWS_MIXED: [n_tokens] i32, per token its row of [SparQ; dense]
+    std::map<int32_t, ggml_tensor *> layer_pick; // by KV layer, SPARQ_STRETCH_SOME: the same with its stretches' rows
     std::vector<sparq_decision> decisions;     // one per attention layer of this graph
 
 private:

@@ -77,10 +77,11 @@ struct sparq_layer {
     // the counters of the reports: calls, cells attended, estimated coverage, cells reaching the
     // target (and how many calls measured it), calls that reached it, compression
     uint64_t rep_n = 0, rep_n_reach = 0, rep_reached = 0;
-    // the calibrated k's diffuse layer (S.mtx): the decode steps it still runs dense
-    // (LLAMA_SPARQ_DENSE_DIFFUSE) before SparQ checks it again, and the next such stretch's length
-    int diffuse_left = 0, diffuse_period = 0;
-    // (the bounds of diffuse_period: SPARQ_DIFFUSE_MIN_STEPS, SPARQ_DIFFUSE_MAX_STEPS)
+    // the calibrated k's diffuse layer, per stream (S.mtx): the decode steps the stream still runs
+    // dense in this layer (LLAMA_SPARQ_DENSE_DIFFUSE) before SparQ checks it again, and the next such
+    // stretch's length (bounds: SPARQ_DIFFUSE_MIN_STEPS, SPARQ_DIFFUSE_MAX_STEPS). Per stream, so
+    // that a sequence's steps do not depend on the other sequences decoded beside it
+    std::vector<int> diffuse_left, diffuse_period;
     double rep_k = 0.0, rep_cov = 0.0, rep_reach = 0.0, rep_compression = 0.0;
 };
 
@@ -131,6 +132,9 @@ struct llama_sparq_ctx {
         int32_t ikv, il;
         uint32_t s0, n_stream;
         double S, md, ms, d, r, extra; // the estimate counted for the call, and its cost-model terms
+        // per stream of the call: 1 where the op's row was not used (a prompt row, or a stream in its
+        // dense stretch beside streams that run SparQ): its report is dropped
+        std::vector<uint8_t> unused;
     };
     std::vector<report_pending_call> report_pending;
     // the guard: with a fixed k the first SparQ execution after set_params measures the coverage
@@ -261,7 +265,7 @@ bool sparq_rebuild_stream_device(llama_sparq_ctx & S, uint32_t strm, const std::
 // llama-sparq-upkeep.cpp: stream currency, the rebuild counter, the selectors' per-cell data on a rebuild
 // whether the stream's data is current for its cells as they are now
 bool sparq_stream_current(const llama_sparq_ctx & S, uint32_t strm);
-void sparq_count_rebuild(llama_sparq_ctx & S); // n_rebuilds++ (takes S.mtx)
+void sparq_count_rebuild(llama_sparq_ctx & S, uint32_t strm); // n_rebuilds++, the stream's diffuse stretches reset (takes S.mtx)
 // H2O's scores and the index's list ids of one stream after its cells changed (skip: the cells the ubatch writes)
 void sparq_selector_rebuild(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip);
 // the index of one stream trained again (sparq_train_index), counted in n_index_trainings

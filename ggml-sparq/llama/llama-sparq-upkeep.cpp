@@ -52,11 +52,14 @@ bool sparq_stream_current(const llama_sparq_ctx & S, uint32_t strm) {
     return st.valid && st.hash == A::cells_hash(A::cells(S.kv, strm));
 }
 
-void sparq_count_rebuild(llama_sparq_ctx & S) {
+void sparq_count_rebuild(llama_sparq_ctx & S, uint32_t strm) {
     std::lock_guard<std::mutex> lock(S.mtx);
     S.n_rebuilds++;
     for (sparq_layer & L : S.layers) {
-        L.diffuse_left = L.diffuse_period = 0; // new content: the calibrated k looks at every layer again
+        if (strm < L.diffuse_left.size()) {
+            // new content: the calibrated k looks at every layer of the stream again
+            L.diffuse_left[strm] = L.diffuse_period[strm] = 0;
+        }
     }
 }
 
@@ -82,7 +85,7 @@ void llama_sparq_sync(struct llama_context * ctx) {
             continue;
         }
         sparq_rebuild_stream(S, strm, {});
-        sparq_count_rebuild(S);
+        sparq_count_rebuild(S, strm);
         S.streams[strm].hash = A::cells_hash(A::cells(S.kv, strm));
         S.streams[strm].valid = true;
     }

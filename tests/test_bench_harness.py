@@ -82,7 +82,9 @@ def test_depth_fill_flag(tiny_model):
                        timeout=60)
     assert p.returncode != 0 and "--depth-fill: 'nope' is not allowed (prefill or synthetic)" in p.stderr
     p = subprocess.run([exe, "-m", tiny_model, "-p", "0", "-n", "2", "-r", "1", "-d", "200", "-fa", "1",
-                        "--depth-fill", "synthetic", "--sparq", "1", "--sparq-min-kv", "0", "-o", "json"],
+                        "--depth-fill", "synthetic", "--sparq", "1", "--sparq-min-kv", "0",
+                        # a fixed k: the calibrated k finds the tiny random model diffuse and runs it dense
+                        "--sparq-k", "32", "-o", "json"],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
     (row,) = json.loads(p.stdout)

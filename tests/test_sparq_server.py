@@ -292,6 +292,66 @@ def test_diffuse_stretches_are_per_stream(tiny_gqa_model):
         assert np.abs(np.array(got[s]) - ref).max() <= 1e-4 * np.abs(ref).max(), s
 
 
+def test_calibrated_cap_is_the_streams_own(tiny_gqa_model):
+    """The calibrated k's cap (at most k_frac of the cells) is each row's own, from its stream's
+    valid cells, not from the ubatch's KV view (the longest stream's): a short sequence decoded
+    beside a long one picks the cells it picks alone. On the tiny random model every head is
+    diffuse, so alone the short sequence's rows need more than its cap and attend over all its
+    cells; with the long stream's cap they would attend over the target's share instead. Both
+    sequences' tokens and logits equal their alone runs (to the rounding of a 2-row ubatch)."""
+    import numpy as np
+    from sparq_ctx import Ctx, Model
+
+    m = Model(tiny_gqa_model)
+    rng = np.random.default_rng(7)
+    prompts = [[int(x) for x in rng.integers(3, m.n_vocab, n)] for n in (1100, 3600)]
+    n = 6
+
+    def new_ctx():
+        c = Ctx(m, n_ctx=2 * 4096, n_seq=2, n_threads=1)
+        # a coverage target of 0.3 of near-uniform attention: about 330 of the short stream's 1100
+        # cells, over its own cap (275) and under the long stream's (about 1000)
+        c.sparq(enabled=True, k=0, k_min=16, coverage=0.3, min_kv=0, all_rows=False)
+        return c
+
+    def prompt(c, seq):
+        p = prompts[seq]
+        for i0 in range(0, len(p), 512):
+            part = list(range(i0, min(len(p), i0 + 512)))
+            rc, out = c.decode([(p[i], i, seq) for i in part], logits=[i == len(p) - 1 for i in part])
+            assert rc == 0
+        return out[0]
+
+    def alone(seq):
+        c = new_ctx()
+        lg, toks, lgs = prompt(c, seq), [], []
+        for j in range(n):
+            toks.append(int(np.argmax(lg)))
+            rc, (lg,) = c.decode([(toks[-1], len(prompts[seq]) + j, seq)])
+            assert rc == 0
+            lgs.append(lg)
+        c.free()
+        return toks, np.array(lgs)
+
+    ref = [alone(0), alone(1)]
+    c = new_ctx()
+    last = [prompt(c, 0), prompt(c, 1)]
+    toks, got = [[int(np.argmax(x))] for x in last], [[], []]
+    for j in range(n):
+        rc, out = c.decode([(toks[s][-1], len(prompts[s]) + j, s) for s in (0, 1)], logits=[True, True])
+        assert rc == 0
+        for s in (0, 1):
+            got[s].append(out[s])
+            toks[s].append(int(np.argmax(out[s])))
+    st = c.stats()
+    c.free()
+    assert st["n_sparq"] > 0
+    for s in (0, 1):
+        assert toks[s][:n] == ref[s][0], s
+        want = ref[s][1]
+        assert np.abs(np.array(got[s]) - want).max() <= 1e-4 * np.abs(want).max(), (s, np.abs(np.array(got[s]) - want).max())
+
+
 def test_server_schedule_every_stream_equals_reference(tiny_gqa_model):
     """The server's schedule on the low-level API: three sequences, each step the generating
     sequences' decode rows plus one chunk of the next prompt (so decode rows share ubatches with

@@ -88,6 +88,7 @@ static struct sparq_args sparq_args_of(const struct ggml_tensor * dst) {
         a.k_min = ggml_get_op_params_i32(dst, 9);
         a.k_scan = ggml_get_op_params_i32(dst, 10);
         a.cov_apply = ggml_get_op_params_i32(dst, 11);
+        a.k_frac = a.cov_apply ? ggml_get_op_params_f32(dst, 14) : 0.0f;
     }
     a.report = ggml_sparq_attn_get_report(dst);
     a.sel_out = nullptr;

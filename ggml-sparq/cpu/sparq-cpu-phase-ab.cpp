@@ -109,7 +109,7 @@ void phase_b(const ctx & C, int ith, int nth) {
         // a negative count marks a stream whose rows run exact dense attention (see sparq_args)
         const int32_t dense_all = a->v_count[C.row_stream(R)] < 0.0f;
         const bool streaming = a->selector == SPARQ_SEL_STREAMING;
-        if (n_valid > a->k && (a->l > 0 || streaming) && !dense_all) {
+        if (n_valid > row_k(a, n_valid) && (a->l > 0 || streaming) && !dense_all) {
             n_win = row_window(C, R, m, C.win(R), &w0);
         }
         C.rinfo(R)->n_valid = n_valid;

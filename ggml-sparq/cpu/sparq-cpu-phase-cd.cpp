@@ -21,7 +21,7 @@ void phase_c(const ctx & C, int wb, int we, int ith) {
             stat[2 * h] = -INFINITY;
             stat[2 * h + 1] = 0.0f;
         }
-        if (ri->n_valid <= a->k || ri->dense_all || a->selector == SPARQ_SEL_STREAMING) {
+        if (ri->n_valid <= row_k(a, ri->n_valid) || ri->dense_all || a->selector == SPARQ_SEL_STREAMING) {
             continue; // exact dense row, or the window list is the whole choice: no scores needed
         }
         int s0, s1;
@@ -47,7 +47,7 @@ void phase_d(const ctx & C, int wb, int we, int ith) {
             *C.ccount(w, ith, h) = 0;
         }
         const int kk = row_kk_scan(a, ri);
-        if (ri->n_valid <= a->k || ri->dense_all || kk <= 0) {
+        if (ri->n_valid <= row_k(a, ri->n_valid) || ri->dense_all || kk <= 0) {
             continue;
         }
         int s0, s1;

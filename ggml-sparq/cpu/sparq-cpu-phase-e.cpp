@@ -211,7 +211,7 @@ void phase_e(const ctx & C, int wb, int we, int ith, int nth) {
         const int w = u - wb;
         const int R = C.unit_row(u), kvh = C.unit_kvh(u), st = C.row_stream(R);
         const row_info * ri = C.rinfo(R);
-        const bool dense = ri->dense_all || ri->n_valid <= a->k;
+        const bool dense = ri->dense_all || ri->n_valid <= row_k(a, ri->n_valid);
         if (a->selector == SPARQ_SEL_INDEX && a->ivf_reads && C.row_in_stream(R) == a->n_rows - 1) {
             index_record_reads(C, u, w, dense);
         }

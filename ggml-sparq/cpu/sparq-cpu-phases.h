@@ -187,8 +187,18 @@ inline float compact(cand * buf, int n, int kk) {
 }
 
 // positions chosen by score (the window fills the rest of k)
+// the most cells a row of n_valid valid cells attends before it runs dense: k, or with a per-row cap
+// (sparq_args::k_frac) the row's own, which depends on its stream only
+inline int row_k(const sparq_args * a, int n_valid) {
+    if (a->k_frac <= 0.0f) {
+        return a->k;
+    }
+    const double cap = std::ceil((double) a->k_frac * (double) n_valid);
+    return (int) std::min<double>(a->k, std::max<double>(a->k_min, cap));
+}
+
 inline int row_kk(const sparq_args * a, const row_info * ri) {
-    return a->k - ri->n_win;
+    return row_k(a, ri->n_valid) - ri->n_win;
 }
 
 // how many best-scoring cells a chunk must offer: with a given window list the window

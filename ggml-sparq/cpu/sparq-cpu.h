@@ -151,6 +151,10 @@ struct sparq_args {
     // the group's heads; per head: each head's own). cov_apply = 1: that is the selection (at
     // least k_min, at most k cells); 0: the selection stays the k best and the count is measured.
     float cov_p; int cov_apply; int k_min; int k_scan;
+    // optional with cov_apply: k_frac > 0 makes the cap a row's own, min(k, max(k_min, ceil(k_frac *
+    // n_valid))) over its stream's valid cells, so that a row's choice does not depend on the other
+    // streams of the call (k, the most cells, follows the longest: it sizes the scratch)
+    float k_frac;
     // optional: what the stream's last row did, per (stream, KV head): 4 floats {cells attended
     // (-1: the row ran dense), its estimated coverage (mean over the group's heads), cells that
     // reach cov_p (window included; -1 without cov_p), 1 if the ranked cells reached cov_p else 0}

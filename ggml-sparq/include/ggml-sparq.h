@@ -90,6 +90,13 @@ GGML_API void ggml_sparq_attn_set_basis(struct ggml_tensor * attn, struct ggml_t
 // p in (0, 1]; 0 <= k_min <= k.
 GGML_API void ggml_sparq_attn_set_coverage(struct ggml_tensor * attn, float p, int32_t k_min, int32_t k_scan, bool apply);
 
+// Optional, after ggml_sparq_attn_set_coverage with apply: each query row's cap is its own,
+// min(k, max(k_min, ceil(k_frac * n))) for the n valid cells of its stream (a row whose target
+// needs more attends over all of them; a row with at most that many cells runs dense), so that a
+// row's choice does not depend on the other streams of the call; k still sizes the scratch.
+// k_frac in (0, 1]. The CPU op applies it (the calibrated k runs on the CPU only).
+GGML_API void ggml_sparq_attn_set_coverage_cap(struct ggml_tensor * attn, float k_frac);
+
 // Optional: where the op reports what each stream's last query row did, per (stream, KV head):
 // 4 floats {cells attended (-1: the row ran dense), the estimated coverage of those cells (mean
 // over the group's heads), the cells reaching the coverage target with the window (-1 without a

@@ -447,6 +447,9 @@ static ggml_tensor * sparq_build_op(sparq_attn_build & b, ggml_tensor * q, ggml_
         // reports its choice into the layer's report (the counters read it after the step)
         if (b.calibrated) {
             ggml_sparq_attn_set_coverage(cur, P.coverage, std::min(P.k_min, kk), 0, true);
+            // the cap of each row from its own stream's cells (kk, from the graph's KV view, follows the
+            // longest stream of the ubatch: a request's choice must not depend on who else is decoding)
+            ggml_sparq_attn_set_coverage_cap(cur, P.k_frac);
         } else {
             if (b.S.measure_due && reports) {
                 ggml_sparq_attn_set_coverage(cur, P.coverage, 0, (int) std::max<int64_t>(kk, n_kv / 4), false);

@@ -175,6 +175,13 @@ void ggml_sparq_attn_set_coverage(struct ggml_tensor * attn, float p, int32_t k_
     ggml_set_op_params_i32(attn, 11, apply ? 1 : 0);
 }
 
+void ggml_sparq_attn_set_coverage_cap(struct ggml_tensor * attn, float k_frac) {
+    GGML_ASSERT(attn->op == GGML_OP_SPARQ_ATTN);
+    GGML_ASSERT(ggml_get_op_params_i32(attn, 11) == 1 && "sparq_attn: the per-row cap needs the coverage target applied");
+    GGML_ASSERT(isfinite(k_frac) && k_frac > 0.0f && k_frac <= 1.0f && "sparq_attn: k_frac must be in (0, 1]");
+    ggml_set_op_params_f32(attn, 14, k_frac);
+}
+
 void ggml_sparq_attn_set_report(struct ggml_tensor * attn, float * report) {
     GGML_ASSERT(attn->op == GGML_OP_SPARQ_ATTN);
     uint64_t v = (uint64_t) (uintptr_t) report;

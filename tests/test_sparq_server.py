@@ -202,6 +202,81 @@ def test_prompt_rows_beside_a_decode_row_equal_the_prompt_alone(tiny_gqa_model):
     assert n_b == n_a == 2 * 2, (n_b, n_a)  # both layers, the both-decode step and seq 0's step
 
 
+def _two_streams(model_path, prompt_lens, seed, n_ctx, **sparq):
+    """A factory of 2-stream contexts with these SparQ settings, and random prompts"""
+    import numpy as np
+    from sparq_ctx import Ctx, Model
+
+    m = Model(model_path)
+    rng = np.random.default_rng(seed)
+    prompts = [[int(x) for x in rng.integers(3, m.n_vocab, n)] for n in prompt_lens]
+
+    def new_ctx():
+        c = Ctx(m, n_ctx=n_ctx, n_seq=2, n_threads=1)
+        c.sparq(enabled=True, min_kv=0, all_rows=False, **sparq)
+        return c
+
+    return new_ctx, prompts
+
+
+def _prefill(c, seq, p):
+    """the prompt in ubatches of 512; the last token's logits"""
+    for i0 in range(0, len(p), 512):
+        part = list(range(i0, min(len(p), i0 + 512)))
+        rc, out = c.decode([(p[i], i, seq) for i in part], logits=[i == len(p) - 1 for i in part])
+        assert rc == 0
+    return out[0]
+
+
+def _counts(c):
+    st = c.stats()
+    return st["n_sparq"], st["n_dense"]["diffuse"], st["n_dense"]["short"]
+
+
+def _decode_alone(new_ctx, p, seq, n):
+    """a sequence alone: its greedy tokens, their logits, each step's change of the counters"""
+    import numpy as np
+
+    c = new_ctx()
+    lg, toks, lgs, deltas = _prefill(c, seq, p), [], [], []
+    for j in range(n):
+        toks.append(int(np.argmax(lg)))
+        before = _counts(c)
+        rc, (lg,) = c.decode([(toks[-1], len(p) + j, seq)])
+        assert rc == 0
+        lgs.append(lg)
+        deltas.append(tuple(x - y for x, y in zip(_counts(c), before)))
+    c.free()
+    return toks, np.array(lgs), deltas
+
+
+def _decode_together(c, prompts, start, last, n):
+    """both sequences decode together from positions len(prompt) + start[s], one row each: tokens,
+    logits, each step's change of the counters"""
+    import numpy as np
+
+    toks, got, deltas = [[int(np.argmax(x))] for x in last], [[], []], []
+    for j in range(n):
+        before = _counts(c)
+        rc, out = c.decode([(toks[s][-1], len(prompts[s]) + start[s] + j, s) for s in (0, 1)], logits=[True, True])
+        assert rc == 0
+        deltas.append(tuple(x - y for x, y in zip(_counts(c), before)))
+        for s in (0, 1):
+            got[s].append(out[s])
+            toks[s].append(int(np.argmax(out[s])))
+    return [t[:n] for t in toks], [np.array(g) for g in got], deltas
+
+
+def _assert_as_alone(toks, got, refs):
+    """tokens equal, logits equal to the rounding of a 2-row ubatch"""
+    import numpy as np
+
+    for s in (0, 1):
+        ref_toks, ref_lg = refs[s]
+        assert toks[s] == ref_toks, s
+        assert np.abs(got[s] - ref_lg).max() <= 1e-4 * np.abs(ref_lg).max(), (s, np.abs(got[s] - ref_lg).max())
+
+
 def test_diffuse_stretches_are_per_stream(tiny_gqa_model):
     """The calibrated k's dense stretches belong to a stream, not to a layer: a sequence decoded
     beside another runs SparQ's checks and dense stretches at the steps it runs them alone. Seq 0
@@ -210,86 +285,29 @@ def test_diffuse_stretches_are_per_stream(tiny_gqa_model):
     and picks each row (a stretch of the layer, as before, would have run seq 1 dense there).
     Per joint step, the SparQ and `diffuse` calls follow the two sequences' alone schedules, and
     both sequences' tokens and logits equal their alone runs (to the rounding of a 2-row ubatch)."""
-    import numpy as np
-    from sparq_ctx import Ctx, Model
-
-    m = Model(tiny_gqa_model)
-    rng = np.random.default_rng(5)
-    prompts = [[int(x) for x in rng.integers(3, m.n_vocab, n)] for n in (700, 640)]
+    new_ctx, prompts = _two_streams(tiny_gqa_model, (700, 640), 5, 2 * 1024, k=0, k_min=16)
     lead, n = 5, 24
-
-    def new_ctx():
-        c = Ctx(m, n_ctx=2 * 1024, n_seq=2, n_threads=1)
-        c.sparq(enabled=True, k=0, k_min=16, min_kv=0, all_rows=False)
-        return c
-
-    def counts(c):
-        st = c.stats()
-        return st["n_sparq"], st["n_dense"]["diffuse"]
-
-    def greedy(lg):
-        return int(np.argmax(lg))
-
-    def prompt(c, seq):
-        """the prompt in ubatches of 512; the last token's logits"""
-        p = prompts[seq]
-        for i0 in range(0, len(p), 512):
-            part = list(range(i0, min(len(p), i0 + 512)))
-            rc, out = c.decode([(p[i], i, seq) for i in part], logits=[i == len(p) - 1 for i in part])
-            assert rc == 0
-        return out[0]
-
-    def alone(seq, steps):
-        c = new_ctx()
-        lg = prompt(c, seq)
-        toks, lgs, deltas = [], [], []
-        for j in range(steps):
-            toks.append(greedy(lg))
-            before = counts(c)
-            rc, (lg,) = c.decode([(toks[-1], len(prompts[seq]) + j, seq)])
-            assert rc == 0
-            lgs.append(lg)
-            after = counts(c)
-            deltas.append((after[0] - before[0], after[1] - before[1]))
-        c.free()
-        return toks, np.array(lgs), deltas
-
-    t0, lg0, d0 = alone(0, lead + n)
-    t1, lg1, d1 = alone(1, n)
+    t0, lg0, d0 = _decode_alone(new_ctx, prompts[0], 0, lead + n)
+    t1, lg1, d1 = _decode_alone(new_ctx, prompts[1], 1, n)
 
     c = new_ctx()
-    lg = prompt(c, 0)
+    lg = _prefill(c, 0, prompts[0])
     for j in range(lead):  # seq 0 alone, into its first stretch
         rc, (lg,) = c.decode([(t0[j], len(prompts[0]) + j, 0)])
         assert rc == 0
-    lg1_last = prompt(c, 1)
-    toks = {0: [greedy(lg)], 1: [greedy(lg1_last)]}
-    got = {0: [], 1: []}
-    joint = []
-    for j in range(n):
-        before = counts(c)
-        rc, out = c.decode([(toks[0][-1], len(prompts[0]) + lead + j, 0), (toks[1][-1], len(prompts[1]) + j, 1)],
-                           logits=[True, True])
-        assert rc == 0
-        after = counts(c)
-        joint.append((after[0] - before[0], after[1] - before[1]))
-        for s in (0, 1):
-            got[s].append(out[s])
-            toks[s].append(greedy(out[s]))
+    toks, got, joint = _decode_together(c, prompts, (lead, 0), [lg, _prefill(c, 1, prompts[1])], n)
     c.free()
 
-    n_layer = max(x for x, _ in d0)
-    assert n_layer == 2 and any(y for _, y in d0) and any(y for _, y in d1), (d0, d1)
+    n_layer = max(x[0] for x in d0)
+    assert n_layer == 2 and any(x[1] for x in d0) and any(x[1] for x in d1), (d0, d1)
     # seq 1 checks at its first step while seq 0 is in its stretch
     assert d0[lead][0] == 0 and d1[0][0] == n_layer, (d0, d1)
     for j in range(n):
         a0, a1 = d0[lead + j], d1[j]
         # a layer runs SparQ where either sequence checks, and dense (`diffuse`) where both are in a stretch
         want_sparq = max(a0[0], a1[0])
-        assert joint[j] == (want_sparq, n_layer - want_sparq), (j, joint[j], a0, a1)
-    assert toks[0][:n] == t0[lead:lead + n] and toks[1][:n] == t1[:n]
-    for s, ref in ((0, lg0[lead:lead + n]), (1, lg1[:n])):
-        assert np.abs(np.array(got[s]) - ref).max() <= 1e-4 * np.abs(ref).max(), s
+        assert joint[j][:2] == (want_sparq, n_layer - want_sparq), (j, joint[j], a0, a1)
+    _assert_as_alone(toks, got, [(t0[lead:], lg0[lead:]), (t1, lg1)])
 
 
 def test_calibrated_cap_is_the_streams_own(tiny_gqa_model):
@@ -299,57 +317,39 @@ def test_calibrated_cap_is_the_streams_own(tiny_gqa_model):
     diffuse, so alone the short sequence's rows need more than its cap and attend over all its
     cells; with the long stream's cap they would attend over the target's share instead. Both
     sequences' tokens and logits equal their alone runs (to the rounding of a 2-row ubatch)."""
-    import numpy as np
-    from sparq_ctx import Ctx, Model
-
-    m = Model(tiny_gqa_model)
-    rng = np.random.default_rng(7)
-    prompts = [[int(x) for x in rng.integers(3, m.n_vocab, n)] for n in (1100, 3600)]
+    # a coverage target of 0.3 of near-uniform attention: about 330 of the short stream's 1100
+    # cells, over its own cap (275) and under the long stream's (about 1000)
+    new_ctx, prompts = _two_streams(tiny_gqa_model, (1100, 3600), 7, 2 * 4096, k=0, k_min=16, coverage=0.3)
     n = 6
+    refs = [_decode_alone(new_ctx, prompts[s], s, n)[:2] for s in (0, 1)]
+    c = new_ctx()
+    toks, got, joint = _decode_together(c, prompts, (0, 0), [_prefill(c, 0, prompts[0]), _prefill(c, 1, prompts[1])], n)
+    c.free()
+    assert sum(x[0] for x in joint) > 0
+    _assert_as_alone(toks, got, refs)
 
-    def new_ctx():
-        c = Ctx(m, n_ctx=2 * 4096, n_seq=2, n_threads=1)
-        # a coverage target of 0.3 of near-uniform attention: about 330 of the short stream's 1100
-        # cells, over its own cap (275) and under the long stream's (about 1000)
-        c.sparq(enabled=True, k=0, k_min=16, coverage=0.3, min_kv=0, all_rows=False)
+
+def test_short_stream_beside_a_long_one_runs_dense_as_alone(tiny_gqa_model):
+    """The dense threshold (min_kv) is each stream's own: a sequence under it decoded beside a
+    longer one runs upstream's dense attention, as it does alone (both attentions run and each
+    row is picked), and the longer one runs SparQ (the calls count as SparQ). Tokens and logits
+    equal the alone runs (to the rounding of a 2-row ubatch)."""
+    new_ctx, prompts = _two_streams(tiny_gqa_model, (600, 1500), 9, 2 * 2048, r=4, k=16, l=4)
+    n = 4
+
+    def with_threshold():
+        c = new_ctx()
+        c.sparq(min_kv=1024)
         return c
 
-    def prompt(c, seq):
-        p = prompts[seq]
-        for i0 in range(0, len(p), 512):
-            part = list(range(i0, min(len(p), i0 + 512)))
-            rc, out = c.decode([(p[i], i, seq) for i in part], logits=[i == len(p) - 1 for i in part])
-            assert rc == 0
-        return out[0]
-
-    def alone(seq):
-        c = new_ctx()
-        lg, toks, lgs = prompt(c, seq), [], []
-        for j in range(n):
-            toks.append(int(np.argmax(lg)))
-            rc, (lg,) = c.decode([(toks[-1], len(prompts[seq]) + j, seq)])
-            assert rc == 0
-            lgs.append(lg)
-        c.free()
-        return toks, np.array(lgs)
-
-    ref = [alone(0), alone(1)]
-    c = new_ctx()
-    last = [prompt(c, 0), prompt(c, 1)]
-    toks, got = [[int(np.argmax(x))] for x in last], [[], []]
-    for j in range(n):
-        rc, out = c.decode([(toks[s][-1], len(prompts[s]) + j, s) for s in (0, 1)], logits=[True, True])
-        assert rc == 0
-        for s in (0, 1):
-            got[s].append(out[s])
-            toks[s].append(int(np.argmax(out[s])))
-    st = c.stats()
+    alone = [_decode_alone(with_threshold, prompts[s], s, n) for s in (0, 1)]
+    # alone, the short one runs dense (`short`), the long one SparQ
+    assert [sum(x[0] for x in a[2]) for a in alone] == [0, 2 * n] and sum(x[2] for x in alone[0][2]) == 2 * n
+    c = with_threshold()
+    toks, got, joint = _decode_together(c, prompts, (0, 0), [_prefill(c, 0, prompts[0]), _prefill(c, 1, prompts[1])], n)
     c.free()
-    assert st["n_sparq"] > 0
-    for s in (0, 1):
-        assert toks[s][:n] == ref[s][0], s
-        want = ref[s][1]
-        assert np.abs(np.array(got[s]) - want).max() <= 1e-4 * np.abs(want).max(), (s, np.abs(np.array(got[s]) - want).max())
+    assert sum(x[0] for x in joint) == 2 * n and sum(x[2] for x in joint) == 0, joint
+    _assert_as_alone(toks, got, [a[:2] for a in alone])
 
 
 def test_server_schedule_every_stream_equals_reference(tiny_gqa_model):

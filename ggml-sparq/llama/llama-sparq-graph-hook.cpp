@@ -44,16 +44,23 @@ int sparq_rows_mode(const llama_sparq_ctx & S, const llama_ubatch & ub, uint32_t
 int sparq_stretch_rows(const llama_sparq_ctx & S, int32_t ikv, const llama_kv_cache::slot_info & si,
                        const std::vector<uint8_t> & prompt, std::vector<uint8_t> & rows) {
     const sparq_layer & L = S.layers[ikv];
-    rows.assign(si.n_stream(), 0);
+    const llama_sparq_params & P = S.params;
+    const bool calibrated = P.k == 0 && !P.all_rows &&
+                            (P.selector == LLAMA_SPARQ_SELECTOR_SPARQ || P.selector == LLAMA_SPARQ_SELECTOR_ORACLE);
+    rows.assign(si.n_stream(), SPARQ_ROW_SPARQ);
     uint32_t n_dec = 0, n_in = 0;
     for (uint32_t s = 0; s < si.n_stream(); ++s) {
         if (s < prompt.size() && prompt[s]) {
             continue; // a prompt row: dense anyway
         }
         const uint32_t strm = si.strm[s];
-        rows[s] = strm < L.diffuse_left.size() && L.diffuse_left[strm] > 0;
+        if (A::cells(S.kv, strm).get_used() < (uint32_t) P.min_kv) {
+            rows[s] = SPARQ_ROW_SHORT; // under the dense threshold, as alone
+        } else if (calibrated && strm < L.diffuse_left.size() && L.diffuse_left[strm] > 0) {
+            rows[s] = SPARQ_ROW_STRETCH;
+        }
         n_dec++;
-        n_in += rows[s];
+        n_in += rows[s] != SPARQ_ROW_SPARQ;
     }
     return n_in == 0 ? SPARQ_STRETCH_NONE : n_in == n_dec ? SPARQ_STRETCH_ALL : SPARQ_STRETCH_SOME;
 }
@@ -303,10 +310,11 @@ static int sparq_dense_reason(sparq_attn_build & b, const llama_kv_cache_context
             reason = LLAMA_SPARQ_DENSE_SHORT;
         }
     }
-    if (reason < 0 && b.calibrated && !b.P.all_rows && b.inp) {
-        // a stream the calibrated k found diffuse in this layer at its last check runs dense here until
-        // the next one: every decode row in its stretch, the layer runs dense; some, both run and each
-        // row is picked from the one that applies, as alone
+    if (reason < 0 && b.inp && b.n_tps == 1 && !b.h2o) {
+        // per stream, as alone: a stream under the dense threshold (the longest decides the threshold
+        // above) runs dense, and so does a stream the calibrated k found diffuse in this layer at its
+        // last check, until the next one. Every decode row so, the layer runs dense; some, both run
+        // and each row is picked from the one that applies
         std::vector<uint8_t> prompt;
         sparq_rows_mode(b.S, g.ubatch, (uint32_t) b.n_stream, &prompt);
         sparq_stretch & st = b.inp->stretch[b.ikv]; // (graph reuse compares it)
@@ -318,7 +326,8 @@ static int sparq_dense_reason(sparq_attn_build & b, const llama_kv_cache_context
             st.mode = sparq_stretch_rows(b.S, b.ikv, b.si, prompt, st.rows);
         }
         if (st.mode == SPARQ_STRETCH_ALL) {
-            reason = LLAMA_SPARQ_DENSE_DIFFUSE;
+            const bool stretch = std::count(st.rows.begin(), st.rows.end(), (uint8_t) SPARQ_ROW_STRETCH) > 0;
+            reason = stretch ? LLAMA_SPARQ_DENSE_DIFFUSE : LLAMA_SPARQ_DENSE_SHORT;
         }
         b.stretch = st.mode == SPARQ_STRETCH_SOME;
     }

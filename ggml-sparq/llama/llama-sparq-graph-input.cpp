@@ -266,7 +266,7 @@ void llm_graph_input_sparq::set_input(const llama_ubatch * ubatch) {
         sparq_layer & L = St.layers[ikv];
         for (uint32_t s = 0; s < si.n_stream() && s < st.rows.size(); ++s) {
             const uint32_t strm = si.strm[s];
-            if (st.rows[s] && strm < L.diffuse_left.size() && L.diffuse_left[strm] > 0) {
+            if (st.rows[s] == SPARQ_ROW_STRETCH && strm < L.diffuse_left.size() && L.diffuse_left[strm] > 0) {
                 L.diffuse_left[strm]--;
             }
         }

@@ -41,14 +41,17 @@ struct sparq_decision {
 // per llama_decode that mixes a prompt with decode steps.
 enum sparq_rows_mode { SPARQ_ROWS_SPARQ = 0, SPARQ_ROWS_DENSE = 1, SPARQ_ROWS_MIXED = 2 };
 
-// The calibrated k's dense stretches are per stream and layer (llama-sparq-coverage.cpp), so a
-// ubatch's decode rows of a layer may be: none in a stretch (SparQ), all (the layer runs dense,
-// counted as `diffuse`), or some (both run and each row is picked, like prompt rows beside decode
-// rows). A sequence's steps so do not depend on the sequences decoded beside it.
+// Decode rows that run dense as their sequence would alone: a stream under the dense threshold
+// (min_kv) beside longer ones, and a stream in the calibrated k's dense stretch of the layer (per
+// stream and layer, llama-sparq-coverage.cpp). A ubatch's decode rows of a layer may be: none so
+// (SparQ), all (the layer runs dense, counted as `diffuse` or `short`), or some (both run and each
+// row is picked, like prompt rows beside decode rows). A sequence's steps so do not depend on the
+// sequences decoded beside it.
 enum sparq_stretch_mode { SPARQ_STRETCH_NONE = 0, SPARQ_STRETCH_ALL = 1, SPARQ_STRETCH_SOME = 2 };
+enum sparq_row_kind { SPARQ_ROW_SPARQ = 0, SPARQ_ROW_STRETCH = 1, SPARQ_ROW_SHORT = 2 };
 struct sparq_stretch {
     int mode = SPARQ_STRETCH_NONE;
-    std::vector<uint8_t> rows; // per stream of the ubatch: 1 where its decode row is in its stretch
+    std::vector<uint8_t> rows; // per stream of the ubatch: its decode row's sparq_row_kind
 };
 
 // llama-sparq-graph-hook.cpp:

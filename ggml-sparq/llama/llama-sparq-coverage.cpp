@@ -70,12 +70,11 @@ void sparq_count_reports(llama_sparq_ctx & S) {
         // step 1's reads (twice as long after each check that finds it diffuse again, 16 to 256
         // steps); a head that reached the target ends it. Per stream: a sequence's stretches follow its
         // own attention, whatever else is decoded beside it
-        const bool calibrated = S.params.k == 0 && (S.params.selector == LLAMA_SPARQ_SELECTOR_SPARQ ||
-                                                    S.params.selector == LLAMA_SPARQ_SELECTOR_ORACLE);
+        const bool calibrated = sparq_is_calibrated(S.params);
         double k_sum = 0.0, cov_sum = 0.0, reach_sum = 0.0;
         int n = 0, n_reach = 0, n_reached = 0;
         for (uint32_t st = p.s0; st < p.s0 + p.n_stream; ++st) {
-            const bool unused = st - p.s0 < p.unused.size() && p.unused[st - p.s0];
+            const bool unused = st - p.s0 < p.unused.size() && p.unused.test(st - p.s0);
             int n_s = 0, n_reach_s = 0, n_reached_s = 0;
             for (int64_t h = 0; h < hkv; ++h) {
                 float * e = L.report.data() + ((size_t) st * hkv + h) * 4;

@@ -45,8 +45,7 @@ int sparq_stretch_rows(const llama_sparq_ctx & S, int32_t ikv, const llama_kv_ca
                        const std::vector<uint8_t> & prompt, std::vector<uint8_t> & rows) {
     const sparq_layer & L = S.layers[ikv];
     const llama_sparq_params & P = S.params;
-    const bool calibrated = P.k == 0 && !P.all_rows &&
-                            (P.selector == LLAMA_SPARQ_SELECTOR_SPARQ || P.selector == LLAMA_SPARQ_SELECTOR_ORACLE);
+    const bool calibrated = sparq_is_calibrated(P) && !P.all_rows;
     rows.assign(si.n_stream(), SPARQ_ROW_SPARQ);
     uint32_t n_dec = 0, n_in = 0;
     for (uint32_t s = 0; s < si.n_stream(); ++s) {
@@ -147,7 +146,7 @@ struct sparq_attn_build {
         streaming = P.selector == LLAMA_SPARQ_SELECTOR_STREAMING;
         h2o = P.selector == LLAMA_SPARQ_SELECTOR_H2O;
         index = P.selector == LLAMA_SPARQ_SELECTOR_INDEX;
-        calibrated = P.k == 0 && (P.selector == LLAMA_SPARQ_SELECTOR_SPARQ || P.selector == LLAMA_SPARQ_SELECTOR_ORACLE);
+        calibrated = sparq_is_calibrated(P);
         if (calibrated) {
             // at least k_min cells, at most k_frac of the graph's KV cells (the cap sizes the op's scratch)
             const double cap = std::ceil((double) P.k_frac * (double) n_kv);

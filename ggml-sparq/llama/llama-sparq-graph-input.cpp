@@ -31,12 +31,11 @@ bool llm_graph_input_sparq::can_reuse(const llm_graph_params & params) {
     if (ok && !stretch.empty()) {
         // a stream's dense stretch of a layer began or ended (the last execution's checks counted first,
         // as at graph build)
-        std::vector<uint8_t> prompt, rows;
-        sparq_rows_mode(*S, params.ubatch, A::sinfo(m).n_stream(), &prompt);
+        sparq_rows_mode(*S, params.ubatch, A::sinfo(m).n_stream(), &prompt_buf);
         std::lock_guard<std::mutex> lock(S->mtx);
         sparq_count_reports(*S);
         for (const auto & [ikv, st] : stretch) {
-            ok &= sparq_stretch_rows(*S, ikv, A::sinfo(m), prompt, rows) == st.mode && rows == st.rows;
+            ok &= sparq_stretch_rows(*S, ikv, A::sinfo(m), prompt_buf, rows_buf) == st.mode && rows_buf == st.rows;
         }
     }
     if (short_ctx >= 0) {
@@ -146,14 +145,11 @@ void llm_graph_input_sparq::set_v_count() {
 
 // prompt rows beside decode rows (one row per stream), and a layer's streams in their dense stretch
 // beside streams that run SparQ: each token's row of [SparQ; dense]
-void llm_graph_input_sparq::set_pick(const llama_ubatch * ubatch) {
+void llm_graph_input_sparq::set_pick(const llama_ubatch * ubatch, const std::vector<uint8_t> & prompt) {
     const auto & si = A::sinfo(mctx);
     if (!pick && layer_pick.empty()) {
         return;
     }
-    std::vector<uint8_t> prompt;
-    const int mode = sparq_rows_mode(*S, *ubatch, si.n_stream(), &prompt);
-    GGML_ASSERT(mode == rows_mode);
     auto fill = [&](ggml_tensor * t, const std::vector<uint8_t> * rows) {
         GGML_ASSERT(ggml_backend_buffer_is_host(t->buffer) && (int64_t) ubatch->n_tokens == t->ne[0]);
         int32_t * data = (int32_t *) t->data;
@@ -212,13 +208,14 @@ void llm_graph_input_sparq::set_input(const llama_ubatch * ubatch) {
     keep_streams_current();
     train_index_if_due();
     set_v_count();
-    set_pick(ubatch);
+    // which streams bring a prompt (their rows run dense, picked; they report nothing)
+    const int mode = sparq_rows_mode(St, *ubatch, si.n_stream(), &prompt_buf);
+    GGML_ASSERT(mode == rows_mode);
+    set_pick(ubatch, prompt_buf);
     set_window(ubatch);
 
     // counters: this graph's decisions, once per execution
     const double S_ = std::max<double>(1.0, sparq_used_max(mctx));
-    std::vector<uint8_t> prompt;
-    sparq_rows_mode(St, *ubatch, si.n_stream(), &prompt);
     std::lock_guard<std::mutex> lock(St.mtx);
     sparq_count_index_reads(St); // the previous execution has run
     sparq_count_reports(St);
@@ -238,13 +235,13 @@ void llm_graph_input_sparq::set_input(const llama_ubatch * ubatch) {
             St.compression_sum += ms / md;
             if (dc.report && S_ > dc.k) {
                 // the rows whose output is not the op's (prompt rows, stretches) report nothing
-                std::vector<uint8_t> unused = prompt;
+                std::bitset<LLAMA_MAX_SEQ> unused;
                 const auto it = stretch.find(dc.ikv_rep);
-                for (size_t s = 0; it != stretch.end() && s < unused.size() && s < it->second.rows.size(); ++s) {
-                    unused[s] |= it->second.rows[s];
+                for (size_t s = 0; s < prompt_buf.size() && s < unused.size(); ++s) {
+                    unused[s] = prompt_buf[s] || (it != stretch.end() && s < it->second.rows.size() && it->second.rows[s]);
                 }
                 St.report_pending.push_back({ dc.ikv_rep, dc.il, si.s0, si.n_stream(), S_, md, ms, (double) dc.d,
-                                              (double) dc.r, (double) dc.extra, std::move(unused) });
+                                              (double) dc.r, (double) dc.extra, unused });
                 measuring |= measure == 1;
             }
             if (dc.ikv >= 0 && S_ > dc.k) {

@@ -92,6 +92,7 @@ public:
     ggml_tensor * pick = nullptr;              // SPARQ_ROWS_MIXED: [n_tokens] i32, per token its row of [SparQ; dense]
     std::map<int32_t, ggml_tensor *> layer_pick; // by KV layer, SPARQ_STRETCH_SOME: the same with its stretches' rows
     std::vector<sparq_decision> decisions;     // one per attention layer of this graph
+    std::vector<uint8_t> prompt_buf, rows_buf; // per-ubatch scratch (their capacity stays: no allocation once warm)
 
 private:
     // the steps of set_input, in its order (the counters follow in set_input itself)
@@ -101,6 +102,6 @@ private:
     void keep_streams_current();
     void train_index_if_due();
     void set_v_count();
-    void set_pick(const llama_ubatch * ubatch);
+    void set_pick(const llama_ubatch * ubatch, const std::vector<uint8_t> & prompt);
     void set_window(const llama_ubatch * ubatch);
 };

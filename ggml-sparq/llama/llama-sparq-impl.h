@@ -37,6 +37,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <bitset>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -87,6 +88,11 @@ struct sparq_layer {
 
 constexpr float SPARQ_REPORT_TAKEN = -2.0f;
 
+// k = 0 with a selector that ranks by scores: the op cuts its choice at the coverage target
+inline bool sparq_is_calibrated(const llama_sparq_params & P) {
+    return P.k == 0 && (P.selector == LLAMA_SPARQ_SELECTOR_SPARQ || P.selector == LLAMA_SPARQ_SELECTOR_ORACLE);
+}
+
 // per stream: whether K^T and the V sums equal a recomputation for the cells whose
 // version hash was `hash` (the stream's hash when the data was last brought up to date)
 struct sparq_stream_state {
@@ -134,7 +140,7 @@ struct llama_sparq_ctx {
         double S, md, ms, d, r, extra; // the estimate counted for the call, and its cost-model terms
         // per stream of the call: 1 where the op's row was not used (a prompt row, or a stream in its
         // dense stretch beside streams that run SparQ): its report is dropped
-        std::vector<uint8_t> unused;
+        std::bitset<LLAMA_MAX_SEQ> unused;
     };
     std::vector<report_pending_call> report_pending;
     // the guard: with a fixed k the first SparQ execution after set_params measures the coverage

@@ -67,7 +67,9 @@ def device() -> dict:
         sys.exit(f"gpu_sweep: nvidia-smi lists no GPU: {q.stderr.strip()}")
     if not (lib_dir() / "libggml-cuda.so").is_file():
         sys.exit(f"gpu_sweep: {lib_dir()} has no libggml-cuda.so: build the CUDA variant with `make install CUDA=1`")
-    return {"gpu": q.stdout.strip().splitlines()[0], "cuda_lib": str(lib_dir() / "libggml-cuda.so")}
+    cpu = next((x.split(":", 1)[1].strip() for x in open("/proc/cpuinfo") if x.startswith("model name")), "unknown")
+    return {"gpu": q.stdout.strip().splitlines()[0], "cuda_lib": str(lib_dir() / "libggml-cuda.so"),
+            "host_cpu": f"{cpu}, {os.cpu_count()} cores"}
 
 
 def run(cmd, env=None, timeout=3600):
@@ -93,31 +95,16 @@ def iqr_fit(S, samples):
     return fit_line(np.array(xs, float), np.array(ys, float))
 
 
-def e2e(args, meta):
-    model = paper_shape_path(args.n_layer)
-    bench = str(tool_path("llama-bench"))
-    sp = ["--sparq-r", str(args.r), "--sparq-k", str(args.k), "--sparq-l", str(args.l), "--sparq-min-kv", "0",
-          "--sparq-basis", args.basis]
-    rows, cmds = [], []
-    for S in args.depths:
-        base = [bench, "-m", str(model), "-ngl", "99", "-p", "0", "-n", str(args.n_gen), "-d", str(S),
-                "-r", str(args.reps), "-o", "json", "-v"] + (["--depth-fill", "synthetic"] if S > 0 else [])
-        for label, extra in (("dense_fa1_sparq", ["-fa", "1", "--sparq", "0,1,0,1"] + sp), ("dense_fa0", ["-fa", "0"])):
-            p = run(base + extra)
-            cmds.append(shlex.join(base + extra))
-            for r in json.loads(p.stdout):
-                cfg = "sparq" if int(r.get("sparq", 0)) else ("dense_fa1" if label != "dense_fa0" else "dense_fa0")
-                t = (np.array(r["samples_ns"], float) / 1e9 / args.n_gen).tolist()
-                row = {"batch": 1, "S": S, "config": cfg, "samples_s_per_token": t,
-                       "median_ms_per_token": 1e3 * float(np.median(t))}
-                if cfg == "sparq":
-                    row.update({k: r[k] for k in ("sparq_calls", "sparq_dense", "sparq_compr", "sparq_r", "sparq_k",
-                                                  "sparq_l", "sparq_min_kv")})
-                    row["exit_counters"] = counters(p.stderr)
-                rows.append(row)
-
-    # the fit and the bounds, batch 1
-    dense = {c: {r["S"]: r for r in rows if r["config"] == c} for c in ("dense_fa0", "dense_fa1", "sparq")}
+def summarize(args, rows, meta):
+    """The fit and the bounds, batch 1 (rows of both interleaved repeats of a config pooled)."""
+    pooled = {}
+    for r in rows:
+        if r.get("batch") != 1 or "error" in r or r["config"] not in ("dense_fa0", "dense_fa1", "sparq"):
+            continue
+        q = pooled.setdefault((r["config"], r["S"]), dict(r, samples_s_per_token=[]))
+        q["samples_s_per_token"] = q["samples_s_per_token"] + r["samples_s_per_token"]
+        q["median_ms_per_token"] = 1e3 * float(np.median(q["samples_s_per_token"]))
+    dense = {c: {S: q for (cc, S), q in pooled.items() if cc == c} for c in ("dense_fa0", "dense_fa1", "sparq")}
     S_list = sorted(dense["dense_fa1"])
     a, b = iqr_fit(S_list, [dense["dense_fa1"][s]["samples_s_per_token"] for s in S_list])
     meta["fit_dense_fa1"] = {"a": a, "b": b, "what": "y(S) = a*S + b seconds per token, IQR runs (Appendix D)"}
@@ -136,6 +123,43 @@ def e2e(args, meta):
                         "z": z, "z_fit": a * s / (a * s + b) if s > 0 else 0.0, "compression": ratio, "transfer_bound": 1.0 / ratio, "amdahl_bound": amdahl,
                         "sparq_counters": dense["sparq"].get(s, {}).get("exit_counters")})
 
+    return summary
+
+
+def e2e(args, meta):
+    model = paper_shape_path(args.n_layer)
+    bench = str(tool_path("llama-bench"))
+    sp = ["--sparq-r", str(args.r), "--sparq-k", str(args.k), "--sparq-l", str(args.l), "--sparq-min-kv", "0",
+          "--sparq-basis", args.basis]
+    rows, cmds = [], []
+    for S in args.depths:
+        base = [bench, "-m", str(model), "-ngl", "99", "-p", "0", "-n", str(args.n_gen), "-d", str(S),
+                "-r", str(args.reps), "-o", "json", "-v"] + (["--depth-fill", "synthetic"] if S > 0 else [])
+        for label, extra in (("dense_fa1_sparq", ["-fa", "1", "--sparq", "0,1,0,1"] + sp), ("dense_fa0", ["-fa", "0"])):
+            cmds.append(shlex.join(base + extra))
+            try:
+                p = run(base + extra)
+            except (RuntimeError, subprocess.TimeoutExpired) as e:  # recorded; the sweep goes on
+                print(e, flush=True)
+                rows.append({"batch": 1, "S": S, "config": label, "error": str(e)[-2000:]})
+                continue
+            for r in json.loads(p.stdout):
+                cfg = "sparq" if int(r.get("sparq", 0)) else ("dense_fa1" if label != "dense_fa0" else "dense_fa0")
+                t = (np.array(r["samples_ns"], float) / 1e9 / args.n_gen).tolist()
+                row = {"batch": 1, "S": S, "config": cfg, "samples_s_per_token": t,
+                       "median_ms_per_token": 1e3 * float(np.median(t))}
+                if cfg == "sparq":
+                    row.update({k: r[k] for k in ("sparq_calls", "sparq_dense", "sparq_compr", "sparq_r", "sparq_k",
+                                                  "sparq_l", "sparq_min_kv")})
+                    row["exit_counters"] = counters(p.stderr)
+                rows.append(row)
+
+    summary = []
+    if args.depths:
+        summary = summarize(args, rows, meta)
+        # written now too: a later part that fails or runs out of time keeps batch 1
+        write(f"e2e_{args.tag}", dict(meta, commands=cmds), rows, {"summary": summary})
+
     # batch 4: llama-batched-bench, four sequences in their own streams
     bb = str(tool_path("llama-batched-bench"))
     for S in args.depths_batch:
@@ -145,8 +169,13 @@ def e2e(args, meta):
             cmd = [bb, "-m", str(model), "-ngl", "99", "-fa", "on", "-c", str(4 * (S + args.n_gen + 64)),
                    "-b", "2048", "-ub", "512", "-npp", str(S), "-ntg", str(args.n_gen), "-npl", "4",
                    "--output-format", "jsonl"] + (["--sparq"] + sp if sparq else [])
-            p = run(cmd)
             cmds.append(shlex.join(cmd))
+            try:
+                p = run(cmd)
+            except (RuntimeError, subprocess.TimeoutExpired) as e:
+                print(e, flush=True)
+                rows.append({"batch": 4, "S": S, "config": "sparq" if sparq else "dense_fa1", "error": str(e)[-2000:]})
+                continue
             for line in (p.stdout + "\n" + p.stderr).splitlines():
                 line = line.strip()
                 if line.startswith("{") and '"speed_tg"' in line:
@@ -156,17 +185,23 @@ def e2e(args, meta):
                                  "exit_counters": counters(p.stderr) if sparq else None})
 
     # -nkvo: cache and attention on the CPU, weights on the GPU
-    S = args.nkvo_depth
-    cmd = [bench, "-m", str(model), "-ngl", "99", "-nkvo", "1", "-p", "0", "-n", str(args.n_gen), "-d", str(S),
-           "--depth-fill", "synthetic", "-r", str(args.reps), "-fa", "1", "--sparq", "0,1", "-t", str(args.threads),
-           "-o", "json", "-v"] + sp
-    p = run(cmd)
-    cmds.append(shlex.join(cmd))
-    for r in json.loads(p.stdout):
-        t = (np.array(r["samples_ns"], float) / 1e9 / args.n_gen).tolist()
-        rows.append({"batch": 1, "S": S, "config": ("sparq" if int(r.get("sparq", 0)) else "dense_fa1") + "_nkvo",
-                     "median_ms_per_token": 1e3 * float(np.median(t)), "samples_s_per_token": t,
-                     "sparq_calls": r.get("sparq_calls"), "exit_counters": counters(p.stderr)})
+    for S in args.nkvo_depths:
+        cmd = [bench, "-m", str(model), "-ngl", "99", "-nkvo", "1", "-p", "0", "-n", str(args.n_gen), "-d", str(S),
+               "--depth-fill", "synthetic", "-r", str(args.reps), "-fa", "1", "--sparq", "0,1", "-t", str(args.threads),
+               "-o", "json", "-v"] + sp
+        cmds.append(shlex.join(cmd))
+        try:
+            p = run(cmd)
+        except (RuntimeError, subprocess.TimeoutExpired) as e:
+            print(e, flush=True)
+            rows.append({"batch": 1, "S": S, "config": "nkvo", "error": str(e)[-2000:]})
+            continue
+        for r in json.loads(p.stdout):
+            t = (np.array(r["samples_ns"], float) / 1e9 / args.n_gen).tolist()
+            rows.append({"batch": 1, "S": S, "config": ("sparq" if int(r.get("sparq", 0)) else "dense_fa1") + "_nkvo",
+                         "median_ms_per_token": 1e3 * float(np.median(t)), "tokens_per_s": 1.0 / float(np.median(t)),
+                         "samples_s_per_token": t, "sparq_calls": r.get("sparq_calls"),
+                         "exit_counters": counters(p.stderr)})
     return rows, summary, cmds
 
 
@@ -209,9 +244,13 @@ def op(args, meta):
         dense_us = fa.get((S, ns))
         ratio = cost.compression(S, 128, rr, k)
         sp = dense_us / r["us_per_run"] if dense_us else None
+        # bytes each op must read (the cost model: K^T's r rows, k rows of K and V, per KV head and sequence)
+        b_sp = ns * float(cost.bytes_moved(S, 128, rr, k, 2, 32))
+        b_fa = ns * float(cost.bytes_moved(S, 128, rr, k, 2, 32, sparq=False))
         rows.append({"S": S, "batch": ns, "r": rr, "k": k, "sparq_us": r["us_per_run"], "flash_attn_us": dense_us,
                      "speedup": sp, "compression": ratio, "bound": 1.0 / ratio,
-                     "fraction_of_bound": sp * ratio if sp else None})
+                     "fraction_of_bound": sp * ratio if sp else None,
+                     "sparq_GBps": b_sp / (r["us_per_run"] * 1e3), "flash_attn_GBps": b_fa / (dense_us * 1e3) if dense_us else None})
     return rows, cmds
 
 
@@ -227,13 +266,108 @@ def write(tag, meta, rows, extra=None):
     print(f"wrote {OUT / f'gpu_{tag}.json'} and .csv")
 
 
+def _fmt(x, nd=2):
+    return "-" if x is None or (isinstance(x, float) and not np.isfinite(x)) else f"{x:.{nd}f}"
+
+
+def report(tag) -> None:
+    """bench/results/gpu_{e2e,op}_<tag>.json -> gpu_<tag>.md (tables) and gpu_<tag>.png (plots)."""
+    e2e_p, op_p = OUT / f"gpu_e2e_{tag}.json", OUT / f"gpu_op_{tag}.json"
+    e = json.loads(e2e_p.read_text()) if e2e_p.exists() else None
+    o = json.loads(op_p.read_text()) if op_p.exists() else None
+    meta = (e or o)["meta"]
+    lines = [f"# SparQ on the GPU ({tag})", "",
+             f"- device: {meta['device']['gpu']}", f"- commit: {meta['commit']}", f"- date: {meta['date']}",
+             f"- command: `{meta['argv']}`",
+             f"- SparQ: r = {meta['sparq']['r']}, k = {meta['sparq']['k']}, l = {meta['sparq']['l']}, "
+             f"basis {meta['sparq']['basis']}, dense threshold 0", ""]
+    if e:
+        fit = e["meta"].get("fit_dense_fa1", {})
+        lines += ["## End to end, batch 1 (llama-bench, paper-shape model: Llama 2 7B per-layer shapes, "
+                  f"{e['meta'].get('n_layer', 8)} layers, Q8_0 weights, F16 cache, all on the GPU)", "",
+                  f"Appendix D fit of dense `-fa 1`: y(S) = {fit.get('a', 0) * 1e9:.3f} ns * S + {fit.get('b', 0) * 1e3:.3f} ms per token.", "",
+                  "| S | dense -fa 1 ms | dense -fa 0 ms | SparQ ms | speedup vs -fa 1 | vs best dense | z(S) | compression | Amdahl bound | SparQ calls (on GPU) |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in e["summary"]:
+            c = r.get("sparq_counters") or {}
+            calls = f"{c.get('sparq_calls', '-')} ({c.get('sparq_calls_gpu', '-')})" if c else "-"
+            lines.append(f"| {r['S']} | {_fmt(r['dense_fa1_ms'], 3)} | {_fmt(r['dense_fa0_ms'], 3)} | {_fmt(r['sparq_ms'], 3)} | "
+                         f"{_fmt(r['speedup_vs_fa1'])} | {_fmt(r['speedup_vs_best_dense'])} | {_fmt(r['z'], 3)} | "
+                         f"{_fmt(r['compression'], 3)} | {_fmt(r['amdahl_bound'])} | {calls} |")
+        b4 = [r for r in e["rows"] if r.get("batch") == 4 and "error" not in r]
+        if b4:
+            lines += ["", "## End to end, batch 4 (llama-batched-bench: 4 sequences, each its own stream, real prefill of S)", "",
+                      "| S | dense tokens/s | SparQ tokens/s | speedup | SparQ calls (on GPU) |", "|---|---|---|---|---|"]
+            for S in sorted({r["S"] for r in b4}):
+                d = next((r for r in b4 if r["S"] == S and r["config"] == "dense_fa1"), None)
+                q = next((r for r in b4 if r["S"] == S and r["config"] == "sparq"), None)
+                c = (q or {}).get("exit_counters") or {}
+                sp = q["speed_tg_tokens_per_s"] / d["speed_tg_tokens_per_s"] if d and q else None
+                lines.append(f"| {S} | {_fmt(d and d['speed_tg_tokens_per_s'], 1)} | {_fmt(q and q['speed_tg_tokens_per_s'], 1)} | "
+                             f"{_fmt(sp)} | {c.get('sparq_calls', '-')} ({c.get('sparq_calls_gpu', '-')}) |")
+        nk = [r for r in e["rows"] if str(r.get("config", "")).endswith("_nkvo")]
+        if nk:
+            lines += ["", "## -nkvo (weights on the GPU; cache and attention on the host CPU)", "",
+                      "| S | dense tokens/s | SparQ tokens/s | speedup | SparQ calls (on GPU) |", "|---|---|---|---|---|"]
+            for S in sorted({r["S"] for r in nk}):
+                d = [r for r in nk if r["S"] == S and r["config"] == "dense_fa1_nkvo"]
+                q = [r for r in nk if r["S"] == S and r["config"] == "sparq_nkvo"]
+                if d and q:
+                    c = q[0].get("exit_counters") or {}
+                    lines.append(f"| {S} | {_fmt(d[0]['tokens_per_s'], 1)} | {_fmt(q[0]['tokens_per_s'], 1)} | "
+                                 f"{_fmt(q[0]['tokens_per_s'] / d[0]['tokens_per_s'])} | {c.get('sparq_calls', '-')} ({c.get('sparq_calls_gpu', '-')}) |")
+        errs = [r for r in e["rows"] if "error" in r]
+        if errs:
+            lines += ["", "Failed runs: " + "; ".join(f"{r['config']} at S = {r['S']}" for r in errs)]
+    if o:
+        lines += ["", "## The op against CUDA flash attention (test-backend-ops perf, Llama 2 7B attention: 32 heads of 128, F16)", "",
+                  "| S | batch | r | k | SparQ us | flash attn us | speedup | bound M_dense/M_sparq | fraction of bound | SparQ GB/s | flash attn GB/s |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in sorted(o["rows"], key=lambda r: (r["batch"], r["S"], r["r"], r["k"])):
+            lines.append(f"| {r['S']} | {r['batch']} | {r['r']} | {r['k']} | {_fmt(r['sparq_us'], 1)} | {_fmt(r['flash_attn_us'], 1)} | "
+                         f"{_fmt(r['speedup'])} | {_fmt(r['bound'])} | {_fmt(r['fraction_of_bound'])} | "
+                         f"{_fmt(r.get('sparq_GBps'), 0)} | {_fmt(r.get('flash_attn_GBps'), 0)} |")
+    (OUT / f"gpu_{tag}.md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {OUT / f'gpu_{tag}.md'}")
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(1, 3 if o else 2, figsize=(15 if o else 10, 4))
+    if e:
+        sm = [r for r in e["summary"]]
+        S = [r["S"] for r in sm]
+        for key, lab in (("dense_fa1_ms", "dense -fa 1"), ("dense_fa0_ms", "dense -fa 0"), ("sparq_ms", "SparQ")):
+            ax[0].plot(S, [r[key] for r in sm], "o-", label=lab)
+        ax[0].set(xscale="symlog", xlabel="context S", ylabel="ms per token", title="decode, batch 1")
+        ax[0].legend()
+        ax[1].plot(S, [r["speedup_vs_fa1"] or np.nan for r in sm], "o-", label="SparQ / dense -fa 1")
+        ax[1].plot(S, [r["amdahl_bound"] for r in sm], "--", label="Amdahl bound")
+        ax[1].plot(S, [r["z"] for r in sm], ":", label="z(S): attention share")
+        ax[1].set(xscale="symlog", xlabel="context S", title="speedup and bound")
+        ax[1].legend()
+    if o:
+        for ns in sorted({r["batch"] for r in o["rows"]}):
+            rr = sorted((r for r in o["rows"] if r["batch"] == ns and r["r"] == 32 and r["k"] == 128), key=lambda r: r["S"])
+            ax[-1].plot([r["S"] for r in rr], [r["speedup"] or np.nan for r in rr], "o-", label=f"op speedup, batch {ns}")
+            ax[-1].plot([r["S"] for r in rr], [r["bound"] for r in rr], "--", label=f"bound, batch {ns}")
+        ax[-1].set(xscale="log", xlabel="S", title="op vs CUDA flash attention (r=32, k=128)")
+        ax[-1].legend()
+    fig.suptitle(f"{meta['device']['gpu']} - commit {meta['commit'][:12]}")
+    fig.tight_layout()
+    fig.savefig(OUT / f"gpu_{tag}.png", dpi=110)
+    print(f"wrote {OUT / f'gpu_{tag}.png'}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", choices=("e2e", "op"), default=None)
     ap.add_argument("--n-layer", type=int, default=8, help="layers of the paper-shape model (default 8, the issue's)")
     ap.add_argument("--depths", default="0,1024,2048,4096,8192,16384,32768,65536,131072")
     ap.add_argument("--depths-batch", default="4096,16384,32768,65536", help="batch-4 depths (real prefill)")
-    ap.add_argument("--nkvo-depth", type=int, default=16384)
+    ap.add_argument("--nkvo-depths", default="16384,65536", help="-nkvo depths (cache and attention on the CPU)")
     ap.add_argument("--n-gen", type=int, default=32)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=16, help="CPU threads for -nkvo")
@@ -242,11 +376,16 @@ def main(argv=None) -> int:
     ap.add_argument("--l", type=int, default=32)
     ap.add_argument("--basis", default="model", help="the paper's basis (default), or scaled/pca")
     ap.add_argument("--tag", default="h100")
+    ap.add_argument("--report", action="store_true", help="only write gpu_<tag>.md and .png from the result files")
     args = ap.parse_args(argv)
-    args.depths = [int(x) for x in args.depths.split(",")]
-    args.depths_batch = [int(x) for x in args.depths_batch.split(",")]
+    if args.report:
+        report(args.tag)
+        return 0
+    args.depths = [int(x) for x in args.depths.split(",") if x]
+    args.depths_batch = [int(x) for x in args.depths_batch.split(",") if x]
+    args.nkvo_depths = [int(x) for x in args.nkvo_depths.split(",") if x]
 
-    meta = {"device": device(), "commit": git_commit(), "date": now_iso(timespec="auto"),
+    meta = {"device": device(), "commit": git_commit(), "date": now_iso(timespec="auto"), "n_layer": args.n_layer,
             "argv": command_line(), "sparq": {"r": args.r, "k": args.k, "l": args.l,
                                                                        "basis": args.basis}}
     if args.only in (None, "e2e"):
@@ -261,6 +400,10 @@ def main(argv=None) -> int:
         write(f"op_{args.tag}", dict(meta, commands=cmds), rows)
         for r in rows:
             print(r)
+    try:
+        report(args.tag)
+    except Exception as e:  # the result files are written; the report can be made again with --report
+        print(f"gpu_sweep: report failed: {e}")
     return 0
 
 

@@ -260,7 +260,7 @@ def _c_message(stderr: str) -> str:
     (dict(sparq_r=-2), ["--sparq-r", "-2"]),
     (dict(sparq_r=99), ["--sparq-r", "99"]),
     (dict(sparq_l=40, sparq_k=32), ["--sparq-l", "40", "--sparq-k", "32"]),
-    (dict(sparq_min_kv=-1), ["--sparq-min-kv", "-1"]),
+    (dict(sparq_min_kv=-2), ["--sparq-min-kv", "-2"]),
 ])
 def test_every_front_end_reports_the_same_c_message(tiny_model, kw, flags):
     """Python, the common flags (llama-completion) and llama-bench report llama_sparq_set_params's

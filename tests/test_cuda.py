@@ -170,7 +170,7 @@ def test_bench_and_cli_on_the_gpu(cuda, gemma_model, tmp_path):
     shows the calls on the GPU."""
     bench = tool_path("llama-bench")
     res = subprocess.run([str(bench), "-m", str(gemma_model), "-ngl", "99", "-fa", "1", "--sparq", "0,1", "--sparq-k", "128",
-                          "-p", "0", "-n", "8", "-d", "2048", "-r", "1", "-o", "json"],
+                          "--sparq-min-kv", "0", "-p", "0", "-n", "8", "-d", "2048", "-r", "1", "-o", "json"],
                          capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     import json
@@ -185,6 +185,39 @@ def test_bench_and_cli_on_the_gpu(cuda, gemma_model, tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     m = re.search(r"SparQ calls = (\d+),.*SparQ calls on a device \(GPU, RPC host\) = (\d+)", res.stderr)
     assert m and int(m.group(1)) > 0 and m.group(1) == m.group(2), res.stderr[-3000:]
+
+
+def test_selectors_on_a_gpu_context(cuda, tiny_gqa_model):
+    """With the cache on the GPU: sparq and oracle run there (every call counted on the device);
+    streaming, h2o and index are refused when set, naming the selector and the way out, never run on
+    the CPU with the cache copied to the host each step; with the cache in host memory (-nkvo) they run."""
+    from llama_sparq import Llama
+
+    def llm(**kw):
+        return Llama(str(tiny_gqa_model), n_ctx=1024, n_threads=2, n_batch=512, verbose=False, seed=0,
+                     flash_attn=True, sparq=True, sparq_k=32, sparq_min_kv=0, **kw)
+
+    rng = np.random.default_rng(1)
+    # the default dense threshold (min_kv = -1) by where the cache is
+    on_gpu = Llama(str(tiny_gqa_model), n_ctx=1024, verbose=False, n_gpu_layers=-1, sparq=True, sparq_k=32)
+    on_host = Llama(str(tiny_gqa_model), n_ctx=1024, verbose=False, n_gpu_layers=-1, offload_kqv=False, sparq=True,
+                    sparq_k=32)
+    assert (on_gpu.sparq_params()["sparq_min_kv"], on_host.sparq_params()["sparq_min_kv"]) == (4096, 1024)
+    for sel in ("sparq", "oracle"):
+        m = llm(n_gpu_layers=-1, sparq_selector=sel)
+        m.eval([1] + rng.integers(3, m.n_vocab(), size=299).tolist())
+        for t in (5, 6, 7):
+            m.eval([t])
+        st = m.sparq_stats()
+        assert st["n_sparq"] == 2 * 3 and st["n_sparq_device"] == st["n_sparq"], (sel, st)
+    for sel in ("streaming", "h2o", "index"):
+        with pytest.raises(RuntimeError, match=f"selector {sel} .*(CUDA0|host memory).*offload_kqv = false"):
+            llm(n_gpu_layers=-1, sparq_selector=sel)
+        m = llm(n_gpu_layers=-1, offload_kqv=False, sparq_selector=sel)
+        m.eval([1] + rng.integers(3, m.n_vocab(), size=299).tolist())
+        m.eval([5])
+        st = m.sparq_stats()
+        assert st["n_sparq"] == 2 and st["n_sparq_device"] == 0, (sel, st)
 
 
 # ---------------------------------------------------------------------------

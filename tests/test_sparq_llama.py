@@ -446,7 +446,7 @@ def test_transposed_v_cache_is_refused_by_set_sparq(tiny_model):
     (dict(sparq_k=0, sparq_selector="streaming"), "SparQ: k = 0 (calibrated) needs the sparq or oracle selector"),
     (dict(sparq_coverage="0.9"), "sparq_coverage must be a number, got '0.9'"),
     (dict(sparq_l=200, sparq_k=128), "SparQ: l = 200 is out of range: allowed 0..k (k = 128), or -1 for k / 4"),
-    (dict(sparq_min_kv=-5), "SparQ: min_kv = -5 is out of range: allowed min_kv >= 0"),
+    (dict(sparq_min_kv=-5), "SparQ: min_kv = -5 is out of range: allowed min_kv >= 0, or -1 for the default"),
     (dict(sparq=False, sparq_k=-3), "SparQ: k = -3 is out of range"),   # checked with SparQ off too
     (dict(sparq_gqa=5), "SparQ: gqa = 5 is unknown: allowed 0 (shared), 1 (per_head)"),
     # parsing: Python's own (before the model loads)

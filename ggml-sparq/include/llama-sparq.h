@@ -111,7 +111,9 @@ struct llama_sparq_params {
                       // head whose target lies beyond that attends over every cell (exact). SparQ and
                       // oracle selectors (the others need k >= 1); the CPU op (a GPU context needs k >= 1)
     int32_t l;        // local window (most recent cells, counted in k), 0..k; -1 = k / 4 (calibrated: k_min / 4)
-    int32_t min_kv;   // decode stays dense while the sequence holds fewer cells (the longest of the batch), >= 0; default 1024
+    int32_t min_kv;   // decode stays dense while the sequence holds fewer cells, >= 0; -1 (the default): where
+                      // the context keeps its cache, LLAMA_SPARQ_MIN_KV_HOST cells in host memory,
+                      // LLAMA_SPARQ_MIN_KV_DEVICE on a GPU or an RPC host (get_params returns the value in use)
     bool    all_rows; // also apply to every query row of a ubatch (teacher-forced evaluation); default false
     int32_t selector; // enum llama_sparq_selector; default SPARQ
     int32_t gqa;      // enum llama_sparq_gqa; default SHARED
@@ -168,6 +170,11 @@ LLAMA_API struct llama_sparq_params llama_sparq_default_params(void);
 // valid cells (for the mean of V) as an f32, exact up to 2^24. Upstream does not bound the
 // cache size that low, so llama_sparq_set_params refuses larger caches (-2).
 #define LLAMA_SPARQ_MAX_CELLS 16777216 // 2^24
+
+// The dense threshold that min_kv = -1 (the default) stands for, by where the cache is: below it
+// SparQ is not faster than dense attention there (the crossovers measured on a CPU and on an H100)
+#define LLAMA_SPARQ_MIN_KV_HOST 1024
+#define LLAMA_SPARQ_MIN_KV_DEVICE 4096
 
 // Validates the settings without a context, as llama_sparq_set_params does before it applies
 // them (same messages): for front ends that check a configuration before loading its model.

@@ -47,7 +47,7 @@ struct llama_sparq_params llama_sparq_default_params(void) {
     p.enabled  = false;
     p.r        = 0;
     p.l        = -1;
-    p.min_kv   = 1024;
+    p.min_kv   = -1; // LLAMA_SPARQ_MIN_KV_HOST or _DEVICE, by where the cache is
     p.all_rows = false;
     p.selector = LLAMA_SPARQ_SELECTOR_SPARQ;
     p.gqa      = LLAMA_SPARQ_GQA_SHARED;
@@ -166,8 +166,10 @@ static bool sparq_params_in_range(const llama_sparq_params * p, int64_t d_min, c
         !sparq_enum_ok("basis", p->basis, sparq_basis_names, LLAMA_SPARQ_BASIS_COUNT, err, err_size)) {
         return false;
     }
-    if (p->min_kv < 0) {
-        sparq_err(err, err_size, "SparQ: min_kv = %d is out of range: allowed min_kv >= 0", p->min_kv);
+    if (p->min_kv < -1) {
+        sparq_err(err, err_size, "SparQ: min_kv = %d is out of range: allowed min_kv >= 0, or -1 for the default of "
+                  "where the cache is (%d cells in host memory, %d on a GPU)", p->min_kv, LLAMA_SPARQ_MIN_KV_HOST,
+                  LLAMA_SPARQ_MIN_KV_DEVICE);
         return false;
     }
     if (p->index_lists < 1 || p->index_lists > 65536) {
@@ -273,6 +275,61 @@ static int32_t sparq_create(llama_context * ctx, char * err, size_t err_size) {
     return 0;
 }
 
+static const char * sparq_selector_name(int32_t sel) {
+    switch (sel) {
+        case LLAMA_SPARQ_SELECTOR_SPARQ:     return "sparq";
+        case LLAMA_SPARQ_SELECTOR_ORACLE:    return "oracle";
+        case LLAMA_SPARQ_SELECTOR_STREAMING: return "streaming";
+        case LLAMA_SPARQ_SELECTOR_H2O:       return "h2o";
+        case LLAMA_SPARQ_SELECTOR_INDEX:     return "index";
+        default:                             return "?";
+    }
+}
+
+// Where a layer's K^T lives on a device that is not the CPU (a GPU), the op must run there: the
+// scheduler would otherwise run it on the CPU and copy the layer's cache to the host at every step.
+// A small node with the layer's head sizes, types and these settings is put to that device's
+// supports_op. 0, or -2 with the device and the settings in err
+static int32_t sparq_check_device_runs(const llama_sparq_ctx & Sq, const llama_sparq_params * p, char * err,
+                                       size_t err_size) {
+    std::vector<ggml_backend_dev_t> checked;
+    for (const sparq_layer & L : Sq.layers) {
+        if (!L.kt || ggml_backend_buffer_is_host(L.kt->buffer)) {
+            continue;
+        }
+        ggml_backend_dev_t dev = ggml_backend_buft_get_device(ggml_backend_buffer_get_type(L.kt->buffer));
+        if (!dev || ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU ||
+            std::find(checked.begin(), checked.end(), dev) != checked.end()) {
+            continue;
+        }
+        checked.push_back(dev);
+        const int64_t d = L.kt->ne[1], hkv = L.kt->ne[2], dv = L.vsum->ne[0], n = 64;
+        ggml_init_params ip = { 16 * ggml_tensor_overhead(), nullptr, true };
+        ggml_context * c = ggml_init(ip);
+        ggml_tensor * q  = ggml_new_tensor_4d(c, GGML_TYPE_F32, d, 1, hkv, 1);
+        ggml_tensor * k  = ggml_new_tensor_4d(c, L.kt->type, d, n, hkv, 1);
+        ggml_tensor * kt = ggml_new_tensor_4d(c, L.kt->type, n, d, hkv, 1);
+        ggml_tensor * v  = ggml_new_tensor_4d(c, L.kt->type, dv, n, hkv, 1);
+        ggml_tensor * vs = ggml_new_tensor_3d(c, GGML_TYPE_F32, dv, hkv, 1);
+        ggml_tensor * vc = ggml_new_tensor_1d(c, GGML_TYPE_F32, 1);
+        ggml_tensor * mk = ggml_new_tensor_4d(c, GGML_TYPE_F16, n, 1, 1, 1);
+        const int32_t kk = p->k > 0 ? p->k : 1;
+        const int32_t r = p->r > 0 ? std::min<int32_t>(p->r, (int32_t) d) : std::max<int32_t>(1, (int32_t) d / 4);
+        ggml_tensor * op = ggml_sparq_attn(c, q, k, kt, v, vs, vc, mk, r, kk, std::min(std::max(p->l, 0), kk), 1.0f);
+        ggml_sparq_attn_set_selector(op, p->selector, p->gqa == LLAMA_SPARQ_GQA_PER_HEAD ? GGML_SPARQ_FLAG_PER_HEAD : 0);
+        const bool ok = ggml_backend_dev_supports_op(dev, op);
+        ggml_free(c);
+        if (!ok) {
+            sparq_err(err, err_size, "SparQ: selector %s with k = %d does not run on %s, which holds the KV cache "
+                      "(running it on the CPU would copy the cache to the host at every step): use selector sparq or "
+                      "oracle there, or keep the cache in host memory (--no-kv-offload / offload_kqv = false)",
+                      sparq_selector_name(p->selector), (int) p->k, ggml_backend_dev_name(dev));
+            return -2;
+        }
+    }
+    return 0;
+}
+
 // enabled settings applied to the context's SparQ state: the selectors' and the basis's tensors,
 // and every stream rebuilt when SparQ is switched on or the basis changes. 0, or -2 with the message in err
 static int32_t sparq_apply_params(llama_context * ctx, llama_sparq_ctx & Sq, const llama_sparq_params * p, char * err,
@@ -301,6 +358,9 @@ static int32_t sparq_apply_params(llama_context * ctx, llama_sparq_ctx & Sq, con
             }
         }
     }
+    if (p->k > 0 && sparq_check_device_runs(Sq, p, err, err_size) != 0) {
+        return -2;
+    }
     if (index && !sparq_alloc_index(Sq, p->index_lists, err, err_size)) {
         return -2;
     }
@@ -320,6 +380,14 @@ static int32_t sparq_apply_params(llama_context * ctx, llama_sparq_ctx & Sq, con
         }
     }
     Sq.params = *p;
+    if (Sq.params.min_kv < 0) {
+        // the default: by where the cache is (a layer on a device: the device's crossover)
+        bool device = false;
+        for (const sparq_layer & L : Sq.layers) {
+            device |= L.kt && !ggml_backend_buffer_is_host(L.kt->buffer);
+        }
+        Sq.params.min_kv = device ? LLAMA_SPARQ_MIN_KV_DEVICE : LLAMA_SPARQ_MIN_KV_HOST;
+    }
     sparq_coverage_reset(Sq); // the guard measures the new settings at the next SparQ step
     // graphs built with the old settings must not be reused
     A::need_reserve(ctx);

@@ -110,7 +110,8 @@ void common_sparq_add_args(AddOpt && add_opt, const common_params & params) {
     ).set_env("LLAMA_ARG_SPARQ_L"));
     add_opt(common_arg(
         {"--sparq-min-kv"}, "N",
-        string_format("SparQ: decode stays dense below this many KV cells, >= 0 (default: %d)", params.sparq.min_kv),
+        string_format("SparQ: decode stays dense below this many KV cells, >= 0; -1 (default): %d with the cache in "
+                      "host memory, %d on a GPU", LLAMA_SPARQ_MIN_KV_HOST, LLAMA_SPARQ_MIN_KV_DEVICE),
         [](common_params & params, int value) {
             params.sparq.min_kv = value;
             params.sparq.enabled = true;

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 from pathlib import Path
@@ -35,7 +36,11 @@ def cpu_model() -> str:
 
 def git_commit(root: str | Path) -> str:
     """HEAD of the checkout at root, '-dirty' when tracked files other than bench/results/ are
-    modified (results being written do not make the code dirty)."""
+    modified (results being written do not make the code dirty). Where root is not a git checkout
+    (a copy of the tree on another machine), $LLAMA_SPARQ_COMMIT names the commit it was copied from."""
+    env = os.environ.get("LLAMA_SPARQ_COMMIT")
+    if env and not (Path(root) / ".git").exists():
+        return env + " (copied tree; $LLAMA_SPARQ_COMMIT)"
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
                               text=True, check=True).stdout.strip()

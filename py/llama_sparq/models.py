@@ -460,7 +460,14 @@ def default_model_path(install: bool = True) -> Path:
     assemble into :func:`model_dir` once; later calls only check size and the
     GGUF magic.  If the package is missing it is pip-installed when
     ``install`` is true, else RuntimeError says what to install.
+
+    A complete file already at ``model_dir()/gemma-3-270m-q4_k_m.gguf`` (the v1.0.0 size and
+    the GGUF magic) is used as it is, without the package: a machine without PyPI access can
+    be given the file (``LLAMA_SPARQ_MODEL_DIR`` names its folder).
     """
+    cached = model_dir() / GEMMA3_FILE_NAME
+    if _looks_complete(cached, GEMMA3_SIZE):
+        return cached
     mod = _import_model_package(GEMMA3_MODULE, GEMMA3_PACKAGE, install, what="Gemma 3 270M",
                                 hint="default_model_path")
     name = getattr(mod, "MODEL_NAME", GEMMA3_FILE_NAME)

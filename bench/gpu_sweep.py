@@ -73,8 +73,12 @@ def device() -> dict:
 
 
 def run(cmd, env=None, timeout=3600):
+    import time
+
+    t0 = time.time()
     print("+", shlex.join(cmd), flush=True)
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    print(f"  ({time.time() - t0:.1f} s, exit {p.returncode})", flush=True)
     if p.returncode != 0:
         raise RuntimeError(f"failed ({p.returncode}): {shlex.join(cmd)}\n{p.stderr[-4000:]}")
     return p
@@ -132,27 +136,32 @@ def e2e(args, meta):
     sp = ["--sparq-r", str(args.r), "--sparq-k", str(args.k), "--sparq-l", str(args.l), "--sparq-min-kv", "0",
           "--sparq-basis", args.basis]
     rows, cmds = [], []
-    for S in args.depths:
-        base = [bench, "-m", str(model), "-ngl", "99", "-p", "0", "-n", str(args.n_gen), "-d", str(S),
-                "-r", str(args.reps), "-o", "json", "-v"] + (["--depth-fill", "synthetic"] if S > 0 else [])
-        for label, extra in (("dense_fa1_sparq", ["-fa", "1", "--sparq", "0,1,0,1"] + sp), ("dense_fa0", ["-fa", "0"])):
-            cmds.append(shlex.join(base + extra))
-            try:
-                p = run(base + extra)
-            except (RuntimeError, subprocess.TimeoutExpired) as e:  # recorded; the sweep goes on
-                print(e, flush=True)
-                rows.append({"batch": 1, "S": S, "config": label, "error": str(e)[-2000:]})
-                continue
-            for r in json.loads(p.stdout):
-                cfg = "sparq" if int(r.get("sparq", 0)) else ("dense_fa1" if label != "dense_fa0" else "dense_fa0")
-                t = (np.array(r["samples_ns"], float) / 1e9 / args.n_gen).tolist()
-                row = {"batch": 1, "S": S, "config": cfg, "samples_s_per_token": t,
-                       "median_ms_per_token": 1e3 * float(np.median(t))}
-                if cfg == "sparq":
-                    row.update({k: r[k] for k in ("sparq_calls", "sparq_dense", "sparq_compr", "sparq_r", "sparq_k",
-                                                  "sparq_l", "sparq_min_kv")})
-                    row["exit_counters"] = counters(p.stderr)
-                rows.append(row)
+    # one process per configuration over every depth (the model loads once; each depth gets its own
+    # context, and a synthetic fill of S cells before every repetition)
+    if args.depths:
+        dl = ",".join(str(S) for S in args.depths)
+        base = [bench, "-m", str(model), "-ngl", "99", "-p", "0", "-n", str(args.n_gen), "-d", dl,
+                "-r", str(args.reps), "-o", "json", "-v", "--depth-fill", "synthetic"]
+    for label, extra in ((("dense_fa1_sparq", ["-fa", "1", "--sparq", "0,1,0,1"] + sp), ("dense_fa0", ["-fa", "0"]))
+                         if args.depths else ()):
+        cmds.append(shlex.join(base + extra))
+        try:
+            p = run(base + extra)
+        except (RuntimeError, subprocess.TimeoutExpired) as e:  # recorded; the sweep goes on
+            print(e, flush=True)
+            rows.append({"batch": 1, "S": -1, "config": label, "error": str(e)[-2000:]})
+            continue
+        for r in json.loads(p.stdout):
+            cfg = "sparq" if int(r.get("sparq", 0)) else ("dense_fa1" if label != "dense_fa0" else "dense_fa0")
+            t = (np.array(r["samples_ns"], float) / 1e9 / args.n_gen).tolist()
+            row = {"batch": 1, "S": int(r["n_depth"]), "config": cfg, "samples_s_per_token": t,
+                   "median_ms_per_token": 1e3 * float(np.median(t))}
+            if cfg == "sparq":
+                row.update({k: r[k] for k in ("sparq_calls", "sparq_dense", "sparq_compr", "sparq_r", "sparq_k",
+                                              "sparq_l", "sparq_min_kv")})
+                # the exit counters are the process's: every depth's SparQ contexts together
+                row["exit_counters"] = counters(p.stderr)
+            rows.append(row)
 
     summary = []
     if args.depths:

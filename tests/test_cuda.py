@@ -58,7 +58,7 @@ def test_backend_ops_cuda_equals_cpu(cuda):
     exe = tool_path("test-backend-ops")
     res = subprocess.run([str(exe), "test", "-b", "CUDA0", "-o", "SPARQ_ATTN"], capture_output=True, text=True,
                          timeout=3000)
-    out = res.stdout + res.stderr
+    out = re.sub(r"\x1b\[[0-9;]*m", "", res.stdout + res.stderr)  # test-backend-ops colours OK/FAIL
     cases = [x for x in out.splitlines() if "SPARQ_ATTN(" in x]
     ok = [x for x in cases if re.search(r"\bOK\b", x)]
     bad = [x for x in cases if not re.search(r"\bOK\b", x)]

@@ -4,6 +4,7 @@
 #include "llama-sparq-parallel.h"
 
 #include <algorithm>
+#include <thread>
 #include <vector>
 
 // splitmix64: a fast, seedable stream for the synthetic fill
@@ -14,31 +15,32 @@ static inline uint64_t sparq_splitmix(uint64_t & x) {
     return z ^ (z >> 31);
 }
 
-// fills a whole K or V tensor with zero-mean, unit-variance values (triangular: the sum
-// of two uniforms, rescaled); each tensor has its own seed
-static void sparq_fill_tensor(ggml_tensor * t, uint64_t seed) {
+// fills chunk c (1M values) of a K or V tensor with zero-mean, unit-variance values (triangular: the
+// sum of two uniforms, rescaled); each (tensor, chunk) has its own seed, so the values do not depend
+// on how many threads fill
+constexpr size_t SPARQ_FILL_CHUNK = 1 << 20;
+
+static void sparq_fill_chunk(ggml_tensor * t, uint64_t seed, size_t c) {
     const size_t n = ggml_nelements(t);
-    const size_t chunk = 1 << 20;
-    std::vector<float> f(chunk);
-    std::vector<uint8_t> out(chunk * ggml_type_size(t->type));
-    uint64_t x = seed;
-    for (size_t i0 = 0; i0 < n; i0 += chunk) {
-        const size_t m = std::min(chunk, n - i0);
-        for (size_t i = 0; i < m; i += 2) { // two values per draw, each the sum of two 16-bit uniforms
-            const uint64_t r = sparq_splitmix(x);
-            const float u0 = (float) (r & 0xFFFF) + (float) ((r >> 16) & 0xFFFF);
-            const float u1 = (float) ((r >> 32) & 0xFFFF) + (float) (r >> 48);
-            f[i] = (u0 - 65535.0f) * (2.4494897f / 65535.0f); // unit variance: var(2 uniforms) = 1/6
-            if (i + 1 < m) {
-                f[i + 1] = (u1 - 65535.0f) * (2.4494897f / 65535.0f);
-            }
+    const size_t i0 = c * SPARQ_FILL_CHUNK;
+    const size_t m = std::min(SPARQ_FILL_CHUNK, n - i0);
+    std::vector<float> f(m);
+    uint64_t x = seed ^ (0xD1B54A32D192ED03ull * (c + 1));
+    for (size_t i = 0; i < m; i += 2) { // two values per draw, each the sum of two 16-bit uniforms
+        const uint64_t r = sparq_splitmix(x);
+        const float u0 = (float) (r & 0xFFFF) + (float) ((r >> 16) & 0xFFFF);
+        const float u1 = (float) ((r >> 32) & 0xFFFF) + (float) (r >> 48);
+        f[i] = (u0 - 65535.0f) * (2.4494897f / 65535.0f); // unit variance: var(2 uniforms) = 1/6
+        if (i + 1 < m) {
+            f[i + 1] = (u1 - 65535.0f) * (2.4494897f / 65535.0f);
         }
-        if (t->type == GGML_TYPE_F16) {
-            ggml_fp32_to_fp16_row(f.data(), (ggml_fp16_t *) out.data(), (int64_t) m);
-            ggml_backend_tensor_set(t, out.data(), i0 * sizeof(ggml_fp16_t), m * sizeof(ggml_fp16_t));
-        } else {
-            ggml_backend_tensor_set(t, f.data(), i0 * sizeof(float), m * sizeof(float));
-        }
+    }
+    if (t->type == GGML_TYPE_F16) {
+        std::vector<ggml_fp16_t> h(m);
+        ggml_fp32_to_fp16_row(f.data(), h.data(), (int64_t) m);
+        ggml_backend_tensor_set(t, h.data(), i0 * sizeof(ggml_fp16_t), m * sizeof(ggml_fp16_t));
+    } else {
+        ggml_backend_tensor_set(t, f.data(), i0 * sizeof(float), m * sizeof(float));
     }
 }
 
@@ -82,11 +84,21 @@ int32_t llama_sparq_bench_fill(struct llama_context * ctx, int32_t n_tokens, uin
         }
     }
     llama_synchronize(ctx);
-    for (size_t ikv = 0; ikv < A::n_layers(kv); ++ikv) { // K and V of a layer side by side
-        sparq_parallel(2, 2, [&](size_t j) { // j = 0: K, 1: V (each tensor its own seed)
-            sparq_fill_tensor(j == 0 ? A::layer_k(kv, ikv) : A::layer_v(kv, ikv), ((uint64_t) seed << 32) ^ (2 * ikv + j));
-        });
+    // every (layer, K or V, chunk) a job, on all hardware threads (a 128K-cell fill of a 7B-shaped
+    // model is 8.6 G values per 8 layers)
+    struct job { ggml_tensor * t; uint64_t seed; size_t c; };
+    std::vector<job> jobs;
+    for (size_t ikv = 0; ikv < A::n_layers(kv); ++ikv) {
+        for (size_t j = 0; j < 2; ++j) { // j = 0: K, 1: V (each tensor its own seed)
+            ggml_tensor * t = j == 0 ? A::layer_k(kv, ikv) : A::layer_v(kv, ikv);
+            const size_t n_chunks = ((size_t) ggml_nelements(t) + SPARQ_FILL_CHUNK - 1) / SPARQ_FILL_CHUNK;
+            for (size_t c = 0; c < n_chunks; ++c) {
+                jobs.push_back({ t, ((uint64_t) seed << 32) ^ (2 * ikv + j), c });
+            }
+        }
     }
+    sparq_parallel((int) std::max(1u, std::thread::hardware_concurrency()), jobs.size(),
+                   [&](size_t i) { sparq_fill_chunk(jobs[i].t, jobs[i].seed, jobs[i].c); });
     for (int32_t i = 0; i < n_tokens; ++i) {
         cells.pos_set(i, i);
         cells.seq_add(i, 0);

@@ -140,43 +140,71 @@ static __device__ __forceinline__ bool sparq_attend_chunk(const sparq_cu_args & 
     return true;
 }
 
-// exact logits of the chunk into sp: a warp per cell, lanes over the head size, all g heads per K row
+// cells whose K rows a warp reads at once in sparq_attend_logits (loads in flight per warp)
+#define SPARQ_ATTEND_CU (GMAX <= 4 ? 4 : GMAX <= 8 ? 2 : 1)
+
+// exact logits of the chunk into sp: a warp per cell, lanes over the head size, all g heads per K
+// row; the chunk's positions dealt round-robin to the warps (a short list keeps every warp busy),
+// SPARQ_ATTEND_CU cells per warp at a time (their loads overlap)
 template <int GMAX, typename TK>
 static __device__ __forceinline__ void sparq_attend_logits(const sparq_cu_args & a, const sparq_attend_unit & un,
                                                            const sparq_attend_smem & sm) {
+    constexpr int CU = SPARQ_ATTEND_CU;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int g = un.g, d = un.d;
-    for (int ii = 0; ii < 32; ++ii) {
-        const int it = warp * 32 + ii;
-        const int c = sm.scell[it];
-        if (c < 0) {
-            if (lane < g) {
-                sm.sp[lane * SPARQ_NT + it] = -INFINITY;
-            }
-            continue;
-        }
-        const TK * kr = (const TK *) (un.Kb + (size_t) c * a.K_nb1);
-        float part[GMAX];
+    for (int i0 = 0; i0 < 32; i0 += CU) {
+        int it[CU], c[CU];
+        bool any = false;
 #pragma unroll
-        for (int h = 0; h < GMAX; ++h) {
-            part[h] = 0.0f;
+        for (int x = 0; x < CU; ++x) {
+            it[x] = (i0 + x) * SPARQ_NW + warp;
+            c[x] = sm.scell[it[x]];
+            any |= c[x] >= 0;
+            if (c[x] < 0 && lane < g) {
+                sm.sp[lane * SPARQ_NT + it[x]] = -INFINITY;
+            }
+        }
+        if (!any) {
+            continue; // uniform over the warp
+        }
+        float part[CU][GMAX];
+#pragma unroll
+        for (int x = 0; x < CU; ++x) {
+#pragma unroll
+            for (int h = 0; h < GMAX; ++h) {
+                part[x][h] = 0.0f;
+            }
         }
         for (int j = lane; j < d; j += 32) {
-            const float kv = sq_ld<TK>(kr + j);
+            float kv[CU];
+#pragma unroll
+            for (int x = 0; x < CU; ++x) {
+                kv[x] = c[x] >= 0 ? sq_ld<TK>((const TK *) (un.Kb + (size_t) c[x] * a.K_nb1) + j) : 0.0f;
+            }
 #pragma unroll
             for (int h = 0; h < GMAX; ++h) {
                 if (h < g) {
-                    part[h] = fmaf(sm.sq[h * d + j], kv, part[h]);
+                    const float qv = sm.sq[h * d + j];
+#pragma unroll
+                    for (int x = 0; x < CU; ++x) {
+                        part[x][h] = fmaf(qv, kv[x], part[x][h]);
+                    }
                 }
             }
         }
-        const float mval = sparq_mask_val(a, un.m, c);
 #pragma unroll
-        for (int h = 0; h < GMAX; ++h) {
-            if (h < g) {
-                const float e = warp_reduce_sum(part[h]);
-                if (lane == 0) {
-                    sm.sp[h * SPARQ_NT + it] = e * a.scale + mval;
+        for (int x = 0; x < CU; ++x) {
+            if (c[x] < 0) {
+                continue; // uniform over the warp
+            }
+            const float mval = sparq_mask_val(a, un.m, c[x]);
+#pragma unroll
+            for (int h = 0; h < GMAX; ++h) {
+                if (h < g) {
+                    const float e = warp_reduce_sum(part[x][h]);
+                    if (lane == 0) {
+                        sm.sp[h * SPARQ_NT + it[x]] = e * a.scale + mval;
+                    }
                 }
             }
         }
@@ -219,13 +247,14 @@ static __device__ __forceinline__ void sparq_attend_softmax(const sparq_cu_args 
     }
 }
 
-// the chunk's weighted values into y: a thread per component
+// the chunk's weighted values into y: a thread per component, in SPARQ_NT / dv groups that take
+// the chunk's positions in turn (their partial sums are added by sparq_attend_gather)
 template <int GMAX, typename TV>
 static __device__ __forceinline__ void sparq_attend_values(const sparq_cu_args & a, const sparq_attend_unit & un,
                                                            const sparq_attend_smem & sm, int c0, int n_items,
                                                            float (&y)[GMAX]) {
-    const int tid = threadIdx.x, g = un.g;
-    if (tid < un.dv) {
+    const int g = un.g, n_grp = SPARQ_NT / un.dv, grp = threadIdx.x / un.dv, tid = threadIdx.x % un.dv;
+    if (grp < n_grp) {
 #pragma unroll
         for (int h = 0; h < GMAX; ++h) {
             if (h < g) {
@@ -233,7 +262,8 @@ static __device__ __forceinline__ void sparq_attend_values(const sparq_cu_args &
             }
         }
         const int n_c = min(SPARQ_NT, n_items - c0);
-        for (int ii = 0; ii < n_c; ++ii) {
+#pragma unroll 4
+        for (int ii = grp; ii < n_c; ii += n_grp) {
             const int c = sm.scell[ii];
             if (c < 0) {
                 continue;
@@ -247,6 +277,41 @@ static __device__ __forceinline__ void sparq_attend_values(const sparq_cu_args &
             }
         }
     }
+}
+
+// the groups' partial sums of sparq_attend_values added into the first group's y (threads < dv);
+// sp is free once the chunks are done
+template <int GMAX>
+static __device__ __forceinline__ void sparq_attend_gather(const sparq_attend_unit & un, const sparq_attend_smem & sm,
+                                                           float (&y)[GMAX]) {
+    const int n_grp = SPARQ_NT / un.dv;
+    if (n_grp < 2) {
+        return;
+    }
+    const int tid = threadIdx.x, g = un.g;
+    __syncthreads();
+    if (tid < n_grp * un.dv) {
+#pragma unroll
+        for (int h = 0; h < GMAX; ++h) {
+            if (h < g) {
+                sm.sp[h * SPARQ_NT + tid] = y[h];
+            }
+        }
+    }
+    __syncthreads();
+    if (tid < un.dv) {
+#pragma unroll
+        for (int h = 0; h < GMAX; ++h) {
+            if (h < g) {
+                float s = 0.0f;
+                for (int p = 0; p < n_grp; ++p) {
+                    s += sm.sp[h * SPARQ_NT + p * un.dv + tid];
+                }
+                y[h] = s;
+            }
+        }
+    }
+    __syncthreads();
 }
 
 // the mean of V over the stream's cells, component threadIdx.x (0 past dv)
@@ -345,6 +410,7 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_attend(const sparq_cu
         __syncthreads();
     }
 
+    sparq_attend_gather<GMAX>(un, sm, y);
     const float vbar = sparq_attend_vbar<TV>(a, un, sm);
     sparq_attend_write<GMAX>(a, un, sm, y, vbar);
 }

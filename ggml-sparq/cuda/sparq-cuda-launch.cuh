@@ -90,6 +90,8 @@ static void sparq_cu_run(const sparq_cu_args & a, int cpt, bool kt_f16, bool k_f
     SPARQ_MEMSET(a.hist, (size_t) a.L * 256 * sizeof(unsigned int), stream);
     SPARQ_MEMSET(a.selbits, (size_t) a.U * a.W * sizeof(unsigned int), stream);
 
+    SPARQ_MEMSET(a.rows, (size_t) a.R * sizeof(sparq_cu_row), stream);
+    SPARQ_LAUNCH(k_sparq_count, dim3(std::max(1, (a.S + SPARQ_COUNT_TILE - 1) / SPARQ_COUNT_TILE), a.R), SPARQ_NT, stream, a);
     SPARQ_LAUNCH(k_sparq_rows, dim3(a.R), SPARQ_NT, stream, a);
     SPARQ_LAUNCH(k_sparq_components, dim3(a.U), SPARQ_NT, stream, a);
     sparq_launch_by_g(a, kt_f16, k_f16, v_f16, cpt, false, stream);

@@ -9,6 +9,28 @@
 // 1 rows: valid cells, mode, window
 // ---------------------------------------------------------------------------
 
+// the cells per block of k_sparq_count (a tile of the mask row)
+#define SPARQ_COUNT_TILE (SPARQ_NT * 16)
+
+// 1a: each row's valid cells, counted by tiles of the mask on many blocks (grid: tiles x rows) into
+// rows[R].n_valid (zeroed before): one block per row would wait on the mask's loads at long S
+static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_count(const sparq_cu_args a) {
+    __shared__ int sh[SPARQ_NW];
+    const int R = blockIdx.y, tid = threadIdx.x;
+    const char * m = sparq_mask_row(a, R);
+    const int s0 = blockIdx.x * SPARQ_COUNT_TILE, s1 = min(a.S, s0 + SPARQ_COUNT_TILE);
+    int n = 0;
+    for (int s = s0 + tid; s < s1; s += SPARQ_NT) {
+        n += sparq_valid(a, m, s);
+    }
+    int tot;
+    sparq_block_scan(n, &tot, sh);
+    if (tid == 0 && tot) {
+        atomicAdd(&a.rows[R].n_valid, tot);
+    }
+}
+
+// 1b: per row the mode and the window (a block per row; the count is k_sparq_count's)
 static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_rows(const sparq_cu_args a) {
     __shared__ int sh[SPARQ_NW];
     __shared__ int s_cnt, s_w0;
@@ -16,12 +38,8 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_rows(const sparq_cu_a
     const int st = R / a.n_rows, row = R % a.n_rows;
     const char * m = sparq_mask_row(a, R);
 
-    int n = 0;
-    for (int s = tid; s < a.S; s += SPARQ_NT) {
-        n += sparq_valid(a, m, s);
-    }
-    int n_valid;
-    sparq_block_scan(n, &n_valid, sh);
+    const int n_valid = a.rows[R].n_valid;
+    __syncthreads(); // every thread has read it before thread 0 writes the row below
 
     const bool dense_all = a.v_count[st] < 0.0f;
     unsigned int * wb = a.win ? a.wbits + (size_t) R * a.W : nullptr;

@@ -30,7 +30,9 @@ export CCACHE_NOHASHDIR := 1
 CUDA        ?= 0
 CUDA_ARCHS  ?= 80;90
 ifeq ($(CUDA),1)
-SPARQ_CMAKE_ARGS := -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$(CUDA_ARCHS)
+# --allow-shlib-undefined: the tools link against libggml-cuda.so, which needs the driver's
+# libcuda.so.1; a build machine without the driver (CI, a build box) lacks it, the GPU machine has it
+SPARQ_CMAKE_ARGS := -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$(CUDA_ARCHS) -DCMAKE_EXE_LINKER_FLAGS=-Wl,--allow-shlib-undefined
 SPARQ_PIP_ARGS   := -C build-dir=build/cuda-{wheel_tag}
 endif
 NVCC        ?= $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })

@@ -28,7 +28,7 @@ and the fraction of it reached.
 Every result file (bench/results/gpu_<tag>.{json,csv,md}) records the device (nvidia-smi),
 the commit, the exact commands and, for SparQ runs, the fork's counters: sparq_calls (from
 llama-bench) and "SparQ calls on a device (GPU, RPC host)" (from the tools' exit log), which must equal the calls,
-or the op ran on the CPU. Nothing here has run yet: written and checked without a GPU.
+or the op ran on the CPU. Recorded on an H100: bench/results/gpu_h100*.md (README "SparQ on an H100").
 """
 
 from __future__ import annotations
@@ -177,7 +177,7 @@ def e2e(args, meta):
         for sparq in (False, True):
             cmd = [bb, "-m", str(model), "-ngl", "99", "-fa", "on", "-c", str(4 * (S + args.n_gen + 64)),
                    "-b", "2048", "-ub", "512", "-npp", str(S), "-ntg", str(args.n_gen), "-npl", "4",
-                   "--output-format", "jsonl"] + (["--sparq"] + sp if sparq else [])
+                   "--output-format", "jsonl"] + (["--sparq", "-v"] + sp if sparq else [])
             cmds.append(shlex.join(cmd))
             try:
                 p = run(cmd)
@@ -290,7 +290,7 @@ def report(tag) -> None:
              f"- command: `{meta['argv']}`",
              f"- SparQ: r = {meta['sparq']['r']}, k = {meta['sparq']['k']}, l = {meta['sparq']['l']}, "
              f"basis {meta['sparq']['basis']}, dense threshold 0", ""]
-    if e:
+    if e and e.get("summary"):
         fit = e["meta"].get("fit_dense_fa1", {})
         lines += ["## End to end, batch 1 (llama-bench, paper-shape model: Llama 2 7B per-layer shapes, "
                   f"{e['meta'].get('n_layer', 8)} layers, Q8_0 weights, F16 cache, all on the GPU)", "",
@@ -303,6 +303,7 @@ def report(tag) -> None:
             lines.append(f"| {r['S']} | {_fmt(r['dense_fa1_ms'], 3)} | {_fmt(r['dense_fa0_ms'], 3)} | {_fmt(r['sparq_ms'], 3)} | "
                          f"{_fmt(r['speedup_vs_fa1'])} | {_fmt(r['speedup_vs_best_dense'])} | {_fmt(r['z'], 3)} | "
                          f"{_fmt(r['compression'], 3)} | {_fmt(r['amdahl_bound'])} | {calls} |")
+    if e:
         b4 = [r for r in e["rows"] if r.get("batch") == 4 and "error" not in r]
         if b4:
             lines += ["", "## End to end, batch 4 (llama-batched-bench: 4 sequences, each its own stream, real prefill of S)", "",
@@ -330,10 +331,10 @@ def report(tag) -> None:
             lines += ["", "Failed runs: " + "; ".join(f"{r['config']} at S = {r['S']}" for r in errs)]
     if o:
         lines += ["", "## The op against CUDA flash attention (test-backend-ops perf, Llama 2 7B attention: 32 heads of 128, F16)", "",
-                  "| S | batch | r | k | SparQ us | flash attn us | speedup | bound M_dense/M_sparq | fraction of bound | SparQ GB/s | flash attn GB/s |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
-        for r in sorted(o["rows"], key=lambda r: (r["batch"], r["S"], r["r"], r["k"])):
-            lines.append(f"| {r['S']} | {r['batch']} | {r['r']} | {r['k']} | {_fmt(r['sparq_us'], 1)} | {_fmt(r['flash_attn_us'], 1)} | "
+                  "| commit | S | batch | r | k | SparQ us | flash attn us | speedup | bound M_dense/M_sparq | fraction of bound | SparQ GB/s | flash attn GB/s |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in sorted(o["rows"], key=lambda r: (r["batch"], r["S"], r["r"], r["k"], r.get("commit", ""))):
+            lines.append(f"| {r.get('commit', str(o['meta']['commit'])[:12])} | {r['S']} | {r['batch']} | {r['r']} | {r['k']} | {_fmt(r['sparq_us'], 1)} | {_fmt(r['flash_attn_us'], 1)} | "
                          f"{_fmt(r['speedup'])} | {_fmt(r['bound'])} | {_fmt(r['fraction_of_bound'])} | "
                          f"{_fmt(r.get('sparq_GBps'), 0)} | {_fmt(r.get('flash_attn_GBps'), 0)} |")
     (OUT / f"gpu_{tag}.md").write_text("\n".join(lines) + "\n")
@@ -345,7 +346,7 @@ def report(tag) -> None:
     except ImportError:
         return
     fig, ax = plt.subplots(1, 3 if o else 2, figsize=(15 if o else 10, 4))
-    if e:
+    if e and e.get("summary"):
         sm = [r for r in e["summary"]]
         S = [r["S"] for r in sm]
         for key, lab in (("dense_fa1_ms", "dense -fa 1"), ("dense_fa0_ms", "dense -fa 0"), ("sparq_ms", "SparQ")):

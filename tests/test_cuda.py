@@ -91,45 +91,39 @@ PROMPT = b"The history of the city begins in the bronze age, when " * 40
 
 @pytest.mark.real_model
 def test_gemma_gpu_sparq_equals_cpu_sparq(cuda, gemma_model):
-    """Exact settings (r = d, k above the context): GPU-offloaded SparQ gives CPU SparQ's greedy
-    tokens, and the counters show every SparQ call on the GPU (and none for the CPU run).
-
-    The rest of the model differs between the backends too (its matrix products), so the tokens must
-    agree up to the first step where CPU SparQ's top-2 margin is within twice the GPU-CPU logit
-    spread (after that a different, equally likely token may follow); on the GPU alone, SparQ with
-    exact settings stays within upstream's own spread between its two dense attention paths."""
+    """Exact settings (r = d, k above the context): GPU-offloaded SparQ's logits are no farther from
+    CPU SparQ's than upstream's GPU dense attention is from its CPU dense on the same steps (the rest of
+    the model differs between the backends too: Gemma 3 270M's logits differ by about 1 between them, so
+    the backends' greedy tokens may part at a near tie); every SparQ call on the GPU, none for the CPU
+    run; on the GPU alone, SparQ stays within upstream's spread between its two dense attention paths."""
     exact = dict(sparq_r=256, sparq_k=4096, sparq_min_kv=0)
     cpu = _llm(gemma_model, n_gpu_layers=0, **exact)
     prompt = cpu.tokenize(PROMPT)
-    want = _greedy(cpu, prompt, 16)
-    want_lg = teacher_forced(cpu, prompt, want)
+    steps = _greedy(cpu, prompt, 16)  # the steps every run below is fed (teacher forcing)
+    cpu.reset_sparq_stats()
+    cpu_sq = teacher_forced(cpu, prompt, steps)
     st_cpu = cpu.sparq_stats()
     assert st_cpu["n_sparq"] > 0 and st_cpu["n_sparq_device"] == 0, st_cpu
 
     gpu = _llm(gemma_model, n_gpu_layers=-1, **exact)
-    got = _greedy(gpu, prompt, 16)
-    got_lg = teacher_forced(gpu, prompt, want)
+    gpu_sq = teacher_forced(gpu, prompt, steps)
     st = gpu.sparq_stats()
-    # Gemma 3 270M: 3 full-attention layers; 2 x 16 decode steps (greedy, then teacher-forced)
-    assert st["n_sparq"] == 3 * 32, st
-    assert st["n_sparq_device"] == st["n_sparq"], st
+    # Gemma 3 270M: 3 full-attention layers x 16 decode steps, every one on the GPU
+    assert st["n_sparq"] == 3 * 16 and st["n_sparq_device"] == st["n_sparq"], st
 
-    spread = np.abs(got_lg - want_lg).max(axis=1)
-    top2 = np.sort(want_lg, axis=1)[:, -2:]
-    margin = top2[:, 1] - top2[:, 0]
-    print(f"\n{cuda}: CPU tokens {want}\nGPU tokens {got}\nGPU-CPU logit spread per step {np.round(spread, 3)}"
-          f"\nCPU top-2 margins {np.round(margin, 3)}\nGPU counters {st}")
-    unclear = np.nonzero(margin <= 2 * spread.max())[0]
-    n_sure = int(unclear[0]) if len(unclear) else len(want)
-    assert n_sure >= 4, (margin, spread)
-    assert got[:n_sure] == want[:n_sure]
+    cpu_d = teacher_forced(_llm(gemma_model, n_gpu_layers=0), prompt, steps)
+    gpu_d = teacher_forced(_llm(gemma_model, n_gpu_layers=-1), prompt, steps)
+    d_sparq = np.abs(gpu_sq - cpu_sq).max(axis=1)
+    d_dense = np.abs(gpu_d - cpu_d).max(axis=1)
+    print(f"\n{cuda}: largest |GPU - CPU| logit per step, SparQ {np.round(d_sparq, 3)}\n"
+          f"dense {np.round(d_dense, 3)}\nGPU counters {st}")
+    assert d_sparq.max() <= 1.25 * d_dense.max() + 0.05, (d_sparq, d_dense)
+    assert np.median(d_sparq) <= 1.25 * np.median(d_dense) + 0.05, (d_sparq, d_dense)
 
     # on the GPU alone: SparQ (exact) against upstream's flash attention, within -fa 1 vs -fa 0
-    dense = _llm(gemma_model, n_gpu_layers=-1)
-    dense_lg = teacher_forced(dense, prompt, want)
     nofa = _llm(gemma_model, n_gpu_layers=-1, flash_attn=False)
-    fa_spread = np.abs(teacher_forced(nofa, prompt, want) - dense_lg).max()
-    assert np.abs(got_lg - dense_lg).max() <= 1.5 * fa_spread + 0.05, (np.abs(got_lg - dense_lg).max(), fa_spread)
+    fa_spread = np.abs(teacher_forced(nofa, prompt, steps) - gpu_d).max()
+    assert np.abs(gpu_sq - gpu_d).max() <= 1.5 * fa_spread + 0.05, (np.abs(gpu_sq - gpu_d).max(), fa_spread)
 
 
 @pytest.mark.real_model
@@ -180,7 +174,7 @@ def test_bench_and_cli_on_the_gpu(cuda, gemma_model, tmp_path):
     assert sp and all(int(r["sparq_calls"]) > 0 for r in sp), rows
     cli = tool_path("llama-completion")
     res = subprocess.run([str(cli), "-m", str(gemma_model), "-ngl", "99", "--sparq", "--sparq-k", "128", "--sparq-min-kv", "0",
-                          "-p", PROMPT.decode()[:2000], "-n", "8", "--temp", "0", "-no-cnv"],
+                          "-p", PROMPT.decode()[:2000], "-n", "8", "--temp", "0", "-no-cnv", "-v"],
                          capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     m = re.search(r"SparQ calls = (\d+),.*SparQ calls on a device \(GPU, RPC host\) = (\d+)", res.stderr)
@@ -202,7 +196,7 @@ def test_selectors_on_a_gpu_context(cuda, tiny_gqa_model):
     on_gpu = Llama(str(tiny_gqa_model), n_ctx=1024, verbose=False, n_gpu_layers=-1, sparq=True, sparq_k=32)
     on_host = Llama(str(tiny_gqa_model), n_ctx=1024, verbose=False, n_gpu_layers=-1, offload_kqv=False, sparq=True,
                     sparq_k=32)
-    assert (on_gpu.sparq_params()["sparq_min_kv"], on_host.sparq_params()["sparq_min_kv"]) == (4096, 1024)
+    assert (on_gpu.sparq_params()["sparq_min_kv"], on_host.sparq_params()["sparq_min_kv"]) == (98304, 1024)
     for sel in ("sparq", "oracle"):
         m = llm(n_gpu_layers=-1, sparq_selector=sel)
         m.eval([1] + rng.integers(3, m.n_vocab(), size=299).tolist())

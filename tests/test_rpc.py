@@ -111,3 +111,15 @@ def test_calibrated_k_on_rpc_is_refused_with_the_way_out(model4, tmp_path):
     assert re.search(r"SparQ: k = 0 \(calibrated\) runs in the CPU op of this process; this context keeps the KV "
                      r"cache on RPC\d\[127\.0\.0\.1:\d+\] \(a GPU or an RPC host\): give a fixed k", res.stderr), \
         res.stderr[-2000:]
+
+
+def test_default_dense_threshold_on_rpc_is_the_hosts(model4, tmp_path):
+    """min_kv = -1 (the default) resolves by where the cache is: an RPC host runs the CPU op, so its
+    threshold is the host's 1024 cells (a GPU's is LLAMA_SPARQ_MIN_KV_DEVICE, tests/test_cuda.py)."""
+    with RpcServers(1, tmp_path) as rpc:
+        res = subprocess.run([str(tool_path("llama-completion")), "-m", str(model4), "-p", "hello", "-n", "2", "-no-cnv",
+                              "--temp", "0", "-t", "1", "-c", "512", "--sparq", "--sparq-k", "16", "--rpc", rpc.endpoints,
+                              "-ngl", "99"], capture_output=True, text=True, errors="replace", timeout=300,
+                             stdin=subprocess.DEVNULL, env=ENV)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "dense below 1024 KV cells" in res.stderr, res.stderr[-3000:]

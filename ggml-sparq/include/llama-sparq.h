@@ -113,7 +113,8 @@ struct llama_sparq_params {
     int32_t l;        // local window (most recent cells, counted in k), 0..k; -1 = k / 4 (calibrated: k_min / 4)
     int32_t min_kv;   // decode stays dense while the sequence holds fewer cells, >= 0; -1 (the default): where
                       // the context keeps its cache, LLAMA_SPARQ_MIN_KV_HOST cells in host memory,
-                      // LLAMA_SPARQ_MIN_KV_DEVICE on a GPU or an RPC host (get_params returns the value in use)
+                      // LLAMA_SPARQ_MIN_KV_DEVICE on a GPU (an RPC host runs the CPU op: the host's value;
+                      // get_params returns the value in use)
     bool    all_rows; // also apply to every query row of a ubatch (teacher-forced evaluation); default false
     int32_t selector; // enum llama_sparq_selector; default SPARQ
     int32_t gqa;      // enum llama_sparq_gqa; default SHARED
@@ -172,9 +173,11 @@ LLAMA_API struct llama_sparq_params llama_sparq_default_params(void);
 #define LLAMA_SPARQ_MAX_CELLS 16777216 // 2^24
 
 // The dense threshold that min_kv = -1 (the default) stands for, by where the cache is: below it
-// SparQ is not faster than dense attention there (the crossovers measured on a CPU and on an H100)
+// SparQ is not faster than dense attention there. Host memory (and RPC hosts, which run the CPU op):
+// the CPU crossover. A GPU: the H100's measured end-to-end crossover, between 64K (SparQ 0.93x of dense) and 128K
+// (1.15x) at batch 1, about 85K (bench/results/gpu_h100_b1.md); to come down as the CUDA op gets faster
 #define LLAMA_SPARQ_MIN_KV_HOST 1024
-#define LLAMA_SPARQ_MIN_KV_DEVICE 4096
+#define LLAMA_SPARQ_MIN_KV_DEVICE 98304
 
 // Validates the settings without a context, as llama_sparq_set_params does before it applies
 // them (same messages): for front ends that check a configuration before loading its model.

@@ -381,10 +381,15 @@ static int32_t sparq_apply_params(llama_context * ctx, llama_sparq_ctx & Sq, con
     }
     Sq.params = *p;
     if (Sq.params.min_kv < 0) {
-        // the default: by where the cache is (a layer on a device: the device's crossover)
+        // the default: by where the cache is (a layer on a GPU: the GPU's crossover; an RPC host runs
+        // the CPU op there: the host's)
         bool device = false;
         for (const sparq_layer & L : Sq.layers) {
-            device |= L.kt && !ggml_backend_buffer_is_host(L.kt->buffer);
+            if (L.kt && !ggml_backend_buffer_is_host(L.kt->buffer)) {
+                ggml_backend_dev_t dev = ggml_backend_buft_get_device(ggml_backend_buffer_get_type(L.kt->buffer));
+                ggml_backend_reg_t reg = dev ? ggml_backend_dev_backend_reg(dev) : nullptr;
+                device |= !reg || strncmp(ggml_backend_reg_name(reg), "RPC", 3) != 0; // "RPC" or "RPC[host:port]"
+            }
         }
         Sq.params.min_kv = device ? LLAMA_SPARQ_MIN_KV_DEVICE : LLAMA_SPARQ_MIN_KV_HOST;
     }

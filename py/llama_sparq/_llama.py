@@ -86,7 +86,7 @@ class Llama(llama_cpp.Llama):
     - ``sparq_k_min``, ``sparq_k_frac``: the calibrated k's floor (default 128) and cap as a share of
       the KV cells (default 0.25)
     - ``sparq_min_kv``: decoding stays dense while the sequence holds fewer KV cells, >= 0; -1 (the
-      default): 1024 with the cache in host memory, 4096 with the cache on a GPU (``sparq_params()``
+      default): 1024 with the cache in host memory, 98304 with the cache on a GPU (``sparq_params()``
       gives the value in use)
     - ``sparq_all_rows``: apply SparQ to every query row (teacher-forced evaluation)
     - ``sparq_selector``: ``"sparq"`` (default); ``"oracle"`` (exact top-k, an accuracy baseline); the

@@ -37,9 +37,10 @@ def cpu_model() -> str:
 def git_commit(root: str | Path) -> str:
     """HEAD of the checkout at root, '-dirty' when tracked files other than bench/results/ are
     modified (results being written do not make the code dirty). Where root is not a git checkout
-    (a copy of the tree on another machine), $LLAMA_SPARQ_COMMIT names the commit it was copied from."""
+    (a copy of the tree on another machine, whose .git may be stale or absent), $LLAMA_SPARQ_COMMIT
+    names the commit it was copied from and is used as it is."""
     env = os.environ.get("LLAMA_SPARQ_COMMIT")
-    if env and not (Path(root) / ".git").exists():
+    if env:
         return env + " (copied tree; $LLAMA_SPARQ_COMMIT)"
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,

@@ -72,7 +72,7 @@ class SparqModelSettings(ModelSettings):
                                           "the KV cells, (0, 1] (default 0.25)")
     sparq_min_kv: Optional[int] = Field(default=None, description="SparQ: decode stays dense while the sequence "
                                         "holds fewer KV cells, >= 0; -1 (default): 1024 with the cache in host "
-                                        "memory, 4096 on a GPU")
+                                        "memory, 98304 on a GPU")
     sparq_all_rows: Optional[bool] = Field(default=None, description="SparQ: every query row (evaluation)")
     # names are checked by llama_sparq.Llama (the library's list), not repeated here
     sparq_selector: Optional[str] = Field(default=None, description="SparQ: cell selector (sparq, oracle; the baselines "

@@ -275,17 +275,6 @@ static int32_t sparq_create(llama_context * ctx, char * err, size_t err_size) {
     return 0;
 }
 
-static const char * sparq_selector_name(int32_t sel) {
-    switch (sel) {
-        case LLAMA_SPARQ_SELECTOR_SPARQ:     return "sparq";
-        case LLAMA_SPARQ_SELECTOR_ORACLE:    return "oracle";
-        case LLAMA_SPARQ_SELECTOR_STREAMING: return "streaming";
-        case LLAMA_SPARQ_SELECTOR_H2O:       return "h2o";
-        case LLAMA_SPARQ_SELECTOR_INDEX:     return "index";
-        default:                             return "?";
-    }
-}
-
 // Where a layer's K^T lives on a device that is not the CPU (a GPU), the op must run there: the
 // scheduler would otherwise run it on the CPU and copy the layer's cache to the host at every step.
 // A small node with the layer's head sizes, types and these settings is put to that device's
@@ -323,7 +312,7 @@ static int32_t sparq_check_device_runs(const llama_sparq_ctx & Sq, const llama_s
             sparq_err(err, err_size, "SparQ: selector %s with k = %d does not run on %s, which holds the KV cache "
                       "(running it on the CPU would copy the cache to the host at every step): use selector sparq or "
                       "oracle there, or keep the cache in host memory (--no-kv-offload / offload_kqv = false)",
-                      sparq_selector_name(p->selector), (int) p->k, ggml_backend_dev_name(dev));
+                      llama_sparq_selector_name(p->selector), (int) p->k, ggml_backend_dev_name(dev));
             return -2;
         }
     }

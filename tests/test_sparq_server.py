@@ -435,3 +435,48 @@ def test_load_sweep_tiny_writes_the_table(tiny_model, tmp_path):
             assert not r["mismatches"], r["mismatches"]
     assert rc == 0
     assert "| sparq | 6 | 3 |" in (tmp_path / "sweep.md").read_text()
+
+
+def _resp(tokens, tops):
+    """A /completion response with its tokens and, per token, the top candidates {id: logprob}."""
+    return {"tokens": tokens, "completion_probabilities": [
+        {"top_logprobs": [{"id": t, "logprob": lp} for t, lp in sorted(top.items(), key=lambda x: -x[1])]}
+        for top in tops]}
+
+
+def test_margin_changes_follow_the_alone_runs_top_two():
+    """server_load.margin_changes: per token of the common prefix (the first differing token
+    included), the alone top-2 margin and how far the concurrent response moved it, measured on
+    the alone run's two tokens (a flip is a change larger than the margin)."""
+    from server_load import margin_changes
+
+    alone = _resp([5, 7, 9], [{5: -0.1, 6: -2.6}, {7: -0.5, 8: -0.7}, {9: -0.2, 1: -3.0}])
+    conc = _resp([5, 8, 3], [{5: -0.2, 6: -2.4}, {8: -0.55, 7: -0.65}, {3: -0.1, 9: -4.0}])
+    got = margin_changes(conc, alone)
+    assert got == [(2.5, 0.3), (0.2, 0.3)]  # stops at the first differing token (index 1)
+    # a token whose alone top 2 is not among the concurrent candidates is left out
+    assert margin_changes(_resp([5], [{5: -0.1, 4: -0.2}]), _resp([5], [{5: -0.1, 6: -2.6}])) == []
+
+
+def _row(variant, mism, p95, mx, calls=10):
+    return {"variant": variant, "requests": 16, "slots": 4, "errors": [], "incomplete": [], "error_lines": [],
+            "alone_recheck_differs": [], "sparq_calls": calls if variant == "sparq" else 0,
+            "mismatches": [{"request": 0, "top2_logprob_margin_alone": m} for m in mism],
+            "margin_change": {"p95": p95, "max": mx}}
+
+
+def test_judge_sweep_allows_only_upstreams_own_flips():
+    """server_load.judge_sweep: SparQ passes with no mismatch; a mismatch only where dense's own
+    logits moved more than its margin in the same load and SparQ's moved no more than dense's;
+    never without a dense row to compare with, never with an error."""
+    from server_load import judge_sweep
+
+    dense = _row("dense", [], 0.05, 0.6)
+    assert judge_sweep({"rows": [_row("sparq", [], 0.05, 0.5), dense]}) == []
+    assert judge_sweep({"rows": [_row("sparq", [0.25], 0.05, 0.5), dense]}) == []
+    assert "does not reach" in judge_sweep({"rows": [_row("sparq", [0.9], 0.05, 1.0), dense]})[0]
+    assert "moved more than dense" in judge_sweep({"rows": [_row("sparq", [], 0.2, 0.5), dense]})[0]
+    assert "no dense row" in judge_sweep({"rows": [_row("sparq", [0.25], 0.05, 0.5)]})[0]
+    assert "no SparQ call" in judge_sweep({"rows": [_row("sparq", [], 0.05, 0.5, calls=0), dense]})[0]
+    bad = dict(dense, errors=[{"request": 3, "error": "HTTPError"}])
+    assert "errors" in judge_sweep({"rows": [_row("sparq", [], 0.05, 0.5), bad]})[0]

@@ -246,17 +246,29 @@ if os.environ.get("SPARQ_EMU_FULL", "0") not in ("", "0"):
     EMU_CASES.update({"full-" + c.replace(" ", "_"): c for c in EMU_CASES_FULL})
 
 
-@pytest.mark.parametrize("case", list(EMU_CASES), ids=list(EMU_CASES))
-def test_cuda_kernels_emulated_equal_the_cpu_op(case):
+# the selection's two ways (LLAMA_SPARQ_CUDA_SELECT): these lists are short enough that the default
+# is the one-kernel select (k_sparq_select), so the radix chain runs on some of them forced
+EMU_RADIX = ["gqa4-f32-vec", "gqa4-perhead-window", "short-sequence-long-cache"]
+EMU_RUNS = [(c, "auto") for c in EMU_CASES] + [(c, "radix") for c in EMU_RADIX if c in EMU_CASES]
+
+
+@pytest.mark.parametrize("case,select", EMU_RUNS, ids=[f"{c}-{s}" for c, s in EMU_RUNS])
+def test_cuda_kernels_emulated_equal_the_cpu_op(case, select):
     """The kernels of ggml-sparq/cuda/, run on the CPU by sparq-cuda-emu (one thread
     per CUDA thread; __syncthreads and the warp shuffles as barriers), give the CPU op's output and
     choose the same cells (the unit's bitmap equals the CPU's list) on tie-proof inputs. This checks
-    the kernels' indexing and logic before any GPU runs them; not the GPU's memory model or speed."""
+    the kernels' indexing and logic before any GPU runs them; not the GPU's memory model or speed.
+    select: the default way to select (one kernel per list for these lengths) or the radix chain."""
+    env = dict(os.environ)
+    env.pop("LLAMA_SPARQ_CUDA_SELECT", None)
+    if select != "auto":
+        env["LLAMA_SPARQ_CUDA_SELECT"] = select
     res = subprocess.run([str(tool_path("sparq-cuda-emu")), *EMU_CASES[case].split()], capture_output=True,
-                         text=True, timeout=600)
+                         text=True, timeout=600, env=env)
     assert res.returncode == 0 and res.stdout.startswith("OK"), res.stdout + res.stderr[-2000:]
     m = re.search(r"sel_differ=(\d+)", res.stdout)
     assert m and m.group(1) == "0"
+    assert f"select={'fused' if select == 'auto' else select}" in res.stdout, res.stdout
 
 
 # ---------------------------------------------------------------------------

@@ -2,6 +2,9 @@
 // group size and cache type, the scratch sizes), shared by the CUDA backend and the CPU emulation.
 #pragma once
 
+#include <cstdlib>
+#include <cstring>
+
 #include "sparq-cuda-common.cuh"
 #include "sparq-cuda-score.cuh"
 #include "sparq-cuda-select.cuh"
@@ -84,10 +87,33 @@ static void sparq_launch_by_g(const sparq_cu_args & a, bool kt_f16, bool k_f16, 
     }
 }
 
+// Stages 5-6 in one kernel per list (k_sparq_select) for lists of at most this many selection
+// tiles, where the ten launches of the radix chain cost more than one block reading the list five
+// times; longer lists take the chain, whose tiles spread the reads over the whole GPU.
+#define SPARQ_SELECT_FUSED_MAX_TILES 8
+
+// LLAMA_SPARQ_CUDA_SELECT=fused or radix forces one way (comparisons, tests); unset: by the length
+static bool sparq_select_fused(const sparq_cu_args & a) {
+    static const int force = [] {
+        const char * e = getenv("LLAMA_SPARQ_CUDA_SELECT");
+        if (e && strcmp(e, "fused") == 0) {
+            return 1;
+        }
+        if (e && strcmp(e, "radix") == 0) {
+            return 2;
+        }
+        return 0;
+    }();
+    return force == 1 || (force == 0 && a.nt_s <= SPARQ_SELECT_FUSED_MAX_TILES);
+}
+
 // The whole op: a's shapes, tensors and scratch set (cpt: 1 or sparq_vec_cpt(sparq_gmax(g)), the
 // K^T load width the rows' alignment allows; nt_a must match it).
 static void sparq_cu_run(const sparq_cu_args & a, int cpt, bool kt_f16, bool k_f16, bool v_f16, sparq_stream_t stream) {
-    SPARQ_MEMSET(a.hist, (size_t) a.L * 256 * sizeof(unsigned int), stream);
+    const bool fused = sparq_select_fused(a);
+    if (!fused) {
+        SPARQ_MEMSET(a.hist, (size_t) a.L * 256 * sizeof(unsigned int), stream);
+    }
     SPARQ_MEMSET(a.selbits, (size_t) a.U * a.W * sizeof(unsigned int), stream);
 
     SPARQ_MEMSET(a.rows, (size_t) a.R * sizeof(sparq_cu_row), stream);
@@ -99,11 +125,15 @@ static void sparq_cu_run(const sparq_cu_args & a, int cpt, bool kt_f16, bool k_f
     if (a.g > 1 && a.ph == 1) {
         SPARQ_LAUNCH(k_sparq_group_keys, gsel, SPARQ_NT, stream, a);
     }
-    for (int shift = 24; shift >= 0; shift -= 8) {
-        SPARQ_LAUNCH(k_sparq_hist, glist, SPARQ_NT, stream, a, shift);
-        SPARQ_LAUNCH(k_sparq_pick, dim3(a.L), 32, stream, a, shift);
+    if (fused) {
+        SPARQ_LAUNCH(k_sparq_select, dim3(a.L), SPARQ_NT, stream, a);
+    } else {
+        for (int shift = 24; shift >= 0; shift -= 8) {
+            SPARQ_LAUNCH(k_sparq_hist, glist, SPARQ_NT, stream, a, shift);
+            SPARQ_LAUNCH(k_sparq_pick, dim3(a.L), 32, stream, a, shift);
+        }
+        SPARQ_LAUNCH(k_sparq_eqcount, glist, SPARQ_NT, stream, a);
+        SPARQ_LAUNCH(k_sparq_collect, glist, SPARQ_NT, stream, a);
     }
-    SPARQ_LAUNCH(k_sparq_eqcount, glist, SPARQ_NT, stream, a);
-    SPARQ_LAUNCH(k_sparq_collect, glist, SPARQ_NT, stream, a);
     sparq_launch_by_g(a, kt_f16, k_f16, v_f16, cpt, true, stream);
 }

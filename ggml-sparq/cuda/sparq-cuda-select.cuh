@@ -235,3 +235,149 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_collect(const sparq_c
         }
     }
 }
+
+// ---------------------------------------------------------------------------
+// 5+6 in one kernel: a block per list does the radix select and the collection itself
+// ---------------------------------------------------------------------------
+
+// The same choice as k_sparq_hist / k_sparq_pick / k_sparq_eqcount / k_sparq_collect (the kk largest
+// eligible keys, equal keys to the lower cells, the window's bits by the unit's first list), one
+// block walking the whole list: four passes of the keys (from L2: the scores were just written)
+// and one of the cells, where the chain above takes ten launches. For short lists, where the
+// launches and not the reads set the time (sparq_select_fused chooses).
+static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_select(const sparq_cu_args a) {
+    __shared__ unsigned int hs[256];
+    __shared__ int sh[SPARQ_NW];
+    __shared__ sparq_cu_pick spk;
+    const int li = blockIdx.x, tid = threadIdx.x, lane = tid % 32;
+    const int u = li / a.ph, h = li % a.ph, R = u / a.n_hkv;
+    const sparq_cu_row ri = a.rows[R];
+    if (ri.mode != 0) {
+        return; // uniform over the block
+    }
+    const int kk = sparq_row_kk(a, ri);
+    const bool choose = kk > 0;
+    const float * key = sparq_list_keys(a, li);
+
+    sparq_cu_pick pk = {};
+    pk.shift = 32;
+    pk.want = kk;
+    pk.done = !choose;
+    for (int shift = 24; shift >= 0 && !pk.done; shift -= 8) { // pk is uniform over the block
+        hs[tid] = 0u;
+        if (tid == 0) {
+            spk = pk;
+        }
+        __syncthreads();
+        const unsigned int prefix = shift == 24 ? 0u : pk.prefix >> (shift + 8);
+        for (int s = tid; s < a.S; s += SPARQ_NT) {
+            const float x = key[s];
+            if (sparq_eligible(a, ri, R, s, x)) {
+                const unsigned int o = sparq_key_bits(x);
+                if (shift == 24 || (o >> (shift + 8)) == prefix) {
+                    atomicAdd(&hs[(o >> shift) & 255u], 1u);
+                }
+            }
+        }
+        __syncthreads();
+        if (tid < 32) { // the first warp picks the bin, as k_sparq_pick
+            unsigned int c[8];
+            int tot = 0;
+#pragma unroll
+            for (int b = 0; b < 8; ++b) {
+                c[b] = hs[lane * 8 + b];
+                tot += (int) c[b];
+            }
+            int suf = tot;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const int y = __shfl_down_sync(0xffffffff, suf, o);
+                if (lane + o < 32) {
+                    suf += y;
+                }
+            }
+            const int total = __shfl_sync(0xffffffff, suf, 0);
+            if (shift == 24 && total <= pk.want) {
+                if (lane == 0) {
+                    spk.all = 1;
+                    spk.done = 1;
+                }
+            } else {
+                const int above_lane = suf - tot;
+                if (above_lane < pk.want && pk.want <= suf) {
+                    int above = above_lane;
+                    int bin = lane * 8;
+                    int cnt = 0;
+#pragma unroll
+                    for (int b = 7; b >= 0; --b) {
+                        if (above + (int) c[b] >= pk.want) {
+                            bin = lane * 8 + b;
+                            cnt = (int) c[b];
+                            break;
+                        }
+                        above += (int) c[b];
+                    }
+                    sparq_cu_pick np = pk;
+                    np.prefix |= (unsigned int) bin << shift;
+                    np.shift = shift;
+                    np.want -= above;
+                    np.n_eq = cnt;
+                    if (cnt == np.want || shift == 0) {
+                        np.done = 1;
+                        np.ties = cnt != np.want;
+                    }
+                    spk = np;
+                }
+            }
+        }
+        __syncthreads();
+        pk = spk;
+        __syncthreads(); // spk is written again by the next pass
+    }
+
+    // the chosen cells (and the window, by the unit's first list) into the unit's bitmap, cells in
+    // ascending order so that equal keys go to the lower cells
+    const char * m = sparq_mask_row(a, R);
+    unsigned int * sb = a.selbits + (size_t) u * a.W;
+    int eq_seen = 0;
+    for (int s0 = 0; s0 < a.S; s0 += SPARQ_NT) {
+        const int s = s0 + tid;
+        bool take = false, eq = false;
+        if (s < a.S) {
+            if (h == 0) {
+                take = a.win ? sparq_win_bit(a, R, s) : (s >= ri.w0 && sparq_valid(a, m, s));
+            }
+            if (choose) {
+                const float x = key[s];
+                if (sparq_eligible(a, ri, R, s, x)) {
+                    if (pk.all) {
+                        take = true;
+                    } else {
+                        const unsigned int o = sparq_key_bits(x);
+                        const unsigned int hi = pk.shift >= 32 ? 0u : o >> pk.shift;
+                        const unsigned int bh = pk.shift >= 32 ? 0u : pk.prefix >> pk.shift;
+                        if (hi > bh) {
+                            take = true;
+                        } else if (hi == bh) {
+                            eq = true;
+                        }
+                    }
+                }
+            }
+        }
+        if (pk.ties) { // uniform over the block
+            int tot;
+            const int incl = sparq_block_scan(eq ? 1 : 0, &tot, sh);
+            if (eq && eq_seen + incl - 1 < pk.want) {
+                take = true;
+            }
+            eq_seen += tot;
+        } else if (eq) {
+            take = true;
+        }
+        const unsigned int bits = __ballot_sync(0xffffffff, take);
+        if (lane == 0 && bits) {
+            atomicOr(&sb[(s0 + tid - lane) >> 5], bits);
+        }
+    }
+}

@@ -404,7 +404,7 @@ int main(int argc, char ** argv) {
         }
     }
     const bool ok = nmse <= 1e-9 && n_diff == 0;
-    printf("%s nmse=%.3g max_abs=%.3g sparq_units=%d sel_differ=%d cpt=%d\n", ok ? "OK" : "FAIL", nmse, maxd, n_sparse,
-           n_diff, cpt);
+    printf("%s nmse=%.3g max_abs=%.3g sparq_units=%d sel_differ=%d cpt=%d select=%s\n", ok ? "OK" : "FAIL", nmse, maxd,
+           n_sparse, n_diff, cpt, sparq_select_fused(a) ? "fused" : "radix");
     return ok ? 0 : 1;
 }

@@ -228,10 +228,10 @@ def top_logprobs(r: dict, j) -> dict:
         return {}
 
 
-def margin_changes(conc: dict, alone: dict) -> list[tuple[float, float]]:
-    """How far the schedule moved a request's logits, per generated token over the common prefix
-    (up to and including the first differing token): (the top-2 margin alone, the change of that
-    margin) where the margin is log p(alone's top 1) - log p(alone's top 2), measured in the
+def margin_changes(conc: dict, alone: dict) -> list[tuple[int, float, float]]:
+    """How far the schedule moved a request's logits, per generated token j over the common prefix
+    (up to and including the first differing token): (j, the top-2 margin alone, the change of
+    that margin) where the margin is log p(alone's top 1) - log p(alone's top 2), measured in the
     concurrent response on the same two tokens (negative there when it flipped). A token whose
     two candidates are not both among the concurrent response's top candidates is left out."""
     out = []
@@ -241,7 +241,7 @@ def margin_changes(conc: dict, alone: dict) -> list[tuple[float, float]]:
         ranked = sorted(a, key=a.get, reverse=True)
         if len(ranked) >= 2 and ranked[0] in c and ranked[1] in c:
             m_alone = a[ranked[0]] - a[ranked[1]]
-            out.append((round(m_alone, 4), round(abs(m_alone - (c[ranked[0]] - c[ranked[1]])), 4)))
+            out.append((j, round(m_alone, 4), round(abs(m_alone - (c[ranked[0]] - c[ranked[1]])), 4)))
         if ta[j] != tc[j]:
             break
     return out
@@ -363,7 +363,7 @@ def sweep(args, model, on_row=None) -> tuple[dict, list]:
                     sub = prompts[:n_req]
                     p = concurrent_pass(srv, sub, args.n_predict, args.request_timeout)
                     mism, incomplete, errors = [], [], []
-                    lat, n_gen, moves = [], 0, []
+                    lat, n_gen, moves, worst = [], 0, [], []
                     for i, (c, a) in enumerate(zip(p["responses"], alone)):
                         if "_error" in c:
                             errors.append({"request": i, "error": c["_error"]})
@@ -373,13 +373,14 @@ def sweep(args, model, on_row=None) -> tuple[dict, list]:
                         if not is_complete(c, args.n_predict):
                             incomplete.append(i)
                         mc = margin_changes(c, a)
-                        moves += [d for _, d in mc]
+                        moves += [d for _, _, d in mc]
+                        worst += [(d, i, j, m) for j, m, d in mc]
                         if c.get("tokens") != a.get("tokens"):
                             first = next((j for j, (x, y) in enumerate(zip(c.get("tokens", []), a.get("tokens", [])))
                                           if x != y), None)
                             mism.append({"request": i, "prompt_tokens": len(sub[i]), "first_differing_token": first,
                                          "top2_logprob_margin_alone": top2_margin(a, first),
-                                         "margin_change_there": mc[-1][1] if mc and first == len(mc) - 1 else None})
+                                         "margin_change_there": next((d for j, _, d in mc if j == first), None)})
                     m0, m1 = p["m0"], p["m1"]
                     row = {
                         "variant": variant, "requests": n_req, "slots": slots,
@@ -402,7 +403,10 @@ def sweep(args, model, on_row=None) -> tuple[dict, list]:
                         # how far the schedule moved the logits: per generated token (common prefix),
                         # the change of the alone run's top-2 log-probability margin
                         "margin_change": {"tokens": len(moves), "p50": _pct(moves, 50, 4), "p95": _pct(moves, 95, 4),
-                                          "p99": _pct(moves, 99, 4), "max": round(max(moves), 4) if moves else None},
+                                          "p99": _pct(moves, 99, 4), "max": round(max(moves), 4) if moves else None,
+                                          # the three largest: request, generated token, margin alone, change
+                                          "largest": [{"request": i, "token": j, "margin_alone": m, "change": d}
+                                                      for d, i, j, m in sorted(worst, reverse=True)[:3]]},
                     }
                     rows.append(row)
                     if on_row:

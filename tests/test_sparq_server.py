@@ -453,7 +453,7 @@ def test_margin_changes_follow_the_alone_runs_top_two():
     alone = _resp([5, 7, 9], [{5: -0.1, 6: -2.6}, {7: -0.5, 8: -0.7}, {9: -0.2, 1: -3.0}])
     conc = _resp([5, 8, 3], [{5: -0.2, 6: -2.4}, {8: -0.55, 7: -0.65}, {3: -0.1, 9: -4.0}])
     got = margin_changes(conc, alone)
-    assert got == [(2.5, 0.3), (0.2, 0.3)]  # stops at the first differing token (index 1)
+    assert got == [(0, 2.5, 0.3), (1, 0.2, 0.3)]  # stops at the first differing token (index 1)
     # a token whose alone top 2 is not among the concurrent candidates is left out
     assert margin_changes(_resp([5], [{5: -0.1, 4: -0.2}]), _resp([5], [{5: -0.1, 6: -2.6}])) == []
 

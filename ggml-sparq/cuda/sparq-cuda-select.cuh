@@ -14,6 +14,18 @@ static __device__ __forceinline__ bool sparq_eligible(const sparq_cu_args & a, c
     return s < ri.w0 && key > -INFINITY && !(a.win && sparq_win_bit(a, R, s));
 }
 
+// cell s (its key x) into a pass's block histogram hs: eligible, and its bits above this pass's
+// byte equal to the bound found so far (prefix, already shifted; every cell at the first pass)
+static __device__ __forceinline__ void sparq_hist_cell(const sparq_cu_args & a, const sparq_cu_row & ri, int R, int s,
+                                                       float x, int shift, unsigned int prefix, unsigned int * hs) {
+    if (sparq_eligible(a, ri, R, s, x)) {
+        const unsigned int o = sparq_key_bits(x);
+        if (shift == 24 || (o >> (shift + 8)) == prefix) {
+            atomicAdd(&hs[(o >> shift) & 255u], 1u);
+        }
+    }
+}
+
 static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_hist(const sparq_cu_args a, const int shift) {
     __shared__ unsigned int hs[256];
     const int li = blockIdx.y, tid = threadIdx.x;
@@ -38,17 +50,69 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_hist(const sparq_cu_a
         if (s >= a.S) {
             break;
         }
-        const float x = key[s];
-        if (sparq_eligible(a, ri, R, s, x)) {
-            const unsigned int o = sparq_key_bits(x);
-            if (shift == 24 || (o >> (shift + 8)) == prefix) {
-                atomicAdd(&hs[(o >> shift) & 255u], 1u);
-            }
-        }
+        sparq_hist_cell(a, ri, R, s, key[s], shift, prefix, hs);
     }
     __syncthreads();
     if (hs[tid]) {
         atomicAdd(&a.hist[(size_t) li * 256 + tid], hs[tid]);
+    }
+}
+
+// one warp over a pass's histogram (lane l holds bins 8l..8l+7 in c): the bin holding the wanted
+// key, written to *out as pk advanced by one pass (by the lane that found it), or every eligible
+// cell chosen when the first pass counts no more than wanted
+static __device__ __forceinline__ void sparq_pick_warp(const unsigned int (&c)[8], int shift, sparq_cu_pick pk,
+                                                       sparq_cu_pick * out) {
+    const int lane = threadIdx.x % 32;
+    int tot = 0;
+#pragma unroll
+    for (int b = 0; b < 8; ++b) {
+        tot += (int) c[b];
+    }
+    // suffix sums over the lanes: suf = the counts of this lane's bins and every higher bin
+    int suf = tot;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_down_sync(0xffffffff, suf, o);
+        if (lane + o < 32) {
+            suf += y;
+        }
+    }
+    const int total = __shfl_sync(0xffffffff, suf, 0);
+    if (shift == 24 && total <= pk.want) {
+        // no more eligible cells than wanted: all of them
+        if (lane == 0) {
+            pk.all = 1;
+            pk.done = 1;
+            *out = pk;
+        }
+        return;
+    }
+    // total >= want here (later passes count exactly the cells of the chosen bin, >= want):
+    // exactly one lane holds the bin where the running count from the top reaches want
+    const int above_lane = suf - tot;
+    if (above_lane < pk.want && pk.want <= suf) {
+        int above = above_lane;
+        int bin = lane * 8;
+        int cnt = 0;
+#pragma unroll
+        for (int b = 7; b >= 0; --b) {
+            if (above + (int) c[b] >= pk.want) {
+                bin = lane * 8 + b;
+                cnt = (int) c[b];
+                break;
+            }
+            above += (int) c[b];
+        }
+        pk.prefix |= (unsigned int) bin << shift;
+        pk.shift = shift;
+        pk.want -= above;
+        pk.n_eq = cnt;
+        if (cnt == pk.want || shift == 0) {
+            pk.done = 1;
+            pk.ties = cnt != pk.want;
+        }
+        *out = pk;
     }
 }
 
@@ -81,58 +145,12 @@ static __global__ void __launch_bounds__(32) k_sparq_pick(const sparq_cu_args a,
     }
     unsigned int * hg = a.hist + (size_t) li * 256;
     unsigned int c[8];
-    int tot = 0;
 #pragma unroll
     for (int b = 0; b < 8; ++b) {
         c[b] = hg[lane * 8 + b];
         hg[lane * 8 + b] = 0u;
-        tot += (int) c[b];
     }
-    // suffix sums over the lanes: suf = the counts of this lane's bins and every higher bin
-    int suf = tot;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const int y = __shfl_down_sync(0xffffffff, suf, o);
-        if (lane + o < 32) {
-            suf += y;
-        }
-    }
-    const int total = __shfl_sync(0xffffffff, suf, 0);
-    if (shift == 24 && total <= pk.want) {
-        // no more eligible cells than wanted: all of them
-        if (lane == 0) {
-            pk.all = 1;
-            pk.done = 1;
-            a.pick[li] = pk;
-        }
-        return;
-    }
-    // total >= want here (later passes count exactly the cells of the chosen bin, >= want):
-    // exactly one lane holds the bin where the running count from the top reaches want
-    const int above_lane = suf - tot;
-    if (above_lane < pk.want && pk.want <= suf) {
-        int above = above_lane;
-        int bin = lane * 8;
-        int cnt = 0;
-#pragma unroll
-        for (int b = 7; b >= 0; --b) {
-            if (above + (int) c[b] >= pk.want) {
-                bin = lane * 8 + b;
-                cnt = (int) c[b];
-                break;
-            }
-            above += (int) c[b];
-        }
-        pk.prefix |= (unsigned int) bin << shift;
-        pk.shift = shift;
-        pk.want -= above;
-        pk.n_eq = cnt;
-        if (cnt == pk.want || shift == 0) {
-            pk.done = 1;
-            pk.ties = cnt != pk.want;
-        }
-        a.pick[li] = pk;
-    }
+    sparq_pick_warp(c, shift, pk, &a.pick[li]);
 }
 
 // ---------------------------------------------------------------------------
@@ -168,9 +186,57 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_eqcount(const sparq_c
     }
 }
 
+// cells s0 .. s0 + SPARQ_NT - 1 of list li into the unit's bitmap sb: the window (by the unit's
+// first list, h == 0), the keys above pk's bound, and the keys equal to it in cell order while
+// fewer than pk.want were taken (eq_seen: those before s0, uniform over the block; advanced here)
+static __device__ __forceinline__ void sparq_collect_chunk(const sparq_cu_args & a, const sparq_cu_row & ri, int R, int h,
+                                                           const char * m, const float * key, const sparq_cu_pick & pk,
+                                                           bool choose, int s0, int & eq_seen, int * sh, unsigned int * sb) {
+    const int tid = threadIdx.x, lane = tid % 32;
+    const int s = s0 + tid;
+    bool take = false, eq = false;
+    if (s < a.S) {
+        if (h == 0) {
+            take = a.win ? sparq_win_bit(a, R, s) : (s >= ri.w0 && sparq_valid(a, m, s));
+        }
+        if (choose) {
+            const float x = key[s];
+            if (sparq_eligible(a, ri, R, s, x)) {
+                if (pk.all) {
+                    take = true;
+                } else {
+                    const unsigned int o = sparq_key_bits(x);
+                    const unsigned int hi = pk.shift >= 32 ? 0u : o >> pk.shift;
+                    const unsigned int bh = pk.shift >= 32 ? 0u : pk.prefix >> pk.shift;
+                    if (hi > bh) {
+                        take = true;
+                    } else if (hi == bh) {
+                        eq = true;
+                    }
+                }
+            }
+        }
+    }
+    if (pk.ties) { // uniform over the block
+        int tot;
+        const int incl = sparq_block_scan(eq ? 1 : 0, &tot, sh);
+        if (eq && eq_seen + incl - 1 < pk.want) {
+            take = true;
+        }
+        eq_seen += tot;
+    } else if (eq) {
+        take = true;
+    }
+    // the warp's 32 cells are one bitmap word (tiles and chunks are multiples of 32)
+    const unsigned int bits = __ballot_sync(0xffffffff, take);
+    if (lane == 0 && bits) {
+        atomicOr(&sb[(s0 + (tid - lane)) >> 5], bits);
+    }
+}
+
 static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_collect(const sparq_cu_args a) {
     __shared__ int sh[SPARQ_NW];
-    const int li = blockIdx.y, tid = threadIdx.x, lane = tid % 32;
+    const int li = blockIdx.y;
     const int u = li / a.ph, h = li % a.ph, R = u / a.n_hkv;
     const sparq_cu_row ri = a.rows[R];
     if (ri.mode != 0) {
@@ -194,45 +260,7 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_collect(const sparq_c
         }
     }
     for (int i = 0; i < SPARQ_TS_CPT; ++i) {
-        const int s = blockIdx.x * SPARQ_TS + i * SPARQ_NT + tid;
-        bool take = false, eq = false;
-        if (s < a.S) {
-            if (h == 0) {
-                take = a.win ? sparq_win_bit(a, R, s) : (s >= ri.w0 && sparq_valid(a, m, s));
-            }
-            if (choose) {
-                const float x = key[s];
-                if (sparq_eligible(a, ri, R, s, x)) {
-                    if (pk.all) {
-                        take = true;
-                    } else {
-                        const unsigned int o = sparq_key_bits(x);
-                        const unsigned int hi = pk.shift >= 32 ? 0u : o >> pk.shift;
-                        const unsigned int bh = pk.shift >= 32 ? 0u : pk.prefix >> pk.shift;
-                        if (hi > bh) {
-                            take = true;
-                        } else if (hi == bh) {
-                            eq = true;
-                        }
-                    }
-                }
-            }
-        }
-        if (pk.ties) { // uniform over the block
-            int tot;
-            const int incl = sparq_block_scan(eq ? 1 : 0, &tot, sh);
-            if (eq && eq_seen + incl - 1 < pk.want) {
-                take = true;
-            }
-            eq_seen += tot;
-        } else if (eq) {
-            take = true;
-        }
-        // the warp's 32 cells are one bitmap word (tiles and chunks are multiples of 32)
-        const unsigned int bits = __ballot_sync(0xffffffff, take);
-        if (lane == 0 && bits) {
-            atomicOr(&sb[(blockIdx.x * SPARQ_TS + i * SPARQ_NT + (tid - lane)) >> 5], bits);
-        }
+        sparq_collect_chunk(a, ri, R, h, m, key, pk, choose, blockIdx.x * SPARQ_TS + i * SPARQ_NT, eq_seen, sh, sb);
     }
 }
 
@@ -271,64 +299,16 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_select(const sparq_cu
         __syncthreads();
         const unsigned int prefix = shift == 24 ? 0u : pk.prefix >> (shift + 8);
         for (int s = tid; s < a.S; s += SPARQ_NT) {
-            const float x = key[s];
-            if (sparq_eligible(a, ri, R, s, x)) {
-                const unsigned int o = sparq_key_bits(x);
-                if (shift == 24 || (o >> (shift + 8)) == prefix) {
-                    atomicAdd(&hs[(o >> shift) & 255u], 1u);
-                }
-            }
+            sparq_hist_cell(a, ri, R, s, key[s], shift, prefix, hs);
         }
         __syncthreads();
         if (tid < 32) { // the first warp picks the bin, as k_sparq_pick
             unsigned int c[8];
-            int tot = 0;
 #pragma unroll
             for (int b = 0; b < 8; ++b) {
                 c[b] = hs[lane * 8 + b];
-                tot += (int) c[b];
             }
-            int suf = tot;
-#pragma unroll
-            for (int o = 1; o < 32; o <<= 1) {
-                const int y = __shfl_down_sync(0xffffffff, suf, o);
-                if (lane + o < 32) {
-                    suf += y;
-                }
-            }
-            const int total = __shfl_sync(0xffffffff, suf, 0);
-            if (shift == 24 && total <= pk.want) {
-                if (lane == 0) {
-                    spk.all = 1;
-                    spk.done = 1;
-                }
-            } else {
-                const int above_lane = suf - tot;
-                if (above_lane < pk.want && pk.want <= suf) {
-                    int above = above_lane;
-                    int bin = lane * 8;
-                    int cnt = 0;
-#pragma unroll
-                    for (int b = 7; b >= 0; --b) {
-                        if (above + (int) c[b] >= pk.want) {
-                            bin = lane * 8 + b;
-                            cnt = (int) c[b];
-                            break;
-                        }
-                        above += (int) c[b];
-                    }
-                    sparq_cu_pick np = pk;
-                    np.prefix |= (unsigned int) bin << shift;
-                    np.shift = shift;
-                    np.want -= above;
-                    np.n_eq = cnt;
-                    if (cnt == np.want || shift == 0) {
-                        np.done = 1;
-                        np.ties = cnt != np.want;
-                    }
-                    spk = np;
-                }
-            }
+            sparq_pick_warp(c, shift, pk, &spk);
         }
         __syncthreads();
         pk = spk;
@@ -341,43 +321,6 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_select(const sparq_cu
     unsigned int * sb = a.selbits + (size_t) u * a.W;
     int eq_seen = 0;
     for (int s0 = 0; s0 < a.S; s0 += SPARQ_NT) {
-        const int s = s0 + tid;
-        bool take = false, eq = false;
-        if (s < a.S) {
-            if (h == 0) {
-                take = a.win ? sparq_win_bit(a, R, s) : (s >= ri.w0 && sparq_valid(a, m, s));
-            }
-            if (choose) {
-                const float x = key[s];
-                if (sparq_eligible(a, ri, R, s, x)) {
-                    if (pk.all) {
-                        take = true;
-                    } else {
-                        const unsigned int o = sparq_key_bits(x);
-                        const unsigned int hi = pk.shift >= 32 ? 0u : o >> pk.shift;
-                        const unsigned int bh = pk.shift >= 32 ? 0u : pk.prefix >> pk.shift;
-                        if (hi > bh) {
-                            take = true;
-                        } else if (hi == bh) {
-                            eq = true;
-                        }
-                    }
-                }
-            }
-        }
-        if (pk.ties) { // uniform over the block
-            int tot;
-            const int incl = sparq_block_scan(eq ? 1 : 0, &tot, sh);
-            if (eq && eq_seen + incl - 1 < pk.want) {
-                take = true;
-            }
-            eq_seen += tot;
-        } else if (eq) {
-            take = true;
-        }
-        const unsigned int bits = __ballot_sync(0xffffffff, take);
-        if (lane == 0 && bits) {
-            atomicOr(&sb[(s0 + tid - lane) >> 5], bits);
-        }
+        sparq_collect_chunk(a, ri, R, h, m, key, pk, choose, s0, eq_seen, sh, sb);
     }
 }

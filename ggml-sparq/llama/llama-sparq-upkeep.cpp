@@ -70,6 +70,21 @@ void sparq_retrain_index(llama_sparq_ctx & S, uint32_t strm, const std::vector<u
     S.n_index_trainings++;
 }
 
+// Waits until every layer's K^T and sums are written where they live. A rebuild's writes to an
+// RPC host are queued and sent in the background, and the RPC backend's synchronize only waits
+// until they are sent, not processed: a read has to come back, and the host answers it after
+// the writes before it. So one element of each layer's K^T is read (a memcpy in host memory, a
+// 2-byte copy from a GPU). Without this a benchmark's first timed step over RPC waited for the
+// rebuild (seconds at 16K cells on loopback).
+void sparq_wait_data(const llama_sparq_ctx & S) {
+    for (const sparq_layer & L : S.layers) {
+        if (L.kt && L.kt->buffer && !ggml_backend_buffer_is_host(L.kt->buffer)) {
+            uint8_t probe[8];
+            ggml_backend_tensor_get(L.kt, probe, 0, ggml_type_size(L.kt->type));
+        }
+    }
+}
+
 void llama_sparq_sync(struct llama_context * ctx) {
     auto & cp = A::cparams(ctx);
     if (!cp.sparq || cp.sparq->n_layers == 0 || !cp.sparq->params.enabled) {
@@ -80,6 +95,7 @@ void llama_sparq_sync(struct llama_context * ctx) {
     ctx->memory_update(false);
     llama_synchronize(ctx);
     llama_sparq_ctx & S = *cp.sparq;
+    bool rebuilt = false;
     for (uint32_t strm = 0; strm < A::n_stream(S.kv); ++strm) {
         if (sparq_stream_current(S, strm)) {
             continue;
@@ -88,6 +104,10 @@ void llama_sparq_sync(struct llama_context * ctx) {
         sparq_count_rebuild(S, strm);
         S.streams[strm].hash = A::cells_hash(A::cells(S.kv, strm));
         S.streams[strm].valid = true;
+        rebuilt = true;
+    }
+    if (rebuilt) {
+        sparq_wait_data(S);
     }
     // the index selector: trained and every used cell in its list now, not in the next step
     if (S.params.selector == LLAMA_SPARQ_SELECTOR_INDEX && S.ivf_ctx) {

@@ -211,21 +211,18 @@ def is_complete(r: dict, n_predict: int) -> bool:
     return n == n_predict or (0 < n <= n_predict and r.get("stop_type") in ("eos", "word"))
 
 
-def top2_margin(r: dict, j):
-    """log p(top 1) - log p(top 2) at generated token j (how near a tie the greedy choice was)."""
-    try:
-        top = r["completion_probabilities"][j]["top_logprobs"]
-        return round(top[0]["logprob"] - top[1]["logprob"], 4)
-    except (KeyError, IndexError, TypeError):
-        return None
-
-
 def top_logprobs(r: dict, j) -> dict:
     """{token id: log p} of the top candidates the server returned at generated token j ({} if none)."""
     try:
         return {t["id"]: t["logprob"] for t in r["completion_probabilities"][j]["top_logprobs"]}
     except (KeyError, IndexError, TypeError):
         return {}
+
+
+def top2_margin(r: dict, j):
+    """log p(top 1) - log p(top 2) at generated token j (how near a tie the greedy choice was)."""
+    lp = sorted(top_logprobs(r, j).values(), reverse=True)
+    return round(lp[0] - lp[1], 4) if len(lp) >= 2 else None
 
 
 def margin_changes(conc: dict, alone: dict) -> list[tuple[int, float, float]]:
@@ -292,10 +289,11 @@ def run_load(server: Server, prompts: list[list[int]], n_predict: int, request_t
     }
 
 
-def write_md(out: Path, tag: str, lines: list[str]) -> None:
-    """<out>/<tag>.md from the lines (and a last empty one), also printed."""
+def write_md(out: Path, tag: str, lines: list[str], echo: bool = True) -> None:
+    """<out>/<tag>.md from the lines (and a last empty one), also printed (echo)."""
     (out / f"{tag}.md").write_text("\n".join(lines + [""]))
-    print("\n".join(lines))
+    if echo:
+        print("\n".join(lines))
 
 
 def concurrent_pass(server: Server, prompts: list[list[int]], n_predict: int, request_timeout: float) -> dict:
@@ -538,7 +536,7 @@ def write_sweep(args, res, servers, meta, partial=False) -> bool:
         f"logits showed in the same load, with SparQ's margin change p95 within {MOVE_TOLERANCE}x dense's): "
         + ("PASS" if ok else "FAIL: " + "; ".join(bad)),
     ]
-    write_md(out, args.tag, md)
+    write_md(out, args.tag, md, echo=not partial)  # a partial file each row: the row's line is printed
     return ok
 
 

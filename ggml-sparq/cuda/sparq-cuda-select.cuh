@@ -58,6 +58,15 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_hist(const sparq_cu_a
     }
 }
 
+// a list's radix select before its first pass: kk cells wanted, no bound yet (done: nothing to choose)
+static __device__ __forceinline__ sparq_cu_pick sparq_pick_start(int kk, bool done) {
+    sparq_cu_pick pk = {};
+    pk.shift = 32;
+    pk.want = kk;
+    pk.done = done;
+    return pk;
+}
+
 // one warp over a pass's histogram (lane l holds bins 8l..8l+7 in c): the bin holding the wanted
 // key, written to *out as pk advanced by one pass (by the lane that found it), or every eligible
 // cell chosen when the first pass counts no more than wanted
@@ -124,13 +133,7 @@ static __global__ void __launch_bounds__(32) k_sparq_pick(const sparq_cu_args a,
     const int kk = sparq_row_kk(a, ri);
     sparq_cu_pick pk;
     if (shift == 24) {
-        pk.prefix = 0u;
-        pk.shift = 32;
-        pk.want = kk;
-        pk.n_eq = 0;
-        pk.all = 0;
-        pk.done = ri.mode != 0 || kk <= 0;
-        pk.ties = 0;
+        pk = sparq_pick_start(kk, ri.mode != 0 || kk <= 0);
         if (pk.done) {
             if (lane == 0) {
                 a.pick[li] = pk;
@@ -287,10 +290,7 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_select(const sparq_cu
     const bool choose = kk > 0;
     const float * key = sparq_list_keys(a, li);
 
-    sparq_cu_pick pk = {};
-    pk.shift = 32;
-    pk.want = kk;
-    pk.done = !choose;
+    sparq_cu_pick pk = sparq_pick_start(kk, !choose);
     for (int shift = 24; shift >= 0 && !pk.done; shift -= 8) { // pk is uniform over the block
         hs[tid] = 0u;
         if (tid == 0) {

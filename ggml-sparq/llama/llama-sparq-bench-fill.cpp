@@ -104,15 +104,10 @@ int32_t llama_sparq_bench_fill(struct llama_context * ctx, int32_t n_tokens, uin
         cells.seq_add(i, 0);
     }
     A::set_head(kv, 0, (uint32_t) n_tokens % size);
-    // the writes are done where the cache lives before the timed steps: an RPC host's are queued
-    // and sent in the background, and only a read that comes back shows them processed
+    // the writes done where the cache lives before the timed steps (an RPC host's are queued)
     for (size_t ikv = 0; ikv < A::n_layers(kv); ++ikv) {
-        for (ggml_tensor * t : { A::layer_k(kv, ikv), A::layer_v(kv, ikv) }) {
-            if (t->buffer && !ggml_backend_buffer_is_host(t->buffer)) {
-                uint8_t probe[8];
-                ggml_backend_tensor_get(t, probe, 0, ggml_type_size(t->type));
-            }
-        }
+        sparq_wait_written(A::layer_k(kv, ikv));
+        sparq_wait_written(A::layer_v(kv, ikv));
     }
     return 0; // the cells' new versions (pos_set) make the next step rebuild K^T and the V sums
 }

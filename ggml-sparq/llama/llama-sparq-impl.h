@@ -271,7 +271,7 @@ bool sparq_rebuild_stream_device(llama_sparq_ctx & S, uint32_t strm, const std::
 // llama-sparq-upkeep.cpp: stream currency, the rebuild counter, the selectors' per-cell data on a rebuild
 // whether the stream's data is current for its cells as they are now
 bool sparq_stream_current(const llama_sparq_ctx & S, uint32_t strm);
-void sparq_wait_data(const llama_sparq_ctx & S); // every layer's data written where it lives (RPC: processed)
+void sparq_wait_written(const ggml_tensor * t); // the writes queued to t processed where it lives (RPC)
 void sparq_count_rebuild(llama_sparq_ctx & S, uint32_t strm); // n_rebuilds++, the stream's diffuse stretches reset (takes S.mtx)
 // H2O's scores and the index's list ids of one stream after its cells changed (skip: the cells the ubatch writes)
 void sparq_selector_rebuild(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip);

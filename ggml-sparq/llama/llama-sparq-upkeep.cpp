@@ -70,18 +70,14 @@ void sparq_retrain_index(llama_sparq_ctx & S, uint32_t strm, const std::vector<u
     S.n_index_trainings++;
 }
 
-// Waits until every layer's K^T and sums are written where they live. A rebuild's writes to an
-// RPC host are queued and sent in the background, and the RPC backend's synchronize only waits
-// until they are sent, not processed: a read has to come back, and the host answers it after
-// the writes before it. So one element of each layer's K^T is read (a memcpy in host memory, a
-// 2-byte copy from a GPU). Without this a benchmark's first timed step over RPC waited for the
-// rebuild (seconds at 16K cells on loopback).
-void sparq_wait_data(const llama_sparq_ctx & S) {
-    for (const sparq_layer & L : S.layers) {
-        if (L.kt && L.kt->buffer && !ggml_backend_buffer_is_host(L.kt->buffer)) {
-            uint8_t probe[8];
-            ggml_backend_tensor_get(L.kt, probe, 0, ggml_type_size(L.kt->type));
-        }
+// Waits until the writes queued to t are processed where t lives. A write to an RPC host is queued
+// and sent in the background, and the RPC backend's synchronize only waits until it is sent, not
+// processed: a read has to come back, and the host answers it after the writes before it. So one
+// element is read (nothing in host memory; a 2-byte copy from a GPU).
+void sparq_wait_written(const ggml_tensor * t) {
+    if (t && t->buffer && !ggml_backend_buffer_is_host(t->buffer)) {
+        uint8_t probe[8];
+        ggml_backend_tensor_get(t, probe, 0, ggml_type_size(t->type));
     }
 }
 
@@ -106,8 +102,10 @@ void llama_sparq_sync(struct llama_context * ctx) {
         S.streams[strm].valid = true;
         rebuilt = true;
     }
-    if (rebuilt) {
-        sparq_wait_data(S);
+    // the rebuilt data written before the timed step that follows (without this, a benchmark's first
+    // step over RPC waited for the rebuild: seconds at 16K cells on loopback)
+    for (size_t ikv = 0; rebuilt && ikv < S.layers.size(); ++ikv) {
+        sparq_wait_written(S.layers[ikv].kt);
     }
     // the index selector: trained and every used cell in its list now, not in the next step
     if (S.params.selector == LLAMA_SPARQ_SELECTOR_INDEX && S.ivf_ctx) {

@@ -9,6 +9,8 @@
 #                skipped with a message without it)
 #   make test-cuda / make bench-gpu   on a GPU machine: the CUDA build, then tests/test_cuda.py /
 #                bench/gpu_sweep.py
+#   make gpu-wheel / make gpu-gemma-parts   for a GPU machine without network or build time: the
+#                CUDA wheel and Gemma in parts, built here; scripts/gpu_session.sh runs them there
 #
 # Variables: PYTHON (the interpreter that creates .venv), PYTEST_ARGS, JOBS, CUDA, CUDA_ARCHS, NVCC.
 
@@ -23,7 +25,7 @@ JOBS        ?= $(shell nproc 2>/dev/null || echo 2)
 export CCACHE_BASEDIR := $(CURDIR)
 export CCACHE_NOHASHDIR := 1
 
-.PHONY: all install deps deps-system test test-fast demo upstream bench-op cuda-check test-cuda bench-gpu clean distclean
+.PHONY: all install deps deps-system test test-fast demo upstream bench-op cuda-check test-cuda bench-gpu gpu-wheel gpu-gemma-parts clean distclean
 
 # The CUDA variant: ggml's CUDA backend plus ggml-sparq/cuda/ (patch 0010), in a build
 # folder of its own so that the CPU build (the default) is never reconfigured by it.
@@ -101,6 +103,38 @@ test-cuda:
 bench-gpu:
 	$(MAKE) install CUDA=1
 	$(PY) bench/gpu_sweep.py
+
+# The CUDA variant as a wheel, built on a machine without a GPU for a GPU machine that has no
+# network and little time (scripts/gpu_session.sh installs and runs it there, docs/cuda.md):
+# ggml's CPU backend for an AVX-512 host instead of -march=native (the build machine's CPU is not
+# the GPU host's; GPU_CPU_FLAGS overrides), GPU_ARCHS (default 90a: H100/H200) alone, and beside
+# it the wheels the package needs at run time for the GPU host's Python (GPU_PY, default 3.12).
+# About 25 minutes on 2 cores with a cold ccache.
+GPU_WHEEL_DIR ?= build/gpu-wheel
+GPU_ARCHS     ?= 90a
+GPU_PY        ?= 3.12
+GPU_CPU_FLAGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
+                 -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX512_VBMI=ON
+gpu-wheel: deps
+	@test -n "$(NVCC)" || { echo "gpu-wheel: nvcc not found (no CUDA toolkit on PATH or in /usr/local/cuda; set NVCC=...)"; exit 2; }
+	rm -rf $(GPU_WHEEL_DIR) && mkdir -p $(GPU_WHEEL_DIR)
+	PATH="$(dir $(NVCC)):$$PATH" CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) \
+	CMAKE_ARGS="-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$(GPU_ARCHS) $(GPU_CPU_FLAGS) -DCMAKE_EXE_LINKER_FLAGS=-Wl,--allow-shlib-undefined" \
+	    $(PIP) wheel -q --no-build-isolation --no-deps -C build-dir=build/cuda-wheel -w $(GPU_WHEEL_DIR) .
+	$(PIP) download -q --only-binary=:all: --no-deps --python-version $(GPU_PY) --platform manylinux2014_x86_64 \
+	    -d $(GPU_WHEEL_DIR) "gguf>=0.10" "cffi>=1.15" pycparser "diskcache>=5.6.1"
+	git describe --always --dirty --abbrev=12 > $(GPU_WHEEL_DIR)/COMMIT
+	@ls -l $(GPU_WHEEL_DIR); du -sh $(GPU_WHEEL_DIR)
+
+# Gemma 3 270M cut into parts small enough to carry one per call to a GPU machine (a call carries
+# at most 64 MiB in all), with their checksums; scripts/gpu_session.sh's gemma step joins them.
+GPU_GEMMA_DIR ?= build/gpu-gemma
+GPU_PART_MB   ?= 50
+gpu-gemma-parts: deps
+	f=$$($(PY) -c "from llama_sparq.models import default_model_path; print(default_model_path())") && \
+	rm -rf $(GPU_GEMMA_DIR) && mkdir -p $(GPU_GEMMA_DIR) && \
+	split -b $(GPU_PART_MB)M -d -a 2 "$$f" $(GPU_GEMMA_DIR)/part- && basename "$$f" > $(GPU_GEMMA_DIR)/FILE && \
+	cd $(GPU_GEMMA_DIR) && sha256sum part-* > SHA256SUMS && ls -l
 
 # SparQ's CUDA kernels compiled alone (not the CUDA backend) for Ampere and Hopper against the
 # prepared upstream tree's headers, device warnings as errors: CI has nvcc but no GPU, so this

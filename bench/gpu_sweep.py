@@ -232,6 +232,7 @@ def op(args, meta):
     # upstream's own flash-attention perf cases are many: only the shapes ours are set against
     fa_shapes = r"hsk=128,hsv=128,nh=32,nr23=\[1,(1|8)\],kv=(4096|16384|65536|262144),nb=1,mask=1,"
     env.pop("LLAMA_SPARQ_CUDA_SELECT", None)
+    env.pop("LLAMA_SPARQ_CUDA_ATTEND", None)
     for o, extra in (("SPARQ_ATTN", []), ("FLASH_ATTN_EXT", ["-p", fa_shapes])):
         cmd = [exe, "perf", "-b", "CUDA0", "-o", o] + extra
         p = run(cmd, env=env, timeout=7200)
@@ -239,12 +240,18 @@ def op(args, meta):
         res += parse_perf(p.stdout)
     # the selection's other way on the same cases: the tiled radix chain everywhere (the default
     # takes the one-kernel select for lists up to 32K cells), so each row shows both
-    radix = {}
-    if args.select_ab:
+    # and the attend stage's: one block per (row, KV head) everywhere (the default splits each
+    # one's cells over several blocks while there are few of them, as at batch 1)
+    alt = {}
+    for on, var, val in ((args.select_ab, "LLAMA_SPARQ_CUDA_SELECT", "radix"),
+                         (args.attend_ab, "LLAMA_SPARQ_CUDA_ATTEND", "single")):
+        if not on:
+            continue
         cmd = [exe, "perf", "-b", "CUDA0", "-o", "SPARQ_ATTN"]
-        p = run(cmd, env=dict(env, LLAMA_SPARQ_CUDA_SELECT="radix"), timeout=7200)
-        cmds.append("SPARQ_PERF_GPU=1 LLAMA_SPARQ_CUDA_SELECT=radix " + shlex.join(cmd))
-        radix = {tuple(sorted(r["vars"].items())): r["us_per_run"] for r in parse_perf(p.stdout)}
+        p = run(cmd, env=dict(env, **{var: val}), timeout=7200)
+        cmds.append(f"SPARQ_PERF_GPU=1 {var}={val} " + shlex.join(cmd))
+        alt[val] = {tuple(sorted(r["vars"].items())): r["us_per_run"] for r in parse_perf(p.stdout)}
+    radix, single = alt.get("radix", {}), alt.get("single", {})
     fa = {}
     for r in res:
         v = r["vars"]
@@ -267,6 +274,7 @@ def op(args, meta):
         b_fa = ns * float(cost.bytes_moved(S, 128, rr, k, 2, 32, sparq=False))
         rows.append({"S": S, "batch": ns, "r": rr, "k": k, "sparq_us": r["us_per_run"], "flash_attn_us": dense_us,
                      "sparq_us_radix_select": radix.get(tuple(sorted(v.items()))),
+                     "sparq_us_single_attend": single.get(tuple(sorted(v.items()))),
                      "speedup": sp, "compression": ratio, "bound": 1.0 / ratio,
                      "fraction_of_bound": sp * ratio if sp else None,
                      "sparq_GBps": b_sp / (r["us_per_run"] * 1e3), "flash_attn_GBps": b_fa / (dense_us * 1e3) if dense_us else None})
@@ -341,10 +349,10 @@ def report(tag) -> None:
             lines += ["", "Failed runs: " + "; ".join(f"{r['config']} at S = {r['S']}" for r in errs)]
     if o:
         lines += ["", "## The op against CUDA flash attention (test-backend-ops perf, Llama 2 7B attention: 32 heads of 128, F16)", "",
-                  "| commit | S | batch | r | k | SparQ us | SparQ us, radix-chain select | flash attn us | speedup | bound M_dense/M_sparq | fraction of bound | SparQ GB/s | flash attn GB/s |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "| commit | S | batch | r | k | SparQ us | SparQ us, radix-chain select | SparQ us, one attend block per unit | flash attn us | speedup | bound M_dense/M_sparq | fraction of bound | SparQ GB/s | flash attn GB/s |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in sorted(o["rows"], key=lambda r: (r["batch"], r["S"], r["r"], r["k"], r.get("commit", ""))):
-            lines.append(f"| {r.get('commit', str(o['meta']['commit'])[:12])} | {r['S']} | {r['batch']} | {r['r']} | {r['k']} | {_fmt(r['sparq_us'], 1)} | {_fmt(r.get('sparq_us_radix_select'), 1)} | {_fmt(r['flash_attn_us'], 1)} | "
+            lines.append(f"| {r.get('commit', str(o['meta']['commit'])[:12])} | {r['S']} | {r['batch']} | {r['r']} | {r['k']} | {_fmt(r['sparq_us'], 1)} | {_fmt(r.get('sparq_us_radix_select'), 1)} | {_fmt(r.get('sparq_us_single_attend'), 1)} | {_fmt(r['flash_attn_us'], 1)} | "
                          f"{_fmt(r['speedup'])} | {_fmt(r['bound'])} | {_fmt(r['fraction_of_bound'])} | "
                          f"{_fmt(r.get('sparq_GBps'), 0)} | {_fmt(r.get('flash_attn_GBps'), 0)} |")
     (OUT / f"gpu_{tag}.md").write_text("\n".join(lines) + "\n")
@@ -396,6 +404,8 @@ def main(argv=None) -> int:
     ap.add_argument("--l", type=int, default=32)
     ap.add_argument("--basis", default="model", help="the paper's basis (default), or scaled/pca")
     ap.add_argument("--tag", default="h100")
+    ap.add_argument("--no-attend-ab", dest="attend_ab", action="store_false",
+                    help="op: skip the SPARQ_ATTN run with one attend block per unit (LLAMA_SPARQ_CUDA_ATTEND=single)")
     ap.add_argument("--no-select-ab", dest="select_ab", action="store_false",
                     help="op: skip the second SPARQ_ATTN run with the radix-chain select (LLAMA_SPARQ_CUDA_SELECT=radix)")
     ap.add_argument("--report", action="store_true", help="only write gpu_<tag>.md and .png from the result files")

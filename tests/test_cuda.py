@@ -227,6 +227,8 @@ EMU_CASES = {
     "oracle-l0-nomask": "64 1024 4 2 1 1 16 64 0 0 0 1 0 0",
     "rows-dense-stream": "64 300 4 2 2 2 8 32 8 1 1 0 0 3",
     "short-sequence-long-cache": "64 4096 4 4 1 2 8 64 16 1 1 0 0 4",
+    # a dense stream beside a SparQ one, several rows, k = 128: both split in 4 parts
+    "rows-dense-stream-parts": "64 1000 4 2 3 2 8 128 8 1 1 0 0 3",
 }
 
 # SPARQ_EMU_FULL=1 adds the longer grid (a few minutes on 2 cores; all 20 passed at this commit)
@@ -247,28 +249,42 @@ if os.environ.get("SPARQ_EMU_FULL", "0") not in ("", "0"):
 
 
 # the selection's two ways (LLAMA_SPARQ_CUDA_SELECT): these lists are short enough that the default
-# is the one-kernel select (k_sparq_select), so the radix chain runs on some of them forced
+# is the one-kernel select (k_sparq_select), so the radix chain runs on some of them forced; the
+# attend stage's two ways (LLAMA_SPARQ_CUDA_ATTEND): these few units get split into parts by
+# default, so the one-block-per-unit kernel runs on some of them forced
 EMU_RADIX = ["gqa4-f32-vec", "gqa4-perhead-window", "short-sequence-long-cache"]
-EMU_RUNS = [(c, "auto") for c in EMU_CASES] + [(c, "radix") for c in EMU_RADIX if c in EMU_CASES]
+EMU_SINGLE = ["gqa4-perhead-window", "basis-no-mean-v", "rows-dense-stream-parts"]
+EMU_RUNS = ([(c, "auto", "auto") for c in EMU_CASES] + [(c, "radix", "auto") for c in EMU_RADIX if c in EMU_CASES]
+            + [(c, "auto", "single") for c in EMU_SINGLE if c in EMU_CASES])
 
 
-@pytest.mark.parametrize("case,select", EMU_RUNS, ids=[f"{c}-{s}" for c, s in EMU_RUNS])
-def test_cuda_kernels_emulated_equal_the_cpu_op(case, select):
+@pytest.mark.parametrize("case,select,attend", EMU_RUNS,
+                         ids=[f"{c}-{s}" + ("" if a == "auto" else f"-{a}") for c, s, a in EMU_RUNS])
+def test_cuda_kernels_emulated_equal_the_cpu_op(case, select, attend):
     """The kernels of ggml-sparq/cuda/, run on the CPU by sparq-cuda-emu (one thread
     per CUDA thread; __syncthreads and the warp shuffles as barriers), give the CPU op's output and
     choose the same cells (the unit's bitmap equals the CPU's list) on tie-proof inputs. This checks
     the kernels' indexing and logic before any GPU runs them; not the GPU's memory model or speed.
-    select: the default way to select (one kernel per list for these lengths) or the radix chain."""
+    select: the default way to select (one kernel per list for these lengths) or the radix chain;
+    attend: the default (each unit's cells split over blocks here, then combined) or one block per unit."""
     env = dict(os.environ)
     env.pop("LLAMA_SPARQ_CUDA_SELECT", None)
+    env.pop("LLAMA_SPARQ_CUDA_ATTEND", None)
     if select != "auto":
         env["LLAMA_SPARQ_CUDA_SELECT"] = select
+    if attend != "auto":
+        env["LLAMA_SPARQ_CUDA_ATTEND"] = attend
     res = subprocess.run([str(tool_path("sparq-cuda-emu")), *EMU_CASES[case].split()], capture_output=True,
                          text=True, timeout=600, env=env)
     assert res.returncode == 0 and res.stdout.startswith("OK"), res.stdout + res.stderr[-2000:]
     m = re.search(r"sel_differ=(\d+)", res.stdout)
     assert m and m.group(1) == "0"
     assert f"select={'fused' if select == 'auto' else select}" in res.stdout, res.stdout
+    parts = int(re.search(r"attend_parts=(\d+)", res.stdout).group(1))
+    if attend == "single":
+        assert parts == 1, res.stdout
+    elif case in ("gqa4-perhead-window", "rows-dense-stream-parts", "mha-f16-scalar-loads"):
+        assert parts > 1, res.stdout  # k >= 64 on a few units: the split ran
 
 
 # ---------------------------------------------------------------------------

@@ -1,6 +1,8 @@
-// llama-sparq: the CUDA kernel of stage 7, shared by every selector (sparq-cuda.cu lists the
+// llama-sparq: the CUDA kernels of stage 7, shared by every selector (sparq-cuda.cu lists the
 // stages): exact attention over the unit's chosen cells (or a dense row's valid cells) and the
-// mean-V mix.
+// mean-V mix. Either one block per unit (k_sparq_attend), or, when there are few units for the
+// GPU (decode at batch 1), each unit's cells split over several blocks whose partial softmax
+// sums one more kernel combines (k_sparq_attend_part + k_sparq_attend_combine, flash-decoding).
 #pragma once
 
 #include "sparq-cuda-common.cuh"
@@ -84,10 +86,11 @@ static __device__ __forceinline__ void sparq_attend_init(const sparq_cu_args & a
     }
 }
 
-// the cells: the bitmap as an ascending list (SparQ rows), or every cell, masked (dense); returns
-// how many items to walk (the same on every thread)
+// the cells: the bitmap as an ascending list (SparQ rows; only the list positions in [lo, hi) are
+// written, the block's share), or every cell, masked (dense); returns how many items there are
+// in all (the same on every thread)
 static __device__ __forceinline__ int sparq_attend_cells(const sparq_cu_args & a, const sparq_attend_unit & un,
-                                                         const sparq_attend_smem & sm) {
+                                                         const sparq_attend_smem & sm, int lo, int hi) {
     const int tid = threadIdx.x;
     if (un.sparse) {
         const unsigned int * sb = a.selbits + (size_t) un.u * a.W;
@@ -100,7 +103,7 @@ static __device__ __forceinline__ int sparq_attend_cells(const sparq_cu_args & a
             int pos = base + sparq_block_scan(cnt, &tot, sm.sh) - cnt;
             while (word) {
                 const int b = __ffs(word) - 1;
-                if (pos < a.sel_max) {
+                if (pos >= lo && pos < hi) {
                     un.list[pos] = wi * 32 + b;
                 }
                 ++pos;
@@ -376,29 +379,20 @@ static __device__ __forceinline__ void sparq_attend_write(const sparq_cu_args & 
     }
 }
 
-// a block per unit: its cells, then per chunk of SPARQ_NT of them the exact logits, the online
-// softmax and the weighted values (the barriers between the steps are here), then the output rows
+// the unit's items [lo, hi) (clipped to the items there are), per chunk of SPARQ_NT of them the
+// exact logits, the online softmax and the weighted values into y (the barriers between the steps
+// are here); then the groups' sums gathered into the threads < dv
 template <int GMAX, typename TK, typename TV>
-static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_attend(const sparq_cu_args a) {
-    __shared__ float sq[GMAX * GGML_CUDA_SPARQ_D_MAX];  // the g query rows
-    __shared__ float sp[GMAX * SPARQ_NT];               // logits, then weights, of a chunk
-    __shared__ int scell[SPARQ_NT];                     // the chunk's cells (-1: none)
-    __shared__ float sM[GMAX], sP[GMAX], scorr[GMAX], sMs[GMAX];
-    __shared__ double sZ[GMAX], smass[GMAX];
-    __shared__ int sh[SPARQ_NW];
-    __shared__ int s_n;
-    const sparq_attend_smem sm = { sq, sp, scell, sM, sP, scorr, sMs, sZ, smass, sh, &s_n };
-    const sparq_attend_unit un = sparq_attend_unit_of(a, blockIdx.x);
-
+static __device__ __forceinline__ void sparq_attend_items(const sparq_cu_args & a, const sparq_attend_unit & un,
+                                                          const sparq_attend_smem & sm, int lo, int hi,
+                                                          float (&y)[GMAX]) {
     sparq_attend_init(a, un, sm);
-    const int n_items = sparq_attend_cells(a, un, sm);
-
-    float y[GMAX];
+    const int n_items = min(hi, sparq_attend_cells(a, un, sm, lo, hi));
 #pragma unroll
     for (int h = 0; h < GMAX; ++h) {
         y[h] = 0.0f;
     }
-    for (int c0 = 0; c0 < n_items; c0 += SPARQ_NT) {
+    for (int c0 = lo; c0 < n_items; c0 += SPARQ_NT) {
         if (!sparq_attend_chunk(a, un, sm, c0, n_items)) {
             continue; // uniform over the block
         }
@@ -409,8 +403,124 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_attend(const sparq_cu
         sparq_attend_values<GMAX, TV>(a, un, sm, c0, n_items, y);
         __syncthreads();
     }
-
     sparq_attend_gather<GMAX>(un, sm, y);
+}
+
+// the shared memory of the attend kernels, declared in the kernel (GMAX: its bound on g)
+#define SPARQ_ATTEND_SMEM                                                                     \
+    __shared__ float sq[GMAX * GGML_CUDA_SPARQ_D_MAX]; /* the g query rows */                \
+    __shared__ float sp[GMAX * SPARQ_NT];              /* logits, then weights, of a chunk */ \
+    __shared__ int scell[SPARQ_NT];                    /* the chunk's cells (-1: none) */     \
+    __shared__ float sM[GMAX], sP[GMAX], scorr[GMAX], sMs[GMAX];                             \
+    __shared__ double sZ[GMAX], smass[GMAX];                                                 \
+    __shared__ int sh[SPARQ_NW];                                                             \
+    __shared__ int s_n;                                                                      \
+    const sparq_attend_smem sm = { sq, sp, scell, sM, sP, scorr, sMs, sZ, smass, sh, &s_n }
+
+// a block per unit: all its items, then the output rows
+template <int GMAX, typename TK, typename TV>
+static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_attend(const sparq_cu_args a) {
+    SPARQ_ATTEND_SMEM;
+    const sparq_attend_unit un = sparq_attend_unit_of(a, blockIdx.x);
+    float y[GMAX];
+    sparq_attend_items<GMAX, TK, TV>(a, un, sm, 0, un.sparse ? a.sel_max : a.S, y);
+    const float vbar = sparq_attend_vbar<TV>(a, un, sm);
+    sparq_attend_write<GMAX>(a, un, sm, y, vbar);
+}
+
+// the items of part p of n_part of a unit: a share of the list (SparQ rows; by the list's bound
+// sel_max, so that every part knows its share before the list is counted) or of the cells (dense)
+static __device__ __forceinline__ void sparq_attend_part_range(const sparq_cu_args & a, const sparq_attend_unit & un,
+                                                               int p, int n_part, int * lo, int * hi) {
+    const int n = un.sparse ? a.sel_max : a.S;
+    const int per = (n + n_part - 1) / n_part;
+    *lo = min(n, p * per);
+    *hi = min(n, *lo + per);
+}
+
+// part blockIdx.x of unit blockIdx.y (gridDim.x parts): its items' softmax maximum, sum and
+// approximate mass per head into pstat[u][p][h][3] and its unnormalised values into py[u][p][h][dv]
+template <int GMAX, typename TK, typename TV>
+static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_attend_part(const sparq_cu_args a) {
+    SPARQ_ATTEND_SMEM;
+    const int p = blockIdx.x, n_part = gridDim.x;
+    const sparq_attend_unit un = sparq_attend_unit_of(a, blockIdx.y);
+    int lo, hi;
+    sparq_attend_part_range(a, un, p, n_part, &lo, &hi);
+    float y[GMAX];
+    sparq_attend_items<GMAX, TK, TV>(a, un, sm, lo, hi, y);
+    const size_t base = ((size_t) un.u * n_part + p) * un.g;
+    const int tid = threadIdx.x;
+    if (tid < un.dv) {
+#pragma unroll
+        for (int h = 0; h < GMAX; ++h) {
+            if (h < un.g) {
+                a.py[(base + h) * un.dv + tid] = y[h];
+            }
+        }
+    }
+    if (tid < un.g) {
+        float * st = a.pstat + (base + tid) * 3;
+        st[0] = sm.sM[tid];
+        st[1] = sm.sP[tid];
+        st[2] = (float) sm.smass[tid];
+    }
+}
+
+// a block per unit: its n_part parts' sums rescaled to the largest maximum and added (the online
+// softmax across blocks), then the output rows as k_sparq_attend writes them
+template <int GMAX, typename TV>
+static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_attend_combine(const sparq_cu_args a, int n_part) {
+    SPARQ_ATTEND_SMEM;
+    const sparq_attend_unit un = sparq_attend_unit_of(a, blockIdx.x);
+    const int tid = threadIdx.x, g = un.g;
+    const size_t base = (size_t) un.u * n_part * g;
+    if (tid < g) {
+        float M = -INFINITY;
+        for (int p = 0; p < n_part; ++p) {
+            M = fmaxf(M, a.pstat[(base + (size_t) p * g + tid) * 3]);
+        }
+        float P = 0.0f;
+        double mass = 0.0;
+        for (int p = 0; p < n_part; ++p) {
+            const float * st = a.pstat + (base + (size_t) p * g + tid) * 3;
+            if (st[0] != -INFINITY) {
+                P += st[1] * __expf(st[0] - M);
+            }
+            mass += (double) st[2];
+        }
+        sm.sM[tid] = M;
+        sm.sP[tid] = P;
+        sm.smass[tid] = mass;
+        sm.sMs[tid] = -INFINITY;
+        sm.sZ[tid] = 0.0;
+        if (un.mean_v) {
+            float Ms;
+            double Z;
+            sparq_unit_stats(a, un.u, tid, &Ms, &Z);
+            sm.sMs[tid] = Ms;
+            sm.sZ[tid] = Z;
+        }
+    }
+    __syncthreads();
+    float y[GMAX];
+#pragma unroll
+    for (int h = 0; h < GMAX; ++h) {
+        y[h] = 0.0f;
+    }
+    if (tid < un.dv) {
+        for (int p = 0; p < n_part; ++p) {
+#pragma unroll
+            for (int h = 0; h < GMAX; ++h) {
+                if (h < g) {
+                    const float Mp = a.pstat[(base + (size_t) p * g + h) * 3];
+                    if (Mp != -INFINITY) {
+                        y[h] = fmaf(a.py[(base + (size_t) p * g + h) * un.dv + tid], __expf(Mp - sm.sM[h]), y[h]);
+                    }
+                }
+            }
+        }
+    }
     const float vbar = sparq_attend_vbar<TV>(a, un, sm);
     sparq_attend_write<GMAX>(a, un, sm, y, vbar);
 }

@@ -69,6 +69,8 @@ struct sparq_cu_args {
     int           * eqcnt;   // [L][nt_s]
     unsigned int  * selbits; // [U][W] the chosen cells
     int           * sel;     // [U][sel_max]
+    float         * pstat;   // [U][n_part][g][3] per part of a split attend: max, sum, approximate mass
+    float         * py;      // [U][n_part][g][dv] per part of a split attend: unnormalised values
 };
 
 // ---------------------------------------------------------------------------

@@ -19,9 +19,37 @@ static int sparq_vec_cpt(int gmax) {
     return gmax <= 4 ? 8 : (gmax == 8 ? 4 : 2);
 }
 
+// Stage 7 split over several blocks per unit (k_sparq_attend_part, then k_sparq_attend_combine)
+// while the units alone would leave the GPU idle: parts of at least SPARQ_ATTEND_PART_ITEMS list
+// positions, until about SPARQ_ATTEND_BLOCKS blocks in all (an H100 has 132 SMs; 4 blocks of 256
+// threads each). One part: the one-block-per-unit kernel, no combine.
+#define SPARQ_ATTEND_PART_ITEMS 32
+#define SPARQ_ATTEND_BLOCKS     512
+
+// LLAMA_SPARQ_CUDA_ATTEND=single or split forces one way (comparisons, tests); split then takes a
+// part per SPARQ_ATTEND_PART_ITEMS positions of the list whatever the number of units
+static int sparq_attend_parts(const sparq_cu_args & a) {
+    static const int force = [] {
+        const char * e = getenv("LLAMA_SPARQ_CUDA_ATTEND");
+        if (e && strcmp(e, "single") == 0) {
+            return 1;
+        }
+        if (e && strcmp(e, "split") == 0) {
+            return 2;
+        }
+        return 0;
+    }();
+    if (force == 1) {
+        return 1;
+    }
+    const int want = std::max(1, (a.sel_max + SPARQ_ATTEND_PART_ITEMS - 1) / SPARQ_ATTEND_PART_ITEMS);
+    const int room = force == 2 ? want : std::max(1, SPARQ_ATTEND_BLOCKS / std::max(1, a.U));
+    return std::min(want, room);
+}
+
 // element counts of the scratch buffers (sparq_cu_args' scratch pointers), from the shapes only
 struct sparq_cu_scratch {
-    size_t rows, wbits, i1, qsc, logits, tstat, keys, hist, pick, eqcnt, selbits, sel;
+    size_t rows, wbits, i1, qsc, logits, tstat, keys, hist, pick, eqcnt, selbits, sel, pstat, py;
 };
 
 static sparq_cu_scratch sparq_cu_scratch_sizes(const sparq_cu_args & a) {
@@ -39,6 +67,9 @@ static sparq_cu_scratch sparq_cu_scratch_sizes(const sparq_cu_args & a) {
     z.eqcnt = L * a.nt_s;
     z.selbits = U * a.W;
     z.sel = std::max<size_t>(1, U * a.sel_max);
+    const size_t n_part = sparq_attend_parts(a);
+    z.pstat = n_part > 1 ? U * n_part * g * 3 : 1;
+    z.py = n_part > 1 ? U * n_part * g * a.dv : 1;
     return z;
 }
 
@@ -53,10 +84,21 @@ static void sparq_launch_approx(const sparq_cu_args & a, int cpt, sparq_stream_t
     }
 }
 
+// stage 7: one block per unit, or n_part per unit and the combine
+template <int GMAX, typename TK, typename TV>
+static void sparq_launch_attend(const sparq_cu_args & a, int n_part, sparq_stream_t stream) {
+    if (n_part == 1) {
+        SPARQ_LAUNCH((k_sparq_attend<GMAX, TK, TV>), dim3(a.U), SPARQ_NT, stream, a);
+        return;
+    }
+    SPARQ_LAUNCH((k_sparq_attend_part<GMAX, TK, TV>), dim3(n_part, a.U), SPARQ_NT, stream, a);
+    SPARQ_LAUNCH((k_sparq_attend_combine<GMAX, TV>), dim3(a.U), SPARQ_NT, stream, a, n_part);
+}
+
 template <int GMAX>
-static void sparq_launch_g(const sparq_cu_args & a, bool kt_f16, bool k_f16, bool v_f16, int cpt, bool attend,
+static void sparq_launch_g(const sparq_cu_args & a, bool kt_f16, bool k_f16, bool v_f16, int cpt, int n_part,
                            sparq_stream_t stream) {
-    if (!attend) {
+    if (n_part == 0) {
         if (kt_f16) {
             sparq_launch_approx<GMAX, half>(a, cpt, stream);
         } else {
@@ -64,26 +106,26 @@ static void sparq_launch_g(const sparq_cu_args & a, bool kt_f16, bool k_f16, boo
         }
         return;
     }
-    const dim3 grid(a.U);
     if (k_f16 && v_f16) {
-        SPARQ_LAUNCH((k_sparq_attend<GMAX, half, half>), grid, SPARQ_NT, stream, a);
+        sparq_launch_attend<GMAX, half, half>(a, n_part, stream);
     } else if (k_f16) {
-        SPARQ_LAUNCH((k_sparq_attend<GMAX, half, float>), grid, SPARQ_NT, stream, a);
+        sparq_launch_attend<GMAX, half, float>(a, n_part, stream);
     } else if (v_f16) {
-        SPARQ_LAUNCH((k_sparq_attend<GMAX, float, half>), grid, SPARQ_NT, stream, a);
+        sparq_launch_attend<GMAX, float, half>(a, n_part, stream);
     } else {
-        SPARQ_LAUNCH((k_sparq_attend<GMAX, float, float>), grid, SPARQ_NT, stream, a);
+        sparq_launch_attend<GMAX, float, float>(a, n_part, stream);
     }
 }
 
-static void sparq_launch_by_g(const sparq_cu_args & a, bool kt_f16, bool k_f16, bool v_f16, int cpt, bool attend,
+// n_part 0: stage 3 (the approximate scores); else stage 7 in n_part parts per unit
+static void sparq_launch_by_g(const sparq_cu_args & a, bool kt_f16, bool k_f16, bool v_f16, int cpt, int n_part,
                               sparq_stream_t stream) {
     switch (sparq_gmax(a.g)) {
-        case 1:  sparq_launch_g<1>(a, kt_f16, k_f16, v_f16, cpt, attend, stream); break;
-        case 2:  sparq_launch_g<2>(a, kt_f16, k_f16, v_f16, cpt, attend, stream); break;
-        case 4:  sparq_launch_g<4>(a, kt_f16, k_f16, v_f16, cpt, attend, stream); break;
-        case 8:  sparq_launch_g<8>(a, kt_f16, k_f16, v_f16, cpt, attend, stream); break;
-        default: sparq_launch_g<16>(a, kt_f16, k_f16, v_f16, cpt, attend, stream); break;
+        case 1:  sparq_launch_g<1>(a, kt_f16, k_f16, v_f16, cpt, n_part, stream); break;
+        case 2:  sparq_launch_g<2>(a, kt_f16, k_f16, v_f16, cpt, n_part, stream); break;
+        case 4:  sparq_launch_g<4>(a, kt_f16, k_f16, v_f16, cpt, n_part, stream); break;
+        case 8:  sparq_launch_g<8>(a, kt_f16, k_f16, v_f16, cpt, n_part, stream); break;
+        default: sparq_launch_g<16>(a, kt_f16, k_f16, v_f16, cpt, n_part, stream); break;
     }
 }
 
@@ -108,7 +150,8 @@ static bool sparq_select_fused(const sparq_cu_args & a) {
 }
 
 // The whole op: a's shapes, tensors and scratch set (cpt: 1 or sparq_vec_cpt(sparq_gmax(g)), the
-// K^T load width the rows' alignment allows; nt_a must match it).
+// K^T load width the rows' alignment allows; nt_a must match it; the scratch sized by
+// sparq_cu_scratch_sizes, whose choice of parts sparq_attend_parts repeats).
 static void sparq_cu_run(const sparq_cu_args & a, int cpt, bool kt_f16, bool k_f16, bool v_f16, sparq_stream_t stream) {
     const bool fused = sparq_select_fused(a);
     if (!fused) {
@@ -120,7 +163,7 @@ static void sparq_cu_run(const sparq_cu_args & a, int cpt, bool kt_f16, bool k_f
     SPARQ_LAUNCH(k_sparq_count, dim3(std::max(1, (a.S + SPARQ_COUNT_TILE - 1) / SPARQ_COUNT_TILE), a.R), SPARQ_NT, stream, a);
     SPARQ_LAUNCH(k_sparq_rows, dim3(a.R), SPARQ_NT, stream, a);
     SPARQ_LAUNCH(k_sparq_components, dim3(a.U), SPARQ_NT, stream, a);
-    sparq_launch_by_g(a, kt_f16, k_f16, v_f16, cpt, false, stream);
+    sparq_launch_by_g(a, kt_f16, k_f16, v_f16, cpt, 0, stream);
     const dim3 gsel(a.nt_s, a.U), glist(a.nt_s, a.L);
     if (a.g > 1 && a.ph == 1) {
         SPARQ_LAUNCH(k_sparq_group_keys, gsel, SPARQ_NT, stream, a);
@@ -135,5 +178,5 @@ static void sparq_cu_run(const sparq_cu_args & a, int cpt, bool kt_f16, bool k_f
         SPARQ_LAUNCH(k_sparq_eqcount, glist, SPARQ_NT, stream, a);
         SPARQ_LAUNCH(k_sparq_collect, glist, SPARQ_NT, stream, a);
     }
-    sparq_launch_by_g(a, kt_f16, k_f16, v_f16, cpt, true, stream);
+    sparq_launch_by_g(a, kt_f16, k_f16, v_f16, cpt, sparq_attend_parts(a), stream);
 }

@@ -29,7 +29,9 @@
 //   7 attend      per unit: the bitmap -> ascending cell list; exact softmax attention of
 //                 the g query heads over the cells (online, 256 cells at a time); mean-V
 //                 mix with alpha = the approximate softmax mass of the cells; rows in the
-//                 dense modes attend over all their valid cells without mean-V.
+//                 dense modes attend over all their valid cells without mean-V. With few
+//                 units (batch 1) each unit's list is split over several blocks (parts of
+//                 at least 32 cells) and a combine kernel adds their partial softmax sums.
 //
 // A new selector (the accuracy issues add some) writes the unit's bitmap (and, for the
 // mean-V mix, the approximate logits and tile statistics) and reuses stage 7.
@@ -235,9 +237,11 @@ void ggml_cuda_sparq_attn(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     ggml_cuda_pool_alloc<int>           eqcnt(pool, z.eqcnt);
     ggml_cuda_pool_alloc<unsigned int>  selbits(pool, z.selbits);
     ggml_cuda_pool_alloc<int>           sel(pool, z.sel);
+    ggml_cuda_pool_alloc<float>         pstat(pool, z.pstat);
+    ggml_cuda_pool_alloc<float>         py(pool, z.py);
     a.rows = rows.get(); a.wbits = wbits.get(); a.i1 = i1.get(); a.qsc = qsc.get(); a.logits = logits.get();
     a.tstat = tstat.get(); a.keys = keys.get(); a.hist = hist.get(); a.pick = pick.get(); a.eqcnt = eqcnt.get();
-    a.selbits = selbits.get(); a.sel = sel.get();
+    a.selbits = selbits.get(); a.sel = sel.get(); a.pstat = pstat.get(); a.py = py.get();
 
     const bool kt_f16 = dst->src[2]->type == GGML_TYPE_F16;
     const bool k_f16 = dst->src[1]->type == GGML_TYPE_F16;

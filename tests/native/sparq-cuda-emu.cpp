@@ -61,7 +61,7 @@ using std::min;
 #define __launch_bounds__(x)
 #define __shared__ static   // blocks run one at a time: a function's statics are its block's shared memory
 
-static thread_local dim3 threadIdx, blockIdx;
+static thread_local dim3 threadIdx, blockIdx, gridDim;
 
 struct emu_warp {
     std::barrier<> bar{ 32 };
@@ -177,6 +177,7 @@ static void emu_launch(void (*kernel)(P...), dim3 grid, dim3 block, A... args) {
                 g_team->run(nt, [&](int t) {
                     threadIdx = dim3(t);
                     blockIdx = dim3(x, y, z);
+                    gridDim = grid;
                     t_block = &bb;
                     t_warp = &warps[t / 32];
                     kernel(args...);
@@ -355,12 +356,12 @@ int main(int argc, char ** argv) {
     std::vector<sparq_cu_row> rows(z.rows);
     std::vector<unsigned int> wbits(z.wbits), hist(z.hist), selbits(z.selbits);
     std::vector<int> i1(z.i1), eqcnt(z.eqcnt), selv(z.sel);
-    std::vector<float> qsc(z.qsc), logits(z.logits), keys(z.keys);
+    std::vector<float> qsc(z.qsc), logits(z.logits), keys(z.keys), pstat(z.pstat), py(z.py);
     std::vector<float2> tstat(z.tstat);
     std::vector<sparq_cu_pick> pick(z.pick);
     a.rows = rows.data(); a.wbits = wbits.data(); a.i1 = i1.data(); a.qsc = qsc.data(); a.logits = logits.data();
     a.tstat = tstat.data(); a.keys = keys.data(); a.hist = hist.data(); a.pick = pick.data(); a.eqcnt = eqcnt.data();
-    a.selbits = selbits.data(); a.sel = selv.data();
+    a.selbits = selbits.data(); a.sel = selv.data(); a.pstat = pstat.data(); a.py = py.data();
     emu_team team;
     g_team = &team;
     sparq_cu_run(a, cpt, f16, f16, f16, 0);
@@ -404,7 +405,8 @@ int main(int argc, char ** argv) {
         }
     }
     const bool ok = nmse <= 1e-9 && n_diff == 0;
-    printf("%s nmse=%.3g max_abs=%.3g sparq_units=%d sel_differ=%d cpt=%d select=%s\n", ok ? "OK" : "FAIL", nmse, maxd,
-           n_sparse, n_diff, cpt, sparq_select_fused(a) ? "fused" : "radix");
+    printf("%s nmse=%.3g max_abs=%.3g sparq_units=%d sel_differ=%d cpt=%d select=%s attend_parts=%d\n",
+           ok ? "OK" : "FAIL", nmse, maxd, n_sparse, n_diff, cpt, sparq_select_fused(a) ? "fused" : "radix",
+           sparq_attend_parts(a));
     return ok ? 0 : 1;
 }

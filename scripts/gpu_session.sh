@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# llama-sparq on a borrowed GPU machine with no network and minutes, not hours: install the CUDA
+# wheel built beforehand on a machine without a GPU (`make gpu-wheel`), then run the GPU tests and
+# sweeps in steps short enough for one call each, keeping every log and result file.
+#
+#   scripts/gpu_session.sh STEP [STEP ...]        (from the repository root, on the GPU machine)
+#
+# Steps, in the order a short session should take them:
+#   install   the wheels in build/gpu-wheel/ into $SPARQ_SITE (default /tmp/sparq-site), with pip
+#             --no-index; nvidia-smi and the package's library check. Every other step runs it
+#             first when $SPARQ_SITE lacks the package (a fresh machine).
+#   grid      the SPARQ_ATTN grid of test-backend-ops on CUDA0 against the CPU op, the selectors and
+#             the emulator tests (tests/test_cuda.py without the ones that need Gemma 3 270M)
+#   op        bench/gpu_sweep.py --only op: the op against CUDA flash attention, with the radix-chain
+#             select and the one-block attend as A/B columns
+#   e2e       bench/gpu_sweep.py --only e2e, batch 1 at $E2E_DEPTHS (default 0 to 128K), dense -fa 1
+#             and -fa 0 and SparQ, batch 4 at $E2E_DEPTHS_BATCH (default 16K, 32K)
+#   nkvo      the -nkvo runs (weights on the GPU, cache and attention on the host) at $NKVO_DEPTHS
+#             (default 16K, 64K)
+#   gemma     build/gpu-gemma/part-* joined into $LLAMA_SPARQ_MODEL_DIR (default /tmp/sparq-models)
+#             once every part listed in build/gpu-gemma/SHA256SUMS is there (each call may carry
+#             one part: `make gpu-gemma-parts` cuts them here; a part carried earlier stays on a
+#             warm machine)
+#   tests     all of tests/test_cuda.py (the Gemma ones need the gemma step's file)
+#   results   bench/results/gpu_* and the logs into $OUT (the device tool brings $OUT back)
+#
+# Environment: OUT (default build/gpu-out), SPARQ_PYTHON (default python3), GPU_WHEEL_DIR and
+# GPU_GEMMA_DIR (default build/gpu-wheel, build/gpu-gemma, as in the Makefile), GPU_TAG (the result
+# files' tag, default the GPU's short name and the commit: h100_0123abc), STEP_TIMEOUT (seconds
+# per step, default 540).
+# The commit in the result files comes from build/gpu-wheel/COMMIT (the tree the wheel was built
+# from; the copy's .git on the GPU machine may be stale).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${SPARQ_PYTHON:-python3}
+OUT=${OUT:-build/gpu-out}
+SITE=${SPARQ_SITE:-/tmp/sparq-site}
+WHEELS=${GPU_WHEEL_DIR:-build/gpu-wheel}
+PARTS=${GPU_GEMMA_DIR:-build/gpu-gemma}
+STEP_TIMEOUT=${STEP_TIMEOUT:-540}
+LOGS="$OUT/gpu-session"
+mkdir -p "$LOGS"
+
+export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+export LLAMA_SPARQ_MODEL_DIR=${LLAMA_SPARQ_MODEL_DIR:-/tmp/sparq-models}
+for d in /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda/lib64; do
+    [ -d "$d" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+done
+if [ -f "$WHEELS/COMMIT" ]; then
+    LLAMA_SPARQ_COMMIT=$(cat "$WHEELS/COMMIT")
+    export LLAMA_SPARQ_COMMIT
+fi
+
+say() { echo "gpu_session: $*" | tee -a "$LOGS/session.log"; }
+
+# run a step's command under the step timeout, its output into the step's log and to stdout
+logged() {
+    local name=$1
+    shift
+    say "$name: $* (timeout ${STEP_TIMEOUT}s)"
+    local t0=$SECONDS
+    timeout "$STEP_TIMEOUT" "$@" 2>&1 | tee -a "$LOGS/$name.log" | tail -n 40
+    local rc=${PIPESTATUS[0]}
+    say "$name: rc $rc after $((SECONDS - t0)) s"
+    return "$rc"
+}
+
+installed() { [ -f "$SITE/llama_sparq/__init__.py" ]; }
+
+step_install() {
+    nvidia-smi > "$LOGS/nvidia-smi.txt" 2>&1 || say "install: nvidia-smi failed (see nvidia-smi.txt)"
+    head -n 15 "$LOGS/nvidia-smi.txt"
+    ls "$WHEELS"/*.whl > /dev/null 2>&1 || { say "install: no wheels in $WHEELS: run 'make gpu-wheel' on the build machine and carry $WHEELS"; return 2; }
+    logged install "$PY" -m pip install -q --no-index --no-deps --disable-pip-version-check --upgrade \
+        --target "$SITE" "$WHEELS"/*.whl || return $?
+    logged install "$PY" -c "import llama_sparq; print(llama_sparq.check_library())"
+}
+
+# the result files' tag: the GPU's short name and the commit (earlier runs' files keep theirs)
+gpu_tag() {
+    if [ -n "${GPU_TAG:-}" ]; then
+        echo "$GPU_TAG"
+        return
+    fi
+    local name commit
+    name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+    name=$(echo "$name" | tr 'A-Z' 'a-z' | grep -o -E '[a-z][0-9]{2,4}' | head -n 1)
+    commit=${LLAMA_SPARQ_COMMIT:-$(git rev-parse --short=7 HEAD 2>/dev/null)}
+    echo "${name:-gpu}_${commit:0:7}"
+}
+
+step_grid() {
+    logged grid "$PY" -m pytest tests/test_cuda.py -v -rs -p no:cacheprovider -k "not gemma and not bench_and_cli"
+}
+
+step_op() {
+    logged op "$PY" bench/gpu_sweep.py --only op --tag "$(gpu_tag)"
+}
+
+step_e2e() {
+    local tag
+    tag=$(gpu_tag)
+    logged e2e "$PY" bench/gpu_sweep.py --only e2e --tag "${tag}_b1" \
+        --depths "${E2E_DEPTHS:-0,4096,16384,32768,65536,131072}" --depths-batch "" --nkvo-depths "" \
+        --reps 3 --n-gen 16 || return $?
+    logged e2e "$PY" bench/gpu_sweep.py --only e2e --tag "${tag}_b4" --depths "" \
+        --depths-batch "${E2E_DEPTHS_BATCH:-16384,32768}" --nkvo-depths "" --n-gen 16
+}
+
+step_nkvo() {
+    logged nkvo "$PY" bench/gpu_sweep.py --only e2e --tag "$(gpu_tag)_nkvo" --depths "" --depths-batch "" \
+        --nkvo-depths "${NKVO_DEPTHS:-16384,65536}" --n-gen 16
+}
+
+step_gemma() {
+    [ -f "$PARTS/SHA256SUMS" ] || { say "gemma: no $PARTS/SHA256SUMS: run 'make gpu-gemma-parts' and carry it with a part"; return 2; }
+    local want have
+    want=$(grep -c . "$PARTS/SHA256SUMS")
+    have=$(ls "$PARTS"/part-* 2> /dev/null | wc -l)
+    say "gemma: $have of $want parts here"
+    [ "$have" -eq "$want" ] || return 0
+    (cd "$PARTS" && sha256sum --quiet -c SHA256SUMS) || { say "gemma: a part differs from SHA256SUMS"; return 1; }
+    mkdir -p "$LLAMA_SPARQ_MODEL_DIR"
+    local file
+    file=$(cat "$PARTS/FILE")
+    cat "$PARTS"/part-* > "$LLAMA_SPARQ_MODEL_DIR/$file.tmp" && mv "$LLAMA_SPARQ_MODEL_DIR/$file.tmp" "$LLAMA_SPARQ_MODEL_DIR/$file"
+    say "gemma: $LLAMA_SPARQ_MODEL_DIR/$file ($(stat -c %s "$LLAMA_SPARQ_MODEL_DIR/$file") bytes)"
+}
+
+step_tests() {
+    logged tests "$PY" -m pytest tests/test_cuda.py -v -rs -p no:cacheprovider
+}
+
+step_results() {
+    mkdir -p "$OUT/results"
+    cp -p bench/results/gpu_* "$OUT/results/" 2> /dev/null
+    say "results: $(ls "$OUT/results" | wc -l) files in $OUT/results"
+}
+
+[ $# -gt 0 ] || { sed -n '2,33p' "$0"; exit 2; }
+status=0
+for s in "$@"; do
+    case "$s" in
+        install|grid|op|e2e|nkvo|gemma|tests|results) ;;
+        *) echo "gpu_session: unknown step '$s' (install grid op e2e nkvo gemma tests results)" >&2; exit 2 ;;
+    esac
+    if [ "$s" != install ] && [ "$s" != results ] && [ "$s" != gemma ] && ! installed; then
+        step_install || { status=1; break; }
+    fi
+    "step_$s" || status=1
+done
+step_results
+exit "$status"

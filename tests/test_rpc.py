@@ -123,3 +123,17 @@ def test_default_dense_threshold_on_rpc_is_the_hosts(model4, tmp_path):
                              stdin=subprocess.DEVNULL, env=ENV)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "dense below 1024 KV cells" in res.stderr, res.stderr[-3000:]
+
+
+def test_nkvo_beside_an_rpc_host_runs_sparq_here(model4, tmp_path):
+    """--no-kv-offload with the layers on an RPC host: the cache and SparQ's data stay in this
+    process, so the op must run here too (its inputs there would be copied over the network at
+    every step, and the report it writes is this process's memory: an RPC host running it
+    crashed). Same tokens as one process, every SparQ call counted here, the host still alive."""
+    want, (n_sparq, _, _), _ = _completion(model4, [])
+    with RpcServers(1, tmp_path) as rpc:
+        got, (n_sparq_r, n_dense_r, n_dev_r), log = _completion(model4, ["--rpc", rpc.endpoints, "-ngl", "99", "-nkvo"])
+        assert all(p.poll() is None for p in rpc.procs), rpc.logs[0].read_text()[-2000:]
+    assert "CPU KV buffer size" in log, log[-3000:]
+    assert got == want
+    assert (n_sparq_r, n_dev_r) == (n_sparq, 0), (n_sparq_r, n_dev_r, n_dense_r)

@@ -490,9 +490,16 @@ static ggml_tensor * sparq_build_op(sparq_attn_build & b, ggml_tensor * q, ggml_
     return cur;
 }
 
-// where the scheduler will run the op: with the layer's K^T (allocated like weights) when
-// that device supports the node, else on the CPU (counted in n_sparq_device, logged)
+// where the op runs: with the layer's K^T. In a device's memory (a GPU, an RPC host) the scheduler
+// puts it there (K^T is allocated like weights) when that device supports the node, else on the
+// CPU (counted in n_sparq_device, logged). In host memory (a CPU context, or --no-kv-offload beside
+// a GPU or an RPC host) it is pinned to this process's CPU backend: else the scheduler may offload
+// it to a device (an RPC backend takes any op) and copy the layer's cache there at every step, and
+// the report the op writes is this process's memory (an RPC host writing it crashed)
 static void sparq_note_device(sparq_attn_build & b, ggml_tensor * cur) {
+    if (ggml_backend_buffer_is_host(b.L.kt->buffer) && b.g.sched && b.g.backend_cpu) {
+        ggml_backend_sched_set_tensor_backend(b.g.sched, cur, b.g.backend_cpu);
+    }
     ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(b.L.kt->buffer);
     ggml_backend_dev_t dev = ggml_backend_buft_get_device(buft);
     if (dev && ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU && !ggml_backend_buffer_is_host(b.L.kt->buffer)) {

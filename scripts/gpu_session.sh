@@ -9,8 +9,9 @@
 #   install   the wheels in build/gpu-wheel/ into $SPARQ_SITE (default /tmp/sparq-site), with pip
 #             --no-index; nvidia-smi and the package's library check. Every other step runs it
 #             first when $SPARQ_SITE lacks the package (a fresh machine).
-#   grid      the SPARQ_ATTN grid of test-backend-ops on CUDA0 against the CPU op, the selectors and
-#             the emulator tests (tests/test_cuda.py without the ones that need Gemma 3 270M)
+#   grid      the SPARQ_ATTN grid of test-backend-ops on CUDA0 against the CPU op and the selectors
+#             (tests/test_cuda.py without the ones that need Gemma 3 270M, and without the emulator
+#             and graph-rebuild tests, which need no GPU)
 #   op        bench/gpu_sweep.py --only op: the op against CUDA flash attention, with the radix-chain
 #             select and the one-block attend as A/B columns
 #   e2e       bench/gpu_sweep.py --only e2e, batch 1 at $E2E_DEPTHS (default 0 to 128K), dense -fa 1
@@ -91,7 +92,8 @@ gpu_tag() {
 }
 
 step_grid() {
-    logged grid "$PY" -m pytest tests/test_cuda.py -v -rs -p no:cacheprovider -k "not gemma and not bench_and_cli"
+    logged grid "$PY" -m pytest tests/test_cuda.py -v -rs -p no:cacheprovider \
+        -k "not gemma and not bench_and_cli and not emulated and not graph_rebuild"
 }
 
 step_op() {

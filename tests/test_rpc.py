@@ -12,6 +12,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from llama_sparq import tool_path
@@ -137,3 +138,51 @@ def test_nkvo_beside_an_rpc_host_runs_sparq_here(model4, tmp_path):
     assert "CPU KV buffer size" in log, log[-3000:]
     assert got == want
     assert (n_sparq_r, n_dev_r) == (n_sparq, 0), (n_sparq_r, n_dev_r, n_dense_r)
+
+
+def test_python_llama_with_rpc_servers_equals_one_process(model4, tmp_path):
+    """Llama(..., rpc_servers=...) puts the hosts' devices in the model's device list (the tools'
+    --rpc) before it loads: its layers, cache and SparQ's data go there, every SparQ call runs on
+    a host, and the logits of the same decode steps equal one process's (to float rounding: the
+    tiny random model's near ties make greedy tokens a poor check); a later model without
+    rpc_servers does not use the hosts."""
+    from llama_sparq import Llama
+
+    kw = dict(n_ctx=1024, n_threads=1, verbose=False, seed=0, logits_all=True, sparq_k=16, sparq_r=4,
+              sparq_min_kv=0)
+
+    def steps(llm):
+        rng = np.random.default_rng(3)
+        llm.eval([1] + rng.integers(3, llm.n_vocab(), size=299).tolist())
+        out = [np.array(llm.scores[llm.n_tokens - 1])]
+        for t in rng.integers(3, llm.n_vocab(), size=12).tolist():
+            llm.eval([t])
+            out.append(np.array(llm.scores[llm.n_tokens - 1]))
+        return np.stack(out), llm.sparq_stats()
+
+    want, st = steps(Llama(str(model4), **kw))
+    assert st["n_sparq"] > 0 and st["n_sparq_device"] == 0
+    with RpcServers(2, tmp_path) as rpc:
+        llm = Llama(str(model4), rpc_servers=rpc.endpoints, n_gpu_layers=99, **kw)
+        got, st_r = steps(llm)
+        llm.close()
+    assert st_r["n_sparq"] == st["n_sparq"] and st_r["n_sparq_device"] == st_r["n_sparq"], st_r
+    assert np.abs(want).max() > 0
+    assert np.abs(got - want).max() <= 1e-3 * np.abs(want).max(), np.abs(got - want).max()
+    # the hosts are gone: a model without rpc_servers loads and decodes here
+    again, st_a = steps(Llama(str(model4), **kw))
+    assert st_a["n_sparq_device"] == 0 and np.array_equal(again, want)
+
+
+def test_python_rpc_servers_bad_input(model4):
+    from llama_sparq import Llama
+
+    with pytest.raises(ValueError, match=r"rpc_servers: 'nohost' is not host:port"):
+        Llama(str(model4), rpc_servers="nohost", verbose=False)
+    with pytest.raises(ValueError, match=r"rpc_servers: an empty endpoint"):
+        Llama(str(model4), rpc_servers="127.0.0.1:5,", verbose=False)
+    with pytest.raises(ValueError, match=r"rpc_servers: expected"):
+        Llama(str(model4), rpc_servers=5, verbose=False)
+    port = free_port()
+    with pytest.raises(ValueError, match=rf"rpc_servers: cannot connect to 127\.0\.0\.1:{port}: .*ggml-rpc-server"):
+        Llama(str(model4), rpc_servers=f"127.0.0.1:{port}", verbose=False)

@@ -29,7 +29,7 @@ extern "C" {
 
 // Bumped whenever a struct or function of this header changes incompatibly.
 // The Python package refuses a library whose ABI differs from its own.
-#define LLAMA_SPARQ_ABI_VERSION 7
+#define LLAMA_SPARQ_ABI_VERSION 8
 
 // "llama-sparq <version> abi <n> llama.cpp <commit>" (also declared in llama.h by patch 0001)
 LLAMA_API const char * llama_sparq_version(void);
@@ -231,6 +231,18 @@ LLAMA_API int32_t llama_sparq_bench_fill(struct llama_context * ctx, int32_t n_t
 // llama_context_params, settable after the context exists); NULL removes it.
 LLAMA_API void llama_sparq_debug_set_eval_callback(struct llama_context * ctx, ggml_backend_sched_eval_callback cb,
                                                    void * user_data);
+
+// The device list (llama_model_params.devices, NULL-terminated) for a model that offloads to
+// the ggml RPC servers named in endpoints ("host:port[,host:port...]") besides the devices
+// llama.cpp would take by default: those servers' devices first, as llama.cpp orders RPC
+// servers, then the registry's RPC devices, GPUs (integrated GPUs when there is no GPU). The
+// servers are not added to ggml's registry (the tools' --rpc does that for the process), so a
+// model loaded later without them does not use them. ggml's RPC backend aborts the process
+// when it cannot connect to a server: the Python package checks the connections first. out
+// holds max_out pointers (ggml_backend_dev_t). Returns the number of devices (the terminator
+// not counted), or -1 with err saying why.
+LLAMA_API int32_t llama_sparq_model_devices(const char * endpoints, void ** out, int32_t max_out, char * err,
+                                            size_t err_size);
 
 // The names of the enums' values, as the front ends (Python, --sparq-* flags, llama-bench)
 // accept and print them; NULL for a value out of range (0 .. <enum>_COUNT - 1).

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
+import threading
 
 from ._lib import setup_llama_cpp
 
@@ -69,6 +72,34 @@ def check_sparq_settings(**keywords) -> None:
         _sparq.check_params(_sparq.make_params(given, sparq_keyword))
 
 
+_params_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _model_devices(devices):
+    """llama-cpp-python's Llama builds its llama_model_params inside __init__ and has no keyword
+    for the device list: while it runs, the default params it starts from carry ``devices``
+    (a NULL-terminated ctypes array, kept alive by the caller); None leaves the defaults."""
+    if devices is None:
+        yield
+        return
+    import llama_cpp.llama_cpp as capi
+
+    with _params_lock:
+        orig = capi.llama_model_default_params
+
+        def with_devices():
+            p = orig()
+            p.devices = ctypes.cast(devices, ctypes.c_void_p)
+            return p
+
+        capi.llama_model_default_params = with_devices
+        try:
+            yield
+        finally:
+            capi.llama_model_default_params = orig
+
+
 class Llama(llama_cpp.Llama):
     """llama-cpp-python's ``Llama`` (same methods and arguments) on the fork's libllama.
 
@@ -111,14 +142,22 @@ class Llama(llama_cpp.Llama):
 
     SparQ contexts always use the flash-attention KV layout (V not transposed), whatever
     ``flash_attn`` says. ``sparq_stats()`` returns the fork's counters.
+
+    ``rpc_servers`` (``"host:port,host:port"`` or a list): ggml RPC servers (``llama-sparq-rpc-server``)
+    whose devices this model's offloaded layers (``n_gpu_layers``) and their KV cache go to, as the
+    tools' ``--rpc`` (for this model only: later models do not use them unless given them too);
+    checked first (an unreachable server raises ``ValueError``). SparQ's op then runs on the host
+    that holds the layer's cache; a fixed ``sparq_k`` is needed there (the calibrated k runs in
+    this process's CPU op).
     """
 
     def __init__(self, model_path: str, *args, sparq=None, sparq_r=None, sparq_k=None, sparq_l=None,
                  sparq_min_kv=None, sparq_all_rows=None, sparq_selector=None, sparq_gqa=None, sparq_mean_v=None,
                  sparq_basis=None, sparq_index_lists=None, sparq_index_probe=None, sparq_coverage=None,
-                 sparq_k_min=None, sparq_k_frac=None, **kwargs):
+                 sparq_k_min=None, sparq_k_frac=None, rpc_servers=None, **kwargs):
         path = check_model_file(model_path)
         from . import _sparq
+
 
         given = sparq_settings(sparq=sparq, sparq_r=sparq_r, sparq_k=sparq_k, sparq_l=sparq_l,
                                sparq_min_kv=sparq_min_kv, sparq_all_rows=sparq_all_rows, sparq_selector=sparq_selector,
@@ -132,8 +171,13 @@ class Llama(llama_cpp.Llama):
             _sparq.check_params(params)
         if given.get("enabled"):
             kwargs["flash_attn"] = True  # SparQ needs V rows: the flash-attention cache layout
+        devices = None
+        if rpc_servers is not None:
+            addrs = _sparq.rpc_model_devices(rpc_servers)
+            devices = (ctypes.c_void_p * (len(addrs) + 1))(*addrs, None)  # NULL-terminated
         try:
-            super().__init__(path, *args, **kwargs)
+            with _model_devices(devices):
+                super().__init__(path, *args, **kwargs)
         except ValueError as e:
             # llama.cpp could not parse the file (truncated or corrupt)
             if path not in str(e):

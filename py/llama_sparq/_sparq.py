@@ -217,3 +217,38 @@ def set_eval_callback(ctx, callback_address: int | None, user_data=None) -> None
     b = _b()
     cb = b.ffi.cast("ggml_backend_sched_eval_callback", callback_address or 0)
     library().llama_sparq_debug_set_eval_callback(b.ctx_ptr(ctx), cb, b.ffi.NULL if user_data is None else user_data)
+
+
+def rpc_model_devices(servers):
+    """The devices (their addresses, for llama_model_params.devices) of a model that offloads to
+    ggml RPC servers, ``"host:port,host:port"`` or a list of them, besides the
+    devices llama.cpp takes by default (llama_sparq_model_devices). Each endpoint is parsed and
+    connected to first, since ggml's RPC backend aborts the process on a bad endpoint or an
+    unreachable server; raises ValueError naming the endpoint."""
+    import socket
+
+    if isinstance(servers, str):
+        items = [x.strip() for x in servers.split(",")]
+    elif isinstance(servers, (list, tuple)) and all(isinstance(x, str) for x in servers):
+        items = [x.strip() for x in servers]
+    else:
+        raise ValueError(f"rpc_servers: expected 'host:port[,host:port...]' or a list of them, got {servers!r}")
+    if not items or any(not x for x in items):
+        raise ValueError(f"rpc_servers: an empty endpoint in {servers!r} (give host:port[,host:port...])")
+    for ep in items:
+        host, sep, port = ep.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"rpc_servers: {ep!r} is not host:port (a port 1..65535)")
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+        except OSError as e:
+            raise ValueError(f"rpc_servers: cannot connect to {ep}: {e} (is ggml-rpc-server "
+                             f"(llama-sparq-rpc-server) running there?)") from None
+    b = _b()
+    cap = 256
+    out = b.ffi.new("void *[]", cap)
+    err = b.ffi.new("char[]", 512)
+    n = library().llama_sparq_model_devices(",".join(items).encode(), out, cap, err, len(err))
+    if n < 0:
+        raise ValueError(b.ffi.string(err).decode("utf-8", "replace"))
+    return [int(b.ffi.cast("uintptr_t", out[i])) for i in range(n)]

@@ -18,6 +18,8 @@
 #             and -fa 0 and SparQ, batch 4 at $E2E_DEPTHS_BATCH (default 16K, 32K)
 #   nkvo      the -nkvo runs (weights on the GPU, cache and attention on the host) at $NKVO_DEPTHS
 #             (default 16K, 64K)
+#   profile   Nsight Compute (ncu, or $NCU) on the op's kernels at 64K and 4K (Llama 2 7B attention,
+#             batch 1, r = 32, k = 128): $OUT/gpu-session/profile_<S>.csv
 #   gemma     build/gpu-gemma/part-* joined into $LLAMA_SPARQ_MODEL_DIR (default /tmp/sparq-models)
 #             once every part listed in build/gpu-gemma/SHA256SUMS is there (each call may carry
 #             one part: `make gpu-gemma-parts` cuts them here; a part carried earlier stays on a
@@ -115,6 +117,19 @@ step_nkvo() {
         --nkvo-depths "${NKVO_DEPTHS:-16384,65536}" --n-gen 16
 }
 
+step_profile() {
+    local ncu=${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}
+    [ -x "$ncu" ] || { say "profile: no ncu at $ncu (set NCU=...)"; return 2; }
+    local exe S rc=0
+    exe=$("$PY" -c "from llama_sparq import tool_path; print(tool_path('test-backend-ops'))") || return 1
+    for S in 65536 4096; do
+        logged profile env SPARQ_PERF_GPU=1 "$ncu" -k regex:k_sparq --launch-count 40 --section SpeedOfLight \
+            --section MemoryWorkloadAnalysis --csv --page details --log-file "$LOGS/profile_$S.csv" \
+            "$exe" perf -b CUDA0 -o SPARQ_ATTN -p "kv=$S,nh=32,nh_kv=32,nr=1,ns=1,r=32,k=128," || rc=1
+    done
+    return "$rc"
+}
+
 step_gemma() {
     [ -f "$PARTS/SHA256SUMS" ] || { say "gemma: no $PARTS/SHA256SUMS: run 'make gpu-gemma-parts' and carry it with a part"; return 2; }
     local want have
@@ -140,13 +155,15 @@ step_results() {
     say "results: $(ls "$OUT/results" | wc -l) files in $OUT/results"
 }
 
-[ $# -gt 0 ] || { sed -n '2,33p' "$0"; exit 2; }
-status=0
+[ $# -gt 0 ] || { sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 2; }
 for s in "$@"; do
     case "$s" in
-        install|grid|op|e2e|nkvo|gemma|tests|results) ;;
-        *) echo "gpu_session: unknown step '$s' (install grid op e2e nkvo gemma tests results)" >&2; exit 2 ;;
+        install|grid|op|e2e|nkvo|profile|gemma|tests|results) ;;
+        *) echo "gpu_session: unknown step '$s' (install grid op e2e nkvo profile gemma tests results)" >&2; exit 2 ;;
     esac
+done
+status=0
+for s in "$@"; do
     if [ "$s" != install ] && [ "$s" != results ] && [ "$s" != gemma ] && ! installed; then
         step_install || { status=1; break; }
     fi

@@ -24,7 +24,8 @@ def run(tmp_path, *steps, **env):
 def test_unknown_step_is_refused(tmp_path):
     res = run(tmp_path, "install", "bogus")
     assert res.returncode == 2
-    assert "unknown step 'bogus' (install grid op e2e nkvo gemma tests results)" in res.stderr
+    assert "unknown step 'bogus' (install grid op e2e nkvo profile gemma tests results)" in res.stderr
+    assert "install:" not in res.stdout  # refused before any step runs
 
 
 def test_no_step_prints_the_usage(tmp_path):

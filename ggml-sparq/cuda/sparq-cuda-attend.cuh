@@ -61,6 +61,21 @@ static __device__ __forceinline__ sparq_attend_unit sparq_attend_unit_of(const s
     return un;
 }
 
+// head h's softmax maximum and sum of the approximate logits over all the unit's cells (the
+// mean-V mix's denominator; -inf and 0 without the mix)
+static __device__ __forceinline__ void sparq_attend_mean_v_stats(const sparq_cu_args & a, const sparq_attend_unit & un,
+                                                                 const sparq_attend_smem & sm, int h) {
+    sm.sMs[h] = -INFINITY;
+    sm.sZ[h] = 0.0;
+    if (un.mean_v) {
+        float M;
+        double Z;
+        sparq_unit_stats(a, un.u, h, &M, &Z);
+        sm.sMs[h] = M;
+        sm.sZ[h] = Z;
+    }
+}
+
 // the g query rows into shared memory; the running and approximate softmax statistics
 static __device__ __forceinline__ void sparq_attend_init(const sparq_cu_args & a, const sparq_attend_unit & un,
                                                          const sparq_attend_smem & sm) {
@@ -74,15 +89,7 @@ static __device__ __forceinline__ void sparq_attend_init(const sparq_cu_args & a
         sm.sM[tid] = -INFINITY;
         sm.sP[tid] = 0.0f;
         sm.smass[tid] = 0.0;
-        sm.sMs[tid] = -INFINITY;
-        sm.sZ[tid] = 0.0;
-        if (un.mean_v) {
-            float M;
-            double Z;
-            sparq_unit_stats(a, un.u, tid, &M, &Z);
-            sm.sMs[tid] = M;
-            sm.sZ[tid] = Z;
-        }
+        sparq_attend_mean_v_stats(a, un, sm, tid);
     }
 }
 
@@ -492,15 +499,7 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_attend_combine(const 
         sm.sM[tid] = M;
         sm.sP[tid] = P;
         sm.smass[tid] = mass;
-        sm.sMs[tid] = -INFINITY;
-        sm.sZ[tid] = 0.0;
-        if (un.mean_v) {
-            float Ms;
-            double Z;
-            sparq_unit_stats(a, un.u, tid, &Ms, &Z);
-            sm.sMs[tid] = Ms;
-            sm.sZ[tid] = Z;
-        }
+        sparq_attend_mean_v_stats(a, un, sm, tid);
     }
     __syncthreads();
     float y[GMAX];

@@ -2,6 +2,7 @@
 // group size and cache type, the scratch sizes), shared by the CUDA backend and the CPU emulation.
 #pragma once
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -19,6 +20,20 @@ static int sparq_vec_cpt(int gmax) {
     return gmax <= 4 ? 8 : (gmax == 8 ? 4 : 2);
 }
 
+// which of two ways an environment variable forces: 1 (it says way1), 2 (way2), 0 (unset or
+// empty: the launch chooses; another value is said on stderr and chooses too)
+static int sparq_env_way(const char * name, const char * way1, const char * way2) {
+    const char * e = getenv(name);
+    if (!e || !*e) {
+        return 0;
+    }
+    if (strcmp(e, way1) == 0 || strcmp(e, way2) == 0) {
+        return strcmp(e, way1) == 0 ? 1 : 2;
+    }
+    fprintf(stderr, "sparq_attn: %s=%s is neither %s nor %s: ignored, the launch chooses\n", name, e, way1, way2);
+    return 0;
+}
+
 // Stage 7 split over several blocks per unit (k_sparq_attend_part, then k_sparq_attend_combine)
 // while the units alone would leave the GPU idle: parts of at least SPARQ_ATTEND_PART_ITEMS list
 // positions, until about SPARQ_ATTEND_BLOCKS blocks in all (an H100 has 132 SMs; 4 blocks of 256
@@ -29,16 +44,7 @@ static int sparq_vec_cpt(int gmax) {
 // LLAMA_SPARQ_CUDA_ATTEND=single or split forces one way (comparisons, tests); split then takes a
 // part per SPARQ_ATTEND_PART_ITEMS positions of the list whatever the number of units
 static int sparq_attend_parts(const sparq_cu_args & a) {
-    static const int force = [] {
-        const char * e = getenv("LLAMA_SPARQ_CUDA_ATTEND");
-        if (e && strcmp(e, "single") == 0) {
-            return 1;
-        }
-        if (e && strcmp(e, "split") == 0) {
-            return 2;
-        }
-        return 0;
-    }();
+    static const int force = sparq_env_way("LLAMA_SPARQ_CUDA_ATTEND", "single", "split");
     if (force == 1) {
         return 1;
     }
@@ -136,16 +142,7 @@ static void sparq_launch_by_g(const sparq_cu_args & a, bool kt_f16, bool k_f16, 
 
 // LLAMA_SPARQ_CUDA_SELECT=fused or radix forces one way (comparisons, tests); unset: by the length
 static bool sparq_select_fused(const sparq_cu_args & a) {
-    static const int force = [] {
-        const char * e = getenv("LLAMA_SPARQ_CUDA_SELECT");
-        if (e && strcmp(e, "fused") == 0) {
-            return 1;
-        }
-        if (e && strcmp(e, "radix") == 0) {
-            return 2;
-        }
-        return 0;
-    }();
+    static const int force = sparq_env_way("LLAMA_SPARQ_CUDA_SELECT", "fused", "radix");
     return force == 1 || (force == 0 && a.nt_s <= SPARQ_SELECT_FUSED_MAX_TILES);
 }
 

@@ -74,15 +74,30 @@ SPARQ = ["--sparq", "--sparq-k", "16", "--sparq-r", "4", "--sparq-min-kv", "0"]
 PROMPT = " ".join(f"{w} {i % 10}" for i, w in enumerate(["river", "copper", "lantern", "meadow"] * 50))
 
 
-def _completion(model, extra):
+def _completion(model, extra, sched_debug=False):
+    """sched_debug: the scheduler's splits in the log (GGML_SCHED_DEBUG=2 and -v), for _op_backends."""
+    env = dict(ENV, GGML_SCHED_DEBUG="2") if sched_debug else ENV
     res = subprocess.run([str(tool_path("llama-completion")), "-m", str(model), "-p", PROMPT, "-n", "24", "-no-cnv",
-                          "--temp", "0", "-t", "1", "-c", "2048", "-lv", "4", *SPARQ, *extra],
+                          "--temp", "0", "-t", "1", "-c", "2048", "-v" if sched_debug else "-lv", *([] if sched_debug else ["4"]),
+                          *SPARQ, *extra],
                          capture_output=True, text=True, errors="replace", timeout=300, stdin=subprocess.DEVNULL,
-                         env=ENV)
+                         env=env)
     assert res.returncode == 0, res.stderr[-3000:]
     m = COUNTERS.search(res.stderr)
     assert m, res.stderr[-3000:]
     return res.stdout, [int(x) for x in m.groups()], res.stderr
+
+
+def _op_backends(log):
+    """The backends the scheduler gave the SparQ op's nodes (GGML_SCHED_DEBUG=2: each split's
+    backend, then its nodes)."""
+    cur, out = None, []
+    for m in re.finditer(r"## SPLIT #\d+: (\S+)|node #\s*\d+ \((SPARQ_ATTN)\)", log):
+        if m.group(1):
+            cur = m.group(1)
+        else:
+            out.append(cur)
+    return out
 
 
 def test_sparq_on_two_rpc_servers_equals_one_process(model4, tmp_path):
@@ -90,8 +105,11 @@ def test_sparq_on_two_rpc_servers_equals_one_process(model4, tmp_path):
     assert n_sparq == 4 * 23 and n_dev == 0  # 4 layers x 23 decode steps, all in this process
     with RpcServers(2, tmp_path) as rpc:
         got, (n_sparq_r, n_dense_r, n_dev_r), log = _completion(model4, ["--rpc", rpc.endpoints, "-ngl", "99",
-                                                                         "-ts", "1,1"])
+                                                                         "-ts", "1,1"], sched_debug=True)
     assert got == want
+    # the scheduler ran every SparQ node on an RPC host (the op is pinned where its K^T is)
+    where = _op_backends(log)
+    assert where and all(w.startswith("RPC") for w in where), sorted(set(where))
     # every layer's cache and SparQ data on an RPC host, both hosts holding some
     for port in rpc.ports:
         assert re.search(rf"RPC\d\[127\.0\.0\.1:{port}\] KV buffer size", log), log[-3000:]
@@ -133,10 +151,13 @@ def test_nkvo_beside_an_rpc_host_runs_sparq_here(model4, tmp_path):
     crashed). Same tokens as one process, every SparQ call counted here, the host still alive."""
     want, (n_sparq, _, _), _ = _completion(model4, [])
     with RpcServers(1, tmp_path) as rpc:
-        got, (n_sparq_r, n_dense_r, n_dev_r), log = _completion(model4, ["--rpc", rpc.endpoints, "-ngl", "99", "-nkvo"])
+        got, (n_sparq_r, n_dense_r, n_dev_r), log = _completion(model4, ["--rpc", rpc.endpoints, "-ngl", "99", "-nkvo"],
+                                                                sched_debug=True)
         assert all(p.poll() is None for p in rpc.procs), rpc.logs[0].read_text()[-2000:]
     assert "CPU KV buffer size" in log, log[-3000:]
     assert got == want
+    where = _op_backends(log)
+    assert where and set(where) == {"CPU"}, sorted(set(where))
     assert (n_sparq_r, n_dev_r) == (n_sparq, 0), (n_sparq_r, n_dev_r, n_dense_r)
 
 

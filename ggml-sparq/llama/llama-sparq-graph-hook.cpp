@@ -490,22 +490,34 @@ static ggml_tensor * sparq_build_op(sparq_attn_build & b, ggml_tensor * q, ggml_
     return cur;
 }
 
-// where the op runs: with the layer's K^T. In a device's memory (a GPU, an RPC host) the scheduler
-// puts it there (K^T is allocated like weights) when that device supports the node, else on the
-// CPU (counted in n_sparq_device, logged). In host memory (a CPU context, or --no-kv-offload beside
-// a GPU or an RPC host) it is pinned to this process's CPU backend: else the scheduler may offload
-// it to a device (an RPC backend takes any op) and copy the layer's cache there at every step, and
-// the report the op writes is this process's memory (an RPC host writing it crashed)
+// where the op runs: where the layer's K^T is, pinned there. Left to itself ggml's scheduler
+// places the op by its neighbours (it does not see the K^T view's buffer before allocation): with
+// --no-kv-offload beside a GPU or an RPC host it ran the op there and copied the layer's K, K^T
+// and V over at every step, and an RPC host crashed writing the op's report (an address of this
+// process). K^T in host memory: this process's CPU backend. On a device that runs the node (a
+// GPU, an RPC host): that device's backend, counted in n_sparq_device; on one that does not: the
+// CPU, copying the layer's cache (logged once).
 static void sparq_note_device(sparq_attn_build & b, ggml_tensor * cur) {
-    if (ggml_backend_buffer_is_host(b.L.kt->buffer) && b.g.sched && b.g.backend_cpu) {
-        ggml_backend_sched_set_tensor_backend(b.g.sched, cur, b.g.backend_cpu);
-    }
-    ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(b.L.kt->buffer);
-    ggml_backend_dev_t dev = ggml_backend_buft_get_device(buft);
+    ggml_backend_sched_t sched = b.g.sched;
+    ggml_backend_t where = b.g.backend_cpu;
+    ggml_backend_dev_t dev = ggml_backend_buft_get_device(ggml_backend_buffer_get_type(b.L.kt->buffer));
     if (dev && ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU && !ggml_backend_buffer_is_host(b.L.kt->buffer)) {
         sparq_decision & dc = b.inp->decisions.back();
         dc.device = ggml_backend_dev_supports_op(dev, cur) ? 1 : 2;
         dc.device_name = ggml_backend_dev_name(dev);
+        if (dc.device == 1) {
+            where = nullptr; // the device's backend in this scheduler (none found: left to the scheduler)
+            for (int i = 0; sched && i < ggml_backend_sched_get_n_backends(sched); ++i) {
+                ggml_backend_t be = ggml_backend_sched_get_backend(sched, i);
+                if (ggml_backend_get_device(be) == dev) {
+                    where = be;
+                    break;
+                }
+            }
+        }
+    }
+    if (sched && where) {
+        ggml_backend_sched_set_tensor_backend(sched, cur, where);
     }
 }
 

@@ -158,7 +158,6 @@ class Llama(llama_cpp.Llama):
         path = check_model_file(model_path)
         from . import _sparq
 
-
         given = sparq_settings(sparq=sparq, sparq_r=sparq_r, sparq_k=sparq_k, sparq_l=sparq_l,
                                sparq_min_kv=sparq_min_kv, sparq_all_rows=sparq_all_rows, sparq_selector=sparq_selector,
                                sparq_gqa=sparq_gqa, sparq_mean_v=sparq_mean_v, sparq_basis=sparq_basis,

@@ -94,15 +94,16 @@ static __device__ __forceinline__ void sparq_attend_init(const sparq_cu_args & a
 }
 
 // the cells: the bitmap as an ascending list (SparQ rows; only the list positions in [lo, hi) are
-// written, the block's share), or every cell, masked (dense); returns how many items there are
-// in all (the same on every thread)
+// written, the block's share, and the bitmap is read only as far as position hi), or every cell,
+// masked (dense); returns the number of items, at least hi when there are that many (the same on
+// every thread)
 static __device__ __forceinline__ int sparq_attend_cells(const sparq_cu_args & a, const sparq_attend_unit & un,
                                                          const sparq_attend_smem & sm, int lo, int hi) {
     const int tid = threadIdx.x;
     if (un.sparse) {
         const unsigned int * sb = a.selbits + (size_t) un.u * a.W;
         int base = 0;
-        for (int w0 = 0; w0 < a.W; w0 += SPARQ_NT) {
+        for (int w0 = 0; w0 < a.W && base < hi; w0 += SPARQ_NT) { // base: uniform over the block
             const int wi = w0 + tid;
             unsigned int word = wi < a.W ? sb[wi] : 0u;
             const int cnt = __popc(word);

@@ -233,7 +233,7 @@ LLAMA_API void llama_sparq_debug_set_eval_callback(struct llama_context * ctx, g
                                                    void * user_data);
 
 // The device list (llama_model_params.devices, NULL-terminated) for a model that offloads to
-// the ggml RPC servers named in endpoints ("host:port[,host:port...]") besides the devices
+// the n_endpoints ggml RPC servers named in endpoints ("host:port" each) besides the devices
 // llama.cpp would take by default: those servers' devices first, as llama.cpp orders RPC
 // servers, then the registry's RPC devices, GPUs (integrated GPUs when there is no GPU). The
 // servers are not added to ggml's registry (the tools' --rpc does that for the process), so a
@@ -241,8 +241,8 @@ LLAMA_API void llama_sparq_debug_set_eval_callback(struct llama_context * ctx, g
 // when it cannot connect to a server: the Python package checks the connections first. out
 // holds max_out pointers (ggml_backend_dev_t). Returns the number of devices (the terminator
 // not counted), or -1 with err saying why.
-LLAMA_API int32_t llama_sparq_model_devices(const char * endpoints, void ** out, int32_t max_out, char * err,
-                                            size_t err_size);
+LLAMA_API int32_t llama_sparq_model_devices(const char * const * endpoints, int32_t n_endpoints, void ** out,
+                                            int32_t max_out, char * err, size_t err_size);
 
 // The names of the enums' values, as the front ends (Python, --sparq-* flags, llama-bench)
 // accept and print them; NULL for a value out of range (0 .. <enum>_COUNT - 1).

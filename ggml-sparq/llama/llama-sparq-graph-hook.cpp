@@ -497,7 +497,7 @@ static ggml_tensor * sparq_build_op(sparq_attn_build & b, ggml_tensor * q, ggml_
 // process). K^T in host memory: this process's CPU backend. On a device that runs the node (a
 // GPU, an RPC host): that device's backend, counted in n_sparq_device; on one that does not: the
 // CPU, copying the layer's cache (logged once).
-static void sparq_note_device(sparq_attn_build & b, ggml_tensor * cur) {
+static void sparq_place_op(sparq_attn_build & b, ggml_tensor * cur) {
     ggml_backend_sched_t sched = b.g.sched;
     ggml_backend_t where = b.g.backend_cpu;
     ggml_backend_dev_t dev = ggml_backend_buft_get_device(ggml_backend_buffer_get_type(b.L.kt->buffer));
@@ -573,7 +573,7 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
     sparq_decide_sparq(b);
 
     ggml_tensor * cur = sparq_build_op(b, q, k, v, kq_mask, kq_scale, h2o3);
-    sparq_note_device(b, cur);
+    sparq_place_op(b, cur);
     ggml_tensor * out = ggml_reshape_2d(ctx0, cur, cur->ne[0] * cur->ne[1], cur->ne[2] * cur->ne[3]);
     if (inp->rows_mode == SPARQ_ROWS_MIXED || b.stretch) {
         // prompt rows beside decode rows, or streams in their dense stretch of this layer beside streams

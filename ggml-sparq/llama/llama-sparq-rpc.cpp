@@ -37,25 +37,17 @@ static bool sparq_rpc_server_devices(const std::string & endpoint, std::vector<g
     return true;
 }
 
-int32_t llama_sparq_model_devices(const char * endpoints, void ** out, int32_t max_out, char * err, size_t err_size) {
+int32_t llama_sparq_model_devices(const char * const * endpoints, int32_t n_endpoints, void ** out, int32_t max_out,
+                                  char * err, size_t err_size) {
     std::vector<ggml_backend_dev_t> rpc, gpus, igpus;
-    const std::string list = endpoints ? endpoints : "";
-    size_t pos = 0;
-    while (pos <= list.size() && !list.empty()) {
-        const size_t comma = list.find(',', pos);
-        const std::string ep = list.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-        if (ep.empty()) {
-            sparq_err(err, err_size, "rpc_servers: an empty endpoint in \"%s\" (give host:port[,host:port...])",
-                      list.c_str());
+    for (int32_t i = 0; i < n_endpoints; ++i) {
+        if (!endpoints[i] || !*endpoints[i]) {
+            sparq_err(err, err_size, "rpc_servers: an empty endpoint (give host:port)");
             return -1;
         }
-        if (!sparq_rpc_server_devices(ep, rpc, err, err_size)) {
+        if (!sparq_rpc_server_devices(endpoints[i], rpc, err, err_size)) {
             return -1;
         }
-        if (comma == std::string::npos) {
-            break;
-        }
-        pos = comma + 1;
     }
     // what llama.cpp's default selection takes from the registry: RPC devices registered there,
     // the GPUs, the integrated GPUs when there is no GPU

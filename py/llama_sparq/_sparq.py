@@ -245,10 +245,11 @@ def rpc_model_devices(servers):
             raise ValueError(f"rpc_servers: cannot connect to {ep}: {e} (is ggml-rpc-server "
                              f"(llama-sparq-rpc-server) running there?)") from None
     b = _b()
+    names = [b.ffi.new("char[]", ep.encode()) for ep in items]  # alive through the call
     cap = 256
     out = b.ffi.new("void *[]", cap)
     err = b.ffi.new("char[]", 512)
-    n = library().llama_sparq_model_devices(",".join(items).encode(), out, cap, err, len(err))
+    n = library().llama_sparq_model_devices(b.ffi.new("const char *[]", names), len(names), out, cap, err, len(err))
     if n < 0:
         raise ValueError(b.ffi.string(err).decode("utf-8", "replace"))
     return [int(b.ffi.cast("uintptr_t", out[i])) for i in range(n)]

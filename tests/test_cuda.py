@@ -127,17 +127,19 @@ def test_gemma_gpu_sparq_equals_cpu_sparq(cuda, gemma_model):
 
 
 @pytest.mark.real_model
-def test_gemma_gpu_sparq_defaults_run_on_the_gpu(cuda, gemma_model):
-    """The default settings but a fixed k (r = d/4, k = 128, scaled basis, window) on the GPU: SparQ
+@pytest.mark.parametrize("k", [0, 128], ids=["calibrated", "k128"])
+def test_gemma_gpu_sparq_defaults_run_on_the_gpu(cuda, gemma_model, k, monkeypatch):
+    """The default settings on the GPU (r = d/4, scaled basis, window) with the calibrated k (k = 0:
+    the CUDA op cuts each selection at the coverage target itself) and with a fixed k = 128: SparQ
     calls all on the GPU; the output agrees with CPU SparQ's teacher-forced argmax where the margin
-    is clear. (The calibrated k, the default, is the CPU op's: a GPU cache refuses it.)"""
-    with pytest.raises(RuntimeError, match="k = 0 .calibrated. runs in the CPU op"):
-        _llm(gemma_model, n_gpu_layers=-1, sparq=True, sparq_min_kv=0)
-    cpu = _llm(gemma_model, n_gpu_layers=0, sparq=True, sparq_min_kv=0, sparq_k=128)
+    is clear. The diffuse stretches follow the CPU op's reports, which the CUDA op does not write:
+    off on both, so both attend over the same cells."""
+    monkeypatch.setenv("LLAMA_SPARQ_NO_DIFFUSE_SKIP", "1")
+    cpu = _llm(gemma_model, n_gpu_layers=0, sparq=True, sparq_min_kv=0, sparq_k=k)
     prompt = cpu.tokenize(PROMPT)
     want = _greedy(cpu, prompt, 12)
     want_lg = teacher_forced(cpu, prompt, want)
-    gpu = _llm(gemma_model, n_gpu_layers=-1, sparq=True, sparq_min_kv=0, sparq_k=128)
+    gpu = _llm(gemma_model, n_gpu_layers=-1, sparq=True, sparq_min_kv=0, sparq_k=k)
     got_lg = teacher_forced(gpu, prompt, want)
     st = gpu.sparq_stats()
     assert st["n_sparq"] == 3 * 12 and st["n_sparq_device"] == st["n_sparq"], st
@@ -218,7 +220,8 @@ def test_selectors_on_a_gpu_context(cuda, tiny_gqa_model):
 # the CUDA kernels' logic, checked on the CPU (no GPU needed)
 # ---------------------------------------------------------------------------
 
-# d S n_head n_head_kv n_rows n_stream r k l f16 mask selector flags variant [force one-cell loads]
+# d S n_head n_head_kv n_rows n_stream r k l f16 mask selector flags variant [force one-cell loads
+# [coverage k_min k_frac]]
 EMU_CASES = {
     "gqa4-f32-vec": "128 1000 8 2 1 2 16 64 16 0 1 0 0 0",
     "mha-f16-scalar-loads": "64 2048 4 4 1 1 16 128 32 1 1 0 0 0 1",
@@ -229,9 +232,15 @@ EMU_CASES = {
     "short-sequence-long-cache": "64 4096 4 4 1 2 8 64 16 1 1 0 0 4",
     # a dense stream beside a SparQ one, several rows, k = 128: both split in 4 parts
     "rows-dense-stream-parts": "64 1000 4 2 3 2 8 128 8 1 1 0 0 3",
+    # the calibrated k: each list cut at the coverage target within its row's cap (MHA, GQA shared,
+    # per-head with a window list), and units found diffuse (every valid cell, no mean-V)
+    "calibrated-mha": "64 2048 4 4 1 1 16 512 32 1 1 0 0 0 0 0.4 64 0.3",
+    "calibrated-gqa-two-streams": "128 1000 8 2 1 2 16 256 16 0 1 0 0 0 0 0.3 8 0.25",
+    "calibrated-perhead-window": "64 1024 8 2 1 1 16 256 16 1 1 0 1 1 0 0.5 16 0.25",
+    "calibrated-diffuse": "128 1000 8 2 1 2 16 256 16 0 1 0 0 0 0 0.95 16 0.25",
 }
 
-# SPARQ_EMU_FULL=1 adds the longer grid (a few minutes on 2 cores; all 20 passed at this commit)
+# SPARQ_EMU_FULL=1 adds the longer grid (a few minutes on 2 cores)
 EMU_CASES_FULL = [
     "128 1000 8 2 1 2 16 64 16 1 1 0 0 0", "64 4096 4 4 1 1 16 128 32 1 1 0 0 0",
     "128 2048 16 2 1 1 32 128 32 1 1 0 0 0", "80 2048 16 1 1 1 20 128 32 1 1 0 0 0",
@@ -243,35 +252,42 @@ EMU_CASES_FULL = [
     "128 2048 8 2 1 2 16 64 64 1 1 0 0 0", "256 8192 4 1 1 1 64 256 64 1 1 0 0 0",
     "64 7 4 4 1 1 8 32 8 1 1 0 0 0", "64 20000 2 2 1 1 16 128 32 1 1 0 0 0",
     "128 4096 8 2 1 1 32 128 32 0 1 0 1 1", "128 1000 8 2 1 2 16 64 16 0 1 0 0 0",
+    "128 2048 8 2 1 1 32 512 16 1 1 0 0 0 0 0.5 16 0.25", "64 2048 4 4 1 1 16 512 32 1 1 0 0 0 0 0.6 8 0.5",
+    "128 2048 8 2 1 1 32 512 16 1 1 0 0 0 0 0.3 8 0.25", "64 20000 2 2 1 1 16 2048 32 1 1 0 0 0 0 0.5 64 0.2",
 ]
 if os.environ.get("SPARQ_EMU_FULL", "0") not in ("", "0"):
     EMU_CASES.update({"full-" + c.replace(" ", "_"): c for c in EMU_CASES_FULL})
 
 
-# the selection's two ways (LLAMA_SPARQ_CUDA_SELECT): these lists are short enough that the default
-# is the one-kernel select (k_sparq_select), so the radix chain runs on some of them forced; the
-# attend stage's two ways (LLAMA_SPARQ_CUDA_ATTEND): these few units get split into parts by
-# default, so the one-block-per-unit kernel runs on some of them forced
-EMU_RADIX = ["gqa4-f32-vec", "gqa4-perhead-window", "short-sequence-long-cache"]
-EMU_SINGLE = ["gqa4-perhead-window", "basis-no-mean-v", "rows-dense-stream-parts"]
-EMU_RUNS = ([(c, "auto", "auto") for c in EMU_CASES] + [(c, "radix", "auto") for c in EMU_RADIX if c in EMU_CASES]
-            + [(c, "auto", "single") for c in EMU_SINGLE if c in EMU_CASES])
+# the selection's two ways (LLAMA_SPARQ_CUDA_SELECT): by default the bin holding the k-th key is
+# ranked in shared memory, so the radix passes over the list (what a bin too full to rank takes)
+# run on some cases forced; the attend stage's two ways (LLAMA_SPARQ_CUDA_ATTEND): these few units
+# get split into parts by default, so the one-block-per-unit kernel runs on some of them forced
+EMU_RADIX = ["gqa4-f32-vec", "gqa4-perhead-window", "short-sequence-long-cache", "calibrated-mha",
+             "calibrated-perhead-window"]
+EMU_SINGLE = ["gqa4-perhead-window", "basis-no-mean-v", "rows-dense-stream-parts", "calibrated-gqa-two-streams"]
+EMU_RUNS = ([(c, "rank", "auto") for c in EMU_CASES] + [(c, "radix", "auto") for c in EMU_RADIX if c in EMU_CASES]
+            + [(c, "rank", "single") for c in EMU_SINGLE if c in EMU_CASES])
+
+# kernel launches per layer and step the op may take (the emulator counts them)
+SPARQ_CUDA_MAX_LAUNCHES = 4
 
 
 @pytest.mark.parametrize("case,select,attend", EMU_RUNS,
                          ids=[f"{c}-{s}" + ("" if a == "auto" else f"-{a}") for c, s, a in EMU_RUNS])
 def test_cuda_kernels_emulated_equal_the_cpu_op(case, select, attend):
     """The kernels of ggml-sparq/cuda/, run on the CPU by sparq-cuda-emu (one thread
-    per CUDA thread; __syncthreads and the warp shuffles as barriers), give the CPU op's output and
-    choose the same cells (the unit's bitmap equals the CPU's list) on tie-proof inputs. This checks
-    the kernels' indexing and logic before any GPU runs them; not the GPU's memory model or speed.
-    select: the default way to select (one kernel per list for these lengths) or the radix chain;
-    attend: the default (each unit's cells split over blocks here, then combined) or one block per unit."""
+    per CUDA thread; __syncthreads and the warp shuffles as barriers; blocks in a shuffled order),
+    give the CPU op's output and choose the same cells (the unit's bitmap equals the CPU's list, or
+    both attend over every valid cell of a unit the calibrated k found diffuse) on tie-proof inputs,
+    in at most SPARQ_CUDA_MAX_LAUNCHES kernel launches. This checks the kernels' indexing and logic
+    before any GPU runs them; not the GPU's memory model or speed.
+    select: the bin at the k-th key ranked in shared memory (the default) or radix passes over the
+    list; attend: the default (each unit's cells split over blocks here, the last combining) or one
+    block per unit."""
     env = dict(os.environ)
-    env.pop("LLAMA_SPARQ_CUDA_SELECT", None)
     env.pop("LLAMA_SPARQ_CUDA_ATTEND", None)
-    if select != "auto":
-        env["LLAMA_SPARQ_CUDA_SELECT"] = select
+    env["LLAMA_SPARQ_CUDA_SELECT"] = select
     if attend != "auto":
         env["LLAMA_SPARQ_CUDA_ATTEND"] = attend
     res = subprocess.run([str(tool_path("sparq-cuda-emu")), *EMU_CASES[case].split()], capture_output=True,
@@ -279,12 +295,23 @@ def test_cuda_kernels_emulated_equal_the_cpu_op(case, select, attend):
     assert res.returncode == 0 and res.stdout.startswith("OK"), res.stdout + res.stderr[-2000:]
     m = re.search(r"sel_differ=(\d+)", res.stdout)
     assert m and m.group(1) == "0"
-    assert f"select={'fused' if select == 'auto' else select}" in res.stdout, res.stdout
+    assert f"select={select}" in res.stdout, res.stdout
+    launches = int(re.search(r"launches=(\d+)", res.stdout).group(1))
+    assert 1 <= launches <= SPARQ_CUDA_MAX_LAUNCHES, res.stdout
     parts = int(re.search(r"attend_parts=(\d+)", res.stdout).group(1))
     if attend == "single":
         assert parts == 1, res.stdout
     elif case in ("gqa4-perhead-window", "rows-dense-stream-parts", "mha-f16-scalar-loads"):
         assert parts > 1, res.stdout  # k >= 64 on a few units: the split ran
+    diffuse = int(re.search(r"diffuse_units=(\d+)", res.stdout).group(1))
+    cells = float(re.search(r"mean_cells=([0-9.]+)", res.stdout).group(1))
+    if case == "calibrated-diffuse":
+        assert diffuse > 0, res.stdout
+    elif case.startswith("calibrated-"):
+        # the cut lies inside (k_min, the row's cap): the target, not a bound, set the cells
+        args = EMU_CASES[case].split()
+        k_min, k_frac, S = int(args[16]), float(args[17]), int(args[1])
+        assert diffuse == 0 and k_min < cells < k_frac * S, res.stdout
 
 
 # ---------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 // stages): exact attention over the unit's chosen cells (or a dense row's valid cells) and the
 // mean-V mix. Either one block per unit (k_sparq_attend), or, when there are few units for the
 // GPU (decode at batch 1), each unit's cells split over several blocks whose partial softmax
-// sums one more kernel combines (k_sparq_attend_part + k_sparq_attend_combine, flash-decoding).
+// sums the last of them to finish combines (k_sparq_attend_part, flash-decoding).
 #pragma once
 
 #include "sparq-cuda-common.cuh"
@@ -16,7 +16,7 @@ struct sparq_attend_unit {
     int u, R, kvh, st, row;
     int g, d, dv;
     sparq_cu_row ri;
-    bool sparse;        // a SparQ row: the bitmap's cells; else every valid cell (the dense modes)
+    bool sparse;        // the bitmap's cells; else every valid cell (the dense modes, a diffuse unit)
     bool mean_v;        // the mean-V mix applies
     const char * m;     // the row's mask (NULL: none)
     int * list;         // the unit's cells, ascending (SparQ rows)
@@ -37,7 +37,6 @@ struct sparq_attend_smem {
     double * sZ;        // [GMAX] the approximate softmax sum over all cells (mean-V)
     double * smass;     // [GMAX] the approximate softmax mass of the attended cells (mean-V)
     int * sh;           // [SPARQ_NW] scan scratch
-    int * s_n;          // the number of cells to walk
 };
 
 static __device__ __forceinline__ sparq_attend_unit sparq_attend_unit_of(const sparq_cu_args & a, int u) {
@@ -51,7 +50,8 @@ static __device__ __forceinline__ sparq_attend_unit sparq_attend_unit_of(const s
     un.d = a.d;
     un.dv = a.dv;
     un.ri = a.rows[un.R];
-    un.sparse = un.ri.mode == 0;
+    // a SparQ row's unit attends over its chosen cells, unless the calibrated k found it diffuse
+    un.sparse = un.ri.mode == 0 && !a.udense[u];
     un.mean_v = un.sparse && !a.no_mean_v;
     un.m = sparq_mask_row(a, un.R);
     un.list = a.sel + (size_t) u * a.sel_max;
@@ -93,40 +93,49 @@ static __device__ __forceinline__ void sparq_attend_init(const sparq_cu_args & a
     }
 }
 
-// the cells: the bitmap as an ascending list (SparQ rows; only the list positions in [lo, hi) are
-// written, the block's share, and the bitmap is read only as far as position hi), or every cell,
-// masked (dense); returns the number of items, at least hi when there are that many (the same on
-// every thread)
-static __device__ __forceinline__ int sparq_attend_cells(const sparq_cu_args & a, const sparq_attend_unit & un,
-                                                         const sparq_attend_smem & sm, int lo, int hi) {
+// The cells of part p of n_part of the unit: its share [*lo, *hi) of the items, which are the
+// bitmap's cells as an ascending list (the unit's chosen cells, counted first so that the parts get
+// equal shares of what was chosen, not of the bound; only the share's list positions are written
+// and the bitmap is read only as far as them) or every cell, masked (the dense modes). The same on
+// every thread.
+static __device__ __forceinline__ void sparq_attend_cells(const sparq_cu_args & a, const sparq_attend_unit & un,
+                                                          const sparq_attend_smem & sm, int p, int n_part, int * lo,
+                                                          int * hi) {
     const int tid = threadIdx.x;
+    const unsigned int * sb = a.selbits + (size_t) un.u * a.W;
+    int n = a.S;
     if (un.sparse) {
-        const unsigned int * sb = a.selbits + (size_t) un.u * a.W;
-        int base = 0;
-        for (int w0 = 0; w0 < a.W && base < hi; w0 += SPARQ_NT) { // base: uniform over the block
-            const int wi = w0 + tid;
-            unsigned int word = wi < a.W ? sb[wi] : 0u;
-            const int cnt = __popc(word);
-            int tot;
-            int pos = base + sparq_block_scan(cnt, &tot, sm.sh) - cnt;
-            while (word) {
-                const int b = __ffs(word) - 1;
-                if (pos >= lo && pos < hi) {
-                    un.list[pos] = wi * 32 + b;
-                }
-                ++pos;
-                word &= word - 1u;
+        int cnt = 0;
+        for (int wi = tid; wi < a.W; wi += SPARQ_NT) {
+            cnt += __popc(sb[wi]);
+        }
+        sparq_block_scan(cnt, &n, sm.sh);
+        n = min(n, a.sel_max);
+    }
+    const int per = (n + n_part - 1) / n_part;
+    *lo = min(n, p * per);
+    *hi = min(n, *lo + per);
+    if (!un.sparse) {
+        return;
+    }
+    int base = 0;
+    for (int w0 = 0; w0 < a.W && base < *hi; w0 += SPARQ_NT) { // base: uniform over the block
+        const int wi = w0 + tid;
+        unsigned int word = wi < a.W ? sb[wi] : 0u;
+        const int cnt = __popc(word);
+        int tot;
+        int pos = base + sparq_block_scan(cnt, &tot, sm.sh) - cnt;
+        while (word) {
+            const int b = __ffs(word) - 1;
+            if (pos >= *lo && pos < *hi) {
+                un.list[pos] = wi * 32 + b;
             }
-            base += tot;
+            ++pos;
+            word &= word - 1u;
         }
-        if (tid == 0) {
-            *sm.s_n = min(base, a.sel_max);
-        }
-    } else if (tid == 0) {
-        *sm.s_n = a.S;
+        base += tot;
     }
     __syncthreads();
-    return *sm.s_n;
 }
 
 // the chunk's cells from item c0 into scell (published by the barrier); false (uniform over the
@@ -387,15 +396,16 @@ static __device__ __forceinline__ void sparq_attend_write(const sparq_cu_args & 
     }
 }
 
-// the unit's items [lo, hi) (clipped to the items there are), per chunk of SPARQ_NT of them the
+// part p of n_part of the unit's items (sparq_attend_cells), per chunk of SPARQ_NT of them the
 // exact logits, the online softmax and the weighted values into y (the barriers between the steps
 // are here); then the groups' sums gathered into the threads < dv
 template <int GMAX, typename TK, typename TV>
 static __device__ __forceinline__ void sparq_attend_items(const sparq_cu_args & a, const sparq_attend_unit & un,
-                                                          const sparq_attend_smem & sm, int lo, int hi,
+                                                          const sparq_attend_smem & sm, int p, int n_part,
                                                           float (&y)[GMAX]) {
     sparq_attend_init(a, un, sm);
-    const int n_items = min(hi, sparq_attend_cells(a, un, sm, lo, hi));
+    int lo, n_items;
+    sparq_attend_cells(a, un, sm, p, n_part, &lo, &n_items);
 #pragma unroll
     for (int h = 0; h < GMAX; ++h) {
         y[h] = 0.0f;
@@ -422,8 +432,7 @@ static __device__ __forceinline__ void sparq_attend_items(const sparq_cu_args & 
     __shared__ float sM[GMAX], sP[GMAX], scorr[GMAX], sMs[GMAX];                             \
     __shared__ double sZ[GMAX], smass[GMAX];                                                 \
     __shared__ int sh[SPARQ_NW];                                                             \
-    __shared__ int s_n;                                                                      \
-    const sparq_attend_smem sm = { sq, sp, scell, sM, sP, scorr, sMs, sZ, smass, sh, &s_n }
+    const sparq_attend_smem sm = { sq, sp, scell, sM, sP, scorr, sMs, sZ, smass, sh }
 
 // a block per unit: all its items, then the output rows
 template <int GMAX, typename TK, typename TV>
@@ -431,71 +440,32 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_attend(const sparq_cu
     SPARQ_ATTEND_SMEM;
     const sparq_attend_unit un = sparq_attend_unit_of(a, blockIdx.x);
     float y[GMAX];
-    sparq_attend_items<GMAX, TK, TV>(a, un, sm, 0, un.sparse ? a.sel_max : a.S, y);
+    sparq_attend_items<GMAX, TK, TV>(a, un, sm, 0, 1, y);
     const float vbar = sparq_attend_vbar<TV>(a, un, sm);
     sparq_attend_write<GMAX>(a, un, sm, y, vbar);
 }
 
-// the items of part p of n_part of a unit: a share of the list (SparQ rows; by the list's bound
-// sel_max, so that every part knows its share before the list is counted) or of the cells (dense)
-static __device__ __forceinline__ void sparq_attend_part_range(const sparq_cu_args & a, const sparq_attend_unit & un,
-                                                               int p, int n_part, int * lo, int * hi) {
-    const int n = un.sparse ? a.sel_max : a.S;
-    const int per = (n + n_part - 1) / n_part;
-    *lo = min(n, p * per);
-    *hi = min(n, *lo + per);
-}
-
-// part blockIdx.x of unit blockIdx.y (gridDim.x parts): its items' softmax maximum, sum and
-// approximate mass per head into pstat[u][p][h][3] and its unnormalised values into py[u][p][h][dv]
-template <int GMAX, typename TK, typename TV>
-static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_attend_part(const sparq_cu_args a) {
-    SPARQ_ATTEND_SMEM;
-    const int p = blockIdx.x, n_part = gridDim.x;
-    const sparq_attend_unit un = sparq_attend_unit_of(a, blockIdx.y);
-    int lo, hi;
-    sparq_attend_part_range(a, un, p, n_part, &lo, &hi);
-    float y[GMAX];
-    sparq_attend_items<GMAX, TK, TV>(a, un, sm, lo, hi, y);
-    const size_t base = ((size_t) un.u * n_part + p) * un.g;
-    const int tid = threadIdx.x;
-    if (tid < un.dv) {
-#pragma unroll
-        for (int h = 0; h < GMAX; ++h) {
-            if (h < un.g) {
-                a.py[(base + h) * un.dv + tid] = y[h];
-            }
-        }
-    }
-    if (tid < un.g) {
-        float * st = a.pstat + (base + tid) * 3;
-        st[0] = sm.sM[tid];
-        st[1] = sm.sP[tid];
-        st[2] = (float) sm.smass[tid];
-    }
-}
-
-// a block per unit: its n_part parts' sums rescaled to the largest maximum and added (the online
-// softmax across blocks), then the output rows as k_sparq_attend writes them
+// the n_part parts' sums of unit un rescaled to the largest maximum and added (the online softmax
+// across blocks), then the output rows as k_sparq_attend writes them
 template <int GMAX, typename TV>
-static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_attend_combine(const sparq_cu_args a, int n_part) {
-    SPARQ_ATTEND_SMEM;
-    const sparq_attend_unit un = sparq_attend_unit_of(a, blockIdx.x);
+static __device__ void sparq_attend_combine(const sparq_cu_args & a, const sparq_attend_unit & un,
+                                            const sparq_attend_smem & sm, int n_part) {
     const int tid = threadIdx.x, g = un.g;
     const size_t base = (size_t) un.u * n_part * g;
     if (tid < g) {
         float M = -INFINITY;
         for (int p = 0; p < n_part; ++p) {
-            M = fmaxf(M, a.pstat[(base + (size_t) p * g + tid) * 3]);
+            M = fmaxf(M, __ldcg(a.pstat + (base + (size_t) p * g + tid) * 3));
         }
         float P = 0.0f;
         double mass = 0.0;
         for (int p = 0; p < n_part; ++p) {
             const float * st = a.pstat + (base + (size_t) p * g + tid) * 3;
-            if (st[0] != -INFINITY) {
-                P += st[1] * __expf(st[0] - M);
+            const float Mp = __ldcg(st);
+            if (Mp != -INFINITY) {
+                P += __ldcg(st + 1) * __expf(Mp - M);
             }
-            mass += (double) st[2];
+            mass += (double) __ldcg(st + 2);
         }
         sm.sM[tid] = M;
         sm.sP[tid] = P;
@@ -513,9 +483,9 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_attend_combine(const 
 #pragma unroll
             for (int h = 0; h < GMAX; ++h) {
                 if (h < g) {
-                    const float Mp = a.pstat[(base + (size_t) p * g + h) * 3];
+                    const float Mp = __ldcg(a.pstat + (base + (size_t) p * g + h) * 3);
                     if (Mp != -INFINITY) {
-                        y[h] = fmaf(a.py[(base + (size_t) p * g + h) * un.dv + tid], __expf(Mp - sm.sM[h]), y[h]);
+                        y[h] = fmaf(__ldcg(a.py + (base + (size_t) p * g + h) * un.dv + tid), __expf(Mp - sm.sM[h]), y[h]);
                     }
                 }
             }
@@ -523,4 +493,44 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_attend_combine(const 
     }
     const float vbar = sparq_attend_vbar<TV>(a, un, sm);
     sparq_attend_write<GMAX>(a, un, sm, y, vbar);
+}
+
+// part blockIdx.x of unit blockIdx.y (gridDim.x parts): its items' softmax maximum, sum and
+// approximate mass per head into pstat[u][p][h][3] and its unnormalised values into py[u][p][h][dv];
+// the last part of the unit to finish (a counter the score kernel cleared) combines them
+template <int GMAX, typename TK, typename TV>
+static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_attend_part(const sparq_cu_args a) {
+    SPARQ_ATTEND_SMEM;
+    __shared__ int s_last;
+    const int p = blockIdx.x, n_part = gridDim.x;
+    const sparq_attend_unit un = sparq_attend_unit_of(a, blockIdx.y);
+    float y[GMAX];
+    sparq_attend_items<GMAX, TK, TV>(a, un, sm, p, n_part, y);
+    const size_t base = ((size_t) un.u * n_part + p) * un.g;
+    const int tid = threadIdx.x;
+    if (tid < un.dv) {
+#pragma unroll
+        for (int h = 0; h < GMAX; ++h) {
+            if (h < un.g) {
+                a.py[(base + h) * un.dv + tid] = y[h];
+            }
+        }
+    }
+    if (tid < un.g) {
+        float * st = a.pstat + (base + tid) * 3;
+        st[0] = sm.sM[tid];
+        st[1] = sm.sP[tid];
+        st[2] = (float) sm.smass[tid];
+    }
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+        s_last = atomicAdd(&a.udone[un.u], 1u) == (unsigned int) n_part - 1;
+    }
+    __syncthreads();
+    if (!s_last) {
+        return;
+    }
+    __threadfence();
+    sparq_attend_combine<GMAX, TV>(a, un, sm, n_part);
 }

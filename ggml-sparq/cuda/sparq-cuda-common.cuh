@@ -9,25 +9,34 @@
 #include <cstdint>
 #include <type_traits>
 
-// The largest k, head size and group size (n_head / n_head_kv) the CUDA kernels take.
-#define GGML_CUDA_SPARQ_K_MAX 16384
+// The largest head size and group size (n_head / n_head_kv) the CUDA kernels take (any k the op
+// takes: the chosen cells live in a bitmap and a list in global scratch).
 #define GGML_CUDA_SPARQ_D_MAX 256
 #define GGML_CUDA_SPARQ_G_MAX 16
 
-#define SPARQ_NT     256              // threads per block of every kernel but the pick
+#define SPARQ_NT     256              // threads per block of every kernel
 #define SPARQ_NW     (SPARQ_NT / 32)  // warps per block
 #define SPARQ_TS_CPT 16               // cells per thread of a selection tile
 #define SPARQ_TS     (SPARQ_NT * SPARQ_TS_CPT)
+
+// The selection's first pass counts a list's keys by their top SPARQ_NB_BITS bits (the sign, the
+// exponent and 3 mantissa bits of the float: an octave in 8 bins), so that the bin holding the
+// k-th largest key holds few cells; the cells of that bin are then ranked in shared memory
+// (SPARQ_CAND_MAX of them at most; more fall back to radix passes over the list).
+#define SPARQ_NB_BITS  12
+#define SPARQ_NB       (1 << SPARQ_NB_BITS)
+#define SPARQ_NB_SHIFT (32 - SPARQ_NB_BITS)
+#define SPARQ_CAND_MAX (SPARQ_NB / 2)
 
 // per query row
 struct sparq_cu_row {
     int n_valid; // cells the row may see
     int w0;      // candidates are the cells < w0 (the start of the tail window; S with a given window)
     int n_win;   // window cells (valid, distinct)
-    int mode;    // 0 SparQ, 1 dense (n_valid <= k), 2 dense stream (v_count < 0)
+    int mode;    // 0 SparQ, 1 dense (n_valid <= the row's k), 2 dense stream (v_count < 0)
 };
 
-// per list: the state of its radix select
+// per list: where its selection stands (the bound's key bits found so far and what is still wanted)
 struct sparq_cu_pick {
     unsigned int prefix; // the bound's key bits found so far
     int shift;           // the bound is on key >> shift
@@ -42,7 +51,14 @@ struct sparq_cu_args {
     int d, dv, S, n_rows, n_head, n_hkv, n_stream, g, ph;
     int r, k, l, no_mean_v;
     float scale;
-    int R, U, L, W, nt_a, nt_s, sel_max;
+    // the calibrated k (cov_p > 0): each list keeps the fewest best cells which, with the window,
+    // hold cov_p of the estimated attention mass, at least k_min cells in all and at most the row's
+    // cap (min(k, max(k_min, ceil(k_frac * n_valid))) with k_frac > 0, else k); a unit whose target
+    // needs more than the cap attends over every valid cell
+    float cov_p, k_frac;
+    int k_min;
+    int R, U, L, W, nt_a, tl_a, nt_s, sel_max;
+    int force_radix; // the selection's radix passes over the list even where the candidates fit
 
     const char * q;  size_t q_nb1, q_nb2, q_nb3;
     const char * qs; size_t qs_nb1, qs_nb2, qs_nb3;     // q_sel, or q
@@ -56,22 +72,34 @@ struct sparq_cu_args {
     const char * win; size_t win_nb1, win_nb2; int win_n;
     char * out; size_t o_nb1, o_nb2, o_nb3;
 
-    // scratch (ggml's CUDA pool)
-    sparq_cu_row  * rows;    // [R]
-    unsigned int  * wbits;   // [R][W] the given window's cells
-    int           * i1;      // [U][r]
-    float         * qsc;     // [U][g][r] q_sel[i1] / tau
-    float         * logits;  // [U][g][S] approximate logits + mask
-    float2        * tstat;   // [U][nt_a][g] per tile: max, sum exp(x - max)
-    float         * keys;    // [U][S] group keys (g > 1, shared choice)
-    unsigned int  * hist;    // [L][256]
-    sparq_cu_pick * pick;    // [L]
-    int           * eqcnt;   // [L][nt_s]
-    unsigned int  * selbits; // [U][W] the chosen cells
+    // scratch (ggml's CUDA pool); every kernel zeroes what a later one accumulates into, so nothing
+    // is cleared between launches
+    sparq_cu_row  * rows;    // [R]                 (select)
+    unsigned int  * wbits;   // [R][W] the given window's cells (zeroed by score, set by select)
+    float         * logits;  // [U][g][S] approximate logits + mask (score)
+    float2        * tstat;   // [U][nt_a][g] per score tile: max, sum exp(x - max) (score)
+    int           * tcnt;    // [U][nt_a] per score tile: the row's valid cells (score)
+    float         * keys;    // [U][S] group keys (g > 1, shared choice; select)
+    unsigned int  * hist;    // [L][SPARQ_NB] eligible cells per first-pass bin (zeroed by score)
+    double        * hmass;   // [L][SPARQ_NB] their estimated mass (the calibrated k; zeroed by score)
+    unsigned int  * ldone;   // [L] select's tiles finished per list (zeroed by score)
+    unsigned int  * udone;   // [U] attend's parts finished per unit (zeroed by score)
+    int           * udense;  // [U] the calibrated k found the unit diffuse (zeroed by score)
+    unsigned int  * selbits; // [U][W] the chosen cells (zeroed by score)
     int           * sel;     // [U][sel_max]
     float         * pstat;   // [U][n_part][g][3] per part of a split attend: max, sum, approximate mass
     float         * py;      // [U][n_part][g][dv] per part of a split attend: unnormalised values
 };
+
+// the most cells a row of n_valid valid cells attends before it runs dense: k, or with a per-row
+// cap (k_frac, the calibrated k) the row's own, which depends on its stream only
+static __device__ __forceinline__ int sparq_row_k(const sparq_cu_args & a, int n_valid) {
+    if (a.k_frac <= 0.0f) {
+        return a.k;
+    }
+    const double cap = ceil((double) a.k_frac * (double) n_valid);
+    return (int) fmin((double) a.k, fmax((double) a.k_min, cap));
+}
 
 // ---------------------------------------------------------------------------
 // small helpers
@@ -190,6 +218,32 @@ static __device__ __forceinline__ int sparq_block_scan(int x, int * total, int *
     return v + pre;
 }
 
+// sparq_block_scan for doubles (sh: SPARQ_NW doubles)
+static __device__ __forceinline__ double sparq_block_scan_d(double x, double * total, double * sh) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    double v = x;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const double y = __shfl_up_sync(0xffffffff, v, o);
+        if (lane >= o) {
+            v += y;
+        }
+    }
+    if (lane == 31) {
+        sh[warp] = v;
+    }
+    __syncthreads();
+    double pre = 0.0, tot = 0.0;
+#pragma unroll
+    for (int i = 0; i < SPARQ_NW; ++i) {
+        pre += i < warp ? sh[i] : 0.0;
+        tot += sh[i];
+    }
+    *total = tot;
+    __syncthreads();
+    return v + pre;
+}
+
 static __device__ __forceinline__ float sparq_block_max(float x, float * sh) {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     x = warp_reduce_max(x);
@@ -271,9 +325,4 @@ static __device__ __forceinline__ const float * sparq_list_keys(const sparq_cu_a
         return a.keys + (size_t) u * a.S;
     }
     return a.logits + ((size_t) u * a.g + h) * a.S;
-}
-
-// cells chosen by score in a SparQ row (the window fills the rest of k)
-static __device__ __forceinline__ int sparq_row_kk(const sparq_cu_args & a, const sparq_cu_row & ri) {
-    return a.k - ri.n_win;
 }

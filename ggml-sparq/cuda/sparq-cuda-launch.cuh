@@ -1,5 +1,6 @@
 // llama-sparq: the launch sequence of GGML_OP_SPARQ_ATTN's CUDA kernels (the template choice per
 // group size and cache type, the scratch sizes), shared by the CUDA backend and the CPU emulation.
+// The includer's SPARQ_LAUNCH is the only way a kernel starts (the emulation counts them).
 #pragma once
 
 #include <cstdio>
@@ -34,10 +35,10 @@ static int sparq_env_way(const char * name, const char * way1, const char * way2
     return 0;
 }
 
-// Stage 7 split over several blocks per unit (k_sparq_attend_part, then k_sparq_attend_combine)
-// while the units alone would leave the GPU idle: parts of at least SPARQ_ATTEND_PART_ITEMS list
-// positions, until about SPARQ_ATTEND_BLOCKS blocks in all (an H100 has 132 SMs; 4 blocks of 256
-// threads each). One part: the one-block-per-unit kernel, no combine.
+// The attention split over several blocks per unit (k_sparq_attend_part, whose last part to finish
+// combines) while the units alone would leave the GPU idle: parts of at least
+// SPARQ_ATTEND_PART_ITEMS of the list's bound, until about SPARQ_ATTEND_BLOCKS blocks in all (an H100
+// has 132 SMs; 4 blocks of 256 threads each). One part: the one-block-per-unit kernel.
 #define SPARQ_ATTEND_PART_ITEMS 32
 #define SPARQ_ATTEND_BLOCKS     512
 
@@ -55,7 +56,7 @@ static int sparq_attend_parts(const sparq_cu_args & a) {
 
 // element counts of the scratch buffers (sparq_cu_args' scratch pointers), from the shapes only
 struct sparq_cu_scratch {
-    size_t rows, wbits, i1, qsc, logits, tstat, keys, hist, pick, eqcnt, selbits, sel, pstat, py;
+    size_t rows, wbits, logits, tstat, tcnt, keys, hist, hmass, ldone, udone, udense, selbits, sel, pstat, py;
 };
 
 static sparq_cu_scratch sparq_cu_scratch_sizes(const sparq_cu_args & a) {
@@ -63,14 +64,15 @@ static sparq_cu_scratch sparq_cu_scratch_sizes(const sparq_cu_args & a) {
     sparq_cu_scratch z;
     z.rows = a.R;
     z.wbits = a.win ? (size_t) a.R * a.W : 1;
-    z.i1 = U * a.r;
-    z.qsc = U * g * a.r;
     z.logits = std::max<size_t>(1, U * g * S);
     z.tstat = U * a.nt_a * g;
+    z.tcnt = U * a.nt_a;
     z.keys = a.g > 1 && a.ph == 1 ? std::max<size_t>(1, U * S) : 1;
-    z.hist = L * 256;
-    z.pick = L;
-    z.eqcnt = L * a.nt_s;
+    z.hist = L * SPARQ_NB;
+    z.hmass = a.cov_p > 0.0f ? L * SPARQ_NB : 1;
+    z.ldone = L;
+    z.udone = U;
+    z.udense = U;
     z.selbits = U * a.W;
     z.sel = std::max<size_t>(1, U * a.sel_max);
     const size_t n_part = sparq_attend_parts(a);
@@ -79,26 +81,26 @@ static sparq_cu_scratch sparq_cu_scratch_sizes(const sparq_cu_args & a) {
     return z;
 }
 
+// kernel 1: the scores (CPT: the K^T load width)
 template <int GMAX, typename TKT>
-static void sparq_launch_approx(const sparq_cu_args & a, int cpt, sparq_stream_t stream) {
+static void sparq_launch_score(const sparq_cu_args & a, int cpt, sparq_stream_t stream) {
     const dim3 grid(a.nt_a, a.U);
     constexpr int VW = GMAX <= 4 ? 8 : (GMAX == 8 ? 4 : 2);
     if (cpt == VW) {
-        SPARQ_LAUNCH((k_sparq_approx<GMAX, TKT, VW>), grid, SPARQ_NT, stream, a);
+        SPARQ_LAUNCH((k_sparq_score<GMAX, TKT, VW>), grid, SPARQ_NT, stream, a);
     } else {
-        SPARQ_LAUNCH((k_sparq_approx<GMAX, TKT, 1>), grid, SPARQ_NT, stream, a);
+        SPARQ_LAUNCH((k_sparq_score<GMAX, TKT, 1>), grid, SPARQ_NT, stream, a);
     }
 }
 
-// stage 7: one block per unit, or n_part per unit and the combine
+// kernel 3: one block per unit, or n_part per unit (the last of them combines)
 template <int GMAX, typename TK, typename TV>
 static void sparq_launch_attend(const sparq_cu_args & a, int n_part, sparq_stream_t stream) {
     if (n_part == 1) {
         SPARQ_LAUNCH((k_sparq_attend<GMAX, TK, TV>), dim3(a.U), SPARQ_NT, stream, a);
-        return;
+    } else {
+        SPARQ_LAUNCH((k_sparq_attend_part<GMAX, TK, TV>), dim3(n_part, a.U), SPARQ_NT, stream, a);
     }
-    SPARQ_LAUNCH((k_sparq_attend_part<GMAX, TK, TV>), dim3(n_part, a.U), SPARQ_NT, stream, a);
-    SPARQ_LAUNCH((k_sparq_attend_combine<GMAX, TV>), dim3(a.U), SPARQ_NT, stream, a, n_part);
 }
 
 template <int GMAX>
@@ -106,9 +108,9 @@ static void sparq_launch_g(const sparq_cu_args & a, bool kt_f16, bool k_f16, boo
                            sparq_stream_t stream) {
     if (n_part == 0) {
         if (kt_f16) {
-            sparq_launch_approx<GMAX, half>(a, cpt, stream);
+            sparq_launch_score<GMAX, half>(a, cpt, stream);
         } else {
-            sparq_launch_approx<GMAX, float>(a, cpt, stream);
+            sparq_launch_score<GMAX, float>(a, cpt, stream);
         }
         return;
     }
@@ -123,7 +125,7 @@ static void sparq_launch_g(const sparq_cu_args & a, bool kt_f16, bool k_f16, boo
     }
 }
 
-// n_part 0: stage 3 (the approximate scores); else stage 7 in n_part parts per unit
+// n_part 0: kernel 1 (the scores); else kernel 3 in n_part parts per unit
 static void sparq_launch_by_g(const sparq_cu_args & a, bool kt_f16, bool k_f16, bool v_f16, int cpt, int n_part,
                               sparq_stream_t stream) {
     switch (sparq_gmax(a.g)) {
@@ -135,45 +137,26 @@ static void sparq_launch_by_g(const sparq_cu_args & a, bool kt_f16, bool k_f16, 
     }
 }
 
-// Stages 5-6 in one kernel per list (k_sparq_select) for lists of at most this many selection
-// tiles, where the ten launches of the radix chain cost more than one block reading the list five
-// times; longer lists take the chain, whose tiles spread the reads over the whole GPU.
-#define SPARQ_SELECT_FUSED_MAX_TILES 8
-
-// LLAMA_SPARQ_CUDA_SELECT=fused or radix forces one way (comparisons, tests); unset: by the length
-static bool sparq_select_fused(const sparq_cu_args & a) {
-    static const int force = sparq_env_way("LLAMA_SPARQ_CUDA_SELECT", "fused", "radix");
-    return force == 1 || (force == 0 && a.nt_s <= SPARQ_SELECT_FUSED_MAX_TILES);
+// LLAMA_SPARQ_CUDA_SELECT=radix makes the selection take radix passes over the list even where the
+// bin at the k-th key holds few enough cells to rank them in shared memory (comparisons, tests)
+static int sparq_select_radix_forced() {
+    static const int force = sparq_env_way("LLAMA_SPARQ_CUDA_SELECT", "rank", "radix");
+    return force == 2;
 }
 
-// The whole op: a's shapes, tensors and scratch set (cpt: 1 or sparq_vec_cpt(sparq_gmax(g)), the
-// K^T load width the rows' alignment allows; nt_a must match it; the scratch sized by
-// sparq_cu_scratch_sizes, whose choice of parts sparq_attend_parts repeats).
+// The whole op in three launches, none of which waits on the host, each sized by the shapes only
+// (a's shapes, tensors and scratch set; cpt: 1 or sparq_vec_cpt(sparq_gmax(g)), the K^T load width
+// the rows' alignment allows, which nt_a and tl_a must match; the scratch sized by
+// sparq_cu_scratch_sizes, whose choice of parts sparq_attend_parts repeats):
+//   1 k_sparq_score       (score tiles x units)     components, valid cells, approximate scores
+//   2 k_sparq_select      (selection tiles x lists)  keys and histograms; each list's last tile chooses
+//   3 k_sparq_attend[_part] (units, or parts x units) exact attention and the mean-V mix
 static void sparq_cu_run(const sparq_cu_args & a, int cpt, bool kt_f16, bool k_f16, bool v_f16, sparq_stream_t stream) {
-    const bool fused = sparq_select_fused(a);
-    if (!fused) {
-        SPARQ_MEMSET(a.hist, (size_t) a.L * 256 * sizeof(unsigned int), stream);
-    }
-    SPARQ_MEMSET(a.selbits, (size_t) a.U * a.W * sizeof(unsigned int), stream);
-
-    SPARQ_MEMSET(a.rows, (size_t) a.R * sizeof(sparq_cu_row), stream);
-    SPARQ_LAUNCH(k_sparq_count, dim3(std::max(1, (a.S + SPARQ_COUNT_TILE - 1) / SPARQ_COUNT_TILE), a.R), SPARQ_NT, stream, a);
-    SPARQ_LAUNCH(k_sparq_rows, dim3(a.R), SPARQ_NT, stream, a);
-    SPARQ_LAUNCH(k_sparq_components, dim3(a.U), SPARQ_NT, stream, a);
     sparq_launch_by_g(a, kt_f16, k_f16, v_f16, cpt, 0, stream);
-    const dim3 gsel(a.nt_s, a.U), glist(a.nt_s, a.L);
-    if (a.g > 1 && a.ph == 1) {
-        SPARQ_LAUNCH(k_sparq_group_keys, gsel, SPARQ_NT, stream, a);
-    }
-    if (fused) {
-        SPARQ_LAUNCH(k_sparq_select, dim3(a.L), SPARQ_NT, stream, a);
+    if (a.cov_p > 0.0f) {
+        SPARQ_LAUNCH(k_sparq_select<true>, dim3(a.nt_s, a.L), SPARQ_NT, stream, a);
     } else {
-        for (int shift = 24; shift >= 0; shift -= 8) {
-            SPARQ_LAUNCH(k_sparq_hist, glist, SPARQ_NT, stream, a, shift);
-            SPARQ_LAUNCH(k_sparq_pick, dim3(a.L), 32, stream, a, shift);
-        }
-        SPARQ_LAUNCH(k_sparq_eqcount, glist, SPARQ_NT, stream, a);
-        SPARQ_LAUNCH(k_sparq_collect, glist, SPARQ_NT, stream, a);
+        SPARQ_LAUNCH(k_sparq_select<false>, dim3(a.nt_s, a.L), SPARQ_NT, stream, a);
     }
     sparq_launch_by_g(a, kt_f16, k_f16, v_f16, cpt, sparq_attend_parts(a), stream);
 }

@@ -1,114 +1,21 @@
-// llama-sparq: the CUDA kernels of stages 1-4 (sparq-cuda.cu lists the stages): the rows' valid
-// cells, modes and windows, the chosen query components, the approximate scores from K^T with
-// their tile statistics, and the group keys of a shared choice.
+// llama-sparq: the first kernel of GGML_OP_SPARQ_ATTN (sparq-cuda.cu lists the kernels): per
+// (score tile, unit) the chosen query components, the tile's valid cells, the approximate scores
+// from K^T with their tile statistics, and the zeroing of what the later kernels accumulate into.
 #pragma once
 
 #include "sparq-cuda-common.cuh"
 
 // ---------------------------------------------------------------------------
-// 1 rows: valid cells, mode, window
+// components: i1 and the scaled query components of a unit, in the block's shared memory
 // ---------------------------------------------------------------------------
 
-// the cells per block of k_sparq_count (a tile of the mask row)
-#define SPARQ_COUNT_TILE (SPARQ_NT * 16)
-
-// 1a: each row's valid cells, counted by tiles of the mask on many blocks (grid: tiles x rows) into
-// rows[R].n_valid (zeroed before): one block per row would wait on the mask's loads at long S
-static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_count(const sparq_cu_args a) {
-    __shared__ int sh[SPARQ_NW];
-    const int R = blockIdx.y, tid = threadIdx.x;
-    const char * m = sparq_mask_row(a, R);
-    const int s0 = blockIdx.x * SPARQ_COUNT_TILE, s1 = min(a.S, s0 + SPARQ_COUNT_TILE);
-    int n = 0;
-    for (int s = s0 + tid; s < s1; s += SPARQ_NT) {
-        n += sparq_valid(a, m, s);
-    }
-    int tot;
-    sparq_block_scan(n, &tot, sh);
-    if (tid == 0 && tot) {
-        atomicAdd(&a.rows[R].n_valid, tot);
-    }
-}
-
-// 1b: per row the mode and the window (a block per row; the count is k_sparq_count's)
-static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_rows(const sparq_cu_args a) {
-    __shared__ int sh[SPARQ_NW];
-    __shared__ int s_cnt, s_w0;
-    const int R = blockIdx.x, tid = threadIdx.x;
-    const int st = R / a.n_rows, row = R % a.n_rows;
-    const char * m = sparq_mask_row(a, R);
-
-    const int n_valid = a.rows[R].n_valid;
-    __syncthreads(); // every thread has read it before thread 0 writes the row below
-
-    const bool dense_all = a.v_count[st] < 0.0f;
-    unsigned int * wb = a.win ? a.wbits + (size_t) R * a.W : nullptr;
-    if (wb) {
-        for (int i = tid; i < a.W; i += SPARQ_NT) {
-            wb[i] = 0u;
-        }
-    }
-    if (tid == 0) {
-        s_cnt = 0;
-        s_w0 = a.S;
-    }
-    __syncthreads();
-
-    int n_win = 0;
-    if (n_valid > a.k && a.l > 0 && !dense_all) {
-        if (wb) {
-            // the given cells of the l most recent positions: the valid ones, each once
-            const int32_t * src = (const int32_t *) (a.win + (size_t) row * a.win_nb1 + (size_t) st * a.win_nb2);
-            const int n_src = min(a.l, a.win_n);
-            for (int i = tid; i < n_src; i += SPARQ_NT) {
-                const int c = src[i];
-                if (c >= 0 && c < a.S && sparq_valid(a, m, c)) {
-                    const unsigned int bit = 1u << (c & 31);
-                    const unsigned int old = atomicOr(&wb[c >> 5], bit);
-                    if (!(old & bit)) {
-                        atomicAdd(&s_cnt, 1);
-                    }
-                }
-            }
-            __syncthreads();
-            n_win = s_cnt;
-        } else {
-            // the last l valid cells; w0 is the earliest of them (n_valid > k >= l: all l exist)
-            int found = 0;
-            for (int base = 0; base < a.S && found < a.l; base += SPARQ_NT) {
-                const int s = a.S - 1 - (base + tid);
-                const int f = s >= 0 && sparq_valid(a, m, s);
-                int tot;
-                const int incl = sparq_block_scan(f, &tot, sh);
-                if (f && found + incl - 1 == a.l - 1) {
-                    s_w0 = s;
-                }
-                found += tot;
-            }
-            __syncthreads();
-            n_win = a.l;
-        }
-    }
-    if (tid == 0) {
-        sparq_cu_row ri;
-        ri.n_valid = n_valid;
-        ri.w0 = s_w0;
-        ri.n_win = n_win;
-        ri.mode = dense_all ? 2 : (n_valid <= a.k ? 1 : 0);
-        a.rows[R] = ri;
-    }
-}
-
-// ---------------------------------------------------------------------------
-// 2 components: i1 and the scaled query components
-// ---------------------------------------------------------------------------
-
-static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_components(const sparq_cu_args a) {
-    __shared__ float aq[GGML_CUDA_SPARQ_D_MAX];
-    __shared__ int si1[GGML_CUDA_SPARQ_D_MAX];
-    __shared__ int sh[SPARQ_NW];
-    __shared__ double shd[SPARQ_NW];
-    const int u = blockIdx.x, j = threadIdx.x;
+// The unit's r components (the r largest of sum_h |q_sel_h| times comp_w, ties to the lower
+// index, ascending) into si1, and q_sel_h[i1] / tau_h into sq[h * r + j]. Every score tile's block
+// works this out for itself (a few microseconds of arithmetic on d <= 256 values), so that no
+// launch or global round trip stands between the query and the scores.
+static __device__ void sparq_block_components(const sparq_cu_args & a, int u, int * si1, float * sq, float * aq,
+                                              int * chosen_of, int * sh) {
+    const int j = threadIdx.x, lane = j % 32, warp = j / 32;
     const int R = u / a.n_hkv, kvh = u % a.n_hkv;
     const int st = R / a.n_rows, row = R % a.n_rows;
     const float * cw = a.cw ? (const float *) (a.cw + (size_t) kvh * a.cw_nb1 + (size_t) st * a.cw_nb2) : nullptr;
@@ -140,60 +47,113 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_components(const spar
     if (j < a.r) {
         si1[j] = j;
     }
+    if (j < GGML_CUDA_SPARQ_D_MAX) {
+        chosen_of[j] = chosen;
+    }
     int tot;
     const int pos = sparq_block_scan(chosen, &tot, sh) - 1; // ascending components
     if (chosen && pos < a.r) {
         si1[pos] = j;
     }
     __syncthreads();
-    if (j < a.r) {
-        a.i1[(size_t) u * a.r + j] = si1[j];
-    }
 
-    // 1/tau per head: scale * sqrt(||q||_1 / ||q[i1]||_1) (weighted norms with comp_w)
-    for (int h = 0; h < a.g; ++h) {
+    // 1/tau per head: scale * sqrt(||q||_1 / ||q[i1]||_1) (weighted norms with comp_w), a warp per head
+    for (int h = warp; h < a.g; h += SPARQ_NW) {
         const float * q = (const float *) (qbase + (size_t) (kvh * a.g + h) * a.qs_nb2);
         double all = 0.0, part = 0.0;
-        if (j < a.d) {
-            all = (double) (fabsf(q[j]) * (cw ? cw[j] : 1.0f));
-            part = chosen ? all : 0.0;
+        for (int i = lane; i < a.d; i += 32) {
+            const double x = (double) (fabsf(q[i]) * (cw ? cw[i] : 1.0f));
+            all += x;
+            part += chosen_of[i] ? x : 0.0;
         }
-        all = sparq_block_sum_d(all, shd);
-        part = sparq_block_sum_d(part, shd);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            all += __shfl_xor_sync(0xffffffff, all, o);
+            part += __shfl_xor_sync(0xffffffff, part, o);
+        }
         const float f = part > 0.0 ? (float) ((double) a.scale * sqrt(all / part)) : a.scale;
-        if (j < a.r) {
-            a.qsc[((size_t) u * a.g + h) * a.r + j] = q[si1[j]] * f;
+        for (int i = lane; i < a.r; i += 32) {
+            sq[h * a.r + i] = q[si1[i]] * f;
         }
     }
+    __syncthreads();
 }
 
 // ---------------------------------------------------------------------------
-// 3 approx: approximate logits from r rows of K^T, tile statistics
+// the score kernel
 // ---------------------------------------------------------------------------
 
-// CPT cells per thread (consecutive, one vector load per K^T row when CPT > 1)
+// The scratch the later kernels accumulate into, cleared by this one (each piece by one block):
+// the bitmaps' words of this tile, and with the unit's first tile the unit's per-list histograms
+// and counters. Kernels on one stream run in order, so they start from zero with no memset.
+static __device__ void sparq_score_clear(const sparq_cu_args & a, int u, int kvh, int R) {
+    const int tid = threadIdx.x;
+    const int w_per_tile = a.tl_a / 32;
+    const int w0 = blockIdx.x * w_per_tile, w1 = min(a.W, w0 + w_per_tile);
+    for (int w = w0 + tid; w < w1; w += SPARQ_NT) {
+        a.selbits[(size_t) u * a.W + w] = 0u;
+        if (a.win && kvh == 0) {
+            a.wbits[(size_t) R * a.W + w] = 0u;
+        }
+    }
+    if (blockIdx.x != 0) {
+        return;
+    }
+    for (int li = u * a.ph; li < (u + 1) * a.ph; ++li) {
+        for (int b = tid; b < SPARQ_NB; b += SPARQ_NT) {
+            a.hist[(size_t) li * SPARQ_NB + b] = 0u;
+            if (a.cov_p > 0.0f) {
+                a.hmass[(size_t) li * SPARQ_NB + b] = 0.0;
+            }
+        }
+        if (tid == 0) {
+            a.ldone[li] = 0u;
+        }
+    }
+    if (tid == 0) {
+        a.udone[u] = 0u;
+        a.udense[u] = 0;
+    }
+}
+
+// Per (score tile of SPARQ_NT * CPT cells, unit): the components; the tile's valid cells into tcnt;
+// the approximate logits of the g heads from r rows of K^T (each row read coalesced, CPT
+// consecutive cells per thread with one vector load when CPT > 1) + mask into logits, with the
+// tile's softmax maximum and sum per head into tstat. A dense stream (v_count < 0) needs no scores.
 template <int GMAX, typename TKT, int CPT>
-static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_approx(const sparq_cu_args a) {
+static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_score(const sparq_cu_args a) {
     __shared__ float sq[GMAX * GGML_CUDA_SPARQ_D_MAX];
     __shared__ int si1[GGML_CUDA_SPARQ_D_MAX];
+    __shared__ float aq[GGML_CUDA_SPARQ_D_MAX];
+    __shared__ int chosen_of[GGML_CUDA_SPARQ_D_MAX];
+    __shared__ int sh[SPARQ_NW];
     __shared__ float red[SPARQ_NW];
     const int u = blockIdx.y, tid = threadIdx.x;
     const int R = u / a.n_hkv, kvh = u % a.n_hkv, st = R / a.n_rows;
-    if (a.rows[R].mode != 0) {
-        return; // dense rows need no approximate scores
-    }
-    const int g = a.g, r = a.r;
-    for (int i = tid; i < g * r; i += SPARQ_NT) {
-        sq[i] = a.qsc[(size_t) u * g * r + i];
-    }
-    for (int i = tid; i < r; i += SPARQ_NT) {
-        si1[i] = a.i1[(size_t) u * r + i];
-    }
-    __syncthreads();
+    sparq_score_clear(a, u, kvh, R);
 
     const int s0 = blockIdx.x * (SPARQ_NT * CPT) + tid * CPT;
     // with CPT > 1 the host guarantees S % CPT == 0, so a thread's cells are all in or all out
     const bool in = s0 < a.S;
+    const char * m = sparq_mask_row(a, R);
+    float mv[CPT];
+    int n_ok = 0;
+#pragma unroll
+    for (int c = 0; c < CPT; ++c) {
+        mv[c] = in ? sparq_mask_val(a, m, s0 + c) : -INFINITY;
+        n_ok += mv[c] != -INFINITY;
+    }
+    int n_tile;
+    sparq_block_scan(n_ok, &n_tile, sh);
+    if (tid == 0) {
+        a.tcnt[(size_t) u * a.nt_a + blockIdx.x] = n_tile;
+    }
+    if (a.v_count[st] < 0.0f) {
+        return; // a dense stream: no scores (uniform over the block)
+    }
+
+    sparq_block_components(a, u, si1, sq, aq, chosen_of, sh);
+    const int g = a.g, r = a.r;
     float acc[GMAX][CPT];
 #pragma unroll
     for (int h = 0; h < GMAX; ++h) {
@@ -219,12 +179,6 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_approx(const sparq_cu
                 }
             }
         }
-    }
-    const char * m = sparq_mask_row(a, R);
-    float mv[CPT];
-#pragma unroll
-    for (int c = 0; c < CPT; ++c) {
-        mv[c] = in ? sparq_mask_val(a, m, s0 + c) : -INFINITY;
     }
 #pragma unroll
     for (int h = 0; h < GMAX; ++h) {
@@ -257,44 +211,5 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_approx(const sparq_cu
         if (tid == 0) {
             a.tstat[((size_t) u * a.nt_a + blockIdx.x) * g + h] = make_float2(bm, bm == -INFINITY ? 0.0f : bz);
         }
-    }
-}
-
-// ---------------------------------------------------------------------------
-// 4 group keys (g > 1, one choice per KV head): sum_h softmax_h(x_h)
-// ---------------------------------------------------------------------------
-
-static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_group_keys(const sparq_cu_args a) {
-    __shared__ float sM[GGML_CUDA_SPARQ_G_MAX], siZ[GGML_CUDA_SPARQ_G_MAX];
-    const int u = blockIdx.y, tid = threadIdx.x;
-    const int R = u / a.n_hkv;
-    if (a.rows[R].mode != 0) {
-        return;
-    }
-    if (tid < a.g) {
-        float M;
-        double Z;
-        sparq_unit_stats(a, u, tid, &M, &Z);
-        sM[tid] = M;
-        siZ[tid] = Z > 0.0 ? (float) (1.0 / Z) : 0.0f;
-    }
-    __syncthreads();
-    const char * m = sparq_mask_row(a, R);
-    const float * lg = a.logits + (size_t) u * a.g * a.S;
-    for (int i = 0; i < SPARQ_TS_CPT; ++i) {
-        const int s = blockIdx.x * SPARQ_TS + i * SPARQ_NT + tid;
-        if (s >= a.S) {
-            break;
-        }
-        float key = -INFINITY; // masked cells are never chosen
-        if (sparq_valid(a, m, s)) {
-            key = 0.0f;
-            for (int h = 0; h < a.g; ++h) {
-                if (sM[h] != -INFINITY) {
-                    key += siZ[h] * __expf(lg[(size_t) h * a.S + s] - sM[h]);
-                }
-            }
-        }
-        a.keys[(size_t) u * a.S + s] = key;
     }
 }

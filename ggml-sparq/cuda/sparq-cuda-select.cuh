@@ -1,195 +1,43 @@
-// llama-sparq: the CUDA kernels of stages 5-6 (sparq-cuda.cu lists the stages): the radix select
-// of the kk-th largest key of each list and the collection of the chosen cells and the window into
-// the unit's bitmap.
+// llama-sparq: the second kernel of GGML_OP_SPARQ_ATTN (sparq-cuda.cu lists the kernels): per
+// (selection tile, list) the keys and a histogram of their top bits; the last tile of each list to
+// finish then chooses the list's cells (the row's window and mode, the calibrated k's cut, the bin
+// holding the k-th largest key, those above it and the best of that bin) into the unit's bitmap.
 #pragma once
 
 #include "sparq-cuda-common.cuh"
 
 // ---------------------------------------------------------------------------
-// 5 radix select: the kk-th largest key of each list, 8 bits per pass
+// keys, bins and masses
 // ---------------------------------------------------------------------------
 
-// whether cell s may be chosen by score in list li's row (key of that cell given)
-static __device__ __forceinline__ bool sparq_eligible(const sparq_cu_args & a, const sparq_cu_row & ri, int R, int s, float key) {
-    return s < ri.w0 && key > -INFINITY && !(a.win && sparq_win_bit(a, R, s));
+// float -> the ordered key bits' inverse (sparq_key_bits)
+static __device__ __forceinline__ float sparq_key_float(unsigned int o) {
+    return __uint_as_float((o & 0x80000000u) ? (o & 0x7fffffffu) : ~o);
 }
 
-// cell s (its key x) into a pass's block histogram hs: eligible, and its bits above this pass's
-// byte equal to the bound found so far (prefix, already shifted; every cell at the first pass)
-static __device__ __forceinline__ void sparq_hist_cell(const sparq_cu_args & a, const sparq_cu_row & ri, int R, int s,
-                                                       float x, int shift, unsigned int prefix, unsigned int * hs) {
-    if (sparq_eligible(a, ri, R, s, x)) {
-        const unsigned int o = sparq_key_bits(x);
-        if (shift == 24 || (o >> (shift + 8)) == prefix) {
-            atomicAdd(&hs[(o >> shift) & 255u], 1u);
-        }
-    }
+// what a list's selection needs of its unit and row, the same in every block of the list
+struct sparq_sel_ctx {
+    int li, u, h, R, kvh;
+    int n_valid, rk, mode; // valid cells, the row's k, 0 SparQ / 1 dense / 2 dense stream
+    int w0;                // candidates are the cells < w0
+    bool summed;           // the key is the group's sum of softmaxes (g > 1, shared choice)
+    const float * keys;    // the list's keys (for a summed key, written by the tile blocks)
+    float M;               // the list head's softmax maximum (not summed)
+    double iZ;             // and 1 / its sum
+};
+
+// the estimated attention mass of a cell with key x (the target of the calibrated k): its head's
+// softmax, or the group's mean softmax for a summed key
+static __device__ __forceinline__ double sparq_key_mass(const sparq_cu_args & a, const sparq_sel_ctx & c, float x) {
+    return c.summed ? (double) x / a.g : exp((double) x - (double) c.M) * c.iZ;
 }
 
-static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_hist(const sparq_cu_args a, const int shift) {
-    __shared__ unsigned int hs[256];
-    const int li = blockIdx.y, tid = threadIdx.x;
-    const int u = li / a.ph, R = u / a.n_hkv;
-    const sparq_cu_row ri = a.rows[R];
-    if (ri.mode != 0 || sparq_row_kk(a, ri) <= 0) {
-        return;
-    }
-    unsigned int prefix = 0;
-    if (shift < 24) {
-        const sparq_cu_pick pk = a.pick[li];
-        if (pk.done) {
-            return;
-        }
-        prefix = pk.prefix >> (shift + 8);
-    }
-    hs[tid] = 0u;
-    __syncthreads();
-    const float * key = sparq_list_keys(a, li);
-    for (int i = 0; i < SPARQ_TS_CPT; ++i) {
-        const int s = blockIdx.x * SPARQ_TS + i * SPARQ_NT + tid;
-        if (s >= a.S) {
-            break;
-        }
-        sparq_hist_cell(a, ri, R, s, key[s], shift, prefix, hs);
-    }
-    __syncthreads();
-    if (hs[tid]) {
-        atomicAdd(&a.hist[(size_t) li * 256 + tid], hs[tid]);
-    }
+// whether cell s (its key x) may be chosen by score
+static __device__ __forceinline__ bool sparq_sel_eligible(const sparq_cu_args & a, const sparq_sel_ctx & c, int s, float x) {
+    return s < c.w0 && x > -INFINITY && !(a.win && sparq_win_bit(a, c.R, s));
 }
 
-// a list's radix select before its first pass: kk cells wanted, no bound yet (done: nothing to choose)
-static __device__ __forceinline__ sparq_cu_pick sparq_pick_start(int kk, bool done) {
-    sparq_cu_pick pk = {};
-    pk.shift = 32;
-    pk.want = kk;
-    pk.done = done;
-    return pk;
-}
-
-// one warp over a pass's histogram (lane l holds bins 8l..8l+7 in c): the bin holding the wanted
-// key, written to *out as pk advanced by one pass (by the lane that found it), or every eligible
-// cell chosen when the first pass counts no more than wanted
-static __device__ __forceinline__ void sparq_pick_warp(const unsigned int (&c)[8], int shift, sparq_cu_pick pk,
-                                                       sparq_cu_pick * out) {
-    const int lane = threadIdx.x % 32;
-    int tot = 0;
-#pragma unroll
-    for (int b = 0; b < 8; ++b) {
-        tot += (int) c[b];
-    }
-    // suffix sums over the lanes: suf = the counts of this lane's bins and every higher bin
-    int suf = tot;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const int y = __shfl_down_sync(0xffffffff, suf, o);
-        if (lane + o < 32) {
-            suf += y;
-        }
-    }
-    const int total = __shfl_sync(0xffffffff, suf, 0);
-    if (shift == 24 && total <= pk.want) {
-        // no more eligible cells than wanted: all of them
-        if (lane == 0) {
-            pk.all = 1;
-            pk.done = 1;
-            *out = pk;
-        }
-        return;
-    }
-    // total >= want here (later passes count exactly the cells of the chosen bin, >= want):
-    // exactly one lane holds the bin where the running count from the top reaches want
-    const int above_lane = suf - tot;
-    if (above_lane < pk.want && pk.want <= suf) {
-        int above = above_lane;
-        int bin = lane * 8;
-        int cnt = 0;
-#pragma unroll
-        for (int b = 7; b >= 0; --b) {
-            if (above + (int) c[b] >= pk.want) {
-                bin = lane * 8 + b;
-                cnt = (int) c[b];
-                break;
-            }
-            above += (int) c[b];
-        }
-        pk.prefix |= (unsigned int) bin << shift;
-        pk.shift = shift;
-        pk.want -= above;
-        pk.n_eq = cnt;
-        if (cnt == pk.want || shift == 0) {
-            pk.done = 1;
-            pk.ties = cnt != pk.want;
-        }
-        *out = pk;
-    }
-}
-
-// one warp per list: the bin holding the wanted key; clears the histogram for the next pass
-static __global__ void __launch_bounds__(32) k_sparq_pick(const sparq_cu_args a, const int shift) {
-    const int li = blockIdx.x, lane = threadIdx.x;
-    const int u = li / a.ph, R = u / a.n_hkv;
-    const sparq_cu_row ri = a.rows[R];
-    const int kk = sparq_row_kk(a, ri);
-    sparq_cu_pick pk;
-    if (shift == 24) {
-        pk = sparq_pick_start(kk, ri.mode != 0 || kk <= 0);
-        if (pk.done) {
-            if (lane == 0) {
-                a.pick[li] = pk;
-            }
-            return;
-        }
-    } else {
-        pk = a.pick[li];
-        if (pk.done) {
-            return;
-        }
-    }
-    unsigned int * hg = a.hist + (size_t) li * 256;
-    unsigned int c[8];
-#pragma unroll
-    for (int b = 0; b < 8; ++b) {
-        c[b] = hg[lane * 8 + b];
-        hg[lane * 8 + b] = 0u;
-    }
-    sparq_pick_warp(c, shift, pk, &a.pick[li]);
-}
-
-// ---------------------------------------------------------------------------
-// 6 collect: the chosen cells and the window into the unit's bitmap
-// ---------------------------------------------------------------------------
-
-// per tile, the eligible cells whose key equals the bound (only for lists with ties)
-static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_eqcount(const sparq_cu_args a) {
-    __shared__ int sh[SPARQ_NW];
-    const int li = blockIdx.y, tid = threadIdx.x;
-    const int u = li / a.ph, R = u / a.n_hkv;
-    const sparq_cu_row ri = a.rows[R];
-    if (ri.mode != 0 || sparq_row_kk(a, ri) <= 0) {
-        return;
-    }
-    const sparq_cu_pick pk = a.pick[li];
-    if (!pk.ties) {
-        return;
-    }
-    const float * key = sparq_list_keys(a, li);
-    int n = 0;
-    for (int i = 0; i < SPARQ_TS_CPT; ++i) {
-        const int s = blockIdx.x * SPARQ_TS + i * SPARQ_NT + tid;
-        if (s < a.S) {
-            const float x = key[s];
-            n += sparq_eligible(a, ri, R, s, x) && sparq_key_bits(x) == pk.prefix;
-        }
-    }
-    int tot;
-    sparq_block_scan(n, &tot, sh);
-    if (tid == 0) {
-        a.eqcnt[(size_t) li * a.nt_s + blockIdx.x] = tot;
-    }
-}
-
-// cells s0 .. s0 + SPARQ_NT - 1 of list li into the unit's bitmap sb: the window (by the unit's
+// cells s0 .. s0 + SPARQ_NT - 1 of a list into the unit's bitmap sb: the window (by the unit's
 // first list, h == 0), the keys above pk's bound, and the keys equal to it in cell order while
 // fewer than pk.want were taken (eq_seen: those before s0, uniform over the block; advanced here)
 static __device__ __forceinline__ void sparq_collect_chunk(const sparq_cu_args & a, const sparq_cu_row & ri, int R, int h,
@@ -202,21 +50,15 @@ static __device__ __forceinline__ void sparq_collect_chunk(const sparq_cu_args &
         if (h == 0) {
             take = a.win ? sparq_win_bit(a, R, s) : (s >= ri.w0 && sparq_valid(a, m, s));
         }
-        if (choose) {
-            const float x = key[s];
-            if (sparq_eligible(a, ri, R, s, x)) {
-                if (pk.all) {
-                    take = true;
-                } else {
-                    const unsigned int o = sparq_key_bits(x);
-                    const unsigned int hi = pk.shift >= 32 ? 0u : o >> pk.shift;
-                    const unsigned int bh = pk.shift >= 32 ? 0u : pk.prefix >> pk.shift;
-                    if (hi > bh) {
-                        take = true;
-                    } else if (hi == bh) {
-                        eq = true;
-                    }
-                }
+        const float x = __ldcg(key + s);
+        if (choose && s < ri.w0 && x > -INFINITY && !(a.win && sparq_win_bit(a, R, s))) {
+            const unsigned int o = sparq_key_bits(x);
+            const unsigned int hi = o >> pk.shift;
+            const unsigned int bh = pk.prefix >> pk.shift;
+            if (hi > bh) {
+                take = true;
+            } else if (hi == bh) {
+                eq = true;
             }
         }
     }
@@ -230,97 +72,628 @@ static __device__ __forceinline__ void sparq_collect_chunk(const sparq_cu_args &
     } else if (eq) {
         take = true;
     }
-    // the warp's 32 cells are one bitmap word (tiles and chunks are multiples of 32)
+    // the warp's 32 cells are one bitmap word (chunks are multiples of 32)
     const unsigned int bits = __ballot_sync(0xffffffff, take);
     if (lane == 0 && bits) {
         atomicOr(&sb[(s0 + (tid - lane)) >> 5], bits);
     }
 }
 
-static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_collect(const sparq_cu_args a) {
-    __shared__ int sh[SPARQ_NW];
-    const int li = blockIdx.y;
-    const int u = li / a.ph, h = li % a.ph, R = u / a.n_hkv;
-    const sparq_cu_row ri = a.rows[R];
-    if (ri.mode != 0) {
-        return;
-    }
-    const int kk = sparq_row_kk(a, ri);
-    sparq_cu_pick pk = {};
-    if (kk > 0) {
-        pk = a.pick[li];
-    }
-    const bool choose = kk > 0;
-    const char * m = sparq_mask_row(a, R);
-    const float * key = sparq_list_keys(a, li);
-    unsigned int * sb = a.selbits + (size_t) u * a.W;
+// ---------------------------------------------------------------------------
+// the row: valid cells, mode, tail window
+// ---------------------------------------------------------------------------
 
-    // equal keys before this tile (ties only)
-    int eq_seen = 0;
-    if (pk.ties) {
-        for (int t = 0; t < (int) blockIdx.x; ++t) {
-            eq_seen += a.eqcnt[(size_t) li * a.nt_s + t];
+// The start of the tail window: the earliest of the row's last l valid cells, found from the score
+// tiles' counts (tcnt) and one scan of the tile that holds it. n_valid > l.
+static __device__ int sparq_tail_w0(const sparq_cu_args & a, int u, const char * m, int * sh, int * s_int) {
+    const int tid = threadIdx.x;
+    const int * tc = a.tcnt + (size_t) u * a.nt_a;
+    if (tid == 0) {
+        int t = a.nt_a - 1, after = 0;
+        while (t > 0 && after + tc[t] < a.l) {
+            after += tc[t];
+            --t;
         }
+        s_int[0] = t;
+        s_int[1] = a.l - after; // the window's cells in tile t and before
+        s_int[2] = t * a.tl_a;
     }
-    for (int i = 0; i < SPARQ_TS_CPT; ++i) {
-        sparq_collect_chunk(a, ri, R, h, m, key, pk, choose, blockIdx.x * SPARQ_TS + i * SPARQ_NT, eq_seen, sh, sb);
+    __syncthreads();
+    const int t = s_int[0], need = s_int[1];
+    const int lo = t * a.tl_a, hi = min(a.S, lo + a.tl_a);
+    int found = 0;
+    for (int base = 0; base < hi - lo && found < need; base += SPARQ_NT) { // found: uniform over the block
+        const int s = hi - 1 - (base + tid);
+        const int f = s >= lo && sparq_valid(a, m, s);
+        int tot;
+        const int incl = sparq_block_scan(f, &tot, sh);
+        if (f && found + incl == need) {
+            s_int[2] = s;
+        }
+        found += tot;
     }
+    __syncthreads();
+    const int w0 = s_int[2];
+    __syncthreads();
+    return w0;
+}
+
+// the list's context: the row's valid cells (the score tiles' counts), mode and tail window, and the
+// softmax statistics of the list's head
+static __device__ sparq_sel_ctx sparq_sel_ctx_of(const sparq_cu_args & a, int li, int * sh, int * s_int) {
+    sparq_sel_ctx c;
+    c.li = li;
+    c.u = li / a.ph;
+    c.h = li % a.ph;
+    c.R = c.u / a.n_hkv;
+    c.kvh = c.u % a.n_hkv;
+    c.summed = a.g > 1 && a.ph == 1;
+    c.keys = sparq_list_keys(a, li);
+    int n = 0;
+    for (int t = threadIdx.x; t < a.nt_a; t += SPARQ_NT) {
+        n += a.tcnt[(size_t) c.u * a.nt_a + t];
+    }
+    sparq_block_scan(n, &c.n_valid, sh);
+    c.rk = sparq_row_k(a, c.n_valid);
+    const int st = c.R / a.n_rows;
+    c.mode = a.v_count[st] < 0.0f ? 2 : (c.n_valid <= c.rk ? 1 : 0);
+    c.w0 = a.S;
+    if (c.mode == 0 && a.l > 0 && !a.win) {
+        c.w0 = sparq_tail_w0(a, c.u, sparq_mask_row(a, c.R), sh, s_int);
+    }
+    c.M = -INFINITY;
+    c.iZ = 0.0;
+    if (c.mode == 0 && !c.summed) {
+        double Z;
+        sparq_unit_stats(a, c.u, c.h, &c.M, &Z);
+        c.iZ = Z > 0.0 ? 1.0 / Z : 0.0;
+    }
+    return c;
 }
 
 // ---------------------------------------------------------------------------
-// 5+6 in one kernel: a block per list does the radix select and the collection itself
+// crossings: the bin where a running count or mass, from the largest keys down, reaches a target
 // ---------------------------------------------------------------------------
 
-// The same choice as k_sparq_hist / k_sparq_pick / k_sparq_eqcount / k_sparq_collect (the kk largest
-// eligible keys, equal keys to the lower cells, the window's bits by the unit's first list), one
-// block walking the whole list: four passes of the keys (from L2: the scores were just written)
-// and one of the cells, where the chain above takes ten launches. For short lists, where the
-// launches and not the reads set the time (sparq_select_fused chooses).
-static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_select(const sparq_cu_args a) {
-    __shared__ unsigned int hs[256];
-    __shared__ int sh[SPARQ_NW];
-    __shared__ sparq_cu_pick spk;
-    const int li = blockIdx.x, tid = threadIdx.x, lane = tid % 32;
-    const int u = li / a.ph, h = li % a.ph, R = u / a.n_hkv;
-    const sparq_cu_row ri = a.rows[R];
-    if (ri.mode != 0) {
-        return; // uniform over the block
-    }
-    const int kk = sparq_row_kk(a, ri);
-    const bool choose = kk > 0;
-    const float * key = sparq_list_keys(a, li);
+struct sparq_cross {
+    int bin;        // the bin (-1: the total falls short of the target)
+    int c_above;    // cells in the bins above it
+    double m_above; // their mass
+    int c_bin;      // cells in the bin
+    int c_total;    // cells in all bins
+};
 
-    sparq_cu_pick pk = sparq_pick_start(kk, !choose);
-    for (int shift = 24; shift >= 0 && !pk.done; shift -= 8) { // pk is uniform over the block
-        hs[tid] = 0u;
-        if (tid == 0) {
-            spk = pk;
-        }
-        __syncthreads();
-        const unsigned int prefix = shift == 24 ? 0u : pk.prefix >> (shift + 8);
-        for (int s = tid; s < a.S; s += SPARQ_NT) {
-            sparq_hist_cell(a, ri, R, s, key[s], shift, prefix, hs);
-        }
-        __syncthreads();
-        if (tid < 32) { // the first warp picks the bin, as k_sparq_pick
-            unsigned int c[8];
+// Over nb = SPARQ_NT * B bins, thread t holding the B bins below nb - B t (bins from the top): the
+// crossing of target by the running count (mass false) or mass (mass true). cnt(b), ms(b): bin b's
+// count and mass. sh / shd: SPARQ_NW ints / doubles; s_out: a shared result slot.
+template <int B, typename FC, typename FM>
+static __device__ sparq_cross sparq_find_cross(bool mass, double target, FC cnt, FM ms, int * sh, double * shd,
+                                               sparq_cross * s_out) {
+    const int tid = threadIdx.x;
+    const int top = SPARQ_NT * B - 1 - tid * B; // this thread's highest bin
+    int c[B];
+    double mv[B];
+    int c_loc = 0;
+    double m_loc = 0.0;
 #pragma unroll
-            for (int b = 0; b < 8; ++b) {
-                c[b] = hs[lane * 8 + b];
+    for (int i = 0; i < B; ++i) {
+        c[i] = cnt(top - i);
+        mv[i] = mass ? ms(top - i) : 0.0;
+        c_loc += c[i];
+        m_loc += mv[i];
+    }
+    int c_tot;
+    const int c_incl = sparq_block_scan(c_loc, &c_tot, sh);
+    double m_tot = 0.0, m_incl = 0.0;
+    if (mass) {
+        m_incl = sparq_block_scan_d(m_loc, &m_tot, shd);
+    }
+    if (tid == 0) {
+        s_out->bin = -1;
+        s_out->c_total = c_tot;
+    }
+    __syncthreads();
+    const bool here = mass ? (m_incl - m_loc < target && target <= m_incl) : (c_incl - c_loc < target && target <= c_incl);
+    if (here) {
+        int ca = c_incl - c_loc;
+        double ma = m_incl - m_loc;
+#pragma unroll
+        for (int i = 0; i < B; ++i) {
+            if (mass ? ma + mv[i] >= target : ca + c[i] >= target) {
+                s_out->bin = top - i;
+                s_out->c_above = ca;
+                s_out->m_above = ma;
+                s_out->c_bin = c[i];
+                break;
             }
-            sparq_pick_warp(c, shift, pk, &spk);
+            ca += c[i];
+            ma += mv[i];
+        }
+    }
+    __syncthreads();
+    const sparq_cross r = *s_out;
+    __syncthreads();
+    return r;
+}
+
+// ---------------------------------------------------------------------------
+// the last block's passes over a list
+// ---------------------------------------------------------------------------
+
+// shared memory of the select kernel
+struct sparq_sel_smem {
+    unsigned int * hc;   // [SPARQ_NB] tile counts; then the candidates' key bits [SPARQ_CAND_MAX]
+    float * hm;          // [SPARQ_NB] tile masses (the calibrated k)
+    int * ci;            // [SPARQ_CAND_MAX] the candidates' cells (aliases hc's upper half)
+    unsigned int * rc;   // [256] a radix pass's counts
+    double * rm;         // [256] a radix pass's masses
+    unsigned int * wb;   // [SPARQ_TS / 32] the tile's window cells
+    int * sh;            // [SPARQ_NW]
+    double * shd;        // [SPARQ_NW]
+    int * s_int;         // [4]
+    sparq_cross * s_cross;
+    float * sMw;         // [GGML_CUDA_SPARQ_G_MAX] the window's heads' softmax maxima
+    double * siZw;       // [GGML_CUDA_SPARQ_G_MAX] and 1 / their sums
+};
+
+// cells of list li per pass iteration in sparq_sel_pass (SPARQ_NT at a time, their loads in flight)
+#define SPARQ_PASS_UNROLL 4
+
+// One pass over list li's cells in order, SPARQ_NT at a time (a warp's 32 cells are one bitmap
+// word): the window (by the unit's first list) and the eligible cells whose key's top bits are
+// above bin b (all eligible cells with b < 0, bin b too with take_eq) into the unit's bitmap
+// (set_bits); the eligible cells of bin b into the candidates (gather; *s_nc counts them all, the
+// first SPARQ_CAND_MAX are kept).
+static __device__ void sparq_sel_pass(const sparq_cu_args & a, const sparq_sel_ctx & c, int b, bool take_eq, bool set_bits,
+                                      bool gather, const sparq_sel_smem & sm, int * s_nc) {
+    const int tid = threadIdx.x, lane = tid % 32;
+    unsigned int * sb = a.selbits + (size_t) c.u * a.W;
+    for (int base = 0; base < a.S; base += SPARQ_NT * SPARQ_PASS_UNROLL) {
+        float x[SPARQ_PASS_UNROLL];
+#pragma unroll
+        for (int i = 0; i < SPARQ_PASS_UNROLL; ++i) {
+            const int s = base + i * SPARQ_NT + tid;
+            x[i] = s < a.S ? __ldcg(c.keys + s) : -INFINITY;
+        }
+#pragma unroll
+        for (int i = 0; i < SPARQ_PASS_UNROLL; ++i) {
+            const int s0 = base + i * SPARQ_NT;
+            if (s0 >= a.S) {
+                break; // uniform over the block
+            }
+            const int s = s0 + tid;
+            bool take = false;
+            if (s < a.S) {
+                if (c.h == 0) {
+                    take = a.win ? sparq_win_bit(a, c.R, s) : (s >= c.w0 && x[i] > -INFINITY);
+                }
+                if (sparq_sel_eligible(a, c, s, x[i])) {
+                    const int kb = (int) (sparq_key_bits(x[i]) >> SPARQ_NB_SHIFT);
+                    if (b < 0 || kb > b || (take_eq && kb == b)) {
+                        take = true;
+                    } else if (gather && kb == b) {
+                        const int pos = atomicAdd(s_nc, 1);
+                        if (pos < SPARQ_CAND_MAX) {
+                            sm.hc[pos] = sparq_key_bits(x[i]);
+                            sm.ci[pos] = s;
+                        }
+                    }
+                }
+            }
+            if (set_bits) {
+                const unsigned int bits = __ballot_sync(0xffffffff, take);
+                if (lane == 0 && bits) {
+                    atomicOr(&sb[(s0 + tid - lane) >> 5], bits);
+                }
+            }
+        }
+    }
+    __syncthreads();
+}
+
+// whether candidate i comes before candidate j: the larger key, then the lower cell
+static __device__ __forceinline__ bool sparq_cand_before(const sparq_sel_smem & sm, int i, int j) {
+    return sm.hc[i] > sm.hc[j] || (sm.hc[i] == sm.hc[j] && sm.ci[i] < sm.ci[j]);
+}
+
+// the n gathered candidates in order (best first): a bitonic sort in shared memory, padded to a
+// power of two with entries that sort last
+static __device__ void sparq_sort_cands(const sparq_sel_smem & sm, int n) {
+    const int tid = threadIdx.x;
+    int n2 = 1;
+    while (n2 < n) {
+        n2 <<= 1;
+    }
+    for (int i = n + tid; i < n2; i += SPARQ_NT) {
+        sm.hc[i] = 0u;
+        sm.ci[i] = 0x7fffffff;
+    }
+    __syncthreads();
+    for (int k = 2; k <= n2; k <<= 1) {
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            for (int i = tid; i < n2; i += SPARQ_NT) {
+                const int ixj = i ^ j;
+                if (ixj > i) {
+                    const bool first = (i & k) == 0; // this run puts the better one at i
+                    if (first ? sparq_cand_before(sm, ixj, i) : sparq_cand_before(sm, i, ixj)) {
+                        const unsigned int tk = sm.hc[i];
+                        sm.hc[i] = sm.hc[ixj];
+                        sm.hc[ixj] = tk;
+                        const int tc = sm.ci[i];
+                        sm.ci[i] = sm.ci[ixj];
+                        sm.ci[ixj] = tc;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+    }
+}
+
+// One radix pass over list li: the eligible cells whose key bits above shift + width equal
+// prefix's, counted (and weighed, mass) by their bits [shift, shift + width); then the crossing of
+// target as sparq_find_cross (the bin in [0, 2^width)).
+static __device__ sparq_cross sparq_radix_pass(const sparq_cu_args & a, const sparq_sel_ctx & c, unsigned int prefix,
+                                               int shift, int width, bool mass, double target,
+                                               const sparq_sel_smem & sm) {
+    const int tid = threadIdx.x;
+    sm.rc[tid] = 0u;
+    sm.rm[tid] = 0.0;
+    __syncthreads();
+    const int hs = shift + width;
+    for (int s = tid; s < a.S; s += SPARQ_NT) {
+        const float x = __ldcg(c.keys + s);
+        if (sparq_sel_eligible(a, c, s, x)) {
+            const unsigned int o = sparq_key_bits(x);
+            if ((hs >= 32 ? 0u : o >> hs) == (hs >= 32 ? 0u : prefix >> hs)) {
+                const int bin = (int) ((o >> shift) & ((1u << width) - 1u));
+                atomicAdd(&sm.rc[bin], 1u);
+                if (mass) {
+                    atomicAdd(&sm.rm[bin], sparq_key_mass(a, c, x));
+                }
+            }
+        }
+    }
+    __syncthreads();
+    return sparq_find_cross<1>(mass, target, [&](int bin) { return (int) sm.rc[bin]; },
+                               [&](int bin) { return sm.rm[bin]; }, sm.sh, sm.shd, sm.s_cross);
+}
+
+// The calibrated k's cut of list li: the fewest best eligible cells whose mass reaches need (> 0),
+// or -1 when that takes more than kk cells (the unit is diffuse). From the first-pass histograms,
+// then the bin of the crossing: its cells ranked in shared memory, or radix passes over the list
+// when there are more of them than fit.
+static __device__ int sparq_coverage_cut(const sparq_cu_args & a, const sparq_sel_ctx & c, double need, int kk,
+                                         const sparq_sel_smem & sm, int * s_nc) {
+    const int tid = threadIdx.x;
+    const unsigned int * hg = a.hist + (size_t) c.li * SPARQ_NB;
+    const double * hmg = a.hmass + (size_t) c.li * SPARQ_NB;
+    const sparq_cross x = sparq_find_cross<SPARQ_NB / SPARQ_NT>(true, need, [&](int bin) { return (int) __ldcg(hg + bin); },
+                                                                [&](int bin) { return __ldcg(hmg + bin); }, sm.sh, sm.shd,
+                                                                sm.s_cross);
+    if (x.bin < 0 || x.c_above >= kk) {
+        return -1; // short of the target with every eligible cell, or beyond the cap
+    }
+    const double rem = need - x.m_above;
+    if (x.c_bin <= SPARQ_CAND_MAX && !a.force_radix) {
+        if (tid == 0) {
+            *s_nc = 0;
+            sm.s_int[3] = 0x7fffffff;
         }
         __syncthreads();
-        pk = spk;
-        __syncthreads(); // spk is written again by the next pass
+        sparq_sel_pass(a, c, x.bin, false, false, true, sm, s_nc);
+        const int n = min(*s_nc, SPARQ_CAND_MAX);
+        sparq_sort_cands(sm, n);
+        // the running mass over the sorted candidates: a contiguous share per thread
+        const int per = (n + SPARQ_NT - 1) / SPARQ_NT;
+        const int i0 = min(n, tid * per), i1 = min(n, i0 + per);
+        double loc = 0.0;
+        for (int i = i0; i < i1; ++i) {
+            loc += sparq_key_mass(a, c, sparq_key_float(sm.hc[i]));
+        }
+        double tot;
+        double acc = sparq_block_scan_d(loc, &tot, sm.shd) - loc;
+        for (int i = i0; i < i1; ++i) {
+            acc += sparq_key_mass(a, c, sparq_key_float(sm.hc[i]));
+            if (acc >= rem) {
+                atomicMin(&sm.s_int[3], i);
+                break;
+            }
+        }
+        __syncthreads();
+        const int pos = sm.s_int[3];
+        __syncthreads();
+        // (past the bin only by rounding between the histogram's sums and these)
+        const int n_cut = x.c_above + (pos == 0x7fffffff ? n + 1 : pos + 1);
+        return n_cut <= kk ? n_cut : -1;
     }
+    // radix passes within the bin: 8, 8 and 4 more bits down to the exact key of the crossing
+    unsigned int prefix = (unsigned int) x.bin << SPARQ_NB_SHIFT;
+    int c_above = x.c_above;
+    double m_above = x.m_above;
+    const int passes[3][2] = { { 12, 8 }, { 4, 8 }, { 0, 4 } };
+    int c_bin = x.c_bin;
+    for (int p = 0; p < 3; ++p) {
+        const sparq_cross y = sparq_radix_pass(a, c, prefix, passes[p][0], passes[p][1], true, need - m_above, sm);
+        if (y.bin < 0) {
+            const int n_cut = c_above + c_bin + 1; // (rounding, as above)
+            return n_cut <= kk ? n_cut : -1;
+        }
+        prefix |= (unsigned int) y.bin << passes[p][0];
+        c_above += y.c_above;
+        m_above += y.m_above;
+        c_bin = y.c_bin;
+    }
+    // cells with the crossing's key weigh the same: as many of them as the rest of the target needs
+    const double w = sparq_key_mass(a, c, sparq_key_float(prefix));
+    int j = w > 0.0 ? (int) ceil((need - m_above) / w) : c_bin;
+    j = max(1, min(c_bin, j));
+    const int n_cut = c_above + j;
+    return n_cut <= kk ? n_cut : -1;
+}
 
-    // the chosen cells (and the window, by the unit's first list) into the unit's bitmap, cells in
-    // ascending order so that equal keys go to the lower cells
-    const char * m = sparq_mask_row(a, R);
-    unsigned int * sb = a.selbits + (size_t) u * a.W;
+// The kk (> 0) best eligible cells of list li and the window into the unit's bitmap: from the
+// first-pass histogram the bin holding the kk-th best key; one pass takes the cells above it and
+// gathers the bin's cells, the best of which are ranked in shared memory; a bin with more cells
+// than fit takes radix passes over the list and a collection in cell order (equal keys to the
+// lower cells, as the CPU op).
+static __device__ void sparq_choose(const sparq_cu_args & a, const sparq_sel_ctx & c, int kk, const sparq_sel_smem & sm,
+                                    int * s_nc) {
+    const int tid = threadIdx.x;
+    const unsigned int * hg = a.hist + (size_t) c.li * SPARQ_NB;
+    const sparq_cross x = sparq_find_cross<SPARQ_NB / SPARQ_NT>(false, (double) kk, [&](int bin) { return (int) __ldcg(hg + bin); },
+                                                                [&](int) { return 0.0; }, sm.sh, sm.shd, sm.s_cross);
+    if (x.bin < 0) {
+        sparq_sel_pass(a, c, -1, false, true, false, sm, s_nc); // no more eligible cells than wanted: all
+        return;
+    }
+    const int want = kk - x.c_above;
+    if (want == x.c_bin || (x.c_bin <= SPARQ_CAND_MAX && !a.force_radix)) {
+        if (tid == 0) {
+            *s_nc = 0;
+        }
+        __syncthreads();
+        const bool all_of_bin = want == x.c_bin;
+        sparq_sel_pass(a, c, x.bin, all_of_bin, true, !all_of_bin, sm, s_nc);
+        if (all_of_bin) {
+            return;
+        }
+        const int n = min(*s_nc, SPARQ_CAND_MAX);
+        sparq_sort_cands(sm, n);
+        unsigned int * sb = a.selbits + (size_t) c.u * a.W;
+        for (int i = tid; i < min(want, n); i += SPARQ_NT) {
+            const int s = sm.ci[i];
+            atomicOr(&sb[s >> 5], 1u << (s & 31));
+        }
+        __syncthreads();
+        return;
+    }
+    // radix passes within the bin, then the collection in cell order
+    sparq_cu_pick pk = {};
+    pk.prefix = (unsigned int) x.bin << SPARQ_NB_SHIFT;
+    pk.shift = SPARQ_NB_SHIFT;
+    pk.want = want;
+    pk.n_eq = x.c_bin;
+    const int passes[3][2] = { { 12, 8 }, { 4, 8 }, { 0, 4 } };
+    for (int p = 0; p < 3 && !pk.done; ++p) { // pk is uniform over the block
+        const sparq_cross y = sparq_radix_pass(a, c, pk.prefix, passes[p][0], passes[p][1], false, (double) pk.want, sm);
+        pk.prefix |= (unsigned int) y.bin << passes[p][0];
+        pk.shift = passes[p][0];
+        pk.want -= y.c_above;
+        pk.n_eq = y.c_bin;
+        if (pk.n_eq == pk.want || pk.shift == 0) {
+            pk.done = 1;
+            pk.ties = pk.n_eq != pk.want;
+        }
+    }
+    sparq_cu_row ri = {};
+    ri.w0 = c.w0;
+    const char * m = sparq_mask_row(a, c.R);
+    unsigned int * sb = a.selbits + (size_t) c.u * a.W;
     int eq_seen = 0;
     for (int s0 = 0; s0 < a.S; s0 += SPARQ_NT) {
-        sparq_collect_chunk(a, ri, R, h, m, key, pk, choose, s0, eq_seen, sh, sb);
+        sparq_collect_chunk(a, ri, c.R, c.h, m, c.keys, pk, true, s0, eq_seen, sm.sh, sb);
     }
+}
+
+// the number of window cells of a row with a given window list: its valid distinct cells, which the
+// tile blocks set in the row's window bitmap
+static __device__ int sparq_count_win_bits(const sparq_cu_args & a, int R, int * sh) {
+    int n = 0;
+    for (int w = threadIdx.x; w < a.W; w += SPARQ_NT) {
+        n += __popc(__ldcg(a.wbits + (size_t) R * a.W + w));
+    }
+    int tot;
+    sparq_block_scan(n, &tot, sh);
+    return tot;
+}
+
+// the window's estimated mass for the calibrated k: the mean over the list's heads (every head of
+// the group for a shared list) of their softmax over the window's cells
+static __device__ double sparq_window_mass(const sparq_cu_args & a, const sparq_sel_ctx & c, const sparq_sel_smem & sm) {
+    const int h0 = a.ph > 1 ? c.h : 0, h1 = a.ph > 1 ? c.h + 1 : a.g;
+    const int tid = threadIdx.x;
+    if (tid < h1 - h0) {
+        float M;
+        double Z;
+        sparq_unit_stats(a, c.u, h0 + tid, &M, &Z);
+        sm.sMw[tid] = M;
+        sm.siZw[tid] = Z > 0.0 ? 1.0 / Z : 0.0;
+    }
+    __syncthreads();
+    const float * lg = a.logits + (size_t) c.u * a.g * a.S;
+    double loc = 0.0;
+    for (int s = (a.win ? 0 : c.w0) + tid; s < a.S; s += SPARQ_NT) {
+        if (a.win ? sparq_win_bit(a, c.R, s) : lg[s] > -INFINITY) {
+            for (int hh = h0; hh < h1; ++hh) {
+                loc += exp((double) lg[(size_t) hh * a.S + s] - (double) sm.sMw[hh - h0]) * sm.siZw[hh - h0];
+            }
+        }
+    }
+    double tot;
+    sparq_block_scan_d(loc, &tot, sm.shd);
+    return tot / (h1 - h0);
+}
+
+// The last block of list li to finish its tile: the window's cells counted, the row's description
+// for the attend kernel, the calibrated k's cut, then the chosen cells.
+static __device__ void sparq_select_list(const sparq_cu_args & a, const sparq_sel_ctx & c, const sparq_sel_smem & sm,
+                                         int * s_nc) {
+    const int n_win = a.l <= 0 ? 0 : a.win ? sparq_count_win_bits(a, c.R, sm.sh) : a.l;
+    if (threadIdx.x == 0 && c.kvh == 0 && c.h == 0) {
+        sparq_cu_row ri;
+        ri.n_valid = c.n_valid;
+        ri.w0 = c.w0;
+        ri.n_win = n_win;
+        ri.mode = 0;
+        a.rows[c.R] = ri;
+    }
+    int kk = c.rk - n_win;
+    if (a.cov_p > 0.0f && kk > 0) {
+        const double need = (double) a.cov_p - (n_win > 0 ? sparq_window_mass(a, c, sm) : 0.0);
+        int n_cut = 0;
+        if (need > 0.0) {
+            n_cut = sparq_coverage_cut(a, c, need, kk, sm, s_nc);
+            if (n_cut < 0) {
+                if (threadIdx.x == 0) {
+                    a.udense[c.u] = 1; // diffuse: the unit attends over every valid cell
+                }
+                return;
+            }
+        }
+        kk = min(kk, max(n_cut, a.k_min - n_win));
+    }
+    if (kk <= 0) {
+        if (c.h == 0) {
+            sparq_sel_pass(a, c, 0x7fffffff, false, true, false, sm, s_nc); // the window alone
+        }
+        return;
+    }
+    sparq_choose(a, c, kk, sm, s_nc);
+}
+
+// ---------------------------------------------------------------------------
+// the select kernel
+// ---------------------------------------------------------------------------
+
+// Per (selection tile of SPARQ_TS cells, list): the group keys of a shared choice into keys; the
+// given window's cells of the tile into the row's window bitmap; the eligible cells counted (and,
+// for the calibrated k, weighed) by their key's top SPARQ_NB_BITS bits into the list's histograms.
+// The last tile of a list to finish (a counter; the scratch was cleared by the score kernel) then
+// chooses the list's cells (sparq_select_list). A dense row only has its description written.
+template <bool COV>
+static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_select(const sparq_cu_args a) {
+    __shared__ unsigned int hc[SPARQ_NB];
+    __shared__ float hm[COV ? SPARQ_NB : 1];
+    __shared__ unsigned int rc[256];
+    __shared__ double rm[256];
+    __shared__ unsigned int wb[SPARQ_TS / 32];
+    __shared__ float sM[GGML_CUDA_SPARQ_G_MAX], siZ[GGML_CUDA_SPARQ_G_MAX];
+    __shared__ int sh[SPARQ_NW];
+    __shared__ double shd[SPARQ_NW];
+    __shared__ int s_int[4];
+    __shared__ int s_nc;
+    __shared__ int s_last;
+    __shared__ sparq_cross s_cross;
+    __shared__ float sMw[COV ? GGML_CUDA_SPARQ_G_MAX : 1];
+    __shared__ double siZw[COV ? GGML_CUDA_SPARQ_G_MAX : 1];
+    const sparq_sel_smem sm = { hc, hm, (int *) hc + SPARQ_CAND_MAX, rc, rm, wb, sh, shd, s_int, &s_cross, sMw, siZw };
+    const int tid = threadIdx.x, lane = tid % 32;
+    const sparq_sel_ctx c = sparq_sel_ctx_of(a, blockIdx.y, sh, s_int);
+    if (c.mode != 0) {
+        // dense: nothing to choose; the row's description by the first block of its first list
+        if (tid == 0 && blockIdx.x == 0 && c.kvh == 0 && c.h == 0) {
+            sparq_cu_row ri;
+            ri.n_valid = c.n_valid;
+            ri.w0 = a.S;
+            ri.n_win = 0;
+            ri.mode = c.mode;
+            a.rows[c.R] = ri;
+        }
+        return;
+    }
+    const int t0 = blockIdx.x * SPARQ_TS, t1 = min(a.S, t0 + SPARQ_TS);
+    const int st = c.R / a.n_rows, row = c.R % a.n_rows;
+    const char * m = sparq_mask_row(a, c.R);
+    for (int b = tid; b < SPARQ_NB; b += SPARQ_NT) {
+        hc[b] = 0u;
+        if (COV) {
+            hm[b] = 0.0f;
+        }
+    }
+    if (tid < SPARQ_TS / 32) {
+        wb[tid] = 0u;
+    }
+    if (c.summed && tid < a.g) {
+        float M;
+        double Z;
+        sparq_unit_stats(a, c.u, tid, &M, &Z);
+        sM[tid] = M;
+        siZ[tid] = Z > 0.0 ? (float) (1.0 / Z) : 0.0f;
+    }
+    __syncthreads();
+    if (a.win && a.l > 0) {
+        // the window list's valid cells in this tile, each once, here and in the row's bitmap
+        const int32_t * src = (const int32_t *) (a.win + (size_t) row * a.win_nb1 + (size_t) st * a.win_nb2);
+        for (int i = tid; i < min(a.l, a.win_n); i += SPARQ_NT) {
+            const int s = src[i];
+            if (s >= t0 && s < t1 && sparq_valid(a, m, s)) {
+                atomicOr(&wb[(s - t0) >> 5], 1u << (s & 31));
+                atomicOr(&a.wbits[(size_t) c.R * a.W + (s >> 5)], 1u << (s & 31));
+            }
+        }
+        __syncthreads();
+    }
+    const float * lg = a.logits + (size_t) c.u * a.g * a.S;
+    for (int i = 0; i < SPARQ_TS_CPT; ++i) {
+        const int s = t0 + i * SPARQ_NT + tid;
+        float x = -INFINITY;
+        if (s < t1) {
+            if (c.summed) {
+                if (lg[s] > -INFINITY) { // a valid cell (the logits hold the mask)
+                    x = 0.0f;
+                    for (int hh = 0; hh < a.g; ++hh) {
+                        if (sM[hh] != -INFINITY) {
+                            x += siZ[hh] * __expf(lg[(size_t) hh * a.S + s] - sM[hh]);
+                        }
+                    }
+                }
+                a.keys[(size_t) c.u * a.S + s] = x;
+            } else {
+                x = c.keys[s];
+            }
+        }
+        const bool el = s < t1 && s < c.w0 && x > -INFINITY && !(a.win && ((wb[(s - t0) >> 5] >> (s & 31)) & 1u));
+        const unsigned int bin = el ? sparq_key_bits(x) >> SPARQ_NB_SHIFT : 0xffffffffu;
+        // one shared-memory add per distinct bin of the warp (the top bits of nearby keys agree often)
+        const unsigned int peers = __match_any_sync(0xffffffff, bin);
+        if (el && lane == __ffs(peers) - 1) {
+            atomicAdd(&hc[bin], (unsigned int) __popc(peers));
+        }
+        if (COV && el) {
+            atomicAdd(&hm[bin], (float) sparq_key_mass(a, c, x));
+        }
+    }
+    __syncthreads();
+    unsigned int * hg = a.hist + (size_t) c.li * SPARQ_NB;
+    for (int b = tid; b < SPARQ_NB; b += SPARQ_NT) {
+        if (hc[b]) {
+            atomicAdd(&hg[b], hc[b]);
+            if (COV) {
+                atomicAdd(&a.hmass[(size_t) c.li * SPARQ_NB + b], (double) hm[b]);
+            }
+        }
+    }
+    // the last tile of the list to finish goes on (its writes, and every other tile's, visible first)
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+        s_last = atomicAdd(&a.ldone[c.li], 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!s_last) {
+        return;
+    }
+    __threadfence();
+    sparq_select_list(a, c, sm, &s_nc);
 }

@@ -7,34 +7,34 @@
 // query heads share a unit, a "list" is one top-k selection (one per unit, or one per
 // query head of the unit with the per-head flag: li = u * ph + h).
 //
-// Stages (one kernel each, all on the op's stream, sizes from the shapes only: no host
-// synchronisation, every launch the same for a given shape, so CUDA graphs capture it):
+// Three kernels, all on the op's stream, sized from the shapes only: no host synchronisation and
+// the same launches for every decode step of a shape, so CUDA graphs capture them. Each kernel
+// clears what a later one accumulates into, so there is no memset between them.
 //
-//   selection seam -- a selector turns the inputs into a cell bitmap per unit:
-//   1 rows        per row: valid cells, mode (sparse / dense / dense stream), local window
-//                 (the last l valid cells, or the given window list as a bitmap)
-//   2 components  per unit: i1 = the r largest of sum_h |q_sel_h| (times comp_w), ties to
-//                 the lower index, ascending; the query's r components times 1/tau_h
-//   3 approx      per (cell tile, unit): approximate logits of the g heads from r rows of
-//                 K^T (each row read coalesced, vector loads when aligned), + mask; stored,
-//                 with each tile's softmax maximum and sum
-//   4 group keys  (g > 1, shared choice) per (cell tile, unit): sum_h softmax_h per cell
-//   5 radix select, 4 passes of 8 bits (hist + pick): the kk-th largest key of each list
-//                 among its eligible cells (valid, before the window, not a window cell);
-//                 exact ties at the bound go to the lower cell index (the CPU's order)
-//   6 collect     per (cell tile, list): set the chosen cells and the window in the bitmap
-//                 (the per-head lists of a unit OR into one bitmap: their union)
+//   1 k_sparq_score   per (score tile, unit): the components (i1 = the r largest of sum_h
+//                     |q_sel_h| times comp_w, ties to the lower index; the query's r components
+//                     times 1/tau_h), the tile's valid cells, the approximate logits of the g
+//                     heads from r rows of K^T (coalesced, vector loads when aligned) + mask, and
+//                     each tile's softmax maximum and sum
+//   2 k_sparq_select  per (selection tile, list): the group keys of a shared choice (sum_h of the
+//                     softmaxes), the given window's cells, and a histogram of the eligible keys'
+//                     top 12 bits (with their estimated mass for the calibrated k). The last tile
+//                     of a list to finish chooses for the list: the row's mode and tail window
+//                     (the last l valid cells) from the score tiles' counts; the calibrated k's
+//                     cut at the coverage target; the bin of the kk-th largest key, then one pass
+//                     that sets the cells above it in the unit's bitmap and ranks that bin's cells
+//                     in shared memory (exact ties to the lower cell, as on the CPU); radix passes
+//                     over the list where the bin holds too many cells
+//   3 k_sparq_attend  per unit, or split over parts (k_sparq_attend_part) while the units are few
+//                     (batch 1): the bitmap -> ascending cell list; exact softmax attention of the
+//                     g query heads over the cells (online, 256 cells at a time); mean-V mix with
+//                     alpha = the approximate softmax mass of the cells; rows in the dense modes
+//                     (and units the calibrated k found diffuse) attend over all their valid cells
+//                     without mean-V. The last part of a unit to finish combines the parts'
+//                     partial softmax sums (flash-decoding).
 //
-//   shared stage -- every selector ends here:
-//   7 attend      per unit: the bitmap -> ascending cell list; exact softmax attention of
-//                 the g query heads over the cells (online, 256 cells at a time); mean-V
-//                 mix with alpha = the approximate softmax mass of the cells; rows in the
-//                 dense modes attend over all their valid cells without mean-V. With few
-//                 units (batch 1) each unit's list is split over several blocks (parts of
-//                 at least 32 cells) and a combine kernel adds their partial softmax sums.
-//
-// A new selector (the accuracy issues add some) writes the unit's bitmap (and, for the
-// mean-V mix, the approximate logits and tile statistics) and reuses stage 7.
+// A new selector writes the unit's bitmap (and, for the mean-V mix, the approximate logits and
+// tile statistics) and reuses kernel 3.
 
 #include "sparq-cuda.cuh"
 #include "ggml-sparq.h"
@@ -44,7 +44,6 @@
 
 typedef cudaStream_t sparq_stream_t;
 #define SPARQ_LAUNCH(kernel, grid, block, stream, ...) kernel<<<(grid), (block), 0, (stream)>>>(__VA_ARGS__)
-#define SPARQ_MEMSET(ptr, bytes, stream) CUDA_CHECK(cudaMemsetAsync((ptr), 0, (bytes), (stream)))
 
 #include "sparq-cuda-kernels.cuh"
 
@@ -83,14 +82,7 @@ static const char * sparq_cuda_unsupported(const ggml_tensor * op) {
     if (sel != GGML_SPARQ_SEL_SPARQ && sel != GGML_SPARQ_SEL_ORACLE) {
         return "the streaming, h2o and index selectors (CPU only)";
     }
-    const int32_t top_k = ggml_get_op_params_i32(op, 1);
     const int32_t flags = ggml_get_op_params_i32(op, 5);
-    if (top_k > GGML_CUDA_SPARQ_K_MAX) {
-        return "k above 16384";
-    }
-    if (ggml_get_op_params_f32(op, 8) > 0.0f && ggml_get_op_params_i32(op, 11)) {
-        return "a coverage target (calibrated k: CPU only so far)";
-    }
     const int64_t ph = (flags & GGML_SPARQ_FLAG_PER_HEAD) && g > 1 ? g : 1;
     const int64_t U = q->ne[1] * q->ne[3] * k->ne[2];
     if (U > 65535 || U * ph > 65535) {
@@ -166,6 +158,13 @@ static bool sparq_cuda_args_of(const ggml_tensor * dst, sparq_cu_args & a, int *
     a.k = ggml_get_op_params_i32(dst, 1);
     a.l = ggml_get_op_params_i32(dst, 2);
     a.scale = ggml_get_op_params_f32(dst, 3);
+    if (ggml_get_op_params_f32(dst, 8) > 0.0f && ggml_get_op_params_i32(dst, 11)) {
+        // the calibrated k (a coverage target applied; one that is only measured changes nothing
+        // here: the measure is reported by the CPU op only)
+        a.cov_p = ggml_get_op_params_f32(dst, 8);
+        a.k_min = ggml_get_op_params_i32(dst, 9);
+        a.k_frac = ggml_get_op_params_f32(dst, 14);
+    }
     if (ggml_get_op_params_i32(dst, 4) == GGML_SPARQ_SEL_ORACLE) {
         a.r = a.d; // the oracle: SparQ with every component
     }
@@ -181,9 +180,11 @@ static bool sparq_cuda_args_of(const ggml_tensor * dst, sparq_cu_args & a, int *
     a.W = std::max(1, (a.S + 31) / 32);
     const int gmax = sparq_gmax(a.g);
     *cpt = sparq_cuda_cpt(kt, gmax);
-    a.nt_a = std::max(1, (a.S + SPARQ_NT * *cpt - 1) / (SPARQ_NT * *cpt));
+    a.tl_a = SPARQ_NT * *cpt;
+    a.nt_a = std::max(1, (a.S + a.tl_a - 1) / a.tl_a);
     a.nt_s = std::max(1, (a.S + SPARQ_TS - 1) / SPARQ_TS);
     a.sel_max = a.ph * a.k;
+    a.force_radix = sparq_select_radix_forced();
 
     a.q = (const char *) q->data; a.q_nb1 = q->nb[1]; a.q_nb2 = q->nb[2]; a.q_nb3 = q->nb[3];
     const ggml_tensor * qq = qsel ? qsel : q;
@@ -225,23 +226,24 @@ void ggml_cuda_sparq_attn(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     // scratch: sizes from the shapes only (the same for every decode step of a shape)
     ggml_cuda_pool & pool = ctx.pool();
     const sparq_cu_scratch z = sparq_cu_scratch_sizes(a);
-    ggml_cuda_pool_alloc<sparq_cu_row>  rows(pool, z.rows);
-    ggml_cuda_pool_alloc<unsigned int>  wbits(pool, z.wbits);
-    ggml_cuda_pool_alloc<int>           i1(pool, z.i1);
-    ggml_cuda_pool_alloc<float>         qsc(pool, z.qsc);
-    ggml_cuda_pool_alloc<float>         logits(pool, z.logits);
-    ggml_cuda_pool_alloc<float2>        tstat(pool, z.tstat);
-    ggml_cuda_pool_alloc<float>         keys(pool, z.keys);
-    ggml_cuda_pool_alloc<unsigned int>  hist(pool, z.hist);
-    ggml_cuda_pool_alloc<sparq_cu_pick> pick(pool, z.pick);
-    ggml_cuda_pool_alloc<int>           eqcnt(pool, z.eqcnt);
-    ggml_cuda_pool_alloc<unsigned int>  selbits(pool, z.selbits);
-    ggml_cuda_pool_alloc<int>           sel(pool, z.sel);
-    ggml_cuda_pool_alloc<float>         pstat(pool, z.pstat);
-    ggml_cuda_pool_alloc<float>         py(pool, z.py);
-    a.rows = rows.get(); a.wbits = wbits.get(); a.i1 = i1.get(); a.qsc = qsc.get(); a.logits = logits.get();
-    a.tstat = tstat.get(); a.keys = keys.get(); a.hist = hist.get(); a.pick = pick.get(); a.eqcnt = eqcnt.get();
-    a.selbits = selbits.get(); a.sel = sel.get(); a.pstat = pstat.get(); a.py = py.get();
+    ggml_cuda_pool_alloc<sparq_cu_row> rows(pool, z.rows);
+    ggml_cuda_pool_alloc<unsigned int> wbits(pool, z.wbits);
+    ggml_cuda_pool_alloc<float>        logits(pool, z.logits);
+    ggml_cuda_pool_alloc<float2>       tstat(pool, z.tstat);
+    ggml_cuda_pool_alloc<int>          tcnt(pool, z.tcnt);
+    ggml_cuda_pool_alloc<float>        keys(pool, z.keys);
+    ggml_cuda_pool_alloc<unsigned int> hist(pool, z.hist);
+    ggml_cuda_pool_alloc<double>       hmass(pool, z.hmass);
+    ggml_cuda_pool_alloc<unsigned int> ldone(pool, z.ldone);
+    ggml_cuda_pool_alloc<unsigned int> udone(pool, z.udone);
+    ggml_cuda_pool_alloc<int>          udense(pool, z.udense);
+    ggml_cuda_pool_alloc<unsigned int> selbits(pool, z.selbits);
+    ggml_cuda_pool_alloc<int>          sel(pool, z.sel);
+    ggml_cuda_pool_alloc<float>        pstat(pool, z.pstat);
+    ggml_cuda_pool_alloc<float>        py(pool, z.py);
+    a.rows = rows.get(); a.wbits = wbits.get(); a.logits = logits.get(); a.tstat = tstat.get(); a.tcnt = tcnt.get();
+    a.keys = keys.get(); a.hist = hist.get(); a.hmass = hmass.get(); a.ldone = ldone.get(); a.udone = udone.get();
+    a.udense = udense.get(); a.selbits = selbits.get(); a.sel = sel.get(); a.pstat = pstat.get(); a.py = py.get();
 
     const bool kt_f16 = dst->src[2]->type == GGML_TYPE_F16;
     const bool k_f16 = dst->src[1]->type == GGML_TYPE_F16;

@@ -302,17 +302,23 @@ static int32_t sparq_check_device_runs(const llama_sparq_ctx & Sq, const llama_s
         ggml_tensor * vs = ggml_new_tensor_3d(c, GGML_TYPE_F32, dv, hkv, 1);
         ggml_tensor * vc = ggml_new_tensor_1d(c, GGML_TYPE_F32, 1);
         ggml_tensor * mk = ggml_new_tensor_4d(c, GGML_TYPE_F16, n, 1, 1, 1);
-        const int32_t kk = p->k > 0 ? p->k : 1;
+        // the calibrated k (k = 0): a node with its coverage target and per-row cap, as the graph hook makes it
+        const int32_t kk = p->k > 0 ? p->k : std::max<int32_t>(1, p->k_min);
         const int32_t r = p->r > 0 ? std::min<int32_t>(p->r, (int32_t) d) : std::max<int32_t>(1, (int32_t) d / 4);
         ggml_tensor * op = ggml_sparq_attn(c, q, k, kt, v, vs, vc, mk, r, kk, std::min(std::max(p->l, 0), kk), 1.0f);
         ggml_sparq_attn_set_selector(op, p->selector, p->gqa == LLAMA_SPARQ_GQA_PER_HEAD ? GGML_SPARQ_FLAG_PER_HEAD : 0);
+        if (p->k == 0) {
+            ggml_sparq_attn_set_coverage(op, p->coverage, std::min(p->k_min, kk), 0, true);
+            ggml_sparq_attn_set_coverage_cap(op, p->k_frac);
+        }
         const bool ok = ggml_backend_dev_supports_op(dev, op);
         ggml_free(c);
         if (!ok) {
-            sparq_err(err, err_size, "SparQ: selector %s with k = %d does not run on %s, which holds the KV cache "
+            sparq_err(err, err_size, "SparQ: selector %s with k = %d%s does not run on %s, which holds the KV cache "
                       "(running it on the CPU would copy the cache to the host at every step): use selector sparq or "
                       "oracle there, or keep the cache in host memory (--no-kv-offload / offload_kqv = false)",
-                      llama_sparq_selector_name(p->selector), (int) p->k, ggml_backend_dev_name(dev));
+                      llama_sparq_selector_name(p->selector), (int) p->k, p->k == 0 ? " (calibrated)" : "",
+                      ggml_backend_dev_name(dev));
             return -2;
         }
     }
@@ -335,19 +341,9 @@ static int32_t sparq_apply_params(llama_context * ctx, llama_sparq_ctx & Sq, con
             }
         }
     }
-    if (p->k == 0) {
-        // the calibrated k cuts the selection inside the CPU op; a device op would not (no silent fallback)
-        for (const sparq_layer & L : Sq.layers) {
-            if (L.kt && !ggml_backend_buffer_is_host(L.kt->buffer)) {
-                sparq_err(err, err_size, "SparQ: k = 0 (calibrated) runs in the CPU op of this process; this "
-                          "context keeps the KV cache on %s (a GPU or an RPC host): give a fixed k (e.g. 512), or keep "
-                          "the cache in host memory (--no-kv-offload / offload_kqv = false)",
-                          ggml_backend_buffer_name(L.kt->buffer));
-                return -2;
-            }
-        }
-    }
-    if (p->k > 0 && sparq_check_device_runs(Sq, p, err, err_size) != 0) {
+    // the calibrated k too: the CUDA op and an RPC host's CPU op cut the selection themselves (they do
+    // not report their cells, so the counters count the cap there)
+    if (sparq_check_device_runs(Sq, p, err, err_size) != 0) {
         return -2;
     }
     if (index && !sparq_alloc_index(Sq, p->index_lists, err, err_size)) {

@@ -19,18 +19,24 @@ struct test_sparq_attn : public test_case {
     const int sel;      // GGML_SPARQ_SEL_*
     const int flags;    // GGML_SPARQ_FLAG_*
     const int variant;  // 0 plain, 1 window list (src 7), 2 basis (q_sel, comp_w), 3 stream 0 dense (v_count < 0)
+    // cov_p > 0: the calibrated k (the coverage target applied, at least k_min cells, each row's cap
+    // k_frac of its valid cells)
+    const float cov_p;
+    const int k_min;
+    const float k_frac;
 
     std::string vars() override {
-        return VARS_TO_STR14(d, kv, nh, nh_kv, nr, ns, r, k, l, type_KV, mask, sel, flags, variant);
+        return VARS_TO_STR17(d, kv, nh, nh_kv, nr, ns, r, k, l, type_KV, mask, sel, flags, variant, cov_p, k_min, k_frac);
     }
 
     double max_nmse_err() override { return 5e-5; }
 
     test_sparq_attn(int64_t d = 128, int64_t kv = 1024, int64_t nh = 32, int64_t nh_kv = 32, int64_t nr = 1,
                     int64_t ns = 1, int r = 16, int k = 128, int l = 32, ggml_type type_KV = GGML_TYPE_F16,
-                    bool mask = true, int sel = GGML_SPARQ_SEL_SPARQ, int flags = 0, int variant = 0)
+                    bool mask = true, int sel = GGML_SPARQ_SEL_SPARQ, int flags = 0, int variant = 0, float cov_p = 0.0f,
+                    int k_min = 0, float k_frac = 0.0f)
         : d(d), kv(kv), nh(nh), nh_kv(nh_kv), nr(nr), ns(ns), r(r), k(k), l(l), type_KV(type_KV), mask(mask), sel(sel),
-          flags(flags), variant(variant) {}
+          flags(flags), variant(variant), cov_p(cov_p), k_min(k_min), k_frac(k_frac) {}
 
     ggml_tensor * build_graph(ggml_context * ctx) override {
         ggml_tensor * q = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, d, nr, nh, ns);
@@ -53,6 +59,12 @@ struct test_sparq_attn : public test_case {
         ggml_tensor * out = ggml_sparq_attn(ctx, q, K, KT, V, vs, vc, m, r, k, l, 1.0f / sqrtf((float) d));
         if (sel != GGML_SPARQ_SEL_SPARQ || flags != 0) {
             ggml_sparq_attn_set_selector(out, sel, flags);
+        }
+        if (cov_p > 0.0f) {
+            ggml_sparq_attn_set_coverage(out, cov_p, k_min, 0, true);
+            if (k_frac > 0.0f) {
+                ggml_sparq_attn_set_coverage_cap(out, k_frac);
+            }
         }
         if (variant == 1) {
             ggml_tensor * win = ggml_new_tensor_3d(ctx, GGML_TYPE_I32, std::max(l, 1), nr, ns);
@@ -182,9 +194,10 @@ static void sparq_add_test_cases(std::vector<std::unique_ptr<test_case>> & test_
         for (int kv : { 4096, 16384 }) {
             test_cases.emplace_back(new test_sparq_attn(128, kv, 32, 32, 1, 1, 32, 128, 32, GGML_TYPE_F16, true));
         }
-        // SPARQ_PERF_GPU=1: the GPU op microbenchmark (issue 12): Llama 2 7B attention (32 heads,
-        // d = 128, f16 cache), S 4K..256K, batch (sequences) 1 and 8, r 16/32/64 at k = 128 and
-        // k 64/256 at r = 32, next to ggml's flash attention on the same shapes
+        // SPARQ_PERF_GPU=1: the GPU op microbenchmark: Llama 2 7B attention (32 heads, d = 128, f16
+        // cache), S 4K..256K, batch (sequences) 1 and 8, r 16/32/64 at k = 128, k 64/256 at r = 32,
+        // and the calibrated k (the defaults: r = 32, coverage 0.95, k_min 128, cap a quarter of the
+        // cells), next to ggml's flash attention on the same shapes
         const char * gpu = getenv("SPARQ_PERF_GPU");
         if (gpu && atoi(gpu) != 0) {
             for (int ns : { 1, 8 }) {
@@ -200,6 +213,8 @@ static void sparq_add_test_cases(std::vector<std::unique_ptr<test_case>> & test_
                     for (int k : { 64, 256 }) {
                         test_cases.emplace_back(new test_sparq_attn(128, kv, 32, 32, 1, ns, 32, k, k / 4, GGML_TYPE_F16, true));
                     }
+                    test_cases.emplace_back(new test_sparq_attn(128, kv, 32, 32, 1, ns, 32, kv / 4, 32, GGML_TYPE_F16, true,
+                                                                GGML_SPARQ_SEL_SPARQ, 0, 0, 0.95f, 128, 0.25f));
                 }
             }
         }
@@ -247,5 +262,13 @@ static void sparq_add_test_cases(std::vector<std::unique_ptr<test_case>> & test_
         test_cases.emplace_back(new test_sparq_attn(256, 32768, 8, 1, 1, 1, 64, 256, 64, t));
         test_cases.emplace_back(new test_sparq_attn(128, 65536, 8, 2, 1, 2, 32, 128, 32, t));
         test_cases.emplace_back(new test_sparq_attn(64, 65536, 4, 4, 1, 4, 16, 512, 128, t, true, SPQ, NMV));
+        // the calibrated k: cuts inside (k_min, cap) on MHA, shared GQA, per-head with a window
+        // list, several rows, and units found diffuse (coverage 0.95 on these inputs)
+        test_cases.emplace_back(new test_sparq_attn(64, 2048, 4, 4, 1, 1, 16, 512, 32, t, true, SPQ, 0, 0, 0.4f, 64, 0.3f));
+        test_cases.emplace_back(new test_sparq_attn(128, 1000, 8, 2, 1, 2, 16, 256, 16, t, true, SPQ, 0, 0, 0.3f, 8, 0.25f));
+        test_cases.emplace_back(new test_sparq_attn(64, 1024, 8, 2, 1, 1, 16, 256, 16, t, true, SPQ, PH, 1, 0.5f, 16, 0.25f));
+        test_cases.emplace_back(new test_sparq_attn(128, 3000, 8, 2, 4, 1, 32, 750, 32, t, true, SPQ, 0, 0, 0.5f, 64, 0.25f));
+        test_cases.emplace_back(new test_sparq_attn(128, 1000, 8, 2, 1, 2, 16, 256, 16, t, true, SPQ, 0, 0, 0.95f, 16, 0.25f));
+        test_cases.emplace_back(new test_sparq_attn(128, 65536, 8, 2, 1, 2, 32, 16384, 32, t, true, SPQ, 0, 0, 0.5f, 128, 0.25f));
     }
 }

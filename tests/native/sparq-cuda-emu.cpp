@@ -1,15 +1,20 @@
-// llama-sparq: the CUDA kernels of GGML_OP_SPARQ_ATTN (ggml-sparq/sparq-cuda-kernels.cuh) run on
-// the CPU, one OS thread per CUDA thread of a block (blocks one after another; __syncthreads and the
-// warp shuffles are barriers), against the CPU op (sparq_cpu_compute, scalar ISA) on the same
-// inputs. No GPU needed: it checks the kernels' indexing, selection (radix select, ties, window,
-// bitmap), attention and mean-V logic; not the GPU's memory model, timing or compiler.
+// llama-sparq: the CUDA kernels of GGML_OP_SPARQ_ATTN (ggml-sparq/cuda/sparq-cuda-kernels.cuh) run
+// on the CPU, one OS thread per CUDA thread of a block (blocks one after another, in a shuffled
+// order so that no kernel may rely on which block runs first or last; __syncthreads and the warp
+// shuffles are barriers), against the CPU op (sparq_cpu_compute, scalar ISA) on the same inputs. No
+// GPU needed: it checks the kernels' indexing, selection (histograms, ranking, radix passes, ties,
+// window, bitmap, the calibrated k's cut), attention and mean-V logic, and counts the launches;
+// not the GPU's memory model, timing or compiler.
 //
-//   sparq-cuda-emu d S n_head n_head_kv n_rows n_stream r k l f16 mask sel flags variant [scalar]
+//   sparq-cuda-emu d S n_head n_head_kv n_rows n_stream r k l f16 mask sel flags variant
+//                  [scalar [cov_p k_min k_frac]]
 //
 // variant: 0 plain, 1 window list, 2 basis (q_sel, comp_w), 3 stream 0 dense (v_count < 0),
 // 4 stream 0 sees 40 cells in the middle (a dense row that skips empty chunks);
-// scalar: 1 forces the one-cell K^T loads. Prints "OK nmse=... sel=same" or "FAIL ..." and exits
-// 0 / 1. The inputs are tie-proof (ggml-sparq/sparq-tie-proof.h: query large on r
+// scalar: 1 forces the one-cell K^T loads; cov_p > 0: the calibrated k (coverage target cov_p, at
+// least k_min cells, each row's cap from k_frac of its valid cells when k_frac > 0).
+// SPARQ_EMU_ORDER=seq runs the blocks in order. Prints "OK nmse=... launches=N ..." or "FAIL ..."
+// and exits 0 / 1. The inputs are tie-proof (ggml-sparq/op/sparq-tie-proof.h: query large on r
 // components, keys level * sign there, levels i / 1024), so the selections must be equal.
 
 #include "sparq-cpu.h"
@@ -25,6 +30,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <set>
 #include <thread>
@@ -48,6 +54,10 @@ static inline float2 make_float2(float a, float b) { return { a, b }; }
 static inline float __half2float(half h) { return sparq_fp16_to_fp32(h.x); }
 static inline float2 __half22float2(half2 h) { return { __half2float(h.x), __half2float(h.y) }; }
 static inline unsigned int __float_as_uint(float f) { unsigned int u; memcpy(&u, &f, 4); return u; }
+static inline float __uint_as_float(unsigned int u) { float f; memcpy(&f, &u, 4); return f; }
+template <typename T> static inline T __ldcg(const T * p) { return *p; }
+// blocks run one after another: what one block wrote is there for the next
+static inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 static inline float sparq_emu_expf(float x) { return expf(x); }
 #define __expf sparq_emu_expf // glibc declares a __expf of its own
 static inline int __popc(unsigned int x) { return __builtin_popcount(x); }
@@ -103,6 +113,13 @@ static unsigned int __ballot_sync(unsigned int, int pred) {
     }
     return bits;
 }
+static unsigned int __match_any_sync(unsigned int, unsigned int v) {
+    unsigned int bits = 0;
+    for (int l = 0; l < 32; ++l) {
+        bits |= (emu_xchg<unsigned int>(v, l) == v ? 1u : 0u) << l;
+    }
+    return bits;
+}
 // the warp reductions in one exchange (one barrier pair instead of five): every lane sums the 32
 // values in lane order, so all lanes agree, as after the butterfly on a GPU
 static inline float emu_warp_all(float x, bool is_max) {
@@ -125,6 +142,21 @@ static inline float warp_reduce_max(float x) { return emu_warp_all(x, true); }
 static inline int atomicAdd(int * p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 static inline unsigned int atomicAdd(unsigned int * p, unsigned int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 static inline unsigned int atomicOr(unsigned int * p, unsigned int v) { return __atomic_fetch_or(p, v, __ATOMIC_SEQ_CST); }
+static inline int atomicMin(int * p, int v) {
+    int old = __atomic_load_n(p, __ATOMIC_SEQ_CST);
+    while (v < old && !__atomic_compare_exchange_n(p, &old, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+    }
+    return old;
+}
+template <typename T> static inline T emu_atomic_add_fp(T * p, T v) {
+    static std::mutex mu;
+    std::lock_guard<std::mutex> lock(mu);
+    const T old = *p;
+    *p = old + v;
+    return old;
+}
+static inline float atomicAdd(float * p, float v) { return emu_atomic_add_fp(p, v); }
+static inline double atomicAdd(double * p, double v) { return emu_atomic_add_fp(p, v); }
 
 // a persistent team of 256 threads runs each block
 struct emu_team {
@@ -166,30 +198,41 @@ struct emu_team {
 };
 static emu_team * g_team = nullptr;
 
+static int g_launches = 0;
+static std::mt19937 g_order_rng(99);
+
 template <typename... P, typename... A>
 static void emu_launch(void (*kernel)(P...), dim3 grid, dim3 block, A... args) {
     const int nt = (int) block.x;
+    ++g_launches;
+    std::vector<dim3> order;
     for (unsigned int z = 0; z < grid.z; ++z) {
         for (unsigned int y = 0; y < grid.y; ++y) {
             for (unsigned int x = 0; x < grid.x; ++x) {
-                std::barrier<> bb(nt);
-                std::unique_ptr<emu_warp[]> warps(new emu_warp[(nt + 31) / 32]);
-                g_team->run(nt, [&](int t) {
-                    threadIdx = dim3(t);
-                    blockIdx = dim3(x, y, z);
-                    gridDim = grid;
-                    t_block = &bb;
-                    t_warp = &warps[t / 32];
-                    kernel(args...);
-                });
+                order.emplace_back(x, y, z);
             }
         }
+    }
+    const char * seq = getenv("SPARQ_EMU_ORDER");
+    if (!seq || strcmp(seq, "seq") != 0) {
+        std::shuffle(order.begin(), order.end(), g_order_rng);
+    }
+    for (const dim3 & b : order) {
+        std::barrier<> bb(nt);
+        std::unique_ptr<emu_warp[]> warps(new emu_warp[(nt + 31) / 32]);
+        g_team->run(nt, [&](int t) {
+            threadIdx = dim3(t);
+            blockIdx = b;
+            gridDim = grid;
+            t_block = &bb;
+            t_warp = &warps[t / 32];
+            kernel(args...);
+        });
     }
 }
 
 typedef int sparq_stream_t;
 #define SPARQ_LAUNCH(kernel, grid, block, stream, ...) (emu_launch(kernel, dim3(grid), dim3(block), __VA_ARGS__), (void) (stream))
-#define SPARQ_MEMSET(ptr, bytes, stream) (memset((ptr), 0, (bytes)), (void) (stream))
 
 #include "sparq-cuda-kernels.cuh"
 
@@ -201,7 +244,8 @@ static void noop_barrier(void *) {}
 
 int main(int argc, char ** argv) {
     if (argc < 15) {
-        fprintf(stderr, "usage: %s d S n_head n_head_kv n_rows n_stream r k l f16 mask sel flags variant [scalar]\n", argv[0]);
+        fprintf(stderr, "usage: %s d S n_head n_head_kv n_rows n_stream r k l f16 mask sel flags variant "
+                        "[scalar [cov_p k_min k_frac]]\n", argv[0]);
         return 2;
     }
     const int d = atoi(argv[1]), S = atoi(argv[2]), nh = atoi(argv[3]), nhkv = atoi(argv[4]), nr = atoi(argv[5]);
@@ -209,6 +253,9 @@ int main(int argc, char ** argv) {
     const bool f16 = atoi(argv[10]) != 0, use_mask = atoi(argv[11]) != 0;
     const int sel = atoi(argv[12]), flags = atoi(argv[13]), variant = atoi(argv[14]);
     const bool force_scalar = argc > 15 && atoi(argv[15]) != 0;
+    const float cov_p = argc > 18 ? (float) atof(argv[16]) : 0.0f;
+    const int cov_k_min = argc > 18 ? atoi(argv[17]) : 0;
+    const float cov_k_frac = argc > 18 ? (float) atof(argv[18]) : 0.0f;
     const int g = nh / nhkv;
     const int rr = sel == SPARQ_SEL_ORACLE ? d : r;
     const size_t esz = f16 ? 2 : 4;
@@ -315,6 +362,9 @@ int main(int argc, char ** argv) {
         c.q_sel = qsel.data(); c.q_sel_nb1 = qb1; c.q_sel_nb2 = qb2; c.q_sel_nb3 = qb3;
         c.comp_w = cw.data(); c.comp_w_nb1 = d * 4; c.comp_w_nb2 = (size_t) d * 4 * nhkv;
     }
+    if (cov_p > 0.0f) {
+        c.cov_p = cov_p; c.cov_apply = 1; c.k_min = cov_k_min; c.k_scan = 0; c.k_frac = cov_k_frac;
+    }
     c.sel_n = sparq_sel_max(&c);
     std::vector<int32_t> sel_cpu((size_t) c.sel_n * nhkv * nr * ns);
     c.sel_out = sel_cpu.data();
@@ -327,13 +377,16 @@ int main(int argc, char ** argv) {
     a.ph = (flags & 1) && g > 1 ? g : 1;
     a.no_mean_v = (flags & 2) != 0;
     a.r = sel == SPARQ_SEL_ORACLE ? d : r; a.k = k; a.l = l; a.scale = c.scale;
+    a.cov_p = cov_p; a.k_min = cov_k_min; a.k_frac = cov_p > 0.0f ? cov_k_frac : 0.0f;
     a.R = ns * nr; a.U = a.R * nhkv; a.L = a.U * a.ph;
     a.W = std::max(1, (S + 31) / 32);
     const int gm = sparq_gmax(g);
     const int cpt = !force_scalar && S % sparq_vec_cpt(gm) == 0 ? sparq_vec_cpt(gm) : 1;
-    a.nt_a = std::max(1, (S + SPARQ_NT * cpt - 1) / (SPARQ_NT * cpt));
+    a.tl_a = SPARQ_NT * cpt;
+    a.nt_a = std::max(1, (S + a.tl_a - 1) / a.tl_a);
     a.nt_s = std::max(1, (S + SPARQ_TS - 1) / SPARQ_TS);
     a.sel_max = a.ph * k;
+    a.force_radix = sparq_select_radix_forced();
     a.q = (const char *) q.data(); a.q_nb1 = qb1; a.q_nb2 = qb2; a.q_nb3 = qb3;
     const std::vector<float> & qq = variant == 2 ? qsel : q;
     a.qs = (const char *) qq.data(); a.qs_nb1 = qb1; a.qs_nb2 = qb2; a.qs_nb3 = qb3;
@@ -353,15 +406,19 @@ int main(int argc, char ** argv) {
     }
     a.out = (char *) out_gpu.data(); a.o_nb1 = ob1; a.o_nb2 = ob2; a.o_nb3 = ob3;
     const sparq_cu_scratch z = sparq_cu_scratch_sizes(a);
+    // the scratch starts dirty, as the pool's does: the kernels must clear what they accumulate into
+    auto dirty = [](auto & v) { memset(v.data(), 0xa5, v.size() * sizeof(v[0])); };
     std::vector<sparq_cu_row> rows(z.rows);
-    std::vector<unsigned int> wbits(z.wbits), hist(z.hist), selbits(z.selbits);
-    std::vector<int> i1(z.i1), eqcnt(z.eqcnt), selv(z.sel);
-    std::vector<float> qsc(z.qsc), logits(z.logits), keys(z.keys), pstat(z.pstat), py(z.py);
+    std::vector<unsigned int> wbits(z.wbits), hist(z.hist), ldone(z.ldone), udone(z.udone), selbits(z.selbits);
+    std::vector<int> tcnt(z.tcnt), udense(z.udense), selv(z.sel);
+    std::vector<float> logits(z.logits), keys(z.keys), pstat(z.pstat), py(z.py);
+    std::vector<double> hmass(z.hmass);
     std::vector<float2> tstat(z.tstat);
-    std::vector<sparq_cu_pick> pick(z.pick);
-    a.rows = rows.data(); a.wbits = wbits.data(); a.i1 = i1.data(); a.qsc = qsc.data(); a.logits = logits.data();
-    a.tstat = tstat.data(); a.keys = keys.data(); a.hist = hist.data(); a.pick = pick.data(); a.eqcnt = eqcnt.data();
-    a.selbits = selbits.data(); a.sel = selv.data(); a.pstat = pstat.data(); a.py = py.data();
+    dirty(rows); dirty(wbits); dirty(hist); dirty(ldone); dirty(udone); dirty(selbits); dirty(tcnt); dirty(udense);
+    dirty(selv); dirty(logits); dirty(keys); dirty(pstat); dirty(py); dirty(hmass); dirty(tstat);
+    a.rows = rows.data(); a.wbits = wbits.data(); a.logits = logits.data(); a.tstat = tstat.data(); a.tcnt = tcnt.data();
+    a.keys = keys.data(); a.hist = hist.data(); a.hmass = hmass.data(); a.ldone = ldone.data(); a.udone = udone.data();
+    a.udense = udense.data(); a.selbits = selbits.data(); a.sel = selv.data(); a.pstat = pstat.data(); a.py = py.data();
     emu_team team;
     g_team = &team;
     sparq_cu_run(a, cpt, f16, f16, f16, 0);
@@ -379,13 +436,24 @@ int main(int argc, char ** argv) {
         }
     }
     const double nmse = den > 0 ? num / den : num;
-    // selections of the SparQ rows: the unit's bitmap against the CPU's list
-    int n_sparse = 0, n_diff = 0;
+    // selections of the SparQ rows: the unit's bitmap against the CPU's list, or both found the unit
+    // diffuse (the calibrated k)
+    int n_sparse = 0, n_diff = 0, n_diffuse = 0;
+    long n_cells = 0;
     for (int u = 0; u < a.U; ++u) {
         if (rows[u / nhkv].mode != 0) {
             continue;
         }
         ++n_sparse;
+        // (the CPU op lists no cell, -1, for a unit that attends over every valid cell)
+        const bool cpu_diffuse = c.sel_n > 0 && sel_cpu[(size_t) u * c.sel_n] == -1;
+        if (udense[u] || cpu_diffuse) {
+            n_diffuse += udense[u] && cpu_diffuse;
+            if (!(udense[u] && cpu_diffuse) && n_diff++ == 0) {
+                printf("unit %d: diffuse on the %s only\n", u, udense[u] ? "GPU" : "CPU");
+            }
+            continue;
+        }
         std::set<int> gs, cs;
         for (int c0 = 0; c0 < S; ++c0) {
             if ((selbits[(size_t) u * a.W + c0 / 32] >> (c0 % 32)) & 1u) {
@@ -398,6 +466,7 @@ int main(int argc, char ** argv) {
                 cs.insert(x);
             }
         }
+        n_cells += (long) gs.size();
         if (gs != cs) {
             if (n_diff++ == 0) {
                 printf("unit %d: %zu cells on the GPU, %zu on the CPU\n", u, gs.size(), cs.size());
@@ -405,8 +474,10 @@ int main(int argc, char ** argv) {
         }
     }
     const bool ok = nmse <= 1e-9 && n_diff == 0;
-    printf("%s nmse=%.3g max_abs=%.3g sparq_units=%d sel_differ=%d cpt=%d select=%s attend_parts=%d\n",
-           ok ? "OK" : "FAIL", nmse, maxd, n_sparse, n_diff, cpt, sparq_select_fused(a) ? "fused" : "radix",
-           sparq_attend_parts(a));
+    const int n_chose = n_sparse - n_diffuse;
+    printf("%s nmse=%.3g max_abs=%.3g sparq_units=%d diffuse_units=%d mean_cells=%.1f sel_differ=%d cpt=%d select=%s "
+           "attend_parts=%d launches=%d\n",
+           ok ? "OK" : "FAIL", nmse, maxd, n_sparse, n_diffuse, n_chose > 0 ? (double) n_cells / n_chose : 0.0, n_diff,
+           cpt, a.force_radix ? "radix" : "rank", sparq_attend_parts(a), g_launches);
     return ok ? 0 : 1;
 }

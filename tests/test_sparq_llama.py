@@ -329,7 +329,7 @@ def test_two_sequences_in_one_batch_equal_single_runs(tiny_gqa_model):
 
 def test_three_sequences_decoding_together_with_selection_equal_single_runs(tiny_gqa_model):
     """Three sequences decoding together in one batch (one KV stream each, kv_unified off),
-    k < S so selection runs, equal to each sequence decoded alone (issue 10 item 7)."""
+    k < S so selection runs, equal to each sequence decoded alone."""
     nv = n_vocab(make_llm(tiny_gqa_model))
     prompts = [rand_tokens(300, 21, nv), rand_tokens(260, 22, nv), rand_tokens(420, 23, nv)]
     settings = dict(enabled=True, r=4, k=32, l=8, min_kv=0, all_rows=False)  # k < S: sparse
@@ -545,7 +545,7 @@ def test_bench_fill_is_a_valid_cache(tiny_gqa_model):
 
 
 def test_v_sums_stay_exact_at_1m_cells(tmp_path):
-    """Issue 10 item 3: the V sums at 1M cells. A synthetic fill of 2^20 - 4096 cells (the
+    """The V sums at 1M cells, where f32 rounding would show. A synthetic fill of 2^20 - 4096 cells (the
     first SparQ step rebuilds the sums in f64), then 600 decode steps, each appending its
     values to the f32 sums in the graph: llama_sparq_debug_check stays within the tests'
     tolerance (1e-3). A plain f32 += drifted to ~1.7e-3 here (half an ulp of |sum| ~ 1e3 per
@@ -584,10 +584,9 @@ def test_cache_over_2_24_cells_is_refused(tmp_path):
 
 
 def test_128_query_heads_on_one_kv_head_decode_with_sparq(tmp_path):
-    """Issue 10 item 3's reproduction: a model with 128 query heads on one KV head (group size
-    128; the kernel had a fixed 64-entry array and aborted with "group size 128 (max 64)").
-    SparQ now runs it with selection (k < S), shared and per-head, and the op's output equals
-    the reference on the captured tensors."""
+    """A model with 128 query heads on one KV head (group size 128, beyond any small fixed
+    per-group array in the kernel): SparQ runs it with selection (k < S), shared and per-head,
+    and the op's output equals the reference on the captured tensors."""
     from llama_sparq import Llama, reference
     from llama_sparq.capture import Capture, op_params, stream0
     from llama_sparq.models import make_tiny_llama

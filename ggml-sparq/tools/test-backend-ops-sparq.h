@@ -1,5 +1,5 @@
 // llama-sparq: test-backend-ops cases for GGML_OP_SPARQ_ATTN.
-// Included by tests/test-backend-ops.cpp (patch 0003) after its own test cases;
+// Included by upstream's tests/test-backend-ops.cpp (patch 0003) after its own test cases;
 // uses that file's test_case, VARS_TO_STR*, init_tensor_* helpers and test_flash_attn_ext.
 //
 // Eval mode compares another backend (CUDA) with the CPU on tie-proof inputs (sparq-tie-proof.h):
@@ -182,7 +182,7 @@ static void sparq_add_test_cases(std::vector<std::unique_ptr<test_case>> & test_
         for (int kv : { 4096, 16384 }) {
             test_cases.emplace_back(new test_sparq_attn(128, kv, 32, 32, 1, 1, 32, 128, 32, GGML_TYPE_F16, true));
         }
-        // SPARQ_PERF_GPU=1: the GPU op microbenchmark (issue 12): Llama 2 7B attention (32 heads,
+        // SPARQ_PERF_GPU=1: the GPU op microbenchmark: Llama 2 7B attention (32 heads,
         // d = 128, f16 cache), S 4K..256K, batch (sequences) 1 and 8, r 16/32/64 at k = 128 and
         // k 64/256 at r = 32, next to ggml's flash attention on the same shapes
         const char * gpu = getenv("SPARQ_PERF_GPU");

@@ -1,4 +1,4 @@
-// llama-sparq: the CUDA kernels of GGML_OP_SPARQ_ATTN (ggml-sparq/sparq-cuda-kernels.cuh) run on
+// llama-sparq: the CUDA kernels of GGML_OP_SPARQ_ATTN (ggml-sparq/cuda/sparq-cuda-kernels.cuh) run on
 // the CPU, one OS thread per CUDA thread of a block (blocks one after another; __syncthreads and the
 // warp shuffles are barriers), against the CPU op (sparq_cpu_compute, scalar ISA) on the same
 // inputs. No GPU needed: it checks the kernels' indexing, selection (radix select, ties, window,
@@ -9,7 +9,7 @@
 // variant: 0 plain, 1 window list, 2 basis (q_sel, comp_w), 3 stream 0 dense (v_count < 0),
 // 4 stream 0 sees 40 cells in the middle (a dense row that skips empty chunks);
 // scalar: 1 forces the one-cell K^T loads. Prints "OK nmse=... sel=same" or "FAIL ..." and exits
-// 0 / 1. The inputs are tie-proof (ggml-sparq/sparq-tie-proof.h: query large on r
+// 0 / 1. The inputs are tie-proof (ggml-sparq/op/sparq-tie-proof.h: query large on r
 // components, keys level * sign there, levels i / 1024), so the selections must be equal.
 
 #include "sparq-cpu.h"

@@ -636,3 +636,43 @@ def test_calibrated_k_runs_a_diffuse_layer_dense_between_checks(tiny_gqa_model, 
     assert st1["n_sparq"] == 2 * 2, st1
     assert t1 == t0
     assert np.abs(lg1 - lg0).max() <= 1e-3 * np.abs(lg0).max()
+
+
+# every boolean LLAMA_SPARQ_* switch of libllama (ggml-sparq/llama/llama-sparq-env.cpp)
+ENV_SWITCHES = ("LLAMA_SPARQ_GRAPH_REBUILD", "LLAMA_SPARQ_HOST_REBUILD", "LLAMA_SPARQ_NO_DIFFUSE_SKIP")
+
+
+@pytest.mark.parametrize("value, on", [(None, False), ("", False), ("0", False), ("false", False), ("off", False),
+                                       ("1", True), ("true", True), ("on", True), ("yes", None), ("2", None)])
+def test_env_switches_parse_one_way(tiny_model, monkeypatch, capfd, value, on):
+    """Every switch reads its value the same way: "0" is off like unset (a switch that only
+    asked "is it set" would turn on here), and a value that is neither on nor off is said on
+    stderr with the accepted values, then taken as off. A switch that is on is logged when the
+    context's SparQ state is made, which is what this checks."""
+    for name in ENV_SWITCHES:
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    capfd.readouterr()
+    llm = make_llm(tiny_model, n_ctx=256, verbose=True, sparq=True)
+    err = capfd.readouterr().err
+    llm.close()
+    for name in ENV_SWITCHES:
+        assert (f"llama_sparq: {name} on:" in err) == bool(on), (name, value, err[-3000:])
+        bad = f"llama_sparq: {name}={value} is not a switch value: use 1, true or on"
+        assert (bad in err) == (on is None), (name, value, err[-3000:])
+
+
+@pytest.mark.parametrize("value, skip", [("0", True), ("off", True), ("1", False)])
+def test_no_diffuse_skip_zero_keeps_the_dense_stretches(tiny_gqa_model, monkeypatch, value, skip):
+    """LLAMA_SPARQ_NO_DIFFUSE_SKIP=0 behaves as unset: the diffuse layers' dense stretches run
+    (a check, then dense steps); =1 turns them off (every step runs the op)."""
+    monkeypatch.setenv("LLAMA_SPARQ_NO_DIFFUSE_SKIP", value)
+    llm = make_llm(tiny_gqa_model, sparq=True, sparq_min_kv=0, sparq_k_min=16)
+    decode_greedy(llm, rand_prompt(700, 5, 256), 2)
+    st = llm.sparq_stats()
+    llm.close()
+    # per layer (2): the first step checks (SparQ), the second starts the dense stretch
+    want = (2, 2) if skip else (0, 4)
+    assert (st["n_dense"]["diffuse"], st["n_sparq"]) == want, st

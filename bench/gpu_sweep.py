@@ -31,7 +31,7 @@ and the fraction of it reached.
 Every result file (bench/results/gpu_<tag>.{json,csv,md}) records the device (nvidia-smi),
 the commit, the exact commands and, for SparQ runs, the fork's counters: sparq_calls (from
 llama-bench) and "SparQ calls on a device (GPU, RPC host)" (from the tools' exit log), which must equal the calls,
-or the op ran on the CPU. Recorded on an H100: bench/results/gpu_h100*.md (README "SparQ on an H100").
+or the op ran on the CPU. Recorded on an H100: bench/results/gpu_h100*.md (bench/README.md, "GPU").
 """
 
 from __future__ import annotations

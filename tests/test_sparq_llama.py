@@ -104,7 +104,7 @@ def test_passkey_gemma_sparq_vs_dense(gemma_model):
     """Passkey in ~2700 tokens of filler at five depths, dense next to SparQ.
 
     The paper's step 1 (components ranked by |q|) at 1/8 compression loses the passkey on
-    Gemma 3 270M (README "Accuracy": one global layer's keys have very uneven spread); ranking
+    Gemma 3 270M (bench/README.md, "Root cause": one global layer's keys have very uneven spread); ranking
     by |q| times the keys' RMS (basis "scaled", the default) at the same r keeps it, as do the
     library's defaults. The paper's row is reported, not asserted.
     """

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Does a sequence's greedy output depend on what else shares its ubatches? (issue 10, item 8)
+"""Does a sequence's greedy output depend on what else shares its ubatches?
 
 llama-server decodes several slots together and processes a new slot's prompt beside the
 other slots' decode rows. This replays that schedule on the low-level API (4 sequences in

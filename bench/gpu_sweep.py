@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""SparQ on the GPU (issue 12): the end-to-end decode sweep and the op microbenchmark.
+"""SparQ on the GPU: the end-to-end decode sweep and the op microbenchmark.
 
 Needs an NVIDIA GPU and the CUDA build (``make install CUDA=1``). One command runs it all:
 
@@ -31,7 +31,7 @@ and the fraction of it reached.
 Every result file (bench/results/gpu_<tag>.{json,csv,md}) records the device (nvidia-smi),
 the commit, the exact commands and, for SparQ runs, the fork's counters: sparq_calls (from
 llama-bench) and "SparQ calls on a device (GPU, RPC host)" (from the tools' exit log), which must equal the calls,
-or the op ran on the CPU. Recorded on an H100: bench/results/gpu_h100*.md (README "SparQ on an H100").
+or the op ran on the CPU. Recorded on an H100: bench/results/gpu_h100*.md (bench/README.md, "GPU").
 """
 
 from __future__ import annotations
@@ -402,7 +402,7 @@ def report(tag) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", choices=("e2e", "op"), default=None)
-    ap.add_argument("--n-layer", type=int, default=8, help="layers of the paper-shape model (default 8, the issue's)")
+    ap.add_argument("--n-layer", type=int, default=8, help="layers of the paper-shape model (default 8: per layer the 7B model's weights-to-cache ratio)")
     ap.add_argument("--depths", default="0,1024,2048,4096,8192,16384,32768,65536,131072")
     ap.add_argument("--depths-batch", default="4096,16384,32768,65536", help="batch-4 depths (real prefill)")
     ap.add_argument("--nkvo-depths", default="16384,65536", help="-nkvo depths (cache and attention on the CPU)")

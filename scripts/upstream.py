@@ -8,7 +8,7 @@ The pin lives in ``upstream.pin`` at the repository root.  ``prepare``:
 2. unpacks the sdist's llama.cpp tree into ``.upstream/llama.cpp-<commit12>/``
    (reused by later builds) and records the pristine tree as a git commit, so
    that ``git diff`` there shows exactly what the patches changed;
-3. applies ``patches/NNNN-*.patch`` in numeric order.  A patch that is already
+3. applies ``patches/*.patch`` in numeric order.  A patch that is already
    applied (it reverses cleanly; checked first) is skipped; a patch that applies
    neither in reverse nor forwards stops with a message naming it and the pin.
    No fuzz is allowed (a plain tree is patched with ``patch --fuzz=0``).

@@ -395,7 +395,7 @@ def check(c: Case, a: dict, out: np.ndarray, sel: np.ndarray | None) -> dict:
 
 
 def grid(quick: bool = False) -> list[Case]:
-    """The issue's grid: head sizes 64/80/128/256, S 1..~33000, r 1..d, k 1..beyond S,
+    """The kernels' test grid: head sizes 64/80/128/256, S 1..~33000, r 1..d, k 1..beyond S,
     l 0 and k/4, group sizes 1/4/8 with 1..8 KV heads, 1 and several query rows,
     masks with holes and padding, f16 and f32 caches."""
     cases = []

@@ -1,6 +1,8 @@
-"""A thin wrapper over llama.cpp's C API (through llama-cpp-python's ctypes bindings) for
-tests that drive the KV cache directly: several sequences, memory operations, state
-save/load, and the fork's SparQ settings, counters and checks."""
+"""The tests' shared helpers: the thread count, a ``Llama`` with the tests' defaults, random
+prompts, teacher-forced logits; and a thin wrapper over llama.cpp's C API (through
+llama-cpp-python's ctypes bindings) for tests that drive the KV cache directly: several
+sequences, memory operations, state save/load, and the fork's SparQ settings, counters and
+checks."""
 
 from __future__ import annotations
 
@@ -8,7 +10,16 @@ import ctypes
 
 import numpy as np
 
-N_THREADS = 2
+N_THREADS = 2  # the threads of every test context: the 2-core machines the figures come from
+
+
+def make_llm(model, n_ctx=2048, **kw):
+    """A ``Llama`` on ``model`` with the tests' defaults (N_THREADS threads, batch 512, seed 0,
+    quiet); ``kw`` adds settings or overrides a default."""
+    from llama_sparq import Llama
+
+    return Llama(str(model), **{"n_ctx": n_ctx, "n_threads": N_THREADS, "n_batch": 512, "verbose": False,
+                                "seed": 0, **kw})
 
 
 def llama_cpp():
@@ -161,7 +172,13 @@ class Ctx:
 
 
 def rand_tokens(rng, n, n_vocab):
+    """n random token ids from rng, above the special ones (0-2)."""
     return rng.integers(3, n_vocab, size=n).tolist()
+
+
+def rand_prompt(n, seed, n_vocab):
+    """A prompt of n tokens: BOS (1), then random ids from a generator seeded with seed."""
+    return [1] + rand_tokens(np.random.default_rng(seed), n - 1, n_vocab)
 
 
 def prefill(c: Ctx, seq, tokens, pos0=0):

@@ -1,4 +1,4 @@
-"""SparQ on CUDA (issue 12): the op against the CPU op (test-backend-ops), GPU-offloaded SparQ on
+"""SparQ on CUDA: the op against the CPU op (test-backend-ops), GPU-offloaded SparQ on
 Gemma 3 270M against CPU SparQ, and the counters that say where the op ran.
 
 Where no NVIDIA GPU is present every test here is skipped with the reason "no CUDA device: ...".

@@ -152,7 +152,7 @@ def test_nkvo_beside_an_rpc_host_runs_sparq_here(model4, tmp_path):
     """--no-kv-offload with the layers on an RPC host: the cache and SparQ's data stay in this
     process, so the op must run here too (its inputs there would be copied over the network at
     every step, and the report it writes is this process's memory: an RPC host running it
-    crashed). Same tokens as one process, every SparQ call counted here, the host still alive."""
+    would write to an address of another process). Same tokens as one process, every SparQ call counted here, the host still alive."""
     want, (n_sparq, _, _), _ = _completion(model4, [])
     with RpcServers(1, tmp_path) as rpc:
         got, (n_sparq_r, n_dense_r, n_dev_r), log = _completion(model4, ["--rpc", rpc.endpoints, "-ngl", "99", "-nkvo"],

@@ -11,9 +11,9 @@ import json
 import numpy as np
 import pytest
 
-from llama_sparq import reference
+from sparq_ctx import N_THREADS, make_llm, rand_prompt
 
-N_THREADS = 2
+from llama_sparq import reference
 
 VARIANTS = {
     "defaults": dict(),
@@ -31,17 +31,6 @@ VARIANTS = {
     "index": dict(sparq_selector="index", sparq_index_lists=16, sparq_index_probe=4),
     "index_per_head": dict(sparq_selector="index", sparq_index_lists=16, sparq_index_probe=4, sparq_gqa="per_head"),
 }
-
-
-def make_llm(model, n_ctx=2048, **kw):
-    from llama_sparq import Llama
-
-    return Llama(str(model), n_ctx=n_ctx, n_threads=N_THREADS, n_batch=512, verbose=False, seed=0, **kw)
-
-
-def rand_tokens(n, seed, n_vocab):
-    rng = np.random.default_rng(seed)
-    return [1] + rng.integers(3, n_vocab, size=n - 1).tolist()
 
 
 def check_calls_against_reference(calls, settings, min_calls):
@@ -129,11 +118,11 @@ def test_variant_op_equals_reference_on_graph_tensors(tiny_gqa_model, variant):
 
     settings = dict(sparq_r=8, sparq_k=64, sparq_l=16, sparq_min_kv=0, **VARIANTS[variant])
     llm = make_llm(tiny_gqa_model, **settings)
-    prompt = rand_tokens(600, 5, llm.n_vocab())
+    prompt = rand_prompt(600, 5, llm.n_vocab())
     llm.reset()
     llm.eval(prompt)
     with Capture(llm) as cap:
-        for t in rand_tokens(4, 6, llm.n_vocab()):
+        for t in rand_prompt(4, 6, llm.n_vocab()):
             llm.eval([t])
     check_calls_against_reference(cap.calls, settings, min_calls=2 * 4)
     st = llm.sparq_stats()
@@ -154,10 +143,10 @@ def test_calibrated_basis_keeps_data_exact(tiny_gqa_model, basis):
     """After the calibration (first SparQ step) K^T holds the keys in the new basis: the
     debug check recomputes it (rotating with the calibrated axes) and compares."""
     llm = make_llm(tiny_gqa_model, sparq_r=8, sparq_k=64, sparq_min_kv=0, sparq_basis=basis)
-    prompt = rand_tokens(500, 7, llm.n_vocab())
+    prompt = rand_prompt(500, 7, llm.n_vocab())
     llm.reset()
     llm.eval(prompt)
-    for t in rand_tokens(3, 8, llm.n_vocab()):
+    for t in rand_prompt(3, 8, llm.n_vocab()):
         llm.eval([t])
     from llama_sparq import _sparq
 
@@ -176,7 +165,7 @@ def test_pca_with_every_component_equals_dense(tiny_gqa_model):
 
     llm = make_llm(tiny_gqa_model, sparq_r=16, sparq_k=64, sparq_l=16, sparq_min_kv=0, sparq_basis="pca")
     llm.reset()
-    llm.eval(rand_tokens(400, 9, llm.n_vocab()))
+    llm.eval(rand_prompt(400, 9, llm.n_vocab()))
     with Capture(llm) as cap:
         llm.eval([7])
     for c in cap.calls:
@@ -215,7 +204,7 @@ def test_counters_cost_model_per_variant(tiny_gqa_model):
     size, which the counters use), the oracle all d components."""
     from llama_sparq import cost
 
-    prompt = rand_tokens(700, 11, 256)
+    prompt = rand_prompt(700, 11, 256)
     d, g = 16, 4
     out, mean_k = {}, {}
     for name, extra in (("paper", dict(sparq_basis="model")), ("per_head", dict(sparq_gqa="per_head")),
@@ -239,7 +228,7 @@ def test_counters_cost_model_per_variant(tiny_gqa_model):
 def test_counters_cost_model_of_the_baselines(tiny_gqa_model):
     """The paper's Appendix G: LM-Infinite moves 2kd + 2d, H2O 2kd + 2d + 2S (its scores read
     and written), against dense's 2Sd + 2d; neither reads K^T or the mean of V."""
-    prompt = rand_tokens(700, 11, 256)
+    prompt = rand_prompt(700, 11, 256)
     d, k = 16, 64
     S = len(prompt) + 1
     for sel, moved in (("streaming", 2 * k * d + 2 * d), ("h2o", 2 * k * d + 2 * d + 2 * S)):
@@ -260,7 +249,7 @@ def test_counters_count_the_keys_the_index_read(tiny_gqa_model):
     their estimate (an even share index_probe / index_lists of the cells) by that count."""
     from llama_sparq.capture import Capture, op_params, stream0
 
-    prompt = rand_tokens(700, 11, 256)
+    prompt = rand_prompt(700, 11, 256)
     d, k, l, C, p, g = 16, 64, 16, 16, 3, 4
     S = len(prompt) + 1
     for gqa, rows in (("shared", k), ("per_head", g * (k - l) + l)):

@@ -6,19 +6,17 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
 import sys
 from pathlib import Path
 
 import pytest
+from sparq_ctx import N_THREADS, make_llm
 
 try:
     import llama_sparq.models as M
 except ImportError:  # not installed and PYTHONPATH=py not given
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "py"))
     import llama_sparq.models as M
-
-N_THREADS = min(2, os.cpu_count() or 2)
 
 
 # ---------------------------------------------------------------- the recipe, without the real file
@@ -93,11 +91,9 @@ def test_chat_retrieval_with_sparq_forced_on(smollm2_model):
     """A pass key in ~1.3K tokens of filler, asked through the chat template: SparQ at k = 512
     (on every decode step: min_kv 0) answers it, and the counters show it ran. The prompt but
     its last token is prefilled first, so every answer token comes from a SparQ decode step."""
-    from llama_sparq import Llama
     from llama_sparq import eval as ev
 
-    llm = Llama(str(smollm2_model), n_ctx=2048, n_batch=512, n_threads=N_THREADS, verbose=False,
-                sparq=True, sparq_min_kv=0, sparq_k=512)
+    llm = make_llm(smollm2_model, n_ctx=2048, sparq=True, sparq_min_kv=0, sparq_k=512)
     tokens = ev.chat_tokenizer(llm)
     text, expected, n_ans = ev.make_sample("chat_passkey", 1300, 0.5, 11, tokens)
     toks = tokens(text)
@@ -149,11 +145,9 @@ def test_calibrated_default_answers_and_reports_per_layer(smollm2_model):
     the op's reports (every SparQ call measured) show a k that follows the layer: at least k_min
     everywhere, every cell on the diffuse first layer (its target is out of the cap's reach, so
     it attends densely), and the coverage target reached on most layers."""
-    from llama_sparq import Llama
     from llama_sparq import eval as ev
 
-    llm = Llama(str(smollm2_model), n_ctx=4096, n_batch=512, n_threads=N_THREADS, verbose=False,
-                sparq=True, sparq_min_kv=0)
+    llm = make_llm(smollm2_model, n_ctx=4096, sparq=True, sparq_min_kv=0)
     p = llm.sparq_params()
     assert (p["sparq_k"], p["sparq_coverage"], p["sparq_k_min"], p["sparq_k_frac"]) == (0, 0.95, 128, 0.25)
     tokens = ev.chat_tokenizer(llm)
@@ -184,11 +178,10 @@ def test_fixed_k_guard_warns_with_coverage_and_the_k_needed(smollm2_model, tmp_p
     and llama-completion's log has the one-line warning naming it."""
     import subprocess
 
-    from llama_sparq import Llama, tool_path
+    from llama_sparq import tool_path
     from llama_sparq import eval as ev
 
-    llm = Llama(str(smollm2_model), n_ctx=2048, n_batch=512, n_threads=N_THREADS, verbose=False,
-                sparq=True, sparq_min_kv=0, sparq_k=64)
+    llm = make_llm(smollm2_model, n_ctx=2048, sparq=True, sparq_min_kv=0, sparq_k=64)
     tokens = ev.chat_tokenizer(llm)
     text, _, _ = ev.make_sample("chat_passkey", 1300, 0.5, 3, tokens)
     toks = tokens(text)

@@ -10,23 +10,16 @@ import subprocess
 
 import numpy as np
 import pytest
-from sparq_ctx import teacher_forced
+import sparq_ctx
+from sparq_ctx import N_THREADS, rand_prompt, teacher_forced
 
 from llama_sparq import tool_path
 
-N_THREADS = 2
-
 
 def make_llm(model, n_ctx=2048, flash_attn=True, **kw):
-    from llama_sparq import Llama
-
-    return Llama(str(model), n_ctx=n_ctx, n_threads=N_THREADS, n_batch=512, verbose=False, seed=0,
-                 logits_all=True, flash_attn=flash_attn, **kw)
-
-
-def rand_tokens(n, seed, n_vocab):
-    rng = np.random.default_rng(seed)
-    return [1] + rng.integers(3, n_vocab, size=n - 1).tolist()
+    """The shared helper with every step's logits kept (the tests compare them) and, by default,
+    the flash-attention KV layout SparQ uses, so that dense and SparQ read the same cache."""
+    return sparq_ctx.make_llm(model, n_ctx, logits_all=True, flash_attn=flash_attn, **kw)
 
 
 def decode_greedy(llm, prompt, n):
@@ -57,7 +50,7 @@ def n_vocab(llm):
 def test_exact_settings_equal_dense_tiny(request, which):
     model = request.getfixturevalue(which)
     dense = make_llm(model)
-    prompt = rand_tokens(300, 1, n_vocab(dense))
+    prompt = rand_prompt(300, 1, n_vocab(dense))
     want, want_lg = decode_greedy(dense, prompt, 24)
     head = 16  # both tiny models have head size 16
     sp = make_llm(model, sparq_r=head, sparq_k=4096, sparq_min_kv=0)
@@ -111,7 +104,7 @@ def test_passkey_gemma_sparq_vs_dense(gemma_model):
     """Passkey in ~2700 tokens of filler at five depths, dense next to SparQ.
 
     The paper's step 1 (components ranked by |q|) at 1/8 compression loses the passkey on
-    Gemma 3 270M (README "Accuracy": one global layer's keys have very uneven spread); ranking
+    Gemma 3 270M (bench/README.md, "Root cause": one global layer's keys have very uneven spread); ranking
     by |q| times the keys' RMS (basis "scaled", the default) at the same r keeps it, as do the
     library's defaults. The paper's row is reported, not asserted.
     """
@@ -153,7 +146,7 @@ def test_passkey_gemma_sparq_vs_dense(gemma_model):
 
 def test_counters_tiny(tiny_model):
     sp = make_llm(tiny_model, sparq=True, sparq_k=32, sparq_min_kv=0)
-    prompt = rand_tokens(200, 2, n_vocab(sp))
+    prompt = rand_prompt(200, 2, n_vocab(sp))
     decode_greedy(sp, prompt, 10)
     st = sp.sparq_stats()
     assert st["n_sparq"] == 2 * 10
@@ -166,7 +159,7 @@ def test_counters_tiny(tiny_model):
 
 def test_short_context_stays_dense(tiny_model):
     sp = make_llm(tiny_model, sparq=True, sparq_min_kv=1024)
-    prompt = rand_tokens(100, 3, n_vocab(sp))
+    prompt = rand_prompt(100, 3, n_vocab(sp))
     decode_greedy(sp, prompt, 5)
     st = sp.sparq_stats()
     assert st["n_sparq"] == 0 and st["n_dense"]["short"] == 2 * 5
@@ -177,7 +170,7 @@ def test_threshold_counts_cells_in_use(tiny_model):
     the graph's KV view padded to 256 cells; the reused decode graph switches exactly
     at the crossing."""
     sp = make_llm(tiny_model, sparq=True, sparq_k=32, sparq_min_kv=110)
-    prompt = rand_tokens(100, 4, n_vocab(sp))
+    prompt = rand_prompt(100, 4, n_vocab(sp))
     decode_greedy(sp, prompt, 20)  # the decode steps hold 100, 101, ..., 119 cells
     st = sp.sparq_stats()
     assert st["n_dense"]["short"] == 2 * 10
@@ -216,7 +209,7 @@ def step(llm, tok):
 def test_cache_operations_keep_data_exact(tiny_gqa_model):
     sp = make_llm(tiny_gqa_model, sparq=True, sparq_k=32, sparq_min_kv=0)
     nv = n_vocab(sp)
-    prompt = rand_tokens(400, 4, nv)
+    prompt = rand_prompt(400, 4, nv)
     decode_greedy(sp, prompt, 8)
     assert debug_check(sp) <= 1e-3
     reb0 = sp.sparq_stats()["n_rebuilds"]
@@ -225,7 +218,7 @@ def test_cache_operations_keep_data_exact(tiny_gqa_model):
     n = sp.n_tokens
     assert sp._ctx.kv_cache_seq_rm(0, n - 50, -1)
     sp.n_tokens = n - 50
-    for t in rand_tokens(6, 5, nv)[1:]:
+    for t in rand_prompt(6, 5, nv)[1:]:
         step(sp, t)
     assert debug_check(sp) <= 1e-3
     assert sp.sparq_stats()["n_rebuilds"] > reb0
@@ -249,7 +242,7 @@ def test_cache_operations_keep_data_exact(tiny_gqa_model):
     # clearing
     sp.reset()
     sp._ctx.kv_cache_clear()
-    decode_greedy(sp, rand_tokens(300, 6, nv), 3)
+    decode_greedy(sp, rand_prompt(300, 6, nv), 3)
     assert debug_check(sp) <= 1e-3
 
 
@@ -257,12 +250,12 @@ def test_after_cache_ops_sparq_matches_a_fresh_context(tiny_gqa_model):
     """Same cache contents reached two ways give the same SparQ logits."""
     sp = make_llm(tiny_gqa_model, sparq=True, sparq_k=32, sparq_l=8, sparq_min_kv=0)
     nv = n_vocab(sp)
-    prompt = rand_tokens(500, 7, nv)
+    prompt = rand_prompt(500, 7, nv)
     decode_greedy(sp, prompt, 4)
     n = sp.n_tokens
     sp._ctx.kv_cache_seq_rm(0, n - 60, -1)
     sp.n_tokens = n - 60
-    tail = rand_tokens(8, 8, nv)[1:]
+    tail = rand_prompt(8, 8, nv)[1:]
     got = [step(sp, t) for t in tail]
     fresh = make_llm(tiny_gqa_model, sparq=True, sparq_k=32, sparq_l=8, sparq_min_kv=0)
     fresh.eval(list(sp.input_ids[: n - 60]))
@@ -321,7 +314,7 @@ def decode_alone_and_together(model_path, prompts, settings, n_steps, n_ctx_per_
 def test_two_sequences_in_one_batch_equal_single_runs(tiny_gqa_model):
     """Two sequences decoding together (one KV stream each) equal their own runs."""
     nv = n_vocab(make_llm(tiny_gqa_model))
-    prompts = [rand_tokens(300, 11, nv), rand_tokens(260, 12, nv)]
+    prompts = [rand_prompt(300, 11, nv), rand_prompt(260, 12, nv)]
     settings = dict(enabled=True, r=16, k=4096, l=0, min_kv=0, all_rows=False)  # exact settings
     st = decode_alone_and_together(tiny_gqa_model, prompts, settings, 6, 2048, 1e-3)
     assert st["n_sparq"] == 2 * 6 and st["n_dense"]["shared_stream"] == 0, st
@@ -329,9 +322,9 @@ def test_two_sequences_in_one_batch_equal_single_runs(tiny_gqa_model):
 
 def test_three_sequences_decoding_together_with_selection_equal_single_runs(tiny_gqa_model):
     """Three sequences decoding together in one batch (one KV stream each, kv_unified off),
-    k < S so selection runs, equal to each sequence decoded alone (issue 10 item 7)."""
+    k < S so selection runs, equal to each sequence decoded alone."""
     nv = n_vocab(make_llm(tiny_gqa_model))
-    prompts = [rand_tokens(300, 21, nv), rand_tokens(260, 22, nv), rand_tokens(420, 23, nv)]
+    prompts = [rand_prompt(300, 21, nv), rand_prompt(260, 22, nv), rand_prompt(420, 23, nv)]
     settings = dict(enabled=True, r=4, k=32, l=8, min_kv=0, all_rows=False)  # k < S: sparse
     n_steps = 6
     # alone: both layers run SparQ at every step
@@ -347,9 +340,9 @@ def test_capture_per_step_sees_every_step_with_graph_reuse(tiny_gqa_model):
 
     sp = make_llm(tiny_gqa_model, sparq=True, sparq_r=4, sparq_k=32, sparq_l=8, sparq_min_kv=0)
     nv = n_vocab(sp)
-    sp.eval(rand_tokens(200, 41, nv))
+    sp.eval(rand_prompt(200, 41, nv))
     counts = []
-    for t in rand_tokens(4, 42, nv)[1:]:
+    for t in rand_prompt(4, 42, nv)[1:]:
         with Capture(sp) as cap:
             sp.eval([t])
         counts.append(len(cap.calls))
@@ -372,7 +365,7 @@ def test_window_after_a_context_shift_holds_the_most_recent_positions(tiny_gqa_m
     nv = n_vocab(sp)
     n = 400
     sp.reset()
-    sp.eval(rand_tokens(n, 31, nv))          # cells 0..n-1 hold positions 0..n-1
+    sp.eval(rand_prompt(n, 31, nv))          # cells 0..n-1 hold positions 0..n-1
     pos_of = {c: c for c in range(n)}
     sp._ctx.kv_cache_seq_rm(0, 10, 110)      # frees cells 10..109
     sp._ctx.kv_cache_seq_shift(0, 110, n, -100)
@@ -381,7 +374,7 @@ def test_window_after_a_context_shift_holds_the_most_recent_positions(tiny_gqa_m
     for c in range(110, n):
         pos_of[c] -= 100
     sp.n_tokens = n - 100
-    steps = rand_tokens(6, 32, nv)[1:]
+    steps = rand_prompt(6, 32, nv)[1:]
     with Capture(sp) as cap:
         for t in steps:
             sp.eval([t])
@@ -421,7 +414,7 @@ def test_quantized_cache_is_refused_with_its_reason(tmp_path):
                                            r"K or V cache is not f16/f32\)"):
         make_llm(model, sparq=True, sparq_min_kv=0, type_k=llama_cpp.GGML_TYPE_Q8_0, type_v=llama_cpp.GGML_TYPE_Q8_0)
     dense = make_llm(model, type_k=llama_cpp.GGML_TYPE_Q8_0, type_v=llama_cpp.GGML_TYPE_Q8_0)
-    decode_greedy(dense, rand_tokens(100, 9, n_vocab(dense)), 3)  # the same context runs without SparQ
+    decode_greedy(dense, rand_prompt(100, 9, n_vocab(dense)), 3)  # the same context runs without SparQ
 
 
 def test_transposed_v_cache_is_refused_by_set_sparq(tiny_model):
@@ -478,7 +471,7 @@ def test_settings_survive_pickling(tiny_model):
 
 def test_changing_settings_invalidates_graph_reuse(tiny_model):
     sp = make_llm(tiny_model, sparq=True, sparq_k=32, sparq_min_kv=0)
-    prompt = rand_tokens(300, 10, n_vocab(sp))
+    prompt = rand_prompt(300, 10, n_vocab(sp))
     decode_greedy(sp, prompt, 3)
     assert sp.sparq_stats()["n_sparq"] == 6
     sp.set_sparq(sparq=False)
@@ -495,7 +488,7 @@ def test_all_rows_mode_runs_sparq_on_prompt_batches(tiny_gqa_model):
     """Teacher-forced evaluation: SparQ on every query row of a ubatch (off by default)."""
     sp = make_llm(tiny_gqa_model, sparq_k=16, sparq_min_kv=0, sparq_all_rows=True)
     nv = n_vocab(sp)
-    sp.eval(rand_tokens(300, 13, nv))          # one prompt ubatch: SparQ on each of its rows
+    sp.eval(rand_prompt(300, 13, nv))          # one prompt ubatch: SparQ on each of its rows
     st = sp.sparq_stats()
     assert st["n_sparq"] == 2 and st["n_dense"]["prefill"] == 0, st
     step(sp, 5)
@@ -545,7 +538,7 @@ def test_bench_fill_is_a_valid_cache(tiny_gqa_model):
 
 
 def test_v_sums_stay_exact_at_1m_cells(tmp_path):
-    """Issue 10 item 3: the V sums at 1M cells. A synthetic fill of 2^20 - 4096 cells (the
+    """The V sums at 1M cells, where f32 rounding would show. A synthetic fill of 2^20 - 4096 cells (the
     first SparQ step rebuilds the sums in f64), then 600 decode steps, each appending its
     values to the f32 sums in the graph: llama_sparq_debug_check stays within the tests'
     tolerance (1e-3). A plain f32 += drifted to ~1.7e-3 here (half an ulp of |sum| ~ 1e3 per
@@ -584,10 +577,9 @@ def test_cache_over_2_24_cells_is_refused(tmp_path):
 
 
 def test_128_query_heads_on_one_kv_head_decode_with_sparq(tmp_path):
-    """Issue 10 item 3's reproduction: a model with 128 query heads on one KV head (group size
-    128; the kernel had a fixed 64-entry array and aborted with "group size 128 (max 64)").
-    SparQ now runs it with selection (k < S), shared and per-head, and the op's output equals
-    the reference on the captured tensors."""
+    """A model with 128 query heads on one KV head (group size 128, beyond any small fixed
+    per-group array in the kernel): SparQ runs it with selection (k < S), shared and per-head,
+    and the op's output equals the reference on the captured tensors."""
     from llama_sparq import Llama, reference
     from llama_sparq.capture import Capture, op_params, stream0
     from llama_sparq.models import make_tiny_llama
@@ -619,7 +611,7 @@ def test_calibrated_k_runs_a_diffuse_layer_dense_between_checks(tiny_gqa_model, 
     attention for 16, then 32, ... steps between checks (reason `diffuse`), without step 1's
     reads; the logits stay those of the op's own dense rows (LLAMA_SPARQ_NO_DIFFUSE_SKIP), and
     graph reuse follows the stretches (a check every time one ends)."""
-    prompt = rand_tokens(700, 5, 256)
+    prompt = rand_prompt(700, 5, 256)
     n = 40
 
     def run(skip):
@@ -644,3 +636,43 @@ def test_calibrated_k_runs_a_diffuse_layer_dense_between_checks(tiny_gqa_model, 
     assert st1["n_sparq"] == 2 * 2, st1
     assert t1 == t0
     assert np.abs(lg1 - lg0).max() <= 1e-3 * np.abs(lg0).max()
+
+
+# every boolean LLAMA_SPARQ_* switch of libllama (ggml-sparq/llama/llama-sparq-env.cpp)
+ENV_SWITCHES = ("LLAMA_SPARQ_GRAPH_REBUILD", "LLAMA_SPARQ_HOST_REBUILD", "LLAMA_SPARQ_NO_DIFFUSE_SKIP")
+
+
+@pytest.mark.parametrize("value, on", [(None, False), ("", False), ("0", False), ("false", False), ("off", False),
+                                       ("1", True), ("true", True), ("on", True), ("yes", None), ("2", None)])
+def test_env_switches_parse_one_way(tiny_model, monkeypatch, capfd, value, on):
+    """Every switch reads its value the same way: "0" is off like unset (a switch that only
+    asked "is it set" would turn on here), and a value that is neither on nor off is said on
+    stderr with the accepted values, then taken as off. A switch that is on is logged when the
+    context's SparQ state is made, which is what this checks."""
+    for name in ENV_SWITCHES:
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    capfd.readouterr()
+    llm = make_llm(tiny_model, n_ctx=256, verbose=True, sparq=True)
+    err = capfd.readouterr().err
+    llm.close()
+    for name in ENV_SWITCHES:
+        assert (f"llama_sparq: {name} on:" in err) == bool(on), (name, value, err[-3000:])
+        bad = f"llama_sparq: {name}={value} is not a switch value: use 1, true or on"
+        assert (bad in err) == (on is None), (name, value, err[-3000:])
+
+
+@pytest.mark.parametrize("value, skip", [("0", True), ("off", True), ("1", False)])
+def test_no_diffuse_skip_zero_keeps_the_dense_stretches(tiny_gqa_model, monkeypatch, value, skip):
+    """LLAMA_SPARQ_NO_DIFFUSE_SKIP=0 behaves as unset: the diffuse layers' dense stretches run
+    (a check, then dense steps); =1 turns them off (every step runs the op)."""
+    monkeypatch.setenv("LLAMA_SPARQ_NO_DIFFUSE_SKIP", value)
+    llm = make_llm(tiny_gqa_model, sparq=True, sparq_min_kv=0, sparq_k_min=16)
+    decode_greedy(llm, rand_prompt(700, 5, 256), 2)
+    st = llm.sparq_stats()
+    llm.close()
+    # per layer (2): the first step checks (SparQ), the second starts the dense stretch
+    want = (2, 2) if skip else (0, 4)
+    assert (st["n_dense"]["diffuse"], st["n_sparq"]) == want, st

@@ -100,7 +100,7 @@ def test_sparq_refused_when_no_layer_can_run_it(tmp_path):
 
 @pytest.fixture(scope="module")
 def gemma_load(gemma_model, tmp_path_factory):
-    """Issue 10 item 8's load, run once: llama-server on loopback with its default slots (4) and
+    """A concurrent load, run once: llama-server on loopback with its default slots (4) and
     --sparq, 16 concurrent greedy completions of 2K-3K-token prompts, then each alone (2K-6K:
     bench/server_load.py, which takes too long for the suite on 2 cores)."""
     log = tmp_path_factory.mktemp("server") / "server.log"
@@ -417,7 +417,7 @@ def test_server_schedule_every_stream_equals_reference(tiny_gqa_model):
 def test_load_sweep_tiny_writes_the_table(tiny_model, tmp_path):
     """bench/server_load.py --sweep on the tiny model: a row per variant and (requests, slots), no
     SparQ mismatch and no error, SparQ calls in the SparQ rows only, throughput and latencies
-    written (the Gemma sweep of the issue is a command: bench/results/server_load_sweep.md)."""
+    written (the Gemma sweep takes an hour: its record is bench/results/server_load_sweep.md)."""
     from server_load import main as load_main
 
     rc = load_main(["--model", str(tiny_model), "--sweep", "4x2,6x3", "--min-tokens", "150", "--max-tokens", "300",

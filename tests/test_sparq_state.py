@@ -54,7 +54,7 @@ def test_python_debug_check_and_sync(tiny_gqa_model):
 
 def test_reenable_after_same_length_reprefill(model):
     """SparQ off, the context re-prefilled with another prompt of the same length, SparQ on:
-    the data is rebuilt (the issue's Gemma reproduction, on the tiny model)."""
+    the data is rebuilt (the cells keep their positions: only their content versions say the data is stale)."""
     rng = np.random.default_rng(1)
     a, b = rand_tokens(rng, 200, model.n_vocab), rand_tokens(rng, 200, model.n_vocab)
     toks = rand_tokens(rng, 4, model.n_vocab)

@@ -1,5 +1,5 @@
 // llama-sparq: the CPU backend's entry points for GGML_OP_SPARQ_ATTN.
-// Included by ggml-cpu.c (patch 0002); defined in ggml-sparq/ggml-sparq-cpu.cpp.
+// Included by ggml-cpu.c (patch 0002); defined in ggml-sparq/cpu/ggml-sparq-cpu.cpp.
 #pragma once
 
 #include "ggml.h"

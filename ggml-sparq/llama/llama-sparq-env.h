@@ -1,26 +1,34 @@
 // llama-sparq: the environment switches of libllama's SparQ code, read in one place
 // (llama-sparq-env.cpp). They are for tests and comparisons; the defaults are the product's path.
+// Every switch is on or off, parsed one way (sparq_env_flag): unset, "", "0", "false" and "off"
+// are off; "1", "true" and "on" are on; any other value is said on stderr and taken as off, so a
+// typo never turns a comparison path on without a word.
 #pragma once
 
 struct sparq_env {
     // LLAMA_SPARQ_GRAPH_REBUILD: a stream rebuild runs as a ggml graph on the backend of the
     // device holding the cache (llama-sparq-rebuild-device.cpp) also when the cache is in host
     // memory (the CPU backend), so that the tests check that path on machines without a GPU.
-    // On when the value parses (atoi) to an integer other than 0: "1", "2", "-1", "1abc";
-    // off when unset or "0", "", "abc". With a GPU the graph rebuild runs anyway.
+    // With a GPU the graph rebuild runs anyway.
     bool graph_rebuild = false;
     // LLAMA_SPARQ_HOST_REBUILD: stream rebuilds always take the host path
     // (llama-sparq-rebuild-host.cpp), never the device graph, for comparisons.
-    // On when the variable is set at all, whatever its value ("1", "0" and "" alike); off when unset.
     bool host_rebuild = false;
     // LLAMA_SPARQ_NO_DIFFUSE_SKIP: the calibrated k never runs a diffuse layer's dense stretch
     // (LLAMA_SPARQ_DENSE_DIFFUSE): every step runs the op, which attends densely where it must
-    // (for comparisons and tests of the op's own dense rows). On when set at all; off when unset.
+    // (for comparisons and tests of the op's own dense rows). Note the inversion: the switch on
+    // means diffuse_skip false.
     bool diffuse_skip = true;
 };
+
+// The switch `name` from the environment: false when unset or "", "0", "false", "off"; true for
+// "1", "true", "on" (lower case); any other value: a line on stderr naming the variable, its
+// value and the accepted values, then false.
+bool sparq_env_flag(const char * name);
 
 // The switches as the environment holds them now. Called once per context, when its SparQ state
 // is made (llama-sparq-api.cpp), and kept in llama_sparq_ctx::env: a process may change them
 // between contexts (tests/test_cuda.py sets LLAMA_SPARQ_GRAPH_REBUILD for one context and unsets
-// it for the next), never under a running one.
+// it for the next), never under a running one. Each switch that is on is logged (info), so that a
+// run's log says when it took a comparison path.
 sparq_env sparq_env_read();

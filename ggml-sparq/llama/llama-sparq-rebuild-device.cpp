@@ -92,7 +92,7 @@ static void sparq_rebuild_layer_device(llama_sparq_ctx & S, size_t ikv, uint32_t
     }
 }
 
-// The rebuild of one stream on the device that holds the cache (issue 12, item 3): a ggml graph
+// The rebuild of one stream on the device that holds the cache: a ggml graph
 // per layer on the context's backend for that device transposes K into K^T and sums V and k^2
 // over the stream's used cells (minus `skip`), in chunks of cells, in device memory; only a 0/1
 // weight per used cell goes to the device, no layer comes to the host. The sums are f32 products

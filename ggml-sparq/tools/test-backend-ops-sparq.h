@@ -1,5 +1,5 @@
 // llama-sparq: test-backend-ops cases for GGML_OP_SPARQ_ATTN.
-// Included by tests/test-backend-ops.cpp (patch 0003) after its own test cases;
+// Included by upstream's tests/test-backend-ops.cpp (patch 0003) after its own test cases;
 // uses that file's test_case, VARS_TO_STR*, init_tensor_* helpers and test_flash_attn_ext.
 //
 // Eval mode compares another backend (CUDA) with the CPU on tie-proof inputs (sparq-tie-proof.h):

@@ -3,7 +3,7 @@
 // to compare with the NumPy reference.
 //
 //   sparq-op-test direct CASE OUT [--isa scalar|avx2|avx512|neon] [--threads N]
-//       the kernel layer (ggml-sparq/sparq-cpu.h) on N std::threads
+//       the kernel layer (ggml-sparq/cpu/sparq-cpu.h) on N std::threads
 //   sparq-op-test ggml CASE OUT [--threads N]
 //       the op through ggml: ggml_sparq_attn in a graph computed by the CPU
 //       backend (the ISA comes from GGML_SPARQ_ISA)

@@ -243,8 +243,8 @@ def op(args, meta):
         p = run(cmd, env=env, timeout=7200)
         cmds.append("SPARQ_PERF_GPU=1 " + shlex.join(cmd))
         res += parse_perf(p.stdout)
-    # the selection's other way on the same cases: the tiled radix chain everywhere (the default
-    # takes the one-kernel select for lists up to 32K cells), so each row shows both
+    # the selection's other way on the same cases: radix passes over each list everywhere (the
+    # default ranks the cells of the bin at the k-th key in shared memory), so each row shows both,
     # and the attend stage's: one block per (row, KV head) everywhere (the default splits each
     # one's cells over several blocks while there are few of them, as at batch 1)
     alt = {}
@@ -277,7 +277,8 @@ def op(args, meta):
         # bytes each op must read (the cost model: K^T's r rows, k rows of K and V, per KV head and sequence)
         b_sp = ns * float(cost.bytes_moved(S, 128, rr, k, 2, 32))
         b_fa = ns * float(cost.bytes_moved(S, 128, rr, k, 2, 32, sparq=False))
-        rows.append({"S": S, "batch": ns, "r": rr, "k": k, "sparq_us": r["us_per_run"], "flash_attn_us": dense_us,
+        rows.append({"S": S, "batch": ns, "r": rr, "k": k, "calibrated": float(v.get("cov_p", "0") or 0) > 0,
+                     "sparq_us": r["us_per_run"], "flash_attn_us": dense_us,
                      "sparq_us_radix_select": radix.get(tuple(sorted(v.items()))),
                      "sparq_us_single_attend": single.get(tuple(sorted(v.items()))),
                      "speedup": sp, "compression": ratio, "bound": 1.0 / ratio,
@@ -359,10 +360,11 @@ def report(tag) -> None:
             lines += ["", "Failed runs: " + "; ".join(f"{r['config']} at S = {r['S']}" for r in errs)]
     if o:
         lines += ["", "## The op against CUDA flash attention (test-backend-ops perf, Llama 2 7B attention: 32 heads of 128, F16)", "",
-                  "| commit | S | batch | r | k | SparQ us | SparQ us, radix-chain select | SparQ us, one attend block per unit | flash attn us | speedup | bound M_dense/M_sparq | fraction of bound | SparQ GB/s | flash attn GB/s |",
+                  "| commit | S | batch | r | k | SparQ us | SparQ us, select by radix passes | SparQ us, one attend block per unit | flash attn us | speedup | bound M_dense/M_sparq | fraction of bound | SparQ GB/s | flash attn GB/s |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in sorted(o["rows"], key=lambda r: (r["batch"], r["S"], r["r"], r["k"], r.get("commit", ""))):
-            lines.append(f"| {r.get('commit', str(o['meta']['commit'])[:12])} | {r['S']} | {r['batch']} | {r['r']} | {r['k']} | {_fmt(r['sparq_us'], 1)} | {_fmt(r.get('sparq_us_radix_select'), 1)} | {_fmt(r.get('sparq_us_single_attend'), 1)} | {_fmt(r['flash_attn_us'], 1)} | "
+            kcol = f"{r['k']} (calibrated: its cap; bound and fraction by the cap)" if r.get("calibrated") else r["k"]
+            lines.append(f"| {r.get('commit', str(o['meta']['commit'])[:12])} | {r['S']} | {r['batch']} | {r['r']} | {kcol} | {_fmt(r['sparq_us'], 1)} | {_fmt(r.get('sparq_us_radix_select'), 1)} | {_fmt(r.get('sparq_us_single_attend'), 1)} | {_fmt(r['flash_attn_us'], 1)} | "
                          f"{_fmt(r['speedup'])} | {_fmt(r['bound'])} | {_fmt(r['fraction_of_bound'])} | "
                          f"{_fmt(r.get('sparq_GBps'), 0)} | {_fmt(r.get('flash_attn_GBps'), 0)} |")
     (OUT / f"gpu_{tag}.md").write_text("\n".join(lines) + "\n")
@@ -417,7 +419,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-attend-ab", dest="attend_ab", action="store_false",
                     help="op: skip the SPARQ_ATTN run with one attend block per unit (LLAMA_SPARQ_CUDA_ATTEND=single)")
     ap.add_argument("--no-select-ab", dest="select_ab", action="store_false",
-                    help="op: skip the second SPARQ_ATTN run with the radix-chain select (LLAMA_SPARQ_CUDA_SELECT=radix)")
+                    help="op: skip the second SPARQ_ATTN run with the select's radix passes forced (LLAMA_SPARQ_CUDA_SELECT=radix)")
     ap.add_argument("--report", action="store_true", help="only write gpu_<tag>.md and .png from the result files")
     args = ap.parse_args(argv)
     if args.report:

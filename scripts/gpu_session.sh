@@ -12,8 +12,11 @@
 #   grid      the SPARQ_ATTN grid of test-backend-ops on CUDA0 against the CPU op and the selectors
 #             (tests/test_cuda.py without the ones that need Gemma 3 270M, and without the emulator
 #             and graph-rebuild tests, which need no GPU)
-#   op        bench/gpu_sweep.py --only op: the op against CUDA flash attention, with the radix-chain
-#             select and the one-block attend as A/B columns
+#   timeline  bench/gpu_timeline.py: Nsight Systems (nsys, or $NSYS) over llama-bench decode steps at
+#             4K and 64K, dense -fa 1 and SparQ: each kernel per layer, launches, copies, syncs and
+#             whether CUDA graphs captured the step (gpu_timeline_<tag>.md under bench/results/)
+#   op        bench/gpu_sweep.py --only op: the op against CUDA flash attention, with the radix
+#             passes of the select and the one-block attend as A/B columns
 #   e2e       bench/gpu_sweep.py --only e2e, batch 1 at $E2E_DEPTHS (default 0 to 128K), dense -fa 1
 #             and -fa 0 and SparQ, batch 4 at $E2E_DEPTHS_BATCH (default 16K, 32K)
 #   nkvo      the -nkvo runs (weights on the GPU, cache and attention on the host) at $NKVO_DEPTHS
@@ -112,6 +115,12 @@ step_e2e() {
         --depths-batch "${E2E_DEPTHS_BATCH:-16384,32768}" --nkvo-depths "" --n-gen 16
 }
 
+step_timeline() {
+    local nsys=${NSYS:-$(command -v nsys || ls /opt/nvidia/nsight-systems*/*/bin/nsys /usr/local/cuda/bin/nsys 2> /dev/null | head -n 1)}
+    [ -n "$nsys" ] && [ -x "$nsys" ] || { say "timeline: no nsys (Nsight Systems) found (set NSYS=...)"; return 2; }
+    logged timeline "$PY" bench/gpu_timeline.py --nsys "$nsys" --tag "$(gpu_tag)" --work "$OUT/gpu-timeline"
+}
+
 step_nkvo() {
     logged nkvo "$PY" bench/gpu_sweep.py --only e2e --tag "$(gpu_tag)_nkvo" --depths "" --depths-batch "" \
         --nkvo-depths "${NKVO_DEPTHS:-16384,65536}" --n-gen 16
@@ -158,8 +167,8 @@ step_results() {
 [ $# -gt 0 ] || { sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 2; }
 for s in "$@"; do
     case "$s" in
-        install|grid|op|e2e|nkvo|profile|gemma|tests|results) ;;
-        *) echo "gpu_session: unknown step '$s' (install grid op e2e nkvo profile gemma tests results)" >&2; exit 2 ;;
+        install|grid|timeline|op|e2e|nkvo|profile|gemma|tests|results) ;;
+        *) echo "gpu_session: unknown step '$s' (install grid timeline op e2e nkvo profile gemma tests results)" >&2; exit 2 ;;
     esac
 done
 status=0

@@ -315,6 +315,37 @@ def test_cuda_kernels_emulated_equal_the_cpu_op(case, select, attend):
 
 
 # ---------------------------------------------------------------------------
+# what lets CUDA graphs replay a SparQ step, checked on the CPU (no GPU needed)
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("k", ["16", "0"], ids=["fixed-k", "calibrated"])
+def test_sparq_decode_graphs_are_reused_as_dense(tiny_gqa_model, k):
+    """ggml's CUDA backend replays a captured CUDA graph as long as llama.cpp reuses the decode
+    graph (its uid does not change, so no node is compared); a SparQ node or input that changed
+    every step would force a new graph, an instantiation and direct launches each step. Here, on
+    the CPU: a 40-token decode reuses its graph as often with SparQ as dense does (one build for
+    the first SparQ step aside). With the calibrated k the diffuse stretches, which change the
+    graph when they start and end, are off, as they are for a cache on a GPU."""
+    prompt = " ".join(f"w{i % 50}" for i in range(250))  # about 1000 tokens
+
+    def reused(extra):
+        env = dict(os.environ, LLAMA_SPARQ_NO_DIFFUSE_SKIP="1")
+        res = subprocess.run([str(tool_path("llama-completion")), "-m", str(tiny_gqa_model), "-p", prompt, "-n", "40",
+                              "-no-cnv", "--temp", "0", "-t", "2", "-c", "2048", "-v", *extra], capture_output=True,
+                             text=True, errors="replace", timeout=300, stdin=subprocess.DEVNULL, env=env)
+        assert res.returncode == 0, res.stderr[-3000:]
+        m = re.search(r"graphs reused\s*=\s*(\d+)", res.stderr)
+        assert m, res.stderr[-3000:]
+        return int(m.group(1)), res.stderr
+
+    dense, _ = reused([])
+    sparq, log = reused(["--sparq", "--sparq-k", k, "--sparq-min-kv", "0"])
+    m = re.search(r"SparQ calls = (\d+)", log)
+    assert m and int(m.group(1)) >= 2 * 39, log[-2000:]  # 2 layers, every decode step SparQ
+    assert dense >= 30 and sparq >= dense - 1, (dense, sparq)
+
+
+# ---------------------------------------------------------------------------
 # the device rebuild's graph, checked on the CPU (no GPU needed)
 # ---------------------------------------------------------------------------
 

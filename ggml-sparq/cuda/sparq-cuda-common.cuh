@@ -313,9 +313,11 @@ static __device__ void sparq_unit_stats(const sparq_cu_args & a, int u, int hh, 
     *Z = z;
 }
 
-// whether cell s of row R is in the given window (a.win set)
+// whether cell s of row R is in the given window (a.win set); the select kernel's tiles set these
+// bits for the list's last block in the same launch, so the load goes to L2 (__ldcg), past any
+// stale L1 line
 static __device__ __forceinline__ bool sparq_win_bit(const sparq_cu_args & a, int R, int s) {
-    return (a.wbits[(size_t) R * a.W + (s >> 5)] >> (s & 31)) & 1u;
+    return (__ldcg(a.wbits + (size_t) R * a.W + (s >> 5)) >> (s & 31)) & 1u;
 }
 
 // the keys of list li

@@ -29,7 +29,7 @@ extern "C" {
 
 // Bumped whenever a struct or function of this header changes incompatibly.
 // The Python package refuses a library whose ABI differs from its own.
-#define LLAMA_SPARQ_ABI_VERSION 8
+#define LLAMA_SPARQ_ABI_VERSION 9
 
 // "llama-sparq <version> abi <n> llama.cpp <commit>" (also declared in llama.h by patch 0001)
 LLAMA_API const char * llama_sparq_version(void);
@@ -232,6 +232,7 @@ LLAMA_API int32_t llama_sparq_bench_fill(struct llama_context * ctx, int32_t n_t
 LLAMA_API void llama_sparq_debug_set_eval_callback(struct llama_context * ctx, ggml_backend_sched_eval_callback cb,
                                                    void * user_data);
 
+// Not SparQ: a general addition to llama.cpp (ggml-sparq/fixes/llama-rpc-devices.cpp).
 // The device list (llama_model_params.devices, NULL-terminated) for a model that offloads to
 // the n_endpoints ggml RPC servers named in endpoints ("host:port" each) besides the devices
 // llama.cpp would take by default: those servers' devices first, as llama.cpp orders RPC
@@ -241,8 +242,8 @@ LLAMA_API void llama_sparq_debug_set_eval_callback(struct llama_context * ctx, g
 // when it cannot connect to a server: the Python package checks the connections first. out
 // holds max_out pointers (ggml_backend_dev_t). Returns the number of devices (the terminator
 // not counted), or -1 with err saying why.
-LLAMA_API int32_t llama_sparq_model_devices(const char * const * endpoints, int32_t n_endpoints, void ** out,
-                                            int32_t max_out, char * err, size_t err_size);
+LLAMA_API int32_t llama_rpc_model_devices(const char * const * endpoints, int32_t n_endpoints, void ** out,
+                                          int32_t max_out, char * err, size_t err_size);
 
 // The names of the enums' values, as the front ends (Python, --sparq-* flags, llama-bench)
 // accept and print them; NULL for a value out of range (0 .. <enum>_COUNT - 1).

@@ -2,7 +2,8 @@
 // Included by upstream's tests/test-backend-ops.cpp (patch 0003) after its own test cases;
 // uses that file's test_case, VARS_TO_STR*, init_tensor_* helpers and test_flash_attn_ext.
 //
-// Eval mode compares another backend (CUDA) with the CPU on tie-proof inputs (sparq-tie-proof.h):
+// Eval mode compares another backend (CUDA) with the CPU on tie-proof inputs
+// (tests/native/sparq-tie-proof.h):
 // any difference in the cells chosen is a bug.
 #pragma once
 

@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 
 # Must equal LLAMA_SPARQ_ABI in CMakeLists.txt / LLAMA_SPARQ_ABI_VERSION in llama-sparq.h.
-ABI_VERSION = 8
+ABI_VERSION = 9
 PACKAGE_VERSION = "0.1.0"
 
 _REINSTALL = ("rebuild and reinstall the package from the repository root with `make install` "

@@ -222,7 +222,7 @@ def set_eval_callback(ctx, callback_address: int | None, user_data=None) -> None
 def rpc_model_devices(servers):
     """The devices (their addresses, for llama_model_params.devices) of a model that offloads to
     ggml RPC servers, ``"host:port,host:port"`` or a list of them, besides the
-    devices llama.cpp takes by default (llama_sparq_model_devices). Each endpoint is parsed and
+    devices llama.cpp takes by default (llama_rpc_model_devices). Each endpoint is parsed and
     connected to first, since ggml's RPC backend aborts the process on a bad endpoint or an
     unreachable server; raises ValueError naming the endpoint."""
     import socket
@@ -249,7 +249,7 @@ def rpc_model_devices(servers):
     cap = 256
     out = b.ffi.new("void *[]", cap)
     err = b.ffi.new("char[]", 512)
-    n = library().llama_sparq_model_devices(b.ffi.new("const char *[]", names), len(names), out, cap, err, len(err))
+    n = library().llama_rpc_model_devices(b.ffi.new("const char *[]", names), len(names), out, cap, err, len(err))
     if n < 0:
         raise ValueError(b.ffi.string(err).decode("utf-8", "replace"))
     return [int(b.ffi.cast("uintptr_t", out[i])) for i in range(n)]

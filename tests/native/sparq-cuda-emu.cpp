@@ -14,7 +14,7 @@
 // scalar: 1 forces the one-cell K^T loads; cov_p > 0: the calibrated k (coverage target cov_p, at
 // least k_min cells, each row's cap from k_frac of its valid cells when k_frac > 0).
 // SPARQ_EMU_ORDER=seq runs the blocks in order. Prints "OK nmse=... launches=N ..." or "FAIL ..."
-// and exits 0 / 1. The inputs are tie-proof (ggml-sparq/op/sparq-tie-proof.h: query large on r
+// and exits 0 / 1. The inputs are tie-proof (tests/native/sparq-tie-proof.h: query large on r
 // components, keys level * sign there, levels i / 1024), so the selections must be equal.
 
 #include "sparq-cpu.h"

@@ -1,5 +1,6 @@
-// llama-sparq: assertions during a model load become load errors (see llama-sparq-load-guard.h).
-#include "llama-sparq-load-guard.h"
+// llama-sparq, a general llama.cpp fix: assertions during a model load become load errors (see
+// llama-model-load-guard.h).
+#include "llama-model-load-guard.h"
 
 #include "ggml.h"
 #include "llama-hparams.h"
@@ -12,34 +13,34 @@
 
 extern "C" void ggml_print_backtrace(void); // ggml-impl.h (exported by ggml-base)
 
-static thread_local int g_sparq_loading = 0;
-static ggml_abort_callback_t g_sparq_prev_abort = nullptr;
+static thread_local int g_loading = 0;
+static ggml_abort_callback_t g_prev_abort = nullptr;
 
 // ggml_abort calls this with its message and aborts if it returns. ggml's C sources are built
 // with -fexceptions (ggml-sparq/CMakeLists.txt), so the exception unwinds through ggml_abort.
-static void sparq_abort_callback(const char * message) {
-    if (g_sparq_loading > 0) {
+static void load_guard_abort_callback(const char * message) {
+    if (g_loading > 0) {
         throw std::runtime_error(std::string("invalid model file: ") + message);
     }
-    if (g_sparq_prev_abort) {
-        g_sparq_prev_abort(message);
+    if (g_prev_abort) {
+        g_prev_abort(message);
         return;
     }
     fprintf(stderr, "%s\n", message); // ggml's default: the message, then its backtrace
     ggml_print_backtrace();
 }
 
-llama_sparq_load_guard::llama_sparq_load_guard() {
+llama_model_load_guard::llama_model_load_guard() {
     static std::once_flag once;
-    std::call_once(once, [] { g_sparq_prev_abort = ggml_set_abort_callback(sparq_abort_callback); });
-    ++g_sparq_loading;
+    std::call_once(once, [] { g_prev_abort = ggml_set_abort_callback(load_guard_abort_callback); });
+    ++g_loading;
 }
 
-llama_sparq_load_guard::~llama_sparq_load_guard() {
-    --g_sparq_loading;
+llama_model_load_guard::~llama_model_load_guard() {
+    --g_loading;
 }
 
-void llama_sparq_check_hparams(const llama_hparams & hp) {
+void llama_model_check_hparams(const llama_hparams & hp) {
     if (hp.vocab_only) {
         return; // no graph will run (and load_hparams leaves most values unset)
     }

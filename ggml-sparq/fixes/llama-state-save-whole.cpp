@@ -1,5 +1,6 @@
-// llama-sparq: state files written whole or not at all (see llama-sparq-state-file.h).
-#include "llama-sparq-state-file.h"
+// llama-sparq, a general llama.cpp fix: state files written whole or not at all (see
+// llama-state-save-whole.h).
+#include "llama-state-save-whole.h"
 
 #include "llama-impl.h"
 
@@ -12,10 +13,10 @@
 
 namespace {
 // removes the temporary file unless it was renamed
-struct sparq_tmp_file {
+struct tmp_file {
     std::string path;
     bool keep = false;
-    ~sparq_tmp_file() {
+    ~tmp_file() {
         if (!keep) {
             unlink(path.c_str());
         }
@@ -23,13 +24,13 @@ struct sparq_tmp_file {
 };
 } // namespace
 
-size_t llama_sparq_save_file_whole(const char * fn, const char * path, size_t expected,
-                                   const std::function<size_t(const char * tmp)> & save) {
+size_t llama_state_save_whole(const char * fn, const char * path, size_t expected,
+                              const std::function<size_t(const char * tmp)> & save) {
     if (!path || !*path) {
         LLAMA_LOG_ERROR("%s: the file path is empty\n", fn);
         return 0;
     }
-    sparq_tmp_file tmp{ std::string(path) + ".partial-" + std::to_string((long) getpid()) };
+    tmp_file tmp{ std::string(path) + ".partial-" + std::to_string((long) getpid()) };
     const size_t n = save(tmp.path.c_str()); // throws to the caller's handler; tmp is removed
     if (n == 0) {
         return 0;

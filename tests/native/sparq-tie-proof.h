@@ -1,6 +1,7 @@
 // llama-sparq: tie-proof inputs for comparing two SparQ implementations whose arithmetic may
 // differ in the last bit (the CUDA op against the CPU op in test-backend-ops, the CUDA kernels'
-// source run on the CPU in tests/native/sparq-cuda-emu.cpp).
+// source run on the CPU in tests/native/sparq-cuda-emu.cpp). With the test support, not in
+// ggml-sparq/: no code of the fork uses it; test-backend-ops has this folder as an include path.
 //
 // SparQ chooses cells by score, so two correct implementations could choose differently where
 // two cells score almost alike. With these inputs they cannot: the query is large on a fixed set

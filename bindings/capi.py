@@ -7,12 +7,8 @@ from pathlib import Path
 
 import cffi
 
+from . import settings as _settings
 from .cdef import HeaderError, cdef_source, integer_defines
-
-_HERE = Path(__file__).resolve().parent
-# installed: llama_sparq/bindings -> llama_sparq/include; a source checkout: bindings/ -> ggml-sparq/include
-_HEADER_CANDIDATES = (_HERE.parent / "include" / "llama-sparq.h",
-                      _HERE.parent / "ggml-sparq" / "include" / "llama-sparq.h")
 
 
 class BindingError(ImportError):
@@ -20,11 +16,10 @@ class BindingError(ImportError):
 
 
 def header_path() -> Path:
-    for p in _HEADER_CANDIDATES:
-        if p.is_file():
-            return p
-    raise BindingError("llama-sparq: the C header llama-sparq.h is not installed with the package (looked in "
-                       + ", ".join(str(p) for p in _HEADER_CANDIDATES) + ")")
+    try:
+        return _settings.include_dir() / _settings.HEADER
+    except _settings.SettingsError as e:
+        raise BindingError(str(e)) from None
 
 
 def _make_ffi():
@@ -32,9 +27,10 @@ def _make_ffi():
     text = path.read_text()
     f = cffi.FFI()
     try:
-        f.cdef(cdef_source(text, str(path)))
+        rows = _settings.table(path.parent / _settings.TABLE)
+        f.cdef(cdef_source(text, str(path), rows))
         return f, integer_defines(text, str(path))
-    except HeaderError as e:
+    except (HeaderError, _settings.SettingsError) as e:
         raise BindingError(str(e)) from e
     except cffi.CDefError as e:
         raise BindingError(f"{path}: cffi cannot read the header's cffi region: {e}") from e
@@ -93,21 +89,14 @@ def enum_names(lib, enum: str) -> tuple:
 
 def params_fields(lib) -> dict:
     """The settings of ``struct llama_sparq_params`` in header order (``size`` left out), each
-    "bool", "int", "float" or, for an int32_t field F with a ``llama_sparq_F_name`` function, "enum"."""
+    "bool", "int", "float" or "enum": the table's rows, checked against the struct cffi bound and
+    the library's names functions."""
+    rows = _settings.table(header_path().parent / _settings.TABLE)
+    bound = [name for name, _ in ffi.typeof("struct llama_sparq_params").fields if name != "size"]
+    if bound != [r.name for r in rows]:
+        raise BindingError(f"struct llama_sparq_params has the fields {bound}, the settings' table {[r.name for r in rows]}")
     declared = set(dir(lib))
-    out = {}
-    for name, field in ffi.typeof("struct llama_sparq_params").fields:
-        if name == "size":
-            continue
-        cname = field.type.cname
-        if cname == "_Bool":
-            out[name] = "bool"
-        elif f"llama_sparq_{name}_name" in declared:
-            out[name] = "enum"
-        elif cname in ("float", "double"):
-            out[name] = "float"
-        elif field.type.kind == "primitive":
-            out[name] = "int"
-        else:
-            raise BindingError(f"struct llama_sparq_params.{name}: type {cname} is not bound")
-    return out
+    for r in rows:
+        if r.kind == "enum" and f"llama_sparq_{r.name}_name" not in declared:
+            raise BindingError(f"setting {r.name} is an enum without llama_sparq_{r.name}_name in the library")
+    return {r.name: r.kind for r in rows}

@@ -3,8 +3,12 @@
 The header marks the region Python binds with two lines, ``// ---- cffi: begin ----`` and
 ``// ---- cffi: end ----``. Inside it the header promises plain C: declarations, comments,
 and ``#define NAME <integer>`` (cffi reads those as integer constants); ``LLAMA_API`` is
-dropped. Anything else on a preprocessor line is refused with the line, so a header edit
-that cffi could not read fails here, loudly, instead of binding something else.
+dropped. One more form: ``struct llama_sparq_params``'s fields are the settings' table's rows,
+expanded by the preprocessor (``#define LLAMA_SPARQ_SETTING(type, name, ...) type name;``, then
+the ``#include "llama-sparq-settings.def"`` line): here the include line becomes one
+``type name;`` per row (``settings.py``) and the ``#define`` (or an ``#undef`` of it) goes.
+Anything else on a preprocessor line is refused with the line, so a header edit that cffi
+could not read fails here, loudly, instead of binding something else.
 
 Upstream's types the region uses are declared opaque in ``PRELUDE`` (pointers only).
 """
@@ -25,6 +29,8 @@ typedef bool (*ggml_backend_sched_eval_callback)(struct ggml_tensor * t, bool as
 """
 
 _DEFINE_INT = re.compile(r"#\s*define\s+[A-Za-z_]\w*\s+(0[xX][0-9a-fA-F]+|\d+)[uUlL]*\s*(//.*)?$")
+_SETTING_MACRO = re.compile(r"#\s*(define\s+LLAMA_SPARQ_SETTING\(.*|undef\s+LLAMA_SPARQ_SETTING\s*)$")
+_SETTINGS_INCLUDE = re.compile(r'#\s*include\s+"llama-sparq-settings\.def"\s*$')
 
 
 class HeaderError(ValueError):
@@ -53,14 +59,25 @@ def integer_defines(text: str, name: str = "llama-sparq.h") -> dict:
     return out
 
 
-def cdef_source(text: str, name: str = "llama-sparq.h") -> str:
-    """PRELUDE + the header's marked region, ready for ``ffi.cdef``."""
+def cdef_source(text: str, name: str = "llama-sparq.h", settings=None) -> str:
+    """PRELUDE + the header's marked region, ready for ``ffi.cdef``; ``settings``: the table's rows
+    for the struct's fields (default: the installed table, read when the region includes it)."""
     body = region(text, name)
     out = []
     for no, line in enumerate(body.splitlines(), 1):
         s = line.strip()
+        if _SETTINGS_INCLUDE.match(s):
+            if settings is None:
+                from .settings import table
+
+                settings = table()
+            out.extend(f"    {row.ctype} {row.name};" for row in settings)
+            continue
+        if _SETTING_MACRO.match(s):
+            continue
         if s.startswith("#") and not _DEFINE_INT.match(s):
             raise HeaderError(f"{name}: line {no} of the cffi region is a preprocessor line cffi cannot read "
-                              f"(only `#define NAME <integer>` is allowed there): {s!r}")
+                              f"(only `#define NAME <integer>` and the settings' expansion are allowed there): "
+                              f"{s!r}")
         out.append(re.sub(r"\bLLAMA_API\b\s*", "", line))
     return PRELUDE + "\n".join(out) + "\n"

@@ -142,7 +142,7 @@ def test_unsupported_attention_with_sparq_is_refused(gemma2_model):
 @pytest.mark.parametrize("flags,message", [
     (["--sparq-k", "-2"], "SparQ: k = -2 is out of range: allowed 1..1048576, or 0 for the calibrated k"),
     (["--sparq-coverage", "1.5"], "SparQ: coverage = 1.5 is out of range: allowed (0, 1]"),
-    (["--sparq-r", "99"], "SparQ: r = 99 is out of range: allowed 1..16"),
+    (["--sparq-r", "99"], "SparQ: r = 99 is out of range: allowed 1..head size (head size = 16)"),
 ])
 def test_llama_server_refuses_out_of_range_settings(tiny_model, flags, message):
     res = run([tool_path("llama-server"), "-m", tiny_model, "--port", free_port(), "-t", "1", *flags])

@@ -42,6 +42,9 @@ def test_installed_header_is_the_source_header():
     b = bindings()
     assert b.header_path().read_text() == HEADER.read_text()
     assert b.header_path().parent.name == "include"   # llama_sparq/include/llama-sparq.h in the wheel
+    # and its settings' table beside it (the struct's fields)
+    table = HEADER.parent / "llama-sparq-settings.def"
+    assert (b.header_path().parent / table.name).read_text() == table.read_text()
 
 
 def test_cdef_region_holds_the_whole_api():

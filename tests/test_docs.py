@@ -317,3 +317,36 @@ def test_every_environment_switch_of_the_c_code_is_documented():
     dev = (ROOT / "docs" / "development.md").read_text()
     undocumented = sorted(n for n in names if f"`{n}`" not in dev)
     assert not undocumented, f"environment variables read by ggml-sparq/ but missing from docs/development.md: {undocumented}"
+
+
+# ---------------------------------------------------------------- the settings' table
+
+def settings_rows() -> tuple:
+    """The rows of ggml-sparq/include/llama-sparq-settings.def, read by bindings/settings.py from
+    the source tree (pure Python: no build, no cffi)."""
+    import importlib
+    import importlib.util
+    import sys
+
+    name = "_sparq_bindings_src"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "bindings" / "__init__.py",
+                                                      submodule_search_locations=[str(ROOT / "bindings")])
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    settings = importlib.import_module(name + ".settings")
+    return settings.table(ROOT / "ggml-sparq" / "include" / "llama-sparq-settings.def")
+
+
+def test_every_setting_has_a_row_in_the_docs_settings_table():
+    """docs/algorithm.md's "Settings" table has a row per setting of the table (a new setting is
+    documented where the others are), and no row for a setting that is gone."""
+    text = (ROOT / "docs" / "algorithm.md").read_text()
+    m = re.search(r"\n## Settings\n.*?\n(\| field \|.*?)\n\n", text, re.S)
+    assert m, "docs/algorithm.md has no Settings section with a `| field | ...` table"
+    documented = re.findall(r"^\| `(\w+)` \|", m.group(1), re.M)
+    names = [r.name for r in settings_rows()]
+    assert sorted(documented) == sorted(names), (
+        f"docs/algorithm.md's Settings table lists {sorted(documented)}; the settings' table "
+        f"(ggml-sparq/include/llama-sparq-settings.def) has {sorted(names)}")

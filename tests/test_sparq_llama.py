@@ -427,8 +427,8 @@ def test_transposed_v_cache_is_refused_by_set_sparq(tiny_model):
 
 @pytest.mark.parametrize("kw,message", [
     # ranges: llama_sparq_set_params's message, word for word (head size 16)
-    (dict(sparq_r=17), "SparQ: r = 17 is out of range: allowed 1..16 (the head size), or 0 for head size / 4"),
-    (dict(sparq_r=-1), "SparQ: r = -1 is out of range: allowed 1..16 (the head size), or 0 for head size / 4"),
+    (dict(sparq_r=17), "SparQ: r = 17 is out of range: allowed 1..head size (head size = 16), or 0 for head size / 4"),
+    (dict(sparq_r=-1), "SparQ: r = -1 is out of range: allowed 1..head size (head size = 16), or 0 for head size / 4"),
     (dict(sparq_k=-1), "SparQ: k = -1 is out of range: allowed 1..1048576, or 0 for the calibrated k"),
     (dict(sparq_coverage=1.5), "SparQ: coverage = 1.5 is out of range: allowed (0, 1]"),
     (dict(sparq_coverage=0.0), "SparQ: coverage = 0 is out of range: allowed (0, 1]"),

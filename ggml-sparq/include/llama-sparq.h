@@ -23,12 +23,15 @@ extern "C" {
 
 // The Python package binds the declarations between the two "cffi:" marker lines with cffi,
 // from this file as installed with it (bindings/): keep that region plain C (no other
-// preprocessor lines than `#define NAME <integer>`; LLAMA_API is dropped; llama.h's types
-// are used through pointers only: struct llama_context, ggml_backend_sched_eval_callback).
+// preprocessor lines than `#define NAME <integer>` and the settings' expansion in struct
+// llama_sparq_params, which the bindings expand from the same file; LLAMA_API is dropped;
+// llama.h's types are used through pointers only: struct llama_context,
+// ggml_backend_sched_eval_callback).
 // ---- cffi: begin ----
 
-// Bumped whenever a struct or function of this header changes incompatibly.
-// The Python package refuses a library whose ABI differs from its own.
+// Bumped whenever a struct or function of this header changes incompatibly (a row added to
+// llama-sparq-settings.def included). Written here only: the library's version string and the
+// Python package (which refuses a library whose ABI differs from its header's) read it here.
 #define LLAMA_SPARQ_ABI_VERSION 9
 
 // "llama-sparq <version> abi <n> llama.cpp <commit>" (also declared in llama.h by patch 0001)
@@ -101,31 +104,12 @@ enum llama_sparq_basis {
     LLAMA_SPARQ_BASIS_COUNT  = 3,
 };
 
+// The settings: one field per row of llama-sparq-settings.def, in its order (type, name, default,
+// range and meaning there). Python's cffi bindings expand the same rows (bindings/cdef.py).
 struct llama_sparq_params {
-    size_t  size;     // sizeof(struct llama_sparq_params): set by llama_sparq_default_params()
-    bool    enabled;  // default false
-    int32_t r;        // query components kept, 1..head size; 0 = head size / 4 (the default)
-    int32_t k;        // positions attended, >= 1: a fixed budget; 0 = calibrated (the default): each step,
-                      // KV head and layer attends the fewest cells whose estimated attention mass reaches
-                      // `coverage`, at least k_min and at most max(k_min, k_frac x the KV cells); a KV
-                      // head whose target lies beyond that attends over every cell (exact). SparQ and
-                      // oracle selectors (the others need k >= 1); the CPU op (a GPU context needs k >= 1)
-    int32_t l;        // local window (most recent cells, counted in k), 0..k; -1 = k / 4 (calibrated: k_min / 4)
-    int32_t min_kv;   // decode stays dense while the sequence holds fewer cells, >= 0; -1 (the default): where
-                      // the context keeps its cache, LLAMA_SPARQ_MIN_KV_HOST cells in host memory,
-                      // LLAMA_SPARQ_MIN_KV_DEVICE on a GPU (an RPC host runs the CPU op: the host's value;
-                      // get_params returns the value in use)
-    bool    all_rows; // also apply to every query row of a ubatch (teacher-forced evaluation); default false
-    int32_t selector; // enum llama_sparq_selector; default SPARQ
-    int32_t gqa;      // enum llama_sparq_gqa; default SHARED
-    bool    mean_v;   // mean-value reallocation (step 5); default true
-    int32_t basis;    // enum llama_sparq_basis; default SCALED
-    int32_t index_lists; // selector index: lists (centroids) per layer, stream and KV head, 1..65536; default 256
-    int32_t index_probe; // selector index: lists a step reads, 1..index_lists; default 16
-    float   coverage; // the share of the estimated attention mass the calibrated k reaches, (0, 1]; default 0.95.
-                      // With a fixed k: the target the first SparQ step measures k against (the guard)
-    int32_t k_min;    // calibrated k: the fewest cells attended, 1..; default 128
-    float   k_frac;   // calibrated k: the most cells attended as a share of the KV cells, (0, 1]; default 0.25
+    size_t size; // sizeof(struct llama_sparq_params): set by llama_sparq_default_params()
+#define LLAMA_SPARQ_SETTING(type, name, ...) type name;
+#include "llama-sparq-settings.def"
 };
 
 struct llama_sparq_stats {
@@ -257,6 +241,10 @@ LLAMA_API const char * llama_sparq_basis_name(int32_t basis);
 LLAMA_API const char * llama_sparq_dense_reason_name(int32_t reason);
 
 // ---- cffi: end ----
+
+// A macro's value as a string literal (the settings' texts quote the limits above).
+#define LLAMA_SPARQ_STR_(x) #x
+#define LLAMA_SPARQ_STR(x) LLAMA_SPARQ_STR_(x)
 
 #ifdef __cplusplus
 }

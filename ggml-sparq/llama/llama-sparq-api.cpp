@@ -1,5 +1,6 @@
 // llama-sparq: the C API's version and names, the default settings, and llama_sparq_set_params /
-// llama_sparq_get_params (validation, then the context's SparQ state made or updated).
+// llama_sparq_get_params (validation, then the context's SparQ state made or updated). The
+// defaults and the range checks are expanded from the settings' table (llama-sparq-settings.def).
 #include "llama-sparq-impl.h"
 #include "llama-sparq-version.h"
 
@@ -9,13 +10,14 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <type_traits>
 
 const char * llama_sparq_version(void) {
-    return "llama-sparq " LLAMA_SPARQ_VERSION_STR " abi " LLAMA_SPARQ_ABI_STR " llama.cpp " LLAMA_SPARQ_UPSTREAM_COMMIT_STR;
+    return "llama-sparq " LLAMA_SPARQ_VERSION_STR " abi " LLAMA_SPARQ_STR(LLAMA_SPARQ_ABI_VERSION)
+           " llama.cpp " LLAMA_SPARQ_UPSTREAM_COMMIT_STR;
 }
 
 int llama_sparq_abi_version(void) {
-    static_assert(LLAMA_SPARQ_ABI_VERSION == LLAMA_SPARQ_ABI_NUM, "llama-sparq.h and CMakeLists.txt disagree on the ABI");
     return LLAMA_SPARQ_ABI_VERSION;
 }
 
@@ -43,23 +45,9 @@ const char * llama_sparq_dense_reason_name(int32_t reason) {
 struct llama_sparq_params llama_sparq_default_params(void) {
     llama_sparq_params p;
     memset(&p, 0, sizeof(p));
-    p.size     = sizeof(p);
-    p.enabled  = false;
-    p.r        = 0;
-    p.l        = -1;
-    p.min_kv   = -1; // LLAMA_SPARQ_MIN_KV_HOST or _DEVICE, by where the cache is
-    p.all_rows = false;
-    p.selector = LLAMA_SPARQ_SELECTOR_SPARQ;
-    p.gqa      = LLAMA_SPARQ_GQA_SHARED;
-    p.mean_v   = true;
-    p.basis    = LLAMA_SPARQ_BASIS_SCALED; // keeps Gemma 3's answers where the paper's ranking loses them (README "Accuracy")
-    p.index_lists = 256;
-    p.index_probe = 16;
-    // calibrated k (k = 0): chosen on SmolLM2-135M-Instruct and Gemma 3 270M (README "Accuracy")
-    p.k        = 0;
-    p.coverage = 0.95f;
-    p.k_min    = 128;
-    p.k_frac   = 0.25f;
+    p.size = sizeof(p);
+#define LLAMA_SPARQ_SETTING(type, name, dflt, ...) p.name = dflt;
+#include "llama-sparq-settings.def"
     return p;
 }
 
@@ -78,15 +66,6 @@ const char * llama_sparq_gqa_name(int32_t gqa) {
 
 const char * llama_sparq_basis_name(int32_t basis) {
     return basis >= 0 && basis < LLAMA_SPARQ_BASIS_COUNT ? sparq_basis_names[basis] : nullptr;
-}
-
-// "0 (sparq), 1 (oracle)": the allowed values of an enum setting, for the error messages
-static std::string sparq_allowed_names(const char * const * names, int n) {
-    std::string s;
-    for (int i = 0; i < n; ++i) {
-        s += (i ? ", " : "") + std::to_string(i) + " (" + names[i] + ")";
-    }
-    return s;
 }
 
 void sparq_err(char * err, size_t n, const char * fmt, ...) {
@@ -117,76 +96,103 @@ static int64_t sparq_min_head_size(const llama_hparams & hp) {
     return d_min;
 }
 
-// an enum setting `what` = v among the n named values, or false with the allowed ones in err
-static bool sparq_enum_ok(const char * what, int32_t v, const char * const * names, int n, char * err, size_t err_size) {
-    if (v < 0 || v >= n) {
-        sparq_err(err, err_size, "SparQ: %s = %d is unknown: allowed %s", what, v, sparq_allowed_names(names, n).c_str());
-        return false;
+// A setting's range, from its row of llama-sparq-settings.def (the SPARQ_* forms described there).
+struct sparq_range {
+    enum kind_t { ANY, INTS, SHARE, NAMES } kind;
+    double lo, hi;
+    const char * bound;                 // SPARQ_INTS_TO: what hi is ("k", "head size")
+    const char * (*names)(int32_t);     // SPARQ_NAMES
+};
+
+// the one value allowed outside the range (SPARQ_OR), and what it stands for
+struct sparq_or {
+    bool has;
+    double value;
+    const char * meaning;
+};
+
+// "0 (sparq), 1 (oracle)": the allowed values of an enum setting, for the error messages
+static std::string sparq_allowed_names(const char * (*names)(int32_t)) {
+    std::string s;
+    for (int32_t i = 0; names(i) != nullptr; ++i) {
+        s += (i ? ", " : "") + std::to_string(i) + " (" + names(i) + ")";
     }
-    return true;
+    return s;
 }
 
-// each setting within its range (the first one that is not: false, with the message in err)
-// (d_min <= 0: the head size is not known and r is left to the check with the context, whose
-// message names the head size)
-static bool sparq_params_in_range(const llama_sparq_params * p, int64_t d_min, char * err, size_t err_size) {
-    if (d_min > 0 && (p->r < 0 || p->r > d_min)) {
-        sparq_err(err, err_size, "SparQ: r = %d is out of range: allowed 1..%lld (the head size), or 0 for head size / 4",
-                  p->r, (long long) d_min);
-        return false;
+// setting `name` = v within its range, or false with the message in err. pass 0 checks the
+// settings with fixed ranges, pass 1 those bounded by another setting or the head size (so a
+// bad bound is reported as itself, not through the setting it bounds)
+static bool sparq_setting_ok(const char * name, bool is_float, double v, const sparq_range & range, const sparq_or & alt,
+                             int pass, char * err, size_t err_size) {
+    if ((range.bound != nullptr) != (pass == 1) || range.kind == sparq_range::ANY || (alt.has && v == alt.value)) {
+        return true;
     }
-    if (p->k < 0 || p->k > GGML_SPARQ_K_MAX) {
-        sparq_err(err, err_size, "SparQ: k = %d is out of range: allowed 1..%d, or 0 for the calibrated k", p->k,
-                  GGML_SPARQ_K_MAX);
-        return false;
+    if (range.kind == sparq_range::NAMES) {
+        if (range.names((int32_t) v) == nullptr) {
+            sparq_err(err, err_size, "SparQ: %s = %d is unknown: allowed %s", name, (int) v,
+                      sparq_allowed_names(range.names).c_str());
+            return false;
+        }
+        return true;
     }
-    if (!(p->coverage > 0.0f && p->coverage <= 1.0f)) {
-        sparq_err(err, err_size, "SparQ: coverage = %g is out of range: allowed (0, 1] (a share of the attention mass)",
-                  (double) p->coverage);
-        return false;
+    const bool known = range.bound == nullptr || range.hi > 0; // the head size is not known without a model
+    if (!known) {
+        return true;
     }
-    if (p->k_min < 1 || p->k_min > GGML_SPARQ_K_MAX) {
-        sparq_err(err, err_size, "SparQ: k_min = %d is out of range: allowed 1..%d", p->k_min, GGML_SPARQ_K_MAX);
-        return false;
+    const bool ok = range.kind == sparq_range::SHARE ? v > range.lo && v <= range.hi : v >= range.lo && v <= range.hi;
+    if (ok) {
+        return true;
     }
-    if (!(p->k_frac > 0.0f && p->k_frac <= 1.0f)) {
-        sparq_err(err, err_size, "SparQ: k_frac = %g is out of range: allowed (0, 1] (a share of the KV cells)",
-                  (double) p->k_frac);
-        return false;
+    char value[32], allowed[160];
+    if (is_float) {
+        snprintf(value, sizeof(value), "%g", v);
+    } else {
+        snprintf(value, sizeof(value), "%lld", (long long) v);
     }
-    const int32_t k_eff = p->k > 0 ? p->k : p->k_min; // the calibrated k is at least k_min
-    if (p->l < -1 || p->l > k_eff) {
-        const char * kn = p->k > 0 ? "k" : "k_min";
-        sparq_err(err, err_size, "SparQ: l = %d is out of range: allowed 0..%s (%s = %d), or -1 for %s / 4", p->l, kn, kn,
-                  k_eff, kn);
-        return false;
+    if (range.kind == sparq_range::SHARE) {
+        snprintf(allowed, sizeof(allowed), "(%g, %g]", range.lo, range.hi);
+    } else if (range.bound) {
+        snprintf(allowed, sizeof(allowed), "%lld..%s (%s = %lld)", (long long) range.lo, range.bound, range.bound,
+                 (long long) range.hi);
+    } else if (range.hi >= INT32_MAX) {
+        snprintf(allowed, sizeof(allowed), "%s >= %lld", name, (long long) range.lo);
+    } else {
+        snprintf(allowed, sizeof(allowed), "%lld..%lld", (long long) range.lo, (long long) range.hi);
     }
-    if (!sparq_enum_ok("selector", p->selector, sparq_selector_names, LLAMA_SPARQ_SELECTOR_COUNT, err, err_size) ||
-        !sparq_enum_ok("gqa", p->gqa, sparq_gqa_names, LLAMA_SPARQ_GQA_COUNT, err, err_size) ||
-        !sparq_enum_ok("basis", p->basis, sparq_basis_names, LLAMA_SPARQ_BASIS_COUNT, err, err_size)) {
-        return false;
+    if (alt.has) {
+        sparq_err(err, err_size, "SparQ: %s = %s is out of range: allowed %s, or %lld for %s", name, value, allowed,
+                  (long long) alt.value, alt.meaning);
+    } else {
+        sparq_err(err, err_size, "SparQ: %s = %s is out of range: allowed %s", name, value, allowed);
     }
-    if (p->min_kv < -1) {
-        sparq_err(err, err_size, "SparQ: min_kv = %d is out of range: allowed min_kv >= 0, or -1 for the default of "
-                  "where the cache is (%d cells in host memory, %d on a GPU)", p->min_kv, LLAMA_SPARQ_MIN_KV_HOST,
-                  LLAMA_SPARQ_MIN_KV_DEVICE);
-        return false;
+    return false;
+}
+
+// every setting within its range (the first one that is not: false, with the message in err);
+// head_size <= 0: not known, the settings it bounds wait for the check with the context
+static bool sparq_params_in_range(const llama_sparq_params * p, int64_t head_size, char * err, size_t err_size) {
+#define SPARQ_ANY                    sparq_range{ sparq_range::ANY, 0, 0, nullptr, nullptr }
+#define SPARQ_INTS(lo, hi)           sparq_range{ sparq_range::INTS, (double) (lo), (double) (hi), nullptr, nullptr }
+#define SPARQ_INTS_TO(lo, bound, hi) sparq_range{ sparq_range::INTS, (double) (lo), (double) (hi), bound, nullptr }
+#define SPARQ_SHARE                  sparq_range{ sparq_range::SHARE, 0, 1, nullptr, nullptr }
+#define SPARQ_NAMES(names)           sparq_range{ sparq_range::NAMES, 0, 0, nullptr, names }
+#define SPARQ_OR(value, meaning)     sparq_or{ true, (double) (value), meaning }
+#define SPARQ_NONE                   sparq_or{ false, 0, nullptr }
+#define LLAMA_SPARQ_SETTING(type, name, dflt, range, alt, ...)                                                    \
+    if (!sparq_setting_ok(#name, std::is_floating_point<type>::value, (double) p->name, range, alt, pass, err, \
+                          err_size)) {                                                                         \
+        return false;                                                                                          \
     }
-    if (p->index_lists < 1 || p->index_lists > 65536) {
-        sparq_err(err, err_size, "SparQ: index_lists = %d is out of range: allowed 1..65536", p->index_lists);
-        return false;
-    }
-    if (p->index_probe < 1 || p->index_probe > p->index_lists) {
-        sparq_err(err, err_size, "SparQ: index_probe = %d is out of range: allowed 1..index_lists (index_lists = %d)",
-                  p->index_probe, p->index_lists);
-        return false;
+    for (int pass = 0; pass < 2; ++pass) {
+#include "llama-sparq-settings.def"
     }
     return true;
 }
 
 // the ranges, then the settings against each other (the context aside)
-static bool sparq_params_consistent(const llama_sparq_params * p, int64_t d_min, char * err, size_t err_size) {
-    if (!sparq_params_in_range(p, d_min, err, err_size)) {
+static bool sparq_params_consistent(const llama_sparq_params * p, int64_t head_size, char * err, size_t err_size) {
+    if (!sparq_params_in_range(p, head_size, err, err_size)) {
         return false;
     }
     if (p->enabled && p->k == 0 && p->selector != LLAMA_SPARQ_SELECTOR_SPARQ && p->selector != LLAMA_SPARQ_SELECTOR_ORACLE) {

@@ -1,11 +1,13 @@
 // llama-sparq: SparQ parameters in llama-bench (included by tools/llama-bench/llama-bench.cpp,
-// patch 0007). Swept like any parameter: --sparq 0,1 --sparq-r 16,32 --sparq-k 128 ...
-// and reported in every output format, with the counters that prove SparQ ran.
+// patch 0007). Every row of the settings' table is swept like any parameter (--sparq 0,1
+// --sparq-r 16,32 --sparq-k 128 ...) and reported in every output format, with the counters
+// that prove SparQ ran.
 #pragma once
 
 #include "llama-sparq.h"
-#include "sparq-names.h"
+#include "sparq-settings.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -13,16 +15,16 @@
 #include <vector>
 
 struct sparq_bench_params {
-    std::vector<int> on, r, k, l, min_kv, selector, gqa, basis, mean_v, index_lists, index_probe;
+    // per row of the settings' table, the values given (a comma list; empty: the default)
+    std::vector<std::vector<double>> lists = std::vector<std::vector<double>>(sparq_n_settings);
     bool fill_synthetic = false; // --depth-fill synthetic: llama_sparq_bench_fill instead of a prefill
-    // the calibrated k's settings: one value each, for every SparQ instance (not swept)
-    bool has_coverage = false, has_k_min = false, has_k_frac = false;
-    float coverage = 0.0f, k_frac = 0.0f;
-    int k_min = 0;
     bool any() const {
-        return !on.empty() || !r.empty() || !k.empty() || !l.empty() || !min_kv.empty() || !selector.empty() ||
-               !gqa.empty() || !basis.empty() || !mean_v.empty() || !index_lists.empty() || !index_probe.empty() ||
-               has_coverage || has_k_min || has_k_frac;
+        for (const auto & l : lists) {
+            if (!l.empty()) {
+                return true;
+            }
+        }
+        return false;
     }
 };
 
@@ -40,30 +42,37 @@ struct sparq_bench_fields {
     llama_sparq_stats at = {};   // the counters when the current timed run began
 };
 
+// row i of the table is a llama-bench list and column
+static inline bool sparq_bench_row(size_t i) {
+    return (sparq_settings[i].shown & SPARQ_IN_BENCH) != 0;
+}
+
 static inline bool sparq_bench_is_arg(const std::string & a) {
-    return a == "--sparq" || a == "--sparq-r" || a == "--sparq-k" || a == "--sparq-l" || a == "--sparq-min-kv" ||
-           a == "--sparq-selector" || a == "--sparq-gqa" || a == "--sparq-basis" || a == "--sparq-mean-v" ||
-           a == "--sparq-index-lists" || a == "--sparq-index-probe" || a == "--depth-fill" || a == "--sparq-coverage" ||
-           a == "--sparq-k-min" || a == "--sparq-k-frac";
+    const int i = sparq_setting_by_flag(a);
+    return a == "--depth-fill" || (i >= 0 && sparq_bench_row((size_t) i));
 }
 
 static inline void sparq_bench_usage() {
-    printf("  --sparq <0|1>                              SparQ attention off/on (default: 0)\n");
-    printf("  --sparq-r <n>                              SparQ query components, 0 = head size/4 (default: 0)\n");
-    printf("  --sparq-k <n>                              SparQ positions per decode step; 0 = calibrated (default: 0)\n");
-    printf("  --sparq-l <n>                              SparQ local window, -1 = k/4 (default: -1)\n");
-    printf("  --sparq-coverage <p>                       calibrated k: target share of the attention mass (default: 0.95)\n");
-    printf("  --sparq-k-min <n>                          calibrated k: fewest cells (default: 128)\n");
-    printf("  --sparq-k-frac <f>                         calibrated k: most cells, share of the KV cells (default: 0.25)\n");
-    printf("  --sparq-min-kv <n>                         SparQ dense below this many KV cells (default: 1024)\n");
-    printf("  --sparq-selector <sparq|oracle|streaming|h2o|index> cell choice; oracle = exact top-k; streaming, h2o =\n"
-           "                                             the paper's baselines; index = top-k over a vector index of\n"
-           "                                             the keys (256 lists, 16 probed) (default: sparq)\n");
-    printf("  --sparq-gqa <shared|per_head>              SparQ choice per KV head or per query head (default: shared)\n");
-    printf("  --sparq-basis <model|scaled|pca>           SparQ step-1 ranking of components (default: scaled)\n");
-    printf("  --sparq-mean-v <0|1>                       SparQ mean-V reallocation (default: 1)\n");
-    printf("  --sparq-index-lists <n>                    selector index: lists per layer and KV head, 1..65536 (default: 256)\n");
-    printf("  --sparq-index-probe <n>                    selector index: lists a step reads, 1..lists (default: 16)\n");
+    const llama_sparq_params d = llama_sparq_default_params();
+    for (size_t i = 0; i < sparq_n_settings; ++i) {
+        if (!sparq_bench_row(i)) {
+            continue;
+        }
+        const sparq_setting & s = sparq_settings[i];
+        const char * hint = s.kind == SPARQ_KIND_BOOL ? "<0|1>" : s.kind == SPARQ_KIND_ENUM ? "<name>" :
+                            s.kind == SPARQ_KIND_FLOAT ? "<x>" : "<n>";
+        std::string text = std::string(i == sparq_enabled_row() ? "" : "SparQ: ") + s.help + " (default: " +
+                           sparq_setting_text(d, s) + ")";
+        std::string arg = sparq_spelling_of(i).flag + " " + hint;
+        // wrapped at 120 columns, as upstream's usage
+        while (!text.empty()) {
+            size_t cut = text.size() <= 74 ? text.size() : text.rfind(' ', 74);
+            cut = cut == std::string::npos || cut == 0 ? std::min<size_t>(74, text.size()) : cut;
+            printf("  %-42s %s\n", arg.c_str(), text.substr(0, cut).c_str());
+            text = text.substr(std::min(text.size(), cut + 1));
+            arg.clear();
+        }
+    }
     printf("  --depth-fill <prefill|synthetic>           how -d fills the context: a real prompt, or random K/V\n");
     printf("                                             written straight into the cache, for timing only (default: prefill)\n");
 }
@@ -81,67 +90,19 @@ static inline bool sparq_bench_parse(const std::string & arg, const char * value
         p.fill_synthetic = v == "synthetic";
         return true;
     }
-    if (arg == "--sparq-coverage" || arg == "--sparq-k-frac" || arg == "--sparq-k-min") {
-        // one number each (the library checks the range)
-        char * e = nullptr;
-        const double v = arg == "--sparq-k-min" ? (double) strtol(value, &e, 10) : strtod(value, &e);
-        if (!*value || *e != '\0' || (arg == "--sparq-k-min" && (v < INT32_MIN || v > INT32_MAX))) {
-            fprintf(stderr, "error: %s: '%s' is not allowed (one %s)\n", arg.c_str(), value,
-                    arg == "--sparq-k-min" ? "integer" : "number");
-            return false;
-        }
-        if (arg == "--sparq-coverage") {
-            p.has_coverage = true, p.coverage = (float) v;
-        } else if (arg == "--sparq-k-frac") {
-            p.has_k_frac = true, p.k_frac = (float) v;
-        } else {
-            p.has_k_min = true, p.k_min = (int) v;
-        }
-        return true;
-    }
-    const char * (*name_of)(int32_t) = nullptr;
-    std::vector<int> * dst = &p.min_kv;
-    if (arg == "--sparq-selector") {
-        name_of = llama_sparq_selector_name, dst = &p.selector;
-    } else if (arg == "--sparq-gqa") {
-        name_of = llama_sparq_gqa_name, dst = &p.gqa;
-    } else if (arg == "--sparq-basis") {
-        name_of = llama_sparq_basis_name, dst = &p.basis;
-    } else if (arg == "--sparq-mean-v") {
-        dst = &p.mean_v;
-    } else {
-        dst = arg == "--sparq" ? &p.on : arg == "--sparq-r" ? &p.r : arg == "--sparq-k" ? &p.k :
-              arg == "--sparq-l" ? &p.l : arg == "--sparq-index-lists" ? &p.index_lists :
-              arg == "--sparq-index-probe" ? &p.index_probe : &p.min_kv;
-    }
-    const bool on_off = arg == "--sparq" || arg == "--sparq-mean-v";
-    std::string s(value);
+    const int row = sparq_setting_by_flag(arg);
+    const std::string s(value);
     size_t pos = 0;
     while (pos <= s.size()) {
         const size_t end = s.find(',', pos);
         const std::string tok = s.substr(pos, end == std::string::npos ? std::string::npos : end - pos);
-        if (name_of) {
-            std::string allowed;
-            const int32_t found = sparq_enum_from_name(tok, name_of, allowed);
-            if (found < 0) {
-                fprintf(stderr, "error: %s: '%s' is not allowed (%s)\n", arg.c_str(), tok.c_str(), allowed.c_str());
-                return false;
-            }
-            dst->push_back(found);
-            if (end == std::string::npos) {
-                break;
-            }
-            pos = end + 1;
-            continue;
-        }
-        char * e = nullptr;
-        const long v = strtol(tok.c_str(), &e, 10);
-        if (tok.empty() || *e != '\0' || (on_off && v != 0 && v != 1) || v < INT32_MIN || v > INT32_MAX) {
-            fprintf(stderr, "error: %s: '%s' is not allowed (%s)\n", arg.c_str(), tok.c_str(),
-                    on_off ? "0 or 1" : "integers");
+        double v = 0.0;
+        std::string allowed;
+        if (!sparq_setting_parse(sparq_settings[row], tok, v, allowed)) {
+            fprintf(stderr, "error: %s: '%s' is not allowed (%s)\n", arg.c_str(), tok.c_str(), allowed.c_str());
             return false;
         }
-        dst->push_back((int) v);
+        p.lists[row].push_back(v);
         if (end == std::string::npos) {
             break;
         }
@@ -150,65 +111,41 @@ static inline bool sparq_bench_parse(const std::string & arg, const char * value
     return true;
 }
 
-// one instance per combination of the SparQ lists (the instance type has a .sparq member)
+// one instance per combination of the SparQ lists (the instance type has a .sparq member); with
+// SparQ off the other settings do not matter: one instance. The last row varies fastest.
 template <typename Inst>
 static void sparq_bench_expand(std::vector<Inst> & insts, const sparq_bench_params & p) {
     if (!p.any()) {
         return;
     }
-    const llama_sparq_params d = llama_sparq_default_params();
-    const std::vector<int> on = p.on.empty() ? std::vector<int>{ 1 } : p.on;
-    const std::vector<int> rs = p.r.empty() ? std::vector<int>{ d.r } : p.r;
-    const std::vector<int> ks = p.k.empty() ? std::vector<int>{ d.k } : p.k;
-    const std::vector<int> ls = p.l.empty() ? std::vector<int>{ d.l } : p.l;
-    const std::vector<int> ms = p.min_kv.empty() ? std::vector<int>{ d.min_kv } : p.min_kv;
-    const std::vector<int> ss = p.selector.empty() ? std::vector<int>{ d.selector } : p.selector;
-    const std::vector<int> gs = p.gqa.empty() ? std::vector<int>{ d.gqa } : p.gqa;
-    const std::vector<int> bs = p.basis.empty() ? std::vector<int>{ d.basis } : p.basis;
-    const std::vector<int> vs = p.mean_v.empty() ? std::vector<int>{ (int) d.mean_v } : p.mean_v;
-    const std::vector<int> il = p.index_lists.empty() ? std::vector<int>{ d.index_lists } : p.index_lists;
-    const std::vector<int> ip = p.index_probe.empty() ? std::vector<int>{ d.index_probe } : p.index_probe;
+    const size_t on_row = sparq_enabled_row();
+    const std::vector<double> on = p.lists[on_row].empty() ? std::vector<double>{ 1.0 } : p.lists[on_row];
     std::vector<Inst> out;
     for (const Inst & base : insts) {
-        for (int o : on) {
-            // with SparQ off the other settings do not matter: one instance
-            const size_t nr = o ? rs.size() : 1, nk = o ? ks.size() : 1, nl = o ? ls.size() : 1, nm = o ? ms.size() : 1;
-            const size_t ns = o ? ss.size() : 1, ng = o ? gs.size() : 1, nb = o ? bs.size() : 1, nv = o ? vs.size() : 1;
-            const size_t nil = o ? il.size() : 1, nip = o ? ip.size() : 1;
-            for (size_t a = 0; a < nr; ++a)
-            for (size_t b = 0; b < nk; ++b)
-            for (size_t c = 0; c < nl; ++c)
-            for (size_t e = 0; e < nm; ++e)
-            for (size_t f = 0; f < ns; ++f)
-            for (size_t h = 0; h < ng; ++h)
-            for (size_t i = 0; i < nb; ++i)
-            for (size_t j = 0; j < nv; ++j)
-            for (size_t x = 0; x < nil; ++x)
-            for (size_t y = 0; y < nip; ++y) {
+        for (double o : on) {
+            if (o == 0.0) {
                 Inst inst = base;
-                inst.sparq.enabled = o != 0;
-                if (o) {
-                    inst.sparq.r = rs[a];
-                    inst.sparq.k = ks[b];
-                    inst.sparq.l = ls[c];
-                    inst.sparq.min_kv = ms[e];
-                    inst.sparq.selector = ss[f];
-                    inst.sparq.gqa = gs[h];
-                    inst.sparq.basis = bs[i];
-                    inst.sparq.mean_v = vs[j] != 0;
-                    inst.sparq.index_lists = il[x];
-                    inst.sparq.index_probe = ip[y];
-                    if (p.has_coverage) {
-                        inst.sparq.coverage = p.coverage;
-                    }
-                    if (p.has_k_min) {
-                        inst.sparq.k_min = p.k_min;
-                    }
-                    if (p.has_k_frac) {
-                        inst.sparq.k_frac = p.k_frac;
+                inst.sparq.enabled = false;
+                out.push_back(inst);
+                continue;
+            }
+            std::vector<size_t> at(sparq_n_settings, 0); // the odometer over the rows' lists
+            for (;;) {
+                Inst inst = base;
+                inst.sparq.enabled = true;
+                for (size_t i = 0; i < sparq_n_settings; ++i) {
+                    if (i != on_row && !p.lists[i].empty()) {
+                        sparq_setting_set(inst.sparq, sparq_settings[i], p.lists[i][at[i]]);
                     }
                 }
                 out.push_back(inst);
+                size_t i = sparq_n_settings;
+                while (i-- > 0 && (i == on_row || p.lists[i].empty() || ++at[i] == p.lists[i].size())) {
+                    at[i] = 0;
+                }
+                if (i == (size_t) -1) {
+                    break;
+                }
             }
         }
     }
@@ -275,77 +212,83 @@ static inline bool sparq_bench_fill(llama_context * ctx, int n_depth) {
     return true;
 }
 
-// field names, in the order of sparq_bench_value()
-#define SPARQ_BENCH_FIELDS "sparq", "sparq_r", "sparq_k", "sparq_l", "sparq_min_kv", "sparq_calls", "sparq_dense", "sparq_compr", \
-                           "sparq_selector", "sparq_gqa", "sparq_basis", "sparq_mean_v", "sparq_index_lists", "sparq_index_probe", \
-                           "sparq_mean_k"
+// the counters' columns, after the settings'
+static const char * const sparq_bench_counters[] = { "sparq_calls", "sparq_dense", "sparq_compr", "sparq_mean_k" };
 
-// their values, in the test's row (patch 0007)
-#define SPARQ_BENCH_VALUES(f) \
-    sparq_bench_value(f, 0), sparq_bench_value(f, 1), sparq_bench_value(f, 2), sparq_bench_value(f, 3), \
-    sparq_bench_value(f, 4), sparq_bench_value(f, 5), sparq_bench_value(f, 6), sparq_bench_value(f, 7), \
-    sparq_bench_value(f, 8), sparq_bench_value(f, 9), sparq_bench_value(f, 10), sparq_bench_value(f, 11), \
-    sparq_bench_value(f, 12), sparq_bench_value(f, 13), sparq_bench_value(f, 14)
-
-static inline bool sparq_bench_is_int_field(const std::string & f) {
-    return f == "sparq" || f == "sparq_r" || f == "sparq_k" || f == "sparq_l" || f == "sparq_min_kv" ||
-           f == "sparq_calls" || f == "sparq_dense" || f == "sparq_mean_v" || f == "sparq_index_lists" ||
-           f == "sparq_index_probe";
-}
-
-static inline std::string sparq_bench_value(const sparq_bench_fields & f, int i) {
-    switch (i) {
-        case 0: return std::to_string((int) f.p.enabled);
-        case 1: return std::to_string(f.p.r);
-        case 2: return std::to_string(f.p.k);
-        case 3: return std::to_string(f.p.l);
-        case 4: return std::to_string(f.p.min_kv);
-        case 5: return std::to_string(f.calls);
-        case 6: return std::to_string(f.dense);
-        case 8: return llama_sparq_selector_name(f.p.selector) ? llama_sparq_selector_name(f.p.selector) : "?";
-        case 9: return llama_sparq_gqa_name(f.p.gqa) ? llama_sparq_gqa_name(f.p.gqa) : "?";
-        case 10: return llama_sparq_basis_name(f.p.basis) ? llama_sparq_basis_name(f.p.basis) : "?";
-        case 11: return std::to_string((int) f.p.mean_v);
-        case 12: return std::to_string(f.p.index_lists);
-        case 13: return std::to_string(f.p.index_probe);
-        case 14: {
-            char buf[32];
-            snprintf(buf, sizeof(buf), "%.1f", f.mean_k);
-            return buf;
-        }
-        default: {
-            char buf[32];
-            snprintf(buf, sizeof(buf), "%.4f", f.compression);
-            return buf;
+// upstream's fields with the SparQ columns after n_depth: the settings (sparq, sparq_r, ...), then
+// the counters (patch 0007)
+static inline std::vector<std::string> sparq_bench_add_fields(std::vector<std::string> fields) {
+    std::vector<std::string> ours;
+    for (size_t i = 0; i < sparq_n_settings; ++i) {
+        if (sparq_bench_row(i)) {
+            ours.push_back(sparq_spelling_of(i).key);
         }
     }
+    ours.insert(ours.end(), std::begin(sparq_bench_counters), std::end(sparq_bench_counters));
+    auto at = std::find(fields.begin(), fields.end(), "n_depth");
+    fields.insert(at == fields.end() ? at : at + 1, ours.begin(), ours.end());
+    return fields;
 }
 
-// the markdown table shows the SparQ columns when SparQ is swept
+// the test's values inserted where sparq_bench_add_fields put the columns (patch 0007)
+static inline void sparq_bench_add_values(std::vector<std::string> & values, const std::vector<std::string> & fields,
+                                          const sparq_bench_fields & f) {
+    std::vector<std::string> ours;
+    for (size_t i = 0; i < sparq_n_settings; ++i) {
+        if (sparq_bench_row(i)) {
+            ours.push_back(sparq_setting_text(f.p, sparq_settings[i]));
+        }
+    }
+    char compr[32], mean_k[32];
+    snprintf(compr, sizeof(compr), "%.4f", f.compression);
+    snprintf(mean_k, sizeof(mean_k), "%.1f", f.mean_k);
+    for (const std::string & v : { std::to_string(f.calls), std::to_string(f.dense), std::string(compr),
+                                   std::string(mean_k) }) {
+        ours.push_back(v);
+    }
+    const size_t at = (size_t) (std::find(fields.begin(), fields.end(), "sparq") - fields.begin());
+    values.insert(values.begin() + (ptrdiff_t) std::min(at, values.size()), ours.begin(), ours.end());
+}
+
+// a SparQ column's type (patch 0007): the settings' by their kind, the counters' by what they count
+static inline bool sparq_bench_is_int_field(const std::string & f) {
+    for (size_t i = 0; i < sparq_n_settings; ++i) {
+        if (sparq_bench_row(i) && f == sparq_spelling_of(i).key) {
+            return sparq_settings[i].kind == SPARQ_KIND_BOOL || sparq_settings[i].kind == SPARQ_KIND_INT;
+        }
+    }
+    return f == "sparq_calls" || f == "sparq_dense";
+}
+
+static inline bool sparq_bench_is_float_field(const std::string & f) {
+    for (size_t i = 0; i < sparq_n_settings; ++i) {
+        if (sparq_bench_row(i) && f == sparq_spelling_of(i).key) {
+            return sparq_settings[i].kind == SPARQ_KIND_FLOAT;
+        }
+    }
+    return f == "sparq_compr" || f == "sparq_mean_k";
+}
+
+// the markdown table shows the SparQ columns when SparQ is swept: the rows marked
+// SPARQ_BENCH_MD_ALWAYS and the counters, and the other settings when swept or not at their default
 static inline void sparq_bench_md_fields(const sparq_bench_params & p, std::vector<std::string> & fields) {
-    if (p.any()) {
-        for (const char * f : { "sparq", "sparq_r", "sparq_k", "sparq_l", "sparq_calls", "sparq_compr", "sparq_mean_k" }) {
-            fields.emplace_back(f);
+    if (!p.any()) {
+        return;
+    }
+    for (size_t i = 0; i < sparq_n_settings; ++i) {
+        if (sparq_bench_row(i) && (sparq_settings[i].shown & SPARQ_BENCH_MD_ALWAYS)) {
+            fields.push_back(sparq_spelling_of(i).key);
         }
-        // the selection variants appear when they are swept or differ from the default
-        const llama_sparq_params d = llama_sparq_default_params();
-        if (!p.selector.empty() && (p.selector.size() > 1 || p.selector[0] != d.selector)) {
-            fields.emplace_back("sparq_selector");
-        }
-        if (!p.gqa.empty() && (p.gqa.size() > 1 || p.gqa[0] != d.gqa)) {
-            fields.emplace_back("sparq_gqa");
-        }
-        if (!p.basis.empty() && (p.basis.size() > 1 || p.basis[0] != d.basis)) {
-            fields.emplace_back("sparq_basis");
-        }
-        if (!p.mean_v.empty() && (p.mean_v.size() > 1 || p.mean_v[0] != (int) d.mean_v)) {
-            fields.emplace_back("sparq_mean_v");
-        }
-        if (!p.index_lists.empty() && (p.index_lists.size() > 1 || p.index_lists[0] != d.index_lists)) {
-            fields.emplace_back("sparq_index_lists");
-        }
-        if (!p.index_probe.empty() && (p.index_probe.size() > 1 || p.index_probe[0] != d.index_probe)) {
-            fields.emplace_back("sparq_index_probe");
+    }
+    for (const char * f : { "sparq_calls", "sparq_compr", "sparq_mean_k" }) {
+        fields.emplace_back(f);
+    }
+    const llama_sparq_params d = llama_sparq_default_params();
+    for (size_t i = 0; i < sparq_n_settings; ++i) {
+        const std::vector<double> & l = p.lists[i];
+        if (sparq_bench_row(i) && !(sparq_settings[i].shown & SPARQ_BENCH_MD_ALWAYS) && !l.empty() &&
+            (l.size() > 1 || l[0] != sparq_setting_get(d, sparq_settings[i]))) {
+            fields.push_back(sparq_spelling_of(i).key);
         }
     }
 }

@@ -3,6 +3,7 @@
 #include "server-sparq.h"
 
 #include "log.h"
+#include "sparq-settings.h"
 
 #include <mutex>
 #include <sstream>
@@ -12,7 +13,6 @@ namespace {
 // what the endpoints report: written by the decoding thread, read by the HTTP threads
 struct server_sparq_snapshot {
     std::mutex         mutex;
-    bool               enabled = false;
     llama_sparq_params params  = llama_sparq_default_params();
     llama_sparq_stats  stats   = {};
 };
@@ -53,8 +53,7 @@ void server_sparq_update(llama_context * ctx) {
     }
     server_sparq_snapshot & s = server_sparq_state();
     std::lock_guard<std::mutex> lock(s.mutex);
-    s.enabled = ctx && p.enabled;
-    s.params  = p;
+    s.params  = p; // llama_sparq_default_params() (off) without a context
     s.stats   = st;
 }
 
@@ -67,7 +66,22 @@ std::string server_sparq_prometheus() {
             << "# TYPE llamacpp:" << name << " " << type << "\n"
             << "llamacpp:" << name << " " << value << "\n";
     };
-    item("gauge", "sparq_enabled", "SparQ attention on (1) or off (0)", s.enabled ? 1.0 : 0.0);
+    // the settings, one gauge per row of the table (an enum's value by name, in a label)
+    for (size_t i = 0; i < sparq_n_settings; ++i) {
+        const sparq_setting & st = sparq_settings[i];
+        if (!(st.shown & SPARQ_IN_METRICS)) {
+            continue;
+        }
+        const std::string name = std::string("sparq_") + st.name;
+        const std::string help = std::string("SparQ setting ") + st.name + ": " + st.help;
+        if (st.kind == SPARQ_KIND_ENUM) {
+            out << "# HELP llamacpp:" << name << " " << help << " (1 for the value in use)\n"
+                << "# TYPE llamacpp:" << name << " gauge\n"
+                << "llamacpp:" << name << "{" << st.name << "=\"" << sparq_setting_text(s.params, st) << "\"} 1\n";
+        } else {
+            item("gauge", name.c_str(), help.c_str(), sparq_setting_get(s.params, st));
+        }
+    }
     item("gauge", "sparq_layers", "KV-cache layers with SparQ data (full-attention layers)", s.stats.n_layers);
     item("counter", "sparq_calls_total", "Attention calls (layer x ubatch) run with SparQ", (double) s.stats.n_sparq);
     out << "# HELP llamacpp:sparq_dense_calls_total Attention calls run dense while SparQ was on, by reason\n"
@@ -95,22 +109,22 @@ common_json server_sparq_props() {
         const char * name = llama_sparq_dense_reason_name(r);
         dense[name ? name : "unknown"] = s.stats.n_dense[r];
     }
-    return common_json {
-        { "enabled",     s.enabled },
-        { "r",           s.params.r },
-        { "k",           s.params.k },
-        { "l",           s.params.l },
-        { "min_kv",      s.params.min_kv },
-        { "all_rows",    s.params.all_rows },
-        { "selector",    name_or_unknown(llama_sparq_selector_name(s.params.selector)) },
-        { "gqa",         name_or_unknown(llama_sparq_gqa_name(s.params.gqa)) },
-        { "basis",       name_or_unknown(llama_sparq_basis_name(s.params.basis)) },
-        { "mean_v",      s.params.mean_v },
-        { "index_lists", s.params.index_lists },
-        { "index_probe", s.params.index_probe },
-        { "coverage",    s.params.coverage },
-        { "k_min",       s.params.k_min },
-        { "k_frac",      s.params.k_frac },
+    common_json props = common_json::object();
+    // the settings, one field per row of the table
+    for (size_t i = 0; i < sparq_n_settings; ++i) {
+        const sparq_setting & st = sparq_settings[i];
+        if (!(st.shown & SPARQ_IN_PROPS)) {
+            continue;
+        }
+        const double v = sparq_setting_get(s.params, st);
+        switch (st.kind) {
+            case SPARQ_KIND_BOOL:  props[st.name] = v != 0.0; break;
+            case SPARQ_KIND_INT:   props[st.name] = (int32_t) v; break;
+            case SPARQ_KIND_FLOAT: props[st.name] = (float) v; break;
+            case SPARQ_KIND_ENUM:  props[st.name] = name_or_unknown(st.names((int32_t) v)); break;
+        }
+    }
+    const common_json counters {
         { "n_layers",    s.stats.n_layers },
         { "extra_bytes", s.stats.extra_bytes },
         { "kv_bytes",    s.stats.kv_bytes },
@@ -124,4 +138,8 @@ common_json server_sparq_props() {
         { "coverage_measured", s.stats.coverage },
         { "coverage_min", s.stats.coverage_min },
     };
+    for (const auto & [key, value] : counters.items()) {
+        props[key] = value;
+    }
+    return props;
 }

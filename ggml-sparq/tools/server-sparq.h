@@ -5,7 +5,8 @@
 //   one unified KV stream, where decode steps with several sequences run dense (reason
 //   shared_stream), so with --sparq the slots get their own streams (n_ctx / n_slots cells
 //   each) and an explicit --kv-unified with several slots is refused;
-// - the SparQ settings and counters in /metrics (Prometheus) and /props ("sparq").
+// - the SparQ settings (one gauge / field per row of the settings' table) and counters in /metrics
+//   (Prometheus) and /props ("sparq").
 //
 // The counters are written while a batch is decoded, and the server answers /metrics and
 // /props on other threads while it decodes, so the decoding thread copies them into a

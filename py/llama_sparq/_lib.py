@@ -5,11 +5,11 @@ The wheel ships llama.cpp's shared libraries and tools in ``llama_sparq/lib``.
 llama-cpp-python's Python layer (``llama_cpp``) is imported, ``LLAMA_CPP_LIB_PATH`` is
 pointed at that folder so its ``Llama`` runs on the fork's ``libllama``. The library is
 opened through the cffi bindings of the fork's C API (``llama_sparq.bindings``, bound
-from the installed ``llama-sparq.h``) and checked first: the version string's ABI, the
-header's ABI, ``llama_sparq_abi_version()`` and the size of ``struct llama_sparq_params``
-must all agree with this package, so a missing or mismatched library is reported at
-import with what was found and what to do, instead of failing later with undefined
-symbols or a wrong struct layout.
+from the installed ``llama-sparq.h``) and checked first: the version string's ABI and
+``llama_sparq_abi_version()`` must equal this package's (``ABI_VERSION``: the installed
+header's ``LLAMA_SPARQ_ABI_VERSION``), and the size of ``struct llama_sparq_params`` the
+header's, so a missing or mismatched library is reported at import with what was found
+and what to do, instead of failing later with undefined symbols or a wrong struct layout.
 """
 
 from __future__ import annotations
@@ -18,8 +18,6 @@ import os
 import re
 from pathlib import Path
 
-# Must equal LLAMA_SPARQ_ABI in CMakeLists.txt / LLAMA_SPARQ_ABI_VERSION in llama-sparq.h.
-ABI_VERSION = 9
 PACKAGE_VERSION = "0.1.0"
 
 _REINSTALL = ("rebuild and reinstall the package from the repository root with `make install` "
@@ -28,6 +26,20 @@ _REINSTALL = ("rebuild and reinstall the package from the repository root with `
 
 class LibraryError(ImportError):
     """The fork's native library is missing or does not match this Python package."""
+
+
+def _package_abi() -> int | None:
+    """The ABI this package was built with: LLAMA_SPARQ_ABI_VERSION of the header installed with it
+    (the one place the number is written); None when the header is missing (check_library says so)."""
+    from .bindings.settings import SettingsError, abi_version
+
+    try:
+        return abi_version()
+    except (SettingsError, OSError, KeyError):
+        return None
+
+
+ABI_VERSION = _package_abi()
 
 
 def lib_dir() -> Path:
@@ -54,6 +66,7 @@ _lib = None
 def _bindings():
     try:
         from . import bindings
+        from .bindings import capi  # noqa: F401  (the cffi bindings, built from the header now)
     except ImportError as e:  # BindingError included: the header is missing or unreadable
         raise LibraryError(f"llama-sparq: the C API bindings cannot be set up: {e}; {_REINSTALL}") from e
     return bindings
@@ -87,9 +100,6 @@ def check_library(path: Path | None = None) -> str:
     if int(m.group(2)) != ABI_VERSION:
         raise LibraryError(f"llama-sparq: {p} has ABI {m.group(2)} ({version}), this Python package needs "
                            f"ABI {ABI_VERSION} (llama-sparq {PACKAGE_VERSION}); {_REINSTALL}")
-    if b.HEADER_ABI != ABI_VERSION:
-        raise LibraryError(f"llama-sparq: the installed header {b.header_path()} has ABI {b.HEADER_ABI}, this "
-                           f"Python package needs ABI {ABI_VERSION}; {_REINSTALL}")
     try:
         b.check_library(lib, p)
     except (b.BindingError, AttributeError) as e:

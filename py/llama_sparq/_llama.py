@@ -8,6 +8,7 @@ import os
 import threading
 
 from ._lib import setup_llama_cpp
+from .bindings import settings as _table
 
 setup_llama_cpp()
 
@@ -35,15 +36,12 @@ def check_model_file(model_path) -> str:
 
 def sparq_keyword(field: str) -> str:
     """The Llama keyword of a field of struct llama_sparq_params: enabled -> sparq, r -> sparq_r, ..."""
-    return "sparq" if field == "enabled" else "sparq_" + field
+    return _table.keyword(field)
 
 
 def sparq_field(keyword: str) -> str | None:
     """The struct field of a Llama keyword (sparq -> enabled, sparq_r -> r); None for another name."""
-    if keyword == "sparq":
-        return "enabled"
-    f = keyword[len("sparq_"):] if keyword.startswith("sparq_") else None
-    return None if f == "enabled" else f
+    return _table.field_of(keyword)
 
 
 def sparq_settings(**keywords) -> dict:
@@ -103,36 +101,10 @@ def _model_devices(devices):
 class Llama(llama_cpp.Llama):
     """llama-cpp-python's ``Llama`` (same methods and arguments) on the fork's libllama.
 
-    SparQ keyword arguments (applied after the context exists; any of them switches SparQ on):
+    SparQ keyword arguments (applied after the context exists; any of them switches SparQ on),
+    one per row of the settings' table (``llama-sparq-settings.def``), with the library's defaults:
 
-    - ``sparq``: True for SparQ with the defaults (r = head size / 4, the calibrated k, the scaled basis)
-    - ``sparq_r``: query components kept, 1..head size (0: head size / 4)
-    - ``sparq_k``: positions attended, >= 1 (a fixed budget); 0 (the default): calibrated per step,
-      KV head and layer: the fewest cells whose estimated attention mass reaches ``sparq_coverage``,
-      at least ``sparq_k_min`` and at most ``sparq_k_frac`` of the KV cells (a KV head whose target
-      lies beyond that attends over every cell); the CPU op only (a KV cache on a GPU needs k >= 1)
-    - ``sparq_l``: local window, 0..k (-1: k / 4; calibrated: k_min / 4)
-    - ``sparq_coverage``: the calibrated k's target share of the attention mass, (0, 1] (default
-      0.95); with a fixed k, the target the first SparQ step checks it against (a warning when short)
-    - ``sparq_k_min``, ``sparq_k_frac``: the calibrated k's floor (default 128) and cap as a share of
-      the KV cells (default 0.25)
-    - ``sparq_min_kv``: decoding stays dense while the sequence holds fewer KV cells, >= 0; -1 (the
-      default): 1024 with the cache in host memory, 98304 with the cache on a GPU (``sparq_params()``
-      gives the value in use)
-    - ``sparq_all_rows``: apply SparQ to every query row (teacher-forced evaluation)
-    - ``sparq_selector``: ``"sparq"`` (default); ``"oracle"`` (exact top-k, an accuracy baseline); the
-      paper's baselines ``"streaming"`` (LM-Infinite) and ``"h2o"`` (heavy hitters); ``"index"`` (top-k
-      over a vector index of the keys, the second paper's selector)
-    - ``sparq_gqa``: ``"shared"`` (one choice per KV head, the paper) or ``"per_head"`` (each
-      query head chooses k - l cells, the group attends over their union)
-    - ``sparq_mean_v``: mean-value reallocation on (default) or off
-    - ``sparq_basis``: how step 1 ranks components: ``"model"`` (|q| over the keys' own
-      components, the paper), ``"scaled"`` (|q| times the keys' RMS per component; the
-      default) or ``"pca"``
-      (the keys' principal axes per layer and KV head, ranked likewise); both calibrated on
-      the cache's keys at the first SparQ step
-    - ``sparq_index_lists``, ``sparq_index_probe``: the index selector's lists per layer and KV
-      head (default 256) and how many a step reads (default 16)
+{sparq_keywords}
 
     The keywords are the fields of the C API's ``struct llama_sparq_params`` (``sparq`` for
     ``enabled``, ``sparq_<field>`` for the others); the library checks their values
@@ -151,18 +123,12 @@ class Llama(llama_cpp.Llama):
     this process's CPU op).
     """
 
-    def __init__(self, model_path: str, *args, sparq=None, sparq_r=None, sparq_k=None, sparq_l=None,
-                 sparq_min_kv=None, sparq_all_rows=None, sparq_selector=None, sparq_gqa=None, sparq_mean_v=None,
-                 sparq_basis=None, sparq_index_lists=None, sparq_index_probe=None, sparq_coverage=None,
-                 sparq_k_min=None, sparq_k_frac=None, rpc_servers=None, **kwargs):
+    def __init__(self, model_path: str, *args, rpc_servers=None, **kwargs):
+        # the SparQ keywords (the table's: the signature below lists them), the rest for llama_cpp.Llama
+        given = sparq_settings(**{k: kwargs.pop(k) for k in list(kwargs) if k == "sparq" or k.startswith("sparq_")})
         path = check_model_file(model_path)
         from . import _sparq
 
-        given = sparq_settings(sparq=sparq, sparq_r=sparq_r, sparq_k=sparq_k, sparq_l=sparq_l,
-                               sparq_min_kv=sparq_min_kv, sparq_all_rows=sparq_all_rows, sparq_selector=sparq_selector,
-                               sparq_gqa=sparq_gqa, sparq_mean_v=sparq_mean_v, sparq_basis=sparq_basis,
-                               sparq_index_lists=sparq_index_lists, sparq_index_probe=sparq_index_probe,
-                               sparq_coverage=sparq_coverage, sparq_k_min=sparq_k_min, sparq_k_frac=sparq_k_frac)
         # parsing (types, names) and the ranges the model does not set, before the model loads;
         # the library checks again against the context (r against the head size)
         params = _sparq.make_params(given, sparq_keyword) if given else None
@@ -258,3 +224,34 @@ class Llama(llama_cpp.Llama):
         # also called from __del__ when __init__ failed before llama_cpp set anything up
         if hasattr(self, "_stack"):
             super().close()
+
+
+def _default_text(row, value) -> str:
+    if row.kind == "bool":
+        return "on" if value else "off"
+    return repr(value) if row.kind == "enum" else str(value)
+
+
+def _document_keywords() -> None:
+    """Llama's signature and docstring get the table's keywords: ``sparq``, ``sparq_r``, ... (None: not given)."""
+    import inspect
+    import textwrap
+
+    from . import _sparq
+
+    defaults = _sparq.default_params()
+    lines = []
+    for row in _table.table():
+        if "python" in row.shown:
+            text = f"``{row.keyword}``: {row.help} (default: {_default_text(row, defaults[row.name])})"
+            lines.append(textwrap.fill(text, 100, initial_indent="    - ", subsequent_indent="      "))
+    Llama.__doc__ = Llama.__doc__.replace("{sparq_keywords}", "\n".join(lines))
+    sig = inspect.signature(Llama.__init__)
+    params = [p for p in sig.parameters.values() if p.kind != p.VAR_KEYWORD]
+    params += [inspect.Parameter(row.keyword, inspect.Parameter.KEYWORD_ONLY, default=None)
+               for row in _table.table() if "python" in row.shown]
+    params += [p for p in sig.parameters.values() if p.kind == p.VAR_KEYWORD]
+    Llama.__init__.__signature__ = sig.replace(parameters=params)
+
+
+_document_keywords()

@@ -28,13 +28,14 @@ import types
 from typing import Any, Dict, List, Optional
 
 from ._llama import Llama, check_sparq_settings  # first: points llama_cpp at the fork's library
+from .bindings import settings as _table
 
 import llama_cpp  # noqa: E402
 
 try:
     import uvicorn  # noqa: E402
     from fastapi import APIRouter, Depends  # noqa: E402
-    from pydantic import Field  # noqa: E402
+    from pydantic import Field, create_model  # noqa: E402
 
     from llama_cpp.server import app as _app  # noqa: E402
     from llama_cpp.server import model as _model  # noqa: E402
@@ -46,49 +47,27 @@ except ImportError as e:  # pragma: no cover - depends on the installation
 
 __all__ = ["SparqModelSettings", "SparqSettings", "SparqConfigFileSettings", "SparqLlamaProxy", "create_app", "main"]
 
-SPARQ_FIELDS = ("sparq", "sparq_r", "sparq_k", "sparq_l", "sparq_min_kv", "sparq_all_rows", "sparq_selector",
-                "sparq_gqa", "sparq_mean_v", "sparq_basis", "sparq_index_lists", "sparq_index_probe",
-                "sparq_coverage", "sparq_k_min", "sparq_k_frac")
+_TYPES = {"bool": bool, "int": int, "float": float, "enum": str}
+_ROWS = [row for row in _table.table() if "python" in row.shown]
+
+# the SparQ keywords, one per row of the settings' table (llama-sparq-settings.def)
+SPARQ_FIELDS = tuple(row.keyword for row in _ROWS)
 
 
-class SparqModelSettings(ModelSettings):
-    """llama-cpp-python's model settings plus ``llama_sparq.Llama``'s SparQ keywords (None: the
-    library's default; any value given switches SparQ on unless ``sparq`` is false)."""
-
-    sparq: Optional[bool] = Field(default=None, description="SparQ attention for decode steps, at the defaults "
-                                  "unless other --sparq-* values are given (any of them switches SparQ on)")
-    sparq_r: Optional[int] = Field(default=None, description="SparQ: query components kept, 1..head size "
-                                   "(0: head size / 4)")
-    sparq_k: Optional[int] = Field(default=None, description="SparQ: positions attended, >= 1 a fixed budget, or 0 "
-                                   "(the default) calibrated per step, KV head and layer from the estimated attention "
-                                   "mass (sparq_coverage, sparq_k_min, sparq_k_frac)")
-    sparq_l: Optional[int] = Field(default=None, description="SparQ: local window, 0..k (-1: k / 4; calibrated: "
-                                   "k_min / 4)")
-    sparq_coverage: Optional[float] = Field(default=None, description="SparQ calibrated k: target share of the "
-                                            "estimated attention mass, (0, 1] (default 0.95)")
-    sparq_k_min: Optional[int] = Field(default=None, description="SparQ calibrated k: fewest cells, >= 1 "
-                                       "(default 128)")
-    sparq_k_frac: Optional[float] = Field(default=None, description="SparQ calibrated k: most cells as a share of "
-                                          "the KV cells, (0, 1] (default 0.25)")
-    sparq_min_kv: Optional[int] = Field(default=None, description="SparQ: decode stays dense while the sequence "
-                                        "holds fewer KV cells, >= 0; -1 (default): 1024 with the cache in host "
-                                        "memory, 98304 on a GPU")
-    sparq_all_rows: Optional[bool] = Field(default=None, description="SparQ: every query row (evaluation)")
-    # names are checked by llama_sparq.Llama (the library's list), not repeated here
-    sparq_selector: Optional[str] = Field(default=None, description="SparQ: cell selector (sparq, oracle; the baselines "
-                                          "streaming, h2o; index: top-k over a vector index of the keys)")
-    sparq_gqa: Optional[str] = Field(default=None, description="SparQ: GQA choice (shared, per_head)")
-    sparq_mean_v: Optional[bool] = Field(default=None, description="SparQ: mean-value reallocation (default on)")
-    sparq_basis: Optional[str] = Field(default=None, description="SparQ: step-1 basis (model, scaled, pca; "
-                                       "default scaled)")
-    sparq_index_lists: Optional[int] = Field(default=None, description="SparQ selector index: lists per layer and "
-                                             "KV head, 1..65536 (default 256)")
-    sparq_index_probe: Optional[int] = Field(default=None, description="SparQ selector index: lists a step reads, "
-                                             "1..index_lists (default 16)")
-
+class _SparqModelSettingsBase(ModelSettings):
     def sparq_kwargs(self) -> Dict[str, Any]:
         """The SparQ keywords for ``llama_sparq.Llama`` (only those given)."""
         return {k: getattr(self, k) for k in SPARQ_FIELDS if getattr(self, k) is not None}
+
+
+# an enum's names are checked by llama_sparq.Llama (the library's list), not repeated here
+SparqModelSettings = create_model(
+    "SparqModelSettings", __base__=_SparqModelSettingsBase, __module__=__name__,
+    __doc__="""llama-cpp-python's model settings plus ``llama_sparq.Llama``'s SparQ keywords (None: the
+    library's default; any value given switches SparQ on unless ``sparq`` is false).""",
+    **{row.keyword: (Optional[_TYPES[row.kind]], Field(default=None, description=("" if row.name == "enabled" else
+                                                                                   "SparQ: ") + row.help))
+       for row in _ROWS})
 
 
 class SparqSettings(ServerSettings, SparqModelSettings):

@@ -14,8 +14,11 @@ namespace sparq_cpu {
 // with key >= t is a candidate, which are a few more than kk. Only vectorised passes
 // touch all n keys; the selection proper (nth_element) sees ~4 kk group maxima and
 // the candidates. Returns the number of candidates written to out (at most cap).
-int select_chunk(const ctx & C, int ith, const float * ck, int n, int base, int kk, cand * out) {
+int select_chunk(const ctx & C, int ith, const float * ck, int n, int base, int kk, cand * out, float * bound) {
     if (n <= 0 || kk <= 0) {
+        if (bound) {
+            *bound = n <= 0 ? -INFINITY : INFINITY; // no cells, or none offered
+        }
         return 0;
     }
     const sparq_isa * isa = C.isa;
@@ -39,6 +42,9 @@ int select_chunk(const ctx & C, int ith, const float * ck, int n, int base, int 
         std::nth_element(gm, gm + (kk - 1), gm + G, std::greater<float>());
         t = gm[kk - 1];
     }
+    if (bound) {
+        *bound = t; // -inf: every cell is offered; else every key below t is not
+    }
     if (t != -INFINITY) {
         t = std::nextafter(t, -INFINITY); // filter_gt(t') selects key >= t
     }
@@ -51,14 +57,17 @@ int select_chunk(const ctx & C, int ith, const float * ck, int n, int base, int 
     if (m <= C.L.cap) {
         return m;
     }
-    // many ties at the bound: keep the kk best
-    compact(dst, m, kk);
+    // many ties at the bound: keep the kk best (cells left out may equal the kk-th key)
+    const float kth = compact(dst, m, kk);
+    if (bound) {
+        *bound = std::nextafter(kth, INFINITY);
+    }
     memcpy(out, dst, (size_t) kk * sizeof(cand));
     return kk;
 }
 
 int merge_candidates(const ctx & C, int u, int w, const row_info * ri, const int32_t * wl, int kk, cand * merge,
-                     int32_t * sel, cov_measure * cov) {
+                     int32_t * sel, cov_measure * cov, bool staged, bool * again) {
     const sparq_args * a = C.a;
     int n_sel = 0;
     long reach_sum = 0;
@@ -66,9 +75,14 @@ int merge_candidates(const ctx & C, int u, int w, const row_info * ri, const int
     // one list (group-shared) or one per query head, merged over the chunks
     for (int h = 0; h < C.L.ph; ++h) {
         int n_m = 0;
+        // staged: every eligible cell at or above the largest bound of the chunks was offered
+        float bound = -INFINITY;
         for (int c = 0; c < C.L.nc; ++c) {
             const int n_c = *C.ccount(w, c, h);
             const cand * cc = C.cands(w, c, h);
+            if (staged) {
+                bound = std::max(bound, *C.cbound(w, c, h));
+            }
             for (int i = 0; i < n_c; ++i) {
                 // window cells are added below, not chosen by score
                 if (!a->win || !std::binary_search(wl, wl + ri->n_win, cc[i].idx)) {
@@ -76,16 +90,25 @@ int merge_candidates(const ctx & C, int u, int w, const row_info * ri, const int
                 }
             }
         }
+        if (bound > -INFINITY) {
+            // what is ranked from here on: the candidates at or above the bound, which are exactly
+            // the best cells of the whole row down to it
+            n_m = (int) (std::partition(merge, merge + n_m, [bound](const cand & x) { return x.key >= bound; }) - merge);
+        }
         int keep = kk;
         if (a->cov_p > 0.0f) {
             // the coverage target: the fewest best cells reaching it (measured, or the selection)
             int reached = 0;
             const int n_cut = sparq_coverage_cut(C, u, w, h, ri, wl, merge, n_m, &reached);
-            reach_sum += n_cut;
-            reached_all &= reached && n_cut <= kk; // within the cap (k - window)
             if (a->cov_apply) {
                 keep = std::min(kk, std::max(n_cut, a->k_min - ri->n_win));
             }
+            if (bound > -INFINITY && (!reached || keep > n_m)) {
+                *again = true; // not proven above the bound: the chunks offer again at the full cap
+                return 0;
+            }
+            reach_sum += n_cut;
+            reached_all &= reached && n_cut <= kk; // within the cap (k - window)
         }
         if (n_m > keep) {
             if (keep > 0) {

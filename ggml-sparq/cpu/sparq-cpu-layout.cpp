@@ -52,6 +52,7 @@ layout make_layout(const sparq_args * a, int nth) {
     L.off_stat   = o; o += align_up((size_t) L.wave * L.nc * L.g * 2 * sizeof(float));
     L.off_ccount = o; o += align_up((size_t) L.wave * L.nc * L.ph * sizeof(int32_t));
     L.off_cand   = o; o += align_up((size_t) L.wave * L.nc * L.ph * L.cap * sizeof(cand));
+    L.off_cbound = o; o += align_up((size_t) L.wave * L.nc * L.ph * sizeof(float));
     L.off_logit  = o; o += align_up(L.g > 1 && !sel_baseline(a) ? (size_t) L.wave * L.g * S * sizeof(float) : 0);
     L.off_h2o    = o; o += align_up(a->selector == SPARQ_SEL_H2O ? (size_t) nth * a->n_stream * a->n_head_kv * S * sizeof(float) : 0);
     L.off_ivf    = o; o += align_up(a->selector == SPARQ_SEL_INDEX ? (size_t) L.U * ivf_unit_floats(a, L.ph) * sizeof(float) : 0);

@@ -45,8 +45,9 @@ void phase_d(const ctx & C, int wb, int we, int ith) {
         const row_info * ri = C.rinfo(C.unit_row(u));
         for (int h = 0; h < C.L.ph; ++h) {
             *C.ccount(w, ith, h) = 0;
+            *C.cbound(w, ith, h) = -INFINITY;
         }
-        const int kk = row_kk_scan(a, ri);
+        const int kk = staged_selection(a, C.L.g) ? row_kk_first(a, ri) : row_kk_scan(a, ri);
         if (ri->n_valid <= row_k(a, ri->n_valid) || ri->dense_all || kk <= 0) {
             continue;
         }
@@ -56,7 +57,7 @@ void phase_d(const ctx & C, int wb, int we, int ith) {
         if (s1 <= s0) {
             continue;
         }
-        sparq_group_candidates(C, u, w, s0, s1, kk, ith);
+        sparq_group_candidates(C, u, w, s0, s1, kk, ith, ith);
     }
 }
 

@@ -63,7 +63,7 @@ static void dense_row(const ctx & C, int u, int R, int ith) {
 // row R's cells into sel: the first k valid cells of a row with at most k (dense), else the
 // chunks' merged candidates (*n_cand of them, first) and the window list; returns their number
 static int unit_selection(const ctx & C, int u, int w, int R, bool dense, cand * merge, int32_t * sel, int * n_cand,
-                          cov_measure * cov) {
+                          cov_measure * cov, int ith) {
     const sparq_args * a = C.a;
     const int S = a->n_kv;
     const row_info * ri = C.rinfo(R);
@@ -79,7 +79,12 @@ static int unit_selection(const ctx & C, int u, int w, int R, bool dense, cand *
         const int kk = row_kk(a, ri);
         const int32_t * wl = C.win(R);
         if (kk > 0) {
-            n_sel = merge_candidates(C, u, w, ri, wl, kk, merge, sel, cov);
+            bool again = false;
+            n_sel = merge_candidates(C, u, w, ri, wl, kk, merge, sel, cov, staged_selection(a, C.L.g), &again);
+            if (again) {
+                sparq_group_candidates_all(C, u, w, ith);
+                n_sel = merge_candidates(C, u, w, ri, wl, kk, merge, sel, cov);
+            }
             *n_cand = n_sel;
         }
         for (int i = 0; i < ri->n_win; ++i) {
@@ -225,7 +230,7 @@ void phase_e(const ctx & C, int wb, int we, int ith, int nth) {
         }
         int n_cand = 0;
         cov_measure cov{ -1, 0 };
-        const int n_sel = unit_selection(C, u, w, R, dense, merge, sel, &n_cand, &cov);
+        const int n_sel = unit_selection(C, u, w, R, dense, merge, sel, &n_cand, &cov, ith);
         if (!dense && a->cov_apply && a->cov_p > 0.0f && !cov.reached) {
             // the calibrated k: the target needs more than the cap's cells, so this row (a diffuse
             // head) attends over every valid cell, exactly

@@ -40,6 +40,7 @@ struct layout {
     int sel_max;    // cells a unit's selection can hold
     int chunk_max;
     size_t off_mask, off_cnt, off_row, off_win, off_i1, off_qs, off_stat, off_ccount, off_cand, off_logit, off_thread;
+    size_t off_cbound; // per (wave slot, chunk, list): every eligible key the chunk did not offer is below it
     size_t off_h2o; // H2O: per thread, the attention weights of its rows per (stream, KV head, cell)
     size_t off_ivf; // index: per unit, the group's summed query (d), the lists' |c|^2 and probe flags (n_list each)
     size_t off_ivf_n; // index: per unit of the wave and chunk, the key rows scored
@@ -113,6 +114,9 @@ struct ctx {
     float     * stat(int w, int c)          const { return (float *) (base + L.off_stat) + ((size_t) w * L.nc + c) * L.g * 2; }
     int32_t   * ccount(int w, int c, int h = 0) const {
         return (int32_t *) (base + L.off_ccount) + ((size_t) w * L.nc + c) * L.ph + h;
+    }
+    float     * cbound(int w, int c, int h = 0) const {
+        return (float *) (base + L.off_cbound) + ((size_t) w * L.nc + c) * L.ph + h;
     }
     cand      * cands(int w, int c, int h = 0) const {
         return (cand *) (base + L.off_cand) + (((size_t) w * L.nc + c) * L.ph + h) * L.cap;
@@ -208,6 +212,20 @@ inline int row_kk_scan(const sparq_args * a, const row_info * ri) {
     return a->win && kk > 0 ? kk + ri->n_win : kk;
 }
 
+// The calibrated k with GQA ranks in two stages: each chunk first offers only the candidates a
+// typical cut needs (row_kk_first: at least 2 k_min, an eighth of the row's cap), with the bound
+// under which it left cells out; a list's cut found among the candidates above every chunk's bound
+// is the cut over all cells, and a unit whose cut is not (its attention spread wide) offers again
+// at the full cap. The same cells either way; the first stage ranks a fraction of them.
+inline bool staged_selection(const sparq_args * a, int g) {
+    return a->cov_apply && a->cov_p > 0.0f && g > 1 && !sel_baseline(a);
+}
+
+inline int row_kk_first(const sparq_args * a, const row_info * ri) {
+    const int first = std::max(2 * a->k_min, row_k(a, ri->n_valid) / 8) + (a->win ? ri->n_win : 0);
+    return std::min(row_kk_scan(a, ri), first);
+}
+
 // the exact logit of query q and cell s of (stream, KV head), mask included
 inline float exact_logit(const ctx & C, const float * q, int st, int kvh, int s, const float * m) {
     const sparq_args * a = C.a;
@@ -221,16 +239,20 @@ inline float exact_logit(const ctx & C, const float * q, int st, int kvh, int s,
 // candidates, shared by every selector that ranks cells (sparq-cpu-candidates.cpp)
 // ---------------------------------------------------------------------------
 
-// the kk best of a chunk's keys ck[0..n) (cells base..) into out; returns their number
-int select_chunk(const ctx & C, int ith, const float * ck, int n, int base, int kk, cand * out);
+// the kk best of a chunk's keys ck[0..n) (cells base..) into out; returns their number. bound
+// (optional): every key > -inf of the chunk that was not offered is below it (-inf: all were)
+int select_chunk(const ctx & C, int ith, const float * ck, int n, int base, int kk, cand * out,
+                 float * bound = nullptr);
 // phase E: the chunks' candidates of wave slot w (less the cells of the window list wl) merged
 // into the kk best of each list, their cells into sel (merge[0..kk) keeps the last list's keys);
 // returns their number
 // With a coverage target (cov_p) the chunks offer k_rank cells and each list is first cut by
-// sparq_coverage_cut; cov (optional) gets its measure.
+// sparq_coverage_cut; cov (optional) gets its measure. staged: the chunks offered the first
+// stage's candidates (staged_selection); *again is set, and nothing chosen, when a list's cut or
+// selection is not proven among them: the unit's chunks must offer at the full cap (unstaged).
 struct cov_measure { int n_reach; int reached; };
 int merge_candidates(const ctx & C, int u, int w, const row_info * ri, const int32_t * wl, int kk, cand * merge,
-                     int32_t * sel, cov_measure * cov);
+                     int32_t * sel, cov_measure * cov, bool staged = false, bool * again = nullptr);
 
 // ---------------------------------------------------------------------------
 // the phases (sparq-cpu.cpp runs them in this order; sparq-cpu.h says what each does)
@@ -253,9 +275,12 @@ void sparq_components(const ctx & C, int u, float * absq, int32_t * order);
 // phase C, per unit and chunk [s0, s1): approximate logits from K^T, softmax statistics, and the
 // chunk's candidates (g == 1) or the group's logits (g > 1, for phase D)
 void sparq_chunk_scores(const ctx & C, int u, int w, int s0, int s1, int ith);
-// phase D, per unit and chunk [s0, s1) before the window: the GQA candidates (per head, or by the
-// group-summed normalised scores)
-void sparq_group_candidates(const ctx & C, int u, int w, int s0, int s1, int kk, int ith);
+// phase D, per unit and chunk c = [s0, s1) before the window: the GQA candidates (per head, or by
+// the group-summed normalised scores), kk of them, with the chunk's bound; scratch of thread ith
+void sparq_group_candidates(const ctx & C, int u, int w, int s0, int s1, int kk, int c, int ith);
+// phase E (the staged calibrated k): every chunk's GQA candidates of unit u again at the full cap,
+// by thread ith alone
+void sparq_group_candidates_all(const ctx & C, int u, int w, int ith);
 // phase E, per query head hh: alpha, the approximate softmax mass of the selection
 float sparq_alpha(const ctx & C, int u, int w, int hh, const int32_t * sel, int n_sel, int n_cand,
                   const cand * merge, const float * m);

@@ -111,14 +111,15 @@ void sparq_chunk_scores(const ctx & C, int u, int w, int s0, int s1, int ith) {
     }
 }
 
-void sparq_group_candidates(const ctx & C, int u, int w, int s0, int s1, int kk, int ith) {
+void sparq_group_candidates(const ctx & C, int u, int w, int s0, int s1, int kk, int c, int ith) {
     const int g = C.L.g;
     const int R = C.unit_row(u);
     if (C.L.ph > 1) {
         // per-head selection: each head's best cells by its own approximate logits
         // (masked cells hold -inf there, so they are never chosen)
         for (int h = 0; h < g; ++h) {
-            *C.ccount(w, ith, h) = select_chunk(C, ith, C.logits(w, h) + s0, s1 - s0, s0, kk, C.cands(w, ith, h));
+            *C.ccount(w, c, h) = select_chunk(C, ith, C.logits(w, h) + s0, s1 - s0, s0, kk, C.cands(w, c, h),
+                                              C.cbound(w, c, h));
         }
         return;
     }
@@ -156,7 +157,25 @@ void sparq_group_candidates(const ctx & C, int u, int w, int s0, int s1, int kk,
             }
         }
     }
-    *C.ccount(w, ith) = select_chunk(C, ith, ck, n, s0, kk, C.cands(w, ith));
+    *C.ccount(w, c) = select_chunk(C, ith, ck, n, s0, kk, C.cands(w, c), C.cbound(w, c));
+}
+
+void sparq_group_candidates_all(const ctx & C, int u, int w, int ith) {
+    const sparq_args * a = C.a;
+    const row_info * ri = C.rinfo(C.unit_row(u));
+    const int kk = row_kk_scan(a, ri);
+    for (int c = 0; c < C.L.nc; ++c) {
+        for (int h = 0; h < C.L.ph; ++h) {
+            *C.ccount(w, c, h) = 0;
+            *C.cbound(w, c, h) = -INFINITY;
+        }
+        int s0, s1;
+        chunk_range(a->n_kv, c, C.L.nc, &s0, &s1);
+        s1 = std::min(s1, (int) ri->w0);
+        if (s1 > s0 && kk > 0) {
+            sparq_group_candidates(C, u, w, s0, s1, kk, c, ith);
+        }
+    }
 }
 
 // the unit's softmax statistics of query head hh over the chunks: its maximum approximate logit

@@ -237,7 +237,7 @@ struct sparq_sel_smem {
 };
 
 // cells of list li per pass iteration in sparq_sel_pass (SPARQ_NT at a time, their loads in flight)
-#define SPARQ_PASS_UNROLL 4
+#define SPARQ_PASS_UNROLL 8
 
 // One pass over list li's cells in order, SPARQ_NT at a time (a warp's 32 cells are one bitmap
 // word): the window (by the unit's first list) and the eligible cells whose key's top bits are
@@ -645,12 +645,20 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_select(const sparq_cu
         __syncthreads();
     }
     const float * lg = a.logits + (size_t) c.u * a.g * a.S;
-    for (int i = 0; i < SPARQ_TS_CPT; ++i) {
-        const int s = t0 + i * SPARQ_NT + tid;
-        float x = -INFINITY;
-        if (s < t1) {
-            if (c.summed) {
-                if (lg[s] > -INFINITY) { // a valid cell (the logits hold the mask)
+    // the tile's keys: every load issued before any is used (SPARQ_TS_CPT in flight per thread)
+    float xs[SPARQ_TS_CPT];
+    if (c.summed) {
+#pragma unroll
+        for (int i = 0; i < SPARQ_TS_CPT; ++i) {
+            const int s = t0 + i * SPARQ_NT + tid;
+            xs[i] = s < t1 ? lg[s] : -INFINITY;
+        }
+#pragma unroll
+        for (int i = 0; i < SPARQ_TS_CPT; ++i) {
+            const int s = t0 + i * SPARQ_NT + tid;
+            if (s < t1) {
+                float x = -INFINITY;
+                if (xs[i] > -INFINITY) { // a valid cell (the logits hold the mask)
                     x = 0.0f;
                     for (int hh = 0; hh < a.g; ++hh) {
                         if (sM[hh] != -INFINITY) {
@@ -659,10 +667,20 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_select(const sparq_cu
                     }
                 }
                 a.keys[(size_t) c.u * a.S + s] = x;
-            } else {
-                x = c.keys[s];
+                xs[i] = x;
             }
         }
+    } else {
+#pragma unroll
+        for (int i = 0; i < SPARQ_TS_CPT; ++i) {
+            const int s = t0 + i * SPARQ_NT + tid;
+            xs[i] = s < t1 ? c.keys[s] : -INFINITY;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < SPARQ_TS_CPT; ++i) {
+        const int s = t0 + i * SPARQ_NT + tid;
+        const float x = xs[i];
         const bool el = s < t1 && s < c.w0 && x > -INFINITY && !(a.win && ((wb[(s - t0) >> 5] >> (s & 31)) & 1u));
         const unsigned int bin = el ? sparq_key_bits(x) >> SPARQ_NB_SHIFT : 0xffffffffu;
         // one shared-memory add per distinct bin of the warp (the top bits of nearby keys agree often)

@@ -33,7 +33,7 @@ class Case:
     n_head: int = 1
     n_head_kv: int = 1
     n_stream: int = 1
-    kv_type: str = "f16"      # f16 | f32
+    kv_type: str = "f16"      # f16 | f32 | q8_0 (K and V rows in q8_0 blocks, K^T f16 of the dequantized keys)
     mask: str = "full"        # none | full | holes | pad | causal
     mask_type: str = "f16"    # f16 | f32
     kt_pad: int = 0
@@ -83,13 +83,16 @@ SELECTORS = {"sparq": 0, "oracle": 1, "streaming": 2, "h2o": 3, "index": 4}
 def generate(c: Case):
     """Arrays of the case, in the reference's shapes, f16 values already rounded."""
     rng = np.random.default_rng(c.seed)
-    kv_dt = np.float16 if c.kv_type == "f16" else np.float32
+    kv_dt = np.float32 if c.kv_type == "f32" else np.float16  # K^T's type (a q8_0 cache keeps f16)
     # queries with a heavy tail over components (as real ones have), keys with a few
     # large channels, values plain
     comp_scale = np.exp(rng.normal(0.0, 0.7, size=c.d)).astype(np.float32)
     q = (rng.standard_normal((c.n_stream, c.n_rows, c.n_head, c.d)) * comp_scale).astype(np.float32)
     K = (rng.standard_normal((c.n_stream, c.S, c.n_head_kv, c.d)) * np.sqrt(comp_scale)).astype(kv_dt)
     V = rng.standard_normal((c.n_stream, c.S, c.n_head_kv, c.dv)).astype(kv_dt)
+    if c.kv_type == "q8_0":
+        # the values as the quantized cache holds them (float32, exact); write() stores their blocks
+        K, V = ref.round_kv(K, "q8_0"), ref.round_kv(V, "q8_0")
     mask = None
     if c.mask != "none":
         mask = np.zeros((c.n_stream, c.n_rows, c.S), np.float32)
@@ -175,21 +178,29 @@ def generate(c: Case):
     return a
 
 
+KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 2}
+
+
 def write(path: Path, c: Case, a: dict) -> None:
-    kv_type = 1 if c.kv_type == "f16" else 0
+    kv_type = KV_TYPES[c.kv_type]
     mask_type = -1 if a["mask"] is None else (1 if c.mask_type == "f16" else 0)
     win_n = 0 if a["win"] is None else a["win"].shape[-1]
     hdr = struct.pack("<4s19if", b"SPQ2", c.d, c.dv, c.S, c.n_rows, c.n_head, c.n_head_kv, c.n_stream,
                       c.r, c.k, c.l, kv_type, mask_type, c.kt_pad, win_n, SELECTORS[c.selector],
                       int(c.per_head), int(not c.mean_v), int(c.basis), c.sel_n, float(a["scale"]))
-    kv_dt = np.float16 if kv_type else np.float32
+    kv_dt = np.float16 if kv_type else np.float32  # K^T's (and K_sel's) type
+
+    def rows(x):  # K or V rows, (st, hkv, cell, d), in the cache's type
+        x = np.ascontiguousarray(x.transpose(0, 2, 1, 3))
+        return ref.q8_0_bytes(x) if c.kv_type == "q8_0" else x.astype(kv_dt).tobytes()
+
     with open(path, "wb") as f:
         f.write(hdr)
         # ggml layouts: q [d, n_rows, n_head, n_stream] -> numpy (st, head, row, d)
         f.write(np.ascontiguousarray(a["q"].transpose(0, 2, 1, 3), dtype=np.float32).tobytes())
         # K, V [d, n_kv, n_head_kv, n_stream] -> numpy (st, hkv, cell, d)
-        f.write(np.ascontiguousarray(a["K"].transpose(0, 2, 1, 3), dtype=kv_dt).tobytes())
-        f.write(np.ascontiguousarray(a["V"].transpose(0, 2, 1, 3), dtype=kv_dt).tobytes())
+        f.write(rows(a["K"]))
+        f.write(rows(a["V"]))
         if a["mask"] is not None:
             f.write(np.ascontiguousarray(a["mask"], dtype=np.float16 if mask_type == 1 else np.float32).tobytes())
         f.write(np.ascontiguousarray(a["v_sum"], dtype=np.float32).tobytes())
@@ -292,10 +303,13 @@ def check(c: Case, a: dict, out: np.ndarray, sel: np.ndarray | None) -> dict:
         scale = float(a["scale"])
         q_sel = None if a["q_sel"] is None else a["q_sel"][st].astype(np.float64)
         K_sel = None if a["K_sel"] is None else a["K_sel"][st].astype(np.float64)
+        if K_sel is None and c.kv_type == "q8_0":
+            K_sel = K.astype(np.float16).astype(np.float64)  # K^T: the f16 of the dequantized keys
         comp_w = None if a["comp_w"] is None else a["comp_w"].astype(np.float64)
         window = None if a["win"] is None else [a["win"][st, row] for row in range(c.n_rows)]
         kw = dict(r=c.r, k=c.k, l=c.l, mask=mask, scale=scale, vbar=vbar, per_head=c.per_head, mean_v=c.mean_v,
-                  oracle=c.selector == "oracle", comp_w=comp_w, window=window)
+                  oracle=c.selector == "oracle", comp_w=comp_w, window=window,
+                  kv_quant="q8_0" if c.kv_type == "q8_0" else None)
         if c.coverage:
             kw["coverage"] = (c.coverage, c.k_min)
         if c.baseline:
@@ -397,7 +411,7 @@ def check(c: Case, a: dict, out: np.ndarray, sel: np.ndarray | None) -> dict:
 def grid(quick: bool = False) -> list[Case]:
     """The kernels' test grid: head sizes 64/80/128/256, S 1..~33000, r 1..d, k 1..beyond S,
     l 0 and k/4, group sizes 1/4/8 with 1..8 KV heads, 1 and several query rows,
-    masks with holes and padding, f16 and f32 caches."""
+    masks with holes and padding, f16, f32 and q8_0 caches."""
     cases = []
     seed = 100
     def add(**kw):
@@ -487,4 +501,23 @@ def grid(quick: bool = False) -> list[Case]:
     add(d=64, S=800, r=8, k=32, l=8, n_head=80, n_head_kv=1, mask="pad", per_head=True)
     if quick:
         cases = cases[::3]
-    return cases
+    # a q8_0 cache (K and V rows in blocks, K^T f16 of the dequantized keys), in the quick grid too:
+    # GQA and head sizes 64 to 256, exact attention (S <= k), several rows, the calibrated k, the
+    # selectors that read K rows themselves (index, h2o), a dense stream, a basis
+    n = len(cases)
+    add(d=64, S=1500, r=8, k=64, l=16, n_head=8, n_head_kv=2, mask="holes", kv_type="q8_0")
+    add(d=128, S=2000, r=16, k=100, l=25, n_head=4, n_head_kv=1, mask="pad", kt_pad=37, kv_type="q8_0")
+    add(d=256, S=3000, r=64, k=128, l=32, n_head=4, n_head_kv=1, mask="holes", kv_type="q8_0")
+    add(d=64, S=100, r=16, k=128, l=32, n_head=9, n_head_kv=3, mask="pad", kv_type="q8_0")
+    add(d=64, S=1200, r=8, k=64, l=16, n_rows=3, n_head=4, n_head_kv=1, mask="causal", kv_type="q8_0")
+    add(d=64, S=1500, r=16, k=400, l=16, n_head=8, n_head_kv=2, mask="pad", coverage=0.9, k_min=32, win="random",
+        kv_type="q8_0")
+    add(d=64, S=1200, r=8, k=64, l=16, n_head=8, n_head_kv=2, mask="holes", selector="index", n_list=16, n_probe=4,
+        kv_type="q8_0")
+    add(d=128, S=1500, r=16, k=64, l=16, n_stream=3, n_head=4, n_head_kv=1, mask="pad", selector="h2o", win="tail",
+        dense_streams=(1,), kv_type="q8_0")
+    add(d=128, S=2000, r=16, k=100, l=25, n_head=4, n_head_kv=1, mask="holes", basis=True, kv_type="q8_0")
+    add(d=64, S=1500, r=8, k=64, l=16, n_stream=2, n_head=8, n_head_kv=2, mask="holes", per_head=True,
+        dense_streams=(0,), kv_type="q8_0")
+    quick_q8 = (0, 3, 4, 5, 6, 7)  # GQA, exact, rows, calibrated k, index, h2o with a dense stream
+    return cases if not quick else cases[:n] + [cases[n + i] for i in quick_q8]

@@ -628,3 +628,52 @@ def test_index_reads_only_the_probed_lists():
     _, info = sparq_attention(q, K, V, r=1, k=20, l=4, ivf=(cent, lists, 1), return_info=True)
     assert info["i2"][0][0].tolist() == list(range(50, 60)) + [196, 197, 198, 199]
     assert np.array_equal(info["ivf_lists"], lists)            # no cell was unassigned
+
+
+# ---- a quantized (q8_0) cache --------------------------------------------------------
+
+
+def test_q8_0_blocks_are_ggmls():
+    """quantize_q8_0 is ggml's reference quantizer, byte for byte (gguf-py's port of it), and
+    dequantized values quantize back to the same blocks (the cache's values are a fixed point)."""
+    import gguf
+
+    from llama_sparq.reference import dequantize_q8_0, q8_0_bytes, quantize_q8_0, round_kv
+
+    rng = np.random.default_rng(4)
+    x = (rng.standard_normal((40, 128)) * np.exp(rng.normal(0, 2, size=(40, 1)))).astype(np.float32)
+    x[3, :32] = 0.0  # an all-zero block: scale 0
+    x[5, 7] = 1e4    # one outlier in its block
+    assert q8_0_bytes(x) == gguf.quants.quantize(x, gguf.GGMLQuantizationType.Q8_0).tobytes()
+    d, qs = quantize_q8_0(x)
+    assert d.shape == (40, 4) and qs.shape == (40, 128) and np.abs(qs).max() == 127
+    y = dequantize_q8_0(d, qs)
+    # half a step, plus the scale's f16 rounding (the values divide by the f32 scale) times 127
+    assert np.all(np.abs(y - x) <= d.astype(np.float32).repeat(32, axis=1) * (0.5 + 127 * 2.0 ** -11))
+    d2, qs2 = quantize_q8_0(y)
+    assert np.array_equal(d2, d) and np.array_equal(qs2, qs)
+    assert np.array_equal(round_kv(x, "q8_0"), y) and round_kv(x, None) is x
+    with pytest.raises(ValueError, match=r"multiple of 32"):
+        quantize_q8_0(np.zeros((2, 40)))
+    with pytest.raises(ValueError, match=r"kv_quant.*q8_0.*'q4_0'"):
+        round_kv(x, "q4_0")
+
+
+def test_kv_quant_rounds_k_and_v_and_keeps_kt_in_f16():
+    """sparq_attention(kv_quant="q8_0") = the same on K and V rounded through q8_0, with the
+    approximate scores on the f16 of those keys (the K^T the fork keeps); with k >= S it is dense
+    attention on the rounded cache."""
+    from llama_sparq.reference import round_kv
+
+    rng = np.random.default_rng(5)
+    q, K, V = rand_inputs(rng, 2, 4, 2, 300, 64)
+    Kq, Vq = round_kv(K, "q8_0"), round_kv(V, "q8_0")
+    kw = dict(r=8, k=40, l=8)
+    got, info = sparq_attention(q, K, V, kv_quant="q8_0", return_info=True, **kw)
+    want, winfo = sparq_attention(q, Kq, Vq, K_sel=Kq.astype(np.float16), return_info=True, **kw)
+    np.testing.assert_array_equal(got, want)
+    assert all(np.array_equal(a, b) for ra, rb in zip(info["i2"], winfo["i2"]) for a, b in zip(ra, rb))
+    exact = sparq_attention(q, K, V, r=64, k=300, kv_quant="q8_0")
+    np.testing.assert_allclose(exact, dense_attention(q, K, V, kv_quant="q8_0"), rtol=1e-12, atol=1e-12)
+    assert np.abs(exact - dense_attention(q, K, V)).max() > 0  # the rounding is there
+

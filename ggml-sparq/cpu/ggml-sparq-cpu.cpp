@@ -8,12 +8,19 @@
 
 #include <cstring>
 
-static enum sparq_type sparq_type_of(const struct ggml_tensor * t) {
+// rows: K and V, which may also be q8_0 (a quantized cache); K^T and the mask are f16 or f32
+static enum sparq_type sparq_type_of(const struct ggml_tensor * t, bool rows = false) {
     switch (t->type) {
         case GGML_TYPE_F32: return SPARQ_F32;
         case GGML_TYPE_F16: return SPARQ_F16;
+        case GGML_TYPE_Q8_0:
+            if (rows) {
+                return SPARQ_Q8_0;
+            }
+            [[fallthrough]];
         default:
-            GGML_ABORT("sparq_attn: tensor %s has type %s; f16 or f32 expected", t->name, ggml_type_name(t->type));
+            GGML_ABORT("sparq_attn: tensor %s has type %s; %s expected", t->name, ggml_type_name(t->type),
+                       rows ? "f16, f32 or q8_0" : "f16 or f32");
     }
 }
 
@@ -45,9 +52,9 @@ static struct sparq_args sparq_args_of(const struct ggml_tensor * dst) {
     a.no_mean_v = (flags & GGML_SPARQ_FLAG_NO_MEAN_V) != 0;
 
     a.q = (const float *) q->data; a.q_nb1 = q->nb[1]; a.q_nb2 = q->nb[2]; a.q_nb3 = q->nb[3];
-    a.K = k->data;   a.K_type = sparq_type_of(k);   a.K_nb1 = k->nb[1];   a.K_nb2 = k->nb[2];   a.K_nb3 = k->nb[3];
+    a.K = k->data;   a.K_type = sparq_type_of(k, true);   a.K_nb1 = k->nb[1];   a.K_nb2 = k->nb[2];   a.K_nb3 = k->nb[3];
     a.KT = kt->data; a.KT_type = sparq_type_of(kt); a.KT_nb1 = kt->nb[1]; a.KT_nb2 = kt->nb[2]; a.KT_nb3 = kt->nb[3];
-    a.V = v->data;   a.V_type = sparq_type_of(v);   a.V_nb1 = v->nb[1];   a.V_nb2 = v->nb[2];   a.V_nb3 = v->nb[3];
+    a.V = v->data;   a.V_type = sparq_type_of(v, true);   a.V_nb1 = v->nb[1];   a.V_nb2 = v->nb[2];   a.V_nb3 = v->nb[3];
     a.v_sum = (const float *) vs->data; a.v_sum_nb1 = vs->nb[1]; a.v_sum_nb2 = vs->nb[2];
     a.v_count = (const float *) vc->data;
     if (mk) {

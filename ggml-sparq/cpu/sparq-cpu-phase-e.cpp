@@ -36,12 +36,7 @@ static void dense_row(const ctx & C, int u, int R, int ith) {
             }
             const float p = expf(e - M);
             P += p;
-            const char * vr = C.V_row(st, kvh, s);
-            if (a->V_type == SPARQ_F16) {
-                C.isa->axpy_f16(y, (const uint16_t *) vr, p, dv);
-            } else {
-                C.isa->axpy_f32(y, (const float *) vr, p, dv);
-            }
+            axpy_row(C.isa, a->V_type, y, C.V_row(st, kvh, s), p, dv);
         }
         const float iP = P > 0.0f ? 1.0f / P : 0.0f;
         float * o = C.out_row(R, h);
@@ -99,8 +94,8 @@ static int unit_selection(const ctx & C, int u, int w, int R, bool dense, cand *
 static inline __attribute__((always_inline)) void prefetch_rows(const ctx & C, int st, int kvh, const int32_t * sel,
                                                                 int n_sel) {
     const sparq_args * a = C.a;
-    const size_t kb = (size_t) a->d * (a->K_type == SPARQ_F16 ? 2 : 4);
-    const size_t vb = (size_t) a->dv * (a->V_type == SPARQ_F16 ? 2 : 4);
+    const size_t kb = sparq_row_bytes(a->K_type, a->d);
+    const size_t vb = sparq_row_bytes(a->V_type, a->dv);
     for (int t = 0; t < n_sel; ++t) {
         const char * kr = C.K_row(st, kvh, sel[t]);
         const char * vr = C.V_row(st, kvh, sel[t]);
@@ -130,12 +125,7 @@ static void mean_of_v(const ctx & C, int R, int kvh, const float * m, bool mean_
         const float * ml = C.mask_row(R + (a->n_rows - 1 - row));
         for (int c = 0; c < S; ++c) {
             if (is_valid(ml[c]) && !is_valid(m[c])) {
-                const char * vr = C.V_row(st, kvh, c);
-                if (a->V_type == SPARQ_F16) {
-                    C.isa->axpy_f16(vbar, (const uint16_t *) vr, -1.0f, dv);
-                } else {
-                    C.isa->axpy_f32(vbar, (const float *) vr, -1.0f, dv);
-                }
+                axpy_row(C.isa, a->V_type, vbar, C.V_row(st, kvh, c), -1.0f, dv);
                 cnt -= 1.0f;
             }
         }
@@ -168,12 +158,7 @@ static float attend_head(const ctx & C, int u, int w, int hh, const int32_t * se
     for (int t = 0; t < n_sel; ++t) {
         const float p = expf(ex[t] - M);
         P += p;
-        const char * vr = C.V_row(st, kvh, sel[t]);
-        if (a->V_type == SPARQ_F16) {
-            C.isa->axpy_f16(y, (const uint16_t *) vr, p, dv);
-        } else {
-            C.isa->axpy_f32(y, (const float *) vr, p, dv);
-        }
+        axpy_row(C.isa, a->V_type, y, C.V_row(st, kvh, sel[t]), p, dv);
     }
     const float iP = P > 0.0f ? 1.0f / P : 0.0f;
     if (a->selector == SPARQ_SEL_H2O) {

@@ -226,12 +226,28 @@ inline int row_kk_first(const sparq_args * a, const row_info * ri) {
     return std::min(row_kk_scan(a, ri), first);
 }
 
+// x . row, for a K or V row of type t (n values)
+inline float dot_row(const sparq_isa * isa, sparq_type t, const float * x, const char * row, int n) {
+    switch (t) {
+        case SPARQ_F16:  return isa->dot_f16(x, (const uint16_t *) row, n);
+        case SPARQ_Q8_0: return isa->dot_q8_0(x, (const sparq_block_q8_0 *) row, n);
+        default:         return isa->dot_f32(x, (const float *) row, n);
+    }
+}
+
+// y += p * row, for a K or V row of type t (n values)
+inline void axpy_row(const sparq_isa * isa, sparq_type t, float * y, const char * row, float p, int n) {
+    switch (t) {
+        case SPARQ_F16:  isa->axpy_f16(y, (const uint16_t *) row, p, n); break;
+        case SPARQ_Q8_0: isa->axpy_q8_0(y, (const sparq_block_q8_0 *) row, p, n); break;
+        default:         isa->axpy_f32(y, (const float *) row, p, n); break;
+    }
+}
+
 // the exact logit of query q and cell s of (stream, KV head), mask included
 inline float exact_logit(const ctx & C, const float * q, int st, int kvh, int s, const float * m) {
     const sparq_args * a = C.a;
-    const char * kr = C.K_row(st, kvh, s);
-    const float e = a->K_type == SPARQ_F16 ? C.isa->dot_f16(q, (const uint16_t *) kr, a->d)
-                                           : C.isa->dot_f32(q, (const float *) kr, a->d);
+    const float e = dot_row(C.isa, a->K_type, q, C.K_row(st, kvh, s), a->d);
     return e * a->scale + (m ? m[s] : 0.0f);
 }
 

@@ -84,6 +84,9 @@ void index_candidates(const ctx & C, int u, int w, int s0, int s1, int ith) {
         const char * kr = C.K_row(st, kvh, cell);
         if (a->K_type == SPARQ_F16) {
             C.isa->f16_to_f32((const uint16_t *) kr, kf, d);
+        } else if (a->K_type == SPARQ_Q8_0) {
+            std::fill(kf, kf + d, 0.0f); // 0 + 1 * value: the dequantized key, exactly
+            C.isa->axpy_q8_0(kf, (const sparq_block_q8_0 *) kr, 1.0f, d);
         } else {
             memcpy(kf, kr, (size_t) d * sizeof(float));
         }
@@ -122,7 +125,7 @@ void index_candidates(const ctx & C, int u, int w, int s0, int s1, int ith) {
     }
     // pass 2: the gathered cells' logits (masked cells dropped; with per-head search a head's
     // unprobed lists give -inf, which the selection never takes)
-    const size_t rb = (size_t) d * (a->K_type == SPARQ_F16 ? 2 : 4);
+    const size_t rb = sparq_row_bytes(a->K_type, d);
     constexpr int PF = 8; // rows ahead
     int n2 = 0;
     for (int i = 0; i < n; ++i) {
@@ -142,8 +145,7 @@ void index_candidates(const ctx & C, int u, int w, int s0, int s1, int ith) {
             float x = -INFINITY;
             if (ph == 1 || C.ivf_probe(u, hs)[li] != 0.0f) {
                 const float * qv = C.ivf_q(u, hs);
-                x = (a->K_type == SPARQ_F16 ? C.isa->dot_f16(qv, (const uint16_t *) kr, d)
-                                            : C.isa->dot_f32(qv, (const float *) kr, d)) * a->scale;
+                x = dot_row(C.isa, a->K_type, qv, kr, d) * a->scale;
             }
             ck[(size_t) hs * C.L.chunk_max + n2] = x;
         }

@@ -9,6 +9,8 @@
 
 using namespace sparq_cpu;
 
+static_assert(sizeof(sparq_block_q8_0) == 34, "sparq_block_q8_0 must be ggml's block_q8_0 (an f16 and 32 int8, no padding)");
+
 // ---------------------------------------------------------------------------
 // ISA selection
 // ---------------------------------------------------------------------------

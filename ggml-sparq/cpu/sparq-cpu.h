@@ -25,7 +25,21 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum sparq_type { SPARQ_F32 = 0, SPARQ_F16 = 1 };
+enum sparq_type { SPARQ_F32 = 0, SPARQ_F16 = 1, SPARQ_Q8_0 = 2 };
+
+// ggml's q8_0 block (K and V rows only; a row's length is a multiple of SPARQ_QK): value i is
+// qs[i] * d, d an f16. 34 bytes, no padding, as ggml lays it out in the cache
+#define SPARQ_QK 32
+struct sparq_block_q8_0 {
+    uint16_t d;
+    int8_t qs[SPARQ_QK];
+};
+
+// bytes of a row of n values of type t (n a multiple of SPARQ_QK for q8_0)
+static inline size_t sparq_row_bytes(enum sparq_type t, int n) {
+    return t == SPARQ_Q8_0 ? (size_t) (n / SPARQ_QK) * sizeof(struct sparq_block_q8_0)
+                           : (size_t) n * (t == SPARQ_F16 ? 2 : 4);
+}
 
 // One ISA's primitives. rows/x of type f16 are uint16_t IEEE half bits.
 struct sparq_isa {
@@ -43,6 +57,9 @@ struct sparq_isa {
     // y[i] += a * x[i]
     void (*axpy_f16)(float * y, const uint16_t * x, float a, int n);
     void (*axpy_f32)(float * y, const float    * x, float a, int n);
+    // the same over a row of q8_0 blocks (n a multiple of SPARQ_QK): a quantized K or V cache
+    float (*dot_q8_0)(const float * a, const struct sparq_block_q8_0 * b, int n);
+    void (*axpy_q8_0)(float * y, const struct sparq_block_q8_0 * x, float a, int n);
     void (*f16_to_f32)(const uint16_t * x, float * y, int n);
     // indices i < n with x[i] > t, ascending, into idx; returns their number
     int (*filter_gt)(const float * x, int n, float t, int32_t * idx);
@@ -112,6 +129,7 @@ struct sparq_args {
 
     // strides in bytes
     const float * q;  size_t q_nb1, q_nb2, q_nb3;            // [d, n_rows, n_head, n_stream]
+    // K and V: f32, f16 or q8_0; K^T: f32 or f16 (a q8_0 cache keeps its dequantized keys in f16)
     const void * K;   enum sparq_type K_type;  size_t K_nb1, K_nb2, K_nb3;    // [d, n_kv, n_head_kv, n_stream]
     const void * KT;  enum sparq_type KT_type; size_t KT_nb1, KT_nb2, KT_nb3; // [n_kv, d, n_head_kv, n_stream]
     const void * V;   enum sparq_type V_type;  size_t V_nb1, V_nb2, V_nb3;    // [dv, n_kv, n_head_kv, n_stream]

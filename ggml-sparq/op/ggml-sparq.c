@@ -12,6 +12,11 @@ static bool sparq_cache_type_ok(enum ggml_type t) {
     return t == GGML_TYPE_F16 || t == GGML_TYPE_F32;
 }
 
+// K and V rows may also be q8_0 blocks (a quantized cache; the CPU kernels read them), whole blocks per head
+static bool sparq_row_type_ok(const struct ggml_tensor * t) {
+    return sparq_cache_type_ok(t->type) || (t->type == GGML_TYPE_Q8_0 && t->ne[0] % ggml_blck_size(t->type) == 0);
+}
+
 struct ggml_tensor * ggml_sparq_attn(
         struct ggml_context * ctx,
         struct ggml_tensor  * q,
@@ -34,10 +39,10 @@ struct ggml_tensor * ggml_sparq_attn(
     const int64_t dv     = v->ne[0];
 
     GGML_ASSERT(q->type == GGML_TYPE_F32 && "sparq_attn: q must be f32");
-    // quantized caches are refused here: the kernels read f16 or f32 rows only
-    GGML_ASSERT(sparq_cache_type_ok(k->type)  && "sparq_attn: K must be f16 or f32");
+    // K^T is kept f16 or f32 (from the dequantized keys of a q8_0 cache)
+    GGML_ASSERT(sparq_row_type_ok(k)          && "sparq_attn: K must be f16, f32 or q8_0 (whole blocks per head)");
     GGML_ASSERT(sparq_cache_type_ok(kt->type) && "sparq_attn: K^T must be f16 or f32");
-    GGML_ASSERT(sparq_cache_type_ok(v->type)  && "sparq_attn: V must be f16 or f32");
+    GGML_ASSERT(sparq_row_type_ok(v)          && "sparq_attn: V must be f16, f32 or q8_0 (whole blocks per head)");
     GGML_ASSERT(k->ne[0] == d && "sparq_attn: K head size differs from q");
     GGML_ASSERT(kt->ne[0] == n_kv && kt->ne[1] == d && kt->ne[2] == n_hkv && kt->ne[3] == k->ne[3] &&
                 "sparq_attn: K^T must be [n_kv, d, n_head_kv, n_stream]");

@@ -44,7 +44,17 @@ __all__ = [
     "sparq_attention",
     "combined_scores",
     "selection_matches",
+    "quantize_q8_0",
+    "dequantize_q8_0",
+    "q8_0_bytes",
+    "round_kv",
 ]
+
+# Values per block of ggml's q8_0 (and the cache types' quantized blocks generally).
+QK8_0 = 32
+# The K/V cache types the reference rounds through (kv_quant): a quantized cache holds K and V
+# rows as blocks; SparQ's K^T keeps the dequantized keys in f16.
+KV_QUANT_TYPES = ("q8_0",)
 
 # Rows per block in dense_attention: bounds the (rows, g, S) logits buffer for long prefills.
 _DENSE_ROW_BLOCK = 64
@@ -53,11 +63,60 @@ _DENSE_ROW_BLOCK = 64
 # the selectors without approximate scores (streaming, H2O, index) in _reference_selectors.
 
 
-def dense_attention(q, K, V, mask=None, scale=None, dtype=np.float64):
+def quantize_q8_0(x):
+    """ggml's q8_0 blocks of ``x`` along its last axis (a multiple of 32), as ggml's reference
+    quantizer (``quantize_row_q8_0_ref``) makes them: per block of 32 values, ``d = max|x| / 127``
+    in f32, stored as f16; each value ``x * (1 / d)`` in f32, rounded to the nearest integer
+    (halves away from zero) as int8. Returns ``(d, qs)``: float16 (..., n / 32) and int8 (..., n).
+    """
+    x = np.asarray(x, dtype=np.float32)
+    if x.ndim < 1 or x.shape[-1] % QK8_0:
+        raise ValueError(f"q8_0: the last axis must be a multiple of {QK8_0} values, got shape {x.shape}")
+    b = x.reshape(*x.shape[:-1], x.shape[-1] // QK8_0, QK8_0)
+    amax = np.max(np.abs(b), axis=-1)
+    d = (amax / np.float32(127)).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
+    x0 = (b * inv[..., None]).astype(np.float32).astype(np.float64)  # the f32 product, then rounded exactly
+    qs = (np.sign(x0) * np.floor(np.abs(x0) + 0.5)).astype(np.int8)
+    return d.astype(np.float16), qs.reshape(x.shape)
+
+
+def dequantize_q8_0(d, qs):
+    """The values of q8_0 blocks: ``qs * d`` per block, float32 (exact: an f16 times an int8)."""
+    d = np.asarray(d, dtype=np.float16).astype(np.float32)
+    qs = np.asarray(qs, dtype=np.int8)
+    b = qs.reshape(*qs.shape[:-1], qs.shape[-1] // QK8_0, QK8_0).astype(np.float32)
+    return (b * d[..., None]).reshape(qs.shape)
+
+
+def q8_0_bytes(x):
+    """``x`` (last axis a multiple of 32) as ggml lays q8_0 out in memory: per block of 32 values
+    an f16 scale and 32 int8 (34 bytes), blocks in order."""
+    d, qs = quantize_q8_0(x)
+    blocks = np.empty(d.shape + (34,), np.uint8)
+    blocks[..., :2] = d[..., None].view(np.uint8).reshape(d.shape + (2,))
+    blocks[..., 2:] = qs.reshape(d.shape + (QK8_0,)).view(np.uint8)
+    return blocks.tobytes()
+
+
+def round_kv(x, kv_quant):
+    """``x`` as a K/V cache of type ``kv_quant`` holds it: ``None`` as it is, ``"q8_0"`` rounded
+    through q8_0 blocks along the last axis (float32)."""
+    if kv_quant is None:
+        return x
+    if kv_quant != "q8_0":
+        raise ValueError(f"kv_quant must be None or one of {KV_QUANT_TYPES}, got {kv_quant!r}")
+    return dequantize_q8_0(*quantize_q8_0(x))
+
+
+def dense_attention(q, K, V, mask=None, scale=None, dtype=np.float64, kv_quant=None):
     """Dense attention, ``softmax(q . K^T * scale + mask) . V`` per query head.
 
-    Shapes as in the module docstring; returns (n_rows, n_head, dv) in ``dtype``.
+    Shapes as in the module docstring; returns (n_rows, n_head, dv) in ``dtype``. kv_quant:
+    K and V as a cache of that type holds them (``round_kv``).
     """
+    K, V = round_kv(K, kv_quant), round_kv(V, kv_quant)
     q, K, V, mask, scale, _, dims = prepare(q, K, V, mask, scale)
     dt = float_dtype(dtype)
     n_rows, n_kv, g, d, dv = (dims[x] for x in ("n_rows", "n_head_kv", "g", "d", "dv"))
@@ -104,7 +163,7 @@ def combined_scores(q, K, *, r, mask=None, scale=None, dtype=np.float64, comp_w=
 def sparq_attention(q, K, V, *, r, k, l=0, mask=None, scale=None, vbar=None,
                     dtype=np.float64, return_info=False, i2=None, per_head=False, mean_v=True,
                     oracle=False, q_sel=None, K_sel=None, comp_w=None, window=None,
-                    streaming=False, h2o_scores=None, ivf=None, coverage=None):
+                    streaming=False, h2o_scores=None, ivf=None, coverage=None, kv_quant=None):
     """SparQ attention (docs/algorithm.md steps 1-5) per row and KV head group.
 
     r: components kept in step 1, in [1, d].  k: positions kept in step 3, >= 1.
@@ -158,7 +217,14 @@ def sparq_attention(q, K, V, *, r, k, l=0, mask=None, scale=None, vbar=None,
       over the union of the heads' choices and the window. info["ivf_reads"] (n_rows, n_head_kv)
       counts the keys scored: the valid cells of the lists any search probed, less the window when
       it is the tail of the cells (no window list); -1 for a row that runs dense.
+    kv_quant: a quantized cache, ``"q8_0"``: K and V as it holds them (``round_kv``; steps 4-5 use
+      those), and by default K_sel the f16 of those keys (the K^T the fork keeps for such a cache).
+      A given vbar is used as it is (the fork's V sums are of the rounded values).
     """
+    if kv_quant is not None:
+        K, V = round_kv(K, kv_quant), round_kv(V, kv_quant)
+        if K_sel is None:
+            K_sel = np.asarray(K).astype(np.float16)
     q, K, V, mask, scale, vbar, dims = prepare(q, K, V, mask, scale, vbar)
     dt = float_dtype(dtype)
     n_rows, n_kv, g, d, S, dv = (

@@ -16,10 +16,10 @@
 // n_stream, r, k, l, kv_type, mask_type, kt_pad, win_n, selector, per_head,
 // no_mean_v, has_basis, sel_n), f32 scale, then q f32 [n_stream][n_head][n_rows][d],
 // K [n_stream][n_head_kv][n_kv][d], V [n_stream][n_head_kv][n_kv][dv] (kv_type 0 f32,
-// 1 f16), mask [n_stream][n_rows][n_kv] (mask_type 0 f32, 1 f16, -1 none), v_sum f32
+// 1 f16, 2 q8_0: rows of ggml's 34-byte blocks, K^T then f16 of the dequantized keys), mask [n_stream][n_rows][n_kv] (mask_type 0 f32, 1 f16, -1 none), v_sum f32
 // [n_stream][n_head_kv][dv], v_count f32 [n_stream]; when win_n > 0 the window cells
 // i32 [n_stream][n_rows][win_n] (-1 padded); when has_basis, q_sel f32 like q, the keys
-// in that basis like K (K^T is made from them) and comp_w f32 [n_head_kv][d]; with the
+// in that basis like K in K^T's type (K^T is made from them) and comp_w f32 [n_head_kv][d]; with the
 // h2o selector (3), its scores f32 [n_stream][n_head_kv][n_kv]; with the index selector (4),
 // i32 n_list, i32 n_probe, centroids f32 [n_stream][n_head_kv][n_list][d] and the cells' lists
 // f32 [n_stream][n_head_kv][n_kv] (-1: unassigned). Optional trailer: "COV1", f32 p, i32 k_min
@@ -59,7 +59,11 @@ struct test_case {
     int ivf_n_list = 0, ivf_n_probe = 0;
     std::vector<char> K, V, mask, K_sel;
     std::vector<int32_t> win;
-    size_t kv_esz() const { return kv_type == 1 ? 2 : 4; }
+    sparq_type kv_t() const { return kv_type == 2 ? SPARQ_Q8_0 : kv_type == 1 ? SPARQ_F16 : SPARQ_F32; }
+    // bytes of n K or V rows of `len` values
+    size_t kv_bytes(size_t n, int len) const { return n * sparq_row_bytes(kv_t(), len); }
+    // K^T's element: f32 for an f32 cache, else f16
+    size_t kt_esz() const { return kv_type == 0 ? 4 : 2; }
     size_t mask_esz() const { return mask_type == 1 ? 2 : 4; }
 };
 
@@ -96,9 +100,12 @@ static test_case read_case(const char * path) {
     const size_t nv = (size_t) c.n_stream * c.n_head_kv * c.n_kv * c.dv;
     c.q.resize(nq);
     read_exact(f, c.q.data(), nq * 4, "q");
-    c.K.resize(nk * c.kv_esz());
+    if (c.kv_type == 2 && (c.d % SPARQ_QK || c.dv % SPARQ_QK)) {
+        die("a q8_0 case needs head sizes that are multiples of 32");
+    }
+    c.K.resize(c.kv_bytes(nk / c.d, c.d));
     read_exact(f, c.K.data(), c.K.size(), "K");
-    c.V.resize(nv * c.kv_esz());
+    c.V.resize(c.kv_bytes(nv / c.dv, c.dv));
     read_exact(f, c.V.data(), c.V.size(), "V");
     if (c.mask_type >= 0) {
         c.mask.resize((size_t) c.n_stream * c.n_rows * c.n_kv * c.mask_esz());
@@ -115,7 +122,7 @@ static test_case read_case(const char * path) {
     if (c.has_basis) {
         c.q_sel.resize(nq);
         read_exact(f, c.q_sel.data(), nq * 4, "q_sel");
-        c.K_sel.resize(nk * c.kv_esz());
+        c.K_sel.resize(nk * c.kt_esz());
         read_exact(f, c.K_sel.data(), c.K_sel.size(), "K_sel");
         c.comp_w.resize((size_t) c.n_head_kv * c.d);
         read_exact(f, c.comp_w.data(), c.comp_w.size() * 4, "comp_w");
@@ -160,11 +167,26 @@ static void write_out(const char * path, const std::vector<float> & out, const s
     fclose(f);
 }
 
+// the keys of a q8_0 case dequantized and rounded to f16, as the graph appends them to K^T
+static std::vector<char> dequant_keys_f16(const test_case & c) {
+    const size_t n = c.K.size() / sizeof(sparq_block_q8_0);
+    const sparq_block_q8_0 * b = (const sparq_block_q8_0 *) c.K.data();
+    std::vector<char> out(n * SPARQ_QK * 2);
+    uint16_t * o = (uint16_t *) out.data();
+    for (size_t ib = 0; ib < n; ++ib) {
+        const float d = sparq_fp16_to_fp32(b[ib].d);
+        for (int i = 0; i < SPARQ_QK; ++i) {
+            o[ib * SPARQ_QK + i] = sparq_fp32_to_fp16(d * (float) b[ib].qs[i]);
+        }
+    }
+    return out;
+}
+
 // K^T with rows of n_kv + kt_pad cells (a view into a larger cache, as in llama.cpp),
-// from the keys in the selection basis when the case has one
+// from the keys in the selection basis when the case has one (a q8_0 cache: f16 of its dequantized keys)
 static std::vector<char> make_kt(const test_case & c) {
-    const std::vector<char> & K = c.has_basis ? c.K_sel : c.K;
-    const size_t esz = c.kv_esz(), row = (size_t) c.n_kv + c.kt_pad;
+    const std::vector<char> K = c.has_basis ? c.K_sel : c.kv_type == 2 ? dequant_keys_f16(c) : c.K;
+    const size_t esz = c.kt_esz(), row = (size_t) c.n_kv + c.kt_pad;
     std::vector<char> kt((size_t) c.n_stream * c.n_head_kv * c.d * row * esz, 0);
     for (int st = 0; st < c.n_stream; ++st) {
         for (int h = 0; h < c.n_head_kv; ++h) {
@@ -210,7 +232,7 @@ static int run_direct(const test_case & c, const char * out_path, const char * i
         die("ISA not available on this CPU/build: ", isa_name);
     }
     const std::vector<char> kt = make_kt(c);
-    const size_t esz = c.kv_esz(), ktrow = (size_t) c.n_kv + c.kt_pad;
+    const size_t ktrow = (size_t) c.n_kv + c.kt_pad;
     std::vector<float> out((size_t) c.n_stream * c.n_rows * c.n_head * c.dv, NAN);
     std::vector<int32_t> sel((size_t) c.n_stream * c.n_rows * c.n_head_kv * c.sel_n, -2);
 
@@ -221,10 +243,11 @@ static int run_direct(const test_case & c, const char * out_path, const char * i
     a.selector = c.selector; a.per_head = c.per_head; a.no_mean_v = c.no_mean_v;
     a.cov_p = c.cov_p; a.cov_apply = c.cov_p > 0.0f; a.k_min = c.k_min;
     a.q = c.q.data(); a.q_nb1 = (size_t) c.d * 4; a.q_nb2 = a.q_nb1 * c.n_rows; a.q_nb3 = a.q_nb2 * c.n_head;
-    const sparq_type t = c.kv_type == 1 ? SPARQ_F16 : SPARQ_F32;
-    a.K = c.K.data(); a.K_type = t; a.K_nb1 = c.d * esz; a.K_nb2 = a.K_nb1 * c.n_kv; a.K_nb3 = a.K_nb2 * c.n_head_kv;
-    a.V = c.V.data(); a.V_type = t; a.V_nb1 = c.dv * esz; a.V_nb2 = a.V_nb1 * c.n_kv; a.V_nb3 = a.V_nb2 * c.n_head_kv;
-    a.KT = kt.data(); a.KT_type = t; a.KT_nb1 = ktrow * esz; a.KT_nb2 = a.KT_nb1 * c.d; a.KT_nb3 = a.KT_nb2 * c.n_head_kv;
+    const sparq_type t = c.kv_t();
+    a.K = c.K.data(); a.K_type = t; a.K_nb1 = c.kv_bytes(1, c.d); a.K_nb2 = a.K_nb1 * c.n_kv; a.K_nb3 = a.K_nb2 * c.n_head_kv;
+    a.V = c.V.data(); a.V_type = t; a.V_nb1 = c.kv_bytes(1, c.dv); a.V_nb2 = a.V_nb1 * c.n_kv; a.V_nb3 = a.V_nb2 * c.n_head_kv;
+    a.KT = kt.data(); a.KT_type = c.kv_type == 0 ? SPARQ_F32 : SPARQ_F16;
+    a.KT_nb1 = ktrow * c.kt_esz(); a.KT_nb2 = a.KT_nb1 * c.d; a.KT_nb3 = a.KT_nb2 * c.n_head_kv;
     a.v_sum = c.v_sum.data(); a.v_sum_nb1 = (size_t) c.dv * 4; a.v_sum_nb2 = a.v_sum_nb1 * c.n_head_kv;
     a.v_count = c.v_count.data();
     if (c.mask_type >= 0) {
@@ -275,7 +298,8 @@ static int run_direct(const test_case & c, const char * out_path, const char * i
 #ifdef SPARQ_TEST_WITH_GGML
 static int run_ggml(const test_case & c, const char * out_path, int nth) {
     const std::vector<char> kt = make_kt(c);
-    const enum ggml_type t = c.kv_type == 1 ? GGML_TYPE_F16 : GGML_TYPE_F32;
+    const enum ggml_type t = c.kv_type == 2 ? GGML_TYPE_Q8_0 : c.kv_type == 1 ? GGML_TYPE_F16 : GGML_TYPE_F32;
+    const enum ggml_type tkt = c.kv_type == 0 ? GGML_TYPE_F32 : GGML_TYPE_F16;
     const size_t need = c.h2o.size() * 4 + c.ivf_cent.size() * 4 + c.win.size() * 4 + c.q_sel.size() * 4 + c.comp_w.size() * 4 + c.q.size() * 4 + c.K.size() + c.V.size() + kt.size() + c.mask.size() +
                         c.v_sum.size() * 4 + c.v_count.size() * 4 +
                         (size_t) c.n_stream * c.n_rows * c.n_head * c.dv * 4 + 64 * ggml_tensor_overhead() +
@@ -286,7 +310,7 @@ static int run_ggml(const test_case & c, const char * out_path, int nth) {
     struct ggml_tensor * q = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, c.d, c.n_rows, c.n_head, c.n_stream);
     struct ggml_tensor * K = ggml_new_tensor_4d(ctx, t, c.d, c.n_kv, c.n_head_kv, c.n_stream);
     struct ggml_tensor * V = ggml_new_tensor_4d(ctx, t, c.dv, c.n_kv, c.n_head_kv, c.n_stream);
-    struct ggml_tensor * KTfull = ggml_new_tensor_4d(ctx, t, c.n_kv + c.kt_pad, c.d, c.n_head_kv, c.n_stream);
+    struct ggml_tensor * KTfull = ggml_new_tensor_4d(ctx, tkt, c.n_kv + c.kt_pad, c.d, c.n_head_kv, c.n_stream);
     struct ggml_tensor * KT = ggml_view_4d(ctx, KTfull, c.n_kv, c.d, c.n_head_kv, c.n_stream,
                                            KTfull->nb[1], KTfull->nb[2], KTfull->nb[3], 0);
     struct ggml_tensor * vs = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, c.dv, c.n_head_kv, c.n_stream);

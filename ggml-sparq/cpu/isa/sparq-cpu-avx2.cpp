@@ -36,6 +36,12 @@ struct avx2_vec {
     static inline vmask lt(vf a, vf b)                   { return _mm256_cmp_ps(a, b, _CMP_LT_OQ); }
     static inline vf zero_where(vmask m, vf x)           { return _mm256_andnot_ps(m, x); }
     static inline void prefetch(const void * p)          { _mm_prefetch((const char *) p, _MM_HINT_T0); }
+    static inline float half(uint16_t h)                 { return _cvtsh_ss(h); }
+    static inline void load_q8(const int8_t * qs, vf * x) {
+        for (int i = 0; i < 4; ++i) {
+            x[i] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *) (qs + 8 * i))));
+        }
+    }
     static inline float hsum(vf v) {
         __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
         s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -65,6 +71,8 @@ float avx2_dot_f16(const float * a, const uint16_t * b, int n)      { return sim
 float avx2_dot_f32(const float * a, const float * b, int n)         { return simd_dot<avx2_vec>(a, b, n); }
 void  avx2_axpy_f16(float * y, const uint16_t * x, float a, int n)  { simd_axpy<avx2_vec>(y, x, a, n); }
 void  avx2_axpy_f32(float * y, const float * x, float a, int n)     { simd_axpy<avx2_vec>(y, x, a, n); }
+float avx2_dot_q8_0(const float * a, const sparq_block_q8_0 * b, int n)  { return simd_dot_q8_0<avx2_vec>(a, b, n); }
+void  avx2_axpy_q8_0(float * y, const sparq_block_q8_0 * x, float a, int n) { simd_axpy_q8_0<avx2_vec>(y, x, a, n); }
 void  avx2_f16_to_f32(const uint16_t * x, float * y, int n)         { simd_f16_to_f32<avx2_vec>(x, y, n); }
 
 int avx2_filter_gt(const float * x, int n, float t, int32_t * idx) {
@@ -114,6 +122,7 @@ const struct sparq_isa sparq_isa_avx2 = {
     avx2_expsum, avx2_exp_acc, avx2_max,
     avx2_dot_f16, avx2_dot_f32,
     avx2_axpy_f16, avx2_axpy_f32,
+    avx2_dot_q8_0, avx2_axpy_q8_0,
     avx2_f16_to_f32,
     avx2_filter_gt,
     avx2_list_gather,

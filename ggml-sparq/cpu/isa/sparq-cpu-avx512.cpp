@@ -169,6 +169,33 @@ void axpy(float * y, const T * x, float a, int n) {
 void avx512_axpy_f16(float * y, const uint16_t * x, float a, int n) { axpy(y, x, a, n); }
 void avx512_axpy_f32(float * y, const float * x, float a, int n)    { axpy(y, x, a, n); }
 
+// q8_0 rows: a block's 32 int8 values as two vectors, their product with a times the block's scale
+inline void load_q8(const int8_t * qs, __m512 * x0, __m512 * x1) {
+    *x0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *) qs)));
+    *x1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *) (qs + 16))));
+}
+
+float avx512_dot_q8_0(const float * a, const sparq_block_q8_0 * b, int n) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int ib = 0; ib < n / SPARQ_QK; ++ib, a += SPARQ_QK) {
+        __m512 x0, x1;
+        load_q8(b[ib].qs, &x0, &x1);
+        const __m512 t = _mm512_fmadd_ps(_mm512_loadu_ps(a + 16), x1, _mm512_mul_ps(_mm512_loadu_ps(a), x0));
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(_cvtsh_ss(b[ib].d)), t, acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+void avx512_axpy_q8_0(float * y, const sparq_block_q8_0 * x, float a, int n) {
+    for (int ib = 0; ib < n / SPARQ_QK; ++ib, y += SPARQ_QK) {
+        __m512 x0, x1;
+        load_q8(x[ib].qs, &x0, &x1);
+        const __m512 s = _mm512_set1_ps(a * _cvtsh_ss(x[ib].d));
+        _mm512_storeu_ps(y, _mm512_fmadd_ps(s, x0, _mm512_loadu_ps(y)));
+        _mm512_storeu_ps(y + 16, _mm512_fmadd_ps(s, x1, _mm512_loadu_ps(y + 16)));
+    }
+}
+
 void avx512_f16_to_f32(const uint16_t * x, float * y, int n) {
     for (int i = 0; i < n; i += 16) {
         const __mmask16 mk = tail_mask(n - i);
@@ -225,6 +252,7 @@ const struct sparq_isa sparq_isa_avx512 = {
     avx512_expsum, avx512_exp_acc, avx512_max,
     avx512_dot_f16, avx512_dot_f32,
     avx512_axpy_f16, avx512_axpy_f32,
+    avx512_dot_q8_0, avx512_axpy_q8_0,
     avx512_f16_to_f32,
     avx512_filter_gt,
     avx512_list_gather,

@@ -35,6 +35,17 @@ struct neon_vec {
     static inline vmask lt(vf a, vf b)                   { return vcltq_f32(a, b); }
     static inline vf zero_where(vmask m, vf x)           { return vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(x), m)); }
     static inline void prefetch(const void * p)          { __builtin_prefetch(p); }
+    static inline float half(uint16_t h)                 { return vgetq_lane_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(h))), 0); }
+    static inline void load_q8(const int8_t * qs, vf * x) {
+        for (int i = 0; i < 2; ++i) {
+            const int8x16_t b = vld1q_s8(qs + 16 * i);
+            const int16x8_t lo = vmovl_s8(vget_low_s8(b)), hi = vmovl_s8(vget_high_s8(b));
+            x[4 * i + 0] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(lo)));
+            x[4 * i + 1] = vcvtq_f32_s32(vmovl_s16(vget_high_s16(lo)));
+            x[4 * i + 2] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(hi)));
+            x[4 * i + 3] = vcvtq_f32_s32(vmovl_s16(vget_high_s16(hi)));
+        }
+    }
     static inline float hsum(vf v)                       { return vaddvq_f32(v); }
     static inline float hmax(vf v)                       { return vmaxvq_f32(v); }
 };
@@ -54,6 +65,8 @@ float neon_dot_f16(const float * a, const uint16_t * b, int n)      { return sim
 float neon_dot_f32(const float * a, const float * b, int n)         { return simd_dot<neon_vec>(a, b, n); }
 void  neon_axpy_f16(float * y, const uint16_t * x, float a, int n)  { simd_axpy<neon_vec>(y, x, a, n); }
 void  neon_axpy_f32(float * y, const float * x, float a, int n)     { simd_axpy<neon_vec>(y, x, a, n); }
+float neon_dot_q8_0(const float * a, const sparq_block_q8_0 * b, int n)  { return simd_dot_q8_0<neon_vec>(a, b, n); }
+void  neon_axpy_q8_0(float * y, const sparq_block_q8_0 * x, float a, int n) { simd_axpy_q8_0<neon_vec>(y, x, a, n); }
 void  neon_f16_to_f32(const uint16_t * x, float * y, int n)         { simd_f16_to_f32<neon_vec>(x, y, n); }
 
 int neon_filter_gt(const float * x, int n, float t, int32_t * idx) {
@@ -84,6 +97,7 @@ const struct sparq_isa sparq_isa_neon = {
     neon_expsum, neon_exp_acc, neon_max,
     neon_dot_f16, neon_dot_f32,
     neon_axpy_f16, neon_axpy_f32,
+    neon_dot_q8_0, neon_axpy_q8_0,
     neon_f16_to_f32,
     neon_filter_gt,
     sparq_list_gather_ref,

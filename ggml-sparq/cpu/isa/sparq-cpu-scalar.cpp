@@ -84,6 +84,30 @@ static void scalar_axpy(float * y, const T * x, float a, int n) {
 static void scalar_axpy_f16(float * y, const uint16_t * x, float a, int n) { scalar_axpy(y, x, a, n); }
 static void scalar_axpy_f32(float * y, const float * x, float a, int n)    { scalar_axpy(y, x, a, n); }
 
+// q8_0 rows: per block the 8-sum product with the unscaled values, times the block's scale (the
+// order the vector ISAs follow)
+static float scalar_dot_q8_0(const float * a, const sparq_block_q8_0 * b, int n) {
+    float sum = 0.0f;
+    for (int ib = 0; ib < n / SPARQ_QK; ++ib, a += SPARQ_QK) {
+        float acc[8] = { 0 };
+        for (int i = 0; i < SPARQ_QK; ++i) {
+            acc[i & 7] += a[i] * (float) b[ib].qs[i];
+        }
+        const float t = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+        sum += sparq_fp16_to_fp32(b[ib].d) * t;
+    }
+    return sum;
+}
+
+static void scalar_axpy_q8_0(float * y, const sparq_block_q8_0 * x, float a, int n) {
+    for (int ib = 0; ib < n / SPARQ_QK; ++ib, y += SPARQ_QK) {
+        const float s = a * sparq_fp16_to_fp32(x[ib].d);
+        for (int i = 0; i < SPARQ_QK; ++i) {
+            y[i] += s * (float) x[ib].qs[i];
+        }
+    }
+}
+
 static void scalar_f16_to_f32(const uint16_t * x, float * y, int n) {
     for (int i = 0; i < n; ++i) {
         y[i] = sparq_fp16_to_fp32(x[i]);
@@ -106,6 +130,7 @@ const struct sparq_isa sparq_isa_scalar = {
     scalar_expsum, scalar_exp_acc, scalar_max,
     scalar_dot_f16, scalar_dot_f32,
     scalar_axpy_f16, scalar_axpy_f32,
+    scalar_dot_q8_0, scalar_axpy_q8_0,
     scalar_f16_to_f32,
     scalar_filter_gt,
     sparq_list_gather_ref,

@@ -14,6 +14,8 @@
 //   lt(a, b)             lanes with a < b (ordered);  zero_where(m, x): x with those lanes 0
 //   hsum(v), hmax(v)     horizontal sum and maximum (each ISA's own order)
 //   prefetch(p)          into L1
+//   load_q8(qs, x)       a q8_0 block's 32 int8 values into 32 / W vectors x[] of floats
+//   half(h)              one f16 (a block's scale) to f32
 //
 // The skeletons below are the "full vectors, then a scalar tail" family (AVX2, NEON). AVX-512's
 // primitives run masked tails instead (different lanes, so different sums): they stay in its
@@ -163,6 +165,40 @@ void simd_axpy(float * y, const T * x, float a, int n) {
     }
     for (; i < n; ++i) {
         y[i] += a * simd_elem(x + i);
+    }
+}
+
+// q8_0 rows (a quantized cache): per block of 32 the product with the unscaled values in a vector,
+// times the block's scale into the accumulator (one multiply per block, not per value)
+template <class V>
+float simd_dot_q8_0(const float * a, const sparq_block_q8_0 * b, int n) {
+    typedef typename V::vf vf;
+    constexpr int NV = SPARQ_QK / V::W;
+    vf acc = V::zero();
+    for (int ib = 0; ib < n / SPARQ_QK; ++ib, a += SPARQ_QK) {
+        vf x[NV];
+        V::load_q8(b[ib].qs, x);
+        vf t = V::mul(V::load(a), x[0]);
+        for (int i = 1; i < NV; ++i) {
+            t = V::fmadd(V::load(a + i * V::W), x[i], t);
+        }
+        acc = V::fmadd(V::set1(V::half(b[ib].d)), t, acc);
+    }
+    return V::hsum(acc);
+}
+
+// y[i] += a * x[i] over q8_0 blocks: a times the block's scale, once per block
+template <class V>
+void simd_axpy_q8_0(float * y, const sparq_block_q8_0 * x, float a, int n) {
+    typedef typename V::vf vf;
+    constexpr int NV = SPARQ_QK / V::W;
+    for (int ib = 0; ib < n / SPARQ_QK; ++ib, y += SPARQ_QK) {
+        vf q[NV];
+        V::load_q8(x[ib].qs, q);
+        const vf s = V::set1(a * V::half(x[ib].d));
+        for (int i = 0; i < NV; ++i) {
+            V::store(y + i * V::W, V::fmadd(s, q[i], V::load(y + i * V::W)));
+        }
     }
 }
 

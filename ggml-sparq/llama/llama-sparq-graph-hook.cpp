@@ -521,6 +521,16 @@ static void sparq_place_op(sparq_attn_build & b, ggml_tensor * cur) {
     }
 }
 
+// the most nodes (tensors) the hook adds per layer with SparQ data: the appends to K^T, the V sums and
+// the sums of k^2 (with a quantized cache's rounding), the op with its views and selector inputs, and a
+// ubatch's dense attention beside it (prompt rows or dense stretches, picked per row); about 85 counted
+constexpr uint32_t SPARQ_GRAPH_NODES_PER_LAYER = 128;
+
+uint32_t llama_sparq_graph_nodes(const llama_cparams & cparams) {
+    const llama_sparq_ctx * S = cparams.sparq.get();
+    return S && S->params.enabled ? SPARQ_GRAPH_NODES_PER_LAYER * (uint32_t) S->n_layers : 0;
+}
+
 ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv_cache_context * mctx,
                                      ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,
                                      ggml_tensor * k_cur, ggml_tensor * v_cur,

@@ -1,9 +1,18 @@
-// llama-sparq: the hook in llm_graph_context::build_attn (patch 0005).
+// llama-sparq: the hook in llm_graph_context::build_attn (patch 0005) and its node budget (patch 0015).
 #pragma once
+
+#include <cstdint>
 
 struct ggml_tensor;
 struct llm_graph_context;
+struct llama_cparams;
 class llama_kv_cache_context;
+
+// The graph nodes the hook may add to one graph with these settings (0 with SparQ off), added to
+// llama_context::graph_max_nodes: upstream sizes a graph's node table and its tensors' memory for
+// its own nodes and a margin, which SparQ's appends and op, with a quantized cache's rounding and
+// upstream's Hadamard rotation around them, overran on a 30-layer model.
+uint32_t llama_sparq_graph_nodes(const llama_cparams & cparams);
 
 // SparQ attention for this layer and ubatch, in the layout build_attn_mha returns
 // ([dv*n_head, n_tokens]), or nullptr when the dense path must run (SparQ off, or a

@@ -677,3 +677,25 @@ def test_kv_quant_rounds_k_and_v_and_keeps_kt_in_f16():
     np.testing.assert_allclose(exact, dense_attention(q, K, V, kv_quant="q8_0"), rtol=1e-12, atol=1e-12)
     assert np.abs(exact - dense_attention(q, K, V)).max() > 0  # the rounding is there
 
+
+def test_cost_in_bytes():
+    """compression is a ratio of bytes: an f16 cache gives the ratio of elements exactly; a q8_0
+    cache's rows cost 34/32 bytes per value and K^T (f16) 2."""
+    for S, d, r, k in ((4096, 128, 16, 128), (8000, 64, 16, 500), (129, 128, 16, 128)):
+        assert cost.compression(S, d, r, k) == pytest.approx(cost.m_sparq(S, d, r, k) / cost.m_dense(S, d), rel=1e-12)
+        assert cost.compression(S, d, r, k, kv_type="f16") == cost.compression(S, d, r, k)
+        assert cost.b_dense(S, d) == 2 * cost.m_dense(S, d)
+        assert cost.b_sparq(S, d, r, k) == 2 * cost.m_sparq(S, d, r, k)
+    # q8_0, S = 4096, d = 128, r = 16, k = 128:
+    #   B_dense = 4097*128*2*34/32 = 1114384,  B_sparq = 4096*16*2 + 129*128*2*34/32 + 512 = 166672
+    assert cost.b_dense(4096, 128, "q8_0") == pytest.approx(1114384)
+    assert cost.b_sparq(4096, 128, 16, 128, "q8_0") == pytest.approx(166672)
+    assert cost.compression(4096, 128, 16, 128, "q8_0") == pytest.approx(166672 / 1114384)
+    assert cost.compression(100, 128, 16, 128, "q8_0") == 1.0
+    # with k fixed the limit is r * 2 / (2 d * 34/32): K^T's f16 against 8-bit rows
+    assert cost.compression(10**9, 128, 16, 128, "q8_0") == pytest.approx(16 * 2 / (256 * 34 / 32), rel=1e-5)
+    assert cost.cache_type_id("q8_0") == 8 and cost.cache_type_id("f16") == 1
+    with pytest.raises(ValueError, match=r"kv_type.*f16, f32, q8_0.*'q4_1'"):
+        cost.compression(4096, 128, 16, 128, kv_type="q4_1")
+    with pytest.raises(ValueError, match=r"cache type.*'q4_1'"):
+        cost.cache_type_id("q4_1")

@@ -111,7 +111,7 @@ void sparq_count_reports(llama_sparq_ctx & S) {
         }
         const double k_mean = k_sum / n;
         // the estimate counted at set_input (its k) becomes the cells the op attended
-        const double ms = p.S * p.r + 2.0 * std::min(k_mean, p.S) * p.d + 4.0 * p.d + p.extra;
+        const double ms = p.c.sparq(p.S, k_mean);
         S.compression_sum += (ms - p.ms) / p.md;
         L.rep_n++;
         L.rep_k += k_mean;

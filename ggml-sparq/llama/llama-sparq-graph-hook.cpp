@@ -105,9 +105,10 @@ static llm_graph_input_sparq * sparq_graph_input(const llm_graph_context & g, co
 }
 
 // a decision of this call recorded in the graph's input (for the counters), where there is one
-static void sparq_decide(llm_graph_input_sparq * inp, int il, int reason, int d, int r, int kk, int rows, int extra = 0) {
+static void sparq_decide(llm_graph_input_sparq * inp, int il, int reason, int kk = 0, int rows = 0,
+                         const sparq_cost & cost = {}) {
     if (inp) {
-        inp->decisions.push_back({ il, reason, d, r, kk, rows, extra });
+        inp->decisions.push_back({ il, reason, kk, rows, cost });
     }
 }
 
@@ -354,11 +355,19 @@ static void sparq_h2o_prompt_scores(sparq_attn_build & b, ggml_tensor * q, ggml_
 // the SparQ decision with the cost model's terms: the oracle reads all d components; per-head choice
 // reads up to g * (k - l) + l rows; the baselines (the paper's Appendix G): streaming 2kd + 2d, H2O
 // 2kd + 2d + 2S (its scores read and written), neither reading or writing the mean of V
-static void sparq_decide_sparq(sparq_attn_build & b) {
+static void sparq_decide_sparq(sparq_attn_build & b, const ggml_tensor * k, const ggml_tensor * v) {
     const int d = (int) b.d, kk = b.kk, l = b.l, g_size = b.g_size;
     const llama_sparq_params & P = b.P;
+    // the bytes of the cache's elements: K and V rows of its types, K^T's
+    sparq_cost c;
+    c.d = d;
+    c.bk = sparq_elem_bytes(k->type);
+    c.bv = sparq_elem_bytes(v->type);
+    c.bt = sparq_elem_bytes(b.L.kt->type);
     if (b.streaming || b.h2o) {
-        sparq_decide(b.inp, b.il, -1, d, b.h2o ? 2 : 0, kk, kk, -2 * d);
+        c.r = b.h2o ? 2 : 0;
+        c.extra = -2 * d;
+        sparq_decide(b.inp, b.il, -1, kk, kk, c);
     } else if (b.index) {
         // the index: its centroids (f32: 2 elements each), the list ids (f32), and the keys of the probed
         // lists, index_probe / index_lists of the cells when the lists are even (an estimate: the counters
@@ -368,18 +377,19 @@ static void sparq_decide_sparq(sparq_attn_build & b) {
         // (the op reports the rows it read; once that step has run the counters replace the estimate
         // by them: sparq_count_index_reads)
         const int C = b.S.ivf_n_list, np = std::min(b.per_head ? g_size * P.index_probe : P.index_probe, C);
-        const int est = (int) (((int64_t) d * np + C / 2) / C);
-        sparq_decide(b.inp, b.il, -1, d, 2 + est, kk, b.per_head ? g_size * (kk - l) + l : kk, 2 * C * d - 2 * d);
+        c.r = 2;                                     // the list ids
+        c.rk = (int) (((int64_t) d * np + C / 2) / C); // the probed keys, K rows
+        c.extra = 2 * C * d - 2 * d;
+        sparq_decide(b.inp, b.il, -1, kk, b.per_head ? g_size * (kk - l) + l : kk, c);
         if (b.inp && !b.inp->decisions.empty()) {
             b.inp->decisions.back().ikv = b.ikv;
-            b.inp->decisions.back().est_per_cell = est;
         }
     } else {
-        sparq_decide(b.inp, b.il, -1, d, P.selector == LLAMA_SPARQ_SELECTOR_ORACLE ? d : b.r, kk,
-                     b.per_head ? g_size * (kk - l) + l : kk,
-                     // the PCA rotation (f32 d x d per KV head) is read every step; the scaled basis's d weights are
-                     // left out (like vbar's, a 1/S share of the step)
-                     P.basis == LLAMA_SPARQ_BASIS_PCA && b.L.rot ? 2 * d * d : 0);
+        c.r = P.selector == LLAMA_SPARQ_SELECTOR_ORACLE ? d : b.r;
+        // the PCA rotation (f32 d x d per KV head) is read every step; the scaled basis's d weights are
+        // left out (like vbar's, a 1/S share of the step)
+        c.extra = P.basis == LLAMA_SPARQ_BASIS_PCA && b.L.rot ? 2 * d * d : 0;
+        sparq_decide(b.inp, b.il, -1, kk, b.per_head ? g_size * (kk - l) + l : kk, c);
     }
 }
 
@@ -547,7 +557,7 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
     llm_graph_input_sparq * inp = sparq_graph_input(g, mctx, same_cache);
 
     if (is_swa || (mctx && !same_cache)) {
-        sparq_decide(inp, il, LLAMA_SPARQ_DENSE_SWA, 0, 0, 0, 0);
+        sparq_decide(inp, il, LLAMA_SPARQ_DENSE_SWA);
         return nullptr;
     }
     if (!mctx || cp.training) {
@@ -555,7 +565,7 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
     }
     const int32_t ikv = A::ikv_of(S.kv, il);
     if (ikv < 0 || !S.layers[ikv].kt) {
-        sparq_decide(inp, il, ikv < 0 ? LLAMA_SPARQ_DENSE_NO_CACHE : S.layers[ikv].reason, 0, 0, 0, 0);
+        sparq_decide(inp, il, ikv < 0 ? LLAMA_SPARQ_DENSE_NO_CACHE : S.layers[ikv].reason);
         return nullptr;
     }
     sparq_attn_build b(g, mctx, S, inp, il, ikv, q, k);
@@ -577,10 +587,10 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
     }
     if (reason >= 0 || !appends) {
         // SparQ needs this ubatch's keys in K^T: without appends (k_cur == nullptr) stay dense
-        sparq_decide(inp, il, reason >= 0 ? reason : LLAMA_SPARQ_DENSE_NO_CACHE, 0, 0, 0, 0);
+        sparq_decide(inp, il, reason >= 0 ? reason : LLAMA_SPARQ_DENSE_NO_CACHE);
         return nullptr;
     }
-    sparq_decide_sparq(b);
+    sparq_decide_sparq(b, k, v);
 
     ggml_tensor * cur = sparq_build_op(b, q, k, v, kq_mask, kq_scale, h2o3);
     sparq_place_op(b, cur);

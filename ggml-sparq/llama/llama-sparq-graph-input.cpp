@@ -230,8 +230,8 @@ void llm_graph_input_sparq::set_input(const llama_ubatch * ubatch) {
                                "SPARQ_ATTN node (its log says why); the scheduler copies the cache across every step\n",
                                __func__, dc.il, dc.device_name.c_str());
             }
-            const double md = 2.0 * S_ * dc.d + 2.0 * dc.d;
-            const double ms = S_ <= dc.k ? md : S_ * dc.r + 2.0 * std::min<double>(dc.rows, S_) * dc.d + 4.0 * dc.d + dc.extra;
+            const double md = dc.cost.dense(S_);
+            const double ms = S_ <= dc.k ? md : dc.cost.sparq(S_, dc.rows);
             St.compression_sum += ms / md;
             if (dc.report && S_ > dc.k) {
                 // the rows whose output is not the op's (prompt rows, stretches) report nothing
@@ -240,14 +240,12 @@ void llm_graph_input_sparq::set_input(const llama_ubatch * ubatch) {
                 for (size_t s = 0; s < prompt_buf.size() && s < unused.size(); ++s) {
                     unused[s] = prompt_buf[s] || (it != stretch.end() && s < it->second.rows.size() && it->second.rows[s]);
                 }
-                St.report_pending.push_back({ dc.ikv_rep, dc.il, si.s0, si.n_stream(), S_, md, ms, (double) dc.d,
-                                              (double) dc.r, (double) dc.extra, unused });
+                St.report_pending.push_back({ dc.ikv_rep, dc.il, si.s0, si.n_stream(), S_, md, ms, dc.cost, unused });
                 measuring |= measure == 1;
             }
             if (dc.ikv >= 0 && S_ > dc.k) {
                 // (its capacity stays across steps: no allocation once warm)
-                St.ivf_pending.push_back({ dc.ikv, si.s0, si.n_stream(), S_, md, ms, (double) dc.d,
-                                           (double) dc.est_per_cell });
+                St.ivf_pending.push_back({ dc.ikv, si.s0, si.n_stream(), S_, md, ms, dc.cost });
             }
         } else {
             St.n_dense[dc.reason]++;

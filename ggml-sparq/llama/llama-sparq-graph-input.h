@@ -17,11 +17,10 @@
 struct sparq_decision {
     int il;
     int reason;   // -1: SparQ
-    int d, r, k;  // for the cost model: head size, components read from K^T, the k setting
+    int k;        // the k setting
     int rows;     // the most rows of K and V a step reads (k, or g * (k - l) + l with per-head choice)
-    int extra;    // other elements read per KV head (the PCA rotation)
+    sparq_cost cost; // the cost model's terms (the index: cost.rk, the key elements per cell the estimate assumes, d p / C)
     int ikv = -1; // the index selector: the cache layer whose centroids' extra row holds the op's read count
-    int est_per_cell = 0; // the index: of r, the key elements per cell the estimate assumes (d p / C)
     // where the op runs: 0 the CPU (K^T in host memory); 1 the device holding K^T (it supports the
     // node); 2 the CPU although K^T is in device memory (the device does not support the node)
     int device = 0;

@@ -35,8 +35,11 @@
 #include "ggml-backend.h"
 #include "ggml-cpp.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <bitset>
 #include <map>
 #include <memory>
@@ -88,6 +91,29 @@ struct sparq_layer {
 
 constexpr float SPARQ_REPORT_TAKEN = -2.0f;
 
+// The cost model (docs/algorithm.md, "Cost model"): bytes moved per KV head and decode step. A K or
+// V element costs its cache type's bytes (f16 2, f32 4, q8_0 34/32), a K^T element K^T's (2 or 4);
+// the mean of V and the selectors' other terms are counted in 2-byte units (the f16 element the
+// model counted before), so that with f16 everywhere the ratio is the old ratio of elements.
+struct sparq_cost {
+    double d = 0.0;     // head size
+    double r = 0.0;     // per cell: K^T elements read (steps 1-2), or the selector's per-cell data (2-byte units)
+    double rk = 0.0;    // per cell: K-row elements read to choose (the index's probed keys, estimated)
+    double extra = 0.0; // other elements per KV head, 2-byte units (the PCA rotation, the index's centroids)
+    double bk = 2.0, bv = 2.0, bt = 2.0; // bytes per element of K, V and K^T
+    // dense: read S rows of K and of V, write the new k and v
+    double dense(double S) const { return (S + 1.0) * d * (bk + bv); }
+    // the selection's reads, `rows` rows of K and of V, the new k and v written, vbar read and written
+    double sparq(double S, double rows) const {
+        return S * (r * bt + rk * bk) + (std::min(rows, S) + 1.0) * d * (bk + bv) + 2.0 * (2.0 * d + extra);
+    }
+};
+
+// bytes per element of a cache type (34/32 for q8_0's blocks)
+inline double sparq_elem_bytes(ggml_type t) {
+    return (double) ggml_row_size(t, ggml_blck_size(t)) / (double) ggml_blck_size(t);
+}
+
 // k = 0 with a selector that ranks by scores: the op cuts its choice at the coverage target
 inline bool sparq_is_calibrated(const llama_sparq_params & P) {
     return P.k == 0 && (P.selector == LLAMA_SPARQ_SELECTOR_SPARQ || P.selector == LLAMA_SPARQ_SELECTOR_ORACLE);
@@ -129,7 +155,8 @@ struct llama_sparq_ctx {
     struct ivf_pending_call {
         int32_t ikv;
         uint32_t s0, n_stream; // the call's streams (contiguous, as the graph's views take them)
-        double S, md, ms, d, est_per_cell; // est_per_cell: the estimate's key elements per cell (d p / C)
+        double S, md, ms;
+        sparq_cost c; // c.rk: the estimate's key elements per cell (d p / C)
     };
     std::vector<ivf_pending_call> ivf_pending;
     uint64_t n_index_measured = 0; // index calls whose reads were counted (the rest: the estimate)
@@ -137,7 +164,8 @@ struct llama_sparq_ctx {
     struct report_pending_call {
         int32_t ikv, il;
         uint32_t s0, n_stream;
-        double S, md, ms, d, r, extra; // the estimate counted for the call, and its cost-model terms
+        double S, md, ms; // the estimate counted for the call
+        sparq_cost c;     // its cost-model terms
         // per stream of the call: 1 where the op's row was not used (a prompt row, or a stream in its
         // dense stretch beside streams that run SparQ): its report is dropped
         std::bitset<LLAMA_MAX_SEQ> unused;

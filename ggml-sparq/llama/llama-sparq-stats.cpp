@@ -34,7 +34,7 @@ void sparq_count_index_reads(llama_sparq_ctx & S) {
             continue;
         }
         // the estimate's S d p / C key elements become the counted rows' (mean over KV heads and streams)
-        const double ms = p.ms - p.S * p.est_per_cell + (sum / (double) n) * p.d;
+        const double ms = p.ms + ((sum / (double) n) * p.c.d - p.S * p.c.rk) * p.c.bk;
         S.compression_sum += (ms - p.ms) / p.md;
         S.n_index_measured++;
     }

@@ -1,9 +1,20 @@
-"""The SparQ cost model of ``docs/algorithm.md``: elements moved per KV head per decode step.
+"""The SparQ cost model of ``docs/algorithm.md``: what one decode step moves per KV head.
+
+In elements (an f16 cache):
 
     dense:  M_dense = 2*S*d + 2*d            read K and V, write the new k and v
     SparQ:  M_sparq = S*r + 2*k*d + 4*d      read r rows of K^T, read k rows of K and of V,
                                              write k and v, read and write vbar
             (M_sparq = M_dense when S <= k: that step is exact dense attention)
+
+In bytes, for a cache type (``kv_type``): a K or V element costs b_kv bytes (f16 2, f32 4, q8_0
+34/32: a block of 32 int8 and an f16 scale), a K^T element b_t (2; 4 for an f32 cache: a q8_0
+cache keeps K^T in f16), vbar's 2*d at 2 bytes each (the f16 element the model counted first):
+
+    B_dense = (S + 1)*d*2*b_kv
+    B_sparq = S*r*b_t + (k + 1)*d*2*b_kv + 4*d
+
+``compression`` is B_sparq / B_dense, which for an f16 cache is M_sparq / M_dense exactly.
 
 ``S`` may be a scalar or a NumPy array (e.g. a sweep over context lengths); the other
 arguments are scalars. Scalars in give Python numbers out, arrays give arrays.
@@ -19,11 +30,31 @@ import numpy as np
 __all__ = [
     "m_dense",
     "m_sparq",
+    "b_dense",
+    "b_sparq",
     "compression",
     "attention_bound",
     "amdahl_bound",
     "bytes_moved",
+    "CACHE_TYPES",
+    "cache_type_id",
 ]
+
+# The K/V cache types SparQ runs on: ggml's type id, the bytes of a K or V element, of a K^T element.
+CACHE_TYPES = {"f16": (1, 2.0, 2.0), "f32": (0, 4.0, 4.0), "q8_0": (8, 34.0 / 32.0, 2.0)}
+
+
+def _kv_type(kv_type):
+    if kv_type not in CACHE_TYPES:
+        raise ValueError(f"kv_type must be one of {', '.join(CACHE_TYPES)}, got {kv_type!r}")
+    return CACHE_TYPES[kv_type]
+
+
+def cache_type_id(name):
+    """ggml's type id of a K/V cache type SparQ runs on (llama-cpp-python's ``type_k`` / ``type_v``)."""
+    if name not in CACHE_TYPES:
+        raise ValueError(f"cache type must be one of {', '.join(CACHE_TYPES)}, got {name!r}")
+    return CACHE_TYPES[name][0]
 
 
 def _int_param(name, value, lo, hi=None, hi_name=None):
@@ -82,18 +113,47 @@ def m_sparq(S, d, r, k):
     return _out(np.asarray(_sparq(S, d, r, k)), scalar)
 
 
-def compression(S, d, r, k):
-    """Compression ratio M_sparq / M_dense (1.0 where S <= k)."""
+def _b_dense(S, d, b_kv):
+    return (S + 1) * d * 2 * b_kv
+
+
+def _b_sparq(S, d, r, k, b_kv, b_t):
+    return np.where(S <= k, _b_dense(S, d, b_kv), S * r * b_t + (k + 1) * d * 2 * b_kv + 4 * d)
+
+
+def b_dense(S, d, kv_type="f16"):
+    """Bytes moved per KV head by one dense decode step with a ``kv_type`` cache: (S + 1)*d*2*b_kv."""
+    S, scalar = _S_param(S)
+    d = _int_param("d", d, 1)
+    _, b_kv, _ = _kv_type(kv_type)
+    return _out(np.asarray(_b_dense(S, d, b_kv), dtype=np.float64), scalar)
+
+
+def b_sparq(S, d, r, k, kv_type="f16"):
+    """Bytes moved per KV head by one SparQ decode step with a ``kv_type`` cache:
+    S*r*b_t + (k + 1)*d*2*b_kv + 4*d (b_dense where S <= k)."""
     S, scalar = _S_param(S)
     d = _int_param("d", d, 1)
     r = _int_param("r", r, 1, d, "d")
     k = _int_param("k", k, 1)
-    return _out(np.asarray(_sparq(S, d, r, k) / _dense(S, d), dtype=np.float64), scalar)
+    _, b_kv, b_t = _kv_type(kv_type)
+    return _out(np.asarray(_b_sparq(S, d, r, k, b_kv, b_t), dtype=np.float64), scalar)
 
 
-def attention_bound(S, d, r, k):
-    """Bound on the attention speedup when bandwidth bound: M_dense / M_sparq."""
-    c = compression(S, d, r, k)
+def compression(S, d, r, k, kv_type="f16"):
+    """Compression ratio B_sparq / B_dense, the bytes of a ``kv_type`` cache (1.0 where S <= k); for
+    f16 it is M_sparq / M_dense."""
+    S, scalar = _S_param(S)
+    d = _int_param("d", d, 1)
+    r = _int_param("r", r, 1, d, "d")
+    k = _int_param("k", k, 1)
+    _, b_kv, b_t = _kv_type(kv_type)
+    return _out(np.asarray(_b_sparq(S, d, r, k, b_kv, b_t) / _b_dense(S, d, b_kv), dtype=np.float64), scalar)
+
+
+def attention_bound(S, d, r, k, kv_type="f16"):
+    """Bound on the attention speedup when bandwidth bound: B_dense / B_sparq."""
+    c = compression(S, d, r, k, kv_type)
     return 1.0 / c if np.ndim(c) == 0 else 1.0 / np.asarray(c)
 
 

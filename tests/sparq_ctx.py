@@ -43,9 +43,13 @@ class Model:
 
 class Ctx:
     def __init__(self, model: Model, n_ctx=1024, n_seq=1, unified=False, n_ubatch=512, n_threads=N_THREADS,
-                 flash_attn=True):
+                 flash_attn=True, type_k=None, type_v=None):
         lc = llama_cpp()
         p = lc.llama_context_default_params()
+        if type_k is not None:  # the K/V cache's types (ggml type ids; default f16)
+            p.type_k = type_k
+        if type_v is not None:
+            p.type_v = type_v
         p.n_ctx = n_ctx
         p.n_batch = max(512, n_ubatch)
         p.n_ubatch = n_ubatch

@@ -33,8 +33,9 @@ VARIANTS = {
 }
 
 
-def check_calls_against_reference(calls, settings, min_calls):
-    """Every captured SparQ call: the op's output equals the reference on the same tensors."""
+def check_calls_against_reference(calls, settings, min_calls, kv_quant=None):
+    """Every captured SparQ call: the op's output equals the reference on the same tensors (kv_quant:
+    the cache's quantized type, whose rounding the reference applies as the op's K^T holds it)."""
     from llama_sparq.capture import op_params, stream0
 
     assert len(calls) >= min_calls
@@ -49,19 +50,20 @@ def check_calls_against_reference(calls, settings, min_calls):
             continue
         kw = dict(r=p["r"], k=p["k"], l=p["l"], mask=x["mask"], scale=p["scale"], vbar=x["vbar"],
                   per_head=settings.get("sparq_gqa") == "per_head", mean_v=settings.get("sparq_mean_v", True),
-                  oracle=settings.get("sparq_selector") == "oracle", window=[x["win"]])
+                  oracle=settings.get("sparq_selector") == "oracle", window=[x["win"]], kv_quant=kv_quant)
         if c["comp_w"] is not None:
             kw["comp_w"] = c["comp_w"][0, 0].astype(np.float64)  # ggml [d, hkv, ns] -> (hkv, d) of stream 0
-        if settings.get("sparq_basis", "scaled") == "scaled":
-            # the weights are the keys' RMS per component over the stream's cells (times sqrt(count)):
-            # sqrt of the running sums of squares, which the graph keeps like the V sums
-            valid = np.isfinite(x["mask"][0])
-            want_w = np.sqrt((x["K"][valid] ** 2).sum(axis=0))   # (hkv, d)
-            assert np.allclose(kw["comp_w"], want_w, rtol=2e-3, atol=1e-6), "scaled weights differ from sqrt(sum k^2)"
         if c["q_sel"] is not None:
             kw["q_sel"] = x["q_sel"]
             # the keys in the basis K^T is stored in: ggml [n_kv, d, hkv, ns] -> (n_kv, hkv, d)
             kw["K_sel"] = c["KT"][0].transpose(2, 0, 1).astype(np.float64)
+        if settings.get("sparq_basis", "scaled") == "scaled":
+            # the weights are the keys' RMS per component over the stream's cells (times sqrt(count)):
+            # sqrt of the running sums of squares, which the graph keeps like the V sums (of the keys in
+            # K^T's basis: a quantized cache's rotated back from upstream's rotation)
+            valid = np.isfinite(x["mask"][0])
+            want_w = np.sqrt((kw.get("K_sel", x["K"])[valid] ** 2).sum(axis=0))   # (hkv, d)
+            assert np.allclose(kw["comp_w"], want_w, rtol=2e-3, atol=1e-6), "scaled weights differ from sqrt(sum k^2)"
         basis = settings.get("sparq_basis", "scaled")  # the default
         if basis in ("scaled", "pca"):
             assert c["comp_w"] is not None, "the scaled/PCA basis must pass component weights"

@@ -55,13 +55,14 @@ def random_settings(rng, head):
 
 
 class Runner:
-    def __init__(self, model, seed):
+    def __init__(self, model, seed, cache_type=None):
         self.rng = np.random.default_rng(seed)
         self.seed = seed
         self.unified = seed % 3 == 2
         # one thread (cheap on a busy machine), two for seed 1 (threaded rebuilds over layers and cell ranges)
         self.c = Ctx(model, n_ctx=1024, n_seq=2, unified=self.unified,
-                     n_ubatch=int(self.rng.choice([16, 64, 512])), n_threads=2 if seed % 12 == 1 else 1)
+                     n_ubatch=int(self.rng.choice([16, 64, 512])), n_threads=2 if seed % 12 == 1 else 1,
+                     type_k=cache_type, type_v=cache_type)
         self.head = model.head
         self.nv = model.n_vocab
         self.c.sparq(enabled=True, **random_settings(self.rng, self.head))
@@ -211,7 +212,26 @@ class Runner:
 
 @pytest.mark.parametrize("seed", SEEDS, ids=lambda s: f"seed{s}")
 def test_random_cache_operations_keep_sparq_exact(model, seed):
-    r = Runner(model, seed)
+    run_operations(Runner(model, seed))
+
+
+@pytest.fixture(scope="module")
+def q8_model(tmp_path_factory):
+    """Head size 64: a q8_0 cache (blocks of 32), which upstream rotates (Hadamard) and SparQ rotates back."""
+    from llama_sparq.models import make_tiny_llama
+
+    return Model(make_tiny_llama(tmp_path_factory.mktemp("models") / "tiny-d64.gguf", n_layer=2, n_embd=256,
+                                 n_head=4, n_head_kv=2, seed=11))
+
+
+@pytest.mark.parametrize("seed", SEEDS[:3], ids=lambda s: f"seed{s}")
+def test_random_cache_operations_keep_sparq_exact_q8_0(q8_model, seed):
+    """The same on a q8_0 K/V cache (K^T from the dequantized keys, rotated back)."""
+    run_operations(Runner(q8_model, seed, cache_type=8))
+
+
+def run_operations(r):
+    seed = r.seed
     names, weights = list(OPS), np.array(list(OPS.values()), dtype=float)
     try:
         for i in range(N_OPS):

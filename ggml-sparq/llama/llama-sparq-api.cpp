@@ -29,7 +29,7 @@ const char * const sparq_reason_text[LLAMA_SPARQ_DENSE_COUNT] = {
     "several query rows per sequence (prompt processing)",
     "fewer KV cells than the dense threshold",
     "sliding-window layer",
-    "K or V cache is not f16/f32",
+    "K or V cache of a type SparQ does not read (it reads f16, f32 and q8_0)",
     "V cache is transposed (make the context with flash attention on or auto)",
     "several sequences share one KV stream (unified KV cache; use one stream per sequence)",
     "ALiBi, soft-capping, attention sinks, KQ bias, MLA or differing K/V head sizes",
@@ -283,9 +283,11 @@ static int32_t sparq_create(llama_context * ctx, char * err, size_t err_size) {
 
 // Where a layer's K^T lives on a device that is not the CPU (a GPU), the op must run there: the
 // scheduler would otherwise run it on the CPU and copy the layer's cache to the host at every step.
-// A small node with the layer's head sizes, types and these settings is put to that device's
-// supports_op. 0, or -2 with the device and the settings in err
-static int32_t sparq_check_device_runs(const llama_sparq_ctx & Sq, const llama_sparq_params * p, char * err,
+// A small node with the layer's head sizes, its cache's K and V types and these settings is put to
+// that device's supports_op, once per device; with `types` the default selector and a fixed k (what
+// every device op runs, so only the cache's types can be refused). 0, or -2 with the device and what
+// it refused in err
+static int32_t sparq_check_device_runs(const llama_sparq_ctx & Sq, const llama_sparq_params * p, bool types, char * err,
                                        size_t err_size) {
     std::vector<ggml_backend_dev_t> checked;
     for (const sparq_layer & L : Sq.layers) {
@@ -302,9 +304,9 @@ static int32_t sparq_check_device_runs(const llama_sparq_ctx & Sq, const llama_s
         ggml_init_params ip = { 16 * ggml_tensor_overhead(), nullptr, true };
         ggml_context * c = ggml_init(ip);
         ggml_tensor * q  = ggml_new_tensor_4d(c, GGML_TYPE_F32, d, 1, hkv, 1);
-        ggml_tensor * k  = ggml_new_tensor_4d(c, L.kt->type, d, n, hkv, 1);
+        ggml_tensor * k  = ggml_new_tensor_4d(c, L.type_k, d, n, hkv, 1);
         ggml_tensor * kt = ggml_new_tensor_4d(c, L.kt->type, n, d, hkv, 1);
-        ggml_tensor * v  = ggml_new_tensor_4d(c, L.kt->type, dv, n, hkv, 1);
+        ggml_tensor * v  = ggml_new_tensor_4d(c, L.type_v, dv, n, hkv, 1);
         ggml_tensor * vs = ggml_new_tensor_3d(c, GGML_TYPE_F32, dv, hkv, 1);
         ggml_tensor * vc = ggml_new_tensor_1d(c, GGML_TYPE_F32, 1);
         ggml_tensor * mk = ggml_new_tensor_4d(c, GGML_TYPE_F16, n, 1, 1, 1);
@@ -312,13 +314,26 @@ static int32_t sparq_check_device_runs(const llama_sparq_ctx & Sq, const llama_s
         const int32_t kk = p->k > 0 ? p->k : std::max<int32_t>(1, p->k_min);
         const int32_t r = p->r > 0 ? std::min<int32_t>(p->r, (int32_t) d) : std::max<int32_t>(1, (int32_t) d / 4);
         ggml_tensor * op = ggml_sparq_attn(c, q, k, kt, v, vs, vc, mk, r, kk, std::min(std::max(p->l, 0), kk), 1.0f);
-        ggml_sparq_attn_set_selector(op, p->selector, p->gqa == LLAMA_SPARQ_GQA_PER_HEAD ? GGML_SPARQ_FLAG_PER_HEAD : 0);
-        if (p->k == 0) {
-            ggml_sparq_attn_set_coverage(op, p->coverage, std::min(p->k_min, kk), 0, true);
-            ggml_sparq_attn_set_coverage_cap(op, p->k_frac);
+        if (!types) {
+            ggml_sparq_attn_set_selector(op, p->selector, p->gqa == LLAMA_SPARQ_GQA_PER_HEAD ? GGML_SPARQ_FLAG_PER_HEAD : 0);
+            if (p->k == 0) {
+                ggml_sparq_attn_set_coverage(op, p->coverage, std::min(p->k_min, kk), 0, true);
+                ggml_sparq_attn_set_coverage_cap(op, p->k_frac);
+            }
         }
         const bool ok = ggml_backend_dev_supports_op(dev, op);
         ggml_free(c);
+        const bool quantized = ggml_is_quantized(L.type_k) || ggml_is_quantized(L.type_v);
+        if (!ok && types && !quantized) {
+            continue; // refused for something else than the types (the settings' probe below says what)
+        }
+        if (!ok && types) {
+            sparq_err(err, err_size, "SparQ: the KV cache on %s is K %s, V %s, which that device's SparQ op does not "
+                      "read (it reads f16 and f32; the CPU op also q8_0): use an f16 cache there (-ctk f16 -ctv f16, "
+                      "type_k/type_v), or keep the cache in host memory (--no-kv-offload / offload_kqv = false)",
+                      ggml_backend_dev_name(dev), ggml_type_name(L.type_k), ggml_type_name(L.type_v));
+            return -2;
+        }
         if (!ok) {
             sparq_err(err, err_size, "SparQ: selector %s with k = %d%s does not run on %s, which holds the KV cache "
                       "(running it on the CPU would copy the cache to the host at every step): use selector sparq or "
@@ -347,9 +362,11 @@ static int32_t sparq_apply_params(llama_context * ctx, llama_sparq_ctx & Sq, con
             }
         }
     }
-    // the calibrated k too: the CUDA op and an RPC host's CPU op cut the selection themselves (they do
-    // not report their cells, so the counters count the cap there)
-    if (sparq_check_device_runs(Sq, p, err, err_size) != 0) {
+    // the cache's types first: whatever the settings, a device that cannot read them cannot run the op;
+    // then the settings (the calibrated k too: the CUDA op and an RPC host's CPU op cut the selection
+    // themselves; they do not report their cells, so the counters count the cap there)
+    if (sparq_check_device_runs(Sq, p, true, err, err_size) != 0 ||
+        sparq_check_device_runs(Sq, p, false, err, err_size) != 0) {
         return -2;
     }
     if (index && !sparq_alloc_index(Sq, p->index_lists, err, err_size)) {
@@ -366,6 +383,8 @@ static int32_t sparq_apply_params(llama_context * ctx, llama_sparq_ctx & Sq, con
         // before its next use, in the new basis (a calibrated one at the next SparQ step)
         Sq.calibrated = false;
         sparq_basis_reset(Sq);
+        // upstream's Hadamard rotation (a quantized K cache) undone in K^T but in the PCA basis
+        Sq.kt_unrotated = Sq.hrot_n > 0 && p->basis != LLAMA_SPARQ_BASIS_PCA;
         for (auto & st : Sq.streams) {
             st.valid = false;
         }
@@ -416,9 +435,14 @@ int32_t llama_sparq_set_params(struct llama_context * ctx, const struct llama_sp
         // every step would run dense: refused, with each reason and its layer count, rather than
         // "on" with nothing sparse
         int n_by_reason[LLAMA_SPARQ_DENSE_COUNT] = {};
+        std::string types; // the cache types of the first layer refused for them
         for (const sparq_layer & L : cp.sparq->layers) {
             if (L.reason >= 0 && L.reason < LLAMA_SPARQ_DENSE_COUNT) {
                 n_by_reason[L.reason]++;
+            }
+            if (L.reason == LLAMA_SPARQ_DENSE_CACHE_TYPE && types.empty()) {
+                types = std::string(" (here K ") + ggml_type_name(L.type_k) + ", V " + ggml_type_name(L.type_v) +
+                        "; use -ctk/-ctv or type_k/type_v f16 or q8_0)";
             }
         }
         std::string why;
@@ -427,7 +451,8 @@ int32_t llama_sparq_set_params(struct llama_context * ctx, const struct llama_sp
             if (n_by_reason[i]) {
                 why += std::string(why.empty() ? "" : "; ") + std::to_string(n_by_reason[i]) + " " +
                        sparq_reason_names[i] + ": " +
-                       (i == LLAMA_SPARQ_DENSE_ATTN_VARIANT && variant ? variant : sparq_reason_text[i]);
+                       (i == LLAMA_SPARQ_DENSE_ATTN_VARIANT && variant ? variant : sparq_reason_text[i]) +
+                       (i == LLAMA_SPARQ_DENSE_CACHE_TYPE ? types : "");
             }
         }
         sparq_err(err, err_size, "SparQ: no KV-cache layer of this context can run SparQ (%s); refusing to run dense "

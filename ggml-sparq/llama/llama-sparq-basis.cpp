@@ -107,10 +107,7 @@ static void sparq_key_moments(llama_sparq_ctx & S, bool rotate, const std::vecto
                     (strm < skip.size() && std::find(skip[strm].begin(), skip[strm].end(), c) != skip[strm].end())) {
                     continue;
                 }
-                const uint8_t * kr = kb.data() + (size_t) c * k->nb[1];
-                for (int64_t j = 0; j < k->ne[0]; ++j) {
-                    row[j] = sparq_elem_f32(kr + j * ggml_type_size(k->type), k->type);
-                }
+                sparq_row_f32(kb.data() + (size_t) c * k->nb[1], k->type, k->ne[0], row.data());
                 for (size_t ji = 0; ji < jobs.size(); ++ji) {
                     if (jobs[ji].ikv == ikv) {
                         sparq_add_moment(mom[ji].data(), row.data() + jobs[ji].h * d, d, rotate);

@@ -35,7 +35,12 @@ static void sparq_fill_chunk(ggml_tensor * t, uint64_t seed, size_t c) {
             f[i + 1] = (u1 - 65535.0f) * (2.4494897f / 65535.0f);
         }
     }
-    if (t->type == GGML_TYPE_F16) {
+    if (ggml_is_quantized(t->type)) {
+        // a quantized cache: the values in its blocks (a chunk is whole blocks: 1M values, rows of whole blocks)
+        std::vector<uint8_t> q(ggml_row_size(t->type, (int64_t) m));
+        ggml_get_type_traits(t->type)->from_float_ref(f.data(), q.data(), (int64_t) m);
+        ggml_backend_tensor_set(t, q.data(), ggml_row_size(t->type, (int64_t) i0), q.size());
+    } else if (t->type == GGML_TYPE_F16) {
         std::vector<ggml_fp16_t> h(m);
         ggml_fp32_to_fp16_row(f.data(), h.data(), (int64_t) m);
         ggml_backend_tensor_set(t, h.data(), i0 * sizeof(ggml_fp16_t), m * sizeof(ggml_fp16_t));
@@ -76,8 +81,8 @@ int32_t llama_sparq_bench_fill(struct llama_context * ctx, int32_t n_tokens, uin
     }
     for (size_t ikv = 0; ikv < A::n_layers(kv); ++ikv) {
         for (ggml_tensor * t : { A::layer_k(kv, ikv), A::layer_v(kv, ikv) }) {
-            if (t->type != GGML_TYPE_F16 && t->type != GGML_TYPE_F32) {
-                sparq_err(err, err_size, "synthetic fill: cache tensor %s is %s; only f16 and f32 are supported",
+            if (!sparq_cache_type_ok(t->type)) {
+                sparq_err(err, err_size, "synthetic fill: cache tensor %s is %s; f16, f32 and q8_0 are supported",
                           t->name, ggml_type_name(t->type));
                 return -1;
             }

@@ -24,8 +24,9 @@ llama_kv_cache * sparq_find_cache(llama_memory_t mem) {
     return nullptr;
 }
 
-static bool sparq_cache_type_ok(ggml_type t) {
-    return t == GGML_TYPE_F16 || t == GGML_TYPE_F32;
+// the cache types SparQ's CPU op reads K and V rows of (a q8_0 cache: its blocks, with K^T in f16)
+bool sparq_cache_type_ok(ggml_type t) {
+    return t == GGML_TYPE_F16 || t == GGML_TYPE_F32 || t == GGML_TYPE_Q8_0;
 }
 
 // allocate the tensors of each buffer type in one zeroed buffer (kept in bufs, counted as SparQ's memory)
@@ -87,9 +88,12 @@ bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, char * err, siz
     S.layers.assign(nl, sparq_layer());
     S.streams.assign(n_stream, sparq_stream_state());
 
-    ggml_init_params ip = { (nl * 5 + 1) * ggml_tensor_overhead(), nullptr, true };
+    ggml_init_params ip = { (nl * 6 + 1) * ggml_tensor_overhead(), nullptr, true };
     S.ctx.reset(ggml_init(ip));
     std::map<ggml_backend_buffer_type_t, std::vector<ggml_tensor *>> by_buft;
+    // upstream's Hadamard rotation of q and k (a quantized K cache): one copy per buffer type
+    S.hrot_n = A::k_rot_n(kv);
+    std::map<ggml_backend_buffer_type_t, ggml_tensor *> hrot;
     for (size_t ikv = 0; ikv < nl; ++ikv) {
         const uint32_t il = A::layer_il(kv, ikv);
         ggml_tensor * k = A::layer_k(kv, ikv);
@@ -104,7 +108,11 @@ bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, char * err, siz
             L.reason = LLAMA_SPARQ_DENSE_ATTN_VARIANT;
             continue;
         }
-        if (!sparq_cache_type_ok(k->type) || !sparq_cache_type_ok(v->type)) {
+        const int64_t dk = model.hparams.n_embd_head_k(il), dv = model.hparams.n_embd_head_v(il);
+        L.type_k = k->type;
+        L.type_v = v->type;
+        if (!sparq_cache_type_ok(k->type) || !sparq_cache_type_ok(v->type) || dk % ggml_blck_size(k->type) != 0 ||
+            dv % ggml_blck_size(v->type) != 0) {
             L.reason = LLAMA_SPARQ_DENSE_CACHE_TYPE;
             continue;
         }
@@ -112,13 +120,14 @@ bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, char * err, siz
             L.reason = LLAMA_SPARQ_DENSE_V_TRANS;
             continue;
         }
-        const int64_t dk = model.hparams.n_embd_head_k(il), dv = model.hparams.n_embd_head_v(il);
         const int64_t hkv = model.hparams.n_head_kv(il);
         if (dk != dv || dk * hkv != k->ne[0]) {
             L.reason = LLAMA_SPARQ_DENSE_ATTN_VARIANT;
             continue;
         }
-        L.kt = ggml_new_tensor_4d(S.ctx.get(), k->type, kv_size, dk, hkv, n_stream);
+        // K^T of a quantized cache: its keys dequantized, in f16 (step 2 reads it cell by cell)
+        L.kt = ggml_new_tensor_4d(S.ctx.get(), ggml_is_quantized(k->type) ? GGML_TYPE_F16 : k->type, kv_size, dk, hkv,
+                                  n_stream);
         L.vsum = ggml_new_tensor_3d(S.ctx.get(), GGML_TYPE_F32, dv, hkv, n_stream);
         L.ksq = ggml_new_tensor_3d(S.ctx.get(), GGML_TYPE_F32, dk, hkv, n_stream);
         ggml_format_name(L.ksq, "sparq_ksq_l%u", il);
@@ -137,11 +146,26 @@ bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, char * err, siz
         by_buft[buft].push_back(L.ksq);
         by_buft[buft].push_back(L.vcomp);
         by_buft[buft].push_back(L.h2o);
+        if (S.hrot_n > 0) {
+            ggml_tensor *& h = hrot[buft];
+            if (!h) {
+                h = ggml_new_tensor_2d(S.ctx.get(), GGML_TYPE_F32, S.hrot_n, S.hrot_n);
+                ggml_set_name(h, "sparq_hrot");
+                by_buft[buft].push_back(h);
+            }
+            L.hrot = h;
+        }
         S.kv_bytes += ggml_nbytes(k) + ggml_nbytes(v);
         S.n_layers++;
     }
     if (!sparq_alloc_buffers(S, by_buft, S.bufs, "K^T and the V sums", err, err_size)) {
         return false;
+    }
+    if (S.hrot_n > 0) {
+        S.hrot_host = A::k_rot_matrix(kv, S.hrot_n);
+        for (const auto & [buft, h] : hrot) {
+            ggml_backend_tensor_set(h, S.hrot_host.data(), 0, ggml_nbytes(h));
+        }
     }
     LLAMA_LOG_INFO("%s: SparQ data for %d of %zu KV-cache layers: K^T + V sums = %.2f MiB "
                    "(+%.0f%% of those layers' K and V, %.2f MiB)\n", __func__, S.n_layers, nl,

@@ -177,7 +177,8 @@ static ggml_tensor * sparq_kt_idxs(sparq_attn_build & b, int64_t E) {
     return idx;
 }
 
-// x (f32) as the cache of type `type` holds it: rounded to that type and back (f32: as it is)
+// x (f32) as the cache of type `type` holds it: rounded to that type and back (f32: as it is; q8_0:
+// quantized by the CPU's quantizer, the one the cache's set_rows uses, and dequantized)
 static ggml_tensor * sparq_as_cached(ggml_context * ctx0, ggml_tensor * x, ggml_type type) {
     if (type != GGML_TYPE_F32) {
         x = ggml_cast(ctx0, ggml_cast(ctx0, x, type), GGML_TYPE_F32);
@@ -205,19 +206,21 @@ static ggml_tensor * sparq_ubatch_sums(sparq_attn_build & b, ggml_tensor * x_cur
 }
 
 // the ubatch's keys into K^T (set_rows), in the PCA basis when K^T is kept in it
-static ggml_tensor * sparq_append_keys(sparq_attn_build & b, ggml_tensor * k_cur, const ggml_tensor * k) {
+// kc: the ubatch's keys as the cache holds them ([d, hkv, n_tokens] f32): a quantized cache's keys
+// quantized and back, once for K^T and the sums of k^2; NULL for an f16 or f32 cache (K^T has its
+// type: set_rows rounds as the cache does)
+static ggml_tensor * sparq_append_keys(sparq_attn_build & b, ggml_tensor * k_cur, ggml_tensor * kc, const ggml_tensor * k) {
     ggml_context * ctx0 = b.ctx0;
     const int64_t E = k_cur->ne[0] * k_cur->ne[1];
     ggml_tensor * idx = sparq_kt_idxs(b, E);
     ggml_tensor * rows = ggml_reshape_2d(ctx0, b.L.kt, 1, ggml_nelements(b.L.kt));
-    ggml_tensor * kin = ggml_is_contiguous(k_cur) ? k_cur : ggml_cont(ctx0, k_cur);
+    ggml_tensor * kin = kc ? kc : ggml_is_contiguous(k_cur) ? k_cur : ggml_cont(ctx0, k_cur);
     if (b.P.basis == LLAMA_SPARQ_BASIS_PCA && b.L.rot) {
         // K^T in the PCA basis: rotate the keys as the cache holds them (rounded to its type)
-        ggml_tensor * kc = ggml_reshape_3d(ctx0, kin, b.d, b.hkv, b.n_tokens);
-        kc = sparq_as_cached(ctx0, kc, k->type);
-        kc = ggml_cont(ctx0, ggml_permute(ctx0, kc, 0, 2, 1, 3));             // [d, n_tokens, hkv]
-        kc = ggml_mul_mat(ctx0, b.L.rot, kc);                                   // [d, n_tokens, hkv]
-        kin = ggml_cont(ctx0, ggml_permute(ctx0, kc, 0, 2, 1, 3));            // [d, hkv, n_tokens]
+        ggml_tensor * kr = kc ? kc : sparq_as_cached(ctx0, ggml_reshape_3d(ctx0, kin, b.d, b.hkv, b.n_tokens), k->type);
+        kr = ggml_cont(ctx0, ggml_permute(ctx0, kr, 0, 2, 1, 3));             // [d, n_tokens, hkv]
+        kr = ggml_mul_mat(ctx0, b.L.rot, kr);                                   // [d, n_tokens, hkv]
+        kin = ggml_cont(ctx0, ggml_permute(ctx0, kr, 0, 2, 1, 3));            // [d, hkv, n_tokens]
     }
     ggml_tensor * src = ggml_reshape_2d(ctx0, kin, 1, b.n_tokens * E);
     ggml_tensor * kt = ggml_set_rows(ctx0, rows, src, idx);
@@ -248,11 +251,12 @@ static ggml_tensor * sparq_append_values(sparq_attn_build & b, ggml_tensor * v_c
     return vs;
 }
 
-// sums of k^2 per component (the scaled basis's weights), of the keys as the cache holds them
-static ggml_tensor * sparq_append_ksq(sparq_attn_build & b, ggml_tensor * k_cur, const ggml_tensor * k) {
+// sums of k^2 per component (the scaled basis's weights), of the keys as the cache holds them (kc, when
+// a quantized cache's are made already: see sparq_append_keys)
+static ggml_tensor * sparq_append_ksq(sparq_attn_build & b, ggml_tensor * k_cur, ggml_tensor * kc, const ggml_tensor * k) {
     ggml_context * ctx0 = b.ctx0;
     const int64_t E = k_cur->ne[0] * k_cur->ne[1];
-    ggml_tensor * kadd = sparq_ubatch_sums(b, k_cur, k->type, true);
+    ggml_tensor * kadd = kc ? sparq_ubatch_sums(b, kc, GGML_TYPE_F32, true) : sparq_ubatch_sums(b, k_cur, k->type, true);
     ggml_tensor * kdst = ggml_view_2d(ctx0, b.L.ksq, E, b.n_stream, b.L.ksq->nb[2], b.si.s0 * b.L.ksq->nb[2]);
     ggml_tensor * ksq = ggml_add_inplace(ctx0, kdst, kadd);
     ggml_build_forward_expand(b.g.gf, ksq);
@@ -276,9 +280,21 @@ static ggml_tensor * sparq_set_new_cells(sparq_attn_build & b, ggml_tensor * t, 
 static void sparq_build_appends(sparq_attn_build & b, ggml_tensor * k_cur, ggml_tensor * v_cur, const ggml_tensor * k,
                                 const ggml_tensor * v) {
     b.inp->appends = true;
-    b.kt_src = sparq_append_keys(b, k_cur, k);
+    ggml_tensor * kc = nullptr;
+    if (ggml_is_quantized(k->type)) {
+        // a quantized cache's keys as it holds them, quantized and back, for K^T (f16) and the sums of k^2
+        kc = ggml_reshape_3d(b.ctx0, ggml_is_contiguous(k_cur) ? k_cur : ggml_cont(b.ctx0, k_cur), b.d, b.hkv, b.n_tokens);
+        kc = sparq_as_cached(b.ctx0, kc, k->type);
+    }
+    if (sparq_unrotates(b.S, b.L)) {
+        // upstream rotated them (a quantized K cache): rotated back, as the host rebuild does (the same
+        // fast Walsh-Hadamard transform on the CPU: the same bits)
+        GGML_ASSERT(kc && "llama_sparq: upstream's Hadamard rotation without a quantized K cache");
+        kc = llama_mul_mat_hadamard(b.ctx0, kc, b.L.hrot);
+    }
+    b.kt_src = sparq_append_keys(b, k_cur, kc, k);
     b.vs_src = sparq_append_values(b, v_cur, v);
-    b.ksq_src = sparq_append_ksq(b, k_cur, k);
+    b.ksq_src = sparq_append_ksq(b, k_cur, kc, k);
     if (b.h2o) {
         b.h2o_src = sparq_set_new_cells(b, b.L.h2o, 0.0f, "sparq_h2o"); // H2O: no attention received yet
     }
@@ -413,11 +429,19 @@ static void sparq_set_selector_inputs(sparq_attn_build & b, ggml_tensor * cur, g
         // the query in the PCA basis of its KV head (query head h uses rot[h / g], as GQA maps heads)
         ggml_tensor * q_sel = ggml_mul_mat(ctx0, L.rot, ggml_cont(ctx0, q4)); // [d, n_tps, n_head, ns]
         ggml_sparq_attn_set_basis(cur, q_sel, L.spread);
-    } else if (P.basis == LLAMA_SPARQ_BASIS_SCALED && !b.streaming && !b.index) {
-        // weights: the keys' RMS per component over the stream's cells; sqrt of the sums of squares
-        // (the count is common to all components and cancels in step 1's ranking and in tau)
-        ggml_tensor * ks3 = ggml_view_3d(ctx0, b.ksq_src, d, hkv, n_stream, L.ksq->nb[1], L.ksq->nb[2], 0);
-        ggml_sparq_attn_set_basis(cur, nullptr, ggml_sqrt(ctx0, ks3));
+    } else if (!b.streaming) {
+        // K^T keeps the keys rotated back from upstream's Hadamard rotation: the query too, for steps 1-2
+        ggml_tensor * q_sel = sparq_unrotates(b.S, L) ? llama_mul_mat_hadamard(ctx0, q4, L.hrot) : nullptr;
+        ggml_tensor * w = nullptr;
+        if (P.basis == LLAMA_SPARQ_BASIS_SCALED) {
+            // weights: the keys' RMS per component over the stream's cells; sqrt of the sums of squares
+            // (the count is common to all components and cancels in step 1's ranking and in tau)
+            ggml_tensor * ks3 = ggml_view_3d(ctx0, b.ksq_src, d, hkv, n_stream, L.ksq->nb[1], L.ksq->nb[2], 0);
+            w = ggml_sqrt(ctx0, ks3);
+        }
+        if (q_sel || w) {
+            ggml_sparq_attn_set_basis(cur, q_sel, w);
+        }
     }
 }
 

@@ -2,9 +2,9 @@
 // settings and counters), the friend that reaches upstream's private members, and the internal
 // functions the llama/ files share.
 //
-// Data. For every full-attention layer of the KV cache with an f16/f32 cache and
+// Data. For every full-attention layer of the KV cache with an f16, f32 or q8_0 cache and
 // non-transposed V, a K^T tensor [kv_size, d, n_head_kv, n_stream] (the keys again,
-// cell-contiguous, same type as K) and a V-sum tensor [dv, n_head_kv, n_stream] f32 with
+// cell-contiguous, same type as K; f16 of the dequantized keys for q8_0) and a V-sum tensor [dv, n_head_kv, n_stream] f32 with
 // its Kahan compensation (same shape), allocated in the buffer type of the layer's K when
 // SparQ is first enabled (llama-sparq-buffers.cpp).
 //
@@ -69,12 +69,18 @@ struct sparq_layer {
     ggml_tensor * ivf_cent = nullptr;
     ggml_tensor * ivf_list = nullptr;
     int reason = -1;              // >= 0: no data for this layer, why
+    ggml_type type_k = GGML_TYPE_COUNT, type_v = GGML_TYPE_COUNT; // the cache's types (a refusal names them)
     int32_t il = -1;              // the model's layer index (kept: the cache may be gone when the counters log)
     // the PCA basis (LLAMA_SPARQ_BASIS_PCA): rot [d, d, n_head_kv] f32, rot[j + d*(m + d*h)] =
     // component j of axis m of KV head h; spread [d, n_head_kv] f32, the keys' RMS along each axis
     ggml_tensor * rot = nullptr;
     ggml_tensor * spread = nullptr;
     std::vector<float> rot_host;  // the same, on the host (rebuilds rotate with it); empty: identity
+    // upstream's Hadamard rotation of q and k (a quantized K cache, llama_sparq_ctx::hrot_n): [n, n] f32 next
+    // to K^T, shared by the layers in one buffer type. Outside the PCA basis K^T keeps the keys rotated back
+    // and steps 1-2 rotate the query back: the rotation spreads q's largest components over all of them
+    // (what it is for), and the top r of the model's own components find the cells much better
+    ggml_tensor * hrot = nullptr;
     // what the CPU op reports of its choice, per (stream, KV head): 4 floats (ggml_sparq_attn_set_report);
     // an entry the counters have taken is set to SPARQ_REPORT_TAKEN
     std::vector<float> report;
@@ -192,9 +198,20 @@ struct llama_sparq_ctx {
     int32_t ivf_n_list = 0;
     std::vector<uint32_t> ivf_trained;
     int32_t basis_in_data = LLAMA_SPARQ_BASIS_MODEL; // the basis K^T was last built in
+    int64_t hrot_n = 0; // upstream rotates q and k by a Hadamard matrix of this size (0: it does not)
+    // K^T holds (or, after a rebuild, will hold) the keys rotated back: set with the basis whenever the data
+    // is invalidated for new settings (kept while SparQ is off: the data stays what it was)
+    bool kt_unrotated = false;
+    std::vector<float> hrot_host; // that matrix (n x n), for the host rebuild
 
     ~llama_sparq_ctx(); // logs the counters (llama-sparq-stats.cpp)
 };
+
+// K^T of layer L holds the keys rotated back from upstream's Hadamard rotation (outside the PCA
+// basis, whose axes are found on the cache's keys as they are: llama_sparq_ctx::kt_unrotated)
+inline bool sparq_unrotates(const llama_sparq_ctx & S, const sparq_layer & L) {
+    return L.hrot && S.kt_unrotated;
+}
 
 // the friend of llama_context, llama_kv_cache and llama_kv_cache_context (patch 0005)
 struct llama_sparq_access {
@@ -211,6 +228,39 @@ struct llama_sparq_access {
     static uint32_t layer_il(const llama_kv_cache * kv, size_t ikv) { return kv->layers[ikv].il; }
     static ggml_tensor * layer_k(const llama_kv_cache * kv, size_t ikv) { return kv->layers[ikv].k; }
     static ggml_tensor * layer_v(const llama_kv_cache * kv, size_t ikv) { return kv->layers[ikv].v; }
+    // upstream's Walsh-Hadamard rotation of q and k for a quantized K cache (llama_kv_cache's attn_rot_k):
+    // its size, as build_input_k_rot takes it (the largest power of 2 >= 64 dividing the head size), or 0
+    static int64_t k_rot_n(const llama_kv_cache * kv) {
+        if (!kv->attn_rot_k || kv->n_embd_head_k_all <= 0) {
+            return 0;
+        }
+        int64_t n = 64;
+        while (kv->n_embd_head_k_all % (2 * n) == 0) {
+            n *= 2;
+        }
+        return n;
+    }
+    // its matrix (n x n, row-major, symmetric: its own inverse); a cache that shares another's cells
+    // keeps no copy: then the same construction as upstream's (Sylvester's, entries +-1/sqrt(n))
+    static std::vector<float> k_rot_matrix(const llama_kv_cache * kv, int64_t n) {
+        const auto it = kv->attn_rot_hadamard.find(n);
+        if (it != kv->attn_rot_hadamard.end()) {
+            return it->second;
+        }
+        std::vector<float> h((size_t) n * n);
+        h[0] = (float) (1.0 / sqrtf((float) n));
+        for (int64_t s = 1; s < n; s *= 2) {
+            for (int64_t i = 0; i < s; ++i) {
+                for (int64_t j = 0; j < s; ++j) {
+                    const float x = h[i * n + j];
+                    h[(i + s) * n + j] = x;
+                    h[i * n + j + s] = x;
+                    h[(i + s) * n + j + s] = -x;
+                }
+            }
+        }
+        return h;
+    }
     static int32_t ikv_of(const llama_kv_cache * kv, int32_t il) {
         auto it = kv->map_layer_ids.find(il);
         return it == kv->map_layer_ids.end() ? -1 : it->second;
@@ -246,6 +296,16 @@ inline float sparq_elem_f32(const uint8_t * p, ggml_type t) {
     return t == GGML_TYPE_F16 ? ggml_fp16_to_fp32(*(const ggml_fp16_t *) p) : *(const float *) p;
 }
 
+// n values of a cache row (f32, f16, or quantized blocks: dequantized) as f32 into out; a
+// quantized row starts at a block (the offset of value i is ggml_row_size(t, i))
+inline void sparq_row_f32(const void * row, ggml_type t, int64_t n, float * out) {
+    if (t == GGML_TYPE_F32) {
+        memcpy(out, row, (size_t) n * sizeof(float));
+    } else {
+        ggml_get_type_traits(t)->to_float(row, out, n);
+    }
+}
+
 // llama-sparq-api.cpp: names, messages
 extern const char * const sparq_reason_names[LLAMA_SPARQ_DENSE_COUNT]; // llama_sparq_dense_reason_name's
 extern const char * const sparq_reason_text[LLAMA_SPARQ_DENSE_COUNT];  // for the log: why a call ran dense
@@ -257,6 +317,8 @@ void sparq_err(char * err, size_t n, const char * fmt, ...);
 
 // llama-sparq-buffers.cpp: the cache, the data's tensors and buffers
 llama_kv_cache * sparq_find_cache(llama_memory_t mem);
+// the K/V cache types SparQ reads rows of (f16, f32, q8_0)
+bool sparq_cache_type_ok(ggml_type t);
 // allocate the tensors of each buffer type in one zeroed buffer (kept in bufs, counted as SparQ's memory)
 bool sparq_alloc_buffers(llama_sparq_ctx & S, const std::map<ggml_backend_buffer_type_t, std::vector<ggml_tensor *>> & by_buft,
                          std::vector<ggml_backend_buffer_ptr> & bufs, const char * what, char * err, size_t err_size);

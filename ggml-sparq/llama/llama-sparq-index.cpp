@@ -105,14 +105,12 @@ static void sparq_kmeans(const std::vector<float> & x, int64_t n, int64_t d, int
     }
 }
 
-// the key of one cell and KV head in f32, into x[0..d) (row: scratch for d elements of K's type)
+// the key of one cell and KV head in f32, into x[0..d) (row: scratch for d values of K's type)
 static void sparq_key_f32(const ggml_tensor * k, uint32_t strm, uint32_t cell, int64_t h, int64_t d,
                           std::vector<uint8_t> & row, float * x) {
-    const size_t esz = ggml_type_size(k->type);
-    ggml_backend_tensor_get(k, row.data(), strm * k->nb[2] + (size_t) cell * k->nb[1] + (size_t) h * d * esz, row.size());
-    for (int64_t j = 0; j < d; ++j) {
-        x[j] = sparq_elem_f32(row.data() + j * esz, k->type);
-    }
+    ggml_backend_tensor_get(k, row.data(), strm * k->nb[2] + (size_t) cell * k->nb[1] + ggml_row_size(k->type, h * d),
+                            row.size());
+    sparq_row_f32(row.data(), k->type, d, x);
 }
 
 // the cells of `all` in their nearest of the C centroids (lists[cell] = its list id), in batches of
@@ -146,9 +144,8 @@ static void sparq_train_head(llama_sparq_ctx & S, uint32_t strm, const sparq_hea
     const sparq_layer & L = S.layers[job.ikv];
     ggml_tensor * k = A::layer_k(kv, job.ikv);
     const int64_t d = L.ivf_cent->ne[0], h = job.h;
-    const size_t esz = ggml_type_size(k->type);
     std::vector<float> x(use.size() * d);
-    std::vector<uint8_t> row((size_t) d * esz);
+    std::vector<uint8_t> row(ggml_row_size(k->type, d));
     for (size_t i = 0; i < use.size(); ++i) {
         sparq_key_f32(k, strm, use[i], h, d, row, x.data() + i * d);
     }

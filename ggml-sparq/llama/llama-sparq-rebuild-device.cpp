@@ -48,14 +48,14 @@ static void sparq_rebuild_layer_device(llama_sparq_ctx & S, size_t ikv, uint32_t
     ggml_tensor * k = A::layer_k(kv, ikv);
     ggml_tensor * v = A::layer_v(kv, ikv);
     const int64_t E = k->ne[0], Ev = v->ne[0];
-    const size_t esz = ggml_type_size(k->type);
+    const size_t esz = ggml_type_size(L.kt->type);
     ggml_backend_tensor_memset(L.vcomp, 0, strm * L.vcomp->nb[2], Ev * sizeof(float));
     if (nu == 0) {
         ggml_backend_tensor_memset(L.vsum, 0, strm * L.vsum->nb[2], Ev * sizeof(float));
         ggml_backend_tensor_memset(L.ksq, 0, strm * L.ksq->nb[2], E * sizeof(float));
         return;
     }
-    const size_t n_nodes = 16 * ((nu + chunk - 1) / chunk) + 16;
+    const size_t n_nodes = 24 * ((nu + chunk - 1) / chunk) + 16;
     ggml_init_params ip = { n_nodes * ggml_tensor_overhead() + ggml_graph_overhead_custom(n_nodes, false), nullptr, true };
     ggml_context_ptr ctx(ggml_init(ip));
     ggml_context * c0 = ctx.get();
@@ -70,10 +70,16 @@ static void sparq_rebuild_layer_device(llama_sparq_ctx & S, size_t ikv, uint32_t
         ggml_tensor * vc = ggml_view_2d(c0, v, Ev, n, v->nb[1], strm * v->nb[2] + (size_t) cell * v->nb[1]);
         // K^T rows [cell, cell + n) of the stream: element (cell c, component j) at j * kv_size + c
         ggml_tensor * ktd = ggml_view_2d(c0, L.kt, n, E, (size_t) kv_size * esz, strm * L.kt->nb[3] + (size_t) cell * esz);
-        ggml_build_forward_expand(gf, ggml_cpy(c0, ggml_transpose(c0, kc), ktd));
+        // a quantized K: dequantized first (the keys as the cache holds them), K^T being f16, and rotated
+        // back from upstream's Hadamard rotation outside the PCA basis (as the appends do)
+        ggml_tensor * k32 = k->type == GGML_TYPE_F32 ? kc : ggml_cast(c0, kc, GGML_TYPE_F32);
+        if (sparq_unrotates(S, L)) {
+            k32 = llama_mul_mat_hadamard(c0, k32, L.hrot);
+        }
+        ggml_build_forward_expand(gf, ggml_cpy(c0, ggml_transpose(c0, ggml_is_quantized(k->type) ? k32 : kc), ktd));
         ggml_tensor * wc = ggml_view_2d(c0, wt, 1, n, wt->nb[1], (size_t) a * sizeof(float));
         ggml_tensor * vf = v->type == GGML_TYPE_F32 ? vc : ggml_cast(c0, vc, GGML_TYPE_F32);
-        ggml_tensor * kf = ggml_sqr(c0, k->type == GGML_TYPE_F32 ? kc : ggml_cast(c0, kc, GGML_TYPE_F32));
+        ggml_tensor * kf = ggml_sqr(c0, k32);
         ggml_tensor * vp = ggml_out_prod(c0, vf, wc); // [Ev, 1]: sum over the cells of w * v
         ggml_tensor * kp = ggml_out_prod(c0, kf, wc); // [E, 1]
         vacc = vacc ? ggml_add(c0, vacc, vp) : vp;

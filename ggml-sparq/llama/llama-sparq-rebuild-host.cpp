@@ -91,15 +91,40 @@ static sparq_rebuild_plan sparq_rebuild_plan_make(const llama_sparq_ctx & S, uin
     return P;
 }
 
+// x[0..E) with each block of n values rotated back from upstream's Hadamard rotation (a quantized K
+// cache) the way ggml's CPU backend computes that product in the graph's appends (a fast Walsh-Hadamard
+// transform: scaled first, then the butterflies in this order; upstream's ggml_compute_forward_fwht), so
+// that a rebuild gives K^T and the sums of k^2 the appends' bits
+static void sparq_unrotate_row(float * x, size_t E, int64_t n) {
+    const float scale = 1.0f / sqrtf((float) n);
+    for (size_t b0 = 0; b0 + n <= E; b0 += n) {
+        float * y = x + b0;
+        for (int64_t j = 0; j < n; ++j) {
+            y[j] *= scale;
+        }
+        for (int64_t len = 1; len < n; len <<= 1) {
+            for (int64_t i = 0; i < n; i += 2 * len) {
+                for (int64_t j = 0; j < len; ++j) {
+                    const float u = y[i + j], v = y[i + len + j];
+                    y[i + j] = u + v;
+                    y[i + len + j] = u - v;
+                }
+            }
+        }
+    }
+}
+
 // Sums over the used cells of [a, b) but those left out (V, or with squares the squares of K for the
 // scaled basis's weights) of the n-element rows p (row c - a at p + (c - a) * nb1): f32 partial sums
-// over blocks of 256 cells (vectorised; f16 through a table), accumulated in f64 into acc.
+// over blocks of 256 cells (vectorised; f16 through a table; quantized rows dequantized first, the
+// values as the cache holds them, and with unrot > 0 rotated back: sparq_unrotate_row), accumulated in
+// f64 into acc.
 // A kernel loop: kept whole for its vectorisation.
 static void sparq_sum_rows(const sparq_rebuild_plan & P, uint32_t a, uint32_t b, const uint8_t * p, size_t nb1,
-                           ggml_type type, size_t n, bool squares, double * acc) {
+                           ggml_type type, size_t n, bool squares, double * acc, int64_t unrot = 0) {
     const float * f16 = sparq_f16_table();
     const llama_kv_cells & cells = *P.cells;
-    std::vector<float> blk(n);
+    std::vector<float> blk(n), deq(ggml_is_quantized(type) ? n : 0);
     for (uint32_t c0 = a; c0 < b; c0 += 256) {
         const uint32_t c1 = std::min(b, c0 + 256);
         std::fill(blk.begin(), blk.end(), 0.0f);
@@ -109,7 +134,16 @@ static void sparq_sum_rows(const sparq_rebuild_plan & P, uint32_t a, uint32_t b,
                 continue;
             }
             const uint8_t * row = p + (size_t) (c - a) * nb1;
-            if (type == GGML_TYPE_F16) {
+            if (!deq.empty()) {
+                sparq_row_f32(row, type, (int64_t) n, deq.data());
+                if (unrot > 0) {
+                    sparq_unrotate_row(deq.data(), n, unrot);
+                }
+                const float * __restrict x = deq.data();
+                for (size_t j = 0; j < n; ++j) {
+                    bs[j] += squares ? x[j] * x[j] : x[j];
+                }
+            } else if (type == GGML_TYPE_F16) {
                 const uint16_t * __restrict x = (const uint16_t *) row;
                 for (size_t j = 0; j < n; ++j) {
                     const float f = f16[x[j]];
@@ -157,18 +191,39 @@ static void sparq_transpose_keys(const uint8_t * src, size_t rs, size_t esz, siz
     }
 }
 
-// K^T in the PCA basis: the n keys of src (row stride rs) rotated, k' = P^T k per KV head, into dst
-// (as sparq_transpose_keys lays it out), rounded to the cache type
-static void sparq_rotate_keys(const sparq_layer & L, const uint8_t * src, size_t rs, ggml_type type, size_t E, uint32_t n,
-                              uint8_t * dst, size_t ld) {
-    const size_t esz = ggml_type_size(type);
+// The n rows of E components of a quantized K (row stride rs) dequantized (and with unrot > 0 rotated
+// back: sparq_unrotate_row) and transposed into an f16 K^T dst (component j's n cells at dst + j * ld),
+// 256 cells at a time: their rows in f32, then each destination row's 256 cells written contiguously
+static void sparq_transpose_dequant(const uint8_t * src, size_t rs, ggml_type type, size_t E, uint32_t n,
+                                    ggml_fp16_t * dst, size_t ld, int64_t unrot) {
+    std::vector<float> tile((size_t) 256 * E);
+    for (uint32_t c0 = 0; c0 < n; c0 += 256) {
+        const uint32_t c1 = std::min(n, c0 + 256);
+        for (uint32_t c = c0; c < c1; ++c) {
+            float * x = tile.data() + (size_t) (c - c0) * E;
+            sparq_row_f32(src + (size_t) c * rs, type, (int64_t) E, x);
+            if (unrot > 0) {
+                sparq_unrotate_row(x, E, unrot);
+            }
+        }
+        for (size_t j = 0; j < E; ++j) {
+            ggml_fp16_t * d = dst + j * ld;
+            for (uint32_t c = c0; c < c1; ++c) {
+                d[c] = ggml_fp32_to_fp16(tile[(size_t) (c - c0) * E + j]);
+            }
+        }
+    }
+}
+
+// K^T in the PCA basis: the n keys of src (row stride rs, K's type) rotated, k' = P^T k per KV head,
+// into dst (as sparq_transpose_keys lays it out), rounded to K^T's type kt_type
+static void sparq_rotate_keys(const sparq_layer & L, const uint8_t * src, size_t rs, ggml_type type, ggml_type kt_type,
+                              size_t E, uint32_t n, uint8_t * dst, size_t ld) {
+    const size_t esz = ggml_type_size(kt_type);
     const size_t d = L.rot->ne[0];
     std::vector<float> x(E);
     for (uint32_t c = 0; c < n; ++c) {
-        const uint8_t * row = src + (size_t) c * rs;
-        for (size_t j = 0; j < E; ++j) {
-            x[j] = sparq_elem_f32(row + j * esz, type);
-        }
+        sparq_row_f32(src + (size_t) c * rs, type, (int64_t) E, x.data());
         for (size_t h = 0; h < E / d; ++h) {
             for (size_t mm = 0; mm < d; ++mm) {
                 const float * pm = L.rot_host.data() + (h * d + mm) * d;
@@ -188,9 +243,10 @@ static void sparq_rotate_keys(const sparq_layer & L, const uint8_t * src, size_t
 }
 
 // the largest difference between the kept K^T rows [a, b) of the used cells and the recomputed tr
-// ([E][b - a], the cache type); unused cells are masked, their K^T entries do not matter
+// ([E][b - a], K^T's type); unused cells are masked, their K^T entries do not matter
 static double sparq_check_kt(const sparq_layer & L, const sparq_rebuild_plan & P, uint32_t a, uint32_t b, size_t E,
-                             ggml_type type, const std::vector<uint8_t> & tr) {
+                             const std::vector<uint8_t> & tr) {
+    const ggml_type type = L.kt->type;
     const size_t esz = ggml_type_size(type);
     const uint32_t n = b - a;
     const size_t kt_off = P.strm * L.kt->nb[3];
@@ -225,15 +281,17 @@ static void sparq_rebuild_range(llama_sparq_ctx & S, const sparq_rebuild_plan & 
     const ggml_tensor * k = A::layer_k(S.kv, ikv);
     const ggml_tensor * v = A::layer_v(S.kv, ikv);
     const size_t E = k->ne[0], Ev = v->ne[0];
-    const size_t esz = ggml_type_size(k->type);
+    const size_t esz = ggml_type_size(L.kt->type); // K^T's element (f16 for a quantized K)
     R.vs.assign(Ev, 0.0);
     R.ks.assign(E, 0.0);
     if (b <= a) {
         return;
     }
+    // the keys rotated back from upstream's Hadamard rotation (a quantized K cache) outside the PCA basis
+    const int64_t unrot = sparq_unrotates(S, L) ? S.hrot_n : 0;
     const sparq_rows kr(k, P.strm, a, b), vr(v, P.strm, a, b);
     sparq_sum_rows(P, a, b, vr.p, v->nb[1], v->type, Ev, false, R.vs.data());
-    sparq_sum_rows(P, a, b, kr.p, k->nb[1], k->type, E, true, R.ks.data());
+    sparq_sum_rows(P, a, b, kr.p, k->nb[1], k->type, E, true, R.ks.data(), unrot);
 
     // K^T rows [a, b): element (cell c, component j) at (j * kv_size + c) of the stream
     const uint32_t n = b - a;
@@ -249,12 +307,15 @@ static void sparq_rebuild_range(llama_sparq_ctx & S, const sparq_rebuild_plan & 
         dst = tr.data();
         ld = n;
     }
-    sparq_transpose_keys(kr.p, k->nb[1], esz, E, n, dst, ld);
     if (!L.rot_host.empty()) {
-        sparq_rotate_keys(L, kr.p, k->nb[1], k->type, E, n, dst, ld);
+        sparq_rotate_keys(L, kr.p, k->nb[1], k->type, L.kt->type, E, n, dst, ld);
+    } else if (k->type != L.kt->type) {
+        sparq_transpose_dequant(kr.p, k->nb[1], k->type, E, n, (ggml_fp16_t *) dst, ld, unrot);
+    } else {
+        sparq_transpose_keys(kr.p, k->nb[1], esz, E, n, dst, ld);
     }
     if (P.check) {
-        R.diff = std::max(R.diff, sparq_check_kt(L, P, a, b, E, k->type, tr));
+        R.diff = std::max(R.diff, sparq_check_kt(L, P, a, b, E, tr));
     } else if (!kt_host) {
         for (size_t j = 0; j < E; ++j) {
             ggml_backend_tensor_set(L.kt, tr.data() + j * n * esz, kt_off + ((size_t) j * P.kv_size + a) * esz, (size_t) n * esz);

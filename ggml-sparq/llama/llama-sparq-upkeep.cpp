@@ -73,11 +73,11 @@ void sparq_retrain_index(llama_sparq_ctx & S, uint32_t strm, const std::vector<u
 // Waits until the writes queued to t are processed where t lives. A write to an RPC host is queued
 // and sent in the background, and the RPC backend's synchronize only waits until it is sent, not
 // processed: a read has to come back, and the host answers it after the writes before it. So one
-// element is read (nothing in host memory; a 2-byte copy from a GPU).
+// byte is read (nothing in host memory; a 1-byte copy from a GPU).
 void sparq_wait_written(const ggml_tensor * t) {
     if (t && t->buffer && !ggml_backend_buffer_is_host(t->buffer)) {
-        uint8_t probe[8];
-        ggml_backend_tensor_get(t, probe, 0, ggml_type_size(t->type));
+        uint8_t probe;
+        ggml_backend_tensor_get(t, &probe, 0, 1);
     }
 }
 

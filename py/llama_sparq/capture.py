@@ -36,7 +36,7 @@ GGML_MAX_DIMS = 4
 GGML_MAX_SRC = 10
 GGML_MAX_OP_PARAMS = 64
 GGML_MAX_NAME = 64
-GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_I32 = 0, 1, 26
+GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_Q8_0, GGML_TYPE_I32 = 0, 1, 8, 26
 
 
 class ggml_tensor(ctypes.Structure):
@@ -67,25 +67,33 @@ _OP_SRC = ("q", "K", "KT", "V", "v_sum", "v_count", "mask", "win", "q_sel", "com
 _NODE = re.compile(r"sparq_attn-(\d+)")
 _BEFORE = re.compile(r"sparq_(h2o|ivf)-(\d+)")  # H2O's scores / the index's lists before the op of that layer
 _DTYPES = {GGML_TYPE_F32: np.float32, GGML_TYPE_F16: np.float16, GGML_TYPE_I32: np.int32}
+# ggml's q8_0 block (a quantized K/V cache): an f16 scale and 32 int8 values
+_Q8_0 = np.dtype([("d", "<f2"), ("qs", "i1", (32,))])
 
 
 def tensor_to_numpy(t: ggml_tensor) -> np.ndarray:
-    """A copy of a host tensor as a NumPy array of shape ne[::-1] (f32, f16 or i32)."""
-    dt = _DTYPES.get(t.type)
+    """A copy of a host tensor as a NumPy array of shape ne[::-1] (f32, f16 or i32; a q8_0 tensor's
+    values dequantized to f32, as the cache holds them)."""
+    dt = _Q8_0 if t.type == GGML_TYPE_Q8_0 else _DTYPES.get(t.type)
     if dt is None:
-        raise ValueError(f"capture: tensor {t.name.decode()} has ggml type {t.type}; f32, f16 or i32 expected")
+        raise ValueError(f"capture: tensor {t.name.decode()} has ggml type {t.type}; f32, f16, q8_0 or i32 expected")
     if not t.data:
         raise ValueError(f"capture: tensor {t.name.decode()} has no host data")
     ne = [int(t.ne[i]) for i in range(GGML_MAX_DIMS)]
     nb = [int(t.nb[i]) for i in range(GGML_MAX_DIMS)]
+    if dt is _Q8_0:
+        # rows of blocks: ne[0] / 32 blocks of nb[0] = 34 bytes each
+        blocks = _host_copy(t.data, dt, [ne[3], ne[2], ne[1], ne[0] // 32], nb[::-1])
+        vals = blocks["qs"].astype(np.float32) * blocks["d"].astype(np.float32)[..., None]
+        return vals.reshape(ne[::-1])
     return _host_copy(t.data, dt, ne[::-1], nb[::-1])
 
 
 def _host_copy(addr: int, dt, shape, strides) -> np.ndarray:
     """A copy of the strided host array at ``addr`` (shape and byte strides outermost first)."""
     extent = sum((n - 1) * s for n, s in zip(shape, strides)) + np.dtype(dt).itemsize
-    buf = np.frombuffer((ctypes.c_uint8 * extent).from_address(addr), dtype=np.uint8)
-    return np.array(np.lib.stride_tricks.as_strided(buf.view(dt), shape=shape, strides=strides), copy=True)
+    buf = (ctypes.c_uint8 * extent).from_address(addr)
+    return np.array(np.ndarray(shape, dtype=dt, buffer=buf, strides=strides), copy=True)
 
 
 def _index_reads(c: ggml_tensor) -> np.ndarray:

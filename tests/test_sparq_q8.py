@@ -1,0 +1,257 @@
+"""SparQ on a q8_0 K/V cache: the op reads the chosen K and V rows from their q8_0 blocks and keeps
+K^T in f16 of the dequantized keys (docs/algorithm.md, "Where it applies").
+
+On a tiny generated model with head size 64 (upstream rotates q and k with a Walsh-Hadamard matrix
+for a quantized K cache of head size % 64 == 0; LLAMA_ATTN_ROT_DISABLE=1 turns that off): exact
+settings equal dense attention on the same q8_0 cache, the op equals the NumPy reference on its
+own tensors, K^T and the sums stay equal to a recomputation through state save/load, sequence
+removal, shifts, and both rebuild paths; the counters count bytes; the tools run with
+-ctk/-ctv q8_0."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import numpy as np
+import pytest
+from sparq_ctx import Ctx, Model, make_llm, prefill, rand_prompt, rand_tokens, step, teacher_forced
+
+from llama_sparq import cost, reference, tool_path
+
+TOL = 1e-3
+Q8_0, F16, Q4_1 = 8, 1, 3  # ggml type ids (llama_cpp.GGML_TYPE_*)
+
+
+@pytest.fixture(scope="module")
+def q8_model(tmp_path_factory):
+    """A tiny random llama model with head size 64 (blocks of 32; Hadamard-rotated q and k under a
+    quantized K cache) and GQA (2 query heads per KV head)."""
+    from llama_sparq.models import make_tiny_llama
+
+    return make_tiny_llama(tmp_path_factory.mktemp("models") / "tiny-d64.gguf", n_layer=2, n_embd=256, n_head=4,
+                           n_head_kv=2, seed=11)
+
+
+def llm_q8(model, type_k=Q8_0, type_v=Q8_0, **kw):
+    return make_llm(model, **{"logits_all": True, "flash_attn": True, "type_k": type_k, "type_v": type_v, **kw})
+
+
+@pytest.mark.parametrize("types,rot", [((Q8_0, Q8_0), "on"), ((Q8_0, Q8_0), "off"), ((Q8_0, F16), "on"),
+                                       ((F16, Q8_0), "on")], ids=["q8_0", "q8_0-norot", "kq8_0-vf16", "kf16-vq8_0"])
+def test_exact_settings_equal_dense_q8_0(q8_model, monkeypatch, types, rot):
+    """r = d and k >= S: SparQ's exact attention over every cell, reading the q8_0 rows, equals
+    upstream's dense attention on the same cache to float rounding (upstream rounds q to q8_0 for the
+    K dot, the op does not: the logits agree to that rounding, 2e-4 of 1.1 here), with K and V types
+    apart too. With an f16 V, upstream's flash attention accumulates V in f16 (5e-3 of 1.1 from
+    either f32 path): the reference is then upstream's other dense path (-fa 0, V transposed)."""
+    if rot == "off":
+        monkeypatch.setenv("LLAMA_ATTN_ROT_DISABLE", "1")
+    prompt = rand_prompt(1200, 1, 260)
+    dense = llm_q8(q8_model, *types, flash_attn=types[1] != F16)
+    cont = [int(t) for t in np.random.default_rng(2).integers(3, 260, size=12)]
+    want = teacher_forced(dense, prompt, cont)
+    sp = llm_q8(q8_model, *types, sparq=True, sparq_r=64, sparq_k=4096, sparq_min_kv=0)
+    got = teacher_forced(sp, prompt, cont)
+    st = sp.sparq_stats()
+    assert st["n_sparq"] == 2 * 12 and st["n_dense"]["cache_type"] == 0, st
+    assert st["compression"] == pytest.approx(1.0)  # S <= k: a dense step, counted at 1
+    assert np.abs(got - want).max() <= 1e-3 * np.abs(want).max() + 1e-4, np.abs(got - want).max()
+    assert np.array_equal(got.argmax(axis=1), want.argmax(axis=1))
+    assert sp.sparq_debug_check(sync=True) <= TOL
+
+
+def hadamard(n):
+    """Upstream's Walsh-Hadamard matrix (Sylvester's, orthonormal, symmetric: its own inverse)."""
+    h = np.ones((1, 1))
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    return h / np.sqrt(n)
+
+
+def check_calls(calls, settings, min_calls, rotated=True):
+    """Every captured call: K's values are q8_0 blocks (dequantized by the capture), K^T holds their
+    f16 rotated back from upstream's Hadamard rotation (rotated) with the query rotated back for steps
+    1-2, or as they are (the PCA basis: K^T in its own axes; no rotation), and the op's output equals
+    the reference on the same tensors with the cache's rounding (kv_quant)."""
+    from test_selectors import check_calls_against_reference
+
+    from llama_sparq.capture import stream0
+
+    pca = settings.get("sparq_basis") == "pca"
+    h = hadamard(64)
+    for c in calls:
+        x = stream0(c)
+        valid = np.isfinite(x["mask"][0])
+        kt = c["KT"][0].transpose(2, 0, 1).astype(np.float64)  # ggml [n_kv, d, hkv, ns] -> (n_kv, hkv, d)
+        d, qs = reference.quantize_q8_0(x["K"][valid])
+        assert np.array_equal(reference.dequantize_q8_0(d, qs), x["K"][valid]), "K's values are q8_0 blocks"
+        if pca:
+            continue
+        want = x["K"][valid] @ h if rotated else x["K"][valid]
+        # the f16 of the f32 rotation: within one f16 rounding of the exact one
+        assert np.allclose(kt[valid], want, rtol=2 ** -10, atol=1e-6), (c["layer"], np.abs(kt[valid] - want).max())
+        if rotated and settings.get("sparq_selector") not in ("index", "h2o"):  # (those read no K^T)
+            assert c["q_sel"] is not None and np.allclose(x["q_sel"], x["q"] @ h, rtol=1e-5, atol=1e-6)
+        if rotated:
+            assert np.abs(kt[valid] - x["K"][valid]).max() > 0.01  # upstream did rotate: the bases differ
+        elif c["q_sel"] is None:
+            assert np.array_equal(kt[valid], x["K"][valid].astype(np.float16)), c["layer"]
+    check_calls_against_reference(calls, settings, min_calls, kv_quant="q8_0")
+
+
+@pytest.mark.parametrize("variant", ["scaled", "model", "pca", "oracle", "index", "h2o", "scaled-norot"])
+def test_op_equals_reference_on_q8_0_tensors(q8_model, monkeypatch, variant):
+    """k = 64 < S ~ 700: selection runs on the kept K^T, exact attention on the q8_0 rows; with
+    upstream's rotation (the default for head size 64) and without it (LLAMA_ATTN_ROT_DISABLE=1)."""
+    from llama_sparq.capture import Capture
+
+    rotated = not variant.endswith("-norot")
+    if not rotated:
+        monkeypatch.setenv("LLAMA_ATTN_ROT_DISABLE", "1")
+        variant = variant.removesuffix("-norot")
+
+    extra = {"scaled": {}, "model": dict(sparq_basis="model"), "pca": dict(sparq_basis="pca"),
+             "oracle": dict(sparq_selector="oracle"),
+             "index": dict(sparq_selector="index", sparq_index_lists=16, sparq_index_probe=4),
+             "h2o": dict(sparq_selector="h2o")}[variant]
+    settings = dict(sparq_r=16, sparq_k=64, sparq_l=16, sparq_min_kv=0, **extra)
+    llm = llm_q8(q8_model, sparq=True, **settings)
+    llm.reset()
+    llm.eval(rand_prompt(700, 5, 260))
+    with Capture(llm) as cap:
+        for t in rand_prompt(3, 6, 260):
+            llm.eval([t])
+    check_calls(cap.calls, settings, min_calls=2 * 3, rotated=rotated)
+    assert llm.sparq_stats()["n_sparq"] >= 6
+    assert llm.sparq_debug_check(sync=True) <= (2e-2 if variant == "pca" else TOL)
+
+
+def test_counters_count_bytes(q8_model):
+    """A fixed k: the counters' compression is the cost model's ratio of bytes for a q8_0 cache
+    (K and V rows 34/32 bytes per value, K^T 2), not of elements."""
+    S_prompt, steps = 1500, 4
+    llm = llm_q8(q8_model, sparq=True, sparq_r=16, sparq_k=128, sparq_l=32, sparq_min_kv=0, sparq_basis="model")
+    llm.reset()
+    llm.eval(rand_prompt(S_prompt, 7, 260))
+    llm.reset_sparq_stats()
+    for i, t in enumerate(rand_prompt(steps, 8, 260)):
+        llm.eval([t])
+    st = llm.sparq_stats()
+    assert st["n_sparq"] == 2 * steps
+    want = np.mean([cost.compression(S_prompt + 1 + i, 64, 16, 128, kv_type="q8_0") for i in range(steps)])
+    assert st["compression"] == pytest.approx(want, rel=1e-6)
+    assert st["compression"] > cost.compression(S_prompt, 64, 16, 128)  # K^T's f16 weighs more beside 8-bit rows
+
+
+def test_calibrated_defaults_run_on_q8_0(q8_model):
+    """sparq=True on a q8_0 cache: SparQ calls, no cache_type dense calls, K^T current."""
+    llm = llm_q8(q8_model, sparq=True, sparq_min_kv=0)
+    llm.reset()
+    llm.eval(rand_prompt(1100, 9, 260))
+    llm.reset_sparq_stats()
+    for t in rand_prompt(6, 10, 260):
+        llm.eval([t])
+    st = llm.sparq_stats()
+    assert st["n_sparq"] > 0 and st["n_dense"]["cache_type"] == 0, st
+    assert st["n_sparq"] + st["n_dense"]["diffuse"] == 2 * 6, st
+    assert llm.sparq_debug_check(sync=True) <= TOL
+
+
+# ---------------------------------------------------------------------------
+# cache operations: K^T and the sums equal a recomputation from the q8_0 cache
+# ---------------------------------------------------------------------------
+
+SPARSE = dict(enabled=True, r=16, k=32, l=8, min_kv=0, all_rows=False, basis="model")
+
+
+@pytest.fixture(scope="module")
+def q8m(q8_model):
+    return Model(q8_model)
+
+
+def fresh(model, prompt, toks, n_seq=1):
+    """SparQ logits of a fresh q8_0 context that reached the same cache directly."""
+    c = Ctx(model, n_seq=n_seq, type_k=Q8_0, type_v=Q8_0)
+    c.sparq(**SPARSE)
+    prefill(c, 0, prompt)
+    out = [step(c, 0, t) for t in toks]
+    c.free()
+    return np.array(out)
+
+
+@pytest.mark.parametrize("rebuild", ["host", "graph"])
+def test_cache_operations_keep_kt_exact(q8m, monkeypatch, rebuild):
+    """State save/load (whole and one sequence) over other content, sequence removal, a context shift
+    (upstream re-ropes the q8_0 keys: dequantized, rotated back, roped, rotated, quantized) and a
+    division, with the host rebuild and with the device-graph rebuild (on the CPU backend)."""
+    monkeypatch.setenv("LLAMA_SPARQ_GRAPH_REBUILD" if rebuild == "graph" else "LLAMA_SPARQ_HOST_REBUILD", "1")
+    rng = np.random.default_rng(3)
+    a, b = rand_tokens(rng, 400, q8m.n_vocab), rand_tokens(rng, 400, q8m.n_vocab)
+    toks = rand_tokens(rng, 3, q8m.n_vocab)
+    c = Ctx(q8m, n_seq=1, type_k=Q8_0, type_v=Q8_0)
+    c.sparq(**SPARSE)
+    prefill(c, 0, a)
+    step(c, 0, toks[0])
+    assert c.check() <= TOL
+    whole, seq = c.state_get(), c.seq_state_get(0)
+    c.seq_rm(0, 0, -1)
+    prefill(c, 0, b)
+    assert c.check() <= TOL
+    for load in ("whole", "seq"):
+        if load == "whole":
+            c.state_set(whole)
+        else:
+            c.seq_rm(0, 0, -1)
+            prefill(c, 0, b)
+            assert c.seq_state_set(seq, 0) > 0
+        got = np.array([step(c, 0, t) for t in toks[1:]])
+        assert c.check() <= TOL
+        want = fresh(q8m, a + toks[:1], toks[1:])
+        assert np.abs(got - want).max() <= 1e-3 * np.abs(want).max(), load
+        c.seq_rm(0, c.pos_max(0) - 1, -1)  # the two steps again next time
+    reb = c.stats()["n_rebuilds"]
+    c.seq_rm(0, 50, 150)
+    c.seq_add(0, 150, -1, -100)  # a context shift: K re-roped at the next update
+    step(c, 0, toks[0])
+    assert c.check() <= TOL
+    c.seq_div(0, 100, -1, 2)
+    c.sync()
+    assert c.check() <= TOL
+    step(c, 0, toks[1])
+    assert c.check(sync=True) <= TOL
+    assert c.stats()["n_rebuilds"] > reb
+    c.free()
+
+
+# ---------------------------------------------------------------------------
+# the tools
+# ---------------------------------------------------------------------------
+
+def run(cmd, timeout=300):
+    return subprocess.run([str(x) for x in cmd], capture_output=True, text=True, timeout=timeout)
+
+
+def test_completion_runs_sparq_on_q8_0(q8_model):
+    from test_sparq_tools import sparq_counters
+
+    res = run([tool_path("llama-completion"), "-m", q8_model, "-p", "hello " * 300, "-n", "8", "-no-cnv", "-t", "2",
+               "--temp", "0", "--ignore-eos", "-ctk", "q8_0", "-ctv", "q8_0", "--sparq", "--sparq-k", "64",
+               "--sparq-min-kv", "0", "-v"])
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "SparQ on: " in res.stderr and "; 2 layers" in res.stderr, res.stderr[-3000:]
+    assert "a type SparQ does not read" not in res.stderr  # no layer dense for its cache type
+    assert sparq_counters(res.stderr)["n_sparq"] >= 2 * 7
+
+
+def test_bench_runs_sparq_on_q8_0(q8_model):
+    """llama-bench with -ctk/-ctv q8_0: the depth prefilled, and filled synthetically in q8_0 blocks."""
+    for fill in ([], ["--depth-fill", "synthetic"]):
+        res = run([tool_path("llama-bench"), "-m", q8_model, "-ctk", "q8_0", "-ctv", "q8_0", "-fa", "1",
+                   "--sparq", "0,1", "--sparq-k", "64", "--sparq-min-kv", "0", "-d", "1024", "-p", "0", "-n", "4",
+                   "-r", "1", "-t", "2", "-o", "json", *fill])
+        assert res.returncode == 0, res.stderr[-2000:]
+        rows = json.loads(res.stdout)
+        assert [r["type_k"] for r in rows] == ["q8_0", "q8_0"]
+        dense, sp = sorted(rows, key=lambda r: r["sparq"])
+        assert dense["sparq_calls"] == 0 and sp["sparq_calls"] > 0, rows

@@ -123,8 +123,36 @@ def curves(P, valid):
     return head, group, order
 
 
-def call_metrics(x, scale, *, ks, fracs, rs, recall_ks, basis="scaled"):
-    """The metrics of one captured SparQ call (``capture.stream_view``'s dict), one dict per KV head."""
+def hadamard(n) -> np.ndarray:
+    """The orthonormal Walsh-Hadamard matrix of size n (a power of 2) that upstream's KV cache rotates q
+    and k with for a quantized K cache (Sylvester's construction, symmetric: H H = I)."""
+    h = np.ones((1, 1))
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    return h / np.sqrt(n)
+
+
+def hadamard_size(d) -> int:
+    """The rotation's size upstream uses for head size d (llama_kv_cache::build_input_k_rot): the largest
+    power of 2 (>= 64) dividing d; 0 where it does not rotate (d % 64 != 0)."""
+    if d % 64:
+        return 0
+    n = 64
+    while d % (2 * n) == 0:
+        n *= 2
+    return n
+
+
+def rotate_back(x, n):
+    """x (..., d) with each block of n components multiplied by H (its own inverse)."""
+    shape = x.shape
+    return (x.reshape(*shape[:-1], shape[-1] // n, n) @ hadamard(n)).reshape(shape)
+
+
+def call_metrics(x, scale, *, ks, fracs, rs, recall_ks, basis="scaled", unrotate=0):
+    """The metrics of one captured SparQ call (``capture.stream_view``'s dict), one dict per KV head.
+    unrotate n > 0: the call's q and K are in upstream's Hadamard-rotated basis (size n); the recall is
+    also measured with them rotated back (fields ``<metric>hb_...``), same steps, same exact scores."""
     from llama_sparq import reference
 
     q, K, V, mask = x["q"], x["K"], x["V"], x["mask"]
@@ -151,18 +179,22 @@ def call_metrics(x, scale, *, ks, fracs, rs, recall_ks, basis="scaled"):
             rec[f"k{lv}_groupall"] = int(k_reaching(group[j], lv / 100).max())
         rec["curve_head"] = [float(hm[min(k, Sv) - 1]) for k in PLOT_KS]
         rec["curve_group"] = [float(gm[min(k, Sv) - 1]) for k in PLOT_KS]
-    w = comp_weights(x, K, valid, basis)
-    for r in rs:
-        approx = reference.combined_scores(q, K, r=r, mask=mask, scale=scale, comp_w=w)[0][:, valid]  # (hkv, Sv)
-        for k in recall_ks:
-            sel = None
-            if k < Sv:
-                _, info = reference.sparq_attention(q, K, V, r=r, k=k, l=k // 4, mask=mask, scale=scale, comp_w=w,
-                                                    return_info=True)
-                sel = info["i2"][0]                             # SparQ's choice (steps 1-3), cell indices
-            for j, rec in enumerate(out):
-                recall_metrics(rec, P[j][:, valid], approx[j], order[j], group[j], k, r,
-                               None if sel is None else np.searchsorted(cells, sel[j]))
+    bases = [("", q, K, comp_weights(x, K, valid, basis))]
+    if unrotate:
+        qb, Kb = rotate_back(q, unrotate), rotate_back(K, unrotate)
+        bases.append(("hb", qb, Kb, None if basis == "model" else np.sqrt((Kb[valid] ** 2).mean(axis=0))))
+    for tag, qx, Kx, w in bases:
+        for r in rs:
+            approx = reference.combined_scores(qx, Kx, r=r, mask=mask, scale=scale, comp_w=w)[0][:, valid]  # (hkv, Sv)
+            for k in recall_ks:
+                sel = None
+                if k < Sv:
+                    _, info = reference.sparq_attention(qx, Kx, V, r=r, k=k, l=k // 4, mask=mask, scale=scale,
+                                                        comp_w=w, return_info=True)
+                    sel = info["i2"][0]                             # SparQ's choice (steps 1-3), cell indices
+                for j, rec in enumerate(out):
+                    recall_metrics(rec, P[j][:, valid], approx[j], order[j], group[j], k, r,
+                                   None if sel is None else np.searchsorted(cells, sel[j]), tag)
     return out
 
 
@@ -176,10 +208,10 @@ def comp_weights(x, K, valid, basis):
     return np.sqrt((K[valid] ** 2).mean(axis=0))
 
 
-def recall_metrics(rec, Pj, approx, order, cum_group, k, r, sparq_sel):
+def recall_metrics(rec, Pj, approx, order, cum_group, k, r, sparq_sel, tag=""):
     """Recall of one KV head at budget k and r components: overlap and held mass of the approximate
-    top-k (and of SparQ's own choice with its window) against the exact group top-k."""
-    sfx = f"_k{k}_r{r}"
+    top-k (and of SparQ's own choice with its window) against the exact group top-k (tag: the basis)."""
+    sfx = f"{tag}_k{k}_r{r}"
     Sv = approx.size
     if k >= Sv:  # the op would run dense: nothing to recover
         for name in ("overlap", "massratio", "sparqmass"):
@@ -235,12 +267,20 @@ def run(a, model, opts):
     lengths = [int(x) for x in a.lengths.split(",")]
     n_ctx = max(lengths) + 256 + a.steps
     op_k = a.op_k or n_ctx
+    from llama_sparq.cost import cache_type_id
+
+    ct = cache_type_id(a.cache_type)
     llm = Llama(model, n_ctx=n_ctx, n_batch=512, n_threads=a.threads, verbose=False, flash_attn=True,
                 logits_all=False, sparq=True, sparq_min_kv=0, sparq_k=op_k, sparq_l=0 if not a.op_k else -1,
-                sparq_basis=a.basis)
+                sparq_basis=a.basis, type_k=ct, type_v=ct)
     llm.reset_sparq_stats()
     shape = model_shape(llm)
     opts["rs"] = parse_rs(opts["rs"], shape["d"])
+    if a.unrotate:
+        if a.cache_type == "f16" or not hadamard_size(shape["d"]):
+            raise SystemExit(f"--unrotate: upstream rotates q and k only for a quantized K cache with head size % 64 "
+                             f"== 0 (here --cache-type {a.cache_type}, head size {shape['d']})")
+        opts["unrotate"] = hadamard_size(shape["d"])
     n_vocab = llm.n_vocab()
     records, prompts = [], []
     for n in lengths:
@@ -330,9 +370,12 @@ def headline(by_layer, lengths, rs, recall_ks, ks, fracs):
         for k in recall_ks:
             for r in rs:
                 for m in ("overlap", "massratio", "sparqmass"):
-                    v = np.array([row[f"{m}_k{k}_r{r}"] for row in rows])
-                    h[f"{m}_k{k}_r{r}_mean"] = float(np.mean(v))
-                    h[f"{m}_k{k}_r{r}_worst"] = float(np.min(v))
+                    for tag in ("", "hb"):
+                        if f"{m}{tag}_k{k}_r{r}" not in rows[0]:
+                            continue
+                        v = np.array([row[f"{m}{tag}_k{k}_r{r}"] for row in rows])
+                        h[f"{m}{tag}_k{k}_r{r}_mean"] = float(np.mean(v))
+                        h[f"{m}{tag}_k{k}_r{r}_worst"] = float(np.min(v))
         out.append(h)
     return out
 
@@ -394,17 +437,23 @@ def recall_table(meta, heads, a):
              "top-k ∩ exact top-k| / k; mass = exact mass of the approximate top-k / of the exact top-k; "
              "SparQ = the same for SparQ's whole choice (steps 1-3, window l = k/4). Compression: the cost "
              "model's M_sparq / M_dense at that S.", ""]
-    cols = ["length", "k", "r", "compression", "overlap", "mass", "SparQ mass"]
+    tags = [""] + (["hb"] if meta.get("unrotate") else [])
+    if len(tags) > 1:
+        lines += [f"`hb`: q and K rotated back from upstream's Hadamard rotation (size {meta['unrotate']}, applied "
+                  "to q and k for a quantized K cache) before steps 1-3, on the same captured steps; the component "
+                  "weights of `scaled` then the keys' RMS in that basis.", ""]
+    cols = ["length", "k", "r", "compression"] + [f"{m}{' hb' if t else ''}" for t in tags
+                                                  for m in ("overlap", "mass", "SparQ mass")]
     rows = []
     for h in heads:
         for k in meta["recall_ks"]:
             for r in meta["rs"]:
                 if np.isnan(h[f"overlap_k{k}_r{r}_mean"]):
                     continue
-                comp = cost.compression(h["S"], meta["d"], r, k)
+                comp = cost.compression(h["S"], meta["d"], r, k, kv_type=meta.get("cache_type", "f16"))
                 rows.append([str(h["length"]), str(k), str(r), f"{comp:.3f}"] +
-                            [f"{h[f'{m}_k{k}_r{r}_mean']:.3f} ({h[f'{m}_k{k}_r{r}_worst']:.3f})"
-                             for m in ("overlap", "massratio", "sparqmass")])
+                            [f"{h[f'{m}{t}_k{k}_r{r}_mean']:.3f} ({h[f'{m}{t}_k{k}_r{r}_worst']:.3f})"
+                             for t in tags for m in ("overlap", "massratio", "sparqmass")])
     return lines + md_table(cols, rows)
 
 
@@ -499,6 +548,9 @@ def main(argv=None):
     ap.add_argument("--task", default=None, help="an eval task (llama_sparq.eval.TASKS; chat_* in the chat "
                     "template): default chat_multikey for smollm2, passkey otherwise")
     ap.add_argument("--op-k", type=int, default=0, help="the op's k while capturing (0: the context, exact)")
+    ap.add_argument("--cache-type", default="f16", choices=("f16", "q8_0"), help="the K and V cache's type")
+    ap.add_argument("--unrotate", action="store_true", help="with a quantized cache: also measure the recall with "
+                    "q and K rotated back from upstream's Hadamard rotation")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tag", default=None, help="file stem (default coverage_<model>)")
     ap.add_argument("--out-dir", default=str(RESULTS))
@@ -528,6 +580,7 @@ def main(argv=None):
                           f"dense calls by reason {dict((k, v) for k, v in st['n_dense'].items() if v)}"),
                 sparq_layers=sorted({r["layer"] for r in records}), rs=opts["rs"], recall_ks=opts["recall_ks"],
                 ks=ks, fracs=opts["fracs"], samples=a.samples, steps=a.steps, prompts=prompts,
+                cache_type=a.cache_type, unrotate=opts.get("unrotate", 0),
                 records=len(records), elapsed_s=round(time.time() - t0, 1))
     stem = out_stem(a.out_dir, a.tag)
     write_results(stem, meta, records, summary, heads, a)

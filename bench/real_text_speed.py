@@ -7,15 +7,22 @@ layers at 32K run dense between checks there), so llama-bench understates what t
 on text. This benchmark prefills text instead: the Python documentation that CPython ships
 (``pydoc_data.topics``, every topic in key order, PSF License; nothing is downloaded), cut to
 ``--tokens``. Then, from the saved state, the same greedy continuation is decoded with SparQ
-off (upstream's flash attention on the same cache layout) and with ``sparq=True``, alternating
-which goes first, ``--reps`` times each; time per token over the steps after the first.
+off and with ``sparq=True``, round-robin over the modes (each rep starts with the next mode),
+``--reps`` times each; time per token over the steps after the first.
+
+The modes, per K/V cache type of ``--cache-types`` (f16, q8_0; one context each, prefilled once):
+SparQ's defaults, and the dense paths of ``--dense``: ``fa1`` upstream's flash attention on the
+same context (the cache layout SparQ uses), ``fa0`` upstream's other dense path (a context of its
+own, V transposed; not for a quantized V, which needs flash attention). Each SparQ mode is
+compared with every dense mode and with the fastest of them.
 
     python bench/real_text_speed.py --model gemma3 --tokens 32000 --tag real_text_gemma3_32k
-    python bench/real_text_speed.py --model smollm2 --tokens 8000 --tag real_text_smollm2_8k
+    python bench/real_text_speed.py --model smollm2 --tokens 8000 --cache-types f16,q8_0 --dense fa1,fa0 \
+        --tag real_text_smollm2_8k_q8
 
 Writes bench/results/<tag>.json and .md: the command, machine, commit, model, the settings,
-per mode the tokens/s of every rep and their median, the speedup, and the fork's counters over
-the SparQ reps (SparQ calls, dense calls by reason, compression, cells attended per KV head).
+per mode the tokens/s of every rep and their median, the speed-ups, and the fork's counters over
+each SparQ mode's reps (SparQ calls, dense calls by reason, compression, cells per KV head).
 """
 
 from __future__ import annotations
@@ -53,89 +60,148 @@ def decode(llm, state, toks, n_gen, sparq):
     return tps, out, llm.sparq_stats()
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="gemma3", help="gemma3, smollm2 or a GGUF path")
-    ap.add_argument("--tokens", type=int, default=32000, help="prompt tokens of text (default 32000)")
-    ap.add_argument("--n-gen", type=int, default=32, help="tokens decoded per rep (default 32)")
-    ap.add_argument("--reps", type=int, default=3, help="reps of each mode, alternating (default 3)")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--tag", required=True)
-    ap.add_argument("--out-dir", type=Path, default=RESULTS)
-    a = ap.parse_args(argv)
-    if a.tokens < 1024 or a.n_gen < 4 or a.reps < 1:
-        ap.error("--tokens must be >= 1024, --n-gen >= 4, --reps >= 1")
+def dense_modes(cache_types, dense):
+    """The modes to time: (name, cache type, flash attention, sparq) per cache type, dense first."""
+    modes = []
+    for ct in cache_types:
+        for fa in dense:
+            if fa == "fa0" and ct != "f16":
+                continue  # a quantized V needs flash attention (upstream refuses -fa 0 with it)
+            modes.append((f"dense_{ct}_{fa}", ct, fa == "fa1", False))
+        modes.append((f"sparq_{ct}", ct, True, True))
+    return modes
 
-    from llama_sparq import Llama
-    from llama_sparq.models import resolve_model
 
-    model = str(resolve_model(a.model))
-    load0 = loadavg()
-    llm = Llama(model, n_ctx=a.tokens + a.n_gen + 64, n_batch=512, n_threads=a.threads, swa_full=False,
-                verbose=False, sparq=True)
-    n_ctx_train = llm._model.n_ctx_train()
-    if a.tokens + a.n_gen > n_ctx_train:
-        raise SystemExit(f"--tokens {a.tokens} + --n-gen {a.n_gen} exceed the model's context of {n_ctx_train}")
-    toks = llm.tokenize(python_docs().encode(), add_bos=True)
-    if len(toks) < a.tokens:
-        raise SystemExit(f"the text has {len(toks)} tokens, fewer than --tokens {a.tokens}")
-    toks = toks[:a.tokens]
-    params = llm.sparq_params()
-    t0 = time.perf_counter()
-    for i in range(0, len(toks) - 1, 512):
-        llm.eval(toks[i:min(i + 512, len(toks) - 1)])
-    t_pre = time.perf_counter() - t0
-    state = llm.save_state()
-    runs = {"dense": [], "sparq": []}
-    outs, stats = {}, []
-    for rep in range(a.reps):
-        order = ("dense", "sparq") if rep % 2 == 0 else ("sparq", "dense")
-        for mode in order:
-            tps, out, s = decode(llm, state, toks, a.n_gen, mode == "sparq")
-            runs[mode].append(round(tps, 2))
-            outs.setdefault(mode, out)
-            if mode == "sparq":
-                stats.append(s)
-    llm.close()
-    med = {m: st.median(v) for m, v in runs.items()}
+def counters_of(stats):
+    """The counters over the reps of a SparQ mode."""
     n_sparq = sum(s["n_sparq"] for s in stats)
     dense_calls = {k: sum(s["n_dense"][k] for s in stats) for k in stats[0]["n_dense"]}
     n_diffuse = dense_calls.get("diffuse", 0)
     compression = (sum(s["compression"] * (s["n_sparq"] + s["n_dense"].get("diffuse", 0)) for s in stats)
                    / max(1, n_sparq + n_diffuse))
     mean_k = (sum(s["mean_k"] * s["n_measured"] for s in stats) / max(1, sum(s["n_measured"] for s in stats)))
+    return {"sparq_calls": n_sparq, "dense_calls": {k: v for k, v in dense_calls.items() if v},
+            "compression": round(compression, 4), "mean_k": round(mean_k, 1), "n_layers": stats[0]["n_layers"]}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="gemma3", help="gemma3, smollm2 or a GGUF path")
+    ap.add_argument("--tokens", type=int, default=32000, help="prompt tokens of text (default 32000)")
+    ap.add_argument("--n-gen", type=int, default=32, help="tokens decoded per rep (default 32)")
+    ap.add_argument("--reps", type=int, default=3, help="reps of each mode, round-robin (default 3)")
+    ap.add_argument("--cache-types", default="f16", help="K/V cache types, comma list of f16, q8_0 (default f16)")
+    ap.add_argument("--dense", default="fa1", help="dense paths, comma list of fa1 (flash attention, the "
+                    "layout SparQ uses), fa0 (upstream's other path; f16 only) (default fa1)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--tag", required=True)
+    ap.add_argument("--out-dir", type=Path, default=RESULTS)
+    a = ap.parse_args(argv)
+    if a.tokens < 1024 or a.n_gen < 4 or a.reps < 1:
+        ap.error("--tokens must be >= 1024, --n-gen >= 4, --reps >= 1")
+    from llama_sparq.cost import CACHE_TYPES, cache_type_id
+
+    cache_types = a.cache_types.split(",")
+    dense = a.dense.split(",")
+    bad = [c for c in cache_types if c not in ("f16", "q8_0")] + [x for x in dense if x not in ("fa0", "fa1")]
+    if bad or not cache_types or not dense:
+        ap.error(f"--cache-types takes f16, q8_0 and --dense fa1, fa0 (comma lists); got {', '.join(bad) or 'nothing'}")
+    assert set(cache_types) <= set(CACHE_TYPES)
+
+    from llama_sparq import Llama
+    from llama_sparq.models import resolve_model
+
+    model = str(resolve_model(a.model))
+    load0 = loadavg()
+    modes = dense_modes(cache_types, dense)
+    # one context per (cache type, flash attention): the SparQ mode and dense -fa 1 share theirs
+    ctxs, toks, params, prefill_s = {}, None, None, {}
+    for name, ct, fa, sparq in modes:
+        key = (ct, fa)
+        if key in ctxs:
+            continue
+        ti = cache_type_id(ct)
+        llm = Llama(model, n_ctx=a.tokens + a.n_gen + 64, n_batch=512, n_threads=a.threads, swa_full=False,
+                    verbose=False, flash_attn=fa, type_k=ti, type_v=ti, **({"sparq": True} if fa else {}))
+        if toks is None:
+            n_ctx_train = llm._model.n_ctx_train()
+            if a.tokens + a.n_gen > n_ctx_train:
+                raise SystemExit(f"--tokens {a.tokens} + --n-gen {a.n_gen} exceed the model's context of {n_ctx_train}")
+            toks = llm.tokenize(python_docs().encode(), add_bos=True)
+            if len(toks) < a.tokens:
+                raise SystemExit(f"the text has {len(toks)} tokens, fewer than --tokens {a.tokens}")
+            toks = toks[:a.tokens]
+        if fa and params is None:
+            params = llm.sparq_params()
+        t0 = time.perf_counter()
+        if fa:
+            llm.set_sparq(sparq=False)  # the prefill dense (SparQ's prompt rows are anyway)
+        for i in range(0, len(toks) - 1, 512):
+            llm.eval(toks[i:min(i + 512, len(toks) - 1)])
+        prefill_s[f"{ct} -fa {int(fa)}"] = round(time.perf_counter() - t0, 1)
+        ctxs[key] = (llm, llm.save_state())
+    runs = {m[0]: [] for m in modes}
+    outs, stats = {}, {m[0]: [] for m in modes if m[3]}
+    for rep in range(a.reps):
+        for j in range(len(modes)):
+            name, ct, fa, sparq = modes[(rep + j) % len(modes)]
+            llm, state = ctxs[(ct, fa)]
+            tps, out, s = decode(llm, state, toks, a.n_gen, sparq)
+            runs[name].append(round(tps, 2))
+            outs.setdefault(name, out)
+            if sparq:
+                stats[name].append(s)
+    for llm, _ in ctxs.values():
+        llm.close()
+    med = {m: st.median(v) for m, v in runs.items()}
+    dense_names = [m[0] for m in modes if not m[3]]
+    fastest = max(dense_names, key=lambda m: med[m])
     res = {
-        "prompt_tokens": len(toks), "prefill_s": round(t_pre, 1), "n_gen": a.n_gen, "reps": a.reps,
-        "tokens_per_s": runs, "median_tokens_per_s": med, "speedup": round(med["sparq"] / med["dense"], 3),
-        "same_tokens": outs["dense"] == outs["sparq"],
-        "counters": {"sparq_calls": n_sparq, "dense_calls": {k: v for k, v in dense_calls.items() if v},
-                     "compression": round(compression, 4), "mean_k": round(mean_k, 1),
-                     "n_layers": stats[0]["n_layers"]},
+        "prompt_tokens": len(toks), "prefill_s": prefill_s, "n_gen": a.n_gen, "reps": a.reps,
+        "modes": {m[0]: {"cache_type": m[1], "flash_attn": m[2], "sparq": m[3]} for m in modes},
+        "tokens_per_s": runs, "median_tokens_per_s": med, "fastest_dense": fastest,
+        "speedup": {m: {"vs_fastest_dense": round(med[m] / med[fastest], 3),
+                        **{f"vs_{d}": round(med[m] / med[d], 3) for d in dense_names}} for m in stats},
+        # the same greedy tokens as dense flash attention on the same cache
+        "same_tokens": {f"sparq_{ct}": outs[f"sparq_{ct}"] == outs[f"dense_{ct}_fa1"] for ct in cache_types
+                        if f"dense_{ct}_fa1" in outs},
+        "counters": {m: counters_of(v) for m, v in stats.items()},
     }
     meta = {
         **run_meta(a.threads, load0),
         "model": model,
         "text": "Python's pydoc_data.topics (the Python documentation CPython ships, PSF License), every topic "
                 "in key order, cut to the prompt length",
-        "sparq": f"the defaults (sparq=True): {params}; dense = SparQ off on the same context (upstream's flash "
-                 "attention, the cache layout SparQ uses)",
-        "timing": f"greedy decode of {a.n_gen} tokens from the saved prefill state, tokens/s over the steps after "
-                  f"the first; {a.reps} reps per mode, alternating which goes first",
+        "sparq": f"the defaults (sparq=True): {params}; dense -fa 1 = SparQ off on the same context (upstream's "
+                 "flash attention, the cache layout SparQ uses); dense -fa 0 = upstream's other dense path, on a "
+                 "context of its own",
+        "cache_types": ", ".join(f"{ct} (K and V)" for ct in cache_types),
+        "timing": f"greedy decode of {a.n_gen} tokens from each context's saved prefill state, tokens/s over the "
+                  f"steps after the first; {a.reps} reps per mode, round-robin (each rep starts one mode later)",
     }
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / f"{a.tag}.json", {"meta": meta, "result": res}, newline=True)
-    c = res["counters"]
+    rows = []
+    for name, ct, fa, sparq in modes:
+        c = res["counters"].get(name)
+        rows.append([name, ct, f"-fa {int(fa)}", "SparQ defaults" if sparq else "dense",
+                     f"{med[name]:.2f} ({', '.join(map(str, runs[name]))})", f"{med[name] / med[fastest]:.2f}x",
+                     "" if not c else str(c["sparq_calls"]),
+                     "" if not c else (", ".join(f"{k} {v}" for k, v in c["dense_calls"].items()) or "-"),
+                     "" if not c else str(c["compression"]), "" if not c else str(c["mean_k"])])
     md = [f"# Decode on real text, dense against SparQ's defaults: {a.tag}", "", *md_bullets(meta.items()), "",
-          *md_table(["prompt tokens", "dense t/s (reps)", "SparQ t/s (reps)", "speedup (medians)", "same tokens",
-                     "SparQ calls", "dense calls", "compression", "cells per KV head"],
-                    [[str(x) for x in [len(toks), f"{med['dense']:.2f} ({', '.join(map(str, runs['dense']))})",
-                      f"{med['sparq']:.2f} ({', '.join(map(str, runs['sparq']))})", f"{res['speedup']:.2f}x",
-                      "yes" if res["same_tokens"] else "no", c["sparq_calls"],
-                      ", ".join(f"{k} {v}" for k, v in c["dense_calls"].items()) or "-", c["compression"],
-                      c["mean_k"]]]]),
-          "", "The counters cover the SparQ reps' decode steps. Compression: the cost model's M_sparq / M_dense "
-          "over the SparQ calls and the calibrated k's dense stretches (dense calls `diffuse`, each at 1).", ""]
+          f"{len(toks)} prompt tokens; the fastest dense mode: `{fastest}`.", "",
+          *md_table(["mode", "K/V cache", "attention", "", "t/s median (reps)", "vs fastest dense", "SparQ calls",
+                     "dense calls", "compression", "cells per KV head"], rows),
+          "", "Speed-ups of the SparQ modes (medians): " + "; ".join(
+              f"`{m}` " + ", ".join(f"{v:.2f}x {k[3:]}" for k, v in sp.items() if k != "vs_fastest_dense")
+              for m, sp in res["speedup"].items()) + ".",
+          "", "Same greedy tokens as dense flash attention on the same cache: " + ", ".join(
+              f"`{m}` {'yes' if v else 'no'}" for m, v in res["same_tokens"].items()) + ".",
+          "", "The counters cover each SparQ mode's decode steps over its reps. Compression: the cost model's "
+          "bytes read by SparQ over dense's (K and V rows at their cache type's size, K^T at f16's) over the "
+          "SparQ calls and the calibrated k's dense stretches (dense calls `diffuse`, each at 1).", ""]
     (out / f"{a.tag}.md").write_text("\n".join(md))
     print("\n".join(md))
     return 0

@@ -117,17 +117,22 @@ def test_depth_fill_refuses_sliding_window_models(gemma_model):
 
 def test_real_text_speed_writes_results(tiny_model, tmp_path):
     """bench/real_text_speed.py on the tiny model (Python's documentation tokenizes by bytes
-    there): both modes timed, SparQ's counters over its reps, the files written."""
+    there): every mode timed (dense -fa 1 and -fa 0, SparQ), SparQ's counters over its reps, the
+    files written."""
     harness("real_text_speed.py", "--model", tiny_model, "--tokens", "1100", "--n-gen", "4", "--reps", "2",
-            "--tag", "t", "--out-dir", tmp_path, env=TINY)
+            "--dense", "fa1,fa0", "--tag", "t", "--out-dir", tmp_path, env=TINY)
     res = json.loads((tmp_path / "t.json").read_text())
     r = res["result"]
-    assert r["prompt_tokens"] == 1100 and len(r["tokens_per_s"]["dense"]) == 2 == len(r["tokens_per_s"]["sparq"])
-    assert r["speedup"] > 0 and r["counters"]["n_layers"] == 2
+    assert r["prompt_tokens"] == 1100
+    assert {m: len(v) for m, v in r["tokens_per_s"].items()} == {"dense_f16_fa1": 2, "dense_f16_fa0": 2, "sparq_f16": 2}
+    assert r["fastest_dense"] in ("dense_f16_fa1", "dense_f16_fa0")
+    assert set(r["speedup"]["sparq_f16"]) == {"vs_fastest_dense", "vs_dense_f16_fa1", "vs_dense_f16_fa0"}
+    assert r["speedup"]["sparq_f16"]["vs_fastest_dense"] > 0
     # every SparQ step of the 2 layers either ran SparQ or a diffuse layer's dense stretch
-    c = r["counters"]
+    c = r["counters"]["sparq_f16"]
+    assert c["n_layers"] == 2
     assert c["sparq_calls"] + c["dense_calls"].get("diffuse", 0) == 2 * 2 * 4, c
     assert 0 < c["compression"] <= 1.2  # a head the op attends densely reads r/2d more than dense
-    for key in ("command", "machine", "commit", "text", "sparq", "timing"):
+    for key in ("command", "machine", "commit", "text", "sparq", "cache_types", "timing"):
         assert res["meta"][key], key
-    assert "| prompt tokens | dense t/s (reps) |" in (tmp_path / "t.md").read_text()
+    assert "| mode | K/V cache | attention |" in (tmp_path / "t.md").read_text()

@@ -1,7 +1,8 @@
 """Retrieval accuracy of SparQ and its selection variants on a real model.
 
     python -m llama_sparq.eval [--model gemma3|smollm2|PATH] [--contexts 4096,16384,30000] [--tasks all|chat|...]
-                               [--variants all] [--compressions 4,8,16] [--k 128] [--out bench/results/eval_gemma3]
+                               [--variants all] [--compressions 4,8,16] [--k 128] [--cache-type f16|q8_0]
+                               [--out bench/results/eval_gemma3]
 
 Tasks (synthetic, generated in :mod:`llama_sparq._eval_tasks`; no data set is downloaded).
 Completion tasks (``--tasks all``, the default for Gemma 3 270M and a path):
@@ -42,6 +43,10 @@ of the keys: about sqrt(S) lists, a power of two, and as many probed as give Spa
 head searches its own probe/g lists and picks its own k' - l cells, k' as for ``sparq_perhead``). At compression 1/c (``--compressions``) r = 2d/c and k = 128 rows (``--k``)
 (the cost model's r/2d + k/S), l = k/4; the oracle reads all of K (its r is d: a ceiling,
 not a speed-up).
+
+``--cache-type q8_0`` runs every variant, dense included, on a q8_0 K/V cache (``type_k`` and
+``type_v``; the default out path gains ``_q8_0``); the targets' r and k follow the f16 cost model
+above, the compression reported is the counters' (bytes of the cache's types).
 
 Writes <out>.csv (one row per sample and variant), <out>.json (settings, machine, commit,
 per-variant accuracy), <out>.md (tables) and <out>.png (accuracy against compression per
@@ -152,10 +157,13 @@ def _open_model(args, contexts, chat):
     from . import Llama
     from .models import resolve_model
 
+    from .cost import cache_type_id
+
     model = str(resolve_model(args.model))
     n_ctx = max(contexts) + 256
+    ct = cache_type_id(args.cache_type)
     llm = Llama(model, n_ctx=n_ctx, n_batch=512, n_threads=args.threads, verbose=False, sparq=True,
-                sparq_min_kv=0, logits_all=False)
+                sparq_min_kv=0, logits_all=False, type_k=ct, type_v=ct)
     llm.set_sparq(sparq=False)
     meta = llm.metadata
     arch = meta.get("general.architecture", "?")
@@ -305,10 +313,10 @@ def run(args, flush=None):
         del state
         if flush:
             flush(dict(model=model, d=d, g=g, rows=rows, elapsed=time.time() - t0 + args.previous_elapsed,
-                       threads=args.threads, budget_k=args.k))
+                       threads=args.threads, budget_k=args.k, cache_type=args.cache_type))
     bar.close()
     return dict(model=model, d=d, g=g, rows=rows, elapsed=time.time() - t0 + args.previous_elapsed,
-                threads=args.threads, budget_k=args.k)
+                threads=args.threads, budget_k=args.k, cache_type=args.cache_type)
 
 
 def summarise(res):
@@ -362,7 +370,7 @@ def write(res, out, command):
                 model=f"{res['model']} (head size {res['d']}, {res['g']} query heads per KV head)",
                 date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), elapsed_s=round(res["elapsed"], 1),
                 contexts=res["contexts"], tasks=res["tasks"], depths=res["depths"],
-                budget_k=res.get("budget_k", 128))
+                budget_k=res.get("budget_k", 128), cache_type=res.get("cache_type", "f16"))
     with open(out.with_suffix(".csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in res["rows"] for k in r)))
         w.writeheader()
@@ -372,7 +380,8 @@ def write(res, out, command):
     lines = [f"# Retrieval accuracy ({out.name})", "",
              f"Command `{command}`, measured on commit(s) `{meta['commit']}` (each row's in the CSV), "
              f"{meta['machine']}, {meta['date']}.",
-             f"Model: {meta['model']}. Tasks: {', '.join(res['tasks'])}; depths {res['depths']}; "
+             f"Model: {meta['model']}, {meta['cache_type']} K/V cache. Tasks: {', '.join(res['tasks'])}; "
+             f"depths {res['depths']}; "
              f"{len(res['rows'])} runs in {meta['elapsed_s']:.0f} s. Each cell: accuracy in % / the share of "
              "samples whose answer text is dense's, in %; compression (cost model, measured by the fork's "
              "counters over the answer's decode steps) in brackets; every SparQ run checked sparq_calls > 0.", "",
@@ -450,14 +459,18 @@ def main(argv=None):
     ap.add_argument("--compressions", default="4,8,16", help="1/c targets by the cost model, comma list of c")
     ap.add_argument("--k", type=int, default=128, help="k of the SparQ variants (l = k/4; default 128)")
     ap.add_argument("--depths", default="0.2,0.5,0.8", help="needle depths (one sample each), comma list")
+    ap.add_argument("--cache-type", default="f16", choices=("f16", "q8_0"),
+                    help="the K and V cache's type, for every variant (default f16)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
-    ap.add_argument("--out", help="output path without extension (default bench/results/eval_<model>)")
+    ap.add_argument("--out", help="output path without extension (default bench/results/eval_<model>, "
+                                  "with _q8_0 for that cache)")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--append", action="store_true",
                     help="keep the rows already in <out>.csv and run only what is missing (resume, or add contexts)")
     a = ap.parse_args(argv)
     contexts, tasks, out = MODEL_DEFAULTS.get(a.model or "gemma3", MODEL_DEFAULTS["gemma3"])
-    a.contexts, a.tasks, a.out = a.contexts or contexts, a.tasks or tasks, a.out or out
+    a.contexts, a.tasks = a.contexts or contexts, a.tasks or tasks
+    a.out = a.out or (out if a.cache_type == "f16" else f"{out}_{a.cache_type}")
     if a.k < 4:
         raise SystemExit(f"--k must be >= 4, got {a.k}")
     command = "python -m llama_sparq.eval " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -472,6 +485,9 @@ def main(argv=None):
             a.previous_elapsed = float(prev_meta.get("elapsed_s", 0.0))
             if int(prev_meta.get("budget_k", 128)) != a.k:
                 raise SystemExit(f"--append: {out_csv} was run with --k {prev_meta.get('budget_k', 128)}, not {a.k}")
+            if prev_meta.get("cache_type", "f16") != a.cache_type:
+                raise SystemExit(f"--append: {out_csv} was run with --cache-type {prev_meta.get('cache_type', 'f16')}, "
+                                 f"not {a.cache_type}")
     if prev_meta.get("command") and prev_meta["command"] != command.strip():
         command = prev_meta["command"] + " ; then " + command.strip()
     res = run(a, flush=lambda r: write(r, a.out, command.strip()))

@@ -113,7 +113,10 @@ class Llama(llama_cpp.Llama):
     time and ``sparq_params()`` returns them.
 
     SparQ contexts always use the flash-attention KV layout (V not transposed), whatever
-    ``flash_attn`` says. ``sparq_stats()`` returns the fork's counters.
+    ``flash_attn`` says. llama-cpp-python's ``type_k`` / ``type_v`` (ggml type ids) choose the
+    K/V cache's types: SparQ runs on f16 (the default), f32 and q8_0 (``llama_cpp.GGML_TYPE_Q8_0``,
+    8; half the bytes of f16), and refuses other types with a message naming them.
+    ``sparq_stats()`` returns the fork's counters.
 
     ``rpc_servers`` (``"host:port,host:port"`` or a list): ggml RPC servers (``llama-sparq-rpc-server``)
     whose devices this model's offloaded layers (``n_gpu_layers``) and their KV cache go to, as the

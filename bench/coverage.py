@@ -200,10 +200,11 @@ def call_metrics(x, scale, *, ks, fracs, rs, recall_ks, basis="scaled", unrotate
 
 def comp_weights(x, K, valid, basis):
     """Step 1's component weights (hkv, d): none for the model basis; for the scaled basis the op's
-    (captured), or the keys' RMS per component computed here where the call passed none."""
+    (captured), or the keys' RMS per component computed here where the call passed none or passed
+    them for another basis than K's (with a rotated query: a quantized cache's keys rotated back)."""
     if basis == "model":
         return None
-    if x["comp_w"] is not None:
+    if x["comp_w"] is not None and x["q_sel"] is None:
         return x["comp_w"]
     return np.sqrt((K[valid] ** 2).mean(axis=0))
 

@@ -172,7 +172,7 @@ def run_chat(threads: int, n_tokens: int = CHAT_TOKENS, n_questions: int = CHAT_
     from llama_sparq import eval as ev
     from llama_sparq._eval_tasks import CHAT_TASKS  # noqa: F401 (the eval's chat tasks: chat_qa is one)
 
-    args = SimpleNamespace(model="smollm2", threads=threads)
+    args = SimpleNamespace(model="smollm2", threads=threads, cache_type="f16")
     llm, model, d, g, n_vocab, n_ctx = ev._open_model(args, [n_tokens], chat=True)
     chat_tokens = ev.chat_tokenizer(llm)
     sparq = ev.variant_settings("default", 1, d, g)

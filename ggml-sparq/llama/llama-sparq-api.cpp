@@ -446,7 +446,7 @@ int32_t llama_sparq_set_params(struct llama_context * ctx, const struct llama_sp
             }
         }
         std::string why;
-        const char * variant = sparq_model_attn_variant(upstream::model(ctx));
+        const char * variant = sparq_attn_variant(upstream::model(ctx).arch, upstream::model(ctx).hparams, nullptr);
         for (int i = 0; i < LLAMA_SPARQ_DENSE_COUNT; ++i) {
             if (n_by_reason[i]) {
                 why += std::string(why.empty() ? "" : "; ") + std::to_string(n_by_reason[i]) + " " +

@@ -57,32 +57,50 @@ bool sparq_alloc_buffers(llama_sparq_ctx & S,
     return true;
 }
 
-// allocate K^T and the V sums for the layers of the cache that can use them
-// the attention variant of the whole model that SparQ's op does not compute (the graph hook finds
-// the same per call; known here, before any graph, so a context with no other layer is refused), or NULL
-const char * sparq_model_attn_variant(const llama_model & model) {
-    const llama_hparams & hp = model.hparams;
+// The one list of the attention variants SparQ's op does not compute: the model's, known before any
+// graph (so that a context with no other layer is refused), and, with `call`, one layer's or one
+// attention call's at graph build
+const char * sparq_attn_variant(llm_arch arch, const llama_hparams & hp, const sparq_attn_call * call) {
     if (hp.attn_soft_cap) {
         return "attention logit soft-capping";
     }
     if (hp.f_max_alibi_bias > 0.0f) {
         return "ALiBi position biases";
     }
-    if (model.arch == LLM_ARCH_GROK) {
+    if (arch == LLM_ARCH_GROK) {
         return "Grok's attention (soft-capped scores)";
     }
-    if (model.arch == LLM_ARCH_OPENAI_MOE) {
+    if (arch == LLM_ARCH_OPENAI_MOE) {
         return "attention sinks";
     }
     if (hp.is_mla()) {
         return "multi-head latent attention (MLA)";
     }
+    if (!call) {
+        return nullptr;
+    }
+    if (call->kq_b) {
+        return "a bias added to the attention scores";
+    }
+    if (call->sinks) {
+        return "attention sinks";
+    }
+    if (call->v_mla) {
+        return "multi-head latent attention (MLA)";
+    }
+    if (call->dv != call->dk) {
+        return "V's head size unlike K's";
+    }
+    if (call->n_head_kv > 0 && call->dk * call->n_head_kv != call->k_row) {
+        return "K rows that are not the KV heads side by side";
+    }
     return nullptr;
 }
 
+// allocate K^T and the V sums for the layers of the cache that can use them
 bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, char * err, size_t err_size) {
     const llama_kv_cache * kv = S.kv;
-    const char * variant = sparq_model_attn_variant(model);
+    const char * variant = sparq_attn_variant(model.arch, model.hparams, nullptr);
     const uint32_t kv_size = upstream::kv_size(kv), n_stream = upstream::n_stream(kv);
     const size_t nl = upstream::n_layers(kv);
     S.layers.assign(nl, sparq_layer());
@@ -121,7 +139,12 @@ bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, char * err, siz
             continue;
         }
         const int64_t hkv = model.hparams.n_head_kv(il);
-        if (dk != dv || dk * hkv != k->ne[0]) {
+        sparq_attn_call layer_shape;
+        layer_shape.dk = dk;
+        layer_shape.dv = dv;
+        layer_shape.n_head_kv = hkv;
+        layer_shape.k_row = k->ne[0];
+        if (sparq_attn_variant(model.arch, model.hparams, &layer_shape)) {
             L.reason = LLAMA_SPARQ_DENSE_ATTN_VARIANT;
             continue;
         }

@@ -303,51 +303,58 @@ static void sparq_build_appends(sparq_attn_build & b, ggml_tensor * k_cur, ggml_
     }
 }
 
-// why this call runs dense (an LLAMA_SPARQ_DENSE_* reason), or -1; records the dense threshold's
-// side in the input (graph reuse compares it)
-static int sparq_dense_reason(sparq_attn_build & b, const llama_kv_cache_context * mctx, ggml_tensor * kq_b,
-                              ggml_tensor * sinks, ggml_tensor * v_mla, const ggml_tensor * v) {
+// why this call runs dense, as far as the call itself, the settings and the cache's longest
+// sequence decide: reason, an LLAMA_SPARQ_DENSE_* reason or -1; short_checked: the dense threshold
+// was looked at, is_short its side (graph reuse compares it)
+struct sparq_dense_check {
+    int reason = -1;
+    bool short_checked = false;
+    bool is_short = false;
+};
+
+static sparq_dense_check sparq_dense_reason(const sparq_attn_build & b, const llama_kv_cache_context * mctx,
+                                            const sparq_attn_call & call) {
     const llm_graph_context & g = b.g;
     const auto & cp = g.cparams;
-    int reason = -1;
-    if (kq_b || sinks || v_mla || g.hparams.attn_soft_cap || g.hparams.f_max_alibi_bias > 0.0f ||
-        g.arch == LLM_ARCH_GROK || v->ne[0] != b.d) {
-        reason = LLAMA_SPARQ_DENSE_ATTN_VARIANT;
+    sparq_dense_check c;
+    if (sparq_attn_variant(g.arch, g.hparams, &call)) {
+        c.reason = LLAMA_SPARQ_DENSE_ATTN_VARIANT;
     } else if (cp.kv_unified && cp.n_seq_max > 1) {
-        reason = LLAMA_SPARQ_DENSE_SHARED_STREAM;
+        c.reason = LLAMA_SPARQ_DENSE_SHARED_STREAM;
     } else if ((b.n_tps > 1 && !b.P.all_rows) || (b.inp && b.inp->rows_mode == SPARQ_ROWS_DENSE)) {
-        reason = LLAMA_SPARQ_DENSE_PREFILL; // prompt rows only
+        c.reason = LLAMA_SPARQ_DENSE_PREFILL; // prompt rows only
     } else if (!b.h2o) { // H2O runs the op on every decode step: its scores follow every step
-        const bool is_short = sparq_used_max(mctx) < (uint32_t) b.P.min_kv;
-        if (b.inp) {
-            b.inp->short_ctx = is_short;
-        }
-        if (is_short) {
-            reason = LLAMA_SPARQ_DENSE_SHORT;
+        c.short_checked = true;
+        c.is_short = sparq_used_max(mctx) < (uint32_t) b.P.min_kv;
+        if (c.is_short) {
+            c.reason = LLAMA_SPARQ_DENSE_SHORT;
         }
     }
-    if (reason < 0 && b.inp && b.n_tps == 1 && !b.h2o) {
-        // per stream, as alone: a stream under the dense threshold (the longest decides the threshold
-        // above) runs dense, and so does a stream the calibrated k found diffuse in this layer at its
-        // last check, until the next one. Every decode row so, the layer runs dense; some, both run
-        // and each row is picked from the one that applies
-        std::vector<uint8_t> prompt;
-        sparq_rows_mode(b.S, g.ubatch, (uint32_t) b.n_stream, &prompt);
-        sparq_stretch & st = b.inp->stretch[b.ikv]; // (graph reuse compares it)
-        {
-            std::lock_guard<std::mutex> lock(b.S.mtx);
-            // the last execution's checks first (already counted if another thread read the counters
-            // since), so that the stretches begin at a step that does not depend on when that was
-            sparq_count_reports(b.S);
-            st.mode = sparq_stretch_rows(b.S, b.ikv, b.si, prompt, st.rows);
-        }
-        if (st.mode == SPARQ_STRETCH_ALL) {
-            const bool stretch = std::count(st.rows.begin(), st.rows.end(), (uint8_t) SPARQ_ROW_STRETCH) > 0;
-            reason = stretch ? LLAMA_SPARQ_DENSE_DIFFUSE : LLAMA_SPARQ_DENSE_SHORT;
-        }
-        b.stretch = st.mode == SPARQ_STRETCH_SOME;
+    return c;
+}
+
+// per stream, as alone: a stream under the dense threshold (the longest decides the threshold in
+// sparq_dense_reason) runs dense, and so does a stream the calibrated k found diffuse in this layer
+// at its last check, until the next one. Counts the last execution's reports first (under S.mtx),
+// records each stream's rows in the graph's input (graph reuse compares them) and sets b.stretch
+// when some decode rows, not all, run dense; returns the reason when every decode row does, else -1
+static int sparq_record_stretches(sparq_attn_build & b) {
+    std::vector<uint8_t> prompt;
+    sparq_rows_mode(b.S, b.g.ubatch, (uint32_t) b.n_stream, &prompt);
+    sparq_stretch & st = b.inp->stretch[b.ikv];
+    {
+        std::lock_guard<std::mutex> lock(b.S.mtx);
+        // the last execution's checks first (already counted if another thread read the counters
+        // since), so that the stretches begin at a step that does not depend on when that was
+        sparq_count_reports(b.S);
+        st.mode = sparq_stretch_rows(b.S, b.ikv, b.si, prompt, st.rows);
     }
-    return reason;
+    b.stretch = st.mode == SPARQ_STRETCH_SOME;
+    if (st.mode == SPARQ_STRETCH_ALL) {
+        const bool stretch = std::count(st.rows.begin(), st.rows.end(), (uint8_t) SPARQ_ROW_STRETCH) > 0;
+        return stretch ? LLAMA_SPARQ_DENSE_DIFFUSE : LLAMA_SPARQ_DENSE_SHORT;
+    }
+    return -1;
 }
 
 // H2O's prompt: the dense attention's weights summed over the prompt rows (column sums of the
@@ -602,7 +609,20 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
         sparq_build_appends(b, k_cur, v_cur, k, v);
     }
 
-    const int reason = sparq_dense_reason(b, mctx, kq_b, sinks, v_mla, v);
+    sparq_attn_call call;
+    call.kq_b = kq_b;
+    call.sinks = sinks;
+    call.v_mla = v_mla;
+    call.dk = b.d;
+    call.dv = v->ne[0];
+    const sparq_dense_check dense = sparq_dense_reason(b, mctx, call);
+    if (dense.short_checked && inp) {
+        inp->short_ctx = dense.is_short;
+    }
+    int reason = dense.reason;
+    if (reason < 0 && inp && b.n_tps == 1 && !b.h2o) {
+        reason = sparq_record_stretches(b);
+    }
     // H2O's scores of the new cells (views of the stream's scores, after the zeroing above)
     ggml_tensor * h2o3 = b.h2o && appends ? ggml_view_3d(ctx0, b.h2o_src, b.n_kv, b.hkv, b.n_stream, b.L.sel.h2o->nb[1],
                                                           b.L.sel.h2o->nb[2], b.si.s0 * b.L.sel.h2o->nb[2]) : nullptr;

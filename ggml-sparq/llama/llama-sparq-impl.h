@@ -368,8 +368,18 @@ bool sparq_alloc_buffers(llama_sparq_ctx & S, const std::map<ggml_backend_buffer
                          std::vector<ggml_backend_buffer_ptr> & bufs, const char * what, char * err, size_t err_size);
 // allocate K^T and the V sums for the layers of the cache that can use them
 bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, char * err, size_t err_size);
-// the model-wide attention variant SparQ does not compute (soft-capping, ALiBi, sinks, MLA), or NULL
-const char * sparq_model_attn_variant(const llama_model & model);
+// what one layer or attention call brings that the model alone does not say: its graph inputs (NULL:
+// none) and its head sizes
+struct sparq_attn_call {
+    const ggml_tensor * kq_b = nullptr;  // a bias added to the attention scores
+    const ggml_tensor * sinks = nullptr; // attention sinks
+    const ggml_tensor * v_mla = nullptr; // MLA's V projection
+    int64_t dk = 0, dv = 0;              // K's and V's head sizes
+    int64_t n_head_kv = 0, k_row = 0;    // with n_head_kv > 0: a K cache row holds n_head_kv heads of dk (k_row values)
+};
+// the attention variant SparQ does not compute (soft-capping, ALiBi, sinks, MLA, a KQ bias, V's head size
+// unlike K's), as a phrase for the log, or NULL: of the model alone (call NULL), or of one layer or call
+const char * sparq_attn_variant(llm_arch arch, const llama_hparams & hp, const sparq_attn_call * call);
 // bytes [off, off + n) of a tensor, on the host
 std::vector<uint8_t> sparq_get_slice(ggml_tensor * t, size_t off, size_t n);
 // the PCA basis back to the identity (unit spread), not calibrated

@@ -1,6 +1,6 @@
 // llama-sparq: the candidates every ranking selector shares: a chunk's best cells by a bound from
-// group maxima and one vectorised filter (phases C and D), and their merge over the chunks into
-// the unit's choice (phase E).
+// group maxima and one vectorised filter (phase_scores and phase_gqa_candidates), and their merge
+// over the chunks into the unit's choice (phase_attend).
 
 #include "sparq-cpu-phases.h"
 
@@ -49,12 +49,12 @@ int select_chunk(const ctx & C, int ith, const float * ck, int n, int base, int 
         t = std::nextafter(t, -INFINITY); // filter_gt(t') selects key >= t
     }
     const int m = isa->filter_gt(ck, n, t, idx);
-    cand * dst = m <= C.L.cap ? out : (cand *) C.tbuf(ith, C.L.t_big);
+    cand * dst = m <= C.L.chunk_cap ? out : (cand *) C.tbuf(ith, C.L.t_big);
     for (int i = 0; i < m; ++i) {
         dst[i].key = ck[idx[i]];
         dst[i].idx = base + idx[i];
     }
-    if (m <= C.L.cap) {
+    if (m <= C.L.chunk_cap) {
         return m;
     }
     // many ties at the bound: keep the kk best (cells left out may equal the kk-th key)
@@ -77,7 +77,7 @@ int merge_candidates(const ctx & C, int u, int w, const row_info * ri, const int
         int n_m = 0;
         // staged: every eligible cell at or above the largest bound of the chunks was offered
         float bound = -INFINITY;
-        for (int c = 0; c < C.L.nc; ++c) {
+        for (int c = 0; c < C.L.n_chunks; ++c) {
             const int n_c = *C.ccount(w, c, h);
             const cand * cc = C.cands(w, c, h);
             if (staged) {

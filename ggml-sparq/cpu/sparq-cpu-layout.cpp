@@ -24,57 +24,57 @@ sparq_args effective_args(const sparq_args * a) {
 
 layout make_layout(const sparq_args * a, int nth) {
     layout L{};
-    L.R   = a->n_stream * a->n_rows;
-    L.U   = L.R * a->n_head_kv;
-    L.g   = a->n_head / a->n_head_kv;
-    L.nc  = nth;
-    L.ph  = a->per_head && L.g > 1 ? L.g : 1;
+    L.n_rows_all = a->n_stream * a->n_rows;
+    L.n_units    = L.n_rows_all * a->n_head_kv;
+    L.group_size = a->n_head / a->n_head_kv;
+    L.n_chunks   = nth;
+    L.ph         = a->per_head && L.group_size > 1 ? L.group_size : 1;
     L.wcap = a->selector == SPARQ_SEL_STREAMING ? a->k : a->l;
     L.sel_max = L.ph * a->k;
     // block of cells whose g rows of scores stay in L1/L2 while the r rows of K^T stream through
-    L.B   = std::max(256, std::min(SPARQ_BLOCK_MAX, (4096 / L.g) & ~31));
+    L.block_cells = std::max(256, std::min(SPARQ_BLOCK_MAX, (4096 / L.group_size) & ~31));
     const size_t S = (size_t) a->n_kv;
-    if (L.g == 1) {
-        L.wave = L.U;
+    if (L.group_size == 1) {
+        L.wave_units = L.n_units;
     } else {
-        const size_t per_unit = (size_t) L.g * S * sizeof(float);
-        L.wave = (int) std::max<size_t>(1, std::min<size_t>(L.U, SPARQ_LOGIT_CAP / std::max<size_t>(per_unit, 1)));
+        const size_t per_unit = (size_t) L.group_size * S * sizeof(float);
+        L.wave_units = (int) std::max<size_t>(1, std::min<size_t>(L.n_units, SPARQ_LOGIT_CAP / std::max<size_t>(per_unit, 1)));
     }
     L.chunk_max = (int) ((S + nth - 1) / nth) + 1;
-    L.cap = sparq_cap(a, L.chunk_max);
+    L.chunk_cap = sparq_cap(a, L.chunk_max);
     size_t o = 0;
-    L.off_mask   = o; o += align_up((a->mask && a->mask_type == SPARQ_F16) ? (size_t) L.R * S * sizeof(float) : 0);
-    L.off_cnt    = o; o += align_up((size_t) L.R * L.nc * sizeof(int32_t));
-    L.off_row    = o; o += align_up((size_t) L.R * sizeof(row_info));
-    L.off_win    = o; o += align_up((size_t) L.R * (L.wcap + 1) * sizeof(int32_t));
-    L.off_i1     = o; o += align_up((size_t) L.U * a->r * sizeof(int32_t));
-    L.off_qs     = o; o += align_up((size_t) L.U * L.g * a->r * sizeof(float));
-    L.off_stat   = o; o += align_up((size_t) L.wave * L.nc * L.g * 2 * sizeof(float));
-    L.off_ccount = o; o += align_up((size_t) L.wave * L.nc * L.ph * sizeof(int32_t));
-    L.off_cand   = o; o += align_up((size_t) L.wave * L.nc * L.ph * L.cap * sizeof(cand));
-    L.off_cbound = o; o += align_up((size_t) L.wave * L.nc * L.ph * sizeof(float));
-    L.off_logit  = o; o += align_up(L.g > 1 && !sel_baseline(a) ? (size_t) L.wave * L.g * S * sizeof(float) : 0);
+    L.off_mask   = o; o += align_up((a->mask && a->mask_type == SPARQ_F16) ? (size_t) L.n_rows_all * S * sizeof(float) : 0);
+    L.off_cnt    = o; o += align_up((size_t) L.n_rows_all * L.n_chunks * sizeof(int32_t));
+    L.off_row    = o; o += align_up((size_t) L.n_rows_all * sizeof(row_info));
+    L.off_win    = o; o += align_up((size_t) L.n_rows_all * (L.wcap + 1) * sizeof(int32_t));
+    L.off_i1     = o; o += align_up((size_t) L.n_units * a->r * sizeof(int32_t));
+    L.off_qs     = o; o += align_up((size_t) L.n_units * L.group_size * a->r * sizeof(float));
+    L.off_stat   = o; o += align_up((size_t) L.wave_units * L.n_chunks * L.group_size * 2 * sizeof(float));
+    L.off_ccount = o; o += align_up((size_t) L.wave_units * L.n_chunks * L.ph * sizeof(int32_t));
+    L.off_cand   = o; o += align_up((size_t) L.wave_units * L.n_chunks * L.ph * L.chunk_cap * sizeof(cand));
+    L.off_cbound = o; o += align_up((size_t) L.wave_units * L.n_chunks * L.ph * sizeof(float));
+    L.off_logit  = o; o += align_up(L.group_size > 1 && !sel_baseline(a) ? (size_t) L.wave_units * L.group_size * S * sizeof(float) : 0);
     L.off_h2o    = o; o += align_up(a->selector == SPARQ_SEL_H2O ? (size_t) nth * a->n_stream * a->n_head_kv * S * sizeof(float) : 0);
-    L.off_ivf    = o; o += align_up(a->selector == SPARQ_SEL_INDEX ? (size_t) L.U * ivf_unit_floats(a, L.ph) * sizeof(float) : 0);
-    L.off_ivf_n  = o; o += align_up(a->selector == SPARQ_SEL_INDEX ? (size_t) L.wave * L.nc * sizeof(int32_t) : 0);
+    L.off_ivf    = o; o += align_up(a->selector == SPARQ_SEL_INDEX ? (size_t) L.n_units * ivf_unit_floats(a, L.ph) * sizeof(float) : 0);
+    L.off_ivf_n  = o; o += align_up(a->selector == SPARQ_SEL_INDEX ? (size_t) L.wave_units * L.n_chunks * sizeof(int32_t) : 0);
     // per thread: g x B approximate scores of a block, the chunk's keys, filter indices,
     // group maxima, the tie fallback buffer, the merge buffer, the selection, exact
-    // logits, and y / vbar / a K row (phase A: |q| and an order)
+    // logits, and y / vbar / a K row (phase_components: |q| and an order)
     const int dmax = std::max(a->d, a->dv);
     size_t t = 0;
-    L.t_blk   = t; t += align_up((size_t) L.g * L.B * sizeof(float));
+    L.t_blk   = t; t += align_up((size_t) L.group_size * L.block_cells * sizeof(float));
     // the chunk's keys (the index searching per query head: one row of keys per head)
     L.t_ck    = t; t += align_up((size_t) L.chunk_max * (a->selector == SPARQ_SEL_INDEX ? L.ph : 1) * sizeof(float));
     L.t_idx   = t; t += align_up((size_t) L.chunk_max * sizeof(int32_t));
     L.t_gm    = t; t += align_up((size_t) (L.chunk_max + 2) * sizeof(float));
     L.t_big   = t; t += align_up((size_t) L.chunk_max * sizeof(cand));
-    L.t_merge = t; t += align_up(((size_t) L.nc * L.cap + k_rank(a) + 1) * sizeof(cand));
+    L.t_merge = t; t += align_up(((size_t) L.n_chunks * L.chunk_cap + k_rank(a) + 1) * sizeof(cand));
     L.t_sel   = t; t += align_up(((size_t) L.sel_max + 1) * sizeof(int32_t));
     L.t_ex    = t; t += align_up(((size_t) L.sel_max + 1) * sizeof(float));
     L.t_vec   = t; t += align_up((size_t) 3 * dmax * sizeof(float));
-    L.t_gh    = t; t += align_up((size_t) 2 * L.g * sizeof(float));
+    L.t_gh    = t; t += align_up((size_t) 2 * L.group_size * sizeof(float));
     L.t_rows  = t; t += align_up((size_t) a->r * sizeof(void *));
-    // index: the lists' ranking (phase A)
+    // index: the lists' ranking (phase_components)
     L.t_ivf   = t; t += align_up(a->selector == SPARQ_SEL_INDEX ? (size_t) a->ivf_n_list * sizeof(cand) : 0);
     // index: the chunk's cells in probed lists
     L.t_pc    = t; t += align_up(a->selector == SPARQ_SEL_INDEX ? (size_t) (L.chunk_max + 16) * sizeof(int32_t) : 0);

@@ -34,7 +34,13 @@ inline size_t align_up(size_t x) { return (x + SPARQ_ALIGN - 1) & ~(SPARQ_ALIGN 
 struct row_info { int32_t n_valid; int32_t w0; int32_t n_win; int32_t dense_all; };
 
 struct layout {
-    int U, R, g, nc, cap, wave, B;
+    int n_units;     // units (stream, row, KV head), the work items of the per-unit phases
+    int n_rows_all;  // query rows over all streams (n_stream * n_rows)
+    int group_size;  // query heads per KV head (GQA group)
+    int n_chunks;    // cell chunks a row is split into: one per thread
+    int chunk_cap;   // candidates a chunk may offer per selection list
+    int wave_units;  // units whose chunk buffers and GQA logits are in scratch at once
+    int block_cells; // cells per block of approximate scores (their group_size rows stay in cache)
     int wcap;       // entries of a row's window list: l, or k with the streaming selector (window + sinks)
     int ph;         // selection lists per unit: g with per-head selection (g > 1), else 1
     int sel_max;    // cells a unit's selection can hold
@@ -82,7 +88,7 @@ struct ctx {
     char * base;
 
     float     * maskf(int row)              const { return (float *) (base + L.off_mask) + (size_t) row * a->n_kv; }
-    int32_t   * cnt(int row)                const { return (int32_t *) (base + L.off_cnt) + (size_t) row * L.nc; }
+    int32_t   * cnt(int row)                const { return (int32_t *) (base + L.off_cnt) + (size_t) row * L.n_chunks; }
     row_info  * rinfo(int row)              const { return (row_info *) (base + L.off_row) + row; }
     int32_t   * win(int row)                const { return (int32_t *) (base + L.off_win) + (size_t) row * (L.wcap + 1); }
     // H2O: thread ith's share of the attention weights of (stream, KV head), and the scores
@@ -100,7 +106,7 @@ struct ctx {
         return (const float *) ((const char *) a->ivf_cent + (size_t) c * a->ivf_cent_nb1 + (size_t) kvh * a->ivf_cent_nb2 +
                                 (size_t) st * a->ivf_cent_nb3);
     }
-    int32_t   * ivf_n(int w, int c)         const { return (int32_t *) (base + L.off_ivf_n) + (size_t) w * L.nc + c; }
+    int32_t   * ivf_n(int w, int c)         const { return (int32_t *) (base + L.off_ivf_n) + (size_t) w * L.n_chunks + c; }
     // index: where the op reports the key rows it read for (stream, KV head): centroid row n_list
     float     * ivf_reads(int st, int kvh)  const { return (float *) ivf_centroid(st, kvh, a->ivf_n_list); }
     float     * ivf_lists(int st, int kvh)  const {
@@ -110,18 +116,18 @@ struct ctx {
         return (float *) ((char *) a->h2o + (size_t) kvh * a->h2o_nb1 + (size_t) st * a->h2o_nb2);
     }
     int32_t   * i1(int u)                   const { return (int32_t *) (base + L.off_i1) + (size_t) u * a->r; }
-    float     * qs(int u)                   const { return (float *) (base + L.off_qs) + (size_t) u * L.g * a->r; }
-    float     * stat(int w, int c)          const { return (float *) (base + L.off_stat) + ((size_t) w * L.nc + c) * L.g * 2; }
+    float     * qs(int u)                   const { return (float *) (base + L.off_qs) + (size_t) u * L.group_size * a->r; }
+    float     * stat(int w, int c)          const { return (float *) (base + L.off_stat) + ((size_t) w * L.n_chunks + c) * L.group_size * 2; }
     int32_t   * ccount(int w, int c, int h = 0) const {
-        return (int32_t *) (base + L.off_ccount) + ((size_t) w * L.nc + c) * L.ph + h;
+        return (int32_t *) (base + L.off_ccount) + ((size_t) w * L.n_chunks + c) * L.ph + h;
     }
     float     * cbound(int w, int c, int h = 0) const {
-        return (float *) (base + L.off_cbound) + ((size_t) w * L.nc + c) * L.ph + h;
+        return (float *) (base + L.off_cbound) + ((size_t) w * L.n_chunks + c) * L.ph + h;
     }
     cand      * cands(int w, int c, int h = 0) const {
-        return (cand *) (base + L.off_cand) + (((size_t) w * L.nc + c) * L.ph + h) * L.cap;
+        return (cand *) (base + L.off_cand) + (((size_t) w * L.n_chunks + c) * L.ph + h) * L.chunk_cap;
     }
-    float     * logits(int w, int h)        const { return (float *) (base + L.off_logit) + ((size_t) w * L.g + h) * a->n_kv; }
+    float     * logits(int w, int h)        const { return (float *) (base + L.off_logit) + ((size_t) w * L.group_size + h) * a->n_kv; }
     char      * tbuf(int ith, size_t off)   const { return base + L.off_thread + (size_t) ith * L.thread_bytes + off; }
 
     // unit u = (stream * n_rows + row) * n_head_kv + kvh
@@ -259,7 +265,7 @@ inline float exact_logit(const ctx & C, const float * q, int st, int kvh, int s,
 // (optional): every key > -inf of the chunk that was not offered is below it (-inf: all were)
 int select_chunk(const ctx & C, int ith, const float * ck, int n, int base, int kk, cand * out,
                  float * bound = nullptr);
-// phase E: the chunks' candidates of wave slot w (less the cells of the window list wl) merged
+// phase_attend: the chunks' candidates of wave slot w (less the cells of the window list wl) merged
 // into the kk best of each list, their cells into sel (merge[0..kk) keeps the last list's keys);
 // returns their number
 // With a coverage target (cov_p) the chunks offer k_rank cells and each list is first cut by
@@ -274,33 +280,34 @@ int merge_candidates(const ctx & C, int u, int w, const row_info * ri, const int
 // the phases (sparq-cpu.cpp runs them in this order; sparq-cpu.h says what each does)
 // ---------------------------------------------------------------------------
 
-void phase_a(const ctx & C, int ith, int nth);                 // sparq-cpu-phase-ab.cpp
-void phase_b(const ctx & C, int ith, int nth);
-void phase_c(const ctx & C, int wb, int we, int ith);          // sparq-cpu-phase-cd.cpp
-void phase_d(const ctx & C, int wb, int we, int ith);
-void phase_e(const ctx & C, int wb, int we, int ith, int nth); // sparq-cpu-phase-e.cpp
+void phase_components(const ctx & C, int ith, int nth);             // sparq-cpu-prepare.cpp
+void phase_windows(const ctx & C, int ith, int nth);
+void phase_scores(const ctx & C, int wb, int we, int ith);             // sparq-cpu-scores.cpp
+void phase_gqa_candidates(const ctx & C, int wb, int we, int ith);
+void phase_attend(const ctx & C, int wb, int we, int ith, int nth);    // sparq-cpu-attend.cpp
 
 // ---------------------------------------------------------------------------
 // the selectors' CPU parts, called by the phases
 // ---------------------------------------------------------------------------
 
 // sparq and oracle (sparq-cpu-select-sparq.cpp)
-// phase A, per unit: the r components i1 and the scaled query components qs (every selector runs
-// it; the baselines with r = 1, which nothing reads); absq, order: d scratch entries each
+// phase_components, per unit: the r components i1 and the scaled query components qs (every
+// selector runs it; the baselines with r = 1, which nothing reads); absq, order: d scratch entries each
 void sparq_components(const ctx & C, int u, float * absq, int32_t * order);
-// phase C, per unit and chunk [s0, s1): approximate logits from K^T, softmax statistics, and the
-// chunk's candidates (g == 1) or the group's logits (g > 1, for phase D)
+// phase_scores, per unit and chunk [s0, s1): approximate logits from K^T, softmax statistics, and
+// the chunk's candidates (g == 1) or the group's logits (g > 1, for phase_gqa_candidates)
 void sparq_chunk_scores(const ctx & C, int u, int w, int s0, int s1, int ith);
-// phase D, per unit and chunk c = [s0, s1) before the window: the GQA candidates (per head, or by
-// the group-summed normalised scores), kk of them, with the chunk's bound; scratch of thread ith
+// phase_gqa_candidates, per unit and chunk c = [s0, s1) before the window: the GQA candidates (per
+// head, or by the group-summed normalised scores), kk of them, with the chunk's bound; scratch of
+// thread ith
 void sparq_group_candidates(const ctx & C, int u, int w, int s0, int s1, int kk, int c, int ith);
-// phase E (the staged calibrated k): every chunk's GQA candidates of unit u again at the full cap,
-// by thread ith alone
+// phase_attend (the staged calibrated k): every chunk's GQA candidates of unit u again at the full
+// cap, by thread ith alone
 void sparq_group_candidates_all(const ctx & C, int u, int w, int ith);
-// phase E, per query head hh: alpha, the approximate softmax mass of the selection
+// phase_attend, per query head hh: alpha, the approximate softmax mass of the selection
 float sparq_alpha(const ctx & C, int u, int w, int hh, const int32_t * sel, int n_sel, int n_cand,
                   const cand * merge, const float * m);
-// phase E, per selection list h of unit u: the coverage target's cut of its n candidates
+// phase_attend, per selection list h of unit u: the coverage target's cut of its n candidates
 // (merge[0..n), unordered): moves the fewest best ones whose estimated mass, with the window's,
 // reaches cov_p to the front and returns how many that is (n when they all fall short; *reached
 // says which); the caller clamps it
@@ -308,13 +315,13 @@ int sparq_coverage_cut(const ctx & C, int u, int w, int h, const row_info * ri, 
                        int n, int * reached);
 
 // streaming (sparq-cpu-select-streaming.cpp)
-// phase B: the sinks, the first n_sink_max valid cells, after the window's n_win in wl; returns n_win
+// phase_windows: the sinks, the first n_sink_max valid cells, after the window's n_win in wl; returns n_win
 int streaming_sinks(const float * m, int S, int n_sink_max, int32_t * wl, int n_win);
 
 // h2o (sparq-cpu-select-h2o.cpp)
-void h2o_clear(const ctx & C, int ith);                                            // phase A
-void h2o_candidates(const ctx & C, int u, int w, int s0, int s1, int ith);         // phase C
-// phase E: a head's attention weights over the selection (ex: its logits, M their maximum, iP
+void h2o_clear(const ctx & C, int ith);                                            // phase_components
+void h2o_candidates(const ctx & C, int u, int w, int s0, int s1, int ith);         // phase_scores
+// phase_attend: a head's attention weights over the selection (ex: its logits, M their maximum, iP
 // 1 / the sum of exp), or, for a dense row, over every valid cell
 void h2o_add_weights(const ctx & C, int ith, int st, int kvh, const int32_t * sel, const float * ex, int n_sel,
                      float M, float iP);
@@ -323,8 +330,8 @@ void h2o_add_dense_weights(const ctx & C, int ith, int st, int kvh, const float 
 void h2o_fold(const ctx & C, int ith, int nth);
 
 // index (sparq-cpu-select-index.cpp)
-void index_probe_lists(const ctx & C, int ith, int nth);                           // phase A
-void index_candidates(const ctx & C, int u, int w, int s0, int s1, int ith);       // phase C
-void index_record_reads(const ctx & C, int u, int w, bool dense);                  // phase E
+void index_probe_lists(const ctx & C, int ith, int nth);                           // phase_components
+void index_candidates(const ctx & C, int u, int w, int s0, int s1, int ith);       // phase_scores
+void index_record_reads(const ctx & C, int u, int w, bool dense);                  // phase_attend
 
 } // namespace sparq_cpu

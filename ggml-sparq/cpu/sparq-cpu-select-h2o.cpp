@@ -1,6 +1,6 @@
 // llama-sparq: the H2O selector's CPU part: its candidates are the cells of largest accumulated
-// attention (phase C); each thread sums its rows' attention weights (phase E) into its share,
-// added to the scores once every row of the call has chosen (h2o_fold).
+// attention (phase_scores); each thread sums its rows' attention weights (phase_attend) into its
+// share, added to the scores once every row of the call has chosen (h2o_fold).
 
 #include "sparq-cpu-phases.h"
 

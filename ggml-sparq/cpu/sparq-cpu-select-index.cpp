@@ -1,6 +1,6 @@
 // llama-sparq: the index selector's CPU part (an inverted-file index of the keys): the lists each
-// search probes (phase A), the probed cells' exact scores as candidates, filing the cells in no
-// list yet (phase C), and the count of key rows read (phase E).
+// search probes (phase_components), the probed cells' exact scores as candidates, filing the cells
+// in no list yet (phase_scores), and the count of key rows read (phase_attend).
 
 #include "sparq-cpu-phases.h"
 
@@ -10,10 +10,10 @@ namespace sparq_cpu {
 // the lists' squared norms (for assignments), and each search's probed lists
 void index_probe_lists(const ctx & C, int ith, int nth) {
     const sparq_args * a = C.a;
-    const int d = a->d, g = C.L.g;
+    const int d = a->d, g = C.L.group_size;
     const int nl = a->ivf_n_list, ph = C.L.ph;
     cand * ls = (cand *) C.tbuf(ith, C.L.t_ivf);
-    for (int u = ith; u < C.L.U; u += nth) {
+    for (int u = ith; u < C.L.n_units; u += nth) {
         const int R = C.unit_row(u), kvh = C.unit_kvh(u), st = C.row_stream(R);
         for (int hs = 0; hs < ph; ++hs) {
             float * qv = C.ivf_q(u, hs);
@@ -74,7 +74,7 @@ void index_candidates(const ctx & C, int u, int w, int s0, int s1, int ith) {
     float * lists = C.ivf_lists(st, kvh);
     float * ck = (float *) C.tbuf(ith, C.L.t_ck);
     float * kf = (float *) C.tbuf(ith, C.L.t_vec); // a key in f32 (3 * max(d, dv) floats)
-    const int32_t * any = C.ivf_any(u); // the lists some search of the unit probes (phase A)
+    const int32_t * any = C.ivf_any(u); // the lists some search of the unit probes (phase_components)
     int32_t * pc = (int32_t *) C.tbuf(ith, C.L.t_pc);
     // files a valid cell that is in no list yet: argmin |k - c|^2 = argmin |c|^2 - 2 k.c, ties to the lower list
     auto file = [&](int cell) -> int {
@@ -167,7 +167,7 @@ void index_candidates(const ctx & C, int u, int w, int s0, int s1, int ith) {
 void index_record_reads(const ctx & C, int u, int w, bool dense) {
     const int R = C.unit_row(u), kvh = C.unit_kvh(u), st = C.row_stream(R);
     int32_t n = 0;
-    for (int c = 0; c < C.L.nc; ++c) {
+    for (int c = 0; c < C.L.n_chunks; ++c) {
         n += *C.ivf_n(w, c);
     }
     *C.ivf_reads(st, kvh) = dense ? -1.0f : (float) n;

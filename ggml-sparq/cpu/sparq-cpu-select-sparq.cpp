@@ -1,6 +1,7 @@
 // llama-sparq: the SparQ selector's CPU part (the oracle is the same with r = d): the r query
-// components (phase A), the approximate scores from r rows of K^T (phase C), the GQA group's
-// candidates (phase D) and the approximate mass of the selection for the mean-V mix (phase E).
+// components (phase_components), the approximate scores from r rows of K^T (phase_scores), the GQA
+// group's candidates (phase_gqa_candidates) and the approximate mass of the selection for the
+// mean-V mix (phase_attend).
 
 #include "sparq-cpu-phases.h"
 
@@ -8,7 +9,7 @@ namespace sparq_cpu {
 
 void sparq_components(const ctx & C, int u, float * absq, int32_t * order) {
     const sparq_args * a = C.a;
-    const int d = a->d, r = a->r, g = C.L.g;
+    const int d = a->d, r = a->r, g = C.L.group_size;
     const int R = C.unit_row(u), kvh = C.unit_kvh(u);
     const float * cw = C.comp_w(kvh, C.row_stream(R));
     for (int j = 0; j < d; ++j) {
@@ -59,7 +60,7 @@ void sparq_components(const ctx & C, int u, float * absq, int32_t * order) {
 // softmax statistics (stat: per head its maximum and sum of exp).
 void sparq_chunk_scores(const ctx & C, int u, int w, int s0, int s1, int ith) {
     const sparq_args * a = C.a;
-    const int r = a->r, g = C.L.g;
+    const int r = a->r, g = C.L.group_size;
     const size_t esz = a->KT_type == SPARQ_F16 ? 2 : 4;
     float * blk = (float *) C.tbuf(ith, C.L.t_blk);
     float * ck = (float *) C.tbuf(ith, C.L.t_ck);
@@ -70,8 +71,8 @@ void sparq_chunk_scores(const ctx & C, int u, int w, int s0, int s1, int ith) {
     const int32_t * i1 = C.i1(u);
     const float * qs = C.qs(u);
     const float * m = C.mask_row(R);
-    for (int b0 = s0; b0 < s1; b0 += C.L.B) {
-        const int nb = std::min(C.L.B, s1 - b0);
+    for (int b0 = s0; b0 < s1; b0 += C.L.block_cells) {
+        const int nb = std::min(C.L.block_cells, s1 - b0);
         for (int j = 0; j < r; ++j) {
             rows[j] = C.KT_row(st, kvh, i1[j]) + (size_t) b0 * esz;
         }
@@ -112,7 +113,7 @@ void sparq_chunk_scores(const ctx & C, int u, int w, int s0, int s1, int ith) {
 }
 
 void sparq_group_candidates(const ctx & C, int u, int w, int s0, int s1, int kk, int c, int ith) {
-    const int g = C.L.g;
+    const int g = C.L.group_size;
     const int R = C.unit_row(u);
     if (C.L.ph > 1) {
         // per-head selection: each head's best cells by its own approximate logits
@@ -128,11 +129,11 @@ void sparq_group_candidates(const ctx & C, int u, int w, int s0, int s1, int kk,
     float * iZ = Mh + g;
     for (int h = 0; h < g; ++h) {
         float M = -INFINITY;
-        for (int c = 0; c < C.L.nc; ++c) {
+        for (int c = 0; c < C.L.n_chunks; ++c) {
             M = std::max(M, C.stat(w, c)[2 * h]);
         }
         double Z = 0.0;
-        for (int c = 0; c < C.L.nc; ++c) {
+        for (int c = 0; c < C.L.n_chunks; ++c) {
             const float * st = C.stat(w, c);
             if (st[2 * h] != -INFINITY) {
                 Z += st[2 * h + 1] * exp((double) st[2 * h] - M);
@@ -164,13 +165,13 @@ void sparq_group_candidates_all(const ctx & C, int u, int w, int ith) {
     const sparq_args * a = C.a;
     const row_info * ri = C.rinfo(C.unit_row(u));
     const int kk = row_kk_scan(a, ri);
-    for (int c = 0; c < C.L.nc; ++c) {
+    for (int c = 0; c < C.L.n_chunks; ++c) {
         for (int h = 0; h < C.L.ph; ++h) {
             *C.ccount(w, c, h) = 0;
             *C.cbound(w, c, h) = -INFINITY;
         }
         int s0, s1;
-        chunk_range(a->n_kv, c, C.L.nc, &s0, &s1);
+        chunk_range(a->n_kv, c, C.L.n_chunks, &s0, &s1);
         s1 = std::min(s1, (int) ri->w0);
         if (s1 > s0 && kk > 0) {
             sparq_group_candidates(C, u, w, s0, s1, kk, c, ith);
@@ -183,10 +184,10 @@ void sparq_group_candidates_all(const ctx & C, int u, int w, int ith) {
 static void head_softmax(const ctx & C, int w, int hh, float * M, double * Z) {
     float Ms = -INFINITY;
     double Zs = 0.0;
-    for (int c = 0; c < C.L.nc; ++c) {
+    for (int c = 0; c < C.L.n_chunks; ++c) {
         Ms = std::max(Ms, C.stat(w, c)[2 * hh]);
     }
-    for (int c = 0; c < C.L.nc; ++c) {
+    for (int c = 0; c < C.L.n_chunks; ++c) {
         const float * stt = C.stat(w, c);
         if (stt[2 * hh] != -INFINITY) {
             Zs += stt[2 * hh + 1] * exp((double) stt[2 * hh] - Ms);
@@ -199,7 +200,7 @@ static void head_softmax(const ctx & C, int w, int hh, float * M, double * Z) {
 // the approximate logit (mask included) of cell i for query head hh: kept with GQA, else
 // recomputed from the r rows of K^T (the window's cells, which no chunk kept)
 static float approx_logit(const ctx & C, int u, int w, int hh, int i, const float * m) {
-    if (C.L.g > 1) {
+    if (C.L.group_size > 1) {
         return C.logits(w, hh)[i];
     }
     const sparq_args * a = C.a;
@@ -225,7 +226,7 @@ float sparq_alpha(const ctx & C, int u, int w, int hh, const int32_t * sel, int 
     double mass = 0.0;
     for (int t = 0; t < n_sel; ++t) {
         // with g == 1 a candidate's key is its approximate logit (+ mask)
-        const float ap = C.L.g == 1 && t < n_cand ? merge[t].key : approx_logit(C, u, w, hh, sel[t], m);
+        const float ap = C.L.group_size == 1 && t < n_cand ? merge[t].key : approx_logit(C, u, w, hh, sel[t], m);
         mass += expf(ap - Ms);
     }
     return Z > 0.0 ? (float) std::min(1.0, mass / Z) : 1.0f;
@@ -233,7 +234,7 @@ float sparq_alpha(const ctx & C, int u, int w, int hh, const int32_t * sel, int 
 
 int sparq_coverage_cut(const ctx & C, int u, int w, int h, const row_info * ri, const int32_t * wl, cand * merge,
                        int n, int * reached) {
-    const int g = C.L.g;
+    const int g = C.L.group_size;
     const float * m = C.mask_row(C.unit_row(u));
     // the heads whose mean mass the target is on: list h's head (per-head lists), else the group
     const int h0 = C.L.ph > 1 ? h : 0, h1 = C.L.ph > 1 ? h + 1 : g;

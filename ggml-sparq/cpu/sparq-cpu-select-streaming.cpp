@@ -1,6 +1,6 @@
 // llama-sparq: the streaming selector's CPU part (LM-Infinite): its choice is the window list
-// itself, the l most recent cells and the k - l earliest ones (the sinks), made in phase B;
-// phase C skips its rows (no scores).
+// itself, the l most recent cells and the k - l earliest ones (the sinks), made in phase_windows;
+// phase_scores skips its rows (no scores).
 
 #include "sparq-cpu-phases.h"
 

@@ -1,6 +1,7 @@
 // llama-sparq: the CPU driver's entry points (see sparq-cpu.h): the ISA choice, the scratch size,
 // and sparq_cpu_compute, which runs the phases on every thread between barriers, wave by wave.
-// The phases are in sparq-cpu-phase-*.cpp, the selectors' parts in sparq-cpu-select-*.cpp.
+// The phases are in sparq-cpu-prepare.cpp, sparq-cpu-scores.cpp and sparq-cpu-attend.cpp, the
+// selectors' parts in sparq-cpu-select-*.cpp.
 
 #include "sparq-cpu-phases.h"
 
@@ -121,20 +122,20 @@ void sparq_cpu_compute(const struct sparq_args * a0, const struct sparq_isa * is
     }
     C.base = (char *) (((uintptr_t) wdata + SPARQ_ALIGN - 1) & ~(uintptr_t) (SPARQ_ALIGN - 1));
 
-    phase_a(C, ith, nth);
+    phase_components(C, ith, nth);
     barrier(barrier_ctx);
-    phase_b(C, ith, nth);
+    phase_windows(C, ith, nth);
     barrier(barrier_ctx);
-    for (int wb = 0; wb < C.L.U; wb += C.L.wave) {
-        const int we = std::min(C.L.U, wb + C.L.wave);
-        phase_c(C, wb, we, ith);
+    for (int wb = 0; wb < C.L.n_units; wb += C.L.wave_units) {
+        const int we = std::min(C.L.n_units, wb + C.L.wave_units);
+        phase_scores(C, wb, we, ith);
         barrier(barrier_ctx);
-        if (C.L.g > 1 && !sel_baseline(a)) {
-            phase_d(C, wb, we, ith);
+        if (C.L.group_size > 1 && !sel_baseline(a)) {
+            phase_gqa_candidates(C, wb, we, ith);
             barrier(barrier_ctx);
         }
-        phase_e(C, wb, we, ith, nth);
-        if (we < C.L.U) {
+        phase_attend(C, wb, we, ith, nth);
+        if (we < C.L.n_units) {
             barrier(barrier_ctx);
         }
     }

@@ -4,22 +4,24 @@
 // stream, query row and KV head group, split over nth threads that all call it
 // with their index ith and meet at the given barrier between phases:
 //
-//   phase A  per (row, cell chunk): mask to f32, count valid cells;
-//            per unit (stream, row, KV head): component selection i1
-//   phase B  per row: number of valid cells, start of the local window
-//   phase C  per (unit, cell chunk): approximate logits from r rows of K^T,
-//            softmax statistics, candidate positions of the chunk
-//   phase D  (GQA only) per (unit, cell chunk): group-summed scores, candidates
-//   phase E  per unit: merge candidates + window into i2, exact attention over
-//            i2 for each query head, mean-value reallocation, output
+//   phase_components      per (row, cell chunk): mask to f32, count valid cells;
+//                         per unit (stream, row, KV head): component selection i1
+//   phase_windows         per row: number of valid cells, start of the local window
+//   phase_scores          per (unit, cell chunk): approximate logits from r rows of K^T,
+//                         softmax statistics, candidate positions of the chunk
+//   phase_gqa_candidates  (GQA only) per (unit, cell chunk): group-summed scores, candidates
+//   phase_attend          per unit: merge candidates + window into i2, exact attention over
+//                         i2 for each query head, mean-value reallocation, output
 //
 // The ISA-specific primitives (sparq_isa) are the only SIMD code; everything
 // else is shared, so every ISA makes exactly the same selection logic.
 //
 // Files: sparq-cpu.cpp (entry points, ISA choice, the phases' order), sparq-cpu-phases.h (the
-// internal declarations), sparq-cpu-phase-{ab,cd,e}.cpp, sparq-cpu-select-{sparq,streaming,h2o,
-// index}.cpp (each selector's part of the phases), sparq-cpu-candidates.cpp, sparq-cpu-layout.cpp,
-// sparq-cpu-fp16.cpp; isa/sparq-cpu-<isa>.cpp on the vector layer isa/sparq-isa-simd.h.
+// internal declarations), sparq-cpu-prepare.cpp (phase_components, phase_windows),
+// sparq-cpu-scores.cpp (phase_scores, phase_gqa_candidates), sparq-cpu-attend.cpp (phase_attend),
+// sparq-cpu-select-{sparq,streaming,h2o,index}.cpp (each selector's part of the phases),
+// sparq-cpu-candidates.cpp, sparq-cpu-layout.cpp, sparq-cpu-fp16.cpp; isa/sparq-cpu-<isa>.cpp on the
+// vector layer isa/sparq-isa-simd.h.
 #pragma once
 
 #include <stddef.h>

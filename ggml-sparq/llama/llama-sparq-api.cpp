@@ -239,11 +239,11 @@ static int32_t sparq_validate_params(llama_context * ctx, const llama_sparq_para
     if (!sparq_params_size_ok(p, err, err_size)) {
         return -1;
     }
-    if (!sparq_params_consistent(p, sparq_min_head_size(A::model(ctx).hparams), err, err_size)) {
+    if (!sparq_params_consistent(p, sparq_min_head_size(upstream::model(ctx).hparams), err, err_size)) {
         return -1;
     }
     const bool h2o = p->enabled && p->selector == LLAMA_SPARQ_SELECTOR_H2O;
-    const llama_cparams & cp = A::cparams(ctx);
+    const llama_cparams & cp = upstream::cparams(ctx);
     if (h2o && cp.n_seq_max > 1) {
         sparq_err(err, err_size, "SparQ: selector h2o needs a context for one sequence (n_seq_max = 1, here %u): its "
                   "scores follow one prompt and its decode steps", cp.n_seq_max);
@@ -264,20 +264,20 @@ static int32_t sparq_create(llama_context * ctx, char * err, size_t err_size) {
         sparq_err(err, err_size, "SparQ: this context has no attention KV cache (recurrent or embedding model?)");
         return -2;
     }
-    if (A::kv_size(kv) > (uint32_t) LLAMA_SPARQ_MAX_CELLS) {
+    if (upstream::kv_size(kv) > (uint32_t) LLAMA_SPARQ_MAX_CELLS) {
         sparq_err(err, err_size, "SparQ: the KV cache has %u cells per stream; SparQ supports up to %u (2^24: the "
-                  "op counts the valid cells in f32)", A::kv_size(kv), (uint32_t) LLAMA_SPARQ_MAX_CELLS);
+                  "op counts the valid cells in f32)", upstream::kv_size(kv), (uint32_t) LLAMA_SPARQ_MAX_CELLS);
         return -2;
     }
     auto S = std::make_shared<llama_sparq_ctx>();
     S->lctx = ctx;
     S->env = sparq_env_read();
     S->kv = kv;
-    S->balloc = A::balloc(ctx);
-    if (!sparq_alloc(*S, A::model(ctx), err, err_size)) {
+    S->balloc = upstream::balloc(ctx);
+    if (!sparq_alloc(*S, upstream::model(ctx), err, err_size)) {
         return -2;
     }
-    A::cparams(ctx).sparq = S;
+    upstream::cparams(ctx).sparq = S;
     return 0;
 }
 
@@ -287,25 +287,25 @@ static int32_t sparq_create(llama_context * ctx, char * err, size_t err_size) {
 // that device's supports_op, once per device; with `types` the default selector and a fixed k (what
 // every device op runs, so only the cache's types can be refused). 0, or -2 with the device and what
 // it refused in err
-static int32_t sparq_check_device_runs(const llama_sparq_ctx & Sq, const llama_sparq_params * p, bool types, char * err,
+static int32_t sparq_check_device_runs(const llama_sparq_ctx & S, const llama_sparq_params * p, bool types, char * err,
                                        size_t err_size) {
     std::vector<ggml_backend_dev_t> checked;
-    for (const sparq_layer & L : Sq.layers) {
-        if (!L.kt || ggml_backend_buffer_is_host(L.kt->buffer)) {
+    for (const sparq_layer & L : S.layers) {
+        if (!L.data.kt || ggml_backend_buffer_is_host(L.data.kt->buffer)) {
             continue;
         }
-        ggml_backend_dev_t dev = ggml_backend_buft_get_device(ggml_backend_buffer_get_type(L.kt->buffer));
+        ggml_backend_dev_t dev = ggml_backend_buft_get_device(ggml_backend_buffer_get_type(L.data.kt->buffer));
         if (!dev || ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU ||
             std::find(checked.begin(), checked.end(), dev) != checked.end()) {
             continue;
         }
         checked.push_back(dev);
-        const int64_t d = L.kt->ne[1], hkv = L.kt->ne[2], dv = L.vsum->ne[0], n = 64;
+        const int64_t d = L.data.kt->ne[1], hkv = L.data.kt->ne[2], dv = L.data.vsum->ne[0], n = 64;
         ggml_init_params ip = { 16 * ggml_tensor_overhead(), nullptr, true };
         ggml_context * c = ggml_init(ip);
         ggml_tensor * q  = ggml_new_tensor_4d(c, GGML_TYPE_F32, d, 1, hkv, 1);
         ggml_tensor * k  = ggml_new_tensor_4d(c, L.type_k, d, n, hkv, 1);
-        ggml_tensor * kt = ggml_new_tensor_4d(c, L.kt->type, n, d, hkv, 1);
+        ggml_tensor * kt = ggml_new_tensor_4d(c, L.data.kt->type, n, d, hkv, 1);
         ggml_tensor * v  = ggml_new_tensor_4d(c, L.type_v, dv, n, hkv, 1);
         ggml_tensor * vs = ggml_new_tensor_3d(c, GGML_TYPE_F32, dv, hkv, 1);
         ggml_tensor * vc = ggml_new_tensor_1d(c, GGML_TYPE_F32, 1);
@@ -348,16 +348,16 @@ static int32_t sparq_check_device_runs(const llama_sparq_ctx & Sq, const llama_s
 
 // enabled settings applied to the context's SparQ state: the selectors' and the basis's tensors,
 // and every stream rebuilt when SparQ is switched on or the basis changes. 0, or -2 with the message in err
-static int32_t sparq_apply_params(llama_context * ctx, llama_sparq_ctx & Sq, const llama_sparq_params * p, char * err,
+static int32_t sparq_apply_params(llama_context * ctx, llama_sparq_ctx & S, const llama_sparq_params * p, char * err,
                                   size_t err_size) {
     const bool h2o = p->enabled && p->selector == LLAMA_SPARQ_SELECTOR_H2O;
     const bool index = p->enabled && p->selector == LLAMA_SPARQ_SELECTOR_INDEX;
     if (h2o || index) {
-        for (const sparq_layer & L : Sq.layers) {
-            if (L.h2o && !ggml_backend_buffer_is_host(L.h2o->buffer)) {
+        for (const sparq_layer & L : S.layers) {
+            if (L.sel.h2o && !ggml_backend_buffer_is_host(L.sel.h2o->buffer)) {
                 sparq_err(err, err_size, "SparQ: selector %s runs on the CPU and needs the KV cache in host memory "
                           "(here on %s): use --no-kv-offload / offload_kqv = false", h2o ? "h2o" : "index",
-                          ggml_backend_buffer_name(L.h2o->buffer));
+                          ggml_backend_buffer_name(L.sel.h2o->buffer));
                 return -2;
             }
         }
@@ -365,47 +365,47 @@ static int32_t sparq_apply_params(llama_context * ctx, llama_sparq_ctx & Sq, con
     // the cache's types first: whatever the settings, a device that cannot read them cannot run the op;
     // then the settings (the calibrated k too: the CUDA op and an RPC host's CPU op cut the selection
     // themselves; they do not report their cells, so the counters count the cap there)
-    if (sparq_check_device_runs(Sq, p, true, err, err_size) != 0 ||
-        sparq_check_device_runs(Sq, p, false, err, err_size) != 0) {
+    if (sparq_check_device_runs(S, p, true, err, err_size) != 0 ||
+        sparq_check_device_runs(S, p, false, err, err_size) != 0) {
         return -2;
     }
-    if (index && !sparq_alloc_index(Sq, p->index_lists, err, err_size)) {
+    if (index && !sparq_alloc_index(S, p->index_lists, err, err_size)) {
         return -2;
     }
-    if (index && (Sq.params.selector != LLAMA_SPARQ_SELECTOR_INDEX || !Sq.params.enabled)) {
-        std::fill(Sq.ivf_trained.begin(), Sq.ivf_trained.end(), 0); // the index is trained at the next step
+    if (index && (S.params.selector != LLAMA_SPARQ_SELECTOR_INDEX || !S.params.enabled)) {
+        std::fill(S.index.trained.begin(), S.index.trained.end(), 0); // the index is trained at the next step
     }
-    if (p->basis == LLAMA_SPARQ_BASIS_PCA && !sparq_alloc_basis(Sq, err, err_size)) {
+    if (p->basis == LLAMA_SPARQ_BASIS_PCA && !sparq_alloc_basis(S, err, err_size)) {
         return -2;
     }
-    if (p->basis != Sq.params.basis || !Sq.params.enabled) {
+    if (p->basis != S.params.basis || !S.params.enabled) {
         // switched on (nothing kept the data while SparQ was off) or a new basis: every stream is rebuilt
         // before its next use, in the new basis (a calibrated one at the next SparQ step)
-        Sq.calibrated = false;
-        sparq_basis_reset(Sq);
+        S.basis.calibrated = false;
+        sparq_basis_reset(S);
         // upstream's Hadamard rotation (a quantized K cache) undone in K^T but in the PCA basis
-        Sq.kt_unrotated = Sq.hrot_n > 0 && p->basis != LLAMA_SPARQ_BASIS_PCA;
-        for (auto & st : Sq.streams) {
+        S.hadamard.kt_unrotated = S.hadamard.n > 0 && p->basis != LLAMA_SPARQ_BASIS_PCA;
+        for (auto & st : S.streams) {
             st.valid = false;
         }
     }
-    Sq.params = *p;
-    if (Sq.params.min_kv < 0) {
+    S.params = *p;
+    if (S.params.min_kv < 0) {
         // the default: by where the cache is (a layer on a GPU: the GPU's crossover; an RPC host runs
         // the CPU op there: the host's)
         bool device = false;
-        for (const sparq_layer & L : Sq.layers) {
-            if (L.kt && !ggml_backend_buffer_is_host(L.kt->buffer)) {
-                ggml_backend_dev_t dev = ggml_backend_buft_get_device(ggml_backend_buffer_get_type(L.kt->buffer));
+        for (const sparq_layer & L : S.layers) {
+            if (L.data.kt && !ggml_backend_buffer_is_host(L.data.kt->buffer)) {
+                ggml_backend_dev_t dev = ggml_backend_buft_get_device(ggml_backend_buffer_get_type(L.data.kt->buffer));
                 ggml_backend_reg_t reg = dev ? ggml_backend_dev_backend_reg(dev) : nullptr;
                 device |= !reg || strncmp(ggml_backend_reg_name(reg), "RPC", 3) != 0; // "RPC" or "RPC[host:port]"
             }
         }
-        Sq.params.min_kv = device ? LLAMA_SPARQ_MIN_KV_DEVICE : LLAMA_SPARQ_MIN_KV_HOST;
+        S.params.min_kv = device ? LLAMA_SPARQ_MIN_KV_DEVICE : LLAMA_SPARQ_MIN_KV_HOST;
     }
-    sparq_coverage_reset(Sq); // the guard measures the new settings at the next SparQ step
+    sparq_coverage_reset(S); // the guard measures the new settings at the next SparQ step
     // graphs built with the old settings must not be reused
-    A::need_reserve(ctx);
+    upstream::need_reserve(ctx);
     return 0;
 }
 
@@ -417,11 +417,11 @@ int32_t llama_sparq_set_params(struct llama_context * ctx, const struct llama_sp
     if (rc != 0) {
         return rc;
     }
-    llama_cparams & cp = A::cparams(ctx);
+    llama_cparams & cp = upstream::cparams(ctx);
     if (!p->enabled) {
         if (cp.sparq) {
             cp.sparq->params = *p;
-            A::need_reserve(ctx);
+            upstream::need_reserve(ctx);
         }
         return 0;
     }
@@ -446,7 +446,7 @@ int32_t llama_sparq_set_params(struct llama_context * ctx, const struct llama_sp
             }
         }
         std::string why;
-        const char * variant = sparq_model_attn_variant(A::model(ctx));
+        const char * variant = sparq_attn_variant(upstream::model(ctx).arch, upstream::model(ctx).hparams, nullptr);
         for (int i = 0; i < LLAMA_SPARQ_DENSE_COUNT; ++i) {
             if (n_by_reason[i]) {
                 why += std::string(why.empty() ? "" : "; ") + std::to_string(n_by_reason[i]) + " " +
@@ -466,7 +466,7 @@ int32_t llama_sparq_get_params(const struct llama_context * ctx, struct llama_sp
     if (!out || out->size != sizeof(llama_sparq_params)) {
         return -1;
     }
-    const auto & cp = A::cparams(const_cast<llama_context *>(ctx));
+    const auto & cp = upstream::cparams(const_cast<llama_context *>(ctx));
     *out = cp.sparq ? cp.sparq->params : llama_sparq_default_params();
     return 0;
 }

@@ -84,15 +84,15 @@ static void sparq_key_moments(llama_sparq_ctx & S, bool rotate, const std::vecto
                               const std::vector<sparq_head_job> & jobs, std::vector<std::vector<float>> & spread,
                               std::vector<std::vector<double>> & mom) {
     const llama_kv_cache * kv = S.kv;
-    const uint32_t kv_size = A::kv_size(kv), n_stream = A::n_stream(kv);
+    const uint32_t kv_size = upstream::kv_size(kv), n_stream = upstream::n_stream(kv);
     for (size_t ikv = 0; ikv < S.layers.size(); ++ikv) {
         sparq_layer & L = S.layers[ikv];
-        if (!L.rot) {
+        if (!L.basis.rot) {
             continue;
         }
-        spread[ikv].assign(ggml_nelements(L.spread), 1.0f);
-        ggml_tensor * k = A::layer_k(kv, ikv);
-        const int64_t d = L.rot->ne[0];
+        spread[ikv].assign(ggml_nelements(L.basis.spread), 1.0f);
+        ggml_tensor * k = upstream::layer_k(kv, ikv);
+        const int64_t d = L.basis.rot->ne[0];
         for (size_t ji = 0; ji < jobs.size(); ++ji) {
             if (jobs[ji].ikv == ikv) {
                 mom[ji].assign((size_t) d * d, 0.0);
@@ -100,7 +100,7 @@ static void sparq_key_moments(llama_sparq_ctx & S, bool rotate, const std::vecto
         }
         std::vector<float> row(k->ne[0]);
         for (uint32_t strm = 0; strm < n_stream; ++strm) {
-            const llama_kv_cells & cells = A::cells(kv, strm);
+            const llama_kv_cells & cells = upstream::cells(kv, strm);
             const std::vector<uint8_t> kb = sparq_get_slice(k, strm * k->nb[2], (size_t) kv_size * k->nb[1]);
             for (uint32_t c = 0; c < kv_size; ++c) {
                 if (cells.is_empty(c) ||
@@ -120,9 +120,9 @@ static void sparq_key_moments(llama_sparq_ctx & S, bool rotate, const std::vecto
 
 // one job's axes and spread from its second moment M (the upper triangle; M is destroyed): with
 // !rotate the model's own axes and the keys' RMS per component; else the eigenvectors by falling
-// eigenvalue into L.rot_host and the keys' RMS along each (a floor keeps every axis selectable)
+// eigenvalue into L.basis.rot_host and the keys' RMS along each (a floor keeps every axis selectable)
 static void sparq_basis_from_moment(sparq_layer & L, int64_t h, std::vector<double> & M, bool rotate, float * spread_h) {
-    const int d = (int) L.rot->ne[0];
+    const int d = (int) L.basis.rot->ne[0];
     for (int a = 0; a < d; ++a) {
         for (int b = 0; b < a; ++b) {
             M[(size_t) a * d + b] = M[(size_t) b * d + a];
@@ -150,7 +150,7 @@ static void sparq_basis_from_moment(sparq_layer & L, int64_t h, std::vector<doub
     for (int m = 0; m < d; ++m) {
         const int src = order[m];
         for (int j = 0; j < d; ++j) {
-            L.rot_host[(size_t) (h * d + m) * d + j] = (float) V[(size_t) j * d + src];
+            L.basis.rot_host[(size_t) (h * d + m) * d + j] = (float) V[(size_t) j * d + src];
         }
         // the keys' RMS along the axis (a floor keeps every axis selectable)
         spread_h[m] = (float) sqrt(std::max(ev[src], 1e-6 * top));
@@ -162,11 +162,12 @@ static void sparq_basis_from_moment(sparq_layer & L, int64_t h, std::vector<doub
 // skip: per stream, the cells the current ubatch writes (their K is not in the cache yet)
 void sparq_calibrate(llama_sparq_ctx & S, bool rotate, const std::vector<std::vector<uint32_t>> & skip) {
     for (sparq_layer & L : S.layers) {
-        if (L.rot) {
-            L.rot_host.assign(rotate ? ggml_nelements(L.rot) : 0, 0.0f);
+        if (L.basis.rot) {
+            L.basis.rot_host.assign(rotate ? ggml_nelements(L.basis.rot) : 0, 0.0f);
         }
     }
-    const std::vector<sparq_head_job> jobs = sparq_head_jobs(S, &sparq_layer::rot);
+    const std::vector<sparq_head_job> jobs =
+        sparq_head_jobs(S, [](const sparq_layer & L) -> const ggml_tensor * { return L.basis.rot; });
     // the keys of each layer, all streams, on the host once
     std::vector<std::vector<float>> spread(S.layers.size());
     std::vector<std::vector<double>> mom(jobs.size());
@@ -174,17 +175,17 @@ void sparq_calibrate(llama_sparq_ctx & S, bool rotate, const std::vector<std::ve
     // eigen-decompositions in parallel
     sparq_parallel((int) std::thread::hardware_concurrency(), jobs.size(), [&](size_t ji) {
         sparq_layer & L = S.layers[jobs[ji].ikv];
-        const int64_t d = L.rot->ne[0];
+        const int64_t d = L.basis.rot->ne[0];
         sparq_basis_from_moment(L, jobs[ji].h, mom[ji], rotate, spread[jobs[ji].ikv].data() + jobs[ji].h * d);
     });
     for (size_t ikv = 0; ikv < S.layers.size(); ++ikv) {
         sparq_layer & L = S.layers[ikv];
-        if (L.rot) {
+        if (L.basis.rot) {
             if (rotate) {
-                ggml_backend_tensor_set(L.rot, L.rot_host.data(), 0, L.rot_host.size() * sizeof(float));
+                ggml_backend_tensor_set(L.basis.rot, L.basis.rot_host.data(), 0, L.basis.rot_host.size() * sizeof(float));
             }
-            ggml_backend_tensor_set(L.spread, spread[ikv].data(), 0, spread[ikv].size() * sizeof(float));
+            ggml_backend_tensor_set(L.basis.spread, spread[ikv].data(), 0, spread[ikv].size() * sizeof(float));
         }
     }
-    S.calibrated = true;
+    S.basis.calibrated = true;
 }

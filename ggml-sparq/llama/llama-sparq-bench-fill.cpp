@@ -65,22 +65,22 @@ int32_t llama_sparq_bench_fill(struct llama_context * ctx, int32_t n_tokens, uin
                   "hybrid and recurrent models need a real prefill)");
         return -1;
     }
-    const uint32_t size = A::kv_size(kv);
-    if (A::n_stream(kv) != 1) {
-        sparq_err(err, err_size, "synthetic fill: the KV cache has %u streams; only one is supported", A::n_stream(kv));
+    const uint32_t size = upstream::kv_size(kv);
+    if (upstream::n_stream(kv) != 1) {
+        sparq_err(err, err_size, "synthetic fill: the KV cache has %u streams; only one is supported", upstream::n_stream(kv));
         return -1;
     }
     if (n_tokens < 1 || (uint32_t) n_tokens > size) {
         sparq_err(err, err_size, "synthetic fill: n_tokens is %d; allowed 1..%u (the KV cache size)", n_tokens, size);
         return -1;
     }
-    llama_kv_cells & cells = A::cells_mut(kv, 0);
+    llama_kv_cells & cells = upstream::cells_mut(kv, 0);
     if (cells.get_used() != 0) {
         sparq_err(err, err_size, "synthetic fill: the KV cache holds %u cells; clear it first", cells.get_used());
         return -1;
     }
-    for (size_t ikv = 0; ikv < A::n_layers(kv); ++ikv) {
-        for (ggml_tensor * t : { A::layer_k(kv, ikv), A::layer_v(kv, ikv) }) {
+    for (size_t ikv = 0; ikv < upstream::n_layers(kv); ++ikv) {
+        for (ggml_tensor * t : { upstream::layer_k(kv, ikv), upstream::layer_v(kv, ikv) }) {
             if (!sparq_cache_type_ok(t->type)) {
                 sparq_err(err, err_size, "synthetic fill: cache tensor %s is %s; f16, f32 and q8_0 are supported",
                           t->name, ggml_type_name(t->type));
@@ -93,9 +93,9 @@ int32_t llama_sparq_bench_fill(struct llama_context * ctx, int32_t n_tokens, uin
     // model is 8.6 G values per 8 layers)
     struct job { ggml_tensor * t; uint64_t seed; size_t c; };
     std::vector<job> jobs;
-    for (size_t ikv = 0; ikv < A::n_layers(kv); ++ikv) {
+    for (size_t ikv = 0; ikv < upstream::n_layers(kv); ++ikv) {
         for (size_t j = 0; j < 2; ++j) { // j = 0: K, 1: V (each tensor its own seed)
-            ggml_tensor * t = j == 0 ? A::layer_k(kv, ikv) : A::layer_v(kv, ikv);
+            ggml_tensor * t = j == 0 ? upstream::layer_k(kv, ikv) : upstream::layer_v(kv, ikv);
             const size_t n_chunks = ((size_t) ggml_nelements(t) + SPARQ_FILL_CHUNK - 1) / SPARQ_FILL_CHUNK;
             for (size_t c = 0; c < n_chunks; ++c) {
                 jobs.push_back({ t, ((uint64_t) seed << 32) ^ (2 * ikv + j), c });
@@ -108,11 +108,11 @@ int32_t llama_sparq_bench_fill(struct llama_context * ctx, int32_t n_tokens, uin
         cells.pos_set(i, i);
         cells.seq_add(i, 0);
     }
-    A::set_head(kv, 0, (uint32_t) n_tokens % size);
+    upstream::set_head(kv, 0, (uint32_t) n_tokens % size);
     // the writes done where the cache lives before the timed steps (an RPC host's are queued)
-    for (size_t ikv = 0; ikv < A::n_layers(kv); ++ikv) {
-        sparq_wait_written(A::layer_k(kv, ikv));
-        sparq_wait_written(A::layer_v(kv, ikv));
+    for (size_t ikv = 0; ikv < upstream::n_layers(kv); ++ikv) {
+        sparq_wait_written(upstream::layer_k(kv, ikv));
+        sparq_wait_written(upstream::layer_v(kv, ikv));
     }
     return 0; // the cells' new versions (pos_set) make the next step rebuild K^T and the V sums
 }

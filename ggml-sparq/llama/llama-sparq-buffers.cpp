@@ -57,34 +57,52 @@ bool sparq_alloc_buffers(llama_sparq_ctx & S,
     return true;
 }
 
-// allocate K^T and the V sums for the layers of the cache that can use them
-// the attention variant of the whole model that SparQ's op does not compute (the graph hook finds
-// the same per call; known here, before any graph, so a context with no other layer is refused), or NULL
-const char * sparq_model_attn_variant(const llama_model & model) {
-    const llama_hparams & hp = model.hparams;
+// The one list of the attention variants SparQ's op does not compute: the model's, known before any
+// graph (so that a context with no other layer is refused), and, with `call`, one layer's or one
+// attention call's at graph build
+const char * sparq_attn_variant(llm_arch arch, const llama_hparams & hp, const sparq_attn_call * call) {
     if (hp.attn_soft_cap) {
         return "attention logit soft-capping";
     }
     if (hp.f_max_alibi_bias > 0.0f) {
         return "ALiBi position biases";
     }
-    if (model.arch == LLM_ARCH_GROK) {
+    if (arch == LLM_ARCH_GROK) {
         return "Grok's attention (soft-capped scores)";
     }
-    if (model.arch == LLM_ARCH_OPENAI_MOE) {
+    if (arch == LLM_ARCH_OPENAI_MOE) {
         return "attention sinks";
     }
     if (hp.is_mla()) {
         return "multi-head latent attention (MLA)";
     }
+    if (!call) {
+        return nullptr;
+    }
+    if (call->kq_b) {
+        return "a bias added to the attention scores";
+    }
+    if (call->sinks) {
+        return "attention sinks";
+    }
+    if (call->v_mla) {
+        return "multi-head latent attention (MLA)";
+    }
+    if (call->dv != call->dk) {
+        return "V's head size unlike K's";
+    }
+    if (call->n_head_kv > 0 && call->dk * call->n_head_kv != call->k_row) {
+        return "K rows that are not the KV heads side by side";
+    }
     return nullptr;
 }
 
+// allocate K^T and the V sums for the layers of the cache that can use them
 bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, char * err, size_t err_size) {
     const llama_kv_cache * kv = S.kv;
-    const char * variant = sparq_model_attn_variant(model);
-    const uint32_t kv_size = A::kv_size(kv), n_stream = A::n_stream(kv);
-    const size_t nl = A::n_layers(kv);
+    const char * variant = sparq_attn_variant(model.arch, model.hparams, nullptr);
+    const uint32_t kv_size = upstream::kv_size(kv), n_stream = upstream::n_stream(kv);
+    const size_t nl = upstream::n_layers(kv);
     S.layers.assign(nl, sparq_layer());
     S.streams.assign(n_stream, sparq_stream_state());
 
@@ -92,12 +110,12 @@ bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, char * err, siz
     S.ctx.reset(ggml_init(ip));
     std::map<ggml_backend_buffer_type_t, std::vector<ggml_tensor *>> by_buft;
     // upstream's Hadamard rotation of q and k (a quantized K cache): one copy per buffer type
-    S.hrot_n = A::k_rot_n(kv);
+    S.hadamard.n = upstream::k_rot_n(kv);
     std::map<ggml_backend_buffer_type_t, ggml_tensor *> hrot;
     for (size_t ikv = 0; ikv < nl; ++ikv) {
-        const uint32_t il = A::layer_il(kv, ikv);
-        ggml_tensor * k = A::layer_k(kv, ikv);
-        ggml_tensor * v = A::layer_v(kv, ikv);
+        const uint32_t il = upstream::layer_il(kv, ikv);
+        ggml_tensor * k = upstream::layer_k(kv, ikv);
+        ggml_tensor * v = upstream::layer_v(kv, ikv);
         sparq_layer & L = S.layers[ikv];
         L.il = (int32_t) il;
         if (model.hparams.is_swa(il)) {
@@ -116,44 +134,49 @@ bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, char * err, siz
             L.reason = LLAMA_SPARQ_DENSE_CACHE_TYPE;
             continue;
         }
-        if (A::v_trans(kv)) {
+        if (upstream::v_trans(kv)) {
             L.reason = LLAMA_SPARQ_DENSE_V_TRANS;
             continue;
         }
         const int64_t hkv = model.hparams.n_head_kv(il);
-        if (dk != dv || dk * hkv != k->ne[0]) {
+        sparq_attn_call layer_shape;
+        layer_shape.dk = dk;
+        layer_shape.dv = dv;
+        layer_shape.n_head_kv = hkv;
+        layer_shape.k_row = k->ne[0];
+        if (sparq_attn_variant(model.arch, model.hparams, &layer_shape)) {
             L.reason = LLAMA_SPARQ_DENSE_ATTN_VARIANT;
             continue;
         }
         // K^T of a quantized cache: its keys dequantized, in f16 (step 2 reads it cell by cell)
-        L.kt = ggml_new_tensor_4d(S.ctx.get(), ggml_is_quantized(k->type) ? GGML_TYPE_F16 : k->type, kv_size, dk, hkv,
-                                  n_stream);
-        L.vsum = ggml_new_tensor_3d(S.ctx.get(), GGML_TYPE_F32, dv, hkv, n_stream);
-        L.ksq = ggml_new_tensor_3d(S.ctx.get(), GGML_TYPE_F32, dk, hkv, n_stream);
-        ggml_format_name(L.ksq, "sparq_ksq_l%u", il);
-        L.vcomp = ggml_new_tensor_3d(S.ctx.get(), GGML_TYPE_F32, dv, hkv, n_stream);
-        ggml_format_name(L.kt, "sparq_kt_l%u", il);
-        ggml_format_name(L.vsum, "sparq_vsum_l%u", il);
-        ggml_format_name(L.vcomp, "sparq_vcomp_l%u", il);
-        L.h2o = ggml_new_tensor_3d(S.ctx.get(), GGML_TYPE_F32, kv_size, hkv, n_stream);
-        ggml_format_name(L.h2o, "sparq_h2o_l%u", il);
-        L.report.assign((size_t) n_stream * hkv * 4, SPARQ_REPORT_TAKEN);
-        L.diffuse_left.assign(n_stream, 0);
-        L.diffuse_period.assign(n_stream, 0);
+        L.data.kt = ggml_new_tensor_4d(S.ctx.get(), ggml_is_quantized(k->type) ? GGML_TYPE_F16 : k->type, kv_size, dk,
+                                       hkv, n_stream);
+        L.data.vsum = ggml_new_tensor_3d(S.ctx.get(), GGML_TYPE_F32, dv, hkv, n_stream);
+        L.data.ksq = ggml_new_tensor_3d(S.ctx.get(), GGML_TYPE_F32, dk, hkv, n_stream);
+        ggml_format_name(L.data.ksq, "sparq_ksq_l%u", il);
+        L.data.vcomp = ggml_new_tensor_3d(S.ctx.get(), GGML_TYPE_F32, dv, hkv, n_stream);
+        ggml_format_name(L.data.kt, "sparq_kt_l%u", il);
+        ggml_format_name(L.data.vsum, "sparq_vsum_l%u", il);
+        ggml_format_name(L.data.vcomp, "sparq_vcomp_l%u", il);
+        L.sel.h2o = ggml_new_tensor_3d(S.ctx.get(), GGML_TYPE_F32, kv_size, hkv, n_stream);
+        ggml_format_name(L.sel.h2o, "sparq_h2o_l%u", il);
+        L.report.entries.assign((size_t) n_stream * hkv * 4, SPARQ_REPORT_TAKEN);
+        L.diffuse.left.assign(n_stream, 0);
+        L.diffuse.period.assign(n_stream, 0);
         ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(k->buffer);
-        by_buft[buft].push_back(L.kt);
-        by_buft[buft].push_back(L.vsum);
-        by_buft[buft].push_back(L.ksq);
-        by_buft[buft].push_back(L.vcomp);
-        by_buft[buft].push_back(L.h2o);
-        if (S.hrot_n > 0) {
+        by_buft[buft].push_back(L.data.kt);
+        by_buft[buft].push_back(L.data.vsum);
+        by_buft[buft].push_back(L.data.ksq);
+        by_buft[buft].push_back(L.data.vcomp);
+        by_buft[buft].push_back(L.sel.h2o);
+        if (S.hadamard.n > 0) {
             ggml_tensor *& h = hrot[buft];
             if (!h) {
-                h = ggml_new_tensor_2d(S.ctx.get(), GGML_TYPE_F32, S.hrot_n, S.hrot_n);
+                h = ggml_new_tensor_2d(S.ctx.get(), GGML_TYPE_F32, S.hadamard.n, S.hadamard.n);
                 ggml_set_name(h, "sparq_hrot");
                 by_buft[buft].push_back(h);
             }
-            L.hrot = h;
+            L.data.hrot = h;
         }
         S.kv_bytes += ggml_nbytes(k) + ggml_nbytes(v);
         S.n_layers++;
@@ -161,10 +184,10 @@ bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, char * err, siz
     if (!sparq_alloc_buffers(S, by_buft, S.bufs, "K^T and the V sums", err, err_size)) {
         return false;
     }
-    if (S.hrot_n > 0) {
-        S.hrot_host = A::k_rot_matrix(kv, S.hrot_n);
+    if (S.hadamard.n > 0) {
+        S.hadamard.matrix_host = upstream::k_rot_matrix(kv, S.hadamard.n);
         for (const auto & [buft, h] : hrot) {
-            ggml_backend_tensor_set(h, S.hrot_host.data(), 0, ggml_nbytes(h));
+            ggml_backend_tensor_set(h, S.hadamard.matrix_host.data(), 0, ggml_nbytes(h));
         }
     }
     LLAMA_LOG_INFO("%s: SparQ data for %d of %zu KV-cache layers: K^T + V sums = %.2f MiB "
@@ -184,42 +207,42 @@ std::vector<uint8_t> sparq_get_slice(ggml_tensor * t, size_t off, size_t n) {
 // the PCA basis back to the identity (unit spread), not calibrated
 void sparq_basis_reset(llama_sparq_ctx & S) {
     for (sparq_layer & L : S.layers) {
-        if (!L.rot) {
+        if (!L.basis.rot) {
             continue;
         }
-        const int64_t d = L.rot->ne[0], hkv = L.rot->ne[2];
+        const int64_t d = L.basis.rot->ne[0], hkv = L.basis.rot->ne[2];
         std::vector<float> eye((size_t) d * d * hkv, 0.0f), one((size_t) d * hkv, 1.0f);
         for (int64_t h = 0; h < hkv; ++h) {
             for (int64_t j = 0; j < d; ++j) {
                 eye[(size_t) (h * d + j) * d + j] = 1.0f;
             }
         }
-        ggml_backend_tensor_set(L.rot, eye.data(), 0, eye.size() * sizeof(float));
-        ggml_backend_tensor_set(L.spread, one.data(), 0, one.size() * sizeof(float));
-        L.rot_host.clear();
+        ggml_backend_tensor_set(L.basis.rot, eye.data(), 0, eye.size() * sizeof(float));
+        ggml_backend_tensor_set(L.basis.spread, one.data(), 0, one.size() * sizeof(float));
+        L.basis.rot_host.clear();
     }
 }
 
 // allocate the PCA basis tensors (identity, unit spread) next to each layer's K^T
 bool sparq_alloc_basis(llama_sparq_ctx & S, char * err, size_t err_size) {
-    if (S.basis_ctx) {
+    if (S.basis.ctx) {
         return true;
     }
     ggml_init_params ip = { (S.layers.size() * 2 + 1) * ggml_tensor_overhead(), nullptr, true };
-    S.basis_ctx.reset(ggml_init(ip));
+    S.basis.ctx.reset(ggml_init(ip));
     std::map<ggml_backend_buffer_type_t, std::vector<ggml_tensor *>> by_buft;
     for (sparq_layer & L : S.layers) {
-        if (!L.kt) {
+        if (!L.data.kt) {
             continue;
         }
-        const int64_t d = L.kt->ne[1], hkv = L.kt->ne[2];
-        L.rot = ggml_new_tensor_3d(S.basis_ctx.get(), GGML_TYPE_F32, d, d, hkv);
-        L.spread = ggml_new_tensor_2d(S.basis_ctx.get(), GGML_TYPE_F32, d, hkv);
-        ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(L.kt->buffer);
-        by_buft[buft].push_back(L.rot);
-        by_buft[buft].push_back(L.spread);
+        const int64_t d = L.data.kt->ne[1], hkv = L.data.kt->ne[2];
+        L.basis.rot = ggml_new_tensor_3d(S.basis.ctx.get(), GGML_TYPE_F32, d, d, hkv);
+        L.basis.spread = ggml_new_tensor_2d(S.basis.ctx.get(), GGML_TYPE_F32, d, hkv);
+        ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(L.data.kt->buffer);
+        by_buft[buft].push_back(L.basis.rot);
+        by_buft[buft].push_back(L.basis.spread);
     }
-    if (!sparq_alloc_buffers(S, by_buft, S.basis_bufs, "the PCA basis", err, err_size)) {
+    if (!sparq_alloc_buffers(S, by_buft, S.basis.bufs, "the PCA basis", err, err_size)) {
         return false;
     }
     sparq_basis_reset(S);
@@ -228,48 +251,49 @@ bool sparq_alloc_basis(llama_sparq_ctx & S, char * err, size_t err_size) {
 
 // the index selector's tensors for n_list lists (again when the count changes); every stream untrained
 bool sparq_alloc_index(llama_sparq_ctx & S, int32_t n_list, char * err, size_t err_size) {
-    if (S.ivf_ctx && S.ivf_n_list == n_list) {
+    if (S.index.ctx && S.index.n_list == n_list) {
         return true;
     }
-    for (auto & b : S.ivf_bufs) {
+    for (auto & b : S.index.bufs) {
         S.extra_bytes -= ggml_backend_buffer_get_size(b.get());
     }
-    S.ivf_bufs.clear();
+    S.index.bufs.clear();
     ggml_init_params ip = { (S.layers.size() * 2 + 1) * ggml_tensor_overhead(), nullptr, true };
-    S.ivf_ctx.reset(ggml_init(ip));
+    S.index.ctx.reset(ggml_init(ip));
     std::map<ggml_backend_buffer_type_t, std::vector<ggml_tensor *>> by_buft;
     for (sparq_layer & L : S.layers) {
-        L.ivf_cent = L.ivf_list = nullptr;
-        if (!L.kt) {
+        L.sel.ivf_cent = L.sel.ivf_list = nullptr;
+        if (!L.data.kt) {
             continue;
         }
-        const int64_t kv_size = L.kt->ne[0], d = L.kt->ne[1], hkv = L.kt->ne[2], ns = L.kt->ne[3];
+        const int64_t kv_size = L.data.kt->ne[0], d = L.data.kt->ne[1], hkv = L.data.kt->ne[2], ns = L.data.kt->ne[3];
         // one row more than the lists: the op reports there what it read (ggml_sparq_attn_set_index_reads)
-        L.ivf_cent = ggml_new_tensor_4d(S.ivf_ctx.get(), GGML_TYPE_F32, d, n_list + 1, hkv, ns);
-        L.ivf_list = ggml_new_tensor_3d(S.ivf_ctx.get(), GGML_TYPE_F32, kv_size, hkv, ns);
-        ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(L.kt->buffer);
-        by_buft[buft].push_back(L.ivf_cent);
-        by_buft[buft].push_back(L.ivf_list);
+        L.sel.ivf_cent = ggml_new_tensor_4d(S.index.ctx.get(), GGML_TYPE_F32, d, n_list + 1, hkv, ns);
+        L.sel.ivf_list = ggml_new_tensor_3d(S.index.ctx.get(), GGML_TYPE_F32, kv_size, hkv, ns);
+        ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(L.data.kt->buffer);
+        by_buft[buft].push_back(L.sel.ivf_cent);
+        by_buft[buft].push_back(L.sel.ivf_list);
     }
-    S.ivf_n_list = 0;
+    S.index.n_list = 0;
     {
         std::lock_guard<std::mutex> lock(S.mtx);
         S.ivf_pending.clear(); // they name the tensors replaced here
     }
-    if (!sparq_alloc_buffers(S, by_buft, S.ivf_bufs, "the vector index", err, err_size)) {
-        S.ivf_ctx.reset();
+    if (!sparq_alloc_buffers(S, by_buft, S.index.bufs, "the vector index", err, err_size)) {
+        S.index.ctx.reset();
         return false;
     }
-    S.ivf_n_list = n_list;
-    S.ivf_trained.assign(S.streams.size(), 0);
+    S.index.n_list = n_list;
+    S.index.trained.assign(S.streams.size(), 0);
     return true;
 }
 
-std::vector<sparq_head_job> sparq_head_jobs(const llama_sparq_ctx & S, ggml_tensor * sparq_layer::*t) {
+std::vector<sparq_head_job> sparq_head_jobs(const llama_sparq_ctx & S,
+                                             const ggml_tensor * (*tensor_of)(const sparq_layer &)) {
     std::vector<sparq_head_job> jobs;
     for (size_t ikv = 0; ikv < S.layers.size(); ++ikv) {
-        if (S.layers[ikv].*t) {
-            for (int64_t h = 0; h < (S.layers[ikv].*t)->ne[2]; ++h) {
+        if (const ggml_tensor * t = tensor_of(S.layers[ikv])) {
+            for (int64_t h = 0; h < t->ne[2]; ++h) {
                 jobs.push_back({ ikv, h });
             }
         }

@@ -12,9 +12,9 @@
 void sparq_coverage_reset(llama_sparq_ctx & S) {
     S.report_pending.clear();
     for (sparq_layer & L : S.layers) {
-        std::fill(L.report.begin(), L.report.end(), SPARQ_REPORT_TAKEN);
-        std::fill(L.diffuse_left.begin(), L.diffuse_left.end(), 0);
-        std::fill(L.diffuse_period.begin(), L.diffuse_period.end(), 0);
+        std::fill(L.report.entries.begin(), L.report.entries.end(), SPARQ_REPORT_TAKEN);
+        std::fill(L.diffuse.left.begin(), L.diffuse.left.end(), 0);
+        std::fill(L.diffuse.period.begin(), L.diffuse.period.end(), 0);
     }
     S.measure_due = true;
     S.guard_due = false;
@@ -27,13 +27,15 @@ static void sparq_guard(llama_sparq_ctx & S) {
     std::vector<low> lows;
     int n_measured = 0;
     for (const sparq_layer & L : S.layers) {
-        if (L.rep_n == 0) {
+        if (L.report.n_calls == 0) {
             continue;
         }
         n_measured++;
-        const double cov = L.rep_cov / L.rep_n;
+        const double cov = L.report.cov_sum / L.report.n_calls;
         if (cov < P.coverage - 0.005) {
-            lows.push_back({ L.il, cov, L.rep_n_reach ? L.rep_reach / L.rep_n_reach : -1.0, L.rep_reached == L.rep_n_reach });
+            const sparq_layer_report & R = L.report;
+            lows.push_back({ L.il, cov, R.n_reach_calls ? R.reach_sum / R.n_reach_calls : -1.0,
+                             R.n_reached_calls == R.n_reach_calls });
         }
     }
     if (n_measured == 0) {
@@ -63,10 +65,10 @@ void sparq_count_reports(llama_sparq_ctx & S) {
             continue;
         }
         sparq_layer & L = S.layers[p.ikv];
-        const int64_t hkv = L.kt ? L.kt->ne[2] : 0;
+        const int64_t hkv = L.data.kt ? L.data.kt->ne[2] : 0;
         // the calibrated k, a check of the layer for each stream outside its dense stretch: every KV
         // head of the stream diffuse (the op attended over all its cells) makes the stream run
-        // upstream's dense attention in this layer for its next diffuse_period decode steps, without
+        // upstream's dense attention in this layer for its next diffuse.period decode steps, without
         // step 1's reads (twice as long after each check that finds it diffuse again, 16 to 256
         // steps); a head that reached the target ends it. Per stream: a sequence's stretches follow its
         // own attention, whatever else is decoded beside it
@@ -77,7 +79,7 @@ void sparq_count_reports(llama_sparq_ctx & S) {
             const bool unused = st - p.s0 < p.unused.size() && p.unused.test(st - p.s0);
             int n_s = 0, n_reach_s = 0, n_reached_s = 0;
             for (int64_t h = 0; h < hkv; ++h) {
-                float * e = L.report.data() + ((size_t) st * hkv + h) * 4;
+                float * e = L.report.entries.data() + ((size_t) st * hkv + h) * 4;
                 if (unused || e[0] == SPARQ_REPORT_TAKEN || e[0] < 0.0f) {
                     e[0] = SPARQ_REPORT_TAKEN; // not run by a CPU op, the row ran dense, or its output was not used
                     continue;
@@ -95,12 +97,12 @@ void sparq_count_reports(llama_sparq_ctx & S) {
             n += n_s;
             n_reach += n_reach_s;
             n_reached += n_reached_s;
-            if (calibrated && S.env.diffuse_skip && n_s > 0 && n_reach_s == n_s && st < L.diffuse_left.size() &&
-                L.diffuse_left[st] == 0) {
-                int & period = L.diffuse_period[st];
+            if (calibrated && S.env.diffuse_skip && n_s > 0 && n_reach_s == n_s && st < L.diffuse.left.size() &&
+                L.diffuse.left[st] == 0) {
+                int & period = L.diffuse.period[st];
                 if (n_reached_s == 0) {
                     period = period ? std::min(2 * period, SPARQ_DIFFUSE_MAX_STEPS) : SPARQ_DIFFUSE_MIN_STEPS;
-                    L.diffuse_left[st] = period;
+                    L.diffuse.left[st] = period;
                 } else {
                     period = 0;
                 }
@@ -111,16 +113,16 @@ void sparq_count_reports(llama_sparq_ctx & S) {
         }
         const double k_mean = k_sum / n;
         // the estimate counted at set_input (its k) becomes the cells the op attended
-        const double ms = p.c.sparq(p.S, k_mean);
-        S.compression_sum += (ms - p.ms) / p.md;
-        L.rep_n++;
-        L.rep_k += k_mean;
-        L.rep_cov += cov_sum / n;
-        L.rep_compression += ms / p.md;
+        const double ms = p.c.sparq(p.n_cells, k_mean);
+        S.counters.compression_sum += (ms - p.ms) / p.md;
+        L.report.n_calls++;
+        L.report.k_sum += k_mean;
+        L.report.cov_sum += cov_sum / n;
+        L.report.compression_sum += ms / p.md;
         if (n_reach) {
-            L.rep_n_reach++;
-            L.rep_reach += reach_sum / n_reach;
-            L.rep_reached += n_reached == n_reach;
+            L.report.n_reach_calls++;
+            L.report.reach_sum += reach_sum / n_reach;
+            L.report.n_reached_calls += n_reached == n_reach;
         }
     }
     const bool measured = !S.report_pending.empty();
@@ -138,7 +140,7 @@ int32_t llama_sparq_get_layer_stats(const struct llama_context * ctx, int32_t i,
     const size_t size = out->size;
     memset(out, 0, sizeof(*out));
     out->size = size;
-    const auto & cp = A::cparams(const_cast<llama_context *>(ctx));
+    const auto & cp = upstream::cparams(const_cast<llama_context *>(ctx));
     if (!cp.sparq) {
         return -1;
     }
@@ -147,19 +149,19 @@ int32_t llama_sparq_get_layer_stats(const struct llama_context * ctx, int32_t i,
     sparq_count_reports(S);
     int32_t seen = 0;
     for (const sparq_layer & L : S.layers) {
-        if (!L.kt) {
+        if (!L.data.kt) {
             continue;
         }
         if (seen++ != i) {
             continue;
         }
         out->layer = L.il;
-        out->n_measured = L.rep_n;
-        out->mean_k = L.rep_n ? L.rep_k / L.rep_n : 0.0;
-        out->coverage = L.rep_n ? L.rep_cov / L.rep_n : 0.0;
-        out->k_reach = L.rep_n_reach ? L.rep_reach / L.rep_n_reach : -1.0;
-        out->reached = L.rep_n_reach ? (double) L.rep_reached / L.rep_n_reach : 0.0;
-        out->compression = L.rep_n ? L.rep_compression / L.rep_n : 0.0;
+        out->n_measured = L.report.n_calls;
+        out->mean_k = L.report.n_calls ? L.report.k_sum / L.report.n_calls : 0.0;
+        out->coverage = L.report.n_calls ? L.report.cov_sum / L.report.n_calls : 0.0;
+        out->k_reach = L.report.n_reach_calls ? L.report.reach_sum / L.report.n_reach_calls : -1.0;
+        out->reached = L.report.n_reach_calls ? (double) L.report.n_reached_calls / L.report.n_reach_calls : 0.0;
+        out->compression = L.report.n_calls ? L.report.compression_sum / L.report.n_calls : 0.0;
         return 0;
     }
     return -1;

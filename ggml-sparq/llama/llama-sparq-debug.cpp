@@ -6,7 +6,7 @@
 
 void llama_sparq_debug_set_eval_callback(struct llama_context * ctx, ggml_backend_sched_eval_callback cb,
                                          void * user_data) {
-    llama_cparams & cp = A::cparams(ctx);
+    llama_cparams & cp = upstream::cparams(ctx);
     cp.cb_eval = cb;
     cp.cb_eval_user_data = user_data;
     // upstream hands cparams' callback to the scheduler only when it builds a graph: a step that
@@ -15,14 +15,14 @@ void llama_sparq_debug_set_eval_callback(struct llama_context * ctx, ggml_backen
 }
 
 double llama_sparq_debug_check(struct llama_context * ctx) {
-    auto & cp = A::cparams(ctx);
+    auto & cp = upstream::cparams(ctx);
     if (!cp.sparq || cp.sparq->n_layers == 0) {
         return -1.0;
     }
     llama_synchronize(ctx);
     llama_sparq_ctx & S = *cp.sparq;
     double d = 0.0;
-    for (uint32_t strm = 0; strm < A::n_stream(S.kv); ++strm) {
+    for (uint32_t strm = 0; strm < upstream::n_stream(S.kv); ++strm) {
         // a stream that is not current is rebuilt before its next use: nothing to compare
         if (sparq_stream_current(S, strm)) {
             d = std::max(d, sparq_rebuild_stream(S, strm, {}, true));

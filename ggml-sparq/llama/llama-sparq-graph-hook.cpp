@@ -12,10 +12,10 @@
 #include <vector>
 
 uint32_t sparq_used_max(const llama_kv_cache_context * m) {
-    const auto & si = A::sinfo(m);
+    const auto & si = upstream::sinfo(m);
     uint32_t n = 0;
     for (uint32_t s = 0; s < si.n_stream(); ++s) {
-        n = std::max(n, A::cells(A::cache(m), si.strm[s]).get_used());
+        n = std::max(n, upstream::cells(upstream::cache(m), si.strm[s]).get_used());
     }
     return n;
 }
@@ -53,9 +53,9 @@ int sparq_stretch_rows(const llama_sparq_ctx & S, int32_t ikv, const llama_kv_ca
             continue; // a prompt row: dense anyway
         }
         const uint32_t strm = si.strm[s];
-        if (A::cells(S.kv, strm).get_used() < (uint32_t) P.min_kv) {
+        if (upstream::cells(S.kv, strm).get_used() < (uint32_t) P.min_kv) {
             rows[s] = SPARQ_ROW_SHORT; // under the dense threshold, as alone
-        } else if (calibrated && strm < L.diffuse_left.size() && L.diffuse_left[strm] > 0) {
+        } else if (calibrated && strm < L.diffuse.left.size() && L.diffuse.left[strm] > 0) {
             rows[s] = SPARQ_ROW_STRETCH;
         }
         n_dec++;
@@ -96,9 +96,9 @@ static llm_graph_input_sparq * sparq_graph_input(const llm_graph_context & g, co
     if (!inp) {
         // the graph's memory context (plain, iswa or hybrid) gives the full-attention cache's
         const llama_kv_cache_context * base = same_cache ? mctx : sparq_base_mctx(g.mctx);
-        if (base && A::cache(base) == S.kv) {
+        if (base && upstream::cache(base) == S.kv) {
             inp = (llm_graph_input_sparq *) g.res->add_input(std::make_unique<llm_graph_input_sparq>(cp.sparq, base));
-            inp->rows_mode = sparq_rows_mode(S, g.ubatch, A::sinfo(base).n_stream());
+            inp->rows_mode = sparq_rows_mode(S, g.ubatch, upstream::sinfo(base).n_stream());
         }
     }
     return inp;
@@ -135,7 +135,7 @@ struct sparq_attn_build {
 
     sparq_attn_build(const llm_graph_context & g, const llama_kv_cache_context * mctx, llama_sparq_ctx & S,
                      llm_graph_input_sparq * inp, int il, int32_t ikv, const ggml_tensor * q, const ggml_tensor * k)
-        : g(g), ctx0(g.ctx0), S(S), P(S.params), L(S.layers[ikv]), inp(inp), si(A::sinfo(mctx)), il(il), ikv(ikv) {
+        : g(g), ctx0(g.ctx0), S(S), P(S.params), L(S.layers[ikv]), inp(inp), si(upstream::sinfo(mctx)), il(il), ikv(ikv) {
         n_stream = k->ne[3];
         n_tokens = q->ne[2];
         n_tps    = n_tokens / n_stream;
@@ -158,11 +158,11 @@ struct sparq_attn_build {
         l  = std::min(l, kk);
         g_size = (int) (q->ne[1] / std::max<int64_t>(1, hkv));
         per_head = P.gqa == LLAMA_SPARQ_GQA_PER_HEAD && g_size > 1 && !streaming && !h2o;
-        kt_src = L.kt;
-        vs_src = L.vsum;
-        ksq_src = L.ksq;
-        h2o_src = L.h2o;
-        ivf_src = L.ivf_list;
+        kt_src = L.data.kt;
+        vs_src = L.data.vsum;
+        ksq_src = L.data.ksq;
+        h2o_src = L.sel.h2o;
+        ivf_src = L.sel.ivf_list;
     }
 };
 
@@ -213,13 +213,13 @@ static ggml_tensor * sparq_append_keys(sparq_attn_build & b, ggml_tensor * k_cur
     ggml_context * ctx0 = b.ctx0;
     const int64_t E = k_cur->ne[0] * k_cur->ne[1];
     ggml_tensor * idx = sparq_kt_idxs(b, E);
-    ggml_tensor * rows = ggml_reshape_2d(ctx0, b.L.kt, 1, ggml_nelements(b.L.kt));
+    ggml_tensor * rows = ggml_reshape_2d(ctx0, b.L.data.kt, 1, ggml_nelements(b.L.data.kt));
     ggml_tensor * kin = kc ? kc : ggml_is_contiguous(k_cur) ? k_cur : ggml_cont(ctx0, k_cur);
-    if (b.P.basis == LLAMA_SPARQ_BASIS_PCA && b.L.rot) {
+    if (b.P.basis == LLAMA_SPARQ_BASIS_PCA && b.L.basis.rot) {
         // K^T in the PCA basis: rotate the keys as the cache holds them (rounded to its type)
         ggml_tensor * kr = kc ? kc : sparq_as_cached(ctx0, ggml_reshape_3d(ctx0, kin, b.d, b.hkv, b.n_tokens), k->type);
         kr = ggml_cont(ctx0, ggml_permute(ctx0, kr, 0, 2, 1, 3));             // [d, n_tokens, hkv]
-        kr = ggml_mul_mat(ctx0, b.L.rot, kr);                                   // [d, n_tokens, hkv]
+        kr = ggml_mul_mat(ctx0, b.L.basis.rot, kr);                                   // [d, n_tokens, hkv]
         kin = ggml_cont(ctx0, ggml_permute(ctx0, kr, 0, 2, 1, 3));            // [d, hkv, n_tokens]
     }
     ggml_tensor * src = ggml_reshape_2d(ctx0, kin, 1, b.n_tokens * E);
@@ -240,8 +240,8 @@ static ggml_tensor * sparq_append_values(sparq_attn_build & b, ggml_tensor * v_c
     // than llama_sparq_debug_check's 1e-3 in the tests); compensated, the sum stays within about
     // one rounding of the exact one however many appends follow a rebuild
     const sparq_layer & L = b.L;
-    ggml_tensor * s0 = ggml_view_2d(ctx0, L.vsum, Ev, b.n_stream, L.vsum->nb[2], b.si.s0 * L.vsum->nb[2]);
-    ggml_tensor * c0 = ggml_view_2d(ctx0, L.vcomp, Ev, b.n_stream, L.vcomp->nb[2], b.si.s0 * L.vcomp->nb[2]);
+    ggml_tensor * s0 = ggml_view_2d(ctx0, L.data.vsum, Ev, b.n_stream, L.data.vsum->nb[2], b.si.s0 * L.data.vsum->nb[2]);
+    ggml_tensor * c0 = ggml_view_2d(ctx0, L.data.vcomp, Ev, b.n_stream, L.data.vcomp->nb[2], b.si.s0 * L.data.vcomp->nb[2]);
     ggml_tensor * y = ggml_sub(ctx0, ggml_cast(ctx0, add, GGML_TYPE_F32), c0);
     ggml_tensor * t = ggml_add(ctx0, s0, y);
     // the new compensation is computed from s0 before s0 is overwritten (graph order)
@@ -257,7 +257,7 @@ static ggml_tensor * sparq_append_ksq(sparq_attn_build & b, ggml_tensor * k_cur,
     ggml_context * ctx0 = b.ctx0;
     const int64_t E = k_cur->ne[0] * k_cur->ne[1];
     ggml_tensor * kadd = kc ? sparq_ubatch_sums(b, kc, GGML_TYPE_F32, true) : sparq_ubatch_sums(b, k_cur, k->type, true);
-    ggml_tensor * kdst = ggml_view_2d(ctx0, b.L.ksq, E, b.n_stream, b.L.ksq->nb[2], b.si.s0 * b.L.ksq->nb[2]);
+    ggml_tensor * kdst = ggml_view_2d(ctx0, b.L.data.ksq, E, b.n_stream, b.L.data.ksq->nb[2], b.si.s0 * b.L.data.ksq->nb[2]);
     ggml_tensor * ksq = ggml_add_inplace(ctx0, kdst, kadd);
     ggml_build_forward_expand(b.g.gf, ksq);
     return ksq;
@@ -290,64 +290,71 @@ static void sparq_build_appends(sparq_attn_build & b, ggml_tensor * k_cur, ggml_
         // upstream rotated them (a quantized K cache): rotated back, as the host rebuild does (the same
         // fast Walsh-Hadamard transform on the CPU: the same bits)
         GGML_ASSERT(kc && "llama_sparq: upstream's Hadamard rotation without a quantized K cache");
-        kc = llama_mul_mat_hadamard(b.ctx0, kc, b.L.hrot);
+        kc = llama_mul_mat_hadamard(b.ctx0, kc, b.L.data.hrot);
     }
     b.kt_src = sparq_append_keys(b, k_cur, kc, k);
     b.vs_src = sparq_append_values(b, v_cur, v);
     b.ksq_src = sparq_append_ksq(b, k_cur, kc, k);
     if (b.h2o) {
-        b.h2o_src = sparq_set_new_cells(b, b.L.h2o, 0.0f, "sparq_h2o"); // H2O: no attention received yet
+        b.h2o_src = sparq_set_new_cells(b, b.L.sel.h2o, 0.0f, "sparq_h2o"); // H2O: no attention received yet
     }
     if (b.index) {
-        b.ivf_src = sparq_set_new_cells(b, b.L.ivf_list, -1.0f, "sparq_ivf"); // the index: in no list yet (the op assigns them)
+        b.ivf_src = sparq_set_new_cells(b, b.L.sel.ivf_list, -1.0f, "sparq_ivf"); // the index: in no list yet (the op assigns them)
     }
 }
 
-// why this call runs dense (an LLAMA_SPARQ_DENSE_* reason), or -1; records the dense threshold's
-// side in the input (graph reuse compares it)
-static int sparq_dense_reason(sparq_attn_build & b, const llama_kv_cache_context * mctx, ggml_tensor * kq_b,
-                              ggml_tensor * sinks, ggml_tensor * v_mla, const ggml_tensor * v) {
+// why this call runs dense, as far as the call itself, the settings and the cache's longest
+// sequence decide: reason, an LLAMA_SPARQ_DENSE_* reason or -1; short_checked: the dense threshold
+// was looked at, is_short its side (graph reuse compares it)
+struct sparq_dense_check {
+    int reason = -1;
+    bool short_checked = false;
+    bool is_short = false;
+};
+
+static sparq_dense_check sparq_dense_reason(const sparq_attn_build & b, const llama_kv_cache_context * mctx,
+                                            const sparq_attn_call & call) {
     const llm_graph_context & g = b.g;
     const auto & cp = g.cparams;
-    int reason = -1;
-    if (kq_b || sinks || v_mla || g.hparams.attn_soft_cap || g.hparams.f_max_alibi_bias > 0.0f ||
-        g.arch == LLM_ARCH_GROK || v->ne[0] != b.d) {
-        reason = LLAMA_SPARQ_DENSE_ATTN_VARIANT;
+    sparq_dense_check c;
+    if (sparq_attn_variant(g.arch, g.hparams, &call)) {
+        c.reason = LLAMA_SPARQ_DENSE_ATTN_VARIANT;
     } else if (cp.kv_unified && cp.n_seq_max > 1) {
-        reason = LLAMA_SPARQ_DENSE_SHARED_STREAM;
+        c.reason = LLAMA_SPARQ_DENSE_SHARED_STREAM;
     } else if ((b.n_tps > 1 && !b.P.all_rows) || (b.inp && b.inp->rows_mode == SPARQ_ROWS_DENSE)) {
-        reason = LLAMA_SPARQ_DENSE_PREFILL; // prompt rows only
+        c.reason = LLAMA_SPARQ_DENSE_PREFILL; // prompt rows only
     } else if (!b.h2o) { // H2O runs the op on every decode step: its scores follow every step
-        const bool is_short = sparq_used_max(mctx) < (uint32_t) b.P.min_kv;
-        if (b.inp) {
-            b.inp->short_ctx = is_short;
-        }
-        if (is_short) {
-            reason = LLAMA_SPARQ_DENSE_SHORT;
+        c.short_checked = true;
+        c.is_short = sparq_used_max(mctx) < (uint32_t) b.P.min_kv;
+        if (c.is_short) {
+            c.reason = LLAMA_SPARQ_DENSE_SHORT;
         }
     }
-    if (reason < 0 && b.inp && b.n_tps == 1 && !b.h2o) {
-        // per stream, as alone: a stream under the dense threshold (the longest decides the threshold
-        // above) runs dense, and so does a stream the calibrated k found diffuse in this layer at its
-        // last check, until the next one. Every decode row so, the layer runs dense; some, both run
-        // and each row is picked from the one that applies
-        std::vector<uint8_t> prompt;
-        sparq_rows_mode(b.S, g.ubatch, (uint32_t) b.n_stream, &prompt);
-        sparq_stretch & st = b.inp->stretch[b.ikv]; // (graph reuse compares it)
-        {
-            std::lock_guard<std::mutex> lock(b.S.mtx);
-            // the last execution's checks first (already counted if another thread read the counters
-            // since), so that the stretches begin at a step that does not depend on when that was
-            sparq_count_reports(b.S);
-            st.mode = sparq_stretch_rows(b.S, b.ikv, b.si, prompt, st.rows);
-        }
-        if (st.mode == SPARQ_STRETCH_ALL) {
-            const bool stretch = std::count(st.rows.begin(), st.rows.end(), (uint8_t) SPARQ_ROW_STRETCH) > 0;
-            reason = stretch ? LLAMA_SPARQ_DENSE_DIFFUSE : LLAMA_SPARQ_DENSE_SHORT;
-        }
-        b.stretch = st.mode == SPARQ_STRETCH_SOME;
+    return c;
+}
+
+// per stream, as alone: a stream under the dense threshold (the longest decides the threshold in
+// sparq_dense_reason) runs dense, and so does a stream the calibrated k found diffuse in this layer
+// at its last check, until the next one. Counts the last execution's reports first (under S.mtx),
+// records each stream's rows in the graph's input (graph reuse compares them) and sets b.stretch
+// when some decode rows, not all, run dense; returns the reason when every decode row does, else -1
+static int sparq_record_stretches(sparq_attn_build & b) {
+    std::vector<uint8_t> prompt;
+    sparq_rows_mode(b.S, b.g.ubatch, (uint32_t) b.n_stream, &prompt);
+    sparq_stretch & st = b.inp->stretch[b.ikv];
+    {
+        std::lock_guard<std::mutex> lock(b.S.mtx);
+        // the last execution's checks first (already counted if another thread read the counters
+        // since), so that the stretches begin at a step that does not depend on when that was
+        sparq_count_reports(b.S);
+        st.mode = sparq_stretch_rows(b.S, b.ikv, b.si, prompt, st.rows);
     }
-    return reason;
+    b.stretch = st.mode == SPARQ_STRETCH_SOME;
+    if (st.mode == SPARQ_STRETCH_ALL) {
+        const bool stretch = std::count(st.rows.begin(), st.rows.end(), (uint8_t) SPARQ_ROW_STRETCH) > 0;
+        return stretch ? LLAMA_SPARQ_DENSE_DIFFUSE : LLAMA_SPARQ_DENSE_SHORT;
+    }
+    return -1;
 }
 
 // H2O's prompt: the dense attention's weights summed over the prompt rows (column sums of the
@@ -370,7 +377,7 @@ static void sparq_h2o_prompt_scores(sparq_attn_build & b, ggml_tensor * q, ggml_
 
 // the SparQ decision with the cost model's terms: the oracle reads all d components; per-head choice
 // reads up to g * (k - l) + l rows; the baselines (the paper's Appendix G): streaming 2kd + 2d, H2O
-// 2kd + 2d + 2S (its scores read and written), neither reading or writing the mean of V
+// 2kd + 2d + 2 n_cells (its scores read and written), neither reading or writing the mean of V
 static void sparq_decide_sparq(sparq_attn_build & b, const ggml_tensor * k, const ggml_tensor * v) {
     const int d = (int) b.d, kk = b.kk, l = b.l, g_size = b.g_size;
     const llama_sparq_params & P = b.P;
@@ -379,7 +386,7 @@ static void sparq_decide_sparq(sparq_attn_build & b, const ggml_tensor * k, cons
     c.d = d;
     c.bk = sparq_elem_bytes(k->type);
     c.bv = sparq_elem_bytes(v->type);
-    c.bt = sparq_elem_bytes(b.L.kt->type);
+    c.bt = sparq_elem_bytes(b.L.data.kt->type);
     if (b.streaming || b.h2o) {
         c.r = b.h2o ? 2 : 0;
         c.extra = -2 * d;
@@ -392,7 +399,7 @@ static void sparq_decide_sparq(sparq_attn_build & b, const ggml_tensor * k, cons
         // k - l cells, the group attending over their union)
         // (the op reports the rows it read; once that step has run the counters replace the estimate
         // by them: sparq_count_index_reads)
-        const int C = b.S.ivf_n_list, np = std::min(b.per_head ? g_size * P.index_probe : P.index_probe, C);
+        const int C = b.S.index.n_list, np = std::min(b.per_head ? g_size * P.index_probe : P.index_probe, C);
         c.r = 2;                                     // the list ids
         c.rk = (int) (((int64_t) d * np + C / 2) / C); // the probed keys, K rows
         c.extra = 2 * C * d - 2 * d;
@@ -404,7 +411,7 @@ static void sparq_decide_sparq(sparq_attn_build & b, const ggml_tensor * k, cons
         c.r = P.selector == LLAMA_SPARQ_SELECTOR_ORACLE ? d : b.r;
         // the PCA rotation (f32 d x d per KV head) is read every step; the scaled basis's d weights are
         // left out (like vbar's, a 1/S share of the step)
-        c.extra = P.basis == LLAMA_SPARQ_BASIS_PCA && b.L.rot ? 2 * d * d : 0;
+        c.extra = P.basis == LLAMA_SPARQ_BASIS_PCA && b.L.basis.rot ? 2 * d * d : 0;
         sparq_decide(b.inp, b.il, -1, kk, b.per_head ? g_size * (kk - l) + l : kk, c);
     }
 }
@@ -419,24 +426,24 @@ static void sparq_set_selector_inputs(sparq_attn_build & b, ggml_tensor * cur, g
     if (b.h2o) {
         ggml_sparq_attn_set_h2o(cur, h2o3);
     } else if (b.index) {
-        ggml_tensor * cent = ggml_view_4d(ctx0, L.ivf_cent, d, b.S.ivf_n_list, hkv, n_stream, L.ivf_cent->nb[1],
-                                          L.ivf_cent->nb[2], L.ivf_cent->nb[3], b.si.s0 * L.ivf_cent->nb[3]);
-        ggml_tensor * lists = ggml_view_3d(ctx0, b.ivf_src, n_kv, hkv, n_stream, L.ivf_list->nb[1], L.ivf_list->nb[2],
-                                           b.si.s0 * L.ivf_list->nb[2]);
-        ggml_sparq_attn_set_index(cur, cent, lists, std::min(P.index_probe, b.S.ivf_n_list));
-        ggml_sparq_attn_set_index_reads(cur); // into row ivf_n_list of L.ivf_cent: the counters read it
-    } else if (P.basis == LLAMA_SPARQ_BASIS_PCA && L.rot) {
+        ggml_tensor * cent = ggml_view_4d(ctx0, L.sel.ivf_cent, d, b.S.index.n_list, hkv, n_stream, L.sel.ivf_cent->nb[1],
+                                          L.sel.ivf_cent->nb[2], L.sel.ivf_cent->nb[3], b.si.s0 * L.sel.ivf_cent->nb[3]);
+        ggml_tensor * lists = ggml_view_3d(ctx0, b.ivf_src, n_kv, hkv, n_stream, L.sel.ivf_list->nb[1], L.sel.ivf_list->nb[2],
+                                           b.si.s0 * L.sel.ivf_list->nb[2]);
+        ggml_sparq_attn_set_index(cur, cent, lists, std::min(P.index_probe, b.S.index.n_list));
+        ggml_sparq_attn_set_index_reads(cur); // into row index.n_list of L.sel.ivf_cent: the counters read it
+    } else if (P.basis == LLAMA_SPARQ_BASIS_PCA && L.basis.rot) {
         // the query in the PCA basis of its KV head (query head h uses rot[h / g], as GQA maps heads)
-        ggml_tensor * q_sel = ggml_mul_mat(ctx0, L.rot, ggml_cont(ctx0, q4)); // [d, n_tps, n_head, ns]
-        ggml_sparq_attn_set_basis(cur, q_sel, L.spread);
+        ggml_tensor * q_sel = ggml_mul_mat(ctx0, L.basis.rot, ggml_cont(ctx0, q4)); // [d, n_tps, n_head, ns]
+        ggml_sparq_attn_set_basis(cur, q_sel, L.basis.spread);
     } else if (!b.streaming) {
         // K^T keeps the keys rotated back from upstream's Hadamard rotation: the query too, for steps 1-2
-        ggml_tensor * q_sel = sparq_unrotates(b.S, L) ? llama_mul_mat_hadamard(ctx0, q4, L.hrot) : nullptr;
+        ggml_tensor * q_sel = sparq_unrotates(b.S, L) ? llama_mul_mat_hadamard(ctx0, q4, L.data.hrot) : nullptr;
         ggml_tensor * w = nullptr;
         if (P.basis == LLAMA_SPARQ_BASIS_SCALED) {
             // weights: the keys' RMS per component over the stream's cells; sqrt of the sums of squares
             // (the count is common to all components and cancels in step 1's ranking and in tau)
-            ggml_tensor * ks3 = ggml_view_3d(ctx0, b.ksq_src, d, hkv, n_stream, L.ksq->nb[1], L.ksq->nb[2], 0);
+            ggml_tensor * ks3 = ggml_view_3d(ctx0, b.ksq_src, d, hkv, n_stream, L.data.ksq->nb[1], L.data.ksq->nb[2], 0);
             w = ggml_sqrt(ctx0, ks3);
         }
         if (q_sel || w) {
@@ -465,9 +472,9 @@ static ggml_tensor * sparq_build_op(sparq_attn_build & b, ggml_tensor * q, ggml_
     q4 = ggml_permute(ctx0, q4, 0, 2, 1, 3);
     ggml_tensor * k4 = ggml_permute(ctx0, k, 0, 2, 1, 3);
     ggml_tensor * v4 = ggml_permute(ctx0, v, 0, 2, 1, 3);
-    ggml_tensor * kt4 = ggml_view_4d(ctx0, b.kt_src, n_kv, d, hkv, n_stream, L.kt->nb[1], L.kt->nb[2], L.kt->nb[3],
-                                     b.si.s0 * L.kt->nb[3]);
-    ggml_tensor * vs3 = ggml_view_3d(ctx0, b.vs_src, v->ne[0], hkv, n_stream, L.vsum->nb[1], L.vsum->nb[2], 0);
+    ggml_tensor * kt4 = ggml_view_4d(ctx0, b.kt_src, n_kv, d, hkv, n_stream, L.data.kt->nb[1], L.data.kt->nb[2], L.data.kt->nb[3],
+                                     b.si.s0 * L.data.kt->nb[3]);
+    ggml_tensor * vs3 = ggml_view_3d(ctx0, b.vs_src, v->ne[0], hkv, n_stream, L.data.vsum->nb[1], L.data.vsum->nb[2], 0);
     if (q4->type != GGML_TYPE_F32) {
         q4 = ggml_cast(ctx0, q4, GGML_TYPE_F32);
     }
@@ -484,7 +491,7 @@ static ggml_tensor * sparq_build_op(sparq_attn_build & b, ggml_tensor * q, ggml_
         // the report is this process's memory: only a CPU op in this process may write it (a GPU
         // op does not report; an op on an RPC host would write into its own address space), and
         // the guard's measure is made only where it is reported
-        const bool reports = ggml_backend_buffer_is_host(b.L.kt->buffer);
+        const bool reports = ggml_backend_buffer_is_host(b.L.data.kt->buffer);
         // the calibrated k's cut, or the guard's measure of a fixed k at the first SparQ step; the op
         // reports its choice into the layer's report (the counters read it after the step)
         if (b.calibrated) {
@@ -501,7 +508,7 @@ static ggml_tensor * sparq_build_op(sparq_attn_build & b, ggml_tensor * q, ggml_
             }
         }
         if (reports) {
-            ggml_sparq_attn_set_report(cur, b.L.report.data() + (size_t) b.si.s0 * hkv * 4);
+            ggml_sparq_attn_set_report(cur, b.L.report.entries.data() + (size_t) b.si.s0 * hkv * 4);
         }
         if (!inp->decisions.empty()) {
             inp->decisions.back().report = true;
@@ -534,8 +541,8 @@ static ggml_tensor * sparq_build_op(sparq_attn_build & b, ggml_tensor * q, ggml_
 static void sparq_place_op(sparq_attn_build & b, ggml_tensor * cur) {
     ggml_backend_sched_t sched = b.g.sched;
     ggml_backend_t where = b.g.backend_cpu;
-    ggml_backend_dev_t dev = ggml_backend_buft_get_device(ggml_backend_buffer_get_type(b.L.kt->buffer));
-    if (dev && ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU && !ggml_backend_buffer_is_host(b.L.kt->buffer)) {
+    ggml_backend_dev_t dev = ggml_backend_buft_get_device(ggml_backend_buffer_get_type(b.L.data.kt->buffer));
+    if (dev && ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU && !ggml_backend_buffer_is_host(b.L.data.kt->buffer)) {
         sparq_decision & dc = b.inp->decisions.back();
         dc.device = ggml_backend_dev_supports_op(dev, cur) ? 1 : 2;
         dc.device_name = ggml_backend_dev_name(dev);
@@ -577,7 +584,7 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
     llama_sparq_ctx & S = *cp.sparq;
     ggml_context * ctx0 = g.ctx0;
 
-    const bool same_cache = mctx && A::cache(mctx) == S.kv;
+    const bool same_cache = mctx && upstream::cache(mctx) == S.kv;
     llm_graph_input_sparq * inp = sparq_graph_input(g, mctx, same_cache);
 
     if (is_swa || (mctx && !same_cache)) {
@@ -587,13 +594,13 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
     if (!mctx || cp.training) {
         return nullptr; // not a cache-backed layer: nothing to count against
     }
-    const int32_t ikv = A::ikv_of(S.kv, il);
-    if (ikv < 0 || !S.layers[ikv].kt) {
+    const int32_t ikv = upstream::ikv_of(S.kv, il);
+    if (ikv < 0 || !S.layers[ikv].data.kt) {
         sparq_decide(inp, il, ikv < 0 ? LLAMA_SPARQ_DENSE_NO_CACHE : S.layers[ikv].reason);
         return nullptr;
     }
     sparq_attn_build b(g, mctx, S, inp, il, ikv, q, k);
-    GGML_ASSERT((!b.index || b.L.ivf_list) && "llama_sparq: the index selector without its tensors (llama_sparq_set_params allocates them)");
+    GGML_ASSERT((!b.index || b.L.sel.ivf_list) && "llama_sparq: the index selector without its tensors (llama_sparq_set_params allocates them)");
 
     // appends keep K^T and the V sums current on every ubatch that writes this layer's cache
     // (prompt ubatches too: cheaper than rebuilding the data at the next decode step)
@@ -602,10 +609,23 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
         sparq_build_appends(b, k_cur, v_cur, k, v);
     }
 
-    const int reason = sparq_dense_reason(b, mctx, kq_b, sinks, v_mla, v);
+    sparq_attn_call call;
+    call.kq_b = kq_b;
+    call.sinks = sinks;
+    call.v_mla = v_mla;
+    call.dk = b.d;
+    call.dv = v->ne[0];
+    const sparq_dense_check dense = sparq_dense_reason(b, mctx, call);
+    if (dense.short_checked && inp) {
+        inp->short_ctx = dense.is_short;
+    }
+    int reason = dense.reason;
+    if (reason < 0 && inp && b.n_tps == 1 && !b.h2o) {
+        reason = sparq_record_stretches(b);
+    }
     // H2O's scores of the new cells (views of the stream's scores, after the zeroing above)
-    ggml_tensor * h2o3 = b.h2o && appends ? ggml_view_3d(ctx0, b.h2o_src, b.n_kv, b.hkv, b.n_stream, b.L.h2o->nb[1],
-                                                          b.L.h2o->nb[2], b.si.s0 * b.L.h2o->nb[2]) : nullptr;
+    ggml_tensor * h2o3 = b.h2o && appends ? ggml_view_3d(ctx0, b.h2o_src, b.n_kv, b.hkv, b.n_stream, b.L.sel.h2o->nb[1],
+                                                          b.L.sel.h2o->nb[2], b.si.s0 * b.L.sel.h2o->nb[2]) : nullptr;
     if (h2o3 && reason == LLAMA_SPARQ_DENSE_PREFILL) {
         sparq_h2o_prompt_scores(b, q, k, kq_mask, kq_scale, h2o3);
     }

@@ -8,7 +8,7 @@
 
 bool llm_graph_input_sparq::can_reuse(const llm_graph_params & params) {
     const llama_kv_cache_context * m = sparq_base_mctx(params.mctx);
-    if (!m || A::cache(m) != S->kv) {
+    if (!m || upstream::cache(m) != S->kv) {
         return false;
     }
     mctx = m;
@@ -17,13 +17,13 @@ bool llm_graph_input_sparq::can_reuse(const llm_graph_params & params) {
         ok &= t->ne[0] == (int64_t) params.ubatch.n_tokens * E;
     }
     if (v_count) {
-        ok &= v_count->ne[0] == (int64_t) A::sinfo(m).n_stream();
+        ok &= v_count->ne[0] == (int64_t) upstream::sinfo(m).n_stream();
     }
     if (win) {
         ok &= win->ne[1] * win->ne[2] == (int64_t) params.ubatch.n_tokens;
     }
     // prompt rows beside decode rows: the graph holds SparQ, dense attention or both
-    ok &= rows_mode == sparq_rows_mode(*S, params.ubatch, A::sinfo(m).n_stream());
+    ok &= rows_mode == sparq_rows_mode(*S, params.ubatch, upstream::sinfo(m).n_stream());
     if (measure >= 0) {
         // the guard's measuring step is built once: the next graph runs without it
         ok &= measure == (int) S->measure_due;
@@ -31,11 +31,11 @@ bool llm_graph_input_sparq::can_reuse(const llm_graph_params & params) {
     if (ok && !stretch.empty()) {
         // a stream's dense stretch of a layer began or ended (the last execution's checks counted first,
         // as at graph build)
-        sparq_rows_mode(*S, params.ubatch, A::sinfo(m).n_stream(), &prompt_buf);
+        sparq_rows_mode(*S, params.ubatch, upstream::sinfo(m).n_stream(), &prompt_buf);
         std::lock_guard<std::mutex> lock(S->mtx);
         sparq_count_reports(*S);
         for (const auto & [ikv, st] : stretch) {
-            ok &= sparq_stretch_rows(*S, ikv, A::sinfo(m), prompt_buf, rows_buf) == st.mode && rows_buf == st.rows;
+            ok &= sparq_stretch_rows(*S, ikv, upstream::sinfo(m), prompt_buf, rows_buf) == st.mode && rows_buf == st.rows;
         }
     }
     if (short_ctx >= 0) {
@@ -51,8 +51,8 @@ bool llm_graph_input_sparq::runs_sparq() const {
 
 // K^T element (cell c, component j, stream s) is row s*kv_size*E + j*kv_size + c of the flat view
 void llm_graph_input_sparq::set_kt_idxs(const llama_ubatch * ubatch) {
-    const auto & si = A::sinfo(mctx);
-    const uint32_t kv_size = A::kv_size(S->kv);
+    const auto & si = upstream::sinfo(mctx);
+    const uint32_t kv_size = upstream::kv_size(S->kv);
     for (auto & [E, t] : kt_idxs) {
         GGML_ASSERT(ggml_backend_buffer_is_host(t->buffer));
         int64_t * data = (int64_t *) t->data;
@@ -74,9 +74,9 @@ void llm_graph_input_sparq::set_kt_idxs(const llama_ubatch * ubatch) {
 // rebuilt in it (this graph rotates its own appends with the tensors written here)
 void llm_graph_input_sparq::calibrate_if_due() {
     llama_sparq_ctx & St = *S;
-    const auto & si = A::sinfo(mctx);
-    if (St.params.basis == LLAMA_SPARQ_BASIS_PCA && !St.calibrated && St.basis_ctx && runs_sparq()) {
-        std::vector<std::vector<uint32_t>> fresh(A::n_stream(St.kv));
+    const auto & si = upstream::sinfo(mctx);
+    if (St.params.basis == LLAMA_SPARQ_BASIS_PCA && !St.basis.calibrated && St.basis.ctx && runs_sparq()) {
+        std::vector<std::vector<uint32_t>> fresh(upstream::n_stream(St.kv));
         for (uint32_t s = 0; s < si.n_stream(); ++s) {
             fresh[si.strm[s]].assign(si.idxs[s].begin(), si.idxs[s].end());
         }
@@ -92,10 +92,10 @@ void llm_graph_input_sparq::calibrate_if_due() {
 // version hash then changed by exactly those cells' terms); else it is rebuilt. O(ubatch).
 void llm_graph_input_sparq::keep_streams_current() {
     llama_sparq_ctx & St = *S;
-    const auto & si = A::sinfo(mctx);
+    const auto & si = upstream::sinfo(mctx);
     for (uint32_t s = 0; s < si.n_stream(); ++s) {
         const uint32_t strm = si.strm[s];
-        const llama_kv_cells & cells = A::cells(St.kv, strm);
+        const llama_kv_cells & cells = upstream::cells(St.kv, strm);
         sparq_stream_state & st = St.streams[strm];
         if (!appends) {
             st.valid = false;
@@ -103,13 +103,13 @@ void llm_graph_input_sparq::keep_streams_current() {
         }
         uint64_t want = st.hash;
         for (uint32_t i = 0; i < si.size(); ++i) {
-            want ^= A::cell_ver_hash(cells, si.idxs[s][i]);
+            want ^= upstream::cell_ver_hash(cells, si.idxs[s][i]);
         }
-        if (!st.valid || A::cells_hash(cells) != want) {
+        if (!st.valid || upstream::cells_hash(cells) != want) {
             sparq_rebuild_stream(St, strm, si.idxs[s]);
             sparq_count_rebuild(St, strm);
         }
-        st.hash = A::cells_hash(cells);
+        st.hash = upstream::cells_hash(cells);
         st.valid = true;
     }
 }
@@ -118,13 +118,13 @@ void llm_graph_input_sparq::keep_streams_current() {
 // stream holds twice the cells it was trained on (its list ids are then reset: the op reassigns)
 void llm_graph_input_sparq::train_index_if_due() {
     llama_sparq_ctx & St = *S;
-    const auto & si = A::sinfo(mctx);
-    if (St.params.selector == LLAMA_SPARQ_SELECTOR_INDEX && St.ivf_ctx && appends && runs_sparq()) {
+    const auto & si = upstream::sinfo(mctx);
+    if (St.params.selector == LLAMA_SPARQ_SELECTOR_INDEX && St.index.ctx && appends && runs_sparq()) {
         for (uint32_t s = 0; s < si.n_stream(); ++s) {
             const uint32_t strm = si.strm[s];
-            const llama_kv_cells & cells = A::cells(St.kv, strm);
+            const llama_kv_cells & cells = upstream::cells(St.kv, strm);
             const uint32_t n_used = cells.get_used() > si.size() ? cells.get_used() - si.size() : 0;
-            if (St.ivf_trained[strm] == 0 || n_used >= 2 * (uint64_t) St.ivf_trained[strm]) {
+            if (St.index.trained[strm] == 0 || n_used >= 2 * (uint64_t) St.index.trained[strm]) {
                 sparq_retrain_index(St, strm, si.idxs[s], n_used, false);
             }
         }
@@ -133,12 +133,12 @@ void llm_graph_input_sparq::train_index_if_due() {
 
 // the valid-cell count of each stream of the ubatch
 void llm_graph_input_sparq::set_v_count() {
-    const auto & si = A::sinfo(mctx);
+    const auto & si = upstream::sinfo(mctx);
     if (v_count) {
         GGML_ASSERT(ggml_backend_buffer_is_host(v_count->buffer));
         float * data = (float *) v_count->data;
         for (uint32_t s = 0; s < si.n_stream(); ++s) {
-            data[s] = (float) A::cells(S->kv, si.strm[s]).get_used();
+            data[s] = (float) upstream::cells(S->kv, si.strm[s]).get_used();
         }
     }
 }
@@ -146,7 +146,7 @@ void llm_graph_input_sparq::set_v_count() {
 // prompt rows beside decode rows (one row per stream), and a layer's streams in their dense stretch
 // beside streams that run SparQ: each token's row of [SparQ; dense]
 void llm_graph_input_sparq::set_pick(const llama_ubatch * ubatch, const std::vector<uint8_t> & prompt) {
-    const auto & si = A::sinfo(mctx);
+    const auto & si = upstream::sinfo(mctx);
     if (!pick && layer_pick.empty()) {
         return;
     }
@@ -168,13 +168,13 @@ void llm_graph_input_sparq::set_pick(const llama_ubatch * ubatch, const std::vec
 
 // the local window: per query row, the cells of its sequence's l most recent positions
 void llm_graph_input_sparq::set_window(const llama_ubatch * ubatch) {
-    const auto & si = A::sinfo(mctx);
+    const auto & si = upstream::sinfo(mctx);
     if (win) {
         GGML_ASSERT(ggml_backend_buffer_is_host(win->buffer));
         int32_t * data = (int32_t *) win->data;
         const int64_t nw = win->ne[0], n_tps = win->ne[1];
         for (uint32_t s = 0; s < si.n_stream(); ++s) {
-            const llama_kv_cells & cells = A::cells(S->kv, si.strm[s]);
+            const llama_kv_cells & cells = upstream::cells(S->kv, si.strm[s]);
             for (int64_t i = 0; i < n_tps; ++i) {
                 const int64_t tok = (int64_t) s * n_tps + i;
                 int32_t * dst = data + tok * nw;
@@ -201,7 +201,7 @@ void llm_graph_input_sparq::set_window(const llama_ubatch * ubatch) {
 // rebuilds, the index's training), then the counters of this graph's decisions
 void llm_graph_input_sparq::set_input(const llama_ubatch * ubatch) {
     llama_sparq_ctx & St = *S;
-    const auto & si = A::sinfo(mctx);
+    const auto & si = upstream::sinfo(mctx);
 
     set_kt_idxs(ubatch);
     calibrate_if_due();
@@ -215,40 +215,40 @@ void llm_graph_input_sparq::set_input(const llama_ubatch * ubatch) {
     set_window(ubatch);
 
     // counters: this graph's decisions, once per execution
-    const double S_ = std::max<double>(1.0, sparq_used_max(mctx));
+    const double n_cells = std::max<double>(1.0, sparq_used_max(mctx));
     std::lock_guard<std::mutex> lock(St.mtx);
     sparq_count_index_reads(St); // the previous execution has run
     sparq_count_reports(St);
     bool measuring = false;
     for (const sparq_decision & dc : decisions) {
         if (dc.reason < 0) { // SparQ ran (for every row, or for the decode rows beside prompt rows)
-            St.n_sparq++;
-            St.n_sparq_device += dc.device == 1;
+            St.counters.n_sparq++;
+            St.counters.n_sparq_device += dc.device == 1;
             if (dc.device == 2 && !St.logged_host_fallback) {
                 St.logged_host_fallback = true;
                 LLAMA_LOG_WARN("%s: SparQ runs on the CPU for layer %d: K^T is on %s, which does not support this "
                                "SPARQ_ATTN node (its log says why); the scheduler copies the cache across every step\n",
                                __func__, dc.il, dc.device_name.c_str());
             }
-            const double md = dc.cost.dense(S_);
-            const double ms = S_ <= dc.k ? md : dc.cost.sparq(S_, dc.rows);
-            St.compression_sum += ms / md;
-            if (dc.report && S_ > dc.k) {
+            const double md = dc.cost.dense(n_cells);
+            const double ms = n_cells <= dc.k ? md : dc.cost.sparq(n_cells, dc.rows);
+            St.counters.compression_sum += ms / md;
+            if (dc.report && n_cells > dc.k) {
                 // the rows whose output is not the op's (prompt rows, stretches) report nothing
                 std::bitset<LLAMA_MAX_SEQ> unused;
                 const auto it = stretch.find(dc.ikv_rep);
                 for (size_t s = 0; s < prompt_buf.size() && s < unused.size(); ++s) {
                     unused[s] = prompt_buf[s] || (it != stretch.end() && s < it->second.rows.size() && it->second.rows[s]);
                 }
-                St.report_pending.push_back({ dc.ikv_rep, dc.il, si.s0, si.n_stream(), S_, md, ms, dc.cost, unused });
+                St.report_pending.push_back({ dc.ikv_rep, dc.il, si.s0, si.n_stream(), n_cells, md, ms, dc.cost, unused });
                 measuring |= measure == 1;
             }
-            if (dc.ikv >= 0 && S_ > dc.k) {
+            if (dc.ikv >= 0 && n_cells > dc.k) {
                 // (its capacity stays across steps: no allocation once warm)
-                St.ivf_pending.push_back({ dc.ikv, si.s0, si.n_stream(), S_, md, ms, dc.cost });
+                St.ivf_pending.push_back({ dc.ikv, si.s0, si.n_stream(), n_cells, md, ms, dc.cost });
             }
         } else {
-            St.n_dense[dc.reason]++;
+            St.counters.n_dense[dc.reason]++;
             if (!(St.logged & (1u << dc.reason))) {
                 St.logged |= 1u << dc.reason;
                 LLAMA_LOG_INFO("%s: SparQ on, dense attention where: %s (first seen on layer %d; counted in the stats)\n",
@@ -261,8 +261,8 @@ void llm_graph_input_sparq::set_input(const llama_ubatch * ubatch) {
         sparq_layer & L = St.layers[ikv];
         for (uint32_t s = 0; s < si.n_stream() && s < st.rows.size(); ++s) {
             const uint32_t strm = si.strm[s];
-            if (st.rows[s] == SPARQ_ROW_STRETCH && strm < L.diffuse_left.size() && L.diffuse_left[strm] > 0) {
-                L.diffuse_left[strm]--;
+            if (st.rows[s] == SPARQ_ROW_STRETCH && strm < L.diffuse.left.size() && L.diffuse.left[strm] > 0) {
+                L.diffuse.left[strm]--;
             }
         }
     }

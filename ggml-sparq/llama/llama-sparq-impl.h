@@ -55,63 +55,90 @@
 constexpr int SPARQ_DIFFUSE_MIN_STEPS = 16;
 constexpr int SPARQ_DIFFUSE_MAX_STEPS = 256;
 
-struct sparq_layer {
+// the data SparQ keeps beside a layer's K and V, brought up to date by the graph's appends and by
+// rebuilds
+struct sparq_layer_data {
     ggml_tensor * kt   = nullptr; // [kv_size, d, n_head_kv, n_stream]
     ggml_tensor * vsum = nullptr; // [dv, n_head_kv, n_stream] f32
     ggml_tensor * ksq  = nullptr; // [d, n_head_kv, n_stream] f32: the sum of k^2 per component (the scaled basis)
     // the V sums' compensation (Kahan summation of the appends; vsum - vcomp is the exact sum to
     // about one rounding): [dv, n_head_kv, n_stream] f32
     ggml_tensor * vcomp = nullptr;
-    // the H2O selector's accumulated attention per cell: [kv_size, n_head_kv, n_stream] f32
-    ggml_tensor * h2o = nullptr;
-    // the index selector (allocated on first use): centroids [d, n_list, n_head_kv, n_stream] f32 and
-    // each cell's list [kv_size, n_head_kv, n_stream] f32 (-1: not assigned yet; the op assigns it)
-    ggml_tensor * ivf_cent = nullptr;
-    ggml_tensor * ivf_list = nullptr;
-    int reason = -1;              // >= 0: no data for this layer, why
-    ggml_type type_k = GGML_TYPE_COUNT, type_v = GGML_TYPE_COUNT; // the cache's types (a refusal names them)
-    int32_t il = -1;              // the model's layer index (kept: the cache may be gone when the counters log)
-    // the PCA basis (LLAMA_SPARQ_BASIS_PCA): rot [d, d, n_head_kv] f32, rot[j + d*(m + d*h)] =
-    // component j of axis m of KV head h; spread [d, n_head_kv] f32, the keys' RMS along each axis
-    ggml_tensor * rot = nullptr;
-    ggml_tensor * spread = nullptr;
-    std::vector<float> rot_host;  // the same, on the host (rebuilds rotate with it); empty: identity
-    // upstream's Hadamard rotation of q and k (a quantized K cache, llama_sparq_ctx::hrot_n): [n, n] f32 next
+    // upstream's Hadamard rotation of q and k (a quantized K cache, llama_sparq_ctx::hadamard): [n, n] f32 next
     // to K^T, shared by the layers in one buffer type. Outside the PCA basis K^T keeps the keys rotated back
     // and steps 1-2 rotate the query back: the rotation spreads q's largest components over all of them
     // (what it is for), and the top r of the model's own components find the cells much better
     ggml_tensor * hrot = nullptr;
-    // what the CPU op reports of its choice, per (stream, KV head): 4 floats (ggml_sparq_attn_set_report);
-    // an entry the counters have taken is set to SPARQ_REPORT_TAKEN
-    std::vector<float> report;
-    // the counters of the reports: calls, cells attended, estimated coverage, cells reaching the
-    // target (and how many calls measured it), calls that reached it, compression
-    uint64_t rep_n = 0, rep_n_reach = 0, rep_reached = 0;
-    // the calibrated k's diffuse layer, per stream (S.mtx): the decode steps the stream still runs
-    // dense in this layer (LLAMA_SPARQ_DENSE_DIFFUSE) before SparQ checks it again, and the next such
-    // stretch's length (bounds: SPARQ_DIFFUSE_MIN_STEPS, SPARQ_DIFFUSE_MAX_STEPS). Per stream, so
-    // that a sequence's steps do not depend on the other sequences decoded beside it
-    std::vector<int> diffuse_left, diffuse_period;
-    double rep_k = 0.0, rep_cov = 0.0, rep_reach = 0.0, rep_compression = 0.0;
+};
+
+// the per-cell state of the selectors that keep one
+struct sparq_layer_selectors {
+    // H2O: the accumulated attention per cell: [kv_size, n_head_kv, n_stream] f32
+    ggml_tensor * h2o = nullptr;
+    // the index (allocated on first use): centroids [d, n_list, n_head_kv, n_stream] f32 and each cell's
+    // list [kv_size, n_head_kv, n_stream] f32 (-1: not assigned yet; the op assigns it)
+    ggml_tensor * ivf_cent = nullptr;
+    ggml_tensor * ivf_list = nullptr;
+};
+
+// the PCA basis (LLAMA_SPARQ_BASIS_PCA): rot [d, d, n_head_kv] f32, rot[j + d*(m + d*h)] = component j
+// of axis m of KV head h; spread [d, n_head_kv] f32, the keys' RMS along each axis
+struct sparq_layer_basis {
+    ggml_tensor * rot = nullptr;
+    ggml_tensor * spread = nullptr;
+    std::vector<float> rot_host; // the same, on the host (rebuilds rotate with it); empty: identity
+};
+
+// what the CPU op reports of its choice, and the layer's counters of those reports (llama-sparq-coverage.cpp)
+struct sparq_layer_report {
+    // per (stream, KV head): 4 floats (ggml_sparq_attn_set_report); an entry the counters have taken
+    // is set to SPARQ_REPORT_TAKEN
+    std::vector<float> entries;
+    uint64_t n_calls = 0;         // calls measured
+    uint64_t n_reach_calls = 0;   // of those, the calls that measured the cells reaching the target
+    uint64_t n_reached_calls = 0; // of those, the calls whose every head reached it
+    double k_sum = 0.0;           // per call: the mean cells attended
+    double cov_sum = 0.0;         // per call: the mean estimated coverage
+    double reach_sum = 0.0;       // per measuring call: the mean cells reaching the target
+    double compression_sum = 0.0; // per call: its compression
+};
+
+// the calibrated k's diffuse layer, per stream (llama_sparq_ctx::mtx): the decode steps the stream
+// still runs dense in this layer (LLAMA_SPARQ_DENSE_DIFFUSE) before SparQ checks it again, and the
+// next such stretch's length (bounds: SPARQ_DIFFUSE_MIN_STEPS, SPARQ_DIFFUSE_MAX_STEPS). Per stream,
+// so that a sequence's steps do not depend on the other sequences decoded beside it
+struct sparq_layer_diffuse {
+    std::vector<int> left, period;
+};
+
+struct sparq_layer {
+    int reason = -1;              // >= 0: no data for this layer, why
+    ggml_type type_k = GGML_TYPE_COUNT, type_v = GGML_TYPE_COUNT; // the cache's types (a refusal names them)
+    int32_t il = -1;              // the model's layer index (kept: the cache may be gone when the counters log)
+    sparq_layer_data data;
+    sparq_layer_selectors sel;
+    sparq_layer_basis basis;
+    sparq_layer_report report;
+    sparq_layer_diffuse diffuse;
 };
 
 constexpr float SPARQ_REPORT_TAKEN = -2.0f;
 
 // The cost model (docs/algorithm.md, "Cost model"): bytes moved per KV head and decode step. A K or
 // V element costs its cache type's bytes (f16 2, f32 4, q8_0 34/32), a K^T element K^T's (2 or 4);
-// the mean of V and the selectors' other terms are counted in 2-byte units (the f16 element the
-// model counted before), so that with f16 everywhere the ratio is the old ratio of elements.
+// the mean of V and the selectors' other terms are counted in 2-byte units (an f16 element), so
+// that with f16 everywhere the ratio is the ratio of elements moved.
 struct sparq_cost {
     double d = 0.0;     // head size
     double r = 0.0;     // per cell: K^T elements read (steps 1-2), or the selector's per-cell data (2-byte units)
     double rk = 0.0;    // per cell: K-row elements read to choose (the index's probed keys, estimated)
     double extra = 0.0; // other elements per KV head, 2-byte units (the PCA rotation, the index's centroids)
     double bk = 2.0, bv = 2.0, bt = 2.0; // bytes per element of K, V and K^T
-    // dense: read S rows of K and of V, write the new k and v
-    double dense(double S) const { return (S + 1.0) * d * (bk + bv); }
+    // dense: read n_cells rows of K and of V, write the new k and v
+    double dense(double n_cells) const { return (n_cells + 1.0) * d * (bk + bv); }
     // the selection's reads, `rows` rows of K and of V, the new k and v written, vbar read and written
-    double sparq(double S, double rows) const {
-        return S * (r * bt + rk * bk) + (std::min(rows, S) + 1.0) * d * (bk + bv) + 2.0 * (2.0 * d + extra);
+    double sparq(double n_cells, double rows) const {
+        return n_cells * (r * bt + rk * bk) + (std::min(rows, n_cells) + 1.0) * d * (bk + bv) + 2.0 * (2.0 * d + extra);
     }
 };
 
@@ -132,6 +159,42 @@ struct sparq_stream_state {
     uint64_t hash = 0;
 };
 
+// the context's counters (llama_sparq_get_stats); every access holds llama_sparq_ctx::mtx
+struct sparq_counters {
+    uint64_t n_sparq = 0;
+    uint64_t n_sparq_device = 0;    // of n_sparq: the op ran on a non-CPU device (ggml-sparq/cuda/sparq-cuda.cu)
+    uint64_t n_dense[LLAMA_SPARQ_DENSE_COUNT] = {};
+    double   compression_sum = 0.0;
+    uint64_t n_rebuilds = 0;
+    uint64_t n_index_trainings = 0; // the index selector's k-means runs (logged at exit)
+    uint64_t n_index_measured = 0;  // index calls whose reads were counted (the rest: the estimate)
+};
+
+// the PCA basis: tensors allocated on first use, calibrated at the first SparQ step
+struct sparq_basis_state {
+    std::vector<ggml_backend_buffer_ptr> bufs;
+    ggml_context_ptr ctx;
+    bool calibrated = false;
+};
+
+// the index selector: its tensors, their list count, and per stream the used cells its index was
+// trained on (0: not trained; trained again once the stream has doubled)
+struct sparq_index_state {
+    std::vector<ggml_backend_buffer_ptr> bufs;
+    ggml_context_ptr ctx;
+    int32_t n_list = 0;
+    std::vector<uint32_t> trained;
+};
+
+// upstream's Hadamard rotation of q and k (a quantized K cache)
+struct sparq_hadamard_state {
+    int64_t n = 0; // the matrix's size (0: upstream does not rotate)
+    // K^T holds (or, after a rebuild, will hold) the keys rotated back: set with the basis whenever the data
+    // is invalidated for new settings (kept while SparQ is off: the data stays what it was)
+    bool kt_unrotated = false;
+    std::vector<float> matrix_host; // the matrix (n x n), for the host rebuild
+};
+
 struct llama_sparq_ctx {
     llama_sparq_params params = llama_sparq_default_params();
 
@@ -146,32 +209,26 @@ struct llama_sparq_ctx {
     uint64_t kv_bytes = 0;
     int32_t n_layers = 0;
 
-    // counters: written by the decoding thread in set_input, read by llama_sparq_get_stats
-    // from any thread (llama-server's HTTP threads), so every access holds mtx
+    // the counters and what feeds them: written by the decoding thread in set_input, read by
+    // llama_sparq_get_stats from any thread (llama-server's HTTP threads), so every access holds mtx
     mutable std::mutex mtx;
-    uint64_t n_sparq = 0;
-    uint64_t n_sparq_device = 0; // of n_sparq: the op ran on a non-CPU device (ggml-sparq/cuda/sparq-cuda.cu)
+    sparq_counters counters;
     bool logged_host_fallback = false;
-    uint64_t n_dense[LLAMA_SPARQ_DENSE_COUNT] = {};
-    double   compression_sum = 0.0;
-    uint64_t n_rebuilds = 0;
-    uint64_t n_index_trainings = 0; // the index selector's k-means runs (logged at exit)
     // the index selector's counted reads: the last execution's index calls, whose cost-model estimate
     // (even lists) is replaced by what the op reported once that execution has run
     struct ivf_pending_call {
         int32_t ikv;
         uint32_t s0, n_stream; // the call's streams (contiguous, as the graph's views take them)
-        double S, md, ms;
+        double n_cells, md, ms;
         sparq_cost c; // c.rk: the estimate's key elements per cell (d p / C)
     };
     std::vector<ivf_pending_call> ivf_pending;
-    uint64_t n_index_measured = 0; // index calls whose reads were counted (the rest: the estimate)
     // the calls of the last execution whose op reports its choice (llama-sparq-coverage.cpp)
     struct report_pending_call {
         int32_t ikv, il;
         uint32_t s0, n_stream;
-        double S, md, ms; // the estimate counted for the call
-        sparq_cost c;     // its cost-model terms
+        double n_cells, md, ms; // the estimate counted for the call
+        sparq_cost c;           // its cost-model terms
         // per stream of the call: 1 where the op's row was not used (a prompt row, or a stream in its
         // dense stretch beside streams that run SparQ): its report is dropped
         std::bitset<LLAMA_MAX_SEQ> unused;
@@ -186,31 +243,17 @@ struct llama_sparq_ctx {
     // the context's batch (which sequences bring several tokens to the current llama_decode)
     const llama_batch_allocr * balloc = nullptr;
 
-    // the PCA basis: tensors allocated on first use, calibrated at the first SparQ step
-    std::vector<ggml_backend_buffer_ptr> basis_bufs;
-    ggml_context_ptr basis_ctx;
-    bool calibrated = false;
-
-    // the index selector: its tensors, their list count, and per stream the used cells its index
-    // was trained on (0: not trained; trained again once the stream has doubled)
-    std::vector<ggml_backend_buffer_ptr> ivf_bufs;
-    ggml_context_ptr ivf_ctx;
-    int32_t ivf_n_list = 0;
-    std::vector<uint32_t> ivf_trained;
-    int32_t basis_in_data = LLAMA_SPARQ_BASIS_MODEL; // the basis K^T was last built in
-    int64_t hrot_n = 0; // upstream rotates q and k by a Hadamard matrix of this size (0: it does not)
-    // K^T holds (or, after a rebuild, will hold) the keys rotated back: set with the basis whenever the data
-    // is invalidated for new settings (kept while SparQ is off: the data stays what it was)
-    bool kt_unrotated = false;
-    std::vector<float> hrot_host; // that matrix (n x n), for the host rebuild
+    sparq_basis_state basis;
+    sparq_index_state index;
+    sparq_hadamard_state hadamard;
 
     ~llama_sparq_ctx(); // logs the counters (llama-sparq-stats.cpp)
 };
 
 // K^T of layer L holds the keys rotated back from upstream's Hadamard rotation (outside the PCA
-// basis, whose axes are found on the cache's keys as they are: llama_sparq_ctx::kt_unrotated)
+// basis, whose axes are found on the cache's keys as they are: sparq_hadamard_state::kt_unrotated)
 inline bool sparq_unrotates(const llama_sparq_ctx & S, const sparq_layer & L) {
-    return L.hrot && S.kt_unrotated;
+    return L.data.hrot && S.hadamard.kt_unrotated;
 }
 
 // the friend of llama_context, llama_kv_cache and llama_kv_cache_context (patch 0005)
@@ -279,7 +322,8 @@ struct llama_sparq_access {
     static uint32_t n_kv(const llama_kv_cache_context * m) { return m->n_kv; }
 };
 
-using A = llama_sparq_access;
+// upstream's private members, as SparQ reaches them
+using upstream = llama_sparq_access;
 
 // one unit of the per-(layer, KV head) work of the index training and the basis calibration
 struct sparq_head_job {
@@ -324,8 +368,18 @@ bool sparq_alloc_buffers(llama_sparq_ctx & S, const std::map<ggml_backend_buffer
                          std::vector<ggml_backend_buffer_ptr> & bufs, const char * what, char * err, size_t err_size);
 // allocate K^T and the V sums for the layers of the cache that can use them
 bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, char * err, size_t err_size);
-// the model-wide attention variant SparQ does not compute (soft-capping, ALiBi, sinks, MLA), or NULL
-const char * sparq_model_attn_variant(const llama_model & model);
+// what one layer or attention call brings that the model alone does not say: its graph inputs (NULL:
+// none) and its head sizes
+struct sparq_attn_call {
+    const ggml_tensor * kq_b = nullptr;  // a bias added to the attention scores
+    const ggml_tensor * sinks = nullptr; // attention sinks
+    const ggml_tensor * v_mla = nullptr; // MLA's V projection
+    int64_t dk = 0, dv = 0;              // K's and V's head sizes
+    int64_t n_head_kv = 0, k_row = 0;    // with n_head_kv > 0: a K cache row holds n_head_kv heads of dk (k_row values)
+};
+// the attention variant SparQ does not compute (soft-capping, ALiBi, sinks, MLA, a KQ bias, V's head size
+// unlike K's), as a phrase for the log, or NULL: of the model alone (call NULL), or of one layer or call
+const char * sparq_attn_variant(llm_arch arch, const llama_hparams & hp, const sparq_attn_call * call);
 // bytes [off, off + n) of a tensor, on the host
 std::vector<uint8_t> sparq_get_slice(ggml_tensor * t, size_t off, size_t n);
 // the PCA basis back to the identity (unit spread), not calibrated
@@ -334,8 +388,9 @@ void sparq_basis_reset(llama_sparq_ctx & S);
 bool sparq_alloc_basis(llama_sparq_ctx & S, char * err, size_t err_size);
 // the index selector's tensors for n_list lists (again when the count changes); every stream untrained
 bool sparq_alloc_index(llama_sparq_ctx & S, int32_t n_list, char * err, size_t err_size);
-// one job per KV head of every layer whose tensor `t` is allocated (t: its ne[2] is the KV head count)
-std::vector<sparq_head_job> sparq_head_jobs(const llama_sparq_ctx & S, ggml_tensor * sparq_layer::*t);
+// one job per KV head of every layer whose tensor tensor_of(layer) is allocated (its ne[2] is the KV head count)
+std::vector<sparq_head_job> sparq_head_jobs(const llama_sparq_ctx & S,
+                                             const ggml_tensor * (*tensor_of)(const sparq_layer &));
 
 // llama-sparq-index.cpp: the index selector's k-means training of one stream
 void sparq_train_index(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip, uint32_t n_used,
@@ -362,7 +417,7 @@ bool sparq_rebuild_stream_device(llama_sparq_ctx & S, uint32_t strm, const std::
 // whether the stream's data is current for its cells as they are now
 bool sparq_stream_current(const llama_sparq_ctx & S, uint32_t strm);
 void sparq_wait_written(const ggml_tensor * t); // the writes queued to t processed where it lives (RPC)
-void sparq_count_rebuild(llama_sparq_ctx & S, uint32_t strm); // n_rebuilds++, the stream's diffuse stretches reset (takes S.mtx)
+void sparq_count_rebuild(llama_sparq_ctx & S, uint32_t strm); // counters.n_rebuilds++, the stream's diffuse stretches reset (takes S.mtx)
 // H2O's scores and the index's list ids of one stream after its cells changed (skip: the cells the ubatch writes)
 void sparq_selector_rebuild(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip);
 // the index of one stream trained again (sparq_train_index), counted in n_index_trainings

@@ -139,11 +139,11 @@ static void sparq_assign_cells(const ggml_tensor * k, uint32_t strm, int64_t h, 
 static void sparq_train_head(llama_sparq_ctx & S, uint32_t strm, const sparq_head_job & job,
                              const std::vector<uint32_t> & use, const std::vector<uint32_t> & all, bool assign_all) {
     const llama_kv_cache * kv = S.kv;
-    const uint32_t kv_size = A::kv_size(kv);
-    const int64_t C = S.ivf_n_list;
+    const uint32_t kv_size = upstream::kv_size(kv);
+    const int64_t C = S.index.n_list;
     const sparq_layer & L = S.layers[job.ikv];
-    ggml_tensor * k = A::layer_k(kv, job.ikv);
-    const int64_t d = L.ivf_cent->ne[0], h = job.h;
+    ggml_tensor * k = upstream::layer_k(kv, job.ikv);
+    const int64_t d = L.sel.ivf_cent->ne[0], h = job.h;
     std::vector<float> x(use.size() * d);
     std::vector<uint8_t> row(ggml_row_size(k->type, d));
     for (size_t i = 0; i < use.size(); ++i) {
@@ -151,13 +151,13 @@ static void sparq_train_head(llama_sparq_ctx & S, uint32_t strm, const sparq_hea
     }
     std::vector<float> cent((size_t) C * d);
     sparq_kmeans(x, (int64_t) use.size(), d, C, 6, cent.data());
-    ggml_backend_tensor_set(L.ivf_cent, cent.data(), strm * L.ivf_cent->nb[3] + h * L.ivf_cent->nb[2],
+    ggml_backend_tensor_set(L.sel.ivf_cent, cent.data(), strm * L.sel.ivf_cent->nb[3] + h * L.sel.ivf_cent->nb[2],
                             cent.size() * sizeof(float));
     std::vector<float> lists(kv_size, -1.0f);
     if (assign_all) {
         sparq_assign_cells(k, strm, h, d, cent.data(), C, all, row, lists);
     }
-    ggml_backend_tensor_set(L.ivf_list, lists.data(), strm * L.ivf_list->nb[2] + h * L.ivf_list->nb[1],
+    ggml_backend_tensor_set(L.sel.ivf_list, lists.data(), strm * L.sel.ivf_list->nb[2] + h * L.sel.ivf_list->nb[1],
                             lists.size() * sizeof(float));
 }
 
@@ -168,8 +168,8 @@ static void sparq_train_head(llama_sparq_ctx & S, uint32_t strm, const sparq_hea
 // nearest centroid (llama_sparq_sync: the work done before a timed step). Threads over (layer, KV head).
 void sparq_train_index(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip, uint32_t n_used,
                        bool assign_all) {
-    const llama_kv_cells & cells = A::cells(S.kv, strm);
-    const int64_t C = S.ivf_n_list;
+    const llama_kv_cells & cells = upstream::cells(S.kv, strm);
+    const int64_t C = S.index.n_list;
     std::vector<uint32_t> all;
     for (uint32_t c = cells.used_min(); c < cells.used_max_p1(); ++c) {
         if (!cells.is_empty(c) && std::find(skip.begin(), skip.end(), c) == skip.end()) {
@@ -185,9 +185,10 @@ void sparq_train_index(llama_sparq_ctx & S, uint32_t strm, const std::vector<uin
         }
         use.swap(sub);
     }
-    const std::vector<sparq_head_job> jobs = sparq_head_jobs(S, &sparq_layer::ivf_cent);
-    sparq_parallel(S.lctx ? (int) A::cparams(S.lctx).n_threads : 1, jobs.size(), [&](size_t ji) {
+    const std::vector<sparq_head_job> jobs =
+        sparq_head_jobs(S, [](const sparq_layer & L) -> const ggml_tensor * { return L.sel.ivf_cent; });
+    sparq_parallel(S.lctx ? (int) upstream::cparams(S.lctx).n_threads : 1, jobs.size(), [&](size_t ji) {
         sparq_train_head(S, strm, jobs[ji], use, all, assign_all);
     });
-    S.ivf_trained[strm] = std::max<uint32_t>(1, n_used);
+    S.index.trained[strm] = std::max<uint32_t>(1, n_used);
 }

@@ -13,12 +13,13 @@ static ggml_backend_dev_t sparq_data_device(const llama_sparq_ctx & S, bool allo
     ggml_backend_dev_t dev = nullptr;
     for (size_t ikv = 0; ikv < S.layers.size(); ++ikv) {
         const sparq_layer & L = S.layers[ikv];
-        if (!L.kt) {
+        if (!L.data.kt) {
             continue;
         }
-        for (const ggml_tensor * t : { (const ggml_tensor *) L.kt, (const ggml_tensor *) L.vsum, (const ggml_tensor *) L.ksq,
-                                       (const ggml_tensor *) L.vcomp, (const ggml_tensor *) A::layer_k(S.kv, ikv),
-                                       (const ggml_tensor *) A::layer_v(S.kv, ikv) }) {
+        for (const ggml_tensor * t : { (const ggml_tensor *) L.data.kt, (const ggml_tensor *) L.data.vsum,
+                                       (const ggml_tensor *) L.data.ksq, (const ggml_tensor *) L.data.vcomp,
+                                       (const ggml_tensor *) upstream::layer_k(S.kv, ikv),
+                                       (const ggml_tensor *) upstream::layer_v(S.kv, ikv) }) {
             if (!t->buffer || (!allow_host && ggml_backend_buffer_is_host(t->buffer))) {
                 return nullptr;
             }
@@ -43,16 +44,16 @@ static void sparq_rebuild_layer_device(llama_sparq_ctx & S, size_t ikv, uint32_t
                                        ggml_backend_dev_t dev) {
     constexpr uint32_t chunk = 16384; // cells per product: bounds the f32 temporaries
     const llama_kv_cache * kv = S.kv;
-    const uint32_t kv_size = A::kv_size(kv);
+    const uint32_t kv_size = upstream::kv_size(kv);
     sparq_layer & L = S.layers[ikv];
-    ggml_tensor * k = A::layer_k(kv, ikv);
-    ggml_tensor * v = A::layer_v(kv, ikv);
+    ggml_tensor * k = upstream::layer_k(kv, ikv);
+    ggml_tensor * v = upstream::layer_v(kv, ikv);
     const int64_t E = k->ne[0], Ev = v->ne[0];
-    const size_t esz = ggml_type_size(L.kt->type);
-    ggml_backend_tensor_memset(L.vcomp, 0, strm * L.vcomp->nb[2], Ev * sizeof(float));
+    const size_t esz = ggml_type_size(L.data.kt->type);
+    ggml_backend_tensor_memset(L.data.vcomp, 0, strm * L.data.vcomp->nb[2], Ev * sizeof(float));
     if (nu == 0) {
-        ggml_backend_tensor_memset(L.vsum, 0, strm * L.vsum->nb[2], Ev * sizeof(float));
-        ggml_backend_tensor_memset(L.ksq, 0, strm * L.ksq->nb[2], E * sizeof(float));
+        ggml_backend_tensor_memset(L.data.vsum, 0, strm * L.data.vsum->nb[2], Ev * sizeof(float));
+        ggml_backend_tensor_memset(L.data.ksq, 0, strm * L.data.ksq->nb[2], E * sizeof(float));
         return;
     }
     const size_t n_nodes = 24 * ((nu + chunk - 1) / chunk) + 16;
@@ -69,12 +70,12 @@ static void sparq_rebuild_layer_device(llama_sparq_ctx & S, size_t ikv, uint32_t
         ggml_tensor * kc = ggml_view_2d(c0, k, E, n, k->nb[1], strm * k->nb[2] + (size_t) cell * k->nb[1]);
         ggml_tensor * vc = ggml_view_2d(c0, v, Ev, n, v->nb[1], strm * v->nb[2] + (size_t) cell * v->nb[1]);
         // K^T rows [cell, cell + n) of the stream: element (cell c, component j) at j * kv_size + c
-        ggml_tensor * ktd = ggml_view_2d(c0, L.kt, n, E, (size_t) kv_size * esz, strm * L.kt->nb[3] + (size_t) cell * esz);
+        ggml_tensor * ktd = ggml_view_2d(c0, L.data.kt, n, E, (size_t) kv_size * esz, strm * L.data.kt->nb[3] + (size_t) cell * esz);
         // a quantized K: dequantized first (the keys as the cache holds them), K^T being f16, and rotated
         // back from upstream's Hadamard rotation outside the PCA basis (as the appends do)
         ggml_tensor * k32 = k->type == GGML_TYPE_F32 ? kc : ggml_cast(c0, kc, GGML_TYPE_F32);
         if (sparq_unrotates(S, L)) {
-            k32 = llama_mul_mat_hadamard(c0, k32, L.hrot);
+            k32 = llama_mul_mat_hadamard(c0, k32, L.data.hrot);
         }
         ggml_build_forward_expand(gf, ggml_cpy(c0, ggml_transpose(c0, ggml_is_quantized(k->type) ? k32 : kc), ktd));
         ggml_tensor * wc = ggml_view_2d(c0, wt, 1, n, wt->nb[1], (size_t) a * sizeof(float));
@@ -86,9 +87,9 @@ static void sparq_rebuild_layer_device(llama_sparq_ctx & S, size_t ikv, uint32_t
         kacc = kacc ? ggml_add(c0, kacc, kp) : kp;
     }
     ggml_build_forward_expand(gf, ggml_cpy(c0, ggml_reshape_1d(c0, vacc, Ev),
-                                           ggml_view_1d(c0, L.vsum, Ev, strm * L.vsum->nb[2])));
+                                           ggml_view_1d(c0, L.data.vsum, Ev, strm * L.data.vsum->nb[2])));
     ggml_build_forward_expand(gf, ggml_cpy(c0, ggml_reshape_1d(c0, kacc, E),
-                                           ggml_view_1d(c0, L.ksq, E, strm * L.ksq->nb[2])));
+                                           ggml_view_1d(c0, L.data.ksq, E, strm * L.data.ksq->nb[2])));
     if (!ggml_gallocr_alloc_graph(galloc, gf)) {
         GGML_ABORT("llama_sparq: the device rebuild could not allocate its temporaries on %s", ggml_backend_dev_name(dev));
     }
@@ -111,7 +112,7 @@ bool sparq_rebuild_stream_device(llama_sparq_ctx & S, uint32_t strm, const std::
         return false;
     }
     for (const sparq_layer & L : S.layers) {
-        if (L.kt && !L.rot_host.empty()) {
+        if (L.data.kt && !L.basis.rot_host.empty()) {
             return false; // K^T in the PCA basis: the host path rotates
         }
     }
@@ -120,7 +121,7 @@ bool sparq_rebuild_stream_device(llama_sparq_ctx & S, uint32_t strm, const std::
         return false;
     }
     ggml_backend_t backend = nullptr;
-    for (const auto & b : A::backends(S.lctx)) {
+    for (const auto & b : upstream::backends(S.lctx)) {
         if (ggml_backend_get_device(b.get()) == dev) {
             backend = b.get();
         }
@@ -129,7 +130,7 @@ bool sparq_rebuild_stream_device(llama_sparq_ctx & S, uint32_t strm, const std::
         return false;
     }
     const llama_kv_cache * kv = S.kv;
-    const llama_kv_cells & cells = A::cells(kv, strm);
+    const llama_kv_cells & cells = upstream::cells(kv, strm);
     const uint32_t u0 = cells.used_min(), u1 = cells.used_max_p1();
     const uint32_t nu = u1 > u0 ? u1 - u0 : 0;
     std::vector<float> w(std::max<uint32_t>(nu, 1), 0.0f);
@@ -144,7 +145,7 @@ bool sparq_rebuild_stream_device(llama_sparq_ctx & S, uint32_t strm, const std::
     ggml_gallocr_t galloc = ggml_gallocr_new(ggml_backend_get_default_buffer_type(backend));
     ggml_backend_synchronize(backend);
     for (size_t ikv = 0; ikv < S.layers.size(); ++ikv) {
-        if (S.layers[ikv].kt) {
+        if (S.layers[ikv].data.kt) {
             sparq_rebuild_layer_device(S, ikv, strm, u0, nu, w, backend, galloc, dev);
         }
     }

@@ -64,8 +64,8 @@ static sparq_rebuild_plan sparq_rebuild_plan_make(const llama_sparq_ctx & S, uin
     sparq_rebuild_plan P;
     P.strm = strm;
     P.check = check;
-    P.cells = &A::cells(S.kv, strm);
-    P.kv_size = A::kv_size(S.kv);
+    P.cells = &upstream::cells(S.kv, strm);
+    P.kv_size = upstream::kv_size(S.kv);
     P.u0 = P.cells->used_min();
     P.u1 = P.cells->used_max_p1();
     P.nu = P.u1 > P.u0 ? P.u1 - P.u0 : 0;
@@ -79,9 +79,9 @@ static sparq_rebuild_plan sparq_rebuild_plan_make(const llama_sparq_ctx & S, uin
     }
 
     // jobs: (layer, cell range); ranges of >= 256 cells, about 4 jobs per thread in all
-    P.nth = std::max(1, S.lctx ? (int) A::cparams(S.lctx).n_threads : (int) std::thread::hardware_concurrency());
+    P.nth = std::max(1, S.lctx ? (int) upstream::cparams(S.lctx).n_threads : (int) std::thread::hardware_concurrency());
     for (size_t ikv = 0; ikv < S.layers.size(); ++ikv) {
-        if (S.layers[ikv].kt) {
+        if (S.layers[ikv].data.kt) {
             P.lay.push_back(ikv);
         }
     }
@@ -220,13 +220,13 @@ static void sparq_transpose_dequant(const uint8_t * src, size_t rs, ggml_type ty
 static void sparq_rotate_keys(const sparq_layer & L, const uint8_t * src, size_t rs, ggml_type type, ggml_type kt_type,
                               size_t E, uint32_t n, uint8_t * dst, size_t ld) {
     const size_t esz = ggml_type_size(kt_type);
-    const size_t d = L.rot->ne[0];
+    const size_t d = L.basis.rot->ne[0];
     std::vector<float> x(E);
     for (uint32_t c = 0; c < n; ++c) {
         sparq_row_f32(src + (size_t) c * rs, type, (int64_t) E, x.data());
         for (size_t h = 0; h < E / d; ++h) {
             for (size_t mm = 0; mm < d; ++mm) {
-                const float * pm = L.rot_host.data() + (h * d + mm) * d;
+                const float * pm = L.basis.rot_host.data() + (h * d + mm) * d;
                 double acc = 0.0;
                 for (size_t j = 0; j < d; ++j) {
                     acc += (double) pm[j] * x[h * d + j];
@@ -246,20 +246,20 @@ static void sparq_rotate_keys(const sparq_layer & L, const uint8_t * src, size_t
 // ([E][b - a], K^T's type); unused cells are masked, their K^T entries do not matter
 static double sparq_check_kt(const sparq_layer & L, const sparq_rebuild_plan & P, uint32_t a, uint32_t b, size_t E,
                              const std::vector<uint8_t> & tr) {
-    const ggml_type type = L.kt->type;
+    const ggml_type type = L.data.kt->type;
     const size_t esz = ggml_type_size(type);
     const uint32_t n = b - a;
-    const size_t kt_off = P.strm * L.kt->nb[3];
-    const bool kt_host = ggml_backend_buffer_is_host(L.kt->buffer);
+    const size_t kt_off = P.strm * L.data.kt->nb[3];
+    const bool kt_host = ggml_backend_buffer_is_host(L.data.kt->buffer);
     double diff = 0.0;
     // the kept rows, as they are
     std::vector<uint8_t> cur((size_t) n * esz);
     for (size_t j = 0; j < E; ++j) {
         const size_t off = kt_off + ((size_t) j * P.kv_size + a) * esz;
         if (kt_host) {
-            memcpy(cur.data(), (const uint8_t *) L.kt->data + off, cur.size());
+            memcpy(cur.data(), (const uint8_t *) L.data.kt->data + off, cur.size());
         } else {
-            ggml_backend_tensor_get(L.kt, cur.data(), off, cur.size());
+            ggml_backend_tensor_get(L.data.kt, cur.data(), off, cur.size());
         }
         for (uint32_t c = a; c < b; ++c) {
             if (P.cells->is_empty(c)) {
@@ -278,38 +278,38 @@ static void sparq_rebuild_range(llama_sparq_ctx & S, const sparq_rebuild_plan & 
     const size_t ikv = P.lay[jid / P.n_chunks];
     const uint32_t a = P.u0 + (uint32_t) (jid % P.n_chunks) * P.chunk, b = std::min(P.u1, a + P.chunk);
     sparq_layer & L = S.layers[ikv];
-    const ggml_tensor * k = A::layer_k(S.kv, ikv);
-    const ggml_tensor * v = A::layer_v(S.kv, ikv);
+    const ggml_tensor * k = upstream::layer_k(S.kv, ikv);
+    const ggml_tensor * v = upstream::layer_v(S.kv, ikv);
     const size_t E = k->ne[0], Ev = v->ne[0];
-    const size_t esz = ggml_type_size(L.kt->type); // K^T's element (f16 for a quantized K)
+    const size_t esz = ggml_type_size(L.data.kt->type); // K^T's element (f16 for a quantized K)
     R.vs.assign(Ev, 0.0);
     R.ks.assign(E, 0.0);
     if (b <= a) {
         return;
     }
     // the keys rotated back from upstream's Hadamard rotation (a quantized K cache) outside the PCA basis
-    const int64_t unrot = sparq_unrotates(S, L) ? S.hrot_n : 0;
+    const int64_t unrot = sparq_unrotates(S, L) ? S.hadamard.n : 0;
     const sparq_rows kr(k, P.strm, a, b), vr(v, P.strm, a, b);
     sparq_sum_rows(P, a, b, vr.p, v->nb[1], v->type, Ev, false, R.vs.data());
     sparq_sum_rows(P, a, b, kr.p, k->nb[1], k->type, E, true, R.ks.data(), unrot);
 
     // K^T rows [a, b): element (cell c, component j) at (j * kv_size + c) of the stream
     const uint32_t n = b - a;
-    const size_t kt_off = P.strm * L.kt->nb[3];
-    const bool kt_host = ggml_backend_buffer_is_host(L.kt->buffer);
+    const size_t kt_off = P.strm * L.data.kt->nb[3];
+    const bool kt_host = ggml_backend_buffer_is_host(L.data.kt->buffer);
     std::vector<uint8_t> tr; // [E][n] when K^T is not in host memory, or for a check
     uint8_t * dst = nullptr;
     size_t ld = P.kv_size;   // leading dimension of dst, in elements
     if (kt_host && !P.check) {
-        dst = (uint8_t *) L.kt->data + kt_off + (size_t) a * esz;
+        dst = (uint8_t *) L.data.kt->data + kt_off + (size_t) a * esz;
     } else {
         tr.resize((size_t) E * n * esz);
         dst = tr.data();
         ld = n;
     }
-    if (!L.rot_host.empty()) {
-        sparq_rotate_keys(L, kr.p, k->nb[1], k->type, L.kt->type, E, n, dst, ld);
-    } else if (k->type != L.kt->type) {
+    if (!L.basis.rot_host.empty()) {
+        sparq_rotate_keys(L, kr.p, k->nb[1], k->type, L.data.kt->type, E, n, dst, ld);
+    } else if (k->type != L.data.kt->type) {
         sparq_transpose_dequant(kr.p, k->nb[1], k->type, E, n, (ggml_fp16_t *) dst, ld, unrot);
     } else {
         sparq_transpose_keys(kr.p, k->nb[1], esz, E, n, dst, ld);
@@ -318,7 +318,7 @@ static void sparq_rebuild_range(llama_sparq_ctx & S, const sparq_rebuild_plan & 
         R.diff = std::max(R.diff, sparq_check_kt(L, P, a, b, E, tr));
     } else if (!kt_host) {
         for (size_t j = 0; j < E; ++j) {
-            ggml_backend_tensor_set(L.kt, tr.data() + j * n * esz, kt_off + ((size_t) j * P.kv_size + a) * esz, (size_t) n * esz);
+            ggml_backend_tensor_set(L.data.kt, tr.data() + j * n * esz, kt_off + ((size_t) j * P.kv_size + a) * esz, (size_t) n * esz);
         }
     }
 }
@@ -331,8 +331,8 @@ static double sparq_rebuild_merge(llama_sparq_ctx & S, const sparq_rebuild_plan 
     double max_diff = 0.0;
     for (size_t li = 0; li < P.lay.size(); ++li) {
         sparq_layer & L = S.layers[P.lay[li]];
-        const size_t Ev = A::layer_v(S.kv, P.lay[li])->ne[0];
-        const size_t Ek = A::layer_k(S.kv, P.lay[li])->ne[0];
+        const size_t Ev = upstream::layer_v(S.kv, P.lay[li])->ne[0];
+        const size_t Ek = upstream::layer_k(S.kv, P.lay[li])->ne[0];
         std::vector<double> vs(Ev, 0.0), ks(Ek, 0.0);
         for (uint32_t ch = 0; ch < P.n_chunks; ++ch) {
             const sparq_rebuild_part & R = res[li * P.n_chunks + ch];
@@ -351,8 +351,8 @@ static double sparq_rebuild_merge(llama_sparq_ctx & S, const sparq_rebuild_plan 
         }
         if (P.check) {
             std::vector<float> cur(Ev), curk(Ek);
-            ggml_backend_tensor_get(L.vsum, cur.data(), strm * L.vsum->nb[2], Ev * sizeof(float));
-            ggml_backend_tensor_get(L.ksq, curk.data(), strm * L.ksq->nb[2], Ek * sizeof(float));
+            ggml_backend_tensor_get(L.data.vsum, cur.data(), strm * L.data.vsum->nb[2], Ev * sizeof(float));
+            ggml_backend_tensor_get(L.data.ksq, curk.data(), strm * L.data.ksq->nb[2], Ek * sizeof(float));
             for (size_t j = 0; j < Ev; ++j) {
                 max_diff = std::max(max_diff, (double) fabsf(cur[j] - vsf[j]));
             }
@@ -361,9 +361,9 @@ static double sparq_rebuild_merge(llama_sparq_ctx & S, const sparq_rebuild_plan 
                 max_diff = std::max(max_diff, (double) fabsf(curk[j] - ksf[j]) / std::max(1.0f, ksf[j]));
             }
         } else {
-            ggml_backend_tensor_set(L.vsum, vsf.data(), strm * L.vsum->nb[2], Ev * sizeof(float));
-            ggml_backend_tensor_set(L.ksq, ksf.data(), strm * L.ksq->nb[2], Ek * sizeof(float));
-            ggml_backend_tensor_set(L.vcomp, vcf.data(), strm * L.vcomp->nb[2], Ev * sizeof(float));
+            ggml_backend_tensor_set(L.data.vsum, vsf.data(), strm * L.data.vsum->nb[2], Ev * sizeof(float));
+            ggml_backend_tensor_set(L.data.ksq, ksf.data(), strm * L.data.ksq->nb[2], Ek * sizeof(float));
+            ggml_backend_tensor_set(L.data.vcomp, vcf.data(), strm * L.data.vcomp->nb[2], Ev * sizeof(float));
         }
     }
     return max_diff;

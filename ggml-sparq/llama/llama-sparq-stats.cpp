@@ -14,7 +14,7 @@
 // still running, which is a count of the same layer one step later.
 void sparq_count_index_reads(llama_sparq_ctx & S) {
     for (const auto & p : S.ivf_pending) {
-        const ggml_tensor * c = p.ikv >= 0 && p.ikv < (int32_t) S.layers.size() ? S.layers[p.ikv].ivf_cent : nullptr;
+        const ggml_tensor * c = p.ikv >= 0 && p.ikv < (int32_t) S.layers.size() ? S.layers[p.ikv].sel.ivf_cent : nullptr;
         if (!c) {
             continue;
         }
@@ -24,7 +24,7 @@ void sparq_count_index_reads(llama_sparq_ctx & S) {
         for (uint32_t st = p.s0; st < p.s0 + p.n_stream && ok; ++st) {
             for (int64_t h = 0; h < c->ne[2] && ok; ++h) {
                 float v = -1.0f;
-                ggml_backend_tensor_get(c, &v, st * c->nb[3] + h * c->nb[2] + (size_t) S.ivf_n_list * c->nb[1], sizeof(v));
+                ggml_backend_tensor_get(c, &v, st * c->nb[3] + h * c->nb[2] + (size_t) S.index.n_list * c->nb[1], sizeof(v));
                 ok = v >= 0.0f;
                 sum += v;
                 n++;
@@ -34,9 +34,9 @@ void sparq_count_index_reads(llama_sparq_ctx & S) {
             continue;
         }
         // the estimate's S d p / C key elements become the counted rows' (mean over KV heads and streams)
-        const double ms = p.ms + ((sum / (double) n) * p.c.d - p.S * p.c.rk) * p.c.bk;
-        S.compression_sum += (ms - p.ms) / p.md;
-        S.n_index_measured++;
+        const double ms = p.ms + ((sum / (double) n) * p.c.d - p.n_cells * p.c.rk) * p.c.bk;
+        S.counters.compression_sum += (ms - p.ms) / p.md;
+        S.counters.n_index_measured++;
     }
     S.ivf_pending.clear();
 }
@@ -45,8 +45,8 @@ void sparq_count_index_reads(llama_sparq_ctx & S) {
 // (each of those reads what dense reads: 1), so that skipping a diffuse layer's step 1 does not
 // make the figure look better than the reads are
 double sparq_compression(const llama_sparq_ctx & S) {
-    const double n = (double) S.n_sparq + (double) S.n_dense[LLAMA_SPARQ_DENSE_DIFFUSE];
-    return n > 0 ? (S.compression_sum + (double) S.n_dense[LLAMA_SPARQ_DENSE_DIFFUSE]) / n : 0.0;
+    const double n = (double) S.counters.n_sparq + (double) S.counters.n_dense[LLAMA_SPARQ_DENSE_DIFFUSE];
+    return n > 0 ? (S.counters.compression_sum + (double) S.counters.n_dense[LLAMA_SPARQ_DENSE_DIFFUSE]) / n : 0.0;
 }
 
 int32_t llama_sparq_get_stats(const struct llama_context * ctx, struct llama_sparq_stats * out) {
@@ -56,36 +56,36 @@ int32_t llama_sparq_get_stats(const struct llama_context * ctx, struct llama_spa
     const size_t size = out->size;
     memset(out, 0, sizeof(*out));
     out->size = size;
-    const auto & cp = A::cparams(const_cast<llama_context *>(ctx));
+    const auto & cp = upstream::cparams(const_cast<llama_context *>(ctx));
     if (cp.sparq) {
         llama_sparq_ctx & S = *cp.sparq;
         std::lock_guard<std::mutex> lock(S.mtx);
         sparq_count_index_reads(S);
         sparq_count_reports(S);
-        out->n_sparq = S.n_sparq;
-        memcpy(out->n_dense, S.n_dense, sizeof(out->n_dense));
+        out->n_sparq = S.counters.n_sparq;
+        memcpy(out->n_dense, S.counters.n_dense, sizeof(out->n_dense));
         out->compression = sparq_compression(S);
-        out->n_rebuilds = S.n_rebuilds;
+        out->n_rebuilds = S.counters.n_rebuilds;
         out->extra_bytes = S.extra_bytes;
         out->kv_bytes = S.kv_bytes;
         out->n_layers = S.n_layers;
-        out->n_sparq_device = S.n_sparq_device;
+        out->n_sparq_device = S.counters.n_sparq_device;
         out->coverage_min = -1.0;
         out->coverage_min_layer = -1;
         out->k_reach = -1.0;
         double k = 0.0, cov = 0.0;
         for (const sparq_layer & L : S.layers) {
-            if (L.rep_n == 0) {
+            if (L.report.n_calls == 0) {
                 continue;
             }
-            out->n_measured += L.rep_n;
-            k += L.rep_k;
-            cov += L.rep_cov;
-            const double c = L.rep_cov / L.rep_n;
+            out->n_measured += L.report.n_calls;
+            k += L.report.k_sum;
+            cov += L.report.cov_sum;
+            const double c = L.report.cov_sum / L.report.n_calls;
             if (out->coverage_min < 0.0 || c < out->coverage_min) {
                 out->coverage_min = c;
                 out->coverage_min_layer = L.il;
-                out->k_reach = L.rep_n_reach ? L.rep_reach / L.rep_n_reach : -1.0;
+                out->k_reach = L.report.n_reach_calls ? L.report.reach_sum / L.report.n_reach_calls : -1.0;
             }
         }
         out->mean_k = out->n_measured ? k / out->n_measured : 0.0;
@@ -95,22 +95,22 @@ int32_t llama_sparq_get_stats(const struct llama_context * ctx, struct llama_spa
 }
 
 void llama_sparq_reset_stats(struct llama_context * ctx) {
-    auto & cp = A::cparams(ctx);
+    auto & cp = upstream::cparams(ctx);
     if (cp.sparq) {
         llama_sparq_ctx & S = *cp.sparq;
         std::lock_guard<std::mutex> lock(S.mtx);
-        S.n_sparq = 0;
-        S.n_sparq_device = 0;
-        memset(S.n_dense, 0, sizeof(S.n_dense));
-        S.compression_sum = 0.0;
-        S.n_rebuilds = 0;
+        S.counters.n_sparq = 0;
+        S.counters.n_sparq_device = 0;
+        memset(S.counters.n_dense, 0, sizeof(S.counters.n_dense));
+        S.counters.compression_sum = 0.0;
+        S.counters.n_rebuilds = 0;
         S.ivf_pending.clear();
-        S.n_index_measured = 0;
+        S.counters.n_index_measured = 0;
         S.report_pending.clear();
         for (sparq_layer & L : S.layers) {
-            L.rep_n = L.rep_n_reach = L.rep_reached = 0;
-            L.rep_k = L.rep_cov = L.rep_reach = L.rep_compression = 0.0;
-            std::fill(L.report.begin(), L.report.end(), SPARQ_REPORT_TAKEN);
+            L.report.n_calls = L.report.n_reach_calls = L.report.n_reached_calls = 0;
+            L.report.k_sum = L.report.cov_sum = L.report.reach_sum = L.report.compression_sum = 0.0;
+            std::fill(L.report.entries.begin(), L.report.entries.end(), SPARQ_REPORT_TAKEN);
         }
     }
 }
@@ -122,31 +122,31 @@ llama_sparq_ctx::~llama_sparq_ctx() {
     char buf[256] = "";
     size_t o = 0;
     for (int i = 0; i < LLAMA_SPARQ_DENSE_COUNT; ++i) {
-        nd += n_dense[i];
-        if (n_dense[i] && o < sizeof(buf)) {
+        nd += counters.n_dense[i];
+        if (counters.n_dense[i] && o < sizeof(buf)) {
             o += snprintf(buf + o, sizeof(buf) - o, "%s%s %llu", o ? ", " : "", sparq_reason_names[i],
-                          (unsigned long long) n_dense[i]);
+                          (unsigned long long) counters.n_dense[i]);
         }
     }
     LLAMA_LOG_INFO("llama_sparq: counters: SparQ calls = %llu, dense calls = %llu%s%s%s, compression = %.4f, rebuilds = %llu, "
                    "SparQ calls on a device (GPU, RPC host) = %llu\n",
-                   (unsigned long long) n_sparq, (unsigned long long) nd, o ? " (" : "", buf, o ? ")" : "",
-                   sparq_compression(*this), (unsigned long long) n_rebuilds,
-                   (unsigned long long) n_sparq_device);
+                   (unsigned long long) counters.n_sparq, (unsigned long long) nd, o ? " (" : "", buf, o ? ")" : "",
+                   sparq_compression(*this), (unsigned long long) counters.n_rebuilds,
+                   (unsigned long long) counters.n_sparq_device);
     uint64_t n_meas = 0;
     double k_sum = 0.0, cov_sum = 0.0;
     for (const sparq_layer & L : layers) {
-        n_meas += L.rep_n;
-        k_sum += L.rep_k;
-        cov_sum += L.rep_cov;
+        n_meas += L.report.n_calls;
+        k_sum += L.report.k_sum;
+        cov_sum += L.report.cov_sum;
     }
     if (n_meas) {
         LLAMA_LOG_INFO("llama_sparq: the op reported %llu calls: %.1f cells attended per KV head and step, %.3f of the "
                        "estimated attention mass (mean)\n", (unsigned long long) n_meas, k_sum / n_meas, cov_sum / n_meas);
     }
-    if (n_index_trainings) {
+    if (counters.n_index_trainings) {
         LLAMA_LOG_INFO("llama_sparq: the vector index (selector index, %d lists) was trained %llu times; the keys its "
-                       "calls read were counted for %llu calls (the others: estimated from even lists)\n", ivf_n_list,
-                       (unsigned long long) n_index_trainings, (unsigned long long) n_index_measured);
+                       "calls read were counted for %llu calls (the others: estimated from even lists)\n", index.n_list,
+                       (unsigned long long) counters.n_index_trainings, (unsigned long long) counters.n_index_measured);
     }
 }

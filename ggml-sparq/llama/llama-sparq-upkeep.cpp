@@ -13,25 +13,25 @@
 // The index follows K: after a rebuild (cells moved or removed, keys re-roped, a state loaded,
 // the cache cleared) the stream's index is trained again at its next step, its list ids reset.
 void sparq_selector_rebuild(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip) {
-    const llama_kv_cells & cells = A::cells(S.kv, strm);
-    const uint32_t kv_size = A::kv_size(S.kv);
-    if (strm < S.ivf_trained.size()) {
-        S.ivf_trained[strm] = 0;
+    const llama_kv_cells & cells = upstream::cells(S.kv, strm);
+    const uint32_t kv_size = upstream::kv_size(S.kv);
+    if (strm < S.index.trained.size()) {
+        S.index.trained[strm] = 0;
     }
     for (sparq_layer & L : S.layers) {
-        if (L.ivf_list) {
-            std::vector<float> none((size_t) L.ivf_list->ne[0] * L.ivf_list->ne[1], -1.0f);
-            ggml_backend_tensor_set(L.ivf_list, none.data(), strm * L.ivf_list->nb[2], none.size() * sizeof(float));
+        if (L.sel.ivf_list) {
+            std::vector<float> none((size_t) L.sel.ivf_list->ne[0] * L.sel.ivf_list->ne[1], -1.0f);
+            ggml_backend_tensor_set(L.sel.ivf_list, none.data(), strm * L.sel.ivf_list->nb[2], none.size() * sizeof(float));
         }
-        if (!L.h2o) {
+        if (!L.sel.h2o) {
             continue;
         }
-        if (!ggml_backend_buffer_is_host(L.h2o->buffer)) {
-            ggml_backend_tensor_memset(L.h2o, 0, strm * L.h2o->nb[2], L.h2o->nb[2]); // h2o never runs there
+        if (!ggml_backend_buffer_is_host(L.sel.h2o->buffer)) {
+            ggml_backend_tensor_memset(L.sel.h2o, 0, strm * L.sel.h2o->nb[2], L.sel.h2o->nb[2]); // h2o never runs there
             continue;
         }
-        for (int64_t h = 0; h < L.h2o->ne[1]; ++h) {
-            float * row = (float *) ((char *) L.h2o->data + strm * L.h2o->nb[2] + h * L.h2o->nb[1]);
+        for (int64_t h = 0; h < L.sel.h2o->ne[1]; ++h) {
+            float * row = (float *) ((char *) L.sel.h2o->data + strm * L.sel.h2o->nb[2] + h * L.sel.h2o->nb[1]);
             for (uint32_t c = 0; c < kv_size; ++c) {
                 if (cells.is_empty(c)) {
                     row[c] = 0.0f;
@@ -49,16 +49,16 @@ void sparq_selector_rebuild(llama_sparq_ctx & S, uint32_t strm, const std::vecto
 // whether the stream's data is current for its cells as they are now
 bool sparq_stream_current(const llama_sparq_ctx & S, uint32_t strm) {
     const sparq_stream_state & st = S.streams[strm];
-    return st.valid && st.hash == A::cells_hash(A::cells(S.kv, strm));
+    return st.valid && st.hash == upstream::cells_hash(upstream::cells(S.kv, strm));
 }
 
 void sparq_count_rebuild(llama_sparq_ctx & S, uint32_t strm) {
     std::lock_guard<std::mutex> lock(S.mtx);
-    S.n_rebuilds++;
+    S.counters.n_rebuilds++;
     for (sparq_layer & L : S.layers) {
-        if (strm < L.diffuse_left.size()) {
+        if (strm < L.diffuse.left.size()) {
             // new content: the calibrated k looks at every layer of the stream again
-            L.diffuse_left[strm] = L.diffuse_period[strm] = 0;
+            L.diffuse.left[strm] = L.diffuse.period[strm] = 0;
         }
     }
 }
@@ -67,7 +67,7 @@ void sparq_retrain_index(llama_sparq_ctx & S, uint32_t strm, const std::vector<u
                          bool assign_all) {
     sparq_train_index(S, strm, skip, n_used, assign_all);
     std::lock_guard<std::mutex> lock(S.mtx);
-    S.n_index_trainings++;
+    S.counters.n_index_trainings++;
 }
 
 // Waits until the writes queued to t are processed where t lives. A write to an RPC host is queued
@@ -82,7 +82,7 @@ void sparq_wait_written(const ggml_tensor * t) {
 }
 
 void llama_sparq_sync(struct llama_context * ctx) {
-    auto & cp = A::cparams(ctx);
+    auto & cp = upstream::cparams(ctx);
     if (!cp.sparq || cp.sparq->n_layers == 0 || !cp.sparq->params.enabled) {
         return;
     }
@@ -92,26 +92,26 @@ void llama_sparq_sync(struct llama_context * ctx) {
     llama_synchronize(ctx);
     llama_sparq_ctx & S = *cp.sparq;
     bool rebuilt = false;
-    for (uint32_t strm = 0; strm < A::n_stream(S.kv); ++strm) {
+    for (uint32_t strm = 0; strm < upstream::n_stream(S.kv); ++strm) {
         if (sparq_stream_current(S, strm)) {
             continue;
         }
         sparq_rebuild_stream(S, strm, {});
         sparq_count_rebuild(S, strm);
-        S.streams[strm].hash = A::cells_hash(A::cells(S.kv, strm));
+        S.streams[strm].hash = upstream::cells_hash(upstream::cells(S.kv, strm));
         S.streams[strm].valid = true;
         rebuilt = true;
     }
     // the rebuilt data written before the timed step that follows (without this, a benchmark's first
     // step over RPC waited for the rebuild: seconds at 16K cells on loopback)
     for (size_t ikv = 0; rebuilt && ikv < S.layers.size(); ++ikv) {
-        sparq_wait_written(S.layers[ikv].kt);
+        sparq_wait_written(S.layers[ikv].data.kt);
     }
     // the index selector: trained and every used cell in its list now, not in the next step
-    if (S.params.selector == LLAMA_SPARQ_SELECTOR_INDEX && S.ivf_ctx) {
-        for (uint32_t strm = 0; strm < A::n_stream(S.kv); ++strm) {
-            const uint32_t n_used = A::cells(S.kv, strm).get_used();
-            if (n_used > 0 && (S.ivf_trained[strm] == 0 || n_used >= 2 * (uint64_t) S.ivf_trained[strm])) {
+    if (S.params.selector == LLAMA_SPARQ_SELECTOR_INDEX && S.index.ctx) {
+        for (uint32_t strm = 0; strm < upstream::n_stream(S.kv); ++strm) {
+            const uint32_t n_used = upstream::cells(S.kv, strm).get_used();
+            if (n_used > 0 && (S.index.trained[strm] == 0 || n_used >= 2 * (uint64_t) S.index.trained[strm])) {
                 sparq_retrain_index(S, strm, {}, n_used, true);
             }
         }

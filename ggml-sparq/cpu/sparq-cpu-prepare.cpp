@@ -1,18 +1,18 @@
-// llama-sparq: phases A and B of the CPU driver, the per-row work before any score: the mask rows
-// to f32 and their valid cells counted, each unit's components (and the selectors' own setup), then
-// per row the number of valid cells and the local window's cells.
+// llama-sparq: phase_components and phase_windows of the CPU driver, the per-row work before any
+// score: the mask rows to f32 and their valid cells counted, each unit's components (and the
+// selectors' own setup), then per row the number of valid cells and the local window's cells.
 
 #include "sparq-cpu-phases.h"
 
 namespace sparq_cpu {
 
-// ----- phase A: mask rows to f32 + valid counts; component selection -----
+// ----- phase_components: mask rows to f32 + valid counts; component selection -----
 
 // every row's cells of this thread's chunk: an f16 mask converted to f32, the valid ones counted
 static void mask_counts(const ctx & C, int ith, int nth) {
     const sparq_args * a = C.a;
     const int S = a->n_kv;
-    for (int R = 0; R < C.L.R; ++R) {
+    for (int R = 0; R < C.L.n_rows_all; ++R) {
         int s0, s1;
         chunk_range(S, ith, nth, &s0, &s1);
         int32_t n = 0;
@@ -38,7 +38,7 @@ static void mask_counts(const ctx & C, int ith, int nth) {
     }
 }
 
-void phase_a(const ctx & C, int ith, int nth) {
+void phase_components(const ctx & C, int ith, int nth) {
     const sparq_args * a = C.a;
     if (a->selector == SPARQ_SEL_H2O) {
         h2o_clear(C, ith);
@@ -48,7 +48,7 @@ void phase_a(const ctx & C, int ith, int nth) {
     // component selection, per unit
     float * absq = (float *) C.tbuf(ith, C.L.t_vec);
     int32_t * order = (int32_t *) (absq + a->d);
-    for (int u = ith; u < C.L.U; u += nth) {
+    for (int u = ith; u < C.L.n_units; u += nth) {
         sparq_components(C, u, absq, order);
     }
 
@@ -57,7 +57,7 @@ void phase_a(const ctx & C, int ith, int nth) {
     }
 }
 
-// ----- phase B: valid cells and window start per row -----
+// ----- phase_windows: valid cells and window start per row -----
 
 // row R's window list wl (ascending): the given window cells that are valid, or the l most recent
 // valid cells (then *w0 is the first of them); with the streaming selector the sinks too.
@@ -96,12 +96,12 @@ static int32_t row_window(const ctx & C, int R, const float * m, int32_t * wl, i
     return n_win;
 }
 
-void phase_b(const ctx & C, int ith, int nth) {
+void phase_windows(const ctx & C, int ith, int nth) {
     const sparq_args * a = C.a;
     const int S = a->n_kv;
-    for (int R = ith; R < C.L.R; R += nth) {
+    for (int R = ith; R < C.L.n_rows_all; R += nth) {
         int32_t n_valid = 0;
-        for (int c = 0; c < C.L.nc; ++c) {
+        for (int c = 0; c < C.L.n_chunks; ++c) {
             n_valid += C.cnt(R)[c];
         }
         const float * m = C.mask_row(R);

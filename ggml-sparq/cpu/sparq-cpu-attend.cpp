@@ -1,4 +1,4 @@
-// llama-sparq: phase E of the CPU driver, per unit: the final selection (the chunks' candidates
+// llama-sparq: phase_attend of the CPU driver, per unit: the final selection (the chunks' candidates
 // merged, plus the window), exact attention over it for each query head, the mean-value
 // reallocation and the output; rows of a stream marked dense attend over every valid cell.
 
@@ -10,7 +10,7 @@ namespace sparq_cpu {
 // a running maximum, no selection buffer
 static void dense_row(const ctx & C, int u, int R, int ith) {
     const sparq_args * a = C.a;
-    const int S = a->n_kv, g = C.L.g, dv = a->dv;
+    const int S = a->n_kv, g = C.L.group_size, dv = a->dv;
     const int kvh = C.unit_kvh(u), st = C.row_stream(R);
     const float * m = C.mask_row(R);
     float * y = (float *) C.tbuf(ith, C.L.t_vec);
@@ -75,7 +75,7 @@ static int unit_selection(const ctx & C, int u, int w, int R, bool dense, cand *
         const int32_t * wl = C.win(R);
         if (kk > 0) {
             bool again = false;
-            n_sel = merge_candidates(C, u, w, ri, wl, kk, merge, sel, cov, staged_selection(a, C.L.g), &again);
+            n_sel = merge_candidates(C, u, w, ri, wl, kk, merge, sel, cov, staged_selection(a, C.L.group_size), &again);
             if (again) {
                 sparq_group_candidates_all(C, u, w, ith);
                 n_sel = merge_candidates(C, u, w, ri, wl, kk, merge, sel, cov);
@@ -143,7 +143,7 @@ static float attend_head(const ctx & C, int u, int w, int hh, const int32_t * se
     const int dv = a->dv;
     const int R = C.unit_row(u), kvh = C.unit_kvh(u), st = C.row_stream(R);
     const float * m = C.mask_row(R);
-    const int h = kvh * C.L.g + hh;
+    const int h = kvh * C.L.group_size + hh;
     const float * q = C.q_row(R, h);
     // exact logits over the selection
     float M = -INFINITY;
@@ -187,8 +187,8 @@ static void report_unit(const ctx & C, int u, int n_sel, float alpha, const cov_
     rp[3] = (float) cov.reached;
 }
 
-// ----- phase E: final selection, exact attention, reallocation -----
-void phase_e(const ctx & C, int wb, int we, int ith, int nth) {
+// ----- phase_attend: final selection, exact attention, reallocation -----
+void phase_attend(const ctx & C, int wb, int we, int ith, int nth) {
     const sparq_args * a = C.a;
     cand * merge = (cand *) C.tbuf(ith, C.L.t_merge);
     int32_t * sel = (int32_t *) C.tbuf(ith, C.L.t_sel);
@@ -230,12 +230,12 @@ void phase_e(const ctx & C, int wb, int we, int ith, int nth) {
         const bool mean_v = !dense && !a->no_mean_v;
         mean_of_v(C, R, kvh, C.mask_row(R), mean_v, vbar);
         double alpha = 0.0;
-        for (int hh = 0; hh < C.L.g; ++hh) {
+        for (int hh = 0; hh < C.L.group_size; ++hh) {
             alpha += attend_head(C, u, w, hh, sel, n_sel, dense ? -1 : n_cand, merge, mean_v, vbar, ex, y,
                                  ith);
         }
         if (report) {
-            report_unit(C, u, dense ? -1 : n_sel, (float) (alpha / C.L.g), cov);
+            report_unit(C, u, dense ? -1 : n_sel, (float) (alpha / C.L.group_size), cov);
         }
         if (a->sel_out) {
             int32_t * so = a->sel_out + (size_t) u * a->sel_n;

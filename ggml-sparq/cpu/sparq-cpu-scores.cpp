@@ -1,15 +1,15 @@
-// llama-sparq: phases C and D of the CPU driver, the scores and candidates per (unit, cell chunk):
-// each unit's chunk goes to its selector's scoring (sparq/oracle, h2o, index; streaming has none),
-// then, with GQA, the group's candidates from the kept logits.
+// llama-sparq: phase_scores and phase_gqa_candidates of the CPU driver, the scores and candidates
+// per (unit, cell chunk): each unit's chunk goes to its selector's scoring (sparq/oracle, h2o,
+// index; streaming has none), then, with GQA, the group's candidates from the kept logits.
 
 #include "sparq-cpu-phases.h"
 
 namespace sparq_cpu {
 
-// ----- phase C: approximate logits, softmax statistics, candidates (g == 1) -----
-void phase_c(const ctx & C, int wb, int we, int ith) {
+// ----- phase_scores: approximate logits, softmax statistics, candidates (g == 1) -----
+void phase_scores(const ctx & C, int wb, int we, int ith) {
     const sparq_args * a = C.a;
-    const int S = a->n_kv, g = C.L.g;
+    const int S = a->n_kv, g = C.L.group_size;
     for (int u = wb; u < we; ++u) {
         const int w = u - wb;
         const row_info * ri = C.rinfo(C.unit_row(u));
@@ -25,7 +25,7 @@ void phase_c(const ctx & C, int wb, int we, int ith) {
             continue; // exact dense row, or the window list is the whole choice: no scores needed
         }
         int s0, s1;
-        chunk_range(S, ith, C.L.nc, &s0, &s1);
+        chunk_range(S, ith, C.L.n_chunks, &s0, &s1);
         if (a->selector == SPARQ_SEL_INDEX) {
             index_candidates(C, u, w, s0, s1, ith);
         } else if (a->selector == SPARQ_SEL_H2O) {
@@ -36,8 +36,8 @@ void phase_c(const ctx & C, int wb, int we, int ith) {
     }
 }
 
-// ----- phase D (GQA): group-summed normalised scores, candidates -----
-void phase_d(const ctx & C, int wb, int we, int ith) {
+// ----- phase_gqa_candidates (GQA): group-summed normalised scores, candidates -----
+void phase_gqa_candidates(const ctx & C, int wb, int we, int ith) {
     const sparq_args * a = C.a;
     const int S = a->n_kv;
     for (int u = wb; u < we; ++u) {
@@ -47,12 +47,12 @@ void phase_d(const ctx & C, int wb, int we, int ith) {
             *C.ccount(w, ith, h) = 0;
             *C.cbound(w, ith, h) = -INFINITY;
         }
-        const int kk = staged_selection(a, C.L.g) ? row_kk_first(a, ri) : row_kk_scan(a, ri);
+        const int kk = staged_selection(a, C.L.group_size) ? row_kk_first(a, ri) : row_kk_scan(a, ri);
         if (ri->n_valid <= row_k(a, ri->n_valid) || ri->dense_all || kk <= 0) {
             continue;
         }
         int s0, s1;
-        chunk_range(S, ith, C.L.nc, &s0, &s1);
+        chunk_range(S, ith, C.L.n_chunks, &s0, &s1);
         s1 = std::min(s1, (int) ri->w0); // candidates: cells before the local window
         if (s1 <= s0) {
             continue;

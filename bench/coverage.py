@@ -5,7 +5,7 @@ and KV head, on a real model's own decode steps, and how well SparQ's steps 1-2 
     python bench/coverage.py --model smollm2|gemma3|PATH [--lengths 1024,2048,4096,6144]
         [--ks 16,32,...,2048] [--fracs 0.01,0.02,0.05,0.1,0.2] [--rs 4,8,16,32,d/8,d/4,d/2]
         [--recall-ks 128,512] [--samples 3] [--steps 4] [--task TASK] [--basis scaled|model]
-        [--op-k N] [--tag coverage_<model>] [--out-dir bench/results]
+        [--op-k N] [--kt-formats e5m2,e4m3,int8] [--tag coverage_<model>] [--out-dir bench/results]
 
 The model runs with SparQ forced on (``sparq_min_kv=0``) but with ``k`` at the context size and no
 local window, so every decode step runs the op and the op attends over every cell (exact attention):
@@ -32,6 +32,11 @@ token) run under ``llama_sparq.capture.Capture``. On every ``sparq_attn-<layer>`
   ``massratio`` = the exact mass the approximate top-k holds / the exact top-k's; ``sparqmass``: the
   same ratio for SparQ's whole choice (steps 1-3 with the window l = k/4,
   ``reference.sparq_attention``'s i2).
+- ``--kt-formats``: the same recall with steps 1-3 reading K^T stored in 8 bits instead of f16
+  (fields ``<metric><format>_...``): ``e5m2`` (f16's upper byte, rounded to nearest even), ``e4m3``
+  (3 mantissa bits, no scale, saturating at 448), ``int8`` (per component and block of 32 cells, an
+  absmax scale). Exact scores and the component weights stay those of the f16 keys: what an 8-bit
+  K^T would change is only which cells steps 1-3 choose.
 
 Writes ``<out-dir>/<tag>.csv`` (one row per prompt, step, layer and KV head), ``<tag>.json``
 (metadata, per length x layer and per length x layer x KV head means with the spread over the
@@ -149,7 +154,35 @@ def rotate_back(x, n):
     return (x.reshape(*shape[:-1], shape[-1] // n, n) @ hadamard(n)).reshape(shape)
 
 
-def call_metrics(x, scale, *, ks, fracs, rs, recall_ks, basis="scaled", unrotate=0):
+def fp8_round(x, mant_bits, min_exp, max_val):
+    """x rounded to a float format with mant_bits mantissa bits, normals down to 2^min_exp (then
+    subnormals), saturating at +-max_val (round half to even, as a hardware conversion)."""
+    x = np.asarray(x, np.float64)
+    _, e = np.frexp(x)                                    # |x| = m 2^e, m in [0.5, 1)
+    quantum = np.ldexp(1.0, np.maximum(e - 1, min_exp) - mant_bits)
+    return np.clip(np.round(x / quantum) * quantum, -max_val, max_val)
+
+
+def int8_blocks(K, block=32):
+    """K (S, hkv, d) as int8 per KV head, component and block of `block` cells with an absmax scale."""
+    S = K.shape[0]
+    pad = (-S) % block
+    Kp = np.concatenate([K, np.zeros((pad,) + K.shape[1:], K.dtype)]) if pad else K
+    B = Kp.reshape(-1, block, *K.shape[1:]).astype(np.float64)
+    scale = np.abs(B).max(axis=1, keepdims=True) / 127.0
+    scale = fp8_round(scale, 10, -14, 65504.0)            # the scale itself stored in f16
+    q = np.where(scale > 0, np.round(B / np.where(scale > 0, scale, 1.0)), 0.0)
+    return (q * scale).reshape(Kp.shape)[:S]
+
+
+KT_FORMATS = {  # an 8-bit K^T, as the values steps 1-3 would read (from the f16 keys)
+    "e5m2": lambda K: fp8_round(K.astype(np.float16), 2, -14, 57344.0),
+    "e4m3": lambda K: fp8_round(K.astype(np.float16), 3, -6, 448.0),
+    "int8": lambda K: int8_blocks(K.astype(np.float16)),
+}
+
+
+def call_metrics(x, scale, *, ks, fracs, rs, recall_ks, basis="scaled", unrotate=0, kt_formats=()):
     """The metrics of one captured SparQ call (``capture.stream_view``'s dict), one dict per KV head.
     unrotate n > 0: the call's q and K are in upstream's Hadamard-rotated basis (size n); the recall is
     also measured with them rotated back (fields ``<metric>hb_...``), same steps, same exact scores."""
@@ -183,6 +216,8 @@ def call_metrics(x, scale, *, ks, fracs, rs, recall_ks, basis="scaled", unrotate
     if unrotate:
         qb, Kb = rotate_back(q, unrotate), rotate_back(K, unrotate)
         bases.append(("hb", qb, Kb, None if basis == "model" else np.sqrt((Kb[valid] ** 2).mean(axis=0))))
+    for fmt in kt_formats:
+        bases.append((fmt, q, KT_FORMATS[fmt](K), bases[0][3]))
     for tag, qx, Kx, w in bases:
         for r in rs:
             approx = reference.combined_scores(qx, Kx, r=r, mask=mask, scale=scale, comp_w=w)[0][:, valid]  # (hkv, Sv)
@@ -371,7 +406,7 @@ def headline(by_layer, lengths, rs, recall_ks, ks, fracs):
         for k in recall_ks:
             for r in rs:
                 for m in ("overlap", "massratio", "sparqmass"):
-                    for tag in ("", "hb"):
+                    for tag in ("", "hb", *KT_FORMATS):
                         if f"{m}{tag}_k{k}_r{r}" not in rows[0]:
                             continue
                         v = np.array([row[f"{m}{tag}_k{k}_r{r}"] for row in rows])
@@ -438,12 +473,16 @@ def recall_table(meta, heads, a):
              "top-k ∩ exact top-k| / k; mass = exact mass of the approximate top-k / of the exact top-k; "
              "SparQ = the same for SparQ's whole choice (steps 1-3, window l = k/4). Compression: the cost "
              "model's M_sparq / M_dense at that S.", ""]
-    tags = [""] + (["hb"] if meta.get("unrotate") else [])
-    if len(tags) > 1:
+    tags = [""] + (["hb"] if meta.get("unrotate") else []) + list(meta.get("kt_formats") or [])
+    if meta.get("unrotate"):
         lines += [f"`hb`: q and K rotated back from upstream's Hadamard rotation (size {meta['unrotate']}, applied "
                   "to q and k for a quantized K cache) before steps 1-3, on the same captured steps; the component "
                   "weights of `scaled` then the keys' RMS in that basis.", ""]
-    cols = ["length", "k", "r", "compression"] + [f"{m}{' hb' if t else ''}" for t in tags
+    if meta.get("kt_formats"):
+        lines += [f"{', '.join(f'`{f}`' for f in meta['kt_formats'])}: steps 1-3 read K^T stored in that 8-bit "
+                  "format (the exact scores and component weights stay the f16 keys'); its compression is "
+                  "the f16 row's with step 1's bytes halved.", ""]
+    cols = ["length", "k", "r", "compression"] + [f"{m}{' ' + t if t else ''}" for t in tags
                                                   for m in ("overlap", "mass", "SparQ mass")]
     rows = []
     for h in heads:
@@ -552,6 +591,8 @@ def main(argv=None):
     ap.add_argument("--cache-type", default="f16", choices=("f16", "q8_0"), help="the K and V cache's type")
     ap.add_argument("--unrotate", action="store_true", help="with a quantized cache: also measure the recall with "
                     "q and K rotated back from upstream's Hadamard rotation")
+    ap.add_argument("--kt-formats", default="", help="also the recall with K^T in these 8-bit formats "
+                    f"(comma-separated: {', '.join(KT_FORMATS)})")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tag", default=None, help="file stem (default coverage_<model>)")
     ap.add_argument("--out-dir", default=str(RESULTS))
@@ -566,7 +607,11 @@ def main(argv=None):
     model = model_path(a.model)
     ks = [int(x) for x in a.ks.split(",")]
     opts = dict(ks=ks, fracs=[float(x) for x in a.fracs.split(",")], rs=a.rs,
-                recall_ks=[int(x) for x in a.recall_ks.split(",")], basis=a.basis)
+                recall_ks=[int(x) for x in a.recall_ks.split(",")], basis=a.basis,
+                kt_formats=[f for f in a.kt_formats.split(",") if f])
+    for f in opts["kt_formats"]:
+        if f not in KT_FORMATS:
+            raise SystemExit(f"--kt-formats: unknown format '{f}' (allowed: {', '.join(KT_FORMATS)})")
     records, prompts, st, shape = run(a, model, opts)
     fields = metric_fields(records)
     summary = summarise(records, fields)
@@ -581,7 +626,7 @@ def main(argv=None):
                           f"dense calls by reason {dict((k, v) for k, v in st['n_dense'].items() if v)}"),
                 sparq_layers=sorted({r["layer"] for r in records}), rs=opts["rs"], recall_ks=opts["recall_ks"],
                 ks=ks, fracs=opts["fracs"], samples=a.samples, steps=a.steps, prompts=prompts,
-                cache_type=a.cache_type, unrotate=opts.get("unrotate", 0),
+                cache_type=a.cache_type, unrotate=opts.get("unrotate", 0), kt_formats=opts["kt_formats"],
                 records=len(records), elapsed_s=round(time.time() - t0, 1))
     stem = out_stem(a.out_dir, a.tag)
     write_results(stem, meta, records, summary, heads, a)

@@ -10,6 +10,12 @@ on text. This benchmark prefills text instead: the Python documentation that CPy
 off and with ``sparq=True``, round-robin over the modes (each rep starts with the next mode),
 ``--reps`` times each; time per token over the steps after the first.
 
+The Amdahl bound of each SparQ mode: the same dense paths decode from a 16-token prompt (depth 0:
+the step without attention's share, per cache type the fastest of them, ``t0``); with the fastest
+dense step at the prompt's length ``tS`` and the compression ``c`` the counters measured, SparQ at
+best takes ``t0 + c (tS - t0)``, a speed-up of ``tS / (t0 + c (tS - t0))``. Reported with SparQ's
+share of it (speed-up over that dense path / bound).
+
 The modes, per K/V cache type of ``--cache-types`` (f16, q8_0; one context each, prefilled once):
 SparQ's defaults, and the dense paths of ``--dense``: ``fa1`` upstream's flash attention on the
 same context (the cache layout SparQ uses), ``fa0`` upstream's other dense path (a context of its
@@ -58,6 +64,25 @@ def decode(llm, state, toks, n_gen, sparq):
             break
     tps = (len(stamps) - 1) / (stamps[-1] - stamps[0])
     return tps, out, llm.sparq_stats()
+
+
+def decode_short(llm, toks, n_gen):
+    """Dense tokens/s from a 16-token prompt (the step at depth 0)."""
+    llm.reset()
+    if llm.context_params.flash_attn_type != 0:
+        llm.set_sparq(sparq=False)
+    stamps = []
+    for _ in llm.generate(toks[:16], temp=0.0, top_k=1, repeat_penalty=1.0):
+        stamps.append(time.perf_counter())
+        if len(stamps) >= n_gen:
+            break
+    return (len(stamps) - 1) / (stamps[-1] - stamps[0])
+
+
+def amdahl_bound(t0, tS, c):
+    """The best speed-up SparQ at compression c can give over a dense step of tS seconds whose part
+    outside attention takes t0 (the step at depth 0)."""
+    return tS / (t0 + c * max(0.0, tS - t0))
 
 
 def dense_modes(cache_types, dense):
@@ -141,6 +166,7 @@ def main(argv=None) -> int:
         prefill_s[f"{ct} -fa {int(fa)}"] = round(time.perf_counter() - t0, 1)
         ctxs[key] = (llm, llm.save_state())
     runs = {m[0]: [] for m in modes}
+    short = {m[0]: [] for m in modes if not m[3]}
     outs, stats = {}, {m[0]: [] for m in modes if m[3]}
     for rep in range(a.reps):
         for j in range(len(modes)):
@@ -151,15 +177,31 @@ def main(argv=None) -> int:
             outs.setdefault(name, out)
             if sparq:
                 stats[name].append(s)
+    for rep in range(a.reps):  # depth 0, after the long runs (their states are no longer needed)
+        for name, ct, fa, sparq in modes:
+            if not sparq:
+                short[name].append(round(decode_short(ctxs[(ct, fa)][0], toks, a.n_gen), 2))
     for llm, _ in ctxs.values():
         llm.close()
     med = {m: st.median(v) for m, v in runs.items()}
     dense_names = [m[0] for m in modes if not m[3]]
     fastest = max(dense_names, key=lambda m: med[m])
+    med0 = {m: st.median(v) for m, v in short.items()}
+    bounds = {}
+    for m in stats:
+        ct = modes[[x[0] for x in modes].index(m)][1]
+        fast_ct = max((d for d in dense_names if modes[[x[0] for x in modes].index(d)][1] == ct), key=lambda d: med[d])
+        fast0 = max((d for d in dense_names if modes[[x[0] for x in modes].index(d)][1] == ct), key=lambda d: med0[d])
+        c = counters_of(stats[m])["compression"]
+        b = amdahl_bound(1.0 / med0[fast0], 1.0 / med[fastest], c)
+        bounds[m] = {"depth0_dense": fast0, "depth0_tokens_per_s": med0[fast0], "fastest_dense_at_S": fastest,
+                     "fastest_dense_same_cache_type": fast_ct, "compression": c, "bound": round(b, 3),
+                     "share_of_bound": round(med[m] / med[fastest] / b, 3)}
     res = {
         "prompt_tokens": len(toks), "prefill_s": prefill_s, "n_gen": a.n_gen, "reps": a.reps,
         "modes": {m[0]: {"cache_type": m[1], "flash_attn": m[2], "sparq": m[3]} for m in modes},
         "tokens_per_s": runs, "median_tokens_per_s": med, "fastest_dense": fastest,
+        "depth0_tokens_per_s": short, "depth0_median_tokens_per_s": med0, "amdahl": bounds,
         "speedup": {m: {"vs_fastest_dense": round(med[m] / med[fastest], 3),
                         **{f"vs_{d}": round(med[m] / med[d], 3) for d in dense_names}} for m in stats},
         # the same greedy tokens as dense flash attention on the same cache
@@ -197,6 +239,12 @@ def main(argv=None) -> int:
           "", "Speed-ups of the SparQ modes (medians): " + "; ".join(
               f"`{m}` " + ", ".join(f"{v:.2f}x {k[3:]}" for k, v in sp.items() if k != "vs_fastest_dense")
               for m, sp in res["speedup"].items()) + ".",
+          "", "Amdahl bound over the fastest dense (depth 0: the same dense paths from a 16-token prompt, the "
+          "fastest of the mode's cache type; the compression the counters measured): " + "; ".join(
+              f"`{m}` bound {b['bound']:.2f}x (depth 0 `{b['depth0_dense']}` {b['depth0_tokens_per_s']:.2f} t/s, "
+              f"compression {b['compression']}), reached {b['share_of_bound'] * 100:.0f} %" for m, b in bounds.items()) + ".",
+          "", "Dense at depth 0, t/s median (reps): " + "; ".join(
+              f"`{m}` {med0[m]:.2f} ({', '.join(map(str, v))})" for m, v in short.items()) + ".",
           "", "Same greedy tokens as dense flash attention on the same cache: " + ", ".join(
               f"`{m}` {'yes' if v else 'no'}" for m, v in res["same_tokens"].items()) + ".",
           "", "The counters cover each SparQ mode's decode steps over its reps. Compression: the cost model's "

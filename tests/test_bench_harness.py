@@ -133,6 +133,12 @@ def test_real_text_speed_writes_results(tiny_model, tmp_path):
     assert c["n_layers"] == 2
     assert c["sparq_calls"] + c["dense_calls"].get("diffuse", 0) == 2 * 2 * 4, c
     assert 0 < c["compression"] <= 1.2  # a head the op attends densely reads r/2d more than dense
+    # the Amdahl bound from the dense paths at depth 0 and the measured compression
+    assert {m: len(v) for m, v in r["depth0_tokens_per_s"].items()} == {"dense_f16_fa1": 2, "dense_f16_fa0": 2}
+    b = r["amdahl"]["sparq_f16"]
+    assert b["compression"] == c["compression"] and b["bound"] > 0 and b["share_of_bound"] > 0
+    t0, tS = 1 / b["depth0_tokens_per_s"], 1 / r["median_tokens_per_s"][r["fastest_dense"]]
+    assert abs(b["bound"] - tS / (t0 + c["compression"] * max(0.0, tS - t0))) < 2e-3
     for key in ("command", "machine", "commit", "text", "sparq", "cache_types", "timing"):
         assert res["meta"][key], key
     assert "| mode | K/V cache | attention |" in (tmp_path / "t.md").read_text()

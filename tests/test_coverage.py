@@ -71,7 +71,8 @@ def test_coverage_script_on_the_tiny_model(tiny_gqa_model, tmp_path):
     ks = [4, 16, 64, 4096]
     p = subprocess.run([sys.executable, str(REPO / "bench" / "coverage.py"), "--model", str(tiny_gqa_model),
                         "--lengths", "120", "--samples", "2", "--steps", "2", "--ks", ",".join(map(str, ks)),
-                        "--fracs", "0.1", "--rs", "2,d/2", "--recall-ks", "8", "--tag", "t", "--out-dir",
+                        "--fracs", "0.1", "--rs", "2,d/2", "--recall-ks", "8", "--kt-formats", "e5m2,int8",
+                        "--tag", "t", "--out-dir",
                         str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     for ext in ("csv", "json", "md", "png"):
@@ -94,6 +95,31 @@ def test_coverage_script_on_the_tiny_model(tiny_gqa_model, tmp_path):
         assert 4096 >= S > 64
         assert int(r["k90_group"]) <= int(r["k95_group"]) <= int(r["k99_group"]) <= S
         assert 0 <= float(r["overlap_k8_r2"]) <= 1
+        for fmt in ("e5m2", "int8"):  # K^T in 8 bits: a recall of its own, from the same captured steps
+            assert 0 <= float(r[f"overlap{fmt}_k8_r2"]) <= 1 and 0 < float(r[f"massratio{fmt}_k8_r8"]) <= 1 + 1e-9
     assert {len(L["curve_group"]) for L in res["by_layer"]} == {len(res["plot_ks"])}
     md = (tmp_path / "t.md").read_text()
-    assert "k90 shared: median / worst" in md and "## Recall" in md
+    assert "k90 shared: median / worst" in md and "## Recall" in md and "overlap e5m2" in md
+
+
+def test_kt_formats_round_as_8_bit_floats_and_blocks():
+    """The 8-bit K^T formats of the coverage study: e5m2 is f16's upper byte (round half to even),
+    e4m3 saturates at 448, int8 blocks keep each block's largest value exactly."""
+    cov = load_coverage()
+
+    x = np.array([1.0, 1.1, 1.2, 1.125, 1.375, -3.3, 6e4, 2.0 ** -20])
+    e5 = cov.KT_FORMATS["e5m2"](x)
+    np.testing.assert_array_equal(e5[:6], [1.0, 1.0, 1.25, 1.0, 1.5, -3.5])
+    assert e5[6] == 57344.0 and e5[7] == 0.0
+    # e5m2 is exactly f16 with its lower byte rounded away
+    h = x[:6].astype(np.float16).view(np.uint16).astype(np.uint32)
+    top = ((h + 0x7F + ((h >> 8) & 1)) & 0xFF00).astype(np.uint16).view(np.float16).astype(np.float64)
+    np.testing.assert_array_equal(e5[:6], top)
+    e4 = cov.KT_FORMATS["e4m3"](np.array([1.0625, 1.1, 500.0, -500.0, 2.0 ** -9, 2.0 ** -11]))
+    np.testing.assert_array_equal(e4, [1.0, 1.125, 448.0, -448.0, 2.0 ** -9, 0.0])
+    K = np.random.default_rng(0).standard_normal((70, 2, 8))
+    q = cov.KT_FORMATS["int8"](K)
+    assert q.shape == K.shape
+    blocks = np.abs(K[:64].reshape(2, 32, 2, 8)).max(axis=1)
+    np.testing.assert_allclose(np.abs(q[:64].reshape(2, 32, 2, 8)).max(axis=1), blocks, rtol=1e-3)
+    assert np.abs(q - K).max() <= np.abs(K).max() / 127 * 0.51 + 1e-3

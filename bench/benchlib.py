@@ -84,14 +84,24 @@ def now_iso(local=False, timespec="seconds") -> str:
 
 def run_meta(threads, load0) -> dict:
     """The head of a result file's metadata: command, machine, load average at the start
-    (load0) and now, commit, date (UTC)."""
-    return {
+    (load0) and now, commit, date (UTC); and OMP_WAIT_POLICY where it is set, with a warning
+    for PASSIVE (ggml's threads then sleep at each of the graph's barriers: every figure
+    slower, the graphs with more nodes most, which is SparQ's)."""
+    meta = {
         "command": command_line(),
         "machine": machine_line(threads),
         "load_average_start_end": [load0, loadavg()],
         "commit": git_commit(),
         "date": now_iso(),
     }
+    policy = os.environ.get("OMP_WAIT_POLICY")
+    if policy:
+        meta["omp_wait_policy"] = policy
+        if policy.upper() == "PASSIVE":
+            print("warning: OMP_WAIT_POLICY=PASSIVE (the test suite's setting): threads sleep at every graph "
+                  "barrier, so these timings understate both paths and SparQ's most; unset it to benchmark",
+                  file=sys.stderr)
+    return meta
 
 
 def run_checked(cmd, what):

@@ -252,6 +252,9 @@ def main(argv=None) -> int:
     ap.add_argument("--chat-questions", type=int, default=CHAT_QUESTIONS,
                     help=f"how many questions the chat model answers, 1..64 (default {CHAT_QUESTIONS})")
     a = ap.parse_args(argv)
+    if os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE":
+        print("note: OMP_WAIT_POLICY=PASSIVE: threads sleep at every graph barrier, so the speeds below understate "
+              "both paths and SparQ's most (unset it for figures)", flush=True)
     if a.doc_tokens is not None and a.doc_tokens < 256:
         ap.error(f"--doc-tokens must be >= 256, got {a.doc_tokens}")
     if a.answer_tokens < 2:

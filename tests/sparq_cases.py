@@ -47,6 +47,7 @@ class Case:
     dense_streams: tuple = () # streams marked dense (negative v_count): exact attention over every valid cell
     coverage: float = 0.0     # > 0: the calibrated k's coverage target (at least k_min cells, at most k)
     k_min: int = 0
+    kt_bits: int = 16         # 8: K^T in e5m2 (the keys' f16, then its upper byte)
     seed: int = 0
 
     def __post_init__(self):
@@ -60,7 +61,8 @@ class Case:
                 + ("" if self.selector == "sparq" else f"-{self.selector}") + ("-perhead" if self.per_head else "")
                 + ("" if self.mean_v else "-nomeanv") + ("-basis" if self.basis else "")
                 + (f"-dense{''.join(map(str, self.dense_streams))}" if self.dense_streams else "")
-                + (f"-cov{self.coverage:g}-kmin{self.k_min}" if self.coverage else ""))
+                + (f"-cov{self.coverage:g}-kmin{self.k_min}" if self.coverage else "")
+                + ("-kt8" if self.kt_bits == 8 else ""))
 
     @property
     def baseline(self):
@@ -219,6 +221,8 @@ def write(path: Path, c: Case, a: dict) -> None:
             f.write(np.ascontiguousarray(a["ivf_lists"], dtype=np.float32).tobytes())
         if c.coverage:
             f.write(b"COV1" + struct.pack("<fi", c.coverage, c.k_min))
+        if c.kt_bits == 8:
+            f.write(b"KTE5")
 
 
 def run(prog, mode: str, c: Case, a: dict, tmp: Path, *, isa=None, threads=1, prefix=(), env=None):
@@ -309,7 +313,7 @@ def check(c: Case, a: dict, out: np.ndarray, sel: np.ndarray | None) -> dict:
         window = None if a["win"] is None else [a["win"][st, row] for row in range(c.n_rows)]
         kw = dict(r=c.r, k=c.k, l=c.l, mask=mask, scale=scale, vbar=vbar, per_head=c.per_head, mean_v=c.mean_v,
                   oracle=c.selector == "oracle", comp_w=comp_w, window=window,
-                  kv_quant="q8_0" if c.kv_type == "q8_0" else None)
+                  kv_quant="q8_0" if c.kv_type == "q8_0" else None, kt_bits=c.kt_bits)
         if c.coverage:
             kw["coverage"] = (c.coverage, c.k_min)
         if c.baseline:
@@ -339,7 +343,10 @@ def check(c: Case, a: dict, out: np.ndarray, sel: np.ndarray | None) -> dict:
                         f"extra {sorted(set(got_i.tolist()) - set(info['i2'][row][j].tolist()))[:8]}")
         elif sel is not None:
             got_sel = sel[st]
-            scores = ref.combined_scores(q if q_sel is None else q_sel, K if K_sel is None else K_sel, r=r_eff,
+            K_kt = K if K_sel is None else K_sel
+            if c.kt_bits == 8:
+                K_kt = ref.round_e5m2(K_kt).astype(np.float64)  # the scores step 3 ranks read K^T in e5m2
+            scores = ref.combined_scores(q if q_sel is None else q_sel, K_kt, r=r_eff,
                                          mask=mask, scale=scale, comp_w=comp_w)
             valid = np.ones((c.n_rows, c.S), bool) if mask is None else np.isfinite(mask)
             need_force = False
@@ -520,4 +527,17 @@ def grid(quick: bool = False) -> list[Case]:
     add(d=64, S=1500, r=8, k=64, l=16, n_stream=2, n_head=8, n_head_kv=2, mask="holes", per_head=True,
         dense_streams=(0,), kv_type="q8_0")
     quick_q8 = (0, 3, 4, 5, 6, 7)  # GQA, exact, rows, calibrated k, index, h2o with a dense stream
-    return cases if not quick else cases[:n] + [cases[n + i] for i in quick_q8]
+    cases = cases if not quick else cases[:n] + [cases[n + i] for i in quick_q8]
+    # K^T in 8 bits (e5m2), in the quick grid too: f16, f32 (rounded to f16 first) and q8_0 keys, vector
+    # tails and a padded K^T, GQA, several rows, a basis, the oracle, the calibrated k
+    for kw in (dict(d=128, S=2000, r=32, k=100, l=25, n_head=4, n_head_kv=1, mask="holes"),
+               dict(d=80, S=903, r=10, k=40, l=10, n_head=8, n_head_kv=2, mask="pad", kt_pad=37),
+               dict(d=64, S=1500, r=16, k=64, l=16, n_head=8, n_head_kv=2, mask="pad", kv_type="f32"),
+               dict(d=64, S=1200, r=8, k=64, l=16, n_rows=3, n_head=4, n_head_kv=1, mask="causal", win="random"),
+               dict(d=128, S=2000, r=16, k=100, l=25, n_head=4, n_head_kv=1, mask="holes", basis=True),
+               dict(d=64, S=1500, r=8, k=64, l=16, n_head=8, n_head_kv=2, mask="holes", kv_type="q8_0"),
+               dict(d=64, S=1500, r=8, k=64, l=16, n_head=4, n_head_kv=1, mask="pad", selector="oracle"),
+               dict(d=64, S=1500, r=16, k=400, l=16, n_head=8, n_head_kv=2, mask="pad", coverage=0.9, k_min=32),
+               dict(d=64, S=33, r=8, k=64, l=16, n_head=4, n_head_kv=2, mask="pad")):
+        add(kt_bits=8, **kw)
+    return cases

@@ -136,6 +136,20 @@ def test_calibrated_k_on_rpc_equals_one_process(model4, tmp_path):
     assert (n_sparq_r, n_dev_r) == (n_sparq, n_sparq), (n_sparq_r, n_dev_r, n_dense_r)
 
 
+def test_kt8_on_rpc_equals_one_process(model4, tmp_path):
+    """An 8-bit K^T (e5m2) on RPC hosts: its writes (the op's append mode, in the decode graph and in
+    the hosts' graph rebuild) and its reads run there with the op's parameters as they are, and give
+    one process's greedy tokens, every SparQ call on a host."""
+    kt8 = ["--sparq-kt-bits", "8"]
+    want, (n_sparq, _, n_dev), _ = _completion(model4, kt8)
+    assert n_sparq == 4 * 23 and n_dev == 0
+    with RpcServers(2, tmp_path) as rpc:
+        got, (n_sparq_r, n_dense_r, n_dev_r), _ = _completion(model4, [*kt8, "--rpc", rpc.endpoints, "-ngl", "99",
+                                                                       "-ts", "1,1"])
+    assert got == want
+    assert (n_sparq_r, n_dev_r) == (n_sparq, n_sparq), (n_sparq_r, n_dev_r, n_dense_r)
+
+
 def test_default_dense_threshold_on_rpc_is_the_hosts(model4, tmp_path):
     """min_kv = -1 (the default) resolves by where the cache is: an RPC host runs the CPU op, so its
     threshold is the host's 1024 cells (a GPU's is LLAMA_SPARQ_MIN_KV_DEVICE, tests/test_cuda.py)."""

@@ -465,6 +465,8 @@ def test_transposed_v_cache_is_refused_by_set_sparq(tiny_model):
     (dict(sparq_k_min=0), "SparQ: k_min = 0 is out of range: allowed 1.."),
     (dict(sparq_k_frac=0.0), "SparQ: k_frac = 0 is out of range: allowed (0, 1]"),
     (dict(sparq_k_frac=float("nan")), "SparQ: k_frac = nan is out of range: allowed (0, 1]"),
+    (dict(sparq_kt_bits=12), "SparQ: kt_bits = 12 is out of range: allowed 8 (e5m2) or 16 (f16)"),
+    (dict(sparq_kt_bits=4), "SparQ: kt_bits = 4 is out of range: allowed 8 (e5m2) or 16 (f16)"),
     (dict(sparq_l=200), "SparQ: l = 200 is out of range: allowed 0..k_min (k_min = 128), or -1 for k_min / 4"),
     (dict(sparq_k=0, sparq_selector="streaming"), "SparQ: k = 0 (calibrated) needs the sparq or oracle selector"),
     (dict(sparq_coverage="0.9"), "sparq_coverage must be a number, got '0.9'"),
@@ -493,7 +495,8 @@ def test_settings_survive_pickling(tiny_model):
                                                               sparq_selector="sparq", sparq_gqa="shared",
                                                               sparq_mean_v=True, sparq_basis="scaled",
                                                               sparq_index_lists=256, sparq_index_probe=16,
-                                                              sparq_coverage=0.95, sparq_k_min=128, sparq_k_frac=0.25)
+                                                              sparq_coverage=0.95, sparq_k_min=128, sparq_k_frac=0.25,
+                                                              sparq_kt_bits=16)
     sp2 = make_llm(tiny_model, n_ctx=512, sparq_basis="pca", sparq_gqa="per_head", sparq_mean_v=False,
                    sparq_selector="oracle")
     assert pickle.loads(pickle.dumps(sp2)).sparq_params() == sp2.sparq_params()

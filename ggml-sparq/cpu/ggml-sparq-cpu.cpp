@@ -6,13 +6,20 @@
 #include "sparq-cpu.h"
 #include "ggml-sparq.h"
 
+#include <algorithm>
 #include <cstring>
 
-// rows: K and V, which may also be q8_0 (a quantized cache); K^T and the mask are f16 or f32
-static enum sparq_type sparq_type_of(const struct ggml_tensor * t, bool rows = false) {
+// rows: K and V, which may also be q8_0 (a quantized cache); kt: K^T, which may also be e5m2 (i8);
+// the mask is f16 or f32
+static enum sparq_type sparq_type_of(const struct ggml_tensor * t, bool rows = false, bool kt = false) {
     switch (t->type) {
         case GGML_TYPE_F32: return SPARQ_F32;
         case GGML_TYPE_F16: return SPARQ_F16;
+        case GGML_TYPE_I8:
+            if (kt) {
+                return SPARQ_E5M2;
+            }
+            GGML_ABORT("sparq_attn: tensor %s has type i8; only K^T may be i8 (e5m2)", t->name);
         case GGML_TYPE_Q8_0:
             if (rows) {
                 return SPARQ_Q8_0;
@@ -53,7 +60,7 @@ static struct sparq_args sparq_args_of(const struct ggml_tensor * dst) {
 
     a.q = (const float *) q->data; a.q_nb1 = q->nb[1]; a.q_nb2 = q->nb[2]; a.q_nb3 = q->nb[3];
     a.K = k->data;   a.K_type = sparq_type_of(k, true);   a.K_nb1 = k->nb[1];   a.K_nb2 = k->nb[2];   a.K_nb3 = k->nb[3];
-    a.KT = kt->data; a.KT_type = sparq_type_of(kt); a.KT_nb1 = kt->nb[1]; a.KT_nb2 = kt->nb[2]; a.KT_nb3 = kt->nb[3];
+    a.KT = kt->data; a.KT_type = sparq_type_of(kt, false, true); a.KT_nb1 = kt->nb[1]; a.KT_nb2 = kt->nb[2]; a.KT_nb3 = kt->nb[3];
     a.V = v->data;   a.V_type = sparq_type_of(v, true);   a.V_nb1 = v->nb[1];   a.V_nb2 = v->nb[2];   a.V_nb3 = v->nb[3];
     a.v_sum = (const float *) vs->data; a.v_sum_nb1 = vs->nb[1]; a.v_sum_nb2 = vs->nb[2];
     a.v_count = (const float *) vc->data;
@@ -103,6 +110,9 @@ static struct sparq_args sparq_args_of(const struct ggml_tensor * dst) {
 }
 
 size_t ggml_sparq_attn_work_size(const struct ggml_tensor * node, int n_tasks) {
+    if (ggml_sparq_is_kt_append(node)) {
+        return 0;
+    }
     const struct sparq_args a = sparq_args_of(node);
     return sparq_cpu_work_size(&a, n_tasks);
 }
@@ -111,7 +121,35 @@ static void sparq_ggml_barrier(void * ctx) {
     ggml_barrier((struct ggml_threadpool *) ctx);
 }
 
+// value i of an f32 or f16 row as e5m2 (an f32 rounded to f16 first: ggml-sparq.h)
+static inline uint8_t sparq_e5m2_of(const void * row, bool f16, int64_t i) {
+    const uint16_t h = f16 ? ((const uint16_t *) row)[i] : sparq_fp32_to_fp16(((const float *) row)[i]);
+    return ggml_sparq_f16_to_e5m2(h);
+}
+
+// the 8-bit K^T's writes (ggml_sparq_kt_append): the source rows split over the threads
+static void sparq_kt_append(const struct ggml_compute_params * params, struct ggml_tensor * dst) {
+    const struct ggml_tensor * src = dst->src[1];
+    const struct ggml_tensor * idx = dst->src[2];
+    const int64_t ne0 = src->ne[0], n = src->ne[1];
+    const int64_t per = (n + params->nth - 1) / params->nth;
+    const int64_t i0 = per * params->ith, i1 = std::min<int64_t>(n, i0 + per);
+    const bool f16 = src->type == GGML_TYPE_F16;
+    for (int64_t i = i0; i < i1; ++i) {
+        const int64_t row = idx ? ((const int64_t *) idx->data)[i] : i;
+        const char * s = (const char *) src->data + (size_t) i * src->nb[1];
+        uint8_t * d = (uint8_t *) dst->data + (size_t) row * dst->nb[1];
+        for (int64_t j = 0; j < ne0; ++j) {
+            d[j] = sparq_e5m2_of(s, f16, j);
+        }
+    }
+}
+
 void ggml_compute_forward_sparq_attn(const struct ggml_compute_params * params, struct ggml_tensor * dst) {
+    if (ggml_sparq_is_kt_append(dst)) {
+        sparq_kt_append(params, dst);
+        return;
+    }
     const struct sparq_args a = sparq_args_of(dst);
     // ggml's reference mode runs the scalar kernels
     const struct sparq_isa * isa = params->use_ref ? &sparq_isa_scalar : sparq_isa_select();

@@ -61,7 +61,7 @@ void sparq_components(const ctx & C, int u, float * absq, int32_t * order) {
 void sparq_chunk_scores(const ctx & C, int u, int w, int s0, int s1, int ith) {
     const sparq_args * a = C.a;
     const int r = a->r, g = C.L.group_size;
-    const size_t esz = a->KT_type == SPARQ_F16 ? 2 : 4;
+    const size_t esz = a->KT_type == SPARQ_E5M2 ? 1 : a->KT_type == SPARQ_F16 ? 2 : 4;
     float * blk = (float *) C.tbuf(ith, C.L.t_blk);
     float * ck = (float *) C.tbuf(ith, C.L.t_ck);
     const void ** rows = (const void **) C.tbuf(ith, C.L.t_rows);
@@ -80,6 +80,8 @@ void sparq_chunk_scores(const ctx & C, int u, int w, int s0, int s1, int ith) {
         float * out = g == 1 ? ck + (b0 - s0) : blk;
         if (a->KT_type == SPARQ_F16) {
             C.isa->approx_f16((const uint16_t * const *) rows, r, qs, g, nb, out);
+        } else if (a->KT_type == SPARQ_E5M2) {
+            C.isa->approx_e5m2((const uint8_t * const *) rows, r, qs, g, nb, out);
         } else {
             C.isa->approx_f32((const float * const *) rows, r, qs, g, nb, out);
         }
@@ -211,8 +213,9 @@ static float approx_logit(const ctx & C, int u, int w, int hh, int i, const floa
     float ap = 0.0f;
     for (int j = 0; j < r; ++j) {
         const char * kt = C.KT_row(st, kvh, i1[j]);
-        const float kv = a->KT_type == SPARQ_F16 ? sparq_fp16_to_fp32(((const uint16_t *) kt)[i])
-                                                 : ((const float *) kt)[i];
+        const float kv = a->KT_type == SPARQ_F16    ? sparq_fp16_to_fp32(((const uint16_t *) kt)[i])
+                         : a->KT_type == SPARQ_E5M2 ? sparq_e5m2_to_fp32(((const uint8_t *) kt)[i])
+                                                    : ((const float *) kt)[i];
         ap += qs[hh * r + j] * kv;
     }
     return ap + (m ? m[i] : 0.0f);

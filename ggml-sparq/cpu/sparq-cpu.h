@@ -27,7 +27,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum sparq_type { SPARQ_F32 = 0, SPARQ_F16 = 1, SPARQ_Q8_0 = 2 };
+// SPARQ_E5M2: K^T only, one byte per value, the upper byte of its f16 (ggml-sparq.h)
+enum sparq_type { SPARQ_F32 = 0, SPARQ_F16 = 1, SPARQ_Q8_0 = 2, SPARQ_E5M2 = 3 };
 
 // ggml's q8_0 block (K and V rows only; a row's length is a multiple of SPARQ_QK): value i is
 // qs[i] * d, d an f16. 34 bytes, no padding, as ggml lays it out in the cache
@@ -40,7 +41,7 @@ struct sparq_block_q8_0 {
 // bytes of a row of n values of type t (n a multiple of SPARQ_QK for q8_0)
 static inline size_t sparq_row_bytes(enum sparq_type t, int n) {
     return t == SPARQ_Q8_0 ? (size_t) (n / SPARQ_QK) * sizeof(struct sparq_block_q8_0)
-                           : (size_t) n * (t == SPARQ_F16 ? 2 : 4);
+                           : (size_t) n * (t == SPARQ_E5M2 ? 1 : t == SPARQ_F16 ? 2 : 4);
 }
 
 // One ISA's primitives. rows/x of type f16 are uint16_t IEEE half bits.
@@ -49,6 +50,8 @@ struct sparq_isa {
     // out[h*n + s] = sum_{j<r} qs[h*r + j] * rows[j][s]   (h < g, s < n)
     void (*approx_f16)(const uint16_t * const * rows, int r, const float * qs, int g, int n, float * out);
     void (*approx_f32)(const float    * const * rows, int r, const float * qs, int g, int n, float * out);
+    // the same over e5m2 rows (an 8-bit K^T: byte b is the f16 b << 8)
+    void (*approx_e5m2)(const uint8_t * const * rows, int r, const float * qs, int g, int n, float * out);
     // sum_i exp(x[i] - m); x may hold -INF (contributes 0)
     float (*expsum)(const float * x, int n, float m);
     // y[i] += a * exp(x[i] - m)
@@ -106,6 +109,7 @@ const struct sparq_isa * sparq_isa_select(void);
 const struct sparq_isa * sparq_isa_by_name(const char * name);
 
 float sparq_fp16_to_fp32(uint16_t h);
+static inline float sparq_e5m2_to_fp32(uint8_t b) { return sparq_fp16_to_fp32((uint16_t) (b << 8)); }
 uint16_t sparq_fp32_to_fp16(float f);
 
 // How the cells are chosen (steps 1-3); steps 4-5 are shared by every selector.
@@ -131,7 +135,7 @@ struct sparq_args {
 
     // strides in bytes
     const float * q;  size_t q_nb1, q_nb2, q_nb3;            // [d, n_rows, n_head, n_stream]
-    // K and V: f32, f16 or q8_0; K^T: f32 or f16 (a q8_0 cache keeps its dequantized keys in f16)
+    // K and V: f32, f16 or q8_0; K^T: f32, f16 (a q8_0 cache keeps its dequantized keys in f16) or e5m2
     const void * K;   enum sparq_type K_type;  size_t K_nb1, K_nb2, K_nb3;    // [d, n_kv, n_head_kv, n_stream]
     const void * KT;  enum sparq_type KT_type; size_t KT_nb1, KT_nb2, KT_nb3; // [n_kv, d, n_head_kv, n_stream]
     const void * V;   enum sparq_type V_type;  size_t V_nb1, V_nb2, V_nb3;    // [dv, n_kv, n_head_kv, n_stream]

@@ -109,10 +109,37 @@ template <typename T> static __device__ __forceinline__ float sq_ld(const T * p)
 template <> __device__ __forceinline__ float sq_ld<half>(const half * p) { return __half2float(*p); }
 template <> __device__ __forceinline__ float sq_ld<float>(const float * p) { return *p; }
 
+// K^T's element types (the score kernel's TKT: float, half, uint8_t)
+enum sparq_cu_kt { SPARQ_CU_KT_F32 = 0, SPARQ_CU_KT_F16 = 1, SPARQ_CU_KT_E5M2 = 2 };
+
+// an e5m2 byte (an 8-bit K^T): the upper byte of an f16
+static __device__ __forceinline__ float sq_e5m2(unsigned int b) {
+    return __half2float(__ushort_as_half((unsigned short) (b << 8)));
+}
+
 // N consecutive values from p (aligned to N elements, at most 16 bytes per load)
 template <typename T, int N>
 static __device__ __forceinline__ void sq_ldv(const T * p, float * v) {
-    if constexpr (std::is_same_v<T, half>) {
+    if constexpr (std::is_same_v<T, uint8_t>) {
+        // e5m2: N bytes in one load, byte i of the words the i-th value (little-endian)
+        unsigned int w[2] = { 0u, 0u };
+        if constexpr (N == 8) {
+            const uint2 x = *(const uint2 *) p;
+            w[0] = x.x;
+            w[1] = x.y;
+        } else if constexpr (N == 4) {
+            w[0] = *(const unsigned int *) p;
+        } else if constexpr (N == 2) {
+            w[0] = *(const unsigned short *) p;
+        } else {
+            static_assert(N == 1, "sparq: vector width");
+            w[0] = *p;
+        }
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+            v[i] = sq_e5m2((w[i / 4] >> (8 * (i % 4))) & 0xffu);
+        }
+    } else if constexpr (std::is_same_v<T, half>) {
         if constexpr (N == 8) {
             const uint4 x = *(const uint4 *) p;
             const half2 * h = (const half2 *) &x;

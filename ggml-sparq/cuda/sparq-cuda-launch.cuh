@@ -104,11 +104,13 @@ static void sparq_launch_attend(const sparq_cu_args & a, int n_part, sparq_strea
 }
 
 template <int GMAX>
-static void sparq_launch_g(const sparq_cu_args & a, bool kt_f16, bool k_f16, bool v_f16, int cpt, int n_part,
+static void sparq_launch_g(const sparq_cu_args & a, int kt, bool k_f16, bool v_f16, int cpt, int n_part,
                            sparq_stream_t stream) {
     if (n_part == 0) {
-        if (kt_f16) {
+        if (kt == SPARQ_CU_KT_F16) {
             sparq_launch_score<GMAX, half>(a, cpt, stream);
+        } else if (kt == SPARQ_CU_KT_E5M2) {
+            sparq_launch_score<GMAX, uint8_t>(a, cpt, stream);
         } else {
             sparq_launch_score<GMAX, float>(a, cpt, stream);
         }
@@ -126,14 +128,14 @@ static void sparq_launch_g(const sparq_cu_args & a, bool kt_f16, bool k_f16, boo
 }
 
 // n_part 0: kernel 1 (the scores); else kernel 3 in n_part parts per unit
-static void sparq_launch_by_g(const sparq_cu_args & a, bool kt_f16, bool k_f16, bool v_f16, int cpt, int n_part,
+static void sparq_launch_by_g(const sparq_cu_args & a, int kt, bool k_f16, bool v_f16, int cpt, int n_part,
                               sparq_stream_t stream) {
     switch (sparq_gmax(a.g)) {
-        case 1:  sparq_launch_g<1>(a, kt_f16, k_f16, v_f16, cpt, n_part, stream); break;
-        case 2:  sparq_launch_g<2>(a, kt_f16, k_f16, v_f16, cpt, n_part, stream); break;
-        case 4:  sparq_launch_g<4>(a, kt_f16, k_f16, v_f16, cpt, n_part, stream); break;
-        case 8:  sparq_launch_g<8>(a, kt_f16, k_f16, v_f16, cpt, n_part, stream); break;
-        default: sparq_launch_g<16>(a, kt_f16, k_f16, v_f16, cpt, n_part, stream); break;
+        case 1:  sparq_launch_g<1>(a, kt, k_f16, v_f16, cpt, n_part, stream); break;
+        case 2:  sparq_launch_g<2>(a, kt, k_f16, v_f16, cpt, n_part, stream); break;
+        case 4:  sparq_launch_g<4>(a, kt, k_f16, v_f16, cpt, n_part, stream); break;
+        case 8:  sparq_launch_g<8>(a, kt, k_f16, v_f16, cpt, n_part, stream); break;
+        default: sparq_launch_g<16>(a, kt, k_f16, v_f16, cpt, n_part, stream); break;
     }
 }
 
@@ -151,12 +153,13 @@ static int sparq_select_radix_forced() {
 //   1 k_sparq_score       (score tiles x units)     components, valid cells, approximate scores
 //   2 k_sparq_select      (selection tiles x lists)  keys and histograms; each list's last tile chooses
 //   3 k_sparq_attend[_part] (units, or parts x units) exact attention and the mean-V mix
-static void sparq_cu_run(const sparq_cu_args & a, int cpt, bool kt_f16, bool k_f16, bool v_f16, sparq_stream_t stream) {
-    sparq_launch_by_g(a, kt_f16, k_f16, v_f16, cpt, 0, stream);
+// kt: K^T's element type (sparq_cu_kt)
+static void sparq_cu_run(const sparq_cu_args & a, int cpt, int kt, bool k_f16, bool v_f16, sparq_stream_t stream) {
+    sparq_launch_by_g(a, kt, k_f16, v_f16, cpt, 0, stream);
     if (a.cov_p > 0.0f) {
         SPARQ_LAUNCH(k_sparq_select<true>, dim3(a.nt_s, a.L), SPARQ_NT, stream, a);
     } else {
         SPARQ_LAUNCH(k_sparq_select<false>, dim3(a.nt_s, a.L), SPARQ_NT, stream, a);
     }
-    sparq_launch_by_g(a, kt_f16, k_f16, v_f16, cpt, sparq_attend_parts(a), stream);
+    sparq_launch_by_g(a, kt, k_f16, v_f16, cpt, sparq_attend_parts(a), stream);
 }

@@ -65,8 +65,8 @@ static const char * sparq_cuda_unsupported(const ggml_tensor * op) {
     if (q->type != GGML_TYPE_F32 || op->type != GGML_TYPE_F32) {
         return "q and the result must be f32";
     }
-    if (!sparq_cu_type_ok(k) || !sparq_cu_type_ok(kt) || !sparq_cu_type_ok(v)) {
-        return "K, K^T and V must be f16 or f32";
+    if (!sparq_cu_type_ok(k) || !(sparq_cu_type_ok(kt) || kt->type == GGML_TYPE_I8) || !sparq_cu_type_ok(v)) {
+        return "K and V must be f16 or f32, K^T f16, f32 or i8 (e5m2)";
     }
     if (mk && mk->type != GGML_TYPE_F16 && mk->type != GGML_TYPE_F32) {
         return "the mask must be f16 or f32";
@@ -103,9 +103,20 @@ static const char * sparq_cuda_unsupported(const ggml_tensor * op) {
     return nullptr;
 }
 
+// the 8-bit K^T's writes (ggml_sparq_kt_append): NULL when covered, else why not
+static const char * sparq_cuda_append_unsupported(const ggml_tensor * op) {
+    const ggml_tensor * src = op->src[1];
+    const ggml_tensor * idx = op->src[2];
+    if (op->src[0]->type != GGML_TYPE_I8 || (src->type != GGML_TYPE_F32 && src->type != GGML_TYPE_F16) ||
+        !ggml_is_contiguous(src) || (idx && idx->type != GGML_TYPE_I64)) {
+        return "the K^T append: i8 rows from f32 or f16, i64 indices";
+    }
+    return nullptr;
+}
+
 bool ggml_cuda_sparq_attn_supported(int device, const ggml_tensor * op) {
     GGML_UNUSED(device);
-    const char * why = sparq_cuda_unsupported(op);
+    const char * why = ggml_sparq_is_kt_append(op) ? sparq_cuda_append_unsupported(op) : sparq_cuda_unsupported(op);
     if (why) {
         // the scheduler then runs the op on the CPU: say so once
         static std::atomic<bool> said{false};
@@ -212,7 +223,53 @@ static bool sparq_cuda_args_of(const ggml_tensor * dst, sparq_cu_args & a, int *
 // launch: scratch from ctx's pool, the kernels on ctx's stream
 // ---------------------------------------------------------------------------
 
+// row idx[i] (or i) of dst = e5m2 of row i of src: one thread per value
+template <typename TS>
+static __global__ void k_sparq_kt_append(const char * src, size_t s_nb1, const int64_t * idx, char * dst,
+                                         size_t d_nb1, int64_t ne0, int64_t n) {
+    const int64_t i = (int64_t) blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n * ne0) {
+        return;
+    }
+    const int64_t row = i / ne0, j = i % ne0;
+    const TS x = ((const TS *) (src + (size_t) row * s_nb1))[j];
+    unsigned short h;
+    if constexpr (std::is_same_v<TS, half>) {
+        h = __half_as_ushort(x);
+    } else {
+        h = __half_as_ushort(__float2half_rn(x)); // f32: to f16 first, as the CPU does
+    }
+    dst[(size_t) (idx ? idx[row] : row) * d_nb1 + j] = (char) ggml_sparq_f16_to_e5m2(h);
+}
+
+static void sparq_cuda_kt_append(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+    const ggml_tensor * src = dst->src[1];
+    const ggml_tensor * idx = dst->src[2];
+    const int64_t ne0 = src->ne[0], n = src->ne[1];
+    if (n * ne0 == 0) {
+        return;
+    }
+    const int nt = 256;
+    const dim3 grid((unsigned int) ((n * ne0 + nt - 1) / nt));
+    const int64_t * ip = idx ? (const int64_t *) idx->data : nullptr;
+    if (src->type == GGML_TYPE_F16) {
+        k_sparq_kt_append<half><<<grid, nt, 0, ctx.stream()>>>((const char *) src->data, src->nb[1], ip,
+                                                                (char *) dst->data, dst->nb[1], ne0, n);
+    } else {
+        k_sparq_kt_append<float><<<grid, nt, 0, ctx.stream()>>>((const char *) src->data, src->nb[1], ip,
+                                                                 (char *) dst->data, dst->nb[1], ne0, n);
+    }
+}
+
 void ggml_cuda_sparq_attn(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+    if (ggml_sparq_is_kt_append(dst)) {
+        const char * why = sparq_cuda_append_unsupported(dst);
+        if (why) {
+            GGML_ABORT("sparq_attn: the CUDA kernels do not cover %s: %s", dst->name, why);
+        }
+        sparq_cuda_kt_append(ctx, dst);
+        return;
+    }
     const char * why = sparq_cuda_unsupported(dst);
     if (why) {
         GGML_ABORT("sparq_attn: the CUDA kernels do not cover %s: %s", dst->name, why);
@@ -245,8 +302,9 @@ void ggml_cuda_sparq_attn(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     a.keys = keys.get(); a.hist = hist.get(); a.hmass = hmass.get(); a.ldone = ldone.get(); a.udone = udone.get();
     a.udense = udense.get(); a.selbits = selbits.get(); a.sel = sel.get(); a.pstat = pstat.get(); a.py = py.get();
 
-    const bool kt_f16 = dst->src[2]->type == GGML_TYPE_F16;
+    const ggml_type ktt = dst->src[2]->type;
+    const int kt = ktt == GGML_TYPE_F16 ? SPARQ_CU_KT_F16 : ktt == GGML_TYPE_I8 ? SPARQ_CU_KT_E5M2 : SPARQ_CU_KT_F32;
     const bool k_f16 = dst->src[1]->type == GGML_TYPE_F16;
     const bool v_f16 = dst->src[3]->type == GGML_TYPE_F16;
-    sparq_cu_run(a, cpt, kt_f16, k_f16, v_f16, ctx.stream());
+    sparq_cu_run(a, cpt, kt, k_f16, v_f16, ctx.stream());
 }

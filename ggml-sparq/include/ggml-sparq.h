@@ -2,6 +2,7 @@
 #pragma once
 
 #include "ggml.h"
+#include "ggml-sparq-e5m2.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -105,6 +106,23 @@ GGML_API void ggml_sparq_attn_set_coverage_cap(struct ggml_tensor * attn, float 
 // writes it while it runs; other backends ignore it. It must outlive every computation of the node.
 GGML_API void ggml_sparq_attn_set_report(struct ggml_tensor * attn, float * report);
 GGML_API float * ggml_sparq_attn_get_report(const struct ggml_tensor * attn);
+
+// The 8-bit K^T's writes, as a mode of GGML_OP_SPARQ_ATTN (no new ggml op): row idx[i] of dst
+// (i8, rows of ne0 bytes, dst->nb[0] == 1) = e5m2 of row i of src (f32 or f16 [ne0, n], contiguous);
+// without idx, row i of dst. The result is a view of dst (as ggml_set_rows's), to order later readers.
+// idx: i64 [n]. The CPU and CUDA backends compute it.
+#define GGML_SPARQ_MODE_PARAM 15 // the op parameter holding the mode (0: attention)
+enum ggml_sparq_mode {
+    GGML_SPARQ_MODE_ATTN = 0,
+    GGML_SPARQ_MODE_KT_APPEND = 1,
+};
+
+GGML_API struct ggml_tensor * ggml_sparq_kt_append(struct ggml_context * ctx, struct ggml_tensor * dst,
+                                                   struct ggml_tensor * src, struct ggml_tensor * idx);
+
+static inline bool ggml_sparq_is_kt_append(const struct ggml_tensor * t) {
+    return t->op == GGML_OP_SPARQ_ATTN && t->op_params[GGML_SPARQ_MODE_PARAM] == GGML_SPARQ_MODE_KT_APPEND;
+}
 
 #ifdef __cplusplus
 }

@@ -192,6 +192,11 @@ static bool sparq_params_in_range(const llama_sparq_params * p, int64_t head_siz
 
 // the ranges, then the settings against each other (the context aside)
 static bool sparq_params_consistent(const llama_sparq_params * p, int64_t head_size, char * err, size_t err_size) {
+    // two values, not the range between them (the table's range is 8..16)
+    if (p->kt_bits != 8 && p->kt_bits != 16) {
+        sparq_err(err, err_size, "SparQ: kt_bits = %d is out of range: allowed 8 (e5m2) or 16 (f16)", (int) p->kt_bits);
+        return false;
+    }
     if (!sparq_params_in_range(p, head_size, err, err_size)) {
         return false;
     }
@@ -258,7 +263,7 @@ static int32_t sparq_validate_params(llama_context * ctx, const llama_sparq_para
 
 // the context's SparQ state, made when SparQ is first enabled (its cache found, K^T and the sums
 // allocated): 0, or -2 with the message in err
-static int32_t sparq_create(llama_context * ctx, char * err, size_t err_size) {
+static int32_t sparq_create(llama_context * ctx, int32_t kt_bits, char * err, size_t err_size) {
     llama_kv_cache * kv = sparq_find_cache(ctx->get_memory());
     if (!kv) {
         sparq_err(err, err_size, "SparQ: this context has no attention KV cache (recurrent or embedding model?)");
@@ -274,7 +279,7 @@ static int32_t sparq_create(llama_context * ctx, char * err, size_t err_size) {
     S->env = sparq_env_read();
     S->kv = kv;
     S->balloc = upstream::balloc(ctx);
-    if (!sparq_alloc(*S, upstream::model(ctx), err, err_size)) {
+    if (!sparq_alloc(*S, upstream::model(ctx), kt_bits, err, err_size)) {
         return -2;
     }
     upstream::cparams(ctx).sparq = S;
@@ -305,7 +310,7 @@ static int32_t sparq_check_device_runs(const llama_sparq_ctx & S, const llama_sp
         ggml_context * c = ggml_init(ip);
         ggml_tensor * q  = ggml_new_tensor_4d(c, GGML_TYPE_F32, d, 1, hkv, 1);
         ggml_tensor * k  = ggml_new_tensor_4d(c, L.type_k, d, n, hkv, 1);
-        ggml_tensor * kt = ggml_new_tensor_4d(c, L.data.kt->type, n, d, hkv, 1);
+        ggml_tensor * kt = ggml_new_tensor_4d(c, sparq_kt_type(L.type_k, p->kt_bits), n, d, hkv, 1);
         ggml_tensor * v  = ggml_new_tensor_4d(c, L.type_v, dv, n, hkv, 1);
         ggml_tensor * vs = ggml_new_tensor_3d(c, GGML_TYPE_F32, dv, hkv, 1);
         ggml_tensor * vc = ggml_new_tensor_1d(c, GGML_TYPE_F32, 1);
@@ -378,6 +383,15 @@ static int32_t sparq_apply_params(llama_context * ctx, llama_sparq_ctx & S, cons
     if (p->basis == LLAMA_SPARQ_BASIS_PCA && !sparq_alloc_basis(S, err, err_size)) {
         return -2;
     }
+    if (p->kt_bits != S.kt_bits) {
+        // K^T of another type: allocated anew, and every stream rebuilt into it before its next use
+        if (!sparq_alloc_kt(S, p->kt_bits, err, err_size)) {
+            return -2;
+        }
+        for (auto & st : S.streams) {
+            st.valid = false;
+        }
+    }
     if (p->basis != S.params.basis || !S.params.enabled) {
         // switched on (nothing kept the data while SparQ was off) or a new basis: every stream is rebuilt
         // before its next use, in the new basis (a calibrated one at the next SparQ step)
@@ -426,7 +440,7 @@ int32_t llama_sparq_set_params(struct llama_context * ctx, const struct llama_sp
         return 0;
     }
     if (!cp.sparq) {
-        const int32_t rc_create = sparq_create(ctx, err, err_size);
+        const int32_t rc_create = sparq_create(ctx, p->kt_bits, err, err_size);
         if (rc_create != 0) {
             return rc_create;
         }

@@ -97,8 +97,8 @@ const char * sparq_attn_variant(llm_arch arch, const llama_hparams & hp, const s
     return nullptr;
 }
 
-// allocate K^T and the V sums for the layers of the cache that can use them
-bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, char * err, size_t err_size) {
+// allocate K^T (of kt_bits) and the V sums for the layers of the cache that can use them
+bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, int32_t kt_bits, char * err, size_t err_size) {
     const llama_kv_cache * kv = S.kv;
     const char * variant = sparq_attn_variant(model.arch, model.hparams, nullptr);
     const uint32_t kv_size = upstream::kv_size(kv), n_stream = upstream::n_stream(kv);
@@ -148,14 +148,10 @@ bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, char * err, siz
             L.reason = LLAMA_SPARQ_DENSE_ATTN_VARIANT;
             continue;
         }
-        // K^T of a quantized cache: its keys dequantized, in f16 (step 2 reads it cell by cell)
-        L.data.kt = ggml_new_tensor_4d(S.ctx.get(), ggml_is_quantized(k->type) ? GGML_TYPE_F16 : k->type, kv_size, dk,
-                                       hkv, n_stream);
         L.data.vsum = ggml_new_tensor_3d(S.ctx.get(), GGML_TYPE_F32, dv, hkv, n_stream);
         L.data.ksq = ggml_new_tensor_3d(S.ctx.get(), GGML_TYPE_F32, dk, hkv, n_stream);
         ggml_format_name(L.data.ksq, "sparq_ksq_l%u", il);
         L.data.vcomp = ggml_new_tensor_3d(S.ctx.get(), GGML_TYPE_F32, dv, hkv, n_stream);
-        ggml_format_name(L.data.kt, "sparq_kt_l%u", il);
         ggml_format_name(L.data.vsum, "sparq_vsum_l%u", il);
         ggml_format_name(L.data.vcomp, "sparq_vcomp_l%u", il);
         L.sel.h2o = ggml_new_tensor_3d(S.ctx.get(), GGML_TYPE_F32, kv_size, hkv, n_stream);
@@ -164,7 +160,6 @@ bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, char * err, siz
         L.diffuse.left.assign(n_stream, 0);
         L.diffuse.period.assign(n_stream, 0);
         ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(k->buffer);
-        by_buft[buft].push_back(L.data.kt);
         by_buft[buft].push_back(L.data.vsum);
         by_buft[buft].push_back(L.data.ksq);
         by_buft[buft].push_back(L.data.vcomp);
@@ -181,7 +176,8 @@ bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, char * err, siz
         S.kv_bytes += ggml_nbytes(k) + ggml_nbytes(v);
         S.n_layers++;
     }
-    if (!sparq_alloc_buffers(S, by_buft, S.bufs, "K^T and the V sums", err, err_size)) {
+    if (!sparq_alloc_buffers(S, by_buft, S.bufs, "the V sums", err, err_size) ||
+        !sparq_alloc_kt(S, kt_bits, err, err_size)) {
         return false;
     }
     if (S.hadamard.n > 0) {
@@ -194,6 +190,42 @@ bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, char * err, siz
                    "(+%.0f%% of those layers' K and V, %.2f MiB)\n", __func__, S.n_layers, nl,
                    S.extra_bytes / 1048576.0, S.kv_bytes ? 100.0 * S.extra_bytes / S.kv_bytes : 0.0,
                    S.kv_bytes / 1048576.0);
+    return true;
+}
+
+bool sparq_alloc_kt(llama_sparq_ctx & S, int32_t kt_bits, char * err, size_t err_size) {
+    const uint32_t kv_size = upstream::kv_size(S.kv);
+    ggml_init_params ip = { (S.layers.size() + 1) * ggml_tensor_overhead(), nullptr, true };
+    ggml_context_ptr ctx(ggml_init(ip));
+    std::map<ggml_backend_buffer_type_t, std::vector<ggml_tensor *>> by_buft;
+    std::vector<ggml_tensor *> kt(S.layers.size(), nullptr);
+    for (size_t ikv = 0; ikv < S.layers.size(); ++ikv) {
+        const sparq_layer & L = S.layers[ikv];
+        if (!L.data.ksq) {
+            continue; // no SparQ data in this layer
+        }
+        // the shape of the sums of k^2: [d, n_head_kv, n_stream]
+        kt[ikv] = ggml_new_tensor_4d(ctx.get(), sparq_kt_type(L.type_k, kt_bits), kv_size, L.data.ksq->ne[0],
+                                     L.data.ksq->ne[1], L.data.ksq->ne[2]);
+        ggml_format_name(kt[ikv], "sparq_kt_l%d", L.il);
+        by_buft[ggml_backend_buffer_get_type(upstream::layer_k(S.kv, ikv)->buffer)].push_back(kt[ikv]);
+    }
+    std::vector<ggml_backend_buffer_ptr> bufs;
+    if (!sparq_alloc_buffers(S, by_buft, bufs, "K^T", err, err_size)) {
+        for (auto & b : bufs) {
+            S.extra_bytes -= ggml_backend_buffer_get_size(b.get());
+        }
+        return false; // the K^T kept so far stays
+    }
+    for (auto & b : S.kt_bufs) {
+        S.extra_bytes -= ggml_backend_buffer_get_size(b.get());
+    }
+    for (size_t ikv = 0; ikv < S.layers.size(); ++ikv) {
+        S.layers[ikv].data.kt = kt[ikv];
+    }
+    S.kt_bufs = std::move(bufs);
+    S.kt_ctx = std::move(ctx);
+    S.kt_bits = kt_bits;
     return true;
 }
 

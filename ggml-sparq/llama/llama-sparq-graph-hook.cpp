@@ -205,7 +205,8 @@ static ggml_tensor * sparq_ubatch_sums(sparq_attn_build & b, ggml_tensor * x_cur
     return ggml_reshape_2d(ctx0, sum, E, b.n_stream);
 }
 
-// the ubatch's keys into K^T (set_rows), in the PCA basis when K^T is kept in it
+// the ubatch's keys into K^T (set_rows; an 8-bit K^T through the op's append mode, which rounds them to
+// f16 and then to e5m2), in the PCA basis when K^T is kept in it
 // kc: the ubatch's keys as the cache holds them ([d, hkv, n_tokens] f32): a quantized cache's keys
 // quantized and back, once for K^T and the sums of k^2; NULL for an f16 or f32 cache (K^T has its
 // type: set_rows rounds as the cache does)
@@ -223,7 +224,8 @@ static ggml_tensor * sparq_append_keys(sparq_attn_build & b, ggml_tensor * k_cur
         kin = ggml_cont(ctx0, ggml_permute(ctx0, kr, 0, 2, 1, 3));            // [d, hkv, n_tokens]
     }
     ggml_tensor * src = ggml_reshape_2d(ctx0, kin, 1, b.n_tokens * E);
-    ggml_tensor * kt = ggml_set_rows(ctx0, rows, src, idx);
+    ggml_tensor * kt = b.L.data.kt->type == GGML_TYPE_I8 ? ggml_sparq_kt_append(ctx0, rows, src, idx)
+                                                          : ggml_set_rows(ctx0, rows, src, idx);
     ggml_build_forward_expand(b.g.gf, kt);
     return kt;
 }

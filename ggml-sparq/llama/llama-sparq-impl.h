@@ -58,7 +58,9 @@ constexpr int SPARQ_DIFFUSE_MAX_STEPS = 256;
 // the data SparQ keeps beside a layer's K and V, brought up to date by the graph's appends and by
 // rebuilds
 struct sparq_layer_data {
-    ggml_tensor * kt   = nullptr; // [kv_size, d, n_head_kv, n_stream]
+    // [kv_size, d, n_head_kv, n_stream]: the cache's type (f16 for a quantized cache), or i8 holding
+    // e5m2 with kt_bits = 8 (sparq_kt_type)
+    ggml_tensor * kt   = nullptr;
     ggml_tensor * vsum = nullptr; // [dv, n_head_kv, n_stream] f32
     ggml_tensor * ksq  = nullptr; // [d, n_head_kv, n_stream] f32: the sum of k^2 per component (the scaled basis)
     // the V sums' compensation (Kahan summation of the appends; vsum - vcomp is the exact sum to
@@ -205,6 +207,10 @@ struct llama_sparq_ctx {
     std::vector<sparq_stream_state> streams; // by stream
     ggml_context_ptr ctx;
     std::vector<ggml_backend_buffer_ptr> bufs;
+    // K^T in buffers of its own: remade when kt_bits changes (sparq_alloc_kt); kt_bits: its bits now
+    ggml_context_ptr kt_ctx;
+    std::vector<ggml_backend_buffer_ptr> kt_bufs;
+    int32_t kt_bits = 16;
     uint64_t extra_bytes = 0;
     uint64_t kv_bytes = 0;
     int32_t n_layers = 0;
@@ -335,9 +341,33 @@ struct sparq_head_job {
 // shared helpers
 // ---------------------------------------------------------------------------
 
-// one element of an f16 or f32 tensor row, as f32 (inline: the rebuild's and training's loops use it)
+// one element of an f16 or f32 tensor row, or of an e5m2 K^T (i8), as f32 (inline: the rebuild's and
+// training's loops use it)
 inline float sparq_elem_f32(const uint8_t * p, ggml_type t) {
+    if (t == GGML_TYPE_I8) {
+        return ggml_fp16_to_fp32(ggml_sparq_e5m2_to_f16(*p));
+    }
     return t == GGML_TYPE_F16 ? ggml_fp16_to_fp32(*(const ggml_fp16_t *) p) : *(const float *) p;
+}
+
+// element o of a K^T row of type t set to x (e5m2: x rounded to f16, then to e5m2, as the appends do)
+inline void sparq_kt_put(uint8_t * row, ggml_type t, size_t o, float x) {
+    if (t == GGML_TYPE_I8) {
+        row[o] = ggml_sparq_f16_to_e5m2(ggml_fp32_to_fp16(x));
+    } else if (t == GGML_TYPE_F16) {
+        ((ggml_fp16_t *) row)[o] = ggml_fp32_to_fp16(x);
+    } else {
+        ((float *) row)[o] = x;
+    }
+}
+
+// K^T's type for a K cache of type k with kt_bits bits: e5m2 in i8 for 8, else the cache's (f16 for
+// a quantized cache: its keys dequantized)
+inline ggml_type sparq_kt_type(ggml_type k, int32_t kt_bits) {
+    if (kt_bits == 8) {
+        return GGML_TYPE_I8;
+    }
+    return ggml_is_quantized(k) ? GGML_TYPE_F16 : k;
 }
 
 // n values of a cache row (f32, f16, or quantized blocks: dequantized) as f32 into out; a
@@ -366,8 +396,10 @@ bool sparq_cache_type_ok(ggml_type t);
 // allocate the tensors of each buffer type in one zeroed buffer (kept in bufs, counted as SparQ's memory)
 bool sparq_alloc_buffers(llama_sparq_ctx & S, const std::map<ggml_backend_buffer_type_t, std::vector<ggml_tensor *>> & by_buft,
                          std::vector<ggml_backend_buffer_ptr> & bufs, const char * what, char * err, size_t err_size);
-// allocate K^T and the V sums for the layers of the cache that can use them
-bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, char * err, size_t err_size);
+// allocate K^T (of kt_bits) and the V sums for the layers of the cache that can use them
+bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, int32_t kt_bits, char * err, size_t err_size);
+// K^T of every SparQ layer again, of kt_bits' type (the old one freed; the caller has the streams rebuilt)
+bool sparq_alloc_kt(llama_sparq_ctx & S, int32_t kt_bits, char * err, size_t err_size);
 // what one layer or attention call brings that the model alone does not say: its graph inputs (NULL:
 // none) and its head sizes
 struct sparq_attn_call {

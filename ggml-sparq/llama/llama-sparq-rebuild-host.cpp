@@ -191,11 +191,13 @@ static void sparq_transpose_keys(const uint8_t * src, size_t rs, size_t esz, siz
     }
 }
 
-// The n rows of E components of a quantized K (row stride rs) dequantized (and with unrot > 0 rotated
-// back: sparq_unrotate_row) and transposed into an f16 K^T dst (component j's n cells at dst + j * ld),
-// 256 cells at a time: their rows in f32, then each destination row's 256 cells written contiguously
+// The n rows of E components of K of another type than K^T's kt_type (a quantized K, or an 8-bit K^T)
+// (row stride rs) as f32 (and with unrot > 0 rotated back: sparq_unrotate_row) and transposed into K^T
+// dst (component j's n cells at element j * ld), 256 cells at a time: their rows in f32, then each
+// destination row's 256 cells written contiguously, rounded as sparq_kt_put does
 static void sparq_transpose_dequant(const uint8_t * src, size_t rs, ggml_type type, size_t E, uint32_t n,
-                                    ggml_fp16_t * dst, size_t ld, int64_t unrot) {
+                                    uint8_t * dst, ggml_type kt_type, size_t ld, int64_t unrot) {
+    const size_t esz = ggml_type_size(kt_type);
     std::vector<float> tile((size_t) 256 * E);
     for (uint32_t c0 = 0; c0 < n; c0 += 256) {
         const uint32_t c1 = std::min(n, c0 + 256);
@@ -207,9 +209,9 @@ static void sparq_transpose_dequant(const uint8_t * src, size_t rs, ggml_type ty
             }
         }
         for (size_t j = 0; j < E; ++j) {
-            ggml_fp16_t * d = dst + j * ld;
+            uint8_t * d = dst + j * ld * esz;
             for (uint32_t c = c0; c < c1; ++c) {
-                d[c] = ggml_fp32_to_fp16(tile[(size_t) (c - c0) * E + j]);
+                sparq_kt_put(d, kt_type, c, tile[(size_t) (c - c0) * E + j]);
             }
         }
     }
@@ -219,7 +221,6 @@ static void sparq_transpose_dequant(const uint8_t * src, size_t rs, ggml_type ty
 // into dst (as sparq_transpose_keys lays it out), rounded to K^T's type kt_type
 static void sparq_rotate_keys(const sparq_layer & L, const uint8_t * src, size_t rs, ggml_type type, ggml_type kt_type,
                               size_t E, uint32_t n, uint8_t * dst, size_t ld) {
-    const size_t esz = ggml_type_size(kt_type);
     const size_t d = L.basis.rot->ne[0];
     std::vector<float> x(E);
     for (uint32_t c = 0; c < n; ++c) {
@@ -231,12 +232,7 @@ static void sparq_rotate_keys(const sparq_layer & L, const uint8_t * src, size_t
                 for (size_t j = 0; j < d; ++j) {
                     acc += (double) pm[j] * x[h * d + j];
                 }
-                const size_t o = (h * d + mm) * ld + c;
-                if (esz == 2) {
-                    ((ggml_fp16_t *) dst)[o] = ggml_fp32_to_fp16((float) acc);
-                } else {
-                    ((float *) dst)[o] = (float) acc;
-                }
+                sparq_kt_put(dst, kt_type, (h * d + mm) * ld + c, (float) acc);
             }
         }
     }
@@ -281,7 +277,7 @@ static void sparq_rebuild_range(llama_sparq_ctx & S, const sparq_rebuild_plan & 
     const ggml_tensor * k = upstream::layer_k(S.kv, ikv);
     const ggml_tensor * v = upstream::layer_v(S.kv, ikv);
     const size_t E = k->ne[0], Ev = v->ne[0];
-    const size_t esz = ggml_type_size(L.data.kt->type); // K^T's element (f16 for a quantized K)
+    const size_t esz = ggml_type_size(L.data.kt->type); // K^T's element (f16 for a quantized K, 1 for e5m2)
     R.vs.assign(Ev, 0.0);
     R.ks.assign(E, 0.0);
     if (b <= a) {
@@ -310,7 +306,7 @@ static void sparq_rebuild_range(llama_sparq_ctx & S, const sparq_rebuild_plan & 
     if (!L.basis.rot_host.empty()) {
         sparq_rotate_keys(L, kr.p, k->nb[1], k->type, L.data.kt->type, E, n, dst, ld);
     } else if (k->type != L.data.kt->type) {
-        sparq_transpose_dequant(kr.p, k->nb[1], k->type, E, n, (ggml_fp16_t *) dst, ld, unrot);
+        sparq_transpose_dequant(kr.p, k->nb[1], k->type, E, n, dst, L.data.kt->type, ld, unrot);
     } else {
         sparq_transpose_keys(kr.p, k->nb[1], esz, E, n, dst, ld);
     }

@@ -39,9 +39,10 @@ struct ggml_tensor * ggml_sparq_attn(
     const int64_t dv     = v->ne[0];
 
     GGML_ASSERT(q->type == GGML_TYPE_F32 && "sparq_attn: q must be f32");
-    // K^T is kept f16 or f32 (from the dequantized keys of a q8_0 cache)
+    // K^T is kept f16 or f32 (from the dequantized keys of a q8_0 cache), or e5m2 in i8 (ggml-sparq.h)
     GGML_ASSERT(sparq_row_type_ok(k)          && "sparq_attn: K must be f16, f32 or q8_0 (whole blocks per head)");
-    GGML_ASSERT(sparq_cache_type_ok(kt->type) && "sparq_attn: K^T must be f16 or f32");
+    GGML_ASSERT((sparq_cache_type_ok(kt->type) || kt->type == GGML_TYPE_I8) &&
+                "sparq_attn: K^T must be f16, f32 or i8 (e5m2)");
     GGML_ASSERT(sparq_row_type_ok(v)          && "sparq_attn: V must be f16, f32 or q8_0 (whole blocks per head)");
     GGML_ASSERT(k->ne[0] == d && "sparq_attn: K head size differs from q");
     GGML_ASSERT(kt->ne[0] == n_kv && kt->ne[1] == d && kt->ne[2] == n_hkv && kt->ne[3] == k->ne[3] &&
@@ -88,6 +89,30 @@ struct ggml_tensor * ggml_sparq_attn(
     result->src[5] = v_count;
     result->src[6] = mask;
 
+    return result;
+}
+
+struct ggml_tensor * ggml_sparq_kt_append(struct ggml_context * ctx, struct ggml_tensor * dst,
+                                         struct ggml_tensor * src, struct ggml_tensor * idx) {
+    GGML_ASSERT(dst->type == GGML_TYPE_I8 && dst->nb[0] == 1 && dst->ne[2] == 1 && dst->ne[3] == 1 &&
+                "sparq_kt_append: dst must be i8 rows [ne0, n_rows] (e5m2)");
+    GGML_ASSERT((src->type == GGML_TYPE_F32 || src->type == GGML_TYPE_F16) && ggml_is_contiguous(src) &&
+                src->ne[0] == dst->ne[0] && src->ne[2] == 1 && src->ne[3] == 1 &&
+                "sparq_kt_append: src must be contiguous f32 or f16 [ne0, n] with dst's row length");
+    if (idx) {
+        GGML_ASSERT(idx->type == GGML_TYPE_I64 && ggml_is_contiguous(idx) && ggml_nelements(idx) == src->ne[1] &&
+                    "sparq_kt_append: idx must be contiguous i64 [n]");
+    } else {
+        GGML_ASSERT(src->ne[1] == dst->ne[1] && "sparq_kt_append: without idx, src and dst have the same rows");
+    }
+    struct ggml_tensor * result = ggml_view_tensor(ctx, dst);
+    int32_t params[GGML_MAX_OP_PARAMS / sizeof(int32_t)] = { 0 };
+    params[GGML_SPARQ_MODE_PARAM] = GGML_SPARQ_MODE_KT_APPEND;
+    ggml_set_op_params(result, params, sizeof(params));
+    result->op     = GGML_OP_SPARQ_ATTN;
+    result->src[0] = dst;
+    result->src[1] = src;
+    result->src[2] = idx;
     return result;
 }
 

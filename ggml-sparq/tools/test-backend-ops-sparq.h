@@ -10,6 +10,7 @@
 #include "ggml-sparq.h"
 #include "sparq-tie-proof.h"
 
+#include <cmath>
 #include <random>
 
 struct test_sparq_attn : public test_case {
@@ -25,9 +26,11 @@ struct test_sparq_attn : public test_case {
     const float cov_p;
     const int k_min;
     const float k_frac;
+    const bool kt8; // K^T in 8 bits (e5m2 in i8) of the keys
 
     std::string vars() override {
-        return VARS_TO_STR17(d, kv, nh, nh_kv, nr, ns, r, k, l, type_KV, mask, sel, flags, variant, cov_p, k_min, k_frac);
+        return VARS_TO_STR17(d, kv, nh, nh_kv, nr, ns, r, k, l, type_KV, mask, sel, flags, variant, cov_p, k_min, k_frac) +
+               "," + VAR_TO_STR(kt8);
     }
 
     double max_nmse_err() override { return 5e-5; }
@@ -35,16 +38,16 @@ struct test_sparq_attn : public test_case {
     test_sparq_attn(int64_t d = 128, int64_t kv = 1024, int64_t nh = 32, int64_t nh_kv = 32, int64_t nr = 1,
                     int64_t ns = 1, int r = 16, int k = 128, int l = 32, ggml_type type_KV = GGML_TYPE_F16,
                     bool mask = true, int sel = GGML_SPARQ_SEL_SPARQ, int flags = 0, int variant = 0, float cov_p = 0.0f,
-                    int k_min = 0, float k_frac = 0.0f)
+                    int k_min = 0, float k_frac = 0.0f, bool kt8 = false)
         : d(d), kv(kv), nh(nh), nh_kv(nh_kv), nr(nr), ns(ns), r(r), k(k), l(l), type_KV(type_KV), mask(mask), sel(sel),
-          flags(flags), variant(variant), cov_p(cov_p), k_min(k_min), k_frac(k_frac) {}
+          flags(flags), variant(variant), cov_p(cov_p), k_min(k_min), k_frac(k_frac), kt8(kt8) {}
 
     ggml_tensor * build_graph(ggml_context * ctx) override {
         ggml_tensor * q = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, d, nr, nh, ns);
         ggml_set_name(q, "q");
         ggml_tensor * K = ggml_new_tensor_4d(ctx, type_KV, d, kv, nh_kv, ns);
         ggml_set_name(K, "K");
-        ggml_tensor * KT = ggml_new_tensor_4d(ctx, type_KV, kv, d, nh_kv, ns);
+        ggml_tensor * KT = ggml_new_tensor_4d(ctx, kt8 ? GGML_TYPE_I8 : type_KV, kv, d, nh_kv, ns);
         ggml_set_name(KT, "KT");
         ggml_tensor * V = ggml_new_tensor_4d(ctx, type_KV, d, kv, nh_kv, ns);
         ggml_set_name(V, "V");
@@ -166,19 +169,89 @@ struct test_sparq_attn : public test_case {
                 set_f(t, f);
             }
         }
-        // K^T is the keys again, cell-contiguous
+        // K^T is the keys again, cell-contiguous (e5m2 of them with kt8)
         if (K && KT) {
-            const size_t esz = ggml_type_size(K->type);
+            const size_t esz = ggml_type_size(K->type), tsz = ggml_type_size(KT->type);
             std::vector<uint8_t> src(ggml_nbytes(K)), dst(ggml_nbytes(KT));
             ggml_backend_tensor_get(K, src.data(), 0, src.size());
             for (int64_t b = 0; b < ns * nh_kv; ++b) {
                 for (int64_t i = 0; i < kv; ++i) {
                     for (int64_t j = 0; j < d; ++j) {
-                        memcpy(&dst[((b * d + j) * kv + i) * esz], &src[((b * kv + i) * d + j) * esz], esz);
+                        const uint8_t * x = &src[((b * kv + i) * d + j) * esz];
+                        uint8_t * y = &dst[((b * d + j) * kv + i) * tsz];
+                        if (kt8) {
+                            *y = ggml_sparq_f16_to_e5m2(esz == 2 ? *(const ggml_fp16_t *) x : ggml_fp32_to_fp16(*(const float *) x));
+                        } else {
+                            memcpy(y, x, esz);
+                        }
                     }
                 }
             }
             ggml_backend_tensor_set(KT, dst.data(), 0, dst.size());
+        }
+    }
+};
+
+// The 8-bit K^T's writes (ggml_sparq_kt_append): n rows of ne0 f32 or f16 values as e5m2 into the rows
+// idx names of an i8 tensor of n_dst rows (a shuffled subset), or into its first n rows without idx;
+// the values cover e5m2's range, its ties, saturation and subnormals
+struct test_sparq_kt_append : public test_case {
+    const ggml_type type_src;
+    const int64_t ne0, n, n_dst;
+    const bool with_idx;
+
+    std::string vars() override { return VARS_TO_STR5(type_src, ne0, n, n_dst, with_idx); }
+
+    test_sparq_kt_append(ggml_type type_src = GGML_TYPE_F32, int64_t ne0 = 1, int64_t n = 256, int64_t n_dst = 1024,
+                         bool with_idx = true)
+        : type_src(type_src), ne0(ne0), n(n), n_dst(n_dst), with_idx(with_idx) {}
+
+    ggml_tensor * build_graph(ggml_context * ctx) override {
+        ggml_tensor * dst = ggml_new_tensor_2d(ctx, GGML_TYPE_I8, ne0, n_dst);
+        ggml_set_name(dst, "dst");
+        ggml_tensor * src = ggml_new_tensor_2d(ctx, type_src, ne0, n);
+        ggml_set_name(src, "src");
+        ggml_tensor * idx = nullptr;
+        if (with_idx) {
+            idx = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, n);
+            ggml_set_name(idx, "idx");
+        } else {
+            dst = ggml_view_2d(ctx, dst, ne0, n, dst->nb[1], 0);
+        }
+        ggml_tensor * out = ggml_sparq_kt_append(ctx, dst, src, idx);
+        ggml_set_name(out, "out");
+        return out;
+    }
+
+    void initialize_tensors(ggml_context * ctx) override {
+        std::mt19937 gen(0xE5u + (uint32_t) (ne0 * 7 + n));
+        std::uniform_real_distribution<float> mant(-1.0f, 1.0f);
+        std::uniform_int_distribution<int> ex(-20, 17);
+        for (ggml_tensor * t = ggml_get_first_tensor(ctx); t != NULL; t = ggml_get_next_tensor(ctx, t)) {
+            if (ggml_is_view_op(t->op) || t->op == GGML_OP_SPARQ_ATTN) {
+                continue;
+            }
+            if (t->type == GGML_TYPE_I64) {
+                init_set_rows_row_ids(t, (int) n_dst);
+            } else if (t->type == GGML_TYPE_I8) {
+                std::vector<uint8_t> b(ggml_nbytes(t));
+                for (auto & x : b) {
+                    x = (uint8_t) gen();
+                }
+                ggml_backend_tensor_set(t, b.data(), 0, b.size());
+            } else {
+                std::vector<float> f(ggml_nelements(t));
+                for (auto & x : f) {
+                    x = std::ldexp(mant(gen), ex(gen)); // 2^-21 .. 2^17: subnormals to beyond 57344
+                }
+                if (t->type == GGML_TYPE_F16) {
+                    std::vector<ggml_fp16_t> h(f.size());
+                    ggml_fp32_to_fp16_row(f.data(), h.data(), (int64_t) f.size());
+                    ggml_backend_tensor_set(t, h.data(), 0, h.size() * sizeof(ggml_fp16_t));
+                } else {
+                    ggml_backend_tensor_set(t, f.data(), 0, f.size() * sizeof(float));
+                }
+            }
         }
     }
 };
@@ -271,5 +344,12 @@ static void sparq_add_test_cases(std::vector<std::unique_ptr<test_case>> & test_
         test_cases.emplace_back(new test_sparq_attn(128, 3000, 8, 2, 4, 1, 32, 750, 32, t, true, SPQ, 0, 0, 0.5f, 64, 0.25f));
         test_cases.emplace_back(new test_sparq_attn(128, 1000, 8, 2, 1, 2, 16, 256, 16, t, true, SPQ, 0, 0, 0.95f, 16, 0.25f));
         test_cases.emplace_back(new test_sparq_attn(128, 65536, 8, 2, 1, 2, 32, 16384, 32, t, true, SPQ, 0, 0, 0.5f, 128, 0.25f));
+        // K^T in 8 bits (e5m2): vector and scalar loads, GQA, per head, the calibrated k; its writes
+        test_cases.emplace_back(new test_sparq_attn(128, 4096, 8, 2, 1, 2, 32, 128, 32, t, true, SPQ, 0, 0, 0.0f, 0, 0.0f, true));
+        test_cases.emplace_back(new test_sparq_attn(64, 1000, 8, 8, 1, 1, 16, 64, 16, t, true, SPQ, 0, 0, 0.0f, 0, 0.0f, true));
+        test_cases.emplace_back(new test_sparq_attn(64, 4096, 16, 2, 1, 1, 16, 64, 16, t, true, SPQ, PH, 0, 0.0f, 0, 0.0f, true));
+        test_cases.emplace_back(new test_sparq_attn(128, 1000, 8, 2, 1, 2, 16, 256, 16, t, true, SPQ, 0, 0, 0.3f, 8, 0.25f, true));
+        test_cases.emplace_back(new test_sparq_kt_append(t, 1, 256, 1024, true));
+        test_cases.emplace_back(new test_sparq_kt_append(t, 1000, 64, 64, false));
     }
 }

@@ -9,7 +9,8 @@ In elements (an f16 cache):
 
 In bytes, for a cache type (``kv_type``): a K or V element costs b_kv bytes (f16 2, f32 4, q8_0
 34/32: a block of 32 int8 and an f16 scale), a K^T element b_t (2; 4 for an f32 cache: a q8_0
-cache keeps K^T in f16), vbar's 2*d at 2 bytes each (the f16 element the model counted first):
+cache keeps K^T in f16; 1 with ``kt_bits=8``, an e5m2 K^T, whatever the cache), vbar's 2*d at 2 bytes
+each (the f16 element the model counted first):
 
     B_dense = (S + 1)*d*2*b_kv
     B_sparq = S*r*b_t + (k + 1)*d*2*b_kv + 4*d
@@ -44,10 +45,13 @@ __all__ = [
 CACHE_TYPES = {"f16": (1, 2.0, 2.0), "f32": (0, 4.0, 4.0), "q8_0": (8, 34.0 / 32.0, 2.0)}
 
 
-def _kv_type(kv_type):
+def _kv_type(kv_type, kt_bits=16):
     if kv_type not in CACHE_TYPES:
         raise ValueError(f"kv_type must be one of {', '.join(CACHE_TYPES)}, got {kv_type!r}")
-    return CACHE_TYPES[kv_type]
+    if kt_bits not in (8, 16) or isinstance(kt_bits, bool):
+        raise ValueError(f"kt_bits must be 8 (e5m2) or 16, got {kt_bits!r}")
+    type_id, b_kv, b_t = CACHE_TYPES[kv_type]
+    return type_id, b_kv, 1.0 if kt_bits == 8 else b_t
 
 
 def cache_type_id(name):
@@ -129,31 +133,31 @@ def b_dense(S, d, kv_type="f16"):
     return _out(np.asarray(_b_dense(S, d, b_kv), dtype=np.float64), scalar)
 
 
-def b_sparq(S, d, r, k, kv_type="f16"):
+def b_sparq(S, d, r, k, kv_type="f16", kt_bits=16):
     """Bytes moved per KV head by one SparQ decode step with a ``kv_type`` cache:
-    S*r*b_t + (k + 1)*d*2*b_kv + 4*d (b_dense where S <= k)."""
+    S*r*b_t + (k + 1)*d*2*b_kv + 4*d (b_dense where S <= k); kt_bits=8: b_t = 1 (e5m2)."""
     S, scalar = _S_param(S)
     d = _int_param("d", d, 1)
     r = _int_param("r", r, 1, d, "d")
     k = _int_param("k", k, 1)
-    _, b_kv, b_t = _kv_type(kv_type)
+    _, b_kv, b_t = _kv_type(kv_type, kt_bits)
     return _out(np.asarray(_b_sparq(S, d, r, k, b_kv, b_t), dtype=np.float64), scalar)
 
 
-def compression(S, d, r, k, kv_type="f16"):
+def compression(S, d, r, k, kv_type="f16", kt_bits=16):
     """Compression ratio B_sparq / B_dense, the bytes of a ``kv_type`` cache (1.0 where S <= k); for
-    f16 it is M_sparq / M_dense."""
+    f16 it is M_sparq / M_dense. kt_bits=8: K^T in e5m2, 1 byte an element."""
     S, scalar = _S_param(S)
     d = _int_param("d", d, 1)
     r = _int_param("r", r, 1, d, "d")
     k = _int_param("k", k, 1)
-    _, b_kv, b_t = _kv_type(kv_type)
+    _, b_kv, b_t = _kv_type(kv_type, kt_bits)
     return _out(np.asarray(_b_sparq(S, d, r, k, b_kv, b_t) / _b_dense(S, d, b_kv), dtype=np.float64), scalar)
 
 
-def attention_bound(S, d, r, k, kv_type="f16"):
+def attention_bound(S, d, r, k, kv_type="f16", kt_bits=16):
     """Bound on the attention speedup when bandwidth bound: B_dense / B_sparq."""
-    c = compression(S, d, r, k, kv_type)
+    c = compression(S, d, r, k, kv_type, kt_bits)
     return 1.0 / c if np.ndim(c) == 0 else 1.0 / np.asarray(c)
 
 

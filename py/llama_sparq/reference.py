@@ -48,6 +48,7 @@ __all__ = [
     "dequantize_q8_0",
     "q8_0_bytes",
     "round_kv",
+    "round_e5m2",
 ]
 
 # Values per block of ggml's q8_0 (and the cache types' quantized blocks generally).
@@ -110,6 +111,17 @@ def round_kv(x, kv_quant):
     return dequantize_q8_0(*quantize_q8_0(x))
 
 
+def round_e5m2(x):
+    """``x`` as an 8-bit K^T holds it (float32): rounded to f16 (from f32, as the fork rounds), then to
+    e5m2, f16's upper byte, to nearest even on the f16 bits; a finite value beyond the largest finite
+    e5m2 saturates at +-57344, Inf and NaN are kept (``ggml-sparq/include/ggml-sparq-e5m2.h``)."""
+    h = np.asarray(x, dtype=np.float32).astype(np.float16).view(np.uint16).astype(np.uint32)
+    b = ((h + 0x7F + ((h >> 8) & 1)) >> 8) & 0xFF
+    b = np.where((b & 0x7F) == 0x7C, b - 1, b)
+    b = np.where((h & 0x7C00) == 0x7C00, (h >> 8) | np.where(h & 0x3FF, 2, 0), b)
+    return (b.astype(np.uint16) << 8).view(np.float16).astype(np.float32)
+
+
 def dense_attention(q, K, V, mask=None, scale=None, dtype=np.float64, kv_quant=None):
     """Dense attention, ``softmax(q . K^T * scale + mask) . V`` per query head.
 
@@ -163,7 +175,7 @@ def combined_scores(q, K, *, r, mask=None, scale=None, dtype=np.float64, comp_w=
 def sparq_attention(q, K, V, *, r, k, l=0, mask=None, scale=None, vbar=None,
                     dtype=np.float64, return_info=False, i2=None, per_head=False, mean_v=True,
                     oracle=False, q_sel=None, K_sel=None, comp_w=None, window=None,
-                    streaming=False, h2o_scores=None, ivf=None, coverage=None, kv_quant=None):
+                    streaming=False, h2o_scores=None, ivf=None, coverage=None, kv_quant=None, kt_bits=16):
     """SparQ attention (docs/algorithm.md steps 1-5) per row and KV head group.
 
     r: components kept in step 1, in [1, d].  k: positions kept in step 3, >= 1.
@@ -220,11 +232,17 @@ def sparq_attention(q, K, V, *, r, k, l=0, mask=None, scale=None, vbar=None,
     kv_quant: a quantized cache, ``"q8_0"``: K and V as it holds them (``round_kv``; steps 4-5 use
       those), and by default K_sel the f16 of those keys (the K^T the fork keeps for such a cache).
       A given vbar is used as it is (the fork's V sums are of the rounded values).
+    kt_bits: 8 reads K^T in e5m2 (``round_e5m2`` of K_sel, or of K) in steps 1-3 (the oracle's scores
+      too: it reads K^T); steps 4-5 still read K and V at full precision. 16 (default): as given.
     """
+    if kt_bits not in (8, 16) or isinstance(kt_bits, bool):
+        raise ValueError(f"kt_bits must be 8 (e5m2) or 16, got {kt_bits!r}")
     if kv_quant is not None:
         K, V = round_kv(K, kv_quant), round_kv(V, kv_quant)
         if K_sel is None:
             K_sel = np.asarray(K).astype(np.float16)
+    if kt_bits == 8:
+        K_sel = round_e5m2(K if K_sel is None else K_sel)
     q, K, V, mask, scale, vbar, dims = prepare(q, K, V, mask, scale, vbar)
     dt = float_dtype(dtype)
     n_rows, n_kv, g, d, S, dv = (

@@ -9,6 +9,7 @@
 //   sparq-cuda-emu d S n_head n_head_kv n_rows n_stream r k l f16 mask sel flags variant
 //                  [scalar [cov_p k_min k_frac]]
 //
+// f16: 0 f32 K, V and K^T; 1 f16; 2 f16 K and V with an 8-bit K^T (e5m2);
 // variant: 0 plain, 1 window list, 2 basis (q_sel, comp_w), 3 stream 0 dense (v_count < 0),
 // 4 stream 0 sees 40 cells in the middle (a dense row that skips empty chunks);
 // scalar: 1 forces the one-cell K^T loads; cov_p > 0: the calibrated k (coverage target cov_p, at
@@ -17,6 +18,7 @@
 // and exits 0 / 1. The inputs are tie-proof (tests/native/sparq-tie-proof.h: query large on r
 // components, keys level * sign there, levels i / 1024), so the selections must be equal.
 
+#include "ggml-sparq-e5m2.h"
 #include "sparq-cpu.h"
 #include "sparq-tie-proof.h"
 
@@ -52,6 +54,7 @@ struct dim3 {
 };
 static inline float2 make_float2(float a, float b) { return { a, b }; }
 static inline float __half2float(half h) { return sparq_fp16_to_fp32(h.x); }
+static inline half __ushort_as_half(unsigned short x) { return half{ x }; }
 static inline float2 __half22float2(half2 h) { return { __half2float(h.x), __half2float(h.y) }; }
 static inline unsigned int __float_as_uint(float f) { unsigned int u; memcpy(&u, &f, 4); return u; }
 static inline float __uint_as_float(unsigned int u) { float f; memcpy(&f, &u, 4); return f; }
@@ -251,6 +254,7 @@ int main(int argc, char ** argv) {
     const int d = atoi(argv[1]), S = atoi(argv[2]), nh = atoi(argv[3]), nhkv = atoi(argv[4]), nr = atoi(argv[5]);
     const int ns = atoi(argv[6]), r = atoi(argv[7]), k = atoi(argv[8]), l = atoi(argv[9]);
     const bool f16 = atoi(argv[10]) != 0, use_mask = atoi(argv[11]) != 0;
+    const bool e5m2 = atoi(argv[10]) == 2; // K^T in 8 bits
     const int sel = atoi(argv[12]), flags = atoi(argv[13]), variant = atoi(argv[14]);
     const bool force_scalar = argc > 15 && atoi(argv[15]) != 0;
     const float cov_p = argc > 18 ? (float) atof(argv[16]) : 0.0f;
@@ -282,7 +286,8 @@ int main(int argc, char ** argv) {
         x = uni(gen);
     }
     // caches in their type; K^T the keys again, cell-contiguous
-    std::vector<uint8_t> K(nkv * esz), KT(nkv * esz), V(nkv * esz);
+    const size_t tsz = e5m2 ? 1 : esz;
+    std::vector<uint8_t> K(nkv * esz), KT(nkv * tsz), V(nkv * esz);
     auto put = [&](std::vector<uint8_t> & dst, size_t i, float x) {
         if (f16) {
             const uint16_t h = sparq_fp32_to_fp16(x);
@@ -297,7 +302,12 @@ int main(int argc, char ** argv) {
                 const size_t ik = ((size_t) b * S + c) * d + j;
                 put(K, ik, Kf[ik]);
                 put(V, ik, Vf[ik]);
-                put(KT, ((size_t) b * d + j) * S + c, Kf[ik]);
+                const size_t it = ((size_t) b * d + j) * S + c;
+                if (e5m2) {
+                    KT[it] = ggml_sparq_f16_to_e5m2(sparq_fp32_to_fp16(Kf[ik]));
+                } else {
+                    put(KT, it, Kf[ik]);
+                }
             }
         }
     }
@@ -342,10 +352,10 @@ int main(int argc, char ** argv) {
     const size_t qb1 = d * 4, qb2 = qb1 * nr, qb3 = qb2 * nh;
     c.q = q.data(); c.q_nb1 = qb1; c.q_nb2 = qb2; c.q_nb3 = qb3;
     const size_t kb1 = d * esz, kb2 = kb1 * S, kb3 = kb2 * nhkv;
-    const size_t tb1 = S * esz, tb2 = tb1 * d, tb3 = tb2 * nhkv;
+    const size_t tb1 = S * tsz, tb2 = tb1 * d, tb3 = tb2 * nhkv;
     const sparq_type ct = f16 ? SPARQ_F16 : SPARQ_F32;
     c.K = K.data(); c.K_type = ct; c.K_nb1 = kb1; c.K_nb2 = kb2; c.K_nb3 = kb3;
-    c.KT = KT.data(); c.KT_type = ct; c.KT_nb1 = tb1; c.KT_nb2 = tb2; c.KT_nb3 = tb3;
+    c.KT = KT.data(); c.KT_type = e5m2 ? SPARQ_E5M2 : ct; c.KT_nb1 = tb1; c.KT_nb2 = tb2; c.KT_nb3 = tb3;
     c.V = V.data(); c.V_type = ct; c.V_nb1 = kb1; c.V_nb2 = kb2; c.V_nb3 = kb3;
     c.v_sum = vsum.data(); c.v_sum_nb1 = d * 4; c.v_sum_nb2 = (size_t) d * 4 * nhkv;
     c.v_count = vcount.data();
@@ -421,7 +431,7 @@ int main(int argc, char ** argv) {
     a.udense = udense.data(); a.selbits = selbits.data(); a.sel = selv.data(); a.pstat = pstat.data(); a.py = py.data();
     emu_team team;
     g_team = &team;
-    sparq_cu_run(a, cpt, f16, f16, f16, 0);
+    sparq_cu_run(a, cpt, e5m2 ? SPARQ_CU_KT_E5M2 : f16 ? SPARQ_CU_KT_F16 : SPARQ_CU_KT_F32, f16, f16, 0);
 
     // outputs
     double num = 0.0, den = 0.0, maxd = 0.0;

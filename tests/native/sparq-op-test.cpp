@@ -22,12 +22,14 @@
 // in that basis like K in K^T's type (K^T is made from them) and comp_w f32 [n_head_kv][d]; with the
 // h2o selector (3), its scores f32 [n_stream][n_head_kv][n_kv]; with the index selector (4),
 // i32 n_list, i32 n_probe, centroids f32 [n_stream][n_head_kv][n_list][d] and the cells' lists
-// f32 [n_stream][n_head_kv][n_kv] (-1: unassigned). Optional trailer: "COV1", f32 p, i32 k_min
-// (the calibrated k's coverage target, applied).
+// f32 [n_stream][n_head_kv][n_kv] (-1: unassigned). Optional trailers: "COV1", f32 p, i32 k_min
+// (the calibrated k's coverage target, applied); "KTE5" (K^T in 8 bits: e5m2 of the f32 or f16 keys
+// it is made from; in ggml mode written by the op's append mode).
 // Output file: out f32 [n_stream][n_rows][n_head][dv], then (direct mode)
 // sel int32 [n_stream][n_rows][n_head_kv][sel_n], then (h2o) the scores after the call or
 // (index) the lists after the call.
 
+#include "ggml-sparq-e5m2.h"
 #include "sparq-cpu.h"
 
 #ifdef SPARQ_TEST_WITH_GGML
@@ -55,6 +57,7 @@ struct test_case {
     float scale;
     float cov_p = 0.0f; // > 0: the coverage target (trailer COV1)
     int k_min = 0;
+    bool kt_e5m2 = false; // trailer KTE5
     std::vector<float> q, v_sum, v_count, q_sel, comp_w, h2o, ivf_cent;
     int ivf_n_list = 0, ivf_n_probe = 0;
     std::vector<char> K, V, mask, K_sel;
@@ -62,8 +65,10 @@ struct test_case {
     sparq_type kv_t() const { return kv_type == 2 ? SPARQ_Q8_0 : kv_type == 1 ? SPARQ_F16 : SPARQ_F32; }
     // bytes of n K or V rows of `len` values
     size_t kv_bytes(size_t n, int len) const { return n * sparq_row_bytes(kv_t(), len); }
-    // K^T's element: f32 for an f32 cache, else f16
+    // the element of the keys K^T is made from: f32 for an f32 cache, else f16
     size_t kt_esz() const { return kv_type == 0 ? 4 : 2; }
+    // K^T's element as kept: that, or 1 (e5m2)
+    size_t kt_store_esz() const { return kt_e5m2 ? 1 : kt_esz(); }
     size_t mask_esz() const { return mask_type == 1 ? 2 : 4; }
 };
 
@@ -140,12 +145,15 @@ static test_case read_case(const char * path) {
         read_exact(f, c.h2o.data(), c.h2o.size() * 4, c.selector == 3 ? "h2o scores" : "index lists");
     }
     char tmag[4];
-    if (fread(tmag, 1, 4, f) == 4) {
-        if (memcmp(tmag, "COV1", 4) != 0) {
+    while (fread(tmag, 1, 4, f) == 4) {
+        if (memcmp(tmag, "COV1", 4) == 0) {
+            read_exact(f, &c.cov_p, 4, "coverage target");
+            read_exact(f, &c.k_min, 4, "k_min");
+        } else if (memcmp(tmag, "KTE5", 4) == 0) {
+            c.kt_e5m2 = true;
+        } else {
             die("unknown trailer in case file: ", path);
         }
-        read_exact(f, &c.cov_p, 4, "coverage target");
-        read_exact(f, &c.k_min, 4, "k_min");
     }
     fclose(f);
     return c;
@@ -182,19 +190,39 @@ static std::vector<char> dequant_keys_f16(const test_case & c) {
     return out;
 }
 
+// one key element (f32 or f16) as e5m2 (an f32 rounded to f16 first)
+static char e5m2_of(const char * x, size_t esz) {
+    uint16_t h;
+    if (esz == 4) {
+        float f;
+        memcpy(&f, x, 4);
+        h = sparq_fp32_to_fp16(f);
+    } else {
+        memcpy(&h, x, 2);
+    }
+    return (char) ggml_sparq_f16_to_e5m2(h);
+}
+
 // K^T with rows of n_kv + kt_pad cells (a view into a larger cache, as in llama.cpp),
-// from the keys in the selection basis when the case has one (a q8_0 cache: f16 of its dequantized keys)
-static std::vector<char> make_kt(const test_case & c) {
+// from the keys in the selection basis when the case has one (a q8_0 cache: f16 of its dequantized keys);
+// e5m2 when the case says so and `stored`, else in the keys' own type
+static std::vector<char> make_kt(const test_case & c, bool stored = true) {
     const std::vector<char> K = c.has_basis ? c.K_sel : c.kv_type == 2 ? dequant_keys_f16(c) : c.K;
     const size_t esz = c.kt_esz(), row = (size_t) c.n_kv + c.kt_pad;
-    std::vector<char> kt((size_t) c.n_stream * c.n_head_kv * c.d * row * esz, 0);
+    const bool e5m2 = stored && c.kt_e5m2;
+    const size_t oesz = e5m2 ? 1 : esz;
+    std::vector<char> kt((size_t) c.n_stream * c.n_head_kv * c.d * row * oesz, 0);
     for (int st = 0; st < c.n_stream; ++st) {
         for (int h = 0; h < c.n_head_kv; ++h) {
             for (int i = 0; i < c.n_kv; ++i) {
                 for (int j = 0; j < c.d; ++j) {
                     const size_t src = ((((size_t) st * c.n_head_kv + h) * c.n_kv + i) * c.d + j) * esz;
-                    const size_t dst = ((((size_t) st * c.n_head_kv + h) * c.d + j) * row + i) * esz;
-                    memcpy(&kt[dst], &K[src], esz);
+                    const size_t dst = ((((size_t) st * c.n_head_kv + h) * c.d + j) * row + i) * oesz;
+                    if (e5m2) {
+                        kt[dst] = e5m2_of(&K[src], esz);
+                    } else {
+                        memcpy(&kt[dst], &K[src], esz);
+                    }
                 }
             }
         }
@@ -246,8 +274,8 @@ static int run_direct(const test_case & c, const char * out_path, const char * i
     const sparq_type t = c.kv_t();
     a.K = c.K.data(); a.K_type = t; a.K_nb1 = c.kv_bytes(1, c.d); a.K_nb2 = a.K_nb1 * c.n_kv; a.K_nb3 = a.K_nb2 * c.n_head_kv;
     a.V = c.V.data(); a.V_type = t; a.V_nb1 = c.kv_bytes(1, c.dv); a.V_nb2 = a.V_nb1 * c.n_kv; a.V_nb3 = a.V_nb2 * c.n_head_kv;
-    a.KT = kt.data(); a.KT_type = c.kv_type == 0 ? SPARQ_F32 : SPARQ_F16;
-    a.KT_nb1 = ktrow * c.kt_esz(); a.KT_nb2 = a.KT_nb1 * c.d; a.KT_nb3 = a.KT_nb2 * c.n_head_kv;
+    a.KT = kt.data(); a.KT_type = c.kt_e5m2 ? SPARQ_E5M2 : c.kv_type == 0 ? SPARQ_F32 : SPARQ_F16;
+    a.KT_nb1 = ktrow * c.kt_store_esz(); a.KT_nb2 = a.KT_nb1 * c.d; a.KT_nb3 = a.KT_nb2 * c.n_head_kv;
     a.v_sum = c.v_sum.data(); a.v_sum_nb1 = (size_t) c.dv * 4; a.v_sum_nb2 = a.v_sum_nb1 * c.n_head_kv;
     a.v_count = c.v_count.data();
     if (c.mask_type >= 0) {
@@ -296,11 +324,35 @@ static int run_direct(const test_case & c, const char * out_path, const char * i
 // ---------------------------------------------------------------------------
 
 #ifdef SPARQ_TEST_WITH_GGML
+// dst (i8 [row, ...]) written by ggml_sparq_kt_append from a new tensor of like's type holding its rows
+// in reverse order, through reversed indices; the source is the result's src[1], filled by the caller
+// (kt_fill_reversed); returns the node (a view of dst)
+static struct ggml_tensor * kt_appended(struct ggml_context * ctx, struct ggml_tensor * dst, struct ggml_tensor * like) {
+    const int64_t ne0 = dst->ne[0], n = ggml_nrows(dst);
+    struct ggml_tensor * src = ggml_new_tensor_2d(ctx, like->type, ne0, n);
+    struct ggml_tensor * idx = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, n);
+    for (int64_t i = 0; i < n; ++i) {
+        ((int64_t *) idx->data)[i] = n - 1 - i;
+    }
+    return ggml_sparq_kt_append(ctx, ggml_reshape_2d(ctx, dst, ne0, n), src, idx);
+}
+
+// the appended node's source: row i = row n - 1 - i of kt
+static void kt_fill_reversed(struct ggml_tensor * node, const std::vector<char> & kt) {
+    struct ggml_tensor * src = node->src[1];
+    const size_t rb = src->nb[1];
+    const int64_t n = src->ne[1];
+    for (int64_t i = 0; i < n; ++i) {
+        memcpy((char *) src->data + (size_t) i * rb, kt.data() + (size_t) (n - 1 - i) * rb, rb);
+    }
+}
+
 static int run_ggml(const test_case & c, const char * out_path, int nth) {
-    const std::vector<char> kt = make_kt(c);
+    // an 8-bit K^T is written by the op's append mode from the keys' own type, as the graph does
+    const std::vector<char> kt = make_kt(c, false);
     const enum ggml_type t = c.kv_type == 2 ? GGML_TYPE_Q8_0 : c.kv_type == 1 ? GGML_TYPE_F16 : GGML_TYPE_F32;
     const enum ggml_type tkt = c.kv_type == 0 ? GGML_TYPE_F32 : GGML_TYPE_F16;
-    const size_t need = c.h2o.size() * 4 + c.ivf_cent.size() * 4 + c.win.size() * 4 + c.q_sel.size() * 4 + c.comp_w.size() * 4 + c.q.size() * 4 + c.K.size() + c.V.size() + kt.size() + c.mask.size() +
+    const size_t need = c.h2o.size() * 4 + c.ivf_cent.size() * 4 + c.win.size() * 4 + c.q_sel.size() * 4 + c.comp_w.size() * 4 + c.q.size() * 4 + c.K.size() + c.V.size() + 4 * kt.size() + c.mask.size() +
                         c.v_sum.size() * 4 + c.v_count.size() * 4 +
                         (size_t) c.n_stream * c.n_rows * c.n_head * c.dv * 4 + 64 * ggml_tensor_overhead() +
                         ggml_graph_overhead() + (1 << 20);
@@ -311,7 +363,12 @@ static int run_ggml(const test_case & c, const char * out_path, int nth) {
     struct ggml_tensor * K = ggml_new_tensor_4d(ctx, t, c.d, c.n_kv, c.n_head_kv, c.n_stream);
     struct ggml_tensor * V = ggml_new_tensor_4d(ctx, t, c.dv, c.n_kv, c.n_head_kv, c.n_stream);
     struct ggml_tensor * KTfull = ggml_new_tensor_4d(ctx, tkt, c.n_kv + c.kt_pad, c.d, c.n_head_kv, c.n_stream);
-    struct ggml_tensor * KT = ggml_view_4d(ctx, KTfull, c.n_kv, c.d, c.n_head_kv, c.n_stream,
+    struct ggml_tensor * KTsrc = KTfull;
+    if (c.kt_e5m2) {
+        KTfull = ggml_new_tensor_4d(ctx, GGML_TYPE_I8, c.n_kv + c.kt_pad, c.d, c.n_head_kv, c.n_stream);
+        KTsrc = kt_appended(ctx, KTfull, KTsrc);
+    }
+    struct ggml_tensor * KT = ggml_view_4d(ctx, KTsrc, c.n_kv, c.d, c.n_head_kv, c.n_stream,
                                            KTfull->nb[1], KTfull->nb[2], KTfull->nb[3], 0);
     struct ggml_tensor * vs = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, c.dv, c.n_head_kv, c.n_stream);
     struct ggml_tensor * vc = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, c.n_stream);
@@ -323,7 +380,11 @@ static int run_ggml(const test_case & c, const char * out_path, int nth) {
     memcpy(q->data, c.q.data(), c.q.size() * 4);
     memcpy(K->data, c.K.data(), c.K.size());
     memcpy(V->data, c.V.data(), c.V.size());
-    memcpy(KTfull->data, kt.data(), kt.size());
+    if (c.kt_e5m2) {
+        kt_fill_reversed(KTsrc, kt);
+    } else {
+        memcpy(KTfull->data, kt.data(), kt.size());
+    }
     memcpy(vs->data, c.v_sum.data(), c.v_sum.size() * 4);
     memcpy(vc->data, c.v_count.data(), c.v_count.size() * 4);
 

@@ -21,6 +21,9 @@ struct avx2_vec {
     static inline vf set1(float x)                       { return _mm256_set1_ps(x); }
     static inline vf load(const float * p)               { return _mm256_loadu_ps(p); }
     static inline vf load(const uint16_t * p)            { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) p)); }
+    static inline vf load(const uint8_t * p) { // 8 e5m2 bytes: each the upper byte of an f16
+        return _mm256_cvtph_ps(_mm_slli_epi16(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *) p)), 8));
+    }
     static inline void store(float * p, vf v)            { _mm256_storeu_ps(p, v); }
     static inline vf add(vf a, vf b)                     { return _mm256_add_ps(a, b); }
     static inline vf sub(vf a, vf b)                     { return _mm256_sub_ps(a, b); }
@@ -61,6 +64,10 @@ void avx2_approx_f16(const uint16_t * const * rows, int r, const float * qs, int
 }
 
 void avx2_approx_f32(const float * const * rows, int r, const float * qs, int g, int n, float * out) {
+    simd_approx<avx2_vec>(rows, r, qs, g, n, out);
+}
+
+void avx2_approx_e5m2(const uint8_t * const * rows, int r, const float * qs, int g, int n, float * out) {
     simd_approx<avx2_vec>(rows, r, qs, g, n, out);
 }
 
@@ -118,7 +125,7 @@ int avx2_list_gather(const float * ids, int n, const int32_t * flag, int n_list,
 
 const struct sparq_isa sparq_isa_avx2 = {
     "avx2",
-    avx2_approx_f16, avx2_approx_f32,
+    avx2_approx_f16, avx2_approx_f32, avx2_approx_e5m2,
     avx2_expsum, avx2_exp_acc, avx2_max,
     avx2_dot_f16, avx2_dot_f32,
     avx2_axpy_f16, avx2_axpy_f32,

@@ -44,6 +44,11 @@ inline __m512 load(const uint16_t * p, __mmask16 m) {
     return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
 }
 
+// 16 e5m2 bytes: each the upper byte of an f16
+inline __m512 load(const uint8_t * p, __mmask16 m) {
+    return _mm512_cvtph_ps(_mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8(m, p)), 8));
+}
+
 inline __m512 load(const float * p, __mmask16 m) {
     return _mm512_maskz_loadu_ps(m, p);
 }
@@ -104,6 +109,10 @@ void avx512_approx_f16(const uint16_t * const * rows, int r, const float * qs, i
 }
 
 void avx512_approx_f32(const float * const * rows, int r, const float * qs, int g, int n, float * out) {
+    approx(rows, r, qs, g, n, out);
+}
+
+void avx512_approx_e5m2(const uint8_t * const * rows, int r, const float * qs, int g, int n, float * out) {
     approx(rows, r, qs, g, n, out);
 }
 
@@ -248,7 +257,7 @@ int avx512_list_gather(const float * ids, int n, const int32_t * flag, int n_lis
 
 const struct sparq_isa sparq_isa_avx512 = {
     "avx512",
-    avx512_approx_f16, avx512_approx_f32,
+    avx512_approx_f16, avx512_approx_f32, avx512_approx_e5m2,
     avx512_expsum, avx512_exp_acc, avx512_max,
     avx512_dot_f16, avx512_dot_f32,
     avx512_axpy_f16, avx512_axpy_f32,

@@ -9,6 +9,7 @@
 
 #include <arm_neon.h>
 #include <cmath>
+#include <cstring>
 
 namespace {
 
@@ -20,6 +21,12 @@ struct neon_vec {
     static inline vf set1(float x)                       { return vdupq_n_f32(x); }
     static inline vf load(const float * p)               { return vld1q_f32(p); }
     static inline vf load(const uint16_t * p)            { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
+    static inline vf load(const uint8_t * p) { // 4 e5m2 bytes (no read past them): each the upper byte of an f16
+        uint32_t x;
+        memcpy(&x, p, sizeof(x));
+        const uint16x8_t h = vshll_n_u8(vcreate_u8((uint64_t) x), 8);
+        return vcvt_f32_f16(vreinterpret_f16_u16(vget_low_u16(h)));
+    }
     static inline void store(float * p, vf v)            { vst1q_f32(p, v); }
     static inline vf add(vf a, vf b)                     { return vaddq_f32(a, b); }
     static inline vf sub(vf a, vf b)                     { return vsubq_f32(a, b); }
@@ -58,6 +65,10 @@ void neon_approx_f32(const float * const * rows, int r, const float * qs, int g,
     simd_approx<neon_vec>(rows, r, qs, g, n, out);
 }
 
+void neon_approx_e5m2(const uint8_t * const * rows, int r, const float * qs, int g, int n, float * out) {
+    simd_approx<neon_vec>(rows, r, qs, g, n, out);
+}
+
 float neon_expsum(const float * x, int n, float m)                  { return simd_expsum<neon_vec>(x, n, m); }
 void  neon_exp_acc(const float * x, int n, float m, float a, float * y) { simd_exp_acc<neon_vec>(x, n, m, a, y); }
 float neon_max(const float * x, int n)                              { return simd_max<neon_vec>(x, n); }
@@ -93,7 +104,7 @@ int neon_filter_gt(const float * x, int n, float t, int32_t * idx) {
 
 const struct sparq_isa sparq_isa_neon = {
     "neon",
-    neon_approx_f16, neon_approx_f32,
+    neon_approx_f16, neon_approx_f32, neon_approx_e5m2,
     neon_expsum, neon_exp_acc, neon_max,
     neon_dot_f16, neon_dot_f32,
     neon_axpy_f16, neon_axpy_f32,

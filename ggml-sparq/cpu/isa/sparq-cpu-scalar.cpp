@@ -7,7 +7,7 @@
 
 #include <cmath>
 
-// T: float or uint16_t (f16)
+// T: float, uint16_t (f16) or uint8_t (e5m2)
 template <class T>
 static void scalar_approx(const T * const * rows, int r, const float * qs, int g, int n, float * out) {
     for (int h = 0; h < g; ++h) {
@@ -30,6 +30,10 @@ static void scalar_approx_f16(const uint16_t * const * rows, int r, const float 
 }
 
 static void scalar_approx_f32(const float * const * rows, int r, const float * qs, int g, int n, float * out) {
+    scalar_approx(rows, r, qs, g, n, out);
+}
+
+static void scalar_approx_e5m2(const uint8_t * const * rows, int r, const float * qs, int g, int n, float * out) {
     scalar_approx(rows, r, qs, g, n, out);
 }
 
@@ -126,7 +130,7 @@ static int scalar_filter_gt(const float * x, int n, float t, int32_t * idx) {
 
 const struct sparq_isa sparq_isa_scalar = {
     "scalar",
-    scalar_approx_f16, scalar_approx_f32,
+    scalar_approx_f16, scalar_approx_f32, scalar_approx_e5m2,
     scalar_expsum, scalar_exp_acc, scalar_max,
     scalar_dot_f16, scalar_dot_f32,
     scalar_axpy_f16, scalar_axpy_f32,

@@ -7,6 +7,7 @@
 //   W                    lanes
 //   zero(), set1(x)      broadcasts
 //   load(const float *), load(const uint16_t *)   W floats, or W halves to f32; store(float *, vf)
+//   load(const uint8_t *)                         W e5m2 bytes to f32 (each the upper byte of an f16)
 //   add, sub, mul, min, max
 //   fmadd(a, b, c)       a * b + c, fused;  fnmadd(a, b, c): c - a * b, fused
 //   round(x)             to the nearest integer, ties to even
@@ -34,6 +35,7 @@ namespace {
 
 inline float simd_elem(const float * p)    { return *p; }
 inline float simd_elem(const uint16_t * p) { return sparq_fp16_to_fp32(*p); }
+inline float simd_elem(const uint8_t * p)  { return sparq_e5m2_to_fp32(*p); }
 
 // exp(x) for x <= 88.37; lanes below -87.33 (including -INF) give 0.
 // Cephes-style: x = n*ln2 + t, |t| <= ln2/2, exp(t) by a degree-7 polynomial.
@@ -57,7 +59,8 @@ inline typename V::vf simd_exp(typename V::vf x) {
 }
 
 // Row-major accumulation as in the AVX-512 file: out (g x n) += w_j * row_j, two rows at a time,
-// with the rows' next block prefetched; the tail (n % 2W) is scalar. T: float or uint16_t (f16).
+// with the rows' next block prefetched; the tail (n % 2W) is scalar. T: float, uint16_t (f16) or
+// uint8_t (e5m2).
 template <class V, class T>
 void simd_approx(const T * const * rows, int r, const float * qs, int g, int n, float * out) {
     typedef typename V::vf vf;

@@ -1,0 +1,148 @@
+"""An 8-bit K^T (sparq_kt_bits = 8: e5m2, f16's upper byte): the rounding of C and of the NumPy
+reference bit for bit, exact settings still equal to dense, the kept K^T equal to a recomputation
+after appends and cache operations (host and graph rebuilds, f16 and f32 caches), the switch on a
+live context, the counters' compression (one byte a K^T element, as the cost model) and bad values."""
+
+from __future__ import annotations
+
+import subprocess
+
+import numpy as np
+import pytest
+from sparq_ctx import rand_prompt
+from test_sparq_llama import debug_check, decode_greedy, make_llm, n_vocab, step
+
+from llama_sparq import cost
+from llama_sparq.reference import round_e5m2
+
+HEAD = 16  # both tiny models' head size
+
+
+def test_reference_rounding_cases():
+    """Ties to even on the f16 bits, saturation at the largest finite e5m2, Inf and NaN kept."""
+    x = np.array([1.0, 1.125, 1.375, -1.375, 57344.0, 60000.0, 65504.0, -65504.0, np.inf, -np.inf, 0.0,
+                  2.0 ** -16, 3 * 2.0 ** -17], np.float32)
+    want = np.array([1.0, 1.0, 1.5, -1.5, 57344.0, 57344.0, 57344.0, -57344.0, np.inf, -np.inf, 0.0,
+                     2.0 ** -16, 2.0 ** -15], np.float32)
+    assert np.array_equal(round_e5m2(x), want)
+    assert np.isnan(round_e5m2(np.float32("nan")))
+
+
+def test_reference_rounding_equals_the_c_rounding(tmp_path):
+    """Every f16 bit pattern through ggml_sparq_f16_to_e5m2 (the header the kernels, CUDA and the
+    emulator share) and through round_e5m2 gives the same byte (NaNs: both NaN)."""
+    from pathlib import Path
+
+    inc = Path(__file__).resolve().parent.parent / "ggml-sparq" / "include"
+    src = tmp_path / "e5m2.c"
+    src.write_text('#include "ggml-sparq-e5m2.h"\n#include <stdio.h>\n'
+                   "int main(void) { for (unsigned h = 0; h < 65536; ++h) "
+                   "putchar(ggml_sparq_f16_to_e5m2((uint16_t) h)); return 0; }\n")
+    exe = tmp_path / "e5m2"
+    subprocess.run(["cc", "-O1", f"-I{inc}", str(src), "-o", str(exe)], check=True, capture_output=True)
+    got = np.frombuffer(subprocess.run([str(exe)], check=True, capture_output=True).stdout, np.uint8)
+    h = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+    want = round_e5m2(h)
+    got_f = (got.astype(np.uint16) << 8).view(np.float16).astype(np.float32)
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(got_f), nan)
+    assert np.array_equal(got_f[~nan], want[~nan])
+
+
+@pytest.mark.parametrize("which", ["tiny_model", "tiny_gqa_model"])
+def test_exact_settings_equal_dense_with_kt8(request, which):
+    """r = d and k beyond the context: every step is dense attention, whatever K^T holds."""
+    model = request.getfixturevalue(which)
+    dense = make_llm(model)
+    prompt = rand_prompt(300, 1, n_vocab(dense))
+    want, want_lg = decode_greedy(dense, prompt, 12)
+    sp = make_llm(model, sparq_r=HEAD, sparq_k=4096, sparq_min_kv=0, sparq_kt_bits=8)
+    got, got_lg = decode_greedy(sp, prompt, 12)
+    assert sp.sparq_stats()["n_sparq"] == 2 * 12
+    assert got == want
+    assert np.abs(got_lg - want_lg).max() <= 1e-2 * np.abs(want_lg).max()
+
+
+@pytest.mark.parametrize("graph_rebuild", [False, True], ids=["host-rebuild", "graph-rebuild"])
+@pytest.mark.parametrize("cache", ["f16", "f32"])
+def test_kt8_equals_a_recomputation_after_cache_operations(tiny_gqa_model, monkeypatch, graph_rebuild, cache):
+    """The appends (the op's append mode) and the rebuilds (host, or the device graph on the CPU
+    backend) round the keys alike: debug_check finds K^T as a recomputation gives it."""
+    if graph_rebuild:
+        monkeypatch.setenv("LLAMA_SPARQ_GRAPH_REBUILD", "1")
+    tk = {"f16": 1, "f32": 0}[cache]
+    sp = make_llm(tiny_gqa_model, sparq=True, sparq_k=32, sparq_min_kv=0, sparq_kt_bits=8, type_k=tk, type_v=tk)
+    nv = n_vocab(sp)
+    decode_greedy(sp, rand_prompt(400, 4, nv), 6)
+    assert debug_check(sp) <= 1e-3
+    reb0 = sp.sparq_stats()["n_rebuilds"]
+    n = sp.n_tokens
+    assert sp._ctx.kv_cache_seq_rm(0, n - 50, -1)
+    sp.n_tokens = n - 50
+    for t in rand_prompt(6, 5, nv)[1:]:
+        step(sp, t)
+    assert debug_check(sp) <= 1e-3
+    assert sp.sparq_stats()["n_rebuilds"] > reb0
+    n = sp.n_tokens
+    sp._ctx.kv_cache_seq_rm(0, 10, 110)
+    sp._ctx.kv_cache_seq_shift(0, 110, n, -100)
+    sp.n_tokens = n - 100
+    step(sp, 5)
+    assert debug_check(sp) <= 1e-3
+    state = sp.save_state()
+    a = [step(sp, t) for t in (7, 8, 9)]
+    sp.load_state(state)
+    b = [step(sp, t) for t in (7, 8, 9)]
+    assert debug_check(sp) <= 1e-3
+    assert np.abs(np.array(a) - np.array(b)).max() <= 1e-4 * np.abs(np.array(a)).max()
+
+
+def test_kt_bits_switched_on_a_live_context(tiny_gqa_model):
+    """K^T is allocated again in the new type and every stream rebuilt into it; back at 16 the
+    logits are those of a context that never switched."""
+    ref16 = make_llm(tiny_gqa_model, sparq=True, sparq_k=32, sparq_min_kv=0)
+    prompt = rand_prompt(400, 7, n_vocab(ref16))
+    _, want = decode_greedy(ref16, prompt, 4)
+    sp = make_llm(tiny_gqa_model, sparq=True, sparq_k=32, sparq_min_kv=0)
+    decode_greedy(sp, prompt, 2)
+    bytes16 = sp.sparq_stats()["extra_bytes"]
+    sp.set_sparq(sparq_kt_bits=8)
+    assert sp.sparq_params()["sparq_kt_bits"] == 8
+    st = sp.sparq_stats()
+    assert st["extra_bytes"] < bytes16
+    reb = st["n_rebuilds"]
+    step(sp, 3)
+    assert sp.sparq_stats()["n_rebuilds"] > reb
+    assert debug_check(sp) <= 1e-3
+    sp.set_sparq(sparq_kt_bits=16)
+    assert sp.sparq_stats()["extra_bytes"] == bytes16
+    _, got = decode_greedy(sp, prompt, 4)
+    assert debug_check(sp) <= 1e-3
+    assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+
+
+def test_kt8_compression_is_the_cost_models(tiny_model):
+    """The counters count a K^T element at one byte: the mean compression of the same decode
+    steps is lower than with f16 K^T, each equal to the cost model's (cost.compression)."""
+    r, k, n = HEAD // 4, 32, 10
+    got = {}
+    for bits in (16, 8):
+        sp = make_llm(tiny_model, sparq=True, sparq_r=r, sparq_k=k, sparq_min_kv=0, sparq_kt_bits=bits)
+        prompt = rand_prompt(300, 8, n_vocab(sp))
+        decode_greedy(sp, prompt, n)
+        st = sp.sparq_stats()
+        assert st["n_sparq"] == 2 * n
+        got[bits] = st["compression"]
+        S = np.arange(len(prompt), len(prompt) + n)  # the cells each decode step attends over
+        want = float(np.mean(cost.compression(S, HEAD, r, k, kt_bits=bits)))
+        assert abs(got[bits] - want) < 2e-3, (bits, got[bits], want)
+    assert got[8] < got[16]
+
+
+def test_bad_kt_bits_is_refused_naming_the_setting(tiny_model):
+    sp = make_llm(tiny_model, n_ctx=256, sparq=True)
+    with pytest.raises(ValueError, match=r"SparQ: kt_bits = 12 is out of range: allowed 8 \(e5m2\) or 16"):
+        sp.set_sparq(sparq_kt_bits=12)
+    assert sp.sparq_params()["sparq_kt_bits"] == 16
+    with pytest.raises(ValueError, match="kt_bits"):
+        cost.compression(1000, 64, 16, 64, kt_bits=12)

@@ -19,8 +19,9 @@ share of it (speed-up over that dense path / bound).
 The modes, per K/V cache type of ``--cache-types`` (f16, q8_0; one context each, prefilled once):
 SparQ's defaults, and the dense paths of ``--dense``: ``fa1`` upstream's flash attention on the
 same context (the cache layout SparQ uses), ``fa0`` upstream's other dense path (a context of its
-own, V transposed; not for a quantized V, which needs flash attention). Each SparQ mode is
-compared with every dense mode and with the fastest of them.
+own, V transposed; not for a quantized V, which needs flash attention). ``--kt-bits 16,8`` adds
+SparQ with an 8-bit K^T (``sparq_kt_bits=8``, mode ``sparq_<type>_kt8``) on the same context. Each
+SparQ mode is compared with every dense mode and with the fastest of them.
 
     python bench/real_text_speed.py --model gemma3 --tokens 32000 --tag real_text_gemma3_32k
     python bench/real_text_speed.py --model smollm2 --tokens 8000 --cache-types f16,q8_0 --dense fa1,fa0 \
@@ -51,9 +52,9 @@ def python_docs() -> str:
     return "\n\n".join(topics[k] for k in sorted(topics))
 
 
-def decode(llm, state, toks, n_gen, sparq):
+def decode(llm, state, toks, n_gen, sparq, kt_bits=16):
     llm.load_state(state)
-    llm.set_sparq(sparq=sparq)
+    llm.set_sparq(sparq=sparq, **({"sparq_kt_bits": kt_bits} if sparq else {}))
     llm.reset_sparq_stats()
     stamps, out = [], []
     # (generate finds the restored prefix: the first step decodes the prompt's last token)
@@ -85,15 +86,17 @@ def amdahl_bound(t0, tS, c):
     return tS / (t0 + c * max(0.0, tS - t0))
 
 
-def dense_modes(cache_types, dense):
-    """The modes to time: (name, cache type, flash attention, sparq) per cache type, dense first."""
+def dense_modes(cache_types, dense, kt_bits=(16,)):
+    """The modes to time: (name, cache type, flash attention, sparq, K^T bits) per cache type, dense
+    first, then SparQ per K^T width (an 8-bit K^T: `_kt8`)."""
     modes = []
     for ct in cache_types:
         for fa in dense:
             if fa == "fa0" and ct != "f16":
                 continue  # a quantized V needs flash attention (upstream refuses -fa 0 with it)
-            modes.append((f"dense_{ct}_{fa}", ct, fa == "fa1", False))
-        modes.append((f"sparq_{ct}", ct, True, True))
+            modes.append((f"dense_{ct}_{fa}", ct, fa == "fa1", False, 16))
+        for bits in kt_bits:
+            modes.append((f"sparq_{ct}" + ("_kt8" if bits == 8 else ""), ct, True, True, bits))
     return modes
 
 
@@ -118,6 +121,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cache-types", default="f16", help="K/V cache types, comma list of f16, q8_0 (default f16)")
     ap.add_argument("--dense", default="fa1", help="dense paths, comma list of fa1 (flash attention, the "
                     "layout SparQ uses), fa0 (upstream's other path; f16 only) (default fa1)")
+    ap.add_argument("--kt-bits", default="16", help="SparQ's K^T widths, comma list of 16, 8 (sparq_kt_bits; "
+                    "default 16)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tag", required=True)
     ap.add_argument("--out-dir", type=Path, default=RESULTS)
@@ -128,9 +133,13 @@ def main(argv=None) -> int:
 
     cache_types = a.cache_types.split(",")
     dense = a.dense.split(",")
-    bad = [c for c in cache_types if c not in ("f16", "q8_0")] + [x for x in dense if x not in ("fa0", "fa1")]
-    if bad or not cache_types or not dense:
-        ap.error(f"--cache-types takes f16, q8_0 and --dense fa1, fa0 (comma lists); got {', '.join(bad) or 'nothing'}")
+    kt_bits = a.kt_bits.split(",")
+    bad = ([c for c in cache_types if c not in ("f16", "q8_0")] + [x for x in dense if x not in ("fa0", "fa1")]
+           + [b for b in kt_bits if b not in ("16", "8")])
+    if bad or not cache_types or not dense or not kt_bits:
+        ap.error(f"--cache-types takes f16, q8_0, --dense fa1, fa0 and --kt-bits 16, 8 (comma lists); got "
+                 f"{', '.join(bad) or 'nothing'}")
+    kt_bits = [int(b) for b in kt_bits]
     assert set(cache_types) <= set(CACHE_TYPES)
 
     from llama_sparq import Llama
@@ -138,10 +147,10 @@ def main(argv=None) -> int:
 
     model = str(resolve_model(a.model))
     load0 = loadavg()
-    modes = dense_modes(cache_types, dense)
+    modes = dense_modes(cache_types, dense, kt_bits)
     # one context per (cache type, flash attention): the SparQ mode and dense -fa 1 share theirs
     ctxs, toks, params, prefill_s = {}, None, None, {}
-    for name, ct, fa, sparq in modes:
+    for name, ct, fa, sparq, _ in modes:
         key = (ct, fa)
         if key in ctxs:
             continue
@@ -170,15 +179,15 @@ def main(argv=None) -> int:
     outs, stats = {}, {m[0]: [] for m in modes if m[3]}
     for rep in range(a.reps):
         for j in range(len(modes)):
-            name, ct, fa, sparq = modes[(rep + j) % len(modes)]
+            name, ct, fa, sparq, bits = modes[(rep + j) % len(modes)]
             llm, state = ctxs[(ct, fa)]
-            tps, out, s = decode(llm, state, toks, a.n_gen, sparq)
+            tps, out, s = decode(llm, state, toks, a.n_gen, sparq, bits)
             runs[name].append(round(tps, 2))
             outs.setdefault(name, out)
             if sparq:
                 stats[name].append(s)
     for rep in range(a.reps):  # depth 0, after the long runs (their states are no longer needed)
-        for name, ct, fa, sparq in modes:
+        for name, ct, fa, sparq, _ in modes:
             if not sparq:
                 short[name].append(round(decode_short(ctxs[(ct, fa)][0], toks, a.n_gen), 2))
     for llm, _ in ctxs.values():
@@ -199,14 +208,14 @@ def main(argv=None) -> int:
                      "share_of_bound": round(med[m] / med[fastest] / b, 3)}
     res = {
         "prompt_tokens": len(toks), "prefill_s": prefill_s, "n_gen": a.n_gen, "reps": a.reps,
-        "modes": {m[0]: {"cache_type": m[1], "flash_attn": m[2], "sparq": m[3]} for m in modes},
+        "modes": {m[0]: {"cache_type": m[1], "flash_attn": m[2], "sparq": m[3], "kt_bits": m[4]} for m in modes},
         "tokens_per_s": runs, "median_tokens_per_s": med, "fastest_dense": fastest,
         "depth0_tokens_per_s": short, "depth0_median_tokens_per_s": med0, "amdahl": bounds,
         "speedup": {m: {"vs_fastest_dense": round(med[m] / med[fastest], 3),
                         **{f"vs_{d}": round(med[m] / med[d], 3) for d in dense_names}} for m in stats},
         # the same greedy tokens as dense flash attention on the same cache
-        "same_tokens": {f"sparq_{ct}": outs[f"sparq_{ct}"] == outs[f"dense_{ct}_fa1"] for ct in cache_types
-                        if f"dense_{ct}_fa1" in outs},
+        "same_tokens": {m[0]: outs[m[0]] == outs[f"dense_{m[1]}_fa1"] for m in modes
+                        if m[3] and f"dense_{m[1]}_fa1" in outs},
         "counters": {m: counters_of(v) for m, v in stats.items()},
     }
     meta = {
@@ -225,9 +234,10 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / f"{a.tag}.json", {"meta": meta, "result": res}, newline=True)
     rows = []
-    for name, ct, fa, sparq in modes:
+    for name, ct, fa, sparq, bits in modes:
         c = res["counters"].get(name)
-        rows.append([name, ct, f"-fa {int(fa)}", "SparQ defaults" if sparq else "dense",
+        rows.append([name, ct, f"-fa {int(fa)}", ("SparQ defaults" + (", 8-bit K^T" if bits == 8 else "")) if sparq
+                     else "dense",
                      f"{med[name]:.2f} ({', '.join(map(str, runs[name]))})", f"{med[name] / med[fastest]:.2f}x",
                      "" if not c else str(c["sparq_calls"]),
                      "" if not c else (", ".join(f"{k} {v}" for k, v in c["dense_calls"].items()) or "-"),
@@ -248,7 +258,8 @@ def main(argv=None) -> int:
           "", "Same greedy tokens as dense flash attention on the same cache: " + ", ".join(
               f"`{m}` {'yes' if v else 'no'}" for m, v in res["same_tokens"].items()) + ".",
           "", "The counters cover each SparQ mode's decode steps over its reps. Compression: the cost model's "
-          "bytes read by SparQ over dense's (K and V rows at their cache type's size, K^T at f16's) over the "
+          "bytes read by SparQ over dense's (K and V rows at their cache type's size, K^T at f16's or, 8-bit, one "
+          "byte) over the "
           "SparQ calls and the calibrated k's dense stretches (dense calls `diffuse`, each at 1).", ""]
     (out / f"{a.tag}.md").write_text("\n".join(md))
     print("\n".join(md))

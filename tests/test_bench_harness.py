@@ -120,11 +120,13 @@ def test_real_text_speed_writes_results(tiny_model, tmp_path):
     there): every mode timed (dense -fa 1 and -fa 0, SparQ), SparQ's counters over its reps, the
     files written."""
     harness("real_text_speed.py", "--model", tiny_model, "--tokens", "1100", "--n-gen", "4", "--reps", "2",
-            "--dense", "fa1,fa0", "--tag", "t", "--out-dir", tmp_path, env=TINY)
+            "--dense", "fa1,fa0", "--kt-bits", "16,8", "--tag", "t", "--out-dir", tmp_path, env=TINY)
     res = json.loads((tmp_path / "t.json").read_text())
     r = res["result"]
     assert r["prompt_tokens"] == 1100
-    assert {m: len(v) for m, v in r["tokens_per_s"].items()} == {"dense_f16_fa1": 2, "dense_f16_fa0": 2, "sparq_f16": 2}
+    assert {m: len(v) for m, v in r["tokens_per_s"].items()} == {"dense_f16_fa1": 2, "dense_f16_fa0": 2, "sparq_f16": 2,
+                                                                   "sparq_f16_kt8": 2}
+    assert r["modes"]["sparq_f16_kt8"]["kt_bits"] == 8 and r["counters"]["sparq_f16_kt8"]["sparq_calls"] > 0
     assert r["fastest_dense"] in ("dense_f16_fa1", "dense_f16_fa0")
     assert set(r["speedup"]["sparq_f16"]) == {"vs_fastest_dense", "vs_dense_f16_fa1", "vs_dense_f16_fa0"}
     assert r["speedup"]["sparq_f16"]["vs_fastest_dense"] > 0

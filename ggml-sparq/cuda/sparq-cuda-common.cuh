@@ -209,22 +209,30 @@ static __device__ __forceinline__ bool sparq_valid(const sparq_cu_args & a, cons
     return sparq_mask_val(a, m, s) != -INFINITY;
 }
 
-// Inclusive prefix sum over the block (SPARQ_NT threads, every thread calls it); *total is the
-// block's sum. sh: SPARQ_NW ints of shared memory, free again on return.
-static __device__ __forceinline__ int sparq_block_scan(int x, int * total, int * sh) {
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    int v = x;
+// Inclusive prefix sum within the warp; lane 31 leaves the warp's total in sh[warp], and the block
+// synchronises (every thread calls it)
+template <typename T>
+static __device__ __forceinline__ T sparq_warp_scan_to(T v, T * sh) {
+    const int lane = threadIdx.x % 32;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
-        const int y = __shfl_up_sync(0xffffffff, v, o);
+        const T y = __shfl_up_sync(0xffffffff, v, o);
         if (lane >= o) {
             v += y;
         }
     }
     if (lane == 31) {
-        sh[warp] = v;
+        sh[threadIdx.x / 32] = v;
     }
     __syncthreads();
+    return v;
+}
+
+// Inclusive prefix sum over the block (SPARQ_NT threads, every thread calls it); *total is the
+// block's sum. sh: SPARQ_NW ints of shared memory, free again on return.
+static __device__ __forceinline__ int sparq_block_scan(int x, int * total, int * sh) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int v = sparq_warp_scan_to(x, sh);
     if (warp == 0) {
         int w = lane < SPARQ_NW ? sh[lane] : 0;
 #pragma unroll
@@ -247,19 +255,8 @@ static __device__ __forceinline__ int sparq_block_scan(int x, int * total, int *
 
 // sparq_block_scan for doubles (sh: SPARQ_NW doubles)
 static __device__ __forceinline__ double sparq_block_scan_d(double x, double * total, double * sh) {
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    double v = x;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const double y = __shfl_up_sync(0xffffffff, v, o);
-        if (lane >= o) {
-            v += y;
-        }
-    }
-    if (lane == 31) {
-        sh[warp] = v;
-    }
-    __syncthreads();
+    const int warp = threadIdx.x / 32;
+    const double v = sparq_warp_scan_to(x, sh);
     double pre = 0.0, tot = 0.0;
 #pragma unroll
     for (int i = 0; i < SPARQ_NW; ++i) {

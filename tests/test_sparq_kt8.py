@@ -10,7 +10,7 @@ import subprocess
 import numpy as np
 import pytest
 from sparq_ctx import rand_prompt
-from test_sparq_llama import debug_check, decode_greedy, make_llm, n_vocab, step
+from test_sparq_llama import cache_operations_keep_data_exact, debug_check, decode_greedy, make_llm, n_vocab, step
 
 from llama_sparq import cost
 from llama_sparq.reference import round_e5m2
@@ -49,20 +49,6 @@ def test_reference_rounding_equals_the_c_rounding(tmp_path):
     assert np.array_equal(got_f[~nan], want[~nan])
 
 
-@pytest.mark.parametrize("which", ["tiny_model", "tiny_gqa_model"])
-def test_exact_settings_equal_dense_with_kt8(request, which):
-    """r = d and k beyond the context: every step is dense attention, whatever K^T holds."""
-    model = request.getfixturevalue(which)
-    dense = make_llm(model)
-    prompt = rand_prompt(300, 1, n_vocab(dense))
-    want, want_lg = decode_greedy(dense, prompt, 12)
-    sp = make_llm(model, sparq_r=HEAD, sparq_k=4096, sparq_min_kv=0, sparq_kt_bits=8)
-    got, got_lg = decode_greedy(sp, prompt, 12)
-    assert sp.sparq_stats()["n_sparq"] == 2 * 12
-    assert got == want
-    assert np.abs(got_lg - want_lg).max() <= 1e-2 * np.abs(want_lg).max()
-
-
 @pytest.mark.parametrize("graph_rebuild", [False, True], ids=["host-rebuild", "graph-rebuild"])
 @pytest.mark.parametrize("cache", ["f16", "f32"])
 def test_kt8_equals_a_recomputation_after_cache_operations(tiny_gqa_model, monkeypatch, graph_rebuild, cache):
@@ -72,29 +58,7 @@ def test_kt8_equals_a_recomputation_after_cache_operations(tiny_gqa_model, monke
         monkeypatch.setenv("LLAMA_SPARQ_GRAPH_REBUILD", "1")
     tk = {"f16": 1, "f32": 0}[cache]
     sp = make_llm(tiny_gqa_model, sparq=True, sparq_k=32, sparq_min_kv=0, sparq_kt_bits=8, type_k=tk, type_v=tk)
-    nv = n_vocab(sp)
-    decode_greedy(sp, rand_prompt(400, 4, nv), 6)
-    assert debug_check(sp) <= 1e-3
-    reb0 = sp.sparq_stats()["n_rebuilds"]
-    n = sp.n_tokens
-    assert sp._ctx.kv_cache_seq_rm(0, n - 50, -1)
-    sp.n_tokens = n - 50
-    for t in rand_prompt(6, 5, nv)[1:]:
-        step(sp, t)
-    assert debug_check(sp) <= 1e-3
-    assert sp.sparq_stats()["n_rebuilds"] > reb0
-    n = sp.n_tokens
-    sp._ctx.kv_cache_seq_rm(0, 10, 110)
-    sp._ctx.kv_cache_seq_shift(0, 110, n, -100)
-    sp.n_tokens = n - 100
-    step(sp, 5)
-    assert debug_check(sp) <= 1e-3
-    state = sp.save_state()
-    a = [step(sp, t) for t in (7, 8, 9)]
-    sp.load_state(state)
-    b = [step(sp, t) for t in (7, 8, 9)]
-    assert debug_check(sp) <= 1e-3
-    assert np.abs(np.array(a) - np.array(b)).max() <= 1e-4 * np.abs(np.array(a)).max()
+    cache_operations_keep_data_exact(sp, n_decode=6)
 
 
 def test_kt_bits_switched_on_a_live_context(tiny_gqa_model):

@@ -46,14 +46,17 @@ def n_vocab(llm):
 # exactness: r = d and k >= context length equals dense
 # ---------------------------------------------------------------------------
 
+@pytest.mark.parametrize("kt_bits", [16, 8])
 @pytest.mark.parametrize("which", ["tiny_model", "tiny_gqa_model"])
-def test_exact_settings_equal_dense_tiny(request, which):
+def test_exact_settings_equal_dense_tiny(request, which, kt_bits):
+    """r = d and k beyond the context: every step is dense attention, whatever K^T holds (f16 or
+    the 8-bit e5m2)."""
     model = request.getfixturevalue(which)
     dense = make_llm(model)
     prompt = rand_prompt(300, 1, n_vocab(dense))
     want, want_lg = decode_greedy(dense, prompt, 24)
     head = 16  # both tiny models have head size 16
-    sp = make_llm(model, sparq_r=head, sparq_k=4096, sparq_min_kv=0)
+    sp = make_llm(model, sparq_r=head, sparq_k=4096, sparq_min_kv=0, sparq_kt_bits=kt_bits)
     got, got_lg = decode_greedy(sp, prompt, 24)
     st = sp.sparq_stats()
     assert st["n_sparq"] == 2 * 24, st  # 2 layers x 24 decode steps
@@ -231,11 +234,12 @@ def step(llm, tok):
     return np.array(llm.scores[llm.n_tokens - 1], dtype=np.float64)
 
 
-def test_cache_operations_keep_data_exact(tiny_gqa_model):
-    sp = make_llm(tiny_gqa_model, sparq=True, sparq_k=32, sparq_min_kv=0)
+def cache_operations_keep_data_exact(sp, n_decode=8):
+    """Appends, then the cache operations that need a rebuild (removing the last tokens, a
+    context shift that re-ropes K, a state save and load): after each, K^T and the sums equal a
+    recomputation (debug_check), and the continuation after a state load repeats exactly."""
     nv = n_vocab(sp)
-    prompt = rand_prompt(400, 4, nv)
-    decode_greedy(sp, prompt, 8)
+    decode_greedy(sp, rand_prompt(400, 4, nv), n_decode)
     assert debug_check(sp) <= 1e-3
     reb0 = sp.sparq_stats()["n_rebuilds"]
 
@@ -264,10 +268,15 @@ def test_cache_operations_keep_data_exact(tiny_gqa_model):
     assert debug_check(sp) <= 1e-3
     assert np.abs(np.array(a) - np.array(b)).max() <= 1e-4 * np.abs(np.array(a)).max()
 
+
+def test_cache_operations_keep_data_exact(tiny_gqa_model):
+    sp = make_llm(tiny_gqa_model, sparq=True, sparq_k=32, sparq_min_kv=0)
+    cache_operations_keep_data_exact(sp)
+
     # clearing
     sp.reset()
     sp._ctx.kv_cache_clear()
-    decode_greedy(sp, rand_prompt(300, 6, nv), 3)
+    decode_greedy(sp, rand_prompt(300, 6, n_vocab(sp)), 3)
     assert debug_check(sp) <= 1e-3
 
 

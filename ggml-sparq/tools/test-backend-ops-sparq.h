@@ -13,6 +13,17 @@
 #include <cmath>
 #include <random>
 
+// f32 values into an f16 or f32 tensor
+static void sparq_set_floats(ggml_tensor * t, const std::vector<float> & f) {
+    if (t->type == GGML_TYPE_F16) {
+        std::vector<ggml_fp16_t> h(f.size());
+        ggml_fp32_to_fp16_row(f.data(), h.data(), (int64_t) f.size());
+        ggml_backend_tensor_set(t, h.data(), 0, h.size() * sizeof(ggml_fp16_t));
+    } else {
+        ggml_backend_tensor_set(t, f.data(), 0, f.size() * sizeof(float));
+    }
+}
+
 struct test_sparq_attn : public test_case {
     const int64_t d, kv, nh, nh_kv, nr, ns;
     const int r, k, l;
@@ -90,15 +101,6 @@ struct test_sparq_attn : public test_case {
         std::uniform_real_distribution<float> uni(-1.0f, 1.0f), wdis(0.5f, 2.0f);
         const int rr = sel == GGML_SPARQ_SEL_ORACLE ? (int) d : r;
         const sparq_tie_proof tp((int) d, rr, gen);
-        auto set_f = [](ggml_tensor * t, const std::vector<float> & f) {
-            if (t->type == GGML_TYPE_F16) {
-                std::vector<ggml_fp16_t> h(f.size());
-                ggml_fp32_to_fp16_row(f.data(), h.data(), (int64_t) f.size());
-                ggml_backend_tensor_set(t, h.data(), 0, h.size() * sizeof(ggml_fp16_t));
-            } else {
-                ggml_backend_tensor_set(t, f.data(), 0, f.size() * sizeof(float));
-            }
-        };
         ggml_tensor * K = nullptr;
         ggml_tensor * KT = nullptr;
         std::vector<float> kf;
@@ -115,18 +117,18 @@ struct test_sparq_attn : public test_case {
                 } else {
                     tp.query(f, gen); // the query that steps 1-2 use is the robust one
                 }
-                set_f(t, f);
+                sparq_set_floats(t, f);
             } else if (name == "q_sel") {
                 tp.query(f, gen);
-                set_f(t, f);
+                sparq_set_floats(t, f);
             } else if (name == "comp_w") {
                 for (auto & x : f) {
                     x = wdis(gen);
                 }
-                set_f(t, f);
+                sparq_set_floats(t, f);
             } else if (name == "K") {
                 tp.keys(f, gen); // [d, kv, nh_kv, ns]
-                set_f(t, f);
+                sparq_set_floats(t, f);
                 K = t;
             } else if (name == "KT") {
                 KT = t;
@@ -137,7 +139,7 @@ struct test_sparq_attn : public test_case {
                 if (variant == 3) {
                     f[0] = -(float) kv; // stream 0 runs exact dense attention
                 }
-                set_f(t, f);
+                sparq_set_floats(t, f);
             } else if (name == "m") {
                 // [kv, nr, 1, ns]: row i of a stream sees the cells < kv - (nr - 1 - i), minus
                 // masked blocks of 32 cells (about a fifth of them)
@@ -153,7 +155,7 @@ struct test_sparq_attn : public test_case {
                         }
                     }
                 }
-                set_f(t, f);
+                sparq_set_floats(t, f);
             } else if (name == "win") {
                 // [w, nr, ns]: cells of "recent positions": distinct and repeated, masked, and -1
                 std::vector<int32_t> w(ggml_nelements(t));
@@ -166,7 +168,7 @@ struct test_sparq_attn : public test_case {
                 for (auto & x : f) {
                     x = uni(gen);
                 }
-                set_f(t, f);
+                sparq_set_floats(t, f);
             }
         }
         // K^T is the keys again, cell-contiguous (e5m2 of them with kt8)
@@ -244,13 +246,7 @@ struct test_sparq_kt_append : public test_case {
                 for (auto & x : f) {
                     x = std::ldexp(mant(gen), ex(gen)); // 2^-21 .. 2^17: subnormals to beyond 57344
                 }
-                if (t->type == GGML_TYPE_F16) {
-                    std::vector<ggml_fp16_t> h(f.size());
-                    ggml_fp32_to_fp16_row(f.data(), h.data(), (int64_t) f.size());
-                    ggml_backend_tensor_set(t, h.data(), 0, h.size() * sizeof(ggml_fp16_t));
-                } else {
-                    ggml_backend_tensor_set(t, f.data(), 0, f.size() * sizeof(float));
-                }
+                sparq_set_floats(t, f);
             }
         }
     }

@@ -33,7 +33,8 @@ token) run under ``llama_sparq.capture.Capture``. On every ``sparq_attn-<layer>`
   same ratio for SparQ's whole choice (steps 1-3 with the window l = k/4,
   ``reference.sparq_attention``'s i2).
 - ``--kt-formats``: the same recall with steps 1-3 reading K^T stored in 8 bits instead of f16
-  (fields ``<metric><format>_...``): ``e5m2`` (f16's upper byte, rounded to nearest even), ``e4m3``
+  (fields ``<metric><format>_...``): ``e5m2`` (f16's upper byte, rounded to nearest even: the
+  reference's ``round_e5m2``, what ``sparq_kt_bits=8`` stores), ``e4m3``
   (3 mantissa bits, no scale, saturating at 448), ``int8`` (per component and block of 32 cells, an
   absmax scale). Exact scores and the component weights stay those of the f16 keys: what an 8-bit
   K^T would change is only which cells steps 1-3 choose.
@@ -175,8 +176,14 @@ def int8_blocks(K, block=32):
     return (q * scale).reshape(Kp.shape)[:S]
 
 
+def _e5m2(K):
+    from llama_sparq.reference import round_e5m2  # the fork's own rounding (sparq_kt_bits=8)
+
+    return round_e5m2(K).astype(np.float64)
+
+
 KT_FORMATS = {  # an 8-bit K^T, as the values steps 1-3 would read (from the f16 keys)
-    "e5m2": lambda K: fp8_round(K.astype(np.float16), 2, -14, 57344.0),
+    "e5m2": _e5m2,
     "e4m3": lambda K: fp8_round(K.astype(np.float16), 3, -6, 448.0),
     "int8": lambda K: int8_blocks(K.astype(np.float16)),
 }

@@ -196,11 +196,12 @@ def main(argv=None) -> int:
     dense_names = [m[0] for m in modes if not m[3]]
     fastest = max(dense_names, key=lambda m: med[m])
     med0 = {m: st.median(v) for m, v in short.items()}
+    cache_type_of = {m[0]: m[1] for m in modes}
     bounds = {}
     for m in stats:
-        ct = modes[[x[0] for x in modes].index(m)][1]
-        fast_ct = max((d for d in dense_names if modes[[x[0] for x in modes].index(d)][1] == ct), key=lambda d: med[d])
-        fast0 = max((d for d in dense_names if modes[[x[0] for x in modes].index(d)][1] == ct), key=lambda d: med0[d])
+        same_ct = [d for d in dense_names if cache_type_of[d] == cache_type_of[m]]
+        fast_ct = max(same_ct, key=lambda d: med[d])
+        fast0 = max(same_ct, key=lambda d: med0[d])
         c = counters_of(stats[m])["compression"]
         b = amdahl_bound(1.0 / med0[fast0], 1.0 / med[fastest], c)
         bounds[m] = {"depth0_dense": fast0, "depth0_tokens_per_s": med0[fast0], "fastest_dense_at_S": fastest,

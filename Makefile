@@ -25,7 +25,7 @@ JOBS        ?= $(shell nproc 2>/dev/null || echo 2)
 export CCACHE_BASEDIR := $(CURDIR)
 export CCACHE_NOHASHDIR := 1
 
-.PHONY: all install deps deps-system test test-fast demo upstream bench-op cuda-check test-cuda bench-gpu gpu-wheel gpu-gemma-parts clean distclean
+.PHONY: all install deps deps-system test test-fast demo upstream bench-op cuda-check test-cuda bench-gpu gpu-wheel gpu-tracer gpu-gemma-parts clean distclean
 
 # The CUDA variant: ggml's CUDA backend plus ggml-sparq/cuda/ (patch 0010), in a build
 # folder of its own so that the CPU build (the default) is never reconfigured by it.
@@ -124,7 +124,19 @@ gpu-wheel: deps
 	$(PIP) download -q --only-binary=:all: --no-deps --python-version $(GPU_PY) --platform manylinux2014_x86_64 \
 	    -d $(GPU_WHEEL_DIR) "gguf>=0.10" "cffi>=1.15" pycparser "diskcache>=5.6.1"
 	git describe --always --dirty --abbrev=12 > $(GPU_WHEEL_DIR)/COMMIT
+	$(MAKE) --no-print-directory gpu-tracer
 	@ls -l $(GPU_WHEEL_DIR); du -sh $(GPU_WHEEL_DIR)
+
+# The CUPTI tracer bench/gpu_timeline.py loads into llama-bench where Nsight Systems is missing,
+# next to the libcupti it was built against (the GPU machine's driver runs it; no toolkit needed there)
+CUDA_ROOT     ?= $(abspath $(dir $(NVCC))..)
+CUPTI_LIB     ?= $(firstword $(wildcard $(CUDA_ROOT)/lib/libcupti.so.* $(CUDA_ROOT)/targets/x86_64-linux/lib/libcupti.so.* $(CUDA_ROOT)/extras/CUPTI/lib64/libcupti.so.*))
+gpu-tracer:
+	@test -n "$(CUPTI_LIB)" || { echo "gpu-tracer: no libcupti under $(CUDA_ROOT)"; exit 2; }
+	mkdir -p $(GPU_WHEEL_DIR)
+	$(CXX) -std=c++17 -O2 -Wall -Wextra -shared -fPIC -I$(CUDA_ROOT)/include bench/cupti/sparq_cupti_trace.cpp \
+	    $(CUPTI_LIB) -Wl,-rpath,'$$ORIGIN' -o $(GPU_WHEEL_DIR)/libsparq_cupti_trace.so
+	cp -L $(CUPTI_LIB) $(GPU_WHEEL_DIR)/
 
 # Gemma 3 270M cut into parts small enough to carry one per call to a GPU machine (a call carries
 # at most 64 MiB in all), with their checksums; scripts/gpu_session.sh's gemma step joins them.

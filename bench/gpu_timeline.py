@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
-"""Where a GPU decode step's time goes, dense and SparQ: Nsight Systems over llama-bench.
+"""Where a GPU decode step's time goes, dense and SparQ: a CUDA trace of llama-bench's decode steps.
 
-Needs an NVIDIA GPU, the CUDA build and ``nsys`` (``--nsys PATH`` or on PATH):
+Needs an NVIDIA GPU, the CUDA build and a tracer: Nsight Systems (``nsys``, ``--nsys PATH`` or on
+PATH) or, where it is missing (the borrowed GPU machines have only Nsight Compute), this
+project's CUPTI tracer ``bench/cupti/sparq_cupti_trace.cpp`` (``--cupti-lib``, built into
+``build/gpu-wheel/`` by ``make gpu-wheel``; loaded through ``CUDA_INJECTION64_PATH``), which
+writes the same three summaries ``nsys stats`` does plus the GPU's busy time:
 
     .venv/bin/python bench/gpu_timeline.py --tag h100_0123abc     # 4K and 64K, dense -fa 1 and SparQ
 
@@ -9,7 +13,7 @@ For each depth S and configuration (dense ``-fa 1``; SparQ at the paper's fixed 
 calibrated k) it profiles ``llama-bench -p 0 -n N -d S --depth-fill synthetic`` on the paper-shape
 model (Llama 2 7B per-layer shapes, 8 layers, Q8_0 weights, F16 cache, ``-ngl 99``) twice, with
 N = ``--n-short`` and ``--n-long`` decode steps, under ``nsys profile -t cuda --cuda-graph-trace=node``
-(kernels inside CUDA graphs traced one by one). ``nsys stats`` gives the totals per kernel name
+(kernels inside CUDA graphs traced one by one) or the CUPTI tracer. ``nsys stats`` (or the tracer) gives the totals per kernel name
 (``cuda_gpu_kern_sum``), per CUDA API call (``cuda_api_sum``) and per copy (``cuda_gpu_mem_time_sum``);
 the long run's totals less the short run's, over the extra steps, are what one decode step does:
 the model load, the synthetic fill and the warm-up cancel out. Reduced per step and per layer:
@@ -21,7 +25,10 @@ the model load, the synthetic fill and the warm-up cancel out. Reduced per step 
   against ``cudaLaunchKernel`` says whether ggml's CUDA graphs captured the step (a captured
   step launches its kernels from the graph), ``cudaGraphInstantiate`` / ``cudaGraphExecUpdate``
   / ``cudaStreamBeginCapture`` whether the graph was rebuilt, ``cudaStreamSynchronize`` and
-  ``cudaMemcpy*`` the host synchronisations and copies.
+  ``cudaMemcpy*`` the host synchronisations and copies;
+- with the CUPTI tracer, the wall time of a step (llama-bench's) against the GPU's busy time
+  (the union of the kernels' and copies' intervals): the difference is time the GPU sat idle
+  waiting for the host (launch gaps, synchronisations, host work).
 
 Result: gpu_timeline_<tag>.{json,md} under bench/results/, with the device, the commit and every command.
 ``--reduce DIR`` only reduces the stats CSVs already in DIR (the tests use it).
@@ -137,9 +144,14 @@ def reduce_dir(d: Path, n_layer: int, steps: int) -> dict:
         launches = sum(e["n"] for e in kern.values())
         graph = api.get("cudaGraphLaunch", {}).get("n", 0.0)
         direct = sum(e["n"] for k, e in api.items() if k.startswith("cudaLaunchKernel") or k == "cuLaunchKernel")
+        busy = {w: _read_busy(d / f"{cfg}_{S}_{w}_busy.csv") for w in ("short", "long")}
+        busy_us = (busy["long"] - busy["short"]) / 1e3 / steps if None not in busy.values() else None
+        wall_us = _read_wall_us(d / f"{cfg}_{S}_long_bench.json")
         res[f"{cfg}@{S}"] = {
             "config": cfg, "S": S, "kernels": kern, "api": api, "copies": stats[REPORTS[2]], "groups": groups,
             "gpu_us_per_step": sum(e["us"] for e in kern.values()),
+            "busy_us_per_step": busy_us, "wall_us_per_step": wall_us,
+            "idle_us_per_step": wall_us - busy_us if wall_us is not None and busy_us is not None else None,
             "launches_per_step": launches, "launches_per_layer": launches / n_layer,
             "sparq_op_launches_per_layer": groups.get("sparq op", {}).get("n", 0.0) / n_layer,
             "graph_launches_per_step": graph, "direct_launches_per_step": direct,
@@ -153,6 +165,28 @@ def reduce_dir(d: Path, n_layer: int, steps: int) -> dict:
     return res
 
 
+def _read_busy(path: Path) -> float | None:
+    """The CUPTI tracer's busy time in ns (None without the file)."""
+    if not path.is_file():
+        return None
+    rows = list(csv.DictReader(path.read_text().splitlines()))
+    return float(rows[0]["busy_ns"]) if rows else None
+
+
+def _read_wall_us(path: Path) -> float | None:
+    """One decode step's wall time in us from llama-bench's JSON (the tg test's avg_ns / n_gen)."""
+    if not path.is_file():
+        return None
+    try:
+        tests = json.loads(path.read_text())
+    except ValueError:
+        return None
+    for t in tests if isinstance(tests, list) else []:
+        if t.get("n_gen", 0) > 0 and t.get("avg_ns"):
+            return t["avg_ns"] / 1e3 / t["n_gen"]
+    return None
+
+
 def _f(x, nd=1):
     return "-" if x is None else f"{x:.{nd}f}"
 
@@ -164,14 +198,19 @@ def markdown(meta: dict, res: dict, n_layer: int) -> str:
              f"- model: paper shape (Llama 2 7B per-layer shapes), {n_layer} layers, Q8_0 weights, F16 cache, -ngl 99",
              f"- per step = (run with {meta.get('n_long')} decode steps - run with {meta.get('n_short')}) / "
              f"{meta.get('n_long', 0) - meta.get('n_short', 0)}; per layer = per step / {n_layer}",
-             f"- SparQ settings: {meta.get('sparq')}", "", "Commands:", ""]
+             f"- SparQ settings: {meta.get('sparq')}; tracer: {meta.get('tracer', 'nsys')}",
+             "- wall us/step: llama-bench's step time under the tracer; GPU busy: the union of the kernels' and "
+             "copies' intervals (CUPTI tracer only); idle = wall - busy, time the GPU waited for the host",
+             "", "Commands:", ""]
     lines += [f"    {c}" for c in meta.get("commands", [])]
     lines += ["", "## Summary per step", "",
-              "| config | S | GPU us/step | launches/layer | SparQ op launches/layer | graph launches/step | "
-              "direct launches/step | graph rebuilds/step | syncs/step | captured |", "|---|---|---|---|---|---|---|---|---|---|"]
+              "| config | S | wall us/step | GPU busy us/step | GPU idle us/step | kernel us/step | launches/layer | "
+              "SparQ op launches/layer | graph launches/step | direct launches/step | graph rebuilds/step | syncs/step | "
+              "captured |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for key in sorted(res, key=lambda k: (res[k]["S"], res[k]["config"])):
         r = res[key]
-        lines.append(f"| {r['config']} | {r['S']} | {_f(r['gpu_us_per_step'])} | {_f(r['launches_per_layer'])} | "
+        lines.append(f"| {r['config']} | {r['S']} | {_f(r.get('wall_us_per_step'))} | {_f(r.get('busy_us_per_step'))} | "
+                     f"{_f(r.get('idle_us_per_step'))} | {_f(r['gpu_us_per_step'])} | {_f(r['launches_per_layer'])} | "
                      f"{_f(r['sparq_op_launches_per_layer'])} | {_f(r['graph_launches_per_step'])} | "
                      f"{_f(r['direct_launches_per_step'])} | {_f(r['rebuilt_per_step'])} | {_f(r['syncs_per_step'])} | "
                      f"{'yes' if r['captured'] else 'no'} |")
@@ -228,6 +267,10 @@ def main(argv=None) -> int:
     ap.add_argument("--k", type=int, default=128)
     ap.add_argument("--l", type=int, default=32)
     ap.add_argument("--nsys", default=None, help="the nsys executable (default: on PATH or under /usr/local/cuda, /opt/nvidia)")
+    ap.add_argument("--tracer", choices=("auto", "nsys", "cupti"), default="auto",
+                    help="auto (default): nsys where found, else the CUPTI tracer")
+    ap.add_argument("--cupti-lib", default="build/gpu-wheel/libsparq_cupti_trace.so",
+                    help="the CUPTI tracer library (make gpu-wheel builds it next to the wheel)")
     ap.add_argument("--tag", default="gpu")
     ap.add_argument("--work", default=None, help="where the reports and stats go (default build/gpu-timeline/<tag>)")
     ap.add_argument("--reduce", default=None, help="only reduce the stats CSVs in this folder")
@@ -245,8 +288,12 @@ def main(argv=None) -> int:
     nsys = args.nsys or shutil.which("nsys") or next(
         (str(p) for p in sorted(Path("/opt/nvidia").glob("nsight-systems*/*/bin/nsys")) + [Path("/usr/local/cuda/bin/nsys")]
          if Path(p).is_file()), None)
-    if not nsys:
-        sys.exit("gpu_timeline: no nsys (Nsight Systems) found: give --nsys PATH")
+    tracer = args.tracer if args.tracer != "auto" else ("nsys" if nsys else "cupti")
+    cupti = Path(args.cupti_lib).resolve()
+    if tracer == "nsys" and not nsys:
+        sys.exit("gpu_timeline: no nsys (Nsight Systems) found: give --nsys PATH, or --tracer cupti")
+    if tracer == "cupti" and not cupti.is_file():
+        sys.exit(f"gpu_timeline: no CUPTI tracer at {cupti} (--cupti-lib): 'make gpu-wheel' builds it")
     from gpu_sweep import device  # noqa: E402 (needs the GPU: checked here, not at import)
 
     from llama_sparq import tool_path
@@ -262,21 +309,30 @@ def main(argv=None) -> int:
                "sparq_calibrated": ["--sparq", "1", "--sparq-r", str(args.r), "--sparq-k", "0", "--sparq-min-kv", "0"]}
     meta = {"tag": args.tag, "device": device(), "commit": git_commit(), "date": now_iso(timespec="auto"),
             "argv": command_line(), "n_short": args.n_short, "n_long": args.n_long, "sparq": sp, "commands": [],
-            "nsys": subprocess.run([nsys, "--version"], capture_output=True, text=True).stdout.strip()}
+            "tracer": (subprocess.run([nsys, "--version"], capture_output=True, text=True).stdout.strip()
+                       if tracer == "nsys" else f"CUPTI ({cupti.name})")}
     for S in [int(x) for x in args.depths.split(",") if x]:
         for cfg, extra in configs.items():
             for which, n in (("short", args.n_short), ("long", args.n_long)):
                 rep = work / f"{cfg}_{S}_{which}"
-                cmd = [nsys, "profile", "-t", "cuda", "--cuda-graph-trace=node", "--force-overwrite", "true", "-o", str(rep),
-                       bench, "-m", str(model), "-ngl", "99", "-fa", "1", "-p", "0", "-n", str(n), "-d", str(S),
+                cmd = [bench, "-m", str(model), "-ngl", "99", "-fa", "1", "-p", "0", "-n", str(n), "-d", str(S),
                        "--depth-fill", "synthetic", "-r", "1", "-o", "json", "-v", *extra]
-                meta["commands"].append(shlex.join(cmd))
+                env = None
+                if tracer == "nsys":
+                    cmd = [nsys, "profile", "-t", "cuda", "--cuda-graph-trace=node", "--force-overwrite", "true",
+                           "-o", str(rep), *cmd]
+                else:
+                    env = dict(os.environ, CUDA_INJECTION64_PATH=str(cupti), SPARQ_TRACE_PREFIX=str(rep))
+                meta["commands"].append(shlex.join(cmd) if env is None else
+                                        f"CUDA_INJECTION64_PATH={cupti} SPARQ_TRACE_PREFIX={rep} {shlex.join(cmd)}")
                 try:
-                    run(cmd)
-                    st = [nsys, "stats", "-r", ",".join(REPORTS), "-f", "csv", "--force-export", "true", "-o", str(rep),
-                          f"{rep}.nsys-rep"]
-                    meta["commands"].append(shlex.join(st))
-                    run(st)
+                    p = run(cmd, env=env)
+                    (work / f"{cfg}_{S}_{which}_bench.json").write_text(p.stdout[p.stdout.find("["):] if "[" in p.stdout else "")
+                    if tracer == "nsys":
+                        st = [nsys, "stats", "-r", ",".join(REPORTS), "-f", "csv", "--force-export", "true", "-o", str(rep),
+                              f"{rep}.nsys-rep"]
+                        meta["commands"].append(shlex.join(st))
+                        run(st)
                 except (RuntimeError, subprocess.TimeoutExpired) as e:  # recorded; the others go on
                     print(e, flush=True)
                     meta.setdefault("errors", []).append(f"{cfg} S={S} n={n}: {str(e)[-500:]}")

@@ -12,11 +12,13 @@
 #   grid      the SPARQ_ATTN grid of test-backend-ops on CUDA0 against the CPU op and the selectors
 #             (tests/test_cuda.py without the ones that need Gemma 3 270M, and without the emulator
 #             and graph-rebuild tests, which need no GPU)
-#   timeline  bench/gpu_timeline.py: Nsight Systems (nsys, or $NSYS) over llama-bench decode steps at
-#             4K and 64K, dense -fa 1 and SparQ: each kernel per layer, launches, copies, syncs and
-#             whether CUDA graphs captured the step (gpu_timeline_<tag>.md under bench/results/)
-#   op        bench/gpu_sweep.py --only op: the op against CUDA flash attention, with the radix
-#             passes of the select and the one-block attend as A/B columns
+#   timeline  bench/gpu_timeline.py: Nsight Systems (nsys, or $NSYS) or, without it, the CUPTI tracer
+#             built with the wheel, over llama-bench decode steps at $TIMELINE_DEPTHS (default 4K and
+#             64K), dense -fa 1 and SparQ: each kernel per layer, launches, copies, syncs, the GPU's
+#             idle time and whether CUDA graphs captured the step (gpu_timeline_<tag>.md)
+#   op        bench/gpu_sweep.py --only op $OP_ARGS: the op against CUDA flash attention, with the
+#             radix passes of the select and the one-block attend as A/B columns (OP_ARGS=
+#             "--no-select-ab --no-attend-ab" leaves them out)
 #   e2e       bench/gpu_sweep.py --only e2e, batch 1 at $E2E_DEPTHS (default 0 to 128K), dense -fa 1
 #             and -fa 0 and SparQ, batch 4 at $E2E_DEPTHS_BATCH (default 16K, 32K)
 #   nkvo      the -nkvo runs (weights on the GPU, cache and attention on the host) at $NKVO_DEPTHS
@@ -33,7 +35,11 @@
 # Environment: OUT (default build/gpu-out), SPARQ_PYTHON (default python3), GPU_WHEEL_DIR and
 # GPU_GEMMA_DIR (default build/gpu-wheel, build/gpu-gemma, as in the Makefile), GPU_TAG (the result
 # files' tag, default the GPU's short name and the commit: h100_0123abc), STEP_TIMEOUT (seconds
-# per step, default 540).
+# per step, default 540), SESSION_SECONDS or SESSION_END (seconds for all steps together, or the
+# time, in seconds since the epoch, by which they end: each step gets what is left, and one with
+# under 20 s left is skipped, so that the results are packed before the device tool's own limit
+# stops the call; SESSION_END holds across several runs of this script), GPU_PACK=1 (the results step packs everything under $OUT into
+# $OUT/gpu-session.tar.gz: the device tool brings back only a few files).
 # The commit in the result files comes from build/gpu-wheel/COMMIT (the tree the wheel was built
 # from; the copy's .git on the GPU machine may be stale).
 set -uo pipefail
@@ -47,6 +53,9 @@ PARTS=${GPU_GEMMA_DIR:-build/gpu-gemma}
 STEP_TIMEOUT=${STEP_TIMEOUT:-540}
 LOGS="$OUT/gpu-session"
 mkdir -p "$LOGS"
+if [ -n "${SESSION_SECONDS:-}" ] && [ -z "${SESSION_END:-}" ]; then
+    SESSION_END=$(($(date +%s) + SESSION_SECONDS))
+fi
 
 export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 export LLAMA_SPARQ_MODEL_DIR=${LLAMA_SPARQ_MODEL_DIR:-/tmp/sparq-models}
@@ -64,9 +73,18 @@ say() { echo "gpu_session: $*" | tee -a "$LOGS/session.log"; }
 logged() {
     local name=$1
     shift
-    say "$name: $* (timeout ${STEP_TIMEOUT}s)"
+    local limit=$STEP_TIMEOUT
+    if [ -n "${SESSION_END:-}" ]; then
+        local left=$((SESSION_END - $(date +%s)))
+        if [ "$left" -lt 20 ]; then
+            say "$name: skipped, ${left}s of the session left: $*"
+            return 3
+        fi
+        [ "$left" -lt "$limit" ] && limit=$left
+    fi
+    say "$name: $* (timeout ${limit}s)"
     local t0=$SECONDS
-    timeout "$STEP_TIMEOUT" "$@" 2>&1 | tee -a "$LOGS/$name.log" | tail -n 40
+    timeout "$limit" "$@" 2>&1 | tee -a "$LOGS/$name.log" | tail -n 40
     local rc=${PIPESTATUS[0]}
     say "$name: rc $rc after $((SECONDS - t0)) s"
     return "$rc"
@@ -102,7 +120,8 @@ step_grid() {
 }
 
 step_op() {
-    logged op "$PY" bench/gpu_sweep.py --only op --tag "$(gpu_tag)"
+    # shellcheck disable=SC2086
+    logged op "$PY" bench/gpu_sweep.py --only op --tag "$(gpu_tag)" ${OP_ARGS:-}
 }
 
 step_e2e() {
@@ -116,9 +135,17 @@ step_e2e() {
 }
 
 step_timeline() {
+    # Nsight Systems where the machine has it, else the CUPTI tracer built with the wheel
     local nsys=${NSYS:-$(command -v nsys || ls /opt/nvidia/nsight-systems*/*/bin/nsys /usr/local/cuda/bin/nsys 2> /dev/null | head -n 1)}
-    [ -n "$nsys" ] && [ -x "$nsys" ] || { say "timeline: no nsys (Nsight Systems) found (set NSYS=...)"; return 2; }
-    logged timeline "$PY" bench/gpu_timeline.py --nsys "$nsys" --tag "$(gpu_tag)" --work "$OUT/gpu-timeline"
+    local tracer=(--tracer cupti --cupti-lib "$WHEELS/libsparq_cupti_trace.so")
+    if [ -n "$nsys" ] && [ -x "$nsys" ]; then
+        tracer=(--tracer nsys --nsys "$nsys")
+    elif [ ! -f "$WHEELS/libsparq_cupti_trace.so" ]; then
+        say "timeline: neither nsys (Nsight Systems; set NSYS=...) nor $WHEELS/libsparq_cupti_trace.so (make gpu-wheel)"
+        return 2
+    fi
+    logged timeline "$PY" bench/gpu_timeline.py "${tracer[@]}" --tag "$(gpu_tag)" --work "$OUT/gpu-timeline" \
+        --depths "${TIMELINE_DEPTHS:-4096,65536}"
 }
 
 step_nkvo() {
@@ -162,6 +189,13 @@ step_results() {
     mkdir -p "$OUT/results"
     cp -p bench/results/gpu_* "$OUT/results/" 2> /dev/null
     say "results: $(ls "$OUT/results" | wc -l) files in $OUT/results"
+    if [ "${GPU_PACK:-0}" = 1 ]; then
+        local items
+        items=$(cd "$OUT" && ls -A | grep -v '^gpu-session.tar.gz$')
+        # shellcheck disable=SC2086
+        (cd "$OUT" && tar -czf gpu-session.tar.gz $items && rm -rf $items) && echo "gpu_session: results: packed into $OUT/gpu-session.tar.gz" \
+            || echo "gpu_session: packing $OUT failed" >&2
+    fi
 }
 
 [ $# -gt 0 ] || { sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 2; }

@@ -131,3 +131,82 @@ def test_timeline_reduces_nsys_stats_to_a_step(tmp_path):
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_timeline.py"), "--reduce", str(tmp_path)],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "captured" in out.stdout, out.stderr
+
+
+def test_timeline_idle_time_from_the_tracer_and_llama_bench(tmp_path):
+    """With the CUPTI tracer's busy files and llama-bench's JSON: the step's wall time against the
+    GPU's busy time (long run less short run, per extra step), the difference being idle time."""
+    import json
+    import sys
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    import gpu_timeline
+
+    kern = {"void k_sparq_score<1, __half, 8>(sparq_cu_args)": (8 * 30_000, 8)}
+    for steps in (4, 20):
+        _nsys_csvs(tmp_path, "sparq", 65536, steps, kern, {"cudaGraphLaunch": 1}, 5_000_000)
+        which = "long" if steps > 4 else "short"
+        # busy: 300 us per step plus a fixed 5 ms
+        (tmp_path / f"sparq_65536_{which}_busy.csv").write_text(f"busy_ns,span_ns,intervals\n{300_000 * steps + 5_000_000},1,1\n")
+    (tmp_path / "sparq_65536_long_bench.json").write_text(json.dumps([{"n_prompt": 0, "n_gen": 20, "avg_ns": 20 * 450_000}]))
+    r = gpu_timeline.reduce_dir(tmp_path, 8, 16)["sparq@65536"]
+    assert abs(r["busy_us_per_step"] - 300) < 1e-6 and abs(r["wall_us_per_step"] - 450) < 1e-6
+    assert abs(r["idle_us_per_step"] - 150) < 1e-6 and r["captured"]
+    md = gpu_timeline.markdown({"tag": "t", "n_short": 4, "n_long": 20, "tracer": "CUPTI"}, {"sparq@65536": r}, 8)
+    assert "| sparq | 65536 | 450.0 | 300.0 | 150.0 |" in md
+    # without the tracer's files (nsys): no figure made up
+    (tmp_path / "sparq_65536_short_busy.csv").unlink()
+    r = gpu_timeline.reduce_dir(tmp_path, 8, 16)["sparq@65536"]
+    assert r["busy_us_per_step"] is None and r["idle_us_per_step"] is None
+
+
+def test_cupti_tracer_builds_and_says_why_it_records_nothing_without_a_gpu(tmp_path):
+    """make gpu-tracer builds the CUPTI tracer; loaded the way the CUDA driver loads it
+    (InitializeInjection) on a machine without a GPU, it says what failed and writes no summary
+    (a table of zeros would read as 'no kernels ran')."""
+    import shutil
+
+    if not Path("/usr/local/cuda/include/cupti.h").is_file():
+        import pytest
+
+        pytest.skip("no CUDA toolkit with CUPTI here")
+    out = tmp_path / "w"
+    res = subprocess.run(["make", "-s", "-C", str(ROOT), "gpu-tracer", f"GPU_WHEEL_DIR={out}"], capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    lib = out / "libsparq_cupti_trace.so"
+    assert lib.is_file() and list(out.glob("libcupti.so*"))
+    cc = shutil.which("cc") or shutil.which("gcc")
+    src = tmp_path / "load.c"
+    src.write_text('#include <dlfcn.h>\n#include <stdio.h>\nint main(int c, char **v) {\n'
+                   '  void *h = dlopen(v[1], RTLD_NOW); if (!h) { puts(dlerror()); return 1; }\n'
+                   '  int (*f)(void) = (int (*)(void)) dlsym(h, "InitializeInjection"); return f ? !f() : 2; }\n')
+    exe = tmp_path / "load"
+    subprocess.run([cc, str(src), "-o", str(exe), "-ldl"], check=True, timeout=120)
+    run = subprocess.run([str(exe), str(lib)], capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ, SPARQ_TRACE_PREFIX=str(tmp_path / "trace")))
+    assert run.returncode == 0, run.stdout + run.stderr
+    if "cuptiActivityEnable failed" in run.stderr:  # no GPU here
+        assert not list(tmp_path.glob("trace_*.csv"))
+
+
+def test_session_deadline_skips_steps_and_results_are_packed(tmp_path):
+    """SESSION_SECONDS (or SESSION_END): a step with under 20 s of it left is skipped (said, not run), and GPU_PACK=1
+    leaves one archive under $OUT with the logs and results in it."""
+    import tarfile
+
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    res = run(tmp_path, "install", GPU_WHEEL_DIR=str(wheels), SESSION_SECONDS="0", GPU_PACK="1")
+    # no wheels: install says so before any logged command; nothing else ran
+    assert res.returncode != 0 and "no wheels" in res.stdout
+    (wheels / "x.whl").write_text("")
+    res = run(tmp_path, "install", GPU_WHEEL_DIR=str(wheels), SESSION_SECONDS="0", GPU_PACK="1")
+    import re
+
+    assert re.search(r"install: skipped, -?\d+s of the session left", res.stdout), res.stdout
+    out = tmp_path / "out"
+    assert [p.name for p in out.iterdir()] == ["gpu-session.tar.gz"]
+    with tarfile.open(out / "gpu-session.tar.gz") as t:
+        names = t.getnames()
+    assert "gpu-session/session.log" in names and "results" in names

@@ -429,7 +429,7 @@ def test_eval_subset_runs_and_keeps_answers(gemma_model, tmp_path):
 
     out = tmp_path / "eval_subset"
     rc = ev.main(["--contexts", "2048", "--tasks", "passkey,niah_multikey", "--depths", "0.3,0.7",
-                  "--variants", "dense,default,oracle", "--compressions", "8", "--threads", str(N_THREADS),
+                  "--variants", "dense,default,default_kt8,oracle", "--compressions", "8", "--threads", str(N_THREADS),
                   "--out", str(out), "--no-progress"])
     assert rc == 0
     res = json.loads(out.with_suffix(".json").read_text())
@@ -437,9 +437,16 @@ def test_eval_subset_runs_and_keeps_answers(gemma_model, tmp_path):
     # the 270M model itself misses some needles: the defaults must keep what dense finds
     assert acc["dense"] >= 50.0, acc
     assert acc["default"] >= acc["dense"], acc
+    assert acc["default_kt8"] >= acc["dense"], acc
     rows = out.with_suffix(".csv").read_text().splitlines()
-    assert len(rows) == 1 + 4 * 3
+    assert len(rows) == 1 + 4 * 4
     import csv
+
+    comp = {}
+    for r in csv.DictReader(rows):
+        comp.setdefault(r["variant"], []).append(float(r["compression"]))
+    # the 8-bit K^T reads half of step 1's bytes: below the defaults' on every sample
+    assert all(a < b for a, b in zip(comp["default_kt8"], comp["default"])), comp
 
     commits = {r["commit"] for r in csv.DictReader(rows)}
     assert len(commits) == 1 and commits == {res["meta"]["commit"]} and "not recorded" not in commits, commits

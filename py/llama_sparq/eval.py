@@ -28,7 +28,7 @@ run checks that its prompt is the one prefilled). A sample scores the share of i
 values that appear in the answer (1 or 0 for single needles).
 
 Variants (``--variants``): ``dense``; ``default`` (the library's default settings, whatever
-compression they give); ``sparq`` (the paper: group-shared choice, mean-V on);
+compression they give); ``default_kt8`` (the same with K^T in 8 bits, ``sparq_kt_bits = 8``); ``sparq`` (the paper: group-shared choice, mean-V on);
 ``sparq_nomv`` (mean-V off); ``sparq_perhead`` (each query head chooses, the group attends
 over the union, at the same number of rows read); ``scaled*`` (step 1 ranks components by
 |q| times the keys' RMS along them, calibrated on the prompt's keys); ``pca`` (the same in
@@ -70,8 +70,10 @@ from ._eval_tasks import (  # noqa: F401  (re-exported: tests and bench import t
     CHAT_TASKS, KEY_WORDS, NOISE, PASSKEY_HEAD, PASSKEY_TAIL, RAW_TASKS, STORY_WORDS, TASK_GROUPS, TASKS,
     make_sample, passkey_needle, passkey_text)
 
-VARIANTS = ("dense", "default", "sparq", "sparq_nomv", "sparq_perhead", "scaled", "scaled_nomv", "scaled_perhead", "pca",
+VARIANTS = ("dense", "default", "default_kt8", "sparq", "sparq_nomv", "sparq_perhead", "scaled", "scaled_nomv", "scaled_perhead", "pca",
             "oracle", "oracle_perhead", "streaming", "h2o", "index", "index_perhead")
+# variants at their own settings, not at a compression target
+FIXED_VARIANTS = ("dense", "default", "default_kt8")
 
 
 def variant_settings(name, comp, d, g, S=None, k=128):
@@ -79,13 +81,16 @@ def variant_settings(name, comp, d, g, S=None, k=128):
     sizes the baselines' k; ``k`` is the budget of the SparQ variants (l = k / 4)."""
     if name == "dense":
         return None
-    if name == "default":
+    if name in ("default", "default_kt8"):
         from . import _sparq
 
-        # every default (the calibrated k: sparq_k = 0), on every decode step
+        # every default (the calibrated k: sparq_k = 0), on every decode step; default_kt8 with
+        # K^T in 8 bits (e5m2)
         p = _sparq.default_params()
         s = {f"sparq_{f}": v for f, v in p.items() if f != "enabled"}
         s.update(sparq_r=p["r"] or max(1, d // 4), sparq_min_kv=0)
+        if name == "default_kt8":
+            s.update(sparq_kt_bits=8)
         return s
     l = k // 4
     r = max(1, min(d, int(round(2 * d / comp))))
@@ -255,8 +260,8 @@ def run(args, flush=None):
     llm, model, d, g, n_vocab, n_ctx = _open_model(args, contexts, chat=any(t in CHAT_TASKS for t in tasks))
     chat_tokens = chat_tokenizer(llm) if any(t in CHAT_TASKS for t in tasks) else None
 
-    combos = [(v, 1) for v in ("dense", "default") if v in variants]
-    combos += [(v, c) for v in variants if v not in ("dense", "default") for c in comps
+    combos = [(v, 1) for v in FIXED_VARIANTS if v in variants]
+    combos += [(v, c) for v in variants if v not in FIXED_VARIANTS for c in comps
                if not (v.startswith("oracle") and c != comps[0])]
     samples = [(t, S, dp, i) for S in contexts for t in tasks for i, dp in enumerate(depths)]
     rows = list(args.previous_rows)
@@ -266,7 +271,7 @@ def run(args, flush=None):
     bar = tqdm(total=len(samples) * len(combos), desc="eval", unit="run", file=sys.stderr,
                disable=args.no_progress)
     for task, S, depth, i in samples:
-        todo = [(nm, c) for nm, c in combos if (task, S, depth, nm, 1.0 / c if nm not in ("dense", "default") else 1.0)
+        todo = [(nm, c) for nm, c in combos if (task, S, depth, nm, 1.0 / c if nm not in FIXED_VARIANTS else 1.0)
                 not in done]
         if not todo:
             bar.update(len(combos))
@@ -300,7 +305,7 @@ def run(args, flush=None):
             hay = ans.lower() if text is not None else ans
             ok = sum((e.lower() if text is not None else e) in hay for e in expected) / len(expected)
             rows.append(dict(task=task, context=S, n_tokens=len(toks), depth=depth, sample=i, variant=name,
-                             compression_target=(1.0 / comp if s and name != "default" else 1.0),
+                             compression_target=(1.0 / comp if s and name not in FIXED_VARIANTS else 1.0),
                              r=(s or {}).get("sparq_r", d), k=(s or {}).get("sparq_k", 0),
                              l=(s or {}).get("sparq_l", 0),
                              compression=(st["compression"] if s else 1.0), sparq_calls=st["n_sparq"],
@@ -393,7 +398,7 @@ def write(res, out, command):
             pc = e["per_context"].get(S)
             sd = "" if pc is None or pc["same_as_dense"] is None else f" / {pc['same_as_dense']:.0f}"
             cells.append("" if pc is None else f"{pc['accuracy']:.0f}{sd} ({pc['compression']:.3f})")
-        tgt = e["variant"] if e["variant"] in ("dense", "default") else f"1/{round(1 / e['compression_target'])}"
+        tgt = e["variant"] if e["variant"] in FIXED_VARIANTS else f"1/{round(1 / e['compression_target'])}"
         sd = "" if e["same_as_dense"] is None else f" / {e['same_as_dense']:.0f}"
         lines.append(f"| {e['variant']} | {tgt} | {e['r']} | {e['k']} | {e['l']} | " + " | ".join(cells)
                      + f" | {e['accuracy']:.0f}{sd} |")
@@ -405,7 +410,7 @@ def write(res, out, command):
             v = [x["correct"] for x in res["rows"] if x["variant"] == e["variant"]
                  and x["compression_target"] == e["compression_target"] and x["task"] == t]
             accs.append(f"{100.0 * np.mean(v):.0f}" if v else "")
-        tgt = e["variant"] if e["variant"] in ("dense", "default") else f"1/{round(1 / e['compression_target'])}"
+        tgt = e["variant"] if e["variant"] in FIXED_VARIANTS else f"1/{round(1 / e['compression_target'])}"
         lines.append(f"| {e['variant']} | {tgt} | " + " | ".join(accs) + " |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     try:
@@ -494,7 +499,7 @@ def main(argv=None):
     table = write(res, a.out, command.strip())
     for e in table:
         pcs = "  ".join(f"{S}: {pc['accuracy']:.0f}%" for S, pc in e["per_context"].items())
-        tgt = e["variant"] if e["variant"] in ("dense", "default") else f"1/{round(1 / e['compression_target'])}"
+        tgt = e["variant"] if e["variant"] in FIXED_VARIANTS else f"1/{round(1 / e['compression_target'])}"
         print(f"{e['variant']:16s} {tgt:6s} {pcs}   all: {e['accuracy']:.0f}%")
     return 0
 

@@ -317,6 +317,23 @@ def test_cuda_kernels_emulated_equal_the_cpu_op(case, select, attend):
         assert diffuse == 0 and k_min < cells < k_frac * S, res.stdout
 
 
+@pytest.mark.parametrize("case,ties", [("64 4096 4 4 1 1 16 128 32 1 1 0 0 0", 4), ("64 4096 4 4 1 1 16 128 32 1 1 0 0 0", 24),
+                                       ("128 2048 8 2 1 2 16 64 16 1 1 0 0 0", 4)],
+                         ids=["mha-ties4", "mha-ties24", "gqa-ties4"])
+def test_cuda_kernels_emulated_rank_equal_keys_as_the_cpu_op(case, ties):
+    """Groups of exactly equal keys (SPARQ_EMU_TIES: each cell's key row copied from the first of
+    its group) where the k-th key falls: the select's ranking of the crossing bin takes the lower
+    cells first, as the CPU op does; a few ties by a count, many by a sort."""
+    env = dict(os.environ, SPARQ_EMU_TIES=str(ties))
+    env.pop("LLAMA_SPARQ_CUDA_SELECT", None)
+    env.pop("LLAMA_SPARQ_CUDA_ATTEND", None)
+    res = subprocess.run([str(tool_path("sparq-cuda-emu")), *case.split()], capture_output=True, text=True,
+                         timeout=600, env=env)
+    assert res.returncode == 0 and res.stdout.startswith("OK"), res.stdout + res.stderr[-2000:]
+    m = re.search(r"sel_differ=(\d+)", res.stdout)
+    assert m and m.group(1) == "0", res.stdout
+
+
 # ---------------------------------------------------------------------------
 # what lets CUDA graphs replay a SparQ step, checked on the CPU (no GPU needed)
 # ---------------------------------------------------------------------------

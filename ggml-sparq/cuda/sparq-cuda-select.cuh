@@ -143,7 +143,9 @@ static __device__ sparq_sel_ctx sparq_sel_ctx_of(const sparq_cu_args & a, int li
     }
     c.M = -INFINITY;
     c.iZ = 0.0;
-    if (c.mode == 0 && !c.summed) {
+    // only the calibrated k weighs keys by their mass (a loop over the score tiles with a double exp
+    // each, in every block of the list: a third of a fixed k's instructions at 64K cells)
+    if (c.mode == 0 && !c.summed && a.cov_p > 0.0f) {
         double Z;
         sparq_unit_stats(a, c.u, c.h, &c.M, &Z);
         c.iZ = Z > 0.0 ? 1.0 / Z : 0.0;
@@ -330,6 +332,70 @@ static __device__ void sparq_sort_cands(const sparq_sel_smem & sm, int n) {
     }
 }
 
+// The want best (larger key, then lower cell) of the n gathered candidates of bin b (0 < want < n)
+// into the unit's bitmap: radix passes over the candidates' key bits below the bin (8, 8 and 4
+// bits) in shared memory down to the key of the want-th best, then the candidates above it and as
+// many at it as are wanted, the lower cells first (a few ties at that exact key, rare, are ranked by
+// a count over the candidates, more than 16 by the bitonic sort). The sort of every candidate this
+// replaces was most of the select's time on a GPU at 4K cells.
+static __device__ void sparq_take_best_cands(const sparq_cu_args & a, const sparq_sel_ctx & c, int b, int n, int want,
+                                             const sparq_sel_smem & sm) {
+    const int tid = threadIdx.x;
+    unsigned int * sb = a.selbits + (size_t) c.u * a.W;
+    unsigned int prefix = (unsigned int) b << SPARQ_NB_SHIFT;
+    int shift = SPARQ_NB_SHIFT, n_eq = n;
+    const int want0 = want;
+    const int passes[3][2] = { { 12, 8 }, { 4, 8 }, { 0, 4 } };
+    for (int p = 0; p < 3 && n_eq != want; ++p) { // n_eq and want are uniform over the block
+        const int hs = passes[p][0] + passes[p][1];
+        sm.rc[tid] = 0u;
+        __syncthreads();
+        for (int i = tid; i < n; i += SPARQ_NT) {
+            const unsigned int o = sm.hc[i];
+            if ((o >> hs) == (prefix >> hs)) {
+                atomicAdd(&sm.rc[(o >> passes[p][0]) & ((1u << passes[p][1]) - 1u)], 1u);
+            }
+        }
+        __syncthreads();
+        const sparq_cross y = sparq_find_cross<1>(false, (double) want, [&](int bin) { return (int) sm.rc[bin]; },
+                                                  [&](int) { return 0.0; }, sm.sh, sm.shd, sm.s_cross);
+        prefix |= (unsigned int) y.bin << passes[p][0];
+        shift = passes[p][0];
+        want -= y.c_above;
+        n_eq = y.c_bin;
+    }
+    const unsigned int ph = prefix >> shift;
+    if (n_eq > want && n_eq > 16) {
+        sparq_sort_cands(sm, n); // many equal keys: every candidate ranked, the first want0 taken
+        for (int i = tid; i < want0; i += SPARQ_NT) {
+            const int s = sm.ci[i];
+            atomicOr(&sb[s >> 5], 1u << (s & 31));
+        }
+        __syncthreads();
+        return;
+    }
+    for (int i = tid; i < n; i += SPARQ_NT) {
+        const unsigned int hi = sm.hc[i] >> shift;
+        bool take = hi > ph;
+        if (hi == ph) {
+            take = n_eq == want;
+            if (!take) {
+                // at the exact key: taken while fewer than want equal candidates have lower cells
+                int lower = 0;
+                for (int j = 0; j < n; ++j) {
+                    lower += sm.hc[j] == sm.hc[i] && sm.ci[j] < sm.ci[i];
+                }
+                take = lower < want;
+            }
+        }
+        if (take) {
+            const int s = sm.ci[i];
+            atomicOr(&sb[s >> 5], 1u << (s & 31));
+        }
+    }
+    __syncthreads();
+}
+
 // One radix pass over list li: the eligible cells whose key bits above shift + width equal
 // prefix's, counted (and weighed, mass) by their bits [shift, shift + width); then the crossing of
 // target as sparq_find_cross (the bin in [0, 2^width)).
@@ -459,13 +525,16 @@ static __device__ void sparq_choose(const sparq_cu_args & a, const sparq_sel_ctx
             return;
         }
         const int n = min(*s_nc, SPARQ_CAND_MAX);
-        sparq_sort_cands(sm, n);
-        unsigned int * sb = a.selbits + (size_t) c.u * a.W;
-        for (int i = tid; i < min(want, n); i += SPARQ_NT) {
-            const int s = sm.ci[i];
-            atomicOr(&sb[s >> 5], 1u << (s & 31));
+        if (want < n) {
+            sparq_take_best_cands(a, c, x.bin, n, want, sm);
+        } else { // (fewer gathered than counted: only if the two passes disagreed)
+            unsigned int * sb = a.selbits + (size_t) c.u * a.W;
+            for (int i = tid; i < n; i += SPARQ_NT) {
+                const int s = sm.ci[i];
+                atomicOr(&sb[s >> 5], 1u << (s & 31));
+            }
+            __syncthreads();
         }
-        __syncthreads();
         return;
     }
     // radix passes within the bin, then the collection in cell order

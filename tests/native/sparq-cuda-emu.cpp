@@ -282,6 +282,21 @@ int main(int argc, char ** argv) {
     }
     std::vector<float> Kf(nkv), Vf(nkv);
     tp.keys(Kf, gen);
+    // SPARQ_EMU_TIES=n: every cell's key row a copy of the first of its group of n cells, so that
+    // groups of n exactly equal keys meet the k-th key (the select ranks ties to the lower cell, as
+    // the CPU op does)
+    const char * ties_env = getenv("SPARQ_EMU_TIES");
+    const int ties = ties_env ? atoi(ties_env) : 0;
+    if (ties > 1) {
+        for (int b = 0; b < ns * nhkv; ++b) {
+            for (int c = 0; c < S; ++c) {
+                const int c0 = c - c % ties;
+                for (int j = 0; j < d; ++j) {
+                    Kf[((size_t) b * S + c) * d + j] = Kf[((size_t) b * S + c0) * d + j];
+                }
+            }
+        }
+    }
     for (auto & x : Vf) {
         x = uni(gen);
     }

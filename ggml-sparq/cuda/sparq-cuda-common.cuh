@@ -27,6 +27,9 @@
 #define SPARQ_NB       (1 << SPARQ_NB_BITS)
 #define SPARQ_NB_SHIFT (32 - SPARQ_NB_BITS)
 #define SPARQ_CAND_MAX (SPARQ_NB / 2)
+// a fixed k's candidates per selection tile: the tile's cells in the bins from its own crossing of
+// the row's k up (more in one list, rare, fall back to a pass over the list's every cell)
+#define SPARQ_TILE_CAND 512
 
 // per query row
 struct sparq_cu_row {
@@ -83,6 +86,8 @@ struct sparq_cu_args {
     unsigned int  * hist;    // [L][SPARQ_NB] eligible cells per first-pass bin (zeroed by score)
     double        * hmass;   // [L][SPARQ_NB] their estimated mass (the calibrated k; zeroed by score)
     unsigned int  * ldone;   // [L] select's tiles finished per list (zeroed by score)
+    uint2         * cand;    // [L][nt_s * SPARQ_TILE_CAND] a fixed k's candidates: key bits, cell (select)
+    unsigned int  * ncand;   // [L] their count (zeroed by score)
     unsigned int  * udone;   // [U] attend's parts finished per unit (zeroed by score)
     int           * udense;  // [U] the calibrated k found the unit diffuse (zeroed by score)
     unsigned int  * selbits; // [U][W] the chosen cells (zeroed by score)

@@ -56,7 +56,7 @@ static int sparq_attend_parts(const sparq_cu_args & a) {
 
 // element counts of the scratch buffers (sparq_cu_args' scratch pointers), from the shapes only
 struct sparq_cu_scratch {
-    size_t rows, wbits, logits, tstat, tcnt, keys, hist, hmass, ldone, udone, udense, selbits, sel, pstat, py;
+    size_t rows, wbits, logits, tstat, tcnt, keys, hist, hmass, ldone, cand, ncand, udone, udense, selbits, sel, pstat, py;
 };
 
 static sparq_cu_scratch sparq_cu_scratch_sizes(const sparq_cu_args & a) {
@@ -71,6 +71,8 @@ static sparq_cu_scratch sparq_cu_scratch_sizes(const sparq_cu_args & a) {
     z.hist = L * SPARQ_NB;
     z.hmass = a.cov_p > 0.0f ? L * SPARQ_NB : 1;
     z.ldone = L;
+    z.cand = a.cov_p > 0.0f ? 1 : L * a.nt_s * SPARQ_TILE_CAND;
+    z.ncand = L;
     z.udone = U;
     z.udense = U;
     z.selbits = U * a.W;

@@ -108,6 +108,7 @@ static __device__ void sparq_score_clear(const sparq_cu_args & a, int u, int kvh
         }
         if (tid == 0) {
             a.ldone[li] = 0u;
+            a.ncand[li] = 0u;
         }
     }
     if (tid == 0) {

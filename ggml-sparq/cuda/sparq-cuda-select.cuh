@@ -498,6 +498,52 @@ static __device__ int sparq_coverage_cut(const sparq_cu_args & a, const sparq_se
     return n_cut <= kk ? n_cut : -1;
 }
 
+// The window's cells (by the unit's first list) into the unit's bitmap without a pass over the
+// list: the given window's bits, or the tail's valid cells from w0 on.
+static __device__ void sparq_window_bits(const sparq_cu_args & a, const sparq_sel_ctx & c) {
+    const int tid = threadIdx.x, lane = tid % 32;
+    unsigned int * sb = a.selbits + (size_t) c.u * a.W;
+    if (a.win) {
+        for (int w = tid; w < a.W; w += SPARQ_NT) {
+            const unsigned int bits = __ldcg(a.wbits + (size_t) c.R * a.W + w);
+            if (bits) {
+                atomicOr(&sb[w], bits);
+            }
+        }
+        return;
+    }
+    for (int s0 = c.w0 & ~31; s0 < a.S; s0 += SPARQ_NT) { // chunks of whole bitmap words
+        const int s = s0 + tid;
+        const bool take = s >= c.w0 && s < a.S && __ldcg(c.keys + s) > -INFINITY;
+        const unsigned int bits = __ballot_sync(0xffffffff, take);
+        if (lane == 0 && bits) {
+            atomicOr(&sb[(s0 + tid - lane) >> 5], bits);
+        }
+    }
+}
+
+// sparq_sel_pass over the tiles' candidates (a fixed k; n of them, all there) instead of the list's
+// every cell: those above bin b (and of b with take_eq) into the bitmap, b's gathered with gather.
+static __device__ void sparq_cand_pass(const sparq_cu_args & a, const sparq_sel_ctx & c, int b, bool take_eq, bool gather,
+                                       int n, const sparq_sel_smem & sm, int * s_nc) {
+    unsigned int * sb = a.selbits + (size_t) c.u * a.W;
+    const uint2 * cd = a.cand + (size_t) c.li * a.nt_s * SPARQ_TILE_CAND;
+    for (int i = threadIdx.x; i < n; i += SPARQ_NT) {
+        const uint2 e = __ldcg(cd + i);
+        const int kb = (int) (e.x >> SPARQ_NB_SHIFT);
+        if (kb > b || (take_eq && kb == b)) {
+            atomicOr(&sb[e.y >> 5], 1u << (e.y & 31));
+        } else if (gather && kb == b) {
+            const int pos = atomicAdd(s_nc, 1);
+            if (pos < SPARQ_CAND_MAX) {
+                sm.hc[pos] = e.x;
+                sm.ci[pos] = (int) e.y;
+            }
+        }
+    }
+    __syncthreads();
+}
+
 // The kk (> 0) best eligible cells of list li and the window into the unit's bitmap: from the
 // first-pass histogram the bin holding the kk-th best key; one pass takes the cells above it and
 // gathers the bin's cells, the best of which are ranked in shared memory; a bin with more cells
@@ -520,7 +566,16 @@ static __device__ void sparq_choose(const sparq_cu_args & a, const sparq_sel_ctx
         }
         __syncthreads();
         const bool all_of_bin = want == x.c_bin;
-        sparq_sel_pass(a, c, x.bin, all_of_bin, true, !all_of_bin, sm, s_nc);
+        // a fixed k's tiles left their candidates (every cell in a bin from x.bin up among them)
+        const unsigned int nc = a.cov_p > 0.0f ? 0xffffffffu : __ldcg(a.ncand + c.li);
+        if (nc <= (unsigned int) (a.nt_s * SPARQ_TILE_CAND)) {
+            if (c.h == 0) {
+                sparq_window_bits(a, c);
+            }
+            sparq_cand_pass(a, c, x.bin, all_of_bin, !all_of_bin, (int) nc, sm, s_nc);
+        } else {
+            sparq_sel_pass(a, c, x.bin, all_of_bin, true, !all_of_bin, sm, s_nc);
+        }
         if (all_of_bin) {
             return;
         }
@@ -762,6 +817,38 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_select(const sparq_cu
         }
     }
     __syncthreads();
+    if (!COV) {
+        // a fixed k: the tile's cells that can be among the list's best, those in the bins from the
+        // tile's own crossing of the row's k up (below it, this tile alone holds k better ones), so
+        // that the last block reads these instead of the list's every cell
+        const sparq_cross lx = sparq_find_cross<SPARQ_NB / SPARQ_NT>(false, (double) c.rk, [&](int bin) { return (int) hc[bin]; },
+                                                                     [&](int) { return 0.0; }, sh, shd, &s_cross);
+        const unsigned int lb = lx.bin < 0 ? 0u : (unsigned int) lx.bin;
+        const unsigned int cap = (unsigned int) (a.nt_s * SPARQ_TILE_CAND);
+        uint2 * cd = a.cand + (size_t) c.li * cap;
+#pragma unroll
+        for (int i = 0; i < SPARQ_TS_CPT; ++i) {
+            const int s = t0 + i * SPARQ_NT + tid;
+            const float x = xs[i];
+            const bool el = s < t1 && s < c.w0 && x > -INFINITY && !(a.win && ((wb[(s - t0) >> 5] >> (s & 31)) & 1u));
+            const bool put = el && (sparq_key_bits(x) >> SPARQ_NB_SHIFT) >= lb;
+            const unsigned int bits = __ballot_sync(0xffffffff, put);
+            if (bits) { // uniform over the warp: one atomic per warp for its candidates
+                unsigned int base = 0u;
+                if (lane == 0) {
+                    base = atomicAdd(&a.ncand[c.li], (unsigned int) __popc(bits));
+                }
+                base = __shfl_sync(0xffffffff, base, 0);
+                const unsigned int pos = base + (unsigned int) __popc(bits & ((1u << lane) - 1u));
+                if (put && pos < cap) {
+                    uint2 e;
+                    e.x = sparq_key_bits(x);
+                    e.y = (unsigned int) s;
+                    cd[pos] = e;
+                }
+            }
+        }
+    }
     unsigned int * hg = a.hist + (size_t) c.li * SPARQ_NB;
     for (int b = tid; b < SPARQ_NB; b += SPARQ_NT) {
         if (hc[b]) {

@@ -292,6 +292,8 @@ void ggml_cuda_sparq_attn(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     ggml_cuda_pool_alloc<unsigned int> hist(pool, z.hist);
     ggml_cuda_pool_alloc<double>       hmass(pool, z.hmass);
     ggml_cuda_pool_alloc<unsigned int> ldone(pool, z.ldone);
+    ggml_cuda_pool_alloc<uint2>        cand(pool, z.cand);
+    ggml_cuda_pool_alloc<unsigned int> ncand(pool, z.ncand);
     ggml_cuda_pool_alloc<unsigned int> udone(pool, z.udone);
     ggml_cuda_pool_alloc<int>          udense(pool, z.udense);
     ggml_cuda_pool_alloc<unsigned int> selbits(pool, z.selbits);
@@ -300,6 +302,7 @@ void ggml_cuda_sparq_attn(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     ggml_cuda_pool_alloc<float>        py(pool, z.py);
     a.rows = rows.get(); a.wbits = wbits.get(); a.logits = logits.get(); a.tstat = tstat.get(); a.tcnt = tcnt.get();
     a.keys = keys.get(); a.hist = hist.get(); a.hmass = hmass.get(); a.ldone = ldone.get(); a.udone = udone.get();
+    a.cand = cand.get(); a.ncand = ncand.get();
     a.udense = udense.get(); a.selbits = selbits.get(); a.sel = sel.get(); a.pstat = pstat.get(); a.py = py.get();
 
     const ggml_type ktt = dst->src[2]->type;

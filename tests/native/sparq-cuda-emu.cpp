@@ -439,6 +439,10 @@ int main(int argc, char ** argv) {
     std::vector<float> logits(z.logits), keys(z.keys), pstat(z.pstat), py(z.py);
     std::vector<double> hmass(z.hmass);
     std::vector<float2> tstat(z.tstat);
+    std::vector<uint2> cand(z.cand);
+    std::vector<unsigned int> ncand(z.ncand);
+    dirty(cand); dirty(ncand);
+    a.cand = cand.data(); a.ncand = ncand.data();
     dirty(rows); dirty(wbits); dirty(hist); dirty(ldone); dirty(udone); dirty(selbits); dirty(tcnt); dirty(udense);
     dirty(selv); dirty(logits); dirty(keys); dirty(pstat); dirty(py); dirty(hmass); dirty(tstat);
     a.rows = rows.data(); a.wbits = wbits.data(); a.logits = logits.data(); a.tstat = tstat.data(); a.tcnt = tcnt.data();

@@ -27,8 +27,8 @@ the model load, the synthetic fill and the warm-up cancel out. Reduced per step 
   / ``cudaStreamBeginCapture`` whether the graph was rebuilt, ``cudaStreamSynchronize`` and
   ``cudaMemcpy*`` the host synchronisations and copies;
 - with the CUPTI tracer, the wall time of a step (llama-bench's) against the GPU's busy time
-  (the union of the kernels' and copies' intervals): the difference is time the GPU sat idle
-  waiting for the host (launch gaps, synchronisations, host work).
+  (the union of the kernels' intervals): the difference is time no kernel ran (launch gaps,
+  copies, synchronisations, host work).
 
 Result: gpu_timeline_<tag>.{json,md} under bench/results/, with the device, the commit and every command.
 ``--reduce DIR`` only reduces the stats CSVs already in DIR (the tests use it).
@@ -199,8 +199,8 @@ def markdown(meta: dict, res: dict, n_layer: int) -> str:
              f"- per step = (run with {meta.get('n_long')} decode steps - run with {meta.get('n_short')}) / "
              f"{meta.get('n_long', 0) - meta.get('n_short', 0)}; per layer = per step / {n_layer}",
              f"- SparQ settings: {meta.get('sparq')}; tracer: {meta.get('tracer', 'nsys')}",
-             "- wall us/step: llama-bench's step time under the tracer; GPU busy: the union of the kernels' and "
-             "copies' intervals (CUPTI tracer only); idle = wall - busy, time the GPU waited for the host",
+             "- wall us/step: llama-bench's step time under the tracer; GPU busy: the union of the kernels' "
+             "intervals (CUPTI tracer only); idle = wall - busy, time no kernel ran",
              "", "Commands:", ""]
     lines += [f"    {c}" for c in meta.get("commands", [])]
     lines += ["", "## Summary per step", "",

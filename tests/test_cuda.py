@@ -198,7 +198,7 @@ def test_selectors_on_a_gpu_context(cuda, tiny_gqa_model):
     on_gpu = Llama(str(tiny_gqa_model), n_ctx=1024, verbose=False, n_gpu_layers=-1, sparq=True, sparq_k=32)
     on_host = Llama(str(tiny_gqa_model), n_ctx=1024, verbose=False, n_gpu_layers=-1, offload_kqv=False, sparq=True,
                     sparq_k=32)
-    assert (on_gpu.sparq_params()["sparq_min_kv"], on_host.sparq_params()["sparq_min_kv"]) == (98304, 1024)
+    assert (on_gpu.sparq_params()["sparq_min_kv"], on_host.sparq_params()["sparq_min_kv"]) == (1048576, 1024)
     for sel in ("sparq", "oracle"):
         m = llm(n_gpu_layers=-1, sparq_selector=sel)
         m.eval([1] + rng.integers(3, m.n_vocab(), size=299).tolist())

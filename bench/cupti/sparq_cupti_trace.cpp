@@ -5,8 +5,9 @@
 //
 // At exit it writes the same three summaries as `nsys stats -r cuda_gpu_kern_sum,cuda_api_sum,
 // cuda_gpu_mem_time_sum -f csv` (so bench/gpu_timeline.py reduces either), one row per name with
-// total time and count, plus <prefix>_busy.csv: the GPU's busy time (the union of every kernel,
-// copy and set interval) and the span from the first to the last, so that a step's launch gaps
+// total time and count, plus <prefix>_busy.csv: the GPU's busy time (the union of the kernels'
+// intervals; not the copies, which a synthetic fill makes differ between runs) and the span from
+// the first to the last, so that a step's launch gaps
 // (wall time the GPU sat idle) can be told from its kernels' time. Kernels replayed from a CUDA
 // graph are recorded one by one (CUPTI reports graph nodes as kernels), the runtime API calls by
 // name: cudaGraphLaunch against cudaLaunchKernel says whether the graphs captured the step.
@@ -33,7 +34,7 @@ struct total {
 
 std::mutex                                   g_mutex;
 std::map<std::string, total>                 g_kernels, g_api, g_mem;
-std::vector<std::pair<uint64_t, uint64_t>>   g_intervals;  // GPU work [start, end)
+std::vector<std::pair<uint64_t, uint64_t>>   g_intervals;  // kernels [start, end)
 bool                                         g_ok = false;
 
 constexpr size_t BUF_SIZE = 8u << 20;
@@ -95,13 +96,11 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t * buffer, size_t, si
             case CUPTI_ACTIVITY_KIND_MEMCPY: {
                 const auto * m = reinterpret_cast<const CUpti_ActivityMemcpy6 *>(rec);
                 add(g_mem, memcpy_kind(m->copyKind), m->start, m->end);
-                g_intervals.emplace_back(m->start, m->end);
                 break;
             }
             case CUPTI_ACTIVITY_KIND_MEMSET: {
                 const auto * m = reinterpret_cast<const CUpti_ActivityMemset4 *>(rec);
                 add(g_mem, "[CUDA memset]", m->start, m->end);
-                g_intervals.emplace_back(m->start, m->end);
                 break;
             }
             case CUPTI_ACTIVITY_KIND_RUNTIME: {

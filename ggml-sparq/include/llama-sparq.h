@@ -158,10 +158,11 @@ LLAMA_API struct llama_sparq_params llama_sparq_default_params(void);
 
 // The dense threshold that min_kv = -1 (the default) stands for, by where the cache is: below it
 // SparQ is not faster than dense attention there. Host memory (and RPC hosts, which run the CPU op):
-// the CPU crossover. A GPU: the H100's measured end-to-end crossover, between 64K (SparQ 0.93x of dense) and 128K
-// (1.15x) at batch 1, about 85K (bench/results/gpu_h100_b1.md); to come down as the CUDA op gets faster
+// the CPU crossover. A GPU: past every length measured, since the three-launch op measured on an H200
+// was slower than dense flash attention at every length up to 128K at batch 1 (0.50x there,
+// bench/results/gpu_h200_93a28f7_b1.md); to come down to the crossover once a GPU measures one
 #define LLAMA_SPARQ_MIN_KV_HOST 1024
-#define LLAMA_SPARQ_MIN_KV_DEVICE 98304
+#define LLAMA_SPARQ_MIN_KV_DEVICE 1048576
 
 // Validates the settings without a context, as llama_sparq_set_params does before it applies
 // them (same messages): for front ends that check a configuration before loading its model.

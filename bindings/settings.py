@@ -29,7 +29,7 @@ FRONT_ENDS = ("flags", "bench", "props", "metrics", "python")
 _SHOWN = {"SPARQ_IN_FLAGS": {"flags"}, "SPARQ_IN_BENCH": {"bench"}, "SPARQ_IN_PROPS": {"props"},
           "SPARQ_IN_METRICS": {"metrics"}, "SPARQ_IN_PYTHON": {"python"}, "SPARQ_IN_ALL": set(FRONT_ENDS),
           "SPARQ_BENCH_MD_ALWAYS": {"bench_md"}}
-_RANGES = ("SPARQ_ANY", "SPARQ_INTS", "SPARQ_INTS_TO", "SPARQ_SHARE", "SPARQ_NAMES")
+_RANGES = ("SPARQ_ANY", "SPARQ_INTS", "SPARQ_INTS_TO", "SPARQ_SHARE", "SPARQ_VALUES", "SPARQ_NAMES")
 _TYPES = {"bool": "bool", "int32_t": "int", "float": "float"}
 
 

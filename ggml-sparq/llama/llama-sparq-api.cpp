@@ -98,7 +98,7 @@ static int64_t sparq_min_head_size(const llama_hparams & hp) {
 
 // A setting's range, from its row of llama-sparq-settings.def (the SPARQ_* forms described there).
 struct sparq_range {
-    enum kind_t { ANY, INTS, SHARE, NAMES } kind;
+    enum kind_t { ANY, INTS, SHARE, VALUES, NAMES } kind;
     double lo, hi;
     const char * bound;                 // SPARQ_INTS_TO: what hi is ("k", "head size")
     const char * (*names)(int32_t);     // SPARQ_NAMES
@@ -140,7 +140,9 @@ static bool sparq_setting_ok(const char * name, bool is_float, double v, const s
     if (!known) {
         return true;
     }
-    const bool ok = range.kind == sparq_range::SHARE ? v > range.lo && v <= range.hi : v >= range.lo && v <= range.hi;
+    const bool ok = range.kind == sparq_range::SHARE    ? v > range.lo && v <= range.hi :
+                    range.kind == sparq_range::VALUES ? v == range.lo || v == range.hi :
+                                                        v >= range.lo && v <= range.hi;
     if (ok) {
         return true;
     }
@@ -152,6 +154,8 @@ static bool sparq_setting_ok(const char * name, bool is_float, double v, const s
     }
     if (range.kind == sparq_range::SHARE) {
         snprintf(allowed, sizeof(allowed), "(%g, %g]", range.lo, range.hi);
+    } else if (range.kind == sparq_range::VALUES) {
+        snprintf(allowed, sizeof(allowed), "%lld or %lld", (long long) range.lo, (long long) range.hi);
     } else if (range.bound) {
         snprintf(allowed, sizeof(allowed), "%lld..%s (%s = %lld)", (long long) range.lo, range.bound, range.bound,
                  (long long) range.hi);
@@ -176,6 +180,7 @@ static bool sparq_params_in_range(const llama_sparq_params * p, int64_t head_siz
 #define SPARQ_INTS(lo, hi)           sparq_range{ sparq_range::INTS, (double) (lo), (double) (hi), nullptr, nullptr }
 #define SPARQ_INTS_TO(lo, bound, hi) sparq_range{ sparq_range::INTS, (double) (lo), (double) (hi), bound, nullptr }
 #define SPARQ_SHARE                  sparq_range{ sparq_range::SHARE, 0, 1, nullptr, nullptr }
+#define SPARQ_VALUES(a, b)           sparq_range{ sparq_range::VALUES, (double) (a), (double) (b), nullptr, nullptr }
 #define SPARQ_NAMES(names)           sparq_range{ sparq_range::NAMES, 0, 0, nullptr, names }
 #define SPARQ_OR(value, meaning)     sparq_or{ true, (double) (value), meaning }
 #define SPARQ_NONE                   sparq_or{ false, 0, nullptr }
@@ -192,11 +197,6 @@ static bool sparq_params_in_range(const llama_sparq_params * p, int64_t head_siz
 
 // the ranges, then the settings against each other (the context aside)
 static bool sparq_params_consistent(const llama_sparq_params * p, int64_t head_size, char * err, size_t err_size) {
-    // two values, not the range between them (the table's range is 8..16)
-    if (p->kt_bits != 8 && p->kt_bits != 16) {
-        sparq_err(err, err_size, "SparQ: kt_bits = %d is out of range: allowed 8 (e5m2) or 16 (f16)", (int) p->kt_bits);
-        return false;
-    }
     if (!sparq_params_in_range(p, head_size, err, err_size)) {
         return false;
     }

@@ -293,7 +293,8 @@ def main(argv=None) -> int:
     if tracer == "nsys" and not nsys:
         sys.exit("gpu_timeline: no nsys (Nsight Systems) found: give --nsys PATH, or --tracer cupti")
     if tracer == "cupti" and not cupti.is_file():
-        sys.exit(f"gpu_timeline: no CUPTI tracer at {cupti} (--cupti-lib): 'make gpu-wheel' builds it")
+        sys.exit(f"gpu_timeline: no CUPTI tracer at {cupti} (--cupti-lib; 'make gpu-wheel' builds it)"
+                 + ("" if args.tracer == "cupti" else " and no nsys (Nsight Systems; --nsys PATH)"))
     from gpu_sweep import device  # noqa: E402 (needs the GPU: checked here, not at import)
 
     from llama_sparq import tool_path

@@ -135,17 +135,10 @@ step_e2e() {
 }
 
 step_timeline() {
-    # Nsight Systems where the machine has it, else the CUPTI tracer built with the wheel
-    local nsys=${NSYS:-$(command -v nsys || ls /opt/nvidia/nsight-systems*/*/bin/nsys /usr/local/cuda/bin/nsys 2> /dev/null | head -n 1)}
-    local tracer=(--tracer cupti --cupti-lib "$WHEELS/libsparq_cupti_trace.so")
-    if [ -n "$nsys" ] && [ -x "$nsys" ]; then
-        tracer=(--tracer nsys --nsys "$nsys")
-    elif [ ! -f "$WHEELS/libsparq_cupti_trace.so" ]; then
-        say "timeline: neither nsys (Nsight Systems; set NSYS=...) nor $WHEELS/libsparq_cupti_trace.so (make gpu-wheel)"
-        return 2
-    fi
-    logged timeline "$PY" bench/gpu_timeline.py "${tracer[@]}" --tag "$(gpu_tag)" --work "$OUT/gpu-timeline" \
-        --depths "${TIMELINE_DEPTHS:-4096,65536}"
+    # gpu_timeline.py picks Nsight Systems where the machine has it (or $NSYS), else the CUPTI tracer
+    # built with the wheel, and says so when it has neither
+    logged timeline "$PY" bench/gpu_timeline.py ${NSYS:+--nsys "$NSYS"} --cupti-lib "$WHEELS/libsparq_cupti_trace.so" \
+        --tag "$(gpu_tag)" --work "$OUT/gpu-timeline" --depths "${TIMELINE_DEPTHS:-4096,65536}"
 }
 
 step_nkvo() {

@@ -700,6 +700,13 @@ static __device__ void sparq_select_list(const sparq_cu_args & a, const sparq_se
 // the select kernel
 // ---------------------------------------------------------------------------
 
+// whether cell s of the tile [t0, t1) (its key x) may be chosen by score: sparq_sel_eligible, with
+// the given window's bits of the tile from shared memory (wb)
+static __device__ __forceinline__ bool sparq_tile_eligible(const sparq_cu_args & a, const sparq_sel_ctx & c,
+                                                           const unsigned int * wb, int t0, int t1, int s, float x) {
+    return s < t1 && s < c.w0 && x > -INFINITY && !(a.win && ((wb[(s - t0) >> 5] >> (s & 31)) & 1u));
+}
+
 // Per (selection tile of SPARQ_TS cells, list): the group keys of a shared choice into keys; the
 // given window's cells of the tile into the row's window bitmap; the eligible cells counted (and,
 // for the calibrated k, weighed) by their key's top SPARQ_NB_BITS bits into the list's histograms.
@@ -805,7 +812,7 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_select(const sparq_cu
     for (int i = 0; i < SPARQ_TS_CPT; ++i) {
         const int s = t0 + i * SPARQ_NT + tid;
         const float x = xs[i];
-        const bool el = s < t1 && s < c.w0 && x > -INFINITY && !(a.win && ((wb[(s - t0) >> 5] >> (s & 31)) & 1u));
+        const bool el = sparq_tile_eligible(a, c, wb, t0, t1, s, x);
         const unsigned int bin = el ? sparq_key_bits(x) >> SPARQ_NB_SHIFT : 0xffffffffu;
         // one shared-memory add per distinct bin of the warp (the top bits of nearby keys agree often)
         const unsigned int peers = __match_any_sync(0xffffffff, bin);
@@ -830,7 +837,7 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_select(const sparq_cu
         for (int i = 0; i < SPARQ_TS_CPT; ++i) {
             const int s = t0 + i * SPARQ_NT + tid;
             const float x = xs[i];
-            const bool el = s < t1 && s < c.w0 && x > -INFINITY && !(a.win && ((wb[(s - t0) >> 5] >> (s & 31)) & 1u));
+            const bool el = sparq_tile_eligible(a, c, wb, t0, t1, s, x);
             const bool put = el && (sparq_key_bits(x) >> SPARQ_NB_SHIFT) >= lb;
             const unsigned int bits = __ballot_sync(0xffffffff, put);
             if (bits) { // uniform over the warp: one atomic per warp for its candidates

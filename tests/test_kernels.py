@@ -104,6 +104,31 @@ def test_kernel_threads(prog, tmp_path, threads, case):
     check(case, a, out, sel)
 
 
+# SmolLM2's shape (3 KV heads of 64, 9 query heads): units that do not divide among the threads,
+# so the exact attention is shared per (unit, query head); with the calibrated k, heads that
+# reach the target and diffuse ones that attend over every valid cell
+SPLIT = [
+    Case(d=64, S=3000, r=16, k=750, l=32, n_head=9, n_head_kv=3, mask="holes", win="random", coverage=0.95,
+         k_min=128, seed=901),
+    Case(d=64, S=3000, r=16, k=750, l=32, n_head=9, n_head_kv=3, mask="holes", win="random", coverage=0.3,
+         k_min=64, seed=902),
+    Case(d=64, S=2000, r=8, k=100, l=16, n_head=9, n_head_kv=3, mask="pad", seed=903),
+    Case(d=64, S=2000, r=8, k=100, l=16, n_rows=2, n_head=6, n_head_kv=3, mask="causal", kv_type="q8_0", seed=904),
+]
+
+
+@pytest.mark.parametrize("threads", [2, 3, 4])
+@pytest.mark.parametrize("case", SPLIT, ids=lambda c: c.id)
+def test_kernel_threads_share_heads(prog, tmp_path, threads, case):
+    a = generate(case)
+    out, sel = run(prog, "direct", case, a, tmp_path, threads=threads)
+    check(case, a, out, sel)
+    one, sel1 = run(prog, "direct", case, a, tmp_path, threads=1)
+    assert abs(out - one).max() <= 1e-5 * max(1.0, abs(one).max())
+    if sel is not None:
+        assert (sel == sel1).all()
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("case", QUICK, ids=lambda c: c.id)
 def test_ggml_op(prog, tmp_path, threads, case):

@@ -1,57 +1,51 @@
-// llama-sparq: phase_attend of the CPU driver, per unit: the final selection (the chunks' candidates
-// merged, plus the window), exact attention over it for each query head, the mean-value
-// reallocation and the output; rows of a stream marked dense attend over every valid cell.
+// llama-sparq: the last two phases of the CPU driver. phase_select, per unit: the final selection
+// (the chunks' candidates merged, plus the window), the mean of V and each head's alpha;
+// phase_attend, per (unit, query head), an equal share of them per thread: exact attention over
+// the unit's selection, the mean-value reallocation and the output. Rows of a stream marked dense,
+// and diffuse heads under the calibrated k, attend over every valid cell.
 
 #include "sparq-cpu-phases.h"
 
 namespace sparq_cpu {
 
-// exact attention of one unit over every valid cell (a stream marked dense): one pass with
-// a running maximum, no selection buffer
-static void dense_row(const ctx & C, int u, int R, int ith) {
+// exact attention of query head hh of unit u over every valid cell (a stream marked dense, or a
+// diffuse head): one pass with a running maximum, no selection buffer
+static void dense_head(const ctx & C, int u, int hh, int ith) {
     const sparq_args * a = C.a;
-    const int S = a->n_kv, g = C.L.group_size, dv = a->dv;
-    const int kvh = C.unit_kvh(u), st = C.row_stream(R);
+    const int S = a->n_kv, dv = a->dv;
+    const int R = C.unit_row(u), kvh = C.unit_kvh(u), st = C.row_stream(R);
     const float * m = C.mask_row(R);
     float * y = (float *) C.tbuf(ith, C.L.t_vec);
-    for (int hh = 0; hh < g; ++hh) {
-        const int h = kvh * g + hh;
-        const float * q = C.q_row(R, h);
-        float M = -INFINITY, P = 0.0f;
-        for (int j = 0; j < dv; ++j) {
-            y[j] = 0.0f;
-        }
-        for (int s = 0; s < S; ++s) {
-            if (m && !is_valid(m[s])) {
-                continue;
-            }
-            const float e = exact_logit(C, q, st, kvh, s, m);
-            if (e > M) {
-                const float f = M == -INFINITY ? 0.0f : expf(M - e);
-                for (int j = 0; j < dv; ++j) {
-                    y[j] *= f;
-                }
-                P *= f;
-                M = e;
-            }
-            const float p = expf(e - M);
-            P += p;
-            axpy_row(C.isa, a->V_type, y, C.V_row(st, kvh, s), p, dv);
-        }
-        const float iP = P > 0.0f ? 1.0f / P : 0.0f;
-        float * o = C.out_row(R, h);
-        for (int j = 0; j < dv; ++j) {
-            o[j] = y[j] * iP;
-        }
-        if (a->selector == SPARQ_SEL_H2O) {
-            h2o_add_dense_weights(C, ith, st, kvh, q, m, M, iP);
-        }
+    const int h = kvh * C.L.group_size + hh;
+    const float * q = C.q_row(R, h);
+    float M = -INFINITY, P = 0.0f;
+    for (int j = 0; j < dv; ++j) {
+        y[j] = 0.0f;
     }
-    if (a->sel_out) {
-        int32_t * so = a->sel_out + (size_t) u * a->sel_n;
-        for (int t = 0; t < a->sel_n; ++t) {
-            so[t] = -1; // every valid cell: not listed
+    for (int s = 0; s < S; ++s) {
+        if (m && !is_valid(m[s])) {
+            continue;
         }
+        const float e = exact_logit(C, q, st, kvh, s, m);
+        if (e > M) {
+            const float f = M == -INFINITY ? 0.0f : expf(M - e);
+            for (int j = 0; j < dv; ++j) {
+                y[j] *= f;
+            }
+            P *= f;
+            M = e;
+        }
+        const float p = expf(e - M);
+        P += p;
+        axpy_row(C.isa, a->V_type, y, C.V_row(st, kvh, s), p, dv);
+    }
+    const float iP = P > 0.0f ? 1.0f / P : 0.0f;
+    float * o = C.out_row(R, h);
+    for (int j = 0; j < dv; ++j) {
+        o[j] = y[j] * iP;
+    }
+    if (a->selector == SPARQ_SEL_H2O) {
+        h2o_add_dense_weights(C, ith, st, kvh, q, m, M, iP);
     }
 }
 
@@ -75,10 +69,10 @@ static int unit_selection(const ctx & C, int u, int w, int R, bool dense, cand *
         const int32_t * wl = C.win(R);
         if (kk > 0) {
             bool again = false;
-            n_sel = merge_candidates(C, u, w, ri, wl, kk, merge, sel, cov, staged_selection(a, C.L.group_size), &again);
+            n_sel = merge_candidates(C, u, w, ith, ri, wl, kk, merge, sel, cov, staged_selection(a, C.L.group_size), &again);
             if (again) {
                 sparq_group_candidates_all(C, u, w, ith);
-                n_sel = merge_candidates(C, u, w, ri, wl, kk, merge, sel, cov);
+                n_sel = merge_candidates(C, u, w, ith, ri, wl, kk, merge, sel, cov);
             }
             *n_cand = n_sel;
         }
@@ -135,47 +129,6 @@ static void mean_of_v(const ctx & C, int R, int kvh, const float * m, bool mean_
     }
 }
 
-// query head hh of unit u: exact attention over the selection (ex, y: scratch), mixed with vbar
-// by alpha, into the output
-static float attend_head(const ctx & C, int u, int w, int hh, const int32_t * sel, int n_sel, int n_cand,
-                        const cand * merge, bool mean_v, const float * vbar, float * ex, float * y, int ith) {
-    const sparq_args * a = C.a;
-    const int dv = a->dv;
-    const int R = C.unit_row(u), kvh = C.unit_kvh(u), st = C.row_stream(R);
-    const float * m = C.mask_row(R);
-    const int h = kvh * C.L.group_size + hh;
-    const float * q = C.q_row(R, h);
-    // exact logits over the selection
-    float M = -INFINITY;
-    for (int t = 0; t < n_sel; ++t) {
-        ex[t] = exact_logit(C, q, st, kvh, sel[t], m);
-        M = std::max(M, ex[t]);
-    }
-    for (int j = 0; j < dv; ++j) {
-        y[j] = 0.0f;
-    }
-    float P = 0.0f;
-    for (int t = 0; t < n_sel; ++t) {
-        const float p = expf(ex[t] - M);
-        P += p;
-        axpy_row(C.isa, a->V_type, y, C.V_row(st, kvh, sel[t]), p, dv);
-    }
-    const float iP = P > 0.0f ? 1.0f / P : 0.0f;
-    if (a->selector == SPARQ_SEL_H2O) {
-        h2o_add_weights(C, ith, st, kvh, sel, ex, n_sel, M, iP);
-    }
-    // alpha: approximate softmax mass of the selection (also measured for the report when the
-    // selector has approximate scores)
-    const bool measure = mean_v || (a->report && n_cand >= 0 && !sel_baseline(a));
-    const float alpha = measure ? sparq_alpha(C, u, w, hh, sel, n_sel, n_cand, merge, m) : 1.0f;
-    float * o = C.out_row(R, h);
-    const float ay = mean_v ? alpha * iP : iP, av = mean_v ? 1.0f - alpha : 0.0f;
-    for (int j = 0; j < dv; ++j) {
-        o[j] = ay * y[j] + av * vbar[j];
-    }
-    return alpha;
-}
-
 // what the stream's last row did, per KV head (sparq_args::report)
 static void report_unit(const ctx & C, int u, int n_sel, float alpha, const cov_measure & cov) {
     const sparq_args * a = C.a;
@@ -187,63 +140,152 @@ static void report_unit(const ctx & C, int u, int n_sel, float alpha, const cov_
     rp[3] = (float) cov.reached;
 }
 
-// ----- phase_attend: final selection, exact attention, reallocation -----
-void phase_attend(const ctx & C, int wb, int we, int ith, int nth) {
+// ----- phase_select: per unit, its cells, the mean of V and each head's alpha -----
+void phase_select(const ctx & C, int wb, int we, int ith, int nth) {
     const sparq_args * a = C.a;
     cand * merge = (cand *) C.tbuf(ith, C.L.t_merge);
-    int32_t * sel = (int32_t *) C.tbuf(ith, C.L.t_sel);
-    float * ex = (float *) C.tbuf(ith, C.L.t_ex);
-    const int dmax = std::max(a->d, a->dv);
-    float * y = (float *) C.tbuf(ith, C.L.t_vec);
-    float * vbar = y + dmax;
+    int32_t * tmp = (int32_t *) C.tbuf(ith, C.L.t_ex);
+    float * ap = (float *) C.tbuf(ith, C.L.t_p);
+    const int g = C.L.group_size;
 
     for (int u = wb + ith; u < we; u += nth) {
         const int w = u - wb;
-        const int R = C.unit_row(u), kvh = C.unit_kvh(u), st = C.row_stream(R);
+        const int R = C.unit_row(u);
         const row_info * ri = C.rinfo(R);
+        unit_plan * up = C.uplan(w);
         const bool dense = ri->dense_all || ri->n_valid <= row_k(a, ri->n_valid);
         if (a->selector == SPARQ_SEL_INDEX && a->ivf_reads && C.row_in_stream(R) == a->n_rows - 1) {
             index_record_reads(C, u, w, dense);
         }
         const bool report = a->report && C.row_in_stream(R) == a->n_rows - 1;
+        up->n_sel = 0;
+        up->mean_v = 0;
+        up->all_cells = 0;
         if (ri->dense_all) {
-            dense_row(C, u, R, ith);
+            up->all_cells = 1;
             if (report) {
                 report_unit(C, u, -1, 1.0f, cov_measure{ -1, 0 });
             }
+            if (a->sel_out) {
+                int32_t * so = a->sel_out + (size_t) u * a->sel_n;
+                for (int t = 0; t < a->sel_n; ++t) {
+                    so[t] = -1; // every valid cell: not listed
+                }
+            }
             continue;
         }
+        int32_t * sel = C.usel(w);
         int n_cand = 0;
         cov_measure cov{ -1, 0 };
         const int n_sel = unit_selection(C, u, w, R, dense, merge, sel, &n_cand, &cov, ith);
         if (!dense && a->cov_apply && a->cov_p > 0.0f && !cov.reached) {
             // the calibrated k: the target needs more than the cap's cells, so this row (a diffuse
             // head) attends over every valid cell, exactly
-            dense_row(C, u, R, ith);
+            up->all_cells = 1;
             if (report) {
                 report_unit(C, u, ri->n_valid, 1.0f, cov);
             }
+            if (a->sel_out) {
+                int32_t * so = a->sel_out + (size_t) u * a->sel_n;
+                for (int t = 0; t < a->sel_n; ++t) {
+                    so[t] = -1;
+                }
+            }
             continue;
         }
-        prefetch_rows(C, st, kvh, sel, n_sel);
-        // mean of V over the stream's cells
+        up->n_sel = n_sel;
         const bool mean_v = !dense && !a->no_mean_v;
-        mean_of_v(C, R, kvh, C.mask_row(R), mean_v, vbar);
+        up->mean_v = mean_v;
+        mean_of_v(C, R, C.unit_kvh(u), C.mask_row(R), mean_v, C.uvbar(w));
+        // alpha: approximate softmax mass of the selection (also measured for the report when the
+        // selector has approximate scores)
+        const bool measure = mean_v || (a->report && !dense && !sel_baseline(a));
+        const float * m = C.mask_row(R);
         double alpha = 0.0;
-        for (int hh = 0; hh < C.L.group_size; ++hh) {
-            alpha += attend_head(C, u, w, hh, sel, n_sel, dense ? -1 : n_cand, merge, mean_v, vbar, ex, y,
-                                 ith);
+        for (int hh = 0; hh < g; ++hh) {
+            const float al = measure ? sparq_alpha(C, u, w, hh, sel, n_sel, dense ? -1 : n_cand, merge, m, ap) : 1.0f;
+            C.ualpha(w)[hh] = al;
+            alpha += al;
         }
         if (report) {
-            report_unit(C, u, dense ? -1 : n_sel, (float) (alpha / C.L.group_size), cov);
+            report_unit(C, u, dense ? -1 : n_sel, (float) (alpha / g), cov);
         }
         if (a->sel_out) {
             int32_t * so = a->sel_out + (size_t) u * a->sel_n;
-            std::sort(sel, sel + n_sel);
+            memcpy(tmp, sel, (size_t) n_sel * sizeof(int32_t));
+            std::sort(tmp, tmp + n_sel);
             for (int t = 0; t < a->sel_n; ++t) {
-                so[t] = t < n_sel ? sel[t] : -1;
+                so[t] = t < n_sel ? tmp[t] : -1;
             }
         }
+    }
+}
+
+// query head hh of unit u: exact attention over the unit's selection, mixed with its vbar by
+// its alpha, into the output (ex, p, y: scratch)
+static void attend_head(const ctx & C, int u, int w, int hh, float * ex, float * p, float * y, int ith) {
+    const sparq_args * a = C.a;
+    const int dv = a->dv;
+    const int R = C.unit_row(u), kvh = C.unit_kvh(u), st = C.row_stream(R);
+    const unit_plan * up = C.uplan(w);
+    const int32_t * sel = C.usel(w);
+    const int n_sel = up->n_sel;
+    const float * m = C.mask_row(R);
+    const int h = kvh * C.L.group_size + hh;
+    const float * q = C.q_row(R, h);
+    for (int t = 0; t < n_sel; ++t) {
+        ex[t] = exact_logit(C, q, st, kvh, sel[t], m);
+    }
+    const float M = n_sel > 0 ? C.isa->max(ex, n_sel) : -INFINITY;
+    for (int t = 0; t < n_sel; ++t) {
+        p[t] = 0.0f;
+    }
+    if (M != -INFINITY) {
+        C.isa->exp_acc(ex, n_sel, M, 1.0f, p);
+    }
+    for (int j = 0; j < dv; ++j) {
+        y[j] = 0.0f;
+    }
+    float P = 0.0f;
+    for (int t = 0; t < n_sel; ++t) {
+        P += p[t];
+        axpy_row(C.isa, a->V_type, y, C.V_row(st, kvh, sel[t]), p[t], dv);
+    }
+    const float iP = P > 0.0f ? 1.0f / P : 0.0f;
+    if (a->selector == SPARQ_SEL_H2O) {
+        h2o_add_weights(C, ith, st, kvh, sel, ex, n_sel, M, iP);
+    }
+    const float alpha = C.ualpha(w)[hh];
+    const float * vbar = C.uvbar(w);
+    float * o = C.out_row(R, h);
+    const float ay = up->mean_v ? alpha * iP : iP, av = up->mean_v ? 1.0f - alpha : 0.0f;
+    for (int j = 0; j < dv; ++j) {
+        o[j] = ay * y[j] + av * vbar[j];
+    }
+}
+
+// ----- phase_attend: per (unit, query head), an equal share of them per thread -----
+void phase_attend(const ctx & C, int wb, int we, int ith, int nth) {
+    const int g = C.L.group_size;
+    float * ex = (float *) C.tbuf(ith, C.L.t_ex);
+    float * p = (float *) C.tbuf(ith, C.L.t_p);
+    float * y = (float *) C.tbuf(ith, C.L.t_vec);
+    int i0, i1;
+    chunk_range((we - wb) * g, ith, nth, &i0, &i1);
+    int prefetched = -1;
+    for (int i = i0; i < i1; ++i) {
+        const int w = i / g, hh = i % g, u = wb + w;
+        const unit_plan * up = C.uplan(w);
+        if (up->all_cells) {
+            dense_head(C, u, hh, ith);
+            continue;
+        }
+        if (prefetched != w) {
+            const int R = C.unit_row(u);
+            prefetch_rows(C, C.row_stream(R), C.unit_kvh(u), C.usel(w), up->n_sel);
+            prefetched = w;
+        }
+        attend_head(C, u, w, hh, ex, p, y, ith);
     }
 }
 

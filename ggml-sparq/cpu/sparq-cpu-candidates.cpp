@@ -1,6 +1,6 @@
 // llama-sparq: the candidates every ranking selector shares: a chunk's best cells by a bound from
 // group maxima and one vectorised filter (phase_scores and phase_gqa_candidates), and their merge
-// over the chunks into the unit's choice (phase_attend).
+// over the chunks into the unit's choice (phase_select).
 
 #include "sparq-cpu-phases.h"
 
@@ -66,12 +66,21 @@ int select_chunk(const ctx & C, int ith, const float * ck, int n, int base, int 
     return kk;
 }
 
-int merge_candidates(const ctx & C, int u, int w, const row_info * ri, const int32_t * wl, int kk, cand * merge,
+int merge_candidates(const ctx & C, int u, int w, int ith, const row_info * ri, const int32_t * wl, int kk, cand * merge,
                      int32_t * sel, cov_measure * cov, bool staged, bool * again) {
     const sparq_args * a = C.a;
     int n_sel = 0;
     long reach_sum = 0;
     int reached_all = 1;
+    // the given window's cells as bits: one test per candidate (a binary search each cost more
+    // than the rest of the merge)
+    uint64_t * wbits = a->win ? (uint64_t *) C.tbuf(ith, C.L.t_wbits) : nullptr;
+    if (wbits) {
+        memset(wbits, 0, (size_t) (a->n_kv + 63) / 64 * sizeof(uint64_t));
+        for (int i = 0; i < ri->n_win; ++i) {
+            wbits[wl[i] >> 6] |= (uint64_t) 1 << (wl[i] & 63);
+        }
+    }
     // one list (group-shared) or one per query head, merged over the chunks
     for (int h = 0; h < C.L.ph; ++h) {
         int n_m = 0;
@@ -85,7 +94,8 @@ int merge_candidates(const ctx & C, int u, int w, const row_info * ri, const int
             }
             for (int i = 0; i < n_c; ++i) {
                 // window cells are added below, not chosen by score
-                if (!a->win || !std::binary_search(wl, wl + ri->n_win, cc[i].idx)) {
+                const int32_t ci = cc[i].idx;
+                if (!wbits || !((wbits[ci >> 6] >> (ci & 63)) & 1)) {
                     merge[n_m++] = cc[i];
                 }
             }

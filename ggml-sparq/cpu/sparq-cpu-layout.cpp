@@ -53,13 +53,17 @@ layout make_layout(const sparq_args * a, int nth) {
     L.off_ccount = o; o += align_up((size_t) L.wave_units * L.n_chunks * L.ph * sizeof(int32_t));
     L.off_cand   = o; o += align_up((size_t) L.wave_units * L.n_chunks * L.ph * L.chunk_cap * sizeof(cand));
     L.off_cbound = o; o += align_up((size_t) L.wave_units * L.n_chunks * L.ph * sizeof(float));
+    L.off_uplan  = o; o += align_up((size_t) L.wave_units * sizeof(unit_plan));
+    L.off_usel   = o; o += align_up((size_t) L.wave_units * (L.sel_max + 1) * sizeof(int32_t));
+    L.off_ualpha = o; o += align_up((size_t) L.wave_units * L.group_size * sizeof(float));
+    L.off_uvbar  = o; o += align_up((size_t) L.wave_units * a->dv * sizeof(float));
     L.off_logit  = o; o += align_up(L.group_size > 1 && !sel_baseline(a) ? (size_t) L.wave_units * L.group_size * S * sizeof(float) : 0);
     L.off_h2o    = o; o += align_up(a->selector == SPARQ_SEL_H2O ? (size_t) nth * a->n_stream * a->n_head_kv * S * sizeof(float) : 0);
     L.off_ivf    = o; o += align_up(a->selector == SPARQ_SEL_INDEX ? (size_t) L.n_units * ivf_unit_floats(a, L.ph) * sizeof(float) : 0);
     L.off_ivf_n  = o; o += align_up(a->selector == SPARQ_SEL_INDEX ? (size_t) L.wave_units * L.n_chunks * sizeof(int32_t) : 0);
     // per thread: g x B approximate scores of a block, the chunk's keys, filter indices,
     // group maxima, the tie fallback buffer, the merge buffer, the selection, exact
-    // logits, and y / vbar / a K row (phase_components: |q| and an order)
+    // logits and their weights, and y / vbar / a K row (phase_components: |q| and an order)
     const int dmax = std::max(a->d, a->dv);
     size_t t = 0;
     L.t_blk   = t; t += align_up((size_t) L.group_size * L.block_cells * sizeof(float));
@@ -71,6 +75,7 @@ layout make_layout(const sparq_args * a, int nth) {
     L.t_merge = t; t += align_up(((size_t) L.n_chunks * L.chunk_cap + k_rank(a) + 1) * sizeof(cand));
     L.t_sel   = t; t += align_up(((size_t) L.sel_max + 1) * sizeof(int32_t));
     L.t_ex    = t; t += align_up(((size_t) L.sel_max + 1) * sizeof(float));
+    L.t_p     = t; t += align_up(((size_t) L.sel_max + 1) * sizeof(float));
     L.t_vec   = t; t += align_up((size_t) 3 * dmax * sizeof(float));
     L.t_gh    = t; t += align_up((size_t) 2 * L.group_size * sizeof(float));
     L.t_rows  = t; t += align_up((size_t) a->r * sizeof(void *));
@@ -78,6 +83,8 @@ layout make_layout(const sparq_args * a, int nth) {
     L.t_ivf   = t; t += align_up(a->selector == SPARQ_SEL_INDEX ? (size_t) a->ivf_n_list * sizeof(cand) : 0);
     // index: the chunk's cells in probed lists
     L.t_pc    = t; t += align_up(a->selector == SPARQ_SEL_INDEX ? (size_t) (L.chunk_max + 16) * sizeof(int32_t) : 0);
+    // the window's cells as bits (merge_candidates)
+    L.t_wbits = t; t += align_up(a->win ? (S + 63) / 64 * sizeof(uint64_t) : 0);
     L.thread_bytes = t;
     L.off_thread = o; o += L.thread_bytes * nth;
     L.total = o + SPARQ_ALIGN; // room to align the base pointer

@@ -33,6 +33,10 @@ inline size_t align_up(size_t x) { return (x + SPARQ_ALIGN - 1) & ~(SPARQ_ALIGN 
 // row's window list, and w0: the start of the window when it is the tail of the cells)
 struct row_info { int32_t n_valid; int32_t w0; int32_t n_win; int32_t dense_all; };
 
+// per unit, what phase_select decided for phase_attend: the cells of its selection (usel), whether
+// each head mixes in the mean of V, or whether it attends over every valid cell instead
+struct unit_plan { int32_t n_sel; int32_t mean_v; int32_t all_cells; int32_t pad; };
+
 struct layout {
     int n_units;     // units (stream, row, KV head), the work items of the per-unit phases
     int n_rows_all;  // query rows over all streams (n_stream * n_rows)
@@ -47,11 +51,12 @@ struct layout {
     int chunk_max;
     size_t off_mask, off_cnt, off_row, off_win, off_i1, off_qs, off_stat, off_ccount, off_cand, off_logit, off_thread;
     size_t off_cbound; // per (wave slot, chunk, list): every eligible key the chunk did not offer is below it
+    size_t off_uplan, off_usel, off_ualpha, off_uvbar; // per wave slot: phase_select's plan, cells, alphas, mean of V
     size_t off_h2o; // H2O: per thread, the attention weights of its rows per (stream, KV head, cell)
     size_t off_ivf; // index: per unit, the group's summed query (d), the lists' |c|^2 and probe flags (n_list each)
     size_t off_ivf_n; // index: per unit of the wave and chunk, the key rows scored
     // per-thread area: offsets from the thread's base
-    size_t t_blk, t_ck, t_idx, t_gm, t_big, t_merge, t_sel, t_ex, t_vec, t_gh, t_rows, t_ivf, t_pc;
+    size_t t_blk, t_ck, t_idx, t_gm, t_big, t_merge, t_sel, t_ex, t_p, t_vec, t_gh, t_rows, t_ivf, t_pc, t_wbits;
     size_t thread_bytes, total;
 };
 
@@ -127,6 +132,10 @@ struct ctx {
     cand      * cands(int w, int c, int h = 0) const {
         return (cand *) (base + L.off_cand) + (((size_t) w * L.n_chunks + c) * L.ph + h) * L.chunk_cap;
     }
+    unit_plan * uplan(int w)                const { return (unit_plan *) (base + L.off_uplan) + w; }
+    int32_t   * usel(int w)                 const { return (int32_t *) (base + L.off_usel) + (size_t) w * (L.sel_max + 1); }
+    float     * ualpha(int w)               const { return (float *) (base + L.off_ualpha) + (size_t) w * L.group_size; }
+    float     * uvbar(int w)                const { return (float *) (base + L.off_uvbar) + (size_t) w * a->dv; }
     float     * logits(int w, int h)        const { return (float *) (base + L.off_logit) + ((size_t) w * L.group_size + h) * a->n_kv; }
     char      * tbuf(int ith, size_t off)   const { return base + L.off_thread + (size_t) ith * L.thread_bytes + off; }
 
@@ -265,7 +274,7 @@ inline float exact_logit(const ctx & C, const float * q, int st, int kvh, int s,
 // (optional): every key > -inf of the chunk that was not offered is below it (-inf: all were)
 int select_chunk(const ctx & C, int ith, const float * ck, int n, int base, int kk, cand * out,
                  float * bound = nullptr);
-// phase_attend: the chunks' candidates of wave slot w (less the cells of the window list wl) merged
+// phase_select: the chunks' candidates of wave slot w (less the cells of the window list wl) merged
 // into the kk best of each list, their cells into sel (merge[0..kk) keeps the last list's keys);
 // returns their number
 // With a coverage target (cov_p) the chunks offer k_rank cells and each list is first cut by
@@ -273,7 +282,7 @@ int select_chunk(const ctx & C, int ith, const float * ck, int n, int base, int 
 // stage's candidates (staged_selection); *again is set, and nothing chosen, when a list's cut or
 // selection is not proven among them: the unit's chunks must offer at the full cap (unstaged).
 struct cov_measure { int n_reach; int reached; };
-int merge_candidates(const ctx & C, int u, int w, const row_info * ri, const int32_t * wl, int kk, cand * merge,
+int merge_candidates(const ctx & C, int u, int w, int ith, const row_info * ri, const int32_t * wl, int kk, cand * merge,
                      int32_t * sel, cov_measure * cov, bool staged = false, bool * again = nullptr);
 
 // ---------------------------------------------------------------------------
@@ -284,7 +293,8 @@ void phase_components(const ctx & C, int ith, int nth);             // sparq-cpu
 void phase_windows(const ctx & C, int ith, int nth);
 void phase_scores(const ctx & C, int wb, int we, int ith);             // sparq-cpu-scores.cpp
 void phase_gqa_candidates(const ctx & C, int wb, int we, int ith);
-void phase_attend(const ctx & C, int wb, int we, int ith, int nth);    // sparq-cpu-attend.cpp
+void phase_select(const ctx & C, int wb, int we, int ith, int nth);    // sparq-cpu-attend.cpp
+void phase_attend(const ctx & C, int wb, int we, int ith, int nth);
 
 // ---------------------------------------------------------------------------
 // the selectors' CPU parts, called by the phases
@@ -301,13 +311,14 @@ void sparq_chunk_scores(const ctx & C, int u, int w, int s0, int s1, int ith);
 // head, or by the group-summed normalised scores), kk of them, with the chunk's bound; scratch of
 // thread ith
 void sparq_group_candidates(const ctx & C, int u, int w, int s0, int s1, int kk, int c, int ith);
-// phase_attend (the staged calibrated k): every chunk's GQA candidates of unit u again at the full
+// phase_select (the staged calibrated k): every chunk's GQA candidates of unit u again at the full
 // cap, by thread ith alone
 void sparq_group_candidates_all(const ctx & C, int u, int w, int ith);
-// phase_attend, per query head hh: alpha, the approximate softmax mass of the selection
+// phase_select, per query head hh: alpha, the approximate softmax mass of the selection (ap: n_sel
+// floats of scratch)
 float sparq_alpha(const ctx & C, int u, int w, int hh, const int32_t * sel, int n_sel, int n_cand,
-                  const cand * merge, const float * m);
-// phase_attend, per selection list h of unit u: the coverage target's cut of its n candidates
+                  const cand * merge, const float * m, float * ap);
+// phase_select, per selection list h of unit u: the coverage target's cut of its n candidates
 // (merge[0..n), unordered): moves the fewest best ones whose estimated mass, with the window's,
 // reaches cov_p to the front and returns how many that is (n when they all fall short; *reached
 // says which); the caller clamps it
@@ -332,6 +343,6 @@ void h2o_fold(const ctx & C, int ith, int nth);
 // index (sparq-cpu-select-index.cpp)
 void index_probe_lists(const ctx & C, int ith, int nth);                           // phase_components
 void index_candidates(const ctx & C, int u, int w, int s0, int s1, int ith);       // phase_scores
-void index_record_reads(const ctx & C, int u, int w, bool dense);                  // phase_attend
+void index_record_reads(const ctx & C, int u, int w, bool dense);                  // phase_select
 
 } // namespace sparq_cpu

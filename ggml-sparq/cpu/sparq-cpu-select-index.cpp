@@ -1,6 +1,6 @@
 // llama-sparq: the index selector's CPU part (an inverted-file index of the keys): the lists each
 // search probes (phase_components), the probed cells' exact scores as candidates, filing the cells
-// in no list yet (phase_scores), and the count of key rows read (phase_attend).
+// in no list yet (phase_scores), and the count of key rows read (phase_select).
 
 #include "sparq-cpu-phases.h"
 

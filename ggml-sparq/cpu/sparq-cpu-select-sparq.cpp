@@ -1,7 +1,7 @@
 // llama-sparq: the SparQ selector's CPU part (the oracle is the same with r = d): the r query
 // components (phase_components), the approximate scores from r rows of K^T (phase_scores), the GQA
 // group's candidates (phase_gqa_candidates) and the approximate mass of the selection for the
-// mean-V mix (phase_attend).
+// mean-V mix (phase_select).
 
 #include "sparq-cpu-phases.h"
 
@@ -222,17 +222,30 @@ static float approx_logit(const ctx & C, int u, int w, int hh, int i, const floa
 }
 
 float sparq_alpha(const ctx & C, int u, int w, int hh, const int32_t * sel, int n_sel, int n_cand,
-                  const cand * merge, const float * m) {
+                  const cand * merge, const float * m, float * ap) {
     float Ms;
     double Z;
     head_softmax(C, w, hh, &Ms, &Z);
-    double mass = 0.0;
-    for (int t = 0; t < n_sel; ++t) {
-        // with g == 1 a candidate's key is its approximate logit (+ mask)
-        const float ap = C.L.group_size == 1 && t < n_cand ? merge[t].key : approx_logit(C, u, w, hh, sel[t], m);
-        mass += expf(ap - Ms);
+    if (Z <= 0.0) {
+        return 1.0f;
     }
-    return Z > 0.0 ? (float) std::min(1.0, mass / Z) : 1.0f;
+    // the selection's approximate logits gathered, then one vectorised sum of their exp
+    const int n_key = C.L.group_size == 1 ? std::min(n_cand, n_sel) : 0;
+    for (int t = 0; t < n_key; ++t) {
+        ap[t] = merge[t].key; // with g == 1 a candidate's key is its approximate logit (+ mask)
+    }
+    if (C.L.group_size > 1) {
+        const float * lg = C.logits(w, hh);
+        for (int t = 0; t < n_sel; ++t) {
+            ap[t] = lg[sel[t]];
+        }
+    } else {
+        for (int t = std::max(n_key, 0); t < n_sel; ++t) {
+            ap[t] = approx_logit(C, u, w, hh, sel[t], m);
+        }
+    }
+    const double mass = n_sel > 0 ? (double) C.isa->expsum(ap, n_sel, Ms) : 0.0;
+    return (float) std::min(1.0, mass / Z);
 }
 
 int sparq_coverage_cut(const ctx & C, int u, int w, int h, const row_info * ri, const int32_t * wl, cand * merge,

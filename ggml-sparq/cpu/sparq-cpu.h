@@ -10,8 +10,10 @@
 //   phase_scores          per (unit, cell chunk): approximate logits from r rows of K^T,
 //                         softmax statistics, candidate positions of the chunk
 //   phase_gqa_candidates  (GQA only) per (unit, cell chunk): group-summed scores, candidates
-//   phase_attend          per unit: merge candidates + window into i2, exact attention over
-//                         i2 for each query head, mean-value reallocation, output
+//   phase_select          per unit: merge candidates + window into i2, the mean of V, each
+//                         head's alpha (the approximate mass of i2)
+//   phase_attend          per (unit, query head), an equal share per thread: exact attention
+//                         over i2, mean-value reallocation, output
 //
 // The ISA-specific primitives (sparq_isa) are the only SIMD code; everything
 // else is shared, so every ISA makes exactly the same selection logic.

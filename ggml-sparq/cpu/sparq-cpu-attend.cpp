@@ -233,8 +233,20 @@ static void attend_head(const ctx & C, int u, int w, int hh, float * ex, float *
     const float * m = C.mask_row(R);
     const int h = kvh * C.L.group_size + hh;
     const float * q = C.q_row(R, h);
-    for (int t = 0; t < n_sel; ++t) {
-        ex[t] = exact_logit(C, q, st, kvh, sel[t], m);
+    if (a->K_type == SPARQ_Q8_0) {
+        for (int t = 0; t < n_sel; ++t) {
+            ex[t] = exact_logit(C, q, st, kvh, sel[t], m);
+        }
+    } else {
+        const void * K0 = C.K_row(st, kvh, 0);
+        if (a->K_type == SPARQ_F16) {
+            C.isa->gather_dot_f16(q, K0, a->K_nb1, sel, n_sel, a->d, ex);
+        } else {
+            C.isa->gather_dot_f32(q, K0, a->K_nb1, sel, n_sel, a->d, ex);
+        }
+        for (int t = 0; t < n_sel; ++t) {
+            ex[t] = ex[t] * a->scale + (m ? m[sel[t]] : 0.0f);
+        }
     }
     const float M = n_sel > 0 ? C.isa->max(ex, n_sel) : -INFINITY;
     for (int t = 0; t < n_sel; ++t) {
@@ -249,7 +261,15 @@ static void attend_head(const ctx & C, int u, int w, int hh, float * ex, float *
     float P = 0.0f;
     for (int t = 0; t < n_sel; ++t) {
         P += p[t];
-        axpy_row(C.isa, a->V_type, y, C.V_row(st, kvh, sel[t]), p[t], dv);
+    }
+    if (a->V_type == SPARQ_Q8_0) {
+        for (int t = 0; t < n_sel; ++t) {
+            axpy_row(C.isa, a->V_type, y, C.V_row(st, kvh, sel[t]), p[t], dv);
+        }
+    } else if (a->V_type == SPARQ_F16) {
+        C.isa->gather_axpy_f16(y, C.V_row(st, kvh, 0), a->V_nb1, sel, p, n_sel, dv);
+    } else {
+        C.isa->gather_axpy_f32(y, C.V_row(st, kvh, 0), a->V_nb1, sel, p, n_sel, dv);
     }
     const float iP = P > 0.0f ? 1.0f / P : 0.0f;
     if (a->selector == SPARQ_SEL_H2O) {

@@ -68,6 +68,16 @@ struct sparq_isa {
     float (*dot_q8_0)(const float * a, const struct sparq_block_q8_0 * b, int n);
     void (*axpy_q8_0)(float * y, const struct sparq_block_q8_0 * x, float a, int n);
     void (*f16_to_f32)(const uint16_t * x, float * y, int n);
+    // the exact attention over a selection, rows of n = d (dv) values at base + idx[t] * stride
+    // bytes: out[t] = q . row(idx[t]) (t < n_sel), and y[j] += sum_t p[t] * row(idx[t])[j]
+    void (*gather_dot_f16)(const float * q, const void * base, size_t stride, const int32_t * idx, int n_sel, int d,
+                           float * out);
+    void (*gather_dot_f32)(const float * q, const void * base, size_t stride, const int32_t * idx, int n_sel, int d,
+                           float * out);
+    void (*gather_axpy_f16)(float * y, const void * base, size_t stride, const int32_t * idx, const float * p,
+                            int n_sel, int dv);
+    void (*gather_axpy_f32)(float * y, const void * base, size_t stride, const int32_t * idx, const float * p,
+                            int n_sel, int dv);
     // indices i < n with x[i] > t, ascending, into idx; returns their number
     int (*filter_gt)(const float * x, int n, float t, int32_t * idx);
     // The index selector's gather: the cells base + i (i < n, ascending) whose list id ids[i] (an

@@ -11,6 +11,7 @@
 #include "sparq-isa-simd.h"
 
 #include <immintrin.h>
+#include <algorithm>
 #include <cmath>
 
 namespace {
@@ -212,6 +213,70 @@ void avx512_f16_to_f32(const uint16_t * x, float * y, int n) {
     }
 }
 
+void avx512_gather_dot_f16(const float * q, const void * base, size_t stride, const int32_t * idx, int n, int d,
+                           float * out) {
+    for (int t = 0; t < n; ++t) {
+        out[t] = dot(q, (const uint16_t *) ((const char *) base + (size_t) idx[t] * stride), d);
+    }
+}
+
+void avx512_gather_dot_f32(const float * q, const void * base, size_t stride, const int32_t * idx, int n, int d,
+                           float * out) {
+    for (int t = 0; t < n; ++t) {
+        out[t] = dot(q, (const float *) ((const char *) base + (size_t) idx[t] * stride), d);
+    }
+}
+
+// NV vectors of y (from element off, the last one masked by last) held in registers over every
+// row: row after row the same operations per lane as axpy
+template <class T, int NV>
+inline void gather_axpy_tile(float * y, const char * b, size_t stride, const int32_t * idx, const float * p, int n,
+                             int off, __mmask16 last) {
+    __m512 acc[NV];
+    for (int v = 0; v < NV; ++v) {
+        acc[v] = _mm512_maskz_loadu_ps(v == NV - 1 ? last : (__mmask16) 0xffff, y + off + 16 * v);
+    }
+    for (int t = 0; t < n; ++t) {
+        const T * x = (const T *) (b + (size_t) idx[t] * stride) + off;
+        const __m512 a = _mm512_set1_ps(p[t]);
+        for (int v = 0; v < NV; ++v) {
+            acc[v] = _mm512_fmadd_ps(a, load(x + 16 * v, v == NV - 1 ? last : (__mmask16) 0xffff), acc[v]);
+        }
+    }
+    for (int v = 0; v < NV; ++v) {
+        _mm512_mask_storeu_ps(y + off + 16 * v, v == NV - 1 ? last : (__mmask16) 0xffff, acc[v]);
+    }
+}
+
+// y[0..dv) += sum_t p[t] * row(idx[t]), tiles of up to 8 vectors (128 values)
+template <class T>
+void gather_axpy(float * y, const void * base, size_t stride, const int32_t * idx, const float * p, int n, int dv) {
+    const char * b = (const char *) base;
+    for (int off = 0; off < dv; off += 128) {
+        const int rem = std::min(128, dv - off);
+        const int nv = (rem + 15) / 16;
+        const __mmask16 last = tail_mask(rem - 16 * (nv - 1));
+        switch (nv) {
+            case 8: gather_axpy_tile<T, 8>(y, b, stride, idx, p, n, off, last); break;
+            case 7: gather_axpy_tile<T, 7>(y, b, stride, idx, p, n, off, last); break;
+            case 6: gather_axpy_tile<T, 6>(y, b, stride, idx, p, n, off, last); break;
+            case 5: gather_axpy_tile<T, 5>(y, b, stride, idx, p, n, off, last); break;
+            case 4: gather_axpy_tile<T, 4>(y, b, stride, idx, p, n, off, last); break;
+            case 3: gather_axpy_tile<T, 3>(y, b, stride, idx, p, n, off, last); break;
+            case 2: gather_axpy_tile<T, 2>(y, b, stride, idx, p, n, off, last); break;
+            default: gather_axpy_tile<T, 1>(y, b, stride, idx, p, n, off, last); break;
+        }
+    }
+}
+
+void avx512_gather_axpy_f16(float * y, const void * b, size_t st, const int32_t * idx, const float * p, int n, int dv) {
+    gather_axpy<uint16_t>(y, b, st, idx, p, n, dv);
+}
+
+void avx512_gather_axpy_f32(float * y, const void * b, size_t st, const int32_t * idx, const float * p, int n, int dv) {
+    gather_axpy<float>(y, b, st, idx, p, n, dv);
+}
+
 int avx512_filter_gt(const float * x, int n, float t, int32_t * idx) {
     const __m512 vt = _mm512_set1_ps(t);
     const __m512i step = _mm512_set1_epi32(16);
@@ -263,6 +328,8 @@ const struct sparq_isa sparq_isa_avx512 = {
     avx512_axpy_f16, avx512_axpy_f32,
     avx512_dot_q8_0, avx512_axpy_q8_0,
     avx512_f16_to_f32,
+    avx512_gather_dot_f16, avx512_gather_dot_f32,
+    avx512_gather_axpy_f16, avx512_gather_axpy_f32,
     avx512_filter_gt,
     avx512_list_gather,
 };

@@ -118,6 +118,39 @@ static void scalar_f16_to_f32(const uint16_t * x, float * y, int n) {
     }
 }
 
+template <class T>
+static void scalar_gather_dot(const float * q, const void * base, size_t stride, const int32_t * idx, int n, int d,
+                              float * out) {
+    for (int t = 0; t < n; ++t) {
+        out[t] = scalar_dot(q, (const T *) ((const char *) base + (size_t) idx[t] * stride), d);
+    }
+}
+
+template <class T>
+static void scalar_gather_axpy(float * y, const void * base, size_t stride, const int32_t * idx, const float * p,
+                               int n, int dv) {
+    for (int t = 0; t < n; ++t) {
+        scalar_axpy(y, (const T *) ((const char *) base + (size_t) idx[t] * stride), p[t], dv);
+    }
+}
+
+static void scalar_gather_dot_f16(const float * q, const void * b, size_t st, const int32_t * idx, int n, int d,
+                                  float * out) {
+    scalar_gather_dot<uint16_t>(q, b, st, idx, n, d, out);
+}
+static void scalar_gather_dot_f32(const float * q, const void * b, size_t st, const int32_t * idx, int n, int d,
+                                  float * out) {
+    scalar_gather_dot<float>(q, b, st, idx, n, d, out);
+}
+static void scalar_gather_axpy_f16(float * y, const void * b, size_t st, const int32_t * idx, const float * p, int n,
+                                   int dv) {
+    scalar_gather_axpy<uint16_t>(y, b, st, idx, p, n, dv);
+}
+static void scalar_gather_axpy_f32(float * y, const void * b, size_t st, const int32_t * idx, const float * p, int n,
+                                   int dv) {
+    scalar_gather_axpy<float>(y, b, st, idx, p, n, dv);
+}
+
 static int scalar_filter_gt(const float * x, int n, float t, int32_t * idx) {
     int m = 0;
     for (int i = 0; i < n; ++i) {
@@ -136,6 +169,8 @@ const struct sparq_isa sparq_isa_scalar = {
     scalar_axpy_f16, scalar_axpy_f32,
     scalar_dot_q8_0, scalar_axpy_q8_0,
     scalar_f16_to_f32,
+    scalar_gather_dot_f16, scalar_gather_dot_f32,
+    scalar_gather_axpy_f16, scalar_gather_axpy_f32,
     scalar_filter_gt,
     sparq_list_gather_ref,
 };

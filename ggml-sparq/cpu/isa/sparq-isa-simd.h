@@ -171,6 +171,65 @@ void simd_axpy(float * y, const T * x, float a, int n) {
     }
 }
 
+// The exact attention's two passes over a selection of K or V rows (row t at base + idx[t] * stride
+// bytes), without a call per row. out[t] = q . row(idx[t]), simd_dot inlined per row.
+template <class V, class T>
+void simd_gather_dot(const float * q, const void * base, size_t stride, const int32_t * idx, int n, int d,
+                     float * out) {
+    const char * b = (const char *) base;
+    for (int t = 0; t < n; ++t) {
+        out[t] = simd_dot<V, T>(q, (const T *) (b + (size_t) idx[t] * stride), d);
+    }
+}
+
+// NV vectors of y (from element off) held in registers over every row: row after row the same
+// operations per lane as simd_axpy
+template <class V, class T, int NV>
+inline void simd_gather_axpy_tile(float * y, const char * b, size_t stride, const int32_t * idx, const float * p,
+                                  int n, int off) {
+    typename V::vf acc[NV];
+    for (int v = 0; v < NV; ++v) {
+        acc[v] = V::load(y + off + v * V::W);
+    }
+    for (int t = 0; t < n; ++t) {
+        const T * x = (const T *) (b + (size_t) idx[t] * stride) + off;
+        const typename V::vf a = V::set1(p[t]);
+        for (int v = 0; v < NV; ++v) {
+            acc[v] = V::fmadd(a, V::load(x + v * V::W), acc[v]);
+        }
+    }
+    for (int v = 0; v < NV; ++v) {
+        V::store(y + off + v * V::W, acc[v]);
+    }
+}
+
+// y[0..dv) += sum_t p[t] * row(idx[t]): tiles of up to 8 vectors, then the scalar tail
+template <class V, class T>
+void simd_gather_axpy(float * y, const void * base, size_t stride, const int32_t * idx, const float * p, int n,
+                      int dv) {
+    const char * b = (const char *) base;
+    int off = 0;
+    for (; off + 8 * V::W <= dv; off += 8 * V::W) {
+        simd_gather_axpy_tile<V, T, 8>(y, b, stride, idx, p, n, off);
+    }
+    switch ((dv - off) / V::W) {
+        case 7: simd_gather_axpy_tile<V, T, 7>(y, b, stride, idx, p, n, off); break;
+        case 6: simd_gather_axpy_tile<V, T, 6>(y, b, stride, idx, p, n, off); break;
+        case 5: simd_gather_axpy_tile<V, T, 5>(y, b, stride, idx, p, n, off); break;
+        case 4: simd_gather_axpy_tile<V, T, 4>(y, b, stride, idx, p, n, off); break;
+        case 3: simd_gather_axpy_tile<V, T, 3>(y, b, stride, idx, p, n, off); break;
+        case 2: simd_gather_axpy_tile<V, T, 2>(y, b, stride, idx, p, n, off); break;
+        case 1: simd_gather_axpy_tile<V, T, 1>(y, b, stride, idx, p, n, off); break;
+        default: break;
+    }
+    off += (dv - off) / V::W * V::W;
+    for (int i = off; i < dv; ++i) {
+        for (int t = 0; t < n; ++t) {
+            y[i] += p[t] * simd_elem((const T *) (b + (size_t) idx[t] * stride) + i);
+        }
+    }
+}
+
 // q8_0 rows (a quantized cache): per block of 32 the product with the unscaled values in a vector,
 // times the block's scale into the accumulator (one multiply per block, not per value)
 template <class V>

@@ -114,6 +114,7 @@ SPLIT = [
          k_min=64, seed=902),
     Case(d=64, S=2000, r=8, k=100, l=16, n_head=9, n_head_kv=3, mask="pad", seed=903),
     Case(d=64, S=2000, r=8, k=100, l=16, n_rows=2, n_head=6, n_head_kv=3, mask="causal", kv_type="q8_0", seed=904),
+    Case(d=64, S=2000, r=8, k=100, l=16, n_head=9, n_head_kv=3, mask="holes", selector="h2o", seed=905),
 ]
 
 
@@ -236,9 +237,10 @@ def test_isa_choice_is_race_free(tsan_prog):
         assert res.stdout.strip() in ISAS
 
 
-@pytest.mark.parametrize("case", QUICK[:6], ids=lambda c: c.id)
+@pytest.mark.parametrize("case", QUICK[:6] + SPLIT, ids=lambda c: c.id)
 def test_kernel_threads_tsan(tsan_prog, tmp_path, case):
-    """The kernels on 4 threads under ThreadSanitizer (chunked scores, merges, barriers)."""
+    """The kernels on 4 threads under ThreadSanitizer (chunked scores, merges, barriers, the units'
+    hand-off from the selection to the attention)."""
     a = generate(case)
     out, sel = run(tsan_prog, "direct", case, a, tmp_path, threads=4, env=TSAN_ENV)
     check(case, a, out, sel)

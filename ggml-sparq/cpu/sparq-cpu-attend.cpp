@@ -140,84 +140,91 @@ static void report_unit(const ctx & C, int u, int n_sel, float alpha, const cov_
     rp[3] = (float) cov.reached;
 }
 
-// ----- phase_select: per unit, its cells, the mean of V and each head's alpha -----
-void phase_select(const ctx & C, int wb, int we, int ith, int nth) {
+// every listed cell of unit u's selection output -1 (the unit attends over every valid cell)
+static void sel_out_all(const ctx & C, int u) {
+    int32_t * so = C.a->sel_out + (size_t) u * C.a->sel_n;
+    for (int t = 0; t < C.a->sel_n; ++t) {
+        so[t] = -1;
+    }
+}
+
+// unit u (wave slot w): its plan for phase_attend
+static void select_unit(const ctx & C, int u, int w, int ith) {
     const sparq_args * a = C.a;
     cand * merge = (cand *) C.tbuf(ith, C.L.t_merge);
     int32_t * tmp = (int32_t *) C.tbuf(ith, C.L.t_ex);
     float * ap = (float *) C.tbuf(ith, C.L.t_p);
     const int g = C.L.group_size;
-
-    for (int u = wb + ith; u < we; u += nth) {
-        const int w = u - wb;
-        const int R = C.unit_row(u);
-        const row_info * ri = C.rinfo(R);
-        unit_plan * up = C.uplan(w);
-        const bool dense = ri->dense_all || ri->n_valid <= row_k(a, ri->n_valid);
-        if (a->selector == SPARQ_SEL_INDEX && a->ivf_reads && C.row_in_stream(R) == a->n_rows - 1) {
-            index_record_reads(C, u, w, dense);
-        }
-        const bool report = a->report && C.row_in_stream(R) == a->n_rows - 1;
-        up->n_sel = 0;
-        up->mean_v = 0;
-        up->all_cells = 0;
-        if (ri->dense_all) {
-            up->all_cells = 1;
-            if (report) {
-                report_unit(C, u, -1, 1.0f, cov_measure{ -1, 0 });
-            }
-            if (a->sel_out) {
-                int32_t * so = a->sel_out + (size_t) u * a->sel_n;
-                for (int t = 0; t < a->sel_n; ++t) {
-                    so[t] = -1; // every valid cell: not listed
-                }
-            }
-            continue;
-        }
-        int32_t * sel = C.usel(w);
-        int n_cand = 0;
-        cov_measure cov{ -1, 0 };
-        const int n_sel = unit_selection(C, u, w, R, dense, merge, sel, &n_cand, &cov, ith);
-        if (!dense && a->cov_apply && a->cov_p > 0.0f && !cov.reached) {
-            // the calibrated k: the target needs more than the cap's cells, so this row (a diffuse
-            // head) attends over every valid cell, exactly
-            up->all_cells = 1;
-            if (report) {
-                report_unit(C, u, ri->n_valid, 1.0f, cov);
-            }
-            if (a->sel_out) {
-                int32_t * so = a->sel_out + (size_t) u * a->sel_n;
-                for (int t = 0; t < a->sel_n; ++t) {
-                    so[t] = -1;
-                }
-            }
-            continue;
-        }
-        up->n_sel = n_sel;
-        const bool mean_v = !dense && !a->no_mean_v;
-        up->mean_v = mean_v;
-        mean_of_v(C, R, C.unit_kvh(u), C.mask_row(R), mean_v, C.uvbar(w));
-        // alpha: approximate softmax mass of the selection (also measured for the report when the
-        // selector has approximate scores)
-        const bool measure = mean_v || (a->report && !dense && !sel_baseline(a));
-        const float * m = C.mask_row(R);
-        double alpha = 0.0;
-        for (int hh = 0; hh < g; ++hh) {
-            const float al = measure ? sparq_alpha(C, u, w, hh, sel, n_sel, dense ? -1 : n_cand, merge, m, ap) : 1.0f;
-            C.ualpha(w)[hh] = al;
-            alpha += al;
-        }
+    const int R = C.unit_row(u);
+    const row_info * ri = C.rinfo(R);
+    unit_plan * up = C.uplan(w);
+    const bool dense = ri->dense_all || ri->n_valid <= row_k(a, ri->n_valid);
+    if (a->selector == SPARQ_SEL_INDEX && a->ivf_reads && C.row_in_stream(R) == a->n_rows - 1) {
+        index_record_reads(C, u, w, dense);
+    }
+    const bool report = a->report && C.row_in_stream(R) == a->n_rows - 1;
+    up->n_sel = 0;
+    up->mean_v = 0;
+    up->all_cells = 0;
+    if (ri->dense_all) {
+        up->all_cells = 1;
         if (report) {
-            report_unit(C, u, dense ? -1 : n_sel, (float) (alpha / g), cov);
+            report_unit(C, u, -1, 1.0f, cov_measure{ -1, 0 });
         }
         if (a->sel_out) {
-            int32_t * so = a->sel_out + (size_t) u * a->sel_n;
-            memcpy(tmp, sel, (size_t) n_sel * sizeof(int32_t));
-            std::sort(tmp, tmp + n_sel);
-            for (int t = 0; t < a->sel_n; ++t) {
-                so[t] = t < n_sel ? tmp[t] : -1;
-            }
+            sel_out_all(C, u);
         }
+        return;
+    }
+    int32_t * sel = C.usel(w);
+    int n_cand = 0;
+    cov_measure cov{ -1, 0 };
+    const int n_sel = unit_selection(C, u, w, R, dense, merge, sel, &n_cand, &cov, ith);
+    if (!dense && a->cov_apply && a->cov_p > 0.0f && !cov.reached) {
+        // the calibrated k: the target needs more than the cap's cells, so this row (a diffuse
+        // head) attends over every valid cell, exactly
+        up->all_cells = 1;
+        if (report) {
+            report_unit(C, u, ri->n_valid, 1.0f, cov);
+        }
+        if (a->sel_out) {
+            sel_out_all(C, u);
+        }
+        return;
+    }
+    up->n_sel = n_sel;
+    const bool mean_v = !dense && !a->no_mean_v;
+    up->mean_v = mean_v;
+    mean_of_v(C, R, C.unit_kvh(u), C.mask_row(R), mean_v, C.uvbar(w));
+    // alpha: approximate softmax mass of the selection (also measured for the report when the
+    // selector has approximate scores)
+    const bool measure = mean_v || (a->report && !dense && !sel_baseline(a));
+    const float * m = C.mask_row(R);
+    double alpha = 0.0;
+    for (int hh = 0; hh < g; ++hh) {
+        const float al = measure ? sparq_alpha(C, u, w, hh, sel, n_sel, dense ? -1 : n_cand, merge, m, ap) : 1.0f;
+        C.ualpha(w)[hh] = al;
+        alpha += al;
+    }
+    if (report) {
+        report_unit(C, u, dense ? -1 : n_sel, (float) (alpha / g), cov);
+    }
+    if (a->sel_out) {
+        int32_t * so = a->sel_out + (size_t) u * a->sel_n;
+        memcpy(tmp, sel, (size_t) n_sel * sizeof(int32_t));
+        std::sort(tmp, tmp + n_sel);
+        for (int t = 0; t < a->sel_n; ++t) {
+            so[t] = t < n_sel ? tmp[t] : -1;
+        }
+    }
+}
+
+// ----- phase_select: per unit, its cells, the mean of V and each head's alpha; each unit marked
+// ready (release) for phase_attend, which needs no barrier before it -----
+void phase_select(const ctx & C, int wb, int we, int ith, int nth) {
+    for (int u = wb + ith; u < we; u += nth) {
+        select_unit(C, u, u - wb, ith);
+        C.unit_ready(u)->store(1, std::memory_order_release);
     }
 }
 
@@ -284,17 +291,33 @@ static void attend_head(const ctx & C, int u, int w, int hh, float * ex, float *
     }
 }
 
-// ----- phase_attend: per (unit, query head), an equal share of them per thread -----
+// ----- phase_attend: per (unit, query head). The threads take the items in order from a shared
+// counter as they finish phase_select, each waiting only for its unit's plan: SmolLM2's 3 units
+// on 2 threads leave no thread idle while another selects its second unit. H2O keeps an equal
+// fixed share per thread: its weights are summed per thread, and a fixed split keeps their sums
+// (and so its later choices) the same from run to run. -----
 void phase_attend(const ctx & C, int wb, int we, int ith, int nth) {
     const int g = C.L.group_size;
     float * ex = (float *) C.tbuf(ith, C.L.t_ex);
     float * p = (float *) C.tbuf(ith, C.L.t_p);
     float * y = (float *) C.tbuf(ith, C.L.t_vec);
-    int i0, i1;
-    chunk_range((we - wb) * g, ith, nth, &i0, &i1);
+    const int n_items = (we - wb) * g;
+    const bool fixed = C.a->selector == SPARQ_SEL_H2O;
+    std::atomic<int32_t> * next = C.next_item(wb / C.L.wave_units);
+    int i0 = 0, i1 = n_items;
+    if (fixed) {
+        chunk_range(n_items, ith, nth, &i0, &i1);
+    }
     int prefetched = -1;
-    for (int i = i0; i < i1; ++i) {
+    for (int k = i0;; ++k) {
+        const int i = fixed ? k : next->fetch_add(1, std::memory_order_relaxed);
+        if (i >= i1) {
+            break;
+        }
         const int w = i / g, hh = i % g, u = wb + w;
+        while (!C.unit_ready(u)->load(std::memory_order_acquire)) {
+            sparq_pause();
+        }
         const unit_plan * up = C.uplan(w);
         if (up->all_cells) {
             dense_head(C, u, hh, ith);

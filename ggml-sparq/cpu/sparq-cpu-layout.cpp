@@ -57,6 +57,8 @@ layout make_layout(const sparq_args * a, int nth) {
     L.off_usel   = o; o += align_up((size_t) L.wave_units * (L.sel_max + 1) * sizeof(int32_t));
     L.off_ualpha = o; o += align_up((size_t) L.wave_units * L.group_size * sizeof(float));
     L.off_uvbar  = o; o += align_up((size_t) L.wave_units * a->dv * sizeof(float));
+    L.n_waves    = (L.n_units + L.wave_units - 1) / L.wave_units;
+    L.off_sync   = o; o += align_up((size_t) (L.n_units + L.n_waves) * sizeof(std::atomic<int32_t>));
     L.off_logit  = o; o += align_up(L.group_size > 1 && !sel_baseline(a) ? (size_t) L.wave_units * L.group_size * S * sizeof(float) : 0);
     L.off_h2o    = o; o += align_up(a->selector == SPARQ_SEL_H2O ? (size_t) nth * a->n_stream * a->n_head_kv * S * sizeof(float) : 0);
     L.off_ivf    = o; o += align_up(a->selector == SPARQ_SEL_INDEX ? (size_t) L.n_units * ivf_unit_floats(a, L.ph) * sizeof(float) : 0);

@@ -6,6 +6,7 @@
 #include "sparq-cpu.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 
@@ -52,6 +53,8 @@ struct layout {
     size_t off_mask, off_cnt, off_row, off_win, off_i1, off_qs, off_stat, off_ccount, off_cand, off_logit, off_thread;
     size_t off_cbound; // per (wave slot, chunk, list): every eligible key the chunk did not offer is below it
     size_t off_uplan, off_usel, off_ualpha, off_uvbar; // per wave slot: phase_select's plan, cells, alphas, mean of V
+    size_t off_sync;   // atomics: per unit, its plan is ready; per wave, the next (unit, head) to attend
+    int n_waves;
     size_t off_h2o; // H2O: per thread, the attention weights of its rows per (stream, KV head, cell)
     size_t off_ivf; // index: per unit, the group's summed query (d), the lists' |c|^2 and probe flags (n_list each)
     size_t off_ivf_n; // index: per unit of the wave and chunk, the key rows scored
@@ -136,6 +139,8 @@ struct ctx {
     int32_t   * usel(int w)                 const { return (int32_t *) (base + L.off_usel) + (size_t) w * (L.sel_max + 1); }
     float     * ualpha(int w)               const { return (float *) (base + L.off_ualpha) + (size_t) w * L.group_size; }
     float     * uvbar(int w)                const { return (float *) (base + L.off_uvbar) + (size_t) w * a->dv; }
+    std::atomic<int32_t> * unit_ready(int u) const { return (std::atomic<int32_t> *) (base + L.off_sync) + u; }
+    std::atomic<int32_t> * next_item(int wv) const { return (std::atomic<int32_t> *) (base + L.off_sync) + L.n_units + wv; }
     float     * logits(int w, int h)        const { return (float *) (base + L.off_logit) + ((size_t) w * L.group_size + h) * a->n_kv; }
     char      * tbuf(int ith, size_t off)   const { return base + L.off_thread + (size_t) ith * L.thread_bytes + off; }
 
@@ -193,6 +198,15 @@ struct ctx {
 // ---------------------------------------------------------------------------
 
 inline bool is_valid(float m) { return m != -INFINITY; }
+
+// a spin-wait's pause (another thread is about to publish what this one waits for)
+inline void sparq_pause() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
 
 inline void chunk_range(int n, int c, int nc, int * s0, int * s1) {
     *s0 = (int) (((int64_t) n * c) / nc);

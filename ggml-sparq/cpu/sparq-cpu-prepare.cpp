@@ -4,6 +4,8 @@
 
 #include "sparq-cpu-phases.h"
 
+#include <new>
+
 namespace sparq_cpu {
 
 // ----- phase_components: mask rows to f32 + valid counts; component selection -----
@@ -42,6 +44,12 @@ void phase_components(const ctx & C, int ith, int nth) {
     const sparq_args * a = C.a;
     if (a->selector == SPARQ_SEL_H2O) {
         h2o_clear(C, ith);
+    }
+    if (ith == 0) {
+        // the hand-off from phase_select to phase_attend: no unit ready, no item taken
+        for (int i = 0; i < C.L.n_units + C.L.n_waves; ++i) {
+            new (C.unit_ready(0) + i) std::atomic<int32_t>(0);
+        }
     }
     mask_counts(C, ith, nth);
 

@@ -135,7 +135,6 @@ void sparq_cpu_compute(const struct sparq_args * a0, const struct sparq_isa * is
             barrier(barrier_ctx);
         }
         phase_select(C, wb, we, ith, nth);
-        barrier(barrier_ctx);
         phase_attend(C, wb, we, ith, nth);
         if (we < C.L.n_units) {
             barrier(barrier_ctx);

@@ -12,15 +12,16 @@
 //   phase_gqa_candidates  (GQA only) per (unit, cell chunk): group-summed scores, candidates
 //   phase_select          per unit: merge candidates + window into i2, the mean of V, each
 //                         head's alpha (the approximate mass of i2)
-//   phase_attend          per (unit, query head), an equal share per thread: exact attention
-//                         over i2, mean-value reallocation, output
+//   phase_attend          per (unit, query head), taken from a shared counter as each thread
+//                         finishes phase_select (no barrier between: each waits for its unit's
+//                         plan only): exact attention over i2, mean-value reallocation, output
 //
 // The ISA-specific primitives (sparq_isa) are the only SIMD code; everything
 // else is shared, so every ISA makes exactly the same selection logic.
 //
 // Files: sparq-cpu.cpp (entry points, ISA choice, the phases' order), sparq-cpu-phases.h (the
 // internal declarations), sparq-cpu-prepare.cpp (phase_components, phase_windows),
-// sparq-cpu-scores.cpp (phase_scores, phase_gqa_candidates), sparq-cpu-attend.cpp (phase_attend),
+// sparq-cpu-scores.cpp (phase_scores, phase_gqa_candidates), sparq-cpu-attend.cpp (phase_select, phase_attend),
 // sparq-cpu-select-{sparq,streaming,h2o,index}.cpp (each selector's part of the phases),
 // sparq-cpu-candidates.cpp, sparq-cpu-layout.cpp, sparq-cpu-fp16.cpp; isa/sparq-cpu-<isa>.cpp on the
 // vector layer isa/sparq-isa-simd.h.

@@ -144,3 +144,34 @@ def test_real_text_speed_writes_results(tiny_model, tmp_path):
     for key in ("command", "machine", "commit", "text", "sparq", "cache_types", "timing"):
         assert res["meta"][key], key
     assert "| mode | K/V cache | attention |" in (tmp_path / "t.md").read_text()
+
+
+def test_decode_profile_runs_sparq_and_keeps_the_prefill(tiny_gqa_model, tmp_path):
+    args = ("--model", tiny_gqa_model, "--tokens", "1300", "--steps", "4", "--state-dir", tmp_path)
+    first = harness("decode_profile.py", *args)
+    assert "prefill of 1299 tokens" in first.stdout
+    assert list(tmp_path.glob("*_1300.pkl"))
+    again = harness("decode_profile.py", *args)
+    assert "prefill of" not in again.stdout  # the kept state
+    line = again.stdout.strip().splitlines()[-1]
+    assert line.startswith("sparq: ") and "tokens/s over 4 steps" in line
+    assert int(line.split("SparQ calls ")[1].split(",")[0]) > 0
+
+
+def test_decode_ab_writes_results(tiny_gqa_model, tmp_path):
+    from llama_sparq import lib_dir
+
+    harness("decode_ab.py", "--before", lib_dir(), "--model", tiny_gqa_model, "--tokens", "1300", "--steps", "3",
+            "--rounds", "2", "--state-dir", tmp_path / "state", "--out-dir", tmp_path, "--tag", "ab")
+    doc = json.loads((tmp_path / "ab.json").read_text())
+    assert len(doc["rounds"]) == 2 and doc["commit"] and doc["machine"]
+    assert all(r[w]["sparq_calls"] > 0 and r[w]["tokens_per_s"] > 0 for r in doc["rounds"] for w in ("before", "after"))
+    assert doc["summary"]["ratio_of_medians"] > 0
+    md = (tmp_path / "ab.md").read_text()
+    assert "after / before" in md and "Medians: before" in md
+
+
+def test_decode_ab_refuses_a_folder_without_a_build(tmp_path):
+    p = subprocess.run([sys.executable, str(REPO / "bench" / "decode_ab.py"), "--before", str(tmp_path)],
+                       capture_output=True, text=True, cwd=REPO)
+    assert p.returncode == 2 and "--before" in p.stderr and "libllama.so" in p.stderr

@@ -81,18 +81,6 @@ void  avx2_axpy_f32(float * y, const float * x, float a, int n)     { simd_axpy<
 float avx2_dot_q8_0(const float * a, const sparq_block_q8_0 * b, int n)  { return simd_dot_q8_0<avx2_vec>(a, b, n); }
 void  avx2_axpy_q8_0(float * y, const sparq_block_q8_0 * x, float a, int n) { simd_axpy_q8_0<avx2_vec>(y, x, a, n); }
 void  avx2_f16_to_f32(const uint16_t * x, float * y, int n)         { simd_f16_to_f32<avx2_vec>(x, y, n); }
-void avx2_gather_dot_f16(const float * q, const void * b, size_t st, const int32_t * idx, int n, int d, float * out) {
-    simd_gather_dot<avx2_vec, uint16_t>(q, b, st, idx, n, d, out);
-}
-void avx2_gather_dot_f32(const float * q, const void * b, size_t st, const int32_t * idx, int n, int d, float * out) {
-    simd_gather_dot<avx2_vec, float>(q, b, st, idx, n, d, out);
-}
-void avx2_gather_axpy_f16(float * y, const void * b, size_t st, const int32_t * idx, const float * p, int n, int dv) {
-    simd_gather_axpy<avx2_vec, uint16_t>(y, b, st, idx, p, n, dv);
-}
-void avx2_gather_axpy_f32(float * y, const void * b, size_t st, const int32_t * idx, const float * p, int n, int dv) {
-    simd_gather_axpy<avx2_vec, float>(y, b, st, idx, p, n, dv);
-}
 
 int avx2_filter_gt(const float * x, int n, float t, int32_t * idx) {
     const __m256 vt = _mm256_set1_ps(t);
@@ -143,8 +131,8 @@ const struct sparq_isa sparq_isa_avx2 = {
     avx2_axpy_f16, avx2_axpy_f32,
     avx2_dot_q8_0, avx2_axpy_q8_0,
     avx2_f16_to_f32,
-    avx2_gather_dot_f16, avx2_gather_dot_f32,
-    avx2_gather_axpy_f16, avx2_gather_axpy_f32,
+    simd_gather_dot<avx2_vec, uint16_t>, simd_gather_dot<avx2_vec, float>,
+    simd_gather_axpy<avx2_vec, uint16_t>, simd_gather_axpy<avx2_vec, float>,
     avx2_filter_gt,
     avx2_list_gather,
 };

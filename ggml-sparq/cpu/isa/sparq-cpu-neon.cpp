@@ -79,18 +79,6 @@ void  neon_axpy_f32(float * y, const float * x, float a, int n)     { simd_axpy<
 float neon_dot_q8_0(const float * a, const sparq_block_q8_0 * b, int n)  { return simd_dot_q8_0<neon_vec>(a, b, n); }
 void  neon_axpy_q8_0(float * y, const sparq_block_q8_0 * x, float a, int n) { simd_axpy_q8_0<neon_vec>(y, x, a, n); }
 void  neon_f16_to_f32(const uint16_t * x, float * y, int n)         { simd_f16_to_f32<neon_vec>(x, y, n); }
-void neon_gather_dot_f16(const float * q, const void * b, size_t st, const int32_t * idx, int n, int d, float * out) {
-    simd_gather_dot<neon_vec, uint16_t>(q, b, st, idx, n, d, out);
-}
-void neon_gather_dot_f32(const float * q, const void * b, size_t st, const int32_t * idx, int n, int d, float * out) {
-    simd_gather_dot<neon_vec, float>(q, b, st, idx, n, d, out);
-}
-void neon_gather_axpy_f16(float * y, const void * b, size_t st, const int32_t * idx, const float * p, int n, int dv) {
-    simd_gather_axpy<neon_vec, uint16_t>(y, b, st, idx, p, n, dv);
-}
-void neon_gather_axpy_f32(float * y, const void * b, size_t st, const int32_t * idx, const float * p, int n, int dv) {
-    simd_gather_axpy<neon_vec, float>(y, b, st, idx, p, n, dv);
-}
 
 int neon_filter_gt(const float * x, int n, float t, int32_t * idx) {
     const float32x4_t vt = vdupq_n_f32(t);
@@ -122,8 +110,8 @@ const struct sparq_isa sparq_isa_neon = {
     neon_axpy_f16, neon_axpy_f32,
     neon_dot_q8_0, neon_axpy_q8_0,
     neon_f16_to_f32,
-    neon_gather_dot_f16, neon_gather_dot_f32,
-    neon_gather_axpy_f16, neon_gather_axpy_f32,
+    simd_gather_dot<neon_vec, uint16_t>, simd_gather_dot<neon_vec, float>,
+    simd_gather_axpy<neon_vec, uint16_t>, simd_gather_axpy<neon_vec, float>,
     neon_filter_gt,
     sparq_list_gather_ref,
 };

@@ -150,7 +150,7 @@ def test_decode_profile_runs_sparq_and_keeps_the_prefill(tiny_gqa_model, tmp_pat
     args = ("--model", tiny_gqa_model, "--tokens", "1300", "--steps", "4", "--state-dir", tmp_path)
     first = harness("decode_profile.py", *args)
     assert "prefill of 1299 tokens" in first.stdout
-    assert list(tmp_path.glob("*_1300.pkl"))
+    assert list(tmp_path.glob("*_1300_f16_fa1.pkl"))
     again = harness("decode_profile.py", *args)
     assert "prefill of" not in again.stdout  # the kept state
     line = again.stdout.strip().splitlines()[-1]
@@ -158,17 +158,23 @@ def test_decode_profile_runs_sparq_and_keeps_the_prefill(tiny_gqa_model, tmp_pat
     assert int(line.split("SparQ calls ")[1].split(",")[0]) > 0
 
 
-def test_decode_ab_writes_results(tiny_gqa_model, tmp_path):
+def test_decode_ab_writes_results(tmp_path):
     from llama_sparq import lib_dir
+    from llama_sparq.models import make_tiny_llama
 
-    harness("decode_ab.py", "--before", lib_dir(), "--model", tiny_gqa_model, "--tokens", "1300", "--steps", "3",
+    # heads of 32: a q8_0 cache's blocks must divide the head size
+    model = make_tiny_llama(tmp_path / "tiny-gqa-32.gguf", n_layer=2, n_embd=256, n_head=8, n_head_kv=2, seed=3)
+    harness("decode_ab.py", "--before", lib_dir(), "--model", model, "--tokens", "1300", "--steps", "3",
             "--rounds", "2", "--state-dir", tmp_path / "state", "--out-dir", tmp_path, "--tag", "ab")
     doc = json.loads((tmp_path / "ab.json").read_text())
     assert len(doc["rounds"]) == 2 and doc["commit"] and doc["machine"]
     assert all(r[w]["sparq_calls"] > 0 and r[w]["tokens_per_s"] > 0 for r in doc["rounds"] for w in ("before", "after"))
     assert doc["summary"]["ratio_of_medians"] > 0
+    assert set(doc["summary"]["dense_medians"]) == {"f16_fa1", "f16_fa0", "q8_0_fa1"}
+    assert all(r[f"dense_{d}"]["sparq_calls"] == 0 for r in doc["rounds"] for d in ("f16_fa1", "f16_fa0", "q8_0_fa1"))
+    assert doc["summary"]["fastest_dense"] in doc["summary"]["dense_medians"]
     md = (tmp_path / "ab.md").read_text()
-    assert "after / before" in md and "Medians: before" in md
+    assert "after / before" in md and "Medians: before" in md and "dense f16_fa0 t/s" in md and "the fastest" in md
 
 
 def test_decode_ab_refuses_a_folder_without_a_build(tmp_path):

@@ -72,13 +72,17 @@ int merge_candidates(const ctx & C, int u, int w, int ith, const row_info * ri, 
     int n_sel = 0;
     long reach_sum = 0;
     int reached_all = 1;
-    // the given window's cells as bits: one test per candidate (a binary search each cost more
-    // than the rest of the merge)
-    uint64_t * wbits = a->win ? (uint64_t *) C.tbuf(ith, C.L.t_wbits) : nullptr;
+    // the given window's cells as bits over their span (wl ascending): one test per candidate (a
+    // binary search each cost more than the rest of the merge), and only the span cleared, which
+    // for the recent positions is about l cells whatever the context
+    uint64_t * wbits = a->win && ri->n_win > 0 ? (uint64_t *) C.tbuf(ith, C.L.t_wbits) : nullptr;
+    const int32_t wlo = wbits ? wl[0] : 0;
+    const uint32_t wspan = wbits ? (uint32_t) (wl[ri->n_win - 1] - wlo + 1) : 0;
     if (wbits) {
-        memset(wbits, 0, (size_t) (a->n_kv + 63) / 64 * sizeof(uint64_t));
+        memset(wbits, 0, (size_t) (wspan + 63) / 64 * sizeof(uint64_t));
         for (int i = 0; i < ri->n_win; ++i) {
-            wbits[wl[i] >> 6] |= (uint64_t) 1 << (wl[i] & 63);
+            const uint32_t b = (uint32_t) (wl[i] - wlo);
+            wbits[b >> 6] |= (uint64_t) 1 << (b & 63);
         }
     }
     // one list (group-shared) or one per query head, merged over the chunks
@@ -94,8 +98,8 @@ int merge_candidates(const ctx & C, int u, int w, int ith, const row_info * ri, 
             }
             for (int i = 0; i < n_c; ++i) {
                 // window cells are added below, not chosen by score
-                const int32_t ci = cc[i].idx;
-                if (!wbits || !((wbits[ci >> 6] >> (ci & 63)) & 1)) {
+                const uint32_t b = (uint32_t) (cc[i].idx - wlo);
+                if (b >= wspan || !((wbits[b >> 6] >> (b & 63)) & 1)) {
                     merge[n_m++] = cc[i];
                 }
             }

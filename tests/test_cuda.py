@@ -369,49 +369,75 @@ def test_sparq_decode_graphs_are_reused_as_dense(tiny_gqa_model, k):
 # the device rebuild's graph, checked on the CPU (no GPU needed)
 # ---------------------------------------------------------------------------
 
+def _rebuild_scenario(llm_args: dict):
+    """SparQ through removals, a context shift, a state load and a synthetic fill of part of the
+    cache, each followed by a rebuild: the logits after each and llama_sparq_debug_check's
+    differences between the data SparQ keeps and a recomputation from K, V and the cells."""
+    from llama_sparq import Llama, _sparq
+
+    sp = Llama(**llm_args)
+    rng = np.random.default_rng(4)
+    prompt = [1] + rng.integers(3, sp.n_vocab(), size=399).tolist()
+    sp.eval(prompt)
+    out, checks = [], []
+    n = sp.n_tokens
+    assert sp._ctx.kv_cache_seq_rm(0, n - 50, -1)
+    sp.n_tokens = n - 50
+    for t in (11, 12, 13):
+        sp.eval([t])
+        out.append(np.array(sp.scores[sp.n_tokens - 1], dtype=np.float64))
+    checks.append(_sparq.debug_check(sp._ctx.ctx))
+    n = sp.n_tokens
+    sp._ctx.kv_cache_seq_rm(0, 10, 110)
+    sp._ctx.kv_cache_seq_shift(0, 110, n, -100)
+    sp.n_tokens = n - 100
+    sp.eval([5])
+    out.append(np.array(sp.scores[sp.n_tokens - 1], dtype=np.float64))
+    checks.append(_sparq.debug_check(sp._ctx.ctx))
+    state = sp.save_state()
+    sp.eval([7])
+    sp.load_state(state)
+    sp.eval([7])
+    out.append(np.array(sp.scores[sp.n_tokens - 1], dtype=np.float64))
+    checks.append(_sparq.debug_check(sp._ctx.ctx))
+    # a fill of fewer cells than the cache holds: K^T's rows are written with the cache's stride
+    sp.reset()
+    sp._ctx.kv_cache_clear()
+    _sparq.bench_fill(sp._ctx.ctx, 700, seed=2)
+    sp.n_tokens = 700
+    sp.eval([9])
+    out.append(np.array(sp.scores[sp.n_tokens - 1], dtype=np.float64))
+    checks.append(_sparq.debug_check(sp._ctx.ctx))
+    assert sp.sparq_stats()["n_rebuilds"] >= 4
+    return np.array(out), checks
+
+
+def _rebuild_args(model, **kw) -> dict:
+    return dict(model_path=str(model), n_ctx=2048, n_threads=2, n_batch=512, verbose=False, seed=0,
+                logits_all=True, flash_attn=True, sparq=True, sparq_k=32, sparq_min_kv=0, **kw)
+
+
 def test_graph_rebuild_equals_the_host_rebuild(tiny_gqa_model, monkeypatch):
     """The rebuild that runs on the GPU when the cache is in VRAM (a ggml graph per layer: K
     transposed into K^T, V and k^2 summed over the used cells by products) runs here on the CPU
-    backend (LLAMA_SPARQ_GRAPH_REBUILD=1) after removals, a context shift and a state load; the
-    data it leaves equals the host recomputation (llama_sparq_debug_check), and SparQ's logits
-    equal those of the host rebuild."""
-    from llama_sparq import Llama, _sparq
-
-    def run(graph):
-        if graph:
-            monkeypatch.setenv("LLAMA_SPARQ_GRAPH_REBUILD", "1")
-        else:
-            monkeypatch.delenv("LLAMA_SPARQ_GRAPH_REBUILD", raising=False)
-        sp = Llama(str(tiny_gqa_model), n_ctx=2048, n_threads=2, n_batch=512, verbose=False, seed=0,
-                   logits_all=True, flash_attn=True, sparq=True, sparq_k=32, sparq_min_kv=0)
-        rng = np.random.default_rng(4)
-        prompt = [1] + rng.integers(3, sp.n_vocab(), size=399).tolist()
-        sp.eval(prompt)
-        out, checks = [], []
-        n = sp.n_tokens
-        assert sp._ctx.kv_cache_seq_rm(0, n - 50, -1)
-        sp.n_tokens = n - 50
-        for t in (11, 12, 13):
-            sp.eval([t])
-            out.append(np.array(sp.scores[sp.n_tokens - 1], dtype=np.float64))
-        checks.append(_sparq.debug_check(sp._ctx.ctx))
-        n = sp.n_tokens
-        sp._ctx.kv_cache_seq_rm(0, 10, 110)
-        sp._ctx.kv_cache_seq_shift(0, 110, n, -100)
-        sp.n_tokens = n - 100
-        sp.eval([5])
-        out.append(np.array(sp.scores[sp.n_tokens - 1], dtype=np.float64))
-        checks.append(_sparq.debug_check(sp._ctx.ctx))
-        state = sp.save_state()
-        sp.eval([7])
-        sp.load_state(state)
-        sp.eval([7])
-        out.append(np.array(sp.scores[sp.n_tokens - 1], dtype=np.float64))
-        checks.append(_sparq.debug_check(sp._ctx.ctx))
-        assert sp.sparq_stats()["n_rebuilds"] >= 3
-        return np.array(out), checks
-
-    host, _ = run(False)
-    graph, checks = run(True)
+    backend (LLAMA_SPARQ_GRAPH_REBUILD=1) after removals, a context shift, a state load and a
+    synthetic fill; the data it leaves equals the host recomputation (llama_sparq_debug_check), and
+    SparQ's logits equal those of the host rebuild."""
+    monkeypatch.delenv("LLAMA_SPARQ_GRAPH_REBUILD", raising=False)
+    host, _ = _rebuild_scenario(_rebuild_args(tiny_gqa_model))
+    monkeypatch.setenv("LLAMA_SPARQ_GRAPH_REBUILD", "1")
+    graph, checks = _rebuild_scenario(_rebuild_args(tiny_gqa_model))
     assert max(checks) <= 1e-3, checks
     assert np.abs(graph - host).max() <= 1e-4 * np.abs(host).max()
+
+
+def test_gpu_rebuild_equals_the_host_rebuild(cuda, tiny_gqa_model, monkeypatch):
+    """The same on the GPU, where the graph runs on the CUDA backend: the K^T, V and k^2 sums it
+    leaves in VRAM equal a recomputation from the cache (CUDA's copy of a transposed source once
+    wrote K^T's rows contiguously, ignoring their stride: every GPU rebuild of fewer cells than the
+    cache holds scrambled K^T), and the logits follow the CPU's host rebuild."""
+    monkeypatch.delenv("LLAMA_SPARQ_GRAPH_REBUILD", raising=False)
+    host, _ = _rebuild_scenario(_rebuild_args(tiny_gqa_model))
+    gpu, checks = _rebuild_scenario(_rebuild_args(tiny_gqa_model, n_gpu_layers=-1))
+    assert max(checks) <= 1e-3, checks
+    assert np.abs(gpu - host).max() <= 2e-2 * np.abs(host).max()

@@ -56,7 +56,7 @@ static void sparq_rebuild_layer_device(llama_sparq_ctx & S, size_t ikv, uint32_t
         ggml_backend_tensor_memset(L.data.ksq, 0, strm * L.data.ksq->nb[2], E * sizeof(float));
         return;
     }
-    const size_t n_nodes = 26 * ((nu + chunk - 1) / chunk) + 16; // 8-bit K^T: a cont more per chunk
+    const size_t n_nodes = 26 * ((nu + chunk - 1) / chunk) + 16;
     ggml_init_params ip = { n_nodes * ggml_tensor_overhead() + ggml_graph_overhead_custom(n_nodes, false), nullptr, true };
     ggml_context_ptr ctx(ggml_init(ip));
     ggml_context * c0 = ctx.get();
@@ -77,11 +77,13 @@ static void sparq_rebuild_layer_device(llama_sparq_ctx & S, size_t ikv, uint32_t
         if (sparq_unrotates(S, L)) {
             k32 = llama_mul_mat_hadamard(c0, k32, L.data.hrot);
         }
-        ggml_tensor * kt_src = ggml_transpose(c0, ggml_is_quantized(k->type) ? k32 : kc);
+        // transposed into a contiguous [n, E] first, then copied into K^T's rows: CUDA's copy of a
+        // transposed source writes its destination as contiguous, whatever the destination's strides
+        // (K^T's rows are kv_size cells apart), so a direct copy scrambles K^T when n < kv_size
+        ggml_tensor * kt_src = ggml_cont(c0, ggml_transpose(c0, ggml_is_quantized(k->type) ? k32 : kc));
         // an 8-bit K^T: the op's append mode rounds to e5m2 (as the graph's appends do)
-        ggml_build_forward_expand(gf, L.data.kt->type == GGML_TYPE_I8
-                                          ? ggml_sparq_kt_append(c0, ktd, ggml_cont(c0, kt_src), nullptr)
-                                          : ggml_cpy(c0, kt_src, ktd));
+        ggml_build_forward_expand(gf, L.data.kt->type == GGML_TYPE_I8 ? ggml_sparq_kt_append(c0, ktd, kt_src, nullptr)
+                                                                        : ggml_cpy(c0, kt_src, ktd));
         ggml_tensor * wc = ggml_view_2d(c0, wt, 1, n, wt->nb[1], (size_t) a * sizeof(float));
         ggml_tensor * vf = v->type == GGML_TYPE_F32 ? vc : ggml_cast(c0, vc, GGML_TYPE_F32);
         ggml_tensor * kf = ggml_sqr(c0, k32);

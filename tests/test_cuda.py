@@ -194,11 +194,12 @@ def test_selectors_on_a_gpu_context(cuda, tiny_gqa_model):
                      flash_attn=True, sparq=True, sparq_k=32, sparq_min_kv=0, **kw)
 
     rng = np.random.default_rng(1)
-    # the default dense threshold (min_kv = -1) by where the cache is
+    # the default dense threshold (min_kv = -1) by where the cache is, and on a GPU by the kind of k
     on_gpu = Llama(str(tiny_gqa_model), n_ctx=1024, verbose=False, n_gpu_layers=-1, sparq=True, sparq_k=32)
+    on_gpu_cal = Llama(str(tiny_gqa_model), n_ctx=1024, verbose=False, n_gpu_layers=-1, sparq=True)
     on_host = Llama(str(tiny_gqa_model), n_ctx=1024, verbose=False, n_gpu_layers=-1, offload_kqv=False, sparq=True,
                     sparq_k=32)
-    assert (on_gpu.sparq_params()["sparq_min_kv"], on_host.sparq_params()["sparq_min_kv"]) == (1048576, 1024)
+    assert [m.sparq_params()["sparq_min_kv"] for m in (on_gpu, on_gpu_cal, on_host)] == [65536, 1048576, 1024]
     for sel in ("sparq", "oracle"):
         m = llm(n_gpu_layers=-1, sparq_selector=sel)
         m.eval([1] + rng.integers(3, m.n_vocab(), size=299).tolist())

@@ -64,7 +64,8 @@ def test_cli_sparq_gemma(gemma_model):
     (["--sparq-r", "-3"], "SparQ: r = -3 is out of range: allowed 1..head size (head size = 16), or 0 for head size / 4"),
     (["--sparq-l", "-7"], "SparQ: l = -7 is out of range: allowed 0..k_min (k_min = 128), or -1 for k_min / 4"),
     (["--sparq-min-kv", "-2"], "SparQ: min_kv = -2 is out of range: allowed min_kv >= 0, or -1 for the default of "
-                               "where the cache is (1024 cells in host memory, 1048576 on a GPU)"),
+                               "where the cache is (1024 cells in host memory, 65536 on a GPU, 1048576 there with the "
+                               "calibrated k)"),
     # names: the C API's list
     (["--sparq-basis", "svd"], "--sparq-basis: unknown value 'svd'; allowed: model, scaled, pca"),
     (["--sparq-r", "99"], "r = 99 is out of range: allowed 1..head size (head size = 16)"),

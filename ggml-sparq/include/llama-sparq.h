@@ -158,11 +158,15 @@ LLAMA_API struct llama_sparq_params llama_sparq_default_params(void);
 
 // The dense threshold that min_kv = -1 (the default) stands for, by where the cache is: below it
 // SparQ is not faster than dense attention there. Host memory (and RPC hosts, which run the CPU op):
-// the CPU crossover. A GPU: past every length measured, since the three-launch op measured on an H200
-// was slower than dense flash attention at every length up to 128K at batch 1 (0.50x there,
-// bench/results/gpu_h200_93a28f7_b1.md); to come down to the crossover once a GPU measures one
+// the CPU crossover. A GPU with a fixed k: the first length measured where SparQ beat dense flash
+// attention on an H200 at batch 1 (0.96x at 32K, 1.09x at 64K, 1.32x at 128K on the paper's shape,
+// bench/results/gpu_h200_28215da_b1.md). A GPU with the calibrated k: past every length measured,
+// since a unit whose target needs more than its cap attends over every cell with the op's own
+// kernel there (about 3x slower than flash attention at 64K), and no real model has been timed on
+// a GPU yet
 #define LLAMA_SPARQ_MIN_KV_HOST 1024
-#define LLAMA_SPARQ_MIN_KV_DEVICE 1048576
+#define LLAMA_SPARQ_MIN_KV_DEVICE 65536
+#define LLAMA_SPARQ_MIN_KV_DEVICE_CALIBRATED 1048576
 
 // Validates the settings without a context, as llama_sparq_set_params does before it applies
 // them (same messages): for front ends that check a configuration before loading its model.

@@ -405,8 +405,8 @@ static int32_t sparq_apply_params(llama_context * ctx, llama_sparq_ctx & S, cons
     }
     S.params = *p;
     if (S.params.min_kv < 0) {
-        // the default: by where the cache is (a layer on a GPU: the GPU's crossover; an RPC host runs
-        // the CPU op there: the host's)
+        // the default: by where the cache is (a layer on a GPU: the GPU's crossover for the kind of k;
+        // an RPC host runs the CPU op there: the host's)
         bool device = false;
         for (const sparq_layer & L : S.layers) {
             if (L.data.kt && !ggml_backend_buffer_is_host(L.data.kt->buffer)) {
@@ -415,7 +415,9 @@ static int32_t sparq_apply_params(llama_context * ctx, llama_sparq_ctx & S, cons
                 device |= !reg || strncmp(ggml_backend_reg_name(reg), "RPC", 3) != 0; // "RPC" or "RPC[host:port]"
             }
         }
-        S.params.min_kv = device ? LLAMA_SPARQ_MIN_KV_DEVICE : LLAMA_SPARQ_MIN_KV_HOST;
+        S.params.min_kv = !device          ? LLAMA_SPARQ_MIN_KV_HOST
+                          : S.params.k > 0 ? LLAMA_SPARQ_MIN_KV_DEVICE
+                                           : LLAMA_SPARQ_MIN_KV_DEVICE_CALIBRATED;
     }
     sparq_coverage_reset(S); // the guard measures the new settings at the next SparQ step
     // graphs built with the old settings must not be reused

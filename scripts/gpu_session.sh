@@ -25,6 +25,10 @@
 #             (default 16K, 64K)
 #   profile   Nsight Compute (ncu, or $NCU) on the op's kernels at 64K and 4K (Llama 2 7B attention,
 #             batch 1, r = 32, k = 128): $OUT/gpu-session/profile_<S>.csv
+#   lines     bench/gpu_ncu_lines.py: Nsight Compute on one launch of each of the op's kernels inside
+#             llama-bench's decode at $LINES_DEPTHS (default 4K and 64K): each kernel's time, SMs'
+#             active share and occupancy, and the source lines where its warps were sampled
+#             (gpu_ncu_lines_<tag>.md)
 #   gemma     build/gpu-gemma/part-* joined into $LLAMA_SPARQ_MODEL_DIR (default /tmp/sparq-models)
 #             once every part listed in build/gpu-gemma/SHA256SUMS is there (each call may carry
 #             one part: `make gpu-gemma-parts` cuts them here; a part carried earlier stays on a
@@ -159,6 +163,11 @@ step_profile() {
     return "$rc"
 }
 
+step_lines() {
+    logged lines "$PY" bench/gpu_ncu_lines.py ${NCU:+--ncu "$NCU"} --tag "$(gpu_tag)" --work "$OUT/gpu-ncu" \
+        --depths "${LINES_DEPTHS:-4096,65536}"
+}
+
 step_gemma() {
     [ -f "$PARTS/SHA256SUMS" ] || { say "gemma: no $PARTS/SHA256SUMS: run 'make gpu-gemma-parts' and carry it with a part"; return 2; }
     local want have
@@ -194,8 +203,8 @@ step_results() {
 [ $# -gt 0 ] || { sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 2; }
 for s in "$@"; do
     case "$s" in
-        install|grid|timeline|op|e2e|nkvo|profile|gemma|tests|results) ;;
-        *) echo "gpu_session: unknown step '$s' (install grid timeline op e2e nkvo profile gemma tests results)" >&2; exit 2 ;;
+        install|grid|timeline|op|e2e|nkvo|profile|lines|gemma|tests|results) ;;
+        *) echo "gpu_session: unknown step '$s' (install grid timeline op e2e nkvo profile lines gemma tests results)" >&2; exit 2 ;;
     esac
 done
 status=0

@@ -24,7 +24,7 @@ def run(tmp_path, *steps, **env):
 def test_unknown_step_is_refused(tmp_path):
     res = run(tmp_path, "install", "bogus")
     assert res.returncode == 2
-    assert "unknown step 'bogus' (install grid timeline op e2e nkvo profile gemma tests results)" in res.stderr
+    assert "unknown step 'bogus' (install grid timeline op e2e nkvo profile lines gemma tests results)" in res.stderr
     assert "install:" not in res.stdout  # refused before any step runs
 
 
@@ -210,3 +210,46 @@ def test_session_deadline_skips_steps_and_results_are_packed(tmp_path):
     with tarfile.open(out / "gpu-session.tar.gz") as t:
         names = t.getnames()
     assert "gpu-session/session.log" in names and "results" in names
+
+
+def test_ncu_lines_reduces_details_and_source_pages(tmp_path):
+    """bench/gpu_ncu_lines.py --reduce: Nsight Compute's details page gives each kernel's duration,
+    SMs' active share and occupancy; its source page (several file blocks per kernel, a source row
+    followed by its SASS rows) gives the source lines with the most warp samples, summed over the
+    SASS rows' blocks, per kernel."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    import gpu_ncu_lines
+
+    hdr = '"ID","Kernel Name","Section Name","Metric Name","Metric Unit","Metric Value"'
+    rows = [hdr]
+    for k, dur, el, act in (("void k_sparq_select<(bool)0>(sparq_cu_args)", "80.10", "120,000", "30,000"),
+                            ("void k_sparq_score<1, __half, 8>(sparq_cu_args)", "52.00", "78,000", "70,200")):
+        for m, u, v in (("Duration", "us", dur), ("Elapsed Cycles", "cycle", el), ("SM Active Cycles", "cycle", act),
+                        ("Registers Per Thread", "register/thread", "80"), ("Theoretical Occupancy", "%", "37.50"),
+                        ("Achieved Occupancy", "%", "20.00"), ("Grid Size", "", "544"), ("Block Size", "", "256")):
+            rows.append(f'"0","{k}","s","{m}","{u}","{v}"')
+    (tmp_path / "details_65536.csv").write_text("\n".join(rows) + "\n")
+    src = ['"File Path","/x/ggml-sparq/cuda/sparq-cuda-select.cuh"',
+           '"Function Name","void k_sparq_select<(bool)0>(sparq_cu_args)"',
+           '"Line No","Source","Address","Source","Warp Stall Sampling (All Samples)"',
+           '"54","if (choose && s < ri.w0) {","-","-","70"', '"","","0x1","  ISETP","40"', '"","","0x2","  BRA","30"',
+           '"57","take = true;","-","-","10"',
+           '"File Path","/x/ggml-sparq/cuda/sparq-cuda-common.cuh"',
+           '"Function Name","void k_sparq_select<(bool)0>(sparq_cu_args)"',
+           '"Line No","Source","Address","Source","Warp Stall Sampling (All Samples)"',
+           '"349","return __ldcg(a.wbits);","-","-","120"',
+           '"File Path","/x/ggml-sparq/cuda/sparq-cuda-score.cuh"',
+           '"Function Name","void k_sparq_score<1, __half, 8>(sparq_cu_args)"',
+           '"Line No","Source","Address","Source","Warp Stall Sampling (All Samples)"',
+           '"150","acc = fmaf(q, v, acc);","-","-","5"']
+    (tmp_path / "source_65536.csv").write_text("\n".join(src) + "\n")
+    res = gpu_ncu_lines.reduce_dir(tmp_path)
+    sel = res["65536"]["source"]["k_sparq_select<0>"]
+    assert sel["samples"] == 200 and [e["where"] for e in sel["lines"]] == [
+        "sparq-cuda-common.cuh:349", "sparq-cuda-select.cuh:54", "sparq-cuda-select.cuh:57"]
+    assert res["65536"]["details"]["k_sparq_score<1, __half, 8>"]["Duration"]["value"] == "52.00"
+    md = gpu_ncu_lines.markdown({"tag": "t"}, res)
+    assert "| `k_sparq_select<0>` | 80.10 us | 25 % | 544 | 80 | 37.50 % / 20.00 % |" in md
+    assert "| 60.0 % | sparq-cuda-common.cuh:349 |" in md and "| 90 % |" in md

@@ -110,7 +110,7 @@ static struct sparq_args sparq_args_of(const struct ggml_tensor * dst) {
 }
 
 size_t ggml_sparq_attn_work_size(const struct ggml_tensor * node, int n_tasks) {
-    if (ggml_sparq_is_kt_append(node)) {
+    if (ggml_sparq_is_kt_append(node) || ggml_sparq_is_sum_append(node)) {
         return 0;
     }
     const struct sparq_args a = sparq_args_of(node);
@@ -145,9 +145,47 @@ static void sparq_kt_append(const struct ggml_compute_params * params, struct gg
     }
 }
 
+// x as a cache of type t holds it (f16: rounded to f16 and back)
+static inline float sparq_as_cached(float x, enum ggml_type t) {
+    return t == GGML_TYPE_F16 ? sparq_fp16_to_fp32(sparq_fp32_to_fp16(x)) : x;
+}
+
+// a sum's append of a decode step (ggml_sparq_sum_append): the elements split over the threads
+static void sparq_sum_append(const struct ggml_compute_params * params, struct ggml_tensor * dst) {
+    const struct ggml_tensor * sum = dst->src[0];
+    const float * xn = (const float *) dst->src[1]->data;
+    const struct ggml_tensor * comp = dst->src[2];
+    const enum ggml_type type = (enum ggml_type) ggml_get_op_params_i32(dst, 0);
+    const bool squares = ggml_get_op_params_i32(dst, 1) != 0;
+    const int64_t ne0 = sum->ne[0], n = ne0 * sum->ne[1];
+    const int64_t per = (n + params->nth - 1) / params->nth;
+    const int64_t i0 = per * params->ith, i1 = std::min<int64_t>(n, i0 + per);
+    for (int64_t i = i0; i < i1; ++i) {
+        const int64_t s = i / ne0, j = i % ne0;
+        float * sp = (float *) ((char *) sum->data + (size_t) s * sum->nb[1]) + j;
+        volatile float x = sparq_as_cached(xn[i], type); // each product and sum rounded on its own
+        if (squares) {
+            x = x * x;
+        }
+        if (comp) {
+            float * cp = (float *) ((char *) comp->data + (size_t) s * comp->nb[1]) + j;
+            const float y = x - *cp;
+            const float t = *sp + y;
+            *cp = (t - *sp) - y;
+            *sp = t;
+        } else {
+            *sp += x;
+        }
+    }
+}
+
 void ggml_compute_forward_sparq_attn(const struct ggml_compute_params * params, struct ggml_tensor * dst) {
     if (ggml_sparq_is_kt_append(dst)) {
         sparq_kt_append(params, dst);
+        return;
+    }
+    if (ggml_sparq_is_sum_append(dst)) {
+        sparq_sum_append(params, dst);
         return;
     }
     const struct sparq_args a = sparq_args_of(dst);

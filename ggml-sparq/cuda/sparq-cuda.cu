@@ -114,9 +114,20 @@ static const char * sparq_cuda_append_unsupported(const ggml_tensor * op) {
     return nullptr;
 }
 
+// a sum's append (ggml_sparq_sum_append): NULL when covered, else why not
+static const char * sparq_cuda_sum_unsupported(const ggml_tensor * op) {
+    const int32_t type = ggml_get_op_params_i32(op, 0);
+    if (type != GGML_TYPE_F16 && type != GGML_TYPE_F32) {
+        return "a sum's append: f16 or f32 caches";
+    }
+    return nullptr;
+}
+
 bool ggml_cuda_sparq_attn_supported(int device, const ggml_tensor * op) {
     GGML_UNUSED(device);
-    const char * why = ggml_sparq_is_kt_append(op) ? sparq_cuda_append_unsupported(op) : sparq_cuda_unsupported(op);
+    const char * why = ggml_sparq_is_kt_append(op)     ? sparq_cuda_append_unsupported(op)
+                       : ggml_sparq_is_sum_append(op) ? sparq_cuda_sum_unsupported(op)
+                                                       : sparq_cuda_unsupported(op);
     if (why) {
         // the scheduler then runs the op on the CPU: say so once
         static std::atomic<bool> said{false};
@@ -261,7 +272,55 @@ static void sparq_cuda_kt_append(ggml_backend_cuda_context & ctx, ggml_tensor * 
     }
 }
 
+// a sum's append (ggml_sparq_sum_append): one thread per element; every product and sum rounded on
+// its own (no fused multiply-add), as the CPU's
+static __global__ void k_sparq_sum_append(char * sum, size_t s_nb1, char * comp, size_t c_nb1, const float * xn,
+                                          int64_t ne0, int64_t n, bool f16, bool squares) {
+    const int64_t i = (int64_t) blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) {
+        return;
+    }
+    const int64_t s = i / ne0, j = i % ne0;
+    float * sp = (float *) (sum + (size_t) s * s_nb1) + j;
+    float x = f16 ? __half2float(__float2half_rn(xn[i])) : xn[i];
+    if (squares) {
+        x = __fmul_rn(x, x);
+    }
+    if (comp) {
+        float * cp = (float *) (comp + (size_t) s * c_nb1) + j;
+        const float y = __fsub_rn(x, *cp);
+        const float t = __fadd_rn(*sp, y);
+        *cp = __fsub_rn(__fsub_rn(t, *sp), y);
+        *sp = t;
+    } else {
+        *sp = __fadd_rn(*sp, x);
+    }
+}
+
+static void sparq_cuda_sum_append(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+    const ggml_tensor * sum = dst->src[0];
+    const ggml_tensor * comp = dst->src[2];
+    const int64_t ne0 = sum->ne[0], n = ne0 * sum->ne[1];
+    if (n == 0) {
+        return;
+    }
+    const int nt = 256;
+    const dim3 grid((unsigned int) ((n + nt - 1) / nt));
+    k_sparq_sum_append<<<grid, nt, 0, ctx.stream()>>>((char *) sum->data, sum->nb[1], comp ? (char *) comp->data : nullptr,
+                                                      comp ? comp->nb[1] : 0, (const float *) dst->src[1]->data, ne0, n,
+                                                      ggml_get_op_params_i32(dst, 0) == GGML_TYPE_F16,
+                                                      ggml_get_op_params_i32(dst, 1) != 0);
+}
+
 void ggml_cuda_sparq_attn(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+    if (ggml_sparq_is_sum_append(dst)) {
+        const char * why = sparq_cuda_sum_unsupported(dst);
+        if (why) {
+            GGML_ABORT("sparq_attn: the CUDA kernels do not cover %s: %s", dst->name, why);
+        }
+        sparq_cuda_sum_append(ctx, dst);
+        return;
+    }
     if (ggml_sparq_is_kt_append(dst)) {
         const char * why = sparq_cuda_append_unsupported(dst);
         if (why) {

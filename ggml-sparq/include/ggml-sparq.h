@@ -115,6 +115,7 @@ GGML_API float * ggml_sparq_attn_get_report(const struct ggml_tensor * attn);
 enum ggml_sparq_mode {
     GGML_SPARQ_MODE_ATTN = 0,
     GGML_SPARQ_MODE_KT_APPEND = 1,
+    GGML_SPARQ_MODE_SUM_APPEND = 2,
 };
 
 GGML_API struct ggml_tensor * ggml_sparq_kt_append(struct ggml_context * ctx, struct ggml_tensor * dst,
@@ -122,6 +123,23 @@ GGML_API struct ggml_tensor * ggml_sparq_kt_append(struct ggml_context * ctx, st
 
 static inline bool ggml_sparq_is_kt_append(const struct ggml_tensor * t) {
     return t->op == GGML_OP_SPARQ_ATTN && t->op_params[GGML_SPARQ_MODE_PARAM] == GGML_SPARQ_MODE_KT_APPEND;
+}
+
+// A per-stream sum's append of a decode step (one new token per stream), as a mode of
+// GGML_OP_SPARQ_ATTN: one node where the graph took four to six small ones (casts, a square, an
+// add, the compensation's subtractions), each a kernel launch on a GPU and a thread barrier on the
+// CPU. Per stream s and element j: x = x_new[j, s] rounded to type (f16: to f16 and back; f32: as
+// it is), squared with squares; then sum[j, s] += x, compensated when comp is given (Kahan:
+// y = x - comp, t = sum + y, comp = (t - sum) - y, sum = t); every product and sum rounded on its
+// own (no fused multiply-add). sum, comp: f32 [n, n_stream] (views with their own row stride);
+// x_new: f32 [n, n_stream], contiguous; type: f16 or f32. The result is a view of sum; comp is
+// written in place. The CPU and CUDA backends compute it.
+GGML_API struct ggml_tensor * ggml_sparq_sum_append(struct ggml_context * ctx, struct ggml_tensor * sum,
+                                                    struct ggml_tensor * comp, struct ggml_tensor * x_new,
+                                                    enum ggml_type type, bool squares);
+
+static inline bool ggml_sparq_is_sum_append(const struct ggml_tensor * t) {
+    return t->op == GGML_OP_SPARQ_ATTN && t->op_params[GGML_SPARQ_MODE_PARAM] == GGML_SPARQ_MODE_SUM_APPEND;
 }
 
 #ifdef __cplusplus

@@ -230,10 +230,31 @@ static ggml_tensor * sparq_append_keys(sparq_attn_build & b, ggml_tensor * k_cur
     return kt;
 }
 
+// whether a decode step's sums take one op each (ggml_sparq_sum_append) instead of the small
+// nodes below: one new token per stream, an f16 or f32 cache (a q8_0 one rounds through its quantizer)
+static bool sparq_sum_fused(const sparq_attn_build & b, ggml_type type) {
+    return b.n_tps == 1 && (type == GGML_TYPE_F16 || type == GGML_TYPE_F32);
+}
+
+// the ubatch's new rows x_cur (E elements per token, one token per stream) as [E, n_stream] f32
+static ggml_tensor * sparq_step_rows(sparq_attn_build & b, ggml_tensor * x_cur) {
+    const int64_t E = x_cur->ne[0] * x_cur->ne[1];
+    ggml_tensor * x = ggml_is_contiguous(x_cur) ? x_cur : ggml_cont(b.ctx0, x_cur);
+    return ggml_reshape_2d(b.ctx0, x->type == GGML_TYPE_F32 ? x : ggml_cast(b.ctx0, x, GGML_TYPE_F32), E, b.n_stream);
+}
+
 // V sums of the ubatch's streams: += the new values, compensated
 static ggml_tensor * sparq_append_values(sparq_attn_build & b, ggml_tensor * v_cur, const ggml_tensor * v) {
     ggml_context * ctx0 = b.ctx0;
     const int64_t Ev = v_cur->ne[0] * v_cur->ne[1];
+    if (sparq_sum_fused(b, v->type)) {
+        const sparq_layer & L = b.L;
+        ggml_tensor * s0 = ggml_view_2d(ctx0, L.data.vsum, Ev, b.n_stream, L.data.vsum->nb[2], b.si.s0 * L.data.vsum->nb[2]);
+        ggml_tensor * c0 = ggml_view_2d(ctx0, L.data.vcomp, Ev, b.n_stream, L.data.vcomp->nb[2], b.si.s0 * L.data.vcomp->nb[2]);
+        ggml_tensor * vs = ggml_sparq_sum_append(ctx0, s0, c0, sparq_step_rows(b, v_cur), v->type, false);
+        ggml_build_forward_expand(b.g.gf, vs);
+        return vs;
+    }
     // sum what the cache holds (the values rounded to its type), so the sums equal a recomputation
     ggml_tensor * add = sparq_ubatch_sums(b, v_cur, v->type, false);
     // Kahan summation: y = x - c, t = s + y, c = (t - s) - y, s = t. A plain f32 += loses up to
@@ -258,8 +279,13 @@ static ggml_tensor * sparq_append_values(sparq_attn_build & b, ggml_tensor * v_c
 static ggml_tensor * sparq_append_ksq(sparq_attn_build & b, ggml_tensor * k_cur, ggml_tensor * kc, const ggml_tensor * k) {
     ggml_context * ctx0 = b.ctx0;
     const int64_t E = k_cur->ne[0] * k_cur->ne[1];
-    ggml_tensor * kadd = kc ? sparq_ubatch_sums(b, kc, GGML_TYPE_F32, true) : sparq_ubatch_sums(b, k_cur, k->type, true);
     ggml_tensor * kdst = ggml_view_2d(ctx0, b.L.data.ksq, E, b.n_stream, b.L.data.ksq->nb[2], b.si.s0 * b.L.data.ksq->nb[2]);
+    if (!kc && sparq_sum_fused(b, k->type)) {
+        ggml_tensor * ksq = ggml_sparq_sum_append(ctx0, kdst, nullptr, sparq_step_rows(b, k_cur), k->type, true);
+        ggml_build_forward_expand(b.g.gf, ksq);
+        return ksq;
+    }
+    ggml_tensor * kadd = kc ? sparq_ubatch_sums(b, kc, GGML_TYPE_F32, true) : sparq_ubatch_sums(b, k_cur, k->type, true);
     ggml_tensor * ksq = ggml_add_inplace(ctx0, kdst, kadd);
     ggml_build_forward_expand(b.g.gf, ksq);
     return ksq;

@@ -116,6 +116,31 @@ struct ggml_tensor * ggml_sparq_kt_append(struct ggml_context * ctx, struct ggml
     return result;
 }
 
+struct ggml_tensor * ggml_sparq_sum_append(struct ggml_context * ctx, struct ggml_tensor * sum,
+                                          struct ggml_tensor * comp, struct ggml_tensor * x_new,
+                                          enum ggml_type type, bool squares) {
+    GGML_ASSERT(sum->type == GGML_TYPE_F32 && sum->nb[0] == sizeof(float) && sum->ne[2] == 1 && sum->ne[3] == 1 &&
+                "sparq_sum_append: sum must be f32 rows [n, n_stream]");
+    if (comp) {
+        GGML_ASSERT(comp->type == GGML_TYPE_F32 && comp->nb[0] == sizeof(float) && ggml_are_same_shape(sum, comp) &&
+                    "sparq_sum_append: comp must be f32 rows of sum's shape");
+    }
+    GGML_ASSERT(x_new->type == GGML_TYPE_F32 && ggml_is_contiguous(x_new) && ggml_nelements(x_new) == ggml_nelements(sum) &&
+                "sparq_sum_append: x_new must be contiguous f32 with sum's elements");
+    GGML_ASSERT((type == GGML_TYPE_F16 || type == GGML_TYPE_F32) && "sparq_sum_append: the cache type must be f16 or f32");
+    struct ggml_tensor * result = ggml_view_tensor(ctx, sum);
+    int32_t params[GGML_MAX_OP_PARAMS / sizeof(int32_t)] = { 0 };
+    params[0] = (int32_t) type;
+    params[1] = squares ? 1 : 0;
+    params[GGML_SPARQ_MODE_PARAM] = GGML_SPARQ_MODE_SUM_APPEND;
+    ggml_set_op_params(result, params, sizeof(params));
+    result->op     = GGML_OP_SPARQ_ATTN;
+    result->src[0] = sum;
+    result->src[1] = x_new;
+    result->src[2] = comp;
+    return result;
+}
+
 void ggml_sparq_attn_set_selector(struct ggml_tensor * attn, int32_t selector, int32_t flags) {
     GGML_ASSERT(attn->op == GGML_OP_SPARQ_ATTN);
     GGML_ASSERT(selector >= 0 && selector < GGML_SPARQ_SEL_COUNT && "sparq_attn: unknown selector");

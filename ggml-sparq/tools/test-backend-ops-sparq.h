@@ -252,6 +252,65 @@ struct test_sparq_kt_append : public test_case {
     }
 };
 
+// A decode step's sum append (ggml_sparq_sum_append): n values per stream rounded to the cache type
+// (squared with squares) into per-stream rows of a wider tensor (a row stride of its own), Kahan-
+// compensated with comp. The output puts the sums and, after them, the compensation written in place.
+struct test_sparq_sum_append : public test_case {
+    const ggml_type type;
+    const int64_t n, ns;
+    const bool with_comp, squares;
+
+    std::string vars() override { return VARS_TO_STR5(type, n, ns, with_comp, squares); }
+
+    // named by the op under test, not by the concat that brings the compensation out with it
+    std::string op_desc(ggml_tensor * t) override {
+        GGML_UNUSED(t);
+        return "SPARQ_ATTN";
+    }
+
+    test_sparq_sum_append(ggml_type type = GGML_TYPE_F16, int64_t n = 576, int64_t ns = 2, bool with_comp = true,
+                          bool squares = false)
+        : type(type), n(n), ns(ns), with_comp(with_comp), squares(squares) {}
+
+    ggml_tensor * build_graph(ggml_context * ctx) override {
+        ggml_tensor * sum_all = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n + 8, ns);
+        ggml_set_name(sum_all, "sum");
+        ggml_tensor * sum = ggml_view_2d(ctx, sum_all, n, ns, sum_all->nb[1], 4 * sizeof(float));
+        ggml_tensor * comp = nullptr;
+        if (with_comp) {
+            ggml_tensor * comp_all = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n + 8, ns);
+            ggml_set_name(comp_all, "comp");
+            comp = ggml_view_2d(ctx, comp_all, n, ns, comp_all->nb[1], 4 * sizeof(float));
+        }
+        ggml_tensor * x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n, ns);
+        ggml_set_name(x, "x");
+        ggml_tensor * out = ggml_sparq_sum_append(ctx, sum, comp, x, type, squares);
+        if (comp) {
+            // after the append (a source of the concat), so that it reads the written compensation
+            out = ggml_concat(ctx, ggml_cont(ctx, out), ggml_cont(ctx, ggml_view_2d(ctx, comp, n, ns, comp->nb[1], 0)), 0);
+        }
+        ggml_set_name(out, "out");
+        return out;
+    }
+
+    void initialize_tensors(ggml_context * ctx) override {
+        std::mt19937 gen(0x5Au + (uint32_t) (n * 3 + ns));
+        std::normal_distribution<float> nd(0.0f, 1.0f);
+        for (ggml_tensor * t = ggml_get_first_tensor(ctx); t != NULL; t = ggml_get_next_tensor(ctx, t)) {
+            if (ggml_is_view_op(t->op) || t->op != GGML_OP_NONE) {
+                continue;
+            }
+            std::vector<float> f(ggml_nelements(t));
+            const bool is_sum = strcmp(t->name, "sum") == 0, is_comp = strcmp(t->name, "comp") == 0;
+            for (auto & x : f) {
+                // sums of about a thousand cells, compensations of a rounding's size, new values near 1
+                x = is_sum ? 40.0f * nd(gen) : is_comp ? 1e-6f * nd(gen) : 1.7f * nd(gen);
+            }
+            sparq_set_floats(t, f);
+        }
+    }
+};
+
 static void sparq_add_test_cases(std::vector<std::unique_ptr<test_case>> & test_cases, bool perf) {
     // SPARQ_PERF_EVAL=1: the eval grid in perf mode too (builds and runs every case on one
     // backend, e.g. the CPU on a machine without a second backend to compare with)
@@ -347,5 +406,8 @@ static void sparq_add_test_cases(std::vector<std::unique_ptr<test_case>> & test_
         test_cases.emplace_back(new test_sparq_attn(128, 1000, 8, 2, 1, 2, 16, 256, 16, t, true, SPQ, 0, 0, 0.3f, 8, 0.25f, true));
         test_cases.emplace_back(new test_sparq_kt_append(t, 1, 256, 1024, true));
         test_cases.emplace_back(new test_sparq_kt_append(t, 1000, 64, 64, false));
+        test_cases.emplace_back(new test_sparq_sum_append(t, 576, 2, true, false));
+        test_cases.emplace_back(new test_sparq_sum_append(t, 4096, 1, false, true));
+        test_cases.emplace_back(new test_sparq_sum_append(t, 192, 3, true, true));
     }
 }

@@ -13,7 +13,7 @@ the paper's fixed k), after the first ``--skip-steps`` steps:
     ncu -i sel_S.ncu-rep --page details --csv          (duration, SMs active, occupancy)
     ncu -i sel_S.ncu-rep --page source --csv --print-source cuda,sass   (warp samples per source line)
 
-and reduces them to bench/results/gpu_ncu_lines_<tag>.md (and .json): per kernel its duration, the
+and reduces them to gpu_ncu_lines_<tag>.md (and .json) under bench/results: per kernel its duration, the
 share of cycles its SMs were active, registers, occupancy, and the source lines where most warps
 were sampled. Unlike ``test-backend-ops perf`` (whose tie-proof inputs put thousands of cells in
 the select's crossing bin), these are the scores of a decode step. ``--reduce DIR`` only reduces

@@ -239,6 +239,9 @@ EMU_CASES = {
     "calibrated-gqa-two-streams": "128 1000 8 2 1 2 16 256 16 0 1 0 0 0 0 0.3 8 0.25",
     "calibrated-perhead-window": "64 1024 8 2 1 1 16 256 16 1 1 0 1 1 0 0.5 16 0.25",
     "calibrated-diffuse": "128 1000 8 2 1 2 16 256 16 0 1 0 0 0 0 0.95 16 0.25",
+    # several selection tiles per list (4096 cells each): every tile's candidates in the list's buffer
+    "gqa4-five-tiles": "128 20000 8 2 1 1 32 128 32 1 1 0 0 0",
+    "mha-three-tiles-window": "64 12000 4 4 1 1 16 128 32 1 1 0 1 1",
     # an 8-bit K^T (e5m2, f16 K and V): 8-byte vector loads, and one-byte loads
     "gqa4-e5m2-vec": "128 1000 8 2 1 2 16 64 16 2 1 0 0 0",
     "mha-e5m2-scalar-loads": "64 2048 4 4 1 1 16 128 32 2 1 0 0 0 1",

@@ -95,21 +95,23 @@ static __device__ __forceinline__ void sparq_attend_init(const sparq_cu_args & a
 
 // The cells of part p of n_part of the unit: its share [*lo, *hi) of the items, which are the
 // bitmap's cells as an ascending list (the unit's chosen cells, counted first so that the parts get
-// equal shares of what was chosen, not of the bound; only the share's list positions are written
-// and the bitmap is read only as far as them) or every cell, masked (the dense modes). The same on
-// every thread.
+// equal shares of what was chosen, not of the bound; only the share's list positions are written)
+// or every cell, masked (the dense modes). The same on every thread. Each thread takes a contiguous
+// run of the bitmap's words: counted, one block scan for every run's first list position, then its
+// cells written (a scan per 256 words, as before, cost the last parts of a 64K context eight).
 static __device__ __forceinline__ void sparq_attend_cells(const sparq_cu_args & a, const sparq_attend_unit & un,
                                                           const sparq_attend_smem & sm, int p, int n_part, int * lo,
                                                           int * hi) {
     const int tid = threadIdx.x;
     const unsigned int * sb = a.selbits + (size_t) un.u * a.W;
-    int n = a.S;
+    const int per_t = (a.W + SPARQ_NT - 1) / SPARQ_NT;
+    const int w_lo = min(a.W, tid * per_t), w_hi = min(a.W, w_lo + per_t);
+    int n = a.S, cnt = 0, pos = 0;
     if (un.sparse) {
-        int cnt = 0;
-        for (int wi = tid; wi < a.W; wi += SPARQ_NT) {
+        for (int wi = w_lo; wi < w_hi; ++wi) {
             cnt += __popc(sb[wi]);
         }
-        sparq_block_scan(cnt, &n, sm.sh);
+        pos = sparq_block_scan(cnt, &n, sm.sh) - cnt;
         n = min(n, a.sel_max);
     }
     const int per = (n + n_part - 1) / n_part;
@@ -118,22 +120,18 @@ static __device__ __forceinline__ void sparq_attend_cells(const sparq_cu_args & 
     if (!un.sparse) {
         return;
     }
-    int base = 0;
-    for (int w0 = 0; w0 < a.W && base < *hi; w0 += SPARQ_NT) { // base: uniform over the block
-        const int wi = w0 + tid;
-        unsigned int word = wi < a.W ? sb[wi] : 0u;
-        const int cnt = __popc(word);
-        int tot;
-        int pos = base + sparq_block_scan(cnt, &tot, sm.sh) - cnt;
-        while (word) {
-            const int b = __ffs(word) - 1;
-            if (pos >= *lo && pos < *hi) {
-                un.list[pos] = wi * 32 + b;
+    if (cnt > 0 && pos < *hi && pos + cnt > *lo) {
+        for (int wi = w_lo; wi < w_hi && pos < *hi; ++wi) {
+            unsigned int word = sb[wi];
+            while (word) {
+                const int b = __ffs(word) - 1;
+                if (pos >= *lo && pos < *hi) {
+                    un.list[pos] = wi * 32 + b;
+                }
+                ++pos;
+                word &= word - 1u;
             }
-            ++pos;
-            word &= word - 1u;
         }
-        base += tot;
     }
     __syncthreads();
 }

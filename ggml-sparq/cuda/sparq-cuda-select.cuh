@@ -333,15 +333,32 @@ static __device__ void sparq_sort_cands(const sparq_sel_smem & sm, int n) {
 }
 
 // The want best (larger key, then lower cell) of the n gathered candidates of bin b (0 < want < n)
-// into the unit's bitmap: radix passes over the candidates' key bits below the bin (8, 8 and 4
-// bits) in shared memory down to the key of the want-th best, then the candidates above it and as
-// many at it as are wanted, the lower cells first (a few ties at that exact key, rare, are ranked by
-// a count over the candidates, more than 16 by the bitonic sort). The sort of every candidate this
-// replaces was most of the select's time on a GPU at 4K cells.
+// into the unit's bitmap: up to a candidate per thread, each one's rank counted directly; more,
+// radix passes over the candidates' key bits below the bin (8, 8 and 4 bits) in shared memory down
+// to the key of the want-th best, then the candidates above it and as many at it as are wanted,
+// the lower cells first (a few ties at that exact key, rare, are ranked by a count over the
+// candidates, more than 16 by the bitonic sort). The sort of every candidate this replaces was
+// most of the select's time on a GPU at 4K cells.
 static __device__ void sparq_take_best_cands(const sparq_cu_args & a, const sparq_sel_ctx & c, int b, int n, int want,
                                              const sparq_sel_smem & sm) {
     const int tid = threadIdx.x;
     unsigned int * sb = a.selbits + (size_t) c.u * a.W;
+    if (n <= SPARQ_NT) {
+        // a candidate per thread: its rank is the number that come before it, all at once (the
+        // radix passes below cost three block-wide scans for the few cells a bin usually holds)
+        if (tid < n) {
+            int rank = 0;
+            for (int j = 0; j < n; ++j) {
+                rank += sparq_cand_before(sm, j, tid);
+            }
+            if (rank < want) {
+                const int s = sm.ci[tid];
+                atomicOr(&sb[s >> 5], 1u << (s & 31));
+            }
+        }
+        __syncthreads();
+        return;
+    }
     unsigned int prefix = (unsigned int) b << SPARQ_NB_SHIFT;
     int shift = SPARQ_NB_SHIFT, n_eq = n;
     const int want0 = want;
@@ -528,16 +545,28 @@ static __device__ void sparq_cand_pass(const sparq_cu_args & a, const sparq_sel_
                                        int n, const sparq_sel_smem & sm, int * s_nc) {
     unsigned int * sb = a.selbits + (size_t) c.u * a.W;
     const uint2 * cd = a.cand + (size_t) c.li * a.nt_s * SPARQ_TILE_CAND;
-    for (int i = threadIdx.x; i < n; i += SPARQ_NT) {
-        const uint2 e = __ldcg(cd + i);
-        const int kb = (int) (e.x >> SPARQ_NB_SHIFT);
-        if (kb > b || (take_eq && kb == b)) {
-            atomicOr(&sb[e.y >> 5], 1u << (e.y & 31));
-        } else if (gather && kb == b) {
-            const int pos = atomicAdd(s_nc, 1);
-            if (pos < SPARQ_CAND_MAX) {
-                sm.hc[pos] = e.x;
-                sm.ci[pos] = (int) e.y;
+    constexpr int U = 4; // entries per thread loaded before any is used (the atomics keep loads in order)
+    for (int i0 = threadIdx.x; i0 < n; i0 += U * SPARQ_NT) {
+        uint2 e[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int i = i0 + u * SPARQ_NT;
+            e[u] = i < n ? __ldcg(cd + i) : make_uint2(0u, 0u);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            if (i0 + u * SPARQ_NT >= n) {
+                break;
+            }
+            const int kb = (int) (e[u].x >> SPARQ_NB_SHIFT);
+            if (kb > b || (take_eq && kb == b)) {
+                atomicOr(&sb[e[u].y >> 5], 1u << (e[u].y & 31));
+            } else if (gather && kb == b) {
+                const int pos = atomicAdd(s_nc, 1);
+                if (pos < SPARQ_CAND_MAX) {
+                    sm.hc[pos] = e[u].x;
+                    sm.ci[pos] = (int) e[u].y;
+                }
             }
         }
     }
@@ -833,26 +862,35 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_select(const sparq_cu
         const unsigned int lb = lx.bin < 0 ? 0u : (unsigned int) lx.bin;
         const unsigned int cap = (unsigned int) (a.nt_s * SPARQ_TILE_CAND);
         uint2 * cd = a.cand + (size_t) c.li * cap;
+        // the tile's candidates counted first and their room in the list's buffer taken with one
+        // atomic per block (an atomic per warp and cell chunk, each waited for, cost the tile blocks
+        // more than their histogram), then each thread's written from its offset
+        unsigned int put = 0u;
 #pragma unroll
         for (int i = 0; i < SPARQ_TS_CPT; ++i) {
             const int s = t0 + i * SPARQ_NT + tid;
             const float x = xs[i];
-            const bool el = sparq_tile_eligible(a, c, wb, t0, t1, s, x);
-            const bool put = el && (sparq_key_bits(x) >> SPARQ_NB_SHIFT) >= lb;
-            const unsigned int bits = __ballot_sync(0xffffffff, put);
-            if (bits) { // uniform over the warp: one atomic per warp for its candidates
-                unsigned int base = 0u;
-                if (lane == 0) {
-                    base = atomicAdd(&a.ncand[c.li], (unsigned int) __popc(bits));
-                }
-                base = __shfl_sync(0xffffffff, base, 0);
-                const unsigned int pos = base + (unsigned int) __popc(bits & ((1u << lane) - 1u));
-                if (put && pos < cap) {
+            if (sparq_tile_eligible(a, c, wb, t0, t1, s, x) && (sparq_key_bits(x) >> SPARQ_NB_SHIFT) >= lb) {
+                put |= 1u << i;
+            }
+        }
+        int n_tile;
+        const int before = sparq_block_scan(__popc(put), &n_tile, sh) - __popc(put);
+        if (tid == 0) {
+            s_int[0] = n_tile > 0 ? (int) atomicAdd(&a.ncand[c.li], (unsigned int) n_tile) : 0;
+        }
+        __syncthreads();
+        unsigned int pos = (unsigned int) (s_int[0] + before);
+#pragma unroll
+        for (int i = 0; i < SPARQ_TS_CPT; ++i) {
+            if ((put >> i) & 1u) {
+                if (pos < cap) {
                     uint2 e;
-                    e.x = sparq_key_bits(x);
-                    e.y = (unsigned int) s;
+                    e.x = sparq_key_bits(xs[i]);
+                    e.y = (unsigned int) (t0 + i * SPARQ_NT + tid);
                     cd[pos] = e;
                 }
+                ++pos;
             }
         }
     }

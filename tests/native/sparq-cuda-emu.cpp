@@ -53,6 +53,7 @@ struct dim3 {
     dim3(unsigned int x_ = 1, unsigned int y_ = 1, unsigned int z_ = 1) : x(x_), y(y_), z(z_) {}
 };
 static inline float2 make_float2(float a, float b) { return { a, b }; }
+static inline uint2 make_uint2(unsigned int a, unsigned int b) { return { a, b }; }
 static inline float __half2float(half h) { return sparq_fp16_to_fp32(h.x); }
 static inline half __ushort_as_half(unsigned short x) { return half{ x }; }
 static inline float2 __half22float2(half2 h) { return { __half2float(h.x), __half2float(h.y) }; }

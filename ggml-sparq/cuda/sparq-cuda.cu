@@ -123,11 +123,16 @@ static const char * sparq_cuda_sum_unsupported(const ggml_tensor * op) {
     return nullptr;
 }
 
+// NULL when the kernels cover the node (of any mode), else why not
+static const char * sparq_cuda_why_not(const ggml_tensor * op) {
+    return ggml_sparq_is_kt_append(op)    ? sparq_cuda_append_unsupported(op)
+           : ggml_sparq_is_sum_append(op) ? sparq_cuda_sum_unsupported(op)
+                                          : sparq_cuda_unsupported(op);
+}
+
 bool ggml_cuda_sparq_attn_supported(int device, const ggml_tensor * op) {
     GGML_UNUSED(device);
-    const char * why = ggml_sparq_is_kt_append(op)     ? sparq_cuda_append_unsupported(op)
-                       : ggml_sparq_is_sum_append(op) ? sparq_cuda_sum_unsupported(op)
-                                                       : sparq_cuda_unsupported(op);
+    const char * why = sparq_cuda_why_not(op);
     if (why) {
         // the scheduler then runs the op on the CPU: say so once
         static std::atomic<bool> said{false};
@@ -313,25 +318,17 @@ static void sparq_cuda_sum_append(ggml_backend_cuda_context & ctx, ggml_tensor *
 }
 
 void ggml_cuda_sparq_attn(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+    const char * why = sparq_cuda_why_not(dst);
+    if (why) {
+        GGML_ABORT("sparq_attn: the CUDA kernels do not cover %s: %s", dst->name, why);
+    }
     if (ggml_sparq_is_sum_append(dst)) {
-        const char * why = sparq_cuda_sum_unsupported(dst);
-        if (why) {
-            GGML_ABORT("sparq_attn: the CUDA kernels do not cover %s: %s", dst->name, why);
-        }
         sparq_cuda_sum_append(ctx, dst);
         return;
     }
     if (ggml_sparq_is_kt_append(dst)) {
-        const char * why = sparq_cuda_append_unsupported(dst);
-        if (why) {
-            GGML_ABORT("sparq_attn: the CUDA kernels do not cover %s: %s", dst->name, why);
-        }
         sparq_cuda_kt_append(ctx, dst);
         return;
-    }
-    const char * why = sparq_cuda_unsupported(dst);
-    if (why) {
-        GGML_ABORT("sparq_attn: the CUDA kernels do not cover %s: %s", dst->name, why);
     }
     sparq_cu_args a = {};
     int cpt = 1;

@@ -92,6 +92,23 @@ struct ggml_tensor * ggml_sparq_attn(
     return result;
 }
 
+// a node of one of the op's write modes: a view of dst (its result orders later readers), the mode
+// and two parameters, three sources
+static struct ggml_tensor * sparq_mode_node(struct ggml_context * ctx, struct ggml_tensor * dst, enum ggml_sparq_mode mode,
+                                            int32_t p0, int32_t p1, struct ggml_tensor * s1, struct ggml_tensor * s2) {
+    struct ggml_tensor * result = ggml_view_tensor(ctx, dst);
+    int32_t params[GGML_MAX_OP_PARAMS / sizeof(int32_t)] = { 0 };
+    params[0] = p0;
+    params[1] = p1;
+    params[GGML_SPARQ_MODE_PARAM] = mode;
+    ggml_set_op_params(result, params, sizeof(params));
+    result->op     = GGML_OP_SPARQ_ATTN;
+    result->src[0] = dst;
+    result->src[1] = s1;
+    result->src[2] = s2;
+    return result;
+}
+
 struct ggml_tensor * ggml_sparq_kt_append(struct ggml_context * ctx, struct ggml_tensor * dst,
                                          struct ggml_tensor * src, struct ggml_tensor * idx) {
     GGML_ASSERT(dst->type == GGML_TYPE_I8 && dst->nb[0] == 1 && dst->ne[2] == 1 && dst->ne[3] == 1 &&
@@ -105,15 +122,7 @@ struct ggml_tensor * ggml_sparq_kt_append(struct ggml_context * ctx, struct ggml
     } else {
         GGML_ASSERT(src->ne[1] == dst->ne[1] && "sparq_kt_append: without idx, src and dst have the same rows");
     }
-    struct ggml_tensor * result = ggml_view_tensor(ctx, dst);
-    int32_t params[GGML_MAX_OP_PARAMS / sizeof(int32_t)] = { 0 };
-    params[GGML_SPARQ_MODE_PARAM] = GGML_SPARQ_MODE_KT_APPEND;
-    ggml_set_op_params(result, params, sizeof(params));
-    result->op     = GGML_OP_SPARQ_ATTN;
-    result->src[0] = dst;
-    result->src[1] = src;
-    result->src[2] = idx;
-    return result;
+    return sparq_mode_node(ctx, dst, GGML_SPARQ_MODE_KT_APPEND, 0, 0, src, idx);
 }
 
 struct ggml_tensor * ggml_sparq_sum_append(struct ggml_context * ctx, struct ggml_tensor * sum,
@@ -128,17 +137,7 @@ struct ggml_tensor * ggml_sparq_sum_append(struct ggml_context * ctx, struct ggm
     GGML_ASSERT(x_new->type == GGML_TYPE_F32 && ggml_is_contiguous(x_new) && ggml_nelements(x_new) == ggml_nelements(sum) &&
                 "sparq_sum_append: x_new must be contiguous f32 with sum's elements");
     GGML_ASSERT((type == GGML_TYPE_F16 || type == GGML_TYPE_F32) && "sparq_sum_append: the cache type must be f16 or f32");
-    struct ggml_tensor * result = ggml_view_tensor(ctx, sum);
-    int32_t params[GGML_MAX_OP_PARAMS / sizeof(int32_t)] = { 0 };
-    params[0] = (int32_t) type;
-    params[1] = squares ? 1 : 0;
-    params[GGML_SPARQ_MODE_PARAM] = GGML_SPARQ_MODE_SUM_APPEND;
-    ggml_set_op_params(result, params, sizeof(params));
-    result->op     = GGML_OP_SPARQ_ATTN;
-    result->src[0] = sum;
-    result->src[1] = x_new;
-    result->src[2] = comp;
-    return result;
+    return sparq_mode_node(ctx, sum, GGML_SPARQ_MODE_SUM_APPEND, (int32_t) type, squares ? 1 : 0, x_new, comp);
 }
 
 void ggml_sparq_attn_set_selector(struct ggml_tensor * attn, int32_t selector, int32_t flags) {

@@ -19,8 +19,8 @@
 #   op        bench/gpu_sweep.py --only op $OP_ARGS: the op against CUDA flash attention, with the
 #             radix passes of the select and the one-block attend as A/B columns (OP_ARGS=
 #             "--no-select-ab --no-attend-ab" leaves them out)
-#   e2e       bench/gpu_sweep.py --only e2e, batch 1 at $E2E_DEPTHS (default 0 to 128K), dense -fa 1
-#             and -fa 0 and SparQ, batch 4 at $E2E_DEPTHS_BATCH (default 16K, 32K)
+#   e2e       bench/gpu_sweep.py --only e2e, batch 1 at $E2E_DEPTHS (default 0, 4K, 8K, 32K, 64K and
+#             128K), dense -fa 1 and -fa 0 and SparQ, batch 4 at $E2E_DEPTHS_BATCH (default 16K, 32K)
 #   nkvo      the -nkvo runs (weights on the GPU, cache and attention on the host) at $NKVO_DEPTHS
 #             (default 16K, 64K)
 #   profile   Nsight Compute (ncu, or $NCU) on the op's kernels at 64K and 4K (Llama 2 7B attention,
@@ -132,7 +132,7 @@ step_e2e() {
     local tag
     tag=$(gpu_tag)
     logged e2e "$PY" bench/gpu_sweep.py --only e2e --tag "${tag}_b1" \
-        --depths "${E2E_DEPTHS:-0,4096,16384,32768,65536,131072}" --depths-batch "" --nkvo-depths "" \
+        --depths "${E2E_DEPTHS:-0,4096,8192,32768,65536,131072}" --depths-batch "" --nkvo-depths "" \
         --reps 3 --n-gen 16 || return $?
     logged e2e "$PY" bench/gpu_sweep.py --only e2e --tag "${tag}_b4" --depths "" \
         --depths-batch "${E2E_DEPTHS_BATCH:-16384,32768}" --nkvo-depths "" --n-gen 16

@@ -200,6 +200,12 @@ def test_selectors_on_a_gpu_context(cuda, tiny_gqa_model):
     on_host = Llama(str(tiny_gqa_model), n_ctx=1024, verbose=False, n_gpu_layers=-1, offload_kqv=False, sparq=True,
                     sparq_k=32)
     assert [m.sparq_params()["sparq_min_kv"] for m in (on_gpu, on_gpu_cal, on_host)] == [65536, 1048576, 1024]
+    # changing k keeps the default (set_sparq passes the value read back), a value given stays
+    on_gpu.set_sparq(sparq_k=0)
+    assert on_gpu.sparq_params()["sparq_min_kv"] == 1048576
+    on_gpu.set_sparq(sparq_min_kv=5000)
+    on_gpu.set_sparq(sparq_k=64)
+    assert on_gpu.sparq_params()["sparq_min_kv"] == 5000
     for sel in ("sparq", "oracle"):
         m = llm(n_gpu_layers=-1, sparq_selector=sel)
         m.eval([1] + rng.integers(3, m.n_vocab(), size=299).tolist())

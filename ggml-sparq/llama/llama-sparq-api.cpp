@@ -403,8 +403,12 @@ static int32_t sparq_apply_params(llama_context * ctx, llama_sparq_ctx & S, cons
             st.valid = false;
         }
     }
+    // the default's value read back (llama_sparq_get_params) and passed back unchanged, as the front
+    // ends' "change one setting" does, stays the default: with another kind of k it resolves anew
+    const bool min_kv_auto = p->min_kv < 0 || (S.min_kv_auto && p->min_kv == S.params.min_kv);
     S.params = *p;
-    if (S.params.min_kv < 0) {
+    S.min_kv_auto = min_kv_auto;
+    if (min_kv_auto) {
         // the default: by where the cache is (a layer on a GPU: the GPU's crossover for the kind of k;
         // an RPC host runs the CPU op there: the host's)
         bool device = false;

@@ -211,6 +211,9 @@ struct llama_sparq_ctx {
     ggml_context_ptr kt_ctx;
     std::vector<ggml_backend_buffer_ptr> kt_bufs;
     int32_t kt_bits = 16;
+    // min_kv was given as -1 and resolved by where the cache is (and, on a GPU, by the kind of k):
+    // the resolved value read back and passed back unchanged stays the default (re-resolved)
+    bool min_kv_auto = false;
     uint64_t extra_bytes = 0;
     uint64_t kv_bytes = 0;
     int32_t n_layers = 0;

@@ -34,6 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import RESULTS, command_line, git_commit, now_iso, write_json  # noqa: E402
+from gpu_timeline import run, short_name  # noqa: E402
 
 DETAILS = ("Duration", "Elapsed Cycles", "SM Active Cycles", "Registers Per Thread", "Theoretical Occupancy",
            "Achieved Occupancy", "Grid Size", "Memory Throughput")
@@ -64,9 +65,9 @@ def parse_details(text: str) -> dict[str, dict]:
 
 
 def kernel_short(name: str) -> str:
-    """'void k_sparq_select<(bool)0>(sparq_cu_args)' -> 'k_sparq_select<0>'"""
-    name = name.replace("void ", "").replace("(bool)", "")
-    return name.split("(sparq_cu_args")[0].split("(const sparq_cu_args")[0]
+    """'void k_sparq_select<(bool)0>(sparq_cu_args)' -> 'k_sparq_select<0>' (Nsight Compute casts
+    template arguments, which gpu_timeline's short_name would cut at)"""
+    return short_name(name.replace("(bool)", ""))
 
 
 def parse_source(text: str, top: int = 8) -> dict[str, dict]:
@@ -178,14 +179,10 @@ def main(argv=None) -> int:
                "--sparq-r", str(args.r), "--sparq-k", str(args.k), "--sparq-l", str(args.l), "--sparq-basis", "model",
                "--sparq-min-kv", "0"]
         meta["commands"].append(shlex.join(cmd))
-        print("+", shlex.join(cmd), flush=True)
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-        if p.returncode != 0:
-            raise RuntimeError(f"ncu failed ({p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
-        for page, name, extra in (("details", "details", []), ("source", "source", ["--print-source", "cuda,sass"])):
-            q = subprocess.run([ncu, "-i", f"{rep}.ncu-rep", "--page", page, "--csv", *extra], capture_output=True,
-                               text=True, timeout=600)
-            (work / f"{name}_{S}.csv").write_text(q.stdout)
+        run(cmd)
+        for page, extra in (("details", []), ("source", ["--print-source", "cuda,sass"])):
+            q = run([ncu, "-i", f"{rep}.ncu-rep", "--page", page, "--csv", *extra], timeout=600)
+            (work / f"{page}_{S}.csv").write_text(q.stdout)
     res = reduce_dir(work)
     doc = {"meta": meta, "results": res}
     RESULTS.mkdir(parents=True, exist_ok=True)

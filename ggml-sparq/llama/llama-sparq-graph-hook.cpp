@@ -236,11 +236,11 @@ static bool sparq_sum_fused(const sparq_attn_build & b, ggml_type type) {
     return b.n_tps == 1 && (type == GGML_TYPE_F16 || type == GGML_TYPE_F32);
 }
 
-// the ubatch's new rows x_cur (E elements per token, one token per stream) as [E, n_stream] f32
+// the step's new rows x_cur (one token per stream) as the sum-append mode takes them: [E, n_stream] f32,
+// not yet rounded to the cache's type (the mode rounds)
 static ggml_tensor * sparq_step_rows(sparq_attn_build & b, ggml_tensor * x_cur) {
-    const int64_t E = x_cur->ne[0] * x_cur->ne[1];
-    ggml_tensor * x = ggml_is_contiguous(x_cur) ? x_cur : ggml_cont(b.ctx0, x_cur);
-    return ggml_reshape_2d(b.ctx0, x->type == GGML_TYPE_F32 ? x : ggml_cast(b.ctx0, x, GGML_TYPE_F32), E, b.n_stream);
+    ggml_tensor * x = sparq_ubatch_sums(b, x_cur, GGML_TYPE_F32, false);
+    return x->type == GGML_TYPE_F32 ? x : ggml_cast(b.ctx0, x, GGML_TYPE_F32);
 }
 
 // V sums of the ubatch's streams: += the new values, compensated

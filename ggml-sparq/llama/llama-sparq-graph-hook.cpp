@@ -142,7 +142,7 @@ struct sparq_attn_build {
         n_kv     = k->ne[2];
         d        = k->ne[0];
         hkv      = k->ne[1];
-        r  = P.r > 0 ? P.r : std::max<int>(1, (int) d / 4); // the default: head size / 4 (README "Accuracy")
+        r  = P.r > 0 ? P.r : sparq_default_r(d, P.kt_bits);
         kk = P.k;
         streaming = P.selector == LLAMA_SPARQ_SELECTOR_STREAMING;
         h2o = P.selector == LLAMA_SPARQ_SELECTOR_H2O;
@@ -414,7 +414,9 @@ static void sparq_decide_sparq(sparq_attn_build & b, const ggml_tensor * k, cons
     c.d = d;
     c.bk = sparq_elem_bytes(k->type);
     c.bv = sparq_elem_bytes(v->type);
-    c.bt = sparq_elem_bytes(b.L.data.kt->type);
+    // K^T's element; the baselines and the index read no K^T, and their r term (H2O's scores, the
+    // list ids) counts f16 elements, whatever K^T's width
+    c.bt = b.streaming || b.h2o || b.index ? 2 : sparq_elem_bytes(b.L.data.kt->type);
     if (b.streaming || b.h2o) {
         c.r = b.h2o ? 2 : 0;
         c.extra = -2 * d;

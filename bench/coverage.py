@@ -5,7 +5,7 @@ and KV head, on a real model's own decode steps, and how well SparQ's steps 1-2 
     python bench/coverage.py --model smollm2|gemma3|PATH [--lengths 1024,2048,4096,6144]
         [--ks 16,32,...,2048] [--fracs 0.01,0.02,0.05,0.1,0.2] [--rs 4,8,16,32,d/8,d/4,d/2]
         [--recall-ks 128,512] [--samples 3] [--steps 4] [--task TASK] [--basis scaled|model]
-        [--op-k N] [--kt-formats e5m2,e4m3,int8] [--tag coverage_<model>] [--out-dir bench/results]
+        [--op-k N] [--kt-formats e5m2,e4m3,int8,int8cell] [--tag coverage_<model>] [--out-dir bench/results]
 
 The model runs with SparQ forced on (``sparq_min_kv=0``) but with ``k`` at the context size and no
 local window, so every decode step runs the op and the op attends over every cell (exact attention):
@@ -36,8 +36,9 @@ token) run under ``llama_sparq.capture.Capture``. On every ``sparq_attn-<layer>`
   (fields ``<metric><format>_...``): ``e5m2`` (f16's upper byte, rounded to nearest even: the
   reference's ``round_e5m2``, what ``sparq_kt_bits=8`` stores), ``e4m3``
   (3 mantissa bits, no scale, saturating at 448), ``int8`` (per component and block of 32 cells, an
-  absmax scale). Exact scores and the component weights stay those of the f16 keys: what an 8-bit
-  K^T would change is only which cells steps 1-3 choose.
+  absmax scale), ``int8cell`` (per cell and KV head, the key's absmax over its components). Exact
+  scores and the component weights stay those of the f16 keys: what an 8-bit K^T would change is
+  only which cells steps 1-3 choose.
 
 Writes ``<out-dir>/<tag>.csv`` (one row per prompt, step, layer and KV head), ``<tag>.json``
 (metadata, per length x layer and per length x layer x KV head means with the spread over the
@@ -176,6 +177,15 @@ def int8_blocks(K, block=32):
     return (q * scale).reshape(Kp.shape)[:S]
 
 
+def int8_cells(K):
+    """K (S, hkv, d) as int8 per cell and KV head (the key's own absmax over its d components, the
+    scale in f16): an append would quantize one key alone, with no block to redo."""
+    K = K.astype(np.float64)
+    scale = fp8_round(np.abs(K).max(axis=-1, keepdims=True) / 127.0, 10, -14, 65504.0)
+    q = np.where(scale > 0, np.round(K / np.where(scale > 0, scale, 1.0)), 0.0)
+    return q * scale
+
+
 def _e5m2(K):
     from llama_sparq.reference import round_e5m2  # the fork's own rounding (sparq_kt_bits=8)
 
@@ -186,6 +196,7 @@ KT_FORMATS = {  # an 8-bit K^T, as the values steps 1-3 would read (from the f16
     "e5m2": _e5m2,
     "e4m3": lambda K: fp8_round(K.astype(np.float16), 3, -6, 448.0),
     "int8": lambda K: int8_blocks(K.astype(np.float16)),
+    "int8cell": lambda K: int8_cells(K.astype(np.float16)),
 }
 
 
@@ -315,7 +326,7 @@ def run(a, model, opts):
     ct = cache_type_id(a.cache_type)
     llm = Llama(model, n_ctx=n_ctx, n_batch=512, n_threads=a.threads, verbose=False, flash_attn=True,
                 logits_all=False, sparq=True, sparq_min_kv=0, sparq_k=op_k, sparq_l=0 if not a.op_k else -1,
-                sparq_basis=a.basis, type_k=ct, type_v=ct)
+                sparq_basis=a.basis, sparq_kt_bits=16, type_k=ct, type_v=ct)  # the f16 K^T is the baseline
     llm.reset_sparq_stats()
     shape = model_shape(llm)
     opts["rs"] = parse_rs(opts["rs"], shape["d"])

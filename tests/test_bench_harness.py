@@ -98,11 +98,12 @@ def test_bench_counters_cover_timed_runs_only(tiny_model, fill):
     exe = str(tool_path("llama-bench"))
     p = subprocess.run([exe, "-m", tiny_model, "-p", "0", "-n", "8", "-r", "3", "-d", "300", "-fa", "1",
                         "--depth-fill", fill, "--sparq", "1", "--sparq-r", "4", "--sparq-k", "32",
-                        "--sparq-min-kv", "0", "-o", "json"], capture_output=True, text=True, timeout=120)
+                        "--sparq-kt-bits", "16", "--sparq-min-kv", "0", "-o", "json"],
+                       capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
     (row,) = json.loads(p.stdout)
     assert row["sparq_calls"] == 2 * 8 * 3 and row["sparq_dense"] == 0
-    # the mean compression of steps at 301..308 cells (d = 16): (S*r + 2*k*d + 4*d) / (2*S*d + 2*d)
+    # the mean compression of steps at 301..308 cells (d = 16, f16 K^T): (S*r + 2*k*d + 4*d) / (2*S*d + 2*d)
     want = sum((S * 4 + 2 * 32 * 16 + 4 * 16) / (2 * S * 16 + 2 * 16) for S in range(301, 309)) / 8
     assert abs(row["sparq_compr"] - want) < 1e-3
 

@@ -123,3 +123,9 @@ def test_kt_formats_round_as_8_bit_floats_and_blocks():
     blocks = np.abs(K[:64].reshape(2, 32, 2, 8)).max(axis=1)
     np.testing.assert_allclose(np.abs(q[:64].reshape(2, 32, 2, 8)).max(axis=1), blocks, rtol=1e-3)
     assert np.abs(q - K).max() <= np.abs(K).max() / 127 * 0.51 + 1e-3
+    # int8 per cell: each key's largest component kept (to its f16 scale), every value within half a step
+    c = cov.KT_FORMATS["int8cell"](K)
+    assert c.shape == K.shape
+    np.testing.assert_allclose(np.abs(c).max(axis=-1), np.abs(K).max(axis=-1), rtol=1e-3)
+    step = np.abs(K).max(axis=-1, keepdims=True) / 127
+    assert (np.abs(c - K) <= step * 0.51 + 1e-3).all()

@@ -64,10 +64,10 @@ def test_kt8_equals_a_recomputation_after_cache_operations(tiny_gqa_model, monke
 def test_kt_bits_switched_on_a_live_context(tiny_gqa_model):
     """K^T is allocated again in the new type and every stream rebuilt into it; back at 16 the
     logits are those of a context that never switched."""
-    ref16 = make_llm(tiny_gqa_model, sparq=True, sparq_k=32, sparq_min_kv=0)
+    ref16 = make_llm(tiny_gqa_model, sparq=True, sparq_k=32, sparq_min_kv=0, sparq_kt_bits=16)
     prompt = rand_prompt(400, 7, n_vocab(ref16))
     _, want = decode_greedy(ref16, prompt, 4)
-    sp = make_llm(tiny_gqa_model, sparq=True, sparq_k=32, sparq_min_kv=0)
+    sp = make_llm(tiny_gqa_model, sparq=True, sparq_k=32, sparq_min_kv=0, sparq_kt_bits=16)
     decode_greedy(sp, prompt, 2)
     bytes16 = sp.sparq_stats()["extra_bytes"]
     sp.set_sparq(sparq_kt_bits=8)
@@ -103,10 +103,28 @@ def test_kt8_compression_is_the_cost_models(tiny_model):
     assert got[8] < got[16]
 
 
+@pytest.mark.parametrize("bits", [16, 8])
+def test_default_r_follows_kt_bits(tiny_model, bits):
+    """r = 0 resolves to cost.default_r: d / 4 with f16 K^T, 5 d / 16 with an 8-bit one (4 and 5
+    at this head size), as the counters' compression shows against the cost model's."""
+    k, n = 32, 6
+    r = cost.default_r(HEAD, bits)
+    assert r == {16: 4, 8: 5}[bits]
+    sp = make_llm(tiny_model, sparq=True, sparq_k=k, sparq_min_kv=0, sparq_kt_bits=bits)
+    assert sp.sparq_params()["sparq_r"] == 0
+    prompt = rand_prompt(300, 9, n_vocab(sp))
+    decode_greedy(sp, prompt, n)
+    S = np.arange(len(prompt), len(prompt) + n)
+    got = sp.sparq_stats()["compression"]
+    for rr in (r - 1, r + 1):  # the neighbours' compression is told apart at this tolerance
+        assert abs(got - float(np.mean(cost.compression(S, HEAD, rr, k, kt_bits=bits)))) > 2e-3
+    assert abs(got - float(np.mean(cost.compression(S, HEAD, r, k, kt_bits=bits)))) < 2e-3
+
+
 def test_bad_kt_bits_is_refused_naming_the_setting(tiny_model):
     sp = make_llm(tiny_model, n_ctx=256, sparq=True)
     with pytest.raises(ValueError, match=r"SparQ: kt_bits = 12 is out of range: allowed 8 or 16"):
         sp.set_sparq(sparq_kt_bits=12)
-    assert sp.sparq_params()["sparq_kt_bits"] == 16
+    assert sp.sparq_params()["sparq_kt_bits"] == 8  # the default, unchanged
     with pytest.raises(ValueError, match="kt_bits"):
         cost.compression(1000, 64, 16, 64, kt_bits=12)

@@ -317,7 +317,7 @@ static int32_t sparq_check_device_runs(const llama_sparq_ctx & S, const llama_sp
         ggml_tensor * mk = ggml_new_tensor_4d(c, GGML_TYPE_F16, n, 1, 1, 1);
         // the calibrated k (k = 0): a node with its coverage target and per-row cap, as the graph hook makes it
         const int32_t kk = p->k > 0 ? p->k : std::max<int32_t>(1, p->k_min);
-        const int32_t r = p->r > 0 ? std::min<int32_t>(p->r, (int32_t) d) : std::max<int32_t>(1, (int32_t) d / 4);
+        const int32_t r = p->r > 0 ? std::min<int32_t>(p->r, (int32_t) d) : sparq_default_r(d, p->kt_bits);
         ggml_tensor * op = ggml_sparq_attn(c, q, k, kt, v, vs, vc, mk, r, kk, std::min(std::max(p->l, 0), kk), 1.0f);
         if (!types) {
             ggml_sparq_attn_set_selector(op, p->selector, p->gqa == LLAMA_SPARQ_GQA_PER_HEAD ? GGML_SPARQ_FLAG_PER_HEAD : 0);

@@ -364,6 +364,13 @@ inline void sparq_kt_put(uint8_t * row, ggml_type t, size_t o, float x) {
     }
 }
 
+// r's default for head size d: d / 4 with a 16-bit K^T; 5 d / 16 (rounded) with an 8-bit one, whose
+// step 1 then kept the approximate top-k's recall of f16 at d / 4 on SmolLM2 (the rounding to e5m2
+// costs what the extra components give back) for 5/8 of its bytes (bench/coverage.py --kt-formats)
+inline int32_t sparq_default_r(int64_t d, int32_t kt_bits) {
+    return (int32_t) std::max<int64_t>(1, kt_bits == 8 ? (5 * d + 8) / 16 : d / 4);
+}
+
 // K^T's type for a K cache of type k with kt_bits bits: e5m2 in i8 for 8, else the cache's (f16 for
 // a quantized cache: its keys dequantized)
 inline ggml_type sparq_kt_type(ggml_type k, int32_t kt_bits) {

@@ -36,7 +36,7 @@ GGML_MAX_DIMS = 4
 GGML_MAX_SRC = 10
 GGML_MAX_OP_PARAMS = 64
 GGML_MAX_NAME = 64
-GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_Q8_0, GGML_TYPE_I32 = 0, 1, 8, 26
+GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_Q8_0, GGML_TYPE_I8, GGML_TYPE_I32 = 0, 1, 8, 24, 26
 
 
 class ggml_tensor(ctypes.Structure):
@@ -73,10 +73,19 @@ _Q8_0 = np.dtype([("d", "<f2"), ("qs", "i1", (32,))])
 
 def tensor_to_numpy(t: ggml_tensor) -> np.ndarray:
     """A copy of a host tensor as a NumPy array of shape ne[::-1] (f32, f16 or i32; a q8_0 tensor's
-    values dequantized to f32, as the cache holds them)."""
+    values dequantized to f32, as the cache holds them; an i8 one, which among the op's sources is
+    only an 8-bit K^T, read as e5m2: each byte the upper byte of an f16)."""
+    if t.type == GGML_TYPE_I8:
+        ne = [int(t.ne[i]) for i in range(GGML_MAX_DIMS)]
+        nb = [int(t.nb[i]) for i in range(GGML_MAX_DIMS)]
+        if not t.data:
+            raise ValueError(f"capture: tensor {t.name.decode()} has no host data")
+        b = _host_copy(t.data, np.uint8, ne[::-1], nb[::-1])
+        return (b.astype(np.uint16) << 8).view(np.float16)
     dt = _Q8_0 if t.type == GGML_TYPE_Q8_0 else _DTYPES.get(t.type)
     if dt is None:
-        raise ValueError(f"capture: tensor {t.name.decode()} has ggml type {t.type}; f32, f16, q8_0 or i32 expected")
+        raise ValueError(f"capture: tensor {t.name.decode()} has ggml type {t.type}; f32, f16, q8_0, i8 (e5m2) "
+                         "or i32 expected")
     if not t.data:
         raise ValueError(f"capture: tensor {t.name.decode()} has no host data")
     ne = [int(t.ne[i]) for i in range(GGML_MAX_DIMS)]
@@ -139,6 +148,8 @@ class Capture:
             for i, key in enumerate(_OP_SRC):
                 s = t.src[i]
                 call[key] = tensor_to_numpy(s.contents) if s else None
+            # K^T's width (sparq_kt_bits): an i8 K^T holds e5m2, which the reference rounds alike
+            call["kt_bits"] = 8 if t.src[2] and t.src[2].contents.type == GGML_TYPE_I8 else 16
             if call["op_params"][4] == 3:  # GGML_SPARQ_SEL_H2O: the q_sel slot holds the scores
                 call["h2o"], call["q_sel"] = call["q_sel"], None
                 call["h2o_before"] = self._before.pop(("h2o", call["layer"]), None)

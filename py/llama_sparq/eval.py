@@ -28,7 +28,7 @@ run checks that its prompt is the one prefilled). A sample scores the share of i
 values that appear in the answer (1 or 0 for single needles).
 
 Variants (``--variants``): ``dense``; ``default`` (the library's default settings, whatever
-compression they give); ``default_kt8`` (the same with K^T in 8 bits, ``sparq_kt_bits = 8``); ``sparq`` (the paper: group-shared choice, mean-V on);
+compression they give); ``default_kt16`` (the same with K^T in 16 bits, ``sparq_kt_bits = 16``, and r's default for it); ``sparq`` (the paper: group-shared choice, mean-V on);
 ``sparq_nomv`` (mean-V off); ``sparq_perhead`` (each query head chooses, the group attends
 over the union, at the same number of rows read); ``scaled*`` (step 1 ranks components by
 |q| times the keys' RMS along them, calibrated on the prompt's keys); ``pca`` (the same in
@@ -70,10 +70,10 @@ from ._eval_tasks import (  # noqa: F401  (re-exported: tests and bench import t
     CHAT_TASKS, KEY_WORDS, NOISE, PASSKEY_HEAD, PASSKEY_TAIL, RAW_TASKS, STORY_WORDS, TASK_GROUPS, TASKS,
     make_sample, passkey_needle, passkey_text)
 
-VARIANTS = ("dense", "default", "default_kt8", "sparq", "sparq_nomv", "sparq_perhead", "scaled", "scaled_nomv", "scaled_perhead", "pca",
+VARIANTS = ("dense", "default", "default_kt16", "sparq", "sparq_nomv", "sparq_perhead", "scaled", "scaled_nomv", "scaled_perhead", "pca",
             "oracle", "oracle_perhead", "streaming", "h2o", "index", "index_perhead")
 # variants at their own settings, not at a compression target
-FIXED_VARIANTS = ("dense", "default", "default_kt8")
+FIXED_VARIANTS = ("dense", "default", "default_kt16")
 
 
 def variant_settings(name, comp, d, g, S=None, k=128):
@@ -81,16 +81,16 @@ def variant_settings(name, comp, d, g, S=None, k=128):
     sizes the baselines' k; ``k`` is the budget of the SparQ variants (l = k / 4)."""
     if name == "dense":
         return None
-    if name in ("default", "default_kt8"):
-        from . import _sparq
+    if name in ("default", "default_kt16"):
+        from . import _sparq, cost
 
-        # every default (the calibrated k: sparq_k = 0), on every decode step; default_kt8 with
-        # K^T in 8 bits (e5m2)
+        # every default (the calibrated k: sparq_k = 0), on every decode step; default_kt16 with
+        # K^T in 16 bits
         p = _sparq.default_params()
         s = {f"sparq_{f}": v for f, v in p.items() if f != "enabled"}
-        s.update(sparq_r=p["r"] or max(1, d // 4), sparq_min_kv=0)
-        if name == "default_kt8":
-            s.update(sparq_kt_bits=8)
+        if name == "default_kt16":
+            s.update(sparq_kt_bits=16)
+        s.update(sparq_r=p["r"] or cost.default_r(d, s["sparq_kt_bits"]), sparq_min_kv=0)
         return s
     l = k // 4
     r = max(1, min(d, int(round(2 * d / comp))))

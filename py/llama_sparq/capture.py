@@ -75,14 +75,7 @@ def tensor_to_numpy(t: ggml_tensor) -> np.ndarray:
     """A copy of a host tensor as a NumPy array of shape ne[::-1] (f32, f16 or i32; a q8_0 tensor's
     values dequantized to f32, as the cache holds them; an i8 one, which among the op's sources is
     only an 8-bit K^T, read as e5m2: each byte the upper byte of an f16)."""
-    if t.type == GGML_TYPE_I8:
-        ne = [int(t.ne[i]) for i in range(GGML_MAX_DIMS)]
-        nb = [int(t.nb[i]) for i in range(GGML_MAX_DIMS)]
-        if not t.data:
-            raise ValueError(f"capture: tensor {t.name.decode()} has no host data")
-        b = _host_copy(t.data, np.uint8, ne[::-1], nb[::-1])
-        return (b.astype(np.uint16) << 8).view(np.float16)
-    dt = _Q8_0 if t.type == GGML_TYPE_Q8_0 else _DTYPES.get(t.type)
+    dt = _Q8_0 if t.type == GGML_TYPE_Q8_0 else np.uint8 if t.type == GGML_TYPE_I8 else _DTYPES.get(t.type)
     if dt is None:
         raise ValueError(f"capture: tensor {t.name.decode()} has ggml type {t.type}; f32, f16, q8_0, i8 (e5m2) "
                          "or i32 expected")
@@ -90,6 +83,9 @@ def tensor_to_numpy(t: ggml_tensor) -> np.ndarray:
         raise ValueError(f"capture: tensor {t.name.decode()} has no host data")
     ne = [int(t.ne[i]) for i in range(GGML_MAX_DIMS)]
     nb = [int(t.nb[i]) for i in range(GGML_MAX_DIMS)]
+    if dt is np.uint8:
+        b = _host_copy(t.data, np.uint8, ne[::-1], nb[::-1])
+        return (b.astype(np.uint16) << 8).view(np.float16)
     if dt is _Q8_0:
         # rows of blocks: ne[0] / 32 blocks of nb[0] = 34 bytes each
         blocks = _host_copy(t.data, dt, [ne[3], ne[2], ne[1], ne[0] // 32], nb[::-1])

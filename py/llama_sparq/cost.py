@@ -54,10 +54,10 @@ def _kv_type(kv_type, kt_bits=16):
     return type_id, b_kv, 1.0 if kt_bits == 8 else b_t
 
 
-def default_r(d, kt_bits=16):
-    """r when it is not given (sparq_r = 0), as the fork resolves it (``sparq_default_r``): d / 4
-    with a 16-bit K^T, 5 d / 16 (rounded) with an 8-bit one, which kept the approximate top-k's
-    recall of f16 at d / 4 for 5/8 of its bytes."""
+def default_r(d, kt_bits):
+    """r when it is not given (sparq_r = 0), as the fork resolves it (``sparq_default_r``) for K^T
+    of ``kt_bits`` (the fork's default 8): 5 d / 16 (rounded) with an 8-bit K^T, which kept the
+    approximate top-k's recall of f16 at d / 4 for 5/8 of its bytes, d / 4 with a 16-bit one."""
     _int_param("d", d, 1)
     _kv_type("f16", kt_bits)
     return max(1, (5 * d + 8) // 16 if kt_bits == 8 else d // 4)

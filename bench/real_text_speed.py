@@ -19,9 +19,10 @@ share of it (speed-up over that dense path / bound).
 The modes, per K/V cache type of ``--cache-types`` (f16, q8_0; one context each, prefilled once):
 SparQ's defaults, and the dense paths of ``--dense``: ``fa1`` upstream's flash attention on the
 same context (the cache layout SparQ uses), ``fa0`` upstream's other dense path (a context of its
-own, V transposed; not for a quantized V, which needs flash attention). ``--kt-bits 16,8`` adds
-SparQ with an 8-bit K^T (``sparq_kt_bits=8``, mode ``sparq_<type>_kt8``) on the same context. Each
-SparQ mode is compared with every dense mode and with the fastest of them.
+own, V transposed; not for a quantized V, which needs flash attention). ``--kt-bits 16,8`` times
+SparQ with each K^T width (``sparq_kt_bits``; 8, the default, is mode ``sparq_<type>_kt8``, 16 mode
+``sparq_<type>``) on the same context. Each SparQ mode is compared with every dense mode and with
+the fastest of them.
 
     python bench/real_text_speed.py --model gemma3 --tokens 32000 --tag real_text_gemma3_32k
     python bench/real_text_speed.py --model smollm2 --tokens 8000 --cache-types f16,q8_0 --dense fa1,fa0 \
@@ -52,7 +53,7 @@ def python_docs() -> str:
     return "\n\n".join(topics[k] for k in sorted(topics))
 
 
-def decode(llm, state, toks, n_gen, sparq, kt_bits=16):
+def decode(llm, state, toks, n_gen, sparq, kt_bits=8):
     llm.load_state(state)
     llm.set_sparq(sparq=sparq, **({"sparq_kt_bits": kt_bits} if sparq else {}))
     llm.reset_sparq_stats()
@@ -86,7 +87,7 @@ def amdahl_bound(t0, tS, c):
     return tS / (t0 + c * max(0.0, tS - t0))
 
 
-def dense_modes(cache_types, dense, kt_bits=(16,)):
+def dense_modes(cache_types, dense, kt_bits=(8,)):
     """The modes to time: (name, cache type, flash attention, sparq, K^T bits) per cache type, dense
     first, then SparQ per K^T width (an 8-bit K^T: `_kt8`)."""
     modes = []
@@ -121,8 +122,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cache-types", default="f16", help="K/V cache types, comma list of f16, q8_0 (default f16)")
     ap.add_argument("--dense", default="fa1", help="dense paths, comma list of fa1 (flash attention, the "
                     "layout SparQ uses), fa0 (upstream's other path; f16 only) (default fa1)")
-    ap.add_argument("--kt-bits", default="16", help="SparQ's K^T widths, comma list of 16, 8 (sparq_kt_bits; "
-                    "default 16)")
+    ap.add_argument("--kt-bits", default="8", help="SparQ's K^T widths, comma list of 16, 8 (sparq_kt_bits; "
+                    "default 8, the fork's default)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tag", required=True)
     ap.add_argument("--out-dir", type=Path, default=RESULTS)
@@ -237,7 +238,7 @@ def main(argv=None) -> int:
     rows = []
     for name, ct, fa, sparq, bits in modes:
         c = res["counters"].get(name)
-        rows.append([name, ct, f"-fa {int(fa)}", ("SparQ defaults" + (", 8-bit K^T" if bits == 8 else "")) if sparq
+        rows.append([name, ct, f"-fa {int(fa)}", ("SparQ defaults" + (", 8-bit K^T" if bits == 8 else ", 16-bit K^T")) if sparq
                      else "dense",
                      f"{med[name]:.2f} ({', '.join(map(str, runs[name]))})", f"{med[name] / med[fastest]:.2f}x",
                      "" if not c else str(c["sparq_calls"]),

@@ -414,11 +414,9 @@ static void sparq_decide_sparq(sparq_attn_build & b, const ggml_tensor * k, cons
     c.d = d;
     c.bk = sparq_elem_bytes(k->type);
     c.bv = sparq_elem_bytes(v->type);
-    // K^T's element; the baselines and the index read no K^T, and their r term (H2O's scores, the
-    // list ids) counts f16 elements, whatever K^T's width
-    c.bt = b.streaming || b.h2o || b.index ? 2 : sparq_elem_bytes(b.L.data.kt->type);
+    c.bt = sparq_elem_bytes(b.L.data.kt->type);
     if (b.streaming || b.h2o) {
-        c.r = b.h2o ? 2 : 0;
+        c.rs = b.h2o ? 2 : 0;
         c.extra = -2 * d;
         sparq_decide(b.inp, b.il, -1, kk, kk, c);
     } else if (b.index) {
@@ -430,7 +428,7 @@ static void sparq_decide_sparq(sparq_attn_build & b, const ggml_tensor * k, cons
         // (the op reports the rows it read; once that step has run the counters replace the estimate
         // by them: sparq_count_index_reads)
         const int C = b.S.index.n_list, np = std::min(b.per_head ? g_size * P.index_probe : P.index_probe, C);
-        c.r = 2;                                     // the list ids
+        c.rs = 2;                                    // the list ids
         c.rk = (int) (((int64_t) d * np + C / 2) / C); // the probed keys, K rows
         c.extra = 2 * C * d - 2 * d;
         sparq_decide(b.inp, b.il, -1, kk, b.per_head ? g_size * (kk - l) + l : kk, c);

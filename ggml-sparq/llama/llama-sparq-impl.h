@@ -132,7 +132,8 @@ constexpr float SPARQ_REPORT_TAKEN = -2.0f;
 // that with f16 everywhere the ratio is the ratio of elements moved.
 struct sparq_cost {
     double d = 0.0;     // head size
-    double r = 0.0;     // per cell: K^T elements read (steps 1-2), or the selector's per-cell data (2-byte units)
+    double r = 0.0;     // per cell: K^T elements read (steps 1-2), at bt bytes
+    double rs = 0.0;    // per cell: the selector's own data (H2O's scores, the index's list ids), 2-byte units
     double rk = 0.0;    // per cell: K-row elements read to choose (the index's probed keys, estimated)
     double extra = 0.0; // other elements per KV head, 2-byte units (the PCA rotation, the index's centroids)
     double bk = 2.0, bv = 2.0, bt = 2.0; // bytes per element of K, V and K^T
@@ -140,7 +141,8 @@ struct sparq_cost {
     double dense(double n_cells) const { return (n_cells + 1.0) * d * (bk + bv); }
     // the selection's reads, `rows` rows of K and of V, the new k and v written, vbar read and written
     double sparq(double n_cells, double rows) const {
-        return n_cells * (r * bt + rk * bk) + (std::min(rows, n_cells) + 1.0) * d * (bk + bv) + 2.0 * (2.0 * d + extra);
+        return n_cells * (r * bt + 2.0 * rs + rk * bk) + (std::min(rows, n_cells) + 1.0) * d * (bk + bv) +
+               2.0 * (2.0 * d + extra);
     }
 };
 

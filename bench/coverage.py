@@ -171,18 +171,20 @@ def int8_blocks(K, block=32):
     pad = (-S) % block
     Kp = np.concatenate([K, np.zeros((pad,) + K.shape[1:], K.dtype)]) if pad else K
     B = Kp.reshape(-1, block, *K.shape[1:]).astype(np.float64)
-    scale = np.abs(B).max(axis=1, keepdims=True) / 127.0
-    scale = fp8_round(scale, 10, -14, 65504.0)            # the scale itself stored in f16
-    q = np.where(scale > 0, np.round(B / np.where(scale > 0, scale, 1.0)), 0.0)
-    return (q * scale).reshape(Kp.shape)[:S]
+    return int8_absmax(B, axis=1).reshape(Kp.shape)[:S]
 
 
 def int8_cells(K):
-    """K (S, hkv, d) as int8 per cell and KV head (the key's own absmax over its d components, the
-    scale in f16): an append would quantize one key alone, with no block to redo."""
-    K = K.astype(np.float64)
-    scale = fp8_round(np.abs(K).max(axis=-1, keepdims=True) / 127.0, 10, -14, 65504.0)
-    q = np.where(scale > 0, np.round(K / np.where(scale > 0, scale, 1.0)), 0.0)
+    """K (S, hkv, d) as int8 per cell and KV head (the key's own absmax over its d components): an
+    append would quantize one key alone, with no block to redo."""
+    return int8_absmax(K.astype(np.float64), axis=-1)
+
+
+def int8_absmax(x, axis):
+    """x as int8 values times a scale per slice along ``axis`` (its absmax / 127, the scale itself
+    stored in f16)."""
+    scale = fp8_round(np.abs(x).max(axis=axis, keepdims=True) / 127.0, 10, -14, 65504.0)
+    q = np.where(scale > 0, np.round(x / np.where(scale > 0, scale, 1.0)), 0.0)
     return q * scale
 
 

@@ -114,13 +114,16 @@ def run_checked(cmd, what):
 
 
 def op_bench_times(exe, *, S, batch, heads, head_kv, d, r, k, l, threads, reps, warmup=2, ops=("dense", "sparq"),
-                   timeout=None) -> dict:
+                   timeout=None, kt_bits=16) -> dict:
     """One run of the native sparq-op-bench (bench/native/sparq-op-bench.cpp): {op: [us per rep]}
-    for each of ops, timed in one process on the same random f16 cache. The op is a graph node
-    of its own there (GGML_OP_SPARQ_ATTN), so no llama counters exist: the op is what runs."""
+    for each of ops, timed in one process on the same random f16 cache (K^T in f16, or e5m2 with
+    kt_bits 8). The op is a graph node of its own there (GGML_OP_SPARQ_ATTN), so no llama
+    counters exist: the op is what runs."""
     cmd = [str(exe), "--S", str(S), "--batch", str(batch), "--heads", str(heads), "--head-kv", str(head_kv),
            "--d", str(d), "--r", str(r), "--k", str(k), "--l", str(l), "--threads", str(threads),
            "--reps", str(reps), "--warmup", str(warmup), "--ops", ",".join(ops)]
+    if kt_bits != 16:  # builds before the flag took only f16
+        cmd += ["--kt-bits", str(kt_bits)]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:

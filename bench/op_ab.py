@@ -8,7 +8,8 @@ timing the op of the build before it (``--before``: a folder holding that build'
 before then after in even rounds and after then before in odd ones (the first of two runs
 tends to be slower here), so slow drifts of a shared 2-core machine hit both alike. Each run times
 ``--reps`` repetitions of SparQ alone (bench/native/sparq-op-bench.cpp, Llama 2 7B attention
-shapes: 32 heads of 128, MHA, f16 cache, one decode row, r/k/l as given).
+shapes by default: 32 heads of 128, MHA, f16 cache and K^T, one decode row, r/k/l as given;
+``--heads/--head-kv/--d`` for another layer's shape, ``--kt-bits 8`` for the 8-bit K^T).
 
 Writes <tag>.json and <tag>.md into --out-dir (default bench/results): per point the median
 over rounds of each round's median, the ratio after/before, and the spread of the ratio over
@@ -31,8 +32,8 @@ from benchlib import RESULTS, loadavg, md_bullets, md_table, op_bench_times, out
 
 def time_op(exe: Path, S: int, args) -> float:
     """Median us of one sparq-op-bench run of the SparQ op alone."""
-    times = op_bench_times(exe, S=S, batch=1, heads=32, head_kv=32, d=128, r=args.r, k=args.k, l=args.k // 4,
-                           threads=args.threads, reps=args.reps, ops=("sparq",))
+    times = op_bench_times(exe, S=S, batch=1, heads=args.heads, head_kv=args.head_kv, d=args.d, r=args.r, k=args.k,
+                           l=args.k // 4, threads=args.threads, reps=args.reps, ops=("sparq",), kt_bits=args.kt_bits)
     return st.median(times["sparq"])
 
 
@@ -45,6 +46,10 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=20, help="timed repetitions per run (default 20)")
     ap.add_argument("--r", type=int, default=32)
     ap.add_argument("--k", type=int, default=128)
+    ap.add_argument("--heads", type=int, default=32, help="query heads (default 32)")
+    ap.add_argument("--head-kv", type=int, default=32, help="KV heads (default 32)")
+    ap.add_argument("--d", type=int, default=128, help="head size (default 128)")
+    ap.add_argument("--kt-bits", type=int, default=16, choices=(16, 8), help="K^T width (default 16)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out-dir", type=Path, default=RESULTS)
     ap.add_argument("--tag", default="op_ab")
@@ -75,8 +80,9 @@ def main(argv=None) -> int:
                      "ratio": st.median(a) / st.median(b), "ratio_min": min(ratios), "ratio_max": max(ratios),
                      "before_runs_us": b, "after_runs_us": a})
     meta = {**run_meta(args.threads, load0), "before": str(exes["before"]), "after": str(exes["after"]),
-            "sparq": f"r={args.r}, k={args.k}, l={args.k // 4}, d=128, 32 heads (MHA), batch 1, f16 cache; "
-                     f"compression r/2d + k/S asymptotically ({args.r / 256:.3f} + k/S)",
+            "sparq": f"r={args.r}, k={args.k}, l={args.k // 4}, d={args.d}, {args.heads} heads on {args.head_kv} KV "
+                     f"heads, batch 1, f16 cache, {args.kt_bits}-bit K^T; compression (kt_bits / 16) r/2d + k/S asymptotically "
+                     f"({args.r * args.kt_bits / 16 / (2 * args.d):.3f} + k/S)",
             "counters": "none: sparq-op-bench computes a graph of the GGML_OP_SPARQ_ATTN node alone (no llama "
                         "context), so the SparQ op is what each timing measures",
             "method": f"{args.rounds} rounds; per round and S: before then after (odd rounds: after then before), {args.reps} reps each, median; "

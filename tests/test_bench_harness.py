@@ -182,3 +182,20 @@ def test_decode_ab_refuses_a_folder_without_a_build(tmp_path):
     p = subprocess.run([sys.executable, str(REPO / "bench" / "decode_ab.py"), "--before", str(tmp_path)],
                        capture_output=True, text=True, cwd=REPO)
     assert p.returncode == 2 and "--before" in p.stderr and "libllama.so" in p.stderr
+
+
+def test_op_ab_times_a_layer_shape_and_the_8bit_kt(tmp_path):
+    from llama_sparq import lib_dir
+
+    harness("op_ab.py", "--before", lib_dir(), "--sizes", "700", "--heads", "6", "--head-kv", "2", "--d", "32",
+            "--r", "8", "--k", "64", "--kt-bits", "8", "--rounds", "2", "--reps", "2", "--out-dir", tmp_path,
+            "--tag", "ab")
+    doc = json.loads((tmp_path / "ab.json").read_text())
+    assert [r["S"] for r in doc["rows"]] == [700] and doc["rows"][0]["after_us"] > 0
+    assert "6 heads on 2 KV heads" in doc["meta"]["sparq"] and "8-bit K^T" in doc["meta"]["sparq"]
+    exe = str(tool_path("sparq-op-bench"))
+    p = subprocess.run([exe, "--S", "300", "--d", "32", "--heads", "2", "--head-kv", "2", "--r", "8", "--k", "16",
+                        "--l", "4", "--reps", "1", "--kt-bits", "8", "--ops", "sparq"], capture_output=True, text=True)
+    assert p.returncode == 0 and json.loads(p.stdout)["kt_bits"] == 8, p.stderr
+    p = subprocess.run([exe, "--kt-bits", "4"], capture_output=True, text=True)
+    assert p.returncode == 2 and "kt-bits 16 or 8" in p.stderr

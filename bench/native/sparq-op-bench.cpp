@@ -2,7 +2,7 @@
 // the same f16 K and V, on ggml's CPU backend (driven by bench/op_bench.py).
 //
 //   sparq-op-bench --S N --batch B --heads H --head-kv HKV --d D --r R --k K --l L
-//                  --threads T --reps N [--warmup N] [--ops dense,sparq]
+//                  --threads T --reps N [--warmup N] [--ops dense,sparq] [--kt-bits 16|8]
 //
 // Prints one JSON object per op: {"op": ..., "S": ..., ..., "times_us": [...]}.
 // The cache is filled with random f16 values; each sequence has S valid cells.
@@ -11,6 +11,7 @@
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
+#include "ggml-sparq-e5m2.h"
 
 #include <algorithm>
 #include <chrono>
@@ -24,7 +25,7 @@
 
 struct opts {
     int S = 4096, batch = 1, heads = 32, head_kv = 32, d = 128, r = 32, k = 128, l = 32, threads = 2, reps = 10,
-        warmup = 2;
+        warmup = 2, kt_bits = 16;
     std::string ops = "dense,sparq";
 };
 
@@ -53,12 +54,14 @@ static opts parse(int argc, char ** argv) {
         else if (a == "--reps") o.reps = atoi(v);
         else if (a == "--warmup") o.warmup = atoi(v);
         else if (a == "--ops") o.ops = v;
+        else if (a == "--kt-bits") o.kt_bits = atoi(v);
         else usage(("unknown argument " + a).c_str());
     }
     if (o.S < 1 || o.batch < 1 || o.heads < 1 || o.head_kv < 1 || o.heads % o.head_kv || o.d < 1 || o.r < 1 ||
-        o.r > o.d || o.k < 1 || o.l < 0 || o.l > o.k || o.threads < 1 || o.reps < 1) {
+        o.r > o.d || o.k < 1 || o.l < 0 || o.l > o.k || o.threads < 1 || o.reps < 1 ||
+        (o.kt_bits != 16 && o.kt_bits != 8)) {
         usage("invalid parameters (need S, batch, heads, d, k, threads, reps >= 1; heads % head-kv == 0; "
-              "1 <= r <= d; 0 <= l <= k)");
+              "1 <= r <= d; 0 <= l <= k; kt-bits 16 or 8)");
     }
     return o;
 }
@@ -85,7 +88,8 @@ int main(int argc, char ** argv) {
     ggml_tensor * q    = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, d, 1, H, B);
     ggml_tensor * K    = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, d, S, HKV, B);
     ggml_tensor * V    = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, d, S, HKV, B);
-    ggml_tensor * KT   = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, S, d, HKV, B);
+    // K^T in f16, or in e5m2 bytes (an i8 tensor) for the 8-bit K^T
+    ggml_tensor * KT   = ggml_new_tensor_4d(ctx, o.kt_bits == 8 ? GGML_TYPE_I8 : GGML_TYPE_F16, S, d, HKV, B);
     ggml_tensor * mask = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, S, 1, 1, B);
     ggml_tensor * vs   = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, d, HKV, B);
     ggml_tensor * vc   = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, B);
@@ -114,14 +118,18 @@ int main(int argc, char ** argv) {
     // K^T from K
     {
         const ggml_fp16_t * k = (const ggml_fp16_t *) K->data;
-        ggml_fp16_t * kt = (ggml_fp16_t *) KT->data;
         for (int b = 0; b < B; ++b) {
             for (int h = 0; h < HKV; ++h) {
-                const ggml_fp16_t * kb = k + ((size_t) b * HKV + h) * S * d;
-                ggml_fp16_t * tb = kt + ((size_t) b * HKV + h) * S * d;
+                const size_t o0 = ((size_t) b * HKV + h) * S * d;
+                const ggml_fp16_t * kb = k + o0;
                 for (int i = 0; i < S; ++i) {
                     for (int j = 0; j < d; ++j) {
-                        tb[(size_t) j * S + i] = kb[(size_t) i * d + j];
+                        const ggml_fp16_t x = kb[(size_t) i * d + j];
+                        if (o.kt_bits == 8) {
+                            ((uint8_t *) KT->data)[o0 + (size_t) j * S + i] = ggml_sparq_f16_to_e5m2(x);
+                        } else {
+                            ((ggml_fp16_t *) KT->data)[o0 + (size_t) j * S + i] = x;
+                        }
                     }
                 }
             }
@@ -154,8 +162,8 @@ int main(int argc, char ** argv) {
             }
         }
         printf("{\"op\": \"%s\", \"S\": %d, \"batch\": %d, \"heads\": %d, \"head_kv\": %d, \"d\": %d, \"r\": %d, "
-               "\"k\": %d, \"l\": %d, \"threads\": %d, \"times_us\": [",
-               name, S, B, H, HKV, d, o.r, o.k, o.l, o.threads);
+               "\"k\": %d, \"l\": %d, \"threads\": %d, \"kt_bits\": %d, \"times_us\": [",
+               name, S, B, H, HKV, d, o.r, o.k, o.l, o.threads, o.kt_bits);
         for (size_t i = 0; i < times.size(); ++i) {
             printf("%s%.2f", i ? ", " : "", times[i]);
         }

@@ -54,6 +54,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out-dir", type=Path, default=RESULTS)
     ap.add_argument("--tag", default="op_ab")
     args = ap.parse_args(argv)
+    if min(args.heads, args.head_kv, args.d, args.r) < 1 or args.heads % args.head_kv or args.r > args.d:
+        ap.error("--heads must be a multiple of --head-kv, and 1 <= --r <= --d (all >= 1)")
     if args.after is None:
         from llama_sparq import tool_path
 

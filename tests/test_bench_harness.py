@@ -199,3 +199,6 @@ def test_op_ab_times_a_layer_shape_and_the_8bit_kt(tmp_path):
     assert p.returncode == 0 and json.loads(p.stdout)["kt_bits"] == 8, p.stderr
     p = subprocess.run([exe, "--kt-bits", "4"], capture_output=True, text=True)
     assert p.returncode == 2 and "kt-bits 16 or 8" in p.stderr
+    p = subprocess.run([sys.executable, str(REPO / "bench" / "op_ab.py"), "--before", str(tmp_path), "--heads", "9",
+                        "--head-kv", "2"], capture_output=True, text=True, cwd=REPO)
+    assert p.returncode == 2 and "--heads must be a multiple of --head-kv" in p.stderr

@@ -71,7 +71,7 @@ layout make_layout(const sparq_args * a, int nth) {
     L.t_blk   = t; t += align_up((size_t) L.group_size * L.block_cells * sizeof(float));
     // the chunk's keys (the index searching per query head: one row of keys per head)
     L.t_ck    = t; t += align_up((size_t) L.chunk_max * (a->selector == SPARQ_SEL_INDEX ? L.ph : 1) * sizeof(float));
-    L.t_idx   = t; t += align_up((size_t) L.chunk_max * sizeof(int32_t));
+    L.t_idx   = t; t += align_up((size_t) (L.chunk_max + 16) * sizeof(int32_t)); // filter_gt stores whole vectors
     L.t_gm    = t; t += align_up((size_t) (L.chunk_max + 2) * sizeof(float));
     L.t_big   = t; t += align_up((size_t) L.chunk_max * sizeof(cand));
     L.t_merge = t; t += align_up(((size_t) L.n_chunks * L.chunk_cap + k_rank(a) + 1) * sizeof(cand));

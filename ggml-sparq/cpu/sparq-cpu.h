@@ -79,7 +79,8 @@ struct sparq_isa {
                             int n_sel, int dv);
     void (*gather_axpy_f32)(float * y, const void * base, size_t stride, const int32_t * idx, const float * p,
                             int n_sel, int dv);
-    // indices i < n with x[i] > t, ascending, into idx; returns their number
+    // indices i < n with x[i] > t, ascending, into idx; returns their number. idx needs 16
+    // entries of room past the count (whole vectors are stored)
     int (*filter_gt)(const float * x, int n, float t, int32_t * idx);
     // The index selector's gather: the cells base + i (i < n, ascending) whose list id ids[i] (an
     // integer in f32) names a list with flag[id] != 0, into idx; returns their number. It stops at

@@ -53,7 +53,7 @@ def python_docs() -> str:
     return "\n\n".join(topics[k] for k in sorted(topics))
 
 
-def decode(llm, state, toks, n_gen, sparq, kt_bits=8):
+def decode(llm, state, toks, n_gen, sparq, kt_bits):
     llm.load_state(state)
     llm.set_sparq(sparq=sparq, **({"sparq_kt_bits": kt_bits} if sparq else {}))
     llm.reset_sparq_stats()
@@ -87,7 +87,7 @@ def amdahl_bound(t0, tS, c):
     return tS / (t0 + c * max(0.0, tS - t0))
 
 
-def dense_modes(cache_types, dense, kt_bits=(8,)):
+def dense_modes(cache_types, dense, kt_bits):
     """The modes to time: (name, cache type, flash attention, sparq, K^T bits) per cache type, dense
     first, then SparQ per K^T width (an 8-bit K^T: `_kt8`)."""
     modes = []
@@ -122,8 +122,11 @@ def main(argv=None) -> int:
     ap.add_argument("--cache-types", default="f16", help="K/V cache types, comma list of f16, q8_0 (default f16)")
     ap.add_argument("--dense", default="fa1", help="dense paths, comma list of fa1 (flash attention, the "
                     "layout SparQ uses), fa0 (upstream's other path; f16 only) (default fa1)")
-    ap.add_argument("--kt-bits", default="8", help="SparQ's K^T widths, comma list of 16, 8 (sparq_kt_bits; "
-                    "default 8, the fork's default)")
+    from llama_sparq import _sparq
+
+    kt_default = str(_sparq.default_params()["kt_bits"])
+    ap.add_argument("--kt-bits", default=kt_default, help="SparQ's K^T widths, comma list of 16, 8 (sparq_kt_bits; "
+                    f"default {kt_default}, the fork's default)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tag", required=True)
     ap.add_argument("--out-dir", type=Path, default=RESULTS)

@@ -145,7 +145,8 @@ class Capture:
                 s = t.src[i]
                 call[key] = tensor_to_numpy(s.contents) if s else None
             # K^T's width (sparq_kt_bits): an i8 K^T holds e5m2, which the reference rounds alike
-            call["kt_bits"] = 8 if t.src[2] and t.src[2].contents.type == GGML_TYPE_I8 else 16
+            kt = t.src[_OP_SRC.index("KT")]
+            call["kt_bits"] = 8 if kt and kt.contents.type == GGML_TYPE_I8 else 16
             if call["op_params"][4] == 3:  # GGML_SPARQ_SEL_H2O: the q_sel slot holds the scores
                 call["h2o"], call["q_sel"] = call["q_sel"], None
                 call["h2o_before"] = self._before.pop(("h2o", call["layer"]), None)

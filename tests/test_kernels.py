@@ -87,6 +87,18 @@ def test_list_gather_equals_its_reference(prog, isa):
 
 
 @pytest.mark.parametrize("isa", list(ISAS))
+def test_head_gathers_equal_one_head_at_a_time(prog, isa):
+    """The exact attention's g-head gathers (each K or V row read once for a KV head's query heads)
+    against the one-head gathers run per head: the same bits, over head counts, row lengths, f16
+    and f32 rows."""
+    if not ISAS[isa]:
+        pytest.skip(f"this CPU has no {isa}")
+    res = subprocess.run([str(prog), "heads-check", isa], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "cases equal to one head at a time" in res.stdout
+
+
+@pytest.mark.parametrize("isa", list(ISAS))
 @pytest.mark.parametrize("case", GRID, ids=lambda c: c.id)
 def test_kernel_isa(prog, tmp_path, isa, case):
     if not ISAS[isa]:
@@ -183,6 +195,13 @@ def neon_prog():
     srcs = kernel_sources("neon") + [ROOT / "tests" / "native" / "sparq-op-test.cpp"]
     exe = _build_standalone(BUILD / "aarch64" / "sparq-op-test", cxx, ["-march=armv8-a"], srcs, link=["-static"])
     return exe, qemu
+
+
+def test_neon_head_gathers(neon_prog):
+    exe, qemu = neon_prog
+    res = subprocess.run([qemu, str(exe), "heads-check", "neon"], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "cases equal to one head at a time" in res.stdout
 
 
 def test_neon_is_selected(neon_prog):

@@ -2,8 +2,10 @@
 // the same f16 K and V, on ggml's CPU backend (driven by bench/op_bench.py).
 //
 //   sparq-op-bench --S N --batch B --heads H --head-kv HKV --d D --r R --k K --l L
-//                  --threads T --reps N [--warmup N] [--ops dense,sparq] [--kt-bits 16|8]
+//                  --threads T --reps N [--warmup N] [--ops dense,sparq,sparq_all] [--kt-bits 16|8]
 //
+// Ops: dense (upstream's flash attention), sparq (the op), sparq_all (the op with every stream
+// marked dense: each row attends over every valid cell, as in a diffuse layer's dense stretch).
 // Prints one JSON object per op: {"op": ..., "S": ..., ..., "times_us": [...]}.
 // The cache is filled with random f16 values; each sequence has S valid cells.
 
@@ -63,6 +65,13 @@ static opts parse(int argc, char ** argv) {
         usage("invalid parameters (need S, batch, heads, d, k, threads, reps >= 1; heads % head-kv == 0; "
               "1 <= r <= d; 0 <= l <= k; kt-bits 16 or 8)");
     }
+    for (size_t b = 0, e; b <= o.ops.size(); b = e + 1) {
+        e = std::min(o.ops.find(',', b), o.ops.size());
+        const std::string op = o.ops.substr(b, e - b);
+        if (op != "dense" && op != "sparq" && op != "sparq_all") {
+            usage(("unknown op '" + op + "' in --ops (allowed: dense, sparq, sparq_all)").c_str());
+        }
+    }
     return o;
 }
 
@@ -81,7 +90,7 @@ int main(int argc, char ** argv) {
     ggml_backend_cpu_set_n_threads(be, o.threads);
 
     const int B = o.batch, S = o.S, H = o.heads, HKV = o.head_kv, d = o.d;
-    struct ggml_init_params ip = { 32 * ggml_tensor_overhead() + 2 * ggml_graph_overhead(), nullptr, true };
+    struct ggml_init_params ip = { 32 * ggml_tensor_overhead() + 4 * ggml_graph_overhead(), nullptr, true };
     ggml_context * ctx = ggml_init(ip);
 
     // decode: one query row per sequence, one stream per sequence (as llama.cpp's multi-stream KV)
@@ -93,11 +102,13 @@ int main(int argc, char ** argv) {
     ggml_tensor * mask = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, S, 1, 1, B);
     ggml_tensor * vs   = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, d, HKV, B);
     ggml_tensor * vc   = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, B);
+    ggml_tensor * vcd  = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, B); // negative counts: every stream dense
     const float scale = 1.0f / sqrtf((float) d);
 
     ggml_tensor * dense = ggml_flash_attn_ext(ctx, q, K, V, mask, scale, 0.0f, 0.0f);
     ggml_prec_set_acc(dense, GGML_PREC_F32);
     ggml_tensor * sparq = ggml_sparq_attn(ctx, q, K, KT, V, vs, vc, mask, o.r, o.k, o.l, scale);
+    ggml_tensor * sparq_all = ggml_sparq_attn(ctx, q, K, KT, V, vs, vcd, mask, o.r, o.k, o.l, scale);
 
     ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, be);
     if (!buf) {
@@ -141,13 +152,15 @@ int main(int argc, char ** argv) {
         memcpy(vs->data, s.data(), ggml_nbytes(vs));
         std::vector<float> c(B, (float) S);
         memcpy(vc->data, c.data(), ggml_nbytes(vc));
+        std::vector<float> cd(B, -(float) S);
+        memcpy(vcd->data, cd.data(), ggml_nbytes(vcd));
     }
 
-    for (const char * name : { "dense", "sparq" }) {
-        if (o.ops.find(name) == std::string::npos) {
+    for (const char * name : { "dense", "sparq", "sparq_all" }) {
+        if (("," + o.ops + ",").find("," + std::string(name) + ",") == std::string::npos) {
             continue;
         }
-        ggml_tensor * out = strcmp(name, "dense") == 0 ? dense : sparq;
+        ggml_tensor * out = strcmp(name, "dense") == 0 ? dense : strcmp(name, "sparq") == 0 ? sparq : sparq_all;
         ggml_cgraph * gf = ggml_new_graph(ctx);
         ggml_build_forward_expand(gf, out);
         std::vector<double> times;

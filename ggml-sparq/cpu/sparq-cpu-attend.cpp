@@ -1,7 +1,7 @@
 // llama-sparq: the last two phases of the CPU driver. phase_select, per unit: the final selection
 // (the chunks' candidates merged, plus the window), the mean of V and each head's alpha;
-// phase_attend, per (unit, query head), an equal share of them per thread: exact attention over
-// the unit's selection, the mean-value reallocation and the output. Rows of a stream marked dense,
+// phase_attend, per part of a unit (per (unit, query head) with H2O): exact attention over the
+// unit's selection, the mean-value reallocation and the output. Rows of a stream marked dense,
 // and diffuse heads under the calibrated k, attend over every valid cell.
 
 #include "sparq-cpu-phases.h"
@@ -148,6 +148,11 @@ static void sel_out_all(const ctx & C, int u) {
     }
 }
 
+// the parts of a unit's exact attention over n cells
+static int unit_parts(const ctx & C, int n) {
+    return std::max(1, std::min(C.L.parts_max, n / SPARQ_PART_MIN));
+}
+
 // unit u (wave slot w): its plan for phase_attend
 static void select_unit(const ctx & C, int u, int w, int ith) {
     const sparq_args * a = C.a;
@@ -166,6 +171,7 @@ static void select_unit(const ctx & C, int u, int w, int ith) {
     up->n_sel = 0;
     up->mean_v = 0;
     up->all_cells = 0;
+    up->n_parts = unit_parts(C, ri->n_valid);
     if (ri->dense_all) {
         up->all_cells = 1;
         if (report) {
@@ -193,6 +199,7 @@ static void select_unit(const ctx & C, int u, int w, int ith) {
         return;
     }
     up->n_sel = n_sel;
+    up->n_parts = unit_parts(C, n_sel);
     const bool mean_v = !dense && !a->no_mean_v;
     up->mean_v = mean_v;
     mean_of_v(C, R, C.unit_kvh(u), C.mask_row(R), mean_v, C.uvbar(w));
@@ -291,11 +298,212 @@ static void attend_head(const ctx & C, int u, int w, int hh, float * ex, float *
     }
 }
 
-// ----- phase_attend: per (unit, query head). The threads take the items in order from a shared
-// counter as they finish phase_select, each waiting only for its unit's plan: SmolLM2's 3 units
-// on 2 threads leave no thread idle while another selects its second unit. H2O keeps an equal
-// fixed share per thread: its weights are summed per thread, and a fixed split keeps their sums
-// (and so its later choices) the same from run to run. -----
+// ----- the exact attention by parts (every selector but H2O) -----
+
+// a part's softmax state: per head its largest logit M, its sum of exp P (relative to M), and its
+// output y (g rows of dv), unnormalised
+struct att_state {
+    float * M;
+    float * P;
+    float * y;
+    att_state(float * base, int g) : M(base), P(base + g), y(base + 2 * g) {}
+};
+
+// the logits of cells idx[0..n) for the g heads q[] into ex (row stride att_block)
+static void cell_logits(const ctx & C, const float * const * q, int st, int kvh, const int32_t * idx, int n, float * ex) {
+    const sparq_args * a = C.a;
+    const int g = C.L.group_size;
+    const int B = C.L.att_block;
+    if (a->K_type == SPARQ_F16) {
+        C.isa->gather_dot_g_f16(q, g, C.K_row(st, kvh, 0), a->K_nb1, idx, n, a->d, ex, B);
+    } else if (a->K_type == SPARQ_F32) {
+        C.isa->gather_dot_g_f32(q, g, C.K_row(st, kvh, 0), a->K_nb1, idx, n, a->d, ex, B);
+    } else {
+        for (int t = 0; t < n; ++t) {
+            const char * kr = C.K_row(st, kvh, idx[t]); // in L1 for the heads after the first
+            for (int hh = 0; hh < g; ++hh) {
+                ex[hh * B + t] = dot_row(C.isa, a->K_type, q[hh], kr, a->d);
+            }
+        }
+    }
+}
+
+// A selection's K and V rows are scattered: the logits are taken a few rows at a time while the
+// K and V rows SPARQ_PF_AHEAD further are asked for, so the memory's latency overlaps the work
+// (asking for a whole selection at once stalls once the core's outstanding misses are full).
+constexpr int SPARQ_PF_STEP  = 8;
+constexpr int SPARQ_PF_AHEAD = 24;
+
+// cells idx[0..n) (n <= att_block) of (stream st, KV head kvh) for the g heads q[]: their
+// logits (ex), the running softmax of each head, their V rows added by their weights (p). With
+// n_ahead > n the rows idx[n..n_ahead) follow (their K and V rows are prefetched on the way); 0: no
+// prefetch (rows in order, which the hardware's prefetcher follows)
+static void attend_cells(const ctx & C, const float * const * q, int st, int kvh, const float * m, const int32_t * idx,
+                         int n, int n_ahead, float * ex, float * p, att_state & S) {
+    const sparq_args * a = C.a;
+    const int g = C.L.group_size, dv = a->dv;
+    const int B = C.L.att_block;
+    if (n_ahead > 0) {
+        for (int t = 0; t < n; t += SPARQ_PF_STEP) {
+            const int f0 = t + SPARQ_PF_AHEAD, f1 = std::min(n_ahead, f0 + SPARQ_PF_STEP);
+            if (f0 < f1) {
+                prefetch_rows(C, st, kvh, idx + f0, f1 - f0);
+            }
+            cell_logits(C, q, st, kvh, idx + t, std::min(SPARQ_PF_STEP, n - t), ex + t);
+        }
+    } else {
+        cell_logits(C, q, st, kvh, idx, n, ex);
+    }
+    for (int hh = 0; hh < g; ++hh) {
+        float * eh = ex + hh * B;
+        float * ph = p + hh * B;
+        for (int t = 0; t < n; ++t) {
+            eh[t] = eh[t] * a->scale + (m ? m[idx[t]] : 0.0f);
+            ph[t] = 0.0f;
+        }
+        const float bm = C.isa->max(eh, n);
+        if (bm == -INFINITY) {
+            continue;
+        }
+        if (bm > S.M[hh]) {
+            // a larger maximum: what the head has so far, rescaled to it
+            const float f = S.M[hh] == -INFINITY ? 0.0f : expf(S.M[hh] - bm);
+            float * yh = S.y + (size_t) hh * dv;
+            for (int j = 0; j < dv; ++j) {
+                yh[j] *= f;
+            }
+            S.P[hh] *= f;
+            S.M[hh] = bm;
+        }
+        C.isa->exp_acc(eh, n, S.M[hh], 1.0f, ph);
+        float P = 0.0f;
+        for (int t = 0; t < n; ++t) {
+            P += ph[t];
+        }
+        S.P[hh] += P;
+    }
+    if (a->V_type == SPARQ_F16) {
+        C.isa->gather_axpy_g_f16(S.y, dv, g, C.V_row(st, kvh, 0), a->V_nb1, idx, p, B, n, dv);
+    } else if (a->V_type == SPARQ_F32) {
+        C.isa->gather_axpy_g_f32(S.y, dv, g, C.V_row(st, kvh, 0), a->V_nb1, idx, p, B, n, dv);
+    } else {
+        for (int t = 0; t < n; ++t) {
+            const char * vr = C.V_row(st, kvh, idx[t]);
+            for (int hh = 0; hh < g; ++hh) {
+                axpy_row(C.isa, a->V_type, S.y + (size_t) hh * dv, vr, p[hh * B + t], dv);
+            }
+        }
+    }
+}
+
+// the unit's output from its n_parts states (in their order, whichever thread combines them):
+// the parts' sums rescaled to the heads' largest logits, normalised, and mixed with the mean of V
+static void finish_unit(const ctx & C, int u, int w, int n_parts, float * own) {
+    const sparq_args * a = C.a;
+    const int g = C.L.group_size, dv = a->dv;
+    const unit_plan * up = C.uplan(w);
+    const int R = C.unit_row(u), kvh = C.unit_kvh(u);
+    const float * vbar = C.uvbar(w);
+    for (int hh = 0; hh < g; ++hh) {
+        float M = -INFINITY;
+        for (int pt = 0; pt < n_parts; ++pt) {
+            const att_state S(n_parts == 1 ? own : C.part_state(w, pt), g);
+            M = std::max(M, S.M[hh]);
+        }
+        float * o = C.out_row(R, kvh * g + hh);
+        for (int j = 0; j < dv; ++j) {
+            o[j] = 0.0f;
+        }
+        float P = 0.0f;
+        if (M != -INFINITY) {
+            for (int pt = 0; pt < n_parts; ++pt) {
+                const att_state S(n_parts == 1 ? own : C.part_state(w, pt), g);
+                if (S.M[hh] == -INFINITY) {
+                    continue;
+                }
+                const float f = expf(S.M[hh] - M);
+                const float * yh = S.y + (size_t) hh * dv;
+                for (int j = 0; j < dv; ++j) {
+                    o[j] += f * yh[j];
+                }
+                P += f * S.P[hh];
+            }
+        }
+        const float iP = P > 0.0f ? 1.0f / P : 0.0f;
+        const bool mv = !up->all_cells && up->mean_v;
+        const float alpha = mv ? C.ualpha(w)[hh] : 1.0f;
+        const float ay = mv ? alpha * iP : iP, av = mv ? 1.0f - alpha : 0.0f;
+        for (int j = 0; j < dv; ++j) {
+            o[j] = ay * o[j] + av * vbar[j];
+        }
+    }
+}
+
+// part pt of unit u (wave slot w): its cells' exact attention for the g heads into its state; the
+// last part done combines them
+static void attend_part(const ctx & C, int u, int w, int pt, int ith) {
+    const sparq_args * a = C.a;
+    const int g = C.L.group_size;
+    const int B = C.L.att_block;
+    const unit_plan * up = C.uplan(w);
+    const int R = C.unit_row(u), kvh = C.unit_kvh(u), st = C.row_stream(R);
+    const float * m = C.mask_row(R);
+    float * ex = (float *) C.tbuf(ith, C.L.t_aex);
+    float * p = (float *) C.tbuf(ith, C.L.t_ap);
+    const float ** q = (const float **) C.tbuf(ith, C.L.t_aq);
+    for (int hh = 0; hh < g; ++hh) {
+        q[hh] = C.q_row(R, kvh * g + hh);
+    }
+    const int n_parts = up->n_parts;
+    float * own = (float *) C.tbuf(ith, C.L.t_ast);
+    att_state S(n_parts == 1 ? own : C.part_state(w, pt), g);
+    for (int hh = 0; hh < g; ++hh) {
+        S.M[hh] = -INFINITY;
+        S.P[hh] = 0.0f;
+    }
+    for (size_t j = 0; j < (size_t) g * a->dv; ++j) {
+        S.y[j] = 0.0f;
+    }
+    if (up->all_cells) {
+        int32_t * idx = (int32_t *) C.tbuf(ith, C.L.t_aidx);
+        int c0, c1;
+        chunk_range(a->n_kv, pt, n_parts, &c0, &c1);
+        for (int c = c0; c < c1; c += B) {
+            const int ce = std::min(c1, c + B);
+            int n = 0;
+            for (int s = c; s < ce; ++s) {
+                idx[n] = s;
+                n += !m || is_valid(m[s]);
+            }
+            if (n > 0) {
+                attend_cells(C, q, st, kvh, m, idx, n, 0, ex, p, S);
+            }
+        }
+    } else {
+        const int32_t * sel = C.usel(w);
+        int t0, t1;
+        chunk_range(up->n_sel, pt, n_parts, &t0, &t1);
+        prefetch_rows(C, st, kvh, sel + t0, std::min(SPARQ_PF_AHEAD, t1 - t0));
+        // blocks of equal size (no short last one)
+        const int nb = (t1 - t0 + B - 1) / B;
+        for (int b = 0; b < nb; ++b) {
+            int b0, b1;
+            chunk_range(t1 - t0, b, nb, &b0, &b1);
+            attend_cells(C, q, st, kvh, m, sel + t0 + b0, b1 - b0, t1 - t0 - b0, ex, p, S);
+        }
+    }
+    if (n_parts == 1) {
+        finish_unit(C, u, w, 1, own);
+    } else if (C.parts_done(u)->fetch_add(1, std::memory_order_acq_rel) + 1 == n_parts) {
+        finish_unit(C, u, w, n_parts, nullptr);
+    }
+}
+
+// ----- phase_attend. The threads take the items in order from a shared counter as they finish
+// phase_select, each waiting only for its unit's plan: SmolLM2's 3 units on 2 threads leave no
+// thread idle while another selects its second unit. An item is a part of a unit (attend_part), or
+// with H2O a (unit, query head) in an equal fixed share per thread: its weights are summed per
+// thread, and a fixed split keeps their sums (and so its later choices) the same from run to run. -----
 void phase_attend(const ctx & C, int wb, int we, int ith, int nth) {
     const int g = C.L.group_size;
     float * ex = (float *) C.tbuf(ith, C.L.t_ex);
@@ -307,6 +515,24 @@ void phase_attend(const ctx & C, int wb, int we, int ith, int nth) {
     int i0 = 0, i1 = n_items;
     if (fixed) {
         chunk_range(n_items, ith, nth, &i0, &i1);
+    }
+    if (!fixed) {
+        // per (unit, part), in the same way
+        const int pm = C.L.parts_max;
+        for (;;) {
+            const int i = next->fetch_add(1, std::memory_order_relaxed);
+            if (i >= (we - wb) * pm) {
+                break;
+            }
+            const int w = i / pm, pt = i % pm, u = wb + w;
+            while (!C.unit_ready(u)->load(std::memory_order_acquire)) {
+                sparq_pause();
+            }
+            if (pt < C.uplan(w)->n_parts) {
+                attend_part(C, u, w, pt, ith);
+            }
+        }
+        return;
     }
     int prefetched = -1;
     for (int k = i0;; ++k) {

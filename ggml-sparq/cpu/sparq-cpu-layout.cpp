@@ -58,7 +58,10 @@ layout make_layout(const sparq_args * a, int nth) {
     L.off_ualpha = o; o += align_up((size_t) L.wave_units * L.group_size * sizeof(float));
     L.off_uvbar  = o; o += align_up((size_t) L.wave_units * a->dv * sizeof(float));
     L.n_waves    = (L.n_units + L.wave_units - 1) / L.wave_units;
-    L.off_sync   = o; o += align_up((size_t) (L.n_units + L.n_waves) * sizeof(std::atomic<int32_t>));
+    L.off_sync   = o; o += align_up((size_t) (2 * L.n_units + L.n_waves) * sizeof(std::atomic<int32_t>));
+    // H2O sums its weights per head over the whole selection: never split
+    L.parts_max  = L.n_units <= SPARQ_PART_UNITS && a->selector != SPARQ_SEL_H2O ? SPARQ_PARTS_MAX : 1;
+    L.off_part   = o; o += align_up(L.parts_max > 1 ? (size_t) L.wave_units * L.parts_max * L.group_size * (a->dv + 2) * sizeof(float) : 0);
     L.off_logit  = o; o += align_up(L.group_size > 1 && !sel_baseline(a) ? (size_t) L.wave_units * L.group_size * S * sizeof(float) : 0);
     L.off_h2o    = o; o += align_up(a->selector == SPARQ_SEL_H2O ? (size_t) nth * a->n_stream * a->n_head_kv * S * sizeof(float) : 0);
     L.off_ivf    = o; o += align_up(a->selector == SPARQ_SEL_INDEX ? (size_t) L.n_units * ivf_unit_floats(a, L.ph) * sizeof(float) : 0);
@@ -87,6 +90,12 @@ layout make_layout(const sparq_args * a, int nth) {
     L.t_pc    = t; t += align_up(a->selector == SPARQ_SEL_INDEX ? (size_t) (L.chunk_max + 16) * sizeof(int32_t) : 0);
     // the window's cells as bits (merge_candidates)
     L.t_wbits = t; t += align_up(a->win ? (S + 63) / 64 * sizeof(uint64_t) : 0);
+    L.att_block = std::max(16, std::min(SPARQ_ATT_BLOCK, SPARQ_ATT_FLOATS / L.group_size) & ~15);
+    L.t_aex   = t; t += align_up((size_t) L.group_size * L.att_block * sizeof(float));
+    L.t_ap    = t; t += align_up((size_t) L.group_size * L.att_block * sizeof(float));
+    L.t_aidx  = t; t += align_up((size_t) L.att_block * sizeof(int32_t));
+    L.t_ast   = t; t += align_up((size_t) L.group_size * (a->dv + 2) * sizeof(float));
+    L.t_aq    = t; t += align_up((size_t) L.group_size * sizeof(const float *));
     L.thread_bytes = t;
     L.off_thread = o; o += L.thread_bytes * nth;
     L.total = o + SPARQ_ALIGN; // room to align the base pointer

@@ -36,7 +36,17 @@ struct row_info { int32_t n_valid; int32_t w0; int32_t n_win; int32_t dense_all;
 
 // per unit, what phase_select decided for phase_attend: the cells of its selection (usel), whether
 // each head mixes in the mean of V, or whether it attends over every valid cell instead
-struct unit_plan { int32_t n_sel; int32_t mean_v; int32_t all_cells; int32_t pad; };
+struct unit_plan { int32_t n_sel; int32_t mean_v; int32_t all_cells; int32_t n_parts; };
+
+// The exact attention of a unit is split into parts (of its selection, or of its cells when it
+// attends over all of them) that any thread may take; each part runs its g heads over blocks of
+// att_block cells, and the last part to finish combines the parts' softmax states. The parts
+// depend on the unit's cells only, never on the threads, so results do not depend on them either.
+constexpr int SPARQ_ATT_BLOCK = 256;  // most cells of a block (its g heads' logits and weights: 2 g x 256 floats)
+constexpr int SPARQ_ATT_FLOATS = 8192; // with many heads per KV head, fewer cells: g x block at most this
+constexpr int SPARQ_PART_MIN  = 128;  // fewest cells of a part
+constexpr int SPARQ_PARTS_MAX = 16;   // most parts of a unit (few units: one decode row)
+constexpr int SPARQ_PART_UNITS = 32;  // more units than this are enough work to share unsplit
 
 struct layout {
     int n_units;     // units (stream, row, KV head), the work items of the per-unit phases
@@ -53,13 +63,17 @@ struct layout {
     size_t off_mask, off_cnt, off_row, off_win, off_i1, off_qs, off_stat, off_ccount, off_cand, off_logit, off_thread;
     size_t off_cbound; // per (wave slot, chunk, list): every eligible key the chunk did not offer is below it
     size_t off_uplan, off_usel, off_ualpha, off_uvbar; // per wave slot: phase_select's plan, cells, alphas, mean of V
-    size_t off_sync;   // atomics: per unit, its plan is ready; per wave, the next (unit, head) to attend
+    size_t off_sync;   // atomics: per unit, its plan is ready; per wave, the next item to attend; per unit, its parts done
+    int parts_max;     // parts a unit's exact attention may be split into (1: none)
+    int att_block;     // cells of a block of the exact attention (SPARQ_ATT_BLOCK, fewer with many heads)
+    size_t off_part;   // per (wave slot, part): the part's softmax state (att_state)
     int n_waves;
     size_t off_h2o; // H2O: per thread, the attention weights of its rows per (stream, KV head, cell)
     size_t off_ivf; // index: per unit, the group's summed query (d), the lists' |c|^2 and probe flags (n_list each)
     size_t off_ivf_n; // index: per unit of the wave and chunk, the key rows scored
     // per-thread area: offsets from the thread's base
     size_t t_blk, t_ck, t_idx, t_gm, t_big, t_merge, t_sel, t_ex, t_p, t_vec, t_gh, t_rows, t_ivf, t_pc, t_wbits;
+    size_t t_aex, t_ap, t_aidx, t_ast, t_aq; // phase_attend: a block's g x B logits and weights, its cells, a state, q rows
     size_t thread_bytes, total;
 };
 
@@ -141,6 +155,11 @@ struct ctx {
     float     * uvbar(int w)                const { return (float *) (base + L.off_uvbar) + (size_t) w * a->dv; }
     std::atomic<int32_t> * unit_ready(int u) const { return (std::atomic<int32_t> *) (base + L.off_sync) + u; }
     std::atomic<int32_t> * next_item(int wv) const { return (std::atomic<int32_t> *) (base + L.off_sync) + L.n_units + wv; }
+    std::atomic<int32_t> * parts_done(int u) const { return (std::atomic<int32_t> *) (base + L.off_sync) + L.n_units + L.n_waves + u; }
+    // the softmax state of part p of wave slot w: per head its largest logit, its sum of exp, its output
+    float     * part_state(int w, int p)    const {
+        return (float *) (base + L.off_part) + ((size_t) w * L.parts_max + p) * L.group_size * (a->dv + 2);
+    }
     float     * logits(int w, int h)        const { return (float *) (base + L.off_logit) + ((size_t) w * L.group_size + h) * a->n_kv; }
     char      * tbuf(int ith, size_t off)   const { return base + L.off_thread + (size_t) ith * L.thread_bytes + off; }
 

@@ -46,8 +46,8 @@ void phase_components(const ctx & C, int ith, int nth) {
         h2o_clear(C, ith);
     }
     if (ith == 0) {
-        // the hand-off from phase_select to phase_attend: no unit ready, no item taken
-        for (int i = 0; i < C.L.n_units + C.L.n_waves; ++i) {
+        // the hand-off from phase_select to phase_attend: no unit ready, no item taken, no part done
+        for (int i = 0; i < 2 * C.L.n_units + C.L.n_waves; ++i) {
             new (C.unit_ready(0) + i) std::atomic<int32_t>(0);
         }
     }
@@ -115,7 +115,7 @@ void phase_windows(const ctx & C, int ith, int nth) {
         const float * m = C.mask_row(R);
         int32_t w0 = S, n_win = 0;
         // a negative count marks a stream whose rows run exact dense attention (see sparq_args)
-        const int32_t dense_all = a->v_count[C.row_stream(R)] < 0.0f;
+        const int32_t dense_all = a->all_dense || a->v_count[C.row_stream(R)] < 0.0f;
         const bool streaming = a->selector == SPARQ_SEL_STREAMING;
         if (n_valid > row_k(a, n_valid) && (a->l > 0 || streaming) && !dense_all) {
             n_win = row_window(C, R, m, C.win(R), &w0);

@@ -79,6 +79,18 @@ struct sparq_isa {
                             int n_sel, int dv);
     void (*gather_axpy_f32)(float * y, const void * base, size_t stride, const int32_t * idx, const float * p,
                             int n_sel, int dv);
+    // the same for g query heads of a KV head at once, each row read once for all of them:
+    // out[h * ostride + t] = q[h] . row(idx[t]), and y[h * ystride + j] += sum_t p[h * pstride + t] *
+    // row(idx[t])[j] (h < g). Per head the operations and their order are gather_dot's and
+    // gather_axpy's, so the results are theirs, bit for bit.
+    void (*gather_dot_g_f16)(const float * const * q, int g, const void * base, size_t stride, const int32_t * idx,
+                             int n_sel, int d, float * out, size_t ostride);
+    void (*gather_dot_g_f32)(const float * const * q, int g, const void * base, size_t stride, const int32_t * idx,
+                             int n_sel, int d, float * out, size_t ostride);
+    void (*gather_axpy_g_f16)(float * y, size_t ystride, int g, const void * base, size_t stride, const int32_t * idx,
+                              const float * p, size_t pstride, int n_sel, int dv);
+    void (*gather_axpy_g_f32)(float * y, size_t ystride, int g, const void * base, size_t stride, const int32_t * idx,
+                              const float * p, size_t pstride, int n_sel, int dv);
     // indices i < n with x[i] > t, ascending, into idx; returns their number. idx needs 16
     // entries of room past the count (whole vectors are stored)
     int (*filter_gt)(const float * x, int n, float t, int32_t * idx);
@@ -146,6 +158,7 @@ struct sparq_args {
     int selector;        // enum sparq_selector
     int per_head;        // 1: each query head picks its own k - l cells, the group attends over their union
     int no_mean_v;       // 1: no mean-value reallocation (out = y)
+    int all_dense;       // 1: every row attends over every valid cell (as a stream whose v_count is negative)
 
     // strides in bytes
     const float * q;  size_t q_nb1, q_nb2, q_nb3;            // [d, n_rows, n_head, n_stream]

@@ -17,6 +17,7 @@ struct avx2_vec {
     typedef __m256 vf;
     typedef __m256 vmask;
     static constexpr int W = 8;
+    static constexpr int REGS = 16; // vector registers
     static inline vf zero()                              { return _mm256_setzero_ps(); }
     static inline vf set1(float x)                       { return _mm256_set1_ps(x); }
     static inline vf load(const float * p)               { return _mm256_loadu_ps(p); }
@@ -133,6 +134,8 @@ const struct sparq_isa sparq_isa_avx2 = {
     avx2_f16_to_f32,
     simd_gather_dot<avx2_vec, uint16_t>, simd_gather_dot<avx2_vec, float>,
     simd_gather_axpy<avx2_vec, uint16_t>, simd_gather_axpy<avx2_vec, float>,
+    simd_gather_dot_g<avx2_vec, uint16_t>, simd_gather_dot_g<avx2_vec, float>,
+    simd_gather_axpy_g<avx2_vec, uint16_t>, simd_gather_axpy_g<avx2_vec, float>,
     avx2_filter_gt,
     avx2_list_gather,
 };

@@ -277,6 +277,150 @@ void avx512_gather_axpy_f32(float * y, const void * b, size_t st, const int32_t 
     gather_axpy<float>(y, b, st, idx, p, n, dv);
 }
 
+// gather_dot and gather_axpy for G query heads of a KV head at once: each row loaded (and
+// converted) once for all of them; per head the operations of dot() and gather_axpy(), in their
+// order, so the same results
+template <class T, int G>
+inline void dot_heads(const float * const * q, const T * b, int n, float * out) {
+    __m512 acc0[G], acc1[G];
+    for (int h = 0; h < G; ++h) {
+        acc0[h] = _mm512_setzero_ps();
+        acc1[h] = _mm512_setzero_ps();
+    }
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        const __m512 k0 = load_full(b + i), k1 = load_full(b + i + 16);
+        for (int h = 0; h < G; ++h) {
+            acc0[h] = _mm512_fmadd_ps(_mm512_loadu_ps(q[h] + i), k0, acc0[h]);
+            acc1[h] = _mm512_fmadd_ps(_mm512_loadu_ps(q[h] + i + 16), k1, acc1[h]);
+        }
+    }
+    for (; i < n; i += 16) {
+        const __mmask16 mk = tail_mask(n - i);
+        const __m512 k0 = load(b + i, mk);
+        for (int h = 0; h < G; ++h) {
+            acc0[h] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, q[h] + i), k0, acc0[h]);
+        }
+    }
+    for (int h = 0; h < G; ++h) {
+        out[h] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[h], acc1[h]));
+    }
+}
+
+template <class T, int G>
+inline void gather_dot_heads(const float * const * q, const char * b, size_t stride, const int32_t * idx, int n, int d,
+                             float * out, size_t ostride) {
+    float o[G];
+    for (int t = 0; t < n; ++t) {
+        dot_heads<T, G>(q, (const T *) (b + (size_t) idx[t] * stride), d, o);
+        for (int h = 0; h < G; ++h) {
+            out[(size_t) h * ostride + t] = o[h];
+        }
+    }
+}
+
+// up to 4 heads a pass over the rows (more would spill the accumulators)
+template <class T>
+void gather_dot_g(const float * const * q, int g, const void * base, size_t stride, const int32_t * idx, int n, int d,
+                  float * out, size_t ostride) {
+    const char * b = (const char *) base;
+    for (int h0 = 0; h0 < g; h0 += 4) {
+        float * o = out + (size_t) h0 * ostride;
+        switch (std::min(4, g - h0)) {
+            case 4:  gather_dot_heads<T, 4>(q + h0, b, stride, idx, n, d, o, ostride); break;
+            case 3:  gather_dot_heads<T, 3>(q + h0, b, stride, idx, n, d, o, ostride); break;
+            case 2:  gather_dot_heads<T, 2>(q + h0, b, stride, idx, n, d, o, ostride); break;
+            default: gather_dot_heads<T, 1>(q + h0, b, stride, idx, n, d, o, ostride); break;
+        }
+    }
+}
+
+// NV vectors of each of G heads' y (from element off, the last one masked by last) held in
+// registers over every row
+template <class T, int G, int NV>
+inline void gather_axpy_heads_tile(float * y, size_t ystride, const char * b, size_t stride, const int32_t * idx,
+                                   const float * p, size_t pstride, int n, int off, __mmask16 last) {
+    __m512 acc[G][NV];
+    for (int h = 0; h < G; ++h) {
+        for (int v = 0; v < NV; ++v) {
+            acc[h][v] = _mm512_maskz_loadu_ps(v == NV - 1 ? last : (__mmask16) 0xffff, y + (size_t) h * ystride + off + 16 * v);
+        }
+    }
+    for (int t = 0; t < n; ++t) {
+        const T * x = (const T *) (b + (size_t) idx[t] * stride) + off;
+        __m512 xv[NV];
+        for (int v = 0; v < NV; ++v) {
+            xv[v] = load(x + 16 * v, v == NV - 1 ? last : (__mmask16) 0xffff);
+        }
+        for (int h = 0; h < G; ++h) {
+            const __m512 a = _mm512_set1_ps(p[(size_t) h * pstride + t]);
+            for (int v = 0; v < NV; ++v) {
+                acc[h][v] = _mm512_fmadd_ps(a, xv[v], acc[h][v]);
+            }
+        }
+    }
+    for (int h = 0; h < G; ++h) {
+        for (int v = 0; v < NV; ++v) {
+            _mm512_mask_storeu_ps(y + (size_t) h * ystride + off + 16 * v, v == NV - 1 ? last : (__mmask16) 0xffff, acc[h][v]);
+        }
+    }
+}
+
+// tiles of as many vectors as the 32 registers hold for G heads and the row
+template <class T, int G>
+void gather_axpy_heads(float * y, size_t ystride, const char * b, size_t stride, const int32_t * idx, const float * p,
+                       size_t pstride, int n, int dv) {
+    constexpr int NVMAX = std::min(8, 31 / (G + 1));
+    for (int off = 0; off < dv; off += 16 * NVMAX) {
+        const int rem = std::min(16 * NVMAX, dv - off);
+        const int nv = (rem + 15) / 16;
+        const __mmask16 last = tail_mask(rem - 16 * (nv - 1));
+        switch (nv) {
+            case 8: if constexpr (NVMAX >= 8) { gather_axpy_heads_tile<T, G, 8>(y, ystride, b, stride, idx, p, pstride, n, off, last); } break;
+            case 7: if constexpr (NVMAX >= 7) { gather_axpy_heads_tile<T, G, 7>(y, ystride, b, stride, idx, p, pstride, n, off, last); } break;
+            case 6: if constexpr (NVMAX >= 6) { gather_axpy_heads_tile<T, G, 6>(y, ystride, b, stride, idx, p, pstride, n, off, last); } break;
+            case 5: if constexpr (NVMAX >= 5) { gather_axpy_heads_tile<T, G, 5>(y, ystride, b, stride, idx, p, pstride, n, off, last); } break;
+            case 4: if constexpr (NVMAX >= 4) { gather_axpy_heads_tile<T, G, 4>(y, ystride, b, stride, idx, p, pstride, n, off, last); } break;
+            case 3: if constexpr (NVMAX >= 3) { gather_axpy_heads_tile<T, G, 3>(y, ystride, b, stride, idx, p, pstride, n, off, last); } break;
+            case 2: if constexpr (NVMAX >= 2) { gather_axpy_heads_tile<T, G, 2>(y, ystride, b, stride, idx, p, pstride, n, off, last); } break;
+            default: gather_axpy_heads_tile<T, G, 1>(y, ystride, b, stride, idx, p, pstride, n, off, last); break;
+        }
+    }
+}
+
+template <class T>
+void gather_axpy_g(float * y, size_t ystride, int g, const void * base, size_t stride, const int32_t * idx,
+                   const float * p, size_t pstride, int n, int dv) {
+    const char * b = (const char *) base;
+    for (int h0 = 0; h0 < g; h0 += 4) {
+        float * yh = y + (size_t) h0 * ystride;
+        const float * ph = p + (size_t) h0 * pstride;
+        switch (std::min(4, g - h0)) {
+            case 4:  gather_axpy_heads<T, 4>(yh, ystride, b, stride, idx, ph, pstride, n, dv); break;
+            case 3:  gather_axpy_heads<T, 3>(yh, ystride, b, stride, idx, ph, pstride, n, dv); break;
+            case 2:  gather_axpy_heads<T, 2>(yh, ystride, b, stride, idx, ph, pstride, n, dv); break;
+            default: gather_axpy_heads<T, 1>(yh, ystride, b, stride, idx, ph, pstride, n, dv); break;
+        }
+    }
+}
+
+void avx512_gather_dot_g_f16(const float * const * q, int g, const void * b, size_t st, const int32_t * idx, int n,
+                             int d, float * out, size_t os) {
+    gather_dot_g<uint16_t>(q, g, b, st, idx, n, d, out, os);
+}
+void avx512_gather_dot_g_f32(const float * const * q, int g, const void * b, size_t st, const int32_t * idx, int n,
+                             int d, float * out, size_t os) {
+    gather_dot_g<float>(q, g, b, st, idx, n, d, out, os);
+}
+void avx512_gather_axpy_g_f16(float * y, size_t ys, int g, const void * b, size_t st, const int32_t * idx,
+                              const float * p, size_t ps, int n, int dv) {
+    gather_axpy_g<uint16_t>(y, ys, g, b, st, idx, p, ps, n, dv);
+}
+void avx512_gather_axpy_g_f32(float * y, size_t ys, int g, const void * b, size_t st, const int32_t * idx,
+                              const float * p, size_t ps, int n, int dv) {
+    gather_axpy_g<float>(y, ys, g, b, st, idx, p, ps, n, dv);
+}
+
 // the hits' indices compressed in a register and stored whole: a compress straight to memory
 // (vpcompressd to memory) is microcoded on Zen 4, some hundred cycles a store
 int avx512_filter_gt(const float * x, int n, float t, int32_t * idx) {
@@ -332,6 +476,8 @@ const struct sparq_isa sparq_isa_avx512 = {
     avx512_f16_to_f32,
     avx512_gather_dot_f16, avx512_gather_dot_f32,
     avx512_gather_axpy_f16, avx512_gather_axpy_f32,
+    avx512_gather_dot_g_f16, avx512_gather_dot_g_f32,
+    avx512_gather_axpy_g_f16, avx512_gather_axpy_g_f32,
     avx512_filter_gt,
     avx512_list_gather,
 };

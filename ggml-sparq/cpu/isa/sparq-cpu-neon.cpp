@@ -17,6 +17,7 @@ struct neon_vec {
     typedef float32x4_t vf;
     typedef uint32x4_t vmask;
     static constexpr int W = 4;
+    static constexpr int REGS = 32; // vector registers
     static inline vf zero()                              { return vdupq_n_f32(0.0f); }
     static inline vf set1(float x)                       { return vdupq_n_f32(x); }
     static inline vf load(const float * p)               { return vld1q_f32(p); }
@@ -112,6 +113,8 @@ const struct sparq_isa sparq_isa_neon = {
     neon_f16_to_f32,
     simd_gather_dot<neon_vec, uint16_t>, simd_gather_dot<neon_vec, float>,
     simd_gather_axpy<neon_vec, uint16_t>, simd_gather_axpy<neon_vec, float>,
+    simd_gather_dot_g<neon_vec, uint16_t>, simd_gather_dot_g<neon_vec, float>,
+    simd_gather_axpy_g<neon_vec, uint16_t>, simd_gather_axpy_g<neon_vec, float>,
     neon_filter_gt,
     sparq_list_gather_ref,
 };

@@ -151,6 +151,46 @@ static void scalar_gather_axpy_f32(float * y, const void * b, size_t st, const i
     scalar_gather_axpy<float>(y, b, st, idx, p, n, dv);
 }
 
+// the g heads row by row (each row read once), per head scalar_dot's and scalar_axpy's operations
+template <class T>
+static void scalar_gather_dot_g(const float * const * q, int g, const void * base, size_t stride, const int32_t * idx,
+                                int n, int d, float * out, size_t ostride) {
+    for (int t = 0; t < n; ++t) {
+        const T * row = (const T *) ((const char *) base + (size_t) idx[t] * stride);
+        for (int h = 0; h < g; ++h) {
+            out[(size_t) h * ostride + t] = scalar_dot(q[h], row, d);
+        }
+    }
+}
+
+template <class T>
+static void scalar_gather_axpy_g(float * y, size_t ystride, int g, const void * base, size_t stride,
+                                 const int32_t * idx, const float * p, size_t pstride, int n, int dv) {
+    for (int t = 0; t < n; ++t) {
+        const T * row = (const T *) ((const char *) base + (size_t) idx[t] * stride);
+        for (int h = 0; h < g; ++h) {
+            scalar_axpy(y + (size_t) h * ystride, row, p[(size_t) h * pstride + t], dv);
+        }
+    }
+}
+
+static void scalar_gather_dot_g_f16(const float * const * q, int g, const void * b, size_t st, const int32_t * idx,
+                                    int n, int d, float * out, size_t os) {
+    scalar_gather_dot_g<uint16_t>(q, g, b, st, idx, n, d, out, os);
+}
+static void scalar_gather_dot_g_f32(const float * const * q, int g, const void * b, size_t st, const int32_t * idx,
+                                    int n, int d, float * out, size_t os) {
+    scalar_gather_dot_g<float>(q, g, b, st, idx, n, d, out, os);
+}
+static void scalar_gather_axpy_g_f16(float * y, size_t ys, int g, const void * b, size_t st, const int32_t * idx,
+                                     const float * p, size_t ps, int n, int dv) {
+    scalar_gather_axpy_g<uint16_t>(y, ys, g, b, st, idx, p, ps, n, dv);
+}
+static void scalar_gather_axpy_g_f32(float * y, size_t ys, int g, const void * b, size_t st, const int32_t * idx,
+                                     const float * p, size_t ps, int n, int dv) {
+    scalar_gather_axpy_g<float>(y, ys, g, b, st, idx, p, ps, n, dv);
+}
+
 static int scalar_filter_gt(const float * x, int n, float t, int32_t * idx) {
     int m = 0;
     for (int i = 0; i < n; ++i) {
@@ -171,6 +211,8 @@ const struct sparq_isa sparq_isa_scalar = {
     scalar_f16_to_f32,
     scalar_gather_dot_f16, scalar_gather_dot_f32,
     scalar_gather_axpy_f16, scalar_gather_axpy_f32,
+    scalar_gather_dot_g_f16, scalar_gather_dot_g_f32,
+    scalar_gather_axpy_g_f16, scalar_gather_axpy_g_f32,
     scalar_filter_gt,
     sparq_list_gather_ref,
 };

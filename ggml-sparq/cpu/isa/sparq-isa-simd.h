@@ -26,6 +26,7 @@
 
 #include "sparq-cpu.h"
 
+#include <algorithm>
 #include <cmath>
 #include <stddef.h>
 
@@ -226,6 +227,137 @@ void simd_gather_axpy(float * y, const void * base, size_t stride, const int32_t
     for (int i = off; i < dv; ++i) {
         for (int t = 0; t < n; ++t) {
             y[i] += p[t] * simd_elem((const T *) (b + (size_t) idx[t] * stride) + i);
+        }
+    }
+}
+
+// gather_dot and gather_axpy for G query heads of a KV head at once: each row loaded (and converted)
+// once for all of them; per head the operations of simd_dot and simd_gather_axpy, in their order.
+template <class V, class T, int G>
+inline void simd_dot_heads(const float * const * q, const T * b, int n, float * out) {
+    typename V::vf acc0[G], acc1[G];
+    for (int h = 0; h < G; ++h) {
+        acc0[h] = V::zero();
+        acc1[h] = V::zero();
+    }
+    int i = 0;
+    for (; i + 2 * V::W <= n; i += 2 * V::W) {
+        const typename V::vf k0 = V::load(b + i), k1 = V::load(b + i + V::W);
+        for (int h = 0; h < G; ++h) {
+            acc0[h] = V::fmadd(V::load(q[h] + i), k0, acc0[h]);
+            acc1[h] = V::fmadd(V::load(q[h] + i + V::W), k1, acc1[h]);
+        }
+    }
+    for (int h = 0; h < G; ++h) {
+        float sum = V::hsum(V::add(acc0[h], acc1[h]));
+        for (int j = i; j < n; ++j) {
+            sum += q[h][j] * simd_elem(b + j);
+        }
+        out[h] = sum;
+    }
+}
+
+template <class V, class T, int G>
+inline void simd_gather_dot_heads(const float * const * q, const char * b, size_t stride, const int32_t * idx, int n,
+                                  int d, float * out, size_t ostride) {
+    float o[G];
+    for (int t = 0; t < n; ++t) {
+        simd_dot_heads<V, T, G>(q, (const T *) (b + (size_t) idx[t] * stride), d, o);
+        for (int h = 0; h < G; ++h) {
+            out[(size_t) h * ostride + t] = o[h];
+        }
+    }
+}
+
+// up to 4 heads a pass over the rows (more would spill the accumulators)
+template <class V, class T>
+void simd_gather_dot_g(const float * const * q, int g, const void * base, size_t stride, const int32_t * idx, int n,
+                       int d, float * out, size_t ostride) {
+    const char * b = (const char *) base;
+    for (int h0 = 0; h0 < g; h0 += 4) {
+        float * o = out + (size_t) h0 * ostride;
+        switch (std::min(4, g - h0)) {
+            case 4:  simd_gather_dot_heads<V, T, 4>(q + h0, b, stride, idx, n, d, o, ostride); break;
+            case 3:  simd_gather_dot_heads<V, T, 3>(q + h0, b, stride, idx, n, d, o, ostride); break;
+            case 2:  simd_gather_dot_heads<V, T, 2>(q + h0, b, stride, idx, n, d, o, ostride); break;
+            default: simd_gather_dot_heads<V, T, 1>(q + h0, b, stride, idx, n, d, o, ostride); break;
+        }
+    }
+}
+
+// NV vectors of each of G heads' y (from element off) held in registers over every row
+template <class V, class T, int G, int NV>
+inline void simd_gather_axpy_heads_tile(float * y, size_t ystride, const char * b, size_t stride, const int32_t * idx,
+                                        const float * p, size_t pstride, int n, int off) {
+    typename V::vf acc[G][NV];
+    for (int h = 0; h < G; ++h) {
+        for (int v = 0; v < NV; ++v) {
+            acc[h][v] = V::load(y + (size_t) h * ystride + off + v * V::W);
+        }
+    }
+    for (int t = 0; t < n; ++t) {
+        const T * x = (const T *) (b + (size_t) idx[t] * stride) + off;
+        typename V::vf xv[NV];
+        for (int v = 0; v < NV; ++v) {
+            xv[v] = V::load(x + v * V::W);
+        }
+        for (int h = 0; h < G; ++h) {
+            const typename V::vf a = V::set1(p[(size_t) h * pstride + t]);
+            for (int v = 0; v < NV; ++v) {
+                acc[h][v] = V::fmadd(a, xv[v], acc[h][v]);
+            }
+        }
+    }
+    for (int h = 0; h < G; ++h) {
+        for (int v = 0; v < NV; ++v) {
+            V::store(y + (size_t) h * ystride + off + v * V::W, acc[h][v]);
+        }
+    }
+}
+
+// tiles of as many whole vectors as the registers hold for G heads (V::REGS: the ISA's vector
+// registers), then the scalar tail
+template <class V, class T, int G>
+void simd_gather_axpy_heads(float * y, size_t ystride, const char * b, size_t stride, const int32_t * idx,
+                            const float * p, size_t pstride, int n, int dv) {
+    constexpr int NVMAX = std::max(1, std::min(8, (V::REGS - 1) / (G + 1)));
+    int off = 0;
+    while (off + V::W <= dv) {
+        const int nv = std::min(NVMAX, (dv - off) / V::W);
+        switch (nv) {
+            case 8: if constexpr (NVMAX >= 8) { simd_gather_axpy_heads_tile<V, T, G, 8>(y, ystride, b, stride, idx, p, pstride, n, off); } break;
+            case 7: if constexpr (NVMAX >= 7) { simd_gather_axpy_heads_tile<V, T, G, 7>(y, ystride, b, stride, idx, p, pstride, n, off); } break;
+            case 6: if constexpr (NVMAX >= 6) { simd_gather_axpy_heads_tile<V, T, G, 6>(y, ystride, b, stride, idx, p, pstride, n, off); } break;
+            case 5: if constexpr (NVMAX >= 5) { simd_gather_axpy_heads_tile<V, T, G, 5>(y, ystride, b, stride, idx, p, pstride, n, off); } break;
+            case 4: if constexpr (NVMAX >= 4) { simd_gather_axpy_heads_tile<V, T, G, 4>(y, ystride, b, stride, idx, p, pstride, n, off); } break;
+            case 3: if constexpr (NVMAX >= 3) { simd_gather_axpy_heads_tile<V, T, G, 3>(y, ystride, b, stride, idx, p, pstride, n, off); } break;
+            case 2: if constexpr (NVMAX >= 2) { simd_gather_axpy_heads_tile<V, T, G, 2>(y, ystride, b, stride, idx, p, pstride, n, off); } break;
+            default: simd_gather_axpy_heads_tile<V, T, G, 1>(y, ystride, b, stride, idx, p, pstride, n, off); break;
+        }
+        off += nv * V::W;
+    }
+    for (int h = 0; h < G; ++h) {
+        float * yh = y + (size_t) h * ystride;
+        for (int i = off; i < dv; ++i) {
+            for (int t = 0; t < n; ++t) {
+                yh[i] += p[(size_t) h * pstride + t] * simd_elem((const T *) (b + (size_t) idx[t] * stride) + i);
+            }
+        }
+    }
+}
+
+template <class V, class T>
+void simd_gather_axpy_g(float * y, size_t ystride, int g, const void * base, size_t stride, const int32_t * idx,
+                        const float * p, size_t pstride, int n, int dv) {
+    const char * b = (const char *) base;
+    for (int h0 = 0; h0 < g; h0 += 4) {
+        float * yh = y + (size_t) h0 * ystride;
+        const float * ph = p + (size_t) h0 * pstride;
+        switch (std::min(4, g - h0)) {
+            case 4:  simd_gather_axpy_heads<V, T, 4>(yh, ystride, b, stride, idx, ph, pstride, n, dv); break;
+            case 3:  simd_gather_axpy_heads<V, T, 3>(yh, ystride, b, stride, idx, ph, pstride, n, dv); break;
+            case 2:  simd_gather_axpy_heads<V, T, 2>(yh, ystride, b, stride, idx, ph, pstride, n, dv); break;
+            default: simd_gather_axpy_heads<V, T, 1>(yh, ystride, b, stride, idx, ph, pstride, n, dv); break;
         }
     }
 }

@@ -697,6 +697,31 @@ def test_calibrated_k_runs_a_diffuse_layer_dense_between_checks(tiny_gqa_model, 
     assert np.abs(lg1 - lg0).max() <= 1e-3 * np.abs(lg0).max()
 
 
+def test_dense_stretch_runs_in_the_op_on_the_cpu(tiny_gqa_model, monkeypatch):
+    """On the CPU a diffuse layer's dense stretch is the op with the dense flag (every valid cell,
+    no selection, K^T not read), counted as `diffuse`: its output is the reference's dense
+    attention over the captured tensors."""
+    from llama_sparq import reference
+    from llama_sparq.capture import Capture, op_params, stream0
+
+    monkeypatch.delenv("LLAMA_SPARQ_NO_DIFFUSE_SKIP", raising=False)
+    llm = make_llm(tiny_gqa_model, sparq=True, sparq_min_kv=0, sparq_k_min=16)
+    decode_greedy(llm, rand_prompt(700, 5, 256), 3)  # a check, then the stretch
+    before = llm.sparq_stats()
+    with Capture(llm) as cap:
+        llm.eval([9])
+    after = llm.sparq_stats()
+    llm.close()
+    assert after["n_dense"]["diffuse"] - before["n_dense"]["diffuse"] == 2 and after["n_sparq"] == before["n_sparq"]
+    assert len(cap.calls) == 2  # both layers, through the op
+    for c in cap.calls:
+        p = op_params(c)
+        assert p["flags"] & 4, p  # GGML_SPARQ_FLAG_DENSE
+        x = stream0(c)
+        want = reference.dense_attention(x["q"], x["K"], x["V"], mask=x["mask"], scale=p["scale"])
+        assert np.abs(x["out"] - want).max() <= 1e-4 * max(1.0, np.abs(want).max())
+
+
 # every boolean LLAMA_SPARQ_* switch of libllama (ggml-sparq/llama/llama-sparq-env.cpp)
 ENV_SWITCHES = ("LLAMA_SPARQ_GRAPH_REBUILD", "LLAMA_SPARQ_HOST_REBUILD", "LLAMA_SPARQ_NO_DIFFUSE_SKIP")
 

@@ -57,6 +57,7 @@ static struct sparq_args sparq_args_of(const struct ggml_tensor * dst) {
     const int32_t flags = ggml_get_op_params_i32(dst, 5);
     a.per_head = (flags & GGML_SPARQ_FLAG_PER_HEAD) != 0;
     a.no_mean_v = (flags & GGML_SPARQ_FLAG_NO_MEAN_V) != 0;
+    a.all_dense = (flags & GGML_SPARQ_FLAG_DENSE) != 0;
 
     a.q = (const float *) q->data; a.q_nb1 = q->nb[1]; a.q_nb2 = q->nb[2]; a.q_nb3 = q->nb[3];
     a.K = k->data;   a.K_type = sparq_type_of(k, true);   a.K_nb1 = k->nb[1];   a.K_nb2 = k->nb[2];   a.K_nb3 = k->nb[3];

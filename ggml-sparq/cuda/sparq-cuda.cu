@@ -83,6 +83,9 @@ static const char * sparq_cuda_unsupported(const ggml_tensor * op) {
         return "the streaming, h2o and index selectors (CPU only)";
     }
     const int32_t flags = ggml_get_op_params_i32(op, 5);
+    if (flags & GGML_SPARQ_FLAG_DENSE) {
+        return "the dense flag (upstream's flash attention is the dense path on a GPU)";
+    }
     const int64_t ph = (flags & GGML_SPARQ_FLAG_PER_HEAD) && g > 1 ? g : 1;
     const int64_t U = q->ne[1] * q->ne[3] * k->ne[2];
     if (U > 65535 || U * ph > 65535) {

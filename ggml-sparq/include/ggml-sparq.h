@@ -49,6 +49,7 @@ enum ggml_sparq_selector {
 enum ggml_sparq_flag {
     GGML_SPARQ_FLAG_PER_HEAD  = 1, // each query head chooses its own k - l cells; the group attends over the union
     GGML_SPARQ_FLAG_NO_MEAN_V = 2, // no mean-value reallocation (out = attention over the chosen cells)
+    GGML_SPARQ_FLAG_DENSE     = 4, // no selection: every row attends over every valid cell (K^T not read; the CPU op)
 };
 
 GGML_API void ggml_sparq_attn_set_selector(struct ggml_tensor * attn, int32_t selector, int32_t flags);

@@ -480,15 +480,13 @@ static void sparq_set_selector_inputs(sparq_attn_build & b, ggml_tensor * cur, g
     }
 }
 
-// the SPARQ_ATTN node on the layout of build_attn_mha, with its selector, selector inputs and window
-static ggml_tensor * sparq_build_op(sparq_attn_build & b, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,
-                                    ggml_tensor * kq_mask, float kq_scale, ggml_tensor * h2o3) {
+// the bare SPARQ_ATTN node on the layout of build_attn_mha (*q4: the query's view)
+static ggml_tensor * sparq_op_node(sparq_attn_build & b, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,
+                                   ggml_tensor * kq_mask, float kq_scale, int r, int kk, int l, ggml_tensor ** q4_out) {
     ggml_context * ctx0 = b.ctx0;
     llm_graph_input_sparq * inp = b.inp;
-    const llama_sparq_params & P = b.P;
     const sparq_layer & L = b.L;
     const int64_t n_stream = b.n_stream, n_tps = b.n_tps, n_kv = b.n_kv, d = b.d, hkv = b.hkv;
-    const int l = b.l, kk = b.kk;
     if (!inp->v_count) {
         inp->v_count = ggml_new_tensor_1d(ctx0, GGML_TYPE_F32, n_stream);
         ggml_set_input(inp->v_count);
@@ -506,7 +504,37 @@ static ggml_tensor * sparq_build_op(sparq_attn_build & b, ggml_tensor * q, ggml_
     if (q4->type != GGML_TYPE_F32) {
         q4 = ggml_cast(ctx0, q4, GGML_TYPE_F32);
     }
-    ggml_tensor * cur = ggml_sparq_attn(ctx0, q4, k4, kt4, v4, vs3, inp->v_count, kq_mask, b.r, kk, l, kq_scale);
+    *q4_out = q4;
+    return ggml_sparq_attn(ctx0, q4, k4, kt4, v4, vs3, inp->v_count, kq_mask, r, kk, l, kq_scale);
+}
+
+// A diffuse layer's dense stretch on the CPU: the op with every row over every valid cell (no K^T
+// read, no selection). The same attention as upstream's, in about half its time at long context
+// on the CPU (one pass over each KV head's rows for all of its query heads, the cells split between
+// the threads); on a GPU upstream's flash attention stays the dense path.
+static bool sparq_stretch_in_op(const sparq_attn_build & b) {
+    return !b.h2o && !b.index && !b.streaming && ggml_backend_buffer_is_host(b.L.data.kt->buffer);
+}
+
+static ggml_tensor * sparq_build_dense_op(sparq_attn_build & b, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,
+                                          ggml_tensor * kq_mask, float kq_scale) {
+    ggml_tensor * q4 = nullptr;
+    ggml_tensor * cur = sparq_op_node(b, q, k, v, kq_mask, kq_scale, 1, 1, 0, &q4);
+    ggml_sparq_attn_set_selector(cur, GGML_SPARQ_SEL_SPARQ, GGML_SPARQ_FLAG_DENSE | GGML_SPARQ_FLAG_NO_MEAN_V);
+    ggml_format_name(cur, "sparq_attn-%d", b.il);
+    return cur;
+}
+
+// the SPARQ_ATTN node on the layout of build_attn_mha, with its selector, selector inputs and window
+static ggml_tensor * sparq_build_op(sparq_attn_build & b, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,
+                                    ggml_tensor * kq_mask, float kq_scale, ggml_tensor * h2o3) {
+    ggml_context * ctx0 = b.ctx0;
+    llm_graph_input_sparq * inp = b.inp;
+    const llama_sparq_params & P = b.P;
+    const int64_t n_stream = b.n_stream, n_tps = b.n_tps, n_kv = b.n_kv, hkv = b.hkv;
+    const int l = b.l, kk = b.kk;
+    ggml_tensor * q4 = nullptr;
+    ggml_tensor * cur = sparq_op_node(b, q, k, v, kq_mask, kq_scale, b.r, kk, l, &q4);
     static_assert(LLAMA_SPARQ_SELECTOR_SPARQ == GGML_SPARQ_SEL_SPARQ && LLAMA_SPARQ_SELECTOR_ORACLE == GGML_SPARQ_SEL_ORACLE &&
                   LLAMA_SPARQ_SELECTOR_STREAMING == GGML_SPARQ_SEL_STREAMING && LLAMA_SPARQ_SELECTOR_H2O == GGML_SPARQ_SEL_H2O &&
                   LLAMA_SPARQ_SELECTOR_INDEX == GGML_SPARQ_SEL_INDEX,
@@ -660,6 +688,11 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
     if (reason >= 0 || !appends) {
         // SparQ needs this ubatch's keys in K^T: without appends (k_cur == nullptr) stay dense
         sparq_decide(inp, il, reason >= 0 ? reason : LLAMA_SPARQ_DENSE_NO_CACHE);
+        if (reason == LLAMA_SPARQ_DENSE_DIFFUSE && appends && sparq_stretch_in_op(b)) {
+            ggml_tensor * cur = sparq_build_dense_op(b, q, k, v, kq_mask, kq_scale);
+            sparq_place_op(b, cur);
+            return ggml_reshape_2d(ctx0, cur, cur->ne[0] * cur->ne[1], cur->ne[2] * cur->ne[3]);
+        }
         return nullptr;
     }
     sparq_decide_sparq(b, k, v);

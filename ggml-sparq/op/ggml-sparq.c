@@ -143,7 +143,8 @@ struct ggml_tensor * ggml_sparq_sum_append(struct ggml_context * ctx, struct ggm
 void ggml_sparq_attn_set_selector(struct ggml_tensor * attn, int32_t selector, int32_t flags) {
     GGML_ASSERT(attn->op == GGML_OP_SPARQ_ATTN);
     GGML_ASSERT(selector >= 0 && selector < GGML_SPARQ_SEL_COUNT && "sparq_attn: unknown selector");
-    GGML_ASSERT((flags & ~(GGML_SPARQ_FLAG_PER_HEAD | GGML_SPARQ_FLAG_NO_MEAN_V)) == 0 && "sparq_attn: unknown flags");
+    GGML_ASSERT((flags & ~(GGML_SPARQ_FLAG_PER_HEAD | GGML_SPARQ_FLAG_NO_MEAN_V | GGML_SPARQ_FLAG_DENSE)) == 0 &&
+                "sparq_attn: unknown flags");
     ggml_set_op_params_i32(attn, 4, selector);
     ggml_set_op_params_i32(attn, 5, flags);
 }

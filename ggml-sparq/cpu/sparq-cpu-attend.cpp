@@ -430,11 +430,17 @@ static void finish_unit(const ctx & C, int u, int w, int n_parts, float * own) {
             }
         }
         const float iP = P > 0.0f ? 1.0f / P : 0.0f;
-        const bool mv = !up->all_cells && up->mean_v;
-        const float alpha = mv ? C.ualpha(w)[hh] : 1.0f;
-        const float ay = mv ? alpha * iP : iP, av = mv ? 1.0f - alpha : 0.0f;
-        for (int j = 0; j < dv; ++j) {
-            o[j] = ay * o[j] + av * vbar[j];
+        if (!up->all_cells && up->mean_v) {
+            const float alpha = C.ualpha(w)[hh];
+            const float ay = alpha * iP, av = 1.0f - alpha;
+            for (int j = 0; j < dv; ++j) {
+                o[j] = ay * o[j] + av * vbar[j];
+            }
+        } else {
+            // (vbar is not computed for a unit without the mix: never read it, not even times 0)
+            for (int j = 0; j < dv; ++j) {
+                o[j] *= iP;
+            }
         }
     }
 }

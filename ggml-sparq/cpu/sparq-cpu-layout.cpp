@@ -59,8 +59,10 @@ layout make_layout(const sparq_args * a, int nth) {
     L.off_uvbar  = o; o += align_up((size_t) L.wave_units * a->dv * sizeof(float));
     L.n_waves    = (L.n_units + L.wave_units - 1) / L.wave_units;
     L.off_sync   = o; o += align_up((size_t) (2 * L.n_units + L.n_waves) * sizeof(std::atomic<int32_t>));
-    // H2O sums its weights per head over the whole selection: never split
-    L.parts_max  = L.n_units <= SPARQ_PART_UNITS && a->selector != SPARQ_SEL_H2O ? SPARQ_PARTS_MAX : 1;
+    // decode rows only (a row per stream: never a function of the batch, so that a sequence's
+    // results do not depend on the sequences beside it); H2O sums its weights per head over the
+    // whole selection: never split
+    L.parts_max  = a->n_rows == 1 && a->selector != SPARQ_SEL_H2O ? SPARQ_PARTS_MAX : 1;
     L.off_part   = o; o += align_up(L.parts_max > 1 ? (size_t) L.wave_units * L.parts_max * L.group_size * (a->dv + 2) * sizeof(float) : 0);
     L.off_logit  = o; o += align_up(L.group_size > 1 && !sel_baseline(a) ? (size_t) L.wave_units * L.group_size * S * sizeof(float) : 0);
     L.off_h2o    = o; o += align_up(a->selector == SPARQ_SEL_H2O ? (size_t) nth * a->n_stream * a->n_head_kv * S * sizeof(float) : 0);

@@ -45,8 +45,7 @@ struct unit_plan { int32_t n_sel; int32_t mean_v; int32_t all_cells; int32_t n_p
 constexpr int SPARQ_ATT_BLOCK = 256;  // most cells of a block (its g heads' logits and weights: 2 g x 256 floats)
 constexpr int SPARQ_ATT_FLOATS = 8192; // with many heads per KV head, fewer cells: g x block at most this
 constexpr int SPARQ_PART_MIN  = 128;  // fewest cells of a part
-constexpr int SPARQ_PARTS_MAX = 16;   // most parts of a unit (few units: one decode row)
-constexpr int SPARQ_PART_UNITS = 32;  // more units than this are enough work to share unsplit
+constexpr int SPARQ_PARTS_MAX = 16;   // most parts of a unit (decode: one query row per stream)
 
 struct layout {
     int n_units;     // units (stream, row, KV head), the work items of the per-unit phases

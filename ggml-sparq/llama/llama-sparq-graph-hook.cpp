@@ -130,6 +130,7 @@ struct sparq_attn_build {
     bool streaming, h2o, index, per_head;
     bool calibrated; // k = 0: kk is the cap of the calibrated k, the op cuts its choice at the coverage target
     bool stretch = false; // some decode rows, not all, are in their dense stretch of this layer (SPARQ_STRETCH_SOME)
+    bool stretch_upstream = false; // of those, some run upstream's attention (short rows, or stretches not in the op)
 
     ggml_tensor * kt_src, * vs_src, * ksq_src, * h2o_src, * ivf_src;
 
@@ -361,6 +362,14 @@ static sparq_dense_check sparq_dense_reason(const sparq_attn_build & b, const ll
     return c;
 }
 
+// A diffuse layer's dense stretch on the CPU: the op with every row over every valid cell (no K^T
+// read, no selection). The same attention as upstream's, in about half its time at long context
+// on the CPU (one pass over each KV head's rows for all of its query heads, the cells split between
+// the threads); on a GPU upstream's flash attention stays the dense path.
+static bool sparq_stretch_in_op(const sparq_attn_build & b) {
+    return !b.h2o && !b.index && !b.streaming && ggml_backend_buffer_is_host(b.L.data.kt->buffer);
+}
+
 // per stream, as alone: a stream under the dense threshold (the longest decides the threshold in
 // sparq_dense_reason) runs dense, and so does a stream the calibrated k found diffuse in this layer
 // at its last check, until the next one. Counts the last execution's reports first (under S.mtx),
@@ -378,6 +387,8 @@ static int sparq_record_stretches(sparq_attn_build & b) {
         st.mode = sparq_stretch_rows(b.S, b.ikv, b.si, prompt, st.rows);
     }
     b.stretch = st.mode == SPARQ_STRETCH_SOME;
+    st.in_op = b.stretch && sparq_stretch_in_op(b);
+    b.stretch_upstream = b.stretch && (!st.in_op || std::count(st.rows.begin(), st.rows.end(), (uint8_t) SPARQ_ROW_SHORT) > 0);
     if (st.mode == SPARQ_STRETCH_ALL) {
         const bool stretch = std::count(st.rows.begin(), st.rows.end(), (uint8_t) SPARQ_ROW_STRETCH) > 0;
         return stretch ? LLAMA_SPARQ_DENSE_DIFFUSE : LLAMA_SPARQ_DENSE_SHORT;
@@ -487,10 +498,18 @@ static ggml_tensor * sparq_op_node(sparq_attn_build & b, ggml_tensor * q, ggml_t
     llm_graph_input_sparq * inp = b.inp;
     const sparq_layer & L = b.L;
     const int64_t n_stream = b.n_stream, n_tps = b.n_tps, n_kv = b.n_kv, d = b.d, hkv = b.hkv;
-    if (!inp->v_count) {
-        inp->v_count = ggml_new_tensor_1d(ctx0, GGML_TYPE_F32, n_stream);
-        ggml_set_input(inp->v_count);
-        ggml_set_name(inp->v_count, "sparq_v_count");
+    // the valid-cell counts: the graph's, or a layer's own with streams in their dense stretch (each
+    // made where an op reads it: an input no node reads gets no memory)
+    const bool own = b.stretch && inp->stretch[b.ikv].in_op;
+    ggml_tensor *& v_count = own ? inp->layer_v_count[b.ikv] : inp->v_count;
+    if (!v_count) {
+        v_count = ggml_new_tensor_1d(ctx0, GGML_TYPE_F32, n_stream);
+        ggml_set_input(v_count);
+        if (own) {
+            ggml_format_name(v_count, "sparq_v_count-%d", b.il);
+        } else {
+            ggml_set_name(v_count, "sparq_v_count");
+        }
     }
 
     // the layout of build_attn_mha: q [d, n_tps, n_head, ns], k/v [d, n_kv, n_head_kv, ns]
@@ -505,15 +524,7 @@ static ggml_tensor * sparq_op_node(sparq_attn_build & b, ggml_tensor * q, ggml_t
         q4 = ggml_cast(ctx0, q4, GGML_TYPE_F32);
     }
     *q4_out = q4;
-    return ggml_sparq_attn(ctx0, q4, k4, kt4, v4, vs3, inp->v_count, kq_mask, r, kk, l, kq_scale);
-}
-
-// A diffuse layer's dense stretch on the CPU: the op with every row over every valid cell (no K^T
-// read, no selection). The same attention as upstream's, in about half its time at long context
-// on the CPU (one pass over each KV head's rows for all of its query heads, the cells split between
-// the threads); on a GPU upstream's flash attention stays the dense path.
-static bool sparq_stretch_in_op(const sparq_attn_build & b) {
-    return !b.h2o && !b.index && !b.streaming && ggml_backend_buffer_is_host(b.L.data.kt->buffer);
+    return ggml_sparq_attn(ctx0, q4, k4, kt4, v4, vs3, v_count, kq_mask, r, kk, l, kq_scale);
 }
 
 static ggml_tensor * sparq_build_dense_op(sparq_attn_build & b, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,
@@ -700,17 +711,19 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
     ggml_tensor * cur = sparq_build_op(b, q, k, v, kq_mask, kq_scale, h2o3);
     sparq_place_op(b, cur);
     ggml_tensor * out = ggml_reshape_2d(ctx0, cur, cur->ne[0] * cur->ne[1], cur->ne[2] * cur->ne[3]);
-    if (inp->rows_mode == SPARQ_ROWS_MIXED || b.stretch) {
-        // prompt rows beside decode rows, or streams in their dense stretch of this layer beside streams
-        // that run SparQ: those rows get upstream's dense attention, as alone; the pick copies rows, so
-        // each is bit-identical to the one it comes from (a layer with stretches has its own pick)
+    if (inp->rows_mode == SPARQ_ROWS_MIXED || b.stretch_upstream) {
+        // prompt rows beside decode rows, or streams under the dense threshold (or in a dense stretch
+        // not run by the op) beside streams that run SparQ: those rows get upstream's dense attention,
+        // as alone; the pick copies rows, so each is bit-identical to the one it comes from (a layer
+        // with such rows has its own pick). Streams in their dense stretch on the CPU are the op's
+        // own dense rows, as alone (their counts negative in the layer's v_count).
         ggml_tensor * dense = g.build_attn_mha(q, k, v, kq_b, kq_mask, sinks, v_mla, 0, kq_scale, il);
         GGML_ASSERT(dense->type == GGML_TYPE_F32 && ggml_are_same_shape(dense, out));
-        ggml_tensor *& pick = b.stretch ? inp->layer_pick[b.ikv] : inp->pick;
+        ggml_tensor *& pick = b.stretch_upstream ? inp->layer_pick[b.ikv] : inp->pick;
         if (!pick) {
             pick = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, b.n_tokens);
             ggml_set_input(pick);
-            ggml_format_name(pick, b.stretch ? "sparq_pick-%d" : "sparq_pick", il);
+            ggml_format_name(pick, b.stretch_upstream ? "sparq_pick-%d" : "sparq_pick", il);
         }
         out = ggml_get_rows(ctx0, ggml_concat(ctx0, out, dense, 1), pick);
     }

@@ -131,15 +131,23 @@ void llm_graph_input_sparq::train_index_if_due() {
     }
 }
 
-// the valid-cell count of each stream of the ubatch
+// the valid-cell count of each stream of the ubatch (a layer's own counts: negative for the streams
+// in its dense stretch, which the op attends densely)
 void llm_graph_input_sparq::set_v_count() {
     const auto & si = upstream::sinfo(mctx);
-    if (v_count) {
-        GGML_ASSERT(ggml_backend_buffer_is_host(v_count->buffer));
-        float * data = (float *) v_count->data;
+    auto fill = [&](ggml_tensor * t, const sparq_stretch * st) {
+        GGML_ASSERT(ggml_backend_buffer_is_host(t->buffer));
+        float * data = (float *) t->data;
         for (uint32_t s = 0; s < si.n_stream(); ++s) {
-            data[s] = (float) upstream::cells(S->kv, si.strm[s]).get_used();
+            const float n = (float) upstream::cells(S->kv, si.strm[s]).get_used();
+            data[s] = st && s < st->rows.size() && st->rows[s] == SPARQ_ROW_STRETCH ? -n : n;
         }
+    };
+    if (v_count) {
+        fill(v_count, nullptr);
+    }
+    for (auto & [ikv, t] : layer_v_count) {
+        fill(t, &stretch.at(ikv));
     }
 }
 
@@ -150,11 +158,13 @@ void llm_graph_input_sparq::set_pick(const llama_ubatch * ubatch, const std::vec
     if (!pick && layer_pick.empty()) {
         return;
     }
-    auto fill = [&](ggml_tensor * t, const std::vector<uint8_t> * rows) {
+    auto fill = [&](ggml_tensor * t, const sparq_stretch * st) {
         GGML_ASSERT(ggml_backend_buffer_is_host(t->buffer) && (int64_t) ubatch->n_tokens == t->ne[0]);
         int32_t * data = (int32_t *) t->data;
         for (uint32_t s = 0; s < si.n_stream(); ++s) {
-            const bool dense = prompt[s] || (rows && s < rows->size() && (*rows)[s]);
+            // a stretch row is upstream's unless it runs dense inside the op
+            const uint8_t kind = st && s < st->rows.size() ? st->rows[s] : SPARQ_ROW_SPARQ;
+            const bool dense = prompt[s] || kind == SPARQ_ROW_SHORT || (kind == SPARQ_ROW_STRETCH && !st->in_op);
             data[s] = dense ? (int32_t) (ubatch->n_tokens + s) : (int32_t) s;
         }
     };
@@ -162,7 +172,7 @@ void llm_graph_input_sparq::set_pick(const llama_ubatch * ubatch, const std::vec
         fill(pick, nullptr);
     }
     for (auto & [ikv, t] : layer_pick) {
-        fill(t, &stretch.at(ikv).rows);
+        fill(t, &stretch.at(ikv));
     }
 }
 

@@ -51,6 +51,10 @@ enum sparq_row_kind { SPARQ_ROW_SPARQ = 0, SPARQ_ROW_STRETCH = 1, SPARQ_ROW_SHOR
 struct sparq_stretch {
     int mode = SPARQ_STRETCH_NONE;
     std::vector<uint8_t> rows; // per stream of the ubatch: its decode row's sparq_row_kind
+    // SPARQ_STRETCH_SOME with the op on the CPU: the stretch rows run dense inside the op (as they do
+    // alone: the op with its dense flag), marked by negative counts in the layer's own v_count; only
+    // short rows are picked from upstream's attention
+    bool in_op = false;
 };
 
 // llama-sparq-graph-hook.cpp:
@@ -90,6 +94,7 @@ public:
     std::map<int32_t, sparq_stretch> stretch;  // by KV layer (the calibrated k): the stretches the graph was built for
     ggml_tensor * pick = nullptr;              // SPARQ_ROWS_MIXED: [n_tokens] i32, per token its row of [SparQ; dense]
     std::map<int32_t, ggml_tensor *> layer_pick; // by KV layer, SPARQ_STRETCH_SOME: the same with its stretches' rows
+    std::map<int32_t, ggml_tensor *> layer_v_count; // by KV layer, SPARQ_STRETCH_SOME in the op: v_count, negative in a stretch
     std::vector<sparq_decision> decisions;     // one per attention layer of this graph
     std::vector<uint8_t> prompt_buf, rows_buf; // per-ubatch scratch (their capacity stays: no allocation once warm)
 

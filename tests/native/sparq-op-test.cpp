@@ -305,7 +305,9 @@ static int run_direct(const test_case & c, const char * out_path, const char * i
     }
 
     const size_t wsize = sparq_cpu_work_size(&a, nth);
-    std::vector<char> work(wsize);
+    // the scratch poisoned (every float NaN) as ggml's work buffer may hold anything: the op must
+    // write what it reads
+    std::vector<char> work(wsize, (char) 0xff);
     thread_barrier bar(nth);
     std::vector<std::thread> threads;
     for (int ith = 1; ith < nth; ++ith) {

@@ -335,21 +335,32 @@ constexpr int SPARQ_PF_STEP  = 8;
 constexpr int SPARQ_PF_AHEAD = 24;
 
 // cells idx[0..n) (n <= att_block) of (stream st, KV head kvh) for the g heads q[]: their
-// logits (ex), the running softmax of each head, their V rows added by their weights (p). With
-// n_ahead > n the rows idx[n..n_ahead) follow (their K and V rows are prefetched on the way); 0: no
-// prefetch (rows in order, which the hardware's prefetcher follows)
+// logits (ex), the running softmax of each head, their V rows added by their weights (p). The rows
+// ahead are prefetched on the way: with n_ahead > 0 those of idx[n..n_ahead) (a selection's), with
+// n_ahead < 0 those of the cells after each (every cell in order, up to cell -n_ahead: a KV head's
+// rows in the cache are strided by the cell's row of every head, which the hardware prefetcher
+// did not follow: without it this path was slower than upstream's attention on SmolLM2)
 static void attend_cells(const ctx & C, const float * const * q, int st, int kvh, const float * m, const int32_t * idx,
                          int n, int n_ahead, float * ex, float * p, att_state & S) {
     const sparq_args * a = C.a;
     const int g = C.L.group_size, dv = a->dv;
     const int B = C.L.att_block;
+    constexpr int PA = SPARQ_PF_AHEAD, PS = SPARQ_PF_STEP;
     if (n_ahead > 0) {
-        for (int t = 0; t < n; t += SPARQ_PF_STEP) {
-            const int f0 = t + SPARQ_PF_AHEAD, f1 = std::min(n_ahead, f0 + SPARQ_PF_STEP);
+        for (int t = 0; t < n; t += PS) {
+            const int f0 = t + PA, f1 = std::min(n_ahead, f0 + PS);
             if (f0 < f1) {
                 prefetch_rows(C, st, kvh, idx + f0, f1 - f0);
             }
-            cell_logits(C, q, st, kvh, idx + t, std::min(SPARQ_PF_STEP, n - t), ex + t);
+            cell_logits(C, q, st, kvh, idx + t, std::min(PS, n - t), ex + t);
+        }
+    } else if (n_ahead < 0) {
+        for (int t = 0; t < n; t += PS) {
+            const int c0 = idx[t] + PA, c1 = std::min(-n_ahead, c0 + PS);
+            for (int c = c0; c < c1; ++c) {
+                prefetch_rows(C, st, kvh, &c, 1);
+            }
+            cell_logits(C, q, st, kvh, idx + t, std::min(PS, n - t), ex + t);
         }
     } else {
         cell_logits(C, q, st, kvh, idx, n, ex);
@@ -474,6 +485,9 @@ static void attend_part(const ctx & C, int u, int w, int pt, int ith) {
         int32_t * idx = (int32_t *) C.tbuf(ith, C.L.t_aidx);
         int c0, c1;
         chunk_range(a->n_kv, pt, n_parts, &c0, &c1);
+        for (int c = c0; c < std::min(c1, c0 + SPARQ_PF_AHEAD); ++c) {
+            prefetch_rows(C, st, kvh, &c, 1);
+        }
         for (int c = c0; c < c1; c += B) {
             const int ce = std::min(c1, c + B);
             int n = 0;
@@ -482,7 +496,7 @@ static void attend_part(const ctx & C, int u, int w, int pt, int ith) {
                 n += !m || is_valid(m[s]);
             }
             if (n > 0) {
-                attend_cells(C, q, st, kvh, m, idx, n, 0, ex, p, S);
+                attend_cells(C, q, st, kvh, m, idx, n, -c1, ex, p, S);
             }
         }
     } else {

@@ -363,9 +363,11 @@ static sparq_dense_check sparq_dense_reason(const sparq_attn_build & b, const ll
 }
 
 // A diffuse layer's dense stretch on the CPU: the op with every row over every valid cell (no K^T
-// read, no selection). The same attention as upstream's, in about half its time at long context
-// on the CPU (one pass over each KV head's rows for all of its query heads, the cells split between
-// the threads); on a GPU upstream's flash attention stays the dense path.
+// read, no selection): one pass over each KV head's rows for all of its query heads, the cells
+// split between the threads, whatever the context's flash-attention setting (upstream's CPU flash
+// attention is the slow path at long context on some CPUs), and the same rows as the op's own
+// dense rows beside SparQ rows, so a sequence's logits do not depend on its neighbours. On a GPU
+// upstream's flash attention stays the dense path.
 static bool sparq_stretch_in_op(const sparq_attn_build & b) {
     return !b.h2o && !b.index && !b.streaming && ggml_backend_buffer_is_host(b.L.data.kt->buffer);
 }

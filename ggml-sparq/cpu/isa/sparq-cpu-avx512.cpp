@@ -1,6 +1,7 @@
 // llama-sparq: AVX-512 (F, BW, VL, DQ) + F16C SparQ primitives. Every loop runs masked tails
-// (no scalar remainder), so only the exp comes from the vector layer (sparq-isa-simd.h); the
-// masked loops, the compress-based filter and the gather are AVX-512's own.
+// (no scalar remainder), so only the exp and the g-head gathers' passes over the heads come from
+// the vector layer (sparq-isa-simd.h); the masked loops, the compress-based filter and the gather
+// are AVX-512's own.
 // Compiled with -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c; only
 // called when the CPU has them (sparq_isa_select).
 
@@ -319,20 +320,13 @@ inline void gather_dot_heads(const float * const * q, const char * b, size_t str
     }
 }
 
-// up to 4 heads a pass over the rows (more would spill the accumulators)
 template <class T>
 void gather_dot_g(const float * const * q, int g, const void * base, size_t stride, const int32_t * idx, int n, int d,
                   float * out, size_t ostride) {
-    const char * b = (const char *) base;
-    for (int h0 = 0; h0 < g; h0 += 4) {
-        float * o = out + (size_t) h0 * ostride;
-        switch (std::min(4, g - h0)) {
-            case 4:  gather_dot_heads<T, 4>(q + h0, b, stride, idx, n, d, o, ostride); break;
-            case 3:  gather_dot_heads<T, 3>(q + h0, b, stride, idx, n, d, o, ostride); break;
-            case 2:  gather_dot_heads<T, 2>(q + h0, b, stride, idx, n, d, o, ostride); break;
-            default: gather_dot_heads<T, 1>(q + h0, b, stride, idx, n, d, o, ostride); break;
-        }
-    }
+    simd_head_passes(g, [&](int h0, auto G) {
+        gather_dot_heads<T, decltype(G)::value>(q + h0, (const char *) base, stride, idx, n, d, out + (size_t) h0 * ostride,
+                                                ostride);
+    });
 }
 
 // NV vectors of each of G heads' y (from element off, the last one masked by last) held in
@@ -391,17 +385,10 @@ void gather_axpy_heads(float * y, size_t ystride, const char * b, size_t stride,
 template <class T>
 void gather_axpy_g(float * y, size_t ystride, int g, const void * base, size_t stride, const int32_t * idx,
                    const float * p, size_t pstride, int n, int dv) {
-    const char * b = (const char *) base;
-    for (int h0 = 0; h0 < g; h0 += 4) {
-        float * yh = y + (size_t) h0 * ystride;
-        const float * ph = p + (size_t) h0 * pstride;
-        switch (std::min(4, g - h0)) {
-            case 4:  gather_axpy_heads<T, 4>(yh, ystride, b, stride, idx, ph, pstride, n, dv); break;
-            case 3:  gather_axpy_heads<T, 3>(yh, ystride, b, stride, idx, ph, pstride, n, dv); break;
-            case 2:  gather_axpy_heads<T, 2>(yh, ystride, b, stride, idx, ph, pstride, n, dv); break;
-            default: gather_axpy_heads<T, 1>(yh, ystride, b, stride, idx, ph, pstride, n, dv); break;
-        }
-    }
+    simd_head_passes(g, [&](int h0, auto G) {
+        gather_axpy_heads<T, decltype(G)::value>(y + (size_t) h0 * ystride, ystride, (const char *) base, stride, idx,
+                                                 p + (size_t) h0 * pstride, pstride, n, dv);
+    });
 }
 
 void avx512_gather_dot_g_f16(const float * const * q, int g, const void * b, size_t st, const int32_t * idx, int n,

@@ -20,7 +20,7 @@
 //
 // The skeletons below are the "full vectors, then a scalar tail" family (AVX2, NEON). AVX-512's
 // primitives run masked tails instead (different lanes, so different sums): they stay in its
-// file, and share only simd_exp. The numerics are each ISA's own as before: the same operations
+// file, and share only simd_exp and simd_head_passes. The numerics are each ISA's own as before: the same operations
 // per lane, the same accumulation and reduction order.
 #pragma once
 
@@ -29,6 +29,7 @@
 #include <algorithm>
 #include <cmath>
 #include <stddef.h>
+#include <type_traits>
 
 // Everything here has internal linkage: each ISA file compiles its own copy with its own flags
 // (-mavx2, -mavx512f, ...), and the linker must never pick one file's copy for another.
@@ -231,6 +232,20 @@ void simd_gather_axpy(float * y, const void * base, size_t stride, const int32_t
     }
 }
 
+// f(h0, std::integral_constant<int, G>()) for g heads in passes of up to 4 (h0 the pass's first):
+// more accumulators than 4 heads' would spill. The g-head gathers of every ISA run their passes so.
+template <class F>
+inline void simd_head_passes(int g, F && f) {
+    for (int h0 = 0; h0 < g; h0 += 4) {
+        switch (std::min(4, g - h0)) {
+            case 4:  f(h0, std::integral_constant<int, 4>()); break;
+            case 3:  f(h0, std::integral_constant<int, 3>()); break;
+            case 2:  f(h0, std::integral_constant<int, 2>()); break;
+            default: f(h0, std::integral_constant<int, 1>()); break;
+        }
+    }
+}
+
 // gather_dot and gather_axpy for G query heads of a KV head at once: each row loaded (and converted)
 // once for all of them; per head the operations of simd_dot and simd_gather_axpy, in their order.
 template <class V, class T, int G>
@@ -269,20 +284,13 @@ inline void simd_gather_dot_heads(const float * const * q, const char * b, size_
     }
 }
 
-// up to 4 heads a pass over the rows (more would spill the accumulators)
 template <class V, class T>
 void simd_gather_dot_g(const float * const * q, int g, const void * base, size_t stride, const int32_t * idx, int n,
                        int d, float * out, size_t ostride) {
-    const char * b = (const char *) base;
-    for (int h0 = 0; h0 < g; h0 += 4) {
-        float * o = out + (size_t) h0 * ostride;
-        switch (std::min(4, g - h0)) {
-            case 4:  simd_gather_dot_heads<V, T, 4>(q + h0, b, stride, idx, n, d, o, ostride); break;
-            case 3:  simd_gather_dot_heads<V, T, 3>(q + h0, b, stride, idx, n, d, o, ostride); break;
-            case 2:  simd_gather_dot_heads<V, T, 2>(q + h0, b, stride, idx, n, d, o, ostride); break;
-            default: simd_gather_dot_heads<V, T, 1>(q + h0, b, stride, idx, n, d, o, ostride); break;
-        }
-    }
+    simd_head_passes(g, [&](int h0, auto G) {
+        simd_gather_dot_heads<V, T, decltype(G)::value>(q + h0, (const char *) base, stride, idx, n, d,
+                                                         out + (size_t) h0 * ostride, ostride);
+    });
 }
 
 // NV vectors of each of G heads' y (from element off) held in registers over every row
@@ -349,17 +357,10 @@ void simd_gather_axpy_heads(float * y, size_t ystride, const char * b, size_t st
 template <class V, class T>
 void simd_gather_axpy_g(float * y, size_t ystride, int g, const void * base, size_t stride, const int32_t * idx,
                         const float * p, size_t pstride, int n, int dv) {
-    const char * b = (const char *) base;
-    for (int h0 = 0; h0 < g; h0 += 4) {
-        float * yh = y + (size_t) h0 * ystride;
-        const float * ph = p + (size_t) h0 * pstride;
-        switch (std::min(4, g - h0)) {
-            case 4:  simd_gather_axpy_heads<V, T, 4>(yh, ystride, b, stride, idx, ph, pstride, n, dv); break;
-            case 3:  simd_gather_axpy_heads<V, T, 3>(yh, ystride, b, stride, idx, ph, pstride, n, dv); break;
-            case 2:  simd_gather_axpy_heads<V, T, 2>(yh, ystride, b, stride, idx, ph, pstride, n, dv); break;
-            default: simd_gather_axpy_heads<V, T, 1>(yh, ystride, b, stride, idx, ph, pstride, n, dv); break;
-        }
-    }
+    simd_head_passes(g, [&](int h0, auto G) {
+        simd_gather_axpy_heads<V, T, decltype(G)::value>(y + (size_t) h0 * ystride, ystride, (const char *) base, stride,
+                                                          idx, p + (size_t) h0 * pstride, pstride, n, dv);
+    });
 }
 
 // q8_0 rows (a quantized cache): per block of 32 the product with the unscaled values in a vector,

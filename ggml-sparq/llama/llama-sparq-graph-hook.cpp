@@ -130,7 +130,8 @@ struct sparq_attn_build {
     bool streaming, h2o, index, per_head;
     bool calibrated; // k = 0: kk is the cap of the calibrated k, the op cuts its choice at the coverage target
     bool stretch = false; // some decode rows, not all, are in their dense stretch of this layer (SPARQ_STRETCH_SOME)
-    bool stretch_upstream = false; // of those, some run upstream's attention (short rows, or stretches not in the op)
+    bool stretch_upstream = false; // some decode rows dense as alone run upstream's attention (short rows, or stretches not in the op)
+    bool stretch_in_op = false;    // the op runs the decode rows in their dense stretch (sparq_stretch::in_op)
 
     ggml_tensor * kt_src, * vs_src, * ksq_src, * h2o_src, * ivf_src;
 
@@ -388,11 +389,15 @@ static int sparq_record_stretches(sparq_attn_build & b) {
         sparq_count_reports(b.S);
         st.mode = sparq_stretch_rows(b.S, b.ikv, b.si, prompt, st.rows);
     }
+    const bool stretch = std::count(st.rows.begin(), st.rows.end(), (uint8_t) SPARQ_ROW_STRETCH) > 0;
+    const bool short_rows = std::count(st.rows.begin(), st.rows.end(), (uint8_t) SPARQ_ROW_SHORT) > 0;
     b.stretch = st.mode == SPARQ_STRETCH_SOME;
-    st.in_op = b.stretch && sparq_stretch_in_op(b);
-    b.stretch_upstream = b.stretch && (!st.in_op || std::count(st.rows.begin(), st.rows.end(), (uint8_t) SPARQ_ROW_SHORT) > 0);
+    // the op runs the stretch rows (all of the decode rows' dense ones, or some beside SparQ rows);
+    // short rows, and stretch rows the op does not run, are upstream's, picked
+    st.in_op = stretch && sparq_stretch_in_op(b);
+    b.stretch_in_op = st.in_op;
+    b.stretch_upstream = st.mode != SPARQ_STRETCH_NONE && (st.in_op ? short_rows : b.stretch);
     if (st.mode == SPARQ_STRETCH_ALL) {
-        const bool stretch = std::count(st.rows.begin(), st.rows.end(), (uint8_t) SPARQ_ROW_STRETCH) > 0;
         return stretch ? LLAMA_SPARQ_DENSE_DIFFUSE : LLAMA_SPARQ_DENSE_SHORT;
     }
     return -1;
@@ -701,21 +706,21 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
     if (reason >= 0 || !appends) {
         // SparQ needs this ubatch's keys in K^T: without appends (k_cur == nullptr) stay dense
         sparq_decide(inp, il, reason >= 0 ? reason : LLAMA_SPARQ_DENSE_NO_CACHE);
-        if (reason == LLAMA_SPARQ_DENSE_DIFFUSE && appends && sparq_stretch_in_op(b)) {
-            ggml_tensor * cur = sparq_build_dense_op(b, q, k, v, kq_mask, kq_scale);
-            sparq_place_op(b, cur);
-            return ggml_reshape_2d(ctx0, cur, cur->ne[0] * cur->ne[1], cur->ne[2] * cur->ne[3]);
+        if (reason != LLAMA_SPARQ_DENSE_DIFFUSE || !appends || !b.stretch_in_op) {
+            return nullptr;
         }
-        return nullptr;
+    } else {
+        sparq_decide_sparq(b, k, v);
     }
-    sparq_decide_sparq(b, k, v);
-
-    ggml_tensor * cur = sparq_build_op(b, q, k, v, kq_mask, kq_scale, h2o3);
+    // every decode row dense as alone with some in their stretch: the op attends densely (prompt and
+    // short rows are then picked from upstream's attention below, as beside SparQ rows)
+    ggml_tensor * cur = reason == LLAMA_SPARQ_DENSE_DIFFUSE ? sparq_build_dense_op(b, q, k, v, kq_mask, kq_scale)
+                                                            : sparq_build_op(b, q, k, v, kq_mask, kq_scale, h2o3);
     sparq_place_op(b, cur);
     ggml_tensor * out = ggml_reshape_2d(ctx0, cur, cur->ne[0] * cur->ne[1], cur->ne[2] * cur->ne[3]);
     if (inp->rows_mode == SPARQ_ROWS_MIXED || b.stretch_upstream) {
         // prompt rows beside decode rows, or streams under the dense threshold (or in a dense stretch
-        // not run by the op) beside streams that run SparQ: those rows get upstream's dense attention,
+        // not run by the op) beside streams the op runs: those rows get upstream's dense attention,
         // as alone; the pick copies rows, so each is bit-identical to the one it comes from (a layer
         // with such rows has its own pick). Streams in their dense stretch on the CPU are the op's
         // own dense rows, as alone (their counts negative in the layer's v_count).

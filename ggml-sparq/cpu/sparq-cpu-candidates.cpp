@@ -8,11 +8,36 @@
 
 namespace sparq_cpu {
 
+float kth_largest(float * x, int n, int kk) {
+    if (n < 64) {
+        std::nth_element(x, x + (kk - 1), x + n, std::greater<float>());
+        return x[kk - 1];
+    }
+    int cnt[SPARQ_KEY_BINS];
+    memset(cnt, 0, sizeof(cnt));
+    for (int i = 0; i < n; ++i) {
+        cnt[key_bin(x[i])] += 1;
+    }
+    int B = SPARQ_KEY_BINS - 1, above = 0;
+    while (above + cnt[B] < kk) {
+        above += cnt[B--];
+    }
+    // the bin's values to the front, then the rank within them
+    int m = 0;
+    for (int i = 0; i < n; ++i) {
+        if (key_bin(x[i]) == B) {
+            std::swap(x[m++], x[i]);
+        }
+    }
+    std::nth_element(x, x + (kk - above - 1), x + m, std::greater<float>());
+    return x[kk - above - 1];
+}
+
 // The candidates of one chunk: keys ck[0..n) of cells base.., of which the kk best
 // are wanted. A lower bound t of the kk-th best key is the kk-th best of the maxima
 // of G >= kk groups of cells (each such maximum is a key of the chunk); every cell
 // with key >= t is a candidate, which are a few more than kk. Only vectorised passes
-// touch all n keys; the selection proper (nth_element) sees ~4 kk group maxima and
+// touch all n keys; the selection proper (kth_largest) sees ~4 kk group maxima and
 // the candidates. Returns the number of candidates written to out (at most cap).
 int select_chunk(const ctx & C, int ith, const float * ck, int n, int base, int kk, cand * out, float * bound) {
     if (n <= 0 || kk <= 0) {
@@ -39,8 +64,7 @@ int select_chunk(const ctx & C, int ith, const float * ck, int n, int base, int 
         for (int i = 0; i < G; ++i) {
             gm[i] = isa->max(ck + (size_t) i * gs, std::min(gs, n - i * gs));
         }
-        std::nth_element(gm, gm + (kk - 1), gm + G, std::greater<float>());
-        t = gm[kk - 1];
+        t = kth_largest(gm, G, kk);
     }
     if (bound) {
         *bound = t; // -inf: every cell is offered; else every key below t is not
@@ -110,12 +134,14 @@ int merge_candidates(const ctx & C, int u, int w, int ith, const row_info * ri, 
             n_m = (int) (std::partition(merge, merge + n_m, [bound](const cand & x) { return x.key >= bound; }) - merge);
         }
         int keep = kk;
+        bool front = false; // merge[0..keep) are already the best keep
         if (a->cov_p > 0.0f) {
             // the coverage target: the fewest best cells reaching it (measured, or the selection)
             int reached = 0;
             const int n_cut = sparq_coverage_cut(C, u, w, h, ri, wl, merge, n_m, &reached);
             if (a->cov_apply) {
                 keep = std::min(kk, std::max(n_cut, a->k_min - ri->n_win));
+                front = keep == n_cut; // the cut moved its cells to the front
             }
             if (bound > -INFINITY && (!reached || keep > n_m)) {
                 *again = true; // not proven above the bound: the chunks offer again at the full cap
@@ -125,7 +151,7 @@ int merge_candidates(const ctx & C, int u, int w, int ith, const row_info * ri, 
             reached_all &= reached && n_cut <= kk; // within the cap (k - window)
         }
         if (n_m > keep) {
-            if (keep > 0) {
+            if (keep > 0 && !front) {
                 compact(merge, n_m, keep);
             }
             n_m = std::max(keep, 0);

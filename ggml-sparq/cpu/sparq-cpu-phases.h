@@ -231,6 +231,21 @@ inline void chunk_range(int n, int c, int nc, int * s0, int * s1) {
     *s1 = (int) (((int64_t) n * (c + 1)) / nc);
 }
 
+// The bin of a key among SPARQ_KEY_BINS: half an octave each, in the order of the keys (an
+// order-preserving map of the float bits, negative keys and -INF included), for the selection's
+// histograms: a bin's keys are all above every key of a lower bin.
+constexpr int SPARQ_KEY_BINS = 1024;
+inline __attribute__((always_inline)) int key_bin(float key) {
+    uint32_t u;
+    memcpy(&u, &key, sizeof(u));
+    return (int) ((u & 0x80000000u ? ~u : u | 0x80000000u) >> 22);
+}
+
+// The kk-th largest of x[0..n) (1 <= kk <= n), the value nth_element finds, which reorders x: a
+// histogram of the bins first, then nth_element among the one bin's values that holds it (over all
+// n, its passes branched on every value).
+float kth_largest(float * x, int n, int kk);
+
 // keep the kk largest of buf[0..n) in buf[0..kk); return the kk-th key
 inline float compact(cand * buf, int n, int kk) {
     std::nth_element(buf, buf + (kk - 1), buf + n, cand_greater());

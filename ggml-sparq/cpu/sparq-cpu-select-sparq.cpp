@@ -280,10 +280,43 @@ int sparq_coverage_cut(const ctx & C, int u, int w, int h, const row_info * ri, 
     if (need <= 0.0) {
         return 0;
     }
-    // a quickselect on the mass: merge[0..lo) are better than the rest and hold acc < need;
-    // the answer lies in [lo, hi)
-    int lo = 0, hi = n;
-    double acc = 0.0;
+    // First the keys' histogram: bins of half an octave in an order-preserving map of the float
+    // bits, each with its candidates' mass; from the top bin down, the one where the mass reaches
+    // the target. The bins above it are the best cells, so only that bin's candidates are ranked
+    // (a quickselect over all of them, every pass branching on each, cost more than the rest of
+    // the selection).
+    constexpr int NB = SPARQ_KEY_BINS;
+    const auto bin = [](float key) { return key_bin(key); };
+    double bmass[NB];
+    int bcnt[NB];
+    memset(bmass, 0, sizeof(bmass));
+    memset(bcnt, 0, sizeof(bcnt));
+    double total = 0.0;
+    for (int i = 0; i < n; ++i) {
+        const int b = bin(merge[i].key);
+        const double x = wt(merge[i]);
+        bmass[b] += x;
+        bcnt[b] += 1;
+        total += x;
+    }
+    if (total < need) {
+        *reached = 0; // all of them fall short: all of them, in any order
+        return n;
+    }
+    int B = NB - 1;
+    double above = 0.0;
+    int n_above = 0;
+    while (B > 0 && above + bmass[B] < need) {
+        above += bmass[B];
+        n_above += bcnt[B];
+        --B;
+    }
+    std::partition(merge, merge + n, [&](const cand & c) { return bin(c.key) > B; });
+    std::partition(merge + n_above, merge + n, [&](const cand & c) { return bin(c.key) == B; });
+    // a quickselect on the mass within the bin: merge[0..lo) are better than the rest and hold
+    // acc < need; the answer lies in [lo, hi)
+    int lo = n_above, hi = n_above + bcnt[B];
+    double acc = above;
     const cand_greater better;
     while (hi - lo > 32) {
         const cand & x = merge[lo], & y = merge[lo + (hi - lo) / 2], & z = merge[hi - 1];
@@ -320,8 +353,7 @@ int sparq_coverage_cut(const ctx & C, int u, int w, int h, const row_info * ri, 
             return i + 1;
         }
     }
-    *reached = hi < n;
-    return hi;
+    return hi; // the bin's mass reached the target: rounding left its sum a hair short
 }
 
 } // namespace sparq_cpu

@@ -134,14 +134,14 @@ int merge_candidates(const ctx & C, int u, int w, int ith, const row_info * ri, 
             n_m = (int) (std::partition(merge, merge + n_m, [bound](const cand & x) { return x.key >= bound; }) - merge);
         }
         int keep = kk;
-        bool front = false; // merge[0..keep) are already the best keep
+        int front = 0; // merge[0..front) are already the best front cells
         if (a->cov_p > 0.0f) {
             // the coverage target: the fewest best cells reaching it (measured, or the selection)
             int reached = 0;
             const int n_cut = sparq_coverage_cut(C, u, w, h, ri, wl, merge, n_m, &reached);
+            front = n_cut; // the cut moved its cells to the front
             if (a->cov_apply) {
                 keep = std::min(kk, std::max(n_cut, a->k_min - ri->n_win));
-                front = keep == n_cut; // the cut moved its cells to the front
             }
             if (bound > -INFINITY && (!reached || keep > n_m)) {
                 *again = true; // not proven above the bound: the chunks offer again at the full cap
@@ -151,8 +151,11 @@ int merge_candidates(const ctx & C, int u, int w, int ith, const row_info * ri, 
             reached_all &= reached && n_cut <= kk; // within the cap (k - window)
         }
         if (n_m > keep) {
-            if (keep > 0 && !front) {
-                compact(merge, n_m, keep);
+            // the best keep: among the cut's cells, or the cut's cells and the best of the rest
+            if (keep > 0 && keep < front) {
+                compact(merge, front, keep);
+            } else if (keep > front) {
+                compact(merge + front, n_m - front, keep - front);
             }
             n_m = std::max(keep, 0);
         }

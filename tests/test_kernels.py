@@ -127,6 +127,8 @@ SPLIT = [
     Case(d=64, S=2000, r=8, k=100, l=16, n_head=9, n_head_kv=3, mask="pad", seed=903),
     Case(d=64, S=2000, r=8, k=100, l=16, n_rows=2, n_head=6, n_head_kv=3, mask="causal", kv_type="q8_0", seed=904),
     Case(d=64, S=2000, r=8, k=100, l=16, n_head=9, n_head_kv=3, mask="holes", selector="h2o", seed=905),
+    # chunks shorter than the cap, part padding (at the cap a chunk offers every valid cell)
+    Case(d=64, S=900, r=16, k=400, l=16, n_head=9, n_head_kv=3, mask="pad", coverage=0.9, k_min=32, seed=906),
 ]
 
 

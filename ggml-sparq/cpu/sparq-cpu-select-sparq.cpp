@@ -280,11 +280,10 @@ int sparq_coverage_cut(const ctx & C, int u, int w, int h, const row_info * ri, 
     if (need <= 0.0) {
         return 0;
     }
-    // First the keys' histogram: bins of half an octave in an order-preserving map of the float
-    // bits, each with its candidates' mass; from the top bin down, the one where the mass reaches
-    // the target. The bins above it are the best cells, so only that bin's candidates are ranked
-    // (a quickselect over all of them, every pass branching on each, cost more than the rest of
-    // the selection).
+    // First the keys' histogram (key_bin) with each bin's mass; from the top bin down, the one
+    // where the mass reaches the target. The bins above it are the best cells, so only that bin's
+    // candidates are ranked (a quickselect over all of them, every pass branching on each, cost
+    // more than the rest of the selection).
     constexpr int NB = SPARQ_KEY_BINS;
     const auto bin = [](float key) { return key_bin(key); };
     double bmass[NB];

@@ -15,10 +15,12 @@ float kth_largest(float * x, int n, int kk) {
     }
     int cnt[SPARQ_KEY_BINS];
     memset(cnt, 0, sizeof(cnt));
+    int B = 0, above = 0; // the walk down starts at the highest bin used
     for (int i = 0; i < n; ++i) {
-        cnt[key_bin(x[i])] += 1;
+        const int b = key_bin(x[i]);
+        cnt[b] += 1;
+        B = std::max(B, b);
     }
-    int B = SPARQ_KEY_BINS - 1, above = 0;
     while (above + cnt[B] < kk) {
         above += cnt[B--];
     }

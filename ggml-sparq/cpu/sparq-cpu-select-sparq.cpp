@@ -285,24 +285,24 @@ int sparq_coverage_cut(const ctx & C, int u, int w, int h, const row_info * ri, 
     // candidates are ranked (a quickselect over all of them, every pass branching on each, cost
     // more than the rest of the selection).
     constexpr int NB = SPARQ_KEY_BINS;
-    const auto bin = [](float key) { return key_bin(key); };
     double bmass[NB];
     int bcnt[NB];
     memset(bmass, 0, sizeof(bmass));
     memset(bcnt, 0, sizeof(bcnt));
     double total = 0.0;
+    int B = 0; // the walk down starts at the highest bin used
     for (int i = 0; i < n; ++i) {
-        const int b = bin(merge[i].key);
+        const int b = key_bin(merge[i].key);
         const double x = wt(merge[i]);
         bmass[b] += x;
         bcnt[b] += 1;
         total += x;
+        B = std::max(B, b);
     }
     if (total < need) {
         *reached = 0; // all of them fall short: all of them, in any order
         return n;
     }
-    int B = NB - 1;
     double above = 0.0;
     int n_above = 0;
     while (B > 0 && above + bmass[B] < need) {
@@ -310,8 +310,8 @@ int sparq_coverage_cut(const ctx & C, int u, int w, int h, const row_info * ri, 
         n_above += bcnt[B];
         --B;
     }
-    std::partition(merge, merge + n, [&](const cand & c) { return bin(c.key) > B; });
-    std::partition(merge + n_above, merge + n, [&](const cand & c) { return bin(c.key) == B; });
+    std::partition(merge, merge + n, [&](const cand & c) { return key_bin(c.key) > B; });
+    std::partition(merge + n_above, merge + n, [&](const cand & c) { return key_bin(c.key) == B; });
     // a quickselect on the mass within the bin: merge[0..lo) are better than the rest and hold
     // acc < need; the answer lies in [lo, hi)
     int lo = n_above, hi = n_above + bcnt[B];

@@ -20,8 +20,8 @@
 //
 // The skeletons below are the "full vectors, then a scalar tail" family (AVX2, NEON). AVX-512's
 // primitives run masked tails instead (different lanes, so different sums): they stay in its
-// file, and share only simd_exp and simd_head_passes. The numerics are each ISA's own as before: the same operations
-// per lane, the same accumulation and reduction order.
+// file, and share only simd_exp and simd_head_passes. The numerics are each ISA's own as before:
+// the same operations per lane, the same accumulation and reduction order.
 #pragma once
 
 #include "sparq-cpu.h"

@@ -7,7 +7,7 @@ profiles one launch of each of the op's kernels in llama-bench's decode on the p
 (Llama 2 7B per-layer shapes, 8 layers, Q8_0 weights, F16 cache, ``-ngl 99``, the synthetic fill,
 the paper's fixed k), after the first ``--skip-steps`` steps:
 
-    ncu -k regex:k_sparq_ --launch-skip N --launch-count 3 --section SpeedOfLight --section Occupancy \\
+    ncu -k 'regex:k_sparq_(score|select|attend)' --launch-skip N --launch-count 3 --section SpeedOfLight --section Occupancy \\
         --section LaunchStats --section WarpStateStats --section SourceCounters --import-source yes \\
         -o sel_S llama-bench ... -d S
     ncu -i sel_S.ncu-rep --page details --csv          (duration, SMs active, occupancy)
@@ -168,10 +168,12 @@ def main(argv=None) -> int:
     meta = {"tag": args.tag, "device": device(), "commit": git_commit(), "date": now_iso(timespec="auto"),
             "argv": command_line(), "sparq": sp, "commands": [],
             "ncu": subprocess.run([ncu, "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1:]}
-    n_kernels = 3  # score, select, attend: one launch each, of one layer
+    # score, select, attend: one launch each per layer (the op's upkeep kernels, k_sparq_sum_append and
+    # k_sparq_kt_append, are left out of the filter so that the skip counts steps)
+    n_kernels = 3
     for S in [int(x) for x in args.depths.split(",") if x]:
         rep = work / f"rep_{S}"
-        cmd = [ncu, "-k", "regex:k_sparq_", "--launch-skip", str(n_kernels * args.n_layer * args.skip_steps),
+        cmd = [ncu, "-k", "regex:k_sparq_(score|select|attend)", "--launch-skip", str(n_kernels * args.n_layer * args.skip_steps),
                "--launch-count", str(n_kernels), "--section", "SpeedOfLight", "--section", "Occupancy", "--section",
                "LaunchStats", "--section", "WarpStateStats", "--section", "SourceCounters", "--import-source", "yes",
                "-f", "-o", str(rep), bench, "-m", str(model), "-ngl", "99", "-fa", "1", "-p", "0",

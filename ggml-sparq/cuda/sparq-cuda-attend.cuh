@@ -108,6 +108,7 @@ static __device__ __forceinline__ void sparq_attend_cells(const sparq_cu_args & 
     const int w_lo = min(a.W, tid * per_t), w_hi = min(a.W, w_lo + per_t);
     int n = a.S, cnt = 0, pos = 0;
     if (un.sparse) {
+#pragma unroll 8
         for (int wi = w_lo; wi < w_hi; ++wi) {
             cnt += __popc(sb[wi]);
         }
@@ -193,19 +194,33 @@ static __device__ __forceinline__ void sparq_attend_logits(const sparq_cu_args &
                 part[x][h] = 0.0f;
             }
         }
-        for (int j = lane; j < d; j += 32) {
-            float kv[CU];
+        // JN components of each of the CU rows loaded before any is used: one memory round trip
+        // per CU cells up to d = 128, where a load per component waited for each (four at 128)
+        constexpr int JN = 4;
+        for (int j0 = 0; j0 < d; j0 += 32 * JN) {
+            float kv[JN][CU];
 #pragma unroll
-            for (int x = 0; x < CU; ++x) {
-                kv[x] = c[x] >= 0 ? sq_ld<TK>((const TK *) (un.Kb + (size_t) c[x] * a.K_nb1) + j) : 0.0f;
+            for (int jj = 0; jj < JN; ++jj) {
+                const int j = j0 + lane + 32 * jj;
+#pragma unroll
+                for (int x = 0; x < CU; ++x) {
+                    kv[jj][x] = c[x] >= 0 && j < d ? sq_ld<TK>((const TK *) (un.Kb + (size_t) c[x] * a.K_nb1) + j) : 0.0f;
+                }
             }
 #pragma unroll
-            for (int h = 0; h < GMAX; ++h) {
-                if (h < g) {
-                    const float qv = sm.sq[h * d + j];
+            for (int jj = 0; jj < JN; ++jj) {
+                const int j = j0 + lane + 32 * jj;
+                if (j >= d) {
+                    break; // uniform over the warp
+                }
 #pragma unroll
-                    for (int x = 0; x < CU; ++x) {
-                        part[x][h] = fmaf(qv, kv[x], part[x][h]);
+                for (int h = 0; h < GMAX; ++h) {
+                    if (h < g) {
+                        const float qv = sm.sq[h * d + j];
+#pragma unroll
+                        for (int x = 0; x < CU; ++x) {
+                            part[x][h] = fmaf(qv, kv[jj][x], part[x][h]);
+                        }
                     }
                 }
             }
@@ -280,17 +295,27 @@ static __device__ __forceinline__ void sparq_attend_values(const sparq_cu_args &
             }
         }
         const int n_c = min(SPARQ_NT, n_items - c0);
-#pragma unroll 4
-        for (int ii = grp; ii < n_c; ii += n_grp) {
-            const int c = sm.scell[ii];
-            if (c < 0) {
-                continue;
-            }
-            const float v = sq_ld<TV>((const TV *) (un.Vb + (size_t) c * a.V_nb1) + tid);
+        // VB positions' V loads in flight before any is used (a cell without a value has weight 0)
+        constexpr int VB = 8;
+        for (int i0 = grp; i0 < n_c; i0 += VB * n_grp) {
+            float v[VB];
 #pragma unroll
-            for (int h = 0; h < GMAX; ++h) {
-                if (h < g) {
-                    y[h] = fmaf(sm.sp[h * SPARQ_NT + ii], v, y[h]);
+            for (int b = 0; b < VB; ++b) {
+                const int ii = i0 + b * n_grp;
+                const int c = ii < n_c ? sm.scell[ii] : -1;
+                v[b] = c >= 0 ? sq_ld<TV>((const TV *) (un.Vb + (size_t) c * a.V_nb1) + tid) : 0.0f;
+            }
+#pragma unroll
+            for (int b = 0; b < VB; ++b) {
+                const int ii = i0 + b * n_grp;
+                if (ii >= n_c || sm.scell[ii] < 0) {
+                    continue;
+                }
+#pragma unroll
+                for (int h = 0; h < GMAX; ++h) {
+                    if (h < g) {
+                        y[h] = fmaf(sm.sp[h * SPARQ_NT + ii], v[b], y[h]);
+                    }
                 }
             }
         }
@@ -451,12 +476,15 @@ static __device__ void sparq_attend_combine(const sparq_cu_args & a, const sparq
     const int tid = threadIdx.x, g = un.g;
     const size_t base = (size_t) un.u * n_part * g;
     if (tid < g) {
+        // the loops over the parts unrolled: their loads in flight together, not a round trip each
         float M = -INFINITY;
+#pragma unroll 8
         for (int p = 0; p < n_part; ++p) {
             M = fmaxf(M, __ldcg(a.pstat + (base + (size_t) p * g + tid) * 3));
         }
         float P = 0.0f;
         double mass = 0.0;
+#pragma unroll 8
         for (int p = 0; p < n_part; ++p) {
             const float * st = a.pstat + (base + (size_t) p * g + tid) * 3;
             const float Mp = __ldcg(st);
@@ -477,6 +505,7 @@ static __device__ void sparq_attend_combine(const sparq_cu_args & a, const sparq
         y[h] = 0.0f;
     }
     if (tid < un.dv) {
+#pragma unroll 8
         for (int p = 0; p < n_part; ++p) {
 #pragma unroll
             for (int h = 0; h < GMAX; ++h) {

@@ -328,10 +328,14 @@ static __device__ __forceinline__ double sparq_block_sum_d(double x, double * sh
 static __device__ void sparq_unit_stats(const sparq_cu_args & a, int u, int hh, float * M, double * Z) {
     const float2 * ts = a.tstat + (size_t) u * a.nt_a * a.g + hh;
     float m = -INFINITY;
+    // unrolled so that several tiles' loads are in flight (a load per iteration waited for each
+    // time is a round trip per tile, in every attend block)
+#pragma unroll 8
     for (int t = 0; t < a.nt_a; ++t) {
         m = fmaxf(m, ts[(size_t) t * a.g].x);
     }
     double z = 0.0;
+#pragma unroll 8
     for (int t = 0; t < a.nt_a; ++t) {
         const float2 st = ts[(size_t) t * a.g];
         if (st.x != -INFINITY) {

@@ -165,7 +165,9 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_score(const sparq_cu_
     }
     if (in) {
         const char * kt = a.KT + (size_t) kvh * a.KT_nb2 + (size_t) st * a.KT_nb3;
-#pragma unroll 4
+        // eight rows' loads in flight per thread: a batch is one memory round trip, and at 4K cells
+        // the kernel is the chain of these round trips, not the bytes
+#pragma unroll 8
         for (int j = 0; j < r; ++j) {
             float v[CPT];
             sq_ldv<TKT, CPT>((const TKT *) (kt + (size_t) si1[j] * a.KT_nb1) + s0, v);

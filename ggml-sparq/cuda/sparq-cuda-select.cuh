@@ -736,97 +736,6 @@ static __device__ __forceinline__ bool sparq_tile_eligible(const sparq_cu_args &
     return s < t1 && s < c.w0 && x > -INFINITY && !(a.win && ((wb[(s - t0) >> 5] >> (s & 31)) & 1u));
 }
 
-// A fixed k's list held by one selection tile (S <= SPARQ_TS): its block chooses from its own
-// histogram (hc) and keys (xs, cell t0 + i * SPARQ_NT + tid) as sparq_select_list and sparq_choose
-// would from the list's, without the global histogram, the candidates' buffer, the fence and the
-// reads back that a list of several tiles needs (at 4K cells those round trips were most of the
-// select). false, with nothing written, where that way does not apply: the window alone fills the
-// row's k, or the bin of the k-th key holds more cells than shared memory ranks.
-static __device__ __forceinline__ bool sparq_select_one_tile(const sparq_cu_args & a, const sparq_sel_ctx & c,
-                                                             const sparq_sel_smem & sm, const float (&xs)[SPARQ_TS_CPT],
-                                                             int t0, int t1, int * s_nc) {
-    const int tid = threadIdx.x, lane = tid % 32;
-    int n_win = 0;
-    if (a.l > 0) {
-        if (a.win) {
-            // the tile is the list: its window bits are the row's
-            int n = 0;
-            for (int w = tid; w < SPARQ_TS / 32; w += SPARQ_NT) {
-                n += __popc(sm.wb[w]);
-            }
-            sparq_block_scan(n, &n_win, sm.sh);
-        } else {
-            n_win = a.l;
-        }
-    }
-    const int kk = c.rk - n_win;
-    if (kk <= 0 || a.force_radix) {
-        return false; // uniform over the block
-    }
-    const sparq_cross x = sparq_find_cross<SPARQ_NB / SPARQ_NT>(false, (double) kk, [&](int bin) { return (int) sm.hc[bin]; },
-                                                                [&](int) { return 0.0; }, sm.sh, sm.shd, sm.s_cross);
-    const int want = x.bin < 0 ? 0 : kk - x.c_above;
-    const bool all_of_bin = x.bin >= 0 && want == x.c_bin;
-    if (x.bin >= 0 && !all_of_bin && x.c_bin > SPARQ_CAND_MAX) {
-        return false;
-    }
-    if (tid == 0) {
-        if (c.kvh == 0 && c.h == 0) {
-            sparq_cu_row ri;
-            ri.n_valid = c.n_valid;
-            ri.w0 = c.w0;
-            ri.n_win = n_win;
-            ri.mode = 0;
-            a.rows[c.R] = ri;
-        }
-        *s_nc = 0;
-    }
-    __syncthreads();
-    unsigned int * sb = a.selbits + (size_t) c.u * a.W;
-#pragma unroll
-    for (int i = 0; i < SPARQ_TS_CPT; ++i) {
-        const int s0 = t0 + i * SPARQ_NT;
-        const int s = s0 + tid;
-        const float xv = xs[i];
-        bool take = false;
-        if (s < t1) {
-            if (c.h == 0) {
-                take = a.win ? ((sm.wb[(s - t0) >> 5] >> (s & 31)) & 1u) != 0 : (s >= c.w0 && xv > -INFINITY);
-            }
-            if (sparq_tile_eligible(a, c, sm.wb, t0, t1, s, xv)) {
-                const int kb = (int) (sparq_key_bits(xv) >> SPARQ_NB_SHIFT);
-                if (x.bin < 0 || kb > x.bin || (all_of_bin && kb == x.bin)) {
-                    take = true;
-                } else if (kb == x.bin) {
-                    const int pos = atomicAdd(s_nc, 1);
-                    if (pos < SPARQ_CAND_MAX) { // (the histogram was read: its room holds the bin's cells)
-                        sm.hc[pos] = sparq_key_bits(xv);
-                        sm.ci[pos] = s;
-                    }
-                }
-            }
-        }
-        // the warp's 32 cells are one bitmap word (tiles are multiples of 32 cells)
-        const unsigned int bits = __ballot_sync(0xffffffff, take);
-        if (lane == 0 && bits) {
-            atomicOr(&sb[(s0 + tid - lane) >> 5], bits);
-        }
-    }
-    __syncthreads();
-    if (x.bin >= 0 && !all_of_bin) {
-        const int n = min(*s_nc, SPARQ_CAND_MAX);
-        if (want < n) {
-            sparq_take_best_cands(a, c, x.bin, n, want, sm);
-        } else { // (fewer gathered than counted cannot happen here; kept as sparq_choose has it)
-            for (int i = tid; i < n; i += SPARQ_NT) {
-                const int cs = sm.ci[i];
-                atomicOr(&sb[cs >> 5], 1u << (cs & 31));
-            }
-        }
-    }
-    return true;
-}
-
 // Per (selection tile of SPARQ_TS cells, list): the group keys of a shared choice into keys; the
 // given window's cells of the tile into the row's window bitmap; the eligible cells counted (and,
 // for the calibrated k, weighed) by their key's top SPARQ_NB_BITS bits into the list's histograms.
@@ -944,9 +853,6 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_select(const sparq_cu
         }
     }
     __syncthreads();
-    if (!COV && gridDim.x == 1 && sparq_select_one_tile(a, c, sm, xs, t0, t1, &s_nc)) {
-        return;
-    }
     if (!COV) {
         // a fixed k: the tile's cells that can be among the list's best, those in the bins from the
         // tile's own crossing of the row's k up (below it, this tile alone holds k better ones), so

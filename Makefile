@@ -10,7 +10,8 @@
 #   make test-cuda / make bench-gpu   on a GPU machine: the CUDA build, then tests/test_cuda.py /
 #                bench/gpu_sweep.py
 #   make gpu-wheel / make gpu-gemma-parts   for a GPU machine without network or build time: the
-#                CUDA wheel and Gemma in parts, built here; scripts/gpu_session.sh runs them there
+#                CUDA wheel (and build/gpu-wheel-xz/wheel.tar.xz, the same packed small enough to
+#                carry) and Gemma in parts, built here; scripts/gpu_session.sh runs them there
 #
 # Variables: PYTHON (the interpreter that creates .venv), PYTEST_ARGS, JOBS, CUDA, CUDA_ARCHS, NVCC.
 
@@ -126,6 +127,7 @@ gpu-wheel: deps
 	git describe --always --dirty --abbrev=12 > $(GPU_WHEEL_DIR)/COMMIT
 	$(MAKE) --no-print-directory gpu-tracer
 	@ls -l $(GPU_WHEEL_DIR); du -sh $(GPU_WHEEL_DIR)
+	$(PY) scripts/gpu_wheel_pack.py --wheels $(GPU_WHEEL_DIR) --out $(GPU_WHEEL_DIR)-xz/wheel.tar.xz
 
 # The CUPTI tracer bench/gpu_timeline.py loads into llama-bench where Nsight Systems is missing,
 # next to the libcupti it was built against (the GPU machine's driver runs it; no toolkit needed there)

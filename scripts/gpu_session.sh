@@ -6,7 +6,9 @@
 #   scripts/gpu_session.sh STEP [STEP ...]        (from the repository root, on the GPU machine)
 #
 # Steps, in the order a short session should take them:
-#   install   the wheels in build/gpu-wheel/ into $SPARQ_SITE (default /tmp/sparq-site), with pip
+#   install   the wheels in build/gpu-wheel/ (unpacked first from build/gpu-wheel-xz/wheel.tar.xz,
+#             which make gpu-wheel also writes, where the folder holds none: a call carries at most
+#             64 MiB, and the folder alone is more) into $SPARQ_SITE (default /tmp/sparq-site), with pip
 #             --no-index; nvidia-smi and the package's library check. Every other step runs it
 #             first when $SPARQ_SITE lacks the package (a fresh machine).
 #   grid      the SPARQ_ATTN grid of test-backend-ops on CUDA0 against the CPU op and the selectors
@@ -37,7 +39,8 @@
 #   results   bench/results/gpu_* and the logs into $OUT (the device tool brings $OUT back)
 #
 # Environment: OUT (default build/gpu-out), SPARQ_PYTHON (default python3), GPU_WHEEL_DIR and
-# GPU_GEMMA_DIR (default build/gpu-wheel, build/gpu-gemma, as in the Makefile), GPU_TAG (the result
+# GPU_GEMMA_DIR (default build/gpu-wheel, build/gpu-gemma, as in the Makefile), GPU_WHEEL_XZ (default
+# $GPU_WHEEL_DIR-xz/wheel.tar.xz), GPU_TAG (the result
 # files' tag, default the GPU's short name and the commit: h100_0123abc), STEP_TIMEOUT (seconds
 # per step, default 540), SESSION_SECONDS or SESSION_END (seconds for all steps together, or the
 # time, in seconds since the epoch, by which they end: each step gets what is left, and one with
@@ -53,6 +56,7 @@ PY=${SPARQ_PYTHON:-python3}
 OUT=${OUT:-build/gpu-out}
 SITE=${SPARQ_SITE:-/tmp/sparq-site}
 WHEELS=${GPU_WHEEL_DIR:-build/gpu-wheel}
+PACKED=${GPU_WHEEL_XZ:-$WHEELS-xz/wheel.tar.xz}
 PARTS=${GPU_GEMMA_DIR:-build/gpu-gemma}
 STEP_TIMEOUT=${STEP_TIMEOUT:-540}
 LOGS="$OUT/gpu-session"
@@ -99,7 +103,12 @@ installed() { [ -f "$SITE/llama_sparq/__init__.py" ]; }
 step_install() {
     nvidia-smi > "$LOGS/nvidia-smi.txt" 2>&1 || say "install: nvidia-smi failed (see nvidia-smi.txt)"
     head -n 15 "$LOGS/nvidia-smi.txt"
-    ls "$WHEELS"/*.whl > /dev/null 2>&1 || { say "install: no wheels in $WHEELS: run 'make gpu-wheel' on the build machine and carry $WHEELS"; return 2; }
+    if ! ls "$WHEELS"/*.whl > /dev/null 2>&1 && [ -f "$PACKED" ]; then
+        # the wheels carried packed (make gpu-wheel writes both; the folder alone is over a call's 64 MiB)
+        mkdir -p "$WHEELS" && tar -xJf "$PACKED" -C "$WHEELS" || { say "install: unpacking $PACKED failed"; return 2; }
+        say "install: unpacked $PACKED into $WHEELS"
+    fi
+    ls "$WHEELS"/*.whl > /dev/null 2>&1 || { say "install: no wheels in $WHEELS: run 'make gpu-wheel' on the build machine and carry $WHEELS-xz (or $WHEELS)"; return 2; }
     logged install "$PY" -m pip install -q --no-index --no-deps --disable-pip-version-check --upgrade \
         --target "$SITE" "$WHEELS"/*.whl || return $?
     logged install "$PY" -c "import llama_sparq; print(llama_sparq.check_library())"
@@ -192,10 +201,15 @@ step_results() {
     cp -p bench/results/gpu_* "$OUT/results/" 2> /dev/null
     say "results: $(ls "$OUT/results" | wc -l) files in $OUT/results"
     if [ "${GPU_PACK:-0}" = 1 ]; then
-        local items
-        items=$(cd "$OUT" && ls -A | grep -v '^gpu-session.tar.gz$')
+        # a later run's archive takes the next free name: packing again must not replace the first
+        local items name=gpu-session.tar.gz n=2
+        while [ -e "$OUT/$name" ]; do
+            name=gpu-session-$n.tar.gz
+            n=$((n + 1))
+        done
+        items=$(cd "$OUT" && ls -A | grep -v -E '^gpu-session(-[0-9]+)?\.tar\.gz$')
         # shellcheck disable=SC2086
-        (cd "$OUT" && tar -czf gpu-session.tar.gz $items && rm -rf $items) && echo "gpu_session: results: packed into $OUT/gpu-session.tar.gz" \
+        (cd "$OUT" && tar -czf "$name" $items && rm -rf $items) && echo "gpu_session: results: packed into $OUT/$name" \
             || echo "gpu_session: packing $OUT failed" >&2
     fi
 }

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -206,10 +207,46 @@ def test_session_deadline_skips_steps_and_results_are_packed(tmp_path):
 
     assert re.search(r"install: skipped, -?\d+s of the session left", res.stdout), res.stdout
     out = tmp_path / "out"
-    assert [p.name for p in out.iterdir()] == ["gpu-session.tar.gz"]
-    with tarfile.open(out / "gpu-session.tar.gz") as t:
+    # each run packed its own archive; the second did not replace the first
+    assert sorted(p.name for p in out.iterdir()) == ["gpu-session-2.tar.gz", "gpu-session.tar.gz"]
+    with tarfile.open(out / "gpu-session-2.tar.gz") as t:
         names = t.getnames()
     assert "gpu-session/session.log" in names and "results" in names
+    with tarfile.open(out / "gpu-session.tar.gz") as t:
+        first = t.extractfile("gpu-session/session.log").read().decode()
+    assert "no wheels" in first and "skipped" not in first
+
+
+def test_packed_wheels_are_unpacked_by_install(tmp_path):
+    """make gpu-wheel's archive (scripts/gpu_wheel_pack.py: the wheels re-stored without compression,
+    then xz) is what a call carries; install unpacks it where the wheel folder holds no wheel, and the
+    wheel comes out with the same members, stored."""
+    import tarfile
+    import zipfile
+
+    src = tmp_path / "built"
+    src.mkdir()
+    payload = np.random.default_rng(0).integers(0, 4, size=3 << 20, dtype=np.uint8).tobytes()
+    with zipfile.ZipFile(src / "x-0.1-py3-none-any.whl", "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("x/lib.so", payload)
+        z.writestr("x/__init__.py", "")
+    (src / "COMMIT").write_text("abc\n")
+    packed = tmp_path / "carry" / "wheel.tar.xz"
+    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_wheel_pack.py"), "--wheels", str(src),
+                          "--out", str(packed)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    with tarfile.open(packed) as t:
+        assert sorted(t.getnames()) == ["COMMIT", "x-0.1-py3-none-any.whl"]
+    wheels = tmp_path / "wheels"
+    res = run(tmp_path, "install", GPU_WHEEL_DIR=str(wheels), GPU_WHEEL_XZ=str(packed), PATH="/usr/bin:/bin")
+    assert f"install: unpacked {packed}" in res.stdout, res.stdout
+    with zipfile.ZipFile(wheels / "x-0.1-py3-none-any.whl") as z:
+        assert z.read("x/lib.so") == payload
+        assert all(i.compress_type == zipfile.ZIP_STORED for i in z.infolist())
+    assert (wheels / "COMMIT").read_text() == "abc\n"
+    # without the archive, the error names both ways to carry the wheels
+    res = run(tmp_path, "install", GPU_WHEEL_DIR=str(tmp_path / "none"), PATH="/usr/bin:/bin")
+    assert "no wheels in" in res.stdout and "make gpu-wheel" in res.stdout
 
 
 def test_ncu_lines_reduces_details_and_source_pages(tmp_path):

@@ -327,6 +327,27 @@ def test_cuda_kernels_emulated_equal_the_cpu_op(case, select, attend):
         assert diffuse == 0 and k_min < cells < k_frac * S, res.stdout
 
 
+def test_cuda_attend_part_size_from_the_environment():
+    """LLAMA_SPARQ_CUDA_ATTEND_ITEMS sets the attend's positions per part (a GPU session times other
+    sizes without a rebuild): smaller parts mean more of them, with the same cells and output; a value
+    out of range is said and the default kept."""
+    case = EMU_CASES["mha-f16-scalar-loads"].split()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_SPARQ_CUDA_")}
+
+    def emu(**extra):
+        res = subprocess.run([str(tool_path("sparq-cuda-emu")), *case], capture_output=True, text=True, timeout=600,
+                             env=dict(env, **extra))
+        assert res.returncode == 0 and res.stdout.startswith("OK"), res.stdout + res.stderr[-2000:]
+        assert re.search(r"sel_differ=(\d+)", res.stdout).group(1) == "0", res.stdout
+        return int(re.search(r"attend_parts=(\d+)", res.stdout).group(1)), res.stderr
+
+    default, _ = emu()
+    small, _ = emu(LLAMA_SPARQ_CUDA_ATTEND_ITEMS="8")
+    assert small > default > 1
+    same, err = emu(LLAMA_SPARQ_CUDA_ATTEND_ITEMS="0")
+    assert same == default and "LLAMA_SPARQ_CUDA_ATTEND_ITEMS=0 is not an integer in 1..1024" in err
+
+
 @pytest.mark.parametrize("case,ties", [("64 4096 4 4 1 1 16 128 32 1 1 0 0 0", 4), ("64 4096 4 4 1 1 16 128 32 1 1 0 0 0", 24),
                                        ("128 2048 8 2 1 2 16 64 16 1 1 0 0 0", 4)],
                          ids=["mha-ties4", "mha-ties24", "gqa-ties4"])

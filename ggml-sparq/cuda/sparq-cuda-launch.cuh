@@ -42,14 +42,36 @@ static int sparq_env_way(const char * name, const char * way1, const char * way2
 #define SPARQ_ATTEND_PART_ITEMS 32
 #define SPARQ_ATTEND_BLOCKS     512
 
+// LLAMA_SPARQ_CUDA_ATTEND_ITEMS=N (1 to 1024) sets the positions per part in place of
+// SPARQ_ATTEND_PART_ITEMS, so that a GPU session times other part sizes without a rebuild; another
+// value is said on stderr and the default kept
+static int sparq_attend_part_items() {
+    static const int items = [] {
+        const char * e = getenv("LLAMA_SPARQ_CUDA_ATTEND_ITEMS");
+        if (!e || !*e) {
+            return SPARQ_ATTEND_PART_ITEMS;
+        }
+        char * end = nullptr;
+        const long v = strtol(e, &end, 10);
+        if (*end != '\0' || v < 1 || v > 1024) {
+            fprintf(stderr, "sparq_attn: LLAMA_SPARQ_CUDA_ATTEND_ITEMS=%s is not an integer in 1..1024: ignored, %d\n", e,
+                    SPARQ_ATTEND_PART_ITEMS);
+            return SPARQ_ATTEND_PART_ITEMS;
+        }
+        return (int) v;
+    }();
+    return items;
+}
+
 // LLAMA_SPARQ_CUDA_ATTEND=single or split forces one way (comparisons, tests); split then takes a
-// part per SPARQ_ATTEND_PART_ITEMS positions of the list whatever the number of units
+// part per sparq_attend_part_items() positions of the list whatever the number of units
 static int sparq_attend_parts(const sparq_cu_args & a) {
     static const int force = sparq_env_way("LLAMA_SPARQ_CUDA_ATTEND", "single", "split");
     if (force == 1) {
         return 1;
     }
-    const int want = std::max(1, (a.sel_max + SPARQ_ATTEND_PART_ITEMS - 1) / SPARQ_ATTEND_PART_ITEMS);
+    const int items = sparq_attend_part_items();
+    const int want = std::max(1, (a.sel_max + items - 1) / items);
     const int room = force == 2 ? want : std::max(1, SPARQ_ATTEND_BLOCKS / std::max(1, a.U));
     return std::min(want, room);
 }

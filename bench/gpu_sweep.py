@@ -60,6 +60,12 @@ OUT = RESULTS
 COUNTERS_RE = re.compile(r"SparQ calls = (\d+), dense calls = (\d+).*SparQ calls on a device \(GPU, RPC host\) = (\d+)")
 
 
+def cuda_env() -> dict:
+    """The LLAMA_SPARQ_CUDA_* variables set for this run (the op's launch choices, an A/B's one side),
+    so that a result file says which way its kernels ran."""
+    return {k: v for k, v in os.environ.items() if k.startswith("LLAMA_SPARQ_CUDA_") and v}
+
+
 def device() -> dict:
     smi = shutil.which("nvidia-smi")
     if not smi:
@@ -315,7 +321,11 @@ def report(tag) -> None:
              f"- device: {meta['device']['gpu']}", f"- commit: {meta['commit']}", f"- date: {meta['date']}",
              f"- command: `{meta['argv']}`",
              f"- SparQ: r = {meta['sparq']['r']}, k = {meta['sparq']['k']}, l = {meta['sparq']['l']}, "
-             f"basis {meta['sparq']['basis']}, dense threshold 0", ""]
+             f"basis {meta['sparq']['basis']}, dense threshold 0"]
+    if meta.get("cuda_env"):
+        lines.append("- the CUDA op's launch set from the environment: "
+                     + ", ".join(f"`{k}={v}`" for k, v in sorted(meta["cuda_env"].items())))
+    lines.append("")
     if e and e.get("summary"):
         fit = e["meta"].get("fit_dense_fa1", {})
         lines += ["## End to end, batch 1 (llama-bench, paper-shape model: Llama 2 7B per-layer shapes, "
@@ -443,7 +453,8 @@ def main(argv=None) -> int:
 
     meta = {"device": device(), "commit": git_commit(), "date": now_iso(timespec="auto"), "n_layer": args.n_layer,
             "argv": command_line(), "sparq": {"r": args.r, "k": args.k, "l": args.l,
-                                                                       "basis": args.basis}}
+                                                                       "basis": args.basis},
+            "cuda_env": cuda_env()}
     if args.only in (None, "e2e"):
         me = dict(meta)
         rows, summary, cmds = e2e(args, me)

@@ -290,3 +290,26 @@ def test_ncu_lines_reduces_details_and_source_pages(tmp_path):
     md = gpu_ncu_lines.markdown({"tag": "t"}, res)
     assert "| `k_sparq_select<0>` | 80.10 us | 25 % | 544 | 80 | 37.50 % / 20.00 % |" in md
     assert "| 60.0 % | sparq-cuda-common.cuh:349 |" in md and "| 90 % |" in md
+
+
+def test_gpu_sweep_report_names_the_cuda_launch_settings(tmp_path, monkeypatch):
+    """A run with LLAMA_SPARQ_CUDA_* set (one side of an A/B, e.g. LLAMA_SPARQ_CUDA_ATTEND_ITEMS=16)
+    records them, and the report says which way the kernels ran; a run without them says nothing."""
+    import json
+    import sys as _sys
+
+    _sys.path.insert(0, str(ROOT / "bench"))
+    import gpu_sweep
+
+    monkeypatch.setenv("LLAMA_SPARQ_CUDA_ATTEND_ITEMS", "16")
+    monkeypatch.setenv("LLAMA_SPARQ_CUDA_SELECT", "")
+    assert gpu_sweep.cuda_env() == {"LLAMA_SPARQ_CUDA_ATTEND_ITEMS": "16"}
+    doc = json.loads((ROOT / "bench" / "results" / "gpu_e2e_h200_49b147f_b1.json").read_text())
+    monkeypatch.setattr(gpu_sweep, "OUT", tmp_path)
+    for tag, env in (("ab", gpu_sweep.cuda_env()), ("plain", {})):
+        doc["meta"]["cuda_env"] = env
+        (tmp_path / f"gpu_e2e_{tag}.json").write_text(json.dumps(doc))
+        gpu_sweep.report(tag)
+    assert "`LLAMA_SPARQ_CUDA_ATTEND_ITEMS=16`" in (tmp_path / "gpu_ab.md").read_text()
+    plain = (tmp_path / "gpu_plain.md").read_text()
+    assert "set from the environment" not in plain and "| 131072 |" in plain

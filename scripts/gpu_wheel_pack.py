@@ -12,8 +12,6 @@ wheel folder when that folder holds no wheel.
 from __future__ import annotations
 
 import argparse
-import io
-import lzma
 import shutil
 import subprocess
 import sys
@@ -34,28 +32,25 @@ def pack(wheels: Path, out: Path) -> Path:
     files = sorted(p for p in wheels.iterdir() if p.is_file())
     if not any(p.suffix == ".whl" for p in files):
         raise SystemExit(f"gpu_wheel_pack: no wheels in {wheels}: run 'make gpu-wheel' first")
+    xz = shutil.which("xz")
+    if not xz:
+        raise SystemExit("gpu_wheel_pack: no xz on PATH (the xz-utils package)")
     out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as td:
-        stage = Path(td)
-        for p in files:
-            if p.suffix == ".whl":
-                restore(p, stage / p.name)
-            else:
-                shutil.copy2(p, stage / p.name)
-        tmp = out.with_suffix(out.suffix + ".tmp")
-        xz = shutil.which("xz")
-        if xz:  # several threads where the tool has them (a minute for the CUDA wheel on 2 cores)
-            buf = io.BytesIO()
-            with tarfile.open(fileobj=buf, mode="w") as tf:
-                for p in sorted(stage.iterdir()):
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    with tempfile.TemporaryDirectory() as td, open(tmp, "wb") as f:
+        # the tar streamed into xz, which takes every core (a minute for the CUDA wheel on 2)
+        proc = subprocess.Popen([xz, "-9", "-T0", "-c"], stdin=subprocess.PIPE, stdout=f)
+        with tarfile.open(fileobj=proc.stdin, mode="w|") as tf:
+            for p in files:
+                if p.suffix == ".whl":
+                    restore(p, Path(td) / p.name)
+                    tf.add(Path(td) / p.name, arcname=p.name)
+                else:
                     tf.add(p, arcname=p.name)
-            with open(tmp, "wb") as f:
-                subprocess.run([xz, "-9", "-T0", "-c"], input=buf.getvalue(), stdout=f, check=True)
-        else:
-            with tarfile.open(tmp, mode="w:xz", preset=9) as tf:
-                for p in sorted(stage.iterdir()):
-                    tf.add(p, arcname=p.name)
-        tmp.replace(out)
+        proc.stdin.close()
+        if proc.wait() != 0:
+            raise SystemExit(f"gpu_wheel_pack: xz failed ({proc.returncode})")
+    tmp.replace(out)
     return out
 
 

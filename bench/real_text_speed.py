@@ -16,8 +16,8 @@ dense step at the prompt's length ``tS`` and the compression ``c`` the counters 
 best takes ``t0 + c (tS - t0)``, a speed-up of ``tS / (t0 + c (tS - t0))``. Reported with SparQ's
 share of it (speed-up over that dense path / bound).
 
-The modes, per K/V cache type of ``--cache-types`` (f16, q8_0; one context each, prefilled once):
-SparQ's defaults, and the dense paths of ``--dense``: ``fa1`` upstream's flash attention on the
+The modes, per K/V cache type of ``--cache-types`` (f16, q8_0, both by default; one context each,
+prefilled once): SparQ's defaults, and the dense paths of ``--dense`` (both by default): ``fa1`` upstream's flash attention on the
 same context (the cache layout SparQ uses), ``fa0`` upstream's other dense path (a context of its
 own, V transposed; not for a quantized V, which needs flash attention). ``--kt-bits 16,8`` times
 SparQ with each K^T width (``sparq_kt_bits``; 8, the default, is mode ``sparq_<type>_kt8``, 16 mode
@@ -25,8 +25,7 @@ SparQ with each K^T width (``sparq_kt_bits``; 8, the default, is mode ``sparq_<t
 the fastest of them.
 
     python bench/real_text_speed.py --model gemma3 --tokens 32000 --tag real_text_gemma3_32k
-    python bench/real_text_speed.py --model smollm2 --tokens 8000 --cache-types f16,q8_0 --dense fa1,fa0 \
-        --tag real_text_smollm2_8k_q8
+    python bench/real_text_speed.py --model smollm2 --tokens 8000 --reps 7 --n-gen 48 --tag real_text_smollm2_8k
 
 Writes bench/results/<tag>.json and .md: the command, machine, commit, model, the settings,
 per mode the tokens/s of every rep and their median, the speed-ups, and the fork's counters over
@@ -119,9 +118,11 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=32000, help="prompt tokens of text (default 32000)")
     ap.add_argument("--n-gen", type=int, default=32, help="tokens decoded per rep (default 32)")
     ap.add_argument("--reps", type=int, default=3, help="reps of each mode, round-robin (default 3)")
-    ap.add_argument("--cache-types", default="f16", help="K/V cache types, comma list of f16, q8_0 (default f16)")
-    ap.add_argument("--dense", default="fa1", help="dense paths, comma list of fa1 (flash attention, the "
-                    "layout SparQ uses), fa0 (upstream's other path; f16 only) (default fa1)")
+    # every dense path by default: a speed-up is over the fastest of them on the machine at hand
+    ap.add_argument("--cache-types", default="f16,q8_0", help="K/V cache types, comma list of f16, q8_0 (default "
+                    "both: dense and SparQ on each)")
+    ap.add_argument("--dense", default="fa1,fa0", help="dense paths, comma list of fa1 (flash attention, the "
+                    "layout SparQ uses), fa0 (upstream's other path; f16 only) (default both)")
     from llama_sparq import _sparq
 
     kt_default = str(_sparq.default_params()["kt_bits"])

@@ -121,7 +121,7 @@ def test_real_text_speed_writes_results(tiny_model, tmp_path):
     there): every mode timed (dense -fa 1 and -fa 0, SparQ), SparQ's counters over its reps, the
     files written."""
     harness("real_text_speed.py", "--model", tiny_model, "--tokens", "1100", "--n-gen", "4", "--reps", "2",
-            "--dense", "fa1,fa0", "--kt-bits", "16,8", "--tag", "t", "--out-dir", tmp_path, env=TINY)
+            "--cache-types", "f16", "--kt-bits", "16,8", "--tag", "t", "--out-dir", tmp_path, env=TINY)
     res = json.loads((tmp_path / "t.json").read_text())
     r = res["result"]
     assert r["prompt_tokens"] == 1100

@@ -258,7 +258,7 @@ def _c_message(stderr: str) -> str:
 @pytest.mark.parametrize("kw,flags", [
     (dict(sparq_k=-4), ["--sparq-k", "-4"]),
     (dict(sparq_coverage=1.5), ["--sparq-coverage", "1.5"]),
-    (dict(sparq_k_min=0), ["--sparq-k-min", "0"]),
+    (dict(sparq_k_min=-1), ["--sparq-k-min", "-1"]),
     (dict(sparq_k_frac=2.0), ["--sparq-k-frac", "2"]),
     (dict(sparq_r=-2), ["--sparq-r", "-2"]),
     (dict(sparq_r=99), ["--sparq-r", "99"]),

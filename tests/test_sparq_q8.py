@@ -162,6 +162,26 @@ def test_calibrated_defaults_run_on_q8_0(q8_model):
     assert llm.sparq_debug_check(sync=True) <= TOL
 
 
+@pytest.mark.parametrize("types,k_min", [((Q8_0, Q8_0), 256), ((Q8_0, F16), 256), ((F16, Q8_0), 256),
+                                         ((F16, F16), 128)], ids=["q8_0", "kq8_0-vf16", "kf16-vq8_0", "f16"])
+def test_k_min_default_follows_the_cache_type(q8_model, types, k_min):
+    """k_min = 0 (the default) resolves by the cache's types, 256 where K or V is q8_0 (a q8_0 cell
+    costs half an f16 one's bytes): read back, and in the op's cells; a k_min given is kept."""
+    llm = llm_q8(q8_model, type_k=types[0], type_v=types[1], sparq=True, sparq_min_kv=0)
+    assert llm.sparq_params()["sparq_k_min"] == k_min
+    llm.reset()
+    llm.eval(rand_prompt(1300, 12, 260))
+    llm.reset_sparq_stats()
+    for t in rand_prompt(4, 13, 260):
+        llm.eval([t])
+    layers = llm.sparq_layer_stats()
+    assert all(L["n_measured"] > 0 and L["mean_k"] >= k_min - 1e-9 for L in layers), layers
+    llm.set_sparq(sparq=True, sparq_k_min=100)
+    assert llm.sparq_params()["sparq_k_min"] == 100
+    llm.set_sparq(sparq=True, sparq_k_min=0)
+    assert llm.sparq_params()["sparq_k_min"] == k_min
+
+
 # ---------------------------------------------------------------------------
 # cache operations: K^T and the sums equal a recomputation from the q8_0 cache
 # ---------------------------------------------------------------------------

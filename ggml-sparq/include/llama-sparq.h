@@ -168,6 +168,13 @@ LLAMA_API struct llama_sparq_params llama_sparq_default_params(void);
 #define LLAMA_SPARQ_MIN_KV_DEVICE 65536
 #define LLAMA_SPARQ_MIN_KV_DEVICE_CALIBRATED 1048576
 
+// k_min = 0: the calibrated k's floor by the cache's type. A q8_0 cell costs half the bytes of an
+// f16 one, so the same bytes buy twice the cells: on Gemma 3 270M with a q8_0 cache 128 lost a
+// needle at 16K that dense and the f16 cache keep, and 256 kept it, while 256 on an f16 cache
+// raised SmolLM2's compression by 0.03 at equal answers (bench/README.md, "A q8_0 cache")
+#define LLAMA_SPARQ_K_MIN_F16 128
+#define LLAMA_SPARQ_K_MIN_QUANTIZED 256
+
 // Validates the settings without a context, as llama_sparq_set_params does before it applies
 // them (same messages): for front ends that check a configuration before loading its model.
 // head_size > 0 bounds r (the smallest head size of the model's full-attention layers); <= 0:

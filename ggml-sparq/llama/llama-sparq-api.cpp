@@ -292,6 +292,20 @@ static int32_t sparq_create(llama_context * ctx, int32_t kt_bits, char * err, si
 // that device's supports_op, once per device; with `types` the default selector and a fixed k (what
 // every device op runs, so only the cache's types can be refused). 0, or -2 with the device and what
 // it refused in err
+// the calibrated k's floor in use: the setting, or for k_min = 0 the default of the cache's type
+// (LLAMA_SPARQ_K_MIN_QUANTIZED where a layer that runs SparQ keeps K or V quantized)
+static int32_t sparq_k_min(const llama_sparq_ctx & S, const llama_sparq_params * p) {
+    if (p->k_min > 0) {
+        return p->k_min;
+    }
+    for (const sparq_layer & L : S.layers) {
+        if (L.data.kt && (ggml_is_quantized(L.type_k) || ggml_is_quantized(L.type_v))) {
+            return LLAMA_SPARQ_K_MIN_QUANTIZED;
+        }
+    }
+    return LLAMA_SPARQ_K_MIN_F16;
+}
+
 static int32_t sparq_check_device_runs(const llama_sparq_ctx & S, const llama_sparq_params * p, bool types, char * err,
                                        size_t err_size) {
     std::vector<ggml_backend_dev_t> checked;
@@ -316,13 +330,14 @@ static int32_t sparq_check_device_runs(const llama_sparq_ctx & S, const llama_sp
         ggml_tensor * vc = ggml_new_tensor_1d(c, GGML_TYPE_F32, 1);
         ggml_tensor * mk = ggml_new_tensor_4d(c, GGML_TYPE_F16, n, 1, 1, 1);
         // the calibrated k (k = 0): a node with its coverage target and per-row cap, as the graph hook makes it
-        const int32_t kk = p->k > 0 ? p->k : std::max<int32_t>(1, p->k_min);
+        const int32_t k_min = sparq_k_min(S, p);
+        const int32_t kk = p->k > 0 ? p->k : k_min;
         const int32_t r = p->r > 0 ? std::min<int32_t>(p->r, (int32_t) d) : sparq_default_r(d, p->kt_bits);
         ggml_tensor * op = ggml_sparq_attn(c, q, k, kt, v, vs, vc, mk, r, kk, std::min(std::max(p->l, 0), kk), 1.0f);
         if (!types) {
             ggml_sparq_attn_set_selector(op, p->selector, p->gqa == LLAMA_SPARQ_GQA_PER_HEAD ? GGML_SPARQ_FLAG_PER_HEAD : 0);
             if (p->k == 0) {
-                ggml_sparq_attn_set_coverage(op, p->coverage, std::min(p->k_min, kk), 0, true);
+                ggml_sparq_attn_set_coverage(op, p->coverage, std::min(k_min, kk), 0, true);
                 ggml_sparq_attn_set_coverage_cap(op, p->k_frac);
             }
         }
@@ -407,6 +422,7 @@ static int32_t sparq_apply_params(llama_context * ctx, llama_sparq_ctx & S, cons
     // ends' "change one setting" does, stays the default: with another kind of k it resolves anew
     const bool min_kv_auto = p->min_kv < 0 || (S.min_kv_auto && p->min_kv == S.params.min_kv);
     S.params = *p;
+    S.params.k_min = sparq_k_min(S, p); // the cache's types never change: no need to remember it was 0
     S.min_kv_auto = min_kv_auto;
     if (min_kv_auto) {
         // the default: by where the cache is (a layer on a GPU: the GPU's crossover for the kind of k;

@@ -148,14 +148,19 @@ def test_counters_count_bytes(q8_model):
     assert st["compression"] > cost.compression(S_prompt, 64, 16, 128)  # K^T's f16 weighs more beside 8-bit rows
 
 
+def decode_after_prompt(llm, n_prompt, n_steps, seed):
+    """A random prompt prefilled, then n_steps decode steps counted from zero."""
+    llm.reset()
+    llm.eval(rand_prompt(n_prompt, seed, 260))
+    llm.reset_sparq_stats()
+    for t in rand_prompt(n_steps, seed + 1, 260):
+        llm.eval([t])
+
+
 def test_calibrated_defaults_run_on_q8_0(q8_model):
     """sparq=True on a q8_0 cache: SparQ calls, no cache_type dense calls, K^T current."""
     llm = llm_q8(q8_model, sparq=True, sparq_min_kv=0)
-    llm.reset()
-    llm.eval(rand_prompt(1100, 9, 260))
-    llm.reset_sparq_stats()
-    for t in rand_prompt(6, 10, 260):
-        llm.eval([t])
+    decode_after_prompt(llm, 1100, 6, seed=9)
     st = llm.sparq_stats()
     assert st["n_sparq"] > 0 and st["n_dense"]["cache_type"] == 0, st
     assert st["n_sparq"] + st["n_dense"]["diffuse"] == 2 * 6, st
@@ -169,11 +174,7 @@ def test_k_min_default_follows_the_cache_type(q8_model, types, k_min):
     costs half an f16 one's bytes): read back, and in the op's cells; a k_min given is kept."""
     llm = llm_q8(q8_model, type_k=types[0], type_v=types[1], sparq=True, sparq_min_kv=0)
     assert llm.sparq_params()["sparq_k_min"] == k_min
-    llm.reset()
-    llm.eval(rand_prompt(1300, 12, 260))
-    llm.reset_sparq_stats()
-    for t in rand_prompt(4, 13, 260):
-        llm.eval([t])
+    decode_after_prompt(llm, 1300, 4, seed=12)
     layers = llm.sparq_layer_stats()
     assert all(L["n_measured"] > 0 and L["mean_k"] >= k_min - 1e-9 for L in layers), layers
     llm.set_sparq(sparq=True, sparq_k_min=100)

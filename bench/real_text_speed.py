@@ -17,9 +17,10 @@ best takes ``t0 + c (tS - t0)``, a speed-up of ``tS / (t0 + c (tS - t0))``. Repo
 share of it (speed-up over that dense path / bound).
 
 The modes, per K/V cache type of ``--cache-types`` (f16, q8_0, both by default; one context each,
-prefilled once): SparQ's defaults, and the dense paths of ``--dense`` (both by default): ``fa1`` upstream's flash attention on the
-same context (the cache layout SparQ uses), ``fa0`` upstream's other dense path (a context of its
-own, V transposed; not for a quantized V, which needs flash attention). ``--kt-bits 16,8`` times
+prefilled once): SparQ's defaults, and the dense paths of ``--dense`` (both by default): ``fa1``
+upstream's flash attention on the same context (the cache layout SparQ uses), ``fa0`` upstream's
+other dense path (a context of its own, V transposed; not for a quantized V, which needs flash
+attention). ``--kt-bits 16,8`` times
 SparQ with each K^T width (``sparq_kt_bits``; 8, the default, is mode ``sparq_<type>_kt8``, 16 mode
 ``sparq_<type>``) on the same context. Each SparQ mode is compared with every dense mode and with
 the fastest of them.

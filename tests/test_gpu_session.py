@@ -14,6 +14,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "gpu_session.sh"
+sys.path.insert(0, str(ROOT / "bench"))  # the sweep's and the profilers' modules
 
 
 def run(tmp_path, *steps, **env):
@@ -103,9 +104,6 @@ def test_timeline_reduces_nsys_stats_to_a_step(tmp_path):
     """bench/gpu_timeline.py --reduce: per step = (long run - short run) / extra steps, per layer
     by the layers; SparQ's kernels grouped, what it adds over dense named, and CUDA-graph capture
     told from the API counts (graph launches, no direct ones) against a step launched directly."""
-    import sys
-
-    sys.path.insert(0, str(ROOT / "bench"))
     import gpu_timeline
 
     n_layer = 8
@@ -138,9 +136,7 @@ def test_timeline_idle_time_from_the_tracer_and_llama_bench(tmp_path):
     """With the CUPTI tracer's busy files and llama-bench's JSON: the step's wall time against the
     GPU's busy time (long run less short run, per extra step), the difference being idle time."""
     import json
-    import sys
 
-    sys.path.insert(0, str(ROOT / "bench"))
     import gpu_timeline
 
     kern = {"void k_sparq_score<1, __half, 8>(sparq_cu_args)": (8 * 30_000, 8)}
@@ -254,9 +250,6 @@ def test_ncu_lines_reduces_details_and_source_pages(tmp_path):
     SMs' active share and occupancy; its source page (several file blocks per kernel, a source row
     followed by its SASS rows) gives the source lines with the most warp samples, summed over the
     SASS rows' blocks, per kernel."""
-    import sys
-
-    sys.path.insert(0, str(ROOT / "bench"))
     import gpu_ncu_lines
 
     hdr = '"ID","Kernel Name","Section Name","Metric Name","Metric Unit","Metric Value"'
@@ -296,9 +289,7 @@ def test_gpu_sweep_report_names_the_cuda_launch_settings(tmp_path, monkeypatch):
     """A run with LLAMA_SPARQ_CUDA_* set (one side of an A/B, e.g. LLAMA_SPARQ_CUDA_ATTEND_ITEMS=16)
     records them, and the report says which way the kernels ran; a run without them says nothing."""
     import json
-    import sys as _sys
 
-    _sys.path.insert(0, str(ROOT / "bench"))
     import gpu_sweep
 
     monkeypatch.setenv("LLAMA_SPARQ_CUDA_ATTEND_ITEMS", "16")

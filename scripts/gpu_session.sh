@@ -23,6 +23,10 @@
 #             "--no-select-ab --no-attend-ab" leaves them out)
 #   e2e       bench/gpu_sweep.py --only e2e, batch 1 at $E2E_DEPTHS (default 0, 4K, 8K, 32K, 64K and
 #             128K), dense -fa 1 and -fa 0 and SparQ, batch 4 at $E2E_DEPTHS_BATCH (default 16K, 32K)
+#   ab        the batch-1 e2e rows at $AB_DEPTHS (default 8K, 64K) once per setting of $AB_ENVS
+#             (';'-separated LLAMA_SPARQ_CUDA_*=VALUE, default LLAMA_SPARQ_CUDA_SELECT_HIST=atomic and
+#             LLAMA_SPARQ_CUDA_ATTEND_ITEMS=16), each with dense beside it in the same run and tagged
+#             <tag>_ab_<setting>: ways of the kernels timed without a rebuild, against e2e's rows
 #   nkvo      the -nkvo runs (weights on the GPU, cache and attention on the host) at $NKVO_DEPTHS
 #             (default 16K, 64K)
 #   profile   Nsight Compute (ncu, or $NCU) on the op's kernels at 64K and 4K (Llama 2 7B attention,
@@ -154,6 +158,30 @@ step_timeline() {
         --tag "$(gpu_tag)" --work "$OUT/gpu-timeline" --depths "${TIMELINE_DEPTHS:-4096,65536}"
 }
 
+# AB_ENVS as its settings, one per line; a malformed one refused by name
+ab_settings() {
+    local v
+    tr ';' '\n' <<< "${AB_ENVS:-LLAMA_SPARQ_CUDA_SELECT_HIST=atomic;LLAMA_SPARQ_CUDA_ATTEND_ITEMS=16}" | while read -r v; do
+        [ -z "$v" ] && continue
+        if ! [[ "$v" =~ ^LLAMA_SPARQ_CUDA_[A-Z_]+=[A-Za-z0-9_]+$ ]]; then
+            echo "gpu_session: AB_ENVS: '$v' is not LLAMA_SPARQ_CUDA_<NAME>=<value> (';' between settings)" >&2
+            return 2
+        fi
+        echo "$v"
+    done
+}
+
+step_ab() {
+    local tag v slug rc=0
+    tag=$(gpu_tag)
+    for v in $(ab_settings); do
+        slug=$(echo "${v#LLAMA_SPARQ_CUDA_}" | tr 'A-Z=' 'a-z_')
+        logged ab env "$v" "$PY" bench/gpu_sweep.py --only e2e --tag "${tag}_ab_$slug" \
+            --depths "${AB_DEPTHS:-8192,65536}" --depths-batch "" --nkvo-depths "" --reps 3 --n-gen 16 || rc=1
+    done
+    return "$rc"
+}
+
 step_nkvo() {
     logged nkvo "$PY" bench/gpu_sweep.py --only e2e --tag "$(gpu_tag)_nkvo" --depths "" --depths-batch "" \
         --nkvo-depths "${NKVO_DEPTHS:-16384,65536}" --n-gen 16
@@ -217,9 +245,12 @@ step_results() {
 [ $# -gt 0 ] || { sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 2; }
 for s in "$@"; do
     case "$s" in
-        install|grid|timeline|op|e2e|nkvo|profile|lines|gemma|tests|results) ;;
-        *) echo "gpu_session: unknown step '$s' (install grid timeline op e2e nkvo profile lines gemma tests results)" >&2; exit 2 ;;
+        install|grid|timeline|op|e2e|ab|nkvo|profile|lines|gemma|tests|results) ;;
+        *) echo "gpu_session: unknown step '$s' (install grid timeline op e2e ab nkvo profile lines gemma tests results)" >&2; exit 2 ;;
     esac
+    if [ "$s" = ab ]; then
+        ab_settings > /dev/null || exit 2
+    fi
 done
 status=0
 for s in "$@"; do

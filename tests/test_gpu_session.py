@@ -26,8 +26,15 @@ def run(tmp_path, *steps, **env):
 def test_unknown_step_is_refused(tmp_path):
     res = run(tmp_path, "install", "bogus")
     assert res.returncode == 2
-    assert "unknown step 'bogus' (install grid timeline op e2e nkvo profile lines gemma tests results)" in res.stderr
+    assert "unknown step 'bogus' (install grid timeline op e2e ab nkvo profile lines gemma tests results)" in res.stderr
     assert "install:" not in res.stdout  # refused before any step runs
+
+
+def test_a_malformed_ab_setting_is_refused_before_any_step(tmp_path):
+    res = run(tmp_path, "install", "ab", AB_ENVS="LLAMA_SPARQ_CUDA_SELECT_HIST=atomic;ATTEND_ITEMS=16")
+    assert res.returncode == 2
+    assert "AB_ENVS: 'ATTEND_ITEMS=16' is not LLAMA_SPARQ_CUDA_<NAME>=<value>" in res.stderr
+    assert "install:" not in res.stdout
 
 
 def test_no_step_prints_the_usage(tmp_path):

@@ -62,6 +62,7 @@ struct sparq_cu_args {
     int k_min;
     int R, U, L, W, nt_a, tl_a, nt_s, sel_max;
     int force_radix; // the selection's radix passes over the list even where the candidates fit
+    int hist_atomic; // the tile histogram by one shared-memory add per cell, no warp vote first
 
     const char * q;  size_t q_nb1, q_nb2, q_nb3;
     const char * qs; size_t qs_nb1, qs_nb2, qs_nb3;     // q_sel, or q

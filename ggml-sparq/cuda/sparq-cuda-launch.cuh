@@ -170,6 +170,14 @@ static int sparq_select_radix_forced() {
     return force == 2;
 }
 
+// LLAMA_SPARQ_CUDA_SELECT_HIST=atomic makes the selection tiles count their histogram with one
+// shared-memory add per cell instead of one per distinct bin of a warp after __match_any_sync (the
+// vote was 18 % of the select's samples on an H200; which way is faster is for a GPU to say)
+static int sparq_select_hist_atomic() {
+    static const int force = sparq_env_way("LLAMA_SPARQ_CUDA_SELECT_HIST", "match", "atomic");
+    return force == 2;
+}
+
 // The whole op in three launches, none of which waits on the host, each sized by the shapes only
 // (a's shapes, tensors and scratch set; cpt: 1 or sparq_vec_cpt(sparq_gmax(g)), the K^T load width
 // the rows' alignment allows, which nt_a and tl_a must match; the scratch sized by

@@ -843,10 +843,16 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_select(const sparq_cu
         const float x = xs[i];
         const bool el = sparq_tile_eligible(a, c, wb, t0, t1, s, x);
         const unsigned int bin = el ? sparq_key_bits(x) >> SPARQ_NB_SHIFT : 0xffffffffu;
-        // one shared-memory add per distinct bin of the warp (the top bits of nearby keys agree often)
-        const unsigned int peers = __match_any_sync(0xffffffff, bin);
-        if (el && lane == __ffs(peers) - 1) {
-            atomicAdd(&hc[bin], (unsigned int) __popc(peers));
+        if (a.hist_atomic) {
+            if (el) {
+                atomicAdd(&hc[bin], 1u);
+            }
+        } else {
+            // one shared-memory add per distinct bin of the warp (the top bits of nearby keys agree often)
+            const unsigned int peers = __match_any_sync(0xffffffff, bin);
+            if (el && lane == __ffs(peers) - 1) {
+                atomicAdd(&hc[bin], (unsigned int) __popc(peers));
+            }
         }
         if (COV && el) {
             atomicAdd(&hm[bin], (float) sparq_key_mass(a, c, x));

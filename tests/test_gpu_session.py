@@ -311,3 +311,20 @@ def test_gpu_sweep_report_names_the_cuda_launch_settings(tmp_path, monkeypatch):
     assert "`LLAMA_SPARQ_CUDA_ATTEND_ITEMS=16`" in (tmp_path / "gpu_ab.md").read_text()
     plain = (tmp_path / "gpu_plain.md").read_text()
     assert "set from the environment" not in plain and "| 131072 |" in plain
+
+
+def test_ab_runs_the_batch1_rows_once_per_setting(tmp_path):
+    """The ab step: one e2e run per AB_ENVS setting, with that variable set and its own tag (a
+    stand-in Python prints what it was given; the package counted as installed)."""
+    (tmp_path / "site" / "llama_sparq").mkdir(parents=True)
+    (tmp_path / "site" / "llama_sparq" / "__init__.py").write_text("")
+    py = tmp_path / "py"
+    py.write_text('#!/bin/sh\necho "RAN $* HIST=${LLAMA_SPARQ_CUDA_SELECT_HIST:-} ITEMS=${LLAMA_SPARQ_CUDA_ATTEND_ITEMS:-}"\n')
+    py.chmod(0o755)
+    res = run(tmp_path, "ab", SPARQ_PYTHON=str(py), GPU_TAG="h0_abc", AB_DEPTHS="4096")
+    assert res.returncode == 0, res.stdout + res.stderr
+    ran = [line for line in res.stdout.splitlines() if line.startswith("RAN ")]
+    assert len(ran) == 2, res.stdout
+    assert "--tag h0_abc_ab_select_hist_atomic --depths 4096 " in ran[0] and ran[0].endswith("HIST=atomic ITEMS="), ran
+    assert "--tag h0_abc_ab_attend_items_16 --depths 4096 " in ran[1] and ran[1].endswith("HIST= ITEMS=16"), ran
+    assert all("--only e2e" in r and "--depths-batch  --nkvo-depths " in r for r in ran), ran

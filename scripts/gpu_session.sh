@@ -24,8 +24,9 @@
 #   e2e       bench/gpu_sweep.py --only e2e, batch 1 at $E2E_DEPTHS (default 0, 4K, 8K, 32K, 64K and
 #             128K), dense -fa 1 and -fa 0 and SparQ, batch 4 at $E2E_DEPTHS_BATCH (default 16K, 32K)
 #   ab        the batch-1 e2e rows at $AB_DEPTHS (default 8K, 64K) once per setting of $AB_ENVS
-#             (';'-separated LLAMA_SPARQ_CUDA_*=VALUE, default LLAMA_SPARQ_CUDA_SELECT_HIST=atomic and
-#             LLAMA_SPARQ_CUDA_ATTEND_ITEMS=16), each with dense beside it in the same run and tagged
+#             (';'-separated LLAMA_SPARQ_CUDA_*=VALUE, default LLAMA_SPARQ_CUDA_SELECT_HIST=atomic,
+#             LLAMA_SPARQ_CUDA_SELECT_LOADS=early and LLAMA_SPARQ_CUDA_ATTEND_ITEMS=16), each with dense
+#             beside it in the same run and tagged
 #             <tag>_ab_<setting>: ways of the kernels timed without a rebuild, against e2e's rows
 #   nkvo      the -nkvo runs (weights on the GPU, cache and attention on the host) at $NKVO_DEPTHS
 #             (default 16K, 64K)
@@ -161,7 +162,8 @@ step_timeline() {
 # AB_ENVS as its settings, one per line; a malformed one refused by name
 ab_settings() {
     local v
-    tr ';' '\n' <<< "${AB_ENVS:-LLAMA_SPARQ_CUDA_SELECT_HIST=atomic;LLAMA_SPARQ_CUDA_ATTEND_ITEMS=16}" | while read -r v; do
+    local dflt="LLAMA_SPARQ_CUDA_SELECT_HIST=atomic;LLAMA_SPARQ_CUDA_SELECT_LOADS=early;LLAMA_SPARQ_CUDA_ATTEND_ITEMS=16"
+    tr ';' '\n' <<< "${AB_ENVS:-$dflt}" | while read -r v; do
         [ -z "$v" ] && continue
         if ! [[ "$v" =~ ^LLAMA_SPARQ_CUDA_[A-Z_]+=[A-Za-z0-9_]+$ ]]; then
             echo "gpu_session: AB_ENVS: '$v' is not LLAMA_SPARQ_CUDA_<NAME>=<value> (';' between settings)" >&2

@@ -280,21 +280,26 @@ EMU_RADIX = ["gqa4-f32-vec", "gqa4-perhead-window", "short-sequence-long-cache",
              "calibrated-perhead-window"]
 EMU_SINGLE = ["gqa4-perhead-window", "basis-no-mean-v", "rows-dense-stream-parts", "calibrated-gqa-two-streams"]
 # the tiles' histogram (LLAMA_SPARQ_CUDA_SELECT_HIST): a warp vote, then one add per distinct bin, by
-# default; one add per cell on these (several tiles per list, a window, the calibrated k, e5m2)
+# default; one add per cell on these (several tiles per list, a window, the calibrated k, e5m2); and
+# the tiles' key loads (LLAMA_SPARQ_CUDA_SELECT_LOADS) after the list's context by default, before it
+# on these (GQA summed and not, a dense stream, the calibrated k)
 EMU_HIST_ATOMIC = ["gqa4-five-tiles", "mha-three-tiles-window", "calibrated-mha", "gqa4-e5m2-vec"]
-EMU_RUNS = ([(c, "rank", "auto", "match") for c in EMU_CASES]
-            + [(c, "radix", "auto", "match") for c in EMU_RADIX if c in EMU_CASES]
-            + [(c, "rank", "single", "match") for c in EMU_SINGLE if c in EMU_CASES]
-            + [(c, "rank", "auto", "atomic") for c in EMU_HIST_ATOMIC if c in EMU_CASES])
+EMU_LOADS_EARLY = ["gqa4-five-tiles", "mha-three-tiles-window", "rows-dense-stream", "calibrated-gqa-two-streams",
+                   "calibrated-perhead-window"]
+EMU_RUNS = ([(c, "rank", "auto", "match", "late") for c in EMU_CASES]
+            + [(c, "radix", "auto", "match", "late") for c in EMU_RADIX if c in EMU_CASES]
+            + [(c, "rank", "single", "match", "late") for c in EMU_SINGLE if c in EMU_CASES]
+            + [(c, "rank", "auto", "atomic", "late") for c in EMU_HIST_ATOMIC if c in EMU_CASES]
+            + [(c, "rank", "auto", "match", "early") for c in EMU_LOADS_EARLY if c in EMU_CASES])
 
 # kernel launches per layer and step the op may take (the emulator counts them)
 SPARQ_CUDA_MAX_LAUNCHES = 4
 
 
-@pytest.mark.parametrize("case,select,attend,hist", EMU_RUNS,
-                         ids=[f"{c}-{s}" + ("" if a == "auto" else f"-{a}") + ("" if h == "match" else f"-{h}")
-                              for c, s, a, h in EMU_RUNS])
-def test_cuda_kernels_emulated_equal_the_cpu_op(case, select, attend, hist):
+@pytest.mark.parametrize("case,select,attend,hist,loads", EMU_RUNS,
+                         ids=["-".join([c, s] + [w for w in (a, h, ld) if w not in ("auto", "match", "late")])
+                              for c, s, a, h, ld in EMU_RUNS])
+def test_cuda_kernels_emulated_equal_the_cpu_op(case, select, attend, hist, loads):
     """The kernels of ggml-sparq/cuda/, run on the CPU by sparq-cuda-emu (one thread
     per CUDA thread; __syncthreads and the warp shuffles as barriers; blocks in a shuffled order),
     give the CPU op's output and choose the same cells (the unit's bitmap equals the CPU's list, or
@@ -303,11 +308,13 @@ def test_cuda_kernels_emulated_equal_the_cpu_op(case, select, attend, hist):
     before any GPU runs them; not the GPU's memory model or speed.
     select: the bin at the k-th key ranked in shared memory (the default) or radix passes over the
     list; attend: the default (each unit's cells split over blocks here, the last combining) or one
-    block per unit; hist: the tiles' histogram after a warp vote (the default) or an add per cell."""
+    block per unit; hist: the tiles' histogram after a warp vote (the default) or an add per cell;
+    loads: the tiles' key loads after the list's context (the default) or before it."""
     env = dict(os.environ)
     env.pop("LLAMA_SPARQ_CUDA_ATTEND", None)
     env["LLAMA_SPARQ_CUDA_SELECT"] = select
     env["LLAMA_SPARQ_CUDA_SELECT_HIST"] = hist
+    env["LLAMA_SPARQ_CUDA_SELECT_LOADS"] = loads
     if attend != "auto":
         env["LLAMA_SPARQ_CUDA_ATTEND"] = attend
     res = subprocess.run([str(tool_path("sparq-cuda-emu")), *EMU_CASES[case].split()], capture_output=True,
@@ -315,7 +322,7 @@ def test_cuda_kernels_emulated_equal_the_cpu_op(case, select, attend, hist):
     assert res.returncode == 0 and res.stdout.startswith("OK"), res.stdout + res.stderr[-2000:]
     m = re.search(r"sel_differ=(\d+)", res.stdout)
     assert m and m.group(1) == "0"
-    assert f"select={select}" in res.stdout and f"hist={hist}" in res.stdout, res.stdout
+    assert all(f"{k}={v}" in res.stdout for k, v in (("select", select), ("hist", hist), ("loads", loads))), res.stdout
     launches = int(re.search(r"launches=(\d+)", res.stdout).group(1))
     assert 1 <= launches <= SPARQ_CUDA_MAX_LAUNCHES, res.stdout
     parts = int(re.search(r"attend_parts=(\d+)", res.stdout).group(1))

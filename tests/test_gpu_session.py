@@ -319,12 +319,15 @@ def test_ab_runs_the_batch1_rows_once_per_setting(tmp_path):
     (tmp_path / "site" / "llama_sparq").mkdir(parents=True)
     (tmp_path / "site" / "llama_sparq" / "__init__.py").write_text("")
     py = tmp_path / "py"
-    py.write_text('#!/bin/sh\necho "RAN $* HIST=${LLAMA_SPARQ_CUDA_SELECT_HIST:-} ITEMS=${LLAMA_SPARQ_CUDA_ATTEND_ITEMS:-}"\n')
+    py.write_text('#!/bin/sh\necho "RAN $* HIST=${LLAMA_SPARQ_CUDA_SELECT_HIST:-} LOADS=${LLAMA_SPARQ_CUDA_SELECT_LOADS:-} '
+                  'ITEMS=${LLAMA_SPARQ_CUDA_ATTEND_ITEMS:-}"\n')
     py.chmod(0o755)
     res = run(tmp_path, "ab", SPARQ_PYTHON=str(py), GPU_TAG="h0_abc", AB_DEPTHS="4096")
     assert res.returncode == 0, res.stdout + res.stderr
     ran = [line for line in res.stdout.splitlines() if line.startswith("RAN ")]
-    assert len(ran) == 2, res.stdout
-    assert "--tag h0_abc_ab_select_hist_atomic --depths 4096 " in ran[0] and ran[0].endswith("HIST=atomic ITEMS="), ran
-    assert "--tag h0_abc_ab_attend_items_16 --depths 4096 " in ran[1] and ran[1].endswith("HIST= ITEMS=16"), ran
+    assert len(ran) == 3, res.stdout
+    assert "--tag h0_abc_ab_select_hist_atomic --depths 4096 " in ran[0], ran
+    assert ran[0].endswith("HIST=atomic LOADS= ITEMS="), ran
+    assert "--tag h0_abc_ab_select_loads_early --depths 4096 " in ran[1] and ran[1].endswith("HIST= LOADS=early ITEMS="), ran
+    assert "--tag h0_abc_ab_attend_items_16 --depths 4096 " in ran[2] and ran[2].endswith("HIST= LOADS= ITEMS=16"), ran
     assert all("--only e2e" in r and "--depths-batch  --nkvo-depths " in r for r in ran), ran

@@ -63,6 +63,7 @@ struct sparq_cu_args {
     int R, U, L, W, nt_a, tl_a, nt_s, sel_max;
     int force_radix; // the selection's radix passes over the list even where the candidates fit
     int hist_atomic; // the tile histogram by one shared-memory add per cell, no warp vote first
+    int keys_early;  // the select tiles' key loads issued before their context's loads and scans
 
     const char * q;  size_t q_nb1, q_nb2, q_nb3;
     const char * qs; size_t qs_nb1, qs_nb2, qs_nb3;     // q_sel, or q

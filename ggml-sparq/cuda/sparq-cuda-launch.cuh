@@ -178,6 +178,14 @@ static int sparq_select_hist_atomic() {
     return force == 2;
 }
 
+// LLAMA_SPARQ_CUDA_SELECT_LOADS=early issues a selection tile's key loads before the list's context
+// (the valid cells' count and scan, the tail window), so that those round trips and the loads wait
+// together (the first use of the keys was 16 % of the select's samples on an H200)
+static int sparq_select_keys_early() {
+    static const int force = sparq_env_way("LLAMA_SPARQ_CUDA_SELECT_LOADS", "late", "early");
+    return force == 2;
+}
+
 // The whole op in three launches, none of which waits on the host, each sized by the shapes only
 // (a's shapes, tensors and scratch set; cpt: 1 or sparq_vec_cpt(sparq_gmax(g)), the K^T load width
 // the rows' alignment allows, which nt_a and tl_a must match; the scratch sized by

@@ -759,6 +759,20 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_select(const sparq_cu
     __shared__ double siZw[COV ? GGML_CUDA_SPARQ_G_MAX : 1];
     const sparq_sel_smem sm = { hc, hm, (int *) hc + SPARQ_CAND_MAX, rc, rm, wb, sh, shd, s_int, &s_cross, sMw, siZw };
     const int tid = threadIdx.x, lane = tid % 32;
+    const int t0 = blockIdx.x * SPARQ_TS, t1 = min(a.S, t0 + SPARQ_TS);
+    // the tile's keys, or with GQA summed the first head's logits (the logits hold the mask): every
+    // load issued before any is used, SPARQ_TS_CPT in flight per thread; with keys_early before the
+    // context's own loads and scans, so that the two wait together
+    const float * src = a.g > 1 && a.ph == 1 ? a.logits + (size_t) (blockIdx.y / a.ph) * a.g * a.S
+                                             : sparq_list_keys(a, blockIdx.y);
+    float xs[SPARQ_TS_CPT];
+    if (a.keys_early) {
+#pragma unroll
+        for (int i = 0; i < SPARQ_TS_CPT; ++i) {
+            const int s = t0 + i * SPARQ_NT + tid;
+            xs[i] = s < t1 ? src[s] : -INFINITY;
+        }
+    }
     const sparq_sel_ctx c = sparq_sel_ctx_of(a, blockIdx.y, sh, s_int);
     if (c.mode != 0) {
         // dense: nothing to choose; the row's description by the first block of its first list
@@ -772,7 +786,6 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_select(const sparq_cu
         }
         return;
     }
-    const int t0 = blockIdx.x * SPARQ_TS, t1 = min(a.S, t0 + SPARQ_TS);
     const int st = c.R / a.n_rows, row = c.R % a.n_rows;
     const char * m = sparq_mask_row(a, c.R);
     for (int b = tid; b < SPARQ_NB; b += SPARQ_NT) {
@@ -804,15 +817,15 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_select(const sparq_cu
         }
         __syncthreads();
     }
-    const float * lg = a.logits + (size_t) c.u * a.g * a.S;
-    // the tile's keys: every load issued before any is used (SPARQ_TS_CPT in flight per thread)
-    float xs[SPARQ_TS_CPT];
-    if (c.summed) {
+    if (!a.keys_early) {
 #pragma unroll
         for (int i = 0; i < SPARQ_TS_CPT; ++i) {
             const int s = t0 + i * SPARQ_NT + tid;
-            xs[i] = s < t1 ? lg[s] : -INFINITY;
+            xs[i] = s < t1 ? src[s] : -INFINITY;
         }
+    }
+    if (c.summed) {
+        const float * lg = src;
 #pragma unroll
         for (int i = 0; i < SPARQ_TS_CPT; ++i) {
             const int s = t0 + i * SPARQ_NT + tid;
@@ -829,12 +842,6 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_select(const sparq_cu
                 a.keys[(size_t) c.u * a.S + s] = x;
                 xs[i] = x;
             }
-        }
-    } else {
-#pragma unroll
-        for (int i = 0; i < SPARQ_TS_CPT; ++i) {
-            const int s = t0 + i * SPARQ_NT + tid;
-            xs[i] = s < t1 ? c.keys[s] : -INFINITY;
         }
     }
 #pragma unroll

@@ -216,6 +216,7 @@ static bool sparq_cuda_args_of(const ggml_tensor * dst, sparq_cu_args & a, int *
     a.sel_max = a.ph * a.k;
     a.force_radix = sparq_select_radix_forced();
     a.hist_atomic = sparq_select_hist_atomic();
+    a.keys_early = sparq_select_keys_early();
 
     a.q = (const char *) q->data; a.q_nb1 = q->nb[1]; a.q_nb2 = q->nb[2]; a.q_nb3 = q->nb[3];
     const ggml_tensor * qq = qsel ? qsel : q;

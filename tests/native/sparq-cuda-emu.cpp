@@ -414,6 +414,7 @@ int main(int argc, char ** argv) {
     a.sel_max = a.ph * k;
     a.force_radix = sparq_select_radix_forced();
     a.hist_atomic = sparq_select_hist_atomic();
+    a.keys_early = sparq_select_keys_early();
     a.q = (const char *) q.data(); a.q_nb1 = qb1; a.q_nb2 = qb2; a.q_nb3 = qb3;
     const std::vector<float> & qq = variant == 2 ? qsel : q;
     a.qs = (const char *) qq.data(); a.qs_nb1 = qb1; a.qs_nb2 = qb2; a.qs_nb3 = qb3;
@@ -507,8 +508,9 @@ int main(int argc, char ** argv) {
     const bool ok = nmse <= 1e-9 && n_diff == 0;
     const int n_chose = n_sparse - n_diffuse;
     printf("%s nmse=%.3g max_abs=%.3g sparq_units=%d diffuse_units=%d mean_cells=%.1f sel_differ=%d cpt=%d select=%s "
-           "hist=%s attend_parts=%d launches=%d\n",
+           "hist=%s loads=%s attend_parts=%d launches=%d\n",
            ok ? "OK" : "FAIL", nmse, maxd, n_sparse, n_diffuse, n_chose > 0 ? (double) n_cells / n_chose : 0.0, n_diff,
-           cpt, a.force_radix ? "radix" : "rank", a.hist_atomic ? "atomic" : "match", sparq_attend_parts(a), g_launches);
+           cpt, a.force_radix ? "radix" : "rank", a.hist_atomic ? "atomic" : "match",
+           a.keys_early ? "early" : "late", sparq_attend_parts(a), g_launches);
     return ok ? 0 : 1;
 }

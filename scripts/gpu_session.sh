@@ -26,8 +26,8 @@
 #   ab        the batch-1 e2e rows at $AB_DEPTHS (default 8K, 64K) once per setting of $AB_ENVS
 #             (';'-separated LLAMA_SPARQ_CUDA_*=VALUE, default LLAMA_SPARQ_CUDA_SELECT_HIST=atomic,
 #             LLAMA_SPARQ_CUDA_SELECT_LOADS=early and LLAMA_SPARQ_CUDA_ATTEND_ITEMS=16), each with dense
-#             beside it in the same run and tagged
-#             <tag>_ab_<setting>: ways of the kernels timed without a rebuild, against e2e's rows
+#             beside it in the same run and tagged <tag>_ab_<setting>: ways of the kernels timed
+#             without a rebuild, against e2e's rows
 #   nkvo      the -nkvo runs (weights on the GPU, cache and attention on the host) at $NKVO_DEPTHS
 #             (default 16K, 64K)
 #   profile   Nsight Compute (ncu, or $NCU) on the op's kernels at 64K and 4K (Llama 2 7B attention,

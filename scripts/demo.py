@@ -278,9 +278,19 @@ def main(argv=None) -> int:
 
     model = a.model or str(default_model_path())
     print(f"model: {model}", flush=True)
-    # SparQ on at its defaults; the sliding-window layers keep only their window (swa_full off,
-    # as in llama.cpp's tools), which SparQ does not touch
-    llm = Llama(model, n_ctx=a.n_ctx, n_batch=512, n_threads=a.threads, swa_full=False, verbose=False, sparq=True)
+
+    def context(**kw):
+        # the sliding-window layers keep only their window (swa_full off, as in llama.cpp's tools),
+        # which SparQ does not touch
+        return Llama(model, n_ctx=a.n_ctx, n_batch=512, n_threads=a.threads, swa_full=False, verbose=False, **kw)
+
+    def dense_and_sparq(llm, state, dense_key, sparq_key):
+        # the same greedy answer from one saved prefill, SparQ off, then at its defaults
+        for key, on in ((dense_key, False), (sparq_key, True)):
+            llm.set_sparq(sparq=on)
+            res[key] = answer(llm, state, tokens, a.answer_tokens, eos)
+
+    llm = context(sparq=True)
     p = llm.sparq_params()
     tokens, n_doc, at = build_prompt(llm, a.doc_tokens, a.key)
     if len(tokens) + a.answer_tokens + 1 > a.n_ctx:
@@ -291,7 +301,8 @@ def main(argv=None) -> int:
     k_desc = (f"calibrated (the fewest cells holding {p['sparq_coverage']:.2f} of the estimated attention mass, "
               f"{p['sparq_k_min']} to {100 * p['sparq_k_frac']:.0f} % of the cells)" if p['sparq_k'] == 0 else p['sparq_k'])
     l_desc = p['sparq_l'] if p['sparq_l'] >= 0 else ('k_min / 4' if p['sparq_k'] == 0 else 'k / 4')
-    print(f"SparQ defaults: r = {p['sparq_r'] or 'head size / 4'}, k {k_desc}, l = {l_desc}, basis {p['sparq_basis']}, "
+    r_desc = p['sparq_r'] or ('5/16 of the head size' if p['sparq_kt_bits'] == 8 else 'head size / 4')
+    print(f"SparQ defaults: r = {r_desc}, k {k_desc}, l = {l_desc}, basis {p['sparq_basis']}, "
           f"dense below {p['sparq_min_kv']} KV cells\n",
           flush=True)
 
@@ -301,29 +312,19 @@ def main(argv=None) -> int:
 
     eos = llm.token_eos()
     res = {}
-    for mode in ("dense", "sparq"):
-        llm.set_sparq(sparq=(mode == "sparq"))
-        res[mode] = answer(llm, state, tokens, a.answer_tokens, eos)
-    llm.set_sparq(sparq=True)
+    dense_and_sparq(llm, state, "dense", "sparq")
     del state
     # dense -fa 0: upstream's other attention stores V transposed, so it needs its own context and prefill
-    fa0 = Llama(model, n_ctx=a.n_ctx, n_batch=512, n_threads=a.threads, swa_full=False, verbose=False,
-                flash_attn=False)
+    fa0 = context(flash_attn=False)
     print("dense -fa 0 (its own context):", flush=True)
     prefill(fa0, tokens[:-1], 512)
     res["dense_fa0"] = answer(fa0, fa0.save_state(), tokens, a.answer_tokens, eos)
     fa0.close()
     # a q8_0 K/V cache, what long-context users set first: dense and SparQ from one prefill
-    q8 = Llama(model, n_ctx=a.n_ctx, n_batch=512, n_threads=a.threads, swa_full=False, verbose=False, sparq=True,
-               type_k=cache_type_id("q8_0"), type_v=cache_type_id("q8_0"))
-    print("q8_0 K/V cache (its own context):", flush=True)
-    q8.set_sparq(sparq=False)
+    q8 = context(sparq=True, type_k=cache_type_id("q8_0"), type_v=cache_type_id("q8_0"))
+    print(f"q8_0 K/V cache (its own context; SparQ's k_min there {q8.sparq_params()['sparq_k_min']}):", flush=True)
     prefill(q8, tokens[:-1], 512)
-    state = q8.save_state()
-    for mode in ("dense_q8", "sparq_q8"):
-        q8.set_sparq(sparq=(mode == "sparq_q8"))
-        res[mode] = answer(q8, state, tokens, a.answer_tokens, eos)
-    del state
+    dense_and_sparq(q8, q8.save_state(), "dense_q8", "sparq_q8")
     q8.close()
     if res["sparq_q8"]["stats"]["n_sparq"] == 0:
         raise SystemExit("SparQ made no call on the q8_0 cache")

@@ -355,11 +355,16 @@ static __device__ __forceinline__ bool sparq_win_bit(const sparq_cu_args & a, in
     return (__ldcg(a.wbits + (size_t) R * a.W + (s >> 5)) >> (s & 31)) & 1u;
 }
 
-// the keys of list li
+// A list's approximate logits: its head's (per-head choice), or with one list per unit its first
+// head's (with GQA summed, the select reads every head's from there)
+static __device__ __forceinline__ const float * sparq_list_logits(const sparq_cu_args & a, int li) {
+    return a.logits + ((size_t) (li / a.ph) * a.g + li % a.ph) * a.S;
+}
+
+// the keys of list li: its logits, or with GQA summed the unit's summed weights the select writes
 static __device__ __forceinline__ const float * sparq_list_keys(const sparq_cu_args & a, int li) {
-    const int u = li / a.ph, h = li % a.ph;
     if (a.g > 1 && a.ph == 1) {
-        return a.keys + (size_t) u * a.S;
+        return a.keys + (size_t) (li / a.ph) * a.S;
     }
-    return a.logits + ((size_t) u * a.g + h) * a.S;
+    return sparq_list_logits(a, li);
 }

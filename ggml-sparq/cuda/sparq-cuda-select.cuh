@@ -763,8 +763,7 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_select(const sparq_cu
     // the tile's keys, or with GQA summed the first head's logits (the logits hold the mask): every
     // load issued before any is used, SPARQ_TS_CPT in flight per thread; with keys_early before the
     // context's own loads and scans, so that the two wait together
-    const float * src = a.g > 1 && a.ph == 1 ? a.logits + (size_t) (blockIdx.y / a.ph) * a.g * a.S
-                                             : sparq_list_keys(a, blockIdx.y);
+    const float * src = sparq_list_logits(a, blockIdx.y);
     float xs[SPARQ_TS_CPT];
     if (a.keys_early) {
 #pragma unroll

@@ -38,11 +38,13 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import contextlib
+import http.client
 import json
 import os
 import random
 import re
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -142,6 +144,17 @@ class Server:
                 return r.read()
         except urllib.error.HTTPError as e:
             raise ServerError(f"{path}: HTTP {e.code}: {e.read()[:500]!r}") from e
+        except (ConnectionError, http.client.HTTPException, urllib.error.URLError) as e:
+            # a server that died says how (a signal) and what it logged last
+            if self.proc is not None:
+                rc = self.proc.poll()
+                if rc is None and isinstance(e, (http.client.RemoteDisconnected, ConnectionResetError)):
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        rc = self.proc.wait(timeout=2)  # closed mid-request: dying, or a reply cut off
+                if rc is not None:
+                    how = f"signal {signal.Signals(-rc).name}" if rc < 0 else f"exit code {rc}"
+                    raise ServerError(f"{path}: llama-server died ({how}):\n{self.log()[-3000:]}") from e
+            raise
 
     def get(self, path, timeout=60):
         return json.loads(self.request(path, timeout=timeout))

@@ -1,6 +1,7 @@
 """Faults: a server killed in the middle of a generation and started again, slot save and
 restore, state files written under other SparQ settings (or with SparQ off), and a full disk
-(a file-size limit) while a state or a slot is saved.
+(a file-size limit) while a state or a slot is saved; ggml's graph allocator given a graph whose
+leafs differ from the last one's.
 
 What each test checks is in its docstring; the server helpers are bench/server_load.py's."""
 
@@ -202,6 +203,24 @@ def test_server_killed_during_generation_serves_after_restart(tiny_model, tmp_pa
         assert srv.error_lines() == []
 
 
+def test_server_that_dies_during_a_request_is_reported_so(tiny_model, tmp_path):
+    """A request whose server dies under it (SIGSEGV, as a crash) fails with the signal and the
+    end of the server's log, not a bare "Remote end closed connection" (the load tests' report)."""
+    import concurrent.futures as cf
+
+    with Server(tiny_model, ["-c", 4096, "-np", 1, *SERVER_SPARQ], log_path=tmp_path / "s.log", start_timeout=120) as srv:
+        (prompt,) = build_prompts(srv, 1, 300, 300, seed=3)
+        body = {"prompt": prompt, "n_predict": 100000, "temperature": 0.0, "top_k": 1, "ignore_eos": True}
+        with cf.ThreadPoolExecutor(1) as ex:
+            fut = ex.submit(srv.post, "/completion", body, 300)
+            deadline = time.monotonic() + 60
+            while srv.metrics()["requests_processing"] < 1 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            srv.proc.send_signal(signal.SIGSEGV)
+            with pytest.raises(ServerError, match=r"(?s)/completion: llama-server died \(signal SIGSEGV\):.*slot"):
+                fut.result(timeout=60)
+
+
 def _slot(srv, action, filename, timeout=120):
     return _post(srv, f"/slots/0?action={action}", {"filename": filename}, timeout=timeout)
 
@@ -259,3 +278,16 @@ def test_slot_save_on_a_full_disk_is_an_error(tiny_model, tmp_path):
             _slot(srv, "restore", "full.bin")
         assert len(_complete(srv, p, 8)["tokens"]) == 8
         assert srv.metrics()["sparq_calls_total"] > 0
+
+
+# -- the graph allocator -------------------------------------------------------------------
+
+def test_graph_allocator_allocates_a_graph_with_other_leafs_anew():
+    """A graph whose nodes match the last allocated graph's but whose leafs do not (an input where
+    the last had a weight) is allocated anew and computes right (tests/ggml_gallocr_leafs.py).
+    Before the series' fix: a segfault; llama-server died of it under load."""
+    from llama_sparq import lib_dir
+
+    script = Path(__file__).resolve().parent / "ggml_gallocr_leafs.py"
+    res = subprocess.run([sys.executable, str(script), str(lib_dir())], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", (res.returncode, res.stdout[-500:], res.stderr[-2000:])

@@ -152,7 +152,8 @@ class Server:
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         rc = self.proc.wait(timeout=2)  # closed mid-request: dying, or a reply cut off
                 if rc is not None:
-                    how = f"signal {signal.Signals(-rc).name}" if rc < 0 else f"exit code {rc}"
+                    sig = signal.Signals(-rc).name if -rc in signal.valid_signals() else -rc
+                    how = f"exit code {rc}" if rc >= 0 else f"signal {sig}"
                     raise ServerError(f"{path}: llama-server died ({how}):\n{self.log()[-3000:]}") from e
             raise
 

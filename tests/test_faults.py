@@ -7,6 +7,7 @@ What each test checks is in its docstring; the server helpers are bench/server_l
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import ctypes
 import json
 import os
@@ -206,8 +207,6 @@ def test_server_killed_during_generation_serves_after_restart(tiny_model, tmp_pa
 def test_server_that_dies_during_a_request_is_reported_so(tiny_model, tmp_path):
     """A request whose server dies under it (SIGSEGV, as a crash) fails with the signal and the
     end of the server's log, not a bare "Remote end closed connection" (the load tests' report)."""
-    import concurrent.futures as cf
-
     with Server(tiny_model, ["-c", 4096, "-np", 1, *SERVER_SPARQ], log_path=tmp_path / "s.log", start_timeout=120) as srv:
         (prompt,) = build_prompts(srv, 1, 300, 300, seed=3)
         body = {"prompt": prompt, "n_predict": 100000, "temperature": 0.0, "top_k": 1, "ignore_eos": True}

@@ -122,11 +122,18 @@ class Server:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def death(self) -> str:
+        """How the exited server ended (its exit code, or the signal that killed it) and its log's end."""
+        rc = self.proc.returncode
+        sig = signal.Signals(-rc).name if -rc in signal.valid_signals() else -rc
+        how = f"exit code {rc}" if rc >= 0 else f"signal {sig}"
+        return f"llama-server died ({how}):\n{self.log()[-3000:]}"
+
     def _wait_ready(self):
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise ServerError(f"llama-server exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
+                raise ServerError(self.death())
             try:
                 if self.get("/health", timeout=5).get("status") == "ok":
                     return
@@ -152,9 +159,7 @@ class Server:
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         rc = self.proc.wait(timeout=2)  # closed mid-request: dying, or a reply cut off
                 if rc is not None:
-                    sig = signal.Signals(-rc).name if -rc in signal.valid_signals() else -rc
-                    how = f"exit code {rc}" if rc >= 0 else f"signal {sig}"
-                    raise ServerError(f"{path}: llama-server died ({how}):\n{self.log()[-3000:]}") from e
+                    raise ServerError(f"{path}: {self.death()}") from e
             raise
 
     def get(self, path, timeout=60):

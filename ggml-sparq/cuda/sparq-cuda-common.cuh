@@ -364,7 +364,7 @@ static __device__ __forceinline__ const float * sparq_list_logits(const sparq_cu
 // the keys of list li: its logits, or with GQA summed the unit's summed weights the select writes
 static __device__ __forceinline__ const float * sparq_list_keys(const sparq_cu_args & a, int li) {
     if (a.g > 1 && a.ph == 1) {
-        return a.keys + (size_t) (li / a.ph) * a.S;
+        return a.keys + (size_t) li * a.S; // one list per unit
     }
     return sparq_list_logits(a, li);
 }

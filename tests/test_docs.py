@@ -2,11 +2,13 @@
 file of ggml-sparq/ and nothing else; repository paths named in code comments exist; no code
 comment cites an issue number; the README stays short and keeps the test command CI runs;
 every file in bench/results/ is cited by a doc and every result a doc cites exists; links
-between the docs resolve; every environment switch the C code reads is documented."""
+between the docs resolve; every environment switch the C code reads is documented; the README's
+table of settings is the one scripts/settings_table.py renders from the settings' table."""
 
 from __future__ import annotations
 
 import ast
+import difflib
 import io
 import itertools
 import re
@@ -350,3 +352,58 @@ def test_every_setting_has_a_row_in_the_docs_settings_table():
     assert sorted(documented) == sorted(names), (
         f"docs/algorithm.md's Settings table lists {sorted(documented)}; the settings' table "
         f"(ggml-sparq/include/llama-sparq-settings.def) has {sorted(names)}")
+
+
+# ---------------------------------------------------------------- the README's settings table
+
+def settings_table_script():
+    """scripts/settings_table.py, imported as a module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_settings_table", ROOT / "scripts" / "settings_table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_readme_settings_table_is_the_one_the_def_yields():
+    """README.md's table of settings, between its markers, is what scripts/settings_table.py
+    renders from llama-sparq-settings.def (run the script to rewrite it)."""
+    st = settings_table_script()
+    text = (ROOT / "README.md").read_text()
+    b, e = st.readme_table(text)
+    want = st.render()
+    assert text[b:e] == want, ("README.md's settings table differs from llama-sparq-settings.def: run "
+                               "python scripts/settings_table.py\n" + "".join(difflib.unified_diff(
+                                   text[b:e].splitlines(True), want.splitlines(True), "README.md", "rendered")))
+    assert want.count("\n") == len(settings_rows()) + 2, "the table has not one row per setting"
+
+
+def test_readme_settings_table_check_fails_on_a_changed_def(tmp_path):
+    """The check above can fail: a copy of the .def with another default renders another table;
+    a new row without a label, or a conditional default whose C expression changed, stops the
+    script naming what to edit."""
+    st = settings_table_script()
+    text = st.DEF.read_text()
+    readme = (ROOT / "README.md").read_text()
+    b, e = st.readme_table(readme)
+
+    changed = tmp_path / "changed.def"
+    assert "0.95f, SPARQ_SHARE" in text
+    changed.write_text(text.replace("0.95f, SPARQ_SHARE", "0.9f, SPARQ_SHARE"))
+    other = st.render(changed)
+    assert other != readme[b:e] and "| 0.9 |" in other
+
+    new_row = tmp_path / "new_row.def"
+    new_row.write_text(text.replace("\n#undef LLAMA_SPARQ_SETTING\n", '\nLLAMA_SPARQ_SETTING(int32_t, demo_budget, 7, '
+                                    'SPARQ_INTS(1, 100), SPARQ_NONE, "a demo", SPARQ_IN_ALL)\n'
+                                    "\n#undef LLAMA_SPARQ_SETTING\n"))
+    with pytest.raises(st.TableError, match="demo_budget"):
+        st.render(new_row)
+
+    expr = '"5/16 of the head size (rounded)" : "head size / 4"'
+    assert expr in text
+    conditional = tmp_path / "conditional.def"
+    conditional.write_text(text.replace(expr, '"a quarter of the head size" : "head size / 4"'))
+    with pytest.raises(st.TableError, match="CONDITIONAL"):
+        st.render(conditional)

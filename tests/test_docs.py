@@ -407,3 +407,14 @@ def test_readme_settings_table_check_fails_on_a_changed_def(tmp_path):
     conditional.write_text(text.replace(expr, '"a quarter of the head size" : "head size / 4"'))
     with pytest.raises(st.TableError, match="CONDITIONAL"):
         st.render(conditional)
+
+
+def test_serving_flag_table_lists_every_flag_and_its_environment_variable():
+    """docs/serving.md's table of the common flags has a row per setting the flags show, naming
+    its flag and its environment variable (spelled as bindings/settings.py derives them)."""
+    text = (ROOT / "docs" / "serving.md").read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| `--sparq")]
+    assert rows, "docs/serving.md has no table of --sparq flags"
+    missing = [f"{r.flag} ({r.env})" for r in settings_rows() if "flags" in r.shown
+               and not any(f"`{r.flag}" in line.split("|")[1] and f"`{r.env}`" in line for line in rows)]
+    assert not missing, f"docs/serving.md's flag table lacks rows (or their environment variables) for: {missing}"

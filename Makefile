@@ -8,7 +8,7 @@
 #   make cuda-check       compile SparQ's CUDA kernels alone for sm_80 and sm_90 (needs nvcc;
 #                skipped with a message without it)
 #   make test-cuda / make bench-gpu   on a GPU machine: the CUDA build, then tests/test_cuda.py /
-#                bench/gpu_sweep.py
+#                bench/gpu.py sweep
 #   make gpu-wheel / make gpu-gemma-parts   for a GPU machine without network or build time: the
 #                CUDA wheel (and build/gpu-wheel-xz/wheel.tar.xz, the same packed small enough to
 #                carry) and Gemma in parts, built here; scripts/gpu_session.sh runs them there
@@ -93,7 +93,7 @@ upstream:
 	$(PYTHON) scripts/upstream.py prepare
 
 bench-op: install
-	$(PY) bench/op_bench.py
+	$(PY) bench/op.py bench
 
 # On a machine with an NVIDIA GPU: the CUDA build, then its tests (they fail there rather than
 # skip if the build has no CUDA), and the GPU sweep (bench/results/gpu_*)
@@ -103,7 +103,7 @@ test-cuda:
 
 bench-gpu:
 	$(MAKE) install CUDA=1
-	$(PY) bench/gpu_sweep.py
+	$(PY) bench/gpu.py sweep
 
 # The CUDA variant as a wheel, built on a machine without a GPU for a GPU machine that has no
 # network and little time (scripts/gpu_session.sh installs and runs it there, docs/cuda.md):
@@ -129,7 +129,7 @@ gpu-wheel: deps
 	@ls -l $(GPU_WHEEL_DIR); du -sh $(GPU_WHEEL_DIR)
 	$(PY) scripts/gpu_wheel_pack.py --wheels $(GPU_WHEEL_DIR) --out $(GPU_WHEEL_DIR)-xz/wheel.tar.xz
 
-# The CUPTI tracer bench/gpu_timeline.py loads into llama-bench where Nsight Systems is missing,
+# The CUPTI tracer bench/gpu.py timeline loads into llama-bench where Nsight Systems is missing,
 # next to the libcupti it was built against (the GPU machine's driver runs it; no toolkit needed there)
 CUDA_ROOT     ?= $(abspath $(dir $(NVCC))..)
 CUPTI_LIB     ?= $(firstword $(wildcard $(CUDA_ROOT)/lib/libcupti.so.* $(CUDA_ROOT)/targets/x86_64-linux/lib/libcupti.so.* $(CUDA_ROOT)/extras/CUPTI/lib64/libcupti.so.*))

@@ -1,6 +1,7 @@
-"""What the bench/ scripts share: the run's metadata (machine, kernels' ISA, commit, dates,
-command line), the results folder, the result-file writers (CSV, JSON, markdown) and the
-set-up of plots and progress bars. Needs no native library at import (tests import scripts
+"""What the bench/ drivers share: the run's metadata (machine, kernels' ISA, commit, dates,
+command line), the results folder, the one runner of llama-bench (and of other tools), the
+subcommand dispatch, the result-file writers (CSV, JSON, markdown) and the set-up of plots and
+progress bars. Needs no native library at import (tests import scripts
 that use it without one)."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -71,9 +73,12 @@ def machine_line(threads=None) -> str:
     return f"{cpu_model()}, {os.cpu_count()} cores{used}; SparQ kernels ISA: {kernel_isa()}"
 
 
+_ARGV: list[str] | None = None  # the command line as given, while dispatch() names the subcommand in sys.argv[0]
+
+
 def command_line() -> str:
     """This run's command line, quoted for a shell."""
-    return shlex.join([sys.executable, *sys.argv])
+    return shlex.join([sys.executable, *(_ARGV or sys.argv)])
 
 
 def now_iso(local=False, timespec="seconds") -> str:
@@ -104,13 +109,66 @@ def run_meta(threads, load0) -> dict:
     return meta
 
 
-def run_checked(cmd, what):
-    """Run cmd capturing its output; a failure raises RuntimeError with what, the command line
-    and the end of its stderr."""
-    p = subprocess.run(cmd, capture_output=True, text=True)
+def run_tool(cmd, *, what="failed", env=None, timeout=None, echo=False):
+    """Run one command line capturing its output: the CompletedProcess, with wall_s (seconds) added.
+    A failure raises RuntimeError with what, the exit status, the command line and the end of its
+    stderr; a timeout raises subprocess.TimeoutExpired. echo: print the command and its time."""
+    cmd = [str(c) for c in cmd]
+    if echo:
+        print("+", shlex.join(cmd), flush=True)
+    t0 = time.monotonic()
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    p.wall_s = time.monotonic() - t0
+    if echo:
+        print(f"  ({p.wall_s:.1f} s, exit {p.returncode})", flush=True)
     if p.returncode != 0:
-        raise RuntimeError(f"{what}: {shlex.join(cmd)}\n{p.stderr[-3000:]}")
+        raise RuntimeError(f"{what} ({p.returncode}): {shlex.join(cmd)}\n{p.stderr[-3000:]}")
     return p
+
+
+def llama_bench(args, *, exe=None, prefix=(), what="llama-bench failed", env=None, timeout=None, echo=False):
+    """The one way every driver runs the fork's llama-bench: args as on its command line (`-o json`
+    added when no -o is given), exe another build's binary (default: the installed one), prefix a
+    profiler's command line to run it under. Returns (rows, command line, process): rows are
+    llama-bench's JSON rows (None where its output holds none), the command line is shell-quoted
+    as the result files record it; failures raise as run_tool's do."""
+    if exe is None:
+        from llama_sparq import tool_path
+
+        exe = tool_path("llama-bench")
+    args = [str(a) for a in args]
+    if "-o" not in args:
+        args += ["-o", "json"]
+    cmd = [*map(str, prefix), str(exe), *args]
+    p = run_tool(cmd, what=what, env=env, timeout=timeout, echo=echo)
+    start = p.stdout.find("[")  # a profiler may print before llama-bench's JSON
+    try:
+        rows = json.loads(p.stdout[start:]) if start >= 0 else None
+    except json.JSONDecodeError:
+        rows = None
+    return rows, shlex.join(cmd), p
+
+
+def dispatch(doc, subcommands, argv=None, default=None) -> int:
+    """A driver's command line: the subcommand argv[0] names runs with the rest as its options;
+    with default, a command line that names none runs that subcommand (the driver's original
+    options keep working). No or an unknown subcommand prints doc."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in subcommands:
+        name, argv = argv[0], argv[1:]
+    elif default and not (argv and argv[0] in ("-h", "--help")):
+        name = default
+    else:
+        print(doc.strip(), file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    # argparse names the program after argv[0]: the subcommand belongs in its usage lines
+    global _ARGV
+    _ARGV, prog = list(sys.argv), sys.argv[0]
+    sys.argv[0] = f"{Path(prog).name} {name}"
+    try:
+        return subcommands[name](argv)
+    finally:
+        sys.argv[0], _ARGV = prog, None
 
 
 def op_bench_times(exe, *, S, batch, heads, head_kv, d, r, k, l, threads, reps, warmup=2, ops=("dense", "sparq"),

@@ -14,14 +14,14 @@
 #   grid      the SPARQ_ATTN grid of test-backend-ops on CUDA0 against the CPU op and the selectors
 #             (tests/test_cuda.py without the ones that need Gemma 3 270M, and without the emulator
 #             and graph-rebuild tests, which need no GPU)
-#   timeline  bench/gpu_timeline.py: Nsight Systems (nsys, or $NSYS) or, without it, the CUPTI tracer
+#   timeline  bench/gpu.py timeline: Nsight Systems (nsys, or $NSYS) or, without it, the CUPTI tracer
 #             built with the wheel, over llama-bench decode steps at $TIMELINE_DEPTHS (default 4K and
 #             64K), dense -fa 1 and SparQ: each kernel per layer, launches, copies, syncs, the GPU's
 #             idle time and whether CUDA graphs captured the step (gpu_timeline_<tag>.md)
-#   op        bench/gpu_sweep.py --only op $OP_ARGS: the op against CUDA flash attention, with the
+#   op        bench/gpu.py sweep --only op $OP_ARGS: the op against CUDA flash attention, with the
 #             radix passes of the select and the one-block attend as A/B columns (OP_ARGS=
 #             "--no-select-ab --no-attend-ab" leaves them out)
-#   e2e       bench/gpu_sweep.py --only e2e, batch 1 at $E2E_DEPTHS (default 0, 4K, 8K, 32K, 64K and
+#   e2e       bench/gpu.py sweep --only e2e, batch 1 at $E2E_DEPTHS (default 0, 4K, 8K, 32K, 64K and
 #             128K), dense -fa 1 and -fa 0 and SparQ, batch 4 at $E2E_DEPTHS_BATCH (default 16K, 32K)
 #   ab        the batch-1 e2e rows at $AB_DEPTHS (default 8K, 64K) once per setting of $AB_ENVS
 #             (';'-separated LLAMA_SPARQ_CUDA_*=VALUE, default LLAMA_SPARQ_CUDA_SELECT_HIST=atomic,
@@ -32,7 +32,7 @@
 #             (default 16K, 64K)
 #   profile   Nsight Compute (ncu, or $NCU) on the op's kernels at 64K and 4K (Llama 2 7B attention,
 #             batch 1, r = 32, k = 128): $OUT/gpu-session/profile_<S>.csv
-#   lines     bench/gpu_ncu_lines.py: Nsight Compute on one launch of each of the op's kernels inside
+#   lines     bench/gpu.py lines: Nsight Compute on one launch of each of the op's kernels inside
 #             llama-bench's decode at $LINES_DEPTHS (default 4K and 64K): each kernel's time, SMs'
 #             active share and occupancy, and the source lines where its warps were sampled
 #             (gpu_ncu_lines_<tag>.md)
@@ -139,23 +139,23 @@ step_grid() {
 
 step_op() {
     # shellcheck disable=SC2086
-    logged op "$PY" bench/gpu_sweep.py --only op --tag "$(gpu_tag)" ${OP_ARGS:-}
+    logged op "$PY" bench/gpu.py sweep --only op --tag "$(gpu_tag)" ${OP_ARGS:-}
 }
 
 step_e2e() {
     local tag
     tag=$(gpu_tag)
-    logged e2e "$PY" bench/gpu_sweep.py --only e2e --tag "${tag}_b1" \
+    logged e2e "$PY" bench/gpu.py sweep --only e2e --tag "${tag}_b1" \
         --depths "${E2E_DEPTHS:-0,4096,8192,32768,65536,131072}" --depths-batch "" --nkvo-depths "" \
         --reps 3 --n-gen 16 || return $?
-    logged e2e "$PY" bench/gpu_sweep.py --only e2e --tag "${tag}_b4" --depths "" \
+    logged e2e "$PY" bench/gpu.py sweep --only e2e --tag "${tag}_b4" --depths "" \
         --depths-batch "${E2E_DEPTHS_BATCH:-16384,32768}" --nkvo-depths "" --n-gen 16
 }
 
 step_timeline() {
-    # gpu_timeline.py picks Nsight Systems where the machine has it (or $NSYS), else the CUPTI tracer
+    # gpu.py timeline picks Nsight Systems where the machine has it (or $NSYS), else the CUPTI tracer
     # built with the wheel, and says so when it has neither
-    logged timeline "$PY" bench/gpu_timeline.py ${NSYS:+--nsys "$NSYS"} --cupti-lib "$WHEELS/libsparq_cupti_trace.so" \
+    logged timeline "$PY" bench/gpu.py timeline ${NSYS:+--nsys "$NSYS"} --cupti-lib "$WHEELS/libsparq_cupti_trace.so" \
         --tag "$(gpu_tag)" --work "$OUT/gpu-timeline" --depths "${TIMELINE_DEPTHS:-4096,65536}"
 }
 
@@ -178,14 +178,14 @@ step_ab() {
     tag=$(gpu_tag)
     for v in $(ab_settings); do
         slug=$(echo "${v#LLAMA_SPARQ_CUDA_}" | tr 'A-Z=' 'a-z_')
-        logged ab env "$v" "$PY" bench/gpu_sweep.py --only e2e --tag "${tag}_ab_$slug" \
+        logged ab env "$v" "$PY" bench/gpu.py sweep --only e2e --tag "${tag}_ab_$slug" \
             --depths "${AB_DEPTHS:-8192,65536}" --depths-batch "" --nkvo-depths "" --reps 3 --n-gen 16 || rc=1
     done
     return "$rc"
 }
 
 step_nkvo() {
-    logged nkvo "$PY" bench/gpu_sweep.py --only e2e --tag "$(gpu_tag)_nkvo" --depths "" --depths-batch "" \
+    logged nkvo "$PY" bench/gpu.py sweep --only e2e --tag "$(gpu_tag)_nkvo" --depths "" --depths-batch "" \
         --nkvo-depths "${NKVO_DEPTHS:-16384,65536}" --n-gen 16
 }
 
@@ -203,7 +203,7 @@ step_profile() {
 }
 
 step_lines() {
-    logged lines "$PY" bench/gpu_ncu_lines.py ${NCU:+--ncu "$NCU"} --tag "$(gpu_tag)" --work "$OUT/gpu-ncu" \
+    logged lines "$PY" bench/gpu.py lines ${NCU:+--ncu "$NCU"} --tag "$(gpu_tag)" --work "$OUT/gpu-ncu" \
         --depths "${LINES_DEPTHS:-4096,65536}"
 }
 

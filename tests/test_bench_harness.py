@@ -16,9 +16,11 @@ from llama_sparq import tool_path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def harness(script, *args, env=None, timeout=900):
+def harness(command, *args, env=None, timeout=900):
+    """Run `bench/<driver> <subcommand>` (command: "sweep.py e2e") with args; it must succeed."""
     e = dict(os.environ, **(env or {}))
-    p = subprocess.run([sys.executable, str(REPO / "bench" / script), *map(str, args)], capture_output=True,
+    script, *sub = command.split()
+    p = subprocess.run([sys.executable, str(REPO / "bench" / script), *sub, *map(str, args)], capture_output=True,
                        text=True, timeout=timeout, env=e, cwd=REPO)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     return p
@@ -29,7 +31,7 @@ TINY = {"HEAD_DIM": "16", "N_HEAD_KV": "4", "N_LAYER_SPARQ": "2"}
 
 
 def test_e2e_bench_writes_results(tiny_model, tmp_path):
-    harness("e2e_bench.py", "--model", tiny_model, "--fill", "synthetic", "--depths", "0,256,512", "--reps", "2",
+    harness("sweep.py e2e", "--model", tiny_model, "--fill", "synthetic", "--depths", "0,256,512", "--reps", "2",
             "--n-gen", "2", "--r", "4", "--k", "16", "--l", "4", "--tag", "t", "--out-dir", tmp_path, env=TINY)
     for ext in ("csv", "json", "md", "png"):
         assert (tmp_path / f"t.{ext}").stat().st_size > 0
@@ -52,7 +54,7 @@ def test_e2e_bench_writes_results(tiny_model, tmp_path):
 
 
 def test_e2e_fill_check(tiny_model, tmp_path):
-    harness("e2e_bench.py", "--model", tiny_model, "--fill-check", "300", "--reps", "2", "--n-gen", "2",
+    harness("sweep.py e2e", "--model", tiny_model, "--fill-check", "300", "--reps", "2", "--n-gen", "2",
             "--r", "4", "--k", "16", "--l", "4", "--tag", "t", "--out-dir", tmp_path, env=TINY)
     res = json.loads((tmp_path / "t_fill_check.json").read_text())
     assert set(res["summary"]) == {"dense_fa0", "dense_fa1", "sparq"}
@@ -63,7 +65,7 @@ def test_e2e_fill_check(tiny_model, tmp_path):
 
 
 def test_overhead_bench_writes_results(tiny_model, tmp_path):
-    harness("overhead_bench.py", "--model", tiny_model, "--prompts", "64", "--depths", "0,100", "--n-gen", "4",
+    harness("sweep.py overhead", "--model", tiny_model, "--prompts", "64", "--depths", "0,100", "--n-gen", "4",
             "--reps", "2", "--rounds", "1", "--tag", "o", "--out-dir", tmp_path)
     res = json.loads((tmp_path / "o.json").read_text())
     tests = {r["test"]: r for r in res["rows"]}
@@ -117,10 +119,10 @@ def test_depth_fill_refuses_sliding_window_models(gemma_model):
 
 
 def test_real_text_speed_writes_results(tiny_model, tmp_path):
-    """bench/real_text_speed.py on the tiny model (Python's documentation tokenizes by bytes
+    """bench/real_text.py speed on the tiny model (Python's documentation tokenizes by bytes
     there): every mode timed (dense -fa 1 and -fa 0, SparQ), SparQ's counters over its reps, the
     files written."""
-    harness("real_text_speed.py", "--model", tiny_model, "--tokens", "1100", "--n-gen", "4", "--reps", "2",
+    harness("real_text.py speed", "--model", tiny_model, "--tokens", "1100", "--n-gen", "4", "--reps", "2",
             "--cache-types", "f16", "--kt-bits", "16,8", "--tag", "t", "--out-dir", tmp_path, env=TINY)
     res = json.loads((tmp_path / "t.json").read_text())
     r = res["result"]
@@ -149,10 +151,10 @@ def test_real_text_speed_writes_results(tiny_model, tmp_path):
 
 def test_decode_profile_runs_sparq_and_keeps_the_prefill(tiny_gqa_model, tmp_path):
     args = ("--model", tiny_gqa_model, "--tokens", "1300", "--steps", "4", "--state-dir", tmp_path)
-    first = harness("decode_profile.py", *args)
+    first = harness("real_text.py profile", *args)
     assert "prefill of 1299 tokens" in first.stdout
     assert list(tmp_path.glob("*_1300_f16_fa1.pkl"))
-    again = harness("decode_profile.py", *args)
+    again = harness("real_text.py profile", *args)
     assert "prefill of" not in again.stdout  # the kept state
     line = again.stdout.strip().splitlines()[-1]
     assert line.startswith("sparq: ") and "tokens/s over 4 steps" in line
@@ -165,7 +167,7 @@ def test_decode_ab_writes_results(tmp_path):
 
     # heads of 32: a q8_0 cache's blocks must divide the head size
     model = make_tiny_llama(tmp_path / "tiny-gqa-32.gguf", n_layer=2, n_embd=256, n_head=8, n_head_kv=2, seed=3)
-    harness("decode_ab.py", "--before", lib_dir(), "--model", model, "--tokens", "1300", "--steps", "3",
+    harness("real_text.py ab", "--before", lib_dir(), "--model", model, "--tokens", "1300", "--steps", "3",
             "--rounds", "2", "--state-dir", tmp_path / "state", "--out-dir", tmp_path, "--tag", "ab")
     doc = json.loads((tmp_path / "ab.json").read_text())
     assert len(doc["rounds"]) == 2 and doc["commit"] and doc["machine"]
@@ -179,7 +181,7 @@ def test_decode_ab_writes_results(tmp_path):
 
 
 def test_decode_ab_refuses_a_folder_without_a_build(tmp_path):
-    p = subprocess.run([sys.executable, str(REPO / "bench" / "decode_ab.py"), "--before", str(tmp_path)],
+    p = subprocess.run([sys.executable, str(REPO / "bench" / "real_text.py"), "ab", "--before", str(tmp_path)],
                        capture_output=True, text=True, cwd=REPO)
     assert p.returncode == 2 and "--before" in p.stderr and "libllama.so" in p.stderr
 
@@ -187,7 +189,7 @@ def test_decode_ab_refuses_a_folder_without_a_build(tmp_path):
 def test_op_ab_times_a_layer_shape_and_the_8bit_kt(tmp_path):
     from llama_sparq import lib_dir
 
-    harness("op_ab.py", "--before", lib_dir(), "--sizes", "700", "--heads", "6", "--head-kv", "2", "--d", "32",
+    harness("op.py ab", "--before", lib_dir(), "--sizes", "700", "--heads", "6", "--head-kv", "2", "--d", "32",
             "--r", "8", "--k", "64", "--kt-bits", "8", "--rounds", "2", "--reps", "2", "--out-dir", tmp_path,
             "--tag", "ab")
     doc = json.loads((tmp_path / "ab.json").read_text())
@@ -199,6 +201,6 @@ def test_op_ab_times_a_layer_shape_and_the_8bit_kt(tmp_path):
     assert p.returncode == 0 and json.loads(p.stdout)["kt_bits"] == 8, p.stderr
     p = subprocess.run([exe, "--kt-bits", "4"], capture_output=True, text=True)
     assert p.returncode == 2 and "kt-bits 16 or 8" in p.stderr
-    p = subprocess.run([sys.executable, str(REPO / "bench" / "op_ab.py"), "--before", str(tmp_path), "--heads", "9",
+    p = subprocess.run([sys.executable, str(REPO / "bench" / "op.py"), "ab", "--before", str(tmp_path), "--heads", "9",
                         "--head-kv", "2"], capture_output=True, text=True, cwd=REPO)
     assert p.returncode == 2 and "--heads must be a multiple of --head-kv" in p.stderr

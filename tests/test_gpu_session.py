@@ -108,10 +108,10 @@ def _nsys_csvs(d: Path, cfg: str, S: int, steps: int, per_step: dict, api_per_st
 
 
 def test_timeline_reduces_nsys_stats_to_a_step(tmp_path):
-    """bench/gpu_timeline.py --reduce: per step = (long run - short run) / extra steps, per layer
+    """bench/gpu.py timeline --reduce: per step = (long run - short run) / extra steps, per layer
     by the layers; SparQ's kernels grouped, what it adds over dense named, and CUDA-graph capture
     told from the API counts (graph launches, no direct ones) against a step launched directly."""
-    import gpu_timeline
+    import gpu
 
     n_layer = 8
     dense = {"void flash_attn_ext_f16<128>(float*)": (8 * 50_000, 8), "mul_mat_vec_q<8>(...)": (8 * 90_000, 56),
@@ -124,17 +124,17 @@ def test_timeline_reduces_nsys_stats_to_a_step(tmp_path):
     for steps in (4, 20):
         _nsys_csvs(tmp_path, "dense_fa1", 4096, steps, dense, {"cudaGraphLaunch_v10000": 1}, 7_000_000)
         _nsys_csvs(tmp_path, "sparq", 4096, steps, sparq, {"cudaLaunchKernel_v7000": 128, "cudaStreamSynchronize": 8}, 9_000_000)
-    res = gpu_timeline.reduce_dir(tmp_path, n_layer, 16)
+    res = gpu.timeline_reduce_dir(tmp_path, n_layer, 16)
     d, s = res["dense_fa1@4096"], res["sparq@4096"]
     assert abs(d["gpu_us_per_step"] - 8 * (50 + 90 + 2)) < 1e-6
     assert abs(s["sparq_op_launches_per_layer"] - 3) < 1e-9 and abs(s["launches_per_layer"] - 16) < 1e-9
     assert abs(s["groups"]["sparq op"]["us"] - 8 * 45) < 1e-6
     assert d["captured"] and not s["captured"] and s["syncs_per_step"] == 8
-    md = gpu_timeline.markdown({"tag": "t", "n_short": 4, "n_long": 20}, res, n_layer)
+    md = gpu.timeline_markdown({"tag": "t", "n_short": 4, "n_long": 20}, res, n_layer)
     assert "| sparq | 4096 |" in md and "k_bin_bcast<op_add>" in md and "What sparq adds" in md
     assert "`k_sparq_score<1, __half, 8>`" in md  # names without the parameter list
     # the command-line entry point on the same folder
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_timeline.py"), "--reduce", str(tmp_path)],
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu.py"), "timeline", "--reduce", str(tmp_path)],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "captured" in out.stdout, out.stderr
 
@@ -144,7 +144,7 @@ def test_timeline_idle_time_from_the_tracer_and_llama_bench(tmp_path):
     GPU's busy time (long run less short run, per extra step), the difference being idle time."""
     import json
 
-    import gpu_timeline
+    import gpu
 
     kern = {"void k_sparq_score<1, __half, 8>(sparq_cu_args)": (8 * 30_000, 8)}
     for steps in (4, 20):
@@ -153,14 +153,14 @@ def test_timeline_idle_time_from_the_tracer_and_llama_bench(tmp_path):
         # busy: 300 us per step plus a fixed 5 ms
         (tmp_path / f"sparq_65536_{which}_busy.csv").write_text(f"busy_ns,span_ns,intervals\n{300_000 * steps + 5_000_000},1,1\n")
     (tmp_path / "sparq_65536_long_bench.json").write_text(json.dumps([{"n_prompt": 0, "n_gen": 20, "avg_ns": 20 * 450_000}]))
-    r = gpu_timeline.reduce_dir(tmp_path, 8, 16)["sparq@65536"]
+    r = gpu.timeline_reduce_dir(tmp_path, 8, 16)["sparq@65536"]
     assert abs(r["busy_us_per_step"] - 300) < 1e-6 and abs(r["wall_us_per_step"] - 450) < 1e-6
     assert abs(r["idle_us_per_step"] - 150) < 1e-6 and r["captured"]
-    md = gpu_timeline.markdown({"tag": "t", "n_short": 4, "n_long": 20, "tracer": "CUPTI"}, {"sparq@65536": r}, 8)
+    md = gpu.timeline_markdown({"tag": "t", "n_short": 4, "n_long": 20, "tracer": "CUPTI"}, {"sparq@65536": r}, 8)
     assert "| sparq | 65536 | 450.0 | 300.0 | 150.0 |" in md
     # without the tracer's files (nsys): no figure made up
     (tmp_path / "sparq_65536_short_busy.csv").unlink()
-    r = gpu_timeline.reduce_dir(tmp_path, 8, 16)["sparq@65536"]
+    r = gpu.timeline_reduce_dir(tmp_path, 8, 16)["sparq@65536"]
     assert r["busy_us_per_step"] is None and r["idle_us_per_step"] is None
 
 
@@ -253,11 +253,11 @@ def test_packed_wheels_are_unpacked_by_install(tmp_path):
 
 
 def test_ncu_lines_reduces_details_and_source_pages(tmp_path):
-    """bench/gpu_ncu_lines.py --reduce: Nsight Compute's details page gives each kernel's duration,
+    """bench/gpu.py lines --reduce: Nsight Compute's details page gives each kernel's duration,
     SMs' active share and occupancy; its source page (several file blocks per kernel, a source row
     followed by its SASS rows) gives the source lines with the most warp samples, summed over the
     SASS rows' blocks, per kernel."""
-    import gpu_ncu_lines
+    import gpu
 
     hdr = '"ID","Kernel Name","Section Name","Metric Name","Metric Unit","Metric Value"'
     rows = [hdr]
@@ -282,12 +282,12 @@ def test_ncu_lines_reduces_details_and_source_pages(tmp_path):
            '"Line No","Source","Address","Source","Warp Stall Sampling (All Samples)"',
            '"150","acc = fmaf(q, v, acc);","-","-","5"']
     (tmp_path / "source_65536.csv").write_text("\n".join(src) + "\n")
-    res = gpu_ncu_lines.reduce_dir(tmp_path)
+    res = gpu.lines_reduce_dir(tmp_path)
     sel = res["65536"]["source"]["k_sparq_select<0>"]
     assert sel["samples"] == 200 and [e["where"] for e in sel["lines"]] == [
         "sparq-cuda-common.cuh:349", "sparq-cuda-select.cuh:54", "sparq-cuda-select.cuh:57"]
     assert res["65536"]["details"]["k_sparq_score<1, __half, 8>"]["Duration"]["value"] == "52.00"
-    md = gpu_ncu_lines.markdown({"tag": "t"}, res)
+    md = gpu.lines_markdown({"tag": "t"}, res)
     assert "| `k_sparq_select<0>` | 80.10 us | 25 % | 544 | 80 | 37.50 % / 20.00 % |" in md
     assert "| 60.0 % | sparq-cuda-common.cuh:349 |" in md and "| 90 % |" in md
 
@@ -297,17 +297,17 @@ def test_gpu_sweep_report_names_the_cuda_launch_settings(tmp_path, monkeypatch):
     records them, and the report says which way the kernels ran; a run without them says nothing."""
     import json
 
-    import gpu_sweep
+    import gpu
 
     monkeypatch.setenv("LLAMA_SPARQ_CUDA_ATTEND_ITEMS", "16")
     monkeypatch.setenv("LLAMA_SPARQ_CUDA_SELECT", "")
-    assert gpu_sweep.cuda_env() == {"LLAMA_SPARQ_CUDA_ATTEND_ITEMS": "16"}
+    assert gpu.cuda_env() == {"LLAMA_SPARQ_CUDA_ATTEND_ITEMS": "16"}
     doc = json.loads((ROOT / "bench" / "results" / "gpu_e2e_h200_49b147f_b1.json").read_text())
-    monkeypatch.setattr(gpu_sweep, "OUT", tmp_path)
-    for tag, env in (("ab", gpu_sweep.cuda_env()), ("plain", {})):
+    monkeypatch.setattr(gpu, "OUT", tmp_path)
+    for tag, env in (("ab", gpu.cuda_env()), ("plain", {})):
         doc["meta"]["cuda_env"] = env
         (tmp_path / f"gpu_e2e_{tag}.json").write_text(json.dumps(doc))
-        gpu_sweep.report(tag)
+        gpu.report(tag)
     assert "`LLAMA_SPARQ_CUDA_ATTEND_ITEMS=16`" in (tmp_path / "gpu_ab.md").read_text()
     plain = (tmp_path / "gpu_plain.md").read_text()
     assert "set from the environment" not in plain and "| 131072 |" in plain

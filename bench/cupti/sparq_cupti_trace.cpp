@@ -4,7 +4,7 @@
 //   CUDA_INJECTION64_PATH=libsparq_cupti_trace.so SPARQ_TRACE_PREFIX=out/run llama-bench ...
 //
 // At exit it writes the same three summaries as `nsys stats -r cuda_gpu_kern_sum,cuda_api_sum,
-// cuda_gpu_mem_time_sum -f csv` (so bench/gpu_timeline.py reduces either), one row per name with
+// cuda_gpu_mem_time_sum -f csv` (so bench/gpu.py timeline reduces either), one row per name with
 // total time and count, plus <prefix>_busy.csv: the GPU's busy time (the union of the kernels'
 // intervals; not the copies, which a synthetic fill makes differ between runs) and the span from
 // the first to the last, so that a step's launch gaps

@@ -1,5 +1,5 @@
 // llama-sparq: times GGML_OP_SPARQ_ATTN against upstream's ggml_flash_attn_ext on
-// the same f16 K and V, on ggml's CPU backend (driven by bench/op_bench.py).
+// the same f16 K and V, on ggml's CPU backend (driven by bench/op.py bench).
 //
 //   sparq-op-bench --S N --batch B --heads H --head-kv HKV --d D --r R --k K --l L
 //                  --threads T --reps N [--warmup N] [--ops dense,sparq,sparq_all] [--kt-bits 16|8]

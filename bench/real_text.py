@@ -1,5 +1,36 @@
 #!/usr/bin/env python3
-"""Decode speed on real text: dense attention against SparQ's defaults on the same prefilled cache.
+"""Decode speed on a prefill of real text (the Python documentation CPython ships):
+
+    python bench/real_text.py speed --model smollm2 ...      every dense path and SparQ, round-robin, medians
+    python bench/real_text.py profile --model smollm2 ...    a steady decode loop to put under perf record
+    python bench/real_text.py ab --before DIR ...            two builds' decode in alternation, dense beside
+
+`python bench/real_text.py SUBCOMMAND -h` lists a subcommand's options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import re
+import statistics as st
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import RESULTS, dispatch, loadavg, md_bullets, md_table, out_stem, run_meta, write_json  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+
+
+# ============================================================================================= speed
+
+SPEED_DOC = """Decode speed on real text: dense attention against SparQ's defaults on the same prefilled cache.
 
 llama-bench fills its ``-d`` context with random tokens. The calibrated k follows the attention
 it meets, and attention over random tokens is diffuse in many layers (Gemma 3 270M's global
@@ -25,24 +56,13 @@ SparQ with each K^T width (``sparq_kt_bits``; 8, the default, is mode ``sparq_<t
 ``sparq_<type>``) on the same context. Each SparQ mode is compared with every dense mode and with
 the fastest of them.
 
-    python bench/real_text_speed.py --model gemma3 --tokens 32000 --tag real_text_gemma3_32k
-    python bench/real_text_speed.py --model smollm2 --tokens 8000 --reps 7 --n-gen 48 --tag real_text_smollm2_8k
+    python bench/real_text.py speed --model gemma3 --tokens 32000 --tag real_text_gemma3_32k
+    python bench/real_text.py speed --model smollm2 --tokens 8000 --reps 7 --n-gen 48 --tag real_text_smollm2_8k
 
 Writes bench/results/<tag>.json and .md: the command, machine, commit, model, the settings,
 per mode the tokens/s of every rep and their median, the speed-ups, and the fork's counters over
 each SparQ mode's reps (SparQ calls, dense calls by reason, compression, cells per KV head).
 """
-
-from __future__ import annotations
-
-import argparse
-import statistics as st
-import sys
-import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import RESULTS, loadavg, md_bullets, md_table, run_meta, write_json  # noqa: E402
 
 
 def python_docs() -> str:
@@ -113,8 +133,8 @@ def counters_of(stats):
             "compression": round(compression, 4), "mean_k": round(mean_k, 1), "n_layers": stats[0]["n_layers"]}
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def speed_main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=SPEED_DOC.split("\n\n")[0])
     ap.add_argument("--model", default="gemma3", help="gemma3, smollm2 or a GGUF path")
     ap.add_argument("--tokens", type=int, default=32000, help="prompt tokens of text (default 32000)")
     ap.add_argument("--n-gen", type=int, default=32, help="tokens decoded per rep (default 32)")
@@ -271,6 +291,223 @@ def main(argv=None) -> int:
     (out / f"{a.tag}.md").write_text("\n".join(md))
     print("\n".join(md))
     return 0
+
+# ============================================================================================= profile
+
+PROFILE_DOC = """A steady decode loop on real text to put under a profiler (``perf record``).
+
+Prefills a real model with the Python documentation (as ``real_text.py speed``), keeps the state
+in ``--state-dir`` for the next run, then decodes ``--steps`` greedy tokens from it, SparQ's
+defaults or dense, and prints tokens/s and the fork's counters. The prefill is skipped when the
+state is kept, so a profiler started with a delay sees only decode steps:
+
+    python bench/real_text.py profile --model smollm2 --tokens 8000 --steps 1      # prefill once
+    perf record -D 2500 -F 2000 -g -o sparq.data \
+        python bench/real_text.py profile --model smollm2 --tokens 8000 --steps 400
+    perf report -i sparq.data --no-children --sort pid,symbol -g none
+
+It writes no result file: a profile is read, and what it finds is written up by hand
+(``results/profile_smollm2_8k.md``); speed is measured by ``real_text.py speed``.
+"""
+
+
+def profile_main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=PROFILE_DOC.split("\n\n")[0])
+    ap.add_argument("--model", default="smollm2", help="smollm2, gemma3 or a GGUF path (default smollm2)")
+    ap.add_argument("--tokens", type=int, default=8000, help="prompt tokens of the Python documentation")
+    ap.add_argument("--steps", type=int, default=300, help="decode steps timed (default 300)")
+    ap.add_argument("--mode", choices=("sparq", "dense"), default="sparq")
+    ap.add_argument("--flash-attn", type=int, choices=(0, 1), default=1,
+                    help="dense only: upstream's flash attention (1, the layout SparQ uses) or its other path (0)")
+    ap.add_argument("--cache-type", choices=("f16", "q8_0"), default="f16", help="K and V cache type")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--state-dir", type=Path, default=Path("/tmp/llama_sparq_profile"),
+                    help="where the prefilled state is kept between runs")
+    args = ap.parse_args(argv)
+    if args.tokens < 16 or args.steps < 1:
+        ap.error("--tokens must be >= 16 and --steps >= 1")
+    if args.mode == "sparq" and args.flash_attn == 0:
+        ap.error("--flash-attn 0 is a dense path: SparQ runs on flash attention's cache layout")
+
+    from llama_sparq import Llama
+    from llama_sparq.models import resolve_model
+    from llama_sparq.cost import cache_type_id
+
+    model = resolve_model(args.model)
+    fa = bool(args.flash_attn)
+    ti = cache_type_id(args.cache_type)
+    llm = Llama(str(model), n_ctx=args.tokens + args.steps + 64, n_batch=512, n_threads=args.threads,
+                verbose=False, flash_attn=fa, type_k=ti, type_v=ti, **({"sparq": True} if fa else {}))
+    toks = llm.tokenize(python_docs().encode())[:args.tokens]
+    args.state_dir.mkdir(parents=True, exist_ok=True)
+    # one state per cache layout: -fa 0 keeps V transposed
+    state_path = args.state_dir / f"{Path(model).stem}_{args.tokens}_{args.cache_type}_fa{args.flash_attn}.pkl"
+    if state_path.exists():
+        state = pickle.loads(state_path.read_bytes())
+    else:
+        if fa:
+            llm.set_sparq(sparq=False)
+        t = time.perf_counter()
+        llm.eval(toks[:-1])
+        print(f"prefill of {len(toks) - 1} tokens: {time.perf_counter() - t:.1f} s", flush=True)
+        state = llm.save_state()
+        state_path.write_bytes(pickle.dumps(state))
+    llm.load_state(state)
+    if fa:
+        llm.set_sparq(sparq=args.mode == "sparq")
+    llm.reset_sparq_stats()
+    n_vocab = llm.n_vocab()
+    tok = toks[-1]
+    t = time.perf_counter()
+    for _ in range(args.steps):
+        llm.eval([tok])
+        tok = int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n_vocab,))))
+    dt = time.perf_counter() - t
+    s = llm.sparq_stats()
+    label = "sparq" if args.mode == "sparq" else f"dense_{args.cache_type}_fa{args.flash_attn}"
+    print(f"{label}: {args.steps / dt:.2f} tokens/s over {args.steps} steps; SparQ calls {s['n_sparq']}, "
+          f"dense calls {s['n_dense']}, compression {s['compression']:.4f}")
+    if args.mode == "sparq" and s["n_sparq"] == 0:
+        print("error: no SparQ call ran", file=sys.stderr)
+        return 1
+    return 0
+
+# ============================================================================================= ab
+
+AB_DOC = """Two builds' SparQ decode on real text, end to end, timed against each other in alternation.
+
+``op.py ab`` times the op alone on the paper's shapes; this times what a user sees on a real
+model: ``real_text.py profile``'s steady greedy decode from the same prefilled state (SparQ's
+defaults), once with the build in ``--before`` (a folder holding that build's libraries, e.g. a
+copy of an installed ``llama_sparq/lib``, given as ``LLAMA_SPARQ_LIB_DIR``) and once with
+``--after`` (default: the installed package's), ``--rounds`` times, before first in even rounds
+and after first in odd ones, so that the drifts of a shared machine hit both alike. Each round also
+times the dense paths of ``--dense`` (upstream's, with the after build): f16 ``-fa 1`` and
+``-fa 0`` and a q8_0 cache, so that both builds stand beside the fastest dense of the same minutes.
+
+    python bench/real_text.py ab --before /tmp/base_lib --model smollm2 --tokens 8000 --tag decode_ab_smollm2
+
+Writes bench/results/<tag>.json and .md: the command, machine, commit, both folders, every
+round's tokens/s and counters, the medians, the best of each, the median of the rounds'
+after/before ratios, and each build over the fastest dense path. Each SparQ run must have made
+SparQ calls.
+"""
+
+
+LINE = re.compile(r"^(\w+): ([0-9.]+) tokens/s over (\d+) steps; SparQ calls (\d+), .*compression ([0-9.]+)$", re.M)
+DENSE = {"f16_fa1": ("f16", 1), "f16_fa0": ("f16", 0), "q8_0_fa1": ("q8_0", 1)}
+
+
+def run_once(lib: Path | None, args, dense: str | None = None) -> dict:
+    env = dict(os.environ)
+    env.pop("LLAMA_SPARQ_LIB_DIR", None)
+    if lib is not None:
+        env["LLAMA_SPARQ_LIB_DIR"] = str(lib)
+    cmd = [sys.executable, str(HERE / "real_text.py"), "profile", "--model", args.model, "--tokens", str(args.tokens),
+           "--steps", str(args.steps), "--threads", str(args.threads), "--state-dir", str(args.state_dir)]
+    if dense:
+        ct, fa = DENSE[dense]
+        cmd += ["--mode", "dense", "--cache-type", ct, "--flash-attn", str(fa)]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    m = LINE.search(p.stdout)
+    if p.returncode != 0 or not m:
+        raise SystemExit(f"real_text.py profile failed with {lib or 'the installed package'}:\n"
+                         f"{p.stdout[-1500:]}{p.stderr[-3000:]}")
+    return {"tokens_per_s": float(m.group(2)), "sparq_calls": int(m.group(4)), "compression": float(m.group(5))}
+
+
+def ab_main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=AB_DOC.split("\n\n")[0])
+    ap.add_argument("--before", type=Path, required=True, help="folder with the earlier build's libraries")
+    ap.add_argument("--after", type=Path, default=None, help="folder with this build's (default: the package's)")
+    ap.add_argument("--model", default="smollm2", help="smollm2, gemma3 or a GGUF path (default smollm2)")
+    ap.add_argument("--tokens", type=int, default=8000)
+    ap.add_argument("--steps", type=int, default=200, help="decode steps per run (default 200)")
+    ap.add_argument("--rounds", type=int, default=10, help="before/after alternations (default 10)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--dense", default="f16_fa1,f16_fa0,q8_0_fa1",
+                    help="dense paths timed each round beside SparQ (default f16_fa1,f16_fa0,q8_0_fa1)")
+    ap.add_argument("--state-dir", type=Path, default=Path("/tmp/llama_sparq_profile"))
+    ap.add_argument("--out-dir", type=Path, default=RESULTS)
+    ap.add_argument("--tag", default="decode_ab")
+    args = ap.parse_args(argv)
+    for name, lib in (("--before", args.before), ("--after", args.after)):
+        if lib is not None and not (lib / "libllama.so").is_file():
+            ap.error(f"{name} {lib}: no libllama.so there (give a folder of a build's libraries)")
+    if args.rounds < 1 or args.steps < 2:
+        ap.error("--rounds must be >= 1 and --steps >= 2")
+    dense = [d for d in args.dense.split(",") if d]
+    if not dense or set(dense) - set(DENSE):
+        ap.error(f"--dense takes a comma list of {', '.join(DENSE)}; got {args.dense!r}")
+    load0 = loadavg()
+    meta = run_meta(args.threads, load0)
+
+    # the prefills, kept for every run
+    one = argparse.Namespace(**{**vars(args), "steps": 1})
+    run_once(args.after, one)
+    for d in dense:
+        run_once(args.after, one, d)
+    rounds = []
+    for i in range(args.rounds):
+        order = ("before", "after") if i % 2 == 0 else ("after", "before")
+        r = {}
+        for which in (*order, *(f"dense_{d}" for d in dense)):
+            d = which[len("dense_"):] if which.startswith("dense_") else None
+            r[which] = run_once(args.before if which == "before" else args.after, args, d)
+            print(f"round {i + 1}/{args.rounds} {which}: {r[which]['tokens_per_s']:.2f} tokens/s", flush=True)
+        if r["before"]["sparq_calls"] <= 0 or r["after"]["sparq_calls"] <= 0:
+            raise SystemExit(f"round {i + 1}: a SparQ run made no SparQ call")
+        rounds.append(r)
+    b = [r["before"]["tokens_per_s"] for r in rounds]
+    a = [r["after"]["tokens_per_s"] for r in rounds]
+    ratios = [y / x for x, y in zip(b, a)]
+    dense_med = {d: st.median(r[f"dense_{d}"]["tokens_per_s"] for r in rounds) for d in dense}
+    fastest = max(dense_med, key=dense_med.get)
+    summary = {"before_median": st.median(b), "after_median": st.median(a), "before_best": max(b),
+               "after_best": max(a), "ratio_of_medians": st.median(a) / st.median(b),
+               "median_of_ratios": st.median(ratios), "ratio_min_max": [min(ratios), max(ratios)],
+               "dense_medians": dense_med, "fastest_dense": fastest,
+               "before_over_fastest_dense": st.median(b) / dense_med[fastest],
+               "after_over_fastest_dense": st.median(a) / dense_med[fastest]}
+    doc = {**meta, "load_average_start_end": [load0, loadavg()], "before": str(args.before),
+           "after": str(args.after or "the installed package"), "model": args.model, "tokens": args.tokens,
+           "steps": args.steps, "rounds": rounds, "summary": summary}
+    stem = out_stem(args.out_dir, args.tag)
+    write_json(stem.with_suffix(".json"), doc)
+    lines = [f"# End-to-end decode, two builds in alternation: {args.tag}", ""]
+    lines += md_bullets([("command", meta["command"]), ("machine", meta["machine"]),
+                         ("load_average_start_end", doc["load_average_start_end"]), ("commit", meta["commit"]),
+                         ("date", meta["date"]), ("before", doc["before"]), ("after", doc["after"]),
+                         ("decode", f"{args.model}, {args.tokens} tokens of the Python documentation, "
+                                    f"{args.steps} greedy steps per run with SparQ's defaults (real_text.py profile)")])
+    lines += ["", *md_table(["round", "before t/s", "after t/s", "after / before",
+                             *(f"dense {d} t/s" for d in dense), "SparQ calls (before, after)",
+                             "compression (before, after)"],
+                            [[str(i + 1), f"{r['before']['tokens_per_s']:.2f}", f"{r['after']['tokens_per_s']:.2f}",
+                              f"{q:.3f}", *(f"{r[f'dense_{d}']['tokens_per_s']:.2f}" for d in dense),
+                              f"{r['before']['sparq_calls']}, {r['after']['sparq_calls']}",
+                              f"{r['before']['compression']:.4f}, {r['after']['compression']:.4f}"]
+                             for i, (r, q) in enumerate(zip(rounds, ratios))])]
+    s = summary
+    dm = ", ".join(f"{d} {v:.2f}" for d, v in dense_med.items())
+    lines += ["", f"Medians: before {s['before_median']:.2f}, after {s['after_median']:.2f} tokens/s "
+                  f"(**{s['ratio_of_medians']:.3f}x**); the rounds' ratios: median {s['median_of_ratios']:.3f}, "
+                  f"from {s['ratio_min_max'][0]:.3f} to {s['ratio_min_max'][1]:.3f}; best runs: before "
+                  f"{s['before_best']:.2f}, after {s['after_best']:.2f}. Dense (upstream's, the after build), "
+                  f"medians: {dm}; the fastest, `{fastest}`: before {s['before_over_fastest_dense']:.2f}x, "
+                  f"after **{s['after_over_fastest_dense']:.2f}x** of it.", ""]
+    stem.with_suffix(".md").write_text("\n".join(lines))
+    print("\n".join(lines[-2:]))
+    return 0
+
+
+# ============================================================================================= the subcommands
+
+SUBCOMMANDS = {"speed": speed_main, "profile": profile_main, "ab": ab_main}
+
+
+def main(argv=None) -> int:
+    return dispatch(__doc__, SUBCOMMANDS, argv)
 
 
 if __name__ == "__main__":

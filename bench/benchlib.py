@@ -23,6 +23,10 @@ from llama_sparq._provenance import git_commit as _git_commit
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
+# the research helpers (sparq_lab: the NumPy reference, capture, cost model, synthetic models)
+# live in dev/, outside the wheel; every script that imports this module can import them
+if str(REPO / "dev") not in sys.path:
+    sys.path.insert(0, str(REPO / "dev"))
 RESULTS = HERE / "results"  # the default --out-dir of every script
 
 

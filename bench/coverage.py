@@ -22,8 +22,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import (RESULTS, command_line, cpu_model, dispatch, git_commit, loadavg, md_bullets, md_table,  # noqa: E402
                       out_stem, pyplot, run_meta, write_csv, write_json)
-from llama_sparq import reference  # noqa: E402
-from llama_sparq.capture import Capture, op_params, stream0  # noqa: E402
+from sparq_lab import reference  # noqa: E402
+from sparq_lab.capture import Capture, op_params, stream0  # noqa: E402
 
 
 # ============================================================================================= coverage
@@ -45,7 +45,7 @@ for SmolLM2 ``chat_multikey``, four magic numbers in story filler and a question
 by the GGUF's chat template as ``create_chat_completion`` sends it; for Gemma 3 and a path
 ``passkey``, the completion prompt; depths 0.5, 0.25, 0.75) are prefilled, and ``--steps`` greedy
 decode steps (the first one is the prompt's last token: the step that produces the answer's first
-token) run under ``llama_sparq.capture.Capture``. On every ``sparq_attn-<layer>`` call
+token) run under ``sparq_lab.capture.Capture``. On every ``sparq_attn-<layer>`` call
 (``capture.stream_view``), per KV head:
 
 - **coverage**: the exact softmax over the valid cells per query head
@@ -203,7 +203,7 @@ def int8_absmax(x, axis):
 
 
 def _e5m2(K):
-    from llama_sparq.reference import round_e5m2  # the fork's own rounding (sparq_kt_bits=8)
+    from sparq_lab.reference import round_e5m2  # the fork's own rounding (sparq_kt_bits=8)
 
     return round_e5m2(K).astype(np.float64)
 
@@ -220,7 +220,7 @@ def call_metrics(x, scale, *, ks, fracs, rs, recall_ks, basis="scaled", unrotate
     """The metrics of one captured SparQ call (``capture.stream_view``'s dict), one dict per KV head.
     unrotate n > 0: the call's q and K are in upstream's Hadamard-rotated basis (size n); the recall is
     also measured with them rotated back (fields ``<metric>hb_...``), same steps, same exact scores."""
-    from llama_sparq import reference
+    from sparq_lab import reference
 
     q, K, V, mask = x["q"], x["K"], x["V"], x["mask"]
     d = q.shape[-1]
@@ -298,7 +298,7 @@ def recall_metrics(rec, Pj, approx, order, cum_group, k, r, sparq_sel, tag=""):
 
 def run_prompt(llm, toks, steps, opts, n_vocab):
     """Prefill toks[:-1], then `steps` greedy decode steps under Capture: the records of every call."""
-    from llama_sparq.capture import Capture, op_params, stream_view
+    from sparq_lab.capture import Capture, op_params, stream_view
 
     llm.reset()
     llm.eval(toks[:-1])
@@ -337,7 +337,7 @@ def run(a, model, opts):
     lengths = [int(x) for x in a.lengths.split(",")]
     n_ctx = max(lengths) + 256 + a.steps
     op_k = a.op_k or n_ctx
-    from llama_sparq.cost import cache_type_id
+    from sparq_lab.cost import cache_type_id
 
     ct = cache_type_id(a.cache_type)
     llm = Llama(model, n_ctx=n_ctx, n_batch=512, n_threads=a.threads, verbose=False, flash_attn=True,
@@ -500,7 +500,7 @@ def markdown(meta, summary, heads, a):
 
 
 def recall_table(meta, heads, a):
-    from llama_sparq import cost
+    from sparq_lab import cost
 
     lines = ["## Recall of SparQ's steps 1-2 (approximate top-k against the exact top-k)", "",
              f"Basis `{a.basis}`; group-shared choice; mean over layers (worst layer). overlap = |approx "
@@ -674,7 +674,7 @@ ROOTCAUSE_DOC = """Why SparQ loses passkeys on Gemma 3 270M: the selection measu
 
 Runs passkey prompts on Gemma 3 270M with SparQ on, feeds the answer dense attention gives
 (teacher forcing, so every variant sees the same steps), and captures the inputs and the
-output of every SparQ call (q, K, V, mask, V sums, window: ``llama_sparq.capture``) at the
+output of every SparQ call (q, K, V, mask, V sums, window: ``sparq_lab.capture``) at the
 decode steps that produce the answer. On those tensors, per global layer and query head:
 
 - the share of the exact softmax mass (dense attention's probabilities) that each

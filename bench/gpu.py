@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import (RESULTS, command_line, dispatch, fit_line, git_commit, iqr_points, llama_bench,  # noqa: E402
                       now_iso, run_tool, write_csv, write_json)
 from llama_sparq import lib_dir, tool_path  # noqa: E402
-from llama_sparq import cost  # noqa: E402
-from llama_sparq.models import paper_shape_path  # noqa: E402
+from sparq_lab import cost  # noqa: E402
+from sparq_lab.models import paper_shape_path  # noqa: E402
 
 
 # ============================================================================================= sweep
@@ -754,7 +754,7 @@ def timeline_main(argv=None) -> int:
                  + ("" if args.tracer == "cupti" else " and no nsys (Nsight Systems; --nsys PATH)"))
 
     from llama_sparq import tool_path
-    from llama_sparq.models import paper_shape_path
+    from sparq_lab.models import paper_shape_path
 
     work = Path(args.work or f"build/gpu-timeline/{args.tag}")
     work.mkdir(parents=True, exist_ok=True)
@@ -949,7 +949,7 @@ def lines_main(argv=None) -> int:
         sys.exit("gpu.py lines: no ncu (Nsight Compute) found: give --ncu PATH")
 
     from llama_sparq import tool_path
-    from llama_sparq.models import paper_shape_path
+    from sparq_lab.models import paper_shape_path
 
     work = Path(args.work or f"build/gpu-ncu/{args.tag}")
     work.mkdir(parents=True, exist_ok=True)

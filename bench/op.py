@@ -42,7 +42,7 @@ stream per sequence. Shapes are Llama 2 7B attention: 32 heads of 128, MHA (32 K
 
 For each point: median / IQR / min of the per-repetition times of both ops (run in the same
 process, dense first, after 2 warm-up runs each), bytes moved per the cost model of
-docs/algorithm.md (``llama_sparq.cost``; f16 = 2 bytes per element, times KV heads, times batch),
+docs/algorithm.md (``sparq_lab.cost``; f16 = 2 bytes per element, times KV heads, times batch),
 achieved GB/s, speedup (dense / SparQ medians), the bandwidth bound M_dense / M_sparq and
 the fraction of it reached.
 
@@ -62,7 +62,7 @@ bench/results), each carrying the command, machine, commit, date, parameters and
 
 try:
     from llama_sparq import LibraryError, tool_path
-    from llama_sparq import cost
+    from sparq_lab import cost
 except ImportError as e:  # pragma: no cover - depends on the environment
     sys.exit(f"op.py bench: cannot import llama_sparq ({e}); run `make install` and use "
              f"{REPO / '.venv/bin/python'} (or `make bench-op`)")
@@ -139,7 +139,7 @@ def make_meta(args, points) -> dict:
             "grid": "r in {16, 32, 64} x k in {64, 128, 256}, l = k/4 "
                     "(compression per point in the 'compression' column)",
         },
-        "cost_model": "bytes = M (elements per KV head, llama_sparq.cost) * 2 (f16) * head_kv * batch; "
+        "cost_model": "bytes = M (elements per KV head, sparq_lab.cost) * 2 (f16) * head_kv * batch; "
                       "M_dense = 2*S*d + 2*d, M_sparq = S*r + 2*k*d + 4*d; compression = M_sparq/M_dense, "
                       "bound = M_dense/M_sparq",
         "data": "K, V (and K^T) are random f16, q random f32 (a few heavy components); one KV stream "
@@ -638,7 +638,7 @@ def upkeep_main(argv=None) -> int:
         return 0
 
     from llama_sparq._lib import lib_dir
-    from llama_sparq.models import make_tiny_llama
+    from sparq_lab.models import make_tiny_llama
 
     tmp = Path(tempfile.mkdtemp(prefix="upkeep-bench-"))
     model = make_tiny_llama(tmp / "model.gguf", n_layer=2, n_embd=128, n_head=2, n_head_kv=2, n_ff=256,

@@ -155,7 +155,7 @@ def speed_main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.tokens < 1024 or a.n_gen < 4 or a.reps < 1:
         ap.error("--tokens must be >= 1024, --n-gen >= 4, --reps >= 1")
-    from llama_sparq.cost import CACHE_TYPES, cache_type_id
+    from sparq_lab.cost import CACHE_TYPES, cache_type_id
 
     cache_types = a.cache_types.split(",")
     dense = a.dense.split(",")
@@ -331,7 +331,7 @@ def profile_main(argv=None) -> int:
 
     from llama_sparq import Llama
     from llama_sparq.models import resolve_model
-    from llama_sparq.cost import cache_type_id
+    from sparq_lab.cost import cache_type_id
 
     model = resolve_model(args.model)
     fa = bool(args.flash_attn)

@@ -28,8 +28,8 @@ from benchlib import (RESULTS, command_line, cpu_model, dispatch, fit_line, git_
                       progress, pyplot, run_meta, write_csv, write_json)
 from llama_sparq import tool_path  # noqa: E402
 from llama_sparq.models import default_model_path, NAMED_MODELS, resolve_model, smollm2_model_path  # noqa: E402
-from llama_sparq import cost  # noqa: E402
-from llama_sparq.models import GQA_SHAPE, gqa_shape_path, paper_shape_path  # noqa: E402
+from sparq_lab import cost  # noqa: E402
+from sparq_lab.models import GQA_SHAPE, gqa_shape_path, paper_shape_path  # noqa: E402
 
 
 # ============================================================================================= run
@@ -518,7 +518,7 @@ LONG_DOC = """Decode speed at long context, up to a million tokens: dense attent
 vector-index selector, end to end through the fork's llama-bench.
 
 The model is synthetic with Llama 3 8B's per-layer shapes (GQA: 32 query heads, 8 KV heads
-of 128; ``llama_sparq.models.make_gqa_shape``), one layer by default, so that a 1M-token F16
+of 128; ``sparq_lab.models.make_gqa_shape``), one layer by default, so that a 1M-token F16
 cache (K, V and SparQ's K^T: 6 GiB per layer) fits in memory. The share of decode time spent
 in attention depends on the per-layer shapes and S, not on the layer count (each layer adds
 the same weights and the same cache); the output projection (32000 x 4096, Q8_0) is read once

@@ -171,8 +171,8 @@ def run_chat(threads: int, n_tokens: int = CHAT_TOKENS, n_questions: int = CHAT_
 
     from llama_sparq import Llama
     from llama_sparq import eval as ev
-    from llama_sparq.cost import cache_type_id
     from llama_sparq._eval_tasks import CHAT_TASKS  # noqa: F401 (the eval's chat tasks: chat_qa is one)
+    from llama_sparq._sparq import cache_type_id
 
     args = SimpleNamespace(model="smollm2", threads=threads, cache_type="f16")
     llm, model, d, g, n_vocab, n_ctx = ev._open_model(args, [n_tokens], chat=True)
@@ -273,7 +273,7 @@ def main(argv=None) -> int:
     t_start = time.perf_counter()
 
     from llama_sparq import Llama
-    from llama_sparq.cost import cache_type_id
+    from llama_sparq._sparq import cache_type_id
     from llama_sparq.models import default_model_path
 
     model = a.model or str(default_model_path())

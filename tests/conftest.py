@@ -13,12 +13,15 @@ import pytest
 
 # the tests import their helpers (sparq_cases) from this folder
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# and the research helpers (sparq_lab: the NumPy reference, capture, cost model, synthetic models)
+# from dev/, which the wheel does not ship
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "dev"))
 
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
     """A tiny random llama model (MHA)."""
-    from llama_sparq.models import make_tiny_llama
+    from sparq_lab.models import make_tiny_llama
 
     return make_tiny_llama(tmp_path_factory.mktemp("models") / "tiny.gguf", n_layer=2, n_embd=64, n_head=4)
 
@@ -26,7 +29,7 @@ def tiny_model(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_gqa_model(tmp_path_factory):
     """A tiny random llama model with GQA (4 query heads per KV head) and head size 32."""
-    from llama_sparq.models import make_tiny_llama
+    from sparq_lab.models import make_tiny_llama
 
     return make_tiny_llama(tmp_path_factory.mktemp("models") / "tiny-gqa.gguf", n_layer=2, n_embd=128,
                            n_head=8, n_head_kv=2, seed=3)

@@ -1,6 +1,6 @@
 """Test cases for the SparQ kernels: generation, the case-file format of
 tests/native/sparq-op-test.cpp, running it, and checking its results against the
-NumPy reference (llama_sparq.reference).
+NumPy reference (sparq_lab.reference).
 
 Checks, per FlashAttention's rule for kernels (a kernel's error against the exact reference
 may be at most a small multiple of the error of the naive reference in the kernel's precision):
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from llama_sparq import reference as ref
+from sparq_lab import reference as ref
 
 
 @dataclasses.dataclass

@@ -109,7 +109,7 @@ def test_corrupt_gguf_is_refused_by_every_entry_point(corrupt_files, name):
 
 @pytest.fixture(scope="module")
 def gemma2_model(tmp_path_factory):
-    from llama_sparq.models import make_tiny_gemma2
+    from sparq_lab.models import make_tiny_gemma2
 
     return make_tiny_gemma2(tmp_path_factory.mktemp("gemma2") / "tiny-gemma2.gguf")
 

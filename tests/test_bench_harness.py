@@ -163,7 +163,7 @@ def test_decode_profile_runs_sparq_and_keeps_the_prefill(tiny_gqa_model, tmp_pat
 
 def test_decode_ab_writes_results(tmp_path):
     from llama_sparq import lib_dir
-    from llama_sparq.models import make_tiny_llama
+    from sparq_lab.models import make_tiny_llama
 
     # heads of 32: a q8_0 cache's blocks must divide the head size
     model = make_tiny_llama(tmp_path / "tiny-gqa-32.gguf", n_layer=2, n_embd=256, n_head=8, n_head_kv=2, seed=3)

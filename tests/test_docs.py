@@ -26,7 +26,7 @@ TEST_COMMAND = "make test"  # .ci/run runs it; the README must keep it
 DOCS = ["README.md", "CHANGELOG.md", "bench/README.md", "models/README.md", "patches/README.md",
         *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
 # the code whose comments are checked
-CODE_DIRS = ["ggml-sparq", "py", "bindings", "bench", "tests", "scripts"]
+CODE_DIRS = ["ggml-sparq", "py", "dev", "bindings", "bench", "tests", "scripts"]
 C_SUFFIXES = {".c", ".cpp", ".h", ".cu", ".cuh", ".in"}
 HASH_COMMENT_NAMES = {"CMakeLists.txt", "Makefile"}
 
@@ -164,7 +164,7 @@ def test_architecture_table_lists_every_file_of_ggml_sparq():
 
 # a path of this repository: one of its top folders, then a name; not preceded by a path character
 # (tools/llama-bench/llama-bench.cpp is no bench/ path)
-REPO_PATH = re.compile(r"(?<![\w./-])((?:ggml-sparq|py|bindings|bench|tests|scripts|docs|patches|models)"
+REPO_PATH = re.compile(r"(?<![\w./-])((?:ggml-sparq|py|dev|bindings|bench|tests|scripts|docs|patches|models)"
                        r"/[\w./*{},-]*[\w*}])")
 # a path written after these names upstream's tree, not this repository's
 UPSTREAM_PREFIX = re.compile(r"(?:upstream's|llama\.cpp's)\s+$")

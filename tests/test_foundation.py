@@ -76,8 +76,9 @@ def test_missing_library_is_reported_at_import(tmp_path):
 
 
 def test_reference_needs_no_library(tmp_path):
-    env = dict(os.environ, LLAMA_SPARQ_LIB_DIR=str(tmp_path / "nowhere"))
-    code = "from llama_sparq import reference, cost; print(cost.compression(4096, 128, 16, 128))"
+    env = dict(os.environ, LLAMA_SPARQ_LIB_DIR=str(tmp_path / "nowhere"),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "dev"), os.environ.get("PYTHONPATH")])))
+    code = "from sparq_lab import reference, cost; print(cost.compression(4096, 128, 16, 128))"
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
 

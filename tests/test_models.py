@@ -1,4 +1,5 @@
-"""Tests for llama_sparq.models: the tiny random llama GGUF and the Gemma 3 recipe."""
+"""Tests for the models: the tiny random llama GGUF (sparq_lab.models) and the Gemma 3 recipe
+(llama_sparq.models)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ try:
 except ImportError:  # not installed and PYTHONPATH=py not given
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "py"))
     import llama_sparq.models as M
+import sparq_lab.models as LM  # dev/, on sys.path from conftest.py
 
 gguf = pytest.importorskip("gguf")
 
@@ -35,9 +37,9 @@ def fields(reader) -> dict:
 # ---------------------------------------------------------------- tiny model
 
 def test_deterministic(tmp_path):
-    a = M.make_tiny_llama(tmp_path / "a.gguf", seed=3)
-    b = M.make_tiny_llama(tmp_path / "b.gguf", seed=3)
-    c = M.make_tiny_llama(tmp_path / "c.gguf", seed=4)
+    a = LM.make_tiny_llama(tmp_path / "a.gguf", seed=3)
+    b = LM.make_tiny_llama(tmp_path / "b.gguf", seed=3)
+    c = LM.make_tiny_llama(tmp_path / "c.gguf", seed=4)
     assert a == tmp_path / "a.gguf"
     assert sha256(a) == sha256(b)
     assert sha256(a) != sha256(c)
@@ -46,8 +48,8 @@ def test_deterministic(tmp_path):
 
 @pytest.mark.parametrize("weight_type", ["f16", "q8_0"])
 def test_deterministic_other_types(tmp_path, weight_type):
-    a = M.make_tiny_llama(tmp_path / "a.gguf", weight_type=weight_type, n_head_kv=2)
-    b = M.make_tiny_llama(tmp_path / "b.gguf", weight_type=weight_type, n_head_kv=2)
+    a = LM.make_tiny_llama(tmp_path / "a.gguf", weight_type=weight_type, n_head_kv=2)
+    b = LM.make_tiny_llama(tmp_path / "b.gguf", weight_type=weight_type, n_head_kv=2)
     assert sha256(a) == sha256(b)
 
 
@@ -63,7 +65,7 @@ def test_deterministic_other_types(tmp_path, weight_type):
     ids=["mha", "gqa", "mqa-f16", "headdim-q8_0", "odd-sizes"],
 )
 def test_metadata_and_shapes(tmp_path, kw):
-    p = M.make_tiny_llama(tmp_path / "m.gguf", **kw)
+    p = LM.make_tiny_llama(tmp_path / "m.gguf", **kw)
     n_layer = kw.get("n_layer", 2)
     n_embd = kw.get("n_embd", 64)
     n_head = kw.get("n_head", 4)
@@ -145,7 +147,7 @@ def test_metadata_and_shapes(tmp_path, kw):
 
 
 def test_vocab_helper():
-    toks, scores, ttypes = M.tiny_vocab(2000)
+    toks, scores, ttypes = LM.tiny_vocab(2000)
     assert len(toks) == len(set(toks)) == len(scores) == len(ttypes) == 2000
     assert all(s < 0 for s in scores[259:])
     assert scores[259:] == sorted(scores[259:], reverse=True)
@@ -176,23 +178,23 @@ def test_vocab_helper():
 def test_bad_arguments(tmp_path, kw, arg):
     out = tmp_path / "bad.gguf"
     with pytest.raises(ValueError, match=arg):
-        M.make_tiny_llama(out, **kw)
+        LM.make_tiny_llama(out, **kw)
     assert not out.exists()
     assert not list(tmp_path.iterdir())
 
 
 def test_cli_tiny(tmp_path, capsys):
     out = tmp_path / "sub" / "cli.gguf"
-    assert M.main(["tiny", str(out), "--n-layer", "3", "--n-head-kv", "2"]) == 0
+    assert LM.main(["tiny", str(out), "--n-layer", "3", "--n-head-kv", "2"]) == 0
     assert capsys.readouterr().out.strip() == str(out)
     f = fields(gguf.GGUFReader(out))
     assert f["llama.block_count"] == 3
     assert f["llama.attention.head_count_kv"] == 2
     # same bytes as the Python API with the same arguments
-    ref = M.make_tiny_llama(tmp_path / "ref.gguf", n_layer=3, n_head_kv=2)
+    ref = LM.make_tiny_llama(tmp_path / "ref.gguf", n_layer=3, n_head_kv=2)
     assert sha256(out) == sha256(ref)
 
-    assert M.main(["tiny", str(tmp_path / "x.gguf"), "--n-head-kv", "3"]) == 2
+    assert LM.main(["tiny", str(tmp_path / "x.gguf"), "--n-head-kv", "3"]) == 2
     assert "n_head_kv" in capsys.readouterr().err
 
 
@@ -287,7 +289,7 @@ def test_paper_shape_model_has_llama2_7b_layer_shapes(tmp_path, monkeypatch):
     written once into the model folder and reused."""
     import gguf
 
-    from llama_sparq.models import paper_shape_path
+    from sparq_lab.models import paper_shape_path
 
     f, t = _cached_synthetic_model(paper_shape_path, "paper-shape", tmp_path, monkeypatch)
     assert f["llama.embedding_length"] == 4096
@@ -303,7 +305,7 @@ def test_gqa_shape_model_has_llama3_8b_layer_shapes(tmp_path, monkeypatch):
     Q8_0, a training context of 2M tokens, written once into the model folder and reused."""
     import gguf
 
-    from llama_sparq.models import gqa_shape_path
+    from sparq_lab.models import gqa_shape_path
 
     f, t = _cached_synthetic_model(gqa_shape_path, "gqa-shape", tmp_path, monkeypatch)
     assert f["llama.embedding_length"] == 4096 and f["llama.context_length"] == 1 << 21

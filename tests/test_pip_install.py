@@ -11,6 +11,7 @@ build/pip-install-test/ for the record.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -26,6 +27,7 @@ import llama_sparq
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORD = ROOT / "build" / "pip-install-test"
+LAB = ROOT / "dev" / "sparq_lab"  # the research helpers: outside the wheel
 
 
 def _env() -> dict:
@@ -74,6 +76,8 @@ def test_pip_wheel_builds_llama_cpp_once_and_installs_elsewhere(tmp_path, tiny_m
                  "llama_sparq/lib/llama-cli"):
         assert need in names, need
     assert [n for n in names if n.endswith("libllama.so")] == ["llama_sparq/lib/libllama.so"]
+    research = {f"llama_sparq/{p.name}" for p in LAB.glob("*.py") if p.name not in ("__init__.py", "models.py")}
+    assert not [n for n in names if n in research or n.startswith("sparq_lab/")], names
 
     # 2. the wheel into the fresh venv (its dependencies from the index / pip's cache)
     t0 = time.time()
@@ -115,3 +119,42 @@ def test_pip_wheel_builds_llama_cpp_once_and_installs_elsewhere(tmp_path, tiny_m
         pip_install_s=round(t_install, 1), cmake_configures_of_llama_sparq=cmake_projects,
         libllama_links_in_log=libllama_links, llama_cpp_python_collected=False, version=version,
         libllama_in_venv=libs), indent=2) + "\n")
+
+
+def _wheel_sources() -> list[Path]:
+    """The Python files of the folders pyproject.toml's wheel.packages puts in the wheel."""
+    line = next(ln for ln in (ROOT / "pyproject.toml").read_text().splitlines() if ln.startswith("wheel.packages"))
+    folders = re.findall(r'=\s*"([^"]+)"', line.split("=", 1)[1])
+    assert "py/llama_sparq" in folders, line
+    return sorted(p for folder in folders for p in (ROOT / folder).rglob("*.py"))
+
+
+def _top_level_defs(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    return {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+
+
+def test_wheel_ships_no_research_modules():
+    """The wheel's packages neither import the research helpers (dev/sparq_lab) nor carry them: no
+    module of the same name (models.py is the package's real models), no public function or class
+    sparq_lab defines. Read from the source, so it needs no build."""
+    sources = _wheel_sources()
+    assert ROOT / "py" / "llama_sparq" / "_llama.py" in sources   # the folders were found
+    imports = []
+    for path in sources:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            imports += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] == "sparq_lab"]
+    assert not imports, imports
+
+    lab = sorted(LAB.glob("*.py"))
+    assert LAB / "reference.py" in lab
+    shipped = {p.name for p in sources}
+    clash = shipped & ({p.name for p in lab} - {"__init__.py", "models.py"})
+    assert not clash, clash
+    # main: every command-line module has its own
+    lab_defs = {n for p in lab for n in _top_level_defs(p) if not n.startswith("_")} - {"main"}
+    assert {"sparq_attention", "make_tiny_llama", "Capture", "compression"} <= lab_defs
+    copies = [f"{p.relative_to(ROOT)}: {n}" for p in sources for n in _top_level_defs(p) & lab_defs]
+    assert not copies, copies

@@ -5,8 +5,8 @@ import time
 import numpy as np
 import pytest
 
-from llama_sparq import cost
-from llama_sparq.reference import (
+from sparq_lab import cost
+from sparq_lab.reference import (
     combined_scores,
     dense_attention,
     selection_matches,
@@ -638,7 +638,7 @@ def test_q8_0_blocks_are_ggmls():
     dequantized values quantize back to the same blocks (the cache's values are a fixed point)."""
     import gguf
 
-    from llama_sparq.reference import dequantize_q8_0, q8_0_bytes, quantize_q8_0, round_kv
+    from sparq_lab.reference import dequantize_q8_0, q8_0_bytes, quantize_q8_0, round_kv
 
     rng = np.random.default_rng(4)
     x = (rng.standard_normal((40, 128)) * np.exp(rng.normal(0, 2, size=(40, 1)))).astype(np.float32)
@@ -663,7 +663,7 @@ def test_kv_quant_rounds_k_and_v_and_keeps_kt_in_f16():
     """sparq_attention(kv_quant="q8_0") = the same on K and V rounded through q8_0, with the
     approximate scores on the f16 of those keys (the K^T the fork keeps); with k >= S it is dense
     attention on the rounded cache."""
-    from llama_sparq.reference import round_kv
+    from sparq_lab.reference import round_kv
 
     rng = np.random.default_rng(5)
     q, K, V = rand_inputs(rng, 2, 4, 2, 300, 64)

@@ -64,7 +64,7 @@ class RpcServers:
 
 @pytest.fixture(scope="module")
 def model4(tmp_path_factory):
-    from llama_sparq.models import make_tiny_llama
+    from sparq_lab.models import make_tiny_llama
 
     return make_tiny_llama(tmp_path_factory.mktemp("rpc") / "tiny-4l.gguf", n_layer=4, n_embd=64, n_head=4,
                            n_head_kv=2, seed=4)

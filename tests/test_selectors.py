@@ -13,7 +13,7 @@ import pytest
 
 from sparq_ctx import N_THREADS, make_llm, rand_prompt
 
-from llama_sparq import reference
+from sparq_lab import reference
 
 VARIANTS = {
     "defaults": dict(),
@@ -36,7 +36,7 @@ VARIANTS = {
 def check_calls_against_reference(calls, settings, min_calls, kv_quant=None):
     """Every captured SparQ call: the op's output equals the reference on the same tensors (kv_quant:
     the cache's quantized type, whose rounding the reference applies as the op's K^T holds it)."""
-    from llama_sparq.capture import op_params, stream0
+    from sparq_lab.capture import op_params, stream0
 
     assert len(calls) >= min_calls
     for c in calls:
@@ -119,7 +119,7 @@ def check_baseline_call(c, x, p, sel, per_head=False):
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_variant_op_equals_reference_on_graph_tensors(tiny_gqa_model, variant):
     """tiny GQA model (4 query heads per KV head, head size 16), S ~ 600 cells, k = 64 < S"""
-    from llama_sparq.capture import Capture
+    from sparq_lab.capture import Capture
 
     settings = dict(sparq_r=8, sparq_k=64, sparq_l=16, sparq_min_kv=0, **VARIANTS[variant])
     llm = make_llm(tiny_gqa_model, **settings)
@@ -166,7 +166,7 @@ def test_pca_with_every_component_equals_dense(tiny_gqa_model):
     """r = d in the PCA basis gives exact scores (the rotation keeps q.k): with k >= S-ish
     selection and mean-V on, decode matches the oracle, and the rotation is orthogonal
     (captured K^T rows are K @ P with P^T P = I)."""
-    from llama_sparq.capture import Capture
+    from sparq_lab.capture import Capture
 
     llm = make_llm(tiny_gqa_model, sparq_r=16, sparq_k=64, sparq_l=16, sparq_min_kv=0, sparq_basis="pca",
                    sparq_kt_bits=16)  # K^T in f16, so the rotation is measured without e5m2's rounding
@@ -208,7 +208,7 @@ def test_counters_cost_model_per_variant(tiny_gqa_model):
     """The counters' compression follows the cost model of each variant: per-head choice
     reads the union of the heads' choices (up to g (k - l) + l rows; the op reports the union's
     size, which the counters use), the oracle all d components."""
-    from llama_sparq import cost
+    from sparq_lab import cost
 
     prompt = rand_prompt(700, 11, 256)
     d, g = 16, 4
@@ -253,7 +253,7 @@ def test_counters_count_the_keys_the_index_read(tiny_gqa_model):
     probed, then k rows of K and V. The op reports the keys it scored per KV head (the valid cells
     of the probed lists: the union of each head's with per-head search), and the counters replace
     their estimate (an even share index_probe / index_lists of the cells) by that count."""
-    from llama_sparq.capture import Capture, op_params, stream0
+    from sparq_lab.capture import Capture, op_params, stream0
 
     prompt = rand_prompt(700, 11, 256)
     d, k, l, C, p, g = 16, 64, 16, 16, 3, 4
@@ -300,7 +300,7 @@ def test_index_is_trained_again_when_the_stream_doubles_and_after_a_rebuild(tiny
     """The centroids come from the stream's keys at its first index step and again once it holds
     twice the cells or a cache operation rebuilt it; then every list id is reset, and the next
     step puts each cell in its nearest centroid's list (the reference's choice)."""
-    from llama_sparq.capture import Capture, stream0
+    from sparq_lab.capture import Capture, stream0
     from sparq_ctx import Ctx, Model, prefill, step
 
     m = Model(tiny_gqa_model)
@@ -339,7 +339,7 @@ def test_index_is_trained_again_when_the_stream_doubles_and_after_a_rebuild(tiny
 def test_index_sync_trains_and_assigns_before_the_step(tiny_gqa_model):
     """llama_sparq_sync (llama-bench calls it before each timed run) trains the index and puts every
     used cell in its nearest list, so the next step assigns only the new cell."""
-    from llama_sparq.capture import Capture, stream0
+    from sparq_lab.capture import Capture, stream0
     from sparq_ctx import Ctx, Model, prefill, step
 
     m = Model(tiny_gqa_model)
@@ -379,7 +379,7 @@ def test_h2o_is_refused_where_its_scores_cannot_follow(tiny_gqa_model):
 def test_h2o_scores_survive_removal_and_restart_for_new_cells(tiny_gqa_model):
     """A rebuild after removing the tail keeps the scores of the cells still in use (their
     history) and zeroes the removed ones; the cells written next start at 0."""
-    from llama_sparq.capture import Capture
+    from sparq_lab.capture import Capture
     from sparq_ctx import Ctx, Model, prefill, step
 
     m = Model(tiny_gqa_model)
@@ -409,7 +409,7 @@ def test_gemma_op_equals_reference_on_its_tensors(gemma_model):
     """Gemma 3 270M (head size 256, 4 query heads on 1 KV head), ~1.2K tokens, k = 128 < S:
     the fork's op on the real q, K, V of its global layers equals the NumPy reference,
     for the paper's setting and the scaled basis."""
-    from llama_sparq.capture import Capture
+    from sparq_lab.capture import Capture
 
     for extra in (dict(sparq_basis="model"), dict(sparq_basis="scaled")):
         settings = dict(sparq_r=64, sparq_k=128, sparq_l=32, sparq_min_kv=0, **extra)

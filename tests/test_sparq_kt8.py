@@ -12,8 +12,8 @@ import pytest
 from sparq_ctx import rand_prompt
 from test_sparq_llama import cache_operations_keep_data_exact, debug_check, decode_greedy, make_llm, n_vocab, step
 
-from llama_sparq import cost
-from llama_sparq.reference import round_e5m2
+from sparq_lab import cost
+from sparq_lab.reference import round_e5m2
 
 HEAD = 16  # both tiny models' head size
 

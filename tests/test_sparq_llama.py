@@ -112,8 +112,9 @@ def test_passkey_gemma_sparq_vs_dense(gemma_model):
     library's defaults. The paper's row is reported, not asserted. Each prompt is prefilled once
     (dense either way) and every configuration decodes from that state, switched with set_sparq.
     """
-    from llama_sparq import _sparq, cost
+    from llama_sparq import _sparq
     from llama_sparq._llama import sparq_keyword
+    from sparq_lab import cost
 
     llm = sparq_ctx.make_llm(gemma_model, n_ctx=4096, sparq=True, sparq_min_kv=0)
     defaults = {sparq_keyword(f): v for f, v in _sparq.get_params(llm._ctx.ctx).items()}
@@ -371,7 +372,7 @@ def test_capture_per_step_sees_every_step_with_graph_reuse(tiny_gqa_model):
     """A new Capture for each decode step captures that step's SparQ calls although the step
     reuses the previous step's graph (the callback reaches the scheduler at once, not only when
     a graph is built), and a step after the last Capture closed runs without it."""
-    from llama_sparq.capture import Capture
+    from sparq_lab.capture import Capture
 
     sp = make_llm(tiny_gqa_model, sparq=True, sparq_r=4, sparq_k=32, sparq_l=8, sparq_min_kv=0)
     nv = n_vocab(sp)
@@ -392,8 +393,8 @@ def test_window_after_a_context_shift_holds_the_most_recent_positions(tiny_gqa_m
     the cells of the l most recent positions, not the last cells by index, and the op's
     output on the captured tensors equals the reference with that window (r = d: exact
     scores; k < S: selection runs)."""
-    from llama_sparq import reference
-    from llama_sparq.capture import Capture, op_params, stream0
+    from sparq_lab import reference
+    from sparq_lab.capture import Capture, op_params, stream0
 
     d, l, k = 16, 8, 32  # tiny_gqa_model's head size
     sp = make_llm(tiny_gqa_model, sparq=True, sparq_r=d, sparq_k=k, sparq_l=l, sparq_min_kv=0)
@@ -443,7 +444,7 @@ def test_unsupported_quantized_cache_is_refused_with_its_reason(tmp_path):
     SparQ can run: asking for SparQ is refused with the reason, the layer count and the types (never
     SparQ "on" with every call dense, reason cache_type)."""
     from llama_sparq._llama import llama_cpp  # after pointing llama_cpp at the fork
-    from llama_sparq.models import make_tiny_llama
+    from sparq_lab.models import make_tiny_llama
 
     model = make_tiny_llama(tmp_path / "tiny-d64.gguf", n_layer=2, n_embd=128, n_head=2)  # blocks of 32: d % 32 == 0
     q41 = llama_cpp.GGML_TYPE_Q4_1
@@ -604,7 +605,7 @@ def test_v_sums_stay_exact_at_1m_cells(tmp_path):
     the Kahan-compensated appends; a plain f32 += drifted to 8.5e-4 here, half an ulp of
     |sum| ~ 1e3 per step). v_count (f32) is exact up to 2^24 cells."""
     from llama_sparq import Llama, _sparq
-    from llama_sparq.models import make_tiny_llama
+    from sparq_lab.models import make_tiny_llama
 
     model = make_tiny_llama(tmp_path / "tiny1.gguf", n_layer=1, n_embd=64, n_head=4, n_head_kv=1, seed=5)
     n_ctx = 1 << 20
@@ -627,7 +628,7 @@ def test_cache_over_2_24_cells_is_refused(tmp_path):
     """The op counts valid cells in f32 (exact to 2^24): a larger cache is refused with a
     reason, never run with a rounded count."""
     from llama_sparq import Llama
-    from llama_sparq.models import make_tiny_llama
+    from sparq_lab.models import make_tiny_llama
 
     model = make_tiny_llama(tmp_path / "tiny-narrow.gguf", n_layer=1, n_embd=8, n_head=4, n_head_kv=1, seed=5)
     llm = Llama(str(model), n_ctx=(1 << 24) + 256, n_threads=N_THREADS, n_batch=64, n_ubatch=64, verbose=False,
@@ -640,9 +641,10 @@ def test_128_query_heads_on_one_kv_head_decode_with_sparq(tmp_path):
     """A model with 128 query heads on one KV head (group size 128, beyond any small fixed
     per-group array in the kernel): SparQ runs it with selection (k < S), shared and per-head,
     and the op's output equals the reference on the captured tensors."""
-    from llama_sparq import Llama, reference
-    from llama_sparq.capture import Capture, op_params, stream0
-    from llama_sparq.models import make_tiny_llama
+    from llama_sparq import Llama
+    from sparq_lab import reference
+    from sparq_lab.capture import Capture, op_params, stream0
+    from sparq_lab.models import make_tiny_llama
 
     model = make_tiny_llama(tmp_path / "g128.gguf", n_layer=1, n_embd=256, n_head=128, n_head_kv=1,
                             head_dim=16, seed=11)
@@ -702,8 +704,8 @@ def test_dense_stretch_runs_in_the_op_on_the_cpu(tiny_gqa_model, monkeypatch):
     """On the CPU a diffuse layer's dense stretch is the op with the dense flag (every valid cell,
     no selection, K^T not read), counted as `diffuse`: its output is the reference's dense
     attention over the captured tensors."""
-    from llama_sparq import reference
-    from llama_sparq.capture import Capture, op_params, stream0
+    from sparq_lab import reference
+    from sparq_lab.capture import Capture, op_params, stream0
 
     monkeypatch.delenv("LLAMA_SPARQ_NO_DIFFUSE_SKIP", raising=False)
     llm = make_llm(tiny_gqa_model, sparq=True, sparq_min_kv=0, sparq_k_min=16)

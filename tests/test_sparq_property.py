@@ -218,7 +218,7 @@ def test_random_cache_operations_keep_sparq_exact(model, seed):
 @pytest.fixture(scope="module")
 def q8_model(tmp_path_factory):
     """Head size 64: a q8_0 cache (blocks of 32), which upstream rotates (Hadamard) and SparQ rotates back."""
-    from llama_sparq.models import make_tiny_llama
+    from sparq_lab.models import make_tiny_llama
 
     return Model(make_tiny_llama(tmp_path_factory.mktemp("models") / "tiny-d64.gguf", n_layer=2, n_embd=256,
                                  n_head=4, n_head_kv=2, seed=11))

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 from sparq_ctx import Ctx, Model, make_llm, prefill, rand_prompt, rand_tokens, step, teacher_forced
 
-from llama_sparq import cost, reference, tool_path
+from llama_sparq import tool_path
+from sparq_lab import cost, reference
 
 TOL = 1e-3
 Q8_0, F16, Q4_1 = 8, 1, 3  # ggml type ids (llama_cpp.GGML_TYPE_*)
@@ -27,7 +28,7 @@ Q8_0, F16, Q4_1 = 8, 1, 3  # ggml type ids (llama_cpp.GGML_TYPE_*)
 def q8_model(tmp_path_factory):
     """A tiny random llama model with head size 64 (blocks of 32; Hadamard-rotated q and k under a
     quantized K cache) and GQA (2 query heads per KV head)."""
-    from llama_sparq.models import make_tiny_llama
+    from sparq_lab.models import make_tiny_llama
 
     return make_tiny_llama(tmp_path_factory.mktemp("models") / "tiny-d64.gguf", n_layer=2, n_embd=256, n_head=4,
                            n_head_kv=2, seed=11)
@@ -76,7 +77,7 @@ def check_calls(calls, settings, min_calls, rotated=True):
     the reference on the same tensors with the cache's rounding (kv_quant)."""
     from test_selectors import check_calls_against_reference
 
-    from llama_sparq.capture import stream0
+    from sparq_lab.capture import stream0
 
     pca = settings.get("sparq_basis") == "pca"
     h = hadamard(64)
@@ -107,7 +108,7 @@ def check_calls(calls, settings, min_calls, rotated=True):
 def test_op_equals_reference_on_q8_0_tensors(q8_model, monkeypatch, variant):
     """k = 64 < S ~ 700: selection runs on the kept K^T, exact attention on the q8_0 rows; with
     upstream's rotation (the default for head size 64) and without it (LLAMA_ATTN_ROT_DISABLE=1)."""
-    from llama_sparq.capture import Capture
+    from sparq_lab.capture import Capture
 
     rotated = not variant.endswith("-norot")
     if not rotated:

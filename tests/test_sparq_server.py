@@ -88,7 +88,7 @@ def test_sparq_forces_flash_attention_layout(tiny_model):
 def test_sparq_refused_when_no_layer_can_run_it(tmp_path):
     """A K/V cache of a type SparQ does not read (q4_1) leaves SparQ no layer: refused, naming the
     types, never "SparQ on" with 0 layers. Before: "SparQ on: ...; 0 layers" and a run with every step dense."""
-    from llama_sparq.models import make_tiny_llama
+    from sparq_lab.models import make_tiny_llama
 
     model = make_tiny_llama(tmp_path / "tiny-d32.gguf", n_layer=2, n_embd=64, n_head=2)  # q4_1 needs head size % 32
     res = run([tool_path("llama-completion"), "-m", model, "-p", "hello", "-n", "4", "-no-cnv", "-t", "1",
@@ -364,8 +364,8 @@ def test_server_schedule_every_stream_equals_reference(tiny_gqa_model):
     import numpy as np
     from sparq_ctx import Ctx, Model
 
-    from llama_sparq import reference
-    from llama_sparq.capture import Capture, op_params, stream_view
+    from sparq_lab import reference
+    from sparq_lab.capture import Capture, op_params, stream_view
 
     m = Model(tiny_gqa_model)
     rng = np.random.default_rng(1)

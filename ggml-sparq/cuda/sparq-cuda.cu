@@ -1,7 +1,7 @@
 // llama-sparq: GGML_OP_SPARQ_ATTN on ggml's CUDA backend.
 //
 // The same semantics as the CPU driver (sparq-cpu.cpp) and the NumPy reference
-// (py/llama_sparq/reference.py); docs/algorithm.md is the contract. Names: S cells (n_kv) per
+// (dev/sparq_lab/reference.py); docs/algorithm.md is the contract. Names: S cells (n_kv) per
 // stream, a "row" R is one query row of one stream (R = stream * n_rows + row), a
 // "unit" u is one (row, KV head) (u = R * n_head_kv + kvh), g = n_head / n_head_kv
 // query heads share a unit, a "list" is one top-k selection (one per unit, or one per

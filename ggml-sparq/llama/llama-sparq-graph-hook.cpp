@@ -300,7 +300,7 @@ static ggml_tensor * sparq_set_new_cells(sparq_attn_build & b, ggml_tensor * t, 
     ggml_tensor * hidx = sparq_kt_idxs(b, b.hkv);
     ggml_tensor * fill = ggml_fill(ctx0, ggml_new_tensor_2d(ctx0, GGML_TYPE_F32, 1, b.n_tokens * b.hkv), value);
     ggml_tensor * out = ggml_set_rows(ctx0, ggml_reshape_2d(ctx0, t, 1, ggml_nelements(t)), fill, hidx);
-    ggml_format_name(out, "%s-%d", name, b.il); // llama_sparq.capture reads the tensor here, before the op
+    ggml_format_name(out, "%s-%d", name, b.il); // sparq_lab.capture reads the tensor here, before the op
     ggml_build_forward_expand(b.g.gf, out);
     return out;
 }

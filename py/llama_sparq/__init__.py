@@ -1,9 +1,8 @@
 """llama-sparq: llama.cpp with SparQ attention.
 
 ``from llama_sparq import Llama`` gives llama-cpp-python's ``Llama`` running on the
-fork's libllama (checked at import, see ``_lib``). ``llama_sparq.reference`` and
-``llama_sparq.cost`` are the NumPy reference and the cost model of docs/algorithm.md and need
-no native library.
+fork's libllama (checked at import, see ``_lib``). The NumPy reference and the cost model of
+docs/algorithm.md are research helpers outside the wheel (``dev/sparq_lab`` in the repository).
 """
 
 import os as _os
@@ -20,7 +19,8 @@ __all__ = ["Llama", "ABI_VERSION", "LibraryError", "check_library", "lib_dir", "
 
 
 def __getattr__(name):
-    # imported lazily: the reference and the cost model work without the native library
+    # imported lazily: importing the package needs no native library (the NumPy reference and
+    # the cost model in dev/ import parts of it)
     if name == "Llama":
         from ._llama import Llama
 

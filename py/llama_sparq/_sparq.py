@@ -110,6 +110,29 @@ def default_params() -> dict:
     return _to_dict(library().llama_sparq_default_params())
 
 
+# The K/V cache types SparQ runs on, by ggml's type id (llama-cpp-python's ``type_k`` / ``type_v``)
+CACHE_TYPE_IDS = {"f16": 1, "f32": 0, "q8_0": 8}
+
+
+def cache_type_id(name) -> int:
+    """ggml's type id of a K/V cache type SparQ runs on (llama-cpp-python's ``type_k`` / ``type_v``)."""
+    if name not in CACHE_TYPE_IDS:
+        raise ValueError(f"cache type must be one of {', '.join(CACHE_TYPE_IDS)}, got {name!r}")
+    return CACHE_TYPE_IDS[name]
+
+
+def default_r(d, kt_bits) -> int:
+    """r when it is not given (sparq_r = 0), as the fork resolves it (``sparq_default_r``) for K^T
+    of ``kt_bits`` (the fork's default 8): 5 d / 16 (rounded) with an 8-bit K^T, which kept the
+    approximate top-k's recall of f16 at d / 4 for 5/8 of its bytes, d / 4 with a 16-bit one."""
+    if isinstance(d, bool) or not hasattr(d, "__index__") or operator.index(d) < 1:
+        raise ValueError(f"d must be an integer >= 1, got {d!r}")
+    if kt_bits not in (8, 16) or isinstance(kt_bits, bool):
+        raise ValueError(f"kt_bits must be 8 (e5m2) or 16, got {kt_bits!r}")
+    d = operator.index(d)
+    return max(1, (5 * d + 8) // 16 if kt_bits == 8 else d // 4)
+
+
 def check_params(settings, head_size: int = 0, label=lambda f: f) -> None:
     """Check settings (a dict by field, or a ``make_params`` result) without a context, as
     ``llama_sparq_set_params`` will (``llama_sparq_check_params``: the same messages, raised as

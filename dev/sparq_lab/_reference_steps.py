@@ -1,4 +1,4 @@
-"""The steps of SparQ attention in the NumPy reference (llama_sparq.reference), one row at a
+"""The steps of SparQ attention in the NumPy reference (sparq_lab.reference), one row at a
 time: component selection (1), approximate scores (2), position selection (3), exact
 attention (4), mean-value reallocation (5). Arithmetic in the working dtype ``dt``."""
 

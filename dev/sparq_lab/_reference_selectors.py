@@ -1,4 +1,4 @@
-"""Position selection without approximate scores in the NumPy reference (llama_sparq.reference):
+"""Position selection without approximate scores in the NumPy reference (sparq_lab.reference):
 the paper's baselines (streaming, H2O) and the vector-index selector, one row at a time."""
 
 from __future__ import annotations

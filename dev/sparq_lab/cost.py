@@ -28,6 +28,9 @@ import operator
 
 import numpy as np
 
+# the package's own (the eval sets r and the cache type with them); re-exported here
+from llama_sparq._sparq import cache_type_id, default_r
+
 __all__ = [
     "m_dense",
     "m_sparq",
@@ -39,10 +42,12 @@ __all__ = [
     "bytes_moved",
     "CACHE_TYPES",
     "cache_type_id",
+    "default_r",
 ]
 
 # The K/V cache types SparQ runs on: ggml's type id, the bytes of a K or V element, of a K^T element.
-CACHE_TYPES = {"f16": (1, 2.0, 2.0), "f32": (0, 4.0, 4.0), "q8_0": (8, 34.0 / 32.0, 2.0)}
+CACHE_TYPES = {"f16": (cache_type_id("f16"), 2.0, 2.0), "f32": (cache_type_id("f32"), 4.0, 4.0),
+               "q8_0": (cache_type_id("q8_0"), 34.0 / 32.0, 2.0)}
 
 
 def _kv_type(kv_type, kt_bits=16):
@@ -52,22 +57,6 @@ def _kv_type(kv_type, kt_bits=16):
         raise ValueError(f"kt_bits must be 8 (e5m2) or 16, got {kt_bits!r}")
     type_id, b_kv, b_t = CACHE_TYPES[kv_type]
     return type_id, b_kv, 1.0 if kt_bits == 8 else b_t
-
-
-def default_r(d, kt_bits):
-    """r when it is not given (sparq_r = 0), as the fork resolves it (``sparq_default_r``) for K^T
-    of ``kt_bits`` (the fork's default 8): 5 d / 16 (rounded) with an 8-bit K^T, which kept the
-    approximate top-k's recall of f16 at d / 4 for 5/8 of its bytes, d / 4 with a 16-bit one."""
-    _int_param("d", d, 1)
-    _kv_type("f16", kt_bits)
-    return max(1, (5 * d + 8) // 16 if kt_bits == 8 else d // 4)
-
-
-def cache_type_id(name):
-    """ggml's type id of a K/V cache type SparQ runs on (llama-cpp-python's ``type_k`` / ``type_v``)."""
-    if name not in CACHE_TYPES:
-        raise ValueError(f"cache type must be one of {', '.join(CACHE_TYPES)}, got {name!r}")
-    return CACHE_TYPES[name][0]
 
 
 def _int_param(name, value, lo, hi=None, hi_name=None):

@@ -30,7 +30,7 @@ import re
 
 import numpy as np
 
-from . import _sparq
+from llama_sparq import _sparq
 
 GGML_MAX_DIMS = 4
 GGML_MAX_SRC = 10

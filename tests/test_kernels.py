@@ -75,6 +75,18 @@ def test_isa_unknown_is_refused(prog, tmp_path):
     assert "GGML_SPARQ_ISA=sse9" in res.stderr and "allowed" in res.stderr
 
 
+def test_op_parameters_are_typed_and_every_backend_honours_or_refuses_each_part(prog):
+    """The op's one parameter layout (ggml-sparq-params.h), through ggml: the setters' values come back
+    from the decoder and from a byte copy (an RPC server's view); each optional part sets its feature
+    bit; the CPU backend's supports_op honours every part and CUDA's support check (host code) exactly
+    those it declares; a part unknown to this build (a field a newer constructor added) and another
+    layout version are refused by both, so no backend can ignore a parameter it does not know."""
+    res = subprocess.run([str(prog), "params-check"], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "params-check: OK: 14 parts" in res.stdout, res.stdout
+    assert "unknown parts and another layout refused by both" in res.stdout
+
+
 @pytest.mark.parametrize("isa", list(ISAS))
 def test_list_gather_equals_its_reference(prog, isa):
     """The index selector's vectorised gather of the probed lists' cells, against the scalar loop:

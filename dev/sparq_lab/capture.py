@@ -60,6 +60,43 @@ ggml_tensor._fields_ = [
     ("padding", ctypes.c_char * 8),
 ]
 
+
+
+class ggml_sparq_attn_params(ctypes.Structure):
+    """ggml-sparq-params.h's struct ggml_sparq_attn_params."""
+    _fields_ = [("r", ctypes.c_int32), ("k", ctypes.c_int32), ("l", ctypes.c_int32), ("scale", ctypes.c_float),
+                ("selector", ctypes.c_int32), ("flags", ctypes.c_int32), ("n_probe", ctypes.c_int32),
+                ("index_reads", ctypes.c_bool), ("cov_p", ctypes.c_float), ("k_min", ctypes.c_int32),
+                ("k_scan", ctypes.c_int32), ("cov_apply", ctypes.c_bool), ("k_frac", ctypes.c_float),
+                ("report", ctypes.c_void_p)]
+
+
+class ggml_sparq_params(ctypes.Structure):
+    """ggml-sparq-params.h's struct ggml_sparq_params (the sum's append part is not read here)."""
+    _fields_ = [("mode", ctypes.c_int), ("features", ctypes.c_uint32), ("attn", ggml_sparq_attn_params),
+                ("sum_type", ctypes.c_int32), ("sum_squares", ctypes.c_bool)]
+
+
+_DECODE = None
+
+
+def _decode_params(t: ggml_tensor) -> dict:
+    """The op's parameters of node t, decoded by the library's own decoder (the one the backends
+    use), as a dict of the attention fields plus mode and features."""
+    global _DECODE
+    if _DECODE is None:
+        from llama_sparq._lib import lib_dir
+        _DECODE = ctypes.CDLL(str(lib_dir() / "libggml-base.so")).ggml_sparq_params_decode
+        _DECODE.argtypes = [ctypes.POINTER(ggml_tensor), ctypes.POINTER(ggml_sparq_params)]
+        _DECODE.restype = ctypes.c_bool
+    p = ggml_sparq_params()
+    if not _DECODE(ctypes.byref(t), ctypes.byref(p)):
+        raise ValueError(f"capture: {t.name.decode()} holds op parameters of another layout version")
+    out = {name: getattr(p.attn, name) for name, _ in ggml_sparq_attn_params._fields_ if name != "report"}
+    out.update(mode=int(p.mode), features=int(p.features))
+    return out
+
+
 EVAL_CB = ctypes.CFUNCTYPE(ctypes.c_bool, ctypes.POINTER(ggml_tensor), ctypes.c_bool, ctypes.c_void_p)
 
 # the op's sources (ggml_sparq_attn): name, index
@@ -140,21 +177,22 @@ class Capture:
                 return True
             if not self._wanted(name):
                 return True
-            call = {"layer": int(_NODE.fullmatch(name).group(1)), "op_params": [int(x) for x in t.op_params]}
+            call = {"layer": int(_NODE.fullmatch(name).group(1)), "params": _decode_params(t)}
             for i, key in enumerate(_OP_SRC):
                 s = t.src[i]
                 call[key] = tensor_to_numpy(s.contents) if s else None
             # K^T's width (sparq_kt_bits): an i8 K^T holds e5m2, which the reference rounds alike
             kt = t.src[_OP_SRC.index("KT")]
             call["kt_bits"] = 8 if kt and kt.contents.type == GGML_TYPE_I8 else 16
-            if call["op_params"][4] == 3:  # GGML_SPARQ_SEL_H2O: the q_sel slot holds the scores
+            selector = call["params"]["selector"]
+            if selector == 3:  # GGML_SPARQ_SEL_H2O: the q_sel slot holds the scores
                 call["h2o"], call["q_sel"] = call["q_sel"], None
                 call["h2o_before"] = self._before.pop(("h2o", call["layer"]), None)
-            elif call["op_params"][4] == 4:  # GGML_SPARQ_SEL_INDEX: centroids and list ids
+            elif selector == 4:  # GGML_SPARQ_SEL_INDEX: centroids and list ids
                 call["ivf_cent"], call["ivf_lists"], call["q_sel"], call["comp_w"] = call["q_sel"], call["comp_w"], None, None
                 call["ivf_before"] = self._before.pop(("ivf", call["layer"]), None)
                 # what the op reported it read (ggml_sparq_attn_set_index_reads): [n_stream, n_head_kv]
-                call["ivf_reads"] = _index_reads(t.src[8].contents) if call["op_params"][7] == 1 else None
+                call["ivf_reads"] = _index_reads(t.src[8].contents) if call["params"]["index_reads"] else None
             call["out"] = tensor_to_numpy(t)
             self.calls.append(call)
         except Exception as e:  # never raise through C
@@ -173,10 +211,9 @@ class Capture:
 
 
 def op_params(call) -> dict:
-    """The SparQ op's settings of a captured call (r, k, l, scale, selector, flags)."""
-    p = call["op_params"]
-    scale = np.array([p[3]], dtype=np.int32).view(np.float32)[0]
-    return {"r": p[0], "k": p[1], "l": p[2], "scale": float(scale), "selector": p[4], "flags": p[5]}
+    """The SparQ op's settings of a captured call: r, k, l, scale, selector, flags, and the rest of
+    ggml-sparq-params.h's attention fields with mode and features."""
+    return dict(call["params"])
 
 
 def stream0(call, row=0):
@@ -223,7 +260,7 @@ def stream_view(call, stream=0, row=0):
             # the layer's whole list tensor [kv_size, hkv, n_stream], flat: the cache's stream 0
             before = call["ivf_before"].reshape(-1).reshape(after.shape[0], -1)[:, : after.shape[1]].astype(np.float64)
         ivf = {"cent": call["ivf_cent"][s].astype(np.float64),      # [d, n_list, hkv, ns] -> (hkv, n_list, d)
-               "lists": after, "lists_before": before, "n_probe": int(call["op_params"][6]),
+               "lists": after, "lists_before": before, "n_probe": int(call["params"]["n_probe"]),
                "reads": None if call.get("ivf_reads") is None else call["ivf_reads"][s].astype(np.float64)}  # (hkv,)
     return {"q": q, "K": K, "V": V, "mask": mask, "vbar": vbar, "vsum": vsum, "count": cnt, "win": win,
             "win_raw": win_raw, "out": out, "q_sel": q_sel, "comp_w": comp_w, "h2o": h2o, "h2o_before": h2o_before,

@@ -31,6 +31,24 @@ static enum sparq_type sparq_type_of(const struct ggml_tensor * t, bool rows = f
     }
 }
 
+// The parts of the op the CPU honours: all of them. A part added to ggml-sparq-params.h fails this
+// until the CPU op is taught it (or refuses it here).
+static constexpr uint32_t SPARQ_CPU_HONOURS = GGML_SPARQ_FEAT_ALL;
+static_assert(GGML_SPARQ_FEAT_ALL == 0x3fffu, "a new part of the op: make the CPU op honour it, then list it here");
+
+bool ggml_sparq_cpu_supports_op(const struct ggml_tensor * op) {
+    return ggml_sparq_params_unsupported(op, SPARQ_CPU_HONOURS) == nullptr;
+}
+
+// the node's parameters; a node the CPU op cannot run aborts with the reason (the scheduler
+// places no such node here: ggml_sparq_cpu_supports_op)
+static struct ggml_sparq_params sparq_cpu_params(const struct ggml_tensor * dst) {
+    if (const char * why = ggml_sparq_params_unsupported(dst, SPARQ_CPU_HONOURS)) {
+        GGML_ABORT("sparq_attn: the CPU op does not run %s: %s", dst->name, why);
+    }
+    return ggml_sparq_params_get(dst);
+}
+
 static struct sparq_args sparq_args_of(const struct ggml_tensor * dst) {
     const struct ggml_tensor * q  = dst->src[0];
     const struct ggml_tensor * k  = dst->src[1];
@@ -40,6 +58,8 @@ static struct sparq_args sparq_args_of(const struct ggml_tensor * dst) {
     const struct ggml_tensor * vc = dst->src[5];
     const struct ggml_tensor * mk = dst->src[6];
 
+    const struct ggml_sparq_params prm = sparq_cpu_params(dst);
+    const struct ggml_sparq_attn_params & P = prm.attn;
     struct sparq_args a;
     memset(&a, 0, sizeof(a));
     a.d = (int) q->ne[0];
@@ -49,15 +69,14 @@ static struct sparq_args sparq_args_of(const struct ggml_tensor * dst) {
     a.n_head = (int) q->ne[2];
     a.n_head_kv = (int) k->ne[2];
     a.n_stream = (int) q->ne[3];
-    a.r = ggml_get_op_params_i32(dst, 0);
-    a.k = ggml_get_op_params_i32(dst, 1);
-    a.l = ggml_get_op_params_i32(dst, 2);
-    a.scale = ggml_get_op_params_f32(dst, 3);
-    a.selector = ggml_get_op_params_i32(dst, 4);
-    const int32_t flags = ggml_get_op_params_i32(dst, 5);
-    a.per_head = (flags & GGML_SPARQ_FLAG_PER_HEAD) != 0;
-    a.no_mean_v = (flags & GGML_SPARQ_FLAG_NO_MEAN_V) != 0;
-    a.all_dense = (flags & GGML_SPARQ_FLAG_DENSE) != 0;
+    a.r = P.r;
+    a.k = P.k;
+    a.l = P.l;
+    a.scale = P.scale;
+    a.selector = P.selector;
+    a.per_head = (P.flags & GGML_SPARQ_FLAG_PER_HEAD) != 0;
+    a.no_mean_v = (P.flags & GGML_SPARQ_FLAG_NO_MEAN_V) != 0;
+    a.all_dense = (P.flags & GGML_SPARQ_FLAG_DENSE) != 0;
 
     a.q = (const float *) q->data; a.q_nb1 = q->nb[1]; a.q_nb2 = q->nb[2]; a.q_nb3 = q->nb[3];
     a.K = k->data;   a.K_type = sparq_type_of(k, true);   a.K_nb1 = k->nb[1];   a.K_nb2 = k->nb[2];   a.K_nb3 = k->nb[3];
@@ -90,8 +109,8 @@ static struct sparq_args sparq_args_of(const struct ggml_tensor * dst) {
         a.ivf_cent = (const float *) ce->data; a.ivf_cent_nb1 = ce->nb[1]; a.ivf_cent_nb2 = ce->nb[2]; a.ivf_cent_nb3 = ce->nb[3];
         a.ivf_n_list = (int) ce->ne[1];
         a.ivf_list = (float *) li->data; a.ivf_list_nb1 = li->nb[1]; a.ivf_list_nb2 = li->nb[2];
-        a.ivf_n_probe = ggml_get_op_params_i32(dst, 6);
-        a.ivf_reads = ggml_get_op_params_i32(dst, 7);
+        a.ivf_n_probe = P.n_probe;
+        a.ivf_reads = P.index_reads ? 1 : 0;
     } else if (const struct ggml_tensor * qs = dst->src[8]) {
         a.q_sel = (const float *) qs->data; a.q_sel_nb1 = qs->nb[1]; a.q_sel_nb2 = qs->nb[2]; a.q_sel_nb3 = qs->nb[3];
     }
@@ -99,19 +118,19 @@ static struct sparq_args sparq_args_of(const struct ggml_tensor * dst) {
         a.comp_w = (const float *) cw->data; a.comp_w_nb1 = cw->nb[1]; a.comp_w_nb2 = cw->ne[2] > 1 ? cw->nb[2] : 0;
     }
     if (a.selector == GGML_SPARQ_SEL_SPARQ || a.selector == GGML_SPARQ_SEL_ORACLE) {
-        a.cov_p = ggml_get_op_params_f32(dst, 8);
-        a.k_min = ggml_get_op_params_i32(dst, 9);
-        a.k_scan = ggml_get_op_params_i32(dst, 10);
-        a.cov_apply = ggml_get_op_params_i32(dst, 11);
-        a.k_frac = a.cov_apply ? ggml_get_op_params_f32(dst, 14) : 0.0f;
+        a.cov_p = P.cov_p;
+        a.k_min = P.k_min;
+        a.k_scan = P.k_scan;
+        a.cov_apply = P.cov_apply ? 1 : 0;
+        a.k_frac = P.cov_apply ? P.k_frac : 0.0f;
     }
-    a.report = ggml_sparq_attn_get_report(dst);
+    a.report = P.report;
     a.sel_out = nullptr;
     return a;
 }
 
 size_t ggml_sparq_attn_work_size(const struct ggml_tensor * node, int n_tasks) {
-    if (ggml_sparq_is_kt_append(node) || ggml_sparq_is_sum_append(node)) {
+    if (sparq_cpu_params(node).mode != GGML_SPARQ_MODE_ATTN) {
         return 0;
     }
     const struct sparq_args a = sparq_args_of(node);
@@ -156,8 +175,9 @@ static void sparq_sum_append(const struct ggml_compute_params * params, struct g
     const struct ggml_tensor * sum = dst->src[0];
     const float * xn = (const float *) dst->src[1]->data;
     const struct ggml_tensor * comp = dst->src[2];
-    const enum ggml_type type = (enum ggml_type) ggml_get_op_params_i32(dst, 0);
-    const bool squares = ggml_get_op_params_i32(dst, 1) != 0;
+    const struct ggml_sparq_sum_params prm = sparq_cpu_params(dst).sum;
+    const enum ggml_type type = (enum ggml_type) prm.type;
+    const bool squares = prm.squares;
     const int64_t ne0 = sum->ne[0], n = ne0 * sum->ne[1];
     const int64_t per = (n + params->nth - 1) / params->nth;
     const int64_t i0 = per * params->ith, i1 = std::min<int64_t>(n, i0 + per);
@@ -181,13 +201,10 @@ static void sparq_sum_append(const struct ggml_compute_params * params, struct g
 }
 
 void ggml_compute_forward_sparq_attn(const struct ggml_compute_params * params, struct ggml_tensor * dst) {
-    if (ggml_sparq_is_kt_append(dst)) {
-        sparq_kt_append(params, dst);
-        return;
-    }
-    if (ggml_sparq_is_sum_append(dst)) {
-        sparq_sum_append(params, dst);
-        return;
+    switch (sparq_cpu_params(dst).mode) {
+        case GGML_SPARQ_MODE_KT_APPEND:  sparq_kt_append(params, dst); return;
+        case GGML_SPARQ_MODE_SUM_APPEND: sparq_sum_append(params, dst); return;
+        default: break;
     }
     const struct sparq_args a = sparq_args_of(dst);
     // ggml's reference mode runs the scalar kernels

@@ -9,10 +9,7 @@
 #include <cstdint>
 #include <type_traits>
 
-// The largest head size and group size (n_head / n_head_kv) the CUDA kernels take (any k the op
-// takes: the chosen cells live in a bitmap and a list in global scratch).
-#define GGML_CUDA_SPARQ_D_MAX 256
-#define GGML_CUDA_SPARQ_G_MAX 16
+#include "sparq-cuda-limits.h"
 
 #define SPARQ_NT     256              // threads per block of every kernel
 #define SPARQ_NW     (SPARQ_NT / 32)  // warps per block

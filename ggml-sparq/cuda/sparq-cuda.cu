@@ -38,6 +38,7 @@
 
 #include "sparq-cuda.cuh"
 #include "ggml-sparq.h"
+#include "sparq-cuda-support.h"
 
 #include <algorithm>
 #include <atomic>
@@ -48,90 +49,8 @@ typedef cudaStream_t sparq_stream_t;
 #include "sparq-cuda-kernels.cuh"
 
 // ---------------------------------------------------------------------------
-// dispatch: the nodes the kernels cover, the op's parameters
+// dispatch: the nodes the kernels cover (sparq-cuda-support.h), the op's parameters
 // ---------------------------------------------------------------------------
-
-static bool sparq_cu_type_ok(const ggml_tensor * t) {
-    return t->type == GGML_TYPE_F16 || t->type == GGML_TYPE_F32;
-}
-
-// NULL when the CUDA kernels cover the node, else why not
-static const char * sparq_cuda_unsupported(const ggml_tensor * op) {
-    const ggml_tensor * q = op->src[0];
-    const ggml_tensor * k = op->src[1];
-    const ggml_tensor * kt = op->src[2];
-    const ggml_tensor * v = op->src[3];
-    const ggml_tensor * mk = op->src[6];
-    if (q->type != GGML_TYPE_F32 || op->type != GGML_TYPE_F32) {
-        return "q and the result must be f32";
-    }
-    if (!sparq_cu_type_ok(k) || !(sparq_cu_type_ok(kt) || kt->type == GGML_TYPE_I8) || !sparq_cu_type_ok(v)) {
-        return "K and V must be f16 or f32, K^T f16, f32 or i8 (e5m2)";
-    }
-    if (mk && mk->type != GGML_TYPE_F16 && mk->type != GGML_TYPE_F32) {
-        return "the mask must be f16 or f32";
-    }
-    if (q->ne[0] > GGML_CUDA_SPARQ_D_MAX || v->ne[0] > GGML_CUDA_SPARQ_D_MAX) {
-        return "head sizes above 256";
-    }
-    const int64_t g = q->ne[2] / k->ne[2];
-    if (g > GGML_CUDA_SPARQ_G_MAX) {
-        return "more than 16 query heads per KV head";
-    }
-    const int32_t sel = ggml_get_op_params_i32(op, 4);
-    if (sel != GGML_SPARQ_SEL_SPARQ && sel != GGML_SPARQ_SEL_ORACLE) {
-        return "the streaming, h2o and index selectors (CPU only)";
-    }
-    const int32_t flags = ggml_get_op_params_i32(op, 5);
-    if (flags & GGML_SPARQ_FLAG_DENSE) {
-        return "the dense flag (upstream's flash attention is the dense path on a GPU)";
-    }
-    const int64_t ph = (flags & GGML_SPARQ_FLAG_PER_HEAD) && g > 1 ? g : 1;
-    const int64_t U = q->ne[1] * q->ne[3] * k->ne[2];
-    if (U > 65535 || U * ph > 65535) {
-        return "more than 65535 (query row, KV head) pairs";
-    }
-    if (k->ne[1] >= (int64_t) 1 << 30) {
-        return "2^30 or more KV cells";
-    }
-    const ggml_tensor * qs = op->src[8];
-    const ggml_tensor * cw = op->src[9];
-    if ((qs && qs->type != GGML_TYPE_F32) || (cw && cw->type != GGML_TYPE_F32)) {
-        return "q_sel and comp_w must be f32";
-    }
-    const ggml_tensor * win = op->src[7];
-    if (win && win->type != GGML_TYPE_I32) {
-        return "the window must be i32";
-    }
-    return nullptr;
-}
-
-// the 8-bit K^T's writes (ggml_sparq_kt_append): NULL when covered, else why not
-static const char * sparq_cuda_append_unsupported(const ggml_tensor * op) {
-    const ggml_tensor * src = op->src[1];
-    const ggml_tensor * idx = op->src[2];
-    if (op->src[0]->type != GGML_TYPE_I8 || (src->type != GGML_TYPE_F32 && src->type != GGML_TYPE_F16) ||
-        !ggml_is_contiguous(src) || (idx && idx->type != GGML_TYPE_I64)) {
-        return "the K^T append: i8 rows from f32 or f16, i64 indices";
-    }
-    return nullptr;
-}
-
-// a sum's append (ggml_sparq_sum_append): NULL when covered, else why not
-static const char * sparq_cuda_sum_unsupported(const ggml_tensor * op) {
-    const int32_t type = ggml_get_op_params_i32(op, 0);
-    if (type != GGML_TYPE_F16 && type != GGML_TYPE_F32) {
-        return "a sum's append: f16 or f32 caches";
-    }
-    return nullptr;
-}
-
-// NULL when the kernels cover the node (of any mode), else why not
-static const char * sparq_cuda_why_not(const ggml_tensor * op) {
-    return ggml_sparq_is_kt_append(op)    ? sparq_cuda_append_unsupported(op)
-           : ggml_sparq_is_sum_append(op) ? sparq_cuda_sum_unsupported(op)
-                                          : sparq_cuda_unsupported(op);
-}
 
 bool ggml_cuda_sparq_attn_supported(int device, const ggml_tensor * op) {
     GGML_UNUSED(device);
@@ -181,21 +100,20 @@ static bool sparq_cuda_args_of(const ggml_tensor * dst, sparq_cu_args & a, int *
     a.n_hkv = (int) k->ne[2];
     a.n_stream = (int) q->ne[3];
     a.g = a.n_head / a.n_hkv;
-    const int32_t flags = ggml_get_op_params_i32(dst, 5);
-    a.ph = (flags & GGML_SPARQ_FLAG_PER_HEAD) && a.g > 1 ? a.g : 1;
-    a.no_mean_v = (flags & GGML_SPARQ_FLAG_NO_MEAN_V) != 0;
-    a.r = ggml_get_op_params_i32(dst, 0);
-    a.k = ggml_get_op_params_i32(dst, 1);
-    a.l = ggml_get_op_params_i32(dst, 2);
-    a.scale = ggml_get_op_params_f32(dst, 3);
-    if (ggml_get_op_params_f32(dst, 8) > 0.0f && ggml_get_op_params_i32(dst, 11)) {
-        // the calibrated k (a coverage target applied; one that is only measured changes nothing
-        // here: the measure is reported by the CPU op only)
-        a.cov_p = ggml_get_op_params_f32(dst, 8);
-        a.k_min = ggml_get_op_params_i32(dst, 9);
-        a.k_frac = ggml_get_op_params_f32(dst, 14);
+    const ggml_sparq_attn_params P = ggml_sparq_params_get(dst).attn;
+    a.ph = (P.flags & GGML_SPARQ_FLAG_PER_HEAD) && a.g > 1 ? a.g : 1;
+    a.no_mean_v = (P.flags & GGML_SPARQ_FLAG_NO_MEAN_V) != 0;
+    a.r = P.r;
+    a.k = P.k;
+    a.l = P.l;
+    a.scale = P.scale;
+    if (P.cov_p > 0.0f && P.cov_apply) {
+        // the calibrated k (a coverage only measured is refused: sparq-cuda-support.h)
+        a.cov_p = P.cov_p;
+        a.k_min = P.k_min;
+        a.k_frac = P.k_frac;
     }
-    if (ggml_get_op_params_i32(dst, 4) == GGML_SPARQ_SEL_ORACLE) {
+    if (P.selector == GGML_SPARQ_SEL_ORACLE) {
         a.r = a.d; // the oracle: SparQ with every component
     }
     GGML_ASSERT(a.r >= 1 && a.r <= a.d && a.k >= 1 && a.l >= 0 && a.l <= a.k);
@@ -308,6 +226,7 @@ static __global__ void k_sparq_sum_append(char * sum, size_t s_nb1, char * comp,
 }
 
 static void sparq_cuda_sum_append(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+    const ggml_sparq_sum_params prm = ggml_sparq_params_get(dst).sum;
     const ggml_tensor * sum = dst->src[0];
     const ggml_tensor * comp = dst->src[2];
     const int64_t ne0 = sum->ne[0], n = ne0 * sum->ne[1];
@@ -318,8 +237,7 @@ static void sparq_cuda_sum_append(ggml_backend_cuda_context & ctx, ggml_tensor *
     const dim3 grid((unsigned int) ((n + nt - 1) / nt));
     k_sparq_sum_append<<<grid, nt, 0, ctx.stream()>>>((char *) sum->data, sum->nb[1], comp ? (char *) comp->data : nullptr,
                                                       comp ? comp->nb[1] : 0, (const float *) dst->src[1]->data, ne0, n,
-                                                      ggml_get_op_params_i32(dst, 0) == GGML_TYPE_F16,
-                                                      ggml_get_op_params_i32(dst, 1) != 0);
+                                                      prm.type == GGML_TYPE_F16, prm.squares);
 }
 
 void ggml_cuda_sparq_attn(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
@@ -327,13 +245,10 @@ void ggml_cuda_sparq_attn(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     if (why) {
         GGML_ABORT("sparq_attn: the CUDA kernels do not cover %s: %s", dst->name, why);
     }
-    if (ggml_sparq_is_sum_append(dst)) {
-        sparq_cuda_sum_append(ctx, dst);
-        return;
-    }
-    if (ggml_sparq_is_kt_append(dst)) {
-        sparq_cuda_kt_append(ctx, dst);
-        return;
+    switch (ggml_sparq_params_get(dst).mode) {
+        case GGML_SPARQ_MODE_SUM_APPEND: sparq_cuda_sum_append(ctx, dst); return;
+        case GGML_SPARQ_MODE_KT_APPEND:  sparq_cuda_kt_append(ctx, dst); return;
+        default: break;
     }
     sparq_cu_args a = {};
     int cpt = 1;

@@ -4,6 +4,7 @@
 
 #include "ggml.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #ifdef __cplusplus
@@ -11,6 +12,10 @@ extern "C" {
 #endif
 
 struct ggml_compute_params;
+
+// Whether the CPU op runs this node: every part of the op but those of another build's layout
+// (ggml-sparq-params.h). ggml-cpu.cpp's supports_op asks it (patch 0002).
+bool ggml_sparq_cpu_supports_op(const struct ggml_tensor * op);
 
 // Bytes of ggml's work buffer the op needs with n_tasks threads.
 size_t ggml_sparq_attn_work_size(const struct ggml_tensor * node, int n_tasks);

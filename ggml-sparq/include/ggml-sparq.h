@@ -3,6 +3,7 @@
 
 #include "ggml.h"
 #include "ggml-sparq-e5m2.h"
+#include "ggml-sparq-params.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -43,13 +44,6 @@ enum ggml_sparq_selector {
     // list) and the op writes that id. No K^T, no mean of V.
     GGML_SPARQ_SEL_INDEX = 4,
     GGML_SPARQ_SEL_COUNT,
-};
-
-// Flags of the selection and the output.
-enum ggml_sparq_flag {
-    GGML_SPARQ_FLAG_PER_HEAD  = 1, // each query head chooses its own k - l cells; the group attends over the union
-    GGML_SPARQ_FLAG_NO_MEAN_V = 2, // no mean-value reallocation (out = attention over the chosen cells)
-    GGML_SPARQ_FLAG_DENSE     = 4, // no selection: every row attends over every valid cell (K^T not read; the CPU op)
 };
 
 GGML_API void ggml_sparq_attn_set_selector(struct ggml_tensor * attn, int32_t selector, int32_t flags);
@@ -104,7 +98,8 @@ GGML_API void ggml_sparq_attn_set_coverage_cap(struct ggml_tensor * attn, float 
 // over the group's heads), the cells reaching the coverage target with the window (-1 without a
 // target), 1 if the ranked cells reached it else 0}, at report[(stream * n_head_kv + kv_head) * 4].
 // A host pointer kept in the node's parameters (as ggml's custom ops keep theirs): the CPU op
-// writes it while it runs; other backends ignore it. It must outlive every computation of the node.
+// writes it while it runs; the CUDA backend refuses a node with one. It must outlive every
+// computation of the node.
 GGML_API void ggml_sparq_attn_set_report(struct ggml_tensor * attn, float * report);
 GGML_API float * ggml_sparq_attn_get_report(const struct ggml_tensor * attn);
 
@@ -112,18 +107,11 @@ GGML_API float * ggml_sparq_attn_get_report(const struct ggml_tensor * attn);
 // (i8, rows of ne0 bytes, dst->nb[0] == 1) = e5m2 of row i of src (f32 or f16 [ne0, n], contiguous);
 // without idx, row i of dst. The result is a view of dst (as ggml_set_rows's), to order later readers.
 // idx: i64 [n]. The CPU and CUDA backends compute it.
-#define GGML_SPARQ_MODE_PARAM 15 // the op parameter holding the mode (0: attention)
-enum ggml_sparq_mode {
-    GGML_SPARQ_MODE_ATTN = 0,
-    GGML_SPARQ_MODE_KT_APPEND = 1,
-    GGML_SPARQ_MODE_SUM_APPEND = 2,
-};
-
 GGML_API struct ggml_tensor * ggml_sparq_kt_append(struct ggml_context * ctx, struct ggml_tensor * dst,
                                                    struct ggml_tensor * src, struct ggml_tensor * idx);
 
 static inline bool ggml_sparq_is_kt_append(const struct ggml_tensor * t) {
-    return t->op == GGML_OP_SPARQ_ATTN && t->op_params[GGML_SPARQ_MODE_PARAM] == GGML_SPARQ_MODE_KT_APPEND;
+    return ggml_sparq_mode_of(t) == GGML_SPARQ_MODE_KT_APPEND;
 }
 
 // A per-stream sum's append of a decode step (one new token per stream), as a mode of
@@ -140,7 +128,7 @@ GGML_API struct ggml_tensor * ggml_sparq_sum_append(struct ggml_context * ctx, s
                                                     enum ggml_type type, bool squares);
 
 static inline bool ggml_sparq_is_sum_append(const struct ggml_tensor * t) {
-    return t->op == GGML_OP_SPARQ_ATTN && t->op_params[GGML_SPARQ_MODE_PARAM] == GGML_SPARQ_MODE_SUM_APPEND;
+    return ggml_sparq_mode_of(t) == GGML_SPARQ_MODE_SUM_APPEND;
 }
 
 #ifdef __cplusplus

@@ -5,6 +5,7 @@
 #include "ggml-impl.h"
 
 #include <math.h>
+#include <string.h>
 
 #include "ggml-sparq.h"
 
@@ -15,6 +16,27 @@ static bool sparq_cache_type_ok(enum ggml_type t) {
 // K and V rows may also be q8_0 blocks (a quantized cache; the CPU kernels read them), whole blocks per head
 static bool sparq_row_type_ok(const struct ggml_tensor * t) {
     return sparq_cache_type_ok(t->type) || (t->type == GGML_TYPE_Q8_0 && t->ne[0] % ggml_blck_size(t->type) == 0);
+}
+
+static struct ggml_sparq_params sparq_params_new(enum ggml_sparq_mode mode) {
+    struct ggml_sparq_params p;
+    memset(&p, 0, sizeof(p));
+    p.mode = mode;
+    return p;
+}
+
+// an attention node's parameters (the setters take nothing else)
+static struct ggml_sparq_params sparq_attn_params(const struct ggml_tensor * attn) {
+    GGML_ASSERT(attn->op == GGML_OP_SPARQ_ATTN);
+    const struct ggml_sparq_params p = ggml_sparq_params_get(attn);
+    GGML_ASSERT(p.mode == GGML_SPARQ_MODE_ATTN && "sparq_attn: the node is one of the op's write modes");
+    return p;
+}
+
+// after a setter changed the node's sources: the features follow them
+static void sparq_refresh_features(struct ggml_tensor * attn) {
+    const struct ggml_sparq_params p = sparq_attn_params(attn);
+    ggml_sparq_params_set(attn, &p);
 }
 
 struct ggml_tensor * ggml_sparq_attn(
@@ -76,10 +98,6 @@ struct ggml_tensor * ggml_sparq_attn(
 
     GGML_ASSERT(top_k <= GGML_SPARQ_K_MAX && "sparq_attn: k must be <= GGML_SPARQ_K_MAX");
 
-    int32_t params[6] = { r, top_k, local, 0, GGML_SPARQ_SEL_SPARQ, 0 };
-    memcpy(&params[3], &scale, sizeof(float));
-    ggml_set_op_params(result, params, sizeof(params));
-
     result->op     = GGML_OP_SPARQ_ATTN;
     result->src[0] = q;
     result->src[1] = k;
@@ -89,23 +107,27 @@ struct ggml_tensor * ggml_sparq_attn(
     result->src[5] = v_count;
     result->src[6] = mask;
 
+    struct ggml_sparq_params p = sparq_params_new(GGML_SPARQ_MODE_ATTN);
+    p.attn.r = r;
+    p.attn.k = top_k;
+    p.attn.l = local;
+    p.attn.scale = scale;
+    p.attn.selector = GGML_SPARQ_SEL_SPARQ;
+    ggml_sparq_params_set(result, &p);
     return result;
 }
 
-// a node of one of the op's write modes: a view of dst (its result orders later readers), the mode
-// and two parameters, three sources
-static struct ggml_tensor * sparq_mode_node(struct ggml_context * ctx, struct ggml_tensor * dst, enum ggml_sparq_mode mode,
-                                            int32_t p0, int32_t p1, struct ggml_tensor * s1, struct ggml_tensor * s2) {
+// a node of one of the op's write modes: a view of dst (its result orders later readers), its
+// parameters, three sources
+static struct ggml_tensor * sparq_mode_node(struct ggml_context * ctx, struct ggml_tensor * dst,
+                                            const struct ggml_sparq_params * p, struct ggml_tensor * s1,
+                                            struct ggml_tensor * s2) {
     struct ggml_tensor * result = ggml_view_tensor(ctx, dst);
-    int32_t params[GGML_MAX_OP_PARAMS / sizeof(int32_t)] = { 0 };
-    params[0] = p0;
-    params[1] = p1;
-    params[GGML_SPARQ_MODE_PARAM] = mode;
-    ggml_set_op_params(result, params, sizeof(params));
     result->op     = GGML_OP_SPARQ_ATTN;
     result->src[0] = dst;
     result->src[1] = s1;
     result->src[2] = s2;
+    ggml_sparq_params_set(result, p);
     return result;
 }
 
@@ -122,7 +144,8 @@ struct ggml_tensor * ggml_sparq_kt_append(struct ggml_context * ctx, struct ggml
     } else {
         GGML_ASSERT(src->ne[1] == dst->ne[1] && "sparq_kt_append: without idx, src and dst have the same rows");
     }
-    return sparq_mode_node(ctx, dst, GGML_SPARQ_MODE_KT_APPEND, 0, 0, src, idx);
+    const struct ggml_sparq_params p = sparq_params_new(GGML_SPARQ_MODE_KT_APPEND);
+    return sparq_mode_node(ctx, dst, &p, src, idx);
 }
 
 struct ggml_tensor * ggml_sparq_sum_append(struct ggml_context * ctx, struct ggml_tensor * sum,
@@ -137,7 +160,10 @@ struct ggml_tensor * ggml_sparq_sum_append(struct ggml_context * ctx, struct ggm
     GGML_ASSERT(x_new->type == GGML_TYPE_F32 && ggml_is_contiguous(x_new) && ggml_nelements(x_new) == ggml_nelements(sum) &&
                 "sparq_sum_append: x_new must be contiguous f32 with sum's elements");
     GGML_ASSERT((type == GGML_TYPE_F16 || type == GGML_TYPE_F32) && "sparq_sum_append: the cache type must be f16 or f32");
-    return sparq_mode_node(ctx, sum, GGML_SPARQ_MODE_SUM_APPEND, (int32_t) type, squares ? 1 : 0, x_new, comp);
+    struct ggml_sparq_params p = sparq_params_new(GGML_SPARQ_MODE_SUM_APPEND);
+    p.sum.type = (int32_t) type;
+    p.sum.squares = squares;
+    return sparq_mode_node(ctx, sum, &p, x_new, comp);
 }
 
 void ggml_sparq_attn_set_selector(struct ggml_tensor * attn, int32_t selector, int32_t flags) {
@@ -145,13 +171,14 @@ void ggml_sparq_attn_set_selector(struct ggml_tensor * attn, int32_t selector, i
     GGML_ASSERT(selector >= 0 && selector < GGML_SPARQ_SEL_COUNT && "sparq_attn: unknown selector");
     GGML_ASSERT((flags & ~(GGML_SPARQ_FLAG_PER_HEAD | GGML_SPARQ_FLAG_NO_MEAN_V | GGML_SPARQ_FLAG_DENSE)) == 0 &&
                 "sparq_attn: unknown flags");
-    ggml_set_op_params_i32(attn, 4, selector);
-    ggml_set_op_params_i32(attn, 5, flags);
+    struct ggml_sparq_params p = sparq_attn_params(attn);
+    p.attn.selector = selector;
+    p.attn.flags = flags;
+    ggml_sparq_params_set(attn, &p);
 }
 
 void ggml_sparq_attn_set_basis(struct ggml_tensor * attn, struct ggml_tensor * q_sel, struct ggml_tensor * comp_w) {
-    GGML_ASSERT(attn->op == GGML_OP_SPARQ_ATTN);
-    const int32_t sel = ggml_get_op_params_i32(attn, 4);
+    const int32_t sel = sparq_attn_params(attn).attn.selector;
     GGML_ASSERT((sel == GGML_SPARQ_SEL_SPARQ || sel == GGML_SPARQ_SEL_ORACLE) &&
                 "sparq_attn: a basis applies to the sparq and oracle selectors only");
     const struct ggml_tensor * q = attn->src[0];
@@ -167,22 +194,23 @@ void ggml_sparq_attn_set_basis(struct ggml_tensor * attn, struct ggml_tensor * q
     }
     attn->src[8] = q_sel;
     attn->src[9] = comp_w;
+    sparq_refresh_features(attn);
 }
 
 void ggml_sparq_attn_set_h2o(struct ggml_tensor * attn, struct ggml_tensor * scores) {
-    GGML_ASSERT(attn->op == GGML_OP_SPARQ_ATTN);
-    GGML_ASSERT(ggml_get_op_params_i32(attn, 4) == GGML_SPARQ_SEL_H2O && "sparq_attn: set the h2o selector first");
+    GGML_ASSERT(sparq_attn_params(attn).attn.selector == GGML_SPARQ_SEL_H2O && "sparq_attn: set the h2o selector first");
     const struct ggml_tensor * k = attn->src[1];
     GGML_ASSERT(scores->type == GGML_TYPE_F32 && scores->ne[0] == k->ne[1] && scores->ne[1] == k->ne[2] &&
                 scores->ne[2] == k->ne[3] && scores->ne[3] == 1 && scores->nb[0] == sizeof(float) &&
                 "sparq_attn: the H2O scores must be f32 [n_kv, n_head_kv, n_stream]");
     attn->src[8] = scores;
+    sparq_refresh_features(attn);
 }
 
 void ggml_sparq_attn_set_index(struct ggml_tensor * attn, struct ggml_tensor * centroids,
                                struct ggml_tensor * lists, int32_t n_probe) {
-    GGML_ASSERT(attn->op == GGML_OP_SPARQ_ATTN);
-    GGML_ASSERT(ggml_get_op_params_i32(attn, 4) == GGML_SPARQ_SEL_INDEX && "sparq_attn: set the index selector first");
+    struct ggml_sparq_params p = sparq_attn_params(attn);
+    GGML_ASSERT(p.attn.selector == GGML_SPARQ_SEL_INDEX && "sparq_attn: set the index selector first");
     const struct ggml_tensor * q = attn->src[0];
     const struct ggml_tensor * k = attn->src[1];
     GGML_ASSERT(centroids->type == GGML_TYPE_F32 && centroids->ne[0] == q->ne[0] && centroids->ne[1] >= 1 &&
@@ -194,58 +222,60 @@ void ggml_sparq_attn_set_index(struct ggml_tensor * attn, struct ggml_tensor * c
     GGML_ASSERT(n_probe >= 1 && n_probe <= centroids->ne[1] && "sparq_attn: n_probe must be in [1, n_list]");
     attn->src[8] = centroids;
     attn->src[9] = lists;
-    ggml_set_op_params_i32(attn, 6, n_probe);
+    p.attn.n_probe = n_probe;
+    ggml_sparq_params_set(attn, &p);
 }
 
 void ggml_sparq_attn_set_index_reads(struct ggml_tensor * attn) {
-    GGML_ASSERT(attn->op == GGML_OP_SPARQ_ATTN);
+    struct ggml_sparq_params p = sparq_attn_params(attn);
     const struct ggml_tensor * c = attn->src[8];
-    GGML_ASSERT(ggml_get_op_params_i32(attn, 4) == GGML_SPARQ_SEL_INDEX && c &&
+    GGML_ASSERT(p.attn.selector == GGML_SPARQ_SEL_INDEX && c &&
                 "sparq_attn: set the index first (ggml_sparq_attn_set_index)");
     GGML_ASSERT(c->nb[2] >= (size_t) (c->ne[1] + 1) * c->nb[1] &&
                 "sparq_attn: the index reads need a row after the last centroid (centroids->nb[2] >= (n_list + 1) * nb[1])");
-    ggml_set_op_params_i32(attn, 7, 1);
+    p.attn.index_reads = true;
+    ggml_sparq_params_set(attn, &p);
 }
 
 void ggml_sparq_attn_set_window(struct ggml_tensor * attn, struct ggml_tensor * win) {
-    GGML_ASSERT(attn->op == GGML_OP_SPARQ_ATTN);
+    sparq_attn_params(attn);
     const struct ggml_tensor * q = attn->src[0];
     GGML_ASSERT(win->type == GGML_TYPE_I32 && win->ne[0] >= 1 && win->ne[1] >= q->ne[1] && win->ne[2] == q->ne[3] &&
                 win->nb[0] == sizeof(int32_t) && "sparq_attn: the window must be i32 [w, n_rows, n_stream]");
     attn->src[7] = win;
+    sparq_refresh_features(attn);
 }
 
-void ggml_sparq_attn_set_coverage(struct ggml_tensor * attn, float p, int32_t k_min, int32_t k_scan, bool apply) {
-    GGML_ASSERT(attn->op == GGML_OP_SPARQ_ATTN);
-    const int32_t sel = ggml_get_op_params_i32(attn, 4);
+void ggml_sparq_attn_set_coverage(struct ggml_tensor * attn, float cov_p, int32_t k_min, int32_t k_scan, bool apply) {
+    struct ggml_sparq_params p = sparq_attn_params(attn);
+    const int32_t sel = p.attn.selector;
     GGML_ASSERT((sel == GGML_SPARQ_SEL_SPARQ || sel == GGML_SPARQ_SEL_ORACLE) &&
                 "sparq_attn: a coverage target applies to the sparq and oracle selectors only");
-    const int32_t k = ggml_get_op_params_i32(attn, 1);
-    GGML_ASSERT(isfinite(p) && p > 0.0f && p <= 1.0f && "sparq_attn: the coverage target must be in (0, 1]");
+    const int32_t k = p.attn.k;
+    GGML_ASSERT(isfinite(cov_p) && cov_p > 0.0f && cov_p <= 1.0f && "sparq_attn: the coverage target must be in (0, 1]");
     GGML_ASSERT(k_min >= 0 && k_min <= k && "sparq_attn: k_min must be in [0, k]");
     GGML_ASSERT(k_scan >= 0 && k_scan <= GGML_SPARQ_K_MAX && "sparq_attn: k_scan must be in [0, GGML_SPARQ_K_MAX]");
-    ggml_set_op_params_f32(attn, 8, p);
-    ggml_set_op_params_i32(attn, 9, k_min);
-    ggml_set_op_params_i32(attn, 10, k_scan);
-    ggml_set_op_params_i32(attn, 11, apply ? 1 : 0);
+    p.attn.cov_p = cov_p;
+    p.attn.k_min = k_min;
+    p.attn.k_scan = k_scan;
+    p.attn.cov_apply = apply;
+    ggml_sparq_params_set(attn, &p);
 }
 
 void ggml_sparq_attn_set_coverage_cap(struct ggml_tensor * attn, float k_frac) {
-    GGML_ASSERT(attn->op == GGML_OP_SPARQ_ATTN);
-    GGML_ASSERT(ggml_get_op_params_i32(attn, 11) == 1 && "sparq_attn: the per-row cap needs the coverage target applied");
+    struct ggml_sparq_params p = sparq_attn_params(attn);
+    GGML_ASSERT(p.attn.cov_apply && "sparq_attn: the per-row cap needs the coverage target applied");
     GGML_ASSERT(isfinite(k_frac) && k_frac > 0.0f && k_frac <= 1.0f && "sparq_attn: k_frac must be in (0, 1]");
-    ggml_set_op_params_f32(attn, 14, k_frac);
+    p.attn.k_frac = k_frac;
+    ggml_sparq_params_set(attn, &p);
 }
 
 void ggml_sparq_attn_set_report(struct ggml_tensor * attn, float * report) {
-    GGML_ASSERT(attn->op == GGML_OP_SPARQ_ATTN);
-    uint64_t v = (uint64_t) (uintptr_t) report;
-    ggml_set_op_params_i32(attn, 12, (int32_t) (uint32_t) (v & 0xffffffffu));
-    ggml_set_op_params_i32(attn, 13, (int32_t) (uint32_t) (v >> 32));
+    struct ggml_sparq_params p = sparq_attn_params(attn);
+    p.attn.report = report;
+    ggml_sparq_params_set(attn, &p);
 }
 
 float * ggml_sparq_attn_get_report(const struct ggml_tensor * attn) {
-    const uint64_t lo = (uint32_t) ggml_get_op_params_i32(attn, 12);
-    const uint64_t hi = (uint32_t) ggml_get_op_params_i32(attn, 13);
-    return (float *) (uintptr_t) (lo | (hi << 32));
+    return sparq_attn_params(attn).attn.report;
 }

@@ -11,6 +11,8 @@
 //       prints the ISA the kernels select on this machine
 //   sparq-op-test isa-threads N
 //       the same, chosen by N threads at once (run under ThreadSanitizer)
+//   sparq-op-test params-check
+//       the op's typed parameters and each backend's support of them (sparq-params-check.h)
 //
 // Case file: "SPQ2", 19 int32 (d, dv, n_kv, n_rows, n_head, n_head_kv,
 // n_stream, r, k, l, kv_type, mask_type, kt_pad, win_n, selector, per_head,
@@ -36,6 +38,7 @@
 #include "ggml.h"
 #include "ggml-cpu.h"
 #include "ggml-sparq.h"
+#include "sparq-params-check.h"
 #endif
 
 #include <algorithm>
@@ -597,6 +600,11 @@ int main(int argc, char ** argv) {
     if (argc >= 3 && strcmp(argv[1], "gather-check") == 0) {
         return run_gather_check(argv[2]);
     }
+#ifdef SPARQ_TEST_WITH_GGML
+    if (argc >= 2 && strcmp(argv[1], "params-check") == 0) {
+        return run_params_check();
+    }
+#endif
     if (argc >= 2 && strcmp(argv[1], "isa") == 0) {
         printf("%s\n", sparq_isa_select()->name);
         return 0;

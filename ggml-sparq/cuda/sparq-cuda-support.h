@@ -1,0 +1,99 @@
+// llama-sparq: which GGML_OP_SPARQ_ATTN nodes the CUDA kernels run, as host code alone (no CUDA
+// headers), so that a test without a GPU checks the same decision ggml-cuda's supports_op makes.
+// Included by sparq-cuda.cu and tests/native/sparq-op-test.cpp.
+#pragma once
+
+#include "ggml.h"
+#include "ggml-sparq.h"
+#include "sparq-cuda-limits.h"
+
+#include <cstdint>
+
+// The parts of the op the CUDA kernels honour. The rest are refused (the scheduler then runs the
+// node on the CPU): the streaming, h2o and index selectors and the dense flag (on a GPU upstream's
+// flash attention is the dense path), and the CPU op's reports (a coverage only measured, a host
+// report), which the graph sets only where the op runs on the host.
+static constexpr uint32_t SPARQ_CUDA_HONOURS = GGML_SPARQ_FEAT_ORACLE | GGML_SPARQ_FEAT_PER_HEAD |
+                                               GGML_SPARQ_FEAT_NO_MEAN_V | GGML_SPARQ_FEAT_WINDOW |
+                                               GGML_SPARQ_FEAT_BASIS | GGML_SPARQ_FEAT_COVERAGE |
+                                               GGML_SPARQ_FEAT_COVERAGE_CAP;
+static constexpr uint32_t SPARQ_CUDA_REFUSES = GGML_SPARQ_FEAT_STREAMING | GGML_SPARQ_FEAT_H2O |
+                                               GGML_SPARQ_FEAT_INDEX | GGML_SPARQ_FEAT_INDEX_READS |
+                                               GGML_SPARQ_FEAT_DENSE | GGML_SPARQ_FEAT_COVERAGE_MEASURE |
+                                               GGML_SPARQ_FEAT_REPORT;
+static_assert((SPARQ_CUDA_HONOURS | SPARQ_CUDA_REFUSES) == GGML_SPARQ_FEAT_ALL &&
+              (SPARQ_CUDA_HONOURS & SPARQ_CUDA_REFUSES) == 0,
+              "a new part of the op: decide whether the CUDA kernels honour it or refuse it");
+
+static inline bool sparq_cu_type_ok(const ggml_tensor * t) {
+    return t->type == GGML_TYPE_F16 || t->type == GGML_TYPE_F32;
+}
+
+// an attention node: NULL when the kernels cover its shapes and types, else why not
+static inline const char * sparq_cuda_attn_unsupported(const ggml_tensor * op, const ggml_sparq_params & p) {
+    const ggml_tensor * q = op->src[0];
+    const ggml_tensor * k = op->src[1];
+    const ggml_tensor * kt = op->src[2];
+    const ggml_tensor * v = op->src[3];
+    const ggml_tensor * mk = op->src[6];
+    if (q->type != GGML_TYPE_F32 || op->type != GGML_TYPE_F32) {
+        return "q and the result must be f32";
+    }
+    if (!sparq_cu_type_ok(k) || !(sparq_cu_type_ok(kt) || kt->type == GGML_TYPE_I8) || !sparq_cu_type_ok(v)) {
+        return "K and V must be f16 or f32, K^T f16, f32 or i8 (e5m2)";
+    }
+    if (mk && mk->type != GGML_TYPE_F16 && mk->type != GGML_TYPE_F32) {
+        return "the mask must be f16 or f32";
+    }
+    if (q->ne[0] > GGML_CUDA_SPARQ_D_MAX || v->ne[0] > GGML_CUDA_SPARQ_D_MAX) {
+        return "head sizes above 256";
+    }
+    const int64_t g = q->ne[2] / k->ne[2];
+    if (g > GGML_CUDA_SPARQ_G_MAX) {
+        return "more than 16 query heads per KV head";
+    }
+    const int64_t ph = (p.attn.flags & GGML_SPARQ_FLAG_PER_HEAD) && g > 1 ? g : 1;
+    const int64_t U = q->ne[1] * q->ne[3] * k->ne[2];
+    if (U > 65535 || U * ph > 65535) {
+        return "more than 65535 (query row, KV head) pairs";
+    }
+    if (k->ne[1] >= (int64_t) 1 << 30) {
+        return "2^30 or more KV cells";
+    }
+    const ggml_tensor * qs = op->src[8];
+    const ggml_tensor * cw = op->src[9];
+    if ((qs && qs->type != GGML_TYPE_F32) || (cw && cw->type != GGML_TYPE_F32)) {
+        return "q_sel and comp_w must be f32";
+    }
+    const ggml_tensor * win = op->src[7];
+    if (win && win->type != GGML_TYPE_I32) {
+        return "the window must be i32";
+    }
+    return nullptr;
+}
+
+// NULL when the kernels cover the node (of any mode), else why not
+static inline const char * sparq_cuda_why_not(const ggml_tensor * op) {
+    if (const char * why = ggml_sparq_params_unsupported(op, SPARQ_CUDA_HONOURS)) {
+        return why;
+    }
+    const ggml_sparq_params p = ggml_sparq_params_get(op);
+    switch (p.mode) {
+        case GGML_SPARQ_MODE_KT_APPEND: {
+            const ggml_tensor * src = op->src[1];
+            const ggml_tensor * idx = op->src[2];
+            if (op->src[0]->type != GGML_TYPE_I8 || !sparq_cu_type_ok(src) || !ggml_is_contiguous(src) ||
+                (idx && idx->type != GGML_TYPE_I64)) {
+                return "the K^T append: i8 rows from f32 or f16, i64 indices";
+            }
+            return nullptr;
+        }
+        case GGML_SPARQ_MODE_SUM_APPEND:
+            if (p.sum.type != GGML_TYPE_F16 && p.sum.type != GGML_TYPE_F32) {
+                return "a sum's append: f16 or f32 caches";
+            }
+            return nullptr;
+        default:
+            return sparq_cuda_attn_unsupported(op, p);
+    }
+}

@@ -1,0 +1,178 @@
+// llama-sparq: the one encoding of GGML_OP_SPARQ_ATTN's parameters (ggml-sparq-params.h).
+
+#include "ggml-sparq-params.h"
+#include "ggml-sparq.h"
+
+#include "ggml-impl.h"
+
+#include <string.h>
+
+// The op_params slots (int32 each; GGML_MAX_OP_PARAMS holds 16). Only this file knows them.
+enum sparq_slot {
+    SLOT_VERSION_MODE = 0, // version << 16 | mode
+    SLOT_FEATURES     = 1,
+    // attention
+    SLOT_R            = 2,
+    SLOT_K            = 3,
+    SLOT_L            = 4,
+    SLOT_SCALE        = 5,
+    SLOT_SELECTOR     = 6,
+    SLOT_FLAGS        = 7,
+    SLOT_N_PROBE      = 8,
+    SLOT_BOOLS        = 9, // bit 0: index_reads, bit 1: cov_apply
+    SLOT_COV_P        = 10,
+    SLOT_K_MIN        = 11,
+    SLOT_K_SCAN       = 12,
+    SLOT_K_FRAC       = 13,
+    SLOT_REPORT_LO    = 14,
+    SLOT_REPORT_HI    = 15,
+    // a sum's append
+    SLOT_SUM_TYPE     = 2,
+    SLOT_SUM_SQUARES  = 3,
+    SLOT_COUNT        = 16,
+};
+
+static_assert(SLOT_COUNT * sizeof(int32_t) <= GGML_MAX_OP_PARAMS, "the layout must fit op_params");
+
+static int32_t slot_i32(const int32_t * s, int i) { return s[i]; }
+static float slot_f32(const int32_t * s, int i) { float f; memcpy(&f, &s[i], sizeof(f)); return f; }
+static void put_f32(int32_t * s, int i, float f) { memcpy(&s[i], &f, sizeof(f)); }
+
+bool ggml_sparq_params_decode(const struct ggml_tensor * node, struct ggml_sparq_params * p) {
+    if (!node || node->op != GGML_OP_SPARQ_ATTN) {
+        return false;
+    }
+    const int32_t * s = (const int32_t *) node->op_params;
+    const uint32_t vm = (uint32_t) slot_i32(s, SLOT_VERSION_MODE);
+    const uint32_t mode = vm & 0xffffu;
+    if ((vm >> 16) != GGML_SPARQ_PARAMS_VERSION || mode >= GGML_SPARQ_MODE_COUNT) {
+        return false;
+    }
+    struct ggml_sparq_params o;
+    memset(&o, 0, sizeof(o));
+    o.mode = (enum ggml_sparq_mode) mode;
+    o.features = (uint32_t) slot_i32(s, SLOT_FEATURES);
+    if (o.mode == GGML_SPARQ_MODE_ATTN) {
+        struct ggml_sparq_attn_params * a = &o.attn;
+        a->r = slot_i32(s, SLOT_R);
+        a->k = slot_i32(s, SLOT_K);
+        a->l = slot_i32(s, SLOT_L);
+        a->scale = slot_f32(s, SLOT_SCALE);
+        a->selector = slot_i32(s, SLOT_SELECTOR);
+        a->flags = slot_i32(s, SLOT_FLAGS);
+        a->n_probe = slot_i32(s, SLOT_N_PROBE);
+        a->index_reads = (slot_i32(s, SLOT_BOOLS) & 1) != 0;
+        a->cov_apply = (slot_i32(s, SLOT_BOOLS) & 2) != 0;
+        a->cov_p = slot_f32(s, SLOT_COV_P);
+        a->k_min = slot_i32(s, SLOT_K_MIN);
+        a->k_scan = slot_i32(s, SLOT_K_SCAN);
+        a->k_frac = slot_f32(s, SLOT_K_FRAC);
+        const uint64_t lo = (uint32_t) slot_i32(s, SLOT_REPORT_LO);
+        const uint64_t hi = (uint32_t) slot_i32(s, SLOT_REPORT_HI);
+        a->report = (float *) (uintptr_t) (lo | (hi << 32));
+    } else if (o.mode == GGML_SPARQ_MODE_SUM_APPEND) {
+        o.sum.type = slot_i32(s, SLOT_SUM_TYPE);
+        o.sum.squares = slot_i32(s, SLOT_SUM_SQUARES) != 0;
+    }
+    *p = o;
+    return true;
+}
+
+struct ggml_sparq_params ggml_sparq_params_get(const struct ggml_tensor * node) {
+    struct ggml_sparq_params p;
+    if (!ggml_sparq_params_decode(node, &p)) {
+        GGML_ABORT("sparq_attn: %s holds no parameters of layout version %d (a node from another build?)",
+                   node ? node->name : "(null)", GGML_SPARQ_PARAMS_VERSION);
+    }
+    return p;
+}
+
+uint32_t ggml_sparq_params_features(const struct ggml_tensor * node, const struct ggml_sparq_params * p) {
+    if (p->mode != GGML_SPARQ_MODE_ATTN) {
+        return 0;
+    }
+    const struct ggml_sparq_attn_params * a = &p->attn;
+    uint32_t f = 0;
+    switch (a->selector) {
+        case GGML_SPARQ_SEL_ORACLE:    f |= GGML_SPARQ_FEAT_ORACLE;    break;
+        case GGML_SPARQ_SEL_STREAMING: f |= GGML_SPARQ_FEAT_STREAMING; break;
+        case GGML_SPARQ_SEL_H2O:       f |= GGML_SPARQ_FEAT_H2O;       break;
+        case GGML_SPARQ_SEL_INDEX:     f |= GGML_SPARQ_FEAT_INDEX;     break;
+        default: break;
+    }
+    f |= a->index_reads ? GGML_SPARQ_FEAT_INDEX_READS : 0;
+    f |= (a->flags & GGML_SPARQ_FLAG_PER_HEAD) ? GGML_SPARQ_FEAT_PER_HEAD : 0;
+    f |= (a->flags & GGML_SPARQ_FLAG_NO_MEAN_V) ? GGML_SPARQ_FEAT_NO_MEAN_V : 0;
+    f |= (a->flags & GGML_SPARQ_FLAG_DENSE) ? GGML_SPARQ_FEAT_DENSE : 0;
+    f |= node->src[7] ? GGML_SPARQ_FEAT_WINDOW : 0;
+    const bool basis_slots = a->selector == GGML_SPARQ_SEL_SPARQ || a->selector == GGML_SPARQ_SEL_ORACLE;
+    f |= basis_slots && (node->src[8] || node->src[9]) ? GGML_SPARQ_FEAT_BASIS : 0;
+    if (a->cov_p > 0.0f) {
+        f |= a->cov_apply ? GGML_SPARQ_FEAT_COVERAGE : GGML_SPARQ_FEAT_COVERAGE_MEASURE;
+    }
+    f |= a->k_frac > 0.0f ? GGML_SPARQ_FEAT_COVERAGE_CAP : 0;
+    f |= a->report ? GGML_SPARQ_FEAT_REPORT : 0;
+    return f;
+}
+
+void ggml_sparq_params_set(struct ggml_tensor * node, const struct ggml_sparq_params * p) {
+    GGML_ASSERT(node->op == GGML_OP_SPARQ_ATTN && (unsigned) p->mode < GGML_SPARQ_MODE_COUNT);
+    int32_t s[SLOT_COUNT];
+    memset(s, 0, sizeof(s));
+    s[SLOT_VERSION_MODE] = (int32_t) (((uint32_t) GGML_SPARQ_PARAMS_VERSION << 16) | (uint32_t) p->mode);
+    if (p->mode == GGML_SPARQ_MODE_ATTN) {
+        const struct ggml_sparq_attn_params * a = &p->attn;
+        s[SLOT_FEATURES] = (int32_t) (ggml_sparq_params_features(node, p) | (p->features & ~GGML_SPARQ_FEAT_ALL));
+        s[SLOT_R] = a->r;
+        s[SLOT_K] = a->k;
+        s[SLOT_L] = a->l;
+        put_f32(s, SLOT_SCALE, a->scale);
+        s[SLOT_SELECTOR] = a->selector;
+        s[SLOT_FLAGS] = a->flags;
+        s[SLOT_N_PROBE] = a->n_probe;
+        s[SLOT_BOOLS] = (a->index_reads ? 1 : 0) | (a->cov_apply ? 2 : 0);
+        put_f32(s, SLOT_COV_P, a->cov_p);
+        s[SLOT_K_MIN] = a->k_min;
+        s[SLOT_K_SCAN] = a->k_scan;
+        put_f32(s, SLOT_K_FRAC, a->k_frac);
+        const uint64_t v = (uint64_t) (uintptr_t) a->report;
+        s[SLOT_REPORT_LO] = (int32_t) (uint32_t) (v & 0xffffffffu);
+        s[SLOT_REPORT_HI] = (int32_t) (uint32_t) (v >> 32);
+    } else if (p->mode == GGML_SPARQ_MODE_SUM_APPEND) {
+        s[SLOT_SUM_TYPE] = p->sum.type;
+        s[SLOT_SUM_SQUARES] = p->sum.squares ? 1 : 0;
+    }
+    memcpy(node->op_params, s, sizeof(s));
+}
+
+const char * ggml_sparq_feature_name(uint32_t bit) {
+    switch (bit) {
+        case GGML_SPARQ_FEAT_ORACLE:           return "the oracle selector";
+        case GGML_SPARQ_FEAT_STREAMING:        return "the streaming selector";
+        case GGML_SPARQ_FEAT_H2O:              return "the h2o selector";
+        case GGML_SPARQ_FEAT_INDEX:            return "the index selector";
+        case GGML_SPARQ_FEAT_INDEX_READS:      return "the index's read report";
+        case GGML_SPARQ_FEAT_PER_HEAD:         return "the per-head flag";
+        case GGML_SPARQ_FEAT_NO_MEAN_V:        return "the no-mean-V flag";
+        case GGML_SPARQ_FEAT_DENSE:            return "the dense flag";
+        case GGML_SPARQ_FEAT_WINDOW:           return "a window list";
+        case GGML_SPARQ_FEAT_BASIS:            return "a basis (q_sel, comp_w)";
+        case GGML_SPARQ_FEAT_COVERAGE:         return "a coverage target";
+        case GGML_SPARQ_FEAT_COVERAGE_CAP:     return "a per-row cap (k_frac)";
+        case GGML_SPARQ_FEAT_COVERAGE_MEASURE: return "a measured coverage (k_scan)";
+        case GGML_SPARQ_FEAT_REPORT:           return "a host report";
+        default:                               return "a part unknown to this build";
+    }
+}
+
+const char * ggml_sparq_params_unsupported(const struct ggml_tensor * node, uint32_t honours) {
+    struct ggml_sparq_params p;
+    if (!ggml_sparq_params_decode(node, &p)) {
+        return "op parameters of another layout version (a node from another build)";
+    }
+    const uint32_t extra = p.features & ~honours;
+    if (extra == 0) {
+        return NULL;
+    }
+    return ggml_sparq_feature_name(extra & (~extra + 1u)); // the lowest such bit
+}

@@ -43,6 +43,25 @@ def mem_available() -> int | None:
     return None
 
 
+def cpu_topology() -> dict:
+    """{"cores": physical cores, "logical_cpus": hardware threads} from /proc/cpuinfo (cores: distinct
+    (physical id, core id) pairs; the logical count where the file names none)."""
+    n = os.cpu_count()
+    pairs, phys = set(), None
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, val = line.partition(":")
+                key = key.strip()
+                if key == "physical id":
+                    phys = val.strip()
+                elif key == "core id":
+                    pairs.add((phys, val.strip()))
+    except OSError:
+        pass
+    return {"cores": len(pairs) or n, "logical_cpus": n}
+
+
 def loadavg() -> float | None:
     try:
         return os.getloadavg()[0]

@@ -44,8 +44,8 @@ static void dense_head(const ctx & C, int u, int hh, int ith) {
     for (int j = 0; j < dv; ++j) {
         o[j] = y[j] * iP;
     }
-    if (a->selector == SPARQ_SEL_H2O) {
-        h2o_add_dense_weights(C, ith, st, kvh, q, m, M, iP);
+    if (C.sel->attended_dense) {
+        C.sel->attended_dense(C, ith, st, kvh, q, m, M, iP);
     }
 }
 
@@ -164,8 +164,8 @@ static void select_unit(const ctx & C, int u, int w, int ith) {
     const row_info * ri = C.rinfo(R);
     unit_plan * up = C.uplan(w);
     const bool dense = ri->dense_all || ri->n_valid <= row_k(a, ri->n_valid);
-    if (a->selector == SPARQ_SEL_INDEX && a->ivf_reads && C.row_in_stream(R) == a->n_rows - 1) {
-        index_record_reads(C, u, w, dense);
+    if (C.sel->selected) {
+        C.sel->selected(C, u, w, dense);
     }
     const bool report = a->report && C.row_in_stream(R) == a->n_rows - 1;
     up->n_sel = 0;
@@ -205,7 +205,7 @@ static void select_unit(const ctx & C, int u, int w, int ith) {
     mean_of_v(C, R, C.unit_kvh(u), C.mask_row(R), mean_v, C.uvbar(w));
     // alpha: approximate softmax mass of the selection (also measured for the report when the
     // selector has approximate scores)
-    const bool measure = mean_v || (a->report && !dense && !sel_baseline(a));
+    const bool measure = mean_v || (a->report && !dense && C.sel->ranks_scores);
     const float * m = C.mask_row(R);
     double alpha = 0.0;
     for (int hh = 0; hh < g; ++hh) {
@@ -286,8 +286,8 @@ static void attend_head(const ctx & C, int u, int w, int hh, float * ex, float *
         C.isa->gather_axpy_f32(y, C.V_row(st, kvh, 0), a->V_nb1, sel, p, n_sel, dv);
     }
     const float iP = P > 0.0f ? 1.0f / P : 0.0f;
-    if (a->selector == SPARQ_SEL_H2O) {
-        h2o_add_weights(C, ith, st, kvh, sel, ex, n_sel, M, iP);
+    if (C.sel->attended) {
+        C.sel->attended(C, ith, st, kvh, sel, ex, n_sel, M, iP);
     }
     const float alpha = C.ualpha(w)[hh];
     const float * vbar = C.uvbar(w);
@@ -530,7 +530,7 @@ void phase_attend(const ctx & C, int wb, int we, int ith, int nth) {
     float * p = (float *) C.tbuf(ith, C.L.t_p);
     float * y = (float *) C.tbuf(ith, C.L.t_vec);
     const int n_items = (we - wb) * g;
-    const bool fixed = C.a->selector == SPARQ_SEL_H2O;
+    const bool fixed = C.sel->even_attend;
     std::atomic<int32_t> * next = C.next_item(wb / C.L.wave_units);
     int i0 = 0, i1 = n_items;
     if (fixed) {

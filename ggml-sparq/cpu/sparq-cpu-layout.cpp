@@ -9,27 +9,21 @@ namespace sparq_cpu {
 // baselines have no approximate scores (no components, no mean-V) and one choice per group
 sparq_args effective_args(const sparq_args * a) {
     sparq_args b = *a;
-    if (b.selector == SPARQ_SEL_ORACLE) {
-        b.r = b.d;
-    }
-    if (sel_baseline(&b)) {
-        b.r = 1;
-        b.no_mean_v = 1;
-        b.per_head = b.selector == SPARQ_SEL_INDEX ? b.per_head : 0; // the index can search per query head
-        b.q_sel = nullptr;
-        b.comp_w = nullptr;
+    if (const auto args = selector_of(b.selector).args) {
+        args(b);
     }
     return b;
 }
 
 layout make_layout(const sparq_args * a, int nth) {
+    const selector & sel = selector_of(a->selector);
     layout L{};
     L.n_rows_all = a->n_stream * a->n_rows;
     L.n_units    = L.n_rows_all * a->n_head_kv;
     L.group_size = a->n_head / a->n_head_kv;
     L.n_chunks   = nth;
     L.ph         = a->per_head && L.group_size > 1 ? L.group_size : 1;
-    L.wcap = a->selector == SPARQ_SEL_STREAMING ? a->k : a->l;
+    L.wcap = sel.window_choice ? a->k : a->l;
     L.sel_max = L.ph * a->k;
     // block of cells whose g rows of scores stay in L1/L2 while the r rows of K^T stream through
     L.block_cells = std::max(256, std::min(SPARQ_BLOCK_MAX, (4096 / L.group_size) & ~31));
@@ -60,22 +54,19 @@ layout make_layout(const sparq_args * a, int nth) {
     L.n_waves    = (L.n_units + L.wave_units - 1) / L.wave_units;
     L.off_sync   = o; o += align_up((size_t) (2 * L.n_units + L.n_waves) * sizeof(std::atomic<int32_t>));
     // decode rows only (a row per stream: never a function of the batch, so that a sequence's
-    // results do not depend on the sequences beside it); H2O sums its weights per head over the
-    // whole selection: never split
-    L.parts_max  = a->n_rows == 1 && a->selector != SPARQ_SEL_H2O ? SPARQ_PARTS_MAX : 1;
+    // results do not depend on the sequences beside it); a selector that sums weights per head over
+    // the whole selection: never split
+    L.parts_max  = a->n_rows == 1 && !sel.even_attend ? SPARQ_PARTS_MAX : 1;
     L.off_part   = o; o += align_up(L.parts_max > 1 ? (size_t) L.wave_units * L.parts_max * L.group_size * (a->dv + 2) * sizeof(float) : 0);
-    L.off_logit  = o; o += align_up(L.group_size > 1 && !sel_baseline(a) ? (size_t) L.wave_units * L.group_size * S * sizeof(float) : 0);
-    L.off_h2o    = o; o += align_up(a->selector == SPARQ_SEL_H2O ? (size_t) nth * a->n_stream * a->n_head_kv * S * sizeof(float) : 0);
-    L.off_ivf    = o; o += align_up(a->selector == SPARQ_SEL_INDEX ? (size_t) L.n_units * ivf_unit_floats(a, L.ph) * sizeof(float) : 0);
-    L.off_ivf_n  = o; o += align_up(a->selector == SPARQ_SEL_INDEX ? (size_t) L.wave_units * L.n_chunks * sizeof(int32_t) : 0);
+    L.off_logit  = o; o += align_up(L.group_size > 1 && sel.ranks_scores ? (size_t) L.wave_units * L.group_size * S * sizeof(float) : 0);
     // per thread: g x B approximate scores of a block, the chunk's keys, filter indices,
     // group maxima, the tie fallback buffer, the merge buffer, the selection, exact
     // logits and their weights, and y / vbar / a K row (phase_components: |q| and an order)
     const int dmax = std::max(a->d, a->dv);
     size_t t = 0;
     L.t_blk   = t; t += align_up((size_t) L.group_size * L.block_cells * sizeof(float));
-    // the chunk's keys (the index searching per query head: one row of keys per head)
-    L.t_ck    = t; t += align_up((size_t) L.chunk_max * (a->selector == SPARQ_SEL_INDEX ? L.ph : 1) * sizeof(float));
+    // the chunk's keys (a selector searching per query head without a shared choice: one row per head)
+    L.t_ck    = t; t += align_up((size_t) L.chunk_max * (sel.ranks_scores ? 1 : L.ph) * sizeof(float));
     L.t_idx   = t; t += align_up((size_t) (L.chunk_max + 16) * sizeof(int32_t)); // filter_gt stores whole vectors
     L.t_gm    = t; t += align_up((size_t) (L.chunk_max + 2) * sizeof(float));
     L.t_big   = t; t += align_up((size_t) L.chunk_max * sizeof(cand));
@@ -86,10 +77,6 @@ layout make_layout(const sparq_args * a, int nth) {
     L.t_vec   = t; t += align_up((size_t) 3 * dmax * sizeof(float));
     L.t_gh    = t; t += align_up((size_t) 2 * L.group_size * sizeof(float));
     L.t_rows  = t; t += align_up((size_t) a->r * sizeof(void *));
-    // index: the lists' ranking (phase_components)
-    L.t_ivf   = t; t += align_up(a->selector == SPARQ_SEL_INDEX ? (size_t) a->ivf_n_list * sizeof(cand) : 0);
-    // index: the chunk's cells in probed lists
-    L.t_pc    = t; t += align_up(a->selector == SPARQ_SEL_INDEX ? (size_t) (L.chunk_max + 16) * sizeof(int32_t) : 0);
     // the window's cells as bits (merge_candidates)
     L.t_wbits = t; t += align_up(a->win ? (S + 63) / 64 * sizeof(uint64_t) : 0);
     L.att_block = std::max(16, std::min(SPARQ_ATT_BLOCK, SPARQ_ATT_FLOATS / L.group_size) & ~15);
@@ -98,6 +85,9 @@ layout make_layout(const sparq_args * a, int nth) {
     L.t_aidx  = t; t += align_up((size_t) L.att_block * sizeof(int32_t));
     L.t_ast   = t; t += align_up((size_t) L.group_size * (a->dv + 2) * sizeof(float));
     L.t_aq    = t; t += align_up((size_t) L.group_size * sizeof(const float *));
+    if (sel.scratch) {
+        sel.scratch(a, L, nth, &o, &t);
+    }
     L.thread_bytes = t;
     L.off_thread = o; o += L.thread_bytes * nth;
     L.total = o + SPARQ_ALIGN; // room to align the base pointer

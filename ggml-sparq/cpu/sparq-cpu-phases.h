@@ -4,6 +4,7 @@
 #pragma once
 
 #include "sparq-cpu.h"
+#include "sparq-cpu-selector.h"
 
 #include <algorithm>
 #include <atomic>
@@ -82,11 +83,6 @@ inline int k_rank(const sparq_args * a) { return a->cov_p > 0.0f ? std::max(a->k
 // candidates a chunk may offer (never more than its cells)
 inline int sparq_cap(const sparq_args * a, int chunk_max) { return std::max(16, std::min(4 * k_rank(a), chunk_max)); }
 
-// the selectors that rank no approximate scores (no K^T, no mean-V, one choice per KV head)
-inline bool sel_baseline(const sparq_args * a) {
-    return a->selector == SPARQ_SEL_STREAMING || a->selector == SPARQ_SEL_H2O || a->selector == SPARQ_SEL_INDEX;
-}
-
 // index: per unit, a query per search (the group's sum, or each head's), the lists' |c|^2, per
 // search its probe flags, and the flags of the lists any search probes (int32, list_gather's table)
 inline size_t ivf_unit_floats(const sparq_args * a, int ph) {
@@ -105,6 +101,7 @@ layout make_layout(const sparq_args * a, int nth);
 struct ctx {
     const sparq_args * a;
     const sparq_isa  * isa;
+    const selector   * sel;
     layout L;
     char * base;
 
@@ -280,7 +277,7 @@ inline int row_kk_scan(const sparq_args * a, const row_info * ri) {
 // is the cut over all cells, and a unit whose cut is not (its attention spread wide) offers again
 // at the full cap. The same cells either way; the first stage ranks a fraction of them.
 inline bool staged_selection(const sparq_args * a, int g) {
-    return a->cov_apply && a->cov_p > 0.0f && g > 1 && !sel_baseline(a);
+    return a->cov_apply && a->cov_p > 0.0f && g > 1 && selector_of(a->selector).ranks_scores;
 }
 
 inline int row_kk_first(const sparq_args * a, const row_info * ri) {
@@ -344,7 +341,8 @@ void phase_select(const ctx & C, int wb, int we, int ith, int nth);    // sparq-
 void phase_attend(const ctx & C, int wb, int we, int ith, int nth);
 
 // ---------------------------------------------------------------------------
-// the selectors' CPU parts, called by the phases
+// the parts of the selectors that rank approximate scores (sparq, oracle), which the phases share;
+// the rest of every selector is behind its hooks (sparq-cpu-selector.h)
 // ---------------------------------------------------------------------------
 
 // sparq and oracle (sparq-cpu-select-sparq.cpp)
@@ -372,24 +370,8 @@ float sparq_alpha(const ctx & C, int u, int w, int hh, const int32_t * sel, int 
 int sparq_coverage_cut(const ctx & C, int u, int w, int h, const row_info * ri, const int32_t * wl, cand * merge,
                        int n, int * reached);
 
-// streaming (sparq-cpu-select-streaming.cpp)
-// phase_windows: the sinks, the first n_sink_max valid cells, after the window's n_win in wl; returns n_win
-int streaming_sinks(const float * m, int S, int n_sink_max, int32_t * wl, int n_win);
-
-// h2o (sparq-cpu-select-h2o.cpp)
-void h2o_clear(const ctx & C, int ith);                                            // phase_components
-void h2o_candidates(const ctx & C, int u, int w, int s0, int s1, int ith);         // phase_scores
-// phase_attend: a head's attention weights over the selection (ex: its logits, M their maximum, iP
-// 1 / the sum of exp), or, for a dense row, over every valid cell
-void h2o_add_weights(const ctx & C, int ith, int st, int kvh, const int32_t * sel, const float * ex, int n_sel,
-                     float M, float iP);
-void h2o_add_dense_weights(const ctx & C, int ith, int st, int kvh, const float * q, const float * m, float M, float iP);
-// after every row has chosen: the threads' weights added to the scores, a share of the cells each
-void h2o_fold(const ctx & C, int ith, int nth);
-
-// index (sparq-cpu-select-index.cpp)
-void index_probe_lists(const ctx & C, int ith, int nth);                           // phase_components
-void index_candidates(const ctx & C, int u, int w, int s0, int s1, int ith);       // phase_scores
-void index_record_reads(const ctx & C, int u, int w, bool dense);                  // phase_select
+// the baselines' arguments (streaming, h2o): no approximate scores, no mean of V, one choice per
+// KV head (sparq-cpu-select-streaming.cpp)
+void baseline_args(sparq_args & b);
 
 } // namespace sparq_cpu

@@ -42,9 +42,6 @@ static void mask_counts(const ctx & C, int ith, int nth) {
 
 void phase_components(const ctx & C, int ith, int nth) {
     const sparq_args * a = C.a;
-    if (a->selector == SPARQ_SEL_H2O) {
-        h2o_clear(C, ith);
-    }
     if (ith == 0) {
         // the hand-off from phase_select to phase_attend: no unit ready, no item taken, no part done
         for (int i = 0; i < 2 * C.L.n_units + C.L.n_waves; ++i) {
@@ -60,27 +57,27 @@ void phase_components(const ctx & C, int ith, int nth) {
         sparq_components(C, u, absq, order);
     }
 
-    if (a->selector == SPARQ_SEL_INDEX) {
-        index_probe_lists(C, ith, nth);
+    if (C.sel->prepare) {
+        C.sel->prepare(C, ith, nth);
     }
 }
 
 // ----- phase_windows: valid cells and window start per row -----
 
 // row R's window list wl (ascending): the given window cells that are valid, or the l most recent
-// valid cells (then *w0 is the first of them); with the streaming selector the sinks too.
+// valid cells (then *w0 is the first of them), and the selector's more (streaming: the sinks).
 // Returns its length.
 static int32_t row_window(const ctx & C, int R, const float * m, int32_t * wl, int32_t * w0) {
     const sparq_args * a = C.a;
     const int S = a->n_kv;
-    const bool streaming = a->selector == SPARQ_SEL_STREAMING;
+    const bool whole = C.sel->window_choice; // the list is the whole choice: k entries
     int32_t n_win = 0;
     if (a->win) {
         // the window cells are given (the l most recent positions): keep the valid ones
         const int32_t * src = (const int32_t *) ((const char *) a->win + (size_t) C.row_in_stream(R) * a->win_nb1 +
                                                  (size_t) C.row_stream(R) * a->win_nb2);
-        // streaming: entries l..k-1 name the earliest positions' cells (the sinks)
-        for (int i = 0; i < std::min(streaming ? a->k : a->l, a->win_n); ++i) {
+        // a whole choice (streaming): entries l..k-1 name the earliest positions' cells (the sinks)
+        for (int i = 0; i < std::min(whole ? a->k : a->l, a->win_n); ++i) {
             const int32_t c = src[i];
             if (c >= 0 && c < S && (!m || is_valid(m[c]))) {
                 wl[n_win++] = c;
@@ -97,8 +94,8 @@ static int32_t row_window(const ctx & C, int R, const float * m, int32_t * wl, i
             }
         }
         std::reverse(wl, wl + n_win);
-        if (streaming) {
-            n_win = streaming_sinks(m, S, a->k - a->l, wl, n_win);
+        if (C.sel->window_more) {
+            n_win = C.sel->window_more(a, m, S, wl, n_win);
         }
     }
     return n_win;
@@ -116,8 +113,7 @@ void phase_windows(const ctx & C, int ith, int nth) {
         int32_t w0 = S, n_win = 0;
         // a negative count marks a stream whose rows run exact dense attention (see sparq_args)
         const int32_t dense_all = a->all_dense || a->v_count[C.row_stream(R)] < 0.0f;
-        const bool streaming = a->selector == SPARQ_SEL_STREAMING;
-        if (n_valid > row_k(a, n_valid) && (a->l > 0 || streaming) && !dense_all) {
+        if (n_valid > row_k(a, n_valid) && (a->l > 0 || C.sel->window_choice) && !dense_all) {
             n_win = row_window(C, R, m, C.win(R), &w0);
         }
         C.rinfo(R)->n_valid = n_valid;

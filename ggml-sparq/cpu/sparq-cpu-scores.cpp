@@ -1,6 +1,7 @@
 // llama-sparq: phase_scores and phase_gqa_candidates of the CPU driver, the scores and candidates
-// per (unit, cell chunk): each unit's chunk goes to its selector's scoring (sparq/oracle, h2o,
-// index; streaming has none), then, with GQA, the group's candidates from the kept logits.
+// per (unit, cell chunk): each unit's chunk goes to its selector's scoring (its chunk hook; a
+// selector whose window list is its choice has none), then, with GQA, the group's candidates from
+// the kept logits.
 
 #include "sparq-cpu-phases.h"
 
@@ -21,18 +22,12 @@ void phase_scores(const ctx & C, int wb, int we, int ith) {
             stat[2 * h] = -INFINITY;
             stat[2 * h + 1] = 0.0f;
         }
-        if (ri->n_valid <= row_k(a, ri->n_valid) || ri->dense_all || a->selector == SPARQ_SEL_STREAMING) {
+        if (ri->n_valid <= row_k(a, ri->n_valid) || ri->dense_all || !C.sel->chunk) {
             continue; // exact dense row, or the window list is the whole choice: no scores needed
         }
         int s0, s1;
         chunk_range(S, ith, C.L.n_chunks, &s0, &s1);
-        if (a->selector == SPARQ_SEL_INDEX) {
-            index_candidates(C, u, w, s0, s1, ith);
-        } else if (a->selector == SPARQ_SEL_H2O) {
-            h2o_candidates(C, u, w, s0, s1, ith);
-        } else {
-            sparq_chunk_scores(C, u, w, s0, s1, ith);
-        }
+        C.sel->chunk(C, u, w, s0, s1, ith);
     }
 }
 

@@ -6,12 +6,18 @@
 
 namespace sparq_cpu {
 
-void h2o_clear(const ctx & C, int ith) {
+// its scratch: per thread, the attention weights of its rows per (stream, KV head, cell)
+static void h2o_scratch(const sparq_args * a, layout & L, int nth, size_t * o, size_t *) {
+    L.off_h2o = *o;
+    *o += align_up((size_t) nth * a->n_stream * a->n_head_kv * a->n_kv * sizeof(float));
+}
+
+static void h2o_clear(const ctx & C, int ith, int) {
     const sparq_args * a = C.a;
     memset(C.h2o_part(ith, 0, 0), 0, (size_t) a->n_stream * a->n_head_kv * a->n_kv * sizeof(float));
 }
 
-void h2o_candidates(const ctx & C, int u, int w, int s0, int s1, int ith) {
+static void h2o_candidates(const ctx & C, int u, int w, int s0, int s1, int ith) {
     const sparq_args * a = C.a;
     const int R = C.unit_row(u), kvh = C.unit_kvh(u), st = C.row_stream(R);
     const row_info * ri = C.rinfo(R);
@@ -26,7 +32,7 @@ void h2o_candidates(const ctx & C, int u, int w, int s0, int s1, int ith) {
     *C.ccount(w, ith) = select_chunk(C, ith, ck, n, s0, row_kk_scan(a, ri), C.cands(w, ith));
 }
 
-void h2o_add_weights(const ctx & C, int ith, int st, int kvh, const int32_t * sel, const float * ex, int n_sel,
+static void h2o_add_weights(const ctx & C, int ith, int st, int kvh, const int32_t * sel, const float * ex, int n_sel,
                      float M, float iP) {
     // the row's attention weights, added to the scores once every row has chosen
     float * part = C.h2o_part(ith, st, kvh);
@@ -35,7 +41,7 @@ void h2o_add_weights(const ctx & C, int ith, int st, int kvh, const int32_t * se
     }
 }
 
-void h2o_add_dense_weights(const ctx & C, int ith, int st, int kvh, const float * q, const float * m, float M, float iP) {
+static void h2o_add_dense_weights(const ctx & C, int ith, int st, int kvh, const float * q, const float * m, float M, float iP) {
     // the weights need the final maximum and sum: a second pass over the logits
     const int S = C.a->n_kv;
     float * part = C.h2o_part(ith, st, kvh);
@@ -47,7 +53,8 @@ void h2o_add_dense_weights(const ctx & C, int ith, int st, int kvh, const float 
     }
 }
 
-void h2o_fold(const ctx & C, int ith, int nth) {
+// after every row has chosen: the threads' weights added to the scores, a share of the cells each
+static void h2o_fold(const ctx & C, int ith, int nth) {
     const sparq_args * a = C.a;
     const int S = a->n_kv;
     for (int st = 0; st < a->n_stream; ++st) {
@@ -64,5 +71,22 @@ void h2o_fold(const ctx & C, int ith, int nth) {
         }
     }
 }
+
+// the l most recent cells and the k - l of largest accumulated attention; no approximate scores
+const selector sel_h2o = {
+    /* name           */ "h2o",
+    /* ranks_scores   */ false,
+    /* window_choice  */ false,
+    /* even_attend    */ true,
+    /* args           */ baseline_args,
+    /* scratch        */ h2o_scratch,
+    /* window_more    */ nullptr,
+    /* prepare        */ h2o_clear,
+    /* chunk          */ h2o_candidates,
+    /* selected       */ nullptr,
+    /* attended       */ h2o_add_weights,
+    /* attended_dense */ h2o_add_dense_weights,
+    /* finish         */ h2o_fold,
+};
 
 } // namespace sparq_cpu

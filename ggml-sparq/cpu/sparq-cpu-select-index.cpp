@@ -8,7 +8,16 @@ namespace sparq_cpu {
 
 // per unit: the query of each search (the group's sum; with per-head choice each head's own),
 // the lists' squared norms (for assignments), and each search's probed lists
-void index_probe_lists(const ctx & C, int ith, int nth) {
+// its scratch: per unit, a query per search, the lists' |c|^2 and the probe flags; per unit of the
+// wave and chunk the key rows scored; per thread the lists' ranking and the chunk's cells in probed lists
+static void index_scratch(const sparq_args * a, layout & L, int, size_t * o, size_t * t) {
+    L.off_ivf   = *o; *o += align_up((size_t) L.n_units * ivf_unit_floats(a, L.ph) * sizeof(float));
+    L.off_ivf_n = *o; *o += align_up((size_t) L.wave_units * L.n_chunks * sizeof(int32_t));
+    L.t_ivf     = *t; *t += align_up((size_t) a->ivf_n_list * sizeof(cand));
+    L.t_pc      = *t; *t += align_up((size_t) (L.chunk_max + 16) * sizeof(int32_t));
+}
+
+static void index_probe_lists(const ctx & C, int ith, int nth) {
     const sparq_args * a = C.a;
     const int d = a->d, g = C.L.group_size;
     const int nl = a->ivf_n_list, ph = C.L.ph;
@@ -64,7 +73,7 @@ void index_probe_lists(const ctx & C, int ith, int nth) {
 //      search probes are gathered, in cell order (the ISA's list_gather, vectorised);
 //   2. the gathered cells' keys (rows prefetched ahead), masked cells dropped;
 //   3. the selection over the gathered scores (cell order kept, so ties still go to the lower cell).
-void index_candidates(const ctx & C, int u, int w, int s0, int s1, int ith) {
+static void index_candidates(const ctx & C, int u, int w, int s0, int s1, int ith) {
     const sparq_args * a = C.a;
     const int R = C.unit_row(u), kvh = C.unit_kvh(u), st = C.row_stream(R);
     const row_info * ri = C.rinfo(R);
@@ -163,14 +172,42 @@ void index_candidates(const ctx & C, int u, int w, int s0, int s1, int ith) {
     }
 }
 
-// what the stream's last row read: the key rows its chunks scored (-1: it ran dense)
-void index_record_reads(const ctx & C, int u, int w, bool dense) {
+// what the stream's last row read, when asked: the key rows its chunks scored (-1: it ran dense)
+static void index_record_reads(const ctx & C, int u, int w, bool dense) {
     const int R = C.unit_row(u), kvh = C.unit_kvh(u), st = C.row_stream(R);
+    if (!C.a->ivf_reads || C.row_in_stream(R) != C.a->n_rows - 1) {
+        return;
+    }
     int32_t n = 0;
     for (int c = 0; c < C.L.n_chunks; ++c) {
         n += *C.ivf_n(w, c);
     }
     *C.ivf_reads(st, kvh) = dense ? -1.0f : (float) n;
 }
+
+// the index can search per query head; no approximate scores, no mean of V
+static void index_args(sparq_args & b) {
+    b.r = 1;
+    b.no_mean_v = 1;
+    b.q_sel = nullptr;
+    b.comp_w = nullptr;
+}
+
+// top-k over an inverted-file index of the keys: the probed lists' cells ranked by their exact logits
+const selector sel_index = {
+    /* name           */ "index",
+    /* ranks_scores   */ false,
+    /* window_choice  */ false,
+    /* even_attend    */ false,
+    /* args           */ index_args,
+    /* scratch        */ index_scratch,
+    /* window_more    */ nullptr,
+    /* prepare        */ index_probe_lists,
+    /* chunk          */ index_candidates,
+    /* selected       */ index_record_reads,
+    /* attended       */ nullptr,
+    /* attended_dense */ nullptr,
+    /* finish         */ nullptr,
+};
 
 } // namespace sparq_cpu

@@ -355,4 +355,43 @@ int sparq_coverage_cut(const ctx & C, int u, int w, int h, const row_info * ri, 
     return hi; // the bin's mass reached the target: rounding left its sum a hair short
 }
 
+// the oracle: SparQ with every component
+static void oracle_args(sparq_args & b) {
+    b.r = b.d;
+}
+
+// the paper's: approximate scores from the r largest query components
+const selector sel_sparq = {
+    /* name           */ "sparq",
+    /* ranks_scores   */ true,
+    /* window_choice  */ false,
+    /* even_attend    */ false,
+    /* args           */ nullptr,
+    /* scratch        */ nullptr,
+    /* window_more    */ nullptr,
+    /* prepare        */ nullptr,
+    /* chunk          */ sparq_chunk_scores,
+    /* selected       */ nullptr,
+    /* attended       */ nullptr,
+    /* attended_dense */ nullptr,
+    /* finish         */ nullptr,
+};
+
+// exact scores: the oracle top-k (reads all of K^T)
+const selector sel_oracle = {
+    /* name           */ "oracle",
+    /* ranks_scores   */ true,
+    /* window_choice  */ false,
+    /* even_attend    */ false,
+    /* args           */ oracle_args,
+    /* scratch        */ nullptr,
+    /* window_more    */ nullptr,
+    /* prepare        */ nullptr,
+    /* chunk          */ sparq_chunk_scores,
+    /* selected       */ nullptr,
+    /* attended       */ nullptr,
+    /* attended_dense */ nullptr,
+    /* finish         */ nullptr,
+};
+
 } // namespace sparq_cpu

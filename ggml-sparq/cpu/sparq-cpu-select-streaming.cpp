@@ -6,7 +6,9 @@
 
 namespace sparq_cpu {
 
-int streaming_sinks(const float * m, int S, int n_sink_max, int32_t * wl, int n_win) {
+// the sinks, the first k - l valid cells, after the window's n_win in wl
+static int streaming_sinks(const sparq_args * a, const float * m, int S, int32_t * wl, int n_win) {
+    const int n_sink_max = a->k - a->l;
     // the sinks: the first k - l valid cells (disjoint from the window: n_valid > k)
     int n_sink = 0;
     for (int s = 0; s < S && n_sink < n_sink_max; ++s) {
@@ -18,5 +20,31 @@ int streaming_sinks(const float * m, int S, int n_sink_max, int32_t * wl, int n_
     std::sort(wl, wl + n_win);
     return n_win;
 }
+
+// no approximate scores, no mean of V, one choice per KV head
+void baseline_args(sparq_args & b) {
+    b.r = 1;
+    b.no_mean_v = 1;
+    b.per_head = 0;
+    b.q_sel = nullptr;
+    b.comp_w = nullptr;
+}
+
+// LM-Infinite: the window list (k entries: the l most recent and the k - l earliest) is the choice
+const selector sel_streaming = {
+    /* name           */ "streaming",
+    /* ranks_scores   */ false,
+    /* window_choice  */ true,
+    /* even_attend    */ false,
+    /* args           */ baseline_args,
+    /* scratch        */ nullptr,
+    /* window_more    */ streaming_sinks,
+    /* prepare        */ nullptr,
+    /* chunk          */ nullptr,
+    /* selected       */ nullptr,
+    /* attended       */ nullptr,
+    /* attended_dense */ nullptr,
+    /* finish         */ nullptr,
+};
 
 } // namespace sparq_cpu

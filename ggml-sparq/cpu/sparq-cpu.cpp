@@ -115,6 +115,7 @@ void sparq_cpu_compute(const struct sparq_args * a0, const struct sparq_isa * is
     ctx C;
     C.a = a;
     C.isa = isa;
+    C.sel = &selector_of(a->selector);
     C.L = make_layout(a, nth);
     if (wsize < C.L.total) {
         fprintf(stderr, "sparq: work buffer of %zu bytes, %zu needed\n", wsize, C.L.total);
@@ -130,7 +131,7 @@ void sparq_cpu_compute(const struct sparq_args * a0, const struct sparq_isa * is
         const int we = std::min(C.L.n_units, wb + C.L.wave_units);
         phase_scores(C, wb, we, ith);
         barrier(barrier_ctx);
-        if (C.L.group_size > 1 && !sel_baseline(a)) {
+        if (C.L.group_size > 1 && C.sel->ranks_scores) {
             phase_gqa_candidates(C, wb, we, ith);
             barrier(barrier_ctx);
         }
@@ -140,9 +141,9 @@ void sparq_cpu_compute(const struct sparq_args * a0, const struct sparq_isa * is
             barrier(barrier_ctx);
         }
     }
-    if (a->selector == SPARQ_SEL_H2O) {
-        // every row has chosen: add the threads' weights to the scores, a share of the cells each
+    if (C.sel->finish) {
+        // every row has chosen and attended
         barrier(barrier_ctx);
-        h2o_fold(C, ith, nth);
+        C.sel->finish(C, ith, nth);
     }
 }

@@ -22,7 +22,8 @@
 // Files: sparq-cpu.cpp (entry points, ISA choice, the phases' order), sparq-cpu-phases.h (the
 // internal declarations), sparq-cpu-prepare.cpp (phase_components, phase_windows),
 // sparq-cpu-scores.cpp (phase_scores, phase_gqa_candidates), sparq-cpu-attend.cpp (phase_select, phase_attend),
-// sparq-cpu-select-{sparq,streaming,h2o,index}.cpp (each selector's part of the phases),
+// sparq-cpu-selector.h (the selector interface the phases call), sparq-cpu-selectors.cpp (the
+// selectors by id), sparq-cpu-select-{sparq,streaming,h2o,index}.cpp (each selector's hooks),
 // sparq-cpu-candidates.cpp, sparq-cpu-layout.cpp, sparq-cpu-fp16.cpp; isa/sparq-cpu-<isa>.cpp on the
 // vector layer isa/sparq-isa-simd.h.
 #pragma once

@@ -682,11 +682,15 @@ Two servers of one kind run side by side on 127.0.0.1: ``--server llama`` (``lla
 (``python -m llama_sparq.server``, ``--n_ctx --ctx-per-slot``). The request mix is drawn with
 ``--seed`` once and sent to both, in blocks of ``--block`` requests alternating between the two
 (the SparQ block, then the same requests on dense, then the next block), so a change in the
-machine's load falls on both alike; the idle server waits. Each request: a prompt of real text
-(the Python documentation CPython ships, as ``real_text.py`` uses; a seeded offset), its length
-log-uniform in ``--min-tokens``..``--max-tokens`` (the server's tokenizer counts it), as
-``/v1/completions`` or, a ``--chat-share`` of them, ``/v1/chat/completions``; streamed with
-``--stream-share``, and a ``--cancel-share`` of the streamed ones closes its connection after the
+machine's load falls on both alike; the idle server waits. ``--concurrency`` clients each send
+their requests one after another, in sessions of ``--turns`` requests: a document of real text
+(the Python documentation CPython ships, as ``real_text.py`` uses; a seeded offset) read further
+each turn, the prompt its first 1K-7.5K tokens (log-uniform in ``--min-tokens``..``--max-tokens``,
+ascending within the session; the server's tokenizer counts them) and a question, as
+``/v1/completions`` or, a ``--chat-share`` of the sessions, ``/v1/chat/completions``. The servers'
+prompt caches hold the part of the document already read (llama-server: the client's slot;
+the Python server: its one context), as for users reading on; fresh prompts of these lengths
+every time would be hours of prefill on a few cores. Streamed with ``--stream-share``, and a ``--cancel-share`` of the streamed ones closes its connection after the
 first 1-4 events (a client that went away: not an error); ``max_tokens`` 8..``--n-predict``,
 sampled (temperature 0.8, the request's own seed). ``--concurrency`` clients send (llama-server:
 one per slot; the Python server decodes one request at a time and, by llama-cpp-python's
@@ -758,50 +762,68 @@ class PyServer(Server):
         return [ln for ln in self.log().splitlines() if re.match(r"(Traceback|ERROR:|Exception)", ln)]
 
 
-def soak_text_prompt(server, docs: str, rng: random.Random, target: int, python: bool) -> tuple[str, int]:
-    """About target tokens of docs from a random offset, cut by the server's own tokenizer: the text
-    and its token count (the count of a cut text, so never above target)."""
-    def count(text):
-        if python:
-            return len(server.post("/extras/tokenize", {"input": text}, timeout=120)["tokens"])
-        return len(server.post("/tokenize", {"content": text, "add_special": False}, timeout=120)["tokens"])
+QUESTIONS = ("What is the text above about?", "Summarize the text above in one sentence.",
+             "Which Python feature does the text above describe?", "Name one term the text above defines.",
+             "What would a reader learn from the text above?")
 
-    n_chars = min(len(docs) - 1, target * 6)
-    off = rng.randrange(0, len(docs) - n_chars)
-    text = docs[off:off + n_chars]
-    n = count(text)
+
+def soak_text_prompt(count, chunk: str, target: int) -> tuple[str, int]:
+    """A prefix of chunk of about target tokens (count: the server's tokenizer): the text and its
+    token count (never above target)."""
+    text, n = chunk, count(chunk)
     for _ in range(6):  # bounded: each cut by the ratio lands within a few tokens
-        if n <= target and (n >= 0.97 * target or len(text) == n_chars):
+        if n <= target and (n >= 0.97 * target or len(text) == len(chunk)):
             break
         text = text[:int(len(text) * min(target / n, 1.0) * (0.995 if n > target else 1.0))]
         n = count(text)
     return text, n
 
 
-def soak_requests(server, args, python: bool) -> list[dict]:
-    """The request mix, drawn with args.seed: prompt, endpoint, streaming, cancelling, max_tokens."""
+def soak_requests(server, args, python: bool, clients: int) -> list[dict]:
+    """The request mix, drawn with args.seed. Request i belongs to client i % clients; a client's
+    requests come in sessions of args.turns: one document (real text from a random offset), one
+    endpoint (completions or chat), and per turn a longer prefix of the document (the session's
+    lengths, log-uniform in min..max tokens, in ascending order) and a question of its own. As a
+    user reading on: each turn's prompt extends the last one's document part, so the server's
+    prompt cache holds that part and processes the rest (without it every turn's prompt is new:
+    500 prompts of up to 7.5K tokens, twice, are hours of prefill on a few cores)."""
     from real_text import python_docs
+
+    def count(text):
+        if python:
+            return len(server.post("/extras/tokenize", {"input": text}, timeout=120)["tokens"])
+        return len(server.post("/tokenize", {"content": text, "add_special": False}, timeout=120)["tokens"])
 
     docs = python_docs()
     rng = random.Random(args.seed)
-    out = []
     lo, hi = math.log(args.min_tokens), math.log(args.max_tokens)
-    for i in range(args.requests):
-        target = int(round(math.exp(rng.uniform(lo, hi))))
-        text, n = soak_text_prompt(server, docs, rng, target, python)
-        stream = rng.random() < args.stream_share
-        out.append({"i": i, "prompt_tokens": n, "text": text,
-                    "chat": rng.random() < args.chat_share, "stream": stream,
-                    "cancel_after": rng.randint(1, 4) if stream and rng.random() < args.cancel_share else None,
-                    "max_tokens": rng.randint(min(8, args.n_predict), args.n_predict), "seed": rng.randrange(1 << 30)})
-    return out
+    per_client = [list(range(c, args.requests, clients)) for c in range(clients)]
+    out = {}
+    for c, mine in enumerate(per_client):
+        for s0 in range(0, len(mine), args.turns):
+            ids = mine[s0:s0 + args.turns]
+            n_chars = min(len(docs) - 1, args.max_tokens * 6)
+            off = rng.randrange(0, len(docs) - n_chars)
+            chunk = docs[off:off + n_chars]
+            chat = rng.random() < args.chat_share
+            targets = sorted(int(round(math.exp(rng.uniform(lo, hi)))) for _ in ids)
+            session = f"{c}.{s0 // args.turns}"
+            for i, target in zip(ids, targets):
+                text, n = soak_text_prompt(count, chunk, target)
+                stream = rng.random() < args.stream_share
+                out[i] = {"i": i, "client": c, "session": session, "prompt_tokens": n,
+                          "text": f"{text}\n\nQuestion {i}: {rng.choice(QUESTIONS)}", "chat": chat, "stream": stream,
+                          "cancel_after": rng.randint(1, 4) if stream and rng.random() < args.cancel_share else None,
+                          "max_tokens": rng.randint(min(8, args.n_predict), args.n_predict),
+                          "seed": rng.randrange(1 << 30)}
+    return [out[i] for i in range(args.requests)]
 
 
 def soak_one(port: int, req: dict, timeout: float) -> dict:
     """One request of the mix over its own connection: {"ok"|"cancelled"|"error", seconds, ttft, tokens}."""
     if req["chat"]:
         path = "/v1/chat/completions"
-        body = {"messages": [{"role": "user", "content": req["text"] + "\n\nWhat is the text above about?"}]}
+        body = {"messages": [{"role": "user", "content": req["text"]}]}
     else:
         path, body = "/v1/completions", {"prompt": req["text"]}
     body.update({"max_tokens": req["max_tokens"], "temperature": 0.8, "top_p": 0.95, "seed": req["seed"],
@@ -890,7 +912,7 @@ def sparq_counters(server, python: bool) -> dict:
         return {"calls": int(st.get("n_sparq", 0)), "dense": st.get("n_dense", {}),
                 "compression": st.get("compression")}
     m = server.metrics()
-    return {"calls": int(m.get("sparq_calls_total", 0)),
+    return {"calls": int(m.get("sparq_calls_total", 0)), "prompt_tokens_processed": int(m.get("prompt_tokens_total", 0)),
             "dense": {re.sub(r'.*reason="(\w+)".*', r"\1", k): int(v) for k, v in m.items()
                       if k.startswith("sparq_dense_calls_total") and v},
             "compression": m.get("sparq_compression")}
@@ -936,6 +958,7 @@ def soak_main(argv=None) -> int:
     ap.add_argument("--requests", type=int, default=500)
     ap.add_argument("--variants", default="sparq,dense")
     ap.add_argument("--block", type=int, default=25, help="requests per block, alternating between the variants")
+    ap.add_argument("--turns", type=int, default=40, help="a client's requests per session (one document)")
     ap.add_argument("--slots", type=int, default=4, help="llama-server's -np")
     ap.add_argument("--ctx-per-slot", type=int, default=8192, help="KV cells per slot (the Python server's n_ctx)")
     ap.add_argument("--concurrency", type=int, default=0, help="clients at once (0: the slots; 1 for --server python)")
@@ -956,6 +979,8 @@ def soak_main(argv=None) -> int:
     ap.add_argument("--out-dir", default=str(RESULTS))
     args = ap.parse_args(argv)
     python = args.server == "python"
+    # a SIGTERM (timeout, kill) unwinds like an exception, so the servers are stopped too
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     conc = args.concurrency or (1 if python else args.slots)
     variants = [v.strip() for v in args.variants.split(",")]
     model = resolve_model(args.model)
@@ -979,7 +1004,7 @@ def soak_main(argv=None) -> int:
                         "loadavg_1min_start": round(loadavg() or 0, 2), "busy_start": busy_processes()},
             "mix": {k: getattr(args, k) for k in ("requests", "block", "slots", "ctx_per_slot", "min_tokens",
                                                    "max_tokens", "n_predict", "stream_share", "cancel_share",
-                                                   "chat_share", "seed", "rss_from", "rss_bound")},
+                                                   "chat_share", "turns", "seed", "rss_from", "rss_bound")},
             "concurrency": conc, "logs": str(logs)}
     state = {v: {"variant": v, "results": [], "rss": None} for v in variants}
     t_start = time.monotonic()
@@ -987,7 +1012,7 @@ def soak_main(argv=None) -> int:
         srv = {v: stack.enter_context(make(v)) for v in variants}
         meta["servers"] = {v: " ".join(shlex.quote(str(a)) for a in s.cmd) for v, s in srv.items()}
         t0 = time.monotonic()
-        reqs = soak_requests(srv[variants[0]], args, python)
+        reqs = soak_requests(srv[variants[0]], args, python, conc)
         meta["prompt_build_s"] = round(time.monotonic() - t0, 1)
         for v in variants:
             state[v]["sparq0"] = sparq_counters(srv[v], python)
@@ -1004,11 +1029,15 @@ def soak_main(argv=None) -> int:
                 if s.proc.poll() is not None:
                     st["results"] += [{"i": r["i"], "status": "error", "error": s.death()[:2000]} for r in block]
                     continue
+                def client(mine, s=s, st=st):  # a client's requests one after another, as a user waits
+                    for r in mine:
+                        st["results"].append(soak_one(s.port, r, args.request_timeout))
+                        st["sampler"].note()  # list appends: atomic under the GIL
+
                 with cf.ThreadPoolExecutor(max_workers=conc) as ex:
-                    futs = [ex.submit(soak_one, s.port, r, args.request_timeout) for r in block]
-                    for f in cf.as_completed(futs):
-                        st["results"].append(f.result())
-                        st["sampler"].note()
+                    futs = [ex.submit(client, [r for r in block if r["client"] == c]) for c in range(conc)]
+                    for f in futs:
+                        f.result()
                 if s.proc.poll() is not None:  # died in the block: its answers show errors, the log says how
                     st["death"] = s.death()
             done = min(len(reqs), (b + 1) * args.block)
@@ -1050,6 +1079,9 @@ def soak_main(argv=None) -> int:
                     "growth": round((end - at_from) / at_from, 4) if at_from and end else None,
                     "after_each_request_mib": [round(x / 2**20, 1) if x else None for x in after],
                     "every_second": st["sampler"].samples},
+            "prompt_tokens_processed": (s1["prompt_tokens_processed"] - s0["prompt_tokens_processed"]
+                                        if "prompt_tokens_processed" in s1 else None),
+            "prompt_tokens_sent": sum(q["prompt_tokens"] for q in reqs),
             "sparq": {"calls": s1["calls"] - s0["calls"], "compression": s1["compression"],
                       "dense": {k: int(n - s0["dense"].get(k, 0)) for k, n in s1["dense"].items()
                                 if n - s0["dense"].get(k, 0)}},
@@ -1084,18 +1116,20 @@ def soak_md(args, meta, reqs, rows, ok_all) -> list[str]:
         f"- mix: {len(reqs)} requests of {min(pt)}-{max(pt)} prompt tokens (median {int(np.median(pt))}, real text), "
         f"{sum(r['stream'] for r in reqs)} streamed ({sum(bool(r['cancel_after']) for r in reqs)} cancelled "
         f"mid-stream), {sum(r['chat'] for r in reqs)} chat; max_tokens up to {args.n_predict}; {meta['concurrency']} "
-        f"clients at once; blocks of {args.block} alternating between the variants"
+        f"clients at once, each in sessions of {args.turns} turns (one document, read further each turn: "
+        f"{len({r['session'] for r in reqs})} sessions); blocks of {args.block} alternating between the variants"
         + (f"; STOPPED EARLY {meta['stopped_early']}" if meta.get("stopped_early") else ""),
         "",
-        "| variant | requests | errors | cancelled | RSS start MiB | RSS at request "
+        "| variant | requests | errors | cancelled | prompt tokens sent / processed | RSS start MiB | RSS at request "
         f"{args.rss_from} MiB | RSS end MiB | growth | RSS max MiB | p50 s | p99 s | TTFT p50 s | TTFT p99 s "
         "| SparQ calls | dense calls | compression |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         g = r["rss"]["growth"]
         md.append(
             f"| {r['variant']} | {r['requests']} | {len(r['errors']) + len(r['error_lines'])} | {r['cancelled']} "
+            f"| {r['prompt_tokens_sent']} / {'-' if r['prompt_tokens_processed'] is None else r['prompt_tokens_processed']} "
             f"| {mib(r['rss']['start'])} | {mib(r['rss']['at_from'])} | {mib(r['rss']['end'])} "
             f"| {'-' if g is None else f'{100 * g:+.2f} %'} | {mib(r['rss']['max'])} | {r['latency_s']['p50']} "
             f"| {r['latency_s']['p99']} | {r['ttft_s']['p50']} | {r['ttft_s']['p99']} | {r['sparq']['calls']} "
@@ -1107,7 +1141,8 @@ def soak_md(args, meta, reqs, rows, ok_all) -> list[str]:
         "Errors: HTTP errors, dropped or unfinished answers, streams without `[DONE]`, a dead server and error lines "
         "in its log (a cancelled request is the client's doing, not an error). RSS: the server process's VmRSS "
         f"after its n-th finished request. Latency: end to end of the requests that ran to the end (queueing "
-        "included), time to first token of the streamed ones. Counters: over the run.",
+        "included), time to first token of the streamed ones. Prompt tokens processed: what the server's prefill "
+        "ran (`/metrics` prompt_tokens_total; the rest came from its prompt cache). Counters: over the run.",
         "",
         f"Verdict (0 errors, SparQ calls > 0, RSS growth from request {args.rss_from} to the end at most "
         f"{100 * args.rss_bound:.0f} %): " + ("PASS" if ok_all else "FAIL: " + "; ".join(

@@ -23,7 +23,7 @@ def soak(tmp_path, model, server, requests, block):
     rc = load_main(["soak", "--model", str(model), "--server", server, "--requests", str(requests),
                     "--block", str(block), "--min-tokens", "100", "--max-tokens", "700", "--ctx-per-slot", "1024",
                     "--sparq-args", TINY_SPARQ, "--rss-from", "8", "--rss-bound", "0.5", "--seed", "3",
-                    "--cancel-share", "0.3", "--tag", "soak", "--out-dir", str(tmp_path)])
+                    "--cancel-share", "0.3", "--turns", "4", "--tag", "soak", "--out-dir", str(tmp_path)])
     doc = json.loads((tmp_path / "soak.json").read_text())
     return rc, doc
 

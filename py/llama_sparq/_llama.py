@@ -98,6 +98,14 @@ def _model_devices(devices):
             capi.llama_model_default_params = orig
 
 
+class TokenIdError(ValueError):
+    """A token id outside the model's vocabulary, given to a call that would pass it to llama.cpp."""
+
+
+class GrammarError(ValueError):
+    """A grammar (GBNF) that llama.cpp does not parse."""
+
+
 class Llama(llama_cpp.Llama):
     """llama-cpp-python's ``Llama`` (same methods and arguments) on the fork's libllama.
 
@@ -217,6 +225,28 @@ class Llama(llama_cpp.Llama):
         from . import _sparq
 
         return _sparq.debug_check(self._ctx.ctx, sync_first=sync)
+
+    def detokenize(self, tokens, prev_tokens=None, special: bool = False) -> bytes:
+        """llama_cpp's ``detokenize``, with the ids checked first: llama.cpp throws a C++ exception
+        for an id outside the vocabulary, and through ctypes that aborts the process."""
+        if len(tokens):
+            n_vocab = self.n_vocab()
+            lo, hi = min(tokens), max(tokens)  # called for every generated token: no Python loop
+            if lo < 0 or hi >= n_vocab:
+                raise TokenIdError(f"token id {lo if lo < 0 else hi} is out of range: allowed 0..{n_vocab - 1} "
+                                   "(the model's vocabulary)")
+        return super().detokenize(tokens, prev_tokens=prev_tokens, special=special)
+
+    def _init_sampler(self, *args, grammar=None, **kwargs):
+        # llama_cpp adds the grammar's sampler to the chain unchecked, and llama.cpp returns NULL for
+        # a grammar it does not parse: the first sample then crashes the process
+        if grammar is not None:
+            smpl = llama_cpp.llama_sampler_init_grammar(self._model.vocab, grammar._grammar.encode("utf-8"),
+                                                        grammar._root.encode("utf-8"))
+            if not smpl:
+                raise GrammarError(f"grammar: llama.cpp does not parse it (its log says where): {grammar._grammar[:200]!r}")
+            llama_cpp.llama_sampler_free(smpl)
+        return super()._init_sampler(*args, grammar=grammar, **kwargs)
 
     def __getstate__(self):
         state = super().__getstate__()

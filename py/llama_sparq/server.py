@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import argparse
 import contextvars
+import json
+import math
 import os
 import sys
 import types
 from typing import Any, Dict, List, Optional
 
-from ._llama import Llama, check_sparq_settings  # first: points llama_cpp at the fork's library
+from ._llama import GrammarError, Llama, TokenIdError, check_sparq_settings  # first: points llama_cpp at the fork's library
 from .bindings import settings as _table
 
 import llama_cpp  # noqa: E402
@@ -38,9 +40,13 @@ try:
     from pydantic import Field, create_model  # noqa: E402
 
     from llama_cpp.server import app as _app  # noqa: E402
+    from llama_cpp.server import errors as _errors  # noqa: E402
     from llama_cpp.server import model as _model  # noqa: E402
     from llama_cpp.server.cli import add_args_from_model, parse_model_from_args  # noqa: E402
     from llama_cpp.server.settings import ConfigFileSettings, ModelSettings, ServerSettings, Settings  # noqa: E402
+    from llama_cpp.server.types import (CreateChatCompletionRequest, CreateCompletionRequest,  # noqa: E402
+                                        CreateEmbeddingRequest, DetokenizeInputRequest, TokenizeInputRequest)
+    from pydantic import ValidationError  # noqa: E402
 except ImportError as e:  # pragma: no cover - depends on the installation
     raise ImportError(f"llama_sparq.server needs the server extra ({e}): pip install 'llama-sparq[server]' "
                       "(fastapi, uvicorn, sse-starlette, starlette-context, pydantic-settings, PyYAML)") from e
@@ -159,12 +165,228 @@ async def sparq_stats(llama_proxy: SparqLlamaProxy = Depends(_app.get_llama_prox
     return llama_proxy.sparq_report()
 
 
+# ---------------------------------------------------------------------------------------------
+# requests: a bad one is a 400 that names what is wrong, never a 500 or a cut stream
+
+# the routes' request bodies (llama-cpp-python's models), checked here before the routes see them:
+# its routes answer every exception, a body that does not validate included, with a 500
+_BODIES = {"/v1/completions": CreateCompletionRequest, "/v1/engines/copilot-codex/completions": CreateCompletionRequest,
+           "/v1/chat/completions": CreateChatCompletionRequest, "/v1/embeddings": CreateEmbeddingRequest,
+           "/extras/tokenize": TokenizeInputRequest, "/extras/tokenize/count": TokenizeInputRequest,
+           "/extras/detokenize": DetokenizeInputRequest}
+
+
+class RequestError(ValueError):
+    """A request's parameter the server cannot take: answered 400, naming it."""
+
+    def __init__(self, message: str, param: Optional[str] = None):
+        super().__init__(message)
+        self.param = param
+
+
+def _request_error(e: Exception) -> Optional[Dict[str, Any]]:
+    """The OpenAI error object of a 400 for an exception that a bad request raises, else None."""
+    if isinstance(e, RequestError):
+        param, message = e.param, str(e)
+    elif isinstance(e, TokenIdError):  # /extras/detokenize
+        param, message = "tokens", str(e)
+    elif isinstance(e, GrammarError):  # grammar, or a response_format's schema made into one
+        param, message = "grammar", str(e)
+    elif isinstance(e, UnicodeError):  # a lone surrogate (\ud800) in a text
+        param, message = None, f"a text of the request is not valid Unicode: {e}"
+    else:
+        return None
+    return {"message": message, "type": "invalid_request_error", "param": param, "code": None}
+
+
+def _walk_strings(x, path=""):
+    if isinstance(x, str):
+        yield path, x
+    elif isinstance(x, dict):
+        for k, v in x.items():
+            yield from _walk_strings(v, f"{path}.{k}" if path else str(k))
+    elif isinstance(x, list):
+        for i, v in enumerate(x):
+            yield from _walk_strings(v, f"{path}[{i}]")
+
+
+def check_request(path: str, body: bytes) -> None:
+    """Raises RequestError for a body the route at ``path`` cannot take."""
+    model = _BODIES.get(path)
+    if model is None:
+        return
+    try:
+        fields = json.loads(body)
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, bytes that are not UTF-8, nesting too deep
+        raise RequestError(f"the body is not valid JSON: {e}"[:300]) from None
+    if not isinstance(fields, dict):
+        raise RequestError(f"the body must be a JSON object, not {type(fields).__name__}")
+    for where, text in _walk_strings(fields):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise RequestError(f"{where}: not valid Unicode (a lone surrogate)", where) from None
+    for key, value in fields.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise RequestError(f"{key} = {value} is not a finite number", key)
+    try:
+        req = model.model_validate(fields)
+    except ValidationError as e:
+        err = e.errors()[0]
+        param = ".".join(str(x) for x in err["loc"]) or None
+        raise RequestError(f"{param}: {err['msg']}" if param else err["msg"], param) from None
+    if isinstance(req, CreateCompletionRequest) and isinstance(req.prompt, list) and len(req.prompt) > 1:
+        # the route asserts it (a 500)
+        raise RequestError(f"prompt: a list of {len(req.prompt)} texts; this server completes one prompt per "
+                           "request", "prompt")
+    if getattr(req, "logit_bias", None) and req.logit_bias_type != "tokens":
+        for key in req.logit_bias:
+            try:
+                int(key)
+            except ValueError:
+                raise RequestError(f"logit_bias: key {key!r} is not a token id", "logit_bias") from None
+
+
+_upstream_prepare_request_resources = _app.prepare_request_resources
+
+
+def _prepare_request_resources(body, llama_proxy, body_model, kwargs):
+    """llama-cpp-python's set-up of a completion, with logit_bias's token ids checked against the
+    model's vocabulary (llama-cpp-python dropped the whole bias for an id past it, and applied a
+    negative one to the token counted from the end), and logprobs refused up front where the model
+    has no logits for them."""
+    llama = _upstream_prepare_request_resources(body, llama_proxy, body_model, kwargs)
+    if not llama._logits_all and (body.logprobs or getattr(body, "top_logprobs", None)):
+        # llama-cpp-python raises it later, as a 500
+        raise RequestError("logprobs: this model is served without logits_all (start the server with --logits_all "
+                           "true, its default), so no logprobs", "logprobs")
+    n_vocab = llama.n_vocab()
+    for key in kwargs.get("logit_bias") or {}:
+        if not 0 <= int(key) < n_vocab:
+            raise RequestError(f"logit_bias: token id {key} is out of range: allowed 0..{n_vocab - 1} (the model's "
+                               "vocabulary)", "logit_bias")
+    return llama
+
+
+def _error_answer(exc: Exception, body: bytes):
+    """(status, OpenAI error object) for an exception a request caused: a bad request's 400, else
+    as llama-cpp-python's routes answer it (a prompt over the context: 400
+    context_length_exceeded; else 500)."""
+    err = _request_error(exc)
+    if err is not None:
+        return 400, err
+    try:
+        fields = json.loads(body)
+        req = (CreateChatCompletionRequest if "messages" in fields else CreateCompletionRequest)(**fields)
+    except Exception:
+        req = None
+    handler = _errors.RouteErrorHandler.__new__(_errors.RouteErrorHandler)  # its method reads class data only
+    return _upstream_error_message_wrapper(handler, error=exc, body=req)
+
+
+_upstream_error_message_wrapper = _errors.RouteErrorHandler.error_message_wrapper
+
+
+def _error_message_wrapper(self, error: Exception, body=None):
+    """llama-cpp-python's routes' answer to an exception, with a bad request's 400 first."""
+    err = _request_error(error)
+    return (400, err) if err is not None else _upstream_error_message_wrapper(self, error=error, body=body)
+
+
+class _RequestGuard:
+    """ASGI middleware in front of llama-cpp-python's routes:
+
+    - a POST body the route cannot take (not JSON, not an object, a field of the wrong type, a
+      number that is not finite, text that is not Unicode) is answered 400 with OpenAI's error
+      object naming the field, before the route sees it (the routes answered 500);
+    - an event stream's status line goes out with its first event: the routes return a stream's
+      200 before the model has read the request, so an error the request causes (a prompt longer
+      than the context, say) ended a 200 stream with no event; held back, it is answered as for
+      a request without ``stream`` (400 context_length_exceeded)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope.get("method") != "POST":
+            await self.app(scope, receive, send)
+            return
+        body = []  # the request's bytes
+        more = True
+        while more:
+            msg = await receive()
+            if msg["type"] != "http.request":  # the client went away
+                return
+            body.append(msg.get("body", b""))
+            more = msg.get("more_body", False)
+        raw = b"".join(body)
+        path = scope.get("path", "")
+        if path in _BODIES:
+            ctype = dict(scope.get("headers", [])).get(b"content-type", b"application/json")
+            try:
+                if b"json" not in ctype.lower():
+                    raise RequestError(f"Content-Type must be application/json, not {ctype.decode('latin-1')!r}")
+                check_request(path, raw)
+            except RequestError as e:
+                await self._answer(send, 400, _request_error(e))
+                return
+
+        replayed = False
+
+        async def receive_again():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": raw, "more_body": False}
+            return await receive()
+
+        held = []  # what is held back: the stream's http.response.start, then empty bodies
+        started = False
+
+        async def send_held(msg):
+            nonlocal started
+            if not started:
+                if not held and not (msg["type"] == "http.response.start" and b"text/event-stream" in
+                                     dict(msg.get("headers", [])).get(b"content-type", b"")):
+                    started = True  # not an event stream: as it comes
+                else:
+                    held.append(msg)
+                    # an empty body may be the end of a stream without events, its error to follow
+                    if msg["type"] == "http.response.start" or not msg.get("body"):
+                        return
+                    started = True
+                    for m in held:
+                        await send(m)
+                    held.clear()
+                    return
+            await send(msg)
+
+        try:
+            await self.app(scope, receive_again, send_held)
+            for msg in held:  # a stream that ended without events and without an error
+                await send(msg)
+        except Exception as e:
+            if started or not held:
+                raise
+            status, error = _error_answer(e, raw)
+            await self._answer(send, status, error)
+
+    @staticmethod
+    async def _answer(send, status, error):
+        data = json.dumps({"error": error}).encode()
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
+        await send({"type": "http.response.body", "body": data})
+
+
 def _install() -> None:
     """Point llama-cpp-python's server modules at the SparQ proxy, loader and settings."""
     if not isinstance(_model.llama_cpp, _LlamaCppView):
         _model.llama_cpp = _LlamaCppView("llama_cpp")
     _app.LlamaProxy = SparqLlamaProxy
     _app.ConfigFileSettings = SparqConfigFileSettings
+    _errors.RouteErrorHandler.error_message_wrapper = _error_message_wrapper
+    _app.prepare_request_resources = _prepare_request_resources
 
 
 def create_app(settings: Optional[SparqSettings] = None, server_settings: Optional[ServerSettings] = None,
@@ -181,6 +403,7 @@ def create_app(settings: Optional[SparqSettings] = None, server_settings: Option
         model_settings = [_as_sparq_settings(m) for m in model_settings]
     app = _app.create_app(server_settings=server_settings, model_settings=model_settings)
     app.include_router(router)
+    app.add_middleware(_RequestGuard)
     return app
 
 

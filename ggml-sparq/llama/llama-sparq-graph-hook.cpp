@@ -1,7 +1,7 @@
 // llama-sparq: the hook in build_attn (llama-sparq-graph.h): per attention call, SparQ or dense
 // and why, the appends that keep K^T and the sums current, and the SPARQ_ATTN node with its inputs.
 #include "llama-sparq-graph.h"
-#include "llama-sparq-graph-input.h"
+#include "llama-sparq-graph-build.h"
 
 #include "llama-kv-cache-iswa.h"
 #include "llama-memory-hybrid.h"
@@ -104,72 +104,7 @@ static llm_graph_input_sparq * sparq_graph_input(const llm_graph_context & g, co
     return inp;
 }
 
-// a decision of this call recorded in the graph's input (for the counters), where there is one
-static void sparq_decide(llm_graph_input_sparq * inp, int il, int reason, int kk = 0, int rows = 0,
-                         const sparq_cost & cost = {}) {
-    if (inp) {
-        inp->decisions.push_back({ il, reason, kk, rows, cost });
-    }
-}
-
-// one attention call that may run SparQ: its layer's data, the shapes, the settings as they apply to
-// this layer, and the op's sources (the kept tensors, or the graph's appends to them)
-struct sparq_attn_build {
-    const llm_graph_context & g;
-    ggml_context * ctx0;
-    llama_sparq_ctx & S;
-    const llama_sparq_params & P;
-    sparq_layer & L;
-    llm_graph_input_sparq * inp;
-    const llama_kv_cache::slot_info & si;
-    int il;
-    int32_t ikv;
-
-    int64_t n_stream, n_tokens, n_tps, n_kv, d, hkv;
-    int r, kk, l, g_size;
-    bool streaming, h2o, index, per_head;
-    bool calibrated; // k = 0: kk is the cap of the calibrated k, the op cuts its choice at the coverage target
-    bool stretch = false; // some decode rows, not all, are in their dense stretch of this layer (SPARQ_STRETCH_SOME)
-    bool stretch_upstream = false; // some decode rows dense as alone run upstream's attention (short rows, or stretches not in the op)
-    bool stretch_in_op = false;    // the op runs the decode rows in their dense stretch (sparq_stretch::in_op)
-
-    ggml_tensor * kt_src, * vs_src, * ksq_src, * h2o_src, * ivf_src;
-
-    sparq_attn_build(const llm_graph_context & g, const llama_kv_cache_context * mctx, llama_sparq_ctx & S,
-                     llm_graph_input_sparq * inp, int il, int32_t ikv, const ggml_tensor * q, const ggml_tensor * k)
-        : g(g), ctx0(g.ctx0), S(S), P(S.params), L(S.layers[ikv]), inp(inp), si(upstream::sinfo(mctx)), il(il), ikv(ikv) {
-        n_stream = k->ne[3];
-        n_tokens = q->ne[2];
-        n_tps    = n_tokens / n_stream;
-        n_kv     = k->ne[2];
-        d        = k->ne[0];
-        hkv      = k->ne[1];
-        r  = P.r > 0 ? P.r : sparq_default_r(d, P.kt_bits);
-        kk = P.k;
-        streaming = P.selector == LLAMA_SPARQ_SELECTOR_STREAMING;
-        h2o = P.selector == LLAMA_SPARQ_SELECTOR_H2O;
-        index = P.selector == LLAMA_SPARQ_SELECTOR_INDEX;
-        calibrated = sparq_is_calibrated(P);
-        if (calibrated) {
-            // at least k_min cells, at most k_frac of the graph's KV cells (the cap sizes the op's scratch)
-            const double cap = std::ceil((double) P.k_frac * (double) n_kv);
-            kk = (int) std::min<double>(GGML_SPARQ_K_MAX, std::max<double>(P.k_min, cap));
-        }
-        // streaming (LM-Infinite): the first min(16, k/2) positions and the k - that most recent
-        l  = streaming ? kk - std::min(16, kk / 2) : P.l >= 0 ? P.l : (calibrated ? P.k_min : kk) / 4;
-        l  = std::min(l, kk);
-        g_size = (int) (q->ne[1] / std::max<int64_t>(1, hkv));
-        per_head = P.gqa == LLAMA_SPARQ_GQA_PER_HEAD && g_size > 1 && !streaming && !h2o;
-        kt_src = L.data.kt;
-        vs_src = L.data.vsum;
-        ksq_src = L.data.ksq;
-        h2o_src = L.sel.h2o;
-        ivf_src = L.sel.ivf_list;
-    }
-};
-
-// the graph's input of K^T-style row indices for rows of E elements per token (made once per E)
-static ggml_tensor * sparq_kt_idxs(sparq_attn_build & b, int64_t E) {
+ggml_tensor * sparq_kt_idxs(sparq_attn_build & b, int64_t E) {
     ggml_tensor *& idx = b.inp->kt_idxs[E];
     if (!idx) {
         idx = ggml_new_tensor_1d(b.ctx0, GGML_TYPE_I64, b.n_tokens * E);
@@ -295,7 +230,7 @@ static ggml_tensor * sparq_append_ksq(sparq_attn_build & b, ggml_tensor * k_cur,
 
 // a per-cell tensor [kv_size, hkv, n_stream] with the ubatch's cells set to value: entry (cell c,
 // KV head j, stream s) is at s*kv_size*hkv + j*kv_size + c, K^T's indexing with E = hkv
-static ggml_tensor * sparq_set_new_cells(sparq_attn_build & b, ggml_tensor * t, float value, const char * name) {
+ggml_tensor * sparq_set_new_cells(sparq_attn_build & b, ggml_tensor * t, float value, const char * name) {
     ggml_context * ctx0 = b.ctx0;
     ggml_tensor * hidx = sparq_kt_idxs(b, b.hkv);
     ggml_tensor * fill = ggml_fill(ctx0, ggml_new_tensor_2d(ctx0, GGML_TYPE_F32, 1, b.n_tokens * b.hkv), value);
@@ -325,11 +260,8 @@ static void sparq_build_appends(sparq_attn_build & b, ggml_tensor * k_cur, ggml_
     b.kt_src = sparq_append_keys(b, k_cur, kc, k);
     b.vs_src = sparq_append_values(b, v_cur, v);
     b.ksq_src = sparq_append_ksq(b, k_cur, kc, k);
-    if (b.h2o) {
-        b.h2o_src = sparq_set_new_cells(b, b.L.sel.h2o, 0.0f, "sparq_h2o"); // H2O: no attention received yet
-    }
-    if (b.index) {
-        b.ivf_src = sparq_set_new_cells(b, b.L.sel.ivf_list, -1.0f, "sparq_ivf"); // the index: in no list yet (the op assigns them)
+    if (b.sel->appends) {
+        b.sel->appends(b);
     }
 }
 
@@ -353,7 +285,7 @@ static sparq_dense_check sparq_dense_reason(const sparq_attn_build & b, const ll
         c.reason = LLAMA_SPARQ_DENSE_SHARED_STREAM;
     } else if ((b.n_tps > 1 && !b.P.all_rows) || (b.inp && b.inp->rows_mode == SPARQ_ROWS_DENSE)) {
         c.reason = LLAMA_SPARQ_DENSE_PREFILL; // prompt rows only
-    } else if (!b.h2o) { // H2O runs the op on every decode step: its scores follow every step
+    } else if (!b.sel->every_step) {
         c.short_checked = true;
         c.is_short = sparq_used_max(mctx) < (uint32_t) b.P.min_kv;
         if (c.is_short) {
@@ -370,7 +302,7 @@ static sparq_dense_check sparq_dense_reason(const sparq_attn_build & b, const ll
 // dense rows beside SparQ rows, so a sequence's logits do not depend on its neighbours. On a GPU
 // upstream's flash attention stays the dense path.
 static bool sparq_stretch_in_op(const sparq_attn_build & b) {
-    return !b.h2o && !b.index && !b.streaming && ggml_backend_buffer_is_host(b.L.data.kt->buffer);
+    return b.sel->ranks_scores && ggml_backend_buffer_is_host(b.L.data.kt->buffer);
 }
 
 // per stream, as alone: a stream under the dense threshold (the longest decides the threshold in
@@ -403,99 +335,15 @@ static int sparq_record_stretches(sparq_attn_build & b) {
     return -1;
 }
 
-// H2O's prompt: the dense attention's weights summed over the prompt rows (column sums of the
-// causal attention matrix) and over the query heads of each group, added to the scores h2o3; the
-// attention itself stays upstream's. [n_kv, n_tps, n_head, ns] weights, f32: prompt ubatches only
-static void sparq_h2o_prompt_scores(sparq_attn_build & b, ggml_tensor * q, ggml_tensor * k, ggml_tensor * kq_mask,
-                                    float kq_scale, ggml_tensor * h2o3) {
-    ggml_context * ctx0 = b.ctx0;
-    const int64_t n_tps = b.n_tps, n_stream = b.n_stream, n_kv = b.n_kv, hkv = b.hkv;
-    ggml_tensor * q4 = ggml_permute(ctx0, ggml_view_4d(ctx0, q, q->ne[0], q->ne[1], n_tps, n_stream, q->nb[1], q->nb[2],
-                                                     q->nb[2] * n_tps, 0), 0, 2, 1, 3);
-    ggml_tensor * kq = ggml_mul_mat(ctx0, ggml_permute(ctx0, k, 0, 2, 1, 3), q4);
-    ggml_mul_mat_set_prec(kq, GGML_PREC_F32);
-    kq = ggml_soft_max_ext(ctx0, kq, kq_mask, kq_scale, 0.0f);
-    ggml_tensor * cs = ggml_sum_rows(ctx0, ggml_cont(ctx0, ggml_permute(ctx0, kq, 1, 0, 2, 3))); // [1, n_kv, n_head, ns]
-    cs = ggml_reshape_4d(ctx0, cs, n_kv, b.g_size, hkv, n_stream);
-    cs = ggml_sum_rows(ctx0, ggml_cont(ctx0, ggml_permute(ctx0, cs, 1, 0, 2, 3)));              // [1, n_kv, hkv, ns]
-    ggml_build_forward_expand(b.g.gf, ggml_add_inplace(ctx0, h2o3, ggml_reshape_3d(ctx0, cs, n_kv, hkv, n_stream)));
-}
-
-// the SparQ decision with the cost model's terms: the oracle reads all d components; per-head choice
-// reads up to g * (k - l) + l rows; the baselines (the paper's Appendix G): streaming 2kd + 2d, H2O
-// 2kd + 2d + 2 n_cells (its scores read and written), neither reading or writing the mean of V
+// the SparQ decision with the cost model's terms: the bytes of the cache's elements (K and V rows of
+// its types, K^T's), the selector's own terms (its decide hook records the decision)
 static void sparq_decide_sparq(sparq_attn_build & b, const ggml_tensor * k, const ggml_tensor * v) {
-    const int d = (int) b.d, kk = b.kk, l = b.l, g_size = b.g_size;
-    const llama_sparq_params & P = b.P;
-    // the bytes of the cache's elements: K and V rows of its types, K^T's
     sparq_cost c;
-    c.d = d;
+    c.d = (double) b.d;
     c.bk = sparq_elem_bytes(k->type);
     c.bv = sparq_elem_bytes(v->type);
     c.bt = sparq_elem_bytes(b.L.data.kt->type);
-    if (b.streaming || b.h2o) {
-        c.rs = b.h2o ? 2 : 0;
-        c.extra = -2 * d;
-        sparq_decide(b.inp, b.il, -1, kk, kk, c);
-    } else if (b.index) {
-        // the index: its centroids (f32: 2 elements each), the list ids (f32), and the keys of the probed
-        // lists, index_probe / index_lists of the cells when the lists are even (an estimate: the counters
-        // do not see the lists' sizes), then k rows of K and V
-        // (per-head search: each query head probes its own lists, up to g times as many, and picks its own
-        // k - l cells, the group attending over their union)
-        // (the op reports the rows it read; once that step has run the counters replace the estimate
-        // by them: sparq_count_index_reads)
-        const int C = b.S.index.n_list, np = std::min(b.per_head ? g_size * P.index_probe : P.index_probe, C);
-        c.rs = 2;                                    // the list ids
-        c.rk = (int) (((int64_t) d * np + C / 2) / C); // the probed keys, K rows
-        c.extra = 2 * C * d - 2 * d;
-        sparq_decide(b.inp, b.il, -1, kk, b.per_head ? g_size * (kk - l) + l : kk, c);
-        if (b.inp && !b.inp->decisions.empty()) {
-            b.inp->decisions.back().ikv = b.ikv;
-        }
-    } else {
-        c.r = P.selector == LLAMA_SPARQ_SELECTOR_ORACLE ? d : b.r;
-        // the PCA rotation (f32 d x d per KV head) is read every step; the scaled basis's d weights are
-        // left out (like vbar's, a 1/S share of the step)
-        c.extra = P.basis == LLAMA_SPARQ_BASIS_PCA && b.L.basis.rot ? 2 * d * d : 0;
-        sparq_decide(b.inp, b.il, -1, kk, b.per_head ? g_size * (kk - l) + l : kk, c);
-    }
-}
-
-// the selector's inputs of the op: H2O's scores, the index's centroids and lists, or the basis
-// (the PCA rotation of the query and its spread, or the scaled basis's weights)
-static void sparq_set_selector_inputs(sparq_attn_build & b, ggml_tensor * cur, ggml_tensor * q4, ggml_tensor * h2o3) {
-    ggml_context * ctx0 = b.ctx0;
-    const llama_sparq_params & P = b.P;
-    const sparq_layer & L = b.L;
-    const int64_t d = b.d, hkv = b.hkv, n_stream = b.n_stream, n_kv = b.n_kv;
-    if (b.h2o) {
-        ggml_sparq_attn_set_h2o(cur, h2o3);
-    } else if (b.index) {
-        ggml_tensor * cent = ggml_view_4d(ctx0, L.sel.ivf_cent, d, b.S.index.n_list, hkv, n_stream, L.sel.ivf_cent->nb[1],
-                                          L.sel.ivf_cent->nb[2], L.sel.ivf_cent->nb[3], b.si.s0 * L.sel.ivf_cent->nb[3]);
-        ggml_tensor * lists = ggml_view_3d(ctx0, b.ivf_src, n_kv, hkv, n_stream, L.sel.ivf_list->nb[1], L.sel.ivf_list->nb[2],
-                                           b.si.s0 * L.sel.ivf_list->nb[2]);
-        ggml_sparq_attn_set_index(cur, cent, lists, std::min(P.index_probe, b.S.index.n_list));
-        ggml_sparq_attn_set_index_reads(cur); // into row index.n_list of L.sel.ivf_cent: the counters read it
-    } else if (P.basis == LLAMA_SPARQ_BASIS_PCA && L.basis.rot) {
-        // the query in the PCA basis of its KV head (query head h uses rot[h / g], as GQA maps heads)
-        ggml_tensor * q_sel = ggml_mul_mat(ctx0, L.basis.rot, ggml_cont(ctx0, q4)); // [d, n_tps, n_head, ns]
-        ggml_sparq_attn_set_basis(cur, q_sel, L.basis.spread);
-    } else if (!b.streaming) {
-        // K^T keeps the keys rotated back from upstream's Hadamard rotation: the query too, for steps 1-2
-        ggml_tensor * q_sel = sparq_unrotates(b.S, L) ? llama_mul_mat_hadamard(ctx0, q4, L.data.hrot) : nullptr;
-        ggml_tensor * w = nullptr;
-        if (P.basis == LLAMA_SPARQ_BASIS_SCALED) {
-            // weights: the keys' RMS per component over the stream's cells; sqrt of the sums of squares
-            // (the count is common to all components and cancels in step 1's ranking and in tau)
-            ggml_tensor * ks3 = ggml_view_3d(ctx0, b.ksq_src, d, hkv, n_stream, L.data.ksq->nb[1], L.data.ksq->nb[2], 0);
-            w = ggml_sqrt(ctx0, ks3);
-        }
-        if (q_sel || w) {
-            ggml_sparq_attn_set_basis(cur, q_sel, w);
-        }
-    }
+    b.sel->decide(b, c);
 }
 
 // the bare SPARQ_ATTN node on the layout of build_attn_mha (*q4: the query's view)
@@ -545,7 +393,7 @@ static ggml_tensor * sparq_build_dense_op(sparq_attn_build & b, ggml_tensor * q,
 
 // the SPARQ_ATTN node on the layout of build_attn_mha, with its selector, selector inputs and window
 static ggml_tensor * sparq_build_op(sparq_attn_build & b, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,
-                                    ggml_tensor * kq_mask, float kq_scale, ggml_tensor * h2o3) {
+                                    ggml_tensor * kq_mask, float kq_scale) {
     ggml_context * ctx0 = b.ctx0;
     llm_graph_input_sparq * inp = b.inp;
     const llama_sparq_params & P = b.P;
@@ -559,9 +407,11 @@ static ggml_tensor * sparq_build_op(sparq_attn_build & b, ggml_tensor * q, ggml_
                   "the llama and ggml selectors are numbered alike");
     ggml_sparq_attn_set_selector(cur, P.selector,
                                  (b.per_head ? GGML_SPARQ_FLAG_PER_HEAD : 0) |
-                                 (P.mean_v && !b.streaming && !b.h2o && !b.index ? 0 : GGML_SPARQ_FLAG_NO_MEAN_V));
-    sparq_set_selector_inputs(b, cur, q4, h2o3);
-    if (!b.streaming && !b.h2o && !b.index) {
+                                 (P.mean_v && b.sel->ranks_scores ? 0 : GGML_SPARQ_FLAG_NO_MEAN_V));
+    if (b.sel->op_inputs) {
+        b.sel->op_inputs(b, cur, q4);
+    }
+    if (b.sel->ranks_scores) {
         // the report is this process's memory: only a CPU op in this process may write it (a GPU
         // op does not report; an op on an RPC host would write into its own address space), and
         // the guard's measure is made only where it is reported
@@ -589,9 +439,9 @@ static ggml_tensor * sparq_build_op(sparq_attn_build & b, ggml_tensor * q, ggml_
             inp->decisions.back().ikv_rep = b.ikv;
         }
     }
-    if (l > 0 || b.streaming) {
-        // streaming: the window's l cells, then the k - l cells of the earliest positions
-        const int w = b.streaming ? kk : l;
+    if (l > 0 || b.sel->window_choice) {
+        // a whole choice (streaming): the window's l cells, then the k - l cells of the earliest positions
+        const int w = b.sel->window_choice ? kk : l;
         if (!inp->win) {
             inp->win = ggml_new_tensor_3d(ctx0, GGML_TYPE_I32, w, n_tps, n_stream);
             ggml_set_input(inp->win);
@@ -674,7 +524,6 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
         return nullptr;
     }
     sparq_attn_build b(g, mctx, S, inp, il, ikv, q, k);
-    GGML_ASSERT((!b.index || b.L.sel.ivf_list) && "llama_sparq: the index selector without its tensors (llama_sparq_set_params allocates them)");
 
     // appends keep K^T and the V sums current on every ubatch that writes this layer's cache
     // (prompt ubatches too: cheaper than rebuilding the data at the next decode step)
@@ -694,14 +543,11 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
         inp->short_ctx = dense.is_short;
     }
     int reason = dense.reason;
-    if (reason < 0 && inp && b.n_tps == 1 && !b.h2o) {
+    if (reason < 0 && inp && b.n_tps == 1 && !b.sel->every_step) {
         reason = sparq_record_stretches(b);
     }
-    // H2O's scores of the new cells (views of the stream's scores, after the zeroing above)
-    ggml_tensor * h2o3 = b.h2o && appends ? ggml_view_3d(ctx0, b.h2o_src, b.n_kv, b.hkv, b.n_stream, b.L.sel.h2o->nb[1],
-                                                          b.L.sel.h2o->nb[2], b.si.s0 * b.L.sel.h2o->nb[2]) : nullptr;
-    if (h2o3 && reason == LLAMA_SPARQ_DENSE_PREFILL) {
-        sparq_h2o_prompt_scores(b, q, k, kq_mask, kq_scale, h2o3);
+    if (appends && reason == LLAMA_SPARQ_DENSE_PREFILL && b.sel->prompt) {
+        b.sel->prompt(b, q, k, kq_mask, kq_scale);
     }
     if (reason >= 0 || !appends) {
         // SparQ needs this ubatch's keys in K^T: without appends (k_cur == nullptr) stay dense
@@ -715,7 +561,7 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
     // every decode row dense as alone with some in their stretch: the op attends densely (prompt and
     // short rows are then picked from upstream's attention below, as beside SparQ rows)
     ggml_tensor * cur = reason == LLAMA_SPARQ_DENSE_DIFFUSE ? sparq_build_dense_op(b, q, k, v, kq_mask, kq_scale)
-                                                            : sparq_build_op(b, q, k, v, kq_mask, kq_scale, h2o3);
+                                                            : sparq_build_op(b, q, k, v, kq_mask, kq_scale);
     sparq_place_op(b, cur);
     ggml_tensor * out = ggml_reshape_2d(ctx0, cur, cur->ne[0] * cur->ne[1], cur->ne[2] * cur->ne[3]);
     if (inp->rows_mode == SPARQ_ROWS_MIXED || b.stretch_upstream) {

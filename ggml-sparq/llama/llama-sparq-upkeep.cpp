@@ -2,46 +2,17 @@
 // rebuild counter, the selectors' per-cell data on a rebuild, the index's retraining, and
 // llama_sparq_sync (everything brought up to date before a timed step).
 #include "llama-sparq-impl.h"
+#include "llama-sparq-selector.h"
 
 #include <mutex>
 #include <vector>
 
-// H2O's scores are the attention the cells received, which K and V cannot tell: a rebuild keeps
-// the scores of the cells still in use (a removal or a position shift leaves each cell's history)
-// and zeroes the empty cells and those the next ubatch writes. A state load or a copy from another
-// stream brings no scores: those cells keep what this context had there (0 in a fresh context).
-// The index follows K: after a rebuild (cells moved or removed, keys re-roped, a state loaded,
-// the cache cleared) the stream's index is trained again at its next step, its list ids reset.
+// every selector's per-cell data of the stream after its cells changed, the current selector's or
+// not (its tensors may hold another setting's state: each selector keeps its own current)
 void sparq_selector_rebuild(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip) {
-    const llama_kv_cells & cells = upstream::cells(S.kv, strm);
-    const uint32_t kv_size = upstream::kv_size(S.kv);
-    if (strm < S.index.trained.size()) {
-        S.index.trained[strm] = 0;
-    }
-    for (sparq_layer & L : S.layers) {
-        if (L.sel.ivf_list) {
-            std::vector<float> none((size_t) L.sel.ivf_list->ne[0] * L.sel.ivf_list->ne[1], -1.0f);
-            ggml_backend_tensor_set(L.sel.ivf_list, none.data(), strm * L.sel.ivf_list->nb[2], none.size() * sizeof(float));
-        }
-        if (!L.sel.h2o) {
-            continue;
-        }
-        if (!ggml_backend_buffer_is_host(L.sel.h2o->buffer)) {
-            ggml_backend_tensor_memset(L.sel.h2o, 0, strm * L.sel.h2o->nb[2], L.sel.h2o->nb[2]); // h2o never runs there
-            continue;
-        }
-        for (int64_t h = 0; h < L.sel.h2o->ne[1]; ++h) {
-            float * row = (float *) ((char *) L.sel.h2o->data + strm * L.sel.h2o->nb[2] + h * L.sel.h2o->nb[1]);
-            for (uint32_t c = 0; c < kv_size; ++c) {
-                if (cells.is_empty(c)) {
-                    row[c] = 0.0f;
-                }
-            }
-            for (uint32_t c : skip) {
-                if (c < kv_size) {
-                    row[c] = 0.0f;
-                }
-            }
+    for (int32_t id = 0; id < LLAMA_SPARQ_SELECTOR_COUNT; ++id) {
+        if (const auto rebuild = sparq_selector_of(id).rebuild) {
+            rebuild(S, strm, skip);
         }
     }
 }

@@ -1,0 +1,77 @@
+// llama-sparq: one attention call as the graph hook builds it (sparq_attn_build), shared by the
+// hook (llama-sparq-graph-hook.cpp) and the selectors' graph hooks (llama-sparq-select-*.cpp).
+#pragma once
+
+#include "llama-sparq-graph-input.h"
+#include "llama-sparq-selector.h"
+
+#include <algorithm>
+#include <cmath>
+
+// a decision of this call recorded in the graph's input (for the counters), where there is one
+inline void sparq_decide(llm_graph_input_sparq * inp, int il, int reason, int kk = 0, int rows = 0,
+                         const sparq_cost & cost = {}) {
+    if (inp) {
+        inp->decisions.push_back({ il, reason, kk, rows, cost });
+    }
+}
+
+// one attention call that may run SparQ: its layer's data, the shapes, the settings as they apply to
+// this layer, and the op's sources (the kept tensors, or the graph's appends to them)
+struct sparq_attn_build {
+    const llm_graph_context & g;
+    ggml_context * ctx0;
+    llama_sparq_ctx & S;
+    const llama_sparq_params & P;
+    sparq_layer & L;
+    llm_graph_input_sparq * inp;
+    const llama_kv_cache::slot_info & si;
+    int il;
+    int32_t ikv;
+
+    int64_t n_stream, n_tokens, n_tps, n_kv, d, hkv;
+    int r, kk, l, g_size;
+    const sparq_selector * sel;
+    bool per_head;
+    bool calibrated; // k = 0: kk is the cap of the calibrated k, the op cuts its choice at the coverage target
+    bool stretch = false; // some decode rows, not all, are in their dense stretch of this layer (SPARQ_STRETCH_SOME)
+    bool stretch_upstream = false; // some decode rows dense as alone run upstream's attention (short rows, or stretches not in the op)
+    bool stretch_in_op = false;    // the op runs the decode rows in their dense stretch (sparq_stretch::in_op)
+
+    ggml_tensor * kt_src, * vs_src, * ksq_src;
+    ggml_tensor * cells_src = nullptr; // the selector's per-cell tensor with the ubatch's cells set (its appends hook)
+
+    sparq_attn_build(const llm_graph_context & g, const llama_kv_cache_context * mctx, llama_sparq_ctx & S,
+                     llm_graph_input_sparq * inp, int il, int32_t ikv, const ggml_tensor * q, const ggml_tensor * k)
+        : g(g), ctx0(g.ctx0), S(S), P(S.params), L(S.layers[ikv]), inp(inp), si(upstream::sinfo(mctx)), il(il), ikv(ikv) {
+        n_stream = k->ne[3];
+        n_tokens = q->ne[2];
+        n_tps    = n_tokens / n_stream;
+        n_kv     = k->ne[2];
+        d        = k->ne[0];
+        hkv      = k->ne[1];
+        r  = P.r > 0 ? P.r : sparq_default_r(d, P.kt_bits);
+        kk = P.k;
+        sel = &sparq_selector_of(P.selector);
+        calibrated = sparq_is_calibrated(P);
+        if (calibrated) {
+            // at least k_min cells, at most k_frac of the graph's KV cells (the cap sizes the op's scratch)
+            const double cap = std::ceil((double) P.k_frac * (double) n_kv);
+            kk = (int) std::min<double>(GGML_SPARQ_K_MAX, std::max<double>(P.k_min, cap));
+        }
+        l  = sel->window ? sel->window(kk) : P.l >= 0 ? P.l : (calibrated ? P.k_min : kk) / 4;
+        l  = std::min(l, kk);
+        g_size = (int) (q->ne[1] / std::max<int64_t>(1, hkv));
+        per_head = P.gqa == LLAMA_SPARQ_GQA_PER_HEAD && g_size > 1 && sel->per_head;
+        kt_src = L.data.kt;
+        vs_src = L.data.vsum;
+        ksq_src = L.data.ksq;
+    }
+};
+
+
+// the graph's input of K^T-style row indices for rows of E elements per token (made once per E)
+ggml_tensor * sparq_kt_idxs(sparq_attn_build & b, int64_t E);
+
+// a per-cell tensor [kv_size, hkv, n_stream] with the ubatch's cells set to value, named name-<layer>
+ggml_tensor * sparq_set_new_cells(sparq_attn_build & b, ggml_tensor * t, float value, const char * name);

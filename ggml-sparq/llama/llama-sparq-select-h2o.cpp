@@ -1,0 +1,90 @@
+// llama-sparq: selector h2o (heavy hitters) on the llama side: its accumulated attention per cell
+// (sparq_layer_selectors::h2o), zeroed for new cells, filled from a prompt's dense attention,
+// given to the op (which adds each step's weights), and kept across rebuilds.
+
+#include "llama-sparq-graph-build.h"
+
+// the scores of the ubatch's streams (views of the layer's tensor, after the new cells' zeroing)
+static ggml_tensor * h2o_scores(sparq_attn_build & b) {
+    const ggml_tensor * t = b.L.sel.h2o;
+    return ggml_view_3d(b.ctx0, b.cells_src, b.n_kv, b.hkv, b.n_stream, t->nb[1], t->nb[2], b.si.s0 * t->nb[2]);
+}
+
+// new cells have received no attention yet
+static void h2o_appends(sparq_attn_build & b) {
+    b.cells_src = sparq_set_new_cells(b, b.L.sel.h2o, 0.0f, "sparq_h2o");
+}
+
+// a prompt: the dense attention's weights summed over the prompt rows (column sums of the causal
+// attention matrix) and over the query heads of each group, added to the scores; the attention
+// itself stays upstream's. [n_kv, n_tps, n_head, ns] weights, f32: prompt ubatches only
+static void h2o_prompt(sparq_attn_build & b, ggml_tensor * q, ggml_tensor * k, ggml_tensor * kq_mask, float kq_scale) {
+    ggml_context * ctx0 = b.ctx0;
+    const int64_t n_tps = b.n_tps, n_stream = b.n_stream, n_kv = b.n_kv, hkv = b.hkv;
+    ggml_tensor * q4 = ggml_permute(ctx0, ggml_view_4d(ctx0, q, q->ne[0], q->ne[1], n_tps, n_stream, q->nb[1], q->nb[2],
+                                                     q->nb[2] * n_tps, 0), 0, 2, 1, 3);
+    ggml_tensor * kq = ggml_mul_mat(ctx0, ggml_permute(ctx0, k, 0, 2, 1, 3), q4);
+    ggml_mul_mat_set_prec(kq, GGML_PREC_F32);
+    kq = ggml_soft_max_ext(ctx0, kq, kq_mask, kq_scale, 0.0f);
+    ggml_tensor * cs = ggml_sum_rows(ctx0, ggml_cont(ctx0, ggml_permute(ctx0, kq, 1, 0, 2, 3))); // [1, n_kv, n_head, ns]
+    cs = ggml_reshape_4d(ctx0, cs, n_kv, b.g_size, hkv, n_stream);
+    cs = ggml_sum_rows(ctx0, ggml_cont(ctx0, ggml_permute(ctx0, cs, 1, 0, 2, 3)));              // [1, n_kv, hkv, ns]
+    ggml_build_forward_expand(b.g.gf, ggml_add_inplace(ctx0, h2o_scores(b), ggml_reshape_3d(ctx0, cs, n_kv, hkv, n_stream)));
+}
+
+static void h2o_op_inputs(sparq_attn_build & b, ggml_tensor * cur, ggml_tensor *) {
+    ggml_sparq_attn_set_h2o(cur, h2o_scores(b));
+}
+
+// the paper's Appendix G: 2 k d + 2 d + 2 n_cells (its scores read and written), no mean of V
+static void h2o_decide(sparq_attn_build & b, sparq_cost & c) {
+    c.rs = 2;
+    c.extra = -2.0 * b.d;
+    sparq_decide(b.inp, b.il, -1, b.kk, b.kk, c);
+}
+
+// The scores are the attention the cells received, which K and V cannot tell: a rebuild keeps the
+// scores of the cells still in use (a removal or a position shift leaves each cell's history) and
+// zeroes the empty cells and those the next ubatch writes. A state load or a copy from another
+// stream brings no scores: those cells keep what this context had there (0 in a fresh context).
+static void h2o_rebuild(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip) {
+    const llama_kv_cells & cells = upstream::cells(S.kv, strm);
+    const uint32_t kv_size = upstream::kv_size(S.kv);
+    for (sparq_layer & L : S.layers) {
+        ggml_tensor * t = L.sel.h2o;
+        if (!t) {
+            continue;
+        }
+        if (!ggml_backend_buffer_is_host(t->buffer)) {
+            ggml_backend_tensor_memset(t, 0, strm * t->nb[2], t->nb[2]); // h2o never runs there
+            continue;
+        }
+        for (int64_t h = 0; h < t->ne[1]; ++h) {
+            float * row = (float *) ((char *) t->data + strm * t->nb[2] + h * t->nb[1]);
+            for (uint32_t c = 0; c < kv_size; ++c) {
+                if (cells.is_empty(c)) {
+                    row[c] = 0.0f;
+                }
+            }
+            for (uint32_t c : skip) {
+                if (c < kv_size) {
+                    row[c] = 0.0f;
+                }
+            }
+        }
+    }
+}
+
+// every decode step runs the op (its scores follow every step), short contexts included
+const sparq_selector sparq_sel_h2o = {
+    /* ranks_scores  */ false,
+    /* per_head      */ false,
+    /* window_choice */ false,
+    /* every_step    */ true,
+    /* window        */ nullptr,
+    /* rebuild       */ h2o_rebuild,
+    /* appends       */ h2o_appends,
+    /* prompt        */ h2o_prompt,
+    /* op_inputs     */ h2o_op_inputs,
+    /* decide        */ h2o_decide,
+};

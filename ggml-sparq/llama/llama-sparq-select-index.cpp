@@ -1,0 +1,69 @@
+// llama-sparq: selector index (top-k over an inverted-file index of the keys) on the llama side:
+// each cell's list id (sparq_layer_selectors::ivf_list), -1 for new cells (the op files them), the
+// centroids and lists given to the op, its cost, and the lists reset on a rebuild. The k-means
+// training is llama-sparq-index.cpp's.
+
+#include "llama-sparq-graph-build.h"
+
+// new cells are in no list yet: the op assigns them
+static void index_appends(sparq_attn_build & b) {
+    b.cells_src = sparq_set_new_cells(b, b.L.sel.ivf_list, -1.0f, "sparq_ivf");
+}
+
+static void index_op_inputs(sparq_attn_build & b, ggml_tensor * cur, ggml_tensor *) {
+    const sparq_layer & L = b.L;
+    GGML_ASSERT(L.sel.ivf_list && "llama_sparq: the index selector without its tensors (llama_sparq_set_params allocates them)");
+    ggml_context * ctx0 = b.ctx0;
+    const int64_t d = b.d, hkv = b.hkv, n_stream = b.n_stream;
+    const ggml_tensor * c = L.sel.ivf_cent, * li = L.sel.ivf_list;
+    ggml_tensor * cent = ggml_view_4d(ctx0, L.sel.ivf_cent, d, b.S.index.n_list, hkv, n_stream, c->nb[1], c->nb[2], c->nb[3],
+                                      b.si.s0 * c->nb[3]);
+    ggml_tensor * lists = ggml_view_3d(ctx0, b.cells_src, b.n_kv, hkv, n_stream, li->nb[1], li->nb[2], b.si.s0 * li->nb[2]);
+    ggml_sparq_attn_set_index(cur, cent, lists, std::min(b.P.index_probe, b.S.index.n_list));
+    ggml_sparq_attn_set_index_reads(cur); // into row index.n_list of the centroids: the counters read it
+}
+
+// its centroids (f32: 2 elements each), the list ids (f32), and the keys of the probed lists,
+// index_probe / index_lists of the cells when the lists are even (an estimate: the counters do not
+// see the lists' sizes), then k rows of K and V. Per-head search: each query head probes its own
+// lists, up to g times as many, and picks its own k - l cells, the group attending over their
+// union. The op reports the rows it read; once that step has run the counters replace the estimate
+// by them (sparq_count_index_reads), from the layer named in the decision.
+static void index_decide(sparq_attn_build & b, sparq_cost & c) {
+    const int C = b.S.index.n_list, d = (int) b.d;
+    const int np = std::min(b.per_head ? b.g_size * b.P.index_probe : b.P.index_probe, C);
+    c.rs = 2;                                      // the list ids
+    c.rk = (int) (((int64_t) d * np + C / 2) / C); // the probed keys, K rows
+    c.extra = 2.0 * C * d - 2.0 * d;
+    sparq_decide(b.inp, b.il, -1, b.kk, b.per_head ? b.g_size * (b.kk - b.l) + b.l : b.kk, c);
+    if (b.inp && !b.inp->decisions.empty()) {
+        b.inp->decisions.back().ikv = b.ikv;
+    }
+}
+
+// the index follows K: after a rebuild (cells moved or removed, keys re-roped, a state loaded, the
+// cache cleared) the stream's index is trained again at its next step, its list ids reset
+static void index_rebuild(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> &) {
+    if (strm < S.index.trained.size()) {
+        S.index.trained[strm] = 0;
+    }
+    for (sparq_layer & L : S.layers) {
+        if (L.sel.ivf_list) {
+            std::vector<float> none((size_t) L.sel.ivf_list->ne[0] * L.sel.ivf_list->ne[1], -1.0f);
+            ggml_backend_tensor_set(L.sel.ivf_list, none.data(), strm * L.sel.ivf_list->nb[2], none.size() * sizeof(float));
+        }
+    }
+}
+
+const sparq_selector sparq_sel_index = {
+    /* ranks_scores  */ false,
+    /* per_head      */ true,
+    /* window_choice */ false,
+    /* every_step    */ false,
+    /* window        */ nullptr,
+    /* rebuild       */ index_rebuild,
+    /* appends       */ index_appends,
+    /* prompt        */ nullptr,
+    /* op_inputs     */ index_op_inputs,
+    /* decide        */ index_decide,
+};

@@ -1,0 +1,67 @@
+// llama-sparq: selectors sparq (the paper's: approximate scores from the r largest query
+// components of K^T) and oracle (every component: the exact top-k) on the llama side: the basis
+// the op's steps 1-2 use, and their cost.
+
+#include "llama-sparq-graph-build.h"
+
+// the basis of steps 1-2: the PCA rotation of the query and its spread, or the scaled basis's
+// weights, and the query rotated back where K^T keeps the keys rotated back from upstream's Hadamard
+static void sparq_basis_inputs(sparq_attn_build & b, ggml_tensor * cur, ggml_tensor * q4) {
+    ggml_context * ctx0 = b.ctx0;
+    const sparq_layer & L = b.L;
+    if (b.P.basis == LLAMA_SPARQ_BASIS_PCA && L.basis.rot) {
+        // the query in the PCA basis of its KV head (query head h uses rot[h / g], as GQA maps heads)
+        ggml_tensor * q_sel = ggml_mul_mat(ctx0, L.basis.rot, ggml_cont(ctx0, q4)); // [d, n_tps, n_head, ns]
+        ggml_sparq_attn_set_basis(cur, q_sel, L.basis.spread);
+        return;
+    }
+    ggml_tensor * q_sel = sparq_unrotates(b.S, L) ? llama_mul_mat_hadamard(ctx0, q4, L.data.hrot) : nullptr;
+    ggml_tensor * w = nullptr;
+    if (b.P.basis == LLAMA_SPARQ_BASIS_SCALED) {
+        // weights: the keys' RMS per component over the stream's cells; sqrt of the sums of squares
+        // (the count is common to all components and cancels in step 1's ranking and in tau)
+        ggml_tensor * ks3 = ggml_view_3d(ctx0, b.ksq_src, b.d, b.hkv, b.n_stream, L.data.ksq->nb[1], L.data.ksq->nb[2], 0);
+        w = ggml_sqrt(ctx0, ks3);
+    }
+    if (q_sel || w) {
+        ggml_sparq_attn_set_basis(cur, q_sel, w);
+    }
+}
+
+// r components of K^T per cell (the oracle: all d); per-head choice reads up to g (k - l) + l rows;
+// the PCA rotation (f32 d x d per KV head) is read every step (the scaled basis's d weights are left
+// out: like vbar's, a 1/S share of the step)
+static void sparq_decide_rows(sparq_attn_build & b, sparq_cost & c, int r) {
+    c.r = r;
+    c.extra = b.P.basis == LLAMA_SPARQ_BASIS_PCA && b.L.basis.rot ? 2.0 * b.d * b.d : 0.0;
+    sparq_decide(b.inp, b.il, -1, b.kk, b.per_head ? b.g_size * (b.kk - b.l) + b.l : b.kk, c);
+}
+
+static void sparq_decide_sel(sparq_attn_build & b, sparq_cost & c) { sparq_decide_rows(b, c, b.r); }
+static void oracle_decide(sparq_attn_build & b, sparq_cost & c) { sparq_decide_rows(b, c, (int) b.d); }
+
+const sparq_selector sparq_sel_sparq = {
+    /* ranks_scores  */ true,
+    /* per_head      */ true,
+    /* window_choice */ false,
+    /* every_step    */ false,
+    /* window        */ nullptr,
+    /* rebuild       */ nullptr,
+    /* appends       */ nullptr,
+    /* prompt        */ nullptr,
+    /* op_inputs     */ sparq_basis_inputs,
+    /* decide        */ sparq_decide_sel,
+};
+
+const sparq_selector sparq_sel_oracle = {
+    /* ranks_scores  */ true,
+    /* per_head      */ true,
+    /* window_choice */ false,
+    /* every_step    */ false,
+    /* window        */ nullptr,
+    /* rebuild       */ nullptr,
+    /* appends       */ nullptr,
+    /* prompt        */ nullptr,
+    /* op_inputs     */ sparq_basis_inputs,
+    /* decide        */ oracle_decide,
+};

@@ -1,0 +1,49 @@
+// llama-sparq: libllama's selector interface. A selector decides which cells the op attends over;
+// on the llama side it owns its per-cell state (tensors beside the cache), keeps it across rebuilds,
+// adds its nodes to the graph and its terms to the cost model. The graph hook and the upkeep reach
+// a selector only through these traits and hooks, never by its name: a selector is one file
+// (llama-sparq-select-<name>.cpp) and one row of sparq_selector_of() (llama-sparq-selectors.cpp).
+// Its CPU kernels are the op's (ggml-sparq/cpu/sparq-cpu-selector.h).
+#pragma once
+
+#include "llama-sparq-impl.h"
+
+#include <cstdint>
+#include <vector>
+
+struct sparq_attn_build; // llama-sparq-graph-build.h
+
+struct sparq_selector {
+    // traits
+    bool ranks_scores;  // ranks K^T's approximate scores: the basis, mean-V, the calibrated k and the
+                        // coverage report, the diffuse layers' dense stretches in the op
+    bool per_head;      // may choose per query head (the GQA setting per_head applies)
+    bool window_choice; // its window list (k entries) is the whole choice
+    bool every_step;    // runs the op on every decode step, short contexts included (its state follows
+                        // every step)
+
+    // The hooks; any may be null.
+    // The local window for a budget of kk cells (null: the settings' l).
+    int (*window)(int kk);
+    // Its per-cell data of stream strm after the stream's cells changed (skip: the cells the next
+    // ubatch writes). Runs for every selector whose tensors exist, current or not.
+    void (*rebuild)(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip);
+    // The graph: its per-cell tensor with the ubatch's new cells set (b.cells_src), beside the appends.
+    void (*appends)(sparq_attn_build & b);
+    // The graph: what a prompt ubatch (which runs upstream's attention) adds to its state.
+    void (*prompt)(sparq_attn_build & b, ggml_tensor * q, ggml_tensor * k, ggml_tensor * kq_mask, float kq_scale);
+    // The graph: the op's selector inputs (q4: the op's query).
+    void (*op_inputs)(sparq_attn_build & b, ggml_tensor * cur, ggml_tensor * q4);
+    // The cost model's terms of its choice (c has the cache's element sizes and d) and the decision
+    // recorded (sparq_decide).
+    void (*decide)(sparq_attn_build & b, sparq_cost & c);
+};
+
+// The selector of an LLAMA_SPARQ_SELECTOR_* value.
+const sparq_selector & sparq_selector_of(int32_t id);
+
+extern const sparq_selector sparq_sel_sparq;
+extern const sparq_selector sparq_sel_oracle;
+extern const sparq_selector sparq_sel_streaming;
+extern const sparq_selector sparq_sel_h2o;
+extern const sparq_selector sparq_sel_index;

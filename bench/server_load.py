@@ -27,6 +27,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -684,13 +685,13 @@ Two servers of one kind run side by side on 127.0.0.1: ``--server llama`` (``lla
 (the SparQ block, then the same requests on dense, then the next block), so a change in the
 machine's load falls on both alike; the idle server waits. ``--concurrency`` clients each send
 their requests one after another, in sessions of ``--turns`` requests: a document of real text
-(the Python documentation CPython ships, as ``real_text.py`` uses; a seeded offset) read further
-each turn, the prompt its first 1K-7.5K tokens (log-uniform in ``--min-tokens``..``--max-tokens``,
-ascending within the session; the server's tokenizer counts them) and a question, as
+(the Python documentation CPython ships, as ``real_text.py`` uses; a seeded offset), each turn's
+prompt its first 1K-7.5K tokens (log-uniform in ``--min-tokens``..``--max-tokens``,
+the longest first within the session; the server's tokenizer counts them) and a question, as
 ``/v1/completions`` or, a ``--chat-share`` of the sessions, ``/v1/chat/completions``. The servers'
-prompt caches hold the part of the document already read (llama-server: the client's slot;
-the Python server: its one context), as for users reading on; fresh prompts of these lengths
-every time would be hours of prefill on a few cores. Streamed with ``--stream-share``, and a ``--cancel-share`` of the streamed ones closes its connection after the
+prompt caches hold the document (llama-server: the client's slot; the Python server: its one
+context), so after a session's first turn only the question is new; fresh prompts of these
+lengths every time would be hours of prefill on a few cores. Streamed with ``--stream-share``, and a ``--cancel-share`` of the streamed ones closes its connection after the
 first 1-4 events (a client that went away: not an error); ``max_tokens`` 8..``--n-predict``,
 sampled (temperature 0.8, the request's own seed). ``--concurrency`` clients send (llama-server:
 one per slot; the Python server decodes one request at a time and, by llama-cpp-python's
@@ -782,11 +783,12 @@ def soak_text_prompt(count, chunk: str, target: int) -> tuple[str, int]:
 def soak_requests(server, args, python: bool, clients: int) -> list[dict]:
     """The request mix, drawn with args.seed. Request i belongs to client i % clients; a client's
     requests come in sessions of args.turns: one document (real text from a random offset), one
-    endpoint (completions or chat), and per turn a longer prefix of the document (the session's
-    lengths, log-uniform in min..max tokens, in ascending order) and a question of its own. As a
-    user reading on: each turn's prompt extends the last one's document part, so the server's
-    prompt cache holds that part and processes the rest (without it every turn's prompt is new:
-    500 prompts of up to 7.5K tokens, twice, are hours of prefill on a few cores)."""
+    endpoint (completions or chat), and per turn a prefix of the document (the session's lengths,
+    log-uniform in min..max tokens, the longest first) and a question of its own. Each turn's
+    document part is a prefix of the last one's, so the server's prompt cache holds it and only
+    the question is new (fresh prompts of up to 7.5K tokens, 500 of them, twice, are hours of
+    prefill on a few cores); the longest turn first fills the slot's cache to the session's
+    largest at once, so the memory's warm-up ends with each client's first turns."""
     from real_text import python_docs
 
     def count(text):
@@ -806,7 +808,7 @@ def soak_requests(server, args, python: bool, clients: int) -> list[dict]:
             off = rng.randrange(0, len(docs) - n_chars)
             chunk = docs[off:off + n_chars]
             chat = rng.random() < args.chat_share
-            targets = sorted(int(round(math.exp(rng.uniform(lo, hi)))) for _ in ids)
+            targets = sorted((int(round(math.exp(rng.uniform(lo, hi)))) for _ in ids), reverse=True)
             session = f"{c}.{s0 // args.turns}"
             for i, target in zip(ids, targets):
                 text, n = soak_text_prompt(count, chunk, target)
@@ -979,8 +981,15 @@ def soak_main(argv=None) -> int:
     ap.add_argument("--out-dir", default=str(RESULTS))
     args = ap.parse_args(argv)
     python = args.server == "python"
-    # a SIGTERM (timeout, kill) unwinds like an exception, so the servers are stopped too
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    # a SIGTERM (timeout, kill) unwinds like an exception, so the servers are stopped too; the
+    # clients send nothing more, the requests in flight end with the servers
+    stopping = threading.Event()
+
+    def on_term(*_):
+        stopping.set()
+        sys.exit(143)
+
+    signal.signal(signal.SIGTERM, on_term)
     conc = args.concurrency or (1 if python else args.slots)
     variants = [v.strip() for v in args.variants.split(",")]
     model = resolve_model(args.model)
@@ -1031,6 +1040,8 @@ def soak_main(argv=None) -> int:
                     continue
                 def client(mine, s=s, st=st):  # a client's requests one after another, as a user waits
                     for r in mine:
+                        if stopping.is_set():
+                            return
                         st["results"].append(soak_one(s.port, r, args.request_timeout))
                         st["sampler"].note()  # list appends: atomic under the GIL
 
@@ -1116,7 +1127,7 @@ def soak_md(args, meta, reqs, rows, ok_all) -> list[str]:
         f"- mix: {len(reqs)} requests of {min(pt)}-{max(pt)} prompt tokens (median {int(np.median(pt))}, real text), "
         f"{sum(r['stream'] for r in reqs)} streamed ({sum(bool(r['cancel_after']) for r in reqs)} cancelled "
         f"mid-stream), {sum(r['chat'] for r in reqs)} chat; max_tokens up to {args.n_predict}; {meta['concurrency']} "
-        f"clients at once, each in sessions of {args.turns} turns (one document, read further each turn: "
+        f"clients at once, each in sessions of {args.turns} turns (one document, the longest prefix first: "
         f"{len({r['session'] for r in reqs})} sessions); blocks of {args.block} alternating between the variants"
         + (f"; STOPPED EARLY {meta['stopped_early']}" if meta.get("stopped_early") else ""),
         "",

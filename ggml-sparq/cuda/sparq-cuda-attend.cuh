@@ -42,8 +42,8 @@ struct sparq_attend_smem {
 static __device__ __forceinline__ sparq_attend_unit sparq_attend_unit_of(const sparq_cu_args & a, int u) {
     sparq_attend_unit un;
     un.u = u;
-    un.R = u / a.n_hkv;
-    un.kvh = u % a.n_hkv;
+    un.R = u / a.n_head_kv;
+    un.kvh = u % a.n_head_kv;
     un.st = un.R / a.n_rows;
     un.row = un.R % a.n_rows;
     un.g = a.g;
@@ -57,7 +57,7 @@ static __device__ __forceinline__ sparq_attend_unit sparq_attend_unit_of(const s
     un.list = a.sel + (size_t) u * a.sel_max;
     un.Kb = a.K + (size_t) un.kvh * a.K_nb2 + (size_t) un.st * a.K_nb3;
     un.Vb = a.V + (size_t) un.kvh * a.V_nb2 + (size_t) un.st * a.V_nb3;
-    un.lg = a.logits + (size_t) u * a.g * a.S;
+    un.lg = a.logits + (size_t) u * a.g * a.n_kv;
     return un;
 }
 
@@ -106,7 +106,7 @@ static __device__ __forceinline__ void sparq_attend_cells(const sparq_cu_args & 
     const unsigned int * sb = a.selbits + (size_t) un.u * a.W;
     const int per_t = (a.W + SPARQ_NT - 1) / SPARQ_NT;
     const int w_lo = min(a.W, tid * per_t), w_hi = min(a.W, w_lo + per_t);
-    int n = a.S, cnt = 0, pos = 0;
+    int n = a.n_kv, cnt = 0, pos = 0;
     if (un.sparse) {
 #pragma unroll 8
         for (int wi = w_lo; wi < w_hi; ++wi) {
@@ -266,7 +266,7 @@ static __device__ __forceinline__ void sparq_attend_softmax(const sparq_cu_args 
             ps += p;
             const int c = sm.scell[ii];
             if (un.mean_v && c >= 0) {
-                ms += __expf(un.lg[(size_t) h * a.S + c] - sm.sMs[h]);
+                ms += __expf(un.lg[(size_t) h * a.n_kv + c] - sm.sMs[h]);
             }
         }
         ps = warp_reduce_sum(ps);
@@ -371,9 +371,9 @@ static __device__ __forceinline__ float sparq_attend_vbar(const sparq_cu_args & 
         // several rows (all-rows evaluation): the sums hold the whole ubatch, so leave out the
         // cells this row may not see that the stream's last row sees
         const char * ml = sparq_mask_row(a, un.R + (a.n_rows - 1 - row));
-        for (int c0 = 0; c0 < a.S; c0 += SPARQ_NT) {
+        for (int c0 = 0; c0 < a.n_kv; c0 += SPARQ_NT) {
             const int c = c0 + tid;
-            sm.scell[tid] = c < a.S && sparq_valid(a, ml, c) && !sparq_valid(a, un.m, c) ? c : -1;
+            sm.scell[tid] = c < a.n_kv && sparq_valid(a, ml, c) && !sparq_valid(a, un.m, c) ? c : -1;
             __syncthreads();
             for (int ii = 0; ii < SPARQ_NT; ++ii) {
                 const int cc = sm.scell[ii];

@@ -48,7 +48,7 @@ struct sparq_cu_pick {
 };
 
 struct sparq_cu_args {
-    int d, dv, S, n_rows, n_head, n_hkv, n_stream, g, ph;
+    int d, dv, n_kv, n_rows, n_head, n_head_kv, n_stream, g, ph;
     int r, k, l, no_mean_v;
     float scale;
     // the calibrated k (cov_p > 0): each list keeps the fewest best cells which, with the window,
@@ -355,13 +355,13 @@ static __device__ __forceinline__ bool sparq_win_bit(const sparq_cu_args & a, in
 // A list's approximate logits: its head's (per-head choice), or with one list per unit its first
 // head's (with GQA summed, the select reads every head's from there)
 static __device__ __forceinline__ const float * sparq_list_logits(const sparq_cu_args & a, int li) {
-    return a.logits + ((size_t) (li / a.ph) * a.g + li % a.ph) * a.S;
+    return a.logits + ((size_t) (li / a.ph) * a.g + li % a.ph) * a.n_kv;
 }
 
 // the keys of list li: its logits, or with GQA summed the unit's summed weights the select writes
 static __device__ __forceinline__ const float * sparq_list_keys(const sparq_cu_args & a, int li) {
     if (a.g > 1 && a.ph == 1) {
-        return a.keys + (size_t) li * a.S; // one list per unit
+        return a.keys + (size_t) li * a.n_kv; // one list per unit
     }
     return sparq_list_logits(a, li);
 }

@@ -82,7 +82,7 @@ struct sparq_cu_scratch {
 };
 
 static sparq_cu_scratch sparq_cu_scratch_sizes(const sparq_cu_args & a) {
-    const size_t U = a.U, S = a.S, g = a.g, L = a.L;
+    const size_t U = a.U, S = a.n_kv, g = a.g, L = a.L;
     sparq_cu_scratch z;
     z.rows = a.R;
     z.wbits = a.win ? (size_t) a.R * a.W : 1;

@@ -16,7 +16,7 @@
 static __device__ void sparq_block_components(const sparq_cu_args & a, int u, int * si1, float * sq, float * aq,
                                               int * chosen_of, int * sh) {
     const int j = threadIdx.x, lane = j % 32, warp = j / 32;
-    const int R = u / a.n_hkv, kvh = u % a.n_hkv;
+    const int R = u / a.n_head_kv, kvh = u % a.n_head_kv;
     const int st = R / a.n_rows, row = R % a.n_rows;
     const float * cw = a.cw ? (const float *) (a.cw + (size_t) kvh * a.cw_nb1 + (size_t) st * a.cw_nb2) : nullptr;
     const char * qbase = a.qs + (size_t) row * a.qs_nb1 + (size_t) st * a.qs_nb3;
@@ -130,12 +130,12 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_score(const sparq_cu_
     __shared__ int sh[SPARQ_NW];
     __shared__ float red[SPARQ_NW];
     const int u = blockIdx.y, tid = threadIdx.x;
-    const int R = u / a.n_hkv, kvh = u % a.n_hkv, st = R / a.n_rows;
+    const int R = u / a.n_head_kv, kvh = u % a.n_head_kv, st = R / a.n_rows;
     sparq_score_clear(a, u, kvh, R);
 
     const int s0 = blockIdx.x * (SPARQ_NT * CPT) + tid * CPT;
     // with CPT > 1 the host guarantees S % CPT == 0, so a thread's cells are all in or all out
-    const bool in = s0 < a.S;
+    const bool in = s0 < a.n_kv;
     const char * m = sparq_mask_row(a, R);
     float mv[CPT];
     int n_ok = 0;
@@ -196,7 +196,7 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_score(const sparq_cu_
             lm = fmaxf(lm, x[c]);
         }
         if (in) {
-            float * dst = a.logits + ((size_t) u * g + h) * a.S + s0;
+            float * dst = a.logits + ((size_t) u * g + h) * a.n_kv + s0;
 #pragma unroll
             for (int c = 0; c < CPT; ++c) {
                 dst[c] = x[c];

@@ -46,7 +46,7 @@ static __device__ __forceinline__ void sparq_collect_chunk(const sparq_cu_args &
     const int tid = threadIdx.x, lane = tid % 32;
     const int s = s0 + tid;
     bool take = false, eq = false;
-    if (s < a.S) {
+    if (s < a.n_kv) {
         if (h == 0) {
             take = a.win ? sparq_win_bit(a, R, s) : (s >= ri.w0 && sparq_valid(a, m, s));
         }
@@ -100,7 +100,7 @@ static __device__ int sparq_tail_w0(const sparq_cu_args & a, int u, const char *
     }
     __syncthreads();
     const int t = s_int[0], need = s_int[1];
-    const int lo = t * a.tl_a, hi = min(a.S, lo + a.tl_a);
+    const int lo = t * a.tl_a, hi = min(a.n_kv, lo + a.tl_a);
     int found = 0;
     for (int base = 0; base < hi - lo && found < need; base += SPARQ_NT) { // found: uniform over the block
         const int s = hi - 1 - (base + tid);
@@ -125,8 +125,8 @@ static __device__ sparq_sel_ctx sparq_sel_ctx_of(const sparq_cu_args & a, int li
     c.li = li;
     c.u = li / a.ph;
     c.h = li % a.ph;
-    c.R = c.u / a.n_hkv;
-    c.kvh = c.u % a.n_hkv;
+    c.R = c.u / a.n_head_kv;
+    c.kvh = c.u % a.n_head_kv;
     c.summed = a.g > 1 && a.ph == 1;
     c.keys = sparq_list_keys(a, li);
     int n = 0;
@@ -137,7 +137,7 @@ static __device__ sparq_sel_ctx sparq_sel_ctx_of(const sparq_cu_args & a, int li
     c.rk = sparq_row_k(a, c.n_valid);
     const int st = c.R / a.n_rows;
     c.mode = a.v_count[st] < 0.0f ? 2 : (c.n_valid <= c.rk ? 1 : 0);
-    c.w0 = a.S;
+    c.w0 = a.n_kv;
     if (c.mode == 0 && a.l > 0 && !a.win) {
         c.w0 = sparq_tail_w0(a, c.u, sparq_mask_row(a, c.R), sh, s_int);
     }
@@ -250,22 +250,22 @@ static __device__ void sparq_sel_pass(const sparq_cu_args & a, const sparq_sel_c
                                       bool gather, const sparq_sel_smem & sm, int * s_nc) {
     const int tid = threadIdx.x, lane = tid % 32;
     unsigned int * sb = a.selbits + (size_t) c.u * a.W;
-    for (int base = 0; base < a.S; base += SPARQ_NT * SPARQ_PASS_UNROLL) {
+    for (int base = 0; base < a.n_kv; base += SPARQ_NT * SPARQ_PASS_UNROLL) {
         float x[SPARQ_PASS_UNROLL];
 #pragma unroll
         for (int i = 0; i < SPARQ_PASS_UNROLL; ++i) {
             const int s = base + i * SPARQ_NT + tid;
-            x[i] = s < a.S ? __ldcg(c.keys + s) : -INFINITY;
+            x[i] = s < a.n_kv ? __ldcg(c.keys + s) : -INFINITY;
         }
 #pragma unroll
         for (int i = 0; i < SPARQ_PASS_UNROLL; ++i) {
             const int s0 = base + i * SPARQ_NT;
-            if (s0 >= a.S) {
+            if (s0 >= a.n_kv) {
                 break; // uniform over the block
             }
             const int s = s0 + tid;
             bool take = false;
-            if (s < a.S) {
+            if (s < a.n_kv) {
                 if (c.h == 0) {
                     take = a.win ? sparq_win_bit(a, c.R, s) : (s >= c.w0 && x[i] > -INFINITY);
                 }
@@ -424,7 +424,7 @@ static __device__ sparq_cross sparq_radix_pass(const sparq_cu_args & a, const sp
     sm.rm[tid] = 0.0;
     __syncthreads();
     const int hs = shift + width;
-    for (int s = tid; s < a.S; s += SPARQ_NT) {
+    for (int s = tid; s < a.n_kv; s += SPARQ_NT) {
         const float x = __ldcg(c.keys + s);
         if (sparq_sel_eligible(a, c, s, x)) {
             const unsigned int o = sparq_key_bits(x);
@@ -529,9 +529,9 @@ static __device__ void sparq_window_bits(const sparq_cu_args & a, const sparq_se
         }
         return;
     }
-    for (int s0 = c.w0 & ~31; s0 < a.S; s0 += SPARQ_NT) { // chunks of whole bitmap words
+    for (int s0 = c.w0 & ~31; s0 < a.n_kv; s0 += SPARQ_NT) { // chunks of whole bitmap words
         const int s = s0 + tid;
-        const bool take = s >= c.w0 && s < a.S && __ldcg(c.keys + s) > -INFINITY;
+        const bool take = s >= c.w0 && s < a.n_kv && __ldcg(c.keys + s) > -INFINITY;
         const unsigned int bits = __ballot_sync(0xffffffff, take);
         if (lane == 0 && bits) {
             atomicOr(&sb[(s0 + tid - lane) >> 5], bits);
@@ -644,7 +644,7 @@ static __device__ void sparq_choose(const sparq_cu_args & a, const sparq_sel_ctx
     const char * m = sparq_mask_row(a, c.R);
     unsigned int * sb = a.selbits + (size_t) c.u * a.W;
     int eq_seen = 0;
-    for (int s0 = 0; s0 < a.S; s0 += SPARQ_NT) {
+    for (int s0 = 0; s0 < a.n_kv; s0 += SPARQ_NT) {
         sparq_collect_chunk(a, ri, c.R, c.h, m, c.keys, pk, true, s0, eq_seen, sm.sh, sb);
     }
 }
@@ -674,12 +674,12 @@ static __device__ double sparq_window_mass(const sparq_cu_args & a, const sparq_
         sm.siZw[tid] = Z > 0.0 ? 1.0 / Z : 0.0;
     }
     __syncthreads();
-    const float * lg = a.logits + (size_t) c.u * a.g * a.S;
+    const float * lg = a.logits + (size_t) c.u * a.g * a.n_kv;
     double loc = 0.0;
-    for (int s = (a.win ? 0 : c.w0) + tid; s < a.S; s += SPARQ_NT) {
+    for (int s = (a.win ? 0 : c.w0) + tid; s < a.n_kv; s += SPARQ_NT) {
         if (a.win ? sparq_win_bit(a, c.R, s) : lg[s] > -INFINITY) {
             for (int hh = h0; hh < h1; ++hh) {
-                loc += exp((double) lg[(size_t) hh * a.S + s] - (double) sm.sMw[hh - h0]) * sm.siZw[hh - h0];
+                loc += exp((double) lg[(size_t) hh * a.n_kv + s] - (double) sm.sMw[hh - h0]) * sm.siZw[hh - h0];
             }
         }
     }
@@ -751,7 +751,7 @@ static __device__ __forceinline__ void sparq_tile_dense_row(const sparq_cu_args 
     if (threadIdx.x == 0 && blockIdx.x == 0 && c.kvh == 0 && c.h == 0) {
         sparq_cu_row ri;
         ri.n_valid = c.n_valid;
-        ri.w0 = a.S;
+        ri.w0 = a.n_kv;
         ri.n_win = 0;
         ri.mode = c.mode;
         a.rows[c.R] = ri;
@@ -813,11 +813,11 @@ static __device__ __forceinline__ void sparq_tile_group_keys(const sparq_cu_args
                 x = 0.0f;
                 for (int hh = 0; hh < a.g; ++hh) {
                     if (sM[hh] != -INFINITY) {
-                        x += siZ[hh] * __expf(lg[(size_t) hh * a.S + s] - sM[hh]);
+                        x += siZ[hh] * __expf(lg[(size_t) hh * a.n_kv + s] - sM[hh]);
                     }
                 }
             }
-            a.keys[(size_t) c.u * a.S + s] = x;
+            a.keys[(size_t) c.u * a.n_kv + s] = x;
             xs[i] = x;
         }
     }
@@ -945,7 +945,7 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_select(const sparq_cu
     __shared__ float sMw[COV ? GGML_CUDA_SPARQ_G_MAX : 1];
     __shared__ double siZw[COV ? GGML_CUDA_SPARQ_G_MAX : 1];
     const sparq_sel_smem sm = { hc, hm, (int *) hc + SPARQ_CAND_MAX, rc, rm, wb, sh, shd, s_int, &s_cross, sMw, siZw };
-    const int t0 = blockIdx.x * SPARQ_TS, t1 = min(a.S, t0 + SPARQ_TS);
+    const int t0 = blockIdx.x * SPARQ_TS, t1 = min(a.n_kv, t0 + SPARQ_TS);
     // with keys_early the tile's loads go before the context's own loads and scans, so that the two wait together
     const float * src = sparq_list_logits(a, blockIdx.y);
     float xs[SPARQ_TS_CPT];

@@ -94,12 +94,12 @@ static bool sparq_cuda_args_of(const ggml_tensor * dst, sparq_cu_args & a, int *
 
     a.d = (int) q->ne[0];
     a.dv = (int) v->ne[0];
-    a.S = (int) k->ne[1];
+    a.n_kv = (int) k->ne[1];
     a.n_rows = (int) q->ne[1];
     a.n_head = (int) q->ne[2];
-    a.n_hkv = (int) k->ne[2];
+    a.n_head_kv = (int) k->ne[2];
     a.n_stream = (int) q->ne[3];
-    a.g = a.n_head / a.n_hkv;
+    a.g = a.n_head / a.n_head_kv;
     const ggml_sparq_attn_params P = ggml_sparq_params_get(dst).attn;
     a.ph = (P.flags & GGML_SPARQ_FLAG_PER_HEAD) && a.g > 1 ? a.g : 1;
     a.no_mean_v = (P.flags & GGML_SPARQ_FLAG_NO_MEAN_V) != 0;
@@ -119,18 +119,18 @@ static bool sparq_cuda_args_of(const ggml_tensor * dst, sparq_cu_args & a, int *
     GGML_ASSERT(a.r >= 1 && a.r <= a.d && a.k >= 1 && a.l >= 0 && a.l <= a.k);
 
     a.R = a.n_stream * a.n_rows;
-    a.U = a.R * a.n_hkv;
+    a.U = a.R * a.n_head_kv;
     a.L = a.U * a.ph;
     if (a.U == 0 || a.dv == 0) {
         return false;
     }
     // at least one tile and one bitmap word: an empty cache (S = 0) gives dense rows with no cell
-    a.W = std::max(1, (a.S + 31) / 32);
+    a.W = std::max(1, (a.n_kv + 31) / 32);
     const int gmax = sparq_gmax(a.g);
     *cpt = sparq_cuda_cpt(kt, gmax);
     a.tl_a = SPARQ_NT * *cpt;
-    a.nt_a = std::max(1, (a.S + a.tl_a - 1) / a.tl_a);
-    a.nt_s = std::max(1, (a.S + SPARQ_TS - 1) / SPARQ_TS);
+    a.nt_a = std::max(1, (a.n_kv + a.tl_a - 1) / a.tl_a);
+    a.nt_s = std::max(1, (a.n_kv + SPARQ_TS - 1) / SPARQ_TS);
     a.sel_max = a.ph * a.k;
     a.force_radix = sparq_select_radix_forced();
     a.hist_atomic = sparq_select_hist_atomic();

@@ -399,7 +399,7 @@ int main(int argc, char ** argv) {
 
     // the CUDA kernels, emulated
     sparq_cu_args a = {};
-    a.d = d; a.dv = d; a.S = S; a.n_rows = nr; a.n_head = nh; a.n_hkv = nhkv; a.n_stream = ns; a.g = g;
+    a.d = d; a.dv = d; a.n_kv = S; a.n_rows = nr; a.n_head = nh; a.n_head_kv = nhkv; a.n_stream = ns; a.g = g;
     a.ph = (flags & 1) && g > 1 ? g : 1;
     a.no_mean_v = (flags & 2) != 0;
     a.r = sel == SPARQ_SEL_ORACLE ? d : r; a.k = k; a.l = l; a.scale = c.scale;

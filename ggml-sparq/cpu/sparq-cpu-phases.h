@@ -5,6 +5,7 @@
 
 #include "sparq-cpu.h"
 #include "sparq-cpu-selector.h"
+#include "sparq-cpu-topk.h"
 
 #include <algorithm>
 #include <atomic>
@@ -20,14 +21,6 @@ namespace sparq_cpu {
 constexpr int    SPARQ_BLOCK_MAX = 1024;              // cells per approximate-score block (g == 1)
 constexpr size_t SPARQ_ALIGN     = 64;
 constexpr size_t SPARQ_LOGIT_CAP = (size_t) 64 << 20; // bytes of GQA logits kept at once
-
-struct cand { float key; int32_t idx; };
-
-struct cand_greater {
-    bool operator()(const cand & a, const cand & b) const {
-        return a.key > b.key || (a.key == b.key && a.idx < b.idx);
-    }
-};
 
 inline size_t align_up(size_t x) { return (x + SPARQ_ALIGN - 1) & ~(SPARQ_ALIGN - 1); }
 
@@ -226,27 +219,6 @@ inline void sparq_pause() {
 inline void chunk_range(int n, int c, int nc, int * s0, int * s1) {
     *s0 = (int) (((int64_t) n * c) / nc);
     *s1 = (int) (((int64_t) n * (c + 1)) / nc);
-}
-
-// The bin of a key among SPARQ_KEY_BINS: half an octave each, in the order of the keys (an
-// order-preserving map of the float bits, negative keys and -INF included), for the selection's
-// histograms: a bin's keys are all above every key of a lower bin.
-constexpr int SPARQ_KEY_BINS = 1024;
-inline __attribute__((always_inline)) int key_bin(float key) {
-    uint32_t u;
-    memcpy(&u, &key, sizeof(u));
-    return (int) ((u & 0x80000000u ? ~u : u | 0x80000000u) >> 22);
-}
-
-// The kk-th largest of x[0..n) (1 <= kk <= n), the value nth_element finds, which reorders x: a
-// histogram of the bins first, then nth_element among the one bin's values that holds it (over all
-// n, its passes branched on every value).
-float kth_largest(float * x, int n, int kk);
-
-// keep the kk largest of buf[0..n) in buf[0..kk); return the kk-th key
-inline float compact(cand * buf, int n, int kk) {
-    std::nth_element(buf, buf + (kk - 1), buf + n, cand_greater());
-    return buf[kk - 1].key;
 }
 
 // positions chosen by score (the window fills the rest of k)

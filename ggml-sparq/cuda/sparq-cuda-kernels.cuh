@@ -7,15 +7,19 @@
 //   SPARQ_LAUNCH(kernel, grid, block, stream, args...), sparq_stream_t.
 // The headers (each includable on its own, after the includer's names):
 //   sparq-cuda-common.cuh  limits, structs, loads, mask lookups, block scans and reductions
+//   sparq-cuda-topk.cuh    the exact k-selection primitive: a histogram's crossing of a target
 //   sparq-cuda-score.cuh   kernel 1: components, valid cells, approximate scores
-//   sparq-cuda-select.cuh  kernel 2: keys, histograms, each list's choice into the unit's bitmap
+//   sparq-cuda-select.cuh  kernel 2's list side: each list's choice into the unit's bitmap
+//   sparq-cuda-select-tile.cuh  kernel 2: the tiles' keys, histograms and candidates, the hand-over
 //   sparq-cuda-attend.cuh  kernel 3: exact attention and the mean-V mix (every selector)
 //   sparq-cuda-launch.cuh  the launch sequence, sparq_cu_run
 #pragma once
 
 // in kernel order
 #include "sparq-cuda-common.cuh"
+#include "sparq-cuda-topk.cuh"
 #include "sparq-cuda-score.cuh"
 #include "sparq-cuda-select.cuh"
+#include "sparq-cuda-select-tile.cuh"
 #include "sparq-cuda-attend.cuh"
 #include "sparq-cuda-launch.cuh"

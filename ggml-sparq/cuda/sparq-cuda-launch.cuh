@@ -9,7 +9,7 @@
 
 #include "sparq-cuda-common.cuh"
 #include "sparq-cuda-score.cuh"
-#include "sparq-cuda-select.cuh"
+#include "sparq-cuda-select-tile.cuh"
 #include "sparq-cuda-attend.cuh"
 
 static int sparq_gmax(int g) {

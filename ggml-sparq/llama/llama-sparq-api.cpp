@@ -2,6 +2,7 @@
 // llama_sparq_get_params (validation, then the context's SparQ state made or updated). The
 // defaults and the range checks are expanded from the settings' table (llama-sparq-settings.def).
 #include "llama-sparq-impl.h"
+#include "llama-sparq-selector.h"
 #include "llama-sparq-version.h"
 
 #include <algorithm>
@@ -200,17 +201,16 @@ static bool sparq_params_consistent(const llama_sparq_params * p, int64_t head_s
     if (!sparq_params_in_range(p, head_size, err, err_size)) {
         return false;
     }
-    if (p->enabled && p->k == 0 && p->selector != LLAMA_SPARQ_SELECTOR_SPARQ && p->selector != LLAMA_SPARQ_SELECTOR_ORACLE) {
+    if (!p->enabled) {
+        return true;
+    }
+    const sparq_selector & sel = sparq_selector_of(p->selector);
+    if (p->k == 0 && !sel.ranks_scores) {
         sparq_err(err, err_size, "SparQ: k = 0 (calibrated) needs the sparq or oracle selector (it cuts step 2's "
                   "approximate scores); selector %s needs k >= 1", llama_sparq_selector_name(p->selector));
         return false;
     }
-    if (p->enabled && p->selector == LLAMA_SPARQ_SELECTOR_H2O && p->all_rows) {
-        sparq_err(err, err_size, "SparQ: all_rows = 1 does not apply to selector h2o: its prompt rows are dense and "
-                  "scored, its decode rows choose on the scores");
-        return false;
-    }
-    return true;
+    return !sel.check || sel.check(*p, nullptr, err, err_size);
 }
 
 // the struct is this library's (a caller built against another header would pass another size)
@@ -247,11 +247,8 @@ static int32_t sparq_validate_params(llama_context * ctx, const llama_sparq_para
     if (!sparq_params_consistent(p, sparq_min_head_size(upstream::model(ctx).hparams), err, err_size)) {
         return -1;
     }
-    const bool h2o = p->enabled && p->selector == LLAMA_SPARQ_SELECTOR_H2O;
-    const llama_cparams & cp = upstream::cparams(ctx);
-    if (h2o && cp.n_seq_max > 1) {
-        sparq_err(err, err_size, "SparQ: selector h2o needs a context for one sequence (n_seq_max = 1, here %u): its "
-                  "scores follow one prompt and its decode steps", cp.n_seq_max);
+    const sparq_selector & sel = sparq_selector_of(p->selector);
+    if (p->enabled && sel.check && !sel.check(*p, &upstream::cparams(ctx), err, err_size)) {
         return -2;
     }
     return 0;
@@ -374,17 +371,9 @@ static int32_t sparq_check_device_runs(const llama_sparq_ctx & S, const llama_sp
 // and every stream rebuilt when SparQ is switched on or the basis changes. 0, or -2 with the message in err
 static int32_t sparq_apply_params(llama_context * ctx, llama_sparq_ctx & S, const llama_sparq_params * p, char * err,
                                   size_t err_size) {
-    const bool h2o = p->enabled && p->selector == LLAMA_SPARQ_SELECTOR_H2O;
-    const bool index = p->enabled && p->selector == LLAMA_SPARQ_SELECTOR_INDEX;
-    if (h2o || index) {
-        for (const sparq_layer & L : S.layers) {
-            if (L.sel.h2o && !ggml_backend_buffer_is_host(L.sel.h2o->buffer)) {
-                sparq_err(err, err_size, "SparQ: selector %s runs on the CPU and needs the KV cache in host memory "
-                          "(here on %s): use --no-kv-offload / offload_kqv = false", h2o ? "h2o" : "index",
-                          ggml_backend_buffer_name(L.sel.h2o->buffer));
-                return -2;
-            }
-        }
+    const sparq_selector & sel = sparq_selector_of(p->selector);
+    if (p->enabled && sel.apply && !sel.apply(S, *p, err, err_size)) {
+        return -2;
     }
     // the cache's types first: whatever the settings, a device that cannot read them cannot run the op;
     // then the settings (the calibrated k too: the CUDA op and an RPC host's CPU op cut the selection
@@ -393,16 +382,10 @@ static int32_t sparq_apply_params(llama_context * ctx, llama_sparq_ctx & S, cons
         sparq_check_device_runs(S, p, false, err, err_size) != 0) {
         return -2;
     }
-    if (index && !sparq_alloc_index(S, p->index_lists, err, err_size)) {
-        return -2;
-    }
-    if (index && (S.params.selector != LLAMA_SPARQ_SELECTOR_INDEX || !S.params.enabled)) {
-        std::fill(S.index.trained.begin(), S.index.trained.end(), 0); // the index is trained at the next step
-    }
     if (p->basis == LLAMA_SPARQ_BASIS_PCA && !sparq_alloc_basis(S, err, err_size)) {
         return -2;
     }
-    if (p->kt_bits != S.kt_bits) {
+    if (p->kt_bits != S.mem.kt_bits) {
         // K^T of another type: allocated anew, and every stream rebuilt into it before its next use
         if (!sparq_alloc_kt(S, p->kt_bits, err, err_size)) {
             return -2;

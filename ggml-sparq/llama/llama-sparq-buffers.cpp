@@ -51,7 +51,7 @@ bool sparq_alloc_buffers(llama_sparq_ctx & S,
         }
         ggml_backend_buffer_clear(buf, 0);
         ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
-        S.extra_bytes += ggml_backend_buffer_get_size(buf);
+        S.mem.extra_bytes += ggml_backend_buffer_get_size(buf);
         bufs.emplace_back(buf);
     }
     return true;
@@ -107,7 +107,7 @@ bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, int32_t kt_bits
     S.streams.assign(n_stream, sparq_stream_state());
 
     ggml_init_params ip = { (nl * 6 + 1) * ggml_tensor_overhead(), nullptr, true };
-    S.ctx.reset(ggml_init(ip));
+    S.mem.ctx.reset(ggml_init(ip));
     std::map<ggml_backend_buffer_type_t, std::vector<ggml_tensor *>> by_buft;
     // upstream's Hadamard rotation of q and k (a quantized K cache): one copy per buffer type
     S.hadamard.n = upstream::k_rot_n(kv);
@@ -148,13 +148,13 @@ bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, int32_t kt_bits
             L.reason = LLAMA_SPARQ_DENSE_ATTN_VARIANT;
             continue;
         }
-        L.data.vsum = ggml_new_tensor_3d(S.ctx.get(), GGML_TYPE_F32, dv, hkv, n_stream);
-        L.data.ksq = ggml_new_tensor_3d(S.ctx.get(), GGML_TYPE_F32, dk, hkv, n_stream);
+        L.data.vsum = ggml_new_tensor_3d(S.mem.ctx.get(), GGML_TYPE_F32, dv, hkv, n_stream);
+        L.data.ksq = ggml_new_tensor_3d(S.mem.ctx.get(), GGML_TYPE_F32, dk, hkv, n_stream);
         ggml_format_name(L.data.ksq, "sparq_ksq_l%u", il);
-        L.data.vcomp = ggml_new_tensor_3d(S.ctx.get(), GGML_TYPE_F32, dv, hkv, n_stream);
+        L.data.vcomp = ggml_new_tensor_3d(S.mem.ctx.get(), GGML_TYPE_F32, dv, hkv, n_stream);
         ggml_format_name(L.data.vsum, "sparq_vsum_l%u", il);
         ggml_format_name(L.data.vcomp, "sparq_vcomp_l%u", il);
-        L.sel.h2o = ggml_new_tensor_3d(S.ctx.get(), GGML_TYPE_F32, kv_size, hkv, n_stream);
+        L.sel.h2o = ggml_new_tensor_3d(S.mem.ctx.get(), GGML_TYPE_F32, kv_size, hkv, n_stream);
         ggml_format_name(L.sel.h2o, "sparq_h2o_l%u", il);
         L.report.entries.assign((size_t) n_stream * hkv * 4, SPARQ_REPORT_TAKEN);
         L.diffuse.left.assign(n_stream, 0);
@@ -167,16 +167,16 @@ bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, int32_t kt_bits
         if (S.hadamard.n > 0) {
             ggml_tensor *& h = hrot[buft];
             if (!h) {
-                h = ggml_new_tensor_2d(S.ctx.get(), GGML_TYPE_F32, S.hadamard.n, S.hadamard.n);
+                h = ggml_new_tensor_2d(S.mem.ctx.get(), GGML_TYPE_F32, S.hadamard.n, S.hadamard.n);
                 ggml_set_name(h, "sparq_hrot");
                 by_buft[buft].push_back(h);
             }
             L.data.hrot = h;
         }
-        S.kv_bytes += ggml_nbytes(k) + ggml_nbytes(v);
+        S.mem.kv_bytes += ggml_nbytes(k) + ggml_nbytes(v);
         S.n_layers++;
     }
-    if (!sparq_alloc_buffers(S, by_buft, S.bufs, "the V sums", err, err_size) ||
+    if (!sparq_alloc_buffers(S, by_buft, S.mem.bufs, "the V sums", err, err_size) ||
         !sparq_alloc_kt(S, kt_bits, err, err_size)) {
         return false;
     }
@@ -188,8 +188,8 @@ bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, int32_t kt_bits
     }
     LLAMA_LOG_INFO("%s: SparQ data for %d of %zu KV-cache layers: K^T + V sums = %.2f MiB "
                    "(+%.0f%% of those layers' K and V, %.2f MiB)\n", __func__, S.n_layers, nl,
-                   S.extra_bytes / 1048576.0, S.kv_bytes ? 100.0 * S.extra_bytes / S.kv_bytes : 0.0,
-                   S.kv_bytes / 1048576.0);
+                   S.mem.extra_bytes / 1048576.0, S.mem.kv_bytes ? 100.0 * S.mem.extra_bytes / S.mem.kv_bytes : 0.0,
+                   S.mem.kv_bytes / 1048576.0);
     return true;
 }
 
@@ -213,19 +213,19 @@ bool sparq_alloc_kt(llama_sparq_ctx & S, int32_t kt_bits, char * err, size_t err
     std::vector<ggml_backend_buffer_ptr> bufs;
     if (!sparq_alloc_buffers(S, by_buft, bufs, "K^T", err, err_size)) {
         for (auto & b : bufs) {
-            S.extra_bytes -= ggml_backend_buffer_get_size(b.get());
+            S.mem.extra_bytes -= ggml_backend_buffer_get_size(b.get());
         }
         return false; // the K^T kept so far stays
     }
-    for (auto & b : S.kt_bufs) {
-        S.extra_bytes -= ggml_backend_buffer_get_size(b.get());
+    for (auto & b : S.mem.kt_bufs) {
+        S.mem.extra_bytes -= ggml_backend_buffer_get_size(b.get());
     }
     for (size_t ikv = 0; ikv < S.layers.size(); ++ikv) {
         S.layers[ikv].data.kt = kt[ikv];
     }
-    S.kt_bufs = std::move(bufs);
-    S.kt_ctx = std::move(ctx);
-    S.kt_bits = kt_bits;
+    S.mem.kt_bufs = std::move(bufs);
+    S.mem.kt_ctx = std::move(ctx);
+    S.mem.kt_bits = kt_bits;
     return true;
 }
 
@@ -287,7 +287,7 @@ bool sparq_alloc_index(llama_sparq_ctx & S, int32_t n_list, char * err, size_t e
         return true;
     }
     for (auto & b : S.index.bufs) {
-        S.extra_bytes -= ggml_backend_buffer_get_size(b.get());
+        S.mem.extra_bytes -= ggml_backend_buffer_get_size(b.get());
     }
     S.index.bufs.clear();
     ggml_init_params ip = { (S.layers.size() * 2 + 1) * ggml_tensor_overhead(), nullptr, true };
@@ -308,8 +308,8 @@ bool sparq_alloc_index(llama_sparq_ctx & S, int32_t n_list, char * err, size_t e
     }
     S.index.n_list = 0;
     {
-        std::lock_guard<std::mutex> lock(S.mtx);
-        S.ivf_pending.clear(); // they name the tensors replaced here
+        std::lock_guard<std::mutex> lock(S.stats.mtx);
+        S.stats.ivf_pending.clear(); // they name the tensors replaced here
     }
     if (!sparq_alloc_buffers(S, by_buft, S.index.bufs, "the vector index", err, err_size)) {
         S.index.ctx.reset();

@@ -10,14 +10,14 @@
 #include <vector>
 
 void sparq_coverage_reset(llama_sparq_ctx & S) {
-    S.report_pending.clear();
+    S.stats.report_pending.clear();
     for (sparq_layer & L : S.layers) {
         std::fill(L.report.entries.begin(), L.report.entries.end(), SPARQ_REPORT_TAKEN);
         std::fill(L.diffuse.left.begin(), L.diffuse.left.end(), 0);
         std::fill(L.diffuse.period.begin(), L.diffuse.period.end(), 0);
     }
-    S.measure_due = true;
-    S.guard_due = false;
+    S.stats.measure_due = true;
+    S.stats.guard_due = false;
 }
 
 // the layers whose mean coverage is below the target, worst first: one line
@@ -39,7 +39,7 @@ static void sparq_guard(llama_sparq_ctx & S) {
         }
     }
     if (n_measured == 0) {
-        S.guard_due = true; // nothing reported yet (every call ran dense): look again after the next step
+        S.stats.guard_due = true; // nothing reported yet (every call ran dense): look again after the next step
         return;
     }
     if (lows.empty()) {
@@ -60,7 +60,7 @@ static void sparq_guard(llama_sparq_ctx & S) {
 }
 
 void sparq_count_reports(llama_sparq_ctx & S) {
-    for (const auto & p : S.report_pending) {
+    for (const auto & p : S.stats.report_pending) {
         if (p.ikv < 0 || p.ikv >= (int32_t) S.layers.size()) {
             continue;
         }
@@ -114,7 +114,7 @@ void sparq_count_reports(llama_sparq_ctx & S) {
         const double k_mean = k_sum / n;
         // the estimate counted at set_input (its k) becomes the cells the op attended
         const double ms = p.c.sparq(p.n_cells, k_mean);
-        S.counters.compression_sum += (ms - p.ms) / p.md;
+        S.stats.counters.compression_sum += (ms - p.ms) / p.md;
         L.report.n_calls++;
         L.report.k_sum += k_mean;
         L.report.cov_sum += cov_sum / n;
@@ -125,10 +125,10 @@ void sparq_count_reports(llama_sparq_ctx & S) {
             L.report.n_reached_calls += n_reached == n_reach;
         }
     }
-    const bool measured = !S.report_pending.empty();
-    S.report_pending.clear();
-    if (S.guard_due && measured) {
-        S.guard_due = false;
+    const bool measured = !S.stats.report_pending.empty();
+    S.stats.report_pending.clear();
+    if (S.stats.guard_due && measured) {
+        S.stats.guard_due = false;
         sparq_guard(S);
     }
 }
@@ -145,7 +145,7 @@ int32_t llama_sparq_get_layer_stats(const struct llama_context * ctx, int32_t i,
         return -1;
     }
     llama_sparq_ctx & S = *cp.sparq;
-    std::lock_guard<std::mutex> lock(S.mtx);
+    std::lock_guard<std::mutex> lock(S.stats.mtx);
     sparq_count_reports(S);
     int32_t seen = 0;
     for (const sparq_layer & L : S.layers) {

@@ -307,7 +307,7 @@ static bool sparq_stretch_in_op(const sparq_attn_build & b) {
 
 // per stream, as alone: a stream under the dense threshold (the longest decides the threshold in
 // sparq_dense_reason) runs dense, and so does a stream the calibrated k found diffuse in this layer
-// at its last check, until the next one. Counts the last execution's reports first (under S.mtx),
+// at its last check, until the next one. Counts the last execution's reports first (under S.stats.mtx),
 // records each stream's rows in the graph's input (graph reuse compares them) and sets b.stretch
 // when some decode rows, not all, run dense; returns the reason when every decode row does, else -1
 static int sparq_record_stretches(sparq_attn_build & b) {
@@ -315,7 +315,7 @@ static int sparq_record_stretches(sparq_attn_build & b) {
     sparq_rows_mode(b.S, b.g.ubatch, (uint32_t) b.n_stream, &prompt);
     sparq_stretch & st = b.inp->stretch[b.ikv];
     {
-        std::lock_guard<std::mutex> lock(b.S.mtx);
+        std::lock_guard<std::mutex> lock(b.S.stats.mtx);
         // the last execution's checks first (already counted if another thread read the counters
         // since), so that the stretches begin at a step that does not depend on when that was
         sparq_count_reports(b.S);
@@ -424,11 +424,11 @@ static ggml_tensor * sparq_build_op(sparq_attn_build & b, ggml_tensor * q, ggml_
             // longest stream of the ubatch: a request's choice must not depend on who else is decoding)
             ggml_sparq_attn_set_coverage_cap(cur, P.k_frac);
         } else {
-            if (b.S.measure_due && reports) {
+            if (b.S.stats.measure_due && reports) {
                 ggml_sparq_attn_set_coverage(cur, P.coverage, 0, (int) std::max<int64_t>(kk, n_kv / 4), false);
             }
             if (reports) { // (graph reuse compares it: only where it is measured)
-                inp->measure = b.S.measure_due ? 1 : 0;
+                inp->measure = b.S.stats.measure_due ? 1 : 0;
             }
         }
         if (reports) {

@@ -1,5 +1,6 @@
 // llama-sparq: the graph's SparQ input: whether a built graph can be reused, and per ubatch its
 // input tensors, the upkeep it triggers (calibration, rebuilds, the index's training) and the counters.
+#include "llama-sparq-selector.h"
 #include "llama-sparq-graph-input.h"
 
 #include <algorithm>
@@ -26,13 +27,13 @@ bool llm_graph_input_sparq::can_reuse(const llm_graph_params & params) {
     ok &= rows_mode == sparq_rows_mode(*S, params.ubatch, upstream::sinfo(m).n_stream());
     if (measure >= 0) {
         // the guard's measuring step is built once: the next graph runs without it
-        ok &= measure == (int) S->measure_due;
+        ok &= measure == (int) S->stats.measure_due;
     }
     if (ok && !stretch.empty()) {
         // a stream's dense stretch of a layer began or ended (the last execution's checks counted first,
         // as at graph build)
         sparq_rows_mode(*S, params.ubatch, upstream::sinfo(m).n_stream(), &prompt_buf);
-        std::lock_guard<std::mutex> lock(S->mtx);
+        std::lock_guard<std::mutex> lock(S->stats.mtx);
         sparq_count_reports(*S);
         for (const auto & [ikv, st] : stretch) {
             ok &= sparq_stretch_rows(*S, ikv, upstream::sinfo(m), prompt_buf, rows_buf) == st.mode && rows_buf == st.rows;
@@ -119,14 +120,13 @@ void llm_graph_input_sparq::keep_streams_current() {
 void llm_graph_input_sparq::train_index_if_due() {
     llama_sparq_ctx & St = *S;
     const auto & si = upstream::sinfo(mctx);
-    if (St.params.selector == LLAMA_SPARQ_SELECTOR_INDEX && St.index.ctx && appends && runs_sparq()) {
+    const auto before_step = sparq_selector_of(St.params.selector).before_step;
+    if (before_step && appends && runs_sparq()) {
         for (uint32_t s = 0; s < si.n_stream(); ++s) {
             const uint32_t strm = si.strm[s];
             const llama_kv_cells & cells = upstream::cells(St.kv, strm);
             const uint32_t n_used = cells.get_used() > si.size() ? cells.get_used() - si.size() : 0;
-            if (St.index.trained[strm] == 0 || n_used >= 2 * (uint64_t) St.index.trained[strm]) {
-                sparq_retrain_index(St, strm, si.idxs[s], n_used, false);
-            }
+            before_step(St, strm, si.idxs[s], n_used, false);
         }
     }
 }
@@ -226,23 +226,23 @@ void llm_graph_input_sparq::set_input(const llama_ubatch * ubatch) {
 
     // counters: this graph's decisions, once per execution
     const double n_cells = std::max<double>(1.0, sparq_used_max(mctx));
-    std::lock_guard<std::mutex> lock(St.mtx);
+    std::lock_guard<std::mutex> lock(St.stats.mtx);
     sparq_count_index_reads(St); // the previous execution has run
     sparq_count_reports(St);
     bool measuring = false;
     for (const sparq_decision & dc : decisions) {
         if (dc.reason < 0) { // SparQ ran (for every row, or for the decode rows beside prompt rows)
-            St.counters.n_sparq++;
-            St.counters.n_sparq_device += dc.device == 1;
-            if (dc.device == 2 && !St.logged_host_fallback) {
-                St.logged_host_fallback = true;
+            St.stats.counters.n_sparq++;
+            St.stats.counters.n_sparq_device += dc.device == 1;
+            if (dc.device == 2 && !St.stats.logged_host_fallback) {
+                St.stats.logged_host_fallback = true;
                 LLAMA_LOG_WARN("%s: SparQ runs on the CPU for layer %d: K^T is on %s, which does not support this "
                                "SPARQ_ATTN node (its log says why); the scheduler copies the cache across every step\n",
                                __func__, dc.il, dc.device_name.c_str());
             }
             const double md = dc.cost.dense(n_cells);
             const double ms = n_cells <= dc.k ? md : dc.cost.sparq(n_cells, dc.rows);
-            St.counters.compression_sum += ms / md;
+            St.stats.counters.compression_sum += ms / md;
             if (dc.report && n_cells > dc.k) {
                 // the rows whose output is not the op's (prompt rows, stretches) report nothing
                 std::bitset<LLAMA_MAX_SEQ> unused;
@@ -250,17 +250,17 @@ void llm_graph_input_sparq::set_input(const llama_ubatch * ubatch) {
                 for (size_t s = 0; s < prompt_buf.size() && s < unused.size(); ++s) {
                     unused[s] = prompt_buf[s] || (it != stretch.end() && s < it->second.rows.size() && it->second.rows[s]);
                 }
-                St.report_pending.push_back({ dc.ikv_rep, dc.il, si.s0, si.n_stream(), n_cells, md, ms, dc.cost, unused });
+                St.stats.report_pending.push_back({ dc.ikv_rep, dc.il, si.s0, si.n_stream(), n_cells, md, ms, dc.cost, unused });
                 measuring |= measure == 1;
             }
             if (dc.ikv >= 0 && n_cells > dc.k) {
                 // (its capacity stays across steps: no allocation once warm)
-                St.ivf_pending.push_back({ dc.ikv, si.s0, si.n_stream(), n_cells, md, ms, dc.cost });
+                St.stats.ivf_pending.push_back({ dc.ikv, si.s0, si.n_stream(), n_cells, md, ms, dc.cost });
             }
         } else {
-            St.counters.n_dense[dc.reason]++;
-            if (!(St.logged & (1u << dc.reason))) {
-                St.logged |= 1u << dc.reason;
+            St.stats.counters.n_dense[dc.reason]++;
+            if (!(St.stats.logged & (1u << dc.reason))) {
+                St.stats.logged |= 1u << dc.reason;
                 LLAMA_LOG_INFO("%s: SparQ on, dense attention where: %s (first seen on layer %d; counted in the stats)\n",
                                __func__, sparq_reason_text[dc.reason], dc.il);
             }
@@ -278,8 +278,8 @@ void llm_graph_input_sparq::set_input(const llama_ubatch * ubatch) {
     }
     if (measuring) {
         // this execution measures a fixed k's coverage: its reports are checked once it has run
-        St.measure_due = false;
-        St.guard_due = true;
+        St.stats.measure_due = false;
+        St.stats.guard_due = true;
     }
 }
 

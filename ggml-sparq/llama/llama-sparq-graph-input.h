@@ -62,7 +62,7 @@ struct sparq_stretch {
 int sparq_rows_mode(const llama_sparq_ctx & S, const llama_ubatch & ub, uint32_t n_stream,
                     std::vector<uint8_t> * prompt = nullptr);
 // the stretch mode of layer ikv for the streams of si (prompt: per stream, from sparq_rows_mode),
-// and its rows; the caller holds S.mtx
+// and its rows; the caller holds S.stats.mtx
 int sparq_stretch_rows(const llama_sparq_ctx & S, int32_t ikv, const llama_kv_cache::slot_info & si,
                        const std::vector<uint8_t> & prompt, std::vector<uint8_t> & rows);
 // the most cells in use among the streams of the ubatch (the context length the dense threshold is about:

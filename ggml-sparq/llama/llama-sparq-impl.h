@@ -105,7 +105,7 @@ struct sparq_layer_report {
     double compression_sum = 0.0; // per call: its compression
 };
 
-// the calibrated k's diffuse layer, per stream (llama_sparq_ctx::mtx): the decode steps the stream
+// the calibrated k's diffuse layer, per stream (sparq_stats_state::mtx): the decode steps the stream
 // still runs dense in this layer (LLAMA_SPARQ_DENSE_DIFFUSE) before SparQ checks it again, and the
 // next such stretch's length (bounds: SPARQ_DIFFUSE_MIN_STEPS, SPARQ_DIFFUSE_MAX_STEPS). Per stream,
 // so that a sequence's steps do not depend on the other sequences decoded beside it
@@ -151,9 +151,12 @@ inline double sparq_elem_bytes(ggml_type t) {
     return (double) ggml_row_size(t, ggml_blck_size(t)) / (double) ggml_blck_size(t);
 }
 
+// whether the selector ranks step 2's approximate scores (llama-sparq-selector.h's trait)
+bool sparq_selector_ranks_scores(int32_t selector);
+
 // k = 0 with a selector that ranks by scores: the op cuts its choice at the coverage target
 inline bool sparq_is_calibrated(const llama_sparq_params & P) {
-    return P.k == 0 && (P.selector == LLAMA_SPARQ_SELECTOR_SPARQ || P.selector == LLAMA_SPARQ_SELECTOR_ORACLE);
+    return P.k == 0 && sparq_selector_ranks_scores(P.selector);
 }
 
 // per stream: whether K^T and the V sums equal a recomputation for the cells whose
@@ -163,7 +166,7 @@ struct sparq_stream_state {
     uint64_t hash = 0;
 };
 
-// the context's counters (llama_sparq_get_stats); every access holds llama_sparq_ctx::mtx
+// the context's counters (llama_sparq_get_stats); every access holds sparq_stats_state::mtx
 struct sparq_counters {
     uint64_t n_sparq = 0;
     uint64_t n_sparq_device = 0;    // of n_sparq: the op ran on a non-CPU device (ggml-sparq/cuda/sparq-cuda.cu)
@@ -199,29 +202,21 @@ struct sparq_hadamard_state {
     std::vector<float> matrix_host; // the matrix (n x n), for the host rebuild
 };
 
-struct llama_sparq_ctx {
-    llama_sparq_params params = llama_sparq_default_params();
-
-    llama_context * lctx = nullptr;         // the context owning this (for its thread count)
-    sparq_env env;                          // the environment switches, read once when SparQ state is made
-    llama_kv_cache * kv = nullptr;          // the full-attention cache
-    std::vector<sparq_layer> layers;        // by KV-cache layer index
-    std::vector<sparq_stream_state> streams; // by stream
+// the tensors and buffers SparQ allocates beside the cache (llama-sparq-buffers.cpp), and their bytes
+struct sparq_memory_state {
     ggml_context_ptr ctx;
     std::vector<ggml_backend_buffer_ptr> bufs;
     // K^T in buffers of its own: remade when kt_bits changes (sparq_alloc_kt); kt_bits: its bits now
     ggml_context_ptr kt_ctx;
     std::vector<ggml_backend_buffer_ptr> kt_bufs;
     int32_t kt_bits = 16;
-    // min_kv was given as -1 and resolved by where the cache is (and, on a GPU, by the kind of k):
-    // the resolved value read back and passed back unchanged stays the default (re-resolved)
-    bool min_kv_auto = false;
-    uint64_t extra_bytes = 0;
-    uint64_t kv_bytes = 0;
-    int32_t n_layers = 0;
+    uint64_t extra_bytes = 0; // SparQ's own bytes
+    uint64_t kv_bytes = 0;    // the cache's bytes, for the share
+};
 
-    // the counters and what feeds them: written by the decoding thread in set_input, read by
-    // llama_sparq_get_stats from any thread (llama-server's HTTP threads), so every access holds mtx
+// the context's counters and what feeds them: written by the decoding thread in set_input, read by
+// llama_sparq_get_stats from any thread (llama-server's HTTP threads), so every access holds mtx
+struct sparq_stats_state {
     mutable std::mutex mtx;
     sparq_counters counters;
     bool logged_host_fallback = false;
@@ -250,6 +245,23 @@ struct llama_sparq_ctx {
     bool measure_due = true;
     bool guard_due = false;
     uint32_t logged = 0; // reasons already logged
+};
+
+struct llama_sparq_ctx {
+    llama_sparq_params params = llama_sparq_default_params();
+
+    llama_context * lctx = nullptr;         // the context owning this (for its thread count)
+    sparq_env env;                          // the environment switches, read once when SparQ state is made
+    llama_kv_cache * kv = nullptr;          // the full-attention cache
+    std::vector<sparq_layer> layers;        // by KV-cache layer index
+    std::vector<sparq_stream_state> streams; // by stream
+    sparq_memory_state mem; // the tensors and buffers SparQ allocated beside the cache
+    // min_kv was given as -1 and resolved by where the cache is (and, on a GPU, by the kind of k):
+    // the resolved value read back and passed back unchanged stays the default (re-resolved)
+    bool min_kv_auto = false;
+    int32_t n_layers = 0;
+
+    sparq_stats_state stats; // the counters and what feeds them (holds its own lock)
 
     // the context's batch (which sequences bring several tokens to the current llama_decode)
     const llama_batch_allocr * balloc = nullptr;
@@ -396,7 +408,7 @@ inline void sparq_row_f32(const void * row, ggml_type t, int64_t n, float * out)
 extern const char * const sparq_reason_names[LLAMA_SPARQ_DENSE_COUNT]; // llama_sparq_dense_reason_name's
 extern const char * const sparq_reason_text[LLAMA_SPARQ_DENSE_COUNT];  // for the log: why a call ran dense
 // llama-sparq-stats.cpp: the counters' compression (the SparQ calls and the diffuse layers' dense
-// stretches, those at 1); holds no lock (callers hold S.mtx)
+// stretches, those at 1); holds no lock (callers hold S.stats.mtx)
 double sparq_compression(const llama_sparq_ctx & S);
 // printf into err (up to n bytes; nothing when err is NULL or n is 0)
 void sparq_err(char * err, size_t n, const char * fmt, ...);
@@ -443,10 +455,10 @@ void sparq_train_index(llama_sparq_ctx & S, uint32_t strm, const std::vector<uin
 // llama-sparq-basis.cpp: the PCA (rotate) or scaled basis calibrated on the cache's keys
 void sparq_calibrate(llama_sparq_ctx & S, bool rotate, const std::vector<std::vector<uint32_t>> & skip);
 
-// llama-sparq-stats.cpp: the index calls' counted reads into the counters (the caller holds S.mtx)
+// llama-sparq-stats.cpp: the index calls' counted reads into the counters (the caller holds S.stats.mtx)
 void sparq_count_index_reads(llama_sparq_ctx & S);
 // llama-sparq-coverage.cpp: the last execution's reports into the counters, the guard's warning
-// (the caller holds S.mtx); the reports and the guard's state cleared (new settings or a reset)
+// (the caller holds S.stats.mtx); the reports and the guard's state cleared (new settings or a reset)
 void sparq_count_reports(llama_sparq_ctx & S);
 void sparq_coverage_reset(llama_sparq_ctx & S);
 
@@ -461,7 +473,7 @@ bool sparq_rebuild_stream_device(llama_sparq_ctx & S, uint32_t strm, const std::
 // whether the stream's data is current for its cells as they are now
 bool sparq_stream_current(const llama_sparq_ctx & S, uint32_t strm);
 void sparq_wait_written(const ggml_tensor * t); // the writes queued to t processed where it lives (RPC)
-void sparq_count_rebuild(llama_sparq_ctx & S, uint32_t strm); // counters.n_rebuilds++, the stream's diffuse stretches reset (takes S.mtx)
+void sparq_count_rebuild(llama_sparq_ctx & S, uint32_t strm); // counters.n_rebuilds++, the stream's diffuse stretches reset (takes S.stats.mtx)
 // H2O's scores and the index's list ids of one stream after its cells changed (skip: the cells the ubatch writes)
 void sparq_selector_rebuild(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip);
 // the index of one stream trained again (sparq_train_index), counted in n_index_trainings

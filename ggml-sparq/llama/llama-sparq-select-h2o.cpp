@@ -75,12 +75,35 @@ static void h2o_rebuild(llama_sparq_ctx & S, uint32_t strm, const std::vector<ui
     }
 }
 
+// its scores follow one prompt and its decode steps: its prompt rows are dense and scored, and one
+// sequence only
+static bool h2o_check(const llama_sparq_params & p, const llama_cparams * cp, char * err, size_t err_size) {
+    if (p.all_rows) {
+        sparq_err(err, err_size, "SparQ: all_rows = 1 does not apply to selector h2o: its prompt rows are dense and "
+                  "scored, its decode rows choose on the scores");
+        return false;
+    }
+    if (cp && cp->n_seq_max > 1) {
+        sparq_err(err, err_size, "SparQ: selector h2o needs a context for one sequence (n_seq_max = 1, here %u): its "
+                  "scores follow one prompt and its decode steps", cp->n_seq_max);
+        return false;
+    }
+    return true;
+}
+
+static bool h2o_apply(llama_sparq_ctx & S, const llama_sparq_params &, char * err, size_t err_size) {
+    return sparq_cache_on_host(S, "h2o", err, err_size);
+}
+
 // every decode step runs the op (its scores follow every step), short contexts included
 const sparq_selector sparq_sel_h2o = {
     /* ranks_scores  */ false,
     /* per_head      */ false,
     /* window_choice */ false,
     /* every_step    */ true,
+    /* check         */ h2o_check,
+    /* apply         */ h2o_apply,
+    /* before_step   */ nullptr,
     /* window        */ nullptr,
     /* rebuild       */ h2o_rebuild,
     /* appends       */ h2o_appends,

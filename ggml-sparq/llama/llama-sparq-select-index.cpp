@@ -55,11 +55,38 @@ static void index_rebuild(llama_sparq_ctx & S, uint32_t strm, const std::vector<
     }
 }
 
+// its tensors for the settings' list count; an index switched to is trained at the next step
+static bool index_apply(llama_sparq_ctx & S, const llama_sparq_params & p, char * err, size_t err_size) {
+    if (!sparq_cache_on_host(S, "index", err, err_size) || !sparq_alloc_index(S, p.index_lists, err, err_size)) {
+        return false;
+    }
+    if (S.params.selector != LLAMA_SPARQ_SELECTOR_INDEX || !S.params.enabled) {
+        std::fill(S.index.trained.begin(), S.index.trained.end(), 0);
+    }
+    return true;
+}
+
+// a stream's index is trained at its first step with it, and again once the stream holds twice the
+// cells it was trained on (its list ids are then reset: the op reassigns them)
+static void index_before_step(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip, uint32_t n_used,
+                              bool assign_all) {
+    if (!S.index.ctx || strm >= S.index.trained.size()) {
+        return;
+    }
+    // (a timed step's sync, assign_all, leaves an empty stream alone)
+    if ((n_used > 0 || !assign_all) && (S.index.trained[strm] == 0 || n_used >= 2 * (uint64_t) S.index.trained[strm])) {
+        sparq_retrain_index(S, strm, skip, n_used, assign_all);
+    }
+}
+
 const sparq_selector sparq_sel_index = {
     /* ranks_scores  */ false,
     /* per_head      */ true,
     /* window_choice */ false,
     /* every_step    */ false,
+    /* check         */ nullptr,
+    /* apply         */ index_apply,
+    /* before_step   */ index_before_step,
     /* window        */ nullptr,
     /* rebuild       */ index_rebuild,
     /* appends       */ index_appends,

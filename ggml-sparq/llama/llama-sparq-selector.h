@@ -23,6 +23,16 @@ struct sparq_selector {
                         // every step)
 
     // The hooks; any may be null.
+    // Its settings (p enabled with this selector) alone (cp null) or against the context's; false
+    // with a message.
+    bool (*check)(const llama_sparq_params & p, const llama_cparams * cp, char * err, size_t err_size);
+    // Its state made ready for settings p (enabled with this selector) before they take effect: its
+    // tensors allocated, where they must live checked; false with a message.
+    bool (*apply)(llama_sparq_ctx & S, const llama_sparq_params & p, char * err, size_t err_size);
+    // Before a step that runs SparQ on stream strm holding n_used cells besides the ubatch's (skip):
+    // its state brought up to date for them (assign_all: every used cell, for a timed step).
+    void (*before_step)(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip, uint32_t n_used,
+                        bool assign_all);
     // The local window for a budget of kk cells (null: the settings' l).
     int (*window)(int kk);
     // Its per-cell data of stream strm after the stream's cells changed (skip: the cells the next
@@ -38,6 +48,10 @@ struct sparq_selector {
     // recorded (sparq_decide).
     void (*decide)(sparq_attn_build & b, sparq_cost & c);
 };
+
+// Whether every layer's cache is in host memory (a selector that runs on the CPU only needs it);
+// false with a message naming the selector.
+bool sparq_cache_on_host(const llama_sparq_ctx & S, const char * selector, char * err, size_t err_size);
 
 // The selector of an LLAMA_SPARQ_SELECTOR_* value.
 const sparq_selector & sparq_selector_of(int32_t id);

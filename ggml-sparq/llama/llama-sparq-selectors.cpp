@@ -2,6 +2,23 @@
 
 #include "llama-sparq-selector.h"
 
+bool sparq_cache_on_host(const llama_sparq_ctx & S, const char * selector, char * err, size_t err_size) {
+    for (const sparq_layer & L : S.layers) {
+        // the selectors' per-cell tensors live in the buffer type of the layer's K
+        if (L.sel.h2o && !ggml_backend_buffer_is_host(L.sel.h2o->buffer)) {
+            sparq_err(err, err_size, "SparQ: selector %s runs on the CPU and needs the KV cache in host memory "
+                      "(here on %s): use --no-kv-offload / offload_kqv = false", selector,
+                      ggml_backend_buffer_name(L.sel.h2o->buffer));
+            return false;
+        }
+    }
+    return true;
+}
+
+bool sparq_selector_ranks_scores(int32_t selector) {
+    return selector >= 0 && selector < LLAMA_SPARQ_SELECTOR_COUNT && sparq_selector_of(selector).ranks_scores;
+}
+
 const sparq_selector & sparq_selector_of(int32_t id) {
     static const sparq_selector * const table[LLAMA_SPARQ_SELECTOR_COUNT] = {
         &sparq_sel_sparq, &sparq_sel_oracle, &sparq_sel_streaming, &sparq_sel_h2o, &sparq_sel_index,

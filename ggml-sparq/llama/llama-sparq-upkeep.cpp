@@ -24,8 +24,8 @@ bool sparq_stream_current(const llama_sparq_ctx & S, uint32_t strm) {
 }
 
 void sparq_count_rebuild(llama_sparq_ctx & S, uint32_t strm) {
-    std::lock_guard<std::mutex> lock(S.mtx);
-    S.counters.n_rebuilds++;
+    std::lock_guard<std::mutex> lock(S.stats.mtx);
+    S.stats.counters.n_rebuilds++;
     for (sparq_layer & L : S.layers) {
         if (strm < L.diffuse.left.size()) {
             // new content: the calibrated k looks at every layer of the stream again
@@ -37,8 +37,8 @@ void sparq_count_rebuild(llama_sparq_ctx & S, uint32_t strm) {
 void sparq_retrain_index(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip, uint32_t n_used,
                          bool assign_all) {
     sparq_train_index(S, strm, skip, n_used, assign_all);
-    std::lock_guard<std::mutex> lock(S.mtx);
-    S.counters.n_index_trainings++;
+    std::lock_guard<std::mutex> lock(S.stats.mtx);
+    S.stats.counters.n_index_trainings++;
 }
 
 // Waits until the writes queued to t are processed where t lives. A write to an RPC host is queued
@@ -78,13 +78,10 @@ void llama_sparq_sync(struct llama_context * ctx) {
     for (size_t ikv = 0; rebuilt && ikv < S.layers.size(); ++ikv) {
         sparq_wait_written(S.layers[ikv].data.kt);
     }
-    // the index selector: trained and every used cell in its list now, not in the next step
-    if (S.params.selector == LLAMA_SPARQ_SELECTOR_INDEX && S.index.ctx) {
+    // the selector's state (the index: trained, every used cell in its list) now, not in the next step
+    if (const auto before_step = sparq_selector_of(S.params.selector).before_step) {
         for (uint32_t strm = 0; strm < upstream::n_stream(S.kv); ++strm) {
-            const uint32_t n_used = upstream::cells(S.kv, strm).get_used();
-            if (n_used > 0 && (S.index.trained[strm] == 0 || n_used >= 2 * (uint64_t) S.index.trained[strm])) {
-                sparq_retrain_index(S, strm, {}, n_used, true);
-            }
+            before_step(S, strm, {}, upstream::cells(S.kv, strm).get_used(), true);
         }
     }
 }

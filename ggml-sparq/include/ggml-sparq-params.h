@@ -51,6 +51,8 @@ enum ggml_sparq_feature {
     GGML_SPARQ_FEAT_REPORT           = 1u << 13, // a host report pointer
 };
 #define GGML_SPARQ_FEAT_ALL ((1u << 14) - 1u)
+// a selector value this build does not know: outside every backend's set
+#define GGML_SPARQ_FEAT_UNKNOWN (1u << 31)
 
 // Flags of the selection and the output (set with ggml_sparq_attn_set_selector).
 enum ggml_sparq_flag {

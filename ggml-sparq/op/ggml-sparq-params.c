@@ -93,12 +93,14 @@ uint32_t ggml_sparq_params_features(const struct ggml_tensor * node, const struc
     }
     const struct ggml_sparq_attn_params * a = &p->attn;
     uint32_t f = 0;
+    static_assert(GGML_SPARQ_SEL_COUNT == 5, "a new selector: give it a feature bit here");
     switch (a->selector) {
+        case GGML_SPARQ_SEL_SPARQ:     break;
         case GGML_SPARQ_SEL_ORACLE:    f |= GGML_SPARQ_FEAT_ORACLE;    break;
         case GGML_SPARQ_SEL_STREAMING: f |= GGML_SPARQ_FEAT_STREAMING; break;
         case GGML_SPARQ_SEL_H2O:       f |= GGML_SPARQ_FEAT_H2O;       break;
         case GGML_SPARQ_SEL_INDEX:     f |= GGML_SPARQ_FEAT_INDEX;     break;
-        default: break;
+        default:                       f |= GGML_SPARQ_FEAT_UNKNOWN;   break; // every backend refuses it
     }
     f |= a->index_reads ? GGML_SPARQ_FEAT_INDEX_READS : 0;
     f |= (a->flags & GGML_SPARQ_FLAG_PER_HEAD) ? GGML_SPARQ_FEAT_PER_HEAD : 0;

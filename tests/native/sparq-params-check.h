@@ -2,7 +2,8 @@
 // value comes back from the one decoder, the same bytes decode alike in another tensor (what an RPC
 // server receives), every optional part maps to its feature bit, the CPU backend (through ggml's
 // supports_op) and the CUDA support check (host code, no GPU needed) honour or refuse each part as
-// they declare, and a part this build does not know, or another layout version, is refused by both.
+// they declare, and a part or a selector this build does not know, or another layout version, is
+// refused by both.
 // Included by sparq-op-test.cpp (ggml builds only): `sparq-op-test params-check`.
 #pragma once
 
@@ -165,7 +166,7 @@ static int run_params_check() {
     }
 
     // 3. a part this build does not know (a field a newer constructor added) is refused by every backend
-    for (uint32_t unknown : { 1u << 14, 1u << 20, 1u << 31 }) {
+    for (uint32_t unknown : { 1u << 14, 1u << 20, GGML_SPARQ_FEAT_UNKNOWN }) {
         struct ggml_tensor * t = params_node_with(s, 0);
         ggml_sparq_params pu = ggml_sparq_params_get(t);
         pu.features |= unknown;
@@ -179,6 +180,17 @@ static int run_params_check() {
         const char * why = sparq_cuda_why_not(t);
         if (!why || !strstr(why, "unknown")) {
             return params_fail("the CUDA check accepts a part it does not know:", why ? why : "(accepted)");
+        }
+    }
+
+    // a selector value this build does not know (a newer constructor's selector) likewise
+    {
+        struct ggml_tensor * t = params_node_with(s, 0);
+        ggml_sparq_params pu = ggml_sparq_params_get(t);
+        pu.attn.selector = GGML_SPARQ_SEL_COUNT + 2;
+        ggml_sparq_params_set(t, &pu);
+        if (ggml_backend_dev_supports_op(cpu, t) || !sparq_cuda_why_not(t)) {
+            return params_fail("a selector this build does not know is not refused");
         }
     }
 

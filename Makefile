@@ -1,7 +1,9 @@
 # llama-sparq: one-command set-up, tests and demo.
 #
 #   make test    install everything into .venv (first time: ~10 min on 2 cores), run the test suite
-#   make demo    install, fetch Gemma 3 270M, answer a question on a 15K-token document, dense and SparQ
+#   make demo    install, fetch the models, answer long-context questions dense and with SparQ from
+#                one prefill each (a few minutes on 2 cores); make demo-full: every dense path and
+#                a q8_0 cache, 8 chat questions, llama-completion --sparq (about 12 minutes)
 #   make install build the fork (persistent build/ folder, ccache when present) and install the package
 #   make install CUDA=1   the same with ggml's CUDA backend and SparQ's CUDA kernels (its own
 #                build folder build/cuda-*; CUDA_ARCHS, default "80;90" = Ampere and Hopper)
@@ -26,7 +28,7 @@ JOBS        ?= $(shell nproc 2>/dev/null || echo 2)
 export CCACHE_BASEDIR := $(CURDIR)
 export CCACHE_NOHASHDIR := 1
 
-.PHONY: all install deps deps-system test test-fast demo upstream bench-op cuda-check test-cuda bench-gpu gpu-wheel gpu-tracer gpu-gemma-parts clean distclean
+.PHONY: all install deps deps-system test test-fast demo demo-full upstream bench-op cuda-check test-cuda bench-gpu gpu-wheel gpu-tracer gpu-gemma-parts clean distclean
 
 # The CUDA variant: ggml's CUDA backend plus ggml-sparq/cuda/ (patch 0010), in a build
 # folder of its own so that the CPU build (the default) is never reconfigured by it.
@@ -87,6 +89,9 @@ test-fast: install
 
 demo: install
 	$(PY) scripts/demo.py
+
+demo-full: install
+	$(PY) scripts/demo.py --full
 
 # fetch + patch the pinned upstream only (prints the tree)
 upstream:

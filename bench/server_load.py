@@ -973,6 +973,7 @@ def soak_main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--sparq-args", default="--sparq", help="the SparQ server's flags")
+    ap.add_argument("--server-args", default="", help="flags for both servers (e.g. --cache-ram 0)")
     ap.add_argument("--rss-from", type=int, default=100, help="the memory verdict's first request (after warm-up)")
     ap.add_argument("--rss-bound", type=float, default=0.05, help="most RSS growth from --rss-from to the end")
     ap.add_argument("--request-timeout", type=float, default=900)
@@ -998,7 +999,7 @@ def soak_main(argv=None) -> int:
     logs = Path(tempfile.mkdtemp(prefix=f"soak-{args.tag}-"))
 
     def make(variant):
-        flags = shlex.split(args.sparq_args) if variant == "sparq" else []
+        flags = shlex.split(args.server_args) + (shlex.split(args.sparq_args) if variant == "sparq" else [])
         if python:
             env = dict(os.environ)
             env.pop("CONFIG_FILE", None)

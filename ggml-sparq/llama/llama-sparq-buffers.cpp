@@ -154,8 +154,6 @@ bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, int32_t kt_bits
         L.data.vcomp = ggml_new_tensor_3d(S.mem.ctx.get(), GGML_TYPE_F32, dv, hkv, n_stream);
         ggml_format_name(L.data.vsum, "sparq_vsum_l%u", il);
         ggml_format_name(L.data.vcomp, "sparq_vcomp_l%u", il);
-        L.sel.h2o = ggml_new_tensor_3d(S.mem.ctx.get(), GGML_TYPE_F32, kv_size, hkv, n_stream);
-        ggml_format_name(L.sel.h2o, "sparq_h2o_l%u", il);
         L.report.entries.assign((size_t) n_stream * hkv * 4, SPARQ_REPORT_TAKEN);
         L.diffuse.left.assign(n_stream, 0);
         L.diffuse.period.assign(n_stream, 0);
@@ -163,7 +161,6 @@ bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, int32_t kt_bits
         by_buft[buft].push_back(L.data.vsum);
         by_buft[buft].push_back(L.data.ksq);
         by_buft[buft].push_back(L.data.vcomp);
-        by_buft[buft].push_back(L.sel.h2o);
         if (S.hadamard.n > 0) {
             ggml_tensor *& h = hrot[buft];
             if (!h) {
@@ -317,6 +314,32 @@ bool sparq_alloc_index(llama_sparq_ctx & S, int32_t n_list, char * err, size_t e
     }
     S.index.n_list = n_list;
     S.index.trained.assign(S.streams.size(), 0);
+    return true;
+}
+
+bool sparq_alloc_h2o(llama_sparq_ctx & S, char * err, size_t err_size) {
+    if (S.h2o.ctx) {
+        return true;
+    }
+    ggml_init_params ip = { (S.layers.size() + 1) * ggml_tensor_overhead(), nullptr, true };
+    S.h2o.ctx.reset(ggml_init(ip));
+    std::map<ggml_backend_buffer_type_t, std::vector<ggml_tensor *>> by_buft;
+    for (sparq_layer & L : S.layers) {
+        if (!L.data.kt) {
+            continue;
+        }
+        const int64_t kv_size = L.data.kt->ne[0], hkv = L.data.kt->ne[2], ns = L.data.kt->ne[3];
+        L.sel.h2o = ggml_new_tensor_3d(S.h2o.ctx.get(), GGML_TYPE_F32, kv_size, hkv, ns);
+        ggml_format_name(L.sel.h2o, "sparq_h2o_l%d", L.il);
+        by_buft[ggml_backend_buffer_get_type(L.data.kt->buffer)].push_back(L.sel.h2o);
+    }
+    if (!sparq_alloc_buffers(S, by_buft, S.h2o.bufs, "the h2o scores", err, err_size)) {
+        for (sparq_layer & L : S.layers) {
+            L.sel.h2o = nullptr;
+        }
+        S.h2o.ctx.reset();
+        return false;
+    }
     return true;
 }
 

@@ -75,7 +75,8 @@ struct sparq_layer_data {
 
 // the per-cell state of the selectors that keep one
 struct sparq_layer_selectors {
-    // H2O: the accumulated attention per cell: [kv_size, n_head_kv, n_stream] f32
+    // H2O: the accumulated attention per cell: [kv_size, n_head_kv, n_stream] f32 (allocated when
+    // h2o is first selected)
     ggml_tensor * h2o = nullptr;
     // the index (allocated on first use): centroids [d, n_list, n_head_kv, n_stream] f32 and each cell's
     // list [kv_size, n_head_kv, n_stream] f32 (-1: not assigned yet; the op assigns it)
@@ -193,6 +194,12 @@ struct sparq_index_state {
     std::vector<uint32_t> trained;
 };
 
+// the h2o selector: its scores' tensors, allocated when it is first selected
+struct sparq_h2o_state {
+    std::vector<ggml_backend_buffer_ptr> bufs;
+    ggml_context_ptr ctx;
+};
+
 // upstream's Hadamard rotation of q and k (a quantized K cache)
 struct sparq_hadamard_state {
     int64_t n = 0; // the matrix's size (0: upstream does not rotate)
@@ -268,6 +275,7 @@ struct llama_sparq_ctx {
 
     sparq_basis_state basis;
     sparq_index_state index;
+    sparq_h2o_state h2o;
     sparq_hadamard_state hadamard;
 
     ~llama_sparq_ctx(); // logs the counters (llama-sparq-stats.cpp)
@@ -444,6 +452,8 @@ void sparq_basis_reset(llama_sparq_ctx & S);
 bool sparq_alloc_basis(llama_sparq_ctx & S, char * err, size_t err_size);
 // the index selector's tensors for n_list lists (again when the count changes); every stream untrained
 bool sparq_alloc_index(llama_sparq_ctx & S, int32_t n_list, char * err, size_t err_size);
+// the h2o selector's scores (once; zero: no attention received yet)
+bool sparq_alloc_h2o(llama_sparq_ctx & S, char * err, size_t err_size);
 // one job per KV head of every layer whose tensor tensor_of(layer) is allocated (its ne[2] is the KV head count)
 std::vector<sparq_head_job> sparq_head_jobs(const llama_sparq_ctx & S,
                                              const ggml_tensor * (*tensor_of)(const sparq_layer &));

@@ -91,8 +91,9 @@ static bool h2o_check(const llama_sparq_params & p, const llama_cparams * cp, ch
     return true;
 }
 
+// its scores beside the cache, in host memory (it runs on the CPU), allocated when first selected
 static bool h2o_apply(llama_sparq_ctx & S, const llama_sparq_params &, char * err, size_t err_size) {
-    return sparq_cache_on_host(S, "h2o", err, err_size);
+    return sparq_cache_on_host(S, "h2o", err, err_size) && sparq_alloc_h2o(S, err, err_size);
 }
 
 // every decode step runs the op (its scores follow every step), short contexts included

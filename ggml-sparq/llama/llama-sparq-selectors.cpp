@@ -4,11 +4,11 @@
 
 bool sparq_cache_on_host(const llama_sparq_ctx & S, const char * selector, char * err, size_t err_size) {
     for (const sparq_layer & L : S.layers) {
-        // the selectors' per-cell tensors live in the buffer type of the layer's K
-        if (L.sel.h2o && !ggml_backend_buffer_is_host(L.sel.h2o->buffer)) {
+        // K^T lives in the buffer type of the layer's K, and so do the selectors' per-cell tensors
+        if (L.data.kt && !ggml_backend_buffer_is_host(L.data.kt->buffer)) {
             sparq_err(err, err_size, "SparQ: selector %s runs on the CPU and needs the KV cache in host memory "
                       "(here on %s): use --no-kv-offload / offload_kqv = false", selector,
-                      ggml_backend_buffer_name(L.sel.h2o->buffer));
+                      ggml_backend_buffer_name(L.data.kt->buffer));
             return false;
         }
     }

@@ -302,3 +302,17 @@ def progress():
     except ImportError:  # pragma: no cover
         tqdm = lambda x, **k: x  # noqa: E731
     return tqdm
+
+
+def write_md(out: Path, tag: str, lines: list[str], echo: bool = True) -> None:
+    """<out>/<tag>.md from the lines (and a last empty one), also printed (echo)."""
+    (out / f"{tag}.md").write_text("\n".join(lines + [""]))
+    if echo:
+        print("\n".join(lines))
+
+
+def pct(xs, q, nd=2):
+    """The q-th percentile of xs rounded to nd decimals, None for none."""
+    import numpy as np
+
+    return round(float(np.percentile(xs, q)), nd) if xs else None

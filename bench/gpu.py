@@ -74,6 +74,10 @@ or the op ran on the CPU. Recorded on an H100: bench/results/gpu_h100*.md (bench
 OUT = RESULTS
 # the fork's counters line at exit (llama-bench prints it with -v only)
 COUNTERS_RE = re.compile(r"SparQ calls = (\d+), dense calls = (\d+).*SparQ calls on a device \(GPU, RPC host\) = (\d+)")
+# the calibrated k's dense stretches among the dense calls ("(..., diffuse N)"), and the op's reports
+# folded into the counters (a GPU's op reports too, with LLAMA_SPARQ_CUDA_REPORT on)
+DIFFUSE_RE = re.compile(r"SparQ calls = \d+, dense calls = \d+ \([^)]*\bdiffuse (\d+)")
+REPORTED_RE = re.compile(r"the op reported (\d+) calls: ([\d.]+) cells attended per KV head and step, ([\d.]+) of the")
 
 
 def cuda_env() -> dict:
@@ -102,8 +106,13 @@ def counters(stderr: str) -> dict | None:
     ms = COUNTERS_RE.findall(stderr)
     if not ms:
         return None
+    rep = REPORTED_RE.findall(stderr)
+    n_rep = sum(int(m[0]) for m in rep)
     return {"contexts": len(ms), "sparq_calls": sum(int(m[0]) for m in ms), "dense_calls": sum(int(m[1]) for m in ms),
-            "sparq_calls_gpu": sum(int(m[2]) for m in ms)}
+            "sparq_calls_gpu": sum(int(m[2]) for m in ms),
+            "diffuse_calls": sum(int(m) for m in DIFFUSE_RE.findall(stderr)),
+            "reported_calls": n_rep,
+            "reported_mean_cells": sum(int(m[0]) * float(m[1]) for m in rep) / n_rep if n_rep else None}
 
 
 def iqr_fit(S, samples):
@@ -133,7 +142,12 @@ def summarize(args, rows, meta):
         spq = dense["sparq"].get(s, {}).get("median_ms_per_token")
         base_ms = min(d1, d0)
         z = (d1 - y0) / d1 if y0 is not None and s > 0 else 0.0
-        ratio = cost.compression(s, 128, args.r, args.k) if s > 0 else 1.0
+        # the calibrated k (k = 0) chooses its cells per step: its compression is the one llama-bench measured
+        spq_row = dense["sparq"].get(s, {})
+        if args.k > 0 or s == 0:
+            ratio = cost.compression(s, 128, args.r, args.k) if s > 0 else 1.0
+        else:
+            ratio = float(spq_row.get("sparq_compr") or 1.0)
         amdahl = 1.0 / ((1.0 - z) + z * ratio) if s > 0 else 1.0
         summary.append({"S": s, "dense_fa1_ms": d1, "dense_fa0_ms": d0, "sparq_ms": spq,
                         "speedup_vs_fa1": d1 / spq if spq else None, "speedup_vs_best_dense": base_ms / spq if spq else None,
@@ -172,6 +186,8 @@ def e2e(args, meta):
             if cfg == "sparq":
                 row.update({k: r[k] for k in ("sparq_calls", "sparq_dense", "sparq_compr", "sparq_r", "sparq_k",
                                               "sparq_l", "sparq_min_kv")})
+                if "sparq_mean_k" in r:
+                    row["sparq_mean_k"] = r["sparq_mean_k"]
                 # the exit counters are the process's: every depth's SparQ contexts together
                 row["exit_counters"] = counters(p.stderr)
             rows.append(row)
@@ -340,6 +356,10 @@ def report(tag) -> None:
         for r in e["summary"]:
             c = r.get("sparq_counters") or {}
             calls = f"{c.get('sparq_calls', '-')} ({c.get('sparq_calls_gpu', '-')})" if c else "-"
+            if c.get("diffuse_calls") or c.get("reported_calls"):
+                # the calibrated k: its dense stretches (upstream's attention) and the op's reports
+                calls += (f"; dense {c.get('dense_calls', '-')}, diffuse {c.get('diffuse_calls', 0)}, "
+                          f"reported {c.get('reported_calls', 0)}")
             lines.append(f"| {r['S']} | {_fmt(r['dense_fa1_ms'], 3)} | {_fmt(r['dense_fa0_ms'], 3)} | {_fmt(r['sparq_ms'], 3)} | "
                          f"{_fmt(r['speedup_vs_fa1'])} | {_fmt(r['speedup_vs_best_dense'])} | {_fmt(r['z'], 3)} | "
                          f"{_fmt(r['compression'], 3)} | {_fmt(r['amdahl_bound'])} | {calls} |")

@@ -28,6 +28,13 @@
 #             LLAMA_SPARQ_CUDA_SELECT_LOADS=early and LLAMA_SPARQ_CUDA_ATTEND_ITEMS=16), each with dense
 #             beside it in the same run and tagged <tag>_ab_<setting>: ways of the kernels timed
 #             without a rebuild, against e2e's rows
+#   calib     the calibrated k (--k 0, the window k_min / 4) at $CALIB_DEPTHS (default 64K), batch 1,
+#             $CALIB_GEN tokens (default 64: its diffuse stretches last 16 to 256 steps), once per
+#             setting of LLAMA_SPARQ_CUDA_REPORT (1: the GPU op's report reaches the host and diffuse
+#             layers run upstream's flash attention in stretches; 0: the op attends over every cell of a
+#             diffuse unit itself), each with dense -fa 1 beside it in the same run and tagged
+#             <tag>_calib_report_<1|0>; each row keeps the fork's counters (SparQ and dense calls, the
+#             diffuse stretches' calls, the calls the op reported)
 #   nkvo      the -nkvo runs (weights on the GPU, cache and attention on the host) at $NKVO_DEPTHS
 #             (default 16K, 64K)
 #   profile   Nsight Compute (ncu, or $NCU) on the op's kernels at 64K and 4K (Llama 2 7B attention,
@@ -184,6 +191,17 @@ step_ab() {
     return "$rc"
 }
 
+step_calib() {
+    local tag v rc=0
+    tag=$(gpu_tag)
+    for v in 1 0; do
+        logged calib env LLAMA_SPARQ_CUDA_REPORT=$v "$PY" bench/gpu.py sweep --only e2e --tag "${tag}_calib_report_$v" \
+            --depths "${CALIB_DEPTHS:-65536}" --depths-batch "" --nkvo-depths "" --k 0 --l -1 --reps 3 \
+            --n-gen "${CALIB_GEN:-64}" || rc=1
+    done
+    return "$rc"
+}
+
 step_nkvo() {
     logged nkvo "$PY" bench/gpu.py sweep --only e2e --tag "$(gpu_tag)_nkvo" --depths "" --depths-batch "" \
         --nkvo-depths "${NKVO_DEPTHS:-16384,65536}" --n-gen 16
@@ -247,8 +265,8 @@ step_results() {
 [ $# -gt 0 ] || { sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 2; }
 for s in "$@"; do
     case "$s" in
-        install|grid|timeline|op|e2e|ab|nkvo|profile|lines|gemma|tests|results) ;;
-        *) echo "gpu_session: unknown step '$s' (install grid timeline op e2e ab nkvo profile lines gemma tests results)" >&2; exit 2 ;;
+        install|grid|timeline|op|e2e|ab|calib|nkvo|profile|lines|gemma|tests|results) ;;
+        *) echo "gpu_session: unknown step '$s' (install grid timeline op e2e ab calib nkvo profile lines gemma tests results)" >&2; exit 2 ;;
     esac
     if [ "$s" = ab ]; then
         ab_settings > /dev/null || exit 2

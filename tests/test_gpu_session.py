@@ -26,7 +26,7 @@ def run(tmp_path, *steps, **env):
 def test_unknown_step_is_refused(tmp_path):
     res = run(tmp_path, "install", "bogus")
     assert res.returncode == 2
-    assert "unknown step 'bogus' (install grid timeline op e2e ab nkvo profile lines gemma tests results)" in res.stderr
+    assert "unknown step 'bogus' (install grid timeline op e2e ab calib nkvo profile lines gemma tests results)" in res.stderr
     assert "install:" not in res.stdout  # refused before any step runs
 
 
@@ -331,3 +331,36 @@ def test_ab_runs_the_batch1_rows_once_per_setting(tmp_path):
     assert "--tag h0_abc_ab_select_loads_early --depths 4096 " in ran[1] and ran[1].endswith("HIST= LOADS=early ITEMS="), ran
     assert "--tag h0_abc_ab_attend_items_16 --depths 4096 " in ran[2] and ran[2].endswith("HIST= LOADS= ITEMS=16"), ran
     assert all("--only e2e" in r and "--depths-batch  --nkvo-depths " in r for r in ran), ran
+
+
+def test_calib_times_the_calibrated_k_with_the_gpu_report_on_and_off(tmp_path):
+    """The calib step: the calibrated k's batch-1 rows (dense -fa 1 beside them) once with the GPU
+    op's report on and once off (LLAMA_SPARQ_CUDA_REPORT=1, 0), each under its own tag."""
+    (tmp_path / "site" / "llama_sparq").mkdir(parents=True)
+    (tmp_path / "site" / "llama_sparq" / "__init__.py").write_text("")
+    py = tmp_path / "py"
+    py.write_text('#!/bin/sh\necho "RAN $* REPORT=${LLAMA_SPARQ_CUDA_REPORT:-}"\n')
+    py.chmod(0o755)
+    res = run(tmp_path, "calib", SPARQ_PYTHON=str(py), GPU_TAG="h0_abc")
+    assert res.returncode == 0, res.stdout + res.stderr
+    ran = [line for line in res.stdout.splitlines() if line.startswith("RAN ")]
+    assert len(ran) == 2, res.stdout
+    assert "--tag h0_abc_calib_report_1 --depths 65536 " in ran[0] and ran[0].endswith("REPORT=1"), ran
+    assert "--tag h0_abc_calib_report_0 --depths 65536 " in ran[1] and ran[1].endswith("REPORT=0"), ran
+    assert all("--only e2e" in r and " --k 0 --l -1 " in r and "--n-gen 64" in r for r in ran), ran
+
+
+def test_gpu_counters_keep_the_diffuse_calls_and_the_reports():
+    """The fork's exit log, as the sweep reads it: the diffuse stretches' calls among the dense ones
+    and the calls the op reported (a GPU's op reports with LLAMA_SPARQ_CUDA_REPORT on)."""
+    import gpu
+
+    log = ("llama_sparq: counters: SparQ calls = 40, dense calls = 88 (diffuse 88), compression = 0.5000, "
+           "rebuilds = 0, SparQ calls on a device (GPU, RPC host) = 40\n"
+           "llama_sparq: the op reported 40 calls: 812.5 cells attended per KV head and step, 0.901 of the "
+           "estimated attention mass (mean)\n")
+    c = gpu.counters(log)
+    assert c["sparq_calls"] == 40 and c["dense_calls"] == 88 and c["diffuse_calls"] == 88
+    assert c["reported_calls"] == 40 and abs(c["reported_mean_cells"] - 812.5) < 1e-9
+    c = gpu.counters(log.splitlines()[0].replace(" (diffuse 88)", ""))
+    assert c["diffuse_calls"] == 0 and c["reported_calls"] == 0 and c["reported_mean_cells"] is None

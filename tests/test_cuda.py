@@ -304,8 +304,11 @@ def test_cuda_kernels_emulated_equal_the_cpu_op(case, select, attend, hist, load
     per CUDA thread; __syncthreads and the warp shuffles as barriers; blocks in a shuffled order),
     give the CPU op's output and choose the same cells (the unit's bitmap equals the CPU's list, or
     both attend over every valid cell of a unit the calibrated k found diffuse) on tie-proof inputs,
-    in at most SPARQ_CUDA_MAX_LAUNCHES kernel launches. This checks the kernels' indexing and logic
-    before any GPU runs them; not the GPU's memory model or speed.
+    in at most SPARQ_CUDA_MAX_LAUNCHES kernel launches (the report's copy to the host is not a kernel),
+    and write the CPU op's report (per stream and KV head: cells attended, coverage, and with the
+    calibrated k the cells reaching the target and whether they did; a diffuse unit's reach as a lower
+    bound at or over the row's cap, on both). This checks the kernels' indexing and logic before any
+    GPU runs them; not the GPU's memory model or speed.
     select: the bin at the k-th key ranked in shared memory (the default) or radix passes over the
     list; attend: the default (each unit's cells split over blocks here, the last combining) or one
     block per unit; hist: the tiles' histogram after a warp vote (the default) or an add per cell;
@@ -322,6 +325,11 @@ def test_cuda_kernels_emulated_equal_the_cpu_op(case, select, attend, hist, load
     assert res.returncode == 0 and res.stdout.startswith("OK"), res.stdout + res.stderr[-2000:]
     m = re.search(r"sel_differ=(\d+)", res.stdout)
     assert m and m.group(1) == "0"
+    assert re.search(r"report_differ=(\d+)", res.stdout).group(1) == "0", res.stdout
+    args = EMU_CASES[case].split()
+    reach = int(re.search(r"report_reach=(\d+)", res.stdout).group(1))
+    # every (stream, KV head) measured its reach with the calibrated k, none with a fixed k
+    assert reach == (int(args[3]) * int(args[5]) if len(args) > 15 else 0), res.stdout
     assert all(f"{k}={v}" in res.stdout for k, v in (("select", select), ("hist", hist), ("loads", loads))), res.stdout
     launches = int(re.search(r"launches=(\d+)", res.stdout).group(1))
     assert 1 <= launches <= SPARQ_CUDA_MAX_LAUNCHES, res.stdout
@@ -336,7 +344,6 @@ def test_cuda_kernels_emulated_equal_the_cpu_op(case, select, attend, hist, load
         assert diffuse > 0, res.stdout
     elif case.startswith("calibrated-"):
         # the cut lies inside (k_min, the row's cap): the target, not a bound, set the cells
-        args = EMU_CASES[case].split()
         k_min, k_frac, S = int(args[16]), float(args[17]), int(args[1])
         assert diffuse == 0 and k_min < cells < k_frac * S, res.stdout
 
@@ -390,7 +397,7 @@ def test_sparq_decode_graphs_are_reused_as_dense(tiny_gqa_model, k):
     every step would force a new graph, an instantiation and direct launches each step. Here, on
     the CPU: a 40-token decode reuses its graph as often with SparQ as dense does (one build for
     the first SparQ step aside). With the calibrated k the diffuse stretches, which change the
-    graph when they start and end, are off, as they are for a cache on a GPU."""
+    graph when they start and end, are off (LLAMA_SPARQ_NO_DIFFUSE_SKIP)."""
     prompt = " ".join(f"w{i % 50}" for i in range(250))  # about 1000 tokens
 
     def reused(extra):

@@ -18,6 +18,7 @@ struct sparq_attend_unit {
     sparq_cu_row ri;
     bool sparse;        // the bitmap's cells; else every valid cell (the dense modes, a diffuse unit)
     bool mean_v;        // the mean-V mix applies
+    bool measure;       // the approximate mass of the cells is summed (the mix, or the report's coverage)
     const char * m;     // the row's mask (NULL: none)
     int * list;         // the unit's cells, ascending (SparQ rows)
     const char * Kb;    // the unit's K and V
@@ -53,6 +54,7 @@ static __device__ __forceinline__ sparq_attend_unit sparq_attend_unit_of(const s
     // a SparQ row's unit attends over its chosen cells, unless the calibrated k found it diffuse
     un.sparse = un.ri.mode == 0 && !a.udense[u];
     un.mean_v = un.sparse && !a.no_mean_v;
+    un.measure = un.sparse && (!a.no_mean_v || a.report);
     un.m = sparq_mask_row(a, un.R);
     un.list = a.sel + (size_t) u * a.sel_max;
     un.Kb = a.K + (size_t) un.kvh * a.K_nb2 + (size_t) un.st * a.K_nb3;
@@ -62,12 +64,12 @@ static __device__ __forceinline__ sparq_attend_unit sparq_attend_unit_of(const s
 }
 
 // head h's softmax maximum and sum of the approximate logits over all the unit's cells (the
-// mean-V mix's denominator; -inf and 0 without the mix)
+// mean-V mix's denominator; -inf and 0 where the mass is not measured)
 static __device__ __forceinline__ void sparq_attend_mean_v_stats(const sparq_cu_args & a, const sparq_attend_unit & un,
                                                                  const sparq_attend_smem & sm, int h) {
     sm.sMs[h] = -INFINITY;
     sm.sZ[h] = 0.0;
-    if (un.mean_v) {
+    if (un.measure) {
         float M;
         double Z;
         sparq_unit_stats(a, un.u, h, &M, &Z);
@@ -101,7 +103,7 @@ static __device__ __forceinline__ void sparq_attend_init(const sparq_cu_args & a
 // cells written (a scan per 256 words, as before, cost the last parts of a 64K context eight).
 static __device__ __forceinline__ void sparq_attend_cells(const sparq_cu_args & a, const sparq_attend_unit & un,
                                                           const sparq_attend_smem & sm, int p, int n_part, int * lo,
-                                                          int * hi) {
+                                                          int * hi, int * n_all) {
     const int tid = threadIdx.x;
     const unsigned int * sb = a.selbits + (size_t) un.u * a.W;
     const int per_t = (a.W + SPARQ_NT - 1) / SPARQ_NT;
@@ -115,6 +117,7 @@ static __device__ __forceinline__ void sparq_attend_cells(const sparq_cu_args & 
         pos = sparq_block_scan(cnt, &n, sm.sh) - cnt;
         n = min(n, a.sel_max);
     }
+    *n_all = n;
     const int per = (n + n_part - 1) / n_part;
     *lo = min(n, p * per);
     *hi = min(n, *lo + per);
@@ -265,7 +268,7 @@ static __device__ __forceinline__ void sparq_attend_softmax(const sparq_cu_args 
             sm.sp[h * SPARQ_NT + ii] = p;
             ps += p;
             const int c = sm.scell[ii];
-            if (un.mean_v && c >= 0) {
+            if (un.measure && c >= 0) {
                 ms += __expf(un.lg[(size_t) h * a.n_kv + c] - sm.sMs[h]);
             }
         }
@@ -390,6 +393,52 @@ static __device__ __forceinline__ float sparq_attend_vbar(const sparq_cu_args & 
     return cnt > 0.0f ? vs / cnt : 0.0f;
 }
 
+// head h's alpha: the approximate softmax mass of the attended cells (1 where not measured)
+static __device__ __forceinline__ float sparq_attend_alpha(const sparq_attend_unit & un, const sparq_attend_smem & sm,
+                                                           int h) {
+    return un.measure && sm.sZ[h] > 0.0 ? (float) fmin(1.0, sm.smass[h] / sm.sZ[h]) : 1.0f;
+}
+
+// The unit's report entry (sparq_cu_args::report) by thread 0, for the stream's last row, as the
+// CPU op writes it: the cells attended (n_sel, the bitmap's; a diffuse unit every valid cell; -1 in
+// the dense modes), the mean alpha over the group's heads, and the lists' cut (their mean, plus the
+// window) and whether each reached the target within the cap.
+static __device__ __forceinline__ void sparq_attend_report(const sparq_cu_args & a, const sparq_attend_unit & un,
+                                                           const sparq_attend_smem & sm, int n_sel) {
+    if (!a.report || threadIdx.x != 0 || un.row != a.n_rows - 1) {
+        return;
+    }
+    float * rp = a.report + ((size_t) un.st * a.n_head_kv + un.kvh) * 4;
+    double alpha = 0.0;
+    for (int h = 0; h < un.g; ++h) {
+        alpha += (double) sparq_attend_alpha(un, sm, h);
+    }
+    int reach = -1, reached = 0;
+    if (un.ri.mode == 0 && a.cov_p > 0.0f && a.lrep) {
+        long sum = 0;
+        reached = 1;
+        for (int h = 0; h < a.ph && reach != -2; ++h) {
+            const int * lr = a.lrep + 2 * ((size_t) un.u * a.ph + h);
+            if (lr[0] < 0) {
+                reach = -2; // a list not measured: the unit neither
+            } else {
+                sum += lr[0];
+                reached &= lr[1];
+            }
+        }
+        if (reach == -2) {
+            reach = -1;
+            reached = 0;
+        } else {
+            reach = un.ri.n_win + (int) ((sum + a.ph / 2) / a.ph);
+        }
+    }
+    rp[0] = un.ri.mode != 0 ? -1.0f : un.sparse ? (float) n_sel : (float) un.ri.n_valid;
+    rp[1] = (float) (alpha / un.g);
+    rp[2] = (float) reach;
+    rp[3] = (float) reached;
+}
+
 // the g output rows, component threadIdx.x: the attention, mixed with the mean of V by alpha
 template <int GMAX>
 static __device__ __forceinline__ void sparq_attend_write(const sparq_cu_args & a, const sparq_attend_unit & un,
@@ -405,10 +454,7 @@ static __device__ __forceinline__ void sparq_attend_write(const sparq_cu_args & 
                 if (un.ri.mode == 2) {
                     o = y[h] * iP;
                 } else {
-                    float alpha = 1.0f;
-                    if (un.mean_v) {
-                        alpha = sm.sZ[h] > 0.0 ? (float) fmin(1.0, sm.smass[h] / sm.sZ[h]) : 1.0f;
-                    }
+                    const float alpha = un.mean_v ? sparq_attend_alpha(un, sm, h) : 1.0f;
                     o = alpha * iP * y[h] + (1.0f - alpha) * vbar;
                 }
                 float * dst = (float *) (a.out + (size_t) (un.kvh * g + h) * a.o_nb1 + (size_t) un.row * a.o_nb2 +
@@ -421,14 +467,16 @@ static __device__ __forceinline__ void sparq_attend_write(const sparq_cu_args & 
 
 // part p of n_part of the unit's items (sparq_attend_cells), per chunk of SPARQ_NT of them the
 // exact logits, the online softmax and the weighted values into y (the barriers between the steps
-// are here); then the groups' sums gathered into the threads < dv
+// are here); then the groups' sums gathered into the threads < dv. Returns the unit's items (all
+// parts'; a dense row's: its cells)
 template <int GMAX, typename TK, typename TV>
-static __device__ __forceinline__ void sparq_attend_items(const sparq_cu_args & a, const sparq_attend_unit & un,
+static __device__ __forceinline__ int sparq_attend_items(const sparq_cu_args & a, const sparq_attend_unit & un,
                                                           const sparq_attend_smem & sm, int p, int n_part,
                                                           float (&y)[GMAX]) {
     sparq_attend_init(a, un, sm);
     int lo, n_items;
-    sparq_attend_cells(a, un, sm, p, n_part, &lo, &n_items);
+    int n_all;
+    sparq_attend_cells(a, un, sm, p, n_part, &lo, &n_items, &n_all);
 #pragma unroll
     for (int h = 0; h < GMAX; ++h) {
         y[h] = 0.0f;
@@ -445,6 +493,7 @@ static __device__ __forceinline__ void sparq_attend_items(const sparq_cu_args & 
         __syncthreads();
     }
     sparq_attend_gather<GMAX>(un, sm, y);
+    return n_all;
 }
 
 // the shared memory of the attend kernels, declared in the kernel (GMAX: its bound on g)
@@ -463,16 +512,17 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_attend(const sparq_cu
     SPARQ_ATTEND_SMEM;
     const sparq_attend_unit un = sparq_attend_unit_of(a, blockIdx.x);
     float y[GMAX];
-    sparq_attend_items<GMAX, TK, TV>(a, un, sm, 0, 1, y);
+    const int n_sel = sparq_attend_items<GMAX, TK, TV>(a, un, sm, 0, 1, y);
     const float vbar = sparq_attend_vbar<TV>(a, un, sm);
     sparq_attend_write<GMAX>(a, un, sm, y, vbar);
+    sparq_attend_report(a, un, sm, n_sel);
 }
 
 // the n_part parts' sums of unit un rescaled to the largest maximum and added (the online softmax
 // across blocks), then the output rows as k_sparq_attend writes them
 template <int GMAX, typename TV>
 static __device__ void sparq_attend_combine(const sparq_cu_args & a, const sparq_attend_unit & un,
-                                            const sparq_attend_smem & sm, int n_part) {
+                                            const sparq_attend_smem & sm, int n_part, int n_sel) {
     const int tid = threadIdx.x, g = un.g;
     const size_t base = (size_t) un.u * n_part * g;
     if (tid < g) {
@@ -520,6 +570,7 @@ static __device__ void sparq_attend_combine(const sparq_cu_args & a, const sparq
     }
     const float vbar = sparq_attend_vbar<TV>(a, un, sm);
     sparq_attend_write<GMAX>(a, un, sm, y, vbar);
+    sparq_attend_report(a, un, sm, n_sel);
 }
 
 // part blockIdx.x of unit blockIdx.y (gridDim.x parts): its items' softmax maximum, sum and
@@ -532,7 +583,7 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_attend_part(const spa
     const int p = blockIdx.x, n_part = gridDim.x;
     const sparq_attend_unit un = sparq_attend_unit_of(a, blockIdx.y);
     float y[GMAX];
-    sparq_attend_items<GMAX, TK, TV>(a, un, sm, p, n_part, y);
+    const int n_sel = sparq_attend_items<GMAX, TK, TV>(a, un, sm, p, n_part, y);
     const size_t base = ((size_t) un.u * n_part + p) * un.g;
     const int tid = threadIdx.x;
     if (tid < un.dv) {
@@ -559,5 +610,5 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_attend_part(const spa
         return;
     }
     __threadfence();
-    sparq_attend_combine<GMAX, TV>(a, un, sm, n_part);
+    sparq_attend_combine<GMAX, TV>(a, un, sm, n_part, n_sel);
 }

@@ -93,6 +93,13 @@ struct sparq_cu_args {
     int           * sel;     // [U][sel_max]
     float         * pstat;   // [U][n_part][g][3] per part of a split attend: max, sum, approximate mass
     float         * py;      // [U][n_part][g][dv] per part of a split attend: unnormalised values
+    // the report (GGML_SPARQ_FEAT_REPORT; NULL: none), as the CPU op's: per (stream, KV head) what
+    // the stream's last row did, 4 floats {cells attended (-1: dense), estimated coverage (mean over
+    // the group's heads), cells reaching cov_p (window included; -1 without cov_p; for a diffuse
+    // unit a lower bound), 1 if reached within the cap else 0}; the launch copies it to the host
+    float         * report;  // [n_stream][n_head_kv][4] (attend)
+    int           * lrep;    // [L][2] the calibrated k per list: cells reaching the target (-1: not
+                             // measured), 1 if within the cap (select; with report only)
 };
 
 // the most cells a row of n_valid valid cells attends before it runs dense: k, or with a per-row

@@ -79,6 +79,7 @@ static int sparq_attend_parts(const sparq_cu_args & a) {
 // element counts of the scratch buffers (sparq_cu_args' scratch pointers), from the shapes only
 struct sparq_cu_scratch {
     size_t rows, wbits, logits, tstat, tcnt, keys, hist, hmass, ldone, cand, ncand, udone, udense, selbits, sel, pstat, py;
+    size_t report, lrep; // with a report (report: set a.report before the sizes)
 };
 
 static sparq_cu_scratch sparq_cu_scratch_sizes(const sparq_cu_args & a) {
@@ -102,6 +103,8 @@ static sparq_cu_scratch sparq_cu_scratch_sizes(const sparq_cu_args & a) {
     const size_t n_part = sparq_attend_parts(a);
     z.pstat = n_part > 1 ? U * n_part * g * 3 : 1;
     z.py = n_part > 1 ? U * n_part * g * a.dv : 1;
+    z.report = (size_t) a.n_stream * a.n_head_kv * 4;
+    z.lrep = a.cov_p > 0.0f ? L * 2 : 1;
     return z;
 }
 

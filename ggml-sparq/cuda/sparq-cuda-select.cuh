@@ -380,9 +380,11 @@ static __device__ sparq_cross sparq_radix_pass(const sparq_cu_args & a, const sp
 // The calibrated k's cut of list li: the fewest best eligible cells whose mass reaches need (> 0),
 // or -1 when that takes more than kk cells (the unit is diffuse). From the first-pass histograms,
 // then the bin of the crossing: its cells ranked in shared memory, or radix passes over the list
-// when there are more of them than fit.
+// when there are more of them than fit. *reach: the cut's cells, for the report; beyond the cap
+// not ranked further (a diffuse unit reads every cell anyway): the cells above the crossing's bin
+// and one, or every eligible cell when all of them fall short (lower bounds).
 static __device__ int sparq_coverage_cut(const sparq_cu_args & a, const sparq_sel_ctx & c, double need, int kk,
-                                         const sparq_sel_smem & sm, int * s_nc) {
+                                         const sparq_sel_smem & sm, int * s_nc, int * reach) {
     const int tid = threadIdx.x;
     const unsigned int * hg = a.hist + (size_t) c.li * SPARQ_NB;
     const double * hmg = a.hmass + (size_t) c.li * SPARQ_NB;
@@ -390,6 +392,7 @@ static __device__ int sparq_coverage_cut(const sparq_cu_args & a, const sparq_se
                                                                 [&](int bin) { return __ldcg(hmg + bin); }, sm.sh, sm.shd,
                                                                 sm.s_cross);
     if (x.bin < 0 || x.c_above >= kk) {
+        *reach = x.bin < 0 ? x.c_total : x.c_above + 1;
         return -1; // short of the target with every eligible cell, or beyond the cap
     }
     const double rem = need - x.m_above;
@@ -423,6 +426,7 @@ static __device__ int sparq_coverage_cut(const sparq_cu_args & a, const sparq_se
         __syncthreads();
         // (past the bin only by rounding between the histogram's sums and these)
         const int n_cut = x.c_above + (pos == 0x7fffffff ? n + 1 : pos + 1);
+        *reach = n_cut;
         return n_cut <= kk ? n_cut : -1;
     }
     // radix passes within the bin: 8, 8 and 4 more bits down to the exact key of the crossing
@@ -435,6 +439,7 @@ static __device__ int sparq_coverage_cut(const sparq_cu_args & a, const sparq_se
         const sparq_cross y = sparq_radix_pass(a, c, prefix, passes[p][0], passes[p][1], true, need - m_above, sm);
         if (y.bin < 0) {
             const int n_cut = c_above + c_bin + 1; // (rounding, as above)
+            *reach = n_cut;
             return n_cut <= kk ? n_cut : -1;
         }
         prefix |= (unsigned int) y.bin << passes[p][0];
@@ -447,6 +452,7 @@ static __device__ int sparq_coverage_cut(const sparq_cu_args & a, const sparq_se
     int j = w > 0.0 ? (int) ceil((need - m_above) / w) : c_bin;
     j = max(1, min(c_bin, j));
     const int n_cut = c_above + j;
+    *reach = n_cut;
     return n_cut <= kk ? n_cut : -1;
 }
 
@@ -637,17 +643,26 @@ static __device__ void sparq_select_list(const sparq_cu_args & a, const sparq_se
         a.rows[c.R] = ri;
     }
     int kk = c.rk - n_win;
+    if (a.lrep && threadIdx.x == 0 && (a.cov_p <= 0.0f || kk <= 0)) {
+        // not measured: no target, or the window fills the row's cap (as the CPU op)
+        a.lrep[2 * c.li] = -1;
+        a.lrep[2 * c.li + 1] = 0;
+    }
     if (a.cov_p > 0.0f && kk > 0) {
         const double need = (double) a.cov_p - (n_win > 0 ? sparq_window_mass(a, c, sm) : 0.0);
-        int n_cut = 0;
+        int n_cut = 0, reach = 0;
         if (need > 0.0) {
-            n_cut = sparq_coverage_cut(a, c, need, kk, sm, s_nc);
-            if (n_cut < 0) {
-                if (threadIdx.x == 0) {
-                    a.udense[c.u] = 1; // diffuse: the unit attends over every valid cell
-                }
-                return;
+            n_cut = sparq_coverage_cut(a, c, need, kk, sm, s_nc, &reach);
+        }
+        if (a.lrep && threadIdx.x == 0) {
+            a.lrep[2 * c.li] = reach;
+            a.lrep[2 * c.li + 1] = n_cut >= 0;
+        }
+        if (n_cut < 0) {
+            if (threadIdx.x == 0) {
+                a.udense[c.u] = 1; // diffuse: the unit attends over every valid cell
             }
+            return;
         }
         kk = min(kk, max(n_cut, a.k_min - n_win));
     }

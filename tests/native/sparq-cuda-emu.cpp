@@ -3,8 +3,9 @@
 // order so that no kernel may rely on which block runs first or last; __syncthreads and the warp
 // shuffles are barriers), against the CPU op (sparq_cpu_compute, scalar ISA) on the same inputs. No
 // GPU needed: it checks the kernels' indexing, selection (histograms, ranking, radix passes, ties,
-// window, bitmap, the calibrated k's cut), attention and mean-V logic, and counts the launches;
-// not the GPU's memory model, timing or compiler.
+// window, bitmap, the calibrated k's cut), attention and mean-V logic, the report (per stream and
+// KV head, against the CPU op's), and counts the launches; not the GPU's memory model, timing or
+// compiler. SPARQ_EMU_REPORT=1 prints both reports.
 //
 //   sparq-cuda-emu d S n_head n_head_kv n_rows n_stream r k l f16 mask sel flags variant
 //                  [scalar [cov_p k_min k_frac]]
@@ -14,7 +15,8 @@
 // 4 stream 0 sees 40 cells in the middle (a dense row that skips empty chunks);
 // scalar: 1 forces the one-cell K^T loads; cov_p > 0: the calibrated k (coverage target cov_p, at
 // least k_min cells, each row's cap from k_frac of its valid cells when k_frac > 0).
-// SPARQ_EMU_ORDER=seq runs the blocks in order. Prints "OK nmse=... launches=N ..." or "FAIL ..."
+// SPARQ_EMU_ORDER=seq runs the blocks in order. Prints "OK nmse=... launches=N report_differ=0
+// report_reach=M" (M: the entries that measured the cells reaching the target) or "FAIL ..."
 // and exits 0 / 1. The inputs are tie-proof (tests/native/sparq-tie-proof.h: query large on r
 // components, keys level * sign there, levels i / 1024), so the selections must be equal.
 
@@ -392,6 +394,9 @@ int main(int argc, char ** argv) {
         c.cov_p = cov_p; c.cov_apply = 1; c.k_min = cov_k_min; c.k_scan = 0; c.k_frac = cov_k_frac;
     }
     c.sel_n = sparq_sel_max(&c);
+    // the report (per stream and KV head, 4 floats): the CPU op's against the kernels'
+    std::vector<float> rep_cpu((size_t) ns * nhkv * 4, -2.0f), rep_gpu((size_t) ns * nhkv * 4, -2.0f);
+    c.report = rep_cpu.data();
     std::vector<int32_t> sel_cpu((size_t) c.sel_n * nhkv * nr * ns);
     c.sel_out = sel_cpu.data();
     std::vector<uint8_t> work(sparq_cpu_work_size(&c, 1));
@@ -451,6 +456,10 @@ int main(int argc, char ** argv) {
     a.rows = rows.data(); a.wbits = wbits.data(); a.logits = logits.data(); a.tstat = tstat.data(); a.tcnt = tcnt.data();
     a.keys = keys.data(); a.hist = hist.data(); a.hmass = hmass.data(); a.ldone = ldone.data(); a.udone = udone.data();
     a.udense = udense.data(); a.selbits = selbits.data(); a.sel = selv.data(); a.pstat = pstat.data(); a.py = py.data();
+    std::vector<int> lrep(z.lrep);
+    dirty(lrep);
+    a.report = rep_gpu.data();
+    a.lrep = cov_p > 0.0f ? lrep.data() : nullptr;
     emu_team team;
     g_team = &team;
     sparq_cu_run(a, cpt, e5m2 ? SPARQ_CU_KT_E5M2 : f16 ? SPARQ_CU_KT_F16 : SPARQ_CU_KT_F32, f16, f16, 0);
@@ -505,12 +514,40 @@ int main(int argc, char ** argv) {
             }
         }
     }
-    const bool ok = nmse <= 1e-9 && n_diff == 0;
+    // the report entries: the cells attended and whether the target was reached equal; the coverage
+    // (alpha) to rounding; the cells reaching the target equal where it was reached, else (a diffuse
+    // unit: the GPU ranks no further than the cap) both at least the row's cap
+    int rep_differ = 0, rep_reach = 0;
+    for (int st = 0; st < ns; ++st) {
+        const sparq_cu_row & ri = rows[(size_t) st * nr + nr - 1];
+        for (int h = 0; h < nhkv; ++h) {
+            const float * ec = &rep_cpu[((size_t) st * nhkv + h) * 4];
+            const float * eg = &rep_gpu[((size_t) st * nhkv + h) * 4];
+            bool same = ec[0] == eg[0] && ec[3] == eg[3] && std::fabs(ec[1] - eg[1]) <= 1e-4f * std::max(1.0f, std::fabs(ec[1]));
+            if (ec[3] > 0.0f || ec[2] < 0.0f) {
+                same &= ec[2] == eg[2];
+            } else {
+                const int rk = cov_k_frac > 0.0f ? std::max(cov_k_min, (int) std::ceil((double) cov_k_frac * ri.n_valid)) : k;
+                const float cap = (float) std::min(k, rk);
+                same &= eg[2] >= cap && ec[2] >= cap;
+            }
+            rep_reach += eg[2] >= 0.0f;
+            if (getenv("SPARQ_EMU_REPORT")) {
+                printf("report %d %d: GPU {%g %g %g %g} CPU {%g %g %g %g}\n", st, h, eg[0], eg[1], eg[2], eg[3], ec[0], ec[1],
+                       ec[2], ec[3]);
+            }
+            if (!same && rep_differ++ == 0) {
+                printf("report of stream %d, KV head %d: GPU {%g %g %g %g}, CPU {%g %g %g %g}\n", st, h, eg[0], eg[1], eg[2],
+                       eg[3], ec[0], ec[1], ec[2], ec[3]);
+            }
+        }
+    }
+    const bool ok = nmse <= 1e-9 && n_diff == 0 && rep_differ == 0;
     const int n_chose = n_sparse - n_diffuse;
     printf("%s nmse=%.3g max_abs=%.3g sparq_units=%d diffuse_units=%d mean_cells=%.1f sel_differ=%d cpt=%d select=%s "
-           "hist=%s loads=%s attend_parts=%d launches=%d\n",
+           "hist=%s loads=%s attend_parts=%d launches=%d report_differ=%d report_reach=%d\n",
            ok ? "OK" : "FAIL", nmse, maxd, n_sparse, n_diffuse, n_chose > 0 ? (double) n_cells / n_chose : 0.0, n_diff,
            cpt, a.force_radix ? "radix" : "rank", a.hist_atomic ? "atomic" : "match",
-           a.keys_early ? "early" : "late", sparq_attend_parts(a), g_launches);
+           a.keys_early ? "early" : "late", sparq_attend_parts(a), g_launches, rep_differ, rep_reach);
     return ok ? 0 : 1;
 }

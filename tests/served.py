@@ -101,12 +101,12 @@ class Served:
                              http_client=openai.DefaultHttpxClient(trust_env=False))
 
 
-def start(kind, model, log_dir, *, n_ctx, llama_args=(), py_args=(), start_timeout=180):
+def start(kind, model, log_dir, *, n_ctx, llama_args=(), py_args=(), start_timeout=180, threads=2):
     """A started server of this kind (the caller exits it): one slot for llama-server (so
-    n_ctx is the request's context, as in the Python server), 2 threads."""
+    n_ctx is the request's context, as in the Python server), 2 threads unless told."""
     log_path = Path(log_dir) / f"{kind}.log"
     if kind == LLAMA:
-        srv = Server(model, ["-c", n_ctx, "-np", 1, *llama_args], threads=2, log_path=log_path,
+        srv = Server(model, ["-c", n_ctx, "-np", 1, *llama_args], threads=threads, log_path=log_path,
                      start_timeout=start_timeout)
         # OpenMP's threads sleep when idle, as the Python server's: spinning, they take the
         # cores that the test's other processes need (Server passes this environment on)
@@ -120,7 +120,7 @@ def start(kind, model, log_dir, *, n_ctx, llama_args=(), py_args=(), start_timeo
             else:
                 os.environ["OMP_WAIT_POLICY"] = old
     else:
-        srv = PyServer(["--model", model, "--model_alias", "m", "--n_ctx", n_ctx, "--n_threads", 2,
-                        "--n_threads_batch", 2, *py_args], log_path, start_timeout=start_timeout)
+        srv = PyServer(["--model", model, "--model_alias", "m", "--n_ctx", n_ctx, "--n_threads", threads,
+                        "--n_threads_batch", threads, *py_args], log_path, start_timeout=start_timeout)
         srv.__enter__()
     return Served(kind, srv)

@@ -106,6 +106,10 @@ class GrammarError(ValueError):
     """A grammar (GBNF) that llama.cpp does not parse."""
 
 
+class EmbeddingError(RuntimeError):
+    """Embeddings asked of a model made without ``embedding=True`` (llama_cpp's RuntimeError)."""
+
+
 class Llama(llama_cpp.Llama):
     """llama-cpp-python's ``Llama`` (same methods and arguments) on the fork's libllama.
 
@@ -159,6 +163,15 @@ class Llama(llama_cpp.Llama):
             if path not in str(e):
                 raise ValueError(f"{path}: {e}") from e
             raise
+        if self.input_ids.shape[0] < self._n_ctx:
+            # llama.cpp rounds the context up (n_ctx 128 is 256 cells), and completions run to it,
+            # but llama_cpp sized its token and logits arrays by the n_ctx asked for: past that, a
+            # token went unrecorded and logits_all's row failed to broadcast (a ValueError)
+            import numpy as np
+
+            self.input_ids = np.ndarray((self._n_ctx,), dtype=np.intc)
+            if self._logits_all:
+                self.scores = np.ndarray((self._n_ctx, self._n_vocab), dtype=np.single)
         if params is not None:
             try:
                 _sparq.set_params(self._ctx.ctx, params)  # ValueError with llama_sparq_set_params's message
@@ -236,6 +249,37 @@ class Llama(llama_cpp.Llama):
                 raise TokenIdError(f"token id {lo if lo < 0 else hi} is out of range: allowed 0..{n_vocab - 1} "
                                    "(the model's vocabulary)")
         return super().detokenize(tokens, prev_tokens=prev_tokens, special=special)
+
+    def embed(self, *args, **kwargs):
+        if self.context_params.embeddings is False:
+            raise EmbeddingError("Llama model must be created with embedding=True to call this method")
+        return super().embed(*args, **kwargs)
+
+    def _create_completion(self, *args, stopping_criteria=None, **kwargs):
+        """llama_cpp's, stopped where the KV cache is full. It skips its max_tokens check while the
+        text ends inside a UTF-8 character, so a completion that reached the context there went on
+        to a llama_decode with no free cell (RuntimeError "llama_decode returned 1"). Such a stop
+        is reported as ``finish_reason`` "length", as the context's limit is. An empty prompt is
+        not echoed when logprobs are asked for."""
+        prompt = args[0] if args else kwargs.get("prompt")
+        if kwargs.get("echo") and kwargs.get("logprobs") is not None and prompt is not None and len(prompt) == 0:
+            # nothing to echo, and llama_cpp's echo of logprobs indexed the empty prompt's (an IndexError)
+            kwargs["echo"] = False
+        full = []
+
+        def context_full(input_ids, logits) -> bool:
+            if self.n_tokens >= self._n_ctx:  # the token just sampled has no cell to be decoded in
+                full.append(True)
+                return True
+            return False
+
+        criteria = llama_cpp.StoppingCriteriaList([context_full, *(stopping_criteria or [])])
+        for chunk in super()._create_completion(*args, stopping_criteria=criteria, **kwargs):
+            if full:
+                for choice in chunk.get("choices", ()):
+                    if choice.get("finish_reason") == "stop":
+                        choice["finish_reason"] = "length"
+            yield chunk
 
     def _init_sampler(self, *args, grammar=None, **kwargs):
         # llama_cpp adds the grammar's sampler to the chain unchecked, and llama.cpp returns NULL for

@@ -29,7 +29,7 @@ import sys
 import types
 from typing import Any, Dict, List, Optional
 
-from ._llama import GrammarError, Llama, TokenIdError, check_sparq_settings  # first: points llama_cpp at the fork's library
+from ._llama import EmbeddingError, GrammarError, Llama, TokenIdError, check_sparq_settings  # first: points llama_cpp at the fork's library
 from .bindings import settings as _table
 
 import llama_cpp  # noqa: E402
@@ -192,6 +192,9 @@ def _request_error(e: Exception) -> Optional[Dict[str, Any]]:
         param, message = "tokens", str(e)
     elif isinstance(e, GrammarError):  # grammar, or a response_format's schema made into one
         param, message = "grammar", str(e)
+    elif isinstance(e, EmbeddingError):  # /v1/embeddings from a model loaded without embedding
+        param, message = "model", (f"{e}: this server's model makes no embeddings (start it with --embedding "
+                                   "true)")
     elif isinstance(e, UnicodeError):  # a lone surrogate (\ud800) in a text
         param, message = None, f"a text of the request is not valid Unicode: {e}"
     else:
@@ -208,6 +211,21 @@ def _walk_strings(x, path=""):
     elif isinstance(x, list):
         for i, v in enumerate(x):
             yield from _walk_strings(v, f"{path}[{i}]")
+
+
+def _check_tool_choice(req) -> None:
+    """The function that tool_choice (or the legacy function_call) names must be one of the tools
+    (or functions): llama-cpp-python raised a ValueError for it, a 500."""
+    tools = [{"function": f} for f in req.functions] if req.functions is not None else req.tools
+    choice, param = req.tool_choice, "tool_choice"
+    if isinstance(req.function_call, dict):  # it replaces tool_choice, as in llama-cpp-python
+        choice, param = {"function": req.function_call}, "function_call"
+    if isinstance(choice, dict) and tools is not None:
+        name = choice["function"]["name"]
+        names = [t["function"]["name"] for t in tools]
+        if name not in names:
+            given = ", ".join(repr(n) for n in names) or "none"
+            raise RequestError(f"{param}: function {name!r} is not one of the request's tools ({given})", param)
 
 
 def check_request(path: str, body: bytes) -> None:
@@ -239,6 +257,8 @@ def check_request(path: str, body: bytes) -> None:
         # the route asserts it (a 500)
         raise RequestError(f"prompt: a list of {len(req.prompt)} texts; this server completes one prompt per "
                            "request", "prompt")
+    if isinstance(req, CreateChatCompletionRequest):
+        _check_tool_choice(req)
     if getattr(req, "logit_bias", None) and req.logit_bias_type != "tokens":
         for key in req.logit_bias:
             try:
@@ -249,6 +269,9 @@ def check_request(path: str, body: bytes) -> None:
 
 _upstream_prepare_request_resources = _app.prepare_request_resources
 
+# a request's nullable fields whose null llama-cpp-python does not take, and the value null means
+_NULL_IS_DEFAULT = {"presence_penalty": 0.0, "frequency_penalty": 0.0}
+
 
 def _prepare_request_resources(body, llama_proxy, body_model, kwargs):
     """llama-cpp-python's set-up of a completion, with logit_bias's token ids checked against the
@@ -256,6 +279,15 @@ def _prepare_request_resources(body, llama_proxy, body_model, kwargs):
     negative one to the token counted from the end), and logprobs refused up front where the model
     has no logits for them."""
     llama = _upstream_prepare_request_resources(body, llama_proxy, body_model, kwargs)
+    for key in _NULL_IS_DEFAULT:
+        # the schema lets them be null, and llama-cpp-python passed None on to a C call (a 500)
+        if key in kwargs and kwargs[key] is None:
+            kwargs[key] = _NULL_IS_DEFAULT[key]
+    for message in kwargs.get("messages") or ():
+        # an assistant message may leave content out (it has tool_calls); the chat formats without a
+        # Jinja template read message["content"] (a KeyError, a 500)
+        if isinstance(message, dict) and "content" not in message:
+            message["content"] = ""
     if not llama._logits_all and (body.logprobs or getattr(body, "top_logprobs", None)):
         # llama-cpp-python raises it later, as a 500
         raise RequestError("logprobs: this model is served without logits_all (start the server with --logits_all "
@@ -293,6 +325,14 @@ def _error_message_wrapper(self, error: Exception, body=None):
     return (400, err) if err is not None else _upstream_error_message_wrapper(self, error=error, body=body)
 
 
+def _is_json_type(ctype: bytes) -> bool:
+    """Whether FastAPI reads a body of this Content-Type as JSON (application/json, application/*+json):
+    another one would reach the route as bytes and be answered 422."""
+    media = ctype.split(b";", 1)[0].strip().lower()
+    main, _, sub = media.partition(b"/")
+    return main == b"application" and (sub == b"json" or sub.endswith(b"+json"))
+
+
 class _RequestGuard:
     """ASGI middleware in front of llama-cpp-python's routes:
 
@@ -324,7 +364,7 @@ class _RequestGuard:
         if path in _BODIES:
             ctype = dict(scope.get("headers", [])).get(b"content-type", b"application/json")
             try:
-                if b"json" not in ctype.lower():
+                if not _is_json_type(ctype):
                     raise RequestError(f"Content-Type must be application/json, not {ctype.decode('latin-1')!r}")
                 check_request(path, raw)
             except RequestError as e:
@@ -404,7 +444,69 @@ def create_app(settings: Optional[SparqSettings] = None, server_settings: Option
     app = _app.create_app(server_settings=server_settings, model_settings=model_settings)
     app.include_router(router)
     app.add_middleware(_RequestGuard)
+    _describe_answers(app)
     return app
+
+
+# one event of a stream, as OpenAPI before 3.2 has a text/event-stream schema describe it: the
+# data is a chunk (JSON) or the end, [DONE]
+_EVENT_SCHEMA = {
+    "title": "ServerSentEvent", "type": "object", "required": ["data"],
+    "properties": {
+        "data": {"anyOf": [{"const": "[DONE]"},
+                           {"type": "string", "contentMediaType": "application/json",
+                            "contentSchema": {"type": "object", "required": ["id", "object", "created", "model",
+                                                                             "choices"],
+                                              "properties": {"choices": {"type": "array"}}}}]},
+        "event": {"type": "string"}, "id": {"type": "string"}, "retry": {"type": "integer"}}}
+
+_ERROR_SCHEMA = {
+    "title": "ErrorResponse", "type": "object", "required": ["error"],
+    "properties": {"error": {
+        "type": "object", "required": ["message", "type"],
+        "properties": {"message": {"type": "string"}, "type": {"type": "string"},
+                       "param": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+                       "code": {"anyOf": [{"type": "string"}, {"type": "null"}]}}}}}
+
+
+def _describe_answers(app) -> None:
+    """``/openapi.json`` as the server answers: a bad request body is a 400 with OpenAI's error
+    object (``_RequestGuard`` checks it before FastAPI could answer its 422), a streamed answer's
+    events are described as events, and the bearer token is required only when the server has an
+    API key (llama-cpp-python declared it on every route either way, and no 400)."""
+    upstream = app.openapi
+
+    def openapi():
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = upstream()
+        schema.setdefault("components", {}).setdefault("schemas", {})["ErrorResponse"] = _ERROR_SCHEMA
+        error = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}}
+        api_key = next(_app.get_server_settings()).api_key
+        for path, ops in schema.get("paths", {}).items():
+            for method, op in ops.items():
+                responses = op.setdefault("responses", {})
+                for answer in responses.values():
+                    stream = answer.get("content", {}).get("text/event-stream")
+                    if stream is not None:  # it was {"type": "string"}, a description in its title
+                        stream["schema"] = _EVENT_SCHEMA
+                if method == "post" and path in _BODIES:
+                    responses.pop("422", None)
+                    responses["400"] = {"description": "A request the server cannot take; the message and param "
+                                                       "name what is wrong", **error}
+                if api_key is None:
+                    op.pop("security", None)
+                elif "security" in op:
+                    responses["401"] = {"description": "No API key or a wrong one (Authorization: Bearer KEY)"}
+        if api_key is None:
+            schema["components"].pop("securitySchemes", None)
+        if not any("HTTPValidationError" in json.dumps(op) for ops in schema.get("paths", {}).values()
+                   for op in ops.values()):
+            for name in ("HTTPValidationError", "ValidationError"):
+                schema["components"]["schemas"].pop(name, None)
+        return schema
+
+    app.openapi = openapi
 
 
 def _bool_arg(v: str) -> bool:

@@ -197,3 +197,28 @@ def test_invalid_sparq_setting_is_refused(tiny_model):
                        capture_output=True, text=True, timeout=120, env=dict(os.environ, OMP_WAIT_POLICY="PASSIVE"))
     assert r.returncode == 2
     assert "SparQ: k = -3 is out of range" in r.stderr, r.stderr[-500:]  # the C API's message, word for word
+
+
+def test_logits_all_default_keeps_the_logits_array_within_a_budget(smollm2_model):
+    """llama-cpp-python's server keeps every prompt token's logits (n_ctx x n_vocab floats) by
+    default; ours turns that off, saying so, where the array would pass 1 GiB, and keeps an
+    explicit --logits_all true."""
+    import argparse
+
+    from llama_cpp.server.cli import add_args_from_model, parse_model_from_args
+    from llama_cpp.server.settings import Settings
+    from llama_sparq import server as S
+
+    def settings(*argv):
+        ap = argparse.ArgumentParser()
+        add_args_from_model(ap, Settings)
+        S._add_sparq_args(ap)
+        return S._as_sparq_settings(parse_model_from_args(S.SparqModelSettings, ap.parse_args(
+            ["--model", str(smollm2_model), *argv])))
+
+    # SmolLM2: 49152 tokens, so 2048 cells take 384 MiB and 8192 take 1.5 GiB
+    assert S._bounded_logits_all(settings("--n_ctx", "2048")).logits_all is True
+    assert S._bounded_logits_all(settings("--n_ctx", "8192")).logits_all is False
+    assert S._bounded_logits_all(settings("--n_ctx", "0")).logits_all is False  # the model's 8192
+    assert S._bounded_logits_all(settings("--n_ctx", "8192", "--logits_all", "true")).logits_all is True
+    assert S._bounded_logits_all(settings("--n_ctx", "8192", "--logits_all", "false")).logits_all is False

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextvars
+import ctypes
 import json
 import math
 import os
@@ -116,7 +117,48 @@ class _LlamaCppView(types.ModuleType):
 def _as_sparq_settings(m: ModelSettings) -> SparqModelSettings:
     if isinstance(m, SparqModelSettings):
         return m
-    return SparqModelSettings.model_validate(m.model_dump())
+    # only the fields given: which were given decides a default below (logits_all)
+    return SparqModelSettings.model_validate(m.model_dump(exclude_unset=True))
+
+
+# llama-cpp-python's server keeps every prompt token's logits by default (logits_all): n_ctx x n_vocab
+# floats, filled as prompts grow: 8 GiB for Gemma 3's 262K-token vocabulary at 8K cells, beside a
+# 0.5 GB model. Above this budget the default turns it off; --logits_all true keeps it.
+LOGITS_ALL_BUDGET = 1 << 30
+
+
+def _model_sizes(path: str) -> tuple:
+    """(n_vocab, n_ctx_train) of a GGUF, read by the library with the vocabulary only."""
+    p = llama_cpp.llama_model_default_params()
+    p.vocab_only = True
+    m = llama_cpp.llama_model_load_from_file(os.fsencode(path), p)
+    if not m:
+        raise ValueError(f"model {path}: the library could not read it")
+    try:
+        # a vocabulary-only load leaves the hyperparameters unset: the training context from the metadata
+        buf = ctypes.create_string_buffer(256)
+        n = llama_cpp.llama_model_meta_val_str(m, b"general.architecture", buf, len(buf))
+        arch = buf.value if n > 0 else b""
+        n = llama_cpp.llama_model_meta_val_str(m, arch + b".context_length", buf, len(buf))
+        n_ctx_train = int(buf.value) if n > 0 and buf.value.isdigit() else 0
+        return int(llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(m))), n_ctx_train
+    finally:
+        llama_cpp.llama_model_free(m)
+
+
+def _bounded_logits_all(settings: ModelSettings) -> ModelSettings:
+    """The settings with logits_all off when it was not given and its logits would pass the budget."""
+    if not settings.logits_all or "logits_all" in settings.model_fields_set or not os.path.isfile(settings.model):
+        return settings  # given, off, or a path the loader reports itself
+    n_vocab, n_ctx_train = _model_sizes(settings.model)
+    n_ctx = settings.n_ctx or n_ctx_train
+    size = n_ctx * n_vocab * 4
+    if size <= LOGITS_ALL_BUDGET:
+        return settings
+    print(f"llama_sparq.server: model {settings.model_alias or settings.model}: logits_all off (every prompt "
+          f"token's logits, {n_ctx} cells x {n_vocab} tokens, would take {size / 2**30:.1f} GiB); logprobs need "
+          "--logits_all true", file=sys.stderr, flush=True)
+    return settings.model_copy(update={"logits_all": False})
 
 
 class SparqLlamaProxy(_model.LlamaProxy):
@@ -135,6 +177,7 @@ class SparqLlamaProxy(_model.LlamaProxy):
 
     @staticmethod
     def load_llama_from_model_settings(settings: ModelSettings) -> llama_cpp.Llama:
+        settings = _bounded_logits_all(settings)
         token = _SPARQ_KWARGS.set(_as_sparq_settings(settings).sparq_kwargs())
         try:
             return _model.LlamaProxy.load_llama_from_model_settings(settings)
@@ -291,7 +334,8 @@ def _prepare_request_resources(body, llama_proxy, body_model, kwargs):
     if not llama._logits_all and (body.logprobs or getattr(body, "top_logprobs", None)):
         # llama-cpp-python raises it later, as a 500
         raise RequestError("logprobs: this model is served without logits_all (start the server with --logits_all "
-                           "true, its default), so no logprobs", "logprobs")
+                           "true; it is off by default where n_ctx x n_vocab logits pass 1 GiB), so no logprobs",
+                           "logprobs")
     n_vocab = llama.n_vocab()
     for key in kwargs.get("logit_bias") or {}:
         if not 0 <= int(key) < n_vocab:

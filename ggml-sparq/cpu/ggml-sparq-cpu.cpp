@@ -3,6 +3,7 @@
 
 #include "ggml-sparq-cpu.h"
 #include "ggml-cpu-impl.h"
+#include "ggml-cpu.h"
 #include "sparq-cpu.h"
 #include "ggml-sparq.h"
 
@@ -165,6 +166,54 @@ static void sparq_kt_append(const struct ggml_compute_params * params, struct gg
     }
 }
 
+// a ubatch's per-cell values at its cells (ggml_sparq_cell_scatter): the tokens split over the
+// threads; each token's E values converted at once by the CPU's own conversion of dst's type (the
+// one ggml_set_rows uses, so the bits equal a set_rows'), then written E cells apart
+static void sparq_cell_scatter(const struct ggml_compute_params * params, struct ggml_tensor * dst) {
+    const struct ggml_tensor * src = dst->src[1];
+    const int64_t * idx = (const int64_t *) dst->src[2]->data;
+    const int64_t E = src->ne[0], n = src->ne[1], kv_size = dst->ne[0];
+    const int64_t per = (n + params->nth - 1) / params->nth;
+    const int64_t i0 = per * params->ith, i1 = std::min<int64_t>(n, i0 + per);
+    const size_t esz = ggml_type_size(dst->type);
+    const bool f16 = src->type == GGML_TYPE_F16;
+    float buf[256];
+    ggml_fp16_t hbuf[256];
+    for (int64_t i = i0; i < i1; ++i) {
+        const int64_t strm = idx[i] / kv_size, c = idx[i] % kv_size;
+        const char * s = (const char *) src->data + (size_t) i * src->nb[1];
+        char * d = (char *) dst->data + ((size_t) strm * E * kv_size + c) * esz;
+        for (int64_t j0 = 0; j0 < E; j0 += 256) {
+            const int64_t m = std::min<int64_t>(256, E - j0);
+            if (dst->type == GGML_TYPE_I8) {
+                for (int64_t j = 0; j < m; ++j) {
+                    d[(j0 + j) * kv_size] = (char) sparq_e5m2_of(s, f16, j0 + j);
+                }
+                continue;
+            }
+            const float * x = (const float *) s + j0;
+            if (f16) {
+                ggml_cpu_fp16_to_fp32((const ggml_fp16_t *) s + j0, buf, m);
+                x = buf;
+            }
+            if (dst->type == GGML_TYPE_F32) {
+                for (int64_t j = 0; j < m; ++j) {
+                    ((float *) d)[(j0 + j) * kv_size] = x[j];
+                }
+            } else {
+                if (f16) {
+                    memcpy(hbuf, (const ggml_fp16_t *) s + j0, (size_t) m * sizeof(ggml_fp16_t));
+                } else {
+                    ggml_get_type_traits_cpu(GGML_TYPE_F16)->from_float(x, hbuf, m);
+                }
+                for (int64_t j = 0; j < m; ++j) {
+                    ((ggml_fp16_t *) d)[(j0 + j) * kv_size] = hbuf[j];
+                }
+            }
+        }
+    }
+}
+
 // x as a cache of type t holds it (f16: rounded to f16 and back)
 static inline float sparq_as_cached(float x, enum ggml_type t) {
     return t == GGML_TYPE_F16 ? sparq_fp16_to_fp32(sparq_fp32_to_fp16(x)) : x;
@@ -181,6 +230,12 @@ static void sparq_sum_append(const struct ggml_compute_params * params, struct g
     const int64_t ne0 = sum->ne[0], n = ne0 * sum->ne[1];
     const int64_t per = (n + params->nth - 1) / params->nth;
     const int64_t i0 = per * params->ith, i1 = std::min<int64_t>(n, i0 + per);
+    if (dst->src[3] && params->ith == 0) {
+        float * cnt = (float *) dst->src[3]->data;
+        for (int64_t s = 0; s < sum->ne[1]; ++s) {
+            cnt[s] += 1.0f; // one new cell per stream
+        }
+    }
     for (int64_t i = i0; i < i1; ++i) {
         const int64_t s = i / ne0, j = i % ne0;
         float * sp = (float *) ((char *) sum->data + (size_t) s * sum->nb[1]) + j;
@@ -204,6 +259,7 @@ void ggml_compute_forward_sparq_attn(const struct ggml_compute_params * params, 
     switch (sparq_cpu_params(dst).mode) {
         case GGML_SPARQ_MODE_KT_APPEND:  sparq_kt_append(params, dst); return;
         case GGML_SPARQ_MODE_SUM_APPEND: sparq_sum_append(params, dst); return;
+        case GGML_SPARQ_MODE_CELL_SCATTER: sparq_cell_scatter(params, dst); return;
         default: break;
     }
     const struct sparq_args a = sparq_args_of(dst);

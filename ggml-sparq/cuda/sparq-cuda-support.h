@@ -88,6 +88,14 @@ static inline const char * sparq_cuda_why_not(const ggml_tensor * op) {
             }
             return nullptr;
         }
+        case GGML_SPARQ_MODE_CELL_SCATTER: {
+            const ggml_tensor * d = op->src[0];
+            if ((d->type != GGML_TYPE_F32 && d->type != GGML_TYPE_F16 && d->type != GGML_TYPE_I8) ||
+                !sparq_cu_type_ok(op->src[1]) || !ggml_is_contiguous(op->src[1]) || op->src[2]->type != GGML_TYPE_I64) {
+                return "the cell scatter: f32, f16 or i8 cells from f32 or f16 values, i64 indices";
+            }
+            return nullptr;
+        }
         case GGML_SPARQ_MODE_SUM_APPEND:
             if (p.sum.type != GGML_TYPE_F16 && p.sum.type != GGML_TYPE_F32) {
                 return "a sum's append: f16 or f32 caches";

@@ -200,15 +200,82 @@ static void sparq_cuda_kt_append(ggml_backend_cuda_context & ctx, ggml_tensor * 
     }
 }
 
+// a ubatch's per-cell values at its cells (ggml_sparq_cell_scatter): one thread per value; the cell
+// and stream from upstream's K row index (stream * kv_size + cell)
+template <typename TS, typename TD>
+static __global__ void k_sparq_cell_scatter(const char * src, size_t s_nb1, const int64_t * idx, TD * dst,
+                                            int64_t E, int64_t n, int64_t kv_size) {
+    const int64_t i = (int64_t) blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n * E) {
+        return;
+    }
+    const int64_t t = i / E, j = i % E;
+    const int64_t strm = idx[t] / kv_size, c = idx[t] % kv_size;
+    const TS x = ((const TS *) (src + (size_t) t * s_nb1))[j];
+    TD * d = dst + ((size_t) strm * E + j) * kv_size + c;
+    if constexpr (std::is_same_v<TD, float>) {
+        *d = (float) x;
+    } else {
+        half h;
+        if constexpr (std::is_same_v<TS, half>) {
+            h = x;
+        } else {
+            h = __float2half_rn(x); // as set_rows (and, for e5m2, the CPU) rounds
+        }
+        if constexpr (std::is_same_v<TD, half>) {
+            *d = h;
+        } else {
+            *d = (char) ggml_sparq_f16_to_e5m2(__half_as_ushort(h));
+        }
+    }
+}
+
+template <typename TS>
+static void sparq_cuda_cell_scatter_src(ggml_backend_cuda_context & ctx, const ggml_tensor * src, const int64_t * ip,
+                                        ggml_tensor * dst, dim3 grid, int nt, int64_t E, int64_t n) {
+    const char * s = (const char *) src->data;
+    const int64_t kv = dst->ne[0];
+    switch (dst->type) {
+        case GGML_TYPE_F32:
+            k_sparq_cell_scatter<TS, float><<<grid, nt, 0, ctx.stream()>>>(s, src->nb[1], ip, (float *) dst->data, E, n, kv);
+            break;
+        case GGML_TYPE_F16:
+            k_sparq_cell_scatter<TS, half><<<grid, nt, 0, ctx.stream()>>>(s, src->nb[1], ip, (half *) dst->data, E, n, kv);
+            break;
+        default:
+            k_sparq_cell_scatter<TS, char><<<grid, nt, 0, ctx.stream()>>>(s, src->nb[1], ip, (char *) dst->data, E, n, kv);
+            break;
+    }
+}
+
+static void sparq_cuda_cell_scatter(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+    const ggml_tensor * src = dst->src[1];
+    const int64_t * ip = (const int64_t *) dst->src[2]->data;
+    const int64_t E = src->ne[0], n = src->ne[1];
+    if (n * E == 0) {
+        return;
+    }
+    const int nt = 256;
+    const dim3 grid((unsigned int) ((n * E + nt - 1) / nt));
+    if (src->type == GGML_TYPE_F16) {
+        sparq_cuda_cell_scatter_src<half>(ctx, src, ip, dst, grid, nt, E, n);
+    } else {
+        sparq_cuda_cell_scatter_src<float>(ctx, src, ip, dst, grid, nt, E, n);
+    }
+}
+
 // a sum's append (ggml_sparq_sum_append): one thread per element; every product and sum rounded on
 // its own (no fused multiply-add), as the CPU's
 static __global__ void k_sparq_sum_append(char * sum, size_t s_nb1, char * comp, size_t c_nb1, const float * xn,
-                                          int64_t ne0, int64_t n, bool f16, bool squares) {
+                                          float * cnt, int64_t ne0, int64_t n, bool f16, bool squares) {
     const int64_t i = (int64_t) blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) {
         return;
     }
     const int64_t s = i / ne0, j = i % ne0;
+    if (cnt && j == 0) {
+        cnt[s] += 1.0f; // one new cell per stream
+    }
     float * sp = (float *) (sum + (size_t) s * s_nb1) + j;
     float x = f16 ? __half2float(__float2half_rn(xn[i])) : xn[i];
     if (squares) {
@@ -236,7 +303,8 @@ static void sparq_cuda_sum_append(ggml_backend_cuda_context & ctx, ggml_tensor *
     const int nt = 256;
     const dim3 grid((unsigned int) ((n + nt - 1) / nt));
     k_sparq_sum_append<<<grid, nt, 0, ctx.stream()>>>((char *) sum->data, sum->nb[1], comp ? (char *) comp->data : nullptr,
-                                                      comp ? comp->nb[1] : 0, (const float *) dst->src[1]->data, ne0, n,
+                                                      comp ? comp->nb[1] : 0, (const float *) dst->src[1]->data,
+                                                      dst->src[3] ? (float *) dst->src[3]->data : nullptr, ne0, n,
                                                       prm.type == GGML_TYPE_F16, prm.squares);
 }
 
@@ -248,6 +316,7 @@ void ggml_cuda_sparq_attn(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     switch (ggml_sparq_params_get(dst).mode) {
         case GGML_SPARQ_MODE_SUM_APPEND: sparq_cuda_sum_append(ctx, dst); return;
         case GGML_SPARQ_MODE_KT_APPEND:  sparq_cuda_kt_append(ctx, dst); return;
+        case GGML_SPARQ_MODE_CELL_SCATTER: sparq_cuda_cell_scatter(ctx, dst); return;
         default: break;
     }
     sparq_cu_args a = {};

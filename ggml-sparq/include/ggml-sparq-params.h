@@ -23,12 +23,13 @@ extern "C" {
 
 #define GGML_SPARQ_PARAMS_VERSION 2
 
-// What a node of the op computes: attention, or one of the two writes that keep its cache data
-// (ggml_sparq_kt_append, ggml_sparq_sum_append in ggml-sparq.h).
+// What a node of the op computes: attention, or one of the writes that keep its cache data
+// (ggml_sparq_kt_append, ggml_sparq_sum_append, ggml_sparq_cell_scatter in ggml-sparq.h).
 enum ggml_sparq_mode {
     GGML_SPARQ_MODE_ATTN       = 0,
     GGML_SPARQ_MODE_KT_APPEND  = 1,
     GGML_SPARQ_MODE_SUM_APPEND = 2,
+    GGML_SPARQ_MODE_CELL_SCATTER = 3,
     GGML_SPARQ_MODE_COUNT,
 };
 

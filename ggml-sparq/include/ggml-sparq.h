@@ -114,6 +114,20 @@ static inline bool ggml_sparq_is_kt_append(const struct ggml_tensor * t) {
     return ggml_sparq_mode_of(t) == GGML_SPARQ_MODE_KT_APPEND;
 }
 
+// A ubatch's per-cell values written at its cells, as a mode of GGML_OP_SPARQ_ATTN: value j of
+// token i (src [E, n_tokens], f32 or f16, contiguous) goes to dst element (cell c, j, stream s),
+// where idx[i] = s * kv_size + c is upstream's own index of the token's K row (i64 [n_tokens], the
+// graph's k_idxs), so the appends need no index input of their own. dst: contiguous
+// [kv_size, E1, E2, n_stream] with E1 * E2 = E (K^T: [kv_size, d, n_head_kv, n_stream]); f32, f16
+// (rounded as ggml_set_rows rounds) or i8 (e5m2, through f16 as ggml_sparq_kt_append). The result
+// is a view of dst. The CPU and CUDA backends compute it.
+GGML_API struct ggml_tensor * ggml_sparq_cell_scatter(struct ggml_context * ctx, struct ggml_tensor * dst,
+                                                      struct ggml_tensor * src, struct ggml_tensor * idx);
+
+static inline bool ggml_sparq_is_cell_scatter(const struct ggml_tensor * t) {
+    return ggml_sparq_mode_of(t) == GGML_SPARQ_MODE_CELL_SCATTER;
+}
+
 // A per-stream sum's append of a decode step (one new token per stream), as a mode of
 // GGML_OP_SPARQ_ATTN: one node where the graph took four to six small ones (casts, a square, an
 // add, the compensation's subtractions), each a kernel launch on a GPU and a thread barrier on the
@@ -126,6 +140,10 @@ static inline bool ggml_sparq_is_kt_append(const struct ggml_tensor * t) {
 GGML_API struct ggml_tensor * ggml_sparq_sum_append(struct ggml_context * ctx, struct ggml_tensor * sum,
                                                     struct ggml_tensor * comp, struct ggml_tensor * x_new,
                                                     enum ggml_type type, bool squares);
+
+// Optional, on a sum's append: count (f32 [n_stream], contiguous) += 1 per stream as well, the
+// stream's valid cells kept beside its sums (the op's v_count), so that no count is uploaded per step.
+GGML_API void ggml_sparq_sum_append_set_count(struct ggml_tensor * sum_append, struct ggml_tensor * count);
 
 static inline bool ggml_sparq_is_sum_append(const struct ggml_tensor * t) {
     return ggml_sparq_mode_of(t) == GGML_SPARQ_MODE_SUM_APPEND;

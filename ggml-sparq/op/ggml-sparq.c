@@ -148,6 +148,19 @@ struct ggml_tensor * ggml_sparq_kt_append(struct ggml_context * ctx, struct ggml
     return sparq_mode_node(ctx, dst, &p, src, idx);
 }
 
+struct ggml_tensor * ggml_sparq_cell_scatter(struct ggml_context * ctx, struct ggml_tensor * dst,
+                                             struct ggml_tensor * src, struct ggml_tensor * idx) {
+    GGML_ASSERT((dst->type == GGML_TYPE_F32 || dst->type == GGML_TYPE_F16 || dst->type == GGML_TYPE_I8) &&
+                ggml_is_contiguous(dst) && "sparq_cell_scatter: dst must be contiguous f32, f16 or i8 (e5m2)");
+    GGML_ASSERT((src->type == GGML_TYPE_F32 || src->type == GGML_TYPE_F16) && ggml_is_contiguous(src) &&
+                src->ne[0] == dst->ne[1] * dst->ne[2] && src->ne[2] == 1 && src->ne[3] == 1 &&
+                "sparq_cell_scatter: src must be contiguous f32 or f16 [E, n_tokens], E = dst->ne[1] * dst->ne[2]");
+    GGML_ASSERT(idx && idx->type == GGML_TYPE_I64 && ggml_is_contiguous(idx) && ggml_nelements(idx) == src->ne[1] &&
+                "sparq_cell_scatter: idx must be contiguous i64 [n_tokens]");
+    const struct ggml_sparq_params p = sparq_params_new(GGML_SPARQ_MODE_CELL_SCATTER);
+    return sparq_mode_node(ctx, dst, &p, src, idx);
+}
+
 struct ggml_tensor * ggml_sparq_sum_append(struct ggml_context * ctx, struct ggml_tensor * sum,
                                           struct ggml_tensor * comp, struct ggml_tensor * x_new,
                                           enum ggml_type type, bool squares) {
@@ -164,6 +177,13 @@ struct ggml_tensor * ggml_sparq_sum_append(struct ggml_context * ctx, struct ggm
     p.sum.type = (int32_t) type;
     p.sum.squares = squares;
     return sparq_mode_node(ctx, sum, &p, x_new, comp);
+}
+
+void ggml_sparq_sum_append_set_count(struct ggml_tensor * node, struct ggml_tensor * count) {
+    GGML_ASSERT(ggml_sparq_mode_of(node) == GGML_SPARQ_MODE_SUM_APPEND);
+    GGML_ASSERT(count->type == GGML_TYPE_F32 && ggml_is_contiguous(count) && ggml_nelements(count) == node->src[0]->ne[1] &&
+                "sparq_sum_append: count must be contiguous f32 [n_stream]");
+    node->src[3] = count;
 }
 
 void ggml_sparq_attn_set_selector(struct ggml_tensor * attn, int32_t selector, int32_t flags) {

@@ -252,6 +252,58 @@ struct test_sparq_kt_append : public test_case {
     }
 };
 
+// A ubatch's keys at its cells (ggml_sparq_cell_scatter): n tokens of E = e1 * e2 values, f32 or f16,
+// into a [kv, e1, e2, ns] tensor of dst_type (f32, f16, or i8 as e5m2) at distinct (stream, cell)
+// pairs given as upstream's K row index (stream * kv + cell)
+struct test_sparq_cell_scatter : public test_case {
+    const ggml_type type_src, type_dst;
+    const int64_t kv, e1, e2, ns, n;
+
+    std::string vars() override { return VARS_TO_STR7(type_src, type_dst, kv, e1, e2, ns, n); }
+
+    test_sparq_cell_scatter(ggml_type type_src = GGML_TYPE_F32, ggml_type type_dst = GGML_TYPE_F16, int64_t kv = 256,
+                            int64_t e1 = 64, int64_t e2 = 2, int64_t ns = 2, int64_t n = 2)
+        : type_src(type_src), type_dst(type_dst), kv(kv), e1(e1), e2(e2), ns(ns), n(n) {}
+
+    ggml_tensor * build_graph(ggml_context * ctx) override {
+        ggml_tensor * dst = ggml_new_tensor_4d(ctx, type_dst, kv, e1, e2, ns);
+        ggml_set_name(dst, "dst");
+        ggml_tensor * src = ggml_new_tensor_2d(ctx, type_src, e1 * e2, n);
+        ggml_set_name(src, "src");
+        ggml_tensor * idx = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, n);
+        ggml_set_name(idx, "idx");
+        ggml_tensor * out = ggml_sparq_cell_scatter(ctx, dst, src, idx);
+        ggml_set_name(out, "out");
+        return out;
+    }
+
+    void initialize_tensors(ggml_context * ctx) override {
+        std::mt19937 gen(0xC5u + (uint32_t) (kv * 5 + n));
+        std::uniform_real_distribution<float> mant(-1.0f, 1.0f);
+        std::uniform_int_distribution<int> ex(-20, 17);
+        for (ggml_tensor * t = ggml_get_first_tensor(ctx); t != NULL; t = ggml_get_next_tensor(ctx, t)) {
+            if (ggml_is_view_op(t->op) || t->op == GGML_OP_SPARQ_ATTN) {
+                continue;
+            }
+            if (t->type == GGML_TYPE_I64) {
+                init_set_rows_row_ids(t, (int) (kv * ns)); // distinct stream * kv + cell
+            } else if (t->type == GGML_TYPE_I8) {
+                std::vector<uint8_t> b(ggml_nbytes(t));
+                for (auto & x : b) {
+                    x = (uint8_t) gen();
+                }
+                ggml_backend_tensor_set(t, b.data(), 0, b.size());
+            } else {
+                std::vector<float> f(ggml_nelements(t));
+                for (auto & x : f) {
+                    x = std::ldexp(mant(gen), ex(gen)); // 2^-21 .. 2^17: f16's and e5m2's roundings
+                }
+                sparq_set_floats(t, f);
+            }
+        }
+    }
+};
+
 // A decode step's sum append (ggml_sparq_sum_append): n values per stream rounded to the cache type
 // (squared with squares) into per-stream rows of a wider tensor (a row stride of its own), Kahan-
 // compensated with comp. The output puts the sums and, after them, the compensation written in place.
@@ -409,5 +461,10 @@ static void sparq_add_test_cases(std::vector<std::unique_ptr<test_case>> & test_
         test_cases.emplace_back(new test_sparq_sum_append(t, 576, 2, true, false));
         test_cases.emplace_back(new test_sparq_sum_append(t, 4096, 1, false, true));
         test_cases.emplace_back(new test_sparq_sum_append(t, 192, 3, true, true));
+        // the appends' K^T writes at upstream's K row index, into each K^T type; a per-cell f32 tensor
+        test_cases.emplace_back(new test_sparq_cell_scatter(t, GGML_TYPE_F16, 256, 128, 8, 1, 1));
+        test_cases.emplace_back(new test_sparq_cell_scatter(t, GGML_TYPE_F32, 300, 64, 2, 3, 6));
+        test_cases.emplace_back(new test_sparq_cell_scatter(t, GGML_TYPE_I8, 1000, 64, 4, 2, 64));
+        test_cases.emplace_back(new test_sparq_cell_scatter(t, GGML_TYPE_F32, 512, 4, 1, 2, 2));
     }
 }

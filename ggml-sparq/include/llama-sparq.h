@@ -32,7 +32,7 @@ extern "C" {
 // Bumped whenever a struct or function of this header changes incompatibly (a row added to
 // llama-sparq-settings.def included). Written here only: the library's version string and the
 // Python package (which refuses a library whose ABI differs from its header's) read it here.
-#define LLAMA_SPARQ_ABI_VERSION 10
+#define LLAMA_SPARQ_ABI_VERSION 11
 
 // "llama-sparq <version> abi <n> llama.cpp <commit>" (also declared in llama.h by patch 0001)
 LLAMA_API const char * llama_sparq_version(void);
@@ -222,6 +222,26 @@ LLAMA_API double llama_sparq_debug_check(struct llama_context * ctx);
 // sliding-window or hybrid models). Returns 0, or -1 with err saying why.
 LLAMA_API int32_t llama_sparq_bench_fill(struct llama_context * ctx, int32_t n_tokens, uint32_t seed, char * err,
                                          size_t err_size);
+
+// For tests without a GPU: what one computation of the context's last graph moves between the host
+// and a device when its nodes run there (ggml's scheduler copies every graph input a device node
+// reads, each a host-to-device copy after a stream synchronisation), and SparQ's own transfers.
+// Counted on the graph as built for a CPU-only context (on a GPU context the scheduler has redirected
+// the nodes' sources to its copies by then).
+struct llama_sparq_graph_io {
+    size_t   size;              // sizeof(struct llama_sparq_graph_io), set by the caller
+    int32_t  n_inputs;          // graph inputs the nodes read (a view of an input counts apart: it is copied apart)
+    int32_t  n_inputs_sparq;    // of those, SparQ's own (named sparq*)
+    uint64_t input_bytes;       // their bytes
+    uint64_t input_bytes_sparq;
+    int32_t  n_nodes;           // the graph's nodes other than views (a kernel launch each on a GPU, before fusion)
+    int32_t  n_nodes_sparq;     // of those, GGML_OP_SPARQ_ATTN nodes (the op and its write modes)
+    uint64_t n_transfers;       // SparQ's own tensor reads, writes, memsets and synchronisations since the process
+                                // started (upkeep, rebuilds, counters): a decode step in steady state adds none
+};
+
+// Fills out for the last graph the context computed. Returns 0, -1 on a size mismatch, -2 before a graph.
+LLAMA_API int32_t llama_sparq_debug_graph_io(struct llama_context * ctx, struct llama_sparq_graph_io * out);
 
 // For diagnosis: an eval callback on the context's graph computations (the cb_eval of
 // llama_context_params, settable after the context exists); NULL removes it.

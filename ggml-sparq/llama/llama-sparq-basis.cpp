@@ -182,9 +182,9 @@ void sparq_calibrate(llama_sparq_ctx & S, bool rotate, const std::vector<std::ve
         sparq_layer & L = S.layers[ikv];
         if (L.basis.rot) {
             if (rotate) {
-                ggml_backend_tensor_set(L.basis.rot, L.basis.rot_host.data(), 0, L.basis.rot_host.size() * sizeof(float));
+                sparq_tensor_set(L.basis.rot, L.basis.rot_host.data(), 0, L.basis.rot_host.size() * sizeof(float));
             }
-            ggml_backend_tensor_set(L.basis.spread, spread[ikv].data(), 0, spread[ikv].size() * sizeof(float));
+            sparq_tensor_set(L.basis.spread, spread[ikv].data(), 0, spread[ikv].size() * sizeof(float));
         }
     }
     S.basis.calibrated = true;

@@ -39,13 +39,13 @@ static void sparq_fill_chunk(ggml_tensor * t, uint64_t seed, size_t c) {
         // a quantized cache: the values in its blocks (a chunk is whole blocks: 1M values, rows of whole blocks)
         std::vector<uint8_t> q(ggml_row_size(t->type, (int64_t) m));
         ggml_get_type_traits(t->type)->from_float_ref(f.data(), q.data(), (int64_t) m);
-        ggml_backend_tensor_set(t, q.data(), ggml_row_size(t->type, (int64_t) i0), q.size());
+        sparq_tensor_set(t, q.data(), ggml_row_size(t->type, (int64_t) i0), q.size());
     } else if (t->type == GGML_TYPE_F16) {
         std::vector<ggml_fp16_t> h(m);
         ggml_fp32_to_fp16_row(f.data(), h.data(), (int64_t) m);
-        ggml_backend_tensor_set(t, h.data(), i0 * sizeof(ggml_fp16_t), m * sizeof(ggml_fp16_t));
+        sparq_tensor_set(t, h.data(), i0 * sizeof(ggml_fp16_t), m * sizeof(ggml_fp16_t));
     } else {
-        ggml_backend_tensor_set(t, f.data(), i0 * sizeof(float), m * sizeof(float));
+        sparq_tensor_set(t, f.data(), i0 * sizeof(float), m * sizeof(float));
     }
 }
 
@@ -88,7 +88,7 @@ int32_t llama_sparq_bench_fill(struct llama_context * ctx, int32_t n_tokens, uin
             }
         }
     }
-    llama_synchronize(ctx);
+    sparq_llama_sync(ctx);
     // every (layer, K or V, chunk) a job, on all hardware threads (a 128K-cell fill of a 7B-shaped
     // model is 8.6 G values per 8 layers)
     struct job { ggml_tensor * t; uint64_t seed; size_t c; };

@@ -154,6 +154,8 @@ bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, int32_t kt_bits
         L.data.vcomp = ggml_new_tensor_3d(S.mem.ctx.get(), GGML_TYPE_F32, dv, hkv, n_stream);
         ggml_format_name(L.data.vsum, "sparq_vsum_l%u", il);
         ggml_format_name(L.data.vcomp, "sparq_vcomp_l%u", il);
+        L.data.vcount = ggml_new_tensor_1d(S.mem.ctx.get(), GGML_TYPE_F32, n_stream);
+        ggml_format_name(L.data.vcount, "sparq_vcount_l%u", il);
         L.report.entries.assign((size_t) n_stream * hkv * 4, SPARQ_REPORT_TAKEN);
         L.diffuse.left.assign(n_stream, 0);
         L.diffuse.period.assign(n_stream, 0);
@@ -161,6 +163,7 @@ bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, int32_t kt_bits
         by_buft[buft].push_back(L.data.vsum);
         by_buft[buft].push_back(L.data.ksq);
         by_buft[buft].push_back(L.data.vcomp);
+        by_buft[buft].push_back(L.data.vcount);
         if (S.hadamard.n > 0) {
             ggml_tensor *& h = hrot[buft];
             if (!h) {
@@ -180,7 +183,7 @@ bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, int32_t kt_bits
     if (S.hadamard.n > 0) {
         S.hadamard.matrix_host = upstream::k_rot_matrix(kv, S.hadamard.n);
         for (const auto & [buft, h] : hrot) {
-            ggml_backend_tensor_set(h, S.hadamard.matrix_host.data(), 0, ggml_nbytes(h));
+            sparq_tensor_set(h, S.hadamard.matrix_host.data(), 0, ggml_nbytes(h));
         }
     }
     LLAMA_LOG_INFO("%s: SparQ data for %d of %zu KV-cache layers: K^T + V sums = %.2f MiB "
@@ -229,7 +232,7 @@ bool sparq_alloc_kt(llama_sparq_ctx & S, int32_t kt_bits, char * err, size_t err
 // bytes [off, off + n) of a tensor, on the host
 std::vector<uint8_t> sparq_get_slice(ggml_tensor * t, size_t off, size_t n) {
     std::vector<uint8_t> buf(n);
-    ggml_backend_tensor_get(t, buf.data(), off, n);
+    sparq_tensor_get(t, buf.data(), off, n);
     return buf;
 }
 
@@ -246,8 +249,8 @@ void sparq_basis_reset(llama_sparq_ctx & S) {
                 eye[(size_t) (h * d + j) * d + j] = 1.0f;
             }
         }
-        ggml_backend_tensor_set(L.basis.rot, eye.data(), 0, eye.size() * sizeof(float));
-        ggml_backend_tensor_set(L.basis.spread, one.data(), 0, one.size() * sizeof(float));
+        sparq_tensor_set(L.basis.rot, eye.data(), 0, eye.size() * sizeof(float));
+        sparq_tensor_set(L.basis.spread, one.data(), 0, one.size() * sizeof(float));
         L.basis.rot_host.clear();
     }
 }

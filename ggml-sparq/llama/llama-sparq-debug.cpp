@@ -1,8 +1,57 @@
 // llama-sparq: the debugging entry points of the C API: an eval callback on the context's graphs,
-// and the check of the kept K^T and sums against a recomputation.
+// the check of the kept K^T and sums against a recomputation, and the last graph's host traffic.
 #include "llama-sparq-impl.h"
 
 #include <algorithm>
+#include <cstring>
+#include <unordered_set>
+
+std::atomic<uint64_t> sparq_n_transfers{0};
+
+static bool sparq_is_view_op(ggml_op op) {
+    return op == GGML_OP_NONE || op == GGML_OP_VIEW || op == GGML_OP_RESHAPE || op == GGML_OP_PERMUTE ||
+           op == GGML_OP_TRANSPOSE;
+}
+
+// what ggml_backend_sched copies to a device per computation when every node runs there: each
+// distinct source of a non-view node that is a graph input or a view of one
+int32_t llama_sparq_debug_graph_io(struct llama_context * ctx, struct llama_sparq_graph_io * out) {
+    if (!out || out->size != sizeof(llama_sparq_graph_io)) {
+        return -1;
+    }
+    const size_t size = out->size;
+    memset(out, 0, sizeof(*out));
+    out->size = size;
+    out->n_transfers = sparq_n_transfers.load();
+    llm_graph_result * res = ctx ? upstream::last_graph(ctx) : nullptr;
+    ggml_cgraph * gf = res ? res->get_gf() : nullptr;
+    if (!gf) {
+        return -2;
+    }
+    std::unordered_set<const ggml_tensor *> seen;
+    for (int i = 0; i < ggml_graph_n_nodes(gf); ++i) {
+        const ggml_tensor * n = ggml_graph_node(gf, i);
+        if (sparq_is_view_op(n->op)) {
+            continue;
+        }
+        out->n_nodes++;
+        out->n_nodes_sparq += n->op == GGML_OP_SPARQ_ATTN;
+        for (int j = 0; j < GGML_MAX_SRC; ++j) {
+            const ggml_tensor * s = n->src[j];
+            const ggml_tensor * base = s && s->view_src ? s->view_src : s;
+            if (!s || !(base->flags & GGML_TENSOR_FLAG_INPUT) || !seen.insert(s).second) {
+                continue;
+            }
+            const bool sparq = strncmp(base->name, "sparq", 5) == 0;
+            out->n_inputs++;
+            out->n_inputs_sparq += sparq;
+            out->input_bytes += ggml_nbytes(s);
+            out->input_bytes_sparq += sparq ? ggml_nbytes(s) : 0;
+        }
+    }
+    return 0;
+}
+
 
 void llama_sparq_debug_set_eval_callback(struct llama_context * ctx, ggml_backend_sched_eval_callback cb,
                                          void * user_data) {
@@ -19,7 +68,7 @@ double llama_sparq_debug_check(struct llama_context * ctx) {
     if (!cp.sparq || cp.sparq->n_layers == 0) {
         return -1.0;
     }
-    llama_synchronize(ctx);
+    sparq_llama_sync(ctx);
     llama_sparq_ctx & S = *cp.sparq;
     double d = 0.0;
     for (uint32_t strm = 0; strm < upstream::n_stream(S.kv); ++strm) {

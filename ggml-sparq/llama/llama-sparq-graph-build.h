@@ -40,6 +40,8 @@ struct sparq_attn_build {
 
     ggml_tensor * kt_src, * vs_src, * ksq_src;
     ggml_tensor * cells_src = nullptr; // the selector's per-cell tensor with the ubatch's cells set (its appends hook)
+    ggml_tensor * k_idxs = nullptr;    // sparq_k_idxs, once found
+    ggml_tensor * vc_src = nullptr;    // the streams' valid-cell counts after the appends (the op's v_count)
 
     sparq_attn_build(const llm_graph_context & g, const llama_kv_cache_context * mctx, llama_sparq_ctx & S,
                      llm_graph_input_sparq * inp, int il, int32_t ikv, const ggml_tensor * q, const ggml_tensor * k)
@@ -70,8 +72,9 @@ struct sparq_attn_build {
 };
 
 
-// the graph's input of K^T-style row indices for rows of E elements per token (made once per E)
-ggml_tensor * sparq_kt_idxs(sparq_attn_build & b, int64_t E);
+// upstream's index of the ubatch's K rows (the graph's k_idxs: stream * kv_size + cell per token), found
+// at the layer's K store
+ggml_tensor * sparq_k_idxs(sparq_attn_build & b);
 
 // a per-cell tensor [kv_size, hkv, n_stream] with the ubatch's cells set to value, named name-<layer>
 ggml_tensor * sparq_set_new_cells(sparq_attn_build & b, ggml_tensor * t, float value, const char * name);

@@ -104,14 +104,23 @@ static llm_graph_input_sparq * sparq_graph_input(const llm_graph_context & g, co
     return inp;
 }
 
-ggml_tensor * sparq_kt_idxs(sparq_attn_build & b, int64_t E) {
-    ggml_tensor *& idx = b.inp->kt_idxs[E];
-    if (!idx) {
-        idx = ggml_new_tensor_1d(b.ctx0, GGML_TYPE_I64, b.n_tokens * E);
-        ggml_set_input(idx);
-        ggml_set_name(idx, "sparq_kt_idxs");
+// upstream's own index of the ubatch's K rows (stream * kv_size + cell, i64 [n_tokens]): the index
+// of the set_rows that stored this layer's keys into its K cache just before the hook. The appends
+// derive every per-cell write from it, so SparQ uploads no index of its own per step
+ggml_tensor * sparq_k_idxs(sparq_attn_build & b) {
+    if (!b.k_idxs) {
+        const ggml_tensor * kc = upstream::layer_k(b.S.kv, (size_t) b.ikv);
+        ggml_cgraph * gf = b.g.gf;
+        for (int i = ggml_graph_n_nodes(gf) - 1; i >= 0 && !b.k_idxs; --i) {
+            ggml_tensor * n = ggml_graph_node(gf, i);
+            if (n->op == GGML_OP_SET_ROWS && n->view_src == kc) { // a view of the cache: src[0] rows, src[1] index
+                b.k_idxs = n->src[1];
+            }
+        }
+        GGML_ASSERT(b.k_idxs && b.k_idxs->type == GGML_TYPE_I64 && b.k_idxs->ne[0] == b.n_tokens &&
+                    "llama_sparq: the layer's K store (set_rows) not found before the attention");
     }
-    return idx;
+    return b.k_idxs;
 }
 
 // x (f32) as the cache of type `type` holds it: rounded to that type and back (f32: as it is; q8_0:
@@ -150,8 +159,7 @@ static ggml_tensor * sparq_ubatch_sums(sparq_attn_build & b, ggml_tensor * x_cur
 static ggml_tensor * sparq_append_keys(sparq_attn_build & b, ggml_tensor * k_cur, ggml_tensor * kc, const ggml_tensor * k) {
     ggml_context * ctx0 = b.ctx0;
     const int64_t E = k_cur->ne[0] * k_cur->ne[1];
-    ggml_tensor * idx = sparq_kt_idxs(b, E);
-    ggml_tensor * rows = ggml_reshape_2d(ctx0, b.L.data.kt, 1, ggml_nelements(b.L.data.kt));
+    GGML_ASSERT(E == b.d * b.hkv);
     ggml_tensor * kin = kc ? kc : ggml_is_contiguous(k_cur) ? k_cur : ggml_cont(ctx0, k_cur);
     if (b.P.basis == LLAMA_SPARQ_BASIS_PCA && b.L.basis.rot) {
         // K^T in the PCA basis: rotate the keys as the cache holds them (rounded to its type)
@@ -160,9 +168,8 @@ static ggml_tensor * sparq_append_keys(sparq_attn_build & b, ggml_tensor * k_cur
         kr = ggml_mul_mat(ctx0, b.L.basis.rot, kr);                                   // [d, n_tokens, hkv]
         kin = ggml_cont(ctx0, ggml_permute(ctx0, kr, 0, 2, 1, 3));            // [d, hkv, n_tokens]
     }
-    ggml_tensor * src = ggml_reshape_2d(ctx0, kin, 1, b.n_tokens * E);
-    ggml_tensor * kt = b.L.data.kt->type == GGML_TYPE_I8 ? ggml_sparq_kt_append(ctx0, rows, src, idx)
-                                                          : ggml_set_rows(ctx0, rows, src, idx);
+    ggml_tensor * src = ggml_reshape_2d(ctx0, kin, E, b.n_tokens);
+    ggml_tensor * kt = ggml_sparq_cell_scatter(ctx0, b.L.data.kt, src, sparq_k_idxs(b));
     ggml_build_forward_expand(b.g.gf, kt);
     return kt;
 }
@@ -180,6 +187,11 @@ static ggml_tensor * sparq_step_rows(sparq_attn_build & b, ggml_tensor * x_cur) 
     return x->type == GGML_TYPE_F32 ? x : ggml_cast(b.ctx0, x, GGML_TYPE_F32);
 }
 
+// the counts of the ubatch's streams (si.s0 ..): a view of the layer's [n_stream] counts
+static ggml_tensor * sparq_count_view(sparq_attn_build & b, ggml_tensor * vcount) {
+    return ggml_view_1d(b.ctx0, vcount, b.n_stream, b.si.s0 * vcount->nb[0]);
+}
+
 // V sums of the ubatch's streams: += the new values, compensated
 static ggml_tensor * sparq_append_values(sparq_attn_build & b, ggml_tensor * v_cur, const ggml_tensor * v) {
     ggml_context * ctx0 = b.ctx0;
@@ -189,6 +201,9 @@ static ggml_tensor * sparq_append_values(sparq_attn_build & b, ggml_tensor * v_c
         ggml_tensor * s0 = ggml_view_2d(ctx0, L.data.vsum, Ev, b.n_stream, L.data.vsum->nb[2], b.si.s0 * L.data.vsum->nb[2]);
         ggml_tensor * c0 = ggml_view_2d(ctx0, L.data.vcomp, Ev, b.n_stream, L.data.vcomp->nb[2], b.si.s0 * L.data.vcomp->nb[2]);
         ggml_tensor * vs = ggml_sparq_sum_append(ctx0, s0, c0, sparq_step_rows(b, v_cur), v->type, false);
+        // the streams' valid-cell counts + 1 in the same node (the op reads them after it: it reads vs)
+        b.vc_src = sparq_count_view(b, L.data.vcount);
+        ggml_sparq_sum_append_set_count(vs, b.vc_src);
         ggml_build_forward_expand(b.g.gf, vs);
         return vs;
     }
@@ -208,6 +223,10 @@ static ggml_tensor * sparq_append_values(sparq_attn_build & b, ggml_tensor * v_c
     ggml_build_forward_expand(b.g.gf, ggml_cpy(ctx0, ggml_sub(ctx0, ggml_sub(ctx0, t, s0), y), c0));
     ggml_tensor * vs = ggml_cpy(ctx0, t, s0);
     ggml_build_forward_expand(b.g.gf, vs);
+    // the streams' valid-cell counts + the ubatch's tokens of each (exact: counts stay below 2^24)
+    ggml_tensor * vc = sparq_count_view(b, L.data.vcount);
+    b.vc_src = ggml_cpy(ctx0, ggml_scale_bias(ctx0, vc, 1.0f, (float) b.n_tps), vc);
+    ggml_build_forward_expand(b.g.gf, b.vc_src);
     return vs;
 }
 
@@ -228,13 +247,12 @@ static ggml_tensor * sparq_append_ksq(sparq_attn_build & b, ggml_tensor * k_cur,
     return ksq;
 }
 
-// a per-cell tensor [kv_size, hkv, n_stream] with the ubatch's cells set to value: entry (cell c,
-// KV head j, stream s) is at s*kv_size*hkv + j*kv_size + c, K^T's indexing with E = hkv
+// a per-cell tensor [kv_size, hkv, n_stream] with the ubatch's cells set to value
 ggml_tensor * sparq_set_new_cells(sparq_attn_build & b, ggml_tensor * t, float value, const char * name) {
     ggml_context * ctx0 = b.ctx0;
-    ggml_tensor * hidx = sparq_kt_idxs(b, b.hkv);
-    ggml_tensor * fill = ggml_fill(ctx0, ggml_new_tensor_2d(ctx0, GGML_TYPE_F32, 1, b.n_tokens * b.hkv), value);
-    ggml_tensor * out = ggml_set_rows(ctx0, ggml_reshape_2d(ctx0, t, 1, ggml_nelements(t)), fill, hidx);
+    ggml_tensor * fill = ggml_fill(ctx0, ggml_new_tensor_2d(ctx0, GGML_TYPE_F32, b.hkv, b.n_tokens), value);
+    ggml_tensor * t4 = ggml_reshape_4d(ctx0, t, t->ne[0], t->ne[1], 1, t->ne[2]);
+    ggml_tensor * out = ggml_sparq_cell_scatter(ctx0, t4, fill, sparq_k_idxs(b));
     ggml_format_name(out, "%s-%d", name, b.il); // sparq_lab.capture reads the tensor here, before the op
     ggml_build_forward_expand(b.g.gf, out);
     return out;
@@ -353,19 +371,20 @@ static ggml_tensor * sparq_op_node(sparq_attn_build & b, ggml_tensor * q, ggml_t
     llm_graph_input_sparq * inp = b.inp;
     const sparq_layer & L = b.L;
     const int64_t n_stream = b.n_stream, n_tps = b.n_tps, n_kv = b.n_kv, d = b.d, hkv = b.hkv;
-    // the valid-cell counts: the graph's, or a layer's own with streams in their dense stretch (each
-    // made where an op reads it: an input no node reads gets no memory)
-    const bool own = b.stretch && inp->stretch[b.ikv].in_op;
-    ggml_tensor *& v_count = own ? inp->layer_v_count[b.ikv] : inp->v_count;
-    if (!v_count) {
-        v_count = ggml_new_tensor_1d(ctx0, GGML_TYPE_F32, n_stream);
-        ggml_set_input(v_count);
-        if (own) {
-            ggml_format_name(v_count, "sparq_v_count-%d", b.il);
-        } else {
-            ggml_set_name(v_count, "sparq_v_count");
+    // the valid-cell counts: the layer's kept ones (appended above, on the device), or a layer's own
+    // input with streams in their dense stretch (negative there; the CPU op only)
+    ggml_tensor * v_count = b.vc_src;
+    if (b.stretch && inp->stretch[b.ikv].in_op) {
+        ggml_tensor *& own = inp->layer_v_count[b.ikv];
+        if (!own) {
+            own = ggml_new_tensor_1d(ctx0, GGML_TYPE_F32, n_stream);
+            ggml_set_input(own);
+            ggml_format_name(own, "sparq_v_count-%d", b.il);
         }
+        v_count = own;
     }
+    GGML_ASSERT(v_count && "llama_sparq: the op without the appends");
+
 
     // the layout of build_attn_mha: q [d, n_tps, n_head, ns], k/v [d, n_kv, n_head_kv, ns]
     ggml_tensor * q4 = ggml_view_4d(ctx0, q, q->ne[0], q->ne[1], n_tps, n_stream, q->nb[1], q->nb[2], q->nb[2] * n_tps, 0);

@@ -14,12 +14,6 @@ bool llm_graph_input_sparq::can_reuse(const llm_graph_params & params) {
     }
     mctx = m;
     bool ok = true;
-    for (auto & [E, t] : kt_idxs) {
-        ok &= t->ne[0] == (int64_t) params.ubatch.n_tokens * E;
-    }
-    if (v_count) {
-        ok &= v_count->ne[0] == (int64_t) upstream::sinfo(m).n_stream();
-    }
     if (win) {
         ok &= win->ne[1] * win->ne[2] == (int64_t) params.ubatch.n_tokens;
     }
@@ -48,27 +42,6 @@ bool llm_graph_input_sparq::can_reuse(const llm_graph_params & params) {
 
 bool llm_graph_input_sparq::runs_sparq() const {
     return std::any_of(decisions.begin(), decisions.end(), [](const sparq_decision & dc) { return dc.reason < 0; });
-}
-
-// K^T element (cell c, component j, stream s) is row s*kv_size*E + j*kv_size + c of the flat view
-void llm_graph_input_sparq::set_kt_idxs(const llama_ubatch * ubatch) {
-    const auto & si = upstream::sinfo(mctx);
-    const uint32_t kv_size = upstream::kv_size(S->kv);
-    for (auto & [E, t] : kt_idxs) {
-        GGML_ASSERT(ggml_backend_buffer_is_host(t->buffer));
-        int64_t * data = (int64_t *) t->data;
-        GGML_ASSERT((int64_t) ubatch->n_tokens == (int64_t) si.size() * si.n_stream());
-        for (uint32_t s = 0; s < si.n_stream(); ++s) {
-            const int64_t offs = (int64_t) si.strm[s] * kv_size * E;
-            for (uint32_t i = 0; i < si.size(); ++i) {
-                const int64_t tok = (int64_t) s * si.size() + i;
-                const int64_t c = si.idxs[s][i];
-                for (int64_t j = 0; j < E; ++j) {
-                    data[tok * E + j] = offs + j * kv_size + c;
-                }
-            }
-        }
-    }
 }
 
 // the PCA basis is calibrated on the cache's keys at the first step that runs SparQ; K^T is then
@@ -131,8 +104,8 @@ void llm_graph_input_sparq::train_index_if_due() {
     }
 }
 
-// the valid-cell count of each stream of the ubatch (a layer's own counts: negative for the streams
-// in its dense stretch, which the op attends densely)
+// a layer's own valid-cell counts with streams in its dense stretch (negative there: the op attends
+// them densely); the other layers' counts are kept on the device beside the V sums
 void llm_graph_input_sparq::set_v_count() {
     const auto & si = upstream::sinfo(mctx);
     auto fill = [&](ggml_tensor * t, const sparq_stretch * st) {
@@ -143,9 +116,6 @@ void llm_graph_input_sparq::set_v_count() {
             data[s] = st && s < st->rows.size() && st->rows[s] == SPARQ_ROW_STRETCH ? -n : n;
         }
     };
-    if (v_count) {
-        fill(v_count, nullptr);
-    }
     for (auto & [ikv, t] : layer_v_count) {
         fill(t, &stretch.at(ikv));
     }
@@ -213,7 +183,6 @@ void llm_graph_input_sparq::set_input(const llama_ubatch * ubatch) {
     llama_sparq_ctx & St = *S;
     const auto & si = upstream::sinfo(mctx);
 
-    set_kt_idxs(ubatch);
     calibrate_if_due();
     keep_streams_current();
     train_index_if_due();

@@ -1,6 +1,7 @@
-// llama-sparq: the graph's SparQ input (llm_graph_input_sparq: the append indices, the valid-cell
-// counts, the window and the row pick, set per ubatch with the upkeep and the counters) and the
-// per-layer decisions the graph hook records in it; shared by the graph hook and the input.
+// llama-sparq: the graph's SparQ input (llm_graph_input_sparq: the window and the row picks, set per
+// ubatch with the upkeep and the counters; the appends take upstream's K row index and the counts are
+// kept on the device, so a decode step uploads no more) and the per-layer decisions the graph hook
+// records in it; shared by the graph hook and the input.
 #pragma once
 
 #include "llama-sparq-impl.h"
@@ -83,8 +84,6 @@ public:
     std::shared_ptr<llama_sparq_ctx> S;
     const llama_kv_cache_context * mctx;
 
-    std::map<int64_t, ggml_tensor *> kt_idxs;  // by n_embd_k_gqa: [n_tokens * E] i64
-    ggml_tensor * v_count = nullptr;           // [n_stream] f32
     ggml_tensor * win = nullptr;               // [w, n_tps, n_stream] i32: cells of the l most recent positions
     int win_recent = 0;                        // of w: the recent ones (l); the streaming selector's sinks follow
     bool appends = false;                      // this graph appends to K^T and the V sums
@@ -101,7 +100,6 @@ public:
 private:
     // the steps of set_input, in its order (the counters follow in set_input itself)
     bool runs_sparq() const;                   // some attention call of this graph runs SparQ
-    void set_kt_idxs(const llama_ubatch * ubatch);
     void calibrate_if_due();
     void keep_streams_current();
     void train_index_if_due();

@@ -36,6 +36,7 @@
 #include "ggml-cpp.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -66,6 +67,9 @@ struct sparq_layer_data {
     // the V sums' compensation (Kahan summation of the appends; vsum - vcomp is the exact sum to
     // about one rounding): [dv, n_head_kv, n_stream] f32
     ggml_tensor * vcomp = nullptr;
+    // [n_stream] f32: the stream's valid cells, the divisor of the mean of V (the op's v_count), kept
+    // beside the sums (appended by the graph, set by a rebuild) so that no count is uploaded per step
+    ggml_tensor * vcount = nullptr;
     // upstream's Hadamard rotation of q and k (a quantized K cache, llama_sparq_ctx::hadamard): [n, n] f32 next
     // to K^T, shared by the layers in one buffer type. Outside the PCA basis K^T keeps the keys rotated back
     // and steps 1-2 rotate the query back: the rotation spreads q's largest components over all of them
@@ -294,6 +298,8 @@ struct llama_sparq_access {
     static void need_reserve(llama_context * c) { c->sched_need_reserve = true; }
     static const llama_model & model(const llama_context * c) { return c->model; }
     static const std::vector<ggml_backend_ptr> & backends(llama_context * c) { return c->backends; }
+    // the graph of the context's last computation (NULL before the first or after a reset)
+    static llm_graph_result * last_graph(llama_context * c) { return c->gf_res_prev_active; }
 
     static uint32_t kv_size(const llama_kv_cache * kv) { return kv->get_size(); }
     static uint32_t n_stream(const llama_kv_cache * kv) { return kv->n_stream; }
@@ -355,6 +361,31 @@ struct llama_sparq_access {
 
 // upstream's private members, as SparQ reaches them
 using upstream = llama_sparq_access;
+
+// SparQ's own transfers between the host and a backend's memory, and its synchronisations: every one
+// goes through these, so that llama_sparq_debug_graph_io counts them (a decode step must make none;
+// on a GPU each is a copy or a wait of the host). Process-wide.
+extern std::atomic<uint64_t> sparq_n_transfers;
+inline void sparq_tensor_get(const ggml_tensor * t, void * data, size_t off, size_t n) {
+    sparq_n_transfers++;
+    ggml_backend_tensor_get(t, data, off, n);
+}
+inline void sparq_tensor_set(ggml_tensor * t, const void * data, size_t off, size_t n) {
+    sparq_n_transfers++;
+    ggml_backend_tensor_set(t, data, off, n);
+}
+inline void sparq_tensor_memset(ggml_tensor * t, uint8_t value, size_t off, size_t n) {
+    sparq_n_transfers++;
+    ggml_backend_tensor_memset(t, value, off, n);
+}
+inline void sparq_backend_sync(ggml_backend_t backend) {
+    sparq_n_transfers++;
+    ggml_backend_synchronize(backend);
+}
+inline void sparq_llama_sync(llama_context * ctx) {
+    sparq_n_transfers++;
+    llama_synchronize(ctx);
+}
 
 // one unit of the per-(layer, KV head) work of the index training and the basis calibration
 struct sparq_head_job {

@@ -108,7 +108,7 @@ static void sparq_kmeans(const std::vector<float> & x, int64_t n, int64_t d, int
 // the key of one cell and KV head in f32, into x[0..d) (row: scratch for d values of K's type)
 static void sparq_key_f32(const ggml_tensor * k, uint32_t strm, uint32_t cell, int64_t h, int64_t d,
                           std::vector<uint8_t> & row, float * x) {
-    ggml_backend_tensor_get(k, row.data(), strm * k->nb[2] + (size_t) cell * k->nb[1] + ggml_row_size(k->type, h * d),
+    sparq_tensor_get(k, row.data(), strm * k->nb[2] + (size_t) cell * k->nb[1] + ggml_row_size(k->type, h * d),
                             row.size());
     sparq_row_f32(row.data(), k->type, d, x);
 }
@@ -151,13 +151,13 @@ static void sparq_train_head(llama_sparq_ctx & S, uint32_t strm, const sparq_hea
     }
     std::vector<float> cent((size_t) C * d);
     sparq_kmeans(x, (int64_t) use.size(), d, C, 6, cent.data());
-    ggml_backend_tensor_set(L.sel.ivf_cent, cent.data(), strm * L.sel.ivf_cent->nb[3] + h * L.sel.ivf_cent->nb[2],
+    sparq_tensor_set(L.sel.ivf_cent, cent.data(), strm * L.sel.ivf_cent->nb[3] + h * L.sel.ivf_cent->nb[2],
                             cent.size() * sizeof(float));
     std::vector<float> lists(kv_size, -1.0f);
     if (assign_all) {
         sparq_assign_cells(k, strm, h, d, cent.data(), C, all, row, lists);
     }
-    ggml_backend_tensor_set(L.sel.ivf_list, lists.data(), strm * L.sel.ivf_list->nb[2] + h * L.sel.ivf_list->nb[1],
+    sparq_tensor_set(L.sel.ivf_list, lists.data(), strm * L.sel.ivf_list->nb[2] + h * L.sel.ivf_list->nb[1],
                             lists.size() * sizeof(float));
 }
 

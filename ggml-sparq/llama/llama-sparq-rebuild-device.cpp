@@ -50,10 +50,10 @@ static void sparq_rebuild_layer_device(llama_sparq_ctx & S, size_t ikv, uint32_t
     ggml_tensor * v = upstream::layer_v(kv, ikv);
     const int64_t E = k->ne[0], Ev = v->ne[0];
     const size_t esz = ggml_type_size(L.data.kt->type);
-    ggml_backend_tensor_memset(L.data.vcomp, 0, strm * L.data.vcomp->nb[2], Ev * sizeof(float));
+    sparq_tensor_memset(L.data.vcomp, 0, strm * L.data.vcomp->nb[2], Ev * sizeof(float));
     if (nu == 0) {
-        ggml_backend_tensor_memset(L.data.vsum, 0, strm * L.data.vsum->nb[2], Ev * sizeof(float));
-        ggml_backend_tensor_memset(L.data.ksq, 0, strm * L.data.ksq->nb[2], E * sizeof(float));
+        sparq_tensor_memset(L.data.vsum, 0, strm * L.data.vsum->nb[2], Ev * sizeof(float));
+        sparq_tensor_memset(L.data.ksq, 0, strm * L.data.ksq->nb[2], E * sizeof(float));
         return;
     }
     const size_t n_nodes = 26 * ((nu + chunk - 1) / chunk) + 16;
@@ -99,7 +99,7 @@ static void sparq_rebuild_layer_device(llama_sparq_ctx & S, size_t ikv, uint32_t
     if (!ggml_gallocr_alloc_graph(galloc, gf)) {
         GGML_ABORT("llama_sparq: the device rebuild could not allocate its temporaries on %s", ggml_backend_dev_name(dev));
     }
-    ggml_backend_tensor_set(wt, w.data(), 0, (size_t) nu * sizeof(float));
+    sparq_tensor_set(wt, w.data(), 0, (size_t) nu * sizeof(float));
     if (ggml_backend_graph_compute(backend, gf) != GGML_STATUS_SUCCESS) {
         GGML_ABORT("llama_sparq: the device rebuild failed on %s", ggml_backend_dev_name(dev));
     }
@@ -149,7 +149,7 @@ bool sparq_rebuild_stream_device(llama_sparq_ctx & S, uint32_t strm, const std::
         }
     }
     ggml_gallocr_t galloc = ggml_gallocr_new(ggml_backend_get_default_buffer_type(backend));
-    ggml_backend_synchronize(backend);
+    sparq_backend_sync(backend);
     for (size_t ikv = 0; ikv < S.layers.size(); ++ikv) {
         if (S.layers[ikv].data.kt) {
             sparq_rebuild_layer_device(S, ikv, strm, u0, nu, w, backend, galloc, dev);

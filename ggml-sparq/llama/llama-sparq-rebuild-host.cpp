@@ -34,7 +34,7 @@ struct sparq_rows {
             p = (const uint8_t *) t->data + off;
         } else {
             copy.resize(n);
-            ggml_backend_tensor_get(t, copy.data(), off, n);
+            sparq_tensor_get(t, copy.data(), off, n);
             p = copy.data();
         }
     }
@@ -255,7 +255,7 @@ static double sparq_check_kt(const sparq_layer & L, const sparq_rebuild_plan & P
         if (kt_host) {
             memcpy(cur.data(), (const uint8_t *) L.data.kt->data + off, cur.size());
         } else {
-            ggml_backend_tensor_get(L.data.kt, cur.data(), off, cur.size());
+            sparq_tensor_get(L.data.kt, cur.data(), off, cur.size());
         }
         for (uint32_t c = a; c < b; ++c) {
             if (P.cells->is_empty(c)) {
@@ -314,7 +314,7 @@ static void sparq_rebuild_range(llama_sparq_ctx & S, const sparq_rebuild_plan & 
         R.diff = std::max(R.diff, sparq_check_kt(L, P, a, b, E, tr));
     } else if (!kt_host) {
         for (size_t j = 0; j < E; ++j) {
-            ggml_backend_tensor_set(L.data.kt, tr.data() + j * n * esz, kt_off + ((size_t) j * P.kv_size + a) * esz, (size_t) n * esz);
+            sparq_tensor_set(L.data.kt, tr.data() + j * n * esz, kt_off + ((size_t) j * P.kv_size + a) * esz, (size_t) n * esz);
         }
     }
 }
@@ -347,8 +347,8 @@ static double sparq_rebuild_merge(llama_sparq_ctx & S, const sparq_rebuild_plan 
         }
         if (P.check) {
             std::vector<float> cur(Ev), curk(Ek);
-            ggml_backend_tensor_get(L.data.vsum, cur.data(), strm * L.data.vsum->nb[2], Ev * sizeof(float));
-            ggml_backend_tensor_get(L.data.ksq, curk.data(), strm * L.data.ksq->nb[2], Ek * sizeof(float));
+            sparq_tensor_get(L.data.vsum, cur.data(), strm * L.data.vsum->nb[2], Ev * sizeof(float));
+            sparq_tensor_get(L.data.ksq, curk.data(), strm * L.data.ksq->nb[2], Ek * sizeof(float));
             for (size_t j = 0; j < Ev; ++j) {
                 max_diff = std::max(max_diff, (double) fabsf(cur[j] - vsf[j]));
             }
@@ -357,12 +357,37 @@ static double sparq_rebuild_merge(llama_sparq_ctx & S, const sparq_rebuild_plan 
                 max_diff = std::max(max_diff, (double) fabsf(curk[j] - ksf[j]) / std::max(1.0f, ksf[j]));
             }
         } else {
-            ggml_backend_tensor_set(L.data.vsum, vsf.data(), strm * L.data.vsum->nb[2], Ev * sizeof(float));
-            ggml_backend_tensor_set(L.data.ksq, ksf.data(), strm * L.data.ksq->nb[2], Ek * sizeof(float));
-            ggml_backend_tensor_set(L.data.vcomp, vcf.data(), strm * L.data.vcomp->nb[2], Ev * sizeof(float));
+            sparq_tensor_set(L.data.vsum, vsf.data(), strm * L.data.vsum->nb[2], Ev * sizeof(float));
+            sparq_tensor_set(L.data.ksq, ksf.data(), strm * L.data.ksq->nb[2], Ek * sizeof(float));
+            sparq_tensor_set(L.data.vcomp, vcf.data(), strm * L.data.vcomp->nb[2], Ev * sizeof(float));
         }
     }
     return max_diff;
+}
+
+// the stream's valid-cell count of every layer (the cells the sums hold: the used ones but the ubatch's
+// in `skip`, which its graph appends) written, or with check compared (returns the difference)
+static double sparq_rebuild_count(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip, bool check) {
+    const llama_kv_cells & cells = upstream::cells(S.kv, strm);
+    uint32_t n = cells.get_used();
+    for (uint32_t c : skip) {
+        n -= c < cells.size() && !cells.is_empty(c) ? 1 : 0;
+    }
+    const float want = (float) n;
+    double diff = 0.0;
+    for (sparq_layer & L : S.layers) {
+        if (!L.data.vcount) {
+            continue;
+        }
+        if (check) {
+            float cur = 0.0f;
+            sparq_tensor_get(L.data.vcount, &cur, strm * sizeof(float), sizeof(float));
+            diff = std::max(diff, (double) fabsf(cur - want));
+        } else {
+            sparq_tensor_set(L.data.vcount, &want, strm * sizeof(float), sizeof(float));
+        }
+    }
+    return diff;
 }
 
 // Recompute K^T and the V sum of one stream from K, V and the cells, over the used cells
@@ -373,6 +398,7 @@ static double sparq_rebuild_merge(llama_sparq_ctx & S, const sparq_rebuild_plan 
 // the largest absolute difference. Without check the selectors' per-cell data follows
 // (sparq_selector_rebuild), and the device rebuild runs where it applies.
 double sparq_rebuild_stream(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip, bool check) {
+    const double dc = sparq_rebuild_count(S, strm, skip, check);
     if (!check) {
         sparq_selector_rebuild(S, strm, skip);
         const sparq_env & env = S.env;
@@ -383,5 +409,5 @@ double sparq_rebuild_stream(llama_sparq_ctx & S, uint32_t strm, const std::vecto
     const sparq_rebuild_plan P = sparq_rebuild_plan_make(S, strm, skip, check);
     std::vector<sparq_rebuild_part> res(P.lay.size() * P.n_chunks);
     sparq_parallel(P.nth, res.size(), [&](size_t jid) { sparq_rebuild_range(S, P, jid, res[jid]); });
-    return sparq_rebuild_merge(S, P, res);
+    return std::max(dc, sparq_rebuild_merge(S, P, res));
 }

@@ -56,7 +56,7 @@ static void h2o_rebuild(llama_sparq_ctx & S, uint32_t strm, const std::vector<ui
             continue;
         }
         if (!ggml_backend_buffer_is_host(t->buffer)) {
-            ggml_backend_tensor_memset(t, 0, strm * t->nb[2], t->nb[2]); // h2o never runs there
+            sparq_tensor_memset(t, 0, strm * t->nb[2], t->nb[2]); // h2o never runs there
             continue;
         }
         for (int64_t h = 0; h < t->ne[1]; ++h) {

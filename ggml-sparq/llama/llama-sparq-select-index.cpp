@@ -50,7 +50,7 @@ static void index_rebuild(llama_sparq_ctx & S, uint32_t strm, const std::vector<
     for (sparq_layer & L : S.layers) {
         if (L.sel.ivf_list) {
             std::vector<float> none((size_t) L.sel.ivf_list->ne[0] * L.sel.ivf_list->ne[1], -1.0f);
-            ggml_backend_tensor_set(L.sel.ivf_list, none.data(), strm * L.sel.ivf_list->nb[2], none.size() * sizeof(float));
+            sparq_tensor_set(L.sel.ivf_list, none.data(), strm * L.sel.ivf_list->nb[2], none.size() * sizeof(float));
         }
     }
 }

@@ -24,7 +24,7 @@ void sparq_count_index_reads(llama_sparq_ctx & S) {
         for (uint32_t st = p.s0; st < p.s0 + p.n_stream && ok; ++st) {
             for (int64_t h = 0; h < c->ne[2] && ok; ++h) {
                 float v = -1.0f;
-                ggml_backend_tensor_get(c, &v, st * c->nb[3] + h * c->nb[2] + (size_t) S.index.n_list * c->nb[1], sizeof(v));
+                sparq_tensor_get(c, &v, st * c->nb[3] + h * c->nb[2] + (size_t) S.index.n_list * c->nb[1], sizeof(v));
                 ok = v >= 0.0f;
                 sum += v;
                 n++;

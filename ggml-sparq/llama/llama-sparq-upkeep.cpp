@@ -48,7 +48,7 @@ void sparq_retrain_index(llama_sparq_ctx & S, uint32_t strm, const std::vector<u
 void sparq_wait_written(const ggml_tensor * t) {
     if (t && t->buffer && !ggml_backend_buffer_is_host(t->buffer)) {
         uint8_t probe;
-        ggml_backend_tensor_get(t, &probe, 0, 1);
+        sparq_tensor_get(t, &probe, 0, 1);
     }
 }
 
@@ -60,7 +60,7 @@ void llama_sparq_sync(struct llama_context * ctx) {
     // pending cache updates first (the deferred K-shift after seq_add / seq_div, stream copies):
     // the data must be rebuilt from K as the next decode step will see it
     ctx->memory_update(false);
-    llama_synchronize(ctx);
+    sparq_llama_sync(ctx);
     llama_sparq_ctx & S = *cp.sparq;
     bool rebuilt = false;
     for (uint32_t strm = 0; strm < upstream::n_stream(S.kv); ++strm) {

@@ -225,6 +225,18 @@ def debug_check(ctx, sync_first: bool = False) -> float:
     return float(library().llama_sparq_debug_check(_b().ctx_ptr(ctx)))
 
 
+def debug_graph_io(ctx) -> dict:
+    """What one computation of the context's last graph moves between the host and a device
+    (llama_sparq_debug_graph_io): its inputs, nodes and SparQ's own transfers so far."""
+    b = _b()
+    s = b.ffi.new("struct llama_sparq_graph_io *")
+    s.size = b.ffi.sizeof("struct llama_sparq_graph_io")
+    rc = library().llama_sparq_debug_graph_io(b.ctx_ptr(ctx), s)
+    if rc != 0:
+        raise RuntimeError(f"llama_sparq_debug_graph_io returned {rc} (-1: size mismatch, -2: no graph computed yet)")
+    return {f: int(getattr(s, f)) for f, _ in b.ffi.typeof("struct llama_sparq_graph_io").fields if f != "size"}
+
+
 def bench_fill(ctx, n_tokens: int, seed: int = 1) -> None:
     """For benchmarks: fill sequence 0 of an empty KV cache with n_tokens cells of random K
     and V (llama_sparq_bench_fill); raises ValueError with the library's reason."""

@@ -169,6 +169,11 @@ class Ctx:
 
         return _sparq.debug_check(self.ctx, sync_first=sync)
 
+    def graph_io(self):
+        from llama_sparq import _sparq
+
+        return _sparq.debug_graph_io(self.ctx)
+
     def sync(self):
         from llama_sparq import _sparq
 

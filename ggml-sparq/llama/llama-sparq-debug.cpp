@@ -52,7 +52,6 @@ int32_t llama_sparq_debug_graph_io(struct llama_context * ctx, struct llama_spar
     return 0;
 }
 
-
 void llama_sparq_debug_set_eval_callback(struct llama_context * ctx, ggml_backend_sched_eval_callback cb,
                                          void * user_data) {
     llama_cparams & cp = upstream::cparams(ctx);

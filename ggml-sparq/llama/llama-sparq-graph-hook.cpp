@@ -385,7 +385,6 @@ static ggml_tensor * sparq_op_node(sparq_attn_build & b, ggml_tensor * q, ggml_t
     }
     GGML_ASSERT(v_count && "llama_sparq: the op without the appends");
 
-
     // the layout of build_attn_mha: q [d, n_tps, n_head, ns], k/v [d, n_kv, n_head_kv, ns]
     ggml_tensor * q4 = ggml_view_4d(ctx0, q, q->ne[0], q->ne[1], n_tps, n_stream, q->nb[1], q->nb[2], q->nb[2] * n_tps, 0);
     q4 = ggml_permute(ctx0, q4, 0, 2, 1, 3);

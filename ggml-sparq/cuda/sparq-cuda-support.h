@@ -11,16 +11,16 @@
 
 // The parts of the op the CUDA kernels honour. The rest are refused (the scheduler then runs the
 // node on the CPU): the streaming, h2o and index selectors and the dense flag (on a GPU upstream's
-// flash attention is the dense path), and the CPU op's reports (a coverage only measured, a host
-// report), which the graph sets only where the op runs on the host.
+// flash attention is the dense path), and a coverage only measured (the fixed k's guard, which the
+// graph sets only where the op runs on the host). The report is honoured: the kernels write it on
+// the device and the launch queues its copy into the host's page-locked report.
 static constexpr uint32_t SPARQ_CUDA_HONOURS = GGML_SPARQ_FEAT_ORACLE | GGML_SPARQ_FEAT_PER_HEAD |
                                                GGML_SPARQ_FEAT_NO_MEAN_V | GGML_SPARQ_FEAT_WINDOW |
                                                GGML_SPARQ_FEAT_BASIS | GGML_SPARQ_FEAT_COVERAGE |
-                                               GGML_SPARQ_FEAT_COVERAGE_CAP;
+                                               GGML_SPARQ_FEAT_COVERAGE_CAP | GGML_SPARQ_FEAT_REPORT;
 static constexpr uint32_t SPARQ_CUDA_REFUSES = GGML_SPARQ_FEAT_STREAMING | GGML_SPARQ_FEAT_H2O |
                                                GGML_SPARQ_FEAT_INDEX | GGML_SPARQ_FEAT_INDEX_READS |
-                                               GGML_SPARQ_FEAT_DENSE | GGML_SPARQ_FEAT_COVERAGE_MEASURE |
-                                               GGML_SPARQ_FEAT_REPORT;
+                                               GGML_SPARQ_FEAT_DENSE | GGML_SPARQ_FEAT_COVERAGE_MEASURE;
 static_assert((SPARQ_CUDA_HONOURS | SPARQ_CUDA_REFUSES) == GGML_SPARQ_FEAT_ALL &&
               (SPARQ_CUDA_HONOURS & SPARQ_CUDA_REFUSES) == 0,
               "a new part of the op: decide whether the CUDA kernels honour it or refuse it");

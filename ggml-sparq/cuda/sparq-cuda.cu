@@ -66,6 +66,17 @@ bool ggml_cuda_sparq_attn_supported(int device, const ggml_tensor * op) {
     return true;
 }
 
+// whether p is page-locked host memory (an asynchronous copy into it neither blocks nor breaks a
+// stream capture)
+static bool sparq_cuda_pinned(const void * p) {
+    cudaPointerAttributes at;
+    if (cudaPointerGetAttributes(&at, p) != cudaSuccess) {
+        (void) cudaGetLastError(); // (an unknown pointer: pageable)
+        return false;
+    }
+    return at.type == cudaMemoryTypeHost;
+}
+
 // the widest consecutive-cell load every K^T row allows: 1, or CPT (S % CPT == 0, rows aligned)
 static int sparq_cuda_cpt(const ggml_tensor * kt, int gmax) {
     const int want = sparq_vec_cpt(gmax);
@@ -349,10 +360,31 @@ void ggml_cuda_sparq_attn(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     a.keys = keys.get(); a.hist = hist.get(); a.hmass = hmass.get(); a.ldone = ldone.get(); a.udone = udone.get();
     a.cand = cand.get(); a.ncand = ncand.get();
     a.udense = udense.get(); a.selbits = selbits.get(); a.sel = sel.get(); a.pstat = pstat.get(); a.py = py.get();
+    // the report: written on the device by the kernels, then one copy into the host's report queued on
+    // the stream (no wait; the host reads it after the step's synchronisation). The host memory must
+    // be page-locked (a copy into pageable memory would block, and cannot be captured into a CUDA
+    // graph); its address is the layer's, the same every step, so a captured graph stays reusable
+    float * host_report = ggml_sparq_params_get(dst).attn.report;
+    if (host_report && !sparq_cuda_pinned(host_report)) {
+        static std::atomic<bool> said{false};
+        if (!said.exchange(true)) {
+            GGML_LOG_WARN("sparq_attn: %s's report is not page-locked host memory: not reported\n", dst->name);
+        }
+        host_report = nullptr;
+    }
+    ggml_cuda_pool_alloc<float> report(pool);
+    ggml_cuda_pool_alloc<int>   lrep(pool);
+    if (host_report) {
+        a.report = report.alloc(z.report);
+        a.lrep = a.cov_p > 0.0f ? lrep.alloc(z.lrep) : nullptr;
+    }
 
     const ggml_type ktt = dst->src[2]->type;
     const int kt = ktt == GGML_TYPE_F16 ? SPARQ_CU_KT_F16 : ktt == GGML_TYPE_I8 ? SPARQ_CU_KT_E5M2 : SPARQ_CU_KT_F32;
     const bool k_f16 = dst->src[1]->type == GGML_TYPE_F16;
     const bool v_f16 = dst->src[3]->type == GGML_TYPE_F16;
     sparq_cu_run(a, cpt, kt, k_f16, v_f16, ctx.stream());
+    if (host_report) {
+        CUDA_CHECK(cudaMemcpyAsync(host_report, a.report, z.report * sizeof(float), cudaMemcpyDeviceToHost, ctx.stream()));
+    }
 }

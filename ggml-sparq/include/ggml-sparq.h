@@ -90,7 +90,7 @@ GGML_API void ggml_sparq_attn_set_coverage(struct ggml_tensor * attn, float p, i
 // min(k, max(k_min, ceil(k_frac * n))) for the n valid cells of its stream (a row whose target
 // needs more attends over all of them; a row with at most that many cells runs dense), so that a
 // row's choice does not depend on the other streams of the call; k still sizes the scratch.
-// k_frac in (0, 1]. The CPU op applies it (the calibrated k runs on the CPU only).
+// k_frac in (0, 1]. The CPU and CUDA ops apply it.
 GGML_API void ggml_sparq_attn_set_coverage_cap(struct ggml_tensor * attn, float k_frac);
 
 // Optional: where the op reports what each stream's last query row did, per (stream, KV head):
@@ -98,8 +98,10 @@ GGML_API void ggml_sparq_attn_set_coverage_cap(struct ggml_tensor * attn, float 
 // over the group's heads), the cells reaching the coverage target with the window (-1 without a
 // target), 1 if the ranked cells reached it else 0}, at report[(stream * n_head_kv + kv_head) * 4].
 // A host pointer kept in the node's parameters (as ggml's custom ops keep theirs): the CPU op
-// writes it while it runs; the CUDA backend refuses a node with one. It must outlive every
-// computation of the node.
+// writes it while it runs; the CUDA op queues a copy into it on its stream (no wait: read it after
+// synchronising), which needs page-locked memory (for other memory it reports nothing); there a
+// diffuse row's reach is a lower bound at or above its cap. It must outlive every computation of
+// the node.
 GGML_API void ggml_sparq_attn_set_report(struct ggml_tensor * attn, float * report);
 GGML_API float * ggml_sparq_attn_get_report(const struct ggml_tensor * attn);
 

@@ -132,8 +132,8 @@ def test_gemma_gpu_sparq_defaults_run_on_the_gpu(cuda, gemma_model, k, monkeypat
     """The default settings on the GPU (r = d/4, scaled basis, window) with the calibrated k (k = 0:
     the CUDA op cuts each selection at the coverage target itself) and with a fixed k = 128: SparQ
     calls all on the GPU; the output agrees with CPU SparQ's teacher-forced argmax where the margin
-    is clear. The diffuse stretches follow the CPU op's reports, which the CUDA op does not write:
-    off on both, so both attend over the same cells."""
+    is clear. The diffuse stretches (which follow the op's reports, the GPU's too) are off on both,
+    so both attend over the same cells at every step."""
     monkeypatch.setenv("LLAMA_SPARQ_NO_DIFFUSE_SKIP", "1")
     cpu = _llm(gemma_model, n_gpu_layers=0, sparq=True, sparq_min_kv=0, sparq_k=k)
     prompt = cpu.tokenize(PROMPT)
@@ -181,6 +181,39 @@ def test_bench_and_cli_on_the_gpu(cuda, gemma_model, tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     m = re.search(r"SparQ calls = (\d+),.*SparQ calls on a device \(GPU, RPC host\) = (\d+)", res.stderr)
     assert m and int(m.group(1)) > 0 and m.group(1) == m.group(2), res.stderr[-3000:]
+
+
+@pytest.mark.parametrize("report", ["1", "0"], ids=["report", "no-report"])
+def test_gpu_calibrated_k_runs_diffuse_layers_in_stretches(cuda, tiny_gqa_model, monkeypatch, report):
+    """The calibrated k with the cache on the GPU: the CUDA op reports its choice into page-locked
+    host memory (no wait), so a layer whose every KV head is diffuse (the tiny random model's near
+    uniform attention) runs upstream's flash attention for 16, then 32 steps between checks, as on
+    the CPU (test_sparq_llama.py): per layer a check, 16 dense steps, a check, 22 of 32 dense steps.
+    The reported cells are every valid cell. LLAMA_SPARQ_CUDA_REPORT=0: no report, so every step runs
+    the op, which attends over every valid cell of a diffuse unit itself."""
+    from sparq_ctx import make_llm, rand_prompt
+
+    monkeypatch.delenv("LLAMA_SPARQ_NO_DIFFUSE_SKIP", raising=False)
+    monkeypatch.setenv("LLAMA_SPARQ_CUDA_REPORT", report)
+    llm = make_llm(tiny_gqa_model, logits_all=True, flash_attn=True, n_gpu_layers=-1, sparq=True, sparq_min_kv=0,
+                   sparq_k=0, sparq_k_min=16)
+    prompt = rand_prompt(700, 5, 256)
+    llm.eval(prompt[:-1])
+    tok = prompt[-1]
+    n = 40
+    for _ in range(n):
+        llm.eval([tok])
+        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    st = llm.sparq_stats()
+    layers = llm.sparq_layer_stats()
+    llm.close()
+    if report == "1":
+        assert st["n_dense"]["diffuse"] == 2 * (16 + 22) and st["n_sparq"] == 2 * 2, st
+        assert st["n_sparq_device"] == st["n_sparq"], st
+        assert all(x["mean_k"] > 600 for x in layers), layers  # every valid cell, as reported by the GPU
+    else:
+        assert st["n_dense"]["diffuse"] == 0 and st["n_sparq"] == 2 * n and st["n_sparq_device"] == 2 * n, st
+        assert st["n_measured"] == 0, st  # nothing reported
 
 
 def test_selectors_on_a_gpu_context(cuda, tiny_gqa_model):

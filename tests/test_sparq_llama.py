@@ -751,6 +751,25 @@ def test_env_switches_parse_one_way(tiny_model, monkeypatch, capfd, value, on):
         assert (bad in err) == (on is None), (name, value, err[-3000:])
 
 
+@pytest.mark.parametrize("value, on", [(None, True), ("", True), ("1", True), ("0", False), ("off", False),
+                                       ("false", False), ("yes", None)])
+def test_cuda_report_switch_is_on_unless_said_off(tiny_model, monkeypatch, capfd, value, on):
+    """LLAMA_SPARQ_CUDA_REPORT, the one switch on by default (its comparison path is off): 0, false
+    and off turn the GPU op's report off, which is logged; a value that is neither is said on stderr
+    and taken as on (the product's path)."""
+    if value is None:
+        monkeypatch.delenv("LLAMA_SPARQ_CUDA_REPORT", raising=False)
+    else:
+        monkeypatch.setenv("LLAMA_SPARQ_CUDA_REPORT", value)
+    capfd.readouterr()
+    llm = make_llm(tiny_model, n_ctx=256, verbose=True, sparq=True)
+    err = capfd.readouterr().err
+    llm.close()
+    assert ("llama_sparq: LLAMA_SPARQ_CUDA_REPORT off:" in err) == (on is False), err[-3000:]
+    bad = f"llama_sparq: LLAMA_SPARQ_CUDA_REPORT={value} is not a switch value"
+    assert (bad in err) == (on is None), err[-3000:]
+
+
 @pytest.mark.parametrize("value, skip", [("0", True), ("off", True), ("1", False)])
 def test_no_diffuse_skip_zero_keeps_the_dense_stretches(tiny_gqa_model, monkeypatch, value, skip):
     """LLAMA_SPARQ_NO_DIFFUSE_SKIP=0 behaves as unset: the diffuse layers' dense stretches run

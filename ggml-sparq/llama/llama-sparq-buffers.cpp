@@ -186,11 +186,48 @@ bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, int32_t kt_bits
             sparq_tensor_set(h, S.hadamard.matrix_host.data(), 0, ggml_nbytes(h));
         }
     }
+    sparq_alloc_reports(S);
     LLAMA_LOG_INFO("%s: SparQ data for %d of %zu KV-cache layers: K^T + V sums = %.2f MiB "
                    "(+%.0f%% of those layers' K and V, %.2f MiB)\n", __func__, S.n_layers, nl,
                    S.mem.extra_bytes / 1048576.0, S.mem.kv_bytes ? 100.0 * S.mem.extra_bytes / S.mem.kv_bytes : 0.0,
                    S.mem.kv_bytes / 1048576.0);
     return true;
+}
+
+void sparq_alloc_reports(llama_sparq_ctx & S) {
+    if (!S.env.cuda_report) {
+        return;
+    }
+    bool said = false;
+    for (size_t ikv = 0; ikv < S.layers.size(); ++ikv) {
+        sparq_layer & L = S.layers[ikv];
+        ggml_backend_buffer_t kb = upstream::layer_k(S.kv, ikv)->buffer;
+        ggml_backend_dev_t dev = ggml_backend_buft_get_device(ggml_backend_buffer_get_type(kb));
+        if (!L.data.ksq || L.report.entries.size() == 0 || !dev || ggml_backend_buffer_is_host(kb)) {
+            continue;
+        }
+        // (none on an RPC host, whose op could not write into this process's memory anyway)
+        ggml_backend_buffer_type_t hbt = ggml_backend_dev_host_buffer_type(dev);
+        if (!hbt || !ggml_backend_buft_is_host(hbt)) {
+            continue;
+        }
+        ggml_backend_buffer_t buf = ggml_backend_buft_alloc_buffer(hbt, L.report.entries.size() * sizeof(float));
+        // (a host buffer type may fall back to pageable memory, which a device's op must not copy into)
+        if (!buf || ggml_backend_buffer_get_type(buf) != hbt) {
+            if (buf) {
+                ggml_backend_buffer_free(buf);
+            }
+            if (!said) {
+                said = true;
+                LLAMA_LOG_WARN("%s: no page-locked host memory for the op's report on %s (layer %d): the calibrated "
+                               "k's diffuse stretches do not start there\n", __func__, ggml_backend_dev_name(dev), L.il);
+            }
+            continue;
+        }
+        L.report.entries.pinned_buf.reset(buf, ggml_backend_buffer_free);
+        L.report.entries.pinned = (float *) ggml_backend_buffer_get_base(buf);
+        std::fill(L.report.entries.begin(), L.report.entries.end(), SPARQ_REPORT_TAKEN);
+    }
 }
 
 bool sparq_alloc_kt(llama_sparq_ctx & S, int32_t kt_bits, char * err, size_t err_size) {

@@ -1,5 +1,6 @@
-// llama-sparq: what the CPU op reports of its choice (cells attended, their estimated share of the
-// attention mass, the cells that reach the coverage target) folded into the counters per layer,
+// llama-sparq: what the op reports of its choice (cells attended, their estimated share of the
+// attention mass, the cells that reach the coverage target; the CPU op writes it, a GPU's op copies
+// it into the layer's page-locked entries during the step) folded into the counters per layer,
 // the guard's one-line warning when a fixed k falls short of the target, and
 // llama_sparq_get_layer_stats.
 #include "llama-sparq-impl.h"
@@ -81,7 +82,9 @@ void sparq_count_reports(llama_sparq_ctx & S) {
             for (int64_t h = 0; h < hkv; ++h) {
                 float * e = L.report.entries.data() + ((size_t) st * hkv + h) * 4;
                 if (unused || e[0] == SPARQ_REPORT_TAKEN || e[0] < 0.0f) {
-                    e[0] = SPARQ_REPORT_TAKEN; // not run by a CPU op, the row ran dense, or its output was not used
+                    // not reported (no report, or a device's copy not landed: read after the step's
+                    // synchronisation it has), the row ran dense, or its output was not used
+                    e[0] = SPARQ_REPORT_TAKEN;
                     continue;
                 }
                 k_sum += e[0];

@@ -34,6 +34,15 @@ sparq_env sparq_env_read() {
     e.graph_rebuild = sparq_env_flag("LLAMA_SPARQ_GRAPH_REBUILD");
     e.host_rebuild = sparq_env_flag("LLAMA_SPARQ_HOST_REBUILD");
     e.diffuse_skip = !sparq_env_flag("LLAMA_SPARQ_NO_DIFFUSE_SKIP");
+    // on unless said off (the product's path): a typo keeps it on, with a word
+    const char * cr = getenv("LLAMA_SPARQ_CUDA_REPORT");
+    if (cr && *cr) {
+        e.cuda_report = strcmp(cr, "0") != 0 && strcmp(cr, "false") != 0 && strcmp(cr, "off") != 0;
+        if (e.cuda_report && strcmp(cr, "1") != 0 && strcmp(cr, "true") != 0 && strcmp(cr, "on") != 0) {
+            fprintf(stderr, "llama_sparq: LLAMA_SPARQ_CUDA_REPORT=%s is not a switch value: use 0, false or off "
+                            "(or 1, true, on, empty or unset for on); taken as on\n", cr);
+        }
+    }
     if (e.graph_rebuild) {
         LLAMA_LOG_INFO("llama_sparq: LLAMA_SPARQ_GRAPH_REBUILD on: stream rebuilds as a ggml graph, host memory too\n");
     }
@@ -42,6 +51,9 @@ sparq_env sparq_env_read() {
     }
     if (!e.diffuse_skip) {
         LLAMA_LOG_INFO("llama_sparq: LLAMA_SPARQ_NO_DIFFUSE_SKIP on: no dense stretches for diffuse layers\n");
+    }
+    if (!e.cuda_report) {
+        LLAMA_LOG_INFO("llama_sparq: LLAMA_SPARQ_CUDA_REPORT off: no report from a GPU's op, no diffuse stretch there\n");
     }
     return e;
 }

@@ -2,7 +2,8 @@
 // (llama-sparq-env.cpp). They are for tests and comparisons; the defaults are the product's path.
 // Every switch is on or off, parsed one way (sparq_env_flag): unset, "", "0", "false" and "off"
 // are off; "1", "true" and "on" are on; any other value is said on stderr and taken as off, so a
-// typo never turns a comparison path on without a word.
+// typo never turns a comparison path on without a word. LLAMA_SPARQ_CUDA_REPORT, whose comparison
+// path is off, is the one switch on by default.
 #pragma once
 
 struct sparq_env {
@@ -19,6 +20,12 @@ struct sparq_env {
     // (for comparisons and tests of the op's own dense rows). Note the inversion: the switch on
     // means diffuse_skip false.
     bool diffuse_skip = true;
+    // LLAMA_SPARQ_CUDA_REPORT: on by default (unset or empty); 0, false or off turns it off. On, a
+    // layer whose cache is on a GPU gets its report in page-locked host memory, which the CUDA op
+    // copies its report into, so that the calibrated k's diffuse stretches (upstream's flash
+    // attention) follow the GPU's choices; off, the GPU op reports nothing and no stretch starts
+    // there (a GPU session's A/B without a rebuild). Another value is said on stderr and taken as on.
+    bool cuda_report = true;
 };
 
 // The switch `name` from the environment: false when unset or "", "0", "false", "off"; true for

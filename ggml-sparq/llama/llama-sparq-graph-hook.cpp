@@ -430,10 +430,12 @@ static ggml_tensor * sparq_build_op(sparq_attn_build & b, ggml_tensor * q, ggml_
         b.sel->op_inputs(b, cur, q4);
     }
     if (b.sel->ranks_scores) {
-        // the report is this process's memory: only a CPU op in this process may write it (a GPU
-        // op does not report; an op on an RPC host would write into its own address space), and
-        // the guard's measure is made only where it is reported
-        const bool reports = ggml_backend_buffer_is_host(b.L.data.kt->buffer);
+        // the report is this process's memory: a CPU op in this process writes it, a GPU op copies
+        // it into the layer's page-locked entries (with the calibrated k, whose stretches follow it;
+        // an op on an RPC host would write into its own address space), and the guard's measure is
+        // made only on the host
+        const bool reports = ggml_backend_buffer_is_host(b.L.data.kt->buffer) ||
+                             (b.calibrated && b.L.report.entries.pinned);
         // the calibrated k's cut, or the guard's measure of a fixed k at the first SparQ step; the op
         // reports its choice into the layer's report (the counters read it after the step)
         if (b.calibrated) {

@@ -96,11 +96,26 @@ struct sparq_layer_basis {
     std::vector<float> rot_host; // the same, on the host (rebuilds rotate with it); empty: identity
 };
 
-// what the CPU op reports of its choice, and the layer's counters of those reports (llama-sparq-coverage.cpp)
+// a layer's report entries: host memory the CPU op writes, or for a cache on a device (pinned set)
+// page-locked memory of the device's host buffer type, which the device's op copies its report into
+// without a wait (allocated once: its address is a node parameter, the same at every step, so that a
+// captured CUDA graph stays reusable)
+struct sparq_report_entries {
+    std::vector<float> host;
+    std::shared_ptr<ggml_backend_buffer> pinned_buf;
+    float * pinned = nullptr; // host.size() floats in pinned_buf, or NULL
+    float * data() { return pinned ? pinned : host.data(); }
+    size_t size() const { return host.size(); }
+    float * begin() { return data(); }
+    float * end() { return data() + size(); }
+    void assign(size_t n, float x) { host.assign(n, x); }
+};
+
+// what the op reports of its choice, and the layer's counters of those reports (llama-sparq-coverage.cpp)
 struct sparq_layer_report {
     // per (stream, KV head): 4 floats (ggml_sparq_attn_set_report); an entry the counters have taken
-    // is set to SPARQ_REPORT_TAKEN
-    std::vector<float> entries;
+    // is set to SPARQ_REPORT_TAKEN (a device's copy not landed yet reads as taken: not counted)
+    sparq_report_entries entries;
     uint64_t n_calls = 0;         // calls measured
     uint64_t n_reach_calls = 0;   // of those, the calls that measured the cells reaching the target
     uint64_t n_reached_calls = 0; // of those, the calls whose every head reached it
@@ -463,6 +478,10 @@ bool sparq_alloc_buffers(llama_sparq_ctx & S, const std::map<ggml_backend_buffer
 bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, int32_t kt_bits, char * err, size_t err_size);
 // K^T of every SparQ layer again, of kt_bits' type (the old one freed; the caller has the streams rebuilt)
 bool sparq_alloc_kt(llama_sparq_ctx & S, int32_t kt_bits, char * err, size_t err_size);
+// the report entries of each layer whose cache is on a device in page-locked host memory of that
+// device (LLAMA_SPARQ_CUDA_REPORT, on by default); a layer without it keeps host memory, which only
+// an op in this process's CPU backend writes
+void sparq_alloc_reports(llama_sparq_ctx & S);
 // what one layer or attention call brings that the model alone does not say: its graph inputs (NULL:
 // none) and its head sizes
 struct sparq_attn_call {

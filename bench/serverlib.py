@@ -160,9 +160,9 @@ class PyServer(Server):
 
     name = "llama_sparq.server"
 
-    def __init__(self, model, args=(), threads=2, start_timeout=300, log_path=None, env=None):
+    def __init__(self, model, args=(), threads=2, start_timeout=300, log_path=None, env=None, alias="soak"):
         super().__init__(model, (), threads, start_timeout, log_path)
-        self.cmd = [sys.executable, "-m", "llama_sparq.server", "--model", str(model), "--model_alias", "soak",
+        self.cmd = [sys.executable, "-m", "llama_sparq.server", "--model", str(model), "--model_alias", alias,
                     "--host", "127.0.0.1", "--port", str(self.port), "--n_threads", str(threads),
                     "--n_threads_batch", str(threads), *map(str, args)]
         self.env = env

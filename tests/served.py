@@ -1,71 +1,23 @@
 """The two OpenAI-compatible servers on loopback, for tests that drive both the same way:
-llama-server (bench/server_load.py's ``Server``) and ``python -m llama_sparq.server``. Each is
+llama-server and ``python -m llama_sparq.server`` (bench/serverlib.py's ``Server`` and ``PyServer``). Each is
 started on a free 127.0.0.1 port, used as a context manager, and killed on exit."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from server_load import Server, ServerError, free_port, stop_process  # noqa: E402
+from server_load import Server  # noqa: E402
+from serverlib import PyServer  # noqa: E402
 
 LLAMA, PYTHON = "llama-server", "python"
 KINDS = (LLAMA, PYTHON)
 HOST = "127.0.0.1"
-
-
-class PyServer:
-    """``python -m llama_sparq.server`` on 127.0.0.1 with a free port; the log goes to a file."""
-
-    def __init__(self, args, log_path, start_timeout=120):
-        self.port = free_port()
-        self.base = f"http://{HOST}:{self.port}"
-        self.args = [str(a) for a in args]
-        self.log_path = Path(log_path)
-        self.start_timeout = start_timeout
-        self.proc = None
-
-    def __enter__(self):
-        self._log = open(self.log_path, "w")
-        env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
-        env.pop("CONFIG_FILE", None)
-        self.proc = subprocess.Popen([sys.executable, "-m", "llama_sparq.server", "--host", HOST,
-                                      "--port", str(self.port), *self.args],
-                                     stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + self.start_timeout
-        try:
-            while True:
-                if self.proc.poll() is not None:
-                    raise ServerError(f"python server exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
-                try:
-                    urllib.request.urlopen(self.base + "/v1/models", timeout=5).read()
-                    return self
-                except (urllib.error.URLError, ConnectionError, TimeoutError):
-                    if time.monotonic() > deadline:
-                        raise ServerError(f"python server not up after {self.start_timeout} s:\n{self.log()[-3000:]}")
-                    time.sleep(0.3)
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(self, *exc):
-        self.stop()
-
-    def stop(self):
-        if self.proc is not None:
-            stop_process(self.proc)
-        if not self._log.closed:
-            self._log.close()
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
 
 
 class Served:
@@ -120,7 +72,9 @@ def start(kind, model, log_dir, *, n_ctx, llama_args=(), py_args=(), start_timeo
             else:
                 os.environ["OMP_WAIT_POLICY"] = old
     else:
-        srv = PyServer(["--model", model, "--model_alias", "m", "--n_ctx", n_ctx, "--n_threads", threads,
-                        "--n_threads_batch", threads, *py_args], log_path, start_timeout=start_timeout)
+        env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
+        env.pop("CONFIG_FILE", None)  # a config file in the environment would replace the model
+        srv = PyServer(model, ["--n_ctx", n_ctx, *py_args], threads=threads, start_timeout=start_timeout,
+                       log_path=log_path, env=env, alias="m")
         srv.__enter__()
     return Served(kind, srv)

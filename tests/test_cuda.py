@@ -319,20 +319,24 @@ EMU_SINGLE = ["gqa4-perhead-window", "basis-no-mean-v", "rows-dense-stream-parts
 EMU_HIST_ATOMIC = ["gqa4-five-tiles", "mha-three-tiles-window", "calibrated-mha", "gqa4-e5m2-vec"]
 EMU_LOADS_EARLY = ["gqa4-five-tiles", "mha-three-tiles-window", "rows-dense-stream", "calibrated-gqa-two-streams",
                    "calibrated-perhead-window"]
-EMU_RUNS = ([(c, "rank", "auto", "match", "late") for c in EMU_CASES]
-            + [(c, "radix", "auto", "match", "late") for c in EMU_RADIX if c in EMU_CASES]
-            + [(c, "rank", "single", "match", "late") for c in EMU_SINGLE if c in EMU_CASES]
-            + [(c, "rank", "auto", "atomic", "late") for c in EMU_HIST_ATOMIC if c in EMU_CASES]
-            + [(c, "rank", "auto", "match", "early") for c in EMU_LOADS_EARLY if c in EMU_CASES])
+# the programmatic dependent launches (LLAMA_SPARQ_CUDA_PDL=1) on the one-block attend's and the early
+# loads' runs (both attend kernels, the select with and without the calibrated k, a dense stream):
+# the emulator checks that every thread of every such block waits for its predecessor once
+EMU_RUNS = ([(c, "rank", "auto", "match", "late", "0") for c in EMU_CASES]
+            + [(c, "radix", "auto", "match", "late", "0") for c in EMU_RADIX if c in EMU_CASES]
+            + [(c, "rank", "single", "match", "late", "1") for c in EMU_SINGLE if c in EMU_CASES]
+            + [(c, "rank", "auto", "atomic", "late", "0") for c in EMU_HIST_ATOMIC if c in EMU_CASES]
+            + [(c, "rank", "auto", "match", "early", "1") for c in EMU_LOADS_EARLY if c in EMU_CASES])
 
 # kernel launches per layer and step the op may take (the emulator counts them)
 SPARQ_CUDA_MAX_LAUNCHES = 4
 
 
-@pytest.mark.parametrize("case,select,attend,hist,loads", EMU_RUNS,
-                         ids=["-".join([c, s] + [w for w in (a, h, ld) if w not in ("auto", "match", "late")])
-                              for c, s, a, h, ld in EMU_RUNS])
-def test_cuda_kernels_emulated_equal_the_cpu_op(case, select, attend, hist, loads):
+@pytest.mark.parametrize("case,select,attend,hist,loads,pdl", EMU_RUNS,
+                         ids=["-".join([c, s] + [w for w in (a, h, ld) if w not in ("auto", "match", "late")]
+                                       + (["pdl"] if p == "1" else []))
+                              for c, s, a, h, ld, p in EMU_RUNS])
+def test_cuda_kernels_emulated_equal_the_cpu_op(case, select, attend, hist, loads, pdl):
     """The kernels of ggml-sparq/cuda/, run on the CPU by sparq-cuda-emu (one thread
     per CUDA thread; __syncthreads and the warp shuffles as barriers; blocks in a shuffled order),
     give the CPU op's output and choose the same cells (the unit's bitmap equals the CPU's list, or
@@ -345,12 +349,14 @@ def test_cuda_kernels_emulated_equal_the_cpu_op(case, select, attend, hist, load
     select: the bin at the k-th key ranked in shared memory (the default) or radix passes over the
     list; attend: the default (each unit's cells split over blocks here, the last combining) or one
     block per unit; hist: the tiles' histogram after a warp vote (the default) or an add per cell;
-    loads: the tiles' key loads after the list's context (the default) or before it."""
+    loads: the tiles' key loads after the list's context (the default) or before it; pdl: the select
+    and attend as programmatic dependent launches, each block waiting once for its predecessor."""
     env = dict(os.environ)
     env.pop("LLAMA_SPARQ_CUDA_ATTEND", None)
     env["LLAMA_SPARQ_CUDA_SELECT"] = select
     env["LLAMA_SPARQ_CUDA_SELECT_HIST"] = hist
     env["LLAMA_SPARQ_CUDA_SELECT_LOADS"] = loads
+    env["LLAMA_SPARQ_CUDA_PDL"] = pdl
     if attend != "auto":
         env["LLAMA_SPARQ_CUDA_ATTEND"] = attend
     res = subprocess.run([str(tool_path("sparq-cuda-emu")), *EMU_CASES[case].split()], capture_output=True,
@@ -364,8 +370,10 @@ def test_cuda_kernels_emulated_equal_the_cpu_op(case, select, attend, hist, load
     # every (stream, KV head) measured its reach with the calibrated k, none with a fixed k
     assert reach == (int(args[3]) * int(args[5]) if len(args) > 15 else 0), res.stdout
     assert all(f"{k}={v}" in res.stdout for k, v in (("select", select), ("hist", hist), ("loads", loads))), res.stdout
-    launches = int(re.search(r"launches=(\d+)", res.stdout).group(1))
+    launches = int(re.search(r" launches=(\d+)", res.stdout).group(1))
     assert 1 <= launches <= SPARQ_CUDA_MAX_LAUNCHES, res.stdout
+    # the select and the attend, once each
+    assert re.search(r"pdl_launches=(\d+)", res.stdout).group(1) == ("2" if pdl == "1" else "0"), res.stdout
     parts = int(re.search(r"attend_parts=(\d+)", res.stdout).group(1))
     if attend == "single":
         assert parts == 1, res.stdout

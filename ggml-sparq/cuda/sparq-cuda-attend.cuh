@@ -78,15 +78,22 @@ static __device__ __forceinline__ void sparq_attend_mean_v_stats(const sparq_cu_
     }
 }
 
-// the g query rows into shared memory; the running and approximate softmax statistics
+// unit u's g query rows into shared memory (published by the barriers before the first chunk's
+// logits). Only the op's input: a programmatic dependent launch reads them before its wait
+static __device__ __forceinline__ void sparq_attend_query(const sparq_cu_args & a, int u, const sparq_attend_smem & sm) {
+    const int R = u / a.n_head_kv, kvh = u % a.n_head_kv, st = R / a.n_rows, row = R % a.n_rows;
+    const int g = a.g, d = a.d;
+    for (int i = threadIdx.x; i < g * d; i += SPARQ_NT) {
+        const int h = i / d, j = i % d;
+        sm.sq[h * d + j] = ((const float *) (a.q + (size_t) row * a.q_nb1 + (size_t) (kvh * g + h) * a.q_nb2 +
+                                             (size_t) st * a.q_nb3))[j];
+    }
+}
+
+// the running and approximate softmax statistics
 static __device__ __forceinline__ void sparq_attend_init(const sparq_cu_args & a, const sparq_attend_unit & un,
                                                          const sparq_attend_smem & sm) {
-    const int tid = threadIdx.x, g = un.g, d = un.d;
-    for (int i = tid; i < g * d; i += SPARQ_NT) {
-        const int h = i / d, j = i % d;
-        sm.sq[h * d + j] = ((const float *) (a.q + (size_t) un.row * a.q_nb1 + (size_t) (un.kvh * g + h) * a.q_nb2 +
-                                             (size_t) un.st * a.q_nb3))[j];
-    }
+    const int tid = threadIdx.x, g = un.g;
     if (tid < g) {
         sm.sM[tid] = -INFINITY;
         sm.sP[tid] = 0.0f;
@@ -506,10 +513,20 @@ static __device__ __forceinline__ int sparq_attend_items(const sparq_cu_args & a
     __shared__ int sh[SPARQ_NW];                                                             \
     const sparq_attend_smem sm = { sq, sp, scell, sM, sP, scorr, sMs, sZ, smass, sh }
 
+// A programmatic dependent launch's wait for the select (every block, on every path, before any
+// scratch is read: the rows, bitmaps and logits); what follows the op may be placed from then on
+// (it waits for this kernel's end in turn)
+static __device__ __forceinline__ void sparq_attend_wait() {
+    ggml_cuda_pdl_sync();
+    ggml_cuda_pdl_lc();
+}
+
 // a block per unit: all its items, then the output rows
 template <int GMAX, typename TK, typename TV>
 static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_attend(const sparq_cu_args a) {
     SPARQ_ATTEND_SMEM;
+    sparq_attend_query(a, blockIdx.x, sm);
+    sparq_attend_wait();
     const sparq_attend_unit un = sparq_attend_unit_of(a, blockIdx.x);
     float y[GMAX];
     const int n_sel = sparq_attend_items<GMAX, TK, TV>(a, un, sm, 0, 1, y);
@@ -581,6 +598,8 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_attend_part(const spa
     SPARQ_ATTEND_SMEM;
     __shared__ int s_last;
     const int p = blockIdx.x, n_part = gridDim.x;
+    sparq_attend_query(a, blockIdx.y, sm);
+    sparq_attend_wait();
     const sparq_attend_unit un = sparq_attend_unit_of(a, blockIdx.y);
     float y[GMAX];
     const int n_sel = sparq_attend_items<GMAX, TK, TV>(a, un, sm, p, n_part, y);

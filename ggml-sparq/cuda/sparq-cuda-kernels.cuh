@@ -3,8 +3,11 @@
 // tests/native/sparq-cuda-emu.cpp, which runs these same kernels on the CPU (one thread per CUDA
 // thread) against the CPU op. The includer provides: half, half2, uint2, uint4, float2, float4,
 // dim3, make_float2, the warp intrinsics (shuffles, ballot, match_any), warp_reduce_sum/max, the
-// atomics, __threadfence, __ldcg, __uint_as_float, and
-//   SPARQ_LAUNCH(kernel, grid, block, stream, args...), sparq_stream_t.
+// atomics, __threadfence, __ldcg, __uint_as_float, ggml_cuda_pdl_sync / ggml_cuda_pdl_lc (a
+// programmatic dependent launch's wait for its predecessor and its go-ahead to its successor; no-ops
+// elsewhere), and
+//   SPARQ_LAUNCH(kernel, grid, block, stream, args...), SPARQ_LAUNCH_PDL (the same as a programmatic
+//   dependent launch where the device has them, else an ordinary one), sparq_stream_t.
 // The headers (each includable on its own, after the includer's names):
 //   sparq-cuda-common.cuh  limits, structs, loads, mask lookups, block scans and reductions
 //   sparq-cuda-topk.cuh    the exact k-selection primitive: a histogram's crossing of a target

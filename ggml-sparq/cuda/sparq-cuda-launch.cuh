@@ -1,6 +1,7 @@
 // llama-sparq: the launch sequence of GGML_OP_SPARQ_ATTN's CUDA kernels (the template choice per
 // group size and cache type, the scratch sizes), shared by the CUDA backend and the CPU emulation.
-// The includer's SPARQ_LAUNCH is the only way a kernel starts (the emulation counts them).
+// The includer's SPARQ_LAUNCH (and SPARQ_LAUNCH_PDL, a programmatic dependent launch where the
+// device has it) is the only way a kernel starts (the emulation counts them).
 #pragma once
 
 #include <cstdio>
@@ -34,6 +35,26 @@ static int sparq_env_way(const char * name, const char * way1, const char * way2
     fprintf(stderr, "sparq_attn: %s=%s is neither %s nor %s: ignored, the launch chooses\n", name, e, way1, way2);
     return 0;
 }
+
+// LLAMA_SPARQ_CUDA_PDL=1 launches kernels 2 and 3 as programmatic dependent launches
+// (SPARQ_LAUNCH_PDL; sm_90 and later, else an ordinary launch): each may be placed on the GPU while
+// its predecessor's last blocks run, does what needs nothing of the predecessor (clearing shared
+// memory, reading the query), then waits for the predecessor's completion (ggml_cuda_pdl_sync)
+// before it reads any scratch. Off by default until a GPU has timed it and run the grid with it.
+static bool sparq_pdl() {
+    static const int force = sparq_env_way("LLAMA_SPARQ_CUDA_PDL", "0", "1");
+    return force == 2;
+}
+
+// a launch after another of the op's kernels: programmatic with pdl, else ordinary
+#define SPARQ_LAUNCH_AFTER(pdl, kernel, grid, block, stream, ...)         \
+    do {                                                                  \
+        if (pdl) {                                                        \
+            SPARQ_LAUNCH_PDL(kernel, grid, block, stream, __VA_ARGS__);   \
+        } else {                                                          \
+            SPARQ_LAUNCH(kernel, grid, block, stream, __VA_ARGS__);       \
+        }                                                                 \
+    } while (0)
 
 // The attention split over several blocks per unit (k_sparq_attend_part, whose last part to finish
 // combines) while the units alone would leave the GPU idle: parts of at least
@@ -123,10 +144,11 @@ static void sparq_launch_score(const sparq_cu_args & a, int cpt, sparq_stream_t 
 // kernel 3: one block per unit, or n_part per unit (the last of them combines)
 template <int GMAX, typename TK, typename TV>
 static void sparq_launch_attend(const sparq_cu_args & a, int n_part, sparq_stream_t stream) {
+    const bool pdl = sparq_pdl();
     if (n_part == 1) {
-        SPARQ_LAUNCH((k_sparq_attend<GMAX, TK, TV>), dim3(a.U), SPARQ_NT, stream, a);
+        SPARQ_LAUNCH_AFTER(pdl, (k_sparq_attend<GMAX, TK, TV>), dim3(a.U), SPARQ_NT, stream, a);
     } else {
-        SPARQ_LAUNCH((k_sparq_attend_part<GMAX, TK, TV>), dim3(n_part, a.U), SPARQ_NT, stream, a);
+        SPARQ_LAUNCH_AFTER(pdl, (k_sparq_attend_part<GMAX, TK, TV>), dim3(n_part, a.U), SPARQ_NT, stream, a);
     }
 }
 
@@ -192,17 +214,19 @@ static int sparq_select_keys_early() {
 // The whole op in three launches, none of which waits on the host, each sized by the shapes only
 // (a's shapes, tensors and scratch set; cpt: 1 or sparq_vec_cpt(sparq_gmax(g)), the K^T load width
 // the rows' alignment allows, which nt_a and tl_a must match; the scratch sized by
-// sparq_cu_scratch_sizes, whose choice of parts sparq_attend_parts repeats):
+// sparq_cu_scratch_sizes, whose choice of parts sparq_attend_parts repeats; with sparq_pdl() 2 and
+// 3 programmatic dependent launches):
 //   1 k_sparq_score       (score tiles x units)     components, valid cells, approximate scores
 //   2 k_sparq_select      (selection tiles x lists)  keys and histograms; each list's last tile chooses
 //   3 k_sparq_attend[_part] (units, or parts x units) exact attention and the mean-V mix
 // kt: K^T's element type (sparq_cu_kt)
 static void sparq_cu_run(const sparq_cu_args & a, int cpt, int kt, bool k_f16, bool v_f16, sparq_stream_t stream) {
     sparq_launch_by_g(a, kt, k_f16, v_f16, cpt, 0, stream);
+    const bool pdl = sparq_pdl();
     if (a.cov_p > 0.0f) {
-        SPARQ_LAUNCH(k_sparq_select<true>, dim3(a.nt_s, a.L), SPARQ_NT, stream, a);
+        SPARQ_LAUNCH_AFTER(pdl, k_sparq_select<true>, dim3(a.nt_s, a.L), SPARQ_NT, stream, a);
     } else {
-        SPARQ_LAUNCH(k_sparq_select<false>, dim3(a.nt_s, a.L), SPARQ_NT, stream, a);
+        SPARQ_LAUNCH_AFTER(pdl, k_sparq_select<false>, dim3(a.nt_s, a.L), SPARQ_NT, stream, a);
     }
     sparq_launch_by_g(a, kt, k_f16, v_f16, cpt, sparq_attend_parts(a), stream);
 }

@@ -129,6 +129,9 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_score(const sparq_cu_
     __shared__ int chosen_of[GGML_CUDA_SPARQ_D_MAX];
     __shared__ int sh[SPARQ_NW];
     __shared__ float red[SPARQ_NW];
+    // the select (a programmatic dependent launch) may be placed from now on: its blocks wait for
+    // this kernel's end before they read anything it writes
+    ggml_cuda_pdl_lc();
     const int u = blockIdx.y, tid = threadIdx.x;
     const int R = u / a.n_head_kv, kvh = u % a.n_head_kv, st = R / a.n_rows;
     sparq_score_clear(a, u, kvh, R);

@@ -34,11 +34,9 @@ static __device__ __forceinline__ void sparq_tile_dense_row(const sparq_cu_args 
     }
 }
 
-// the tile's histograms and window bits cleared; with a shared choice the group's softmax
-// statistics (maximum, 1 / sum) into sM, siZ
+// the tile's histograms and window bits cleared (no barrier: the list's context's scans follow)
 template <bool COV>
-static __device__ __forceinline__ void sparq_tile_clear(const sparq_cu_args & a, const sparq_sel_ctx & c,
-                                                        const sparq_sel_smem & sm, float * sM, float * siZ) {
+static __device__ __forceinline__ void sparq_tile_clear_shared(const sparq_sel_smem & sm) {
     const int tid = threadIdx.x;
     for (int b = tid; b < SPARQ_NB; b += SPARQ_NT) {
         sm.hc[b] = 0u;
@@ -49,6 +47,12 @@ static __device__ __forceinline__ void sparq_tile_clear(const sparq_cu_args & a,
     if (tid < SPARQ_TS / 32) {
         sm.wb[tid] = 0u;
     }
+}
+
+// with a shared choice the group's softmax statistics (maximum, 1 / sum) into sM, siZ
+static __device__ __forceinline__ void sparq_tile_group_stats(const sparq_cu_args & a, const sparq_sel_ctx & c,
+                                                              float * sM, float * siZ) {
+    const int tid = threadIdx.x;
     if (c.summed && tid < a.g) {
         float M;
         double Z;
@@ -222,6 +226,12 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_select(const sparq_cu
     __shared__ double siZw[COV ? GGML_CUDA_SPARQ_G_MAX : 1];
     const sparq_sel_smem sm = { hc, hm, (int *) hc + SPARQ_CAND_MAX, rc, rm, wb, sh, shd, s_int, &s_cross, sMw, siZw };
     const int t0 = blockIdx.x * SPARQ_TS, t1 = min(a.n_kv, t0 + SPARQ_TS);
+    sparq_tile_clear_shared<COV>(sm);
+    // a programmatic dependent launch: nothing of the scratch is read before the score kernel is
+    // done (every block, on every path, waits here); the attend blocks may be placed from now on
+    // (they wait for this kernel's end in turn)
+    ggml_cuda_pdl_sync();
+    ggml_cuda_pdl_lc();
     // with keys_early the tile's loads go before the context's own loads and scans, so that the two wait together
     const float * src = sparq_list_logits(a, blockIdx.y);
     float xs[SPARQ_TS_CPT];
@@ -233,7 +243,7 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_select(const sparq_cu
         sparq_tile_dense_row(a, c);
         return;
     }
-    sparq_tile_clear<COV>(a, c, sm, sM, siZ);
+    sparq_tile_group_stats(a, c, sM, siZ);
     if (a.win && a.l > 0) {
         sparq_tile_window(a, c, sm, t0, t1);
     }

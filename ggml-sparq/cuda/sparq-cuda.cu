@@ -45,6 +45,9 @@
 
 typedef cudaStream_t sparq_stream_t;
 #define SPARQ_LAUNCH(kernel, grid, block, stream, ...) kernel<<<(grid), (block), 0, (stream)>>>(__VA_ARGS__)
+// upstream's launch: programmatic dependent on sm_90 code (unless GGML_CUDA_PDL=0), else ordinary
+#define SPARQ_LAUNCH_PDL(kernel, grid, block, stream, ...) \
+    ggml_cuda_kernel_launch(kernel, ggml_cuda_kernel_launch_params(dim3(grid), dim3(block), 0, (stream)), __VA_ARGS__)
 
 #include "sparq-cuda-kernels.cuh"
 

@@ -15,7 +15,7 @@
 // 4 stream 0 sees 40 cells in the middle (a dense row that skips empty chunks);
 // scalar: 1 forces the one-cell K^T loads; cov_p > 0: the calibrated k (coverage target cov_p, at
 // least k_min cells, each row's cap from k_frac of its valid cells when k_frac > 0).
-// SPARQ_EMU_ORDER=seq runs the blocks in order. Prints "OK nmse=... launches=N report_differ=0
+// SPARQ_EMU_ORDER=seq runs the blocks in order. Prints "OK nmse=... launches=N pdl_launches=P report_differ=0
 // report_reach=M" (M: the entries that measured the cells reaching the target) or "FAIL ..."
 // and exits 0 / 1. The inputs are tie-proof (tests/native/sparq-tie-proof.h: query large on r
 // components, keys level * sign there, levels i / 1024), so the selections must be equal.
@@ -237,8 +237,27 @@ static void emu_launch(void (*kernel)(P...), dim3 grid, dim3 block, A... args) {
     }
 }
 
+// A programmatic dependent launch: here blocks run after the predecessor's anyway, so the wait and
+// the go-ahead do nothing; what is checked is that every thread of every block of such a launch
+// waits once (a block that skipped it could read the predecessor's scratch early on a GPU, and a
+// grid that never waits could end before its predecessor)
+static std::atomic<long> g_pdl_waits{ 0 };
+static int g_pdl_launches = 0, g_pdl_bad = 0;
+static inline void ggml_cuda_pdl_sync() { ++g_pdl_waits; }
+static inline void ggml_cuda_pdl_lc() {}
+
+template <typename... P, typename... A>
+static void emu_launch_pdl(void (*kernel)(P...), dim3 grid, dim3 block, A... args) {
+    const long before = g_pdl_waits.load();
+    emu_launch(kernel, grid, block, args...);
+    ++g_pdl_launches;
+    g_pdl_bad += g_pdl_waits.load() - before != (long) grid.x * grid.y * grid.z * block.x;
+}
+
 typedef int sparq_stream_t;
 #define SPARQ_LAUNCH(kernel, grid, block, stream, ...) (emu_launch(kernel, dim3(grid), dim3(block), __VA_ARGS__), (void) (stream))
+#define SPARQ_LAUNCH_PDL(kernel, grid, block, stream, ...) \
+    (emu_launch_pdl(kernel, dim3(grid), dim3(block), __VA_ARGS__), (void) (stream))
 
 #include "sparq-cuda-kernels.cuh"
 
@@ -542,12 +561,15 @@ int main(int argc, char ** argv) {
             }
         }
     }
-    const bool ok = nmse <= 1e-9 && n_diff == 0 && rep_differ == 0;
+    if (g_pdl_bad) {
+        printf("%d programmatic dependent launches had a block or thread that did not wait once\n", g_pdl_bad);
+    }
+    const bool ok = nmse <= 1e-9 && n_diff == 0 && rep_differ == 0 && g_pdl_bad == 0;
     const int n_chose = n_sparse - n_diffuse;
     printf("%s nmse=%.3g max_abs=%.3g sparq_units=%d diffuse_units=%d mean_cells=%.1f sel_differ=%d cpt=%d select=%s "
-           "hist=%s loads=%s attend_parts=%d launches=%d report_differ=%d report_reach=%d\n",
+           "hist=%s loads=%s attend_parts=%d launches=%d pdl_launches=%d report_differ=%d report_reach=%d\n",
            ok ? "OK" : "FAIL", nmse, maxd, n_sparse, n_diffuse, n_chose > 0 ? (double) n_cells / n_chose : 0.0, n_diff,
            cpt, a.force_radix ? "radix" : "rank", a.hist_atomic ? "atomic" : "match",
-           a.keys_early ? "early" : "late", sparq_attend_parts(a), g_launches, rep_differ, rep_reach);
+           a.keys_early ? "early" : "late", sparq_attend_parts(a), g_launches, g_pdl_launches, rep_differ, rep_reach);
     return ok ? 0 : 1;
 }

@@ -24,10 +24,17 @@
 #   e2e       bench/gpu.py sweep --only e2e, batch 1 at $E2E_DEPTHS (default 0, 4K, 8K, 32K, 64K and
 #             128K), dense -fa 1 and -fa 0 and SparQ, batch 4 at $E2E_DEPTHS_BATCH (default 16K, 32K)
 #   ab        the batch-1 e2e rows at $AB_DEPTHS (default 8K, 64K) once per setting of $AB_ENVS
-#             (';'-separated LLAMA_SPARQ_CUDA_*=VALUE, default LLAMA_SPARQ_CUDA_SELECT_HIST=atomic,
-#             LLAMA_SPARQ_CUDA_SELECT_LOADS=early and LLAMA_SPARQ_CUDA_ATTEND_ITEMS=16), each with dense
-#             beside it in the same run and tagged <tag>_ab_<setting>: ways of the kernels timed
-#             without a rebuild, against e2e's rows
+#             (';' between settings, each one or more LLAMA_SPARQ_CUDA_*=VALUE joined by ','; default:
+#             LLAMA_SPARQ_CUDA_PDL=0 (the default kernels, the reference in the same session), then
+#             LLAMA_SPARQ_CUDA_PDL=1, LLAMA_SPARQ_CUDA_SCORE_HIST=1, both, and
+#             LLAMA_SPARQ_CUDA_SELECT_HIST=atomic, LLAMA_SPARQ_CUDA_SELECT_LOADS=early,
+#             LLAMA_SPARQ_CUDA_ATTEND_ITEMS=16), each with dense beside it in the same run and tagged
+#             <tag>_ab_<setting>: ways of the kernels timed without a rebuild. With AB_CHECK=1 (the
+#             default) each setting first runs the SPARQ_ATTN grid of test-backend-ops on CUDA0 against
+#             the CPU (as the grid step; log ab.log), so that a way is never timed unchecked; with
+#             AB_TIMELINE=1 also the timeline step's trace per setting (tagged as the rows). The
+#             programmatic launches (PDL) let a kernel start inside its predecessor's last blocks:
+#             per-kernel times then include the wait, so compare the op's span or the rows
 #   calib     the calibrated k (--k 0, the window k_min / 4) at $CALIB_DEPTHS (default 64K), batch 1,
 #             $CALIB_GEN tokens (default 64: its diffuse stretches last 16 to 256 steps), once per
 #             setting of LLAMA_SPARQ_CUDA_REPORT (1: the GPU op's report reaches the host and diffuse
@@ -61,6 +68,14 @@
 # $OUT/gpu-session.tar.gz: the device tool brings back only a few files).
 # The commit in the result files comes from build/gpu-wheel/COMMIT (the tree the wheel was built
 # from; the copy's .git on the GPU machine may be stale).
+#
+# One call of under 10 minutes that checks and times the kernels' switches (the programmatic
+# launches, the score tiles' histogram, both) against the default kernels in the same session, at
+# 4K (where the op's fixed cost loses to flash attention) and 64K, then packs the results:
+#   S=scripts/gpu_session.sh; export SESSION_END=$(( $(date +%s) + 540 )) STEP_TIMEOUT=240 AB_DEPTHS=4096,65536 \
+#     AB_ENVS="LLAMA_SPARQ_CUDA_PDL=0;LLAMA_SPARQ_CUDA_PDL=1;LLAMA_SPARQ_CUDA_SCORE_HIST=1;LLAMA_SPARQ_CUDA_PDL=1,LLAMA_SPARQ_CUDA_SCORE_HIST=1"
+#   bash $S install && GPU_PACK=1 bash $S ab
+# (AB_CHECK=0 saves the grid per setting, about a minute each, once a setting has passed it.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -166,27 +181,43 @@ step_timeline() {
         --tag "$(gpu_tag)" --work "$OUT/gpu-timeline" --depths "${TIMELINE_DEPTHS:-4096,65536}"
 }
 
-# AB_ENVS as its settings, one per line; a malformed one refused by name
+# AB_ENVS as its settings, one per line (a setting's variables joined by ','); a malformed one
+# refused by name
 ab_settings() {
-    local v
-    local dflt="LLAMA_SPARQ_CUDA_SELECT_HIST=atomic;LLAMA_SPARQ_CUDA_SELECT_LOADS=early;LLAMA_SPARQ_CUDA_ATTEND_ITEMS=16"
+    local v p
+    local dflt="LLAMA_SPARQ_CUDA_PDL=0;LLAMA_SPARQ_CUDA_PDL=1;LLAMA_SPARQ_CUDA_SCORE_HIST=1"
+    dflt+=";LLAMA_SPARQ_CUDA_PDL=1,LLAMA_SPARQ_CUDA_SCORE_HIST=1"
+    dflt+=";LLAMA_SPARQ_CUDA_SELECT_HIST=atomic;LLAMA_SPARQ_CUDA_SELECT_LOADS=early;LLAMA_SPARQ_CUDA_ATTEND_ITEMS=16"
     tr ';' '\n' <<< "${AB_ENVS:-$dflt}" | while read -r v; do
         [ -z "$v" ] && continue
-        if ! [[ "$v" =~ ^LLAMA_SPARQ_CUDA_[A-Z_]+=[A-Za-z0-9_]+$ ]]; then
-            echo "gpu_session: AB_ENVS: '$v' is not LLAMA_SPARQ_CUDA_<NAME>=<value> (';' between settings)" >&2
-            return 2
-        fi
+        for p in ${v//,/ }; do
+            if ! [[ "$p" =~ ^LLAMA_SPARQ_CUDA_[A-Z_]+=[A-Za-z0-9_]+$ ]]; then
+                echo "gpu_session: AB_ENVS: '$p' is not LLAMA_SPARQ_CUDA_<NAME>=<value> (';' between settings, ',' within one)" >&2
+                return 2
+            fi
+        done
         echo "$v"
     done
 }
 
 step_ab() {
     local tag v slug rc=0
+    local -a vars
     tag=$(gpu_tag)
     for v in $(ab_settings); do
-        slug=$(echo "${v#LLAMA_SPARQ_CUDA_}" | tr 'A-Z=' 'a-z_')
-        logged ab env "$v" "$PY" bench/gpu.py sweep --only e2e --tag "${tag}_ab_$slug" \
+        read -r -a vars <<< "${v//,/ }"
+        slug=$(echo "$v" | sed 's/LLAMA_SPARQ_CUDA_//g' | tr 'A-Z=,' 'a-z__')
+        if [ "${AB_CHECK:-1}" = 1 ]; then
+            logged ab env "${vars[@]}" "$PY" -m pytest tests/test_cuda.py -q -rs -p no:cacheprovider \
+                -k backend_ops_cuda_equals_cpu || { say "ab: $v: the grid failed on CUDA0"; rc=1; }
+        fi
+        logged ab env "${vars[@]}" "$PY" bench/gpu.py sweep --only e2e --tag "${tag}_ab_$slug" \
             --depths "${AB_DEPTHS:-8192,65536}" --depths-batch "" --nkvo-depths "" --reps 3 --n-gen 16 || rc=1
+        if [ "${AB_TIMELINE:-0}" = 1 ]; then
+            logged ab env "${vars[@]}" "$PY" bench/gpu.py timeline ${NSYS:+--nsys "$NSYS"} \
+                --cupti-lib "$WHEELS/libsparq_cupti_trace.so" --tag "${tag}_ab_$slug" --work "$OUT/gpu-timeline-$slug" \
+                --depths "${TIMELINE_DEPTHS:-4096,65536}" || rc=1
+        fi
     done
     return "$rc"
 }

@@ -322,21 +322,29 @@ EMU_LOADS_EARLY = ["gqa4-five-tiles", "mha-three-tiles-window", "rows-dense-stre
 # the programmatic dependent launches (LLAMA_SPARQ_CUDA_PDL=1) on the one-block attend's and the early
 # loads' runs (both attend kernels, the select with and without the calibrated k, a dense stream):
 # the emulator checks that every thread of every such block waits for its predecessor once
-EMU_RUNS = ([(c, "rank", "auto", "match", "late", "0") for c in EMU_CASES]
-            + [(c, "radix", "auto", "match", "late", "0") for c in EMU_RADIX if c in EMU_CASES]
-            + [(c, "rank", "single", "match", "late", "1") for c in EMU_SINGLE if c in EMU_CASES]
-            + [(c, "rank", "auto", "atomic", "late", "0") for c in EMU_HIST_ATOMIC if c in EMU_CASES]
-            + [(c, "rank", "auto", "match", "early", "1") for c in EMU_LOADS_EARLY if c in EMU_CASES])
+# the histogram counted by the score tiles (LLAMA_SPARQ_CUDA_SCORE_HIST=1; a fixed k's lists keyed by
+# one head's logits: MHA, per-head choice) on these, with the programmatic launches, and once with
+# the radix passes; a k whose tiles keep more candidates than fit (the select's pass over the list)
+EMU_CASES_SCORE = {"mha-score-overflow": "64 2048 4 4 1 1 16 640 32 1 1 0 0 0"}
+EMU_SCORE_HIST = ["mha-f16-scalar-loads", "gqa4-perhead-window", "mha-three-tiles-window", "short-sequence-long-cache",
+                  "mha-score-overflow"]
+EMU_RUNS = ([(c, "rank", "auto", "match", "late", "0", "0") for c in EMU_CASES]
+            + [(c, "radix", "auto", "match", "late", "0", "0") for c in EMU_RADIX if c in EMU_CASES]
+            + [(c, "rank", "single", "match", "late", "1", "0") for c in EMU_SINGLE if c in EMU_CASES]
+            + [(c, "rank", "auto", "atomic", "late", "0", "0") for c in EMU_HIST_ATOMIC if c in EMU_CASES]
+            + [(c, "rank", "auto", "match", "early", "1", "0") for c in EMU_LOADS_EARLY if c in EMU_CASES]
+            + [(c, "rank", "auto", "match", "late", "1", "1") for c in EMU_SCORE_HIST]
+            + [("gqa4-perhead-window", "radix", "auto", "match", "late", "0", "1")])
 
 # kernel launches per layer and step the op may take (the emulator counts them)
 SPARQ_CUDA_MAX_LAUNCHES = 4
 
 
-@pytest.mark.parametrize("case,select,attend,hist,loads,pdl", EMU_RUNS,
+@pytest.mark.parametrize("case,select,attend,hist,loads,pdl,score", EMU_RUNS,
                          ids=["-".join([c, s] + [w for w in (a, h, ld) if w not in ("auto", "match", "late")]
-                                       + (["pdl"] if p == "1" else []))
-                              for c, s, a, h, ld, p in EMU_RUNS])
-def test_cuda_kernels_emulated_equal_the_cpu_op(case, select, attend, hist, loads, pdl):
+                                       + (["pdl"] if p == "1" else []) + (["scorehist"] if sc == "1" else []))
+                              for c, s, a, h, ld, p, sc in EMU_RUNS])
+def test_cuda_kernels_emulated_equal_the_cpu_op(case, select, attend, hist, loads, pdl, score):
     """The kernels of ggml-sparq/cuda/, run on the CPU by sparq-cuda-emu (one thread
     per CUDA thread; __syncthreads and the warp shuffles as barriers; blocks in a shuffled order),
     give the CPU op's output and choose the same cells (the unit's bitmap equals the CPU's list, or
@@ -350,22 +358,25 @@ def test_cuda_kernels_emulated_equal_the_cpu_op(case, select, attend, hist, load
     list; attend: the default (each unit's cells split over blocks here, the last combining) or one
     block per unit; hist: the tiles' histogram after a warp vote (the default) or an add per cell;
     loads: the tiles' key loads after the list's context (the default) or before it; pdl: the select
-    and attend as programmatic dependent launches, each block waiting once for its predecessor."""
+    and attend as programmatic dependent launches, each block waiting once for its predecessor; score:
+    the histogram and candidates from the score tiles, the select one block per list."""
     env = dict(os.environ)
     env.pop("LLAMA_SPARQ_CUDA_ATTEND", None)
     env["LLAMA_SPARQ_CUDA_SELECT"] = select
     env["LLAMA_SPARQ_CUDA_SELECT_HIST"] = hist
     env["LLAMA_SPARQ_CUDA_SELECT_LOADS"] = loads
     env["LLAMA_SPARQ_CUDA_PDL"] = pdl
+    env["LLAMA_SPARQ_CUDA_SCORE_HIST"] = score
+    args = {**EMU_CASES, **EMU_CASES_SCORE}[case].split()
     if attend != "auto":
         env["LLAMA_SPARQ_CUDA_ATTEND"] = attend
-    res = subprocess.run([str(tool_path("sparq-cuda-emu")), *EMU_CASES[case].split()], capture_output=True,
-                         text=True, timeout=600, env=env)
+    res = subprocess.run([str(tool_path("sparq-cuda-emu")), *args], capture_output=True, text=True, timeout=600,
+                         env=env)
     assert res.returncode == 0 and res.stdout.startswith("OK"), res.stdout + res.stderr[-2000:]
     m = re.search(r"sel_differ=(\d+)", res.stdout)
     assert m and m.group(1) == "0"
     assert re.search(r"report_differ=(\d+)", res.stdout).group(1) == "0", res.stdout
-    args = EMU_CASES[case].split()
+    assert f"score_hist={score}" in res.stdout, res.stdout  # (every case of EMU_SCORE_HIST has such lists)
     reach = int(re.search(r"report_reach=(\d+)", res.stdout).group(1))
     # every (stream, KV head) measured its reach with the calibrated k, none with a fixed k
     assert reach == (int(args[3]) * int(args[5]) if len(args) > 15 else 0), res.stdout

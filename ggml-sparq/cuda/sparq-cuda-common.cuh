@@ -27,6 +27,9 @@
 // a fixed k's candidates per selection tile: the tile's cells in the bins from its own crossing of
 // the row's k up (more in one list, rare, fall back to a pass over the list's every cell)
 #define SPARQ_TILE_CAND 512
+// the same per score tile where the score kernel counts the histogram (sparq_cu_args::score_hist; a
+// score tile of fewer cells keeps as many as it has)
+#define SPARQ_SCORE_CAND 512
 
 // per query row
 struct sparq_cu_row {
@@ -61,6 +64,11 @@ struct sparq_cu_args {
     int force_radix; // the selection's radix passes over the list even where the candidates fit
     int hist_atomic; // the tile histogram by one shared-memory add per cell, no warp vote first
     int keys_early;  // the select tiles' key loads issued before their context's loads and scans
+    // A fixed k's lists keyed by one head's logits (g == 1, or per-head choice): each score tile
+    // counts its logits by their top SPARQ_NB_BITS bits and keeps the cells in the bins from its own
+    // crossing of k up as the list's candidates; the select is then one block per list that ranks
+    // those (set by sparq_cu_run where sparq_score_hist_applies)
+    int score_hist;
 
     const char * q;  size_t q_nb1, q_nb2, q_nb3;
     const char * qs; size_t qs_nb1, qs_nb2, qs_nb3;     // q_sel, or q
@@ -85,7 +93,9 @@ struct sparq_cu_args {
     unsigned int  * hist;    // [L][SPARQ_NB] eligible cells per first-pass bin (zeroed by score)
     double        * hmass;   // [L][SPARQ_NB] their estimated mass (the calibrated k; zeroed by score)
     unsigned int  * ldone;   // [L] select's tiles finished per list (zeroed by score)
-    uint2         * cand;    // [L][nt_s * SPARQ_TILE_CAND] a fixed k's candidates: key bits, cell (select)
+    uint2         * cand;    // [L][nt_s * SPARQ_TILE_CAND] a fixed k's candidates: key bits, cell (select);
+                             // with score_hist [L][nt_a][1 + sparq_score_cap] (score): per score
+                             // tile its count (x of the first entry; over the cap: not all kept), then the cells
     unsigned int  * ncand;   // [L] their count (zeroed by score)
     unsigned int  * udone;   // [U] attend's parts finished per unit (zeroed by score)
     int           * udense;  // [U] the calibrated k found the unit diffuse (zeroed by score)
@@ -110,6 +120,14 @@ static __device__ __forceinline__ int sparq_row_k(const sparq_cu_args & a, int n
     }
     const double cap = ceil((double) a.k_frac * (double) n_valid);
     return (int) fmin((double) a.k, fmax((double) a.k_min, cap));
+}
+
+// the candidates a score tile keeps with score_hist, and where list li's tile t keeps them
+static __device__ __host__ __forceinline__ int sparq_score_cap(const sparq_cu_args & a) {
+    return a.tl_a < SPARQ_SCORE_CAND ? a.tl_a : SPARQ_SCORE_CAND;
+}
+static __device__ __forceinline__ uint2 * sparq_score_cands(const sparq_cu_args & a, int li, int t) {
+    return a.cand + ((size_t) li * a.nt_a + t) * (1 + sparq_score_cap(a));
 }
 
 // ---------------------------------------------------------------------------

@@ -56,6 +56,17 @@ static bool sparq_pdl() {
         }                                                                 \
     } while (0)
 
+// LLAMA_SPARQ_CUDA_SCORE_HIST=1: where a fixed k's lists are keyed by one head's logits (g == 1 or
+// per-head choice), the score tiles count the histogram and keep the candidates
+// (sparq_cu_args::score_hist), and the select is one block per list that reads no logit but the
+// candidates' (the select tiles' pass over the logits was most of its time on an H200). The
+// calibrated k stays on the select tiles: its histogram weighs each cell by its share of the
+// softmax over all cells, which no score tile knows. Off by default until a GPU has timed it.
+static bool sparq_score_hist_applies(const sparq_cu_args & a) {
+    static const int force = sparq_env_way("LLAMA_SPARQ_CUDA_SCORE_HIST", "0", "1");
+    return force == 2 && a.cov_p <= 0.0f && a.ph == a.g;
+}
+
 // The attention split over several blocks per unit (k_sparq_attend_part, whose last part to finish
 // combines) while the units alone would leave the GPU idle: parts of at least
 // SPARQ_ATTEND_PART_ITEMS of the list's bound, until about SPARQ_ATTEND_BLOCKS blocks in all (an H100
@@ -116,6 +127,9 @@ static sparq_cu_scratch sparq_cu_scratch_sizes(const sparq_cu_args & a) {
     z.hmass = a.cov_p > 0.0f ? L * SPARQ_NB : 1;
     z.ldone = L;
     z.cand = a.cov_p > 0.0f ? 1 : L * a.nt_s * SPARQ_TILE_CAND;
+    if (sparq_score_hist_applies(a)) {
+        z.cand = std::max(z.cand, L * a.nt_a * (1 + (size_t) sparq_score_cap(a)));
+    }
     z.ncand = L;
     z.udone = U;
     z.udense = U;
@@ -135,9 +149,15 @@ static void sparq_launch_score(const sparq_cu_args & a, int cpt, sparq_stream_t 
     const dim3 grid(a.nt_a, a.U);
     constexpr int VW = GMAX <= 4 ? 8 : (GMAX == 8 ? 4 : 2);
     if (cpt == VW) {
-        SPARQ_LAUNCH((k_sparq_score<GMAX, TKT, VW>), grid, SPARQ_NT, stream, a);
+        if (a.score_hist) {
+            SPARQ_LAUNCH((k_sparq_score<GMAX, TKT, VW, true>), grid, SPARQ_NT, stream, a);
+        } else {
+            SPARQ_LAUNCH((k_sparq_score<GMAX, TKT, VW, false>), grid, SPARQ_NT, stream, a);
+        }
+    } else if (a.score_hist) {
+        SPARQ_LAUNCH((k_sparq_score<GMAX, TKT, 1, true>), grid, SPARQ_NT, stream, a);
     } else {
-        SPARQ_LAUNCH((k_sparq_score<GMAX, TKT, 1>), grid, SPARQ_NT, stream, a);
+        SPARQ_LAUNCH((k_sparq_score<GMAX, TKT, 1, false>), grid, SPARQ_NT, stream, a);
     }
 }
 
@@ -218,15 +238,20 @@ static int sparq_select_keys_early() {
 // 3 programmatic dependent launches):
 //   1 k_sparq_score       (score tiles x units)     components, valid cells, approximate scores
 //   2 k_sparq_select      (selection tiles x lists)  keys and histograms; each list's last tile chooses
+//                         (score_hist: one block per list, from the score tiles' candidates)
 //   3 k_sparq_attend[_part] (units, or parts x units) exact attention and the mean-V mix
 // kt: K^T's element type (sparq_cu_kt)
-static void sparq_cu_run(const sparq_cu_args & a, int cpt, int kt, bool k_f16, bool v_f16, sparq_stream_t stream) {
+static void sparq_cu_run(const sparq_cu_args & a0, int cpt, int kt, bool k_f16, bool v_f16, sparq_stream_t stream) {
+    sparq_cu_args a = a0;
+    a.score_hist = sparq_score_hist_applies(a);
     sparq_launch_by_g(a, kt, k_f16, v_f16, cpt, 0, stream);
     const bool pdl = sparq_pdl();
     if (a.cov_p > 0.0f) {
-        SPARQ_LAUNCH_AFTER(pdl, k_sparq_select<true>, dim3(a.nt_s, a.L), SPARQ_NT, stream, a);
+        SPARQ_LAUNCH_AFTER(pdl, (k_sparq_select<true, false>), dim3(a.nt_s, a.L), SPARQ_NT, stream, a);
+    } else if (a.score_hist) {
+        SPARQ_LAUNCH_AFTER(pdl, (k_sparq_select<false, true>), dim3(1, a.L), SPARQ_NT, stream, a);
     } else {
-        SPARQ_LAUNCH_AFTER(pdl, k_sparq_select<false>, dim3(a.nt_s, a.L), SPARQ_NT, stream, a);
+        SPARQ_LAUNCH_AFTER(pdl, (k_sparq_select<false, false>), dim3(a.nt_s, a.L), SPARQ_NT, stream, a);
     }
     sparq_launch_by_g(a, kt, k_f16, v_f16, cpt, sparq_attend_parts(a), stream);
 }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "sparq-cuda-common.cuh"
+#include "sparq-cuda-topk.cuh"
 
 // ---------------------------------------------------------------------------
 // components: i1 and the scaled query components of a unit, in the block's shared memory
@@ -117,11 +118,63 @@ static __device__ void sparq_score_clear(const sparq_cu_args & a, int u, int kvh
     }
 }
 
+// With score_hist, list li's candidates in this tile: its valid cells counted by their logit's top
+// SPARQ_NB_BITS bits (shist, shared), the tile's own crossing of k found, and the cells in the bins
+// from there up kept (the first sparq_score_cap of them; the count in the first entry). The list's
+// k-th best eligible cell lies in a bin at or above every tile's crossing (the window's cells, at
+// most the row's n_win, leave k - n_win eligible ones at or above it), so the candidates hold every
+// cell the select may choose by score, and the histogram of those in the bins from the list's
+// crossing up is exact: the select needs no pass over the list's logits.
+template <int CPT>
+static __device__ void sparq_score_tile_cands(const sparq_cu_args & a, int li, int s0, bool in, const float (&x)[CPT],
+                                              unsigned int * shist, int * sh, double * shd, sparq_cross * s_cross) {
+    const int tid = threadIdx.x;
+    for (int b = tid; b < SPARQ_NB; b += SPARQ_NT) {
+        shist[b] = 0u;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int c = 0; c < CPT; ++c) {
+        if (in && x[c] > -INFINITY) {
+            atomicAdd(&shist[sparq_key_bits(x[c]) >> SPARQ_NB_SHIFT], 1u);
+        }
+    }
+    __syncthreads();
+    const sparq_cross lx = sparq_find_cross<SPARQ_NB / SPARQ_NT>(false, (double) a.k, [&](int bin) { return (int) shist[bin]; },
+                                                                 [&](int) { return 0.0; }, sh, shd, s_cross);
+    const unsigned int lb = lx.bin < 0 ? 0u : (unsigned int) lx.bin;
+    unsigned int put = 0u;
+#pragma unroll
+    for (int c = 0; c < CPT; ++c) {
+        if (in && x[c] > -INFINITY && (sparq_key_bits(x[c]) >> SPARQ_NB_SHIFT) >= lb) {
+            put |= 1u << c;
+        }
+    }
+    int n_tile;
+    int pos = sparq_block_scan(__popc(put), &n_tile, sh) - __popc(put);
+    uint2 * cd = sparq_score_cands(a, li, blockIdx.x);
+    const int cap = sparq_score_cap(a);
+    if (tid == 0) {
+        cd[0] = make_uint2((unsigned int) n_tile, 0u);
+    }
+#pragma unroll
+    for (int c = 0; c < CPT; ++c) {
+        if ((put >> c) & 1u) {
+            if (pos < cap) {
+                cd[1 + pos] = make_uint2(sparq_key_bits(x[c]), (unsigned int) (s0 + c));
+            }
+            ++pos;
+        }
+    }
+}
+
 // Per (score tile of SPARQ_NT * CPT cells, unit): the components; the tile's valid cells into tcnt;
 // the approximate logits of the g heads from r rows of K^T (each row read coalesced, CPT
 // consecutive cells per thread with one vector load when CPT > 1) + mask into logits, with the
 // tile's softmax maximum and sum per head into tstat. A dense stream (v_count < 0) needs no scores.
-template <int GMAX, typename TKT, int CPT>
+// HIST (a.score_hist; its own instantiation, so that the other keeps its registers): each head's
+// candidates (sparq_score_tile_cands).
+template <int GMAX, typename TKT, int CPT, bool HIST>
 static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_score(const sparq_cu_args a) {
     __shared__ float sq[GMAX * GGML_CUDA_SPARQ_D_MAX];
     __shared__ int si1[GGML_CUDA_SPARQ_D_MAX];
@@ -129,6 +182,9 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_score(const sparq_cu_
     __shared__ int chosen_of[GGML_CUDA_SPARQ_D_MAX];
     __shared__ int sh[SPARQ_NW];
     __shared__ float red[SPARQ_NW];
+    __shared__ unsigned int shist[HIST ? SPARQ_NB : 1];
+    __shared__ double shd[SPARQ_NW];
+    __shared__ sparq_cross s_cross;
     // the select (a programmatic dependent launch) may be placed from now on: its blocks wait for
     // this kernel's end before they read anything it writes
     ggml_cuda_pdl_lc();
@@ -216,6 +272,9 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_score(const sparq_cu_
         const float bz = sparq_block_sum(ls, red);
         if (tid == 0) {
             a.tstat[((size_t) u * a.nt_a + blockIdx.x) * g + h] = make_float2(bm, bm == -INFINITY ? 0.0f : bz);
+        }
+        if constexpr (HIST) { // (a list per head: li = u * g + h)
+            sparq_score_tile_cands<CPT>(a, u * g + h, s0, in, x, shist, sh, shd, &s_cross);
         }
     }
 }

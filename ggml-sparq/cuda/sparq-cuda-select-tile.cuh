@@ -203,12 +203,36 @@ static __device__ __forceinline__ bool sparq_tile_flush(const sparq_cu_args & a,
     return true;
 }
 
+// With score_hist: one block per list (the score tiles left its histogram's source, their
+// candidates): the given window's cells of the whole row into its window bitmap, then the list's choice
+static __device__ void sparq_select_scored(const sparq_cu_args & a, const sparq_sel_smem & sm, int * s_nc) {
+    const sparq_sel_ctx c = sparq_sel_ctx_of(a, blockIdx.y, sm.sh, sm.s_int);
+    if (c.mode != 0) {
+        sparq_tile_dense_row(a, c);
+        return;
+    }
+    if (a.win && a.l > 0) {
+        const int st = c.R / a.n_rows, row = c.R % a.n_rows;
+        const char * m = sparq_mask_row(a, c.R);
+        const int32_t * src = (const int32_t *) (a.win + (size_t) row * a.win_nb1 + (size_t) st * a.win_nb2);
+        for (int i = threadIdx.x; i < min(a.l, a.win_n); i += SPARQ_NT) {
+            const int s = src[i];
+            if (s >= 0 && s < a.n_kv && sparq_valid(a, m, s)) {
+                atomicOr(&a.wbits[(size_t) c.R * a.W + (s >> 5)], 1u << (s & 31));
+            }
+        }
+        __syncthreads();
+    }
+    sparq_select_list<true>(a, c, sm, s_nc);
+}
+
 // Per (selection tile of SPARQ_TS cells, list): the group keys of a shared choice into keys; the
 // given window's cells of the tile into the row's window bitmap; the eligible cells counted (and,
 // for the calibrated k, weighed) by their key's top SPARQ_NB_BITS bits into the list's histograms.
 // The last tile of a list to finish (a counter; the scratch was cleared by the score kernel) then
-// chooses the list's cells (sparq_select_list). A dense row only has its description written.
-template <bool COV>
+// chooses the list's cells (sparq_select_list). A dense row only has its description written. With
+// score_hist (SCORED, a fixed k) the grid is one block per list (sparq_select_scored).
+template <bool COV, bool SCORED>
 static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_select(const sparq_cu_args a) {
     __shared__ unsigned int hc[SPARQ_NB];
     __shared__ float hm[COV ? SPARQ_NB : 1];
@@ -232,6 +256,10 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_select(const sparq_cu
     // (they wait for this kernel's end in turn)
     ggml_cuda_pdl_sync();
     ggml_cuda_pdl_lc();
+    if constexpr (SCORED) {
+        sparq_select_scored(a, sm, &s_nc);
+        return;
+    }
     // with keys_early the tile's loads go before the context's own loads and scans, so that the two wait together
     const float * src = sparq_list_logits(a, blockIdx.y);
     float xs[SPARQ_TS_CPT];
@@ -258,6 +286,6 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_select(const sparq_cu
         sparq_tile_candidates(a, c, sm, t0, t1, xs);
     }
     if (sparq_tile_flush<COV>(a, c, sm, &s_last)) {
-        sparq_select_list(a, c, sm, &s_nc);
+        sparq_select_list<false>(a, c, sm, &s_nc);
     }
 }

@@ -514,16 +514,112 @@ static __device__ void sparq_cand_pass(const sparq_cu_args & a, const sparq_sel_
     __syncthreads();
 }
 
+// With score_hist: fn(key bits, cell) for each candidate the score tiles kept for list li, a warp
+// per tile, four loads in flight per lane
+template <typename F>
+static __device__ __forceinline__ void sparq_scored_each(const sparq_cu_args & a, const sparq_sel_ctx & c, F fn) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int cap = sparq_score_cap(a);
+    constexpr int U = 4;
+    for (int t = warp; t < a.nt_a; t += SPARQ_NW) {
+        const uint2 * cd = sparq_score_cands(a, c.li, t);
+        const int n = min((int) cd[0].x, cap);
+        for (int i0 = lane; i0 < n; i0 += U * 32) {
+            uint2 e[U];
+#pragma unroll
+            for (int v = 0; v < U; ++v) {
+                const int i = i0 + v * 32;
+                e[v] = i < n ? cd[1 + i] : make_uint2(0u, 0u);
+            }
+#pragma unroll
+            for (int v = 0; v < U; ++v) {
+                if (i0 + v * 32 < n) {
+                    fn(e[v].x, (int) e[v].y);
+                }
+            }
+        }
+    }
+}
+
+// With score_hist: whether every score tile kept all its candidates (uniform over the block)
+static __device__ bool sparq_scored_complete(const sparq_cu_args & a, const sparq_sel_ctx & c, int * sh) {
+    const int cap = sparq_score_cap(a);
+    int over = 0;
+    for (int t = threadIdx.x; t < a.nt_a; t += SPARQ_NT) {
+        over += (int) sparq_score_cands(a, c.li, t)[0].x > cap;
+    }
+    int tot;
+    sparq_block_scan(over, &tot, sh);
+    return tot == 0;
+}
+
+// With score_hist: list li's eligible cells counted by their key's top bits into sm.hc: from the
+// score tiles' candidates (complete: exact in every bin from the list's crossing up, which is all
+// the choice reads), else from a pass over the list
+static __device__ void sparq_scored_histogram(const sparq_cu_args & a, const sparq_sel_ctx & c, bool complete,
+                                              const sparq_sel_smem & sm) {
+    for (int b = threadIdx.x; b < SPARQ_NB; b += SPARQ_NT) {
+        sm.hc[b] = 0u;
+    }
+    __syncthreads();
+    if (complete) {
+        sparq_scored_each(a, c, [&](unsigned int o, int s) {
+            if (s < c.w0 && !(a.win && sparq_win_bit(a, c.R, s))) {
+                atomicAdd(&sm.hc[o >> SPARQ_NB_SHIFT], 1u);
+            }
+        });
+    } else {
+        for (int s = threadIdx.x; s < a.n_kv; s += SPARQ_NT) {
+            const float x = __ldcg(c.keys + s);
+            if (sparq_sel_eligible(a, c, s, x)) {
+                atomicAdd(&sm.hc[sparq_key_bits(x) >> SPARQ_NB_SHIFT], 1u);
+            }
+        }
+    }
+    __syncthreads();
+}
+
+// sparq_cand_pass over the score tiles' candidates (score_hist, all kept): the eligible ones above
+// bin b (and of b with take_eq) into the bitmap, b's gathered with gather
+static __device__ void sparq_scored_pass(const sparq_cu_args & a, const sparq_sel_ctx & c, int b, bool take_eq, bool gather,
+                                         const sparq_sel_smem & sm, int * s_nc) {
+    unsigned int * sb = a.selbits + (size_t) c.u * a.W;
+    sparq_scored_each(a, c, [&](unsigned int o, int s) {
+        if (s >= c.w0 || (a.win && sparq_win_bit(a, c.R, s))) {
+            return;
+        }
+        const int kb = (int) (o >> SPARQ_NB_SHIFT);
+        if (kb > b || (take_eq && kb == b)) {
+            atomicOr(&sb[s >> 5], 1u << (s & 31));
+        } else if (gather && kb == b) {
+            const int pos = atomicAdd(s_nc, 1);
+            if (pos < SPARQ_CAND_MAX) {
+                sm.hc[pos] = o;
+                sm.ci[pos] = s;
+            }
+        }
+    });
+    __syncthreads();
+}
+
 // The kk (> 0) best eligible cells of list li and the window into the unit's bitmap: from the
-// first-pass histogram the bin holding the kk-th best key; one pass takes the cells above it and
-// gathers the bin's cells, the best of which are ranked in shared memory; a bin with more cells
-// than fit takes radix passes over the list and a collection in cell order (equal keys to the
-// lower cells, as the CPU op).
+// first-pass histogram (the select tiles', or with score_hist the score tiles' candidates') the bin
+// holding the kk-th best key; one pass takes the cells above it and gathers the bin's cells, the
+// best of which are ranked in shared memory; a bin with more cells than fit takes radix passes over
+// the list and a collection in cell order (equal keys to the lower cells, as the CPU op).
+// SCORED: score_hist's.
+template <bool SCORED>
 static __device__ void sparq_choose(const sparq_cu_args & a, const sparq_sel_ctx & c, int kk, const sparq_sel_smem & sm,
                                     int * s_nc) {
     const int tid = threadIdx.x;
     const unsigned int * hg = a.hist + (size_t) c.li * SPARQ_NB;
-    const sparq_cross x = sparq_find_cross<SPARQ_NB / SPARQ_NT>(false, (double) kk, [&](int bin) { return (int) __ldcg(hg + bin); },
+    bool scored = false; // the score tiles kept every candidate (uniform over the block)
+    if constexpr (SCORED) {
+        scored = sparq_scored_complete(a, c, sm.sh);
+        sparq_scored_histogram(a, c, scored, sm);
+    }
+    const sparq_cross x = sparq_find_cross<SPARQ_NB / SPARQ_NT>(false, (double) kk,
+                                                                [&](int bin) { return (int) (SCORED ? sm.hc[bin] : __ldcg(hg + bin)); },
                                                                 [&](int) { return 0.0; }, sm.sh, sm.shd, sm.s_cross);
     if (x.bin < 0) {
         sparq_sel_pass(a, c, -1, false, true, false, sm, s_nc); // no more eligible cells than wanted: all
@@ -537,8 +633,13 @@ static __device__ void sparq_choose(const sparq_cu_args & a, const sparq_sel_ctx
         __syncthreads();
         const bool all_of_bin = want == x.c_bin;
         // a fixed k's tiles left their candidates (every cell in a bin from x.bin up among them)
-        const unsigned int nc = a.cov_p > 0.0f ? 0xffffffffu : __ldcg(a.ncand + c.li);
-        if (nc <= (unsigned int) (a.nt_s * SPARQ_TILE_CAND)) {
+        const unsigned int nc = a.cov_p > 0.0f || SCORED ? 0xffffffffu : __ldcg(a.ncand + c.li);
+        if (scored) {
+            if (c.h == 0) {
+                sparq_window_bits(a, c);
+            }
+            sparq_scored_pass(a, c, x.bin, all_of_bin, !all_of_bin, sm, s_nc);
+        } else if (nc <= (unsigned int) (a.nt_s * SPARQ_TILE_CAND)) {
             if (c.h == 0) {
                 sparq_window_bits(a, c);
             }
@@ -629,8 +730,10 @@ static __device__ double sparq_window_mass(const sparq_cu_args & a, const sparq_
     return tot / (h1 - h0);
 }
 
-// The last block of list li to finish its tile: the window's cells counted, the row's description
-// for the attend kernel, the calibrated k's cut, then the chosen cells.
+// The last block of list li to finish its tile (SCORED: score_hist's block of the list): the
+// window's cells counted, the row's description for the attend kernel, the calibrated k's cut, then
+// the chosen cells.
+template <bool SCORED>
 static __device__ void sparq_select_list(const sparq_cu_args & a, const sparq_sel_ctx & c, const sparq_sel_smem & sm,
                                          int * s_nc) {
     const int n_win = a.l <= 0 ? 0 : a.win ? sparq_count_win_bits(a, c.R, sm.sh) : a.l;
@@ -672,5 +775,5 @@ static __device__ void sparq_select_list(const sparq_cu_args & a, const sparq_se
         }
         return;
     }
-    sparq_choose(a, c, kk, sm, s_nc);
+    sparq_choose<SCORED>(a, c, kk, sm, s_nc);
 }

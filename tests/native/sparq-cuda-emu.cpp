@@ -73,6 +73,7 @@ using std::min;
 
 #define __global__
 #define __device__
+#define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(x)
 #define __shared__ static   // blocks run one at a time: a function's statics are its block's shared memory
@@ -567,9 +568,10 @@ int main(int argc, char ** argv) {
     const bool ok = nmse <= 1e-9 && n_diff == 0 && rep_differ == 0 && g_pdl_bad == 0;
     const int n_chose = n_sparse - n_diffuse;
     printf("%s nmse=%.3g max_abs=%.3g sparq_units=%d diffuse_units=%d mean_cells=%.1f sel_differ=%d cpt=%d select=%s "
-           "hist=%s loads=%s attend_parts=%d launches=%d pdl_launches=%d report_differ=%d report_reach=%d\n",
+           "hist=%s loads=%s score_hist=%d attend_parts=%d launches=%d pdl_launches=%d report_differ=%d report_reach=%d\n",
            ok ? "OK" : "FAIL", nmse, maxd, n_sparse, n_diffuse, n_chose > 0 ? (double) n_cells / n_chose : 0.0, n_diff,
            cpt, a.force_radix ? "radix" : "rank", a.hist_atomic ? "atomic" : "match",
-           a.keys_early ? "early" : "late", sparq_attend_parts(a), g_launches, g_pdl_launches, rep_differ, rep_reach);
+           a.keys_early ? "early" : "late", (int) sparq_score_hist_applies(a), sparq_attend_parts(a), g_launches,
+           g_pdl_launches, rep_differ, rep_reach);
     return ok ? 0 : 1;
 }

@@ -3,11 +3,14 @@ device and what SparQ itself reads, writes or waits for, SparQ against dense on 
 
 ggml's scheduler copies every graph input that a device node reads, at every computation: one
 host-to-device copy, with a stream synchronisation before it, per input
-(`ggml_backend_sched_compute_splits`). So SparQ must add as few inputs as possible: its appends
-take upstream's own K row index, and the valid-cell counts are kept on the device beside the V
-sums; only the local window's cells remain (none with l = 0). SparQ's own transfers (tensor
-reads and writes, synchronisations: the rebuilds, the counters) must not happen at a steady
-decode step at all. `llama_sparq_debug_graph_io` counts both on the last computed graph."""
+(`ggml_backend_sched_compute_splits`). So SparQ must add no input of its own: its appends take
+upstream's own K row index, the valid-cell counts are kept on the device beside the V sums, and a
+decode step's local window is kept there too (the K^T append pushes each stream's new cell into
+it), written by the host once per layer only after the stream's cells changed otherwise (a prompt,
+a cache operation). SparQ's own transfers (tensor reads and writes, synchronisations: the rebuilds,
+the counters, those window writes) must not happen at a steady decode step at all.
+`llama_sparq_debug_graph_io` counts both on the last computed graph; the window the op reads is
+compared with the host's input of the same steps (`LLAMA_SPARQ_HOST_WINDOW`) bit for bit."""
 
 from __future__ import annotations
 
@@ -58,7 +61,7 @@ def run(model, n_seq, sparq):
 
 @pytest.mark.parametrize("n_seq", [1, 2])
 @pytest.mark.parametrize("l", [4, 0])
-def test_sparq_adds_at_most_one_input_and_no_transfer_per_step(model, n_seq, l):
+def test_sparq_adds_no_input_and_no_transfer_per_step(model, n_seq, l):
     dense, dense_tr, _, _ = run(model, n_seq, None)
     sparse, sparse_tr, st0, st1 = run(model, n_seq, dict(enabled=True, r=4, k=16, l=l, min_kv=0, all_rows=False))
     n_layers = st1["n_layers"]
@@ -71,13 +74,146 @@ def test_sparq_adds_at_most_one_input_and_no_transfer_per_step(model, n_seq, l):
     d, s = dense[0], sparse[0]
     print(f"\nn_seq={n_seq} l={l}: dense {d}\n                 sparq {s}")
     assert d["n_inputs_sparq"] == 0
-    # the window's cells (l > 0) are SparQ's one input per step; its appends and counts add none
-    assert s["n_inputs_sparq"] == (1 if l > 0 else 0)
-    assert s["n_inputs"] - d["n_inputs"] == s["n_inputs_sparq"]
-    assert s["input_bytes_sparq"] == (4 * l * n_seq if l > 0 else 0)
+    # SparQ adds no input: its appends, the counts and the local window (l > 0) are on the device
+    assert s["n_inputs_sparq"] == 0 and s["input_bytes_sparq"] == 0
+    assert s["n_inputs"] == d["n_inputs"] and s["input_bytes"] == d["input_bytes"]
     # no read-back, write or synchronisation of SparQ's own at a decode step (dense makes none either)
     assert dense_tr == 0 and sparse_tr == 0
     # launches: per layer the op and its three writes (K^T, the V sums with the counts, the k^2 sums),
     # no more nodes than those beside dense's
     assert s["n_nodes_sparq"] == 4 * n_layers
     assert s["n_nodes"] - d["n_nodes"] <= 4 * n_layers
+
+
+def next_items(c, toks, i, seqs):
+    return [(int(toks[i % len(toks)]), c.pos_max(s) + 1, s) for s in seqs]
+
+
+def transfers_of_step(c, toks, i, seqs):
+    before = c.graph_io()["n_transfers"]
+    assert c.decode(next_items(c, toks, i, seqs))[0] == 0
+    return c.graph_io()["n_transfers"] - before
+
+
+def cache_operation(c, op):
+    """A cache operation on sequence 0 between decode steps."""
+    if op == "seq_rm":  # the tail removed: the next step writes its positions again
+        assert c.seq_rm(0, c.pos_max(0) - 2, -1)
+    elif op == "shift":
+        c.seq_add(0, 0, -1, 3)
+    elif op == "context_shift":  # as the tools do: keep the first tokens, drop the next ones, shift the rest
+        n_keep, n_discard = 4, 40
+        assert c.seq_rm(0, n_keep, n_keep + n_discard)
+        c.seq_add(0, n_keep + n_discard, -1, -n_discard)
+    elif op == "state_load":  # the same state back: every cell written anew
+        c.state_set(c.state_get())
+    elif op == "seq_state_load":
+        blob = c.seq_state_get(0)
+        assert c.seq_rm(0, -1, -1)
+        assert c.seq_state_set(blob, 0) > 0
+    elif op == "prompt":  # a prompt ubatch between decode steps (the window is not pushed there)
+        prefill(c, 0, [5, 6, 7, 8], pos0=c.pos_max(0) + 1)
+    else:
+        raise ValueError(op)
+
+
+def upload_counts(model, n_seq, l, op):
+    """SparQ's own transfers of the first decode step after the prompt, of a steady one, of the
+    first after the cache operation and of the steady one after it."""
+    rng = np.random.default_rng(9)
+    toks = rand_tokens(rng, 8, model.n_vocab)
+    c = Ctx(model, n_ctx=1024, n_seq=n_seq)
+    try:
+        c.sparq(enabled=True, r=4, k=16, l=l, min_kv=0, all_rows=False)
+        for s in range(n_seq):
+            prefill(c, s, rand_tokens(rng, 200, model.n_vocab))
+        seqs = range(n_seq)
+        first, steady = transfers_of_step(c, toks, 0, seqs), transfers_of_step(c, toks, 1, seqs)
+        cache_operation(c, op)
+        after, steady_after = transfers_of_step(c, toks, 2, seqs), transfers_of_step(c, toks, 3, seqs)
+        assert c.check() <= 1e-3
+        return (first, steady, after, steady_after), c.stats()["n_layers"]
+    finally:
+        c.free()
+
+
+@pytest.mark.parametrize("n_seq", [1, 2])
+@pytest.mark.parametrize("op", ["seq_rm", "shift", "state_load"])
+def test_window_uploaded_once_after_a_cache_operation(model, n_seq, op):
+    """The device window is written by the host at the first decode step after the prompt and at
+    the first after a cache operation, once per layer (the ubatch's streams' rows in one write,
+    whichever stream changed); never at a steady step. Against l = 0 (no window), whose rebuilds
+    and other transfers are the same."""
+    with_win, n_layers = upload_counts(model, n_seq, 4, op)
+    without, _ = upload_counts(model, n_seq, 0, op)
+    print(f"\n{op} n_seq={n_seq}: transfers (first, steady, after, steady) l=4 {with_win}, l=0 {without}")
+    assert with_win[1] == without[1] == 0 and with_win[3] == without[3] == 0
+    assert with_win[0] - without[0] == n_layers
+    assert with_win[2] - without[2] == n_layers
+
+
+def window_run(model, monkeypatch, host, n_seq, script, l=6):
+    """The script's decode steps with the window the host writes at every step (host) or the
+    device's: per step, the window every SparQ call read, the logits, the graph's SparQ inputs and
+    llama_sparq_debug_check (which compares the device windows with the host's computation)."""
+    from sparq_lab.capture import Capture
+
+    monkeypatch.setenv("LLAMA_SPARQ_HOST_WINDOW", "1" if host else "0")
+    rng = np.random.default_rng(13)
+    toks = rand_tokens(rng, 16, model.n_vocab)
+    c = Ctx(model, n_ctx=512, n_seq=n_seq)
+    try:
+        c.sparq(enabled=True, r=4, k=16, l=l, min_kv=0, all_rows=False)
+        for s in range(n_seq):
+            prefill(c, s, rand_tokens(rng, 120 + 7 * s, model.n_vocab))
+        steps = []
+        for i, op in enumerate(script):
+            if op in ("step", "step_last"):
+                seqs = range(n_seq) if op == "step" else [n_seq - 1]
+                with Capture(c.ctx) as cap:
+                    rc, logits = c.decode(next_items(c, toks, i, seqs))
+                assert rc == 0 and cap.calls
+                steps.append(([call["win"] for call in cap.calls], logits, c.graph_io()["n_inputs_sparq"], c.check()))
+            elif op == "seq_cp":  # sequence 1's stream given sequence 0's cells
+                assert c.seq_rm(1, -1, -1)
+                c.seq_cp(0, 1)
+            else:
+                cache_operation(c, op)
+        return steps
+    finally:
+        c.free()
+
+
+WINDOW_SCRIPTS = {
+    "decode": ["step"] * 4,
+    "seq_rm": ["step", "step", "seq_rm", "step", "step"],
+    "shift": ["step", "shift", "step", "step"],
+    "context_shift": ["step", "step", "context_shift", "step", "step"],
+    "state_load": ["step", "state_load", "step", "step"],
+    "seq_state_load": ["step", "seq_state_load", "step", "step"],
+    "prompt": ["step", "prompt", "step", "step"],
+}
+
+
+@pytest.mark.parametrize("n_seq", [1, 2])
+@pytest.mark.parametrize("name", list(WINDOW_SCRIPTS))
+def test_device_window_equals_the_hosts(model, monkeypatch, n_seq, name):
+    """The window every SparQ call reads from the device equals the one the host writes as the
+    graph's input at the same step, bit for bit, and so do the logits; across a prompt and its
+    decode steps, the tail removed, a position shift, a context shift, a state load, a sequence's
+    state load, a prompt between decode steps, and with two sequences (non-unified cache) also a
+    step of one of them alone and a stream copy. llama_sparq_debug_check finds every device window
+    the host holds exact equal to its computation after every step."""
+    script = WINDOW_SCRIPTS[name]
+    if n_seq == 2:
+        script = script + ["step_last", "step", "seq_cp", "step", "step_last", "step"]
+    host = window_run(model, monkeypatch, True, n_seq, script)
+    dev = window_run(model, monkeypatch, False, n_seq, script)
+    assert len(host) == len(dev)
+    for i, ((wh, lh, nh, _), (wd, ld, nd, check)) in enumerate(zip(host, dev)):
+        assert nh == 1 and nd == 0, f"step {i}: the window's input {nh}, {nd}"
+        assert check <= 1e-3, f"step {i}: debug_check {check}"
+        assert len(wh) == len(wd)
+        for a, b in zip(wh, wd):
+            assert a is not None and b is not None and a.shape == b.shape and np.array_equal(a, b), f"step {i}"
+        assert all(np.array_equal(a, b) for a, b in zip(lh, ld)), f"step {i}: logits differ"

@@ -179,6 +179,17 @@ static void sparq_cell_scatter(const struct ggml_compute_params * params, struct
     const bool f16 = src->type == GGML_TYPE_F16;
     float buf[256];
     ggml_fp16_t hbuf[256];
+    if (const struct ggml_tensor * win = dst->src[3]; win && params->ith == 0) {
+        // the windows' pushes, token by token in order (one thread: a stream may come twice)
+        const int64_t w = win->ne[0];
+        for (int64_t i = 0; i < n; ++i) {
+            GGML_ASSERT(idx[i] >= 0 && idx[i] / kv_size < win->ne[1] &&
+                        "sparq_cell_scatter: a token's stream outside the window");
+            int32_t * row = (int32_t *) ((char *) win->data + (size_t) (idx[i] / kv_size) * win->nb[1]);
+            memmove(row + 1, row, (size_t) (w - 1) * sizeof(int32_t));
+            row[0] = (int32_t) (idx[i] % kv_size);
+        }
+    }
     for (int64_t i = i0; i < i1; ++i) {
         const int64_t strm = idx[i] / kv_size, c = idx[i] % kv_size;
         const char * s = (const char *) src->data + (size_t) i * src->nb[1];

@@ -94,6 +94,10 @@ static inline const char * sparq_cuda_why_not(const ggml_tensor * op) {
                 !sparq_cu_type_ok(op->src[1]) || !ggml_is_contiguous(op->src[1]) || op->src[2]->type != GGML_TYPE_I64) {
                 return "the cell scatter: f32, f16 or i8 cells from f32 or f16 values, i64 indices";
             }
+            if (op->src[3] && (op->src[3]->type != GGML_TYPE_I32 || !ggml_is_contiguous(op->src[3]) ||
+                               op->src[3]->ne[0] > INT32_MAX)) {
+                return "the cell scatter's window: contiguous i32";
+            }
             return nullptr;
         }
         case GGML_SPARQ_MODE_SUM_APPEND:

@@ -214,11 +214,39 @@ static void sparq_cuda_kt_append(ggml_backend_cuda_context & ctx, ggml_tensor * 
     }
 }
 
+// the windows' pushes of a cell scatter (ggml_sparq_cell_scatter_set_window), by one block, token by
+// token in order as on the CPU (a stream may come twice): each row shifted by one, from its end down
+// a block's width at a time (all of a step's reads before its writes), then the token's cell in front
+static __device__ void sparq_cell_scatter_window(const int64_t * idx, int64_t n, int64_t kv_size, char * win,
+                                                 size_t w_nb1, int w) {
+    for (int64_t t = 0; t < n; ++t) {
+        int * row = (int *) (win + (size_t) (idx[t] / kv_size) * w_nb1);
+        for (int hi = w - 1; hi >= 1; hi -= (int) blockDim.x) {
+            const int j = hi - (int) threadIdx.x;
+            const int x = j >= 1 ? row[j - 1] : 0;
+            __syncthreads();
+            if (j >= 1) {
+                row[j] = x;
+            }
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) {
+            row[0] = (int) (idx[t] % kv_size);
+        }
+        __syncthreads();
+    }
+}
+
 // a ubatch's per-cell values at its cells (ggml_sparq_cell_scatter): one thread per value; the cell
-// and stream from upstream's K row index (stream * kv_size + cell)
+// and stream from upstream's K row index (stream * kv_size + cell); with a window, one block more
+// (the last) pushes the cells into it, in the same launch
 template <typename TS, typename TD>
 static __global__ void k_sparq_cell_scatter(const char * src, size_t s_nb1, const int64_t * idx, TD * dst,
-                                            int64_t E, int64_t n, int64_t kv_size) {
+                                            int64_t E, int64_t n, int64_t kv_size, char * win, size_t w_nb1, int w) {
+    if (win && blockIdx.x == gridDim.x - 1) {
+        sparq_cell_scatter_window(idx, n, kv_size, win, w_nb1, w);
+        return;
+    }
     const int64_t i = (int64_t) blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n * E) {
         return;
@@ -249,15 +277,25 @@ static void sparq_cuda_cell_scatter_src(ggml_backend_cuda_context & ctx, const g
                                         ggml_tensor * dst, dim3 grid, int nt, int64_t E, int64_t n) {
     const char * s = (const char *) src->data;
     const int64_t kv = dst->ne[0];
+    const ggml_tensor * win = dst->src[3];
+    char * wp = win ? (char *) win->data : nullptr;
+    const size_t w_nb1 = win ? win->nb[1] : 0;
+    const int w = win ? (int) win->ne[0] : 0;
+    if (win) {
+        grid.x += 1; // the windows' block
+    }
     switch (dst->type) {
         case GGML_TYPE_F32:
-            k_sparq_cell_scatter<TS, float><<<grid, nt, 0, ctx.stream()>>>(s, src->nb[1], ip, (float *) dst->data, E, n, kv);
+            k_sparq_cell_scatter<TS, float><<<grid, nt, 0, ctx.stream()>>>(s, src->nb[1], ip, (float *) dst->data, E, n, kv,
+                                                                            wp, w_nb1, w);
             break;
         case GGML_TYPE_F16:
-            k_sparq_cell_scatter<TS, half><<<grid, nt, 0, ctx.stream()>>>(s, src->nb[1], ip, (half *) dst->data, E, n, kv);
+            k_sparq_cell_scatter<TS, half><<<grid, nt, 0, ctx.stream()>>>(s, src->nb[1], ip, (half *) dst->data, E, n, kv,
+                                                                           wp, w_nb1, w);
             break;
         default:
-            k_sparq_cell_scatter<TS, char><<<grid, nt, 0, ctx.stream()>>>(s, src->nb[1], ip, (char *) dst->data, E, n, kv);
+            k_sparq_cell_scatter<TS, char><<<grid, nt, 0, ctx.stream()>>>(s, src->nb[1], ip, (char *) dst->data, E, n, kv,
+                                                                           wp, w_nb1, w);
             break;
     }
 }

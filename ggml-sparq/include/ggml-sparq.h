@@ -126,6 +126,15 @@ static inline bool ggml_sparq_is_kt_append(const struct ggml_tensor * t) {
 GGML_API struct ggml_tensor * ggml_sparq_cell_scatter(struct ggml_context * ctx, struct ggml_tensor * dst,
                                                       struct ggml_tensor * src, struct ggml_tensor * idx);
 
+// Optional, on a cell scatter: the local windows kept where the cells are (win: i32 [w, n_stream],
+// contiguous, n_stream = dst->ne[3]; row s the cells of stream s's w most recent positions, most
+// recent first, -1 after them). Token by token, in order, the node also pushes the token's cell
+// into its stream's row: entries 0..w-2 move to 1..w-1 (the last one drops out) and entry 0
+// becomes the cell. A decode step's window so follows on the device with no upload, exact while
+// every new cell is its sequence's latest position (the host checks that). The CPU and CUDA
+// backends compute it.
+GGML_API void ggml_sparq_cell_scatter_set_window(struct ggml_tensor * cell_scatter, struct ggml_tensor * win);
+
 static inline bool ggml_sparq_is_cell_scatter(const struct ggml_tensor * t) {
     return ggml_sparq_mode_of(t) == GGML_SPARQ_MODE_CELL_SCATTER;
 }

@@ -212,6 +212,8 @@ LLAMA_API void llama_sparq_sync(struct llama_context * ctx);
 // whose data is current (0 when none is); -1 when SparQ has no data. A stream whose cells
 // changed since its data was last brought up to date is rebuilt before its next use and is
 // not compared: call llama_sparq_sync first (or after a decode step) to compare every stream.
+// A local window kept on the device that differs from the host's computation, for a stream whose
+// window the host holds exact, counts its differing entries (so any such difference fails a check).
 LLAMA_API double llama_sparq_debug_check(struct llama_context * ctx);
 
 // For benchmarks only: fills sequence 0 of an empty KV cache with n_tokens cells at

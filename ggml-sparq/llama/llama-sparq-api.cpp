@@ -394,6 +394,15 @@ static int32_t sparq_apply_params(llama_context * ctx, llama_sparq_ctx & S, cons
             st.valid = false;
         }
     }
+    {
+        // the device windows' length follows the local window of these settings
+        llama_sparq_params resolved = *p;
+        resolved.k_min = sparq_k_min(S, p);
+        const int32_t cap = sparq_window_cap(resolved);
+        if (cap != S.mem.win_cap && !sparq_alloc_win(S, cap, err, err_size)) {
+            return -2;
+        }
+    }
     if (p->basis != S.params.basis || !S.params.enabled) {
         // switched on (nothing kept the data while SparQ was off) or a new basis: every stream is rebuilt
         // before its next use, in the new basis (a calibrated one at the next SparQ step)

@@ -1,6 +1,7 @@
 // llama-sparq: the SparQ data's tensors and buffers: the full-attention cache found, K^T and the
 // V sums allocated per layer (or the reason a layer has none), the PCA basis and the index.
 #include "llama-sparq-impl.h"
+#include "llama-sparq-selector.h"
 
 #include "llama-kv-cache-iswa.h"
 #include "llama-memory-hybrid.h"
@@ -263,6 +264,59 @@ bool sparq_alloc_kt(llama_sparq_ctx & S, int32_t kt_bits, char * err, size_t err
     S.mem.kt_bufs = std::move(bufs);
     S.mem.kt_ctx = std::move(ctx);
     S.mem.kt_bits = kt_bits;
+    return true;
+}
+
+int32_t sparq_window_cap(const llama_sparq_params & p) {
+    const sparq_selector & sel = sparq_selector_of(p.selector);
+    if (sel.window_choice || sel.window) {
+        return 0;
+    }
+    const bool calibrated = p.k == 0 && sel.ranks_scores;
+    // the graph hook's l (sparq_attn_build), before its min with the graph's k: the calibrated k's
+    // cap may be smaller at a short context, where the op reads the windows' first entries
+    return std::max<int32_t>(0, p.l >= 0 ? p.l : (calibrated ? p.k_min : p.k) / 4);
+}
+
+bool sparq_alloc_win(llama_sparq_ctx & S, int32_t cap, char * err, size_t err_size) {
+    std::map<ggml_backend_buffer_type_t, std::vector<ggml_tensor *>> by_buft;
+    std::vector<ggml_tensor *> win(S.layers.size(), nullptr);
+    ggml_context_ptr ctx;
+    if (cap > 0) {
+        ggml_init_params ip = { (S.layers.size() + 1) * ggml_tensor_overhead(), nullptr, true };
+        ctx.reset(ggml_init(ip));
+        for (size_t ikv = 0; ikv < S.layers.size(); ++ikv) {
+            const sparq_layer & L = S.layers[ikv];
+            if (!L.data.kt) {
+                continue;
+            }
+            win[ikv] = ggml_new_tensor_2d(ctx.get(), GGML_TYPE_I32, cap, L.data.kt->ne[3]);
+            ggml_format_name(win[ikv], "sparq_win_l%d", L.il);
+            // beside K^T: on the device that runs the op and its appends
+            by_buft[ggml_backend_buffer_get_type(L.data.kt->buffer)].push_back(win[ikv]);
+        }
+    }
+    std::vector<ggml_backend_buffer_ptr> bufs;
+    if (!sparq_alloc_buffers(S, by_buft, bufs, "the local windows", err, err_size)) {
+        for (auto & b : bufs) {
+            S.mem.extra_bytes -= ggml_backend_buffer_get_size(b.get());
+        }
+        return false; // the windows kept so far stay
+    }
+    for (auto & b : S.mem.win_bufs) {
+        S.mem.extra_bytes -= ggml_backend_buffer_get_size(b.get());
+    }
+    S.mem.win_layers = 0;
+    for (size_t ikv = 0; ikv < S.layers.size(); ++ikv) {
+        S.layers[ikv].data.win = win[ikv];
+        S.mem.win_layers += win[ikv] != nullptr;
+    }
+    S.mem.win_bufs = std::move(bufs);
+    S.mem.win_ctx = std::move(ctx);
+    S.mem.win_cap = cap;
+    for (auto & st : S.streams) {
+        st.win_valid = false;
+    }
     return true;
 }
 

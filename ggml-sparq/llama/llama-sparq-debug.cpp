@@ -62,6 +62,28 @@ void llama_sparq_debug_set_eval_callback(struct llama_context * ctx, ggml_backen
     ggml_backend_sched_set_eval_callback(ctx->get_sched(), cb, user_data);
 }
 
+// the stream's device windows against what the host computes, where the host holds them exact for the
+// stream's cells as they are (else the next decode step uploads them): the entries that differ, over layers
+static double sparq_check_windows(llama_sparq_ctx & S, uint32_t strm) {
+    const sparq_stream_state & st = S.streams[strm];
+    const llama_kv_cells & cells = upstream::cells(S.kv, strm);
+    if (!st.win_valid || st.win_hash != upstream::cells_hash(cells) || S.mem.win_cap <= 0) {
+        return 0.0;
+    }
+    std::vector<int32_t> want(S.mem.win_cap), have(S.mem.win_cap);
+    sparq_recent_cells(cells, st.win_seq, st.win_pos, want.data(), S.mem.win_cap);
+    double n = 0.0;
+    for (const sparq_layer & L : S.layers) {
+        if (L.data.win) {
+            sparq_tensor_get(L.data.win, have.data(), strm * L.data.win->nb[1], have.size() * sizeof(int32_t));
+            for (size_t j = 0; j < want.size(); ++j) {
+                n += have[j] != want[j];
+            }
+        }
+    }
+    return n;
+}
+
 double llama_sparq_debug_check(struct llama_context * ctx) {
     auto & cp = upstream::cparams(ctx);
     if (!cp.sparq || cp.sparq->n_layers == 0) {
@@ -75,6 +97,7 @@ double llama_sparq_debug_check(struct llama_context * ctx) {
         if (sparq_stream_current(S, strm)) {
             d = std::max(d, sparq_rebuild_stream(S, strm, {}, true));
         }
+        d = std::max(d, sparq_check_windows(S, strm));
     }
     return d;
 }

@@ -33,6 +33,7 @@ sparq_env sparq_env_read() {
     sparq_env e;
     e.graph_rebuild = sparq_env_flag("LLAMA_SPARQ_GRAPH_REBUILD");
     e.host_rebuild = sparq_env_flag("LLAMA_SPARQ_HOST_REBUILD");
+    e.host_window = sparq_env_flag("LLAMA_SPARQ_HOST_WINDOW");
     e.diffuse_skip = !sparq_env_flag("LLAMA_SPARQ_NO_DIFFUSE_SKIP");
     // on unless said off (the product's path): a typo keeps it on, with a word
     const char * cr = getenv("LLAMA_SPARQ_CUDA_REPORT");
@@ -48,6 +49,9 @@ sparq_env sparq_env_read() {
     }
     if (e.host_rebuild) {
         LLAMA_LOG_INFO("llama_sparq: LLAMA_SPARQ_HOST_REBUILD on: stream rebuilds on the host only\n");
+    }
+    if (e.host_window) {
+        LLAMA_LOG_INFO("llama_sparq: LLAMA_SPARQ_HOST_WINDOW on: the local window uploaded by the host at every step\n");
     }
     if (!e.diffuse_skip) {
         LLAMA_LOG_INFO("llama_sparq: LLAMA_SPARQ_NO_DIFFUSE_SKIP on: no dense stretches for diffuse layers\n");

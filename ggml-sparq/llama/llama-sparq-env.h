@@ -15,6 +15,9 @@ struct sparq_env {
     // LLAMA_SPARQ_HOST_REBUILD: stream rebuilds always take the host path
     // (llama-sparq-rebuild-host.cpp), never the device graph, for comparisons.
     bool host_rebuild = false;
+    // LLAMA_SPARQ_HOST_WINDOW: the op's local window is always the graph's input, written by the host
+    // at every step, never the device window the decode step's appends keep (for comparisons).
+    bool host_window = false;
     // LLAMA_SPARQ_NO_DIFFUSE_SKIP: the calibrated k never runs a diffuse layer's dense stretch
     // (LLAMA_SPARQ_DENSE_DIFFUSE): every step runs the op, which attends densely where it must
     // (for comparisons and tests of the op's own dense rows). Note the inversion: the switch on

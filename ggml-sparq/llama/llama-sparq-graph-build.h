@@ -37,6 +37,7 @@ struct sparq_attn_build {
     bool stretch = false; // some decode rows, not all, are in their dense stretch of this layer (SPARQ_STRETCH_SOME)
     bool stretch_upstream = false; // some decode rows dense as alone run upstream's attention (short rows, or stretches not in the op)
     bool stretch_in_op = false;    // the op runs the decode rows in their dense stretch (sparq_stretch::in_op)
+    bool win_pushed = false;       // the K^T append pushes the step's cells into the layer's device window
 
     ggml_tensor * kt_src, * vs_src, * ksq_src;
     ggml_tensor * cells_src = nullptr; // the selector's per-cell tensor with the ubatch's cells set (its appends hook)

@@ -99,6 +99,7 @@ static llm_graph_input_sparq * sparq_graph_input(const llm_graph_context & g, co
         if (base && upstream::cache(base) == S.kv) {
             inp = (llm_graph_input_sparq *) g.res->add_input(std::make_unique<llm_graph_input_sparq>(cp.sparq, base));
             inp->rows_mode = sparq_rows_mode(S, g.ubatch, upstream::sinfo(base).n_stream());
+            inp->win_device = sparq_rows_latest(S, g.ubatch, upstream::sinfo(base));
         }
     }
     return inp;
@@ -276,6 +277,13 @@ static void sparq_build_appends(sparq_attn_build & b, ggml_tensor * k_cur, ggml_
         kc = llama_mul_mat_hadamard(b.ctx0, kc, b.L.data.hrot);
     }
     b.kt_src = sparq_append_keys(b, k_cur, kc, k);
+    if (b.n_tps == 1 && b.L.data.win) {
+        // a decode step: the same node pushes each stream's new cell into the layer's device window
+        // (in every graph of a step, whether or not an op reads it, so that all layers stay alike)
+        ggml_sparq_cell_scatter_set_window(b.kt_src, b.L.data.win);
+        b.inp->win_layers.push_back(b.ikv);
+        b.win_pushed = true;
+    }
     b.vs_src = sparq_append_values(b, v_cur, v);
     b.ksq_src = sparq_append_ksq(b, k_cur, kc, k);
     if (b.sel->appends) {
@@ -459,7 +467,15 @@ static ggml_tensor * sparq_build_op(sparq_attn_build & b, ggml_tensor * q, ggml_
             inp->decisions.back().ikv_rep = b.ikv;
         }
     }
-    if (l > 0 || b.sel->window_choice) {
+    const ggml_tensor * dwin = b.L.data.win;
+    if (l > 0 && b.win_pushed && inp->win_device && !b.S.env.host_window && !b.sel->window_choice && !b.sel->window &&
+        l <= dwin->ne[0]) {
+        // a decode step whose every new cell is its sequence's latest: the device window after the K^T
+        // append's push (the op reads it after that node: it reads K^T from it), its first l entries
+        ggml_sparq_attn_set_window(cur, ggml_view_3d(ctx0, b.L.data.win, l, 1, n_stream, dwin->nb[1], dwin->nb[1],
+                                                     b.si.s0 * dwin->nb[1]));
+        inp->win_read = true;
+    } else if (l > 0 || b.sel->window_choice) {
         // a whole choice (streaming): the window's l cells, then the k - l cells of the earliest positions
         const int w = b.sel->window_choice ? kk : l;
         if (!inp->win) {

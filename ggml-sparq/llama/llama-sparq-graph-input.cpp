@@ -17,6 +17,10 @@ bool llm_graph_input_sparq::can_reuse(const llm_graph_params & params) {
     if (win) {
         ok &= win->ne[1] * win->ne[2] == (int64_t) params.ubatch.n_tokens;
     }
+    if (!win_layers.empty()) {
+        // the ops read the device windows only where every row's new cell is its sequence's latest
+        ok &= win_device == sparq_rows_latest(*S, params.ubatch, upstream::sinfo(m));
+    }
     // prompt rows beside decode rows: the graph holds SparQ, dense attention or both
     ok &= rows_mode == sparq_rows_mode(*S, params.ubatch, upstream::sinfo(m).n_stream());
     if (measure >= 0) {
@@ -146,6 +150,29 @@ void llm_graph_input_sparq::set_pick(const llama_ubatch * ubatch, const std::vec
     }
 }
 
+void sparq_recent_cells(const llama_kv_cells & cells, llama_seq_id seq, llama_pos pos, int32_t * dst, int64_t n) {
+    std::fill(dst, dst + n, -1);
+    const auto & sp = cells.seq_pos_get(seq);
+    auto it = sp.upper_bound({ pos, UINT32_MAX });
+    for (int64_t j = 0; j < n && it != sp.begin(); ++j) {
+        --it;
+        dst[j] = (int32_t) it->second;
+    }
+}
+
+bool sparq_rows_latest(const llama_sparq_ctx & S, const llama_ubatch & ub, const llama_kv_cache::slot_info & si) {
+    if (ub.n_tokens != si.n_stream() || !ub.seq_id || !ub.pos) {
+        return false;
+    }
+    for (uint32_t s = 0; s < si.n_stream(); ++s) {
+        const auto & sp = upstream::cells(S.kv, si.strm[s]).seq_pos_get(ub.seq_id[s][0]);
+        if (si.idxs[s].empty() || sp.empty() || *sp.rbegin() != std::make_pair(ub.pos[s], si.idxs[s][0])) {
+            return false;
+        }
+    }
+    return true;
+}
+
 // the local window: per query row, the cells of its sequence's l most recent positions
 void llm_graph_input_sparq::set_window(const llama_ubatch * ubatch) {
     const auto & si = upstream::sinfo(mctx);
@@ -158,22 +185,76 @@ void llm_graph_input_sparq::set_window(const llama_ubatch * ubatch) {
             for (int64_t i = 0; i < n_tps; ++i) {
                 const int64_t tok = (int64_t) s * n_tps + i;
                 int32_t * dst = data + tok * nw;
-                std::fill(dst, dst + nw, -1);
                 const llama_seq_id seq = ubatch->seq_id[tok][0];
-                const auto & sp = cells.seq_pos_get(seq);
-                auto it = sp.upper_bound({ ubatch->pos[tok], UINT32_MAX });
-                const auto end = it;
-                for (int64_t j = 0; j < win_recent && it != sp.begin(); ++j) {
-                    --it;
-                    dst[j] = (int32_t) it->second;
-                }
+                sparq_recent_cells(cells, seq, ubatch->pos[tok], dst, std::min<int64_t>(win_recent, nw));
+                std::fill(dst + std::min<int64_t>(win_recent, nw), dst + nw, -1);
                 // the streaming selector: then the cells of the earliest positions (the attention sinks)
+                const auto & sp = cells.seq_pos_get(seq);
+                const auto end = sp.upper_bound({ ubatch->pos[tok], UINT32_MAX });
                 auto first = sp.begin();
                 for (int64_t j = win_recent; j < nw && first != end; ++j, ++first) {
                     dst[j] = (int32_t) first->second;
                 }
             }
         }
+    }
+}
+
+// The device windows of a decode step (one token per stream), whose K^T appends push each stream's new
+// cell into them. Per stream, O(1): the push alone is exact when the windows were exact for the stream's
+// cells before this step and the cells changed since by the step's new cell only, a newer position of the
+// same sequence (the cells' version hash, as keep_streams_current). Where it is not (the first decode
+// after a prompt, a cache operation, another sequence in the stream), and some op reads the windows, each
+// pushing layer's rows of the ubatch's streams are written once, as they were before the push, so that
+// after it they hold what set_window computes. Steady decode steps write nothing.
+void llm_graph_input_sparq::set_device_windows(const llama_ubatch * ubatch) {
+    if (win_layers.empty()) {
+        return;
+    }
+    llama_sparq_ctx & St = *S;
+    const auto & si = upstream::sinfo(mctx);
+    const uint32_t ns = si.n_stream();
+    GGML_ASSERT(ubatch->n_tokens == ns && "llama_sparq: the device windows' push needs one token per stream");
+    win_exact.assign(ns, 0);
+    bool upload = false;
+    for (uint32_t s = 0; s < ns; ++s) {
+        const llama_kv_cells & cells = upstream::cells(St.kv, si.strm[s]);
+        const sparq_stream_state & st = St.streams[si.strm[s]];
+        const uint32_t cell = si.idxs[s][0];
+        win_exact[s] = st.win_valid && st.win_seq == ubatch->seq_id[s][0] && ubatch->pos[s] > st.win_pos &&
+                       upstream::cells_hash(cells) == (st.win_hash ^ upstream::cell_ver_hash(cells, cell));
+        upload |= !win_exact[s];
+    }
+    upload &= win_read;
+    if (upload) {
+        const int64_t cap = St.mem.win_cap;
+        win_buf.resize((size_t) ns * cap);
+        for (uint32_t s = 0; s < ns; ++s) {
+            // the rows before the push: the window's entries after its first (the new cell)
+            int32_t * row = win_buf.data() + (size_t) s * cap;
+            sparq_recent_cells(upstream::cells(St.kv, si.strm[s]), ubatch->seq_id[s][0], ubatch->pos[s], row, cap);
+            GGML_ASSERT(row[0] == (int32_t) si.idxs[s][0] &&
+                        "llama_sparq: a decode row's cell is not its sequence's latest");
+            std::copy(row + 1, row + cap, row);
+            row[cap - 1] = -1;
+        }
+        for (const int32_t ikv : win_layers) {
+            ggml_tensor * w = St.layers[ikv].data.win;
+            sparq_tensor_set(w, win_buf.data(), (size_t) si.s0 * w->nb[1], (size_t) ns * w->nb[1]);
+        }
+    }
+    // what the windows hold after this step: what set_window computes for each row, in every layer that
+    // has one when all of them pushed (a layer without appends, if any, would not have)
+    const bool all = win_layers.size() == St.mem.win_layers;
+    for (uint32_t s = 0; s < ns; ++s) {
+        const llama_kv_cells & cells = upstream::cells(St.kv, si.strm[s]);
+        sparq_stream_state & st = St.streams[si.strm[s]];
+        const auto & sp = cells.seq_pos_get(ubatch->seq_id[s][0]);
+        const bool latest = !sp.empty() && *sp.rbegin() == std::make_pair(ubatch->pos[s], si.idxs[s][0]);
+        st.win_valid = all && latest && (win_exact[s] || upload);
+        st.win_seq = ubatch->seq_id[s][0];
+        st.win_pos = ubatch->pos[s];
+        st.win_hash = upstream::cells_hash(cells);
     }
 }
 
@@ -192,6 +273,7 @@ void llm_graph_input_sparq::set_input(const llama_ubatch * ubatch) {
     GGML_ASSERT(mode == rows_mode);
     set_pick(ubatch, prompt_buf);
     set_window(ubatch);
+    set_device_windows(ubatch);
 
     // counters: this graph's decisions, once per execution
     const double n_cells = std::max<double>(1.0, sparq_used_max(mctx));

@@ -1,7 +1,8 @@
-// llama-sparq: the graph's SparQ input (llm_graph_input_sparq: the window and the row picks, set per
-// ubatch with the upkeep and the counters; the appends take upstream's K row index and the counts are
-// kept on the device, so a decode step uploads no more) and the per-layer decisions the graph hook
-// records in it; shared by the graph hook and the input.
+// llama-sparq: the graph's SparQ input (llm_graph_input_sparq: the row picks, and the window where the
+// device's does not apply, set per ubatch with the upkeep and the counters; the appends take upstream's
+// K row index, and the counts and a decode step's window are kept on the device, so a steady decode step
+// uploads nothing) and the per-layer decisions the graph hook records in it; shared by the graph hook
+// and the input.
 #pragma once
 
 #include "llama-sparq-impl.h"
@@ -73,6 +74,10 @@ uint32_t sparq_used_max(const llama_kv_cache_context * m);
 const llama_kv_cache_context * sparq_base_mctx(const llama_memory_context_i * m);
 
 // llama-sparq-graph-input.cpp:
+// whether each row of a decode ubatch (one token per stream) has its sequence's latest position in its
+// stream at its new cell, which the device windows' push then puts in front (the op reads them only then)
+bool sparq_rows_latest(const llama_sparq_ctx & S, const llama_ubatch & ub, const llama_kv_cache::slot_info & si);
+
 class llm_graph_input_sparq : public llm_graph_input_i {
 public:
     llm_graph_input_sparq(std::shared_ptr<llama_sparq_ctx> S, const llama_kv_cache_context * mctx)
@@ -86,6 +91,12 @@ public:
 
     ggml_tensor * win = nullptr;               // [w, n_tps, n_stream] i32: cells of the l most recent positions
     int win_recent = 0;                        // of w: the recent ones (l); the streaming selector's sinks follow
+    // the KV layers whose K^T append pushes the step's cells into their device windows (a decode step);
+    // win_device: the ubatch's rows allow the ops to read those (sparq_rows_latest; graph reuse compares
+    // it), win_read: some layer's op reads its device window (sparq_layer_data::win) instead of win
+    std::vector<int32_t> win_layers;
+    bool win_device = false;
+    bool win_read = false;
     bool appends = false;                      // this graph appends to K^T and the V sums
     int  short_ctx = -1;                       // built with the streams under min_kv cells (1) or not (0); -1 unused
     int  rows_mode = SPARQ_ROWS_SPARQ;         // sparq_rows_mode of the ubatch the graph was built for
@@ -96,6 +107,8 @@ public:
     std::map<int32_t, ggml_tensor *> layer_v_count; // by KV layer, SPARQ_STRETCH_SOME in the op: v_count, negative in a stretch
     std::vector<sparq_decision> decisions;     // one per attention layer of this graph
     std::vector<uint8_t> prompt_buf, rows_buf; // per-ubatch scratch (their capacity stays: no allocation once warm)
+    std::vector<uint8_t> win_exact;            // per stream of the ubatch: its device windows need no upload
+    std::vector<int32_t> win_buf;              // the device windows' rows before the push, when uploaded
 
 private:
     // the steps of set_input, in its order (the counters follow in set_input itself)
@@ -106,4 +119,5 @@ private:
     void set_v_count();
     void set_pick(const llama_ubatch * ubatch, const std::vector<uint8_t> & prompt);
     void set_window(const llama_ubatch * ubatch);
+    void set_device_windows(const llama_ubatch * ubatch);
 };

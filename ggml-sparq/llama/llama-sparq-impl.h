@@ -18,8 +18,8 @@
 // (O(ubatch) per step, independent of the cache size; llama-sparq-graph-input.cpp). A stream that
 // is not current is rebuilt from K, V and the cells before the graph that uses it runs (rare
 // operations; O(used cells * d), multi-threaded over layers and cell ranges;
-// llama-sparq-rebuild-host.cpp, llama-sparq-rebuild-device.cpp). The count of valid cells is a
-// graph input.
+// llama-sparq-rebuild-host.cpp, llama-sparq-rebuild-device.cpp). The count of valid cells and a
+// decode step's local window are kept on the device too (updated by the appends' nodes).
 #pragma once
 
 #include "llama-sparq.h"
@@ -70,6 +70,12 @@ struct sparq_layer_data {
     // [n_stream] f32: the stream's valid cells, the divisor of the mean of V (the op's v_count), kept
     // beside the sums (appended by the graph, set by a rebuild) so that no count is uploaded per step
     ggml_tensor * vcount = nullptr;
+    // [l, n_stream] i32: per stream the cells of its sequence's l most recent positions, most recent
+    // first (-1 after them), the op's local window on a decode step: pushed by the graph's K^T append
+    // (ggml_sparq_cell_scatter_set_window) and uploaded only where the host cannot vouch for it
+    // (sparq_stream_state's win_*). l is the settings' (sparq_window_cap); NULL where it is 0 or the
+    // selector's window is not just the recent cells (sparq_alloc_win)
+    ggml_tensor * win = nullptr;
     // upstream's Hadamard rotation of q and k (a quantized K cache, llama_sparq_ctx::hadamard): [n, n] f32 next
     // to K^T, shared by the layers in one buffer type. Outside the PCA basis K^T keeps the keys rotated back
     // and steps 1-2 rotate the query back: the rotation spreads q's largest components over all of them
@@ -184,6 +190,14 @@ inline bool sparq_is_calibrated(const llama_sparq_params & P) {
 struct sparq_stream_state {
     bool valid = false;
     uint64_t hash = 0;
+    // the device windows (sparq_layer_data::win) of every layer hold sequence win_seq's most recent
+    // cells as of its latest position win_pos, for the cells whose version hash was win_hash: the
+    // next decode step's push is exact when the stream's cells changed only by its new cell, a newer
+    // position of the same sequence (llm_graph_input_sparq::set_device_windows)
+    bool win_valid = false;
+    int32_t win_seq = -1;
+    int32_t win_pos = -1;
+    uint64_t win_hash = 0;
 };
 
 // the context's counters (llama_sparq_get_stats); every access holds sparq_stats_state::mtx
@@ -236,6 +250,12 @@ struct sparq_memory_state {
     ggml_context_ptr kt_ctx;
     std::vector<ggml_backend_buffer_ptr> kt_bufs;
     int32_t kt_bits = 16;
+    // the device windows in buffers of their own: remade when their length changes (sparq_alloc_win);
+    // win_cap: that length (0: none), win_layers: the layers that have one
+    ggml_context_ptr win_ctx;
+    std::vector<ggml_backend_buffer_ptr> win_bufs;
+    int32_t win_cap = 0;
+    size_t win_layers = 0;
     uint64_t extra_bytes = 0; // SparQ's own bytes
     uint64_t kv_bytes = 0;    // the cache's bytes, for the share
 };
@@ -478,6 +498,15 @@ bool sparq_alloc_buffers(llama_sparq_ctx & S, const std::map<ggml_backend_buffer
 bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, int32_t kt_bits, char * err, size_t err_size);
 // K^T of every SparQ layer again, of kt_bits' type (the old one freed; the caller has the streams rebuilt)
 bool sparq_alloc_kt(llama_sparq_ctx & S, int32_t kt_bits, char * err, size_t err_size);
+// the device windows' length for settings p (k_min resolved): the local window l where the selector's
+// window is the l most recent cells, else 0 (the streaming selector's sinks come with the host's input)
+int32_t sparq_window_cap(const llama_sparq_params & p);
+// every SparQ layer's device window of cap entries per stream (none for 0), the old ones freed; every
+// stream's window to be uploaded before its next use
+bool sparq_alloc_win(llama_sparq_ctx & S, int32_t cap, char * err, size_t err_size);
+// the cells of sequence seq's n most recent positions at or before pos in a stream, most recent first,
+// -1 after them (the op's local window)
+void sparq_recent_cells(const llama_kv_cells & cells, llama_seq_id seq, llama_pos pos, int32_t * dst, int64_t n);
 // the report entries of each layer whose cache is on a device in page-locked host memory of that
 // device (LLAMA_SPARQ_CUDA_REPORT, on by default); a layer without it keeps host memory, which only
 // an op in this process's CPU backend writes

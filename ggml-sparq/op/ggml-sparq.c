@@ -161,6 +161,14 @@ struct ggml_tensor * ggml_sparq_cell_scatter(struct ggml_context * ctx, struct g
     return sparq_mode_node(ctx, dst, &p, src, idx);
 }
 
+void ggml_sparq_cell_scatter_set_window(struct ggml_tensor * node, struct ggml_tensor * win) {
+    GGML_ASSERT(ggml_sparq_mode_of(node) == GGML_SPARQ_MODE_CELL_SCATTER);
+    GGML_ASSERT(win->type == GGML_TYPE_I32 && ggml_is_contiguous(win) && win->ne[0] >= 1 &&
+                win->ne[1] == node->src[0]->ne[3] && win->ne[2] == 1 && win->ne[3] == 1 &&
+                "sparq_cell_scatter: the window must be contiguous i32 [w, n_stream] with dst's streams");
+    node->src[3] = win;
+}
+
 struct ggml_tensor * ggml_sparq_sum_append(struct ggml_context * ctx, struct ggml_tensor * sum,
                                           struct ggml_tensor * comp, struct ggml_tensor * x_new,
                                           enum ggml_type type, bool squares) {

@@ -254,16 +254,24 @@ struct test_sparq_kt_append : public test_case {
 
 // A ubatch's keys at its cells (ggml_sparq_cell_scatter): n tokens of E = e1 * e2 values, f32 or f16,
 // into a [kv, e1, e2, ns] tensor of dst_type (f32, f16, or i8 as e5m2) at distinct (stream, cell)
-// pairs given as upstream's K row index (stream * kv + cell)
+// pairs given as upstream's K row index (stream * kv + cell); with w > 0 the cells also pushed into
+// windows of w entries per stream (ggml_sparq_cell_scatter_set_window; a stream may come twice), which
+// the output brings out after the cells (as f32, beside an f32 or f16 dst)
 struct test_sparq_cell_scatter : public test_case {
     const ggml_type type_src, type_dst;
-    const int64_t kv, e1, e2, ns, n;
+    const int64_t kv, e1, e2, ns, n, w;
 
-    std::string vars() override { return VARS_TO_STR7(type_src, type_dst, kv, e1, e2, ns, n); }
+    std::string vars() override { return VARS_TO_STR8(type_src, type_dst, kv, e1, e2, ns, n, w); }
+
+    // named by the op under test, not by the concat that brings the windows out with it
+    std::string op_desc(ggml_tensor * t) override {
+        GGML_UNUSED(t);
+        return "SPARQ_ATTN";
+    }
 
     test_sparq_cell_scatter(ggml_type type_src = GGML_TYPE_F32, ggml_type type_dst = GGML_TYPE_F16, int64_t kv = 256,
-                            int64_t e1 = 64, int64_t e2 = 2, int64_t ns = 2, int64_t n = 2)
-        : type_src(type_src), type_dst(type_dst), kv(kv), e1(e1), e2(e2), ns(ns), n(n) {}
+                            int64_t e1 = 64, int64_t e2 = 2, int64_t ns = 2, int64_t n = 2, int64_t w = 0)
+        : type_src(type_src), type_dst(type_dst), kv(kv), e1(e1), e2(e2), ns(ns), n(n), w(w) {}
 
     ggml_tensor * build_graph(ggml_context * ctx) override {
         ggml_tensor * dst = ggml_new_tensor_4d(ctx, type_dst, kv, e1, e2, ns);
@@ -273,6 +281,16 @@ struct test_sparq_cell_scatter : public test_case {
         ggml_tensor * idx = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, n);
         ggml_set_name(idx, "idx");
         ggml_tensor * out = ggml_sparq_cell_scatter(ctx, dst, src, idx);
+        if (w > 0) {
+            GGML_ASSERT(type_dst != GGML_TYPE_I8);
+            ggml_tensor * win = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, w, ns);
+            ggml_set_name(win, "win");
+            ggml_sparq_cell_scatter_set_window(out, win);
+            // the cells first (a source of the concat before the windows' cast), so that the cast reads
+            // the windows after the push
+            ggml_tensor * cells = ggml_reshape_1d(ctx, ggml_cast(ctx, out, GGML_TYPE_F32), ggml_nelements(out));
+            out = ggml_concat(ctx, cells, ggml_reshape_1d(ctx, ggml_cast(ctx, win, GGML_TYPE_F32), w * ns), 0);
+        }
         ggml_set_name(out, "out");
         return out;
     }
@@ -282,10 +300,16 @@ struct test_sparq_cell_scatter : public test_case {
         std::uniform_real_distribution<float> mant(-1.0f, 1.0f);
         std::uniform_int_distribution<int> ex(-20, 17);
         for (ggml_tensor * t = ggml_get_first_tensor(ctx); t != NULL; t = ggml_get_next_tensor(ctx, t)) {
-            if (ggml_is_view_op(t->op) || t->op == GGML_OP_SPARQ_ATTN) {
+            if (ggml_is_view_op(t->op) || t->op != GGML_OP_NONE) {
                 continue;
             }
-            if (t->type == GGML_TYPE_I64) {
+            if (t->type == GGML_TYPE_I32) {
+                std::vector<int32_t> b(ggml_nelements(t));
+                for (auto & x : b) {
+                    x = (int32_t) (gen() % (kv + 1)) - 1; // cells, and -1 for none
+                }
+                ggml_backend_tensor_set(t, b.data(), 0, b.size() * sizeof(int32_t));
+            } else if (t->type == GGML_TYPE_I64) {
                 init_set_rows_row_ids(t, (int) (kv * ns)); // distinct stream * kv + cell
             } else if (t->type == GGML_TYPE_I8) {
                 std::vector<uint8_t> b(ggml_nbytes(t));
@@ -466,5 +490,10 @@ static void sparq_add_test_cases(std::vector<std::unique_ptr<test_case>> & test_
         test_cases.emplace_back(new test_sparq_cell_scatter(t, GGML_TYPE_F32, 300, 64, 2, 3, 6));
         test_cases.emplace_back(new test_sparq_cell_scatter(t, GGML_TYPE_I8, 1000, 64, 4, 2, 64));
         test_cases.emplace_back(new test_sparq_cell_scatter(t, GGML_TYPE_F32, 512, 4, 1, 2, 2));
+        // with the local windows' pushes: one entry, a decode step's, over a block's width, a stream twice
+        test_cases.emplace_back(new test_sparq_cell_scatter(t, GGML_TYPE_F16, 256, 64, 2, 1, 1, 1));
+        test_cases.emplace_back(new test_sparq_cell_scatter(t, GGML_TYPE_F16, 300, 64, 4, 4, 4, 32));
+        test_cases.emplace_back(new test_sparq_cell_scatter(t, GGML_TYPE_F32, 1000, 16, 2, 3, 3, 700));
+        test_cases.emplace_back(new test_sparq_cell_scatter(t, GGML_TYPE_F32, 64, 4, 1, 2, 6, 5));
     }
 }

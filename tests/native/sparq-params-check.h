@@ -140,6 +140,16 @@ static int run_params_check() {
         !ggml_sparq_is_sum_append(sum) || ggml_sparq_is_kt_append(sum)) {
         return params_fail("a sum's append does not decode as written");
     }
+    // a cell scatter that also pushes into the local windows: a write mode (no attention part), which
+    // the CPU backend and the CUDA check take
+    struct ggml_tensor * scat = ggml_sparq_cell_scatter(s.ctx, ggml_new_tensor_4d(s.ctx, GGML_TYPE_F16, s.n_kv, s.d, s.n_hkv, 2),
+                                                        ggml_new_tensor_2d(s.ctx, GGML_TYPE_F32, s.d * s.n_hkv, 2),
+                                                        ggml_new_tensor_1d(s.ctx, GGML_TYPE_I64, 2));
+    ggml_sparq_cell_scatter_set_window(scat, ggml_new_tensor_2d(s.ctx, GGML_TYPE_I32, 5, 2));
+    if (!ggml_sparq_is_cell_scatter(scat) || ggml_sparq_params_get(scat).features != 0 || !scat->src[3] ||
+        !ggml_backend_dev_supports_op(cpu, scat) || sparq_cuda_why_not(scat) != nullptr) {
+        return params_fail("a cell scatter with the windows' pushes is not taken as written");
+    }
 
     // 2. each part: its bit, the CPU honours it, CUDA honours exactly what it declares
     int parts = 0;

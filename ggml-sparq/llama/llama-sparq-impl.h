@@ -114,7 +114,12 @@ struct sparq_report_entries {
     size_t size() const { return host.size(); }
     float * begin() { return data(); }
     float * end() { return data() + size(); }
-    void assign(size_t n, float x) { host.assign(n, x); }
+    // a new size: the page-locked copy goes too (sparq_alloc_reports makes one of the new size)
+    void assign(size_t n, float x) {
+        pinned = nullptr;
+        pinned_buf.reset();
+        host.assign(n, x);
+    }
 };
 
 // what the op reports of its choice, and the layer's counters of those reports (llama-sparq-coverage.cpp)

@@ -35,6 +35,7 @@ sparq_env sparq_env_read() {
     e.host_rebuild = sparq_env_flag("LLAMA_SPARQ_HOST_REBUILD");
     e.host_window = sparq_env_flag("LLAMA_SPARQ_HOST_WINDOW");
     e.diffuse_skip = !sparq_env_flag("LLAMA_SPARQ_NO_DIFFUSE_SKIP");
+    e.short_appends = sparq_env_flag("LLAMA_SPARQ_SHORT_APPENDS");
     // on unless said off (the product's path): a typo keeps it on, with a word
     const char * cr = getenv("LLAMA_SPARQ_CUDA_REPORT");
     if (cr && *cr) {
@@ -55,6 +56,9 @@ sparq_env sparq_env_read() {
     }
     if (!e.diffuse_skip) {
         LLAMA_LOG_INFO("llama_sparq: LLAMA_SPARQ_NO_DIFFUSE_SKIP on: no dense stretches for diffuse layers\n");
+    }
+    if (e.short_appends) {
+        LLAMA_LOG_INFO("llama_sparq: LLAMA_SPARQ_SHORT_APPENDS on: the appends run under the dense threshold too\n");
     }
     if (!e.cuda_report) {
         LLAMA_LOG_INFO("llama_sparq: LLAMA_SPARQ_CUDA_REPORT off: no report from a GPU's op, no diffuse stretch there\n");

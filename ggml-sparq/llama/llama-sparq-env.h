@@ -23,6 +23,10 @@ struct sparq_env {
     // (for comparisons and tests of the op's own dense rows). Note the inversion: the switch on
     // means diffuse_skip false.
     bool diffuse_skip = true;
+    // LLAMA_SPARQ_SHORT_APPENDS: a graph appends to K^T and the sums however far the context is under
+    // the dense threshold (sparq_append_floor 0), as a context over it does, for comparisons: without
+    // it a context well under min_kv builds none of SparQ's nodes and is rebuilt once near it.
+    bool short_appends = false;
     // LLAMA_SPARQ_CUDA_REPORT: on by default (unset or empty); 0, false or off turns it off. On, a
     // layer whose cache is on a GPU gets its report in page-locked host memory, which the CUDA op
     // copies its report into, so that the calibrated k's diffuse stretches (upstream's flash

@@ -20,6 +20,30 @@ uint32_t sparq_used_max(const llama_kv_cache_context * m) {
     return n;
 }
 
+// Under the dense threshold a graph needs SparQ's data only to keep it current for later, which costs
+// its appends at every ubatch (on a GPU a few small launches per layer, 5-10 % of a dense decode step).
+// Well under it a graph builds none of SparQ's nodes: its streams are then marked stale (the graph input
+// has no appends: keep_streams_current) and rebuilt once, from K, V and the cells, by the first graph
+// that appends again. The floor is one ubatch below min_kv: a stream gains at most n_ubatch cells per
+// ubatch, so the first graph at or over the floor still holds fewer than min_kv cells and runs dense
+// (short, or a prompt): the rebuild comes before the first SparQ step, never at it, and the appends
+// run for at most one ubatch's worth of cells (min_kv <= n_ubatch: always). Selectors whose state
+// follows every step (every_step: h2o's scores, a prompt's attention included) are never skipped; they
+// run SparQ under the threshold too.
+uint32_t sparq_append_floor(const llama_sparq_ctx & S, uint32_t n_ubatch) {
+    const llama_sparq_params & P = S.params;
+    if (S.env.short_appends || sparq_selector_of(P.selector).every_step || P.min_kv <= 0 ||
+        (uint32_t) P.min_kv <= n_ubatch) {
+        return 0;
+    }
+    return (uint32_t) P.min_kv - n_ubatch;
+}
+
+bool sparq_appends_skipped(const llama_sparq_ctx & S, const llama_kv_cache_context * m, uint32_t n_ubatch) {
+    const uint32_t floor = sparq_append_floor(S, n_ubatch);
+    return floor > 0 && sparq_used_max(m) < floor;
+}
+
 int sparq_rows_mode(const llama_sparq_ctx & S, const llama_ubatch & ub, uint32_t n_stream,
                     std::vector<uint8_t> * prompt) {
     if (prompt) {
@@ -100,6 +124,7 @@ static llm_graph_input_sparq * sparq_graph_input(const llm_graph_context & g, co
             inp = (llm_graph_input_sparq *) g.res->add_input(std::make_unique<llm_graph_input_sparq>(cp.sparq, base));
             inp->rows_mode = sparq_rows_mode(S, g.ubatch, upstream::sinfo(base).n_stream());
             inp->win_device = sparq_rows_latest(S, g.ubatch, upstream::sinfo(base));
+            inp->skip = sparq_appends_skipped(S, base, cp.n_ubatch);
         }
     }
     return inp;
@@ -562,8 +587,9 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
     sparq_attn_build b(g, mctx, S, inp, il, ikv, q, k);
 
     // appends keep K^T and the V sums current on every ubatch that writes this layer's cache
-    // (prompt ubatches too: cheaper than rebuilding the data at the next decode step)
-    const bool appends = k_cur && v_cur;
+    // (prompt ubatches too: cheaper than rebuilding the data at the next decode step), unless the
+    // graph is well under the dense threshold (sparq_append_floor: then it runs dense, short or a prompt)
+    const bool appends = k_cur && v_cur && !(inp && inp->skip);
     if (appends) {
         sparq_build_appends(b, k_cur, v_cur, k, v);
     }
@@ -579,6 +605,8 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
         inp->short_ctx = dense.is_short;
     }
     int reason = dense.reason;
+    // a graph without appends under the floor is dense by the threshold, or already by an earlier reason
+    GGML_ASSERT((reason >= 0 || !inp || !inp->skip) && "llama_sparq: appends skipped in a graph that runs SparQ");
     if (reason < 0 && inp && b.n_tps == 1 && !b.sel->every_step) {
         reason = sparq_record_stretches(b);
     }

@@ -37,6 +37,8 @@ bool llm_graph_input_sparq::can_reuse(const llm_graph_params & params) {
             ok &= sparq_stretch_rows(*S, ikv, upstream::sinfo(m), prompt_buf, rows_buf) == st.mode && rows_buf == st.rows;
         }
     }
+    // built with SparQ's nodes or without (well under the dense threshold): rebuild when that changes
+    ok &= skip == sparq_appends_skipped(*S, m, params.cparams.n_ubatch);
     if (short_ctx >= 0) {
         // the graph holds SparQ or dense attention by the dense threshold: rebuild when the context crosses it
         ok &= short_ctx == (int) (sparq_used_max(m) < (uint32_t) S->params.min_kv);
@@ -76,7 +78,10 @@ void llm_graph_input_sparq::keep_streams_current() {
         const llama_kv_cells & cells = upstream::cells(St.kv, strm);
         sparq_stream_state & st = St.streams[strm];
         if (!appends) {
+            // the ubatch's cells written without K^T's, the sums' or the windows' appends (a graph under
+            // sparq_append_floor): rebuilt, the device windows written, by the next graph that appends
             st.valid = false;
+            st.win_valid = false;
             continue;
         }
         uint64_t want = st.hash;

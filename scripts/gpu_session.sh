@@ -37,11 +37,14 @@
 #             per-kernel times then include the wait, so compare the op's span or the rows
 #   calib     the calibrated k (--k 0, the window k_min / 4) at $CALIB_DEPTHS (default 64K), batch 1,
 #             $CALIB_GEN tokens (default 64: its diffuse stretches last 16 to 256 steps), once per
-#             setting of LLAMA_SPARQ_CUDA_REPORT (1: the GPU op's report reaches the host and diffuse
-#             layers run upstream's flash attention in stretches; 0: the op attends over every cell of a
-#             diffuse unit itself), each with dense -fa 1 beside it in the same run and tagged
-#             <tag>_calib_report_<1|0>; each row keeps the fork's counters (SparQ and dense calls, the
-#             diffuse stretches' calls, the calls the op reported)
+#             setting of $CALIB_ENVS (as AB_ENVS; default LLAMA_SPARQ_CUDA_REPORT=1: the GPU op's
+#             report reaches the host and diffuse layers run upstream's flash attention in stretches;
+#             LLAMA_SPARQ_CUDA_REPORT=0: the op attends over every cell of a diffuse unit itself, at
+#             every step; and the same with LLAMA_SPARQ_CUDA_DIFFUSE=1, the op's diffuse units
+#             streamed), each with dense -fa 1 beside it in the same run and tagged
+#             <tag>_calib_<setting> (report_1, report_0, report_0_diffuse_1); each row keeps the
+#             fork's counters (SparQ and dense calls, the diffuse stretches' calls, the calls the op
+#             reported)
 #   nkvo      the -nkvo runs (weights on the GPU, cache and attention on the host) at $NKVO_DEPTHS
 #             (default 16K, 64K)
 #   profile   Nsight Compute (ncu, or $NCU) on the op's kernels at 64K and 4K (Llama 2 7B attention,
@@ -76,6 +79,13 @@
 #     AB_ENVS="LLAMA_SPARQ_CUDA_PDL=0;LLAMA_SPARQ_CUDA_PDL=1;LLAMA_SPARQ_CUDA_SCORE_HIST=1;LLAMA_SPARQ_CUDA_PDL=1,LLAMA_SPARQ_CUDA_SCORE_HIST=1"
 #   bash $S install && GPU_PACK=1 bash $S ab
 # (AB_CHECK=0 saves the grid per setting, about a minute each, once a setting has passed it.)
+#
+# The calibrated k's diffuse units (every unit of the synthetic fill at 64K): the grid with the
+# streamed all-cells path, the rows with the report on, off, and off with the stream (the op's own
+# attention over every cell at every step, against dense -fa 1), and the per-layer kernels with it:
+#   S=scripts/gpu_session.sh; export SESSION_END=$(( $(date +%s) + 540 )) STEP_TIMEOUT=200 TIMELINE_DEPTHS=65536
+#   bash $S install && LLAMA_SPARQ_CUDA_DIFFUSE=1 bash $S grid && bash $S calib && \
+#     LLAMA_SPARQ_CUDA_DIFFUSE=1 GPU_PACK=1 bash $S timeline results
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -184,15 +194,20 @@ step_timeline() {
 # AB_ENVS as its settings, one per line (a setting's variables joined by ','); a malformed one
 # refused by name
 ab_settings() {
-    local v p
     local dflt="LLAMA_SPARQ_CUDA_PDL=0;LLAMA_SPARQ_CUDA_PDL=1;LLAMA_SPARQ_CUDA_SCORE_HIST=1"
     dflt+=";LLAMA_SPARQ_CUDA_PDL=1,LLAMA_SPARQ_CUDA_SCORE_HIST=1"
     dflt+=";LLAMA_SPARQ_CUDA_SELECT_HIST=atomic;LLAMA_SPARQ_CUDA_SELECT_LOADS=early;LLAMA_SPARQ_CUDA_ATTEND_ITEMS=16"
-    tr ';' '\n' <<< "${AB_ENVS:-$dflt}" | while read -r v; do
+    env_settings AB_ENVS "${AB_ENVS:-$dflt}"
+}
+
+# settings $2 of variable $1 (';' between settings, ',' between a setting's variables), one per line
+env_settings() {
+    local v p
+    tr ';' '\n' <<< "$2" | while read -r v; do
         [ -z "$v" ] && continue
         for p in ${v//,/ }; do
             if ! [[ "$p" =~ ^LLAMA_SPARQ_CUDA_[A-Z_]+=[A-Za-z0-9_]+$ ]]; then
-                echo "gpu_session: AB_ENVS: '$p' is not LLAMA_SPARQ_CUDA_<NAME>=<value> (';' between settings, ',' within one)" >&2
+                echo "gpu_session: $1: '$p' is not LLAMA_SPARQ_CUDA_<NAME>=<value> (';' between settings, ',' within one)" >&2
                 return 2
             fi
         done
@@ -223,10 +238,15 @@ step_ab() {
 }
 
 step_calib() {
-    local tag v rc=0
+    local tag v slug settings rc=0
+    local -a vars
+    local dflt="LLAMA_SPARQ_CUDA_REPORT=1;LLAMA_SPARQ_CUDA_REPORT=0;LLAMA_SPARQ_CUDA_REPORT=0,LLAMA_SPARQ_CUDA_DIFFUSE=1"
     tag=$(gpu_tag)
-    for v in 1 0; do
-        logged calib env LLAMA_SPARQ_CUDA_REPORT=$v "$PY" bench/gpu.py sweep --only e2e --tag "${tag}_calib_report_$v" \
+    settings=$(env_settings CALIB_ENVS "${CALIB_ENVS:-$dflt}") || return 2
+    for v in $settings; do
+        read -r -a vars <<< "${v//,/ }"
+        slug=$(echo "$v" | sed 's/LLAMA_SPARQ_CUDA_//g' | tr 'A-Z=,' 'a-z__')
+        logged calib env "${vars[@]}" "$PY" bench/gpu.py sweep --only e2e --tag "${tag}_calib_$slug" \
             --depths "${CALIB_DEPTHS:-65536}" --depths-batch "" --nkvo-depths "" --k 0 --l -1 --reps 3 \
             --n-gen "${CALIB_GEN:-64}" || rc=1
     done

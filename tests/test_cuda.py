@@ -328,23 +328,42 @@ EMU_LOADS_EARLY = ["gqa4-five-tiles", "mha-three-tiles-window", "rows-dense-stre
 EMU_CASES_SCORE = {"mha-score-overflow": "64 2048 4 4 1 1 16 640 32 1 1 0 0 0"}
 EMU_SCORE_HIST = ["mha-f16-scalar-loads", "gqa4-perhead-window", "mha-three-tiles-window", "short-sequence-long-cache",
                   "mha-score-overflow"]
-EMU_RUNS = ([(c, "rank", "auto", "match", "late", "0", "0") for c in EMU_CASES]
-            + [(c, "radix", "auto", "match", "late", "0", "0") for c in EMU_RADIX if c in EMU_CASES]
-            + [(c, "rank", "single", "match", "late", "1", "0") for c in EMU_SINGLE if c in EMU_CASES]
-            + [(c, "rank", "auto", "atomic", "late", "0", "0") for c in EMU_HIST_ATOMIC if c in EMU_CASES]
-            + [(c, "rank", "auto", "match", "early", "1", "0") for c in EMU_LOADS_EARLY if c in EMU_CASES]
-            + [(c, "rank", "auto", "match", "late", "1", "1") for c in EMU_SCORE_HIST]
-            + [("gqa4-perhead-window", "radix", "auto", "match", "late", "0", "1")])
+# the all-cells units streamed (LLAMA_SPARQ_CUDA_DIFFUSE=1: contiguous ranges of cells, 16-byte K
+# and V loads, the launch's parts from S where the calibrated k or k >= S may make units all-cells):
+# a mix of diffuse and chosen units over two streams with more parts than the lists take (the
+# rest record empty partials; S = 1000 in parts of 500: a chunk and a partial one); every row dense
+# (k >= S, a dense stream, two rows and streams) at a head size whose rows take no 16-byte loads,
+# one block per unit
+EMU_CASES_STREAM = {"mixed-diffuse-chosen": "64 1000 4 4 1 2 16 256 16 1 1 0 0 0 0 0.53 16 0.25",
+                    "dense-rows-unaligned": "100 300 4 2 2 2 8 512 8 1 1 0 0 3"}
+EMU_STREAM_ENV = {"mixed-diffuse-chosen": {"LLAMA_SPARQ_CUDA_ATTEND_ITEMS": "1024"}}
+EMU_STREAM = [("mixed-diffuse-chosen", "auto"), ("dense-rows-unaligned", "single")]
+if os.environ.get("SPARQ_EMU_FULL", "0") not in ("", "0"):
+    # GQA's heads, f32 caches and 8 parts per unit; k >= S split; a short sequence in a long cache
+    # (chunks without a valid cell) with the calibrated k; the mix with k's own parts
+    EMU_CASES_STREAM.update({"dense-rows-parts": "64 300 4 2 2 2 8 512 8 1 1 0 0 3",
+                             "short-sequence-calibrated": "64 4096 4 4 1 2 8 64 16 1 1 0 0 4 0 0.5 48 0.25"})
+    EMU_STREAM += [("calibrated-diffuse", "auto"), ("dense-rows-parts", "auto"), ("short-sequence-calibrated", "auto"),
+                   ("calibrated-mha", "auto")]
+EMU_RUNS = ([(c, "rank", "auto", "match", "late", "0", "0", "0") for c in EMU_CASES]
+            + [(c, "radix", "auto", "match", "late", "0", "0", "0") for c in EMU_RADIX if c in EMU_CASES]
+            + [(c, "rank", "single", "match", "late", "1", "0", "0") for c in EMU_SINGLE if c in EMU_CASES]
+            + [(c, "rank", "auto", "atomic", "late", "0", "0", "0") for c in EMU_HIST_ATOMIC if c in EMU_CASES]
+            + [(c, "rank", "auto", "match", "early", "1", "0", "0") for c in EMU_LOADS_EARLY if c in EMU_CASES]
+            + [(c, "rank", "auto", "match", "late", "1", "1", "0") for c in EMU_SCORE_HIST]
+            + [("gqa4-perhead-window", "radix", "auto", "match", "late", "0", "1", "0")]
+            + [(c, "rank", at, "match", "late", "0", "0", "1") for c, at in EMU_STREAM])
 
 # kernel launches per layer and step the op may take (the emulator counts them)
 SPARQ_CUDA_MAX_LAUNCHES = 4
 
 
-@pytest.mark.parametrize("case,select,attend,hist,loads,pdl,score", EMU_RUNS,
+@pytest.mark.parametrize("case,select,attend,hist,loads,pdl,score,stream", EMU_RUNS,
                          ids=["-".join([c, s] + [w for w in (a, h, ld) if w not in ("auto", "match", "late")]
-                                       + (["pdl"] if p == "1" else []) + (["scorehist"] if sc == "1" else []))
-                              for c, s, a, h, ld, p, sc in EMU_RUNS])
-def test_cuda_kernels_emulated_equal_the_cpu_op(case, select, attend, hist, loads, pdl, score):
+                                       + (["pdl"] if p == "1" else []) + (["scorehist"] if sc == "1" else [])
+                                       + (["stream"] if st == "1" else []))
+                              for c, s, a, h, ld, p, sc, st in EMU_RUNS])
+def test_cuda_kernels_emulated_equal_the_cpu_op(case, select, attend, hist, loads, pdl, score, stream):
     """The kernels of ggml-sparq/cuda/, run on the CPU by sparq-cuda-emu (one thread
     per CUDA thread; __syncthreads and the warp shuffles as barriers; blocks in a shuffled order),
     give the CPU op's output and choose the same cells (the unit's bitmap equals the CPU's list, or
@@ -359,7 +378,9 @@ def test_cuda_kernels_emulated_equal_the_cpu_op(case, select, attend, hist, load
     block per unit; hist: the tiles' histogram after a warp vote (the default) or an add per cell;
     loads: the tiles' key loads after the list's context (the default) or before it; pdl: the select
     and attend as programmatic dependent launches, each block waiting once for its predecessor; score:
-    the histogram and candidates from the score tiles, the select one block per list."""
+    the histogram and candidates from the score tiles, the select one block per list; stream: the
+    all-cells units (dense rows, diffuse units) streamed over contiguous ranges of cells, the launch's
+    parts from S."""
     env = dict(os.environ)
     env.pop("LLAMA_SPARQ_CUDA_ATTEND", None)
     env["LLAMA_SPARQ_CUDA_SELECT"] = select
@@ -367,7 +388,11 @@ def test_cuda_kernels_emulated_equal_the_cpu_op(case, select, attend, hist, load
     env["LLAMA_SPARQ_CUDA_SELECT_LOADS"] = loads
     env["LLAMA_SPARQ_CUDA_PDL"] = pdl
     env["LLAMA_SPARQ_CUDA_SCORE_HIST"] = score
-    args = {**EMU_CASES, **EMU_CASES_SCORE}[case].split()
+    env["LLAMA_SPARQ_CUDA_DIFFUSE"] = stream
+    env.pop("LLAMA_SPARQ_CUDA_ATTEND_ITEMS", None)
+    if stream == "1":
+        env.update(EMU_STREAM_ENV.get(case, {}))
+    args = {**EMU_CASES, **EMU_CASES_SCORE, **EMU_CASES_STREAM}[case].split()
     if attend != "auto":
         env["LLAMA_SPARQ_CUDA_ATTEND"] = attend
     res = subprocess.run([str(tool_path("sparq-cuda-emu")), *args], capture_output=True, text=True, timeout=600,
@@ -377,6 +402,8 @@ def test_cuda_kernels_emulated_equal_the_cpu_op(case, select, attend, hist, load
     assert m and m.group(1) == "0"
     assert re.search(r"report_differ=(\d+)", res.stdout).group(1) == "0", res.stdout
     assert f"score_hist={score}" in res.stdout, res.stdout  # (every case of EMU_SCORE_HIST has such lists)
+    # (every case of EMU_STREAM has the calibrated k or k >= S)
+    assert f"stream={stream}" in res.stdout, res.stdout
     reach = int(re.search(r"report_reach=(\d+)", res.stdout).group(1))
     # every (stream, KV head) measured its reach with the calibrated k, none with a fixed k
     assert reach == (int(args[3]) * int(args[5]) if len(args) > 15 else 0), res.stdout
@@ -394,6 +421,12 @@ def test_cuda_kernels_emulated_equal_the_cpu_op(case, select, attend, hist, load
     cells = float(re.search(r"mean_cells=([0-9.]+)", res.stdout).group(1))
     if case == "calibrated-diffuse":
         assert diffuse > 0, res.stdout
+    elif case == "mixed-diffuse-chosen":
+        units = int(re.search(r"sparq_units=(\d+)", res.stdout).group(1))
+        assert 0 < diffuse < units and parts == 2, res.stdout  # the lists take 1 part of 2
+    elif case.startswith("dense-rows"):
+        assert "sparq_units=0 " in res.stdout, res.stdout
+        assert ("kv_vec=0" if case.endswith("unaligned") else "kv_vec=1") in res.stdout, res.stdout
     elif case.startswith("calibrated-"):
         # the cut lies inside (k_min, the row's cap): the target, not a bound, set the cells
         k_min, k_frac, S = int(args[16]), float(args[17]), int(args[1])

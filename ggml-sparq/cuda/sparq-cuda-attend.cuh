@@ -31,6 +31,7 @@ struct sparq_attend_smem {
     float * sq;         // [GMAX][d] the g query rows
     float * sp;         // [GMAX][SPARQ_NT] logits, then weights, of a chunk
     int * scell;        // [SPARQ_NT] the chunk's cells (-1: none)
+    float * smv;        // [SPARQ_NT] the streamed chunk's mask values (stream_dense)
     float * sM;         // [GMAX] the running softmax maximum
     float * sP;         // [GMAX] the running softmax sum
     float * scorr;      // [GMAX] the chunk's rescale of the running sums
@@ -254,14 +255,15 @@ static __device__ __forceinline__ void sparq_attend_logits(const sparq_cu_args &
     }
 }
 
-// online softmax per head over the chunk (a warp per head): sp's logits become weights; the
-// running maximum and sum, the rescale of the earlier chunks and the approximate mass advance
+// online softmax per head over the chunk's first n positions (a warp per head): sp's logits become
+// weights; the running maximum and sum, the rescale of the earlier chunks and the approximate mass
+// advance
 static __device__ __forceinline__ void sparq_attend_softmax(const sparq_cu_args & a, const sparq_attend_unit & un,
-                                                            const sparq_attend_smem & sm) {
+                                                            const sparq_attend_smem & sm, int n = SPARQ_NT) {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     for (int h = warp; h < un.g; h += SPARQ_NW) {
         float cm = -INFINITY;
-        for (int ii = lane; ii < SPARQ_NT; ii += 32) {
+        for (int ii = lane; ii < n; ii += 32) {
             cm = fmaxf(cm, sm.sp[h * SPARQ_NT + ii]);
         }
         cm = warp_reduce_max(cm);
@@ -269,7 +271,7 @@ static __device__ __forceinline__ void sparq_attend_softmax(const sparq_cu_args 
         const float Mnew = fmaxf(Mold, cm);
         const float corr = Mnew == -INFINITY ? 1.0f : __expf(Mold - Mnew);
         float ps = 0.0f, ms = 0.0f;
-        for (int ii = lane; ii < SPARQ_NT; ii += 32) {
+        for (int ii = lane; ii < n; ii += 32) {
             const float e = sm.sp[h * SPARQ_NT + ii];
             const float p = e == -INFINITY ? 0.0f : __expf(e - Mnew);
             sm.sp[h * SPARQ_NT + ii] = p;
@@ -472,18 +474,261 @@ static __device__ __forceinline__ void sparq_attend_write(const sparq_cu_args & 
     }
 }
 
+// ---------------------------------------------------------------------------
+// the all-cells units streamed (stream_dense): a dense row's or a diffuse unit's part is a
+// contiguous range of cells, all valid ones attended, so there is no list to build and the K and
+// V rows of a chunk are read 16 bytes per load with many rows in flight per warp (the per-cell
+// path moved 2 bytes per load, its values 8 positions per thread and round trip)
+// ---------------------------------------------------------------------------
+
+// a streamed chunk [c0, min(c0 + SPARQ_NT, hi)): its cells (-1: masked or past hi) and mask values
+// into scell and smv; false (uniform over the block) when it holds no valid cell (a short sequence
+// in a long cache). The scan's barriers publish both
+static __device__ __forceinline__ bool sparq_stream_chunk(const sparq_cu_args & a, const sparq_attend_unit & un,
+                                                          const sparq_attend_smem & sm, int c0, int hi) {
+    const int c = c0 + (int) threadIdx.x;
+    const float mv = c < hi ? sparq_mask_val(a, un.m, c) : -INFINITY;
+    const bool ok = c < hi && mv != -INFINITY;
+    sm.scell[threadIdx.x] = ok ? c : -1;
+    sm.smv[threadIdx.x] = mv;
+    int n_ok;
+    sparq_block_scan(ok ? 1 : 0, &n_ok, sm.sh);
+    return n_ok != 0;
+}
+
+// the chunk's exact logits into sp: a row of K by T lanes (the smallest power of two that covers
+// its d / VE vectors, at most 32), 32 / T rows per warp at once, UL such rows per lane group loaded
+// before any is used; the lanes' partial dot products added by shuffles within the group
+template <int GMAX, typename TK, int VE>
+static __device__ __forceinline__ void sparq_stream_logits(const sparq_cu_args & a, const sparq_attend_unit & un,
+                                                           const sparq_attend_smem & sm, int n_c) {
+    constexpr int UL = GMAX <= 2 ? 4 : GMAX <= 8 ? 2 : 1;
+    const int d = un.d, g = un.g, nv = d / VE;
+    int T = 1;
+    while (T < nv && T < 32) {
+        T <<= 1;
+    }
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int sub = lane / T, sl = lane % T, rows_w = 32 / T, per_round = SPARQ_NW * rows_w;
+    for (int i0 = 0; i0 < n_c; i0 += per_round * UL) {
+        int it[UL], c[UL];
+#pragma unroll
+        for (int x = 0; x < UL; ++x) {
+            it[x] = i0 + x * per_round + warp * rows_w + sub;
+            c[x] = it[x] < SPARQ_NT ? sm.scell[it[x]] : -1;
+        }
+        float part[UL][GMAX];
+#pragma unroll
+        for (int x = 0; x < UL; ++x) {
+#pragma unroll
+            for (int h = 0; h < GMAX; ++h) {
+                part[x][h] = 0.0f;
+            }
+        }
+        // (rows past the chunk's n_c items are -1, and sp is read only up to n_c; the loop ends there)
+        for (int m = sl; m < nv; m += T) {
+            float kv[UL][VE];
+#pragma unroll
+            for (int x = 0; x < UL; ++x) {
+                if (c[x] >= 0) {
+                    sq_ldv<TK, VE>((const TK *) (un.Kb + (size_t) c[x] * a.K_nb1) + m * VE, kv[x]);
+                } else {
+#pragma unroll
+                    for (int e = 0; e < VE; ++e) {
+                        kv[x][e] = 0.0f;
+                    }
+                }
+            }
+#pragma unroll
+            for (int h = 0; h < GMAX; ++h) {
+                if (h < g) {
+#pragma unroll
+                    for (int e = 0; e < VE; ++e) {
+                        const float qv = sm.sq[h * d + m * VE + e];
+#pragma unroll
+                        for (int x = 0; x < UL; ++x) {
+                            part[x][h] = fmaf(qv, kv[x][e], part[x][h]);
+                        }
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int x = 0; x < UL; ++x) {
+#pragma unroll
+            for (int h = 0; h < GMAX; ++h) {
+                if (h < g) {
+                    if (T == 32) {
+                        part[x][h] = warp_reduce_sum(part[x][h]);
+                    } else {
+                        for (int o = T / 2; o >= 1; o >>= 1) {
+                            part[x][h] += __shfl_xor_sync(0xffffffff, part[x][h], o);
+                        }
+                    }
+                    if (sl == 0 && it[x] < SPARQ_NT) {
+                        sm.sp[h * SPARQ_NT + it[x]] = c[x] >= 0 ? part[x][h] * a.scale + sm.smv[it[x]] : -INFINITY;
+                    }
+                }
+            }
+        }
+    }
+}
+
+// the chunk's weighted values: a row of V by dv / VV threads (VV consecutive components each),
+// SPARQ_NT / (dv / VV) groups taking the chunk's positions in turn, UL positions' loads in flight;
+// yv[h][e] the group's sum for component (threadIdx.x % (dv / VV)) * VV + e
+template <int GMAX, typename TV, int VV>
+static __device__ __forceinline__ void sparq_stream_values(const sparq_cu_args & a, const sparq_attend_unit & un,
+                                                           const sparq_attend_smem & sm, int n_c,
+                                                           float (&yv)[GMAX][VV]) {
+    constexpr int UL = VV >= 8 ? 4 : 8;
+    const int g = un.g, tv = un.dv / VV, n_grp = SPARQ_NT / tv, grp = threadIdx.x / tv, j = threadIdx.x % tv;
+    if (grp >= n_grp) {
+        return;
+    }
+#pragma unroll
+    for (int h = 0; h < GMAX; ++h) {
+        if (h < g) {
+#pragma unroll
+            for (int e = 0; e < VV; ++e) {
+                yv[h][e] *= sm.scorr[h];
+            }
+        }
+    }
+    for (int i0 = grp; i0 < n_c; i0 += UL * n_grp) {
+        float v[UL][VV];
+        int c[UL];
+#pragma unroll
+        for (int b = 0; b < UL; ++b) {
+            const int ii = i0 + b * n_grp;
+            c[b] = ii < n_c ? sm.scell[ii] : -1;
+            if (c[b] >= 0) {
+                sq_ldv<TV, VV>((const TV *) (un.Vb + (size_t) c[b] * a.V_nb1) + j * VV, v[b]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < VV; ++e) {
+                    v[b][e] = 0.0f;
+                }
+            }
+        }
+#pragma unroll
+        for (int b = 0; b < UL; ++b) {
+            if (c[b] < 0) {
+                continue;
+            }
+            const int ii = i0 + b * n_grp;
+#pragma unroll
+            for (int h = 0; h < GMAX; ++h) {
+                if (h < g) {
+                    const float w = sm.sp[h * SPARQ_NT + ii];
+#pragma unroll
+                    for (int e = 0; e < VV; ++e) {
+                        yv[h][e] = fmaf(w, v[b][e], yv[h][e]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+// the groups' sums of sparq_stream_values added into y of the threads < dv (component threadIdx.x)
+// in one pass through sp (the streamed kernels' sp holds GMAX * VV <= 16 rows of SPARQ_NT)
+template <int GMAX, int VV>
+static __device__ __forceinline__ void sparq_stream_gather(const sparq_attend_unit & un, const sparq_attend_smem & sm,
+                                                           const float (&yv)[GMAX][VV], float (&y)[GMAX]) {
+    const int tid = threadIdx.x, g = un.g, tv = un.dv / VV, n_grp = SPARQ_NT / tv;
+    __syncthreads();
+    if (tid < n_grp * tv) {
+#pragma unroll
+        for (int h = 0; h < GMAX; ++h) {
+            if (h < g) {
+#pragma unroll
+                for (int e = 0; e < VV; ++e) {
+                    sm.sp[(h * VV + e) * SPARQ_NT + tid] = yv[h][e];
+                }
+            }
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < GMAX; ++h) {
+        y[h] = 0.0f;
+    }
+    if (tid < un.dv) {
+        const int j = tid / VV, e = tid % VV;
+#pragma unroll
+        for (int h = 0; h < GMAX; ++h) {
+            if (h < g) {
+                float s = 0.0f;
+                for (int p = 0; p < n_grp; ++p) {
+                    s += sm.sp[(h * VV + e) * SPARQ_NT + p * tv + j];
+                }
+                y[h] = s;
+            }
+        }
+    }
+    __syncthreads();
+}
+
+// the valid cells of [lo, hi) streamed: per chunk the logits, the online softmax and the values;
+// then y as sparq_attend_items leaves it (VE: K's elements per load, 1 where rows are not aligned)
+template <int GMAX, typename TK, typename TV, int VE>
+static __device__ __forceinline__ void sparq_stream_range(const sparq_cu_args & a, const sparq_attend_unit & un,
+                                                          const sparq_attend_smem & sm, int lo, int hi,
+                                                          float (&y)[GMAX]) {
+    // V's width: at most VE (1: rows not aligned), a 16-byte load, and 16 accumulators per thread
+    constexpr int VT = (int) (16 / sizeof(TV));
+    constexpr int VV0 = VE < VT ? VE : VT;
+    constexpr int VV = VV0 < 16 / GMAX ? VV0 : (16 / GMAX);
+    float yv[GMAX][VV];
+#pragma unroll
+    for (int h = 0; h < GMAX; ++h) {
+#pragma unroll
+        for (int e = 0; e < VV; ++e) {
+            yv[h][e] = 0.0f;
+        }
+    }
+    for (int c0 = lo; c0 < hi; c0 += SPARQ_NT) {
+        if (!sparq_stream_chunk(a, un, sm, c0, hi)) {
+            continue; // uniform over the block
+        }
+        const int n_c = min(SPARQ_NT, hi - c0);
+        sparq_stream_logits<GMAX, TK, VE>(a, un, sm, n_c);
+        __syncthreads();
+        sparq_attend_softmax(a, un, sm, n_c);
+        __syncthreads();
+        sparq_stream_values<GMAX, TV, VV>(a, un, sm, n_c, yv);
+        __syncthreads();
+    }
+    sparq_stream_gather<GMAX, VV>(un, sm, yv, y);
+}
+
 // part p of n_part of the unit's items (sparq_attend_cells), per chunk of SPARQ_NT of them the
 // exact logits, the online softmax and the weighted values into y (the barriers between the steps
 // are here); then the groups' sums gathered into the threads < dv. Returns the unit's items (all
 // parts'; a dense row's: its cells)
-template <int GMAX, typename TK, typename TV>
+template <int GMAX, typename TK, typename TV, bool STREAM>
 static __device__ __forceinline__ int sparq_attend_items(const sparq_cu_args & a, const sparq_attend_unit & un,
                                                           const sparq_attend_smem & sm, int p, int n_part,
                                                           float (&y)[GMAX]) {
     sparq_attend_init(a, un, sm);
+    if constexpr (STREAM) {
+        if (!un.sparse) {
+            // part p's share of the cells, contiguous; every valid one attended
+            const int per = (a.n_kv + n_part - 1) / n_part;
+            const int c_lo = min(a.n_kv, p * per), c_hi = min(a.n_kv, c_lo + per);
+            if (a.kv_vec) {
+                sparq_stream_range<GMAX, TK, TV, (int) (16 / sizeof(TK))>(a, un, sm, c_lo, c_hi, y);
+            } else {
+                sparq_stream_range<GMAX, TK, TV, 1>(a, un, sm, c_lo, c_hi, y);
+            }
+            return a.n_kv;
+        }
+    }
     int lo, n_items;
     int n_all;
-    sparq_attend_cells(a, un, sm, p, n_part, &lo, &n_items, &n_all);
+    // a list's chosen cells over at most parts_k parts (a launch sized for streamed units has more)
+    sparq_attend_cells(a, un, sm, p, STREAM ? min(n_part, a.parts_k) : n_part, &lo, &n_items, &n_all);
 #pragma unroll
     for (int h = 0; h < GMAX; ++h) {
         y[h] = 0.0f;
@@ -506,12 +751,13 @@ static __device__ __forceinline__ int sparq_attend_items(const sparq_cu_args & a
 // the shared memory of the attend kernels, declared in the kernel (GMAX: its bound on g)
 #define SPARQ_ATTEND_SMEM                                                                     \
     __shared__ float sq[GMAX * GGML_CUDA_SPARQ_D_MAX]; /* the g query rows */                \
-    __shared__ float sp[GMAX * SPARQ_NT];              /* logits, then weights, of a chunk */ \
+    __shared__ float sp[(STREAM ? 16 : GMAX) * SPARQ_NT]; /* logits, then weights, of a chunk */ \
     __shared__ int scell[SPARQ_NT];                    /* the chunk's cells (-1: none) */     \
+    __shared__ float smv[STREAM ? SPARQ_NT : 1];       /* a streamed chunk's mask values */   \
     __shared__ float sM[GMAX], sP[GMAX], scorr[GMAX], sMs[GMAX];                             \
     __shared__ double sZ[GMAX], smass[GMAX];                                                 \
     __shared__ int sh[SPARQ_NW];                                                             \
-    const sparq_attend_smem sm = { sq, sp, scell, sM, sP, scorr, sMs, sZ, smass, sh }
+    const sparq_attend_smem sm = { sq, sp, scell, smv, sM, sP, scorr, sMs, sZ, smass, sh }
 
 // A programmatic dependent launch's wait for the select (every block, on every path, before any
 // scratch is read: the rows, bitmaps and logits); what follows the op may be placed from then on
@@ -522,14 +768,14 @@ static __device__ __forceinline__ void sparq_attend_wait() {
 }
 
 // a block per unit: all its items, then the output rows
-template <int GMAX, typename TK, typename TV>
+template <int GMAX, typename TK, typename TV, bool STREAM>
 static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_attend(const sparq_cu_args a) {
     SPARQ_ATTEND_SMEM;
     sparq_attend_query(a, blockIdx.x, sm);
     sparq_attend_wait();
     const sparq_attend_unit un = sparq_attend_unit_of(a, blockIdx.x);
     float y[GMAX];
-    const int n_sel = sparq_attend_items<GMAX, TK, TV>(a, un, sm, 0, 1, y);
+    const int n_sel = sparq_attend_items<GMAX, TK, TV, STREAM>(a, un, sm, 0, 1, y);
     const float vbar = sparq_attend_vbar<TV>(a, un, sm);
     sparq_attend_write<GMAX>(a, un, sm, y, vbar);
     sparq_attend_report(a, un, sm, n_sel);
@@ -593,7 +839,7 @@ static __device__ void sparq_attend_combine(const sparq_cu_args & a, const sparq
 // part blockIdx.x of unit blockIdx.y (gridDim.x parts): its items' softmax maximum, sum and
 // approximate mass per head into pstat[u][p][h][3] and its unnormalised values into py[u][p][h][dv];
 // the last part of the unit to finish (a counter the score kernel cleared) combines them
-template <int GMAX, typename TK, typename TV>
+template <int GMAX, typename TK, typename TV, bool STREAM>
 static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_attend_part(const sparq_cu_args a) {
     SPARQ_ATTEND_SMEM;
     __shared__ int s_last;
@@ -602,7 +848,7 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_attend_part(const spa
     sparq_attend_wait();
     const sparq_attend_unit un = sparq_attend_unit_of(a, blockIdx.y);
     float y[GMAX];
-    const int n_sel = sparq_attend_items<GMAX, TK, TV>(a, un, sm, p, n_part, y);
+    const int n_sel = sparq_attend_items<GMAX, TK, TV, STREAM>(a, un, sm, p, n_part, y);
     const size_t base = ((size_t) un.u * n_part + p) * un.g;
     const int tid = threadIdx.x;
     if (tid < un.dv) {

@@ -69,6 +69,13 @@ struct sparq_cu_args {
     // crossing of k up as the list's candidates; the select is then one block per list that ranks
     // those (set by sparq_cu_run where sparq_score_hist_applies)
     int score_hist;
+    // The attend's all-cells units (dense rows, diffuse units) stream each part's contiguous range of
+    // cells, with 16-byte K and V loads where kv_vec (rows aligned, d and dv multiples of the width);
+    // a list's chosen cells then take at most parts_k of the launch's parts, the rest record an empty
+    // partial (set by sparq_cu_run where sparq_attend_stream_applies)
+    int stream_dense;
+    int kv_vec;
+    int parts_k;
 
     const char * q;  size_t q_nb1, q_nb2, q_nb3;
     const char * qs; size_t qs_nb1, qs_nb2, qs_nb3;     // q_sel, or q

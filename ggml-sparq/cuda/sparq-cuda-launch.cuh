@@ -95,10 +95,16 @@ static int sparq_attend_part_items() {
     return items;
 }
 
-// LLAMA_SPARQ_CUDA_ATTEND=single or split forces one way (comparisons, tests); split then takes a
-// part per sparq_attend_part_items() positions of the list whatever the number of units
-static int sparq_attend_parts(const sparq_cu_args & a) {
+static int sparq_attend_force() {
     static const int force = sparq_env_way("LLAMA_SPARQ_CUDA_ATTEND", "single", "split");
+    return force;
+}
+
+// LLAMA_SPARQ_CUDA_ATTEND=single or split forces one way (comparisons, tests); split then takes a
+// part per sparq_attend_part_items() positions of the list whatever the number of units. The parts a
+// list's bound k calls for
+static int sparq_attend_parts_k(const sparq_cu_args & a) {
+    const int force = sparq_attend_force();
     if (force == 1) {
         return 1;
     }
@@ -106,6 +112,50 @@ static int sparq_attend_parts(const sparq_cu_args & a) {
     const int want = std::max(1, (a.sel_max + items - 1) / items);
     const int room = force == 2 ? want : std::max(1, SPARQ_ATTEND_BLOCKS / std::max(1, a.U));
     return std::min(want, room);
+}
+
+// LLAMA_SPARQ_CUDA_DIFFUSE=1: the attend's all-cells units (dense rows, units the calibrated k found
+// diffuse) stream contiguous ranges of cells with 16-byte K and V loads (sparq_cu_args::stream_dense)
+// instead of the per-cell path (a K row by a warp 2 bytes per lane, V 8 positions per thread and
+// round trip: 1422 us per layer at 64K on an H200 against flash attention's 243). Off by default
+// until a GPU has timed it.
+static bool sparq_attend_stream_on() {
+    static const int force = sparq_env_way("LLAMA_SPARQ_CUDA_DIFFUSE", "0", "1");
+    return force == 2;
+}
+
+// cells per streamed part at least (a chunk of SPARQ_NT is one pass of the block)
+#define SPARQ_ATTEND_STREAM_CELLS 512
+
+// The attend's parts per unit. Which units attend over every cell is known on the device only, so
+// with the stream on and units that may be all-cells at the bound k (the calibrated k's diffuse
+// units; k >= S: every row dense) the launch takes the parts that S calls for where those are more
+// than k's; a list's chosen cells still take k's parts (parts_k), the others record an empty
+// partial. These launches run the attend's STREAM instantiation (more registers: the streamed path
+// beside the list's); a fixed k below S keeps k's launch and the per-cell kernels, whose dense rows
+// (dense streams beside SparQ ones, short sequences) keep the per-cell path.
+static bool sparq_attend_stream_applies(const sparq_cu_args & a) {
+    return sparq_attend_stream_on() && (a.cov_p > 0.0f || a.k >= a.n_kv);
+}
+
+static int sparq_attend_parts(const sparq_cu_args & a) {
+    const int pk = sparq_attend_parts_k(a);
+    const int force = sparq_attend_force();
+    if (!sparq_attend_stream_applies(a) || force == 1) {
+        return pk;
+    }
+    const int want = std::max(1, (a.n_kv + SPARQ_ATTEND_STREAM_CELLS - 1) / SPARQ_ATTEND_STREAM_CELLS);
+    const int room = force == 2 ? want : std::max(1, SPARQ_ATTEND_BLOCKS / std::max(1, a.U));
+    return std::max(pk, std::min(want, room));
+}
+
+// whether every K and V row of the op's caches allows the streamed path's 16-byte loads
+static bool sparq_attend_kv_vec(const sparq_cu_args & a, bool k_f16, bool v_f16) {
+    const size_t ke = k_f16 ? 8 : 4, ve = v_f16 ? 8 : 4;
+    const auto al = [](const void * p, size_t n1, size_t n2, size_t n3) {
+        return (uintptr_t) p % 16 == 0 && n1 % 16 == 0 && n2 % 16 == 0 && n3 % 16 == 0;
+    };
+    return a.d % ke == 0 && a.dv % ve == 0 && al(a.K, a.K_nb1, a.K_nb2, a.K_nb3) && al(a.V, a.V_nb1, a.V_nb2, a.V_nb3);
 }
 
 // element counts of the scratch buffers (sparq_cu_args' scratch pointers), from the shapes only
@@ -165,10 +215,16 @@ static void sparq_launch_score(const sparq_cu_args & a, int cpt, sparq_stream_t 
 template <int GMAX, typename TK, typename TV>
 static void sparq_launch_attend(const sparq_cu_args & a, int n_part, sparq_stream_t stream) {
     const bool pdl = sparq_pdl();
-    if (n_part == 1) {
-        SPARQ_LAUNCH_AFTER(pdl, (k_sparq_attend<GMAX, TK, TV>), dim3(a.U), SPARQ_NT, stream, a);
+    if (a.stream_dense) {
+        if (n_part == 1) {
+            SPARQ_LAUNCH_AFTER(pdl, (k_sparq_attend<GMAX, TK, TV, true>), dim3(a.U), SPARQ_NT, stream, a);
+        } else {
+            SPARQ_LAUNCH_AFTER(pdl, (k_sparq_attend_part<GMAX, TK, TV, true>), dim3(n_part, a.U), SPARQ_NT, stream, a);
+        }
+    } else if (n_part == 1) {
+        SPARQ_LAUNCH_AFTER(pdl, (k_sparq_attend<GMAX, TK, TV, false>), dim3(a.U), SPARQ_NT, stream, a);
     } else {
-        SPARQ_LAUNCH_AFTER(pdl, (k_sparq_attend_part<GMAX, TK, TV>), dim3(n_part, a.U), SPARQ_NT, stream, a);
+        SPARQ_LAUNCH_AFTER(pdl, (k_sparq_attend_part<GMAX, TK, TV, false>), dim3(n_part, a.U), SPARQ_NT, stream, a);
     }
 }
 
@@ -244,6 +300,9 @@ static int sparq_select_keys_early() {
 static void sparq_cu_run(const sparq_cu_args & a0, int cpt, int kt, bool k_f16, bool v_f16, sparq_stream_t stream) {
     sparq_cu_args a = a0;
     a.score_hist = sparq_score_hist_applies(a);
+    a.stream_dense = sparq_attend_stream_applies(a);
+    a.kv_vec = a.stream_dense && sparq_attend_kv_vec(a, k_f16, v_f16);
+    a.parts_k = sparq_attend_parts_k(a);
     sparq_launch_by_g(a, kt, k_f16, v_f16, cpt, 0, stream);
     const bool pdl = sparq_pdl();
     if (a.cov_p > 0.0f) {

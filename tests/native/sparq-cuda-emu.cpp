@@ -568,10 +568,12 @@ int main(int argc, char ** argv) {
     const bool ok = nmse <= 1e-9 && n_diff == 0 && rep_differ == 0 && g_pdl_bad == 0;
     const int n_chose = n_sparse - n_diffuse;
     printf("%s nmse=%.3g max_abs=%.3g sparq_units=%d diffuse_units=%d mean_cells=%.1f sel_differ=%d cpt=%d select=%s "
-           "hist=%s loads=%s score_hist=%d attend_parts=%d launches=%d pdl_launches=%d report_differ=%d report_reach=%d\n",
+           "hist=%s loads=%s score_hist=%d stream=%d kv_vec=%d attend_parts=%d launches=%d pdl_launches=%d report_differ=%d "
+           "report_reach=%d\n",
            ok ? "OK" : "FAIL", nmse, maxd, n_sparse, n_diffuse, n_chose > 0 ? (double) n_cells / n_chose : 0.0, n_diff,
            cpt, a.force_radix ? "radix" : "rank", a.hist_atomic ? "atomic" : "match",
-           a.keys_early ? "early" : "late", (int) sparq_score_hist_applies(a), sparq_attend_parts(a), g_launches,
+           a.keys_early ? "early" : "late", (int) sparq_score_hist_applies(a), (int) sparq_attend_stream_applies(a),
+           (int) (sparq_attend_stream_applies(a) && sparq_attend_kv_vec(a, f16, f16)), sparq_attend_parts(a), g_launches,
            g_pdl_launches, rep_differ, rep_reach);
     return ok ? 0 : 1;
 }

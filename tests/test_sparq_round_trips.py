@@ -117,16 +117,23 @@ def cache_operation(c, op):
         raise ValueError(op)
 
 
+def sparq_prefilled(model, rng, n_ctx, l, prompt_lens):
+    """A context with SparQ at r=4 k=16 and the given l from the first cell, one sequence per prompt
+    length, each prefilled with random tokens."""
+    c = Ctx(model, n_ctx=n_ctx, n_seq=len(prompt_lens))
+    c.sparq(enabled=True, r=4, k=16, l=l, min_kv=0, all_rows=False)
+    for s, n in enumerate(prompt_lens):
+        prefill(c, s, rand_tokens(rng, n, model.n_vocab))
+    return c
+
+
 def upload_counts(model, n_seq, l, op):
     """SparQ's own transfers of the first decode step after the prompt, of a steady one, of the
     first after the cache operation and of the steady one after it."""
     rng = np.random.default_rng(9)
     toks = rand_tokens(rng, 8, model.n_vocab)
-    c = Ctx(model, n_ctx=1024, n_seq=n_seq)
+    c = sparq_prefilled(model, rng, 1024, l, [200] * n_seq)
     try:
-        c.sparq(enabled=True, r=4, k=16, l=l, min_kv=0, all_rows=False)
-        for s in range(n_seq):
-            prefill(c, s, rand_tokens(rng, 200, model.n_vocab))
         seqs = range(n_seq)
         first, steady = transfers_of_step(c, toks, 0, seqs), transfers_of_step(c, toks, 1, seqs)
         cache_operation(c, op)
@@ -161,11 +168,8 @@ def window_run(model, monkeypatch, host, n_seq, script, l=6):
     monkeypatch.setenv("LLAMA_SPARQ_HOST_WINDOW", "1" if host else "0")
     rng = np.random.default_rng(13)
     toks = rand_tokens(rng, 16, model.n_vocab)
-    c = Ctx(model, n_ctx=512, n_seq=n_seq)
+    c = sparq_prefilled(model, rng, 512, l, [120 + 7 * s for s in range(n_seq)])
     try:
-        c.sparq(enabled=True, r=4, k=16, l=l, min_kv=0, all_rows=False)
-        for s in range(n_seq):
-            prefill(c, s, rand_tokens(rng, 120 + 7 * s, model.n_vocab))
         steps = []
         for i, op in enumerate(script):
             if op in ("step", "step_last"):

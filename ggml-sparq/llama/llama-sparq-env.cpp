@@ -58,7 +58,7 @@ sparq_env sparq_env_read() {
         LLAMA_LOG_INFO("llama_sparq: LLAMA_SPARQ_NO_DIFFUSE_SKIP on: no dense stretches for diffuse layers\n");
     }
     if (e.short_appends) {
-        LLAMA_LOG_INFO("llama_sparq: LLAMA_SPARQ_SHORT_APPENDS on: the appends run under the dense threshold too\n");
+        LLAMA_LOG_INFO("llama_sparq: LLAMA_SPARQ_SHORT_APPENDS on: the appends run under the dense threshold and in always dense contexts too\n");
     }
     if (!e.cuda_report) {
         LLAMA_LOG_INFO("llama_sparq: LLAMA_SPARQ_CUDA_REPORT off: no report from a GPU's op, no diffuse stretch there\n");

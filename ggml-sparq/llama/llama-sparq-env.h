@@ -24,8 +24,9 @@ struct sparq_env {
     // means diffuse_skip false.
     bool diffuse_skip = true;
     // LLAMA_SPARQ_SHORT_APPENDS: a graph appends to K^T and the sums however far the context is under
-    // the dense threshold (sparq_append_floor 0), as a context over it does, for comparisons: without
-    // it a context well under min_kv builds none of SparQ's nodes and is rebuilt once near it.
+    // the dense threshold (sparq_append_floor 0), as a context over it does, and in a context that runs
+    // dense at every step (sparq_dense_always), for comparisons: without it a context well under min_kv
+    // builds none of SparQ's nodes and is rebuilt once near it, and one always dense builds none.
     bool short_appends = false;
     // LLAMA_SPARQ_CUDA_REPORT: on by default (unset or empty); 0, false or off turns it off. On, a
     // layer whose cache is on a GPU gets its report in page-locked host memory, which the CUDA op

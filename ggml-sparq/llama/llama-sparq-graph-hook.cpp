@@ -39,8 +39,31 @@ uint32_t sparq_append_floor(const llama_sparq_ctx & S, uint32_t n_ubatch) {
     return (uint32_t) P.min_kv - n_ubatch;
 }
 
-bool sparq_appends_skipped(const llama_sparq_ctx & S, const llama_kv_cache_context * m, uint32_t n_ubatch) {
-    const uint32_t floor = sparq_append_floor(S, n_ubatch);
+bool sparq_shared_stream(const llama_cparams & cp) {
+    return cp.kv_unified && cp.n_seq_max > 1;
+}
+
+// A context whose every step runs dense whatever its length: several sequences in one unified stream
+// (its kv_unified and n_seq_max are fixed for the context's life), or a dense threshold over the cells
+// a stream holds (until the settings change: a new graph then appends again and rebuilds first, as
+// over the floor). Its graphs build none of SparQ's nodes, as under the floor; selectors that follow
+// every step run SparQ under the threshold and keep their appends.
+int sparq_dense_always(const llama_sparq_ctx & S, const llama_cparams & cp) {
+    if (sparq_shared_stream(cp)) {
+        return LLAMA_SPARQ_DENSE_SHARED_STREAM;
+    }
+    const llama_sparq_params & P = S.params;
+    if (!sparq_selector_of(P.selector).every_step && P.min_kv > 0 && (uint32_t) P.min_kv > upstream::kv_size(S.kv)) {
+        return LLAMA_SPARQ_DENSE_SHORT;
+    }
+    return -1;
+}
+
+bool sparq_appends_skipped(const llama_sparq_ctx & S, const llama_kv_cache_context * m, const llama_cparams & cp) {
+    if (!S.env.short_appends && sparq_dense_always(S, cp) >= 0) {
+        return true;
+    }
+    const uint32_t floor = sparq_append_floor(S, cp.n_ubatch);
     return floor > 0 && sparq_used_max(m) < floor;
 }
 
@@ -124,7 +147,7 @@ static llm_graph_input_sparq * sparq_graph_input(const llm_graph_context & g, co
             inp = (llm_graph_input_sparq *) g.res->add_input(std::make_unique<llm_graph_input_sparq>(cp.sparq, base));
             inp->rows_mode = sparq_rows_mode(S, g.ubatch, upstream::sinfo(base).n_stream());
             inp->win_device = sparq_rows_latest(S, g.ubatch, upstream::sinfo(base));
-            inp->skip = sparq_appends_skipped(S, base, cp.n_ubatch);
+            inp->skip = sparq_appends_skipped(S, base, cp);
         }
     }
     return inp;
@@ -332,7 +355,7 @@ static sparq_dense_check sparq_dense_reason(const sparq_attn_build & b, const ll
     sparq_dense_check c;
     if (sparq_attn_variant(g.arch, g.hparams, &call)) {
         c.reason = LLAMA_SPARQ_DENSE_ATTN_VARIANT;
-    } else if (cp.kv_unified && cp.n_seq_max > 1) {
+    } else if (sparq_shared_stream(cp)) {
         c.reason = LLAMA_SPARQ_DENSE_SHARED_STREAM;
     } else if ((b.n_tps > 1 && !b.P.all_rows) || (b.inp && b.inp->rows_mode == SPARQ_ROWS_DENSE)) {
         c.reason = LLAMA_SPARQ_DENSE_PREFILL; // prompt rows only
@@ -589,6 +612,7 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
     // appends keep K^T and the V sums current on every ubatch that writes this layer's cache
     // (prompt ubatches too: cheaper than rebuilding the data at the next decode step), unless the
     // graph is well under the dense threshold (sparq_append_floor: then it runs dense, short or a prompt)
+    // or its context runs dense at every step (sparq_dense_always)
     const bool appends = k_cur && v_cur && !(inp && inp->skip);
     if (appends) {
         sparq_build_appends(b, k_cur, v_cur, k, v);

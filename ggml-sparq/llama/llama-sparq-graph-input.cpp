@@ -37,8 +37,9 @@ bool llm_graph_input_sparq::can_reuse(const llm_graph_params & params) {
             ok &= sparq_stretch_rows(*S, ikv, upstream::sinfo(m), prompt_buf, rows_buf) == st.mode && rows_buf == st.rows;
         }
     }
-    // built with SparQ's nodes or without (well under the dense threshold): rebuild when that changes
-    ok &= skip == sparq_appends_skipped(*S, m, params.cparams.n_ubatch);
+    // built with SparQ's nodes or without (well under the dense threshold, or a context that runs dense
+    // at every step): rebuild when that changes
+    ok &= skip == sparq_appends_skipped(*S, m, params.cparams);
     if (short_ctx >= 0) {
         // the graph holds SparQ or dense attention by the dense threshold: rebuild when the context crosses it
         ok &= short_ctx == (int) (sparq_used_max(m) < (uint32_t) S->params.min_kv);

@@ -72,9 +72,15 @@ int sparq_stretch_rows(const llama_sparq_ctx & S, int32_t ikv, const llama_kv_ca
 uint32_t sparq_used_max(const llama_kv_cache_context * m);
 // The cells under which a graph builds none of SparQ's nodes (no appends, no op: dense's graph), for a
 // context whose ubatches hold at most n_ubatch tokens; 0: every graph appends. skipped: whether a graph
-// over the ubatch of m does (its longest stream, this ubatch's cells included, under the floor)
+// over the ubatch of m does (its longest stream, this ubatch's cells included, under the floor; or a
+// context of sparq_dense_always)
 uint32_t sparq_append_floor(const llama_sparq_ctx & S, uint32_t n_ubatch);
-bool sparq_appends_skipped(const llama_sparq_ctx & S, const llama_kv_cache_context * m, uint32_t n_ubatch);
+bool sparq_appends_skipped(const llama_sparq_ctx & S, const llama_kv_cache_context * m, const llama_cparams & cp);
+// several sequences share one unified KV stream (SparQ's sums are per stream: dense, shared_stream)
+bool sparq_shared_stream(const llama_cparams & cp);
+// the reason every step of the context runs dense, whatever its length (shared_stream; short: min_kv over
+// a stream's cells), or -1
+int sparq_dense_always(const llama_sparq_ctx & S, const llama_cparams & cp);
 // the full-attention cache's context of a memory context (plain, iSWA or hybrid), or NULL
 const llama_kv_cache_context * sparq_base_mctx(const llama_memory_context_i * m);
 
@@ -104,7 +110,7 @@ public:
     bool win_read = false;
     bool appends = false;                      // this graph appends to K^T and the V sums
     int  short_ctx = -1;                       // built with the streams under min_kv cells (1) or not (0); -1 unused
-    bool skip = false;                         // built without SparQ's nodes, under sparq_append_floor (graph reuse compares it)
+    bool skip = false;                         // built without SparQ's nodes (sparq_appends_skipped; graph reuse compares it)
     int  rows_mode = SPARQ_ROWS_SPARQ;         // sparq_rows_mode of the ubatch the graph was built for
     int  measure = -1;                         // built measuring the coverage of a fixed k (1) or not (0); -1 unused
     std::map<int32_t, sparq_stretch> stretch;  // by KV layer (the calibrated k): the stretches the graph was built for

@@ -1,10 +1,12 @@
-"""Contexts that run dense at every step whatever their length pay nothing for SparQ: several
-sequences in one unified KV stream (`shared_stream`), a dense threshold over the cells a stream
-holds (`short` at every step). Their graphs build none of SparQ's nodes: nodes and inputs are
-dense's, the logits dense's bit for bit (as they were when the appends ran: the attention was
-dense's then too), the counters those of a run that appended (`LLAMA_SPARQ_SHORT_APPENDS`), and
-the kept data passes the debug check. A context whose settings change so that it can run SparQ
-rebuilds its stale data once, before its first SparQ step."""
+"""Contexts and layers that run dense at every step whatever their length pay nothing for SparQ:
+several sequences in one unified KV stream (`shared_stream`), a dense threshold over the cells a
+stream holds (`short` at every step), and layers whose every attention call has a variant SparQ
+refuses (attention sinks, a relative position bias: found at allocation from the layer's tensors,
+so such a layer has no SparQ data). The contexts' graphs build none of SparQ's nodes: nodes and
+inputs are dense's, the logits dense's bit for bit (as they were when the appends ran: the
+attention was dense's then too), the counters those of a run that appended
+(`LLAMA_SPARQ_SHORT_APPENDS`), and the kept data passes the debug check. A context whose settings
+change so that it can run SparQ rebuilds its stale data once, before its first SparQ step."""
 
 from __future__ import annotations
 
@@ -140,5 +142,30 @@ def test_h2o_over_the_cells_keeps_its_appends(model, monkeypatch):
         assert c.decode([(5, c.pos_max(0) + 1, 0)])[0] == 0
         assert c.graph_io()["n_nodes_sparq"] > 0 and c.stats()["n_sparq"] - st0["n_sparq"] == st0["n_layers"]
         assert c.check() <= 1e-3
+    finally:
+        c.free()
+
+
+@pytest.fixture(scope="module")
+def granite_swa_model(tmp_path_factory):
+    from sparq_lab.models import make_tiny_granite_swa
+
+    return make_tiny_granite_swa(tmp_path_factory.mktemp("granite_swa") / "tiny-granite-swa.gguf")
+
+
+def test_layers_with_attention_sinks_get_no_data(granite_swa_model):
+    """Granite's iSWA layers pass their sinks to every attention call: its full-attention layer
+    gets no SparQ data (before, it was allocated and appended to at every step, then ran dense), so
+    no layer of the context can run SparQ and asking for it is refused with the reason; the
+    context's graphs are dense's."""
+    m = Model(granite_swa_model)
+    c = Ctx(m, n_ctx=256)
+    try:
+        with pytest.raises(RuntimeError, match=r"1 attn_variant: attention sinks"):
+            c.sparq(**SPARQ)
+        prefill(c, 0, rand_tokens(np.random.default_rng(2), 40, m.n_vocab))
+        assert c.decode([(5, 40, 0)])[0] == 0
+        io = c.graph_io()
+        assert io["n_nodes_sparq"] == 0 and io["n_inputs_sparq"] == 0
     finally:
         c.free()

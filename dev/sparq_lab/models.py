@@ -7,6 +7,8 @@ paper-shape and GQA-shape models are cached in ``llama_sparq.models.model_dir()`
 * :func:`make_tiny_llama` writes a small llama-architecture GGUF with random
   weights and a byte-fallback SentencePiece vocabulary, in well under a second.
 * :func:`make_tiny_gemma2`: the same with Gemma 2's soft-capped attention (SparQ refuses it).
+* :func:`make_tiny_granite_swa`: the same as Granite's iSWA architecture, whose every layer has
+  attention sinks (SparQ refuses its full-attention layers: they run dense at every step).
 * :func:`make_paper_shape`, :func:`make_gqa_shape` (cached: :func:`paper_shape_path`,
   :func:`gqa_shape_path`): timing-only models with real models' per-layer shapes.
 
@@ -228,6 +230,41 @@ def make_tiny_gemma2(path: str | os.PathLike[str], *, n_layer: int = 2, n_embd: 
         _add_tiny_tokenizer(w, n_vocab)
 
     return _write_gguf_atomic(gguf, Path(path), metadata, tensors, arch="gemma2")
+
+
+def make_tiny_granite_swa(path: str | os.PathLike[str], *, n_layer: int = 2, n_embd: int = 64, n_head: int = 4,
+                          n_ff: int = 128, n_vocab: int = 260, seed: int = 0) -> Path:
+    """Write a tiny random Granite iSWA GGUF (architecture ``granite_swa``): sliding-window and
+    full-attention layers alternating (layer 0 sliding), each with attention sinks, which upstream
+    passes to every attention call, so no layer runs SparQ. f32 weights; the llama tokenizer of
+    :func:`make_tiny_llama`."""
+    import gguf
+    import numpy as np
+
+    n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx_train, seed = _tiny_llama_checks(
+        gguf, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=None, head_dim=None, n_ff=n_ff,
+        n_vocab=n_vocab, n_ctx_train=4096, seed=seed, weight_type="f32", std=0.02, rope_freq_base=10000.0,
+        rms_eps=1e-5)
+    QT = gguf.GGMLQuantizationType
+    tensors = _tiny_llama_tensors(gguf, QT.F32, n_layer=n_layer, n_embd=n_embd, n_q=n_head * head_dim,
+                                  n_kv=n_head_kv * head_dim, n_ff=n_ff, n_vocab=n_vocab, seed=seed, std=0.02)
+    sinks = np.random.default_rng(seed + 1)
+    tensors += [(f"blk.{i}.attn_sinks.weight", (sinks.standard_normal(n_head).astype(np.float32), QT.F32))
+                for i in range(n_layer)]
+
+    def metadata(w) -> None:
+        w.add_name("llama-sparq-tiny-granite-swa")
+        w.add_file_type(int(gguf.LlamaFileType.ALL_F32))
+        _add_tiny_shape(w, n_ctx_train, n_embd, n_layer, n_ff, n_head, n_head_kv)
+        w.add_rope_dimension_count(head_dim)
+        w.add_rope_freq_base(10000.0)
+        w.add_layer_norm_rms_eps(1e-5)
+        w.add_logit_scale(1.0)
+        w.add_sliding_window(32)
+        w.add_sliding_window_pattern([i % 2 == 0 for i in range(n_layer)])
+        _add_tiny_tokenizer(w, n_vocab)
+
+    return _write_gguf_atomic(gguf, Path(path), metadata, tensors, arch="granite_swa")
 
 
 def _tiny_llama_checks(gguf, *, n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx_train, seed,

@@ -468,9 +468,13 @@ int32_t llama_sparq_set_params(struct llama_context * ctx, const struct llama_sp
         // "on" with nothing sparse
         int n_by_reason[LLAMA_SPARQ_DENSE_COUNT] = {};
         std::string types; // the cache types of the first layer refused for them
+        const char * variant = nullptr; // the first layer's attention variant
         for (const sparq_layer & L : cp.sparq->layers) {
             if (L.reason >= 0 && L.reason < LLAMA_SPARQ_DENSE_COUNT) {
                 n_by_reason[L.reason]++;
+            }
+            if (L.reason == LLAMA_SPARQ_DENSE_ATTN_VARIANT && !variant) {
+                variant = L.variant;
             }
             if (L.reason == LLAMA_SPARQ_DENSE_CACHE_TYPE && types.empty()) {
                 types = std::string(" (here K ") + ggml_type_name(L.type_k) + ", V " + ggml_type_name(L.type_v) +
@@ -478,7 +482,6 @@ int32_t llama_sparq_set_params(struct llama_context * ctx, const struct llama_sp
             }
         }
         std::string why;
-        const char * variant = sparq_attn_variant(upstream::model(ctx).arch, upstream::model(ctx).hparams, nullptr);
         for (int i = 0; i < LLAMA_SPARQ_DENSE_COUNT; ++i) {
             if (n_by_reason[i]) {
                 why += std::string(why.empty() ? "" : "; ") + std::to_string(n_by_reason[i]) + " " +

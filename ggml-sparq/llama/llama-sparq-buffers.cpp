@@ -125,6 +125,7 @@ bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, int32_t kt_bits
         }
         if (variant) {
             L.reason = LLAMA_SPARQ_DENSE_ATTN_VARIANT;
+            L.variant = variant;
             continue;
         }
         const int64_t dk = model.hparams.n_embd_head_k(il), dv = model.hparams.n_embd_head_v(il);
@@ -145,7 +146,13 @@ bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, int32_t kt_bits
         layer_shape.dv = dv;
         layer_shape.n_head_kv = hkv;
         layer_shape.k_row = k->ne[0];
-        if (sparq_attn_variant(model.arch, model.hparams, &layer_shape)) {
+        // the tensors a layer's calls pass to build_attn: its sinks, T5's relative position bias
+        // (layer 0's where the layer has none, as upstream's graph takes it). Such a layer runs dense at
+        // every step, so it gets no data and its graphs no appends
+        const llama_layer & ml = model.layers[il];
+        layer_shape.sinks = ml.attn_sinks;
+        layer_shape.kq_b = ml.attn_rel_b ? ml.attn_rel_b : model.layers[0].attn_rel_b;
+        if ((L.variant = sparq_attn_variant(model.arch, model.hparams, &layer_shape)) != nullptr) {
             L.reason = LLAMA_SPARQ_DENSE_ATTN_VARIANT;
             continue;
         }

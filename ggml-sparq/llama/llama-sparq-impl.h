@@ -146,6 +146,7 @@ struct sparq_layer_diffuse {
 
 struct sparq_layer {
     int reason = -1;              // >= 0: no data for this layer, why
+    const char * variant = nullptr; // LLAMA_SPARQ_DENSE_ATTN_VARIANT: sparq_attn_variant's phrase
     ggml_type type_k = GGML_TYPE_COUNT, type_v = GGML_TYPE_COUNT; // the cache's types (a refusal names them)
     int32_t il = -1;              // the model's layer index (kept: the cache may be gone when the counters log)
     sparq_layer_data data;

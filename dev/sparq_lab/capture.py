@@ -68,7 +68,7 @@ class ggml_sparq_attn_params(ctypes.Structure):
                 ("selector", ctypes.c_int32), ("flags", ctypes.c_int32), ("n_probe", ctypes.c_int32),
                 ("index_reads", ctypes.c_bool), ("cov_p", ctypes.c_float), ("k_min", ctypes.c_int32),
                 ("k_scan", ctypes.c_int32), ("cov_apply", ctypes.c_bool), ("k_frac", ctypes.c_float),
-                ("report", ctypes.c_void_p)]
+                ("report", ctypes.c_void_p), ("tickets", ctypes.c_void_p)]
 
 
 class ggml_sparq_params(ctypes.Structure):
@@ -92,7 +92,7 @@ def _decode_params(t: ggml_tensor) -> dict:
     p = ggml_sparq_params()
     if not _DECODE(ctypes.byref(t), ctypes.byref(p)):
         raise ValueError(f"capture: {t.name.decode()} holds op parameters of another layout version")
-    out = {name: getattr(p.attn, name) for name, _ in ggml_sparq_attn_params._fields_ if name != "report"}
+    out = {name: getattr(p.attn, name) for name, _ in ggml_sparq_attn_params._fields_ if name not in ("report", "tickets")}
     out.update(mode=int(p.mode), features=int(p.features))
     return out
 

@@ -21,7 +21,10 @@
 extern "C" {
 #endif
 
-#define GGML_SPARQ_PARAMS_VERSION 2
+#define GGML_SPARQ_PARAMS_VERSION 3
+
+// The unsigned ints of a layer's tickets buffer (ggml_sparq_attn_params::tickets).
+#define GGML_SPARQ_TICKETS 4096
 
 // What a node of the op computes: attention, or one of the writes that keep its cache data
 // (ggml_sparq_kt_append, ggml_sparq_sum_append, ggml_sparq_cell_scatter in ggml-sparq.h).
@@ -78,6 +81,10 @@ struct ggml_sparq_attn_params {
     bool    cov_apply;   // coverage: cut the selection (else only measure)
     float   k_frac;      // coverage cap: share of a row's cells, (0, 1], 0 for none
     float * report;      // host memory the CPU op reports into, or NULL
+    // device memory of the layer, on the device of its K^T: GGML_SPARQ_TICKETS unsigned ints, zero
+    // when allocated, which a backend's one-launch path counts in and leaves zero (NULL: none; the
+    // CPU ignores it). Not a part of the computation: no feature bit.
+    void *  tickets;
 };
 
 // A sum's append (ggml_sparq_sum_append).

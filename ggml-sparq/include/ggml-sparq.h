@@ -104,6 +104,12 @@ GGML_API void ggml_sparq_attn_set_coverage_cap(struct ggml_tensor * attn, float 
 // the node.
 GGML_API void ggml_sparq_attn_set_report(struct ggml_tensor * attn, float * report);
 GGML_API float * ggml_sparq_attn_get_report(const struct ggml_tensor * attn);
+// The layer's tickets: device memory of GGML_SPARQ_TICKETS unsigned ints (ggml-sparq-params.h) on
+// the device of the node's K^T, zero when given, which the CUDA op's one launch per layer
+// (LLAMA_SPARQ_CUDA_FUSED) counts its blocks in and leaves zero; the same address at every step, so a
+// captured CUDA graph replays it. Without them the CUDA op takes three launches; the CPU ignores them.
+// They must outlive every computation of the node, and one node at a time may use them.
+GGML_API void ggml_sparq_attn_set_tickets(struct ggml_tensor * attn, void * tickets);
 
 // The 8-bit K^T's writes, as a mode of GGML_OP_SPARQ_ATTN (no new ggml op): row idx[i] of dst
 // (i8, rows of ne0 bytes, dst->nb[0] == 1) = e5m2 of row i of src (f32 or f16 [ne0, n], contiguous);

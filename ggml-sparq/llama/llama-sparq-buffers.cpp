@@ -195,6 +195,7 @@ bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, int32_t kt_bits
         }
     }
     sparq_alloc_reports(S);
+    sparq_alloc_tickets(S);
     LLAMA_LOG_INFO("%s: SparQ data for %d of %zu KV-cache layers: K^T + V sums = %.2f MiB "
                    "(+%.0f%% of those layers' K and V, %.2f MiB)\n", __func__, S.n_layers, nl,
                    S.mem.extra_bytes / 1048576.0, S.mem.kv_bytes ? 100.0 * S.mem.extra_bytes / S.mem.kv_bytes : 0.0,
@@ -235,6 +236,27 @@ void sparq_alloc_reports(llama_sparq_ctx & S) {
         L.report.entries.pinned_buf.reset(buf, ggml_backend_buffer_free);
         L.report.entries.pinned = (float *) ggml_backend_buffer_get_base(buf);
         std::fill(L.report.entries.begin(), L.report.entries.end(), SPARQ_REPORT_TAKEN);
+    }
+}
+
+// Per layer whose K^T is on a device, the op's tickets: GGML_SPARQ_TICKETS unsigned ints in K's
+// buffer type, zeroed here once (16 KB; the op leaves them zero after each launch). A layer without
+// them (no memory) runs the op in three launches.
+void sparq_alloc_tickets(llama_sparq_ctx & S) {
+    for (size_t ikv = 0; ikv < S.layers.size(); ++ikv) {
+        sparq_layer & L = S.layers[ikv];
+        ggml_backend_buffer_t kb = upstream::layer_k(S.kv, ikv)->buffer;
+        if (!L.data.ksq || ggml_backend_buffer_is_host(kb)) {
+            continue;
+        }
+        ggml_backend_buffer_t buf =
+            ggml_backend_buft_alloc_buffer(ggml_backend_buffer_get_type(kb), GGML_SPARQ_TICKETS * sizeof(uint32_t));
+        if (!buf) {
+            continue;
+        }
+        ggml_backend_buffer_clear(buf, 0);
+        L.tickets_buf.reset(buf, ggml_backend_buffer_free);
+        L.tickets = ggml_backend_buffer_get_base(buf);
     }
 }
 

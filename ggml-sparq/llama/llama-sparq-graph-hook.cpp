@@ -510,6 +510,9 @@ static ggml_tensor * sparq_build_op(sparq_attn_build & b, ggml_tensor * q, ggml_
         if (reports) {
             ggml_sparq_attn_set_report(cur, b.L.report.entries.data() + (size_t) b.si.s0 * hkv * 4);
         }
+        if (b.L.tickets) {
+            ggml_sparq_attn_set_tickets(cur, b.L.tickets); // (the CUDA op's one launch, where it applies)
+        }
         if (!inp->decisions.empty()) {
             inp->decisions.back().report = true;
             inp->decisions.back().ikv_rep = b.ikv;

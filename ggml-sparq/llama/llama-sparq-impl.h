@@ -154,6 +154,12 @@ struct sparq_layer {
     sparq_layer_basis basis;
     sparq_layer_report report;
     sparq_layer_diffuse diffuse;
+    // GGML_SPARQ_TICKETS unsigned ints on the device of K^T, zeroed once (ggml_sparq_attn_set_tickets:
+    // the CUDA op's one launch per layer counts its blocks there and leaves them zero). Allocated once,
+    // so its address, a node parameter, is the same every step and a captured CUDA graph replays it;
+    // NULL where K^T is in host memory (sparq_alloc_tickets)
+    std::shared_ptr<ggml_backend_buffer> tickets_buf;
+    void * tickets = nullptr;
 };
 
 constexpr float SPARQ_REPORT_TAKEN = -2.0f;
@@ -517,6 +523,7 @@ void sparq_recent_cells(const llama_kv_cells & cells, llama_seq_id seq, llama_po
 // device (LLAMA_SPARQ_CUDA_REPORT, on by default); a layer without it keeps host memory, which only
 // an op in this process's CPU backend writes
 void sparq_alloc_reports(llama_sparq_ctx & S);
+void sparq_alloc_tickets(llama_sparq_ctx & S);
 // what one layer or attention call brings that the model alone does not say: its graph inputs (NULL:
 // none) and its head sizes
 struct sparq_attn_call {

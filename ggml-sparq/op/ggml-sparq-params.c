@@ -16,16 +16,17 @@ enum sparq_slot {
     SLOT_K            = 3,
     SLOT_L            = 4,
     SLOT_SCALE        = 5,
-    SLOT_SELECTOR     = 6,
-    SLOT_FLAGS        = 7,
-    SLOT_N_PROBE      = 8,
-    SLOT_BOOLS        = 9, // bit 0: index_reads, bit 1: cov_apply
-    SLOT_COV_P        = 10,
-    SLOT_K_MIN        = 11,
-    SLOT_K_SCAN       = 12,
-    SLOT_K_FRAC       = 13,
-    SLOT_REPORT_LO    = 14,
-    SLOT_REPORT_HI    = 15,
+    SLOT_SEL_FLAGS    = 6, // the selector (bits 0-15; SEL_NONE: out of that range), the flags (16-27),
+                           // index_reads (bit 28), cov_apply (bit 29)
+    SLOT_N_PROBE      = 7,
+    SLOT_COV_P        = 8,
+    SLOT_K_MIN        = 9,
+    SLOT_K_SCAN       = 10,
+    SLOT_K_FRAC       = 11,
+    SLOT_REPORT_LO    = 12,
+    SLOT_REPORT_HI    = 13,
+    SLOT_TICKETS_LO   = 14,
+    SLOT_TICKETS_HI   = 15,
     // a sum's append
     SLOT_SUM_TYPE     = 2,
     SLOT_SUM_SQUARES  = 3,
@@ -33,6 +34,19 @@ enum sparq_slot {
 };
 
 static_assert(SLOT_COUNT * sizeof(int32_t) <= GGML_MAX_OP_PARAMS, "the layout must fit op_params");
+
+// a selector value outside 0..0xfffe (no selector of this build's), decoded as -1
+#define SEL_NONE 0xffffu
+
+static void put_ptr(int32_t * s, int lo, const void * p) {
+    const uint64_t v = (uint64_t) (uintptr_t) p;
+    s[lo] = (int32_t) (uint32_t) (v & 0xffffffffu);
+    s[lo + 1] = (int32_t) (uint32_t) (v >> 32);
+}
+static uintptr_t slot_ptr(const int32_t * s, int lo) {
+    const uint64_t l = (uint32_t) s[lo], h = (uint32_t) s[lo + 1];
+    return (uintptr_t) (l | (h << 32));
+}
 
 static int32_t slot_i32(const int32_t * s, int i) { return s[i]; }
 static float slot_f32(const int32_t * s, int i) { float f; memcpy(&f, &s[i], sizeof(f)); return f; }
@@ -58,18 +72,18 @@ bool ggml_sparq_params_decode(const struct ggml_tensor * node, struct ggml_sparq
         a->k = slot_i32(s, SLOT_K);
         a->l = slot_i32(s, SLOT_L);
         a->scale = slot_f32(s, SLOT_SCALE);
-        a->selector = slot_i32(s, SLOT_SELECTOR);
-        a->flags = slot_i32(s, SLOT_FLAGS);
+        const uint32_t sf = (uint32_t) slot_i32(s, SLOT_SEL_FLAGS);
+        a->selector = (sf & 0xffffu) == SEL_NONE ? -1 : (int32_t) (sf & 0xffffu);
+        a->flags = (int32_t) ((sf >> 16) & 0xfffu);
+        a->index_reads = ((sf >> 28) & 1u) != 0;
+        a->cov_apply = ((sf >> 29) & 1u) != 0;
         a->n_probe = slot_i32(s, SLOT_N_PROBE);
-        a->index_reads = (slot_i32(s, SLOT_BOOLS) & 1) != 0;
-        a->cov_apply = (slot_i32(s, SLOT_BOOLS) & 2) != 0;
         a->cov_p = slot_f32(s, SLOT_COV_P);
         a->k_min = slot_i32(s, SLOT_K_MIN);
         a->k_scan = slot_i32(s, SLOT_K_SCAN);
         a->k_frac = slot_f32(s, SLOT_K_FRAC);
-        const uint64_t lo = (uint32_t) slot_i32(s, SLOT_REPORT_LO);
-        const uint64_t hi = (uint32_t) slot_i32(s, SLOT_REPORT_HI);
-        a->report = (float *) (uintptr_t) (lo | (hi << 32));
+        a->report = (float *) slot_ptr(s, SLOT_REPORT_LO);
+        a->tickets = (void *) slot_ptr(s, SLOT_TICKETS_LO);
     } else if (o.mode == GGML_SPARQ_MODE_SUM_APPEND) {
         o.sum.type = slot_i32(s, SLOT_SUM_TYPE);
         o.sum.squares = slot_i32(s, SLOT_SUM_SQUARES) != 0;
@@ -129,17 +143,18 @@ void ggml_sparq_params_set(struct ggml_tensor * node, const struct ggml_sparq_pa
         s[SLOT_K] = a->k;
         s[SLOT_L] = a->l;
         put_f32(s, SLOT_SCALE, a->scale);
-        s[SLOT_SELECTOR] = a->selector;
-        s[SLOT_FLAGS] = a->flags;
+        // (flags beyond the 12 bits are no flag of this build's; a selector out of range stays unknown)
+        GGML_ASSERT((a->flags & ~0xfff) == 0 && "sparq_attn: flags beyond the layout's 12 bits");
+        const uint32_t sel = a->selector < 0 || a->selector >= (int32_t) SEL_NONE ? SEL_NONE : (uint32_t) a->selector;
+        s[SLOT_SEL_FLAGS] = (int32_t) (sel | ((uint32_t) a->flags << 16) | (a->index_reads ? 1u << 28 : 0u) |
+                                       (a->cov_apply ? 1u << 29 : 0u));
         s[SLOT_N_PROBE] = a->n_probe;
-        s[SLOT_BOOLS] = (a->index_reads ? 1 : 0) | (a->cov_apply ? 2 : 0);
         put_f32(s, SLOT_COV_P, a->cov_p);
         s[SLOT_K_MIN] = a->k_min;
         s[SLOT_K_SCAN] = a->k_scan;
         put_f32(s, SLOT_K_FRAC, a->k_frac);
-        const uint64_t v = (uint64_t) (uintptr_t) a->report;
-        s[SLOT_REPORT_LO] = (int32_t) (uint32_t) (v & 0xffffffffu);
-        s[SLOT_REPORT_HI] = (int32_t) (uint32_t) (v >> 32);
+        put_ptr(s, SLOT_REPORT_LO, a->report);
+        put_ptr(s, SLOT_TICKETS_LO, a->tickets);
     } else if (p->mode == GGML_SPARQ_MODE_SUM_APPEND) {
         s[SLOT_SUM_TYPE] = p->sum.type;
         s[SLOT_SUM_SQUARES] = p->sum.squares ? 1 : 0;

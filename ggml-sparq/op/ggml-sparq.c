@@ -307,3 +307,9 @@ void ggml_sparq_attn_set_report(struct ggml_tensor * attn, float * report) {
 float * ggml_sparq_attn_get_report(const struct ggml_tensor * attn) {
     return sparq_attn_params(attn).attn.report;
 }
+
+void ggml_sparq_attn_set_tickets(struct ggml_tensor * attn, void * tickets) {
+    struct ggml_sparq_params p = sparq_attn_params(attn);
+    p.attn.tickets = tickets;
+    ggml_sparq_params_set(attn, &p);
+}

@@ -114,14 +114,17 @@ static int run_params_check() {
     ggml_sparq_attn_set_coverage_cap(n, 0.5f);
     float report[16];
     ggml_sparq_attn_set_report(n, report);
+    unsigned int tickets[4];
+    ggml_sparq_attn_set_tickets(n, tickets);
     ggml_sparq_params p = ggml_sparq_params_get(n);
     const ggml_sparq_attn_params & a = p.attn;
     if (p.mode != GGML_SPARQ_MODE_ATTN || a.r != 7 || a.k != 33 || a.l != 5 || a.scale != 0.125f ||
         a.selector != GGML_SPARQ_SEL_ORACLE || a.flags != GGML_SPARQ_FLAG_PER_HEAD || a.cov_p != 0.875f ||
-        a.k_min != 9 || a.k_scan != 0 || !a.cov_apply || a.k_frac != 0.5f || a.report != report ||
+        a.k_min != 9 || a.k_scan != 0 || !a.cov_apply || a.k_frac != 0.5f || a.report != report || a.tickets != tickets ||
         ggml_sparq_attn_get_report(n) != report) {
         return params_fail("the setters' values do not come back from the decoder");
     }
+    // (the tickets are a resource, not a part of the computation: no feature bit)
     const uint32_t want = GGML_SPARQ_FEAT_ORACLE | GGML_SPARQ_FEAT_PER_HEAD | GGML_SPARQ_FEAT_COVERAGE |
                           GGML_SPARQ_FEAT_COVERAGE_CAP | GGML_SPARQ_FEAT_REPORT;
     if (p.features != want) {

@@ -28,7 +28,8 @@
 #             LLAMA_SPARQ_CUDA_PDL=0 (the default kernels, the reference in the same session), then
 #             LLAMA_SPARQ_CUDA_PDL=1, LLAMA_SPARQ_CUDA_SCORE_HIST=1, both, and
 #             LLAMA_SPARQ_CUDA_SELECT_HIST=atomic, LLAMA_SPARQ_CUDA_SELECT_LOADS=early,
-#             LLAMA_SPARQ_CUDA_ATTEND_ITEMS=16), each with dense beside it in the same run and tagged
+#             LLAMA_SPARQ_CUDA_ATTEND_ITEMS=16, LLAMA_SPARQ_CUDA_FUSED=1: one launch per layer up to
+#             16K cells, so give it AB_DEPTHS=4096,8192,16384 too), each with dense beside it in the same run and tagged
 #             <tag>_ab_<setting>: ways of the kernels timed without a rebuild. With AB_CHECK=1 (the
 #             default) each setting first runs the SPARQ_ATTN grid of test-backend-ops on CUDA0 against
 #             the CPU (as the grid step; log ab.log), so that a way is never timed unchecked; with
@@ -197,6 +198,7 @@ ab_settings() {
     local dflt="LLAMA_SPARQ_CUDA_PDL=0;LLAMA_SPARQ_CUDA_PDL=1;LLAMA_SPARQ_CUDA_SCORE_HIST=1"
     dflt+=";LLAMA_SPARQ_CUDA_PDL=1,LLAMA_SPARQ_CUDA_SCORE_HIST=1"
     dflt+=";LLAMA_SPARQ_CUDA_SELECT_HIST=atomic;LLAMA_SPARQ_CUDA_SELECT_LOADS=early;LLAMA_SPARQ_CUDA_ATTEND_ITEMS=16"
+    dflt+=";LLAMA_SPARQ_CUDA_FUSED=1"
     env_settings AB_ENVS "${AB_ENVS:-$dflt}"
 }
 

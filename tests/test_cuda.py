@@ -216,6 +216,45 @@ def test_gpu_calibrated_k_runs_diffuse_layers_in_stretches(cuda, tiny_gqa_model,
         assert st["n_measured"] == 0, st  # nothing reported
 
 
+_FUSED_RUN = """
+import sys
+import numpy as np
+from llama_sparq import Llama
+llm = Llama(sys.argv[1], n_ctx=1024, n_threads=2, n_batch=512, verbose=True, seed=0, logits_all=True, flash_attn=True,
+            n_gpu_layers=-1, sparq=True, sparq_k=32, sparq_min_kv=0)
+rng = np.random.default_rng(3)
+llm.eval([1] + rng.integers(3, llm.n_vocab(), size=599).tolist())
+out = []
+for t in range(5, 13):
+    llm.eval([t])
+    out.append(np.array(llm.scores[llm.n_tokens - 1], dtype=np.float64))
+st = llm.sparq_stats()
+assert st["n_sparq"] == 2 * 8 and st["n_sparq_device"] == st["n_sparq"], st
+np.save(sys.argv[2], np.array(out))
+"""
+
+
+def test_gpu_fused_one_launch_equals_three_launches(cuda, tiny_model, tmp_path):
+    """LLAMA_SPARQ_CUDA_FUSED=1 on a GPU (test-backend-ops' grid has no tickets, so it never runs the
+    one launch): the tiny MHA model with its cache on the GPU, a fixed k, a 600-token prompt and 8
+    decode steps, once per way (the switch is read once per process). With the switch the op says
+    once that its one launch runs, and the logits equal the three launches' to rounding (the same
+    cells; one attend block per unit instead of parts)."""
+    import sys
+
+    logits = {}
+    for way in ("0", "1"):
+        env = dict(os.environ, LLAMA_SPARQ_CUDA_FUSED=way)
+        dst = tmp_path / f"fused_{way}.npy"
+        res = subprocess.run([sys.executable, "-c", _FUSED_RUN, str(tiny_model), str(dst)], capture_output=True,
+                             text=True, timeout=600, env=env)
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert ("one launch per layer" in res.stderr) == (way == "1"), res.stderr[-3000:]
+        logits[way] = np.load(dst)
+    ref = logits["0"]
+    assert np.abs(logits["1"] - ref).max() <= 1e-3 * max(1.0, np.abs(ref).max()), np.abs(logits["1"] - ref).max()
+
+
 def test_selectors_on_a_gpu_context(cuda, tiny_gqa_model):
     """With the cache on the GPU: sparq and oracle run there (every call counted on the device);
     streaming, h2o and index are refused when set, naming the selector and the way out, never run on
@@ -433,6 +472,63 @@ def test_cuda_kernels_emulated_equal_the_cpu_op(case, select, attend, hist, load
         # the cut lies inside (k_min, the row's cap): the target, not a bound, set the cells
         k_min, k_frac, S = int(args[16]), float(args[17]), int(args[1])
         assert diffuse == 0 and k_min < cells < k_frac * S, res.stdout
+
+
+# the whole op in one launch (LLAMA_SPARQ_CUDA_FUSED=1: a fixed k, S <= 16384, f16 K and V, the
+# layer's tickets): MHA in one score tile (S = 1000, not a multiple of it) and in three (the last
+# partial; the 8-bit K^T); a window list over several KV heads (each unit's own window bitmap);
+# per-head choice with GQA (g = 4, and g = 16: the kernel's shared buffer at its largest; with a
+# window list and the radix passes); GQA's shared choice (the last block's own select tiles: one,
+# with a window list over two streams, and three with g = 8); two streams, one dense; three rows of
+# two streams; k whose tiles keep fewer candidates than they find (MHA: the score tiles', GQA: the
+# select tiles'). Where it does not apply, three launches: S over the limit, the calibrated k, f32
+# caches, and a node without tickets (a graph without the llama glue, as test-backend-ops')
+EMU_CASES_FUSED = {
+    "mha-one-tile": "64 1000 4 4 1 1 16 128 32 1 1 0 0 0",
+    "mha-three-tiles-e5m2": "64 5000 4 4 1 1 16 128 32 2 1 0 0 0",
+    "mha-window-list": "64 5000 4 4 1 1 16 128 32 1 1 0 0 1",
+    "gqa4-perhead": "64 2048 8 2 1 1 16 64 16 1 1 0 1 0",
+    "gqa16-perhead-e5m2": "64 2048 16 1 1 1 16 64 16 2 1 0 1 0",
+    "gqa4-perhead-window-radix": "64 2048 8 2 1 1 16 64 16 1 1 0 1 1",
+    "gqa4-shared": "64 1000 8 2 1 1 16 64 16 1 1 0 0 0",
+    "gqa4-shared-window-streams": "128 1000 8 2 1 2 16 64 16 1 1 0 0 1",
+    "gqa8-shared-three-tiles-e5m2": "64 9000 16 2 1 1 16 128 32 2 1 0 0 0",
+    "perhead-dense-stream": "64 1000 4 2 1 2 8 32 8 1 1 0 1 3",
+    "mha-rows-streams": "64 1000 4 4 3 2 8 32 8 1 1 0 0 0",
+    "mha-overflow": "64 2048 4 4 1 1 16 640 32 1 1 0 0 0",
+    "gqa4-shared-overflow": "64 2048 8 2 1 1 16 640 32 1 1 0 0 0",
+    "over-limit": "64 20000 2 2 1 1 16 128 32 1 1 0 0 0",
+    "calibrated": "64 2048 4 4 1 1 16 512 32 1 1 0 0 0 0 0.4 64 0.3",
+    "f32-caches": "64 1000 4 4 1 1 16 128 32 0 1 0 0 0",
+    "no-tickets": "64 1000 4 4 1 1 16 128 32 1 1 0 0 0",
+}
+EMU_FUSED_NOT = {"over-limit", "calibrated", "f32-caches", "no-tickets"}
+EMU_FUSED_ENV = {"gqa4-perhead-window-radix": {"LLAMA_SPARQ_CUDA_SELECT": "radix"},
+                 "no-tickets": {"SPARQ_EMU_NO_TICKETS": "1"}}
+
+
+@pytest.mark.parametrize("case", list(EMU_CASES_FUSED))
+def test_cuda_kernels_emulated_fused_in_one_launch(case):
+    """LLAMA_SPARQ_CUDA_FUSED=1: where the one launch applies, k_sparq_fused alone (one launch; its
+    blocks in a shuffled order, so the last block of each unit is any of them) gives the CPU op's
+    output, selections and report, and leaves the layer's tickets zero for the next launch (the
+    emulator checks); where it does not, the three launches run."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_SPARQ_CUDA_")}
+    env["LLAMA_SPARQ_CUDA_FUSED"] = "1"
+    env.update(EMU_FUSED_ENV.get(case, {}))
+    res = subprocess.run([str(tool_path("sparq-cuda-emu")), *EMU_CASES_FUSED[case].split()], capture_output=True,
+                         text=True, timeout=600, env=env)
+    assert res.returncode == 0 and res.stdout.startswith("OK"), res.stdout + res.stderr[-2000:]
+    assert re.search(r"sel_differ=(\d+)", res.stdout).group(1) == "0", res.stdout
+    assert re.search(r"report_differ=(\d+)", res.stdout).group(1) == "0", res.stdout
+    fused = case not in EMU_FUSED_NOT
+    assert f"fused={int(fused)}" in res.stdout, res.stdout
+    launches = int(re.search(r" launches=(\d+)", res.stdout).group(1))
+    assert launches == (1 if fused else 3), res.stdout
+    if fused:
+        assert "attend_parts=1 " in res.stdout, res.stdout
+    units = int(re.search(r"sparq_units=(\d+)", res.stdout).group(1))
+    assert units > 0, res.stdout
 
 
 def test_cuda_attend_part_size_from_the_environment():

@@ -767,18 +767,25 @@ static __device__ __forceinline__ void sparq_attend_wait() {
     ggml_cuda_pdl_lc();
 }
 
+// unit u by one block (its query rows in sm.sq already): all its items, then the output rows and
+// the report (k_sparq_attend's body; k_sparq_fused's last block of the unit)
+template <int GMAX, typename TK, typename TV, bool STREAM>
+static __device__ __forceinline__ void sparq_attend_block(const sparq_cu_args & a, int u, const sparq_attend_smem & sm) {
+    const sparq_attend_unit un = sparq_attend_unit_of(a, u);
+    float y[GMAX];
+    const int n_sel = sparq_attend_items<GMAX, TK, TV, STREAM>(a, un, sm, 0, 1, y);
+    const float vbar = sparq_attend_vbar<TV>(a, un, sm);
+    sparq_attend_write<GMAX>(a, un, sm, y, vbar);
+    sparq_attend_report(a, un, sm, n_sel);
+}
+
 // a block per unit: all its items, then the output rows
 template <int GMAX, typename TK, typename TV, bool STREAM>
 static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_attend(const sparq_cu_args a) {
     SPARQ_ATTEND_SMEM;
     sparq_attend_query(a, blockIdx.x, sm);
     sparq_attend_wait();
-    const sparq_attend_unit un = sparq_attend_unit_of(a, blockIdx.x);
-    float y[GMAX];
-    const int n_sel = sparq_attend_items<GMAX, TK, TV, STREAM>(a, un, sm, 0, 1, y);
-    const float vbar = sparq_attend_vbar<TV>(a, un, sm);
-    sparq_attend_write<GMAX>(a, un, sm, y, vbar);
-    sparq_attend_report(a, un, sm, n_sel);
+    sparq_attend_block<GMAX, TK, TV, STREAM>(a, blockIdx.x, sm);
 }
 
 // the n_part parts' sums of unit un rescaled to the largest maximum and added (the online softmax

@@ -76,6 +76,12 @@ struct sparq_cu_args {
     int stream_dense;
     int kv_vec;
     int parts_k;
+    // The whole op in one launch (k_sparq_fused, set by the caller where sparq_fused_applies): the
+    // rows and the window bitmaps are then per unit ([U], [U][W]: each unit's last block describes
+    // its own row, since no block waits for another unit's), and tickets counts each unit's finished
+    // score tiles
+    int fused;
+    unsigned int * tickets; // [GGML_CUDA_SPARQ_TICKETS] persistent, zero between launches, or NULL
 
     const char * q;  size_t q_nb1, q_nb2, q_nb3;
     const char * qs; size_t qs_nb1, qs_nb2, qs_nb3;     // q_sel, or q
@@ -91,8 +97,8 @@ struct sparq_cu_args {
 
     // scratch (ggml's CUDA pool); every kernel zeroes what a later one accumulates into, so nothing
     // is cleared between launches
-    sparq_cu_row  * rows;    // [R]                 (select)
-    unsigned int  * wbits;   // [R][W] the given window's cells (zeroed by score, set by select)
+    sparq_cu_row  * rows;    // [R]                 (select; fused: [U])
+    unsigned int  * wbits;   // [R][W] the given window's cells (zeroed by score, set by select; fused: [U][W])
     float         * logits;  // [U][g][S] approximate logits + mask (score)
     float2        * tstat;   // [U][nt_a][g] per score tile: max, sum exp(x - max) (score)
     int           * tcnt;    // [U][nt_a] per score tile: the row's valid cells (score)

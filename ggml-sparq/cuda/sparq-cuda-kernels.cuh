@@ -15,6 +15,7 @@
 //   sparq-cuda-select.cuh  kernel 2's list side: each list's choice into the unit's bitmap
 //   sparq-cuda-select-tile.cuh  kernel 2: the tiles' keys, histograms and candidates, the hand-over
 //   sparq-cuda-attend.cuh  kernel 3: exact attention and the mean-V mix (every selector)
+//   sparq-cuda-fused.cuh   the three in one launch for short contexts (LLAMA_SPARQ_CUDA_FUSED)
 //   sparq-cuda-launch.cuh  the launch sequence, sparq_cu_run
 #pragma once
 
@@ -25,4 +26,5 @@
 #include "sparq-cuda-select.cuh"
 #include "sparq-cuda-select-tile.cuh"
 #include "sparq-cuda-attend.cuh"
+#include "sparq-cuda-fused.cuh"
 #include "sparq-cuda-launch.cuh"

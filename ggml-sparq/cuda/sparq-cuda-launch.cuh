@@ -12,6 +12,7 @@
 #include "sparq-cuda-score.cuh"
 #include "sparq-cuda-select-tile.cuh"
 #include "sparq-cuda-attend.cuh"
+#include "sparq-cuda-fused.cuh"
 
 static int sparq_gmax(int g) {
     return g <= 1 ? 1 : g <= 2 ? 2 : g <= 4 ? 4 : g <= 8 ? 8 : 16;
@@ -149,6 +150,34 @@ static int sparq_attend_parts(const sparq_cu_args & a) {
     return std::max(pk, std::min(want, room));
 }
 
+// LLAMA_SPARQ_CUDA_FUSED=1: the whole op in one launch (k_sparq_fused) where it applies. Off by
+// default until a GPU has timed it against the three launches.
+static bool sparq_fused_on() {
+    static const int force = sparq_env_way("LLAMA_SPARQ_CUDA_FUSED", "0", "1");
+    return force == 2;
+}
+
+// The one launch's longest sequence. Its unit's last block chooses and attends alone while the
+// rest of the GPU idles, and what it reads grows with S (the score tiles' candidates, up to 512 per
+// tile of 2048 cells; a pass over the list where a tile kept fewer than it found; the tiles'
+// statistics per head); at 16K cells a unit has 8 score tiles, and from 32K on the three launches'
+// many blocks per unit were about level with flash attention on an H200 already.
+#define SPARQ_FUSED_MAX_KV 16384
+
+// Where the one launch applies: the node carries the layer's tickets (the llama glue's; a graph
+// without them, e.g. test-backend-ops', takes three launches) for every unit; a fixed k (lists keyed
+// by one head's logits from the score tiles' candidates; GQA's shared choice from the last block's
+// own pass over the unit's cells); S <= SPARQ_FUSED_MAX_KV;
+// no streamed all-cells attend (LLAMA_SPARQ_CUDA_DIFFUSE with k >= S); f16 K and V (llama's caches),
+// an f16 or 8-bit K^T read with the vector loads (fewer instantiations; the others take three launches).
+// kt: K^T's element type (sparq_cu_kt). The caller sets sparq_cu_args::fused from it before the
+// scratch's sizes.
+static bool sparq_fused_applies(const sparq_cu_args & a, int kt, bool k_f16, bool v_f16) {
+    return sparq_fused_on() && a.tickets != nullptr && a.U <= GGML_CUDA_SPARQ_TICKETS && a.cov_p <= 0.0f &&
+           a.n_kv <= SPARQ_FUSED_MAX_KV && !sparq_attend_stream_applies(a) && k_f16 && v_f16 && kt != SPARQ_CU_KT_F32 &&
+           a.tl_a == SPARQ_NT * sparq_vec_cpt(sparq_gmax(a.g));
+}
+
 // whether every K and V row of the op's caches allows the streamed path's 16-byte loads
 static bool sparq_attend_kv_vec(const sparq_cu_args & a, bool k_f16, bool v_f16) {
     const size_t ke = k_f16 ? 8 : 4, ve = v_f16 ? 8 : 4;
@@ -167,8 +196,9 @@ struct sparq_cu_scratch {
 static sparq_cu_scratch sparq_cu_scratch_sizes(const sparq_cu_args & a) {
     const size_t U = a.U, S = a.n_kv, g = a.g, L = a.L;
     sparq_cu_scratch z;
-    z.rows = a.R;
-    z.wbits = a.win ? (size_t) a.R * a.W : 1;
+    // (fused: a row description and a window bitmap per unit)
+    z.rows = a.fused ? a.U : a.R;
+    z.wbits = a.win ? (size_t) (a.fused ? a.U : a.R) * a.W : 1;
     z.logits = std::max<size_t>(1, U * g * S);
     z.tstat = U * a.nt_a * g;
     z.tcnt = U * a.nt_a;
@@ -177,7 +207,7 @@ static sparq_cu_scratch sparq_cu_scratch_sizes(const sparq_cu_args & a) {
     z.hmass = a.cov_p > 0.0f ? L * SPARQ_NB : 1;
     z.ldone = L;
     z.cand = a.cov_p > 0.0f ? 1 : L * a.nt_s * SPARQ_TILE_CAND;
-    if (sparq_score_hist_applies(a)) {
+    if (sparq_score_hist_applies(a) || a.fused) {
         z.cand = std::max(z.cand, L * a.nt_a * (1 + (size_t) sparq_score_cap(a)));
     }
     z.ncand = L;
@@ -185,7 +215,7 @@ static sparq_cu_scratch sparq_cu_scratch_sizes(const sparq_cu_args & a) {
     z.udense = U;
     z.selbits = U * a.W;
     z.sel = std::max<size_t>(1, U * a.sel_max);
-    const size_t n_part = sparq_attend_parts(a);
+    const size_t n_part = a.fused ? 1 : sparq_attend_parts(a);
     z.pstat = n_part > 1 ? U * n_part * g * 3 : 1;
     z.py = n_part > 1 ? U * n_part * g * a.dv : 1;
     z.report = (size_t) a.n_stream * a.n_head_kv * 4;
@@ -252,6 +282,18 @@ static void sparq_launch_g(const sparq_cu_args & a, int kt, bool k_f16, bool v_f
     }
 }
 
+// the one launch (sparq_fused_applies: f16 K and V, the vector K^T loads)
+template <int GMAX>
+static void sparq_launch_fused(const sparq_cu_args & a, int kt, sparq_stream_t stream) {
+    constexpr int VW = GMAX <= 4 ? 8 : (GMAX == 8 ? 4 : 2);
+    const dim3 grid(a.nt_a, a.U);
+    if (kt == SPARQ_CU_KT_F16) {
+        SPARQ_LAUNCH((k_sparq_fused<GMAX, half, VW, half, half>), grid, SPARQ_NT, stream, a);
+    } else {
+        SPARQ_LAUNCH((k_sparq_fused<GMAX, uint8_t, VW, half, half>), grid, SPARQ_NT, stream, a);
+    }
+}
+
 // n_part 0: kernel 1 (the scores); else kernel 3 in n_part parts per unit
 static void sparq_launch_by_g(const sparq_cu_args & a, int kt, bool k_f16, bool v_f16, int cpt, int n_part,
                               sparq_stream_t stream) {
@@ -297,8 +339,24 @@ static int sparq_select_keys_early() {
 //                         (score_hist: one block per list, from the score tiles' candidates)
 //   3 k_sparq_attend[_part] (units, or parts x units) exact attention and the mean-V mix
 // kt: K^T's element type (sparq_cu_kt)
+// With a0.fused (the caller's sparq_fused_applies) one launch instead: k_sparq_fused (score tiles x
+// units), whose last block per unit chooses and attends.
 static void sparq_cu_run(const sparq_cu_args & a0, int cpt, int kt, bool k_f16, bool v_f16, sparq_stream_t stream) {
     sparq_cu_args a = a0;
+    if (a.fused) {
+        a.score_hist = a.ph == a.g; // (the score tiles keep candidates for lists of one head)
+        a.stream_dense = 0;
+        a.kv_vec = 0;
+        a.parts_k = 1;
+        switch (sparq_gmax(a.g)) {
+            case 1:  sparq_launch_fused<1>(a, kt, stream); break;
+            case 2:  sparq_launch_fused<2>(a, kt, stream); break;
+            case 4:  sparq_launch_fused<4>(a, kt, stream); break;
+            case 8:  sparq_launch_fused<8>(a, kt, stream); break;
+            default: sparq_launch_fused<16>(a, kt, stream); break;
+        }
+        return;
+    }
     a.score_hist = sparq_score_hist_applies(a);
     a.stream_dense = sparq_attend_stream_applies(a);
     a.kv_vec = a.stream_dense && sparq_attend_kv_vec(a, k_f16, v_f16);

@@ -86,14 +86,15 @@ static __device__ void sparq_block_components(const sparq_cu_args & a, int u, in
 
 // The scratch the later kernels accumulate into, cleared by this one (each piece by one block):
 // the bitmaps' words of this tile, and with the unit's first tile the unit's per-list histograms
-// and counters. Kernels on one stream run in order, so they start from zero with no memset.
+// and counters. Kernels on one stream run in order, so they start from zero with no memset. (Fused,
+// each unit's window bitmap is its own: a.wbits is shifted to it, every unit clears it.)
 static __device__ void sparq_score_clear(const sparq_cu_args & a, int u, int kvh, int R) {
     const int tid = threadIdx.x;
     const int w_per_tile = a.tl_a / 32;
     const int w0 = blockIdx.x * w_per_tile, w1 = min(a.W, w0 + w_per_tile);
     for (int w = w0 + tid; w < w1; w += SPARQ_NT) {
         a.selbits[(size_t) u * a.W + w] = 0u;
-        if (a.win && kvh == 0) {
+        if (a.win && (kvh == 0 || a.fused)) {
             a.wbits[(size_t) R * a.W + w] = 0u;
         }
     }
@@ -174,17 +175,13 @@ static __device__ void sparq_score_tile_cands(const sparq_cu_args & a, int li, i
 // tile's softmax maximum and sum per head into tstat. A dense stream (v_count < 0) needs no scores.
 // HIST (a.score_hist; its own instantiation, so that the other keeps its registers): each head's
 // candidates (sparq_score_tile_cands).
+// The block of score tile blockIdx.x and unit blockIdx.y (k_sparq_score's body, which declares the
+// shared memory: sq [GMAX * D_MAX], si1, aq, chosen_of [D_MAX], sh, red, shd [SPARQ_NW], shist
+// [HIST ? SPARQ_NB : 1]; k_sparq_fused passes its own). Returns early for a dense stream.
 template <int GMAX, typename TKT, int CPT, bool HIST>
-static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_score(const sparq_cu_args a) {
-    __shared__ float sq[GMAX * GGML_CUDA_SPARQ_D_MAX];
-    __shared__ int si1[GGML_CUDA_SPARQ_D_MAX];
-    __shared__ float aq[GGML_CUDA_SPARQ_D_MAX];
-    __shared__ int chosen_of[GGML_CUDA_SPARQ_D_MAX];
-    __shared__ int sh[SPARQ_NW];
-    __shared__ float red[SPARQ_NW];
-    __shared__ unsigned int shist[HIST ? SPARQ_NB : 1];
-    __shared__ double shd[SPARQ_NW];
-    __shared__ sparq_cross s_cross;
+static __device__ __forceinline__ void sparq_score_block(const sparq_cu_args & a, float * sq, int * si1, float * aq,
+                                                         int * chosen_of, int * sh, float * red, unsigned int * shist,
+                                                         double * shd, sparq_cross & s_cross) {
     // the select (a programmatic dependent launch) may be placed from now on: its blocks wait for
     // this kernel's end before they read anything it writes
     ggml_cuda_pdl_lc();
@@ -273,8 +270,24 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_score(const sparq_cu_
         if (tid == 0) {
             a.tstat[((size_t) u * a.nt_a + blockIdx.x) * g + h] = make_float2(bm, bm == -INFINITY ? 0.0f : bz);
         }
-        if constexpr (HIST) { // (a list per head: li = u * g + h)
-            sparq_score_tile_cands<CPT>(a, u * g + h, s0, in, x, shist, sh, shd, &s_cross);
+        if constexpr (HIST) { // (a list per head: li = u * g + h; k_sparq_fused's shared choice has none)
+            if (a.ph == g) {
+                sparq_score_tile_cands<CPT>(a, u * g + h, s0, in, x, shist, sh, shd, &s_cross);
+            }
         }
     }
+}
+
+template <int GMAX, typename TKT, int CPT, bool HIST>
+static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_score(const sparq_cu_args a) {
+    __shared__ float sq[GMAX * GGML_CUDA_SPARQ_D_MAX];
+    __shared__ int si1[GGML_CUDA_SPARQ_D_MAX];
+    __shared__ float aq[GGML_CUDA_SPARQ_D_MAX];
+    __shared__ int chosen_of[GGML_CUDA_SPARQ_D_MAX];
+    __shared__ int sh[SPARQ_NW];
+    __shared__ float red[SPARQ_NW];
+    __shared__ unsigned int shist[HIST ? SPARQ_NB : 1];
+    __shared__ double shd[SPARQ_NW];
+    __shared__ sparq_cross s_cross;
+    sparq_score_block<GMAX, TKT, CPT, HIST>(a, sq, si1, aq, chosen_of, sh, red, shist, shd, s_cross);
 }

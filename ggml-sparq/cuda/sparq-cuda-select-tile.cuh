@@ -22,9 +22,10 @@ static __device__ __forceinline__ void sparq_tile_load(const float * src, int t0
     }
 }
 
-// a dense row: nothing to choose; the row's description, by the first block of its first list
-static __device__ __forceinline__ void sparq_tile_dense_row(const sparq_cu_args & a, const sparq_sel_ctx & c) {
-    if (threadIdx.x == 0 && blockIdx.x == 0 && c.kvh == 0 && c.h == 0) {
+// a dense row: nothing to choose; the row's description, by the first block (tile 0) of its first
+// list (fused: of each unit's first list, into the unit's own row)
+static __device__ __forceinline__ void sparq_tile_dense_row(const sparq_cu_args & a, const sparq_sel_ctx & c, int tile) {
+    if (threadIdx.x == 0 && tile == 0 && (c.kvh == 0 || a.fused) && c.h == 0) {
         sparq_cu_row ri;
         ri.n_valid = c.n_valid;
         ri.w0 = a.n_kv;
@@ -203,12 +204,12 @@ static __device__ __forceinline__ bool sparq_tile_flush(const sparq_cu_args & a,
     return true;
 }
 
-// With score_hist: one block per list (the score tiles left its histogram's source, their
+// With score_hist: one block per list li (the score tiles left its histogram's source, their
 // candidates): the given window's cells of the whole row into its window bitmap, then the list's choice
-static __device__ void sparq_select_scored(const sparq_cu_args & a, const sparq_sel_smem & sm, int * s_nc) {
-    const sparq_sel_ctx c = sparq_sel_ctx_of(a, blockIdx.y, sm.sh, sm.s_int);
+static __device__ void sparq_select_scored(const sparq_cu_args & a, const sparq_sel_smem & sm, int * s_nc, int li) {
+    const sparq_sel_ctx c = sparq_sel_ctx_of(a, li, sm.sh, sm.s_int);
     if (c.mode != 0) {
-        sparq_tile_dense_row(a, c);
+        sparq_tile_dense_row(a, c, 0);
         return;
     }
     if (a.win && a.l > 0) {
@@ -257,7 +258,7 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_select(const sparq_cu
     ggml_cuda_pdl_sync();
     ggml_cuda_pdl_lc();
     if constexpr (SCORED) {
-        sparq_select_scored(a, sm, &s_nc);
+        sparq_select_scored(a, sm, &s_nc, blockIdx.y);
         return;
     }
     // with keys_early the tile's loads go before the context's own loads and scans, so that the two wait together
@@ -268,7 +269,7 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_select(const sparq_cu
     }
     const sparq_sel_ctx c = sparq_sel_ctx_of(a, blockIdx.y, sh, s_int);
     if (c.mode != 0) {
-        sparq_tile_dense_row(a, c);
+        sparq_tile_dense_row(a, c, blockIdx.x);
         return;
     }
     sparq_tile_group_stats(a, c, sM, siZ);

@@ -737,7 +737,7 @@ template <bool SCORED>
 static __device__ void sparq_select_list(const sparq_cu_args & a, const sparq_sel_ctx & c, const sparq_sel_smem & sm,
                                          int * s_nc) {
     const int n_win = a.l <= 0 ? 0 : a.win ? sparq_count_win_bits(a, c.R, sm.sh) : a.l;
-    if (threadIdx.x == 0 && c.kvh == 0 && c.h == 0) {
+    if (threadIdx.x == 0 && (c.kvh == 0 || a.fused) && c.h == 0) { // (fused: each unit's own row)
         sparq_cu_row ri;
         ri.n_valid = c.n_valid;
         ri.w0 = c.w0;

@@ -9,7 +9,9 @@
 //
 // Three kernels, all on the op's stream, sized from the shapes only: no host synchronisation and
 // the same launches for every decode step of a shape, so CUDA graphs capture them. Each kernel
-// clears what a later one accumulates into, so there is no memset between them.
+// clears what a later one accumulates into, so there is no memset between them. For short contexts
+// (LLAMA_SPARQ_CUDA_FUSED=1, where sparq_fused_applies) one launch, k_sparq_fused, does the three
+// kernels' work, counting in the layer's persistent tickets (sparq-cuda-fused.cuh).
 //
 //   1 k_sparq_score   per (score tile, unit): the components (i1 = the r largest of sum_h
 //                     |q_sel_h| times comp_w, ties to the lower index; the query's r components
@@ -78,6 +80,18 @@ static bool sparq_cuda_pinned(const void * p) {
         return false;
     }
     return at.type == cudaMemoryTypeHost;
+}
+
+static_assert(GGML_CUDA_SPARQ_TICKETS == GGML_SPARQ_TICKETS, "the kernels' tickets are the glue's");
+
+// whether p is memory of the current device (the layer's tickets; a node's from elsewhere is not used)
+static bool sparq_cuda_on_device(const void * p, int device) {
+    cudaPointerAttributes at;
+    if (cudaPointerGetAttributes(&at, p) != cudaSuccess) {
+        (void) cudaGetLastError();
+        return false;
+    }
+    return at.type == cudaMemoryTypeDevice && at.device == device;
 }
 
 // the widest consecutive-cell load every K^T row allows: 1, or CPT (S % CPT == 0, rows aligned)
@@ -377,6 +391,21 @@ void ggml_cuda_sparq_attn(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         return; // nothing to compute (and no empty grid to launch)
     }
 
+    const ggml_type ktt = dst->src[2]->type;
+    const int kt = ktt == GGML_TYPE_F16 ? SPARQ_CU_KT_F16 : ktt == GGML_TYPE_I8 ? SPARQ_CU_KT_E5M2 : SPARQ_CU_KT_F32;
+    const bool k_f16 = dst->src[1]->type == GGML_TYPE_F16;
+    const bool v_f16 = dst->src[3]->type == GGML_TYPE_F16;
+    // the one launch per layer where it applies: the layer's tickets (persistent, zero between launches)
+    void * tickets = ggml_sparq_params_get(dst).attn.tickets;
+    if (tickets && sparq_fused_on() && sparq_cuda_on_device(tickets, ctx.device)) {
+        a.tickets = (unsigned int *) tickets;
+        a.fused = sparq_fused_applies(a, kt, k_f16, v_f16);
+        static std::atomic<bool> said{false};
+        if (a.fused && !said.exchange(true)) {
+            GGML_LOG_INFO("sparq_attn: one launch per layer (LLAMA_SPARQ_CUDA_FUSED=1) from %s on\n", dst->name);
+        }
+    }
+
     // scratch: sizes from the shapes only (the same for every decode step of a shape)
     ggml_cuda_pool & pool = ctx.pool();
     const sparq_cu_scratch z = sparq_cu_scratch_sizes(a);
@@ -420,10 +449,6 @@ void ggml_cuda_sparq_attn(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         a.lrep = a.cov_p > 0.0f ? lrep.alloc(z.lrep) : nullptr;
     }
 
-    const ggml_type ktt = dst->src[2]->type;
-    const int kt = ktt == GGML_TYPE_F16 ? SPARQ_CU_KT_F16 : ktt == GGML_TYPE_I8 ? SPARQ_CU_KT_E5M2 : SPARQ_CU_KT_F32;
-    const bool k_f16 = dst->src[1]->type == GGML_TYPE_F16;
-    const bool v_f16 = dst->src[3]->type == GGML_TYPE_F16;
     sparq_cu_run(a, cpt, kt, k_f16, v_f16, ctx.stream());
     if (host_report) {
         CUDA_CHECK(cudaMemcpyAsync(host_report, a.report, z.report * sizeof(float), cudaMemcpyDeviceToHost, ctx.stream()));

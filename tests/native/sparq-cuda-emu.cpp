@@ -149,6 +149,12 @@ static inline float warp_reduce_max(float x) { return emu_warp_all(x, true); }
 static inline int atomicAdd(int * p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 static inline unsigned int atomicAdd(unsigned int * p, unsigned int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 static inline unsigned int atomicOr(unsigned int * p, unsigned int v) { return __atomic_fetch_or(p, v, __ATOMIC_SEQ_CST); }
+static inline unsigned int atomicInc(unsigned int * p, unsigned int wrap) {
+    unsigned int old = __atomic_load_n(p, __ATOMIC_SEQ_CST);
+    while (!__atomic_compare_exchange_n(p, &old, old >= wrap ? 0u : old + 1u, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+    }
+    return old;
+}
 static inline int atomicMin(int * p, int v) {
     int old = __atomic_load_n(p, __ATOMIC_SEQ_CST);
     while (v < old && !__atomic_compare_exchange_n(p, &old, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
@@ -458,6 +464,12 @@ int main(int argc, char ** argv) {
         a.win = (const char *) win.data(); a.win_nb1 = wn * 4; a.win_nb2 = (size_t) wn * 4 * nr; a.win_n = wn;
     }
     a.out = (char *) out_gpu.data(); a.o_nb1 = ob1; a.o_nb2 = ob2; a.o_nb3 = ob3;
+    // the layer's persistent tickets, zeroed once (as the llama glue's); SPARQ_EMU_NO_TICKETS=1: none
+    // (a graph without the glue, as test-backend-ops'), so the op takes three launches
+    std::vector<unsigned int> tickets(GGML_CUDA_SPARQ_TICKETS, 0u);
+    const char * no_tickets = getenv("SPARQ_EMU_NO_TICKETS");
+    a.tickets = no_tickets && atoi(no_tickets) != 0 ? nullptr : tickets.data();
+    a.fused = sparq_fused_applies(a, e5m2 ? SPARQ_CU_KT_E5M2 : f16 ? SPARQ_CU_KT_F16 : SPARQ_CU_KT_F32, f16, f16);
     const sparq_cu_scratch z = sparq_cu_scratch_sizes(a);
     // the scratch starts dirty, as the pool's does: the kernels must clear what they accumulate into
     auto dirty = [](auto & v) { memset(v.data(), 0xa5, v.size() * sizeof(v[0])); };
@@ -502,7 +514,7 @@ int main(int argc, char ** argv) {
     int n_sparse = 0, n_diff = 0, n_diffuse = 0;
     long n_cells = 0;
     for (int u = 0; u < a.U; ++u) {
-        if (rows[u / nhkv].mode != 0) {
+        if (rows[a.fused ? u : u / nhkv].mode != 0) { // (fused: a row description per unit)
             continue;
         }
         ++n_sparse;
@@ -539,7 +551,7 @@ int main(int argc, char ** argv) {
     // unit: the GPU ranks no further than the cap) both at least the row's cap
     int rep_differ = 0, rep_reach = 0;
     for (int st = 0; st < ns; ++st) {
-        const sparq_cu_row & ri = rows[(size_t) st * nr + nr - 1];
+        const sparq_cu_row & ri = rows[((size_t) st * nr + nr - 1) * (a.fused ? nhkv : 1)];
         for (int h = 0; h < nhkv; ++h) {
             const float * ec = &rep_cpu[((size_t) st * nhkv + h) * 4];
             const float * eg = &rep_gpu[((size_t) st * nhkv + h) * 4];
@@ -562,18 +574,23 @@ int main(int argc, char ** argv) {
             }
         }
     }
+    // every launch leaves the tickets zero for the next (a captured graph replays it as it is)
+    const bool tickets_zero = std::all_of(tickets.begin(), tickets.end(), [](unsigned int x) { return x == 0u; });
+    if (!tickets_zero) {
+        printf("the tickets are not zero after the launch\n");
+    }
     if (g_pdl_bad) {
         printf("%d programmatic dependent launches had a block or thread that did not wait once\n", g_pdl_bad);
     }
-    const bool ok = nmse <= 1e-9 && n_diff == 0 && rep_differ == 0 && g_pdl_bad == 0;
+    const bool ok = nmse <= 1e-9 && n_diff == 0 && rep_differ == 0 && g_pdl_bad == 0 && tickets_zero;
     const int n_chose = n_sparse - n_diffuse;
     printf("%s nmse=%.3g max_abs=%.3g sparq_units=%d diffuse_units=%d mean_cells=%.1f sel_differ=%d cpt=%d select=%s "
-           "hist=%s loads=%s score_hist=%d stream=%d kv_vec=%d attend_parts=%d launches=%d pdl_launches=%d report_differ=%d "
-           "report_reach=%d\n",
+           "hist=%s loads=%s score_hist=%d stream=%d kv_vec=%d attend_parts=%d fused=%d launches=%d pdl_launches=%d "
+           "report_differ=%d report_reach=%d\n",
            ok ? "OK" : "FAIL", nmse, maxd, n_sparse, n_diffuse, n_chose > 0 ? (double) n_cells / n_chose : 0.0, n_diff,
            cpt, a.force_radix ? "radix" : "rank", a.hist_atomic ? "atomic" : "match",
            a.keys_early ? "early" : "late", (int) sparq_score_hist_applies(a), (int) sparq_attend_stream_applies(a),
-           (int) (sparq_attend_stream_applies(a) && sparq_attend_kv_vec(a, f16, f16)), sparq_attend_parts(a), g_launches,
+           (int) (sparq_attend_stream_applies(a) && sparq_attend_kv_vec(a, f16, f16)), a.fused ? 1 : sparq_attend_parts(a), a.fused, g_launches,
            g_pdl_launches, rep_differ, rep_reach);
     return ok ? 0 : 1;
 }

@@ -318,36 +318,38 @@ def test_ab_runs_the_batch1_rows_once_per_setting(tmp_path):
     CUDA0 with it set (AB_CHECK, on by default), then one e2e run with it set and its own tag (a
     stand-in Python prints what it was given; the package counted as installed). The default times
     the programmatic launches and the score tiles' histogram, alone and together, against the
-    default kernels (PDL=0) in the same session."""
+    default kernels (PDL=0) in the same session, then the kernels' other ways and the one launch per
+    layer (FUSED=1)."""
     (tmp_path / "site" / "llama_sparq").mkdir(parents=True)
     (tmp_path / "site" / "llama_sparq" / "__init__.py").write_text("")
     py = tmp_path / "py"
     py.write_text('#!/bin/sh\necho "RAN $* HIST=${LLAMA_SPARQ_CUDA_SELECT_HIST:-} LOADS=${LLAMA_SPARQ_CUDA_SELECT_LOADS:-} '
                   'ITEMS=${LLAMA_SPARQ_CUDA_ATTEND_ITEMS:-} PDL=${LLAMA_SPARQ_CUDA_PDL:-} '
-                  'SCORE=${LLAMA_SPARQ_CUDA_SCORE_HIST:-}"\n')
+                  'SCORE=${LLAMA_SPARQ_CUDA_SCORE_HIST:-} FUSED=${LLAMA_SPARQ_CUDA_FUSED:-}"\n')
     py.chmod(0o755)
     res = run(tmp_path, "ab", SPARQ_PYTHON=str(py), GPU_TAG="h0_abc", AB_DEPTHS="4096")
     assert res.returncode == 0, res.stdout + res.stderr
     ran = [line for line in res.stdout.splitlines() if line.startswith("RAN ")]
     e2e = [r for r in ran if "--only e2e" in r]
     checks = [r for r in ran if "-k backend_ops_cuda_equals_cpu" in r]
-    assert len(e2e) == 7 and len(checks) == 7 and len(ran) == 14, res.stdout
-    assert ran[0] in checks and ran[1] in e2e and ran[0].endswith("PDL=0 SCORE="), ran
-    assert "--tag h0_abc_ab_pdl_0 --depths 4096 " in e2e[0] and e2e[0].endswith("ITEMS= PDL=0 SCORE="), e2e
-    assert "--tag h0_abc_ab_pdl_1 --depths 4096 " in e2e[1] and e2e[1].endswith("PDL=1 SCORE="), e2e
-    assert "--tag h0_abc_ab_score_hist_1 --depths 4096 " in e2e[2] and e2e[2].endswith("PDL= SCORE=1"), e2e
-    assert "--tag h0_abc_ab_pdl_1_score_hist_1 --depths 4096 " in e2e[3] and e2e[3].endswith("PDL=1 SCORE=1"), e2e
-    assert checks[3].endswith("PDL=1 SCORE=1"), checks
+    assert len(e2e) == 8 and len(checks) == 8 and len(ran) == 16, res.stdout
+    assert ran[0] in checks and ran[1] in e2e and ran[0].endswith("PDL=0 SCORE= FUSED="), ran
+    assert "--tag h0_abc_ab_pdl_0 --depths 4096 " in e2e[0] and e2e[0].endswith("ITEMS= PDL=0 SCORE= FUSED="), e2e
+    assert "--tag h0_abc_ab_pdl_1 --depths 4096 " in e2e[1] and e2e[1].endswith("PDL=1 SCORE= FUSED="), e2e
+    assert "--tag h0_abc_ab_score_hist_1 --depths 4096 " in e2e[2] and e2e[2].endswith("PDL= SCORE=1 FUSED="), e2e
+    assert "--tag h0_abc_ab_pdl_1_score_hist_1 --depths 4096 " in e2e[3] and e2e[3].endswith("PDL=1 SCORE=1 FUSED="), e2e
+    assert checks[3].endswith("PDL=1 SCORE=1 FUSED="), checks
     assert "--tag h0_abc_ab_select_hist_atomic --depths 4096 " in e2e[4], e2e
-    assert "HIST=atomic LOADS= ITEMS= PDL= SCORE=" in e2e[4], e2e
+    assert "HIST=atomic LOADS= ITEMS= PDL= SCORE= FUSED=" in e2e[4], e2e
     assert "--tag h0_abc_ab_select_loads_early --depths 4096 " in e2e[5] and "HIST= LOADS=early ITEMS= " in e2e[5], e2e
     assert "--tag h0_abc_ab_attend_items_16 --depths 4096 " in e2e[6] and "HIST= LOADS= ITEMS=16 " in e2e[6], e2e
+    assert "--tag h0_abc_ab_fused_1 --depths 4096 " in e2e[7] and e2e[7].endswith("PDL= SCORE= FUSED=1"), e2e
     assert all("--depths-batch  --nkvo-depths " in r for r in e2e), e2e
     # without the checks, one run per setting
     res = run(tmp_path, "ab", SPARQ_PYTHON=str(py), GPU_TAG="h0_abc", AB_DEPTHS="4096", AB_CHECK="0",
               AB_ENVS="LLAMA_SPARQ_CUDA_PDL=1")
     ran = [line for line in res.stdout.splitlines() if line.startswith("RAN ")]
-    assert res.returncode == 0 and len(ran) == 1 and "--only e2e" in ran[0] and ran[0].endswith("PDL=1 SCORE="), ran
+    assert res.returncode == 0 and len(ran) == 1 and "--only e2e" in ran[0] and ran[0].endswith("PDL=1 SCORE= FUSED="), ran
 
 
 def test_calib_times_the_calibrated_k_with_the_gpu_report_on_and_off(tmp_path):

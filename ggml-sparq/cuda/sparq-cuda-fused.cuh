@@ -92,7 +92,9 @@ static __device__ void sparq_fused_shared_choice(const sparq_cu_args & a, int u,
 // No unit waits for another: each unit's last block writes its own row description and window
 // bitmap (rows [U], wbits [U][W]; the args' pointers shifted so that the device code's row R is the
 // unit's copy), where the three launches share one per row between the row's units.
-template <int GMAX, typename TKT, int CPT, typename TK, typename TV>
+// SHARED: GQA's shared choice (its own instantiation, so that the lists of one head keep their
+// registers).
+template <int GMAX, typename TKT, int CPT, typename TK, typename TV, bool SHARED>
 static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_fused(const sparq_cu_args a) {
     using LY = sparq_fused_smem_layout<GMAX>;
     __shared__ double raw[(LY::BYTES + sizeof(double) - 1) / sizeof(double)];
@@ -107,7 +109,7 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_fused(const sparq_cu_
     __shared__ float sMw[1];
     __shared__ double siZw[1];
     __shared__ float smv[1];
-    __shared__ float sM_g[GGML_CUDA_SPARQ_G_MAX], siZ_g[GGML_CUDA_SPARQ_G_MAX];
+    __shared__ float sM_g[SHARED ? GGML_CUDA_SPARQ_G_MAX : 1], siZ_g[SHARED ? GGML_CUDA_SPARQ_G_MAX : 1];
     __shared__ float sM[GMAX], sP[GMAX], scorr[GMAX], sMs[GMAX];
     __shared__ double sZ[GMAX], smass[GMAX];
     unsigned char * rb = (unsigned char *) raw;
@@ -117,7 +119,7 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_fused(const sparq_cu_
     au.rows += u - R;
     au.wbits += (size_t) (u - R) * a.W;
 
-    sparq_score_block<GMAX, TKT, CPT, true>(au, (float *) (rb + LY::SC_SQ), (int *) (rb + LY::SC_SI1),
+    sparq_score_block<GMAX, TKT, CPT, !SHARED>(au, (float *) (rb + LY::SC_SQ), (int *) (rb + LY::SC_SI1),
                                             (float *) (rb + LY::SC_AQ), (int *) (rb + LY::SC_CH), sh, red,
                                             (unsigned int *) (rb + LY::SC_HIST), shd, s_cross);
     // the tile's writes, then the ticket (release); the ticket's taker fences before the barrier
@@ -139,13 +141,13 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_fused(const sparq_cu_
     const sparq_sel_smem ss = { hc, hm, (int *) hc + SPARQ_CAND_MAX, (unsigned int *) (rb + LY::SE_RC),
                                 (double *) (rb + LY::SE_RM), (unsigned int *) (rb + LY::SE_WB), sh, shd, s_int,
                                 &s_cross, sMw, siZw };
-    if (a.ph == a.g) {
+    if constexpr (SHARED) {
+        sparq_fused_shared_choice(au, u, ss, sM_g, siZ_g, &s_nc);
+    } else {
         for (int h = 0; h < a.ph; ++h) {
             sparq_select_scored(au, ss, &s_nc, u * a.ph + h);
             __syncthreads();
         }
-    } else {
-        sparq_fused_shared_choice(au, u, ss, sM_g, siZ_g, &s_nc);
     }
     // (the bitmap's atomics and the row's description visible to the attention's loads)
     __threadfence();

@@ -282,15 +282,24 @@ static void sparq_launch_g(const sparq_cu_args & a, int kt, bool k_f16, bool v_f
     }
 }
 
-// the one launch (sparq_fused_applies: f16 K and V, the vector K^T loads)
-template <int GMAX>
+// the one launch (sparq_fused_applies: f16 K and V, the vector K^T loads; SHARED: GQA's shared choice)
+template <int GMAX, bool SHARED>
 static void sparq_launch_fused(const sparq_cu_args & a, int kt, sparq_stream_t stream) {
     constexpr int VW = GMAX <= 4 ? 8 : (GMAX == 8 ? 4 : 2);
     const dim3 grid(a.nt_a, a.U);
     if (kt == SPARQ_CU_KT_F16) {
-        SPARQ_LAUNCH((k_sparq_fused<GMAX, half, VW, half, half>), grid, SPARQ_NT, stream, a);
+        SPARQ_LAUNCH((k_sparq_fused<GMAX, half, VW, half, half, SHARED>), grid, SPARQ_NT, stream, a);
     } else {
-        SPARQ_LAUNCH((k_sparq_fused<GMAX, uint8_t, VW, half, half>), grid, SPARQ_NT, stream, a);
+        SPARQ_LAUNCH((k_sparq_fused<GMAX, uint8_t, VW, half, half, SHARED>), grid, SPARQ_NT, stream, a);
+    }
+}
+
+template <int GMAX>
+static void sparq_launch_fused_g(const sparq_cu_args & a, int kt, sparq_stream_t stream) {
+    if (a.ph == a.g) {
+        sparq_launch_fused<GMAX, false>(a, kt, stream);
+    } else {
+        sparq_launch_fused<GMAX, true>(a, kt, stream);
     }
 }
 
@@ -349,11 +358,11 @@ static void sparq_cu_run(const sparq_cu_args & a0, int cpt, int kt, bool k_f16, 
         a.kv_vec = 0;
         a.parts_k = 1;
         switch (sparq_gmax(a.g)) {
-            case 1:  sparq_launch_fused<1>(a, kt, stream); break;
-            case 2:  sparq_launch_fused<2>(a, kt, stream); break;
-            case 4:  sparq_launch_fused<4>(a, kt, stream); break;
-            case 8:  sparq_launch_fused<8>(a, kt, stream); break;
-            default: sparq_launch_fused<16>(a, kt, stream); break;
+            case 1:  sparq_launch_fused<1, false>(a, kt, stream); break; // (g == 1: ph == g)
+            case 2:  sparq_launch_fused_g<2>(a, kt, stream); break;
+            case 4:  sparq_launch_fused_g<4>(a, kt, stream); break;
+            case 8:  sparq_launch_fused_g<8>(a, kt, stream); break;
+            default: sparq_launch_fused_g<16>(a, kt, stream); break;
         }
         return;
     }

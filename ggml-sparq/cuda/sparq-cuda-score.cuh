@@ -270,10 +270,8 @@ static __device__ __forceinline__ void sparq_score_block(const sparq_cu_args & a
         if (tid == 0) {
             a.tstat[((size_t) u * a.nt_a + blockIdx.x) * g + h] = make_float2(bm, bm == -INFINITY ? 0.0f : bz);
         }
-        if constexpr (HIST) { // (a list per head: li = u * g + h; k_sparq_fused's shared choice has none)
-            if (a.ph == g) {
-                sparq_score_tile_cands<CPT>(a, u * g + h, s0, in, x, shist, sh, shd, &s_cross);
-            }
+        if constexpr (HIST) { // (a list per head: li = u * g + h)
+            sparq_score_tile_cands<CPT>(a, u * g + h, s0, in, x, shist, sh, shd, &s_cross);
         }
     }
 }

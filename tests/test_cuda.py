@@ -384,25 +384,45 @@ if os.environ.get("SPARQ_EMU_FULL", "0") not in ("", "0"):
                              "short-sequence-calibrated": "64 4096 4 4 1 2 8 64 16 1 1 0 0 4 0 0.5 48 0.25"})
     EMU_STREAM += [("calibrated-diffuse", "auto"), ("dense-rows-parts", "auto"), ("short-sequence-calibrated", "auto"),
                    ("calibrated-mha", "auto")]
-EMU_RUNS = ([(c, "rank", "auto", "match", "late", "0", "0", "0") for c in EMU_CASES]
-            + [(c, "radix", "auto", "match", "late", "0", "0", "0") for c in EMU_RADIX if c in EMU_CASES]
-            + [(c, "rank", "single", "match", "late", "1", "0", "0") for c in EMU_SINGLE if c in EMU_CASES]
-            + [(c, "rank", "auto", "atomic", "late", "0", "0", "0") for c in EMU_HIST_ATOMIC if c in EMU_CASES]
-            + [(c, "rank", "auto", "match", "early", "1", "0", "0") for c in EMU_LOADS_EARLY if c in EMU_CASES]
-            + [(c, "rank", "auto", "match", "late", "1", "1", "0") for c in EMU_SCORE_HIST]
-            + [("gqa4-perhead-window", "radix", "auto", "match", "late", "0", "1", "0")]
-            + [(c, "rank", at, "match", "late", "0", "0", "1") for c, at in EMU_STREAM])
+# the calibrated k's histogram from the score tiles (LLAMA_SPARQ_CUDA_CALIB_HIST=1: each tile's masses
+# per bin relative to its own maximum, rescaled at the merge; lists keyed by one head's logits, MHA
+# and per-head choice; GQA's shared choice keeps the select tiles, which the GQA cases check) on the
+# calibrated cases, diffuse units among chosen ones, and: one tile holding almost all of the softmax
+# (SPARQ_EMU_PEAK: its cut runs on into the other tiles' cells, each rescaled from its own maximum),
+# whole score tiles masked (SPARQ_EMU_HOLE) with per-head lists and a window list, and crossing bins
+# below the tiles' candidates (the passes over the list); with radix passes and programmatic launches
+EMU_CASES_CALIB = {"calibrated-peak-tile": "64 8192 4 4 1 1 16 2048 32 1 1 0 0 0 0 0.99 16 0.25",
+                   "calibrated-hole-perhead-window": "64 12000 8 2 1 1 16 4096 32 1 1 0 1 1 0 0.5 64 0.3",
+                   "calibrated-many-tiles": "64 12000 4 4 1 1 16 8192 32 1 1 0 0 0 0 0.7 64 0.5"}
+EMU_CASE_ENV = {"calibrated-peak-tile": {"SPARQ_EMU_PEAK": "8"},
+                "calibrated-hole-perhead-window": {"SPARQ_EMU_HOLE": "1"}}
+EMU_CALIB_HIST = ["calibrated-mha", "calibrated-gqa-two-streams", "calibrated-perhead-window", "calibrated-diffuse",
+                  "mixed-diffuse-chosen", *EMU_CASES_CALIB]
+if os.environ.get("SPARQ_EMU_FULL", "0") not in ("", "0"):
+    EMU_CALIB_HIST += ["short-sequence-calibrated"]
+EMU_RUNS = ([(c, "rank", "auto", "match", "late", "0", "0", "0", "0") for c in EMU_CASES]
+            + [(c, "radix", "auto", "match", "late", "0", "0", "0", "0") for c in EMU_RADIX if c in EMU_CASES]
+            + [(c, "rank", "single", "match", "late", "1", "0", "0", "0") for c in EMU_SINGLE if c in EMU_CASES]
+            + [(c, "rank", "auto", "atomic", "late", "0", "0", "0", "0") for c in EMU_HIST_ATOMIC if c in EMU_CASES]
+            + [(c, "rank", "auto", "match", "early", "1", "0", "0", "0") for c in EMU_LOADS_EARLY if c in EMU_CASES]
+            + [(c, "rank", "auto", "match", "late", "1", "1", "0", "0") for c in EMU_SCORE_HIST]
+            + [("gqa4-perhead-window", "radix", "auto", "match", "late", "0", "1", "0", "0")]
+            + [(c, "rank", at, "match", "late", "0", "0", "1", "0") for c, at in EMU_STREAM]
+            + [("calibrated-peak-tile", "rank", "auto", "match", "late", "0", "0", "0", "0")]
+            + [(c, "rank", "auto", "match", "late", "0", "0", "0", "1") for c in EMU_CALIB_HIST]
+            + [(c, "radix", "auto", "match", "late", "1", "0", "0", "1")
+               for c in ("calibrated-perhead-window", "calibrated-peak-tile")])
 
 # kernel launches per layer and step the op may take (the emulator counts them)
 SPARQ_CUDA_MAX_LAUNCHES = 4
 
 
-@pytest.mark.parametrize("case,select,attend,hist,loads,pdl,score,stream", EMU_RUNS,
+@pytest.mark.parametrize("case,select,attend,hist,loads,pdl,score,stream,calib", EMU_RUNS,
                          ids=["-".join([c, s] + [w for w in (a, h, ld) if w not in ("auto", "match", "late")]
                                        + (["pdl"] if p == "1" else []) + (["scorehist"] if sc == "1" else [])
-                                       + (["stream"] if st == "1" else []))
-                              for c, s, a, h, ld, p, sc, st in EMU_RUNS])
-def test_cuda_kernels_emulated_equal_the_cpu_op(case, select, attend, hist, loads, pdl, score, stream):
+                                       + (["stream"] if st == "1" else []) + (["calibhist"] if cb == "1" else []))
+                              for c, s, a, h, ld, p, sc, st, cb in EMU_RUNS])
+def test_cuda_kernels_emulated_equal_the_cpu_op(case, select, attend, hist, loads, pdl, score, stream, calib):
     """The kernels of ggml-sparq/cuda/, run on the CPU by sparq-cuda-emu (one thread
     per CUDA thread; __syncthreads and the warp shuffles as barriers; blocks in a shuffled order),
     give the CPU op's output and choose the same cells (the unit's bitmap equals the CPU's list, or
@@ -419,7 +439,8 @@ def test_cuda_kernels_emulated_equal_the_cpu_op(case, select, attend, hist, load
     and attend as programmatic dependent launches, each block waiting once for its predecessor; score:
     the histogram and candidates from the score tiles, the select one block per list; stream: the
     all-cells units (dense rows, diffuse units) streamed over contiguous ranges of cells, the launch's
-    parts from S."""
+    parts from S; calib: the calibrated k's mass histogram and candidates from the score tiles, the
+    select one block per list where the lists are keyed by one head's logits."""
     env = dict(os.environ)
     env.pop("LLAMA_SPARQ_CUDA_ATTEND", None)
     env["LLAMA_SPARQ_CUDA_SELECT"] = select
@@ -428,10 +449,12 @@ def test_cuda_kernels_emulated_equal_the_cpu_op(case, select, attend, hist, load
     env["LLAMA_SPARQ_CUDA_PDL"] = pdl
     env["LLAMA_SPARQ_CUDA_SCORE_HIST"] = score
     env["LLAMA_SPARQ_CUDA_DIFFUSE"] = stream
+    env["LLAMA_SPARQ_CUDA_CALIB_HIST"] = calib
     env.pop("LLAMA_SPARQ_CUDA_ATTEND_ITEMS", None)
     if stream == "1":
         env.update(EMU_STREAM_ENV.get(case, {}))
-    args = {**EMU_CASES, **EMU_CASES_SCORE, **EMU_CASES_STREAM}[case].split()
+    env.update(EMU_CASE_ENV.get(case, {}))
+    args = {**EMU_CASES, **EMU_CASES_SCORE, **EMU_CASES_STREAM, **EMU_CASES_CALIB}[case].split()
     if attend != "auto":
         env["LLAMA_SPARQ_CUDA_ATTEND"] = attend
     res = subprocess.run([str(tool_path("sparq-cuda-emu")), *args], capture_output=True, text=True, timeout=600,
@@ -451,6 +474,15 @@ def test_cuda_kernels_emulated_equal_the_cpu_op(case, select, attend, hist, load
     assert all(f"{k}={v}" in res.stdout for k, v in (("select", select), ("hist", hist), ("loads", loads))), res.stdout
     launches = int(re.search(r" launches=(\d+)", res.stdout).group(1))
     assert 1 <= launches <= SPARQ_CUDA_MAX_LAUNCHES, res.stdout
+    if len(args) > 15:
+        # the calibrated k's lists keyed by one head's logits (g == 1, per-head choice) take the score
+        # tiles' histogram with the switch: one select block per list, else the select tiles' grid
+        g, per_head = int(args[2]) // int(args[3]), int(args[12]) & 1
+        lists = int(args[4]) * int(args[5]) * int(args[3]) * (g if per_head and g > 1 else 1)
+        one_head = calib == "1" and (g == 1 or per_head == 1)
+        assert f"calib_hist={int(one_head)}" in res.stdout, res.stdout
+        blocks = lists * (1 if one_head else -(-int(args[1]) // 4096))
+        assert f"select_blocks={blocks} " in res.stdout and launches == 3, res.stdout
     # the select and the attend, once each
     assert re.search(r"pdl_launches=(\d+)", res.stdout).group(1) == ("2" if pdl == "1" else "0"), res.stdout
     parts = int(re.search(r"attend_parts=(\d+)", res.stdout).group(1))
@@ -464,7 +496,7 @@ def test_cuda_kernels_emulated_equal_the_cpu_op(case, select, attend, hist, load
         assert diffuse > 0, res.stdout
     elif case == "mixed-diffuse-chosen":
         units = int(re.search(r"sparq_units=(\d+)", res.stdout).group(1))
-        assert 0 < diffuse < units and parts == 2, res.stdout  # the lists take 1 part of 2
+        assert 0 < diffuse < units and (stream == "0" or parts == 2), res.stdout  # the lists take 1 part of 2
     elif case.startswith("dense-rows"):
         assert "sparq_units=0 " in res.stdout, res.stdout
         assert ("kv_vec=0" if case.endswith("unaligned") else "kv_vec=1") in res.stdout, res.stdout

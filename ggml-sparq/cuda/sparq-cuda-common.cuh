@@ -69,6 +69,12 @@ struct sparq_cu_args {
     // crossing of k up as the list's candidates; the select is then one block per list that ranks
     // those (set by sparq_cu_run where sparq_score_hist_applies)
     int score_hist;
+    // The calibrated k's lists keyed by one head's logits: each score tile also sums its cells'
+    // exp(x - the tile's maximum) per bin and writes its non-empty bins; its candidates are the
+    // cells of as many whole bins from the top as fit. The select is one block per list that merges
+    // the tiles' bins into the list's mass histogram (set by sparq_cu_run where
+    // sparq_calib_hist_applies)
+    int calib_hist;
     // The attend's all-cells units (dense rows, diffuse units) stream each part's contiguous range of
     // cells, with 16-byte K and V loads where kv_vec (rows aligned, d and dv multiples of the width);
     // a list's chosen cells then take at most parts_k of the launch's parts, the rest record an empty
@@ -108,7 +114,10 @@ struct sparq_cu_args {
     unsigned int  * ldone;   // [L] select's tiles finished per list (zeroed by score)
     uint2         * cand;    // [L][nt_s * SPARQ_TILE_CAND] a fixed k's candidates: key bits, cell (select);
                              // with score_hist [L][nt_a][1 + sparq_score_cap] (score): per score
-                             // tile its count (x of the first entry; over the cap: not all kept), then the cells
+                             // tile its count (x of the first entry; over the cap: not all kept), then the cells;
+                             // with calib_hist the first entry's y is the lowest bin kept whole, and after
+                             // all candidates [L][nt_a][1 + tl_a] (score): per score tile its non-empty
+                             // bins' count, then {bin << 16 | cells, sum of exp(x - tile max) as float bits}
     unsigned int  * ncand;   // [L] their count (zeroed by score)
     unsigned int  * udone;   // [U] attend's parts finished per unit (zeroed by score)
     int           * udense;  // [U] the calibrated k found the unit diffuse (zeroed by score)
@@ -141,6 +150,16 @@ static __device__ __host__ __forceinline__ int sparq_score_cap(const sparq_cu_ar
 }
 static __device__ __forceinline__ uint2 * sparq_score_cands(const sparq_cu_args & a, int li, int t) {
     return a.cand + ((size_t) li * a.nt_a + t) * (1 + sparq_score_cap(a));
+}
+// with calib_hist, a cell's term in its score tile's bin: exp(x - the tile's maximum m) in double, as
+// the select tiles weigh cells (-use_fast_math makes expf __expf: a few ulp more per 2^k of |x - m|)
+static __device__ __forceinline__ float sparq_tile_mass(float x, float m) {
+    return (float) exp((double) x - (double) m);
+}
+
+// with calib_hist, where list li's tile t writes its non-empty bins (after every tile's candidates)
+static __device__ __forceinline__ uint2 * sparq_score_bins(const sparq_cu_args & a, int li, int t) {
+    return a.cand + (size_t) a.L * a.nt_a * (1 + sparq_score_cap(a)) + ((size_t) li * a.nt_a + t) * (1 + a.tl_a);
 }
 
 // ---------------------------------------------------------------------------

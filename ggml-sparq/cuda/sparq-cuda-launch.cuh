@@ -68,6 +68,19 @@ static bool sparq_score_hist_applies(const sparq_cu_args & a) {
     return force == 2 && a.cov_p <= 0.0f && a.ph == a.g;
 }
 
+// LLAMA_SPARQ_CUDA_CALIB_HIST=1: where the calibrated k's lists are keyed by one head's logits (g ==
+// 1 or per-head choice), the score tiles count the histogram and sum each bin's exp(x - the tile's
+// maximum), and keep the cells of their best whole bins as candidates (sparq_cu_args::calib_hist);
+// the select is one block per list that merges the tiles' bins into the list's mass histogram
+// (each tile rescaled by exp(its maximum - M) / Z) and reads the candidates instead of the list's
+// logits where its crossing bins lie among them. GQA's shared choice keeps the select tiles: its
+// key, the group's sum of each head's softmax, needs every head's M and Z before any cell has a
+// bin. Off by default until a GPU has timed it.
+static bool sparq_calib_hist_applies(const sparq_cu_args & a) {
+    static const int force = sparq_env_way("LLAMA_SPARQ_CUDA_CALIB_HIST", "0", "1");
+    return force == 2 && a.cov_p > 0.0f && a.ph == a.g;
+}
+
 // The attention split over several blocks per unit (k_sparq_attend_part, whose last part to finish
 // combines) while the units alone would leave the GPU idle: parts of at least
 // SPARQ_ATTEND_PART_ITEMS of the list's bound, until about SPARQ_ATTEND_BLOCKS blocks in all (an H100
@@ -210,6 +223,9 @@ static sparq_cu_scratch sparq_cu_scratch_sizes(const sparq_cu_args & a) {
     if (sparq_score_hist_applies(a) || a.fused) {
         z.cand = std::max(z.cand, L * a.nt_a * (1 + (size_t) sparq_score_cap(a)));
     }
+    if (sparq_calib_hist_applies(a)) { // the candidates, then the tiles' bins
+        z.cand = std::max(z.cand, L * a.nt_a * (1 + (size_t) sparq_score_cap(a) + 1 + (size_t) a.tl_a));
+    }
     z.ncand = L;
     z.udone = U;
     z.udense = U;
@@ -228,7 +244,13 @@ template <int GMAX, typename TKT>
 static void sparq_launch_score(const sparq_cu_args & a, int cpt, sparq_stream_t stream) {
     const dim3 grid(a.nt_a, a.U);
     constexpr int VW = GMAX <= 4 ? 8 : (GMAX == 8 ? 4 : 2);
-    if (cpt == VW) {
+    if (a.calib_hist) {
+        if (cpt == VW) {
+            SPARQ_LAUNCH((k_sparq_score<GMAX, TKT, VW, true, true>), grid, SPARQ_NT, stream, a);
+        } else {
+            SPARQ_LAUNCH((k_sparq_score<GMAX, TKT, 1, true, true>), grid, SPARQ_NT, stream, a);
+        }
+    } else if (cpt == VW) {
         if (a.score_hist) {
             SPARQ_LAUNCH((k_sparq_score<GMAX, TKT, VW, true>), grid, SPARQ_NT, stream, a);
         } else {
@@ -345,7 +367,8 @@ static int sparq_select_keys_early() {
 // 3 programmatic dependent launches):
 //   1 k_sparq_score       (score tiles x units)     components, valid cells, approximate scores
 //   2 k_sparq_select      (selection tiles x lists)  keys and histograms; each list's last tile chooses
-//                         (score_hist: one block per list, from the score tiles' candidates)
+//                         (score_hist, calib_hist: one block per list, from the score tiles' candidates
+//                         and, for the calibrated k, their bins' masses)
 //   3 k_sparq_attend[_part] (units, or parts x units) exact attention and the mean-V mix
 // kt: K^T's element type (sparq_cu_kt)
 // With a0.fused (the caller's sparq_fused_applies) one launch instead: k_sparq_fused (score tiles x
@@ -367,12 +390,15 @@ static void sparq_cu_run(const sparq_cu_args & a0, int cpt, int kt, bool k_f16, 
         return;
     }
     a.score_hist = sparq_score_hist_applies(a);
+    a.calib_hist = sparq_calib_hist_applies(a);
     a.stream_dense = sparq_attend_stream_applies(a);
     a.kv_vec = a.stream_dense && sparq_attend_kv_vec(a, k_f16, v_f16);
     a.parts_k = sparq_attend_parts_k(a);
     sparq_launch_by_g(a, kt, k_f16, v_f16, cpt, 0, stream);
     const bool pdl = sparq_pdl();
-    if (a.cov_p > 0.0f) {
+    if (a.calib_hist) {
+        SPARQ_LAUNCH_AFTER(pdl, (k_sparq_select<true, true>), dim3(1, a.L), SPARQ_NT, stream, a);
+    } else if (a.cov_p > 0.0f) {
         SPARQ_LAUNCH_AFTER(pdl, (k_sparq_select<true, false>), dim3(a.nt_s, a.L), SPARQ_NT, stream, a);
     } else if (a.score_hist) {
         SPARQ_LAUNCH_AFTER(pdl, (k_sparq_select<false, true>), dim3(1, a.L), SPARQ_NT, stream, a);

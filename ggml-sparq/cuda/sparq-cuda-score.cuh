@@ -169,16 +169,89 @@ static __device__ void sparq_score_tile_cands(const sparq_cu_args & a, int li, i
     }
 }
 
+// With calib_hist, list li's part of the calibrated k's histogram in this tile: its valid cells
+// counted (shist) and their exp(x - bm) summed (shm; bm, the tile's maximum, its own reference:
+// every cell's term is at most 1 and the tile's best is exact, where the list's maximum is not
+// known yet) by their logit's top SPARQ_NB_BITS bits; the non-empty bins written in order for the
+// select's merge (which rescales each tile by exp(bm - M) / Z). The candidates: the cells of the
+// whole bins from the top while at most sparq_score_cap of them, the lowest such bin in the first
+// entry's y (the select reads candidates only from bins at or above every tile's).
+template <int CPT>
+static __device__ void sparq_score_tile_mass(const sparq_cu_args & a, int li, int s0, bool in, const float (&x)[CPT],
+                                             float bm, unsigned int * shist, float * shm, int * sh, double * shd,
+                                             sparq_cross * s_cross) {
+    const int tid = threadIdx.x;
+    for (int b = tid; b < SPARQ_NB; b += SPARQ_NT) {
+        shist[b] = 0u;
+        shm[b] = 0.0f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int c = 0; c < CPT; ++c) {
+        if (in && x[c] > -INFINITY) {
+            const unsigned int bin = sparq_key_bits(x[c]) >> SPARQ_NB_SHIFT;
+            atomicAdd(&shist[bin], 1u);
+            atomicAdd(&shm[bin], sparq_tile_mass(x[c], bm));
+        }
+    }
+    __syncthreads();
+    // the non-empty bins, SPARQ_NB / SPARQ_NT consecutive ones per thread, in order
+    constexpr int BPT = SPARQ_NB / SPARQ_NT;
+    int n_nz = 0;
+#pragma unroll
+    for (int i = 0; i < BPT; ++i) {
+        n_nz += shist[tid * BPT + i] != 0u;
+    }
+    int n_bins;
+    int at = sparq_block_scan(n_nz, &n_bins, sh) - n_nz;
+    uint2 * bd = sparq_score_bins(a, li, blockIdx.x);
+    if (tid == 0) {
+        bd[0] = make_uint2((unsigned int) n_bins, 0u);
+    }
+#pragma unroll
+    for (int i = 0; i < BPT; ++i) {
+        const int b = tid * BPT + i;
+        if (shist[b] != 0u) {
+            bd[1 + at++] = make_uint2(((unsigned int) b << 16) | shist[b], __float_as_uint(shm[b]));
+        }
+    }
+    const int cap = sparq_score_cap(a);
+    const sparq_cross lx = sparq_find_cross<BPT>(false, (double) (cap + 1), [&](int bin) { return (int) shist[bin]; },
+                                                 [&](int) { return 0.0; }, sh, shd, s_cross);
+    const unsigned int lb = lx.bin < 0 ? 0u : (unsigned int) lx.bin + 1u;
+    unsigned int put = 0u;
+#pragma unroll
+    for (int c = 0; c < CPT; ++c) {
+        if (in && x[c] > -INFINITY && (sparq_key_bits(x[c]) >> SPARQ_NB_SHIFT) >= lb) {
+            put |= 1u << c;
+        }
+    }
+    int n_tile;
+    int pos = sparq_block_scan(__popc(put), &n_tile, sh) - __popc(put);
+    uint2 * cd = sparq_score_cands(a, li, blockIdx.x);
+    if (tid == 0) {
+        cd[0] = make_uint2((unsigned int) n_tile, lb); // (n_tile <= cap)
+    }
+#pragma unroll
+    for (int c = 0; c < CPT; ++c) {
+        if ((put >> c) & 1u) {
+            cd[1 + pos++] = make_uint2(sparq_key_bits(x[c]), (unsigned int) (s0 + c));
+        }
+    }
+}
+
 // Per (score tile of SPARQ_NT * CPT cells, unit): the components; the tile's valid cells into tcnt;
 // the approximate logits of the g heads from r rows of K^T (each row read coalesced, CPT
 // consecutive cells per thread with one vector load when CPT > 1) + mask into logits, with the
 // tile's softmax maximum and sum per head into tstat. A dense stream (v_count < 0) needs no scores.
 // HIST (a.score_hist; its own instantiation, so that the other keeps its registers): each head's
-// candidates (sparq_score_tile_cands).
+// candidates (sparq_score_tile_cands); with MASS (a.calib_hist) also its masses per bin
+// (sparq_score_tile_mass, whose sums take sq's room once the scores are done: sq must then hold
+// SPARQ_NB floats).
 // The block of score tile blockIdx.x and unit blockIdx.y (k_sparq_score's body, which declares the
 // shared memory: sq [GMAX * D_MAX], si1, aq, chosen_of [D_MAX], sh, red, shd [SPARQ_NW], shist
 // [HIST ? SPARQ_NB : 1]; k_sparq_fused passes its own). Returns early for a dense stream.
-template <int GMAX, typename TKT, int CPT, bool HIST>
+template <int GMAX, typename TKT, int CPT, bool HIST, bool MASS = false>
 static __device__ __forceinline__ void sparq_score_block(const sparq_cu_args & a, float * sq, int * si1, float * aq,
                                                          int * chosen_of, int * sh, float * red, unsigned int * shist,
                                                          double * shd, sparq_cross & s_cross) {
@@ -270,15 +343,17 @@ static __device__ __forceinline__ void sparq_score_block(const sparq_cu_args & a
         if (tid == 0) {
             a.tstat[((size_t) u * a.nt_a + blockIdx.x) * g + h] = make_float2(bm, bm == -INFINITY ? 0.0f : bz);
         }
-        if constexpr (HIST) { // (a list per head: li = u * g + h)
+        if constexpr (MASS) { // (a list per head: li = u * g + h)
+            sparq_score_tile_mass<CPT>(a, u * g + h, s0, in, x, bm, shist, sq, sh, shd, &s_cross);
+        } else if constexpr (HIST) {
             sparq_score_tile_cands<CPT>(a, u * g + h, s0, in, x, shist, sh, shd, &s_cross);
         }
     }
 }
 
-template <int GMAX, typename TKT, int CPT, bool HIST>
+template <int GMAX, typename TKT, int CPT, bool HIST, bool MASS = false>
 static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_score(const sparq_cu_args a) {
-    __shared__ float sq[GMAX * GGML_CUDA_SPARQ_D_MAX];
+    __shared__ float sq[MASS && GMAX * GGML_CUDA_SPARQ_D_MAX < SPARQ_NB ? SPARQ_NB : GMAX * GGML_CUDA_SPARQ_D_MAX];
     __shared__ int si1[GGML_CUDA_SPARQ_D_MAX];
     __shared__ float aq[GGML_CUDA_SPARQ_D_MAX];
     __shared__ int chosen_of[GGML_CUDA_SPARQ_D_MAX];
@@ -287,5 +362,5 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_score(const sparq_cu_
     __shared__ unsigned int shist[HIST ? SPARQ_NB : 1];
     __shared__ double shd[SPARQ_NW];
     __shared__ sparq_cross s_cross;
-    sparq_score_block<GMAX, TKT, CPT, HIST>(a, sq, si1, aq, chosen_of, sh, red, shist, shd, s_cross);
+    sparq_score_block<GMAX, TKT, CPT, HIST, MASS>(a, sq, si1, aq, chosen_of, sh, red, shist, shd, s_cross);
 }

@@ -205,9 +205,11 @@ static __device__ __forceinline__ bool sparq_tile_flush(const sparq_cu_args & a,
 }
 
 // With score_hist: one block per list li (the score tiles left its histogram's source, their
-// candidates): the given window's cells of the whole row into its window bitmap, then the list's choice
+// candidates): the given window's cells of the whole row into its window bitmap, then the list's choice.
+// COV (calib_hist): the list's mass histogram merged from the score tiles' bins first.
+template <bool COV = false>
 static __device__ void sparq_select_scored(const sparq_cu_args & a, const sparq_sel_smem & sm, int * s_nc, int li) {
-    const sparq_sel_ctx c = sparq_sel_ctx_of(a, li, sm.sh, sm.s_int);
+    sparq_sel_ctx c = sparq_sel_ctx_of(a, li, sm.sh, sm.s_int);
     if (c.mode != 0) {
         sparq_tile_dense_row(a, c, 0);
         return;
@@ -224,7 +226,10 @@ static __device__ void sparq_select_scored(const sparq_cu_args & a, const sparq_
         }
         __syncthreads();
     }
-    sparq_select_list<true>(a, c, sm, s_nc);
+    if constexpr (COV) {
+        c.cand_lo = sparq_calib_merge(a, c, sm);
+    }
+    sparq_select_list<true, COV>(a, c, sm, s_nc);
 }
 
 // Per (selection tile of SPARQ_TS cells, list): the group keys of a shared choice into keys; the
@@ -232,11 +237,12 @@ static __device__ void sparq_select_scored(const sparq_cu_args & a, const sparq_
 // for the calibrated k, weighed) by their key's top SPARQ_NB_BITS bits into the list's histograms.
 // The last tile of a list to finish (a counter; the scratch was cleared by the score kernel) then
 // chooses the list's cells (sparq_select_list). A dense row only has its description written. With
-// score_hist (SCORED, a fixed k) the grid is one block per list (sparq_select_scored).
+// score_hist (SCORED, a fixed k) or calib_hist (SCORED and COV) the grid is one block per list
+// (sparq_select_scored).
 template <bool COV, bool SCORED>
 static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_select(const sparq_cu_args a) {
     __shared__ unsigned int hc[SPARQ_NB];
-    __shared__ float hm[COV ? SPARQ_NB : 1];
+    __shared__ float hm[COV && !SCORED ? SPARQ_NB : 1];
     __shared__ unsigned int rc[256];
     __shared__ double rm[256];
     __shared__ unsigned int wb[SPARQ_TS / 32];
@@ -258,7 +264,7 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_select(const sparq_cu
     ggml_cuda_pdl_sync();
     ggml_cuda_pdl_lc();
     if constexpr (SCORED) {
-        sparq_select_scored(a, sm, &s_nc, blockIdx.y);
+        sparq_select_scored<COV>(a, sm, &s_nc, blockIdx.y);
         return;
     }
     // with keys_early the tile's loads go before the context's own loads and scans, so that the two wait together

@@ -24,6 +24,8 @@ struct sparq_sel_ctx {
     const float * keys;    // the list's keys (for a summed key, written by the tile blocks)
     float M;               // the list head's softmax maximum (not summed)
     double iZ;             // and 1 / its sum
+    int cand_lo;           // with calib_hist: the score tiles' candidates hold every valid cell in the
+                           // bins from this one up (SPARQ_NB: none)
 };
 
 // the estimated attention mass of a cell with key x (the target of the calibrated k): its head's
@@ -143,6 +145,7 @@ static __device__ sparq_sel_ctx sparq_sel_ctx_of(const sparq_cu_args & a, int li
     }
     c.M = -INFINITY;
     c.iZ = 0.0;
+    c.cand_lo = SPARQ_NB;
     // only the calibrated k weighs keys by their mass (a loop over the score tiles with a double exp
     // each, in every block of the list: a third of a fixed k's instructions at 64K cells)
     if (c.mode == 0 && !c.summed && a.cov_p > 0.0f) {
@@ -377,12 +380,18 @@ static __device__ sparq_cross sparq_radix_pass(const sparq_cu_args & a, const sp
                                [&](int bin) { return sm.rm[bin]; }, sm.sh, sm.shd, sm.s_cross);
 }
 
+static __device__ void sparq_scored_gather(const sparq_cu_args & a, const sparq_sel_ctx & c, int b,
+                                           const sparq_sel_smem & sm, int * s_nc);
+
 // The calibrated k's cut of list li: the fewest best eligible cells whose mass reaches need (> 0),
 // or -1 when that takes more than kk cells (the unit is diffuse). From the first-pass histograms,
 // then the bin of the crossing: its cells ranked in shared memory, or radix passes over the list
 // when there are more of them than fit. *reach: the cut's cells, for the report; beyond the cap
 // not ranked further (a diffuse unit reads every cell anyway): the cells above the crossing's bin
 // and one, or every eligible cell when all of them fall short (lower bounds).
+// MASS (calib_hist): the histograms are the merge's (sparq_calib_merge), and a crossing bin at or
+// above the score tiles' cand_lo gathers its cells from their candidates instead of the list.
+template <bool MASS = false>
 static __device__ int sparq_coverage_cut(const sparq_cu_args & a, const sparq_sel_ctx & c, double need, int kk,
                                          const sparq_sel_smem & sm, int * s_nc, int * reach) {
     const int tid = threadIdx.x;
@@ -402,7 +411,11 @@ static __device__ int sparq_coverage_cut(const sparq_cu_args & a, const sparq_se
             sm.s_int[3] = 0x7fffffff;
         }
         __syncthreads();
-        sparq_sel_pass(a, c, x.bin, false, false, true, sm, s_nc);
+        if (MASS && x.bin >= c.cand_lo) {
+            sparq_scored_gather(a, c, x.bin, sm, s_nc);
+        } else {
+            sparq_sel_pass(a, c, x.bin, false, false, true, sm, s_nc);
+        }
         const int n = min(*s_nc, SPARQ_CAND_MAX);
         sparq_sort_cands(sm, n);
         // the running mass over the sorted candidates: a contiguous share per thread
@@ -602,24 +615,113 @@ static __device__ void sparq_scored_pass(const sparq_cu_args & a, const sparq_se
     __syncthreads();
 }
 
+// With calib_hist: the eligible candidates of bin b (at or above cand_lo: every one is there) into
+// the gathered candidates, as sparq_sel_pass's gather (the calibrated k's crossing bin)
+static __device__ void sparq_scored_gather(const sparq_cu_args & a, const sparq_sel_ctx & c, int b,
+                                           const sparq_sel_smem & sm, int * s_nc) {
+    sparq_scored_each(a, c, [&](unsigned int o, int s) {
+        if (s < c.w0 && (int) (o >> SPARQ_NB_SHIFT) == b && !(a.win && sparq_win_bit(a, c.R, s))) {
+            const int pos = atomicAdd(s_nc, 1);
+            if (pos < SPARQ_CAND_MAX) {
+                sm.hc[pos] = o;
+                sm.ci[pos] = s;
+            }
+        }
+    });
+    __syncthreads();
+}
+
+// With calib_hist: list li's first-pass histograms (a.hist, a.hmass, which the score kernel cleared;
+// the list's one block adds into them) from the score tiles' non-empty bins, each tile's masses
+// rescaled from its own maximum m_t by exp(m_t - M) / Z; then the window's cells, which the score
+// tiles counted as any valid cell, taken out again. Returns the lowest bin from which the tiles'
+// candidates hold every valid cell (the highest of their lowest whole bins).
+static __device__ int sparq_calib_merge(const sparq_cu_args & a, const sparq_sel_ctx & c, const sparq_sel_smem & sm) {
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    unsigned int * hg = a.hist + (size_t) c.li * SPARQ_NB;
+    double * hmg = a.hmass + (size_t) c.li * SPARQ_NB;
+    if (tid == 0) {
+        sm.s_int[3] = 0;
+    }
+    __syncthreads();
+    const float2 * ts = a.tstat + (size_t) c.u * a.nt_a * a.g + c.h; // (a list per head: its head is c.h)
+    for (int t = warp; t < a.nt_a; t += SPARQ_NW) {
+        const float mt = ts[(size_t) t * a.g].x;
+        if (mt == -INFINITY) {
+            continue; // no valid cell (uniform over the warp)
+        }
+        const double f = exp((double) mt - (double) c.M) * c.iZ;
+        const uint2 * bd = sparq_score_bins(a, c.li, t);
+        const int n = (int) bd[0].x;
+        for (int i = lane; i < n; i += 32) {
+            const uint2 e = bd[1 + i];
+            const int b = (int) (e.x >> 16);
+            atomicAdd(&hg[b], e.x & 0xffffu);
+            atomicAdd(&hmg[b], (double) __uint_as_float(e.y) * f);
+        }
+        if (lane == 0) {
+            atomicMax(&sm.s_int[3], (int) sparq_score_cands(a, c.li, t)[0].y);
+        }
+    }
+    // the window's cells: the given window's bits, or the tail's valid cells from w0 on
+    const auto drop = [&](int s) {
+        const float x = __ldcg(c.keys + s);
+        if (x > -INFINITY) {
+            const float mt = ts[(size_t) (s / a.tl_a) * a.g].x;
+            const int b = (int) (sparq_key_bits(x) >> SPARQ_NB_SHIFT);
+            atomicAdd(&hg[b], 0xffffffffu);
+            atomicAdd(&hmg[b], -((double) sparq_tile_mass(x, mt) * exp((double) mt - (double) c.M) * c.iZ));
+        }
+    };
+    if (a.win) {
+        for (int w = tid; w < a.W; w += SPARQ_NT) {
+            unsigned int bits = __ldcg(a.wbits + (size_t) c.R * a.W + w);
+            while (bits) {
+                const int i = __ffs(bits) - 1;
+                bits &= bits - 1u;
+                drop(w * 32 + i);
+            }
+        }
+    } else {
+        for (int s = c.w0 + tid; s < a.n_kv; s += SPARQ_NT) {
+            drop(s);
+        }
+    }
+    __threadfence();
+    __syncthreads();
+    // a bin left with no cell weighs nothing (not the rounding of its sum and the window's)
+    for (int b = tid; b < SPARQ_NB; b += SPARQ_NT) {
+        if (__ldcg(hg + b) == 0u || __ldcg(hmg + b) < 0.0) {
+            hmg[b] = 0.0;
+        }
+    }
+    __threadfence();
+    __syncthreads();
+    const int lo = sm.s_int[3];
+    __syncthreads();
+    return lo;
+}
+
 // The kk (> 0) best eligible cells of list li and the window into the unit's bitmap: from the
 // first-pass histogram (the select tiles', or with score_hist the score tiles' candidates') the bin
 // holding the kk-th best key; one pass takes the cells above it and gathers the bin's cells, the
 // best of which are ranked in shared memory; a bin with more cells than fit takes radix passes over
 // the list and a collection in cell order (equal keys to the lower cells, as the CPU op).
-// SCORED: score_hist's.
-template <bool SCORED>
+// SCORED: score_hist's (with MASS, calib_hist's: the merge's histogram, and the pass over the score
+// tiles' candidates where the bin is at or above their cand_lo).
+template <bool SCORED, bool MASS = false>
 static __device__ void sparq_choose(const sparq_cu_args & a, const sparq_sel_ctx & c, int kk, const sparq_sel_smem & sm,
                                     int * s_nc) {
     const int tid = threadIdx.x;
     const unsigned int * hg = a.hist + (size_t) c.li * SPARQ_NB;
     bool scored = false; // the score tiles kept every candidate (uniform over the block)
-    if constexpr (SCORED) {
+    constexpr bool IN_SM = SCORED && !MASS; // the histogram in shared memory (score_hist's)
+    if constexpr (IN_SM) {
         scored = sparq_scored_complete(a, c, sm.sh);
         sparq_scored_histogram(a, c, scored, sm);
     }
     const sparq_cross x = sparq_find_cross<SPARQ_NB / SPARQ_NT>(false, (double) kk,
-                                                                [&](int bin) { return (int) (SCORED ? sm.hc[bin] : __ldcg(hg + bin)); },
+                                                                [&](int bin) { return (int) (IN_SM ? sm.hc[bin] : __ldcg(hg + bin)); },
                                                                 [&](int) { return 0.0; }, sm.sh, sm.shd, sm.s_cross);
     if (x.bin < 0) {
         sparq_sel_pass(a, c, -1, false, true, false, sm, s_nc); // no more eligible cells than wanted: all
@@ -634,7 +736,7 @@ static __device__ void sparq_choose(const sparq_cu_args & a, const sparq_sel_ctx
         const bool all_of_bin = want == x.c_bin;
         // a fixed k's tiles left their candidates (every cell in a bin from x.bin up among them)
         const unsigned int nc = a.cov_p > 0.0f || SCORED ? 0xffffffffu : __ldcg(a.ncand + c.li);
-        if (scored) {
+        if (scored || (MASS && x.bin >= c.cand_lo)) {
             if (c.h == 0) {
                 sparq_window_bits(a, c);
             }
@@ -730,10 +832,10 @@ static __device__ double sparq_window_mass(const sparq_cu_args & a, const sparq_
     return tot / (h1 - h0);
 }
 
-// The last block of list li to finish its tile (SCORED: score_hist's block of the list): the
-// window's cells counted, the row's description for the attend kernel, the calibrated k's cut, then
-// the chosen cells.
-template <bool SCORED>
+// The last block of list li to finish its tile (SCORED: score_hist's block of the list; with MASS
+// calib_hist's): the window's cells counted, the row's description for the attend kernel, the
+// calibrated k's cut, then the chosen cells.
+template <bool SCORED, bool MASS = false>
 static __device__ void sparq_select_list(const sparq_cu_args & a, const sparq_sel_ctx & c, const sparq_sel_smem & sm,
                                          int * s_nc) {
     const int n_win = a.l <= 0 ? 0 : a.win ? sparq_count_win_bits(a, c.R, sm.sh) : a.l;
@@ -755,7 +857,7 @@ static __device__ void sparq_select_list(const sparq_cu_args & a, const sparq_se
         const double need = (double) a.cov_p - (n_win > 0 ? sparq_window_mass(a, c, sm) : 0.0);
         int n_cut = 0, reach = 0;
         if (need > 0.0) {
-            n_cut = sparq_coverage_cut(a, c, need, kk, sm, s_nc, &reach);
+            n_cut = sparq_coverage_cut<MASS>(a, c, need, kk, sm, s_nc, &reach);
         }
         if (a.lrep && threadIdx.x == 0) {
             a.lrep[2 * c.li] = reach;
@@ -775,5 +877,5 @@ static __device__ void sparq_select_list(const sparq_cu_args & a, const sparq_se
         }
         return;
     }
-    sparq_choose<SCORED>(a, c, kk, sm, s_nc);
+    sparq_choose<SCORED, MASS>(a, c, kk, sm, s_nc);
 }

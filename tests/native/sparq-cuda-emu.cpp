@@ -15,8 +15,10 @@
 // 4 stream 0 sees 40 cells in the middle (a dense row that skips empty chunks);
 // scalar: 1 forces the one-cell K^T loads; cov_p > 0: the calibrated k (coverage target cov_p, at
 // least k_min cells, each row's cap from k_frac of its valid cells when k_frac > 0).
-// SPARQ_EMU_ORDER=seq runs the blocks in order. Prints "OK nmse=... launches=N pdl_launches=P report_differ=0
-// report_reach=M" (M: the entries that measured the cells reaching the target) or "FAIL ..."
+// SPARQ_EMU_ORDER=seq runs the blocks in order; SPARQ_EMU_TIES, SPARQ_EMU_PEAK and SPARQ_EMU_HOLE
+// shape the inputs (below). Prints "OK nmse=... select_blocks=B launches=N pdl_launches=P
+// report_differ=0 report_reach=M" (B: the second launch's blocks; M: the entries that measured the
+// cells reaching the target) or "FAIL ..."
 // and exits 0 / 1. The inputs are tie-proof (tests/native/sparq-tie-proof.h: query large on r
 // components, keys level * sign there, levels i / 1024), so the selections must be equal.
 
@@ -155,6 +157,12 @@ static inline unsigned int atomicInc(unsigned int * p, unsigned int wrap) {
     }
     return old;
 }
+static inline int atomicMax(int * p, int v) {
+    int old = __atomic_load_n(p, __ATOMIC_SEQ_CST);
+    while (v > old && !__atomic_compare_exchange_n(p, &old, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+    }
+    return old;
+}
 static inline int atomicMin(int * p, int v) {
     int old = __atomic_load_n(p, __ATOMIC_SEQ_CST);
     while (v < old && !__atomic_compare_exchange_n(p, &old, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
@@ -212,12 +220,14 @@ struct emu_team {
 static emu_team * g_team = nullptr;
 
 static int g_launches = 0;
+static std::vector<long> g_launch_blocks; // each launch's blocks, in launch order
 static std::mt19937 g_order_rng(99);
 
 template <typename... P, typename... A>
 static void emu_launch(void (*kernel)(P...), dim3 grid, dim3 block, A... args) {
     const int nt = (int) block.x;
     ++g_launches;
+    g_launch_blocks.push_back((long) grid.x * grid.y * grid.z);
     std::vector<dim3> order;
     for (unsigned int z = 0; z < grid.z; ++z) {
         for (unsigned int y = 0; y < grid.y; ++y) {
@@ -311,6 +321,27 @@ int main(int argc, char ** argv) {
     }
     std::vector<float> Kf(nkv), Vf(nkv);
     tp.keys(Kf, gen);
+    // SPARQ_EMU_PEAK=f: the query times f and the cells [p0, p0 + 256) (p0: the score tile of 2048
+    // cells at S / 2) on the top levels (3/4 to 1), every other cell at most 1/2: one tile holds
+    // almost all of the softmax (levels still on the grid i / 1024; its own generator, so that the
+    // other inputs stay as without it)
+    if (const char * pe = getenv("SPARQ_EMU_PEAK")) {
+        const float f = (float) atof(pe);
+        for (auto & x : variant == 2 ? qsel : q) {
+            x *= f;
+        }
+        std::mt19937 pg(777);
+        const int p0 = (S / 2) & ~2047;
+        for (size_t c = 0; c < Kf.size() / (size_t) d; ++c) {
+            const int cell = (int) (c % (size_t) S);
+            const int i = cell >= p0 && cell < p0 + 256 ? 768 + (int) (pg() % 257) : (int) (pg() % 1537) - 1024;
+            for (int j = 0; j < d; ++j) {
+                if (tp.in_j[j]) {
+                    Kf[c * d + j] = (float) i / 1024.0f * tp.sgn[j];
+                }
+            }
+        }
+    }
     // SPARQ_EMU_TIES=n: every cell's key row a copy of the first of its group of n cells, so that
     // groups of n exactly equal keys meet the k-th key (the select ranks ties to the lower cell, as
     // the CPU op does)
@@ -363,6 +394,9 @@ int main(int argc, char ** argv) {
         vcount[0] = -(float) S;
     }
     std::vector<uint16_t> mask((size_t) S * nr * ns);
+    // SPARQ_EMU_HOLE=1: the cells [S / 4, S / 2) masked in every row (whole score tiles without a
+    // valid cell, and tiles cut by the hole)
+    const bool hole = getenv("SPARQ_EMU_HOLE") && atoi(getenv("SPARQ_EMU_HOLE")) != 0;
     for (int st = 0; st < ns; ++st) {
         std::vector<char> blk((S + 31) / 32);
         for (auto & b : blk) {
@@ -370,7 +404,7 @@ int main(int argc, char ** argv) {
         }
         for (int i = 0; i < nr; ++i) {
             for (int c = 0; c < S; ++c) {
-                bool valid = c < S - (nr - 1 - i) && !blk[c / 32];
+                bool valid = c < S - (nr - 1 - i) && !blk[c / 32] && !(hole && c >= S / 4 && c < S / 2);
                 if (variant == 4 && st == 0) {
                     valid = c >= S / 2 && c < S / 2 + 40; // a short sequence in a long cache: a dense row
                 }
@@ -585,11 +619,12 @@ int main(int argc, char ** argv) {
     const bool ok = nmse <= 1e-9 && n_diff == 0 && rep_differ == 0 && g_pdl_bad == 0 && tickets_zero;
     const int n_chose = n_sparse - n_diffuse;
     printf("%s nmse=%.3g max_abs=%.3g sparq_units=%d diffuse_units=%d mean_cells=%.1f sel_differ=%d cpt=%d select=%s "
-           "hist=%s loads=%s score_hist=%d stream=%d kv_vec=%d attend_parts=%d fused=%d launches=%d pdl_launches=%d "
-           "report_differ=%d report_reach=%d\n",
+           "hist=%s loads=%s score_hist=%d calib_hist=%d select_blocks=%ld stream=%d kv_vec=%d attend_parts=%d fused=%d "
+           "launches=%d pdl_launches=%d report_differ=%d report_reach=%d\n",
            ok ? "OK" : "FAIL", nmse, maxd, n_sparse, n_diffuse, n_chose > 0 ? (double) n_cells / n_chose : 0.0, n_diff,
            cpt, a.force_radix ? "radix" : "rank", a.hist_atomic ? "atomic" : "match",
-           a.keys_early ? "early" : "late", (int) sparq_score_hist_applies(a), (int) sparq_attend_stream_applies(a),
+           a.keys_early ? "early" : "late", (int) sparq_score_hist_applies(a), (int) sparq_calib_hist_applies(a),
+           g_launch_blocks.size() > 1 ? g_launch_blocks[1] : 0L, (int) sparq_attend_stream_applies(a),
            (int) (sparq_attend_stream_applies(a) && sparq_attend_kv_vec(a, f16, f16)), a.fused ? 1 : sparq_attend_parts(a), a.fused, g_launches,
            g_pdl_launches, rep_differ, rep_reach);
     return ok ? 0 : 1;

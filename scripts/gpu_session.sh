@@ -28,8 +28,10 @@
 #             LLAMA_SPARQ_CUDA_PDL=0 (the default kernels, the reference in the same session), then
 #             LLAMA_SPARQ_CUDA_PDL=1, LLAMA_SPARQ_CUDA_SCORE_HIST=1, both, and
 #             LLAMA_SPARQ_CUDA_SELECT_HIST=atomic, LLAMA_SPARQ_CUDA_SELECT_LOADS=early,
-#             LLAMA_SPARQ_CUDA_ATTEND_ITEMS=16, LLAMA_SPARQ_CUDA_FUSED=1: one launch per layer up to
-#             16K cells, so give it AB_DEPTHS=4096,8192,16384 too), each with dense beside it in the same run and tagged
+#             LLAMA_SPARQ_CUDA_ATTEND_ITEMS=16, LLAMA_SPARQ_CUDA_FUSED=1 (one launch per layer up to
+#             16K cells, so give it AB_DEPTHS=4096,8192,16384 too), LLAMA_SPARQ_CUDA_CALIB_HIST=1 (the
+#             grid's calibrated cases check it, its rows (a fixed k) equal the reference; calib times
+#             it), each with dense beside it in the same run and tagged
 #             <tag>_ab_<setting>: ways of the kernels timed without a rebuild. With AB_CHECK=1 (the
 #             default) each setting first runs the SPARQ_ATTN grid of test-backend-ops on CUDA0 against
 #             the CPU (as the grid step; log ab.log), so that a way is never timed unchecked; with
@@ -41,9 +43,11 @@
 #             setting of $CALIB_ENVS (as AB_ENVS; default LLAMA_SPARQ_CUDA_REPORT=1: the GPU op's
 #             report reaches the host and diffuse layers run upstream's flash attention in stretches;
 #             LLAMA_SPARQ_CUDA_REPORT=0: the op attends over every cell of a diffuse unit itself, at
-#             every step; and the same with LLAMA_SPARQ_CUDA_DIFFUSE=1, the op's diffuse units
-#             streamed), each with dense -fa 1 beside it in the same run and tagged
-#             <tag>_calib_<setting> (report_1, report_0, report_0_diffuse_1); each row keeps the
+#             every step; the same with LLAMA_SPARQ_CUDA_DIFFUSE=1, the op's diffuse units
+#             streamed; and the report on with LLAMA_SPARQ_CUDA_CALIB_HIST=1, the calibrated k's
+#             histogram from the score tiles), each with dense -fa 1 beside it in the same run and
+#             tagged <tag>_calib_<setting> (report_1, report_0, report_0_diffuse_1,
+#             report_1_calib_hist_1); each row keeps the
 #             fork's counters (SparQ and dense calls, the diffuse stretches' calls, the calls the op
 #             reported)
 #   nkvo      the -nkvo runs (weights on the GPU, cache and attention on the host) at $NKVO_DEPTHS
@@ -198,7 +202,7 @@ ab_settings() {
     local dflt="LLAMA_SPARQ_CUDA_PDL=0;LLAMA_SPARQ_CUDA_PDL=1;LLAMA_SPARQ_CUDA_SCORE_HIST=1"
     dflt+=";LLAMA_SPARQ_CUDA_PDL=1,LLAMA_SPARQ_CUDA_SCORE_HIST=1"
     dflt+=";LLAMA_SPARQ_CUDA_SELECT_HIST=atomic;LLAMA_SPARQ_CUDA_SELECT_LOADS=early;LLAMA_SPARQ_CUDA_ATTEND_ITEMS=16"
-    dflt+=";LLAMA_SPARQ_CUDA_FUSED=1"
+    dflt+=";LLAMA_SPARQ_CUDA_FUSED=1;LLAMA_SPARQ_CUDA_CALIB_HIST=1"
     env_settings AB_ENVS "${AB_ENVS:-$dflt}"
 }
 
@@ -243,6 +247,7 @@ step_calib() {
     local tag v slug settings rc=0
     local -a vars
     local dflt="LLAMA_SPARQ_CUDA_REPORT=1;LLAMA_SPARQ_CUDA_REPORT=0;LLAMA_SPARQ_CUDA_REPORT=0,LLAMA_SPARQ_CUDA_DIFFUSE=1"
+    dflt+=";LLAMA_SPARQ_CUDA_REPORT=1,LLAMA_SPARQ_CUDA_CALIB_HIST=1"
     tag=$(gpu_tag)
     settings=$(env_settings CALIB_ENVS "${CALIB_ENVS:-$dflt}") || return 2
     for v in $settings; do

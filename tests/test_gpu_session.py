@@ -325,55 +325,64 @@ def test_ab_runs_the_batch1_rows_once_per_setting(tmp_path):
     py = tmp_path / "py"
     py.write_text('#!/bin/sh\necho "RAN $* HIST=${LLAMA_SPARQ_CUDA_SELECT_HIST:-} LOADS=${LLAMA_SPARQ_CUDA_SELECT_LOADS:-} '
                   'ITEMS=${LLAMA_SPARQ_CUDA_ATTEND_ITEMS:-} PDL=${LLAMA_SPARQ_CUDA_PDL:-} '
-                  'SCORE=${LLAMA_SPARQ_CUDA_SCORE_HIST:-} FUSED=${LLAMA_SPARQ_CUDA_FUSED:-}"\n')
+                  'SCORE=${LLAMA_SPARQ_CUDA_SCORE_HIST:-} FUSED=${LLAMA_SPARQ_CUDA_FUSED:-} '
+                  'CALIB=${LLAMA_SPARQ_CUDA_CALIB_HIST:-}"\n')
     py.chmod(0o755)
     res = run(tmp_path, "ab", SPARQ_PYTHON=str(py), GPU_TAG="h0_abc", AB_DEPTHS="4096")
     assert res.returncode == 0, res.stdout + res.stderr
     ran = [line for line in res.stdout.splitlines() if line.startswith("RAN ")]
     e2e = [r for r in ran if "--only e2e" in r]
     checks = [r for r in ran if "-k backend_ops_cuda_equals_cpu" in r]
-    assert len(e2e) == 8 and len(checks) == 8 and len(ran) == 16, res.stdout
-    assert ran[0] in checks and ran[1] in e2e and ran[0].endswith("PDL=0 SCORE= FUSED="), ran
-    assert "--tag h0_abc_ab_pdl_0 --depths 4096 " in e2e[0] and e2e[0].endswith("ITEMS= PDL=0 SCORE= FUSED="), e2e
-    assert "--tag h0_abc_ab_pdl_1 --depths 4096 " in e2e[1] and e2e[1].endswith("PDL=1 SCORE= FUSED="), e2e
-    assert "--tag h0_abc_ab_score_hist_1 --depths 4096 " in e2e[2] and e2e[2].endswith("PDL= SCORE=1 FUSED="), e2e
-    assert "--tag h0_abc_ab_pdl_1_score_hist_1 --depths 4096 " in e2e[3] and e2e[3].endswith("PDL=1 SCORE=1 FUSED="), e2e
-    assert checks[3].endswith("PDL=1 SCORE=1 FUSED="), checks
+    assert len(e2e) == 9 and len(checks) == 9 and len(ran) == 18, res.stdout
+    assert ran[0] in checks and ran[1] in e2e and ran[0].endswith("PDL=0 SCORE= FUSED= CALIB="), ran
+    assert "--tag h0_abc_ab_pdl_0 --depths 4096 " in e2e[0] and e2e[0].endswith("ITEMS= PDL=0 SCORE= FUSED= CALIB="), e2e
+    assert "--tag h0_abc_ab_pdl_1 --depths 4096 " in e2e[1] and e2e[1].endswith("PDL=1 SCORE= FUSED= CALIB="), e2e
+    assert "--tag h0_abc_ab_score_hist_1 --depths 4096 " in e2e[2] and e2e[2].endswith("PDL= SCORE=1 FUSED= CALIB="), e2e
+    assert "--tag h0_abc_ab_pdl_1_score_hist_1 --depths 4096 " in e2e[3], e2e
+    assert e2e[3].endswith("PDL=1 SCORE=1 FUSED= CALIB="), e2e
+    assert checks[3].endswith("PDL=1 SCORE=1 FUSED= CALIB="), checks
     assert "--tag h0_abc_ab_select_hist_atomic --depths 4096 " in e2e[4], e2e
-    assert "HIST=atomic LOADS= ITEMS= PDL= SCORE= FUSED=" in e2e[4], e2e
+    assert "HIST=atomic LOADS= ITEMS= PDL= SCORE= FUSED= CALIB=" in e2e[4], e2e
     assert "--tag h0_abc_ab_select_loads_early --depths 4096 " in e2e[5] and "HIST= LOADS=early ITEMS= " in e2e[5], e2e
     assert "--tag h0_abc_ab_attend_items_16 --depths 4096 " in e2e[6] and "HIST= LOADS= ITEMS=16 " in e2e[6], e2e
-    assert "--tag h0_abc_ab_fused_1 --depths 4096 " in e2e[7] and e2e[7].endswith("PDL= SCORE= FUSED=1"), e2e
+    assert "--tag h0_abc_ab_fused_1 --depths 4096 " in e2e[7] and e2e[7].endswith("PDL= SCORE= FUSED=1 CALIB="), e2e
+    assert "--tag h0_abc_ab_calib_hist_1 --depths 4096 " in e2e[8] and e2e[8].endswith("SCORE= FUSED= CALIB=1"), e2e
+    assert checks[8].endswith("SCORE= FUSED= CALIB=1"), checks
     assert all("--depths-batch  --nkvo-depths " in r for r in e2e), e2e
     # without the checks, one run per setting
     res = run(tmp_path, "ab", SPARQ_PYTHON=str(py), GPU_TAG="h0_abc", AB_DEPTHS="4096", AB_CHECK="0",
               AB_ENVS="LLAMA_SPARQ_CUDA_PDL=1")
     ran = [line for line in res.stdout.splitlines() if line.startswith("RAN ")]
-    assert res.returncode == 0 and len(ran) == 1 and "--only e2e" in ran[0] and ran[0].endswith("PDL=1 SCORE= FUSED="), ran
+    assert res.returncode == 0 and len(ran) == 1 and "--only e2e" in ran[0], ran
+    assert ran[0].endswith("PDL=1 SCORE= FUSED= CALIB="), ran
 
 
 def test_calib_times_the_calibrated_k_with_the_gpu_report_on_and_off(tmp_path):
     """The calib step: the calibrated k's batch-1 rows (dense -fa 1 beside them) once with the GPU
-    op's report on, once off (LLAMA_SPARQ_CUDA_REPORT=1, 0), and once off with the op's diffuse
-    units streamed (LLAMA_SPARQ_CUDA_DIFFUSE=1), each under its own tag; CALIB_ENVS replaces them."""
+    op's report on, once off (LLAMA_SPARQ_CUDA_REPORT=1, 0), once off with the op's diffuse units
+    streamed (LLAMA_SPARQ_CUDA_DIFFUSE=1), and once on with the calibrated k's histogram from the
+    score tiles (LLAMA_SPARQ_CUDA_CALIB_HIST=1), each under its own tag; CALIB_ENVS replaces them."""
     (tmp_path / "site" / "llama_sparq").mkdir(parents=True)
     (tmp_path / "site" / "llama_sparq" / "__init__.py").write_text("")
     py = tmp_path / "py"
-    py.write_text('#!/bin/sh\necho "RAN $* REPORT=${LLAMA_SPARQ_CUDA_REPORT:-} DIFFUSE=${LLAMA_SPARQ_CUDA_DIFFUSE:-}"\n')
+    py.write_text('#!/bin/sh\necho "RAN $* REPORT=${LLAMA_SPARQ_CUDA_REPORT:-} DIFFUSE=${LLAMA_SPARQ_CUDA_DIFFUSE:-}'
+                  ' CALIB=${LLAMA_SPARQ_CUDA_CALIB_HIST:-}"\n')
     py.chmod(0o755)
     res = run(tmp_path, "calib", SPARQ_PYTHON=str(py), GPU_TAG="h0_abc")
     assert res.returncode == 0, res.stdout + res.stderr
     ran = [line for line in res.stdout.splitlines() if line.startswith("RAN ")]
-    assert len(ran) == 3, res.stdout
-    assert "--tag h0_abc_calib_report_1 --depths 65536 " in ran[0] and ran[0].endswith("REPORT=1 DIFFUSE="), ran
-    assert "--tag h0_abc_calib_report_0 --depths 65536 " in ran[1] and ran[1].endswith("REPORT=0 DIFFUSE="), ran
+    assert len(ran) == 4, res.stdout
+    assert "--tag h0_abc_calib_report_1 --depths 65536 " in ran[0] and ran[0].endswith("REPORT=1 DIFFUSE= CALIB="), ran
+    assert "--tag h0_abc_calib_report_0 --depths 65536 " in ran[1] and ran[1].endswith("REPORT=0 DIFFUSE= CALIB="), ran
     assert "--tag h0_abc_calib_report_0_diffuse_1 --depths 65536 " in ran[2], ran
-    assert ran[2].endswith("REPORT=0 DIFFUSE=1"), ran
+    assert ran[2].endswith("REPORT=0 DIFFUSE=1 CALIB="), ran
+    assert "--tag h0_abc_calib_report_1_calib_hist_1 --depths 65536 " in ran[3], ran
+    assert ran[3].endswith("REPORT=1 DIFFUSE= CALIB=1"), ran
     assert all("--only e2e" in r and " --k 0 --l -1 " in r and "--n-gen 64" in r for r in ran), ran
     res = run(tmp_path, "calib", SPARQ_PYTHON=str(py), GPU_TAG="h0_abc", CALIB_ENVS="LLAMA_SPARQ_CUDA_DIFFUSE=1")
     ran = [line for line in res.stdout.splitlines() if line.startswith("RAN ")]
     assert res.returncode == 0 and len(ran) == 1 and "--tag h0_abc_calib_diffuse_1 " in ran[0], res.stdout
-    assert ran[0].endswith("REPORT= DIFFUSE=1"), ran
+    assert ran[0].endswith("REPORT= DIFFUSE=1 CALIB="), ran
     res = run(tmp_path, "calib", SPARQ_PYTHON=str(py), GPU_TAG="h0_abc", CALIB_ENVS="DIFFUSE=1")
     assert res.returncode != 0 and "CALIB_ENVS: 'DIFFUSE=1' is not LLAMA_SPARQ_CUDA_<NAME>=<value>" in res.stderr
 

@@ -119,6 +119,36 @@ static __device__ void sparq_score_clear(const sparq_cu_args & a, int u, int kvh
     }
 }
 
+// List li's candidates in this score tile: its valid cells whose logit's bin is lb or above, the
+// first sparq_score_cap of them, after the entry {their count, tag}
+template <int CPT>
+static __device__ void sparq_score_keep_from(const sparq_cu_args & a, int li, int s0, bool in, const float (&x)[CPT],
+                                             unsigned int lb, unsigned int tag, int * sh) {
+    unsigned int put = 0u;
+#pragma unroll
+    for (int c = 0; c < CPT; ++c) {
+        if (in && x[c] > -INFINITY && (sparq_key_bits(x[c]) >> SPARQ_NB_SHIFT) >= lb) {
+            put |= 1u << c;
+        }
+    }
+    int n_tile;
+    int pos = sparq_block_scan(__popc(put), &n_tile, sh) - __popc(put);
+    uint2 * cd = sparq_score_cands(a, li, blockIdx.x);
+    const int cap = sparq_score_cap(a);
+    if (threadIdx.x == 0) {
+        cd[0] = make_uint2((unsigned int) n_tile, tag);
+    }
+#pragma unroll
+    for (int c = 0; c < CPT; ++c) {
+        if ((put >> c) & 1u) {
+            if (pos < cap) {
+                cd[1 + pos] = make_uint2(sparq_key_bits(x[c]), (unsigned int) (s0 + c));
+            }
+            ++pos;
+        }
+    }
+}
+
 // With score_hist, list li's candidates in this tile: its valid cells counted by their logit's top
 // SPARQ_NB_BITS bits (shist, shared), the tile's own crossing of k found, and the cells in the bins
 // from there up kept (the first sparq_score_cap of them; the count in the first entry). The list's
@@ -143,30 +173,7 @@ static __device__ void sparq_score_tile_cands(const sparq_cu_args & a, int li, i
     __syncthreads();
     const sparq_cross lx = sparq_find_cross<SPARQ_NB / SPARQ_NT>(false, (double) a.k, [&](int bin) { return (int) shist[bin]; },
                                                                  [&](int) { return 0.0; }, sh, shd, s_cross);
-    const unsigned int lb = lx.bin < 0 ? 0u : (unsigned int) lx.bin;
-    unsigned int put = 0u;
-#pragma unroll
-    for (int c = 0; c < CPT; ++c) {
-        if (in && x[c] > -INFINITY && (sparq_key_bits(x[c]) >> SPARQ_NB_SHIFT) >= lb) {
-            put |= 1u << c;
-        }
-    }
-    int n_tile;
-    int pos = sparq_block_scan(__popc(put), &n_tile, sh) - __popc(put);
-    uint2 * cd = sparq_score_cands(a, li, blockIdx.x);
-    const int cap = sparq_score_cap(a);
-    if (tid == 0) {
-        cd[0] = make_uint2((unsigned int) n_tile, 0u);
-    }
-#pragma unroll
-    for (int c = 0; c < CPT; ++c) {
-        if ((put >> c) & 1u) {
-            if (pos < cap) {
-                cd[1 + pos] = make_uint2(sparq_key_bits(x[c]), (unsigned int) (s0 + c));
-            }
-            ++pos;
-        }
-    }
+    sparq_score_keep_from<CPT>(a, li, s0, in, x, lx.bin < 0 ? 0u : (unsigned int) lx.bin, 0u, sh);
 }
 
 // With calib_hist, list li's part of the calibrated k's histogram in this tile: its valid cells
@@ -219,25 +226,7 @@ static __device__ void sparq_score_tile_mass(const sparq_cu_args & a, int li, in
     const sparq_cross lx = sparq_find_cross<BPT>(false, (double) (cap + 1), [&](int bin) { return (int) shist[bin]; },
                                                  [&](int) { return 0.0; }, sh, shd, s_cross);
     const unsigned int lb = lx.bin < 0 ? 0u : (unsigned int) lx.bin + 1u;
-    unsigned int put = 0u;
-#pragma unroll
-    for (int c = 0; c < CPT; ++c) {
-        if (in && x[c] > -INFINITY && (sparq_key_bits(x[c]) >> SPARQ_NB_SHIFT) >= lb) {
-            put |= 1u << c;
-        }
-    }
-    int n_tile;
-    int pos = sparq_block_scan(__popc(put), &n_tile, sh) - __popc(put);
-    uint2 * cd = sparq_score_cands(a, li, blockIdx.x);
-    if (tid == 0) {
-        cd[0] = make_uint2((unsigned int) n_tile, lb); // (n_tile <= cap)
-    }
-#pragma unroll
-    for (int c = 0; c < CPT; ++c) {
-        if ((put >> c) & 1u) {
-            cd[1 + pos++] = make_uint2(sparq_key_bits(x[c]), (unsigned int) (s0 + c));
-        }
-    }
+    sparq_score_keep_from<CPT>(a, li, s0, in, x, lb, lb, sh); // (whole bins: at most cap cells)
 }
 
 // Per (score tile of SPARQ_NT * CPT cells, unit): the components; the tile's valid cells into tcnt;

@@ -34,7 +34,8 @@ and KV head, on a real model's own decode steps, and how well SparQ's steps 1-2 
     python bench/coverage.py --model smollm2|gemma3|PATH [--lengths 1024,2048,4096,6144]
         [--ks 16,32,...,2048] [--fracs 0.01,0.02,0.05,0.1,0.2] [--rs 4,8,16,32,d/8,d/4,d/2]
         [--recall-ks 128,512] [--samples 3] [--steps 4] [--task TASK] [--basis scaled|model]
-        [--op-k N] [--kt-formats e5m2,e4m3,int8,int8cell] [--tag coverage_<model>] [--out-dir bench/results]
+        [--op-k N] [--kt-formats e5m2,e4m3,int8,int8cell] [--buckets 2,4,8,16]
+        [--tag coverage_<model>] [--out-dir bench/results]
 
 The model runs with SparQ forced on (``sparq_min_kv=0``) but with ``k`` at the context size and no
 local window, so every decode step runs the op and the op attends over every cell (exact attention):
@@ -68,6 +69,10 @@ token) run under ``sparq_lab.capture.Capture``. On every ``sparq_attn-<layer>`` 
   absmax scale), ``int8cell`` (per cell and KV head, the key's absmax over its components). Exact
   scores and the component weights stay those of the f16 keys: what an 8-bit K^T would change is
   only which cells steps 1-3 choose.
+- ``--buckets``: the same recall with step 3's exact top-k replaced by the approximate bucketed
+  top-k (``reference.sparq_attention``'s ``topk_buckets``: the best cell of each of B = m x k
+  buckets of the cells by index modulo B, then the k best of those) for each multiple m given
+  (fields ``<metric>b<m>_...``), on the same approximate scores.
 
 Writes ``<out-dir>/<tag>.csv`` (one row per prompt, step, layer and KV head), ``<tag>.json``
 (metadata, per length x layer and per length x layer x KV head means with the spread over the
@@ -208,6 +213,8 @@ def _e5m2(K):
     return round_e5m2(K).astype(np.float64)
 
 
+BUCKET_MULTS = range(1, 65)  # --buckets' allowed multiples of k
+
 KT_FORMATS = {  # an 8-bit K^T, as the values steps 1-3 would read (from the f16 keys)
     "e5m2": _e5m2,
     "e4m3": lambda K: fp8_round(K.astype(np.float16), 3, -6, 448.0),
@@ -216,7 +223,7 @@ KT_FORMATS = {  # an 8-bit K^T, as the values steps 1-3 would read (from the f16
 }
 
 
-def call_metrics(x, scale, *, ks, fracs, rs, recall_ks, basis="scaled", unrotate=0, kt_formats=()):
+def call_metrics(x, scale, *, ks, fracs, rs, recall_ks, basis="scaled", unrotate=0, kt_formats=(), buckets=()):
     """The metrics of one captured SparQ call (``capture.stream_view``'s dict), one dict per KV head.
     unrotate n > 0: the call's q and K are in upstream's Hadamard-rotated basis (size n); the recall is
     also measured with them rotated back (fields ``<metric>hb_...``), same steps, same exact scores."""
@@ -264,6 +271,20 @@ def call_metrics(x, scale, *, ks, fracs, rs, recall_ks, basis="scaled", unrotate
                 for j, rec in enumerate(out):
                     recall_metrics(rec, P[j][:, valid], approx[j], order[j], group[j], k, r,
                                    None if sel is None else np.searchsorted(cells, sel[j]), tag)
+                if tag:
+                    continue
+                for m in buckets:  # the bucketed top-k on the same scores: buckets by cell index
+                    full = np.full((approx.shape[0], K.shape[0]), -np.inf)
+                    full[:, valid] = approx
+                    won = reference.bucket_winners(full, m * k)[:, valid]
+                    sel = None
+                    if k < Sv:
+                        _, info = reference.sparq_attention(qx, Kx, V, r=r, k=k, l=k // 4, mask=mask, scale=scale,
+                                                            comp_w=w, return_info=True, topk_buckets=m * k)
+                        sel = info["i2"][0]
+                    for j, rec in enumerate(out):
+                        recall_metrics(rec, P[j][:, valid], won[j], order[j], group[j], k, r,
+                                       None if sel is None else np.searchsorted(cells, sel[j]), f"b{m}")
     return out
 
 
@@ -288,6 +309,7 @@ def recall_metrics(rec, Pj, approx, order, cum_group, k, r, sparq_sel, tag=""):
             rec[name + sfx] = float("nan")
         return
     top = np.argsort(-approx, kind="stable")[:k]
+    top = top[np.isfinite(approx[top])]  # a bucketed top-k may hold fewer than k
     exact_mass = cum_group[:, k - 1].mean()
     rec["overlap" + sfx] = float(np.intersect1d(top, order[:k]).size / k)
     rec["massratio" + sfx] = float(Pj[:, top].sum(-1).mean() / exact_mass)
@@ -440,7 +462,7 @@ def headline(by_layer, lengths, rs, recall_ks, ks, fracs):
         for k in recall_ks:
             for r in rs:
                 for m in ("overlap", "massratio", "sparqmass"):
-                    for tag in ("", "hb", *KT_FORMATS):
+                    for tag in ("", "hb", *KT_FORMATS, *(f"b{m}" for m in BUCKET_MULTS)):
                         if f"{m}{tag}_k{k}_r{r}" not in rows[0]:
                             continue
                         v = np.array([row[f"{m}{tag}_k{k}_r{r}"] for row in rows])
@@ -507,7 +529,8 @@ def recall_table(meta, heads, a):
              "top-k ∩ exact top-k| / k; mass = exact mass of the approximate top-k / of the exact top-k; "
              "SparQ = the same for SparQ's whole choice (steps 1-3, window l = k/4). Compression: the cost "
              "model's M_sparq / M_dense at that S.", ""]
-    tags = [""] + (["hb"] if meta.get("unrotate") else []) + list(meta.get("kt_formats") or [])
+    tags = ([""] + (["hb"] if meta.get("unrotate") else []) + list(meta.get("kt_formats") or [])
+            + [f"b{m}" for m in meta.get("buckets") or []])
     if meta.get("unrotate"):
         lines += [f"`hb`: q and K rotated back from upstream's Hadamard rotation (size {meta['unrotate']}, applied "
                   "to q and k for a quantized K cache) before steps 1-3, on the same captured steps; the component "
@@ -516,6 +539,11 @@ def recall_table(meta, heads, a):
         lines += [f"{', '.join(f'`{f}`' for f in meta['kt_formats'])}: steps 1-3 read K^T stored in that 8-bit "
                   "format (the exact scores and component weights stay the f16 keys'); its compression is "
                   "the f16 row's with step 1's bytes halved.", ""]
+    if meta.get("buckets"):
+        lines += [f"{', '.join(f'`b{m}`' for m in meta['buckets'])}: step 3 takes the approximate bucketed "
+                  "top-k (`topk_buckets` = m x k buckets by cell index modulo that, each bucket's best cell, "
+                  "then the k best of those; SparQ mass: the k - l best with the window) on the same "
+                  "approximate scores; the same compression as the exact row.", ""]
     cols = ["length", "k", "r", "compression"] + [f"{m}{' ' + t if t else ''}" for t in tags
                                                   for m in ("overlap", "mass", "SparQ mass")]
     rows = []
@@ -627,6 +655,8 @@ def coverage_main(argv=None):
                     "q and K rotated back from upstream's Hadamard rotation")
     ap.add_argument("--kt-formats", default="", help="also the recall with K^T in these 8-bit formats "
                     f"(comma-separated: {', '.join(KT_FORMATS)})")
+    ap.add_argument("--buckets", default="", help="also the recall of the approximate bucketed top-k with these "
+                    "multiples m of k as buckets (comma-separated integers >= 1)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tag", default=None, help="file stem (default coverage_<model>)")
     ap.add_argument("--out-dir", default=str(RESULTS))
@@ -643,6 +673,12 @@ def coverage_main(argv=None):
     opts = dict(ks=ks, fracs=[float(x) for x in a.fracs.split(",")], rs=a.rs,
                 recall_ks=[int(x) for x in a.recall_ks.split(",")], basis=a.basis,
                 kt_formats=[f for f in a.kt_formats.split(",") if f])
+    try:
+        opts["buckets"] = sorted({int(x) for x in a.buckets.split(",") if x.strip()})
+    except ValueError:
+        raise SystemExit(f"--buckets: '{a.buckets}' is not a list of integers") from None
+    if any(m not in BUCKET_MULTS for m in opts["buckets"]):
+        raise SystemExit(f"--buckets: multiples of k from 1 to {max(BUCKET_MULTS)}, got '{a.buckets}'")
     for f in opts["kt_formats"]:
         if f not in KT_FORMATS:
             raise SystemExit(f"--kt-formats: unknown format '{f}' (allowed: {', '.join(KT_FORMATS)})")
@@ -661,6 +697,7 @@ def coverage_main(argv=None):
                 sparq_layers=sorted({r["layer"] for r in records}), rs=opts["rs"], recall_ks=opts["recall_ks"],
                 ks=ks, fracs=opts["fracs"], samples=a.samples, steps=a.steps, prompts=prompts,
                 cache_type=a.cache_type, unrotate=opts.get("unrotate", 0), kt_formats=opts["kt_formats"],
+                buckets=opts["buckets"],
                 records=len(records), elapsed_s=round(time.time() - t0, 1))
     stem = out_stem(a.out_dir, a.tag)
     write_results(stem, meta, records, summary, heads, a)

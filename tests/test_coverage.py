@@ -61,6 +61,12 @@ def test_call_metrics_against_a_plain_softmax():
             assert 0 < rec[f"massratio_k20_r{r}"] <= 1 + 1e-9               # the exact top-k holds the most
             assert 0 < rec[f"sparqmass_k20_r{r}"] <= 1 + 1e-9
             assert np.isnan(rec[f"overlap_k300_r{r}"])                      # k >= S: the op runs dense
+    # the bucketed top-k: with a bucket per cell (64 x 20 buckets > 300 cells) it is the exact top-k
+    bk = cov.call_metrics(x, scale, ks=[8], fracs=[], rs=[4], recall_ks=[20], basis="scaled", buckets=[1, 64])
+    for rec in bk:
+        for m in ("overlap", "massratio", "sparqmass"):
+            assert rec[f"{m}b64_k20_r4"] == rec[f"{m}_k20_r4"]
+            assert 0 < rec[f"{m}b1_k20_r4"] <= 1 + 1e-9
     # r = d: the approximate scores are the exact ones, so the top-k is found exactly
     full = cov.call_metrics(x, scale, ks=[8], fracs=[], rs=[16], recall_ks=[20], basis="model")
     assert all(r["overlap_k20_r16"] == 1.0 and abs(r["massratio_k20_r16"] - 1) < 1e-12 for r in full)
@@ -71,7 +77,7 @@ def test_coverage_script_on_the_tiny_model(tiny_gqa_model, tmp_path):
     ks = [4, 16, 64, 4096]
     p = subprocess.run([sys.executable, str(REPO / "bench" / "coverage.py"), "--model", str(tiny_gqa_model),
                         "--lengths", "120", "--samples", "2", "--steps", "2", "--ks", ",".join(map(str, ks)),
-                        "--fracs", "0.1", "--rs", "2,d/2", "--recall-ks", "8", "--kt-formats", "e5m2,int8",
+                        "--fracs", "0.1", "--rs", "2,d/2", "--recall-ks", "8", "--kt-formats", "e5m2,int8", "--buckets", "2",
                         "--tag", "t", "--out-dir",
                         str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
@@ -99,7 +105,8 @@ def test_coverage_script_on_the_tiny_model(tiny_gqa_model, tmp_path):
             assert 0 <= float(r[f"overlap{fmt}_k8_r2"]) <= 1 and 0 < float(r[f"massratio{fmt}_k8_r8"]) <= 1 + 1e-9
     assert {len(L["curve_group"]) for L in res["by_layer"]} == {len(res["plot_ks"])}
     md = (tmp_path / "t.md").read_text()
-    assert "k90 shared: median / worst" in md and "## Recall" in md and "overlap e5m2" in md
+    assert "k90 shared: median / worst" in md and "## Recall" in md and "overlap e5m2" in md and "overlap b2" in md
+    assert all(0 <= float(r["overlapb2_k8_r2"]) <= 1 for r in rows)
 
 
 def test_kt_formats_round_as_8_bit_floats_and_blocks():

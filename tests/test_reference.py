@@ -448,6 +448,12 @@ def _small():
     (dict(r=2, k=4, mask=np.zeros((2, 9))), r"\bmask\b.*\(n_rows=2, S=10\)"),
     (dict(r=2, k=4, vbar=np.zeros((3, 8))), r"\bvbar\b"),
     (dict(r=2, k=4, dtype=np.int32), r"\bdtype\b"),
+    (dict(r=2, k=4, topk_buckets=3), r"\btopk_buckets\b.*>= k = 4"),
+    (dict(r=2, k=4, topk_buckets=-4), r"\btopk_buckets\b.*>= k = 4"),
+    (dict(r=2, k=4, topk_buckets=2.0), r"\btopk_buckets\b.*integer"),
+    (dict(r=2, k=4, topk_buckets=8, coverage=(0.9, 2)), r"\btopk_buckets\b.*fixed k"),
+    (dict(r=2, k=4, topk_buckets=8, h2o_scores=np.zeros((2, 10))), r"\btopk_buckets\b.*h2o"),
+    (dict(r=2, k=4, topk_buckets=8, streaming=True), r"\btopk_buckets\b.*streaming"),
 ])
 def test_validation_errors_name_the_parameter(kw, pattern):
     q, K, V = _small()
@@ -699,3 +705,85 @@ def test_cost_in_bytes():
         cost.compression(4096, 128, 16, 128, kv_type="q4_1")
     with pytest.raises(ValueError, match=r"cache type.*'q4_1'"):
         cost.cache_type_id("q4_1")
+
+
+# --------------------------------------------------------------------------------------
+# the approximate bucketed top-k (topk_buckets)
+# --------------------------------------------------------------------------------------
+
+
+def test_bucket_winners_keep_each_buckets_best_ties_to_the_lower_cell():
+    from sparq_lab._reference_steps import bucket_winners
+
+    x = np.array([[5.0, 1.0, 7.0, 3.0, 7.0, NEG, 2.0]])  # buckets of 3: {0, 3, 6}, {1, 4}, {2, 5}
+    want = np.array([[5.0, NEG, 7.0, NEG, 7.0, NEG, NEG]])
+    assert np.array_equal(bucket_winners(x, 3), want)
+    # buckets of 2: evens {5, 7, 7, 2} -> the first 7 (cell 2); odds {1, 3, -inf} -> 3 (cell 3)
+    assert np.array_equal(bucket_winners(x, 2), [[NEG, NEG, 7.0, 3.0, NEG, NEG, NEG]])
+    assert np.array_equal(bucket_winners(np.full((1, 4), NEG), 2), np.full((1, 4), NEG))
+    assert np.array_equal(bucket_winners(x, 7), x) and np.array_equal(bucket_winners(x, 64), x)
+
+
+@pytest.mark.parametrize("per_head", [False, True])
+def test_bucketed_topk_with_a_bucket_per_cell_is_the_exact_top_k(per_head):
+    rng = np.random.default_rng(31)
+    q, K, V = rand_inputs(rng, 3, 6, 2, 50, 16)
+    exact, ie = sparq_attention(q, K, V, r=4, k=12, l=3, per_head=per_head, return_info=True)
+    bucketed, ib = sparq_attention(q, K, V, r=4, k=12, l=3, per_head=per_head, topk_buckets=50, return_info=True)
+    assert np.array_equal(exact, bucketed)
+    for a, b in zip(ie["i2"], ib["i2"]):
+        for x, y in zip(a, b):
+            assert np.array_equal(x, y)
+
+
+def brute_bucketed(q, K, r, k, l, B, mask_row=None):
+    """Row 0's choice per KV head, written out with loops: the window (the last l valid cells), then
+    per bucket (cell mod B) the cell of largest summed approximate probability (the lower cell on a
+    tie), and the k - l best of those."""
+    shat = combined_scores(q, K, r=r, mask=None if mask_row is None else mask_row[None])[0]  # (hkv, S)
+    S = K.shape[0]
+    valid = np.ones(S, bool) if mask_row is None else np.isfinite(mask_row)
+    cells = [c for c in range(S) if valid[c]]
+    win = cells[len(cells) - l:] if l else []
+    out = []
+    for j in range(shat.shape[0]):
+        best = {}
+        for c in cells:
+            if c in win:
+                continue
+            b = c % B
+            if b not in best or shat[j, c] > shat[j, best[b]]:
+                best[b] = c
+        won = sorted(best.values(), key=lambda c: (-shat[j, c], c))[: k - l]
+        out.append(sorted(won + win))
+    return out
+
+
+@pytest.mark.parametrize("S,k,l,B", [(200, 16, 4, 16), (200, 16, 0, 40), (333, 24, 6, 64), (97, 8, 2, 9)])
+def test_bucketed_topk_is_the_best_of_each_bucket(S, k, l, B):
+    rng = np.random.default_rng(S + B)
+    q, K, V = rand_inputs(rng, 1, 6, 2, S, 16)
+    mask = np.zeros((1, S))
+    mask[0, rng.choice(S, S // 10, replace=False)] = NEG  # holes: some buckets lose cells
+    _, info = sparq_attention(q, K, V, r=5, k=k, l=l, mask=mask, topk_buckets=B, return_info=True)
+    want = brute_bucketed(q, K, 5, k, l, B, mask[0])
+    for j in range(2):
+        got = info["i2"][0][j]
+        assert got.tolist() == want[j]
+        chosen = [c for c in got if c not in want[j][len(want[j]) - l:]] if l else got.tolist()
+        assert len({c % B for c in chosen}) == len(chosen)  # never two cells of one bucket
+    _, ie = sparq_attention(q, K, V, r=5, k=k, l=l, mask=mask, return_info=True)
+    assert any(not np.array_equal(a, b) for a, b in zip(ie["i2"][0], info["i2"][0]))  # the cases do differ
+
+
+def test_bucketed_topk_with_fewer_occupied_buckets_than_k_takes_fewer_cells():
+    rng = np.random.default_rng(4)
+    q, K, V = rand_inputs(rng, 1, 2, 1, 64, 8)
+    mask = np.full((1, 64), NEG)
+    mask[0, ::8] = 0.0  # 8 valid cells, all in bucket 0 of 8 buckets
+    out, info = sparq_attention(q, K, V, r=8, k=4, l=1, mask=mask, topk_buckets=8, return_info=True)
+    sel = info["i2"][0][0]
+    assert sel.size == 2 and sel[-1] == 56  # one bucket's best and the window
+    p = dense_probs(q, K, mask)[0]
+    assert sel[0] == np.argmax(np.where(np.arange(64) < 56, p.sum(0), -1.0))
+    assert np.all(np.isfinite(out))

@@ -146,10 +146,11 @@ class SparqOptions:
     h2o_new: np.ndarray | None = None  # the H2O scores, accumulated over the rows
     h2o_in: np.ndarray | None = None  # the H2O scores every row chooses on
     ivf: IvfIndex | None = None
+    topk_buckets: int = 0  # the approximate bucketed top-k's buckets, 0: exact
 
 
 def sparq_options(dims, dt, q, K, *, r, k, l, i2, per_head, mean_v, oracle, q_sel, K_sel, comp_w,
-                  streaming, h2o_scores, ivf):
+                  streaming, h2o_scores, ivf, coverage=None, topk_buckets=0):
     """Check sparq_attention's options against each other and the inputs' dims (in this order,
     so the first problem is the one reported); return them as SparqOptions."""
     n_kv, d = dims["n_head_kv"], dims["d"]
@@ -185,8 +186,16 @@ def sparq_options(dims, dt, q, K, *, r, k, l, i2, per_head, mean_v, oracle, q_se
         if comp_w.shape != (n_kv, d):
             raise ValueError(f"comp_w must have shape (n_head_kv={n_kv}, d={d}), got {comp_w.shape}")
     selector = "streaming" if streaming else "h2o" if h2o else "index" if index else "sparq"
+    topk_buckets = as_int("topk_buckets", topk_buckets)
+    if topk_buckets:
+        if topk_buckets < k:
+            raise ValueError(f"topk_buckets must be 0 (the exact top-k) or >= k = {k}, got {topk_buckets}")
+        if selector != "sparq":
+            raise ValueError(f"topk_buckets ranks approximate scores: the {selector} selector takes none")
+        if coverage is not None:
+            raise ValueError("topk_buckets needs a fixed k: no coverage")
     return SparqOptions(r=r, k=k, l=l, mean_v=mean_v, selector=selector, q_sel=q_sel, K_sel=K_sel,
-                        comp_w=comp_w, h2o_new=h2o_new, h2o_in=h2o_in, ivf=ivf_index)
+                        comp_w=comp_w, h2o_new=h2o_new, h2o_in=h2o_in, ivf=ivf_index, topk_buckets=topk_buckets)
 
 
 def check_ivf(ivf, dims):

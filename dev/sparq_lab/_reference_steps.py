@@ -93,7 +93,23 @@ def coverage_cut(weights, order, win_mass, p, k_min, w, kk):
     return min(kk, max(n_cut, k_min - w))
 
 
-def sparq_positions(shat, window, row, l, k, cells, valid_row, per_head, coverage=None):
+def bucket_winners(cand, buckets):
+    """The approximate bucketed top-k's first stage: cand (..., S) with -inf where a cell may not
+    be chosen, returned with every cell but the best of its bucket set to -inf. Bucket b holds the
+    cells c with c mod buckets == b (interleaved, so that neighbouring cells, whose scores go
+    together, fall in different buckets); its best is the largest key, ties to the lower cell."""
+    S = cand.shape[-1]
+    n = -(-S // buckets) * buckets
+    grid = np.full(cand.shape[:-1] + (n,), -np.inf)
+    grid[..., :S] = cand
+    grid = grid.reshape(cand.shape[:-1] + (n // buckets, buckets))  # cell = row * buckets + bucket
+    best = np.argmax(grid, axis=-2)  # the first of equal maxima: the lower cell
+    out = np.full(grid.shape, -np.inf)
+    np.put_along_axis(out, best[..., None, :], np.take_along_axis(grid, best[..., None, :], axis=-2), axis=-2)
+    return out.reshape(cand.shape[:-1] + (n,))[..., :S]
+
+
+def sparq_positions(shat, window, row, l, k, cells, valid_row, per_head, coverage=None, topk_buckets=0):
     """Step 3, i2 of one row: the window plus the k - l best cells by the group's summed shat
     (per_head: by each head's own shat_h; the union over the heads). An array (n_head_kv, k),
     or per_head a list per KV head of ascending cells.
@@ -108,6 +124,16 @@ def sparq_positions(shat, window, row, l, k, cells, valid_row, per_head, coverag
     cand = np.sum(shat, axis=1) if not per_head else shat.copy()  # (n_kv, S) or (n_kv, g, S)
     cand[..., ~valid_row] = -np.inf  # never select an invalid cell
     cand[..., win_r] = -np.inf  # the window is added below, not chosen here
+    if topk_buckets:
+        # the approximate bucketed top-k: the k - l best of the buckets' best cells, fewer where
+        # fewer buckets hold a candidate (a list per KV head)
+        cand = bucket_winners(cand, topk_buckets)
+        top = np.argsort(-cand, axis=-1, kind="stable")[..., : k - w]
+        out = []
+        for j in range(n_kv):
+            tj = top[j][np.isfinite(np.take_along_axis(cand[j], top[j], axis=-1))]
+            out.append(np.union1d(tj.ravel(), win_r))
+        return out
     # There are nv - w >= k - w + 1 finite candidates, so no -inf is picked.
     # Stable argsort on negated scores: ties go to the lower cell index.
     top = np.argsort(-cand, axis=-1, kind="stable")[..., : k - w]

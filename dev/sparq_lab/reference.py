@@ -36,12 +36,13 @@ import numpy as np
 
 from ._reference_checks import check_r, float_dtype, prepare, sparq_options
 from ._reference_selectors import baseline_positions
-from ._reference_steps import (approx_scores, exact_attention, mean_value_reallocation, row_vbar,
+from ._reference_steps import (approx_scores, bucket_winners, exact_attention, mean_value_reallocation, row_vbar,
                                select_components, selected_mass, softmax, sparq_positions)
 
 __all__ = [
     "dense_attention",
     "sparq_attention",
+    "bucket_winners",
     "combined_scores",
     "selection_matches",
     "quantize_q8_0",
@@ -175,7 +176,8 @@ def combined_scores(q, K, *, r, mask=None, scale=None, dtype=np.float64, comp_w=
 def sparq_attention(q, K, V, *, r, k, l=0, mask=None, scale=None, vbar=None,
                     dtype=np.float64, return_info=False, i2=None, per_head=False, mean_v=True,
                     oracle=False, q_sel=None, K_sel=None, comp_w=None, window=None,
-                    streaming=False, h2o_scores=None, ivf=None, coverage=None, kv_quant=None, kt_bits=16):
+                    streaming=False, h2o_scores=None, ivf=None, coverage=None, kv_quant=None, kt_bits=16,
+                    topk_buckets=0):
     """SparQ attention (docs/algorithm.md steps 1-5) per row and KV head group.
 
     r: components kept in step 1, in [1, d].  k: positions kept in step 3, >= 1.
@@ -234,6 +236,12 @@ def sparq_attention(q, K, V, *, r, k, l=0, mask=None, scale=None, vbar=None,
       A given vbar is used as it is (the fork's V sums are of the rounded values).
     kt_bits: 8 reads K^T in e5m2 (``round_e5m2`` of K_sel, or of K) in steps 1-3 (the oracle's scores
       too: it reads K^T); steps 4-5 still read K and V at full precision. 16 (default): as given.
+    topk_buckets: B > 0 makes step 3's ranking the approximate bucketed top-k (Key et al. 2024,
+      one cell per bucket): the cells outside the window split into B buckets by cell index
+      modulo B, each bucket's best by the ranking key (ties to the lower cell), then the k - l
+      best of those. B >= k; with a fixed k only (no coverage), the sparq and oracle selectors.
+      i2 (given or in info) is then a list per KV head: fewer than k - l cells where fewer than
+      k - l buckets hold a candidate. 0 (default): the exact top-k.
     """
     if kt_bits not in (8, 16) or isinstance(kt_bits, bool):
         raise ValueError(f"kt_bits must be 8 (e5m2) or 16, got {kt_bits!r}")
@@ -249,7 +257,7 @@ def sparq_attention(q, K, V, *, r, k, l=0, mask=None, scale=None, vbar=None,
         dims[x] for x in ("n_rows", "n_head_kv", "g", "d", "S", "dv"))
     o = sparq_options(dims, dt, q, K, r=r, k=k, l=l, i2=i2, per_head=per_head, mean_v=mean_v, oracle=oracle,
                       q_sel=q_sel, K_sel=K_sel, comp_w=comp_w, streaming=streaming, h2o_scores=h2o_scores,
-                      ivf=ivf)
+                      ivf=ivf, coverage=coverage, topk_buckets=topk_buckets)
 
     qg = q.astype(dt, copy=False).reshape(n_rows, n_kv, g, d)
     qsg = o.q_sel.astype(dt, copy=False).reshape(n_rows, n_kv, g, d)
@@ -280,10 +288,10 @@ def sparq_attention(q, K, V, *, r, k, l=0, mask=None, scale=None, vbar=None,
             # Step 2: approximate scores per query head, (n_kv, g, S); 0 at invalid cells.
             shat = approx_scores(qsg[row], o.K_sel, i1[row], mrow, scale, dt, o.comp_w)
             # Step 3: position selection shared by the group (or per query head).
-            sel = sparq_positions(shat, window, row, o.l, o.k, cells, valid[row], per_head, coverage)
+            sel = sparq_positions(shat, window, row, o.l, o.k, cells, valid[row], per_head, coverage, o.topk_buckets)
             if i2 is not None:
                 sel = ([np.sort(x[x >= 0]) for x in (np.asarray(y, dtype=np.int64).ravel() for y in i2[row])]
-                       if coverage is not None
+                       if coverage is not None or o.topk_buckets
                        else np.sort(np.asarray(i2[row], dtype=np.int64).reshape(n_kv, o.k), axis=1))
             # Step 5 (part): alpha_h = sum_{i in i2} shat_h[i].
             selected_mass(shat, sel, alpha[row])

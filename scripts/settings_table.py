@@ -51,6 +51,7 @@ LABELS = {
     "k_min": "calibrated k: fewest cells",
     "k_frac": "calibrated k: most cells (share)",
     "kt_bits": "bits per K^T element",
+    "topk_buckets": "approximate top-k: buckets",
 }
 
 # (field, column) -> (the .def's C expression, the README's words for it): the `or` meanings and

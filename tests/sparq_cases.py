@@ -48,6 +48,7 @@ class Case:
     coverage: float = 0.0     # > 0: the calibrated k's coverage target (at least k_min cells, at most k)
     k_min: int = 0
     kt_bits: int = 16         # 8: K^T in e5m2 (the keys' f16, then its upper byte)
+    topk_buckets: int = 0     # > 0: the approximate bucketed top-k with that many buckets
     seed: int = 0
 
     def __post_init__(self):
@@ -62,7 +63,7 @@ class Case:
                 + ("" if self.mean_v else "-nomeanv") + ("-basis" if self.basis else "")
                 + (f"-dense{''.join(map(str, self.dense_streams))}" if self.dense_streams else "")
                 + (f"-cov{self.coverage:g}-kmin{self.k_min}" if self.coverage else "")
-                + ("-kt8" if self.kt_bits == 8 else ""))
+                + ("-kt8" if self.kt_bits == 8 else "") + (f"-tkb{self.topk_buckets}" if self.topk_buckets else ""))
 
     @property
     def baseline(self):
@@ -223,6 +224,8 @@ def write(path: Path, c: Case, a: dict) -> None:
             f.write(b"COV1" + struct.pack("<fi", c.coverage, c.k_min))
         if c.kt_bits == 8:
             f.write(b"KTE5")
+        if c.topk_buckets:
+            f.write(b"TKB1" + struct.pack("<i", c.topk_buckets))
 
 
 def run(prog, mode: str, c: Case, a: dict, tmp: Path, *, isa=None, threads=1, prefix=(), env=None):
@@ -316,6 +319,8 @@ def check(c: Case, a: dict, out: np.ndarray, sel: np.ndarray | None) -> dict:
                   kv_quant="q8_0" if c.kv_type == "q8_0" else None, kt_bits=c.kt_bits)
         if c.coverage:
             kw["coverage"] = (c.coverage, c.k_min)
+        if c.topk_buckets:
+            kw["topk_buckets"] = c.topk_buckets
         if c.baseline:
             kw.update(per_head=c.per_head and c.selector == "index", streaming=c.selector == "streaming",
                       h2o_scores=None if a["h2o"] is None else a["h2o"][st],
@@ -540,4 +545,17 @@ def grid(quick: bool = False) -> list[Case]:
                dict(d=64, S=1500, r=16, k=400, l=16, n_head=8, n_head_kv=2, mask="pad", coverage=0.9, k_min=32),
                dict(d=64, S=33, r=8, k=64, l=16, n_head=4, n_head_kv=2, mask="pad")):
         add(kt_bits=8, **kw)
+    # the approximate bucketed top-k, in the quick grid too: GQA shared and per head, a given window
+    # out of cell order, several rows and streams, the oracle, a bucket per cell (exact), q8_0, e5m2
+    add(d=128, S=2000, r=16, k=100, l=25, n_head=4, n_head_kv=1, mask="holes", topk_buckets=200)
+    add(d=64, S=1500, r=8, k=64, l=16, n_stream=2, n_rows=4, n_head=8, n_head_kv=2, mask="causal", win="random",
+        topk_buckets=64)
+    add(d=64, S=1500, r=8, k=64, l=32, n_rows=4, n_head=4, n_head_kv=1, mask="causal", win="random", per_head=True,
+        topk_buckets=80)
+    add(d=64, S=1200, r=8, k=64, l=16, n_head=8, n_head_kv=2, mask="holes", per_head=True, topk_buckets=128)
+    add(d=128, S=1500, r=16, k=64, l=16, n_stream=2, n_rows=2, n_head=4, n_head_kv=1, mask="causal", selector="oracle",
+        topk_buckets=96)
+    add(d=64, S=900, r=8, k=40, l=0, n_head=4, n_head_kv=4, mask="none", kv_type="f32", topk_buckets=5000)
+    add(d=64, S=1500, r=16, k=64, l=16, n_head=8, n_head_kv=2, mask="holes", kv_type="q8_0", kt_bits=8,
+        topk_buckets=256)
     return cases

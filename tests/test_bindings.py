@@ -224,7 +224,7 @@ def test_constructor_setter_and_getter_use_the_same_keywords(tiny_model):
     want = {sparq_keyword(f) for f in _sparq.fields()}
     assert want == {"sparq", "sparq_r", "sparq_k", "sparq_l", "sparq_min_kv", "sparq_all_rows", "sparq_selector",
                     "sparq_gqa", "sparq_mean_v", "sparq_basis", "sparq_index_lists", "sparq_index_probe",
-                    "sparq_coverage", "sparq_k_min", "sparq_k_frac", "sparq_kt_bits"}
+                    "sparq_coverage", "sparq_k_min", "sparq_k_frac", "sparq_kt_bits", "sparq_topk_buckets"}
     ctor = {p for p in inspect.signature(Llama.__init__).parameters if p.startswith("sparq")}
     assert ctor == want
     llm = Llama(str(tiny_model), n_ctx=256, verbose=False, sparq_r=4, sparq_k=32, sparq_basis="pca")

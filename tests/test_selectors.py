@@ -30,6 +30,9 @@ VARIANTS = {
     # the vector-index selector
     "index": dict(sparq_selector="index", sparq_index_lists=16, sparq_index_probe=4),
     "index_per_head": dict(sparq_selector="index", sparq_index_lists=16, sparq_index_probe=4, sparq_gqa="per_head"),
+    # the approximate bucketed top-k (about 9 and 6 cells per bucket)
+    "buckets": dict(sparq_topk_buckets=64),
+    "buckets_per_head_oracle": dict(sparq_topk_buckets=96, sparq_gqa="per_head", sparq_selector="oracle"),
 }
 
 
@@ -51,7 +54,8 @@ def check_calls_against_reference(calls, settings, min_calls, kv_quant=None):
         kw = dict(r=p["r"], k=p["k"], l=p["l"], mask=x["mask"], scale=p["scale"], vbar=x["vbar"],
                   per_head=settings.get("sparq_gqa") == "per_head", mean_v=settings.get("sparq_mean_v", True),
                   oracle=settings.get("sparq_selector") == "oracle", window=[x["win"]], kv_quant=kv_quant,
-                  kt_bits=c["kt_bits"])
+                  kt_bits=c["kt_bits"], topk_buckets=p["topk_buckets"])
+        assert p["topk_buckets"] == settings.get("sparq_topk_buckets", 0), "the op's buckets are not the setting's"
         if c["comp_w"] is not None:
             kw["comp_w"] = c["comp_w"][0, 0].astype(np.float64)  # ggml [d, hkv, ns] -> (hkv, d) of stream 0
         if c["q_sel"] is not None:

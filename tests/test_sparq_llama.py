@@ -481,6 +481,13 @@ def test_transposed_v_cache_is_refused_by_set_sparq(tiny_model):
     (dict(sparq_kt_bits=4), "SparQ: kt_bits = 4 is out of range: allowed 8 or 16"),
     (dict(sparq_l=200), "SparQ: l = 200 is out of range: allowed 0..k_min (k_min = 128), or -1 for k_min / 4"),
     (dict(sparq_k=0, sparq_selector="streaming"), "SparQ: k = 0 (calibrated) needs the sparq or oracle selector"),
+    (dict(sparq_topk_buckets=-1), "SparQ: topk_buckets = -1 is out of range: allowed 1..1048576, or 0 for the exact top-k"),
+    (dict(sparq_topk_buckets=256), "SparQ: topk_buckets = 256 needs a fixed k (k >= 1); k = 0 is the calibrated k"),
+    (dict(sparq_k=128, sparq_topk_buckets=100), "SparQ: topk_buckets = 100 is below k = 128: each bucket offers one "
+                                                "cell, so it needs at least k buckets"),
+    (dict(sparq_k=64, sparq_topk_buckets=256, sparq_selector="h2o"), "SparQ: topk_buckets = 256 ranks step 2's "
+                                                                     "approximate scores: it needs the sparq or oracle "
+                                                                     "selector, not h2o"),
     (dict(sparq_coverage="0.9"), "sparq_coverage must be a number, got '0.9'"),
     (dict(sparq_l=200, sparq_k=128), "SparQ: l = 200 is out of range: allowed 0..k (k = 128), or -1 for k / 4"),
     (dict(sparq_min_kv=-5), "SparQ: min_kv = -5 is out of range: allowed min_kv >= 0, or -1 for the default"),

@@ -66,7 +66,7 @@ class ggml_sparq_attn_params(ctypes.Structure):
     """ggml-sparq-params.h's struct ggml_sparq_attn_params."""
     _fields_ = [("r", ctypes.c_int32), ("k", ctypes.c_int32), ("l", ctypes.c_int32), ("scale", ctypes.c_float),
                 ("selector", ctypes.c_int32), ("flags", ctypes.c_int32), ("n_probe", ctypes.c_int32),
-                ("index_reads", ctypes.c_bool), ("cov_p", ctypes.c_float), ("k_min", ctypes.c_int32),
+                ("topk_buckets", ctypes.c_int32), ("index_reads", ctypes.c_bool), ("cov_p", ctypes.c_float), ("k_min", ctypes.c_int32),
                 ("k_scan", ctypes.c_int32), ("cov_apply", ctypes.c_bool), ("k_frac", ctypes.c_float),
                 ("report", ctypes.c_void_p), ("tickets", ctypes.c_void_p)]
 

@@ -35,7 +35,7 @@ static enum sparq_type sparq_type_of(const struct ggml_tensor * t, bool rows = f
 // The parts of the op the CPU honours: all of them. A part added to ggml-sparq-params.h fails this
 // until the CPU op is taught it (or refuses it here).
 static constexpr uint32_t SPARQ_CPU_HONOURS = GGML_SPARQ_FEAT_ALL;
-static_assert(GGML_SPARQ_FEAT_ALL == 0x3fffu, "a new part of the op: make the CPU op honour it, then list it here");
+static_assert(GGML_SPARQ_FEAT_ALL == 0x7fffu, "a new part of the op: make the CPU op honour it, then list it here");
 
 bool ggml_sparq_cpu_supports_op(const struct ggml_tensor * op) {
     return ggml_sparq_params_unsupported(op, SPARQ_CPU_HONOURS) == nullptr;
@@ -124,6 +124,7 @@ static struct sparq_args sparq_args_of(const struct ggml_tensor * dst) {
         a.k_scan = P.k_scan;
         a.cov_apply = P.cov_apply ? 1 : 0;
         a.k_frac = P.cov_apply ? P.k_frac : 0.0f;
+        a.topk_buckets = P.topk_buckets;
     }
     a.report = P.report;
     a.sel_out = nullptr;

@@ -8,18 +8,82 @@
 
 namespace sparq_cpu {
 
+// The bucketed top-k's part of a chunk (select_chunk): its keys ck[0..n) (cells base..) copied into
+// the thread's scratch with every cell but the best of its bucket (cell mod B) in the chunk, and
+// every cell of row R's window list, at -inf (ties to the lower cell). The merge then keeps each
+// bucket's best over the chunks: the best of a bucket is its best in some chunk.
+static const float * bucket_best(const ctx & C, int ith, const float * ck, int n, int base, int R) {
+    const sparq_args * a = C.a;
+    const int B = a->topk_buckets;
+    const int n_win = a->win && R >= 0 ? C.rinfo(R)->n_win : 0;
+    if (n <= B && n_win == 0) {
+        return ck; // each cell of the chunk is alone in its bucket here
+    }
+    float * x = (float *) C.tbuf(ith, C.L.t_bk);
+    memcpy(x, ck, (size_t) n * sizeof(float));
+    const int32_t * wl = n_win ? C.win(R) : nullptr;
+    for (int i = 0; i < n_win; ++i) {
+        if (wl[i] >= base && wl[i] < base + n) {
+            x[wl[i] - base] = -INFINITY; // added by the merge, not chosen by score
+        }
+    }
+    if (n <= B) {
+        return x;
+    }
+    int32_t * best = (int32_t *) C.tbuf(ith, C.L.t_bb); // n > B: B entries
+    std::fill(best, best + B, -1);
+    int b = base % B;
+    for (int i = 0; i < n; ++i) {
+        const float v = x[i];
+        if (v != -INFINITY) {
+            const int j = best[b];
+            if (j < 0) {
+                best[b] = i;
+            } else if (v > x[j]) {
+                x[j] = -INFINITY;
+                best[b] = i;
+            } else {
+                x[i] = -INFINITY;
+            }
+        }
+        if (++b == B) {
+            b = 0;
+        }
+    }
+    return x;
+}
+
+// the merged candidates merge[0..n) reduced to each bucket's best (larger key, ties to the lower
+// cell); returns their number
+static int bucket_merge(cand * merge, int n, int B) {
+    std::sort(merge, merge + n, [B](const cand & x, const cand & y) {
+        const int bx = x.idx % B, by = y.idx % B;
+        return bx != by ? bx < by : cand_greater()(x, y);
+    });
+    int m = 0;
+    for (int i = 0; i < n; ++i) {
+        if (m == 0 || merge[i].idx % B != merge[m - 1].idx % B) {
+            merge[m++] = merge[i];
+        }
+    }
+    return m;
+}
+
 // The candidates of one chunk: keys ck[0..n) of cells base.., of which the kk best
 // are wanted. A lower bound t of the kk-th best key is the kk-th best of the maxima
 // of G >= kk groups of cells (each such maximum is a key of the chunk); every cell
 // with key >= t is a candidate, which are a few more than kk. Only vectorised passes
 // touch all n keys; the selection proper (kth_largest) sees ~4 kk group maxima and
 // the candidates. Returns the number of candidates written to out (at most cap).
-int select_chunk(const ctx & C, int ith, const float * ck, int n, int base, int kk, cand * out, float * bound) {
+int select_chunk(const ctx & C, int ith, const float * ck, int n, int base, int kk, cand * out, float * bound, int R) {
     if (n <= 0 || kk <= 0) {
         if (bound) {
             *bound = n <= 0 ? -INFINITY : INFINITY; // no cells, or none offered
         }
         return 0;
+    }
+    if (C.a->topk_buckets > 0 && R >= 0) {
+        ck = bucket_best(C, ith, ck, n, base, R);
     }
     const sparq_isa * isa = C.isa;
     int32_t * idx = (int32_t *) C.tbuf(ith, C.L.t_idx);
@@ -102,6 +166,9 @@ int merge_candidates(const ctx & C, int u, int w, int ith, const row_info * ri, 
                     merge[n_m++] = cc[i];
                 }
             }
+        }
+        if (a->topk_buckets > 0) {
+            n_m = bucket_merge(merge, n_m, a->topk_buckets);
         }
         if (bound > -INFINITY) {
             // what is ranked from here on: the candidates at or above the bound, which are exactly

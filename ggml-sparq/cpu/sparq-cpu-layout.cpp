@@ -79,6 +79,9 @@ layout make_layout(const sparq_args * a, int nth) {
     L.t_rows  = t; t += align_up((size_t) a->r * sizeof(void *));
     // the window's cells as bits (merge_candidates)
     L.t_wbits = t; t += align_up(a->win ? (S + 63) / 64 * sizeof(uint64_t) : 0);
+    // the bucketed top-k: a chunk's keys, and each bucket's best cell in it (select_chunk)
+    L.t_bk    = t; t += align_up(a->topk_buckets > 0 ? (size_t) L.chunk_max * sizeof(float) : 0);
+    L.t_bb    = t; t += align_up(a->topk_buckets > 0 ? (size_t) std::min(a->topk_buckets, L.chunk_max) * sizeof(int32_t) : 0);
     L.att_block = std::max(16, std::min(SPARQ_ATT_BLOCK, SPARQ_ATT_FLOATS / L.group_size) & ~15);
     L.t_aex   = t; t += align_up((size_t) L.group_size * L.att_block * sizeof(float));
     L.t_ap    = t; t += align_up((size_t) L.group_size * L.att_block * sizeof(float));

@@ -66,6 +66,7 @@ struct layout {
     size_t off_ivf_n; // index: per unit of the wave and chunk, the key rows scored
     // per-thread area: offsets from the thread's base
     size_t t_blk, t_ck, t_idx, t_gm, t_big, t_merge, t_sel, t_ex, t_p, t_vec, t_gh, t_rows, t_ivf, t_pc, t_wbits;
+    size_t t_bk, t_bb;
     size_t t_aex, t_ap, t_aidx, t_ast, t_aq; // phase_attend: a block's g x B logits and weights, its cells, a state, q rows
     size_t thread_bytes, total;
 };
@@ -287,9 +288,11 @@ inline float exact_logit(const ctx & C, const float * q, int st, int kvh, int s,
 // ---------------------------------------------------------------------------
 
 // the kk best of a chunk's keys ck[0..n) (cells base..) into out; returns their number. bound
-// (optional): every key > -inf of the chunk that was not offered is below it (-inf: all were)
+// (optional): every key > -inf of the chunk that was not offered is below it (-inf: all were).
+// With topk_buckets, R >= 0 (the row) and the bucketed top-k: only each bucket's best cell of the
+// chunk outside the row's window list is offered (merge_candidates keeps each bucket's best)
 int select_chunk(const ctx & C, int ith, const float * ck, int n, int base, int kk, cand * out,
-                 float * bound = nullptr);
+                 float * bound = nullptr, int R = -1);
 // phase_select: the chunks' candidates of wave slot w (less the cells of the window list wl) merged
 // into the kk best of each list, their cells into sel (merge[0..kk) keeps the last list's keys);
 // returns their number

@@ -110,7 +110,7 @@ void sparq_chunk_scores(const ctx & C, int u, int w, int s0, int s1, int ith) {
     if (g == 1) {
         // candidates: cells before the local window
         const int n = std::min(s1, (int) ri->w0) - s0;
-        *C.ccount(w, ith) = select_chunk(C, ith, ck, n, s0, row_kk_scan(a, ri), C.cands(w, ith));
+        *C.ccount(w, ith) = select_chunk(C, ith, ck, n, s0, row_kk_scan(a, ri), C.cands(w, ith), nullptr, R);
     }
 }
 
@@ -122,7 +122,7 @@ void sparq_group_candidates(const ctx & C, int u, int w, int s0, int s1, int kk,
         // (masked cells hold -inf there, so they are never chosen)
         for (int h = 0; h < g; ++h) {
             *C.ccount(w, c, h) = select_chunk(C, ith, C.logits(w, h) + s0, s1 - s0, s0, kk, C.cands(w, c, h),
-                                              C.cbound(w, c, h));
+                                              C.cbound(w, c, h), R);
         }
         return;
     }
@@ -160,7 +160,7 @@ void sparq_group_candidates(const ctx & C, int u, int w, int s0, int s1, int kk,
             }
         }
     }
-    *C.ccount(w, c) = select_chunk(C, ith, ck, n, s0, kk, C.cands(w, c), C.cbound(w, c));
+    *C.ccount(w, c) = select_chunk(C, ith, ck, n, s0, kk, C.cands(w, c), C.cbound(w, c), R);
 }
 
 void sparq_group_candidates_all(const ctx & C, int u, int w, int ith) {

@@ -207,6 +207,10 @@ struct sparq_args {
     // n_valid))) over its stream's valid cells, so that a row's choice does not depend on the other
     // streams of the call (k, the most cells, follows the longest: it sizes the scratch)
     float k_frac;
+    // optional, SparQ and oracle selectors with a fixed k: topk_buckets > 0 ranks by the approximate
+    // bucketed top-k: a cell's bucket is its index mod topk_buckets, each bucket offers its best cell
+    // outside the window (ties to the lower cell), the k - l best of those are chosen; 0: exact
+    int topk_buckets;
     // optional: what the stream's last row did, per (stream, KV head): 4 floats {cells attended
     // (-1: the row ran dense), its estimated coverage (mean over the group's heads), cells that
     // reach cov_p (window included; -1 without cov_p), 1 if the ranked cells reached cov_p else 0}

@@ -21,7 +21,7 @@
 extern "C" {
 #endif
 
-#define GGML_SPARQ_PARAMS_VERSION 3
+#define GGML_SPARQ_PARAMS_VERSION 4
 
 // The unsigned ints of a layer's tickets buffer (ggml_sparq_attn_params::tickets).
 #define GGML_SPARQ_TICKETS 4096
@@ -53,8 +53,9 @@ enum ggml_sparq_feature {
     GGML_SPARQ_FEAT_COVERAGE_CAP     = 1u << 11, // each row's cap from k_frac of its cells
     GGML_SPARQ_FEAT_COVERAGE_MEASURE = 1u << 12, // a coverage target only measured (k_scan)
     GGML_SPARQ_FEAT_REPORT           = 1u << 13, // a host report pointer
+    GGML_SPARQ_FEAT_TOPK_BUCKETS     = 1u << 14, // the approximate bucketed top-k (topk_buckets)
 };
-#define GGML_SPARQ_FEAT_ALL ((1u << 14) - 1u)
+#define GGML_SPARQ_FEAT_ALL ((1u << 15) - 1u)
 // a selector value this build does not know: outside every backend's set
 #define GGML_SPARQ_FEAT_UNKNOWN (1u << 31)
 
@@ -74,6 +75,9 @@ struct ggml_sparq_attn_params {
     int32_t selector;    // enum ggml_sparq_selector
     int32_t flags;       // enum ggml_sparq_flag
     int32_t n_probe;     // index: lists probed, 1..n_list
+    int32_t topk_buckets; // sparq, oracle: the approximate bucketed top-k's buckets (a cell's is its
+                          // index mod topk_buckets; each bucket's best, then the k - l best of
+                          // those), k..GGML_SPARQ_K_MAX; 0: the exact top-k
     bool    index_reads; // index: report the rows read
     float   cov_p;       // coverage target in (0, 1], 0 for none
     int32_t k_min;       // coverage: the fewest cells, 0..k

@@ -93,6 +93,14 @@ GGML_API void ggml_sparq_attn_set_coverage(struct ggml_tensor * attn, float p, i
 // k_frac in (0, 1]. The CPU and CUDA ops apply it.
 GGML_API void ggml_sparq_attn_set_coverage_cap(struct ggml_tensor * attn, float k_frac);
 
+// Optional, after ggml_sparq_attn_set_selector with the sparq or oracle selector: step 3 ranks the
+// cells by the approximate bucketed top-k (Key et al., arXiv 2412.04358, one cell per bucket): the
+// cells outside the window split into `buckets` buckets by cell index modulo buckets, each bucket
+// offers its best cell by the ranking key (ties to the lower cell), and the k - l best of those are
+// chosen (fewer where fewer buckets hold a candidate). buckets in [k, GGML_SPARQ_K_MAX], 0 for the
+// exact top-k; not with a coverage target applied (the calibrated k). The CPU op applies it.
+GGML_API void ggml_sparq_attn_set_topk_buckets(struct ggml_tensor * attn, int32_t buckets);
+
 // Optional: where the op reports what each stream's last query row did, per (stream, KV head):
 // 4 floats {cells attended (-1: the row ran dense), the estimated coverage of those cells (mean
 // over the group's heads), the cells reaching the coverage target with the window (-1 without a

@@ -32,7 +32,7 @@ extern "C" {
 // Bumped whenever a struct or function of this header changes incompatibly (a row added to
 // llama-sparq-settings.def included). Written here only: the library's version string and the
 // Python package (which refuses a library whose ABI differs from its header's) read it here.
-#define LLAMA_SPARQ_ABI_VERSION 11
+#define LLAMA_SPARQ_ABI_VERSION 12
 
 // "llama-sparq <version> abi <n> llama.cpp <commit>" (also declared in llama.h by patch 0001)
 LLAMA_API const char * llama_sparq_version(void);

@@ -210,6 +210,25 @@ static bool sparq_params_consistent(const llama_sparq_params * p, int64_t head_s
                   "approximate scores); selector %s needs k >= 1", llama_sparq_selector_name(p->selector));
         return false;
     }
+    if (p->topk_buckets > 0) {
+        if (!sel.ranks_scores) {
+            sparq_err(err, err_size, "SparQ: topk_buckets = %d ranks step 2's approximate scores: it needs the sparq "
+                      "or oracle selector, not %s (0: the exact top-k)", (int) p->topk_buckets,
+                      llama_sparq_selector_name(p->selector));
+            return false;
+        }
+        if (p->k == 0) {
+            sparq_err(err, err_size, "SparQ: topk_buckets = %d needs a fixed k (k >= 1); k = 0 is the calibrated k, "
+                      "which cuts the exact ranking (0: the exact top-k)", (int) p->topk_buckets);
+            return false;
+        }
+        if (p->topk_buckets < p->k) {
+            sparq_err(err, err_size, "SparQ: topk_buckets = %d is below k = %d: each bucket offers one cell, so it needs "
+                      "at least k buckets; allowed 0 (the exact top-k) or k..%d", (int) p->topk_buckets, (int) p->k,
+                      (int) GGML_SPARQ_K_MAX);
+            return false;
+        }
+    }
     return !sel.check || sel.check(*p, nullptr, err, err_size);
 }
 
@@ -340,6 +359,8 @@ static int32_t sparq_check_device_runs(const llama_sparq_ctx & S, const llama_sp
             if (p->k == 0) {
                 ggml_sparq_attn_set_coverage(op, p->coverage, std::min(k_min, kk), 0, true);
                 ggml_sparq_attn_set_coverage_cap(op, p->k_frac);
+            } else if (p->topk_buckets > 0 && sparq_selector_of(p->selector).ranks_scores) {
+                ggml_sparq_attn_set_topk_buckets(op, p->topk_buckets);
             }
         }
         const bool ok = ggml_backend_dev_supports_op(dev, op);
@@ -356,11 +377,13 @@ static int32_t sparq_check_device_runs(const llama_sparq_ctx & S, const llama_sp
             return -2;
         }
         if (!ok) {
-            sparq_err(err, err_size, "SparQ: selector %s with k = %d%s does not run on %s, which holds the KV cache "
-                      "(running it on the CPU would copy the cache to the host at every step): use selector sparq or "
-                      "oracle there, or keep the cache in host memory (--no-kv-offload / offload_kqv = false)",
+            const bool buckets = p->k > 0 && p->topk_buckets > 0;
+            sparq_err(err, err_size, "SparQ: selector %s with k = %d%s%s does not run on %s, which holds the KV cache "
+                      "(running it on the CPU would copy the cache to the host at every step): use %s there, or keep "
+                      "the cache in host memory (--no-kv-offload / offload_kqv = false)",
                       llama_sparq_selector_name(p->selector), (int) p->k, p->k == 0 ? " (calibrated)" : "",
-                      ggml_backend_dev_name(dev));
+                      buckets ? " and topk_buckets > 0 (the CPU op's)" : "", ggml_backend_dev_name(dev),
+                      buckets ? "topk_buckets = 0 (the exact top-k)" : "selector sparq or oracle");
             return -2;
         }
     }

@@ -500,6 +500,9 @@ static ggml_tensor * sparq_build_op(sparq_attn_build & b, ggml_tensor * q, ggml_
             // longest stream of the ubatch: a request's choice must not depend on who else is decoding)
             ggml_sparq_attn_set_coverage_cap(cur, P.k_frac);
         } else {
+            if (P.topk_buckets > 0) {
+                ggml_sparq_attn_set_topk_buckets(cur, std::max<int32_t>(P.topk_buckets, kk));
+            }
             if (b.S.stats.measure_due && reports) {
                 ggml_sparq_attn_set_coverage(cur, P.coverage, 0, (int) std::max<int64_t>(kk, n_kv / 4), false);
             }

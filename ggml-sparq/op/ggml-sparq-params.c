@@ -18,7 +18,7 @@ enum sparq_slot {
     SLOT_SCALE        = 5,
     SLOT_SEL_FLAGS    = 6, // the selector (bits 0-15; SEL_NONE: out of that range), the flags (16-27),
                            // index_reads (bit 28), cov_apply (bit 29)
-    SLOT_N_PROBE      = 7,
+    SLOT_N_PROBE      = 7, // the index's n_probe, or the ranking selectors' topk_buckets (one selector each)
     SLOT_COV_P        = 8,
     SLOT_K_MIN        = 9,
     SLOT_K_SCAN       = 10,
@@ -77,7 +77,11 @@ bool ggml_sparq_params_decode(const struct ggml_tensor * node, struct ggml_sparq
         a->flags = (int32_t) ((sf >> 16) & 0xfffu);
         a->index_reads = ((sf >> 28) & 1u) != 0;
         a->cov_apply = ((sf >> 29) & 1u) != 0;
-        a->n_probe = slot_i32(s, SLOT_N_PROBE);
+        if (a->selector == GGML_SPARQ_SEL_INDEX) {
+            a->n_probe = slot_i32(s, SLOT_N_PROBE);
+        } else {
+            a->topk_buckets = slot_i32(s, SLOT_N_PROBE);
+        }
         a->cov_p = slot_f32(s, SLOT_COV_P);
         a->k_min = slot_i32(s, SLOT_K_MIN);
         a->k_scan = slot_i32(s, SLOT_K_SCAN);
@@ -128,6 +132,7 @@ uint32_t ggml_sparq_params_features(const struct ggml_tensor * node, const struc
     }
     f |= a->k_frac > 0.0f ? GGML_SPARQ_FEAT_COVERAGE_CAP : 0;
     f |= a->report ? GGML_SPARQ_FEAT_REPORT : 0;
+    f |= a->topk_buckets > 0 ? GGML_SPARQ_FEAT_TOPK_BUCKETS : 0;
     return f;
 }
 
@@ -148,7 +153,9 @@ void ggml_sparq_params_set(struct ggml_tensor * node, const struct ggml_sparq_pa
         const uint32_t sel = a->selector < 0 || a->selector >= (int32_t) SEL_NONE ? SEL_NONE : (uint32_t) a->selector;
         s[SLOT_SEL_FLAGS] = (int32_t) (sel | ((uint32_t) a->flags << 16) | (a->index_reads ? 1u << 28 : 0u) |
                                        (a->cov_apply ? 1u << 29 : 0u));
-        s[SLOT_N_PROBE] = a->n_probe;
+        GGML_ASSERT((a->selector == GGML_SPARQ_SEL_INDEX ? a->topk_buckets == 0 : a->n_probe == 0) &&
+                    "sparq_attn: n_probe is the index selector's, topk_buckets the ranking selectors'");
+        s[SLOT_N_PROBE] = a->selector == GGML_SPARQ_SEL_INDEX ? a->n_probe : a->topk_buckets;
         put_f32(s, SLOT_COV_P, a->cov_p);
         s[SLOT_K_MIN] = a->k_min;
         s[SLOT_K_SCAN] = a->k_scan;
@@ -178,6 +185,7 @@ const char * ggml_sparq_feature_name(uint32_t bit) {
         case GGML_SPARQ_FEAT_COVERAGE_CAP:     return "a per-row cap (k_frac)";
         case GGML_SPARQ_FEAT_COVERAGE_MEASURE: return "a measured coverage (k_scan)";
         case GGML_SPARQ_FEAT_REPORT:           return "a host report";
+        case GGML_SPARQ_FEAT_TOPK_BUCKETS:     return "the approximate bucketed top-k (topk_buckets)";
         default:                               return "a part unknown to this build";
     }
 }

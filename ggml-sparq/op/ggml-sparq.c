@@ -281,12 +281,25 @@ void ggml_sparq_attn_set_coverage(struct ggml_tensor * attn, float cov_p, int32_
                 "sparq_attn: a coverage target applies to the sparq and oracle selectors only");
     const int32_t k = p.attn.k;
     GGML_ASSERT(isfinite(cov_p) && cov_p > 0.0f && cov_p <= 1.0f && "sparq_attn: the coverage target must be in (0, 1]");
+    GGML_ASSERT(!(apply && p.attn.topk_buckets > 0) && "sparq_attn: the bucketed top-k needs a fixed k (no coverage cut)");
     GGML_ASSERT(k_min >= 0 && k_min <= k && "sparq_attn: k_min must be in [0, k]");
     GGML_ASSERT(k_scan >= 0 && k_scan <= GGML_SPARQ_K_MAX && "sparq_attn: k_scan must be in [0, GGML_SPARQ_K_MAX]");
     p.attn.cov_p = cov_p;
     p.attn.k_min = k_min;
     p.attn.k_scan = k_scan;
     p.attn.cov_apply = apply;
+    ggml_sparq_params_set(attn, &p);
+}
+
+void ggml_sparq_attn_set_topk_buckets(struct ggml_tensor * attn, int32_t buckets) {
+    struct ggml_sparq_params p = sparq_attn_params(attn);
+    const int32_t sel = p.attn.selector;
+    GGML_ASSERT((sel == GGML_SPARQ_SEL_SPARQ || sel == GGML_SPARQ_SEL_ORACLE) &&
+                "sparq_attn: the bucketed top-k applies to the sparq and oracle selectors only");
+    GGML_ASSERT((buckets == 0 || (buckets >= p.attn.k && buckets <= GGML_SPARQ_K_MAX)) &&
+                "sparq_attn: topk_buckets must be 0 or in [k, GGML_SPARQ_K_MAX]");
+    GGML_ASSERT(!(buckets > 0 && p.attn.cov_apply) && "sparq_attn: the bucketed top-k needs a fixed k (no coverage cut)");
+    p.attn.topk_buckets = buckets;
     ggml_sparq_params_set(attn, &p);
 }
 

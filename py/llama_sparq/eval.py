@@ -28,7 +28,10 @@ run checks that its prompt is the one prefilled). A sample scores the share of i
 values that appear in the answer (1 or 0 for single needles).
 
 Variants (``--variants``): ``dense``; ``default`` (the library's default settings, whatever
-compression they give); ``default_kt16`` (the same with K^T in 16 bits, ``sparq_kt_bits = 16``, and r's default for it); ``sparq`` (the paper: group-shared choice, mean-V on);
+compression they give); ``default_kt16`` (the same with K^T in 16 bits, ``sparq_kt_bits = 16``, and r's default for it);
+``fixedk`` (the defaults with a fixed k = ``--k``, what a GPU runs) and ``fixedk_b4`` / ``fixedk_b8``
+(the same with step 3 as the approximate bucketed top-k, ``sparq_topk_buckets`` = 4k / 8k);
+``sparq`` (the paper: group-shared choice, mean-V on);
 ``sparq_nomv`` (mean-V off); ``sparq_perhead`` (each query head chooses, the group attends
 over the union, at the same number of rows read); ``scaled*`` (step 1 ranks components by
 |q| times the keys' RMS along them, calibrated on the prompt's keys); ``pca`` (the same in
@@ -70,10 +73,10 @@ from ._eval_tasks import (  # noqa: F401  (re-exported: tests and bench import t
     CHAT_TASKS, KEY_WORDS, NOISE, PASSKEY_HEAD, PASSKEY_TAIL, RAW_TASKS, STORY_WORDS, TASK_GROUPS, TASKS,
     make_sample, passkey_needle, passkey_text)
 
-VARIANTS = ("dense", "default", "default_kt16", "sparq", "sparq_nomv", "sparq_perhead", "scaled", "scaled_nomv", "scaled_perhead", "pca",
+VARIANTS = ("dense", "default", "default_kt16", "fixedk", "fixedk_b4", "fixedk_b8", "sparq", "sparq_nomv", "sparq_perhead", "scaled", "scaled_nomv", "scaled_perhead", "pca",
             "oracle", "oracle_perhead", "streaming", "h2o", "index", "index_perhead")
 # variants at their own settings, not at a compression target
-FIXED_VARIANTS = ("dense", "default", "default_kt16")
+FIXED_VARIANTS = ("dense", "default", "default_kt16", "fixedk", "fixedk_b4", "fixedk_b8")
 
 
 def variant_settings(name, comp, d, g, S=None, k=128):
@@ -91,6 +94,16 @@ def variant_settings(name, comp, d, g, S=None, k=128):
         if name == "default_kt16":
             s.update(sparq_kt_bits=16)
         s.update(sparq_r=p["r"] or _sparq.default_r(d, s["sparq_kt_bits"]), sparq_min_kv=0)
+        return s
+    if name.startswith("fixedk"):
+        from . import _sparq
+
+        # every default but k: a fixed budget (l its default k / 4), optionally the bucketed top-k
+        p = _sparq.default_params()
+        s = {f"sparq_{f}": v for f, v in p.items() if f != "enabled"}
+        s.update(sparq_k=k, sparq_r=p["r"] or _sparq.default_r(d, s["sparq_kt_bits"]), sparq_min_kv=0)
+        if "_b" in name:
+            s["sparq_topk_buckets"] = int(name.split("_b")[1]) * k
         return s
     l = k // 4
     r = max(1, min(d, int(round(2 * d / comp))))

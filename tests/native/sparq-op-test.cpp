@@ -26,7 +26,8 @@
 // i32 n_list, i32 n_probe, centroids f32 [n_stream][n_head_kv][n_list][d] and the cells' lists
 // f32 [n_stream][n_head_kv][n_kv] (-1: unassigned). Optional trailers: "COV1", f32 p, i32 k_min
 // (the calibrated k's coverage target, applied); "KTE5" (K^T in 8 bits: e5m2 of the f32 or f16 keys
-// it is made from; in ggml mode written by the op's append mode).
+// it is made from; in ggml mode written by the op's append mode); "TKB1", i32 buckets (the
+// approximate bucketed top-k).
 // Output file: out f32 [n_stream][n_rows][n_head][dv], then (direct mode)
 // sel int32 [n_stream][n_rows][n_head_kv][sel_n], then (h2o) the scores after the call or
 // (index) the lists after the call.
@@ -61,6 +62,7 @@ struct test_case {
     float cov_p = 0.0f; // > 0: the coverage target (trailer COV1)
     int k_min = 0;
     bool kt_e5m2 = false; // trailer KTE5
+    int topk_buckets = 0; // trailer TKB1
     std::vector<float> q, v_sum, v_count, q_sel, comp_w, h2o, ivf_cent;
     int ivf_n_list = 0, ivf_n_probe = 0;
     std::vector<char> K, V, mask, K_sel;
@@ -154,6 +156,8 @@ static test_case read_case(const char * path) {
             read_exact(f, &c.k_min, 4, "k_min");
         } else if (memcmp(tmag, "KTE5", 4) == 0) {
             c.kt_e5m2 = true;
+        } else if (memcmp(tmag, "TKB1", 4) == 0) {
+            read_exact(f, &c.topk_buckets, 4, "topk_buckets");
         } else {
             die("unknown trailer in case file: ", path);
         }
@@ -273,6 +277,7 @@ static int run_direct(const test_case & c, const char * out_path, const char * i
     a.n_stream = c.n_stream; a.r = c.r; a.k = c.k; a.l = c.l; a.scale = c.scale;
     a.selector = c.selector; a.per_head = c.per_head; a.no_mean_v = c.no_mean_v;
     a.cov_p = c.cov_p; a.cov_apply = c.cov_p > 0.0f; a.k_min = c.k_min;
+    a.topk_buckets = c.topk_buckets;
     a.q = c.q.data(); a.q_nb1 = (size_t) c.d * 4; a.q_nb2 = a.q_nb1 * c.n_rows; a.q_nb3 = a.q_nb2 * c.n_head;
     const sparq_type t = c.kv_t();
     a.K = c.K.data(); a.K_type = t; a.K_nb1 = c.kv_bytes(1, c.d); a.K_nb2 = a.K_nb1 * c.n_kv; a.K_nb3 = a.K_nb2 * c.n_head_kv;
@@ -398,6 +403,9 @@ static int run_ggml(const test_case & c, const char * out_path, int nth) {
                                                   (c.no_mean_v ? GGML_SPARQ_FLAG_NO_MEAN_V : 0));
     if (c.cov_p > 0.0f) {
         ggml_sparq_attn_set_coverage(res, c.cov_p, c.k_min, 0, true);
+    }
+    if (c.topk_buckets > 0) {
+        ggml_sparq_attn_set_topk_buckets(res, c.topk_buckets);
     }
     if (c.win_n > 0) {
         struct ggml_tensor * wt = ggml_new_tensor_3d(ctx, GGML_TYPE_I32, c.win_n, c.n_rows, c.n_stream);

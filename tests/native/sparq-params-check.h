@@ -70,6 +70,7 @@ static struct ggml_tensor * params_node_with(const params_node_set & s, uint32_t
             ggml_sparq_attn_set_coverage_cap(n, 0.25f);
             return n;
         case GGML_SPARQ_FEAT_COVERAGE_MEASURE: ggml_sparq_attn_set_coverage(n, 0.9f, 0, 64, false); return n;
+        case GGML_SPARQ_FEAT_TOPK_BUCKETS: ggml_sparq_attn_set_topk_buckets(n, 64); return n;
         case GGML_SPARQ_FEAT_REPORT: {
             static float report[64];
             ggml_sparq_attn_set_report(n, report);
@@ -136,6 +137,15 @@ static int run_params_check() {
     if (memcmp(&pc.attn, &p.attn, sizeof(p.attn)) != 0 || pc.features != p.features) {
         return params_fail("a byte copy of op_params (what an RPC server receives) decodes otherwise");
     }
+    // the bucketed top-k's buckets and the index's n_probe share a slot, one selector each
+    struct ggml_tensor * nb = params_attn(s, 7, 33, 5);
+    ggml_sparq_attn_set_topk_buckets(nb, 1000);
+    struct ggml_tensor * ni = params_node_with(s, GGML_SPARQ_FEAT_INDEX);
+    const ggml_sparq_params pb = ggml_sparq_params_get(nb), pi = ggml_sparq_params_get(ni);
+    if (pb.attn.topk_buckets != 1000 || pb.attn.n_probe != 0 || pb.features != GGML_SPARQ_FEAT_TOPK_BUCKETS ||
+        pi.attn.n_probe != 3 || pi.attn.topk_buckets != 0 || (pi.features & GGML_SPARQ_FEAT_TOPK_BUCKETS)) {
+        return params_fail("topk_buckets and n_probe do not come back as written");
+    }
     struct ggml_tensor * sum = ggml_sparq_sum_append(s.ctx, s.vs, nullptr, ggml_new_tensor_2d(s.ctx, GGML_TYPE_F32, s.d * s.n_hkv, 1),
                                                      GGML_TYPE_F16, true);
     const ggml_sparq_params ps = ggml_sparq_params_get(sum);
@@ -179,7 +189,7 @@ static int run_params_check() {
     }
 
     // 3. a part this build does not know (a field a newer constructor added) is refused by every backend
-    for (uint32_t unknown : { 1u << 14, 1u << 20, GGML_SPARQ_FEAT_UNKNOWN }) {
+    for (uint32_t unknown : { 1u << 15, 1u << 20, GGML_SPARQ_FEAT_UNKNOWN }) {
         struct ggml_tensor * t = params_node_with(s, 0);
         ggml_sparq_params pu = ggml_sparq_params_get(t);
         pu.features |= unknown;

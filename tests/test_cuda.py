@@ -601,6 +601,57 @@ def test_cuda_kernels_emulated_rank_equal_keys_as_the_cpu_op(case, ties):
     assert m and m.group(1) == "0", res.stdout
 
 
+# The approximate bucketed top-k (SPARQ_EMU_BUCKETS=B: topk_buckets on the CPU op and the kernels):
+# B = k (many cells per bucket, each selection tile spanning several cells of every bucket) with
+# MHA, GQA's shared choice over two streams, per-head choice with a window list, several rows of two
+# streams with a dense stream beside, the oracle without a mask and l = 0; B between k and S over
+# three selection tiles (a bucket's cells in several tiles) with a window list; B >= S (one cell per
+# bucket: the exact top-k); groups of equal keys wider than B (SPARQ_EMU_TIES: ties within a bucket
+# and between offers, to the lower cell). Where the switches would take other paths (the score tiles'
+# histogram, the one launch) the select tiles still choose; the radix mode and programmatic launches
+# change nothing of it.
+EMU_CASES_BUCKETS = {
+    "mha-b-eq-k": ("64 2048 4 4 1 1 16 64 16 1 1 0 0 0", 64, {}),
+    "gqa4-shared-streams": ("128 1000 8 2 1 2 16 64 16 0 1 0 0 0", 64, {}),
+    "gqa4-perhead-window": ("64 1024 8 2 1 1 16 64 16 1 1 0 1 1", 80, {}),
+    "rows-streams-dense-stream": ("64 1000 4 2 3 2 8 32 8 1 1 0 0 3", 32, {}),
+    "oracle-l0-nomask": ("64 1024 4 2 1 1 16 64 0 0 0 1 0 0", 64, {}),
+    "three-tiles-window": ("64 12000 4 4 1 1 16 128 32 1 1 0 0 1", 300, {}),
+    "b-over-s-exact": ("64 2048 4 4 1 1 16 128 32 1 1 0 0 0", 4096, {}),
+    "ties-within-buckets": ("64 2048 4 4 1 1 16 16 0 1 1 0 0 0", 16, {"SPARQ_EMU_TIES": "24"}),
+    "score-hist-fused-switches": ("64 1000 4 4 1 1 16 64 16 1 1 0 0 0", 64,
+                                  {"LLAMA_SPARQ_CUDA_SCORE_HIST": "1", "LLAMA_SPARQ_CUDA_FUSED": "1"}),
+    "radix-pdl": ("64 1024 8 2 1 1 16 64 16 1 1 0 1 1", 64,
+                  {"LLAMA_SPARQ_CUDA_SELECT": "radix", "LLAMA_SPARQ_CUDA_PDL": "1"}),
+}
+
+
+@pytest.mark.parametrize("case", list(EMU_CASES_BUCKETS))
+def test_cuda_kernels_emulated_bucketed_topk_equal_the_cpu_op(case):
+    """topk_buckets: the select tiles offer each eligible cell to its bucket (a 64-bit atomic maximum
+    of key and cell), the list's last tile takes the best offers; the kernels choose the CPU op's
+    cells (each bucket's best outside the window, ties to the lower cell, then the k - l best of
+    those), with its output and report, in three launches of the select tiles' grid."""
+    args, buckets, extra = EMU_CASES_BUCKETS[case]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_SPARQ_CUDA_")}
+    env.pop("SPARQ_EMU_TIES", None)
+    env.update(extra, SPARQ_EMU_BUCKETS=str(buckets))
+    res = subprocess.run([str(tool_path("sparq-cuda-emu")), *args.split()], capture_output=True, text=True,
+                         timeout=600, env=env)
+    assert res.returncode == 0 and res.stdout.startswith("OK"), res.stdout + res.stderr[-2000:]
+    assert re.search(r"sel_differ=(\d+)", res.stdout).group(1) == "0", res.stdout
+    assert re.search(r"report_differ=(\d+)", res.stdout).group(1) == "0", res.stdout
+    S = int(args.split()[1])
+    assert f"buckets={min(buckets, S)}" in res.stdout, res.stdout
+    a = args.split()
+    g, per_head = int(a[2]) // int(a[3]), int(a[12]) & 1
+    lists = int(a[4]) * int(a[5]) * int(a[3]) * (g if per_head and g > 1 else 1)
+    assert "score_hist=0 " in res.stdout and "fused=0 " in res.stdout, res.stdout
+    assert f"select_blocks={lists * -(-S // 4096)} " in res.stdout, res.stdout
+    assert re.search(r" launches=(\d+)", res.stdout).group(1) == "3", res.stdout
+    assert int(re.search(r"sparq_units=(\d+)", res.stdout).group(1)) > 0, res.stdout
+
+
 # ---------------------------------------------------------------------------
 # what lets CUDA graphs replay a SparQ step, checked on the CPU (no GPU needed)
 # ---------------------------------------------------------------------------

@@ -84,8 +84,9 @@ def test_op_parameters_are_typed_and_every_backend_honours_or_refuses_each_part(
     res = subprocess.run([str(prog), "params-check"], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "params-check: OK: 15 parts" in res.stdout, res.stdout
-    # CUDA honours 8: the oracle, per-head, no mean-V, window, basis, the calibrated k (2) and the report
-    assert "as declared by CUDA (8 of them)" in res.stdout, res.stdout
+    # CUDA honours 9: the oracle, per-head, no mean-V, window, basis, the calibrated k (2), the report
+    # and the bucketed top-k
+    assert "as declared by CUDA (9 of them)" in res.stdout, res.stdout
     assert "unknown parts and another layout refused by both" in res.stdout
 
 

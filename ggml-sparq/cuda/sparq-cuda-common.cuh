@@ -60,6 +60,10 @@ struct sparq_cu_args {
     // needs more than the cap attends over every valid cell
     float cov_p, k_frac;
     int k_min;
+    // the approximate bucketed top-k (a fixed k): a cell's bucket is its index mod buckets, each
+    // bucket offers its best eligible cell, the list chooses the best offers; min(topk_buckets, S)
+    // (cells below S fall in the same buckets), 0: the exact top-k
+    int buckets;
     int R, U, L, W, nt_a, tl_a, nt_s, sel_max;
     int force_radix; // the selection's radix passes over the list even where the candidates fit
     int hist_atomic; // the tile histogram by one shared-memory add per cell, no warp vote first
@@ -119,6 +123,8 @@ struct sparq_cu_args {
                              // all candidates [L][nt_a][1 + tl_a] (score): per score tile its non-empty
                              // bins' count, then {bin << 16 | cells, sum of exp(x - tile max) as float bits}
     unsigned int  * ncand;   // [L] their count (zeroed by score)
+    unsigned long long * bk; // [L][buckets] each bucket's best offer: key bits << 32 | ~cell, 0 none
+                             // (zeroed by score, set by select)
     unsigned int  * udone;   // [U] attend's parts finished per unit (zeroed by score)
     int           * udense;  // [U] the calibrated k found the unit diffuse (zeroed by score)
     unsigned int  * selbits; // [U][W] the chosen cells (zeroed by score)

@@ -65,7 +65,7 @@ static bool sparq_pdl() {
 // softmax over all cells, which no score tile knows. Off by default until a GPU has timed it.
 static bool sparq_score_hist_applies(const sparq_cu_args & a) {
     static const int force = sparq_env_way("LLAMA_SPARQ_CUDA_SCORE_HIST", "0", "1");
-    return force == 2 && a.cov_p <= 0.0f && a.ph == a.g;
+    return force == 2 && a.cov_p <= 0.0f && a.ph == a.g && a.buckets <= 0; // (buckets: the select tiles')
 }
 
 // LLAMA_SPARQ_CUDA_CALIB_HIST=1: where the calibrated k's lists are keyed by one head's logits (g ==
@@ -75,10 +75,10 @@ static bool sparq_score_hist_applies(const sparq_cu_args & a) {
 // (each tile rescaled by exp(its maximum - M) / Z) and reads the candidates instead of the list's
 // logits where its crossing bins lie among them. GQA's shared choice keeps the select tiles: its
 // key, the group's sum of each head's softmax, needs every head's M and Z before any cell has a
-// bin. Off by default until a GPU has timed it.
+// bin. Off by default until a GPU has timed it. (The bucketed top-k needs a fixed k: never here.)
 static bool sparq_calib_hist_applies(const sparq_cu_args & a) {
     static const int force = sparq_env_way("LLAMA_SPARQ_CUDA_CALIB_HIST", "0", "1");
-    return force == 2 && a.cov_p > 0.0f && a.ph == a.g;
+    return force == 2 && a.cov_p > 0.0f && a.ph == a.g && a.buckets <= 0;
 }
 
 // The attention split over several blocks per unit (k_sparq_attend_part, whose last part to finish
@@ -180,13 +180,14 @@ static bool sparq_fused_on() {
 // Where the one launch applies: the node carries the layer's tickets (the llama glue's; a graph
 // without them, e.g. test-backend-ops', takes three launches) for every unit; a fixed k (lists keyed
 // by one head's logits from the score tiles' candidates; GQA's shared choice from the last block's
-// own pass over the unit's cells); S <= SPARQ_FUSED_MAX_KV;
+// own pass over the unit's cells) without the bucketed top-k (its offers are gathered by the select
+// tiles); S <= SPARQ_FUSED_MAX_KV;
 // no streamed all-cells attend (LLAMA_SPARQ_CUDA_DIFFUSE with k >= S); f16 K and V (llama's caches),
 // an f16 or 8-bit K^T read with the vector loads (fewer instantiations; the others take three launches).
 // kt: K^T's element type (sparq_cu_kt). The caller sets sparq_cu_args::fused from it before the
 // scratch's sizes.
 static bool sparq_fused_applies(const sparq_cu_args & a, int kt, bool k_f16, bool v_f16) {
-    return sparq_fused_on() && a.tickets != nullptr && a.U <= GGML_CUDA_SPARQ_TICKETS && a.cov_p <= 0.0f &&
+    return sparq_fused_on() && a.tickets != nullptr && a.U <= GGML_CUDA_SPARQ_TICKETS && a.cov_p <= 0.0f && a.buckets <= 0 &&
            a.n_kv <= SPARQ_FUSED_MAX_KV && !sparq_attend_stream_applies(a) && k_f16 && v_f16 && kt != SPARQ_CU_KT_F32 &&
            a.tl_a == SPARQ_NT * sparq_vec_cpt(sparq_gmax(a.g));
 }
@@ -202,7 +203,7 @@ static bool sparq_attend_kv_vec(const sparq_cu_args & a, bool k_f16, bool v_f16)
 
 // element counts of the scratch buffers (sparq_cu_args' scratch pointers), from the shapes only
 struct sparq_cu_scratch {
-    size_t rows, wbits, logits, tstat, tcnt, keys, hist, hmass, ldone, cand, ncand, udone, udense, selbits, sel, pstat, py;
+    size_t rows, wbits, logits, tstat, tcnt, keys, hist, hmass, ldone, cand, ncand, bk, udone, udense, selbits, sel, pstat, py;
     size_t report, lrep; // with a report (report: set a.report before the sizes)
 };
 
@@ -227,6 +228,7 @@ static sparq_cu_scratch sparq_cu_scratch_sizes(const sparq_cu_args & a) {
         z.cand = std::max(z.cand, L * a.nt_a * (1 + (size_t) sparq_score_cap(a) + 1 + (size_t) a.tl_a));
     }
     z.ncand = L;
+    z.bk = a.buckets > 0 ? L * a.buckets : 1;
     z.udone = U;
     z.udense = U;
     z.selbits = U * a.W;

@@ -85,9 +85,10 @@ static __device__ void sparq_block_components(const sparq_cu_args & a, int u, in
 // ---------------------------------------------------------------------------
 
 // The scratch the later kernels accumulate into, cleared by this one (each piece by one block):
-// the bitmaps' words of this tile, and with the unit's first tile the unit's per-list histograms
-// and counters. Kernels on one stream run in order, so they start from zero with no memset. (Fused,
-// each unit's window bitmap is its own: a.wbits is shifted to it, every unit clears it.)
+// the bitmaps' words and the buckets of this tile's cells, and with the unit's first tile the
+// unit's per-list histograms and counters. Kernels on one stream run in order, so they start from
+// zero with no memset. (Fused, each unit's window bitmap is its own: a.wbits is shifted to it,
+// every unit clears it.)
 static __device__ void sparq_score_clear(const sparq_cu_args & a, int u, int kvh, int R) {
     const int tid = threadIdx.x;
     const int w_per_tile = a.tl_a / 32;
@@ -96,6 +97,14 @@ static __device__ void sparq_score_clear(const sparq_cu_args & a, int u, int kvh
         a.selbits[(size_t) u * a.W + w] = 0u;
         if (a.win && (kvh == 0 || a.fused)) {
             a.wbits[(size_t) R * a.W + w] = 0u;
+        }
+    }
+    if (a.buckets > 0) { // (buckets <= S: the tiles of the unit cover them)
+        const int b0 = blockIdx.x * a.tl_a, b1 = min(a.buckets, b0 + a.tl_a);
+        for (int li = u * a.ph; li < (u + 1) * a.ph; ++li) {
+            for (int b = b0 + tid; b < b1; b += SPARQ_NT) {
+                a.bk[(size_t) li * a.buckets + b] = 0ull;
+            }
         }
     }
     if (blockIdx.x != 0) {

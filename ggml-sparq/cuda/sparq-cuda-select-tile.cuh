@@ -177,6 +177,25 @@ static __device__ __forceinline__ void sparq_tile_candidates(const sparq_cu_args
     }
 }
 
+// The bucketed top-k: each eligible cell of the tile offered to its bucket (cell mod buckets) as
+// key bits << 32 | ~cell, so that the larger word is the larger key, then the lower cell; the
+// bucket keeps the largest (offers only grow, so one already at least as large skips the atomic)
+static __device__ __forceinline__ void sparq_tile_buckets(const sparq_cu_args & a, const sparq_sel_ctx & c,
+                                                          const sparq_sel_smem & sm, int t0, int t1, const float * xs) {
+    unsigned long long * bk = a.bk + (size_t) c.li * a.buckets;
+#pragma unroll
+    for (int i = 0; i < SPARQ_TS_CPT; ++i) {
+        const int s = t0 + i * SPARQ_NT + threadIdx.x;
+        if (sparq_tile_eligible(a, c, sm.wb, t0, t1, s, xs[i])) {
+            const unsigned long long v = (unsigned long long) sparq_key_bits(xs[i]) << 32 | (0xffffffffu - (unsigned int) s);
+            unsigned long long * p = bk + s % a.buckets;
+            if (__ldcg(p) < v) {
+                atomicMax(p, v);
+            }
+        }
+    }
+}
+
 // the tile's histograms added into the list's; true in the last tile of the list to finish (its
 // writes, and every other tile's, visible first)
 template <bool COV>
@@ -288,9 +307,13 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_select(const sparq_cu
     if (c.summed) {
         sparq_tile_group_keys(a, c, src, sM, siZ, t0, t1, xs);
     }
-    sparq_tile_histogram<COV>(a, c, sm, t0, t1, xs);
-    if (!COV) {
-        sparq_tile_candidates(a, c, sm, t0, t1, xs);
+    if (!COV && a.buckets > 0) {
+        sparq_tile_buckets(a, c, sm, t0, t1, xs); // (no histogram: the offers are all the choice reads)
+    } else {
+        sparq_tile_histogram<COV>(a, c, sm, t0, t1, xs);
+        if (!COV) {
+            sparq_tile_candidates(a, c, sm, t0, t1, xs);
+        }
     }
     if (sparq_tile_flush<COV>(a, c, sm, &s_last)) {
         sparq_select_list<false>(a, c, sm, &s_nc);

@@ -793,6 +793,52 @@ static __device__ void sparq_choose(const sparq_cu_args & a, const sparq_sel_ctx
     }
 }
 
+// The bucketed top-k's choice of list li: the kk (> 0) best of its buckets' offers (the tiles'
+// sparq_tile_buckets; distinct words, the larger the better) and the window into the unit's bitmap.
+// Radix passes of 8 bits over the offers down to the kk-th best, then every offer at or above it
+// (every offer where there are at most kk).
+static __device__ void sparq_choose_buckets(const sparq_cu_args & a, const sparq_sel_ctx & c, int kk,
+                                            const sparq_sel_smem & sm) {
+    const int tid = threadIdx.x;
+    const unsigned long long * bk = a.bk + (size_t) c.li * a.buckets;
+    unsigned long long lo = 0ull; // the bound's bits found so far (all of them once done)
+    int want = kk;
+    for (int shift = 56; shift >= 0; shift -= 8) { // lo, want and the crossing are uniform over the block
+        sm.rc[tid] = 0u;
+        __syncthreads();
+        for (int b = tid; b < a.buckets; b += SPARQ_NT) {
+            const unsigned long long v = __ldcg(bk + b);
+            if (v != 0ull && (shift == 56 || (v >> (shift + 8)) == (lo >> (shift + 8)))) {
+                atomicAdd(&sm.rc[(v >> shift) & 255u], 1u);
+            }
+        }
+        __syncthreads();
+        const sparq_cross y = sparq_find_cross<1>(false, (double) want, [&](int bin) { return (int) sm.rc[bin]; },
+                                                  [&](int) { return 0.0; }, sm.sh, sm.shd, sm.s_cross);
+        if (y.bin < 0) {
+            lo = 1ull; // fewer offers than wanted (only in the first pass): all of them
+            break;
+        }
+        lo |= (unsigned long long) y.bin << shift;
+        want -= y.c_above;
+        if (y.c_bin == want) {
+            break; // the bin's every offer is wanted: the bound is lo (at shift 0 the bin is one offer)
+        }
+    }
+    if (c.h == 0) {
+        sparq_window_bits(a, c);
+    }
+    unsigned int * sb = a.selbits + (size_t) c.u * a.W;
+    for (int b = tid; b < a.buckets; b += SPARQ_NT) {
+        const unsigned long long v = __ldcg(bk + b);
+        if (v != 0ull && v >= lo) {
+            const int s = (int) (0xffffffffu - (unsigned int) v);
+            atomicOr(&sb[s >> 5], 1u << (s & 31));
+        }
+    }
+    __syncthreads();
+}
+
 // the number of window cells of a row with a given window list: its valid distinct cells, which the
 // tile blocks set in the row's window bitmap
 static __device__ int sparq_count_win_bits(const sparq_cu_args & a, int R, int * sh) {
@@ -875,6 +921,10 @@ static __device__ void sparq_select_list(const sparq_cu_args & a, const sparq_se
         if (c.h == 0) {
             sparq_sel_pass(a, c, 0x7fffffff, false, true, false, sm, s_nc); // the window alone
         }
+        return;
+    }
+    if (!SCORED && !MASS && a.buckets > 0) { // (score_hist and calib_hist never take the buckets)
+        sparq_choose_buckets(a, c, kk, sm);
         return;
     }
     sparq_choose<SCORED, MASS>(a, c, kk, sm, s_nc);

@@ -17,11 +17,11 @@
 static constexpr uint32_t SPARQ_CUDA_HONOURS = GGML_SPARQ_FEAT_ORACLE | GGML_SPARQ_FEAT_PER_HEAD |
                                                GGML_SPARQ_FEAT_NO_MEAN_V | GGML_SPARQ_FEAT_WINDOW |
                                                GGML_SPARQ_FEAT_BASIS | GGML_SPARQ_FEAT_COVERAGE |
-                                               GGML_SPARQ_FEAT_COVERAGE_CAP | GGML_SPARQ_FEAT_REPORT;
+                                               GGML_SPARQ_FEAT_COVERAGE_CAP | GGML_SPARQ_FEAT_REPORT |
+                                               GGML_SPARQ_FEAT_TOPK_BUCKETS;
 static constexpr uint32_t SPARQ_CUDA_REFUSES = GGML_SPARQ_FEAT_STREAMING | GGML_SPARQ_FEAT_H2O |
                                                GGML_SPARQ_FEAT_INDEX | GGML_SPARQ_FEAT_INDEX_READS |
-                                               GGML_SPARQ_FEAT_DENSE | GGML_SPARQ_FEAT_COVERAGE_MEASURE |
-                                               GGML_SPARQ_FEAT_TOPK_BUCKETS;
+                                               GGML_SPARQ_FEAT_DENSE | GGML_SPARQ_FEAT_COVERAGE_MEASURE;
 static_assert((SPARQ_CUDA_HONOURS | SPARQ_CUDA_REFUSES) == GGML_SPARQ_FEAT_ALL &&
               (SPARQ_CUDA_HONOURS & SPARQ_CUDA_REFUSES) == 0,
               "a new part of the op: decide whether the CUDA kernels honour it or refuse it");

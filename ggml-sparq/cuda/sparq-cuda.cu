@@ -26,7 +26,9 @@
 //                     cut at the coverage target; the bin of the kk-th largest key, then one pass
 //                     that sets the cells above it in the unit's bitmap and ranks that bin's cells
 //                     in shared memory (exact ties to the lower cell, as on the CPU); radix passes
-//                     over the list where the bin holds too many cells
+//                     over the list where the bin holds too many cells. With topk_buckets the tiles
+//                     offer each eligible cell to its bucket (cell mod B) by a 64-bit atomic maximum
+//                     of key and cell instead, and the last tile takes the best offers (radix passes)
 //   3 k_sparq_attend  per unit, or split over parts (k_sparq_attend_part) while the units are few
 //                     (batch 1): the bitmap -> ascending cell list; exact softmax attention of the
 //                     g query heads over the cells (online, 256 cells at a time); mean-V mix with
@@ -144,6 +146,8 @@ static bool sparq_cuda_args_of(const ggml_tensor * dst, sparq_cu_args & a, int *
     if (P.selector == GGML_SPARQ_SEL_ORACLE) {
         a.r = a.d; // the oracle: SparQ with every component
     }
+    // (the op's check keeps it to a fixed k; cells below S fall in min(B, S) buckets alike)
+    a.buckets = P.topk_buckets > 0 ? std::max(1, std::min((int) P.topk_buckets, (int) k->ne[1])) : 0;
     GGML_ASSERT(a.r >= 1 && a.r <= a.d && a.k >= 1 && a.l >= 0 && a.l <= a.k);
 
     a.R = a.n_stream * a.n_rows;
@@ -420,6 +424,7 @@ void ggml_cuda_sparq_attn(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     ggml_cuda_pool_alloc<unsigned int> ldone(pool, z.ldone);
     ggml_cuda_pool_alloc<uint2>        cand(pool, z.cand);
     ggml_cuda_pool_alloc<unsigned int> ncand(pool, z.ncand);
+    ggml_cuda_pool_alloc<unsigned long long> bk(pool, z.bk);
     ggml_cuda_pool_alloc<unsigned int> udone(pool, z.udone);
     ggml_cuda_pool_alloc<int>          udense(pool, z.udense);
     ggml_cuda_pool_alloc<unsigned int> selbits(pool, z.selbits);
@@ -428,7 +433,7 @@ void ggml_cuda_sparq_attn(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     ggml_cuda_pool_alloc<float>        py(pool, z.py);
     a.rows = rows.get(); a.wbits = wbits.get(); a.logits = logits.get(); a.tstat = tstat.get(); a.tcnt = tcnt.get();
     a.keys = keys.get(); a.hist = hist.get(); a.hmass = hmass.get(); a.ldone = ldone.get(); a.udone = udone.get();
-    a.cand = cand.get(); a.ncand = ncand.get();
+    a.cand = cand.get(); a.ncand = ncand.get(); a.bk = bk.get();
     a.udense = udense.get(); a.selbits = selbits.get(); a.sel = sel.get(); a.pstat = pstat.get(); a.py = py.get();
     // the report: written on the device by the kernels, then one copy into the host's report queued on
     // the stream (no wait; the host reads it after the step's synchronisation). The host memory must

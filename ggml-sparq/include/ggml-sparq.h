@@ -98,7 +98,7 @@ GGML_API void ggml_sparq_attn_set_coverage_cap(struct ggml_tensor * attn, float 
 // cells outside the window split into `buckets` buckets by cell index modulo buckets, each bucket
 // offers its best cell by the ranking key (ties to the lower cell), and the k - l best of those are
 // chosen (fewer where fewer buckets hold a candidate). buckets in [k, GGML_SPARQ_K_MAX], 0 for the
-// exact top-k; not with a coverage target applied (the calibrated k). The CPU op applies it.
+// exact top-k; not with a coverage target applied (the calibrated k). The CPU and CUDA ops apply it.
 GGML_API void ggml_sparq_attn_set_topk_buckets(struct ggml_tensor * attn, int32_t buckets);
 
 // Optional: where the op reports what each stream's last query row did, per (stream, KV head):

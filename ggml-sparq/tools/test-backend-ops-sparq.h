@@ -38,10 +38,11 @@ struct test_sparq_attn : public test_case {
     const int k_min;
     const float k_frac;
     const bool kt8; // K^T in 8 bits (e5m2 in i8) of the keys
+    const int buckets; // > 0: the approximate bucketed top-k (topk_buckets; a fixed k)
 
     std::string vars() override {
         return VARS_TO_STR17(d, kv, nh, nh_kv, nr, ns, r, k, l, type_KV, mask, sel, flags, variant, cov_p, k_min, k_frac) +
-               "," + VAR_TO_STR(kt8);
+               "," + VAR_TO_STR(kt8) + (buckets > 0 ? "," + VAR_TO_STR(buckets) : ""); // (the others' names kept)
     }
 
     double max_nmse_err() override { return 5e-5; }
@@ -49,9 +50,10 @@ struct test_sparq_attn : public test_case {
     test_sparq_attn(int64_t d = 128, int64_t kv = 1024, int64_t nh = 32, int64_t nh_kv = 32, int64_t nr = 1,
                     int64_t ns = 1, int r = 16, int k = 128, int l = 32, ggml_type type_KV = GGML_TYPE_F16,
                     bool mask = true, int sel = GGML_SPARQ_SEL_SPARQ, int flags = 0, int variant = 0, float cov_p = 0.0f,
-                    int k_min = 0, float k_frac = 0.0f, bool kt8 = false)
+                    int k_min = 0, float k_frac = 0.0f, bool kt8 = false, int buckets = 0)
         : d(d), kv(kv), nh(nh), nh_kv(nh_kv), nr(nr), ns(ns), r(r), k(k), l(l), type_KV(type_KV), mask(mask), sel(sel),
-          flags(flags), variant(variant), cov_p(cov_p), k_min(k_min), k_frac(k_frac), kt8(kt8) {}
+          flags(flags), variant(variant), cov_p(cov_p), k_min(k_min), k_frac(k_frac), kt8(kt8),
+          buckets(buckets) {}
 
     ggml_tensor * build_graph(ggml_context * ctx) override {
         ggml_tensor * q = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, d, nr, nh, ns);
@@ -80,6 +82,9 @@ struct test_sparq_attn : public test_case {
             if (k_frac > 0.0f) {
                 ggml_sparq_attn_set_coverage_cap(out, k_frac);
             }
+        }
+        if (buckets > 0) {
+            ggml_sparq_attn_set_topk_buckets(out, buckets);
         }
         if (variant == 1) {
             ggml_tensor * win = ggml_new_tensor_3d(ctx, GGML_TYPE_I32, std::max(l, 1), nr, ns);
@@ -480,6 +485,11 @@ static void sparq_add_test_cases(std::vector<std::unique_ptr<test_case>> & test_
         test_cases.emplace_back(new test_sparq_attn(64, 1000, 8, 8, 1, 1, 16, 64, 16, t, true, SPQ, 0, 0, 0.0f, 0, 0.0f, true));
         test_cases.emplace_back(new test_sparq_attn(64, 4096, 16, 2, 1, 1, 16, 64, 16, t, true, SPQ, PH, 0, 0.0f, 0, 0.0f, true));
         test_cases.emplace_back(new test_sparq_attn(128, 1000, 8, 2, 1, 2, 16, 256, 16, t, true, SPQ, 0, 0, 0.3f, 8, 0.25f, true));
+        // the bucketed top-k: as many buckets as k (GQA shared, two streams), per-head with a window
+        // list, the oracle over several selection tiles with a bucket's cells in each
+        test_cases.emplace_back(new test_sparq_attn(128, 4096, 8, 2, 1, 2, 32, 128, 32, t, true, SPQ, 0, 0, 0.0f, 0, 0.0f, false, 128));
+        test_cases.emplace_back(new test_sparq_attn(64, 4096, 16, 2, 1, 1, 16, 64, 16, t, true, SPQ, PH, 1, 0.0f, 0, 0.0f, false, 200));
+        test_cases.emplace_back(new test_sparq_attn(128, 16384, 8, 8, 2, 1, 32, 128, 32, t, true, ORA, 0, 0, 0.0f, 0, 0.0f, false, 1000));
         test_cases.emplace_back(new test_sparq_kt_append(t, 1, 256, 1024, true));
         test_cases.emplace_back(new test_sparq_kt_append(t, 1000, 64, 64, false));
         test_cases.emplace_back(new test_sparq_sum_append(t, 576, 2, true, false));

@@ -16,7 +16,8 @@
 // scalar: 1 forces the one-cell K^T loads; cov_p > 0: the calibrated k (coverage target cov_p, at
 // least k_min cells, each row's cap from k_frac of its valid cells when k_frac > 0).
 // SPARQ_EMU_ORDER=seq runs the blocks in order; SPARQ_EMU_TIES, SPARQ_EMU_PEAK and SPARQ_EMU_HOLE
-// shape the inputs (below). Prints "OK nmse=... select_blocks=B launches=N pdl_launches=P
+// shape the inputs (below); SPARQ_EMU_BUCKETS=B (a fixed k) ranks by the bucketed top-k with B
+// buckets (topk_buckets) on both sides. Prints "OK nmse=... select_blocks=B launches=N pdl_launches=P
 // report_differ=0 report_reach=M" (B: the second launch's blocks; M: the entries that measured the
 // cells reaching the target) or "FAIL ..."
 // and exits 0 / 1. The inputs are tie-proof (tests/native/sparq-tie-proof.h: query large on r
@@ -159,6 +160,12 @@ static inline unsigned int atomicInc(unsigned int * p, unsigned int wrap) {
 }
 static inline int atomicMax(int * p, int v) {
     int old = __atomic_load_n(p, __ATOMIC_SEQ_CST);
+    while (v > old && !__atomic_compare_exchange_n(p, &old, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+    }
+    return old;
+}
+static inline unsigned long long atomicMax(unsigned long long * p, unsigned long long v) {
+    unsigned long long old = __atomic_load_n(p, __ATOMIC_SEQ_CST);
     while (v > old && !__atomic_compare_exchange_n(p, &old, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
     }
     return old;
@@ -453,6 +460,9 @@ int main(int argc, char ** argv) {
     if (cov_p > 0.0f) {
         c.cov_p = cov_p; c.cov_apply = 1; c.k_min = cov_k_min; c.k_scan = 0; c.k_frac = cov_k_frac;
     }
+    const char * buckets_env = getenv("SPARQ_EMU_BUCKETS");
+    const int buckets = buckets_env && cov_p <= 0.0f ? atoi(buckets_env) : 0;
+    c.topk_buckets = buckets;
     c.sel_n = sparq_sel_max(&c);
     // the report (per stream and KV head, 4 floats): the CPU op's against the kernels'
     std::vector<float> rep_cpu((size_t) ns * nhkv * 4, -2.0f), rep_gpu((size_t) ns * nhkv * 4, -2.0f);
@@ -469,6 +479,7 @@ int main(int argc, char ** argv) {
     a.no_mean_v = (flags & 2) != 0;
     a.r = sel == SPARQ_SEL_ORACLE ? d : r; a.k = k; a.l = l; a.scale = c.scale;
     a.cov_p = cov_p; a.k_min = cov_k_min; a.k_frac = cov_p > 0.0f ? cov_k_frac : 0.0f;
+    a.buckets = buckets > 0 ? std::max(1, std::min(buckets, S)) : 0; // (as sparq_cuda_args_of)
     a.R = ns * nr; a.U = a.R * nhkv; a.L = a.U * a.ph;
     a.W = std::max(1, (S + 31) / 32);
     const int gm = sparq_gmax(g);
@@ -515,8 +526,9 @@ int main(int argc, char ** argv) {
     std::vector<float2> tstat(z.tstat);
     std::vector<uint2> cand(z.cand);
     std::vector<unsigned int> ncand(z.ncand);
-    dirty(cand); dirty(ncand);
-    a.cand = cand.data(); a.ncand = ncand.data();
+    std::vector<unsigned long long> bk(z.bk);
+    dirty(cand); dirty(ncand); dirty(bk);
+    a.cand = cand.data(); a.ncand = ncand.data(); a.bk = bk.data();
     dirty(rows); dirty(wbits); dirty(hist); dirty(ldone); dirty(udone); dirty(selbits); dirty(tcnt); dirty(udense);
     dirty(selv); dirty(logits); dirty(keys); dirty(pstat); dirty(py); dirty(hmass); dirty(tstat);
     a.rows = rows.data(); a.wbits = wbits.data(); a.logits = logits.data(); a.tstat = tstat.data(); a.tcnt = tcnt.data();
@@ -620,12 +632,12 @@ int main(int argc, char ** argv) {
     const int n_chose = n_sparse - n_diffuse;
     printf("%s nmse=%.3g max_abs=%.3g sparq_units=%d diffuse_units=%d mean_cells=%.1f sel_differ=%d cpt=%d select=%s "
            "hist=%s loads=%s score_hist=%d calib_hist=%d select_blocks=%ld stream=%d kv_vec=%d attend_parts=%d fused=%d "
-           "launches=%d pdl_launches=%d report_differ=%d report_reach=%d\n",
+           "launches=%d pdl_launches=%d report_differ=%d report_reach=%d buckets=%d\n",
            ok ? "OK" : "FAIL", nmse, maxd, n_sparse, n_diffuse, n_chose > 0 ? (double) n_cells / n_chose : 0.0, n_diff,
            cpt, a.force_radix ? "radix" : "rank", a.hist_atomic ? "atomic" : "match",
            a.keys_early ? "early" : "late", (int) sparq_score_hist_applies(a), (int) sparq_calib_hist_applies(a),
            g_launch_blocks.size() > 1 ? g_launch_blocks[1] : 0L, (int) sparq_attend_stream_applies(a),
            (int) (sparq_attend_stream_applies(a) && sparq_attend_kv_vec(a, f16, f16)), a.fused ? 1 : sparq_attend_parts(a), a.fused, g_launches,
-           g_pdl_launches, rep_differ, rep_reach);
+           g_pdl_launches, rep_differ, rep_reach, a.buckets);
     return ok ? 0 : 1;
 }

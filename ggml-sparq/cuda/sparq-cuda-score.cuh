@@ -99,12 +99,12 @@ static __device__ void sparq_score_clear(const sparq_cu_args & a, int u, int kvh
             a.wbits[(size_t) R * a.W + w] = 0u;
         }
     }
-    if (a.buckets > 0) { // (buckets <= S: the tiles of the unit cover them)
-        const int b0 = blockIdx.x * a.tl_a, b1 = min(a.buckets, b0 + a.tl_a);
-        for (int li = u * a.ph; li < (u + 1) * a.ph; ++li) {
-            for (int b = b0 + tid; b < b1; b += SPARQ_NT) {
-                a.bk[(size_t) li * a.buckets + b] = 0ull;
-            }
+    if (a.buckets > 0) { // the unit's lists' offers, contiguous: ph * tl_a per tile (buckets <= S)
+        const size_t per = (size_t) a.ph * a.tl_a, all = (size_t) a.ph * a.buckets;
+        const size_t n = all < (blockIdx.x + 1) * per ? all : (blockIdx.x + 1) * per;
+        unsigned long long * bk = a.bk + (size_t) u * all;
+        for (size_t i = blockIdx.x * per + tid; i < n; i += SPARQ_NT) {
+            bk[i] = 0ull;
         }
     }
     if (blockIdx.x != 0) {

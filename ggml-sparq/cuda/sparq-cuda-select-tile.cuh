@@ -316,6 +316,6 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_select(const sparq_cu
         }
     }
     if (sparq_tile_flush<COV>(a, c, sm, &s_last)) {
-        sparq_select_list<false>(a, c, sm, &s_nc);
+        sparq_select_list<false, false, !COV>(a, c, sm, &s_nc);
     }
 }

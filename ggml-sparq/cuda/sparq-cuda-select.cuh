@@ -880,8 +880,9 @@ static __device__ double sparq_window_mass(const sparq_cu_args & a, const sparq_
 
 // The last block of list li to finish its tile (SCORED: score_hist's block of the list; with MASS
 // calib_hist's): the window's cells counted, the row's description for the attend kernel, the
-// calibrated k's cut, then the chosen cells.
-template <bool SCORED, bool MASS = false>
+// calibrated k's cut, then the chosen cells. BUCKETS: the bucketed top-k may apply (a fixed k's
+// select tiles; an instantiation of its own, so that the others keep their registers).
+template <bool SCORED, bool MASS = false, bool BUCKETS = false>
 static __device__ void sparq_select_list(const sparq_cu_args & a, const sparq_sel_ctx & c, const sparq_sel_smem & sm,
                                          int * s_nc) {
     const int n_win = a.l <= 0 ? 0 : a.win ? sparq_count_win_bits(a, c.R, sm.sh) : a.l;
@@ -923,7 +924,7 @@ static __device__ void sparq_select_list(const sparq_cu_args & a, const sparq_se
         }
         return;
     }
-    if (!SCORED && !MASS && a.buckets > 0) { // (score_hist and calib_hist never take the buckets)
+    if (BUCKETS && a.buckets > 0) {
         sparq_choose_buckets(a, c, kk, sm);
         return;
     }

@@ -159,7 +159,7 @@ def e2e(args, meta):
     model = paper_shape_path(args.n_layer)
     bench = str(tool_path("llama-bench"))
     sp = ["--sparq-r", str(args.r), "--sparq-k", str(args.k), "--sparq-l", str(args.l), "--sparq-min-kv", "0",
-          "--sparq-basis", args.basis]
+          "--sparq-basis", args.basis] + (["--sparq-topk-buckets", str(args.topk_buckets)] if args.topk_buckets else [])
     rows, cmds = [], []
     # one process per configuration over every depth (the model loads once; each depth gets its own
     # context, and a synthetic fill of S cells before every repetition)
@@ -459,6 +459,8 @@ def sweep_main(argv=None) -> int:
     ap.add_argument("--k", type=int, default=128)
     ap.add_argument("--l", type=int, default=32)
     ap.add_argument("--basis", default="model", help="the paper's basis (default), or scaled/pca")
+    ap.add_argument("--topk-buckets", type=int, default=0, help="SparQ's approximate bucketed top-k with this many "
+                    "buckets (>= k; 0, the default: the exact top-k)")
     ap.add_argument("--tag", default="h100")
     ap.add_argument("--no-attend-ab", dest="attend_ab", action="store_false",
                     help="op: skip the SPARQ_ATTN run with one attend block per unit (LLAMA_SPARQ_CUDA_ATTEND=single)")
@@ -475,7 +477,8 @@ def sweep_main(argv=None) -> int:
 
     meta = {"device": device(), "commit": git_commit(), "date": now_iso(timespec="auto"), "n_layer": args.n_layer,
             "argv": command_line(), "sparq": {"r": args.r, "k": args.k, "l": args.l,
-                                                                       "basis": args.basis},
+                                                                       "basis": args.basis,
+                                                                       "topk_buckets": args.topk_buckets},
             "cuda_env": cuda_env()}
     if args.only in (None, "e2e"):
         me = dict(meta)

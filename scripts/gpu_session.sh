@@ -37,7 +37,10 @@
 #             the CPU (as the grid step; log ab.log), so that a way is never timed unchecked; with
 #             AB_TIMELINE=1 also the timeline step's trace per setting (tagged as the rows). The
 #             programmatic launches (PDL) let a kernel start inside its predecessor's last blocks:
-#             per-kernel times then include the wait, so compare the op's span or the rows
+#             per-kernel times then include the wait, so compare the op's span or the rows. Then
+#             the same rows once per count in $AB_BUCKETS (',' between them; default 1024, 8k at
+#             k = 128; empty for none) with SparQ's approximate bucketed top-k (--topk-buckets, a
+#             setting), tagged <tag>_ab_topk_buckets_<B> (the grid has bucketed cases of its own)
 #   calib     the calibrated k (--k 0, the window k_min / 4) at $CALIB_DEPTHS (default 64K), batch 1,
 #             $CALIB_GEN tokens (default 64: its diffuse stretches last 16 to 256 steps), once per
 #             setting of $CALIB_ENVS (as AB_ENVS; default LLAMA_SPARQ_CUDA_REPORT=1: the GPU op's
@@ -239,6 +242,11 @@ step_ab() {
                 --cupti-lib "$WHEELS/libsparq_cupti_trace.so" --tag "${tag}_ab_$slug" --work "$OUT/gpu-timeline-$slug" \
                 --depths "${TIMELINE_DEPTHS:-4096,65536}" || rc=1
         fi
+    done
+    for v in $(echo "${AB_BUCKETS-1024}" | tr ',' ' '); do
+        [[ "$v" =~ ^[0-9]+$ ]] || { say "AB_BUCKETS: '$v' is not a count of buckets"; return 2; }
+        logged ab "$PY" bench/gpu.py sweep --only e2e --tag "${tag}_ab_topk_buckets_$v" --topk-buckets "$v" \
+            --depths "${AB_DEPTHS:-8192,65536}" --depths-batch "" --nkvo-depths "" --reps 3 --n-gen 16 || rc=1
     done
     return "$rc"
 }

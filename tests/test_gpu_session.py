@@ -319,7 +319,8 @@ def test_ab_runs_the_batch1_rows_once_per_setting(tmp_path):
     stand-in Python prints what it was given; the package counted as installed). The default times
     the programmatic launches and the score tiles' histogram, alone and together, against the
     default kernels (PDL=0) in the same session, then the kernels' other ways and the one launch per
-    layer (FUSED=1)."""
+    layer (FUSED=1); then the rows once per AB_BUCKETS count with the bucketed top-k (no grid of
+    its own: the grid has bucketed cases)."""
     (tmp_path / "site" / "llama_sparq").mkdir(parents=True)
     (tmp_path / "site" / "llama_sparq" / "__init__.py").write_text("")
     py = tmp_path / "py"
@@ -333,7 +334,7 @@ def test_ab_runs_the_batch1_rows_once_per_setting(tmp_path):
     ran = [line for line in res.stdout.splitlines() if line.startswith("RAN ")]
     e2e = [r for r in ran if "--only e2e" in r]
     checks = [r for r in ran if "-k backend_ops_cuda_equals_cpu" in r]
-    assert len(e2e) == 9 and len(checks) == 9 and len(ran) == 18, res.stdout
+    assert len(e2e) == 10 and len(checks) == 9 and len(ran) == 19, res.stdout
     assert ran[0] in checks and ran[1] in e2e and ran[0].endswith("PDL=0 SCORE= FUSED= CALIB="), ran
     assert "--tag h0_abc_ab_pdl_0 --depths 4096 " in e2e[0] and e2e[0].endswith("ITEMS= PDL=0 SCORE= FUSED= CALIB="), e2e
     assert "--tag h0_abc_ab_pdl_1 --depths 4096 " in e2e[1] and e2e[1].endswith("PDL=1 SCORE= FUSED= CALIB="), e2e
@@ -348,10 +349,12 @@ def test_ab_runs_the_batch1_rows_once_per_setting(tmp_path):
     assert "--tag h0_abc_ab_fused_1 --depths 4096 " in e2e[7] and e2e[7].endswith("PDL= SCORE= FUSED=1 CALIB="), e2e
     assert "--tag h0_abc_ab_calib_hist_1 --depths 4096 " in e2e[8] and e2e[8].endswith("SCORE= FUSED= CALIB=1"), e2e
     assert checks[8].endswith("SCORE= FUSED= CALIB=1"), checks
+    assert "--tag h0_abc_ab_topk_buckets_1024 --topk-buckets 1024 --depths 4096 " in e2e[9], e2e
+    assert e2e[9].endswith("PDL= SCORE= FUSED= CALIB="), e2e
     assert all("--depths-batch  --nkvo-depths " in r for r in e2e), e2e
     # without the checks, one run per setting
     res = run(tmp_path, "ab", SPARQ_PYTHON=str(py), GPU_TAG="h0_abc", AB_DEPTHS="4096", AB_CHECK="0",
-              AB_ENVS="LLAMA_SPARQ_CUDA_PDL=1")
+              AB_ENVS="LLAMA_SPARQ_CUDA_PDL=1", AB_BUCKETS="")
     ran = [line for line in res.stdout.splitlines() if line.startswith("RAN ")]
     assert res.returncode == 0 and len(ran) == 1 and "--only e2e" in ran[0], ran
     assert ran[0].endswith("PDL=1 SCORE= FUSED= CALIB="), ran

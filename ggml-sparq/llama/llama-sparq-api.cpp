@@ -359,7 +359,7 @@ static int32_t sparq_check_device_runs(const llama_sparq_ctx & S, const llama_sp
             if (p->k == 0) {
                 ggml_sparq_attn_set_coverage(op, p->coverage, std::min(k_min, kk), 0, true);
                 ggml_sparq_attn_set_coverage_cap(op, p->k_frac);
-            } else if (p->topk_buckets > 0 && sparq_selector_of(p->selector).ranks_scores) {
+            } else if (p->topk_buckets > 0) { // (sparq_params_consistent: the sparq or oracle selector)
                 ggml_sparq_attn_set_topk_buckets(op, p->topk_buckets);
             }
         }
@@ -377,13 +377,11 @@ static int32_t sparq_check_device_runs(const llama_sparq_ctx & S, const llama_sp
             return -2;
         }
         if (!ok) {
-            const bool buckets = p->k > 0 && p->topk_buckets > 0;
-            sparq_err(err, err_size, "SparQ: selector %s with k = %d%s%s does not run on %s, which holds the KV cache "
-                      "(running it on the CPU would copy the cache to the host at every step): use %s there, or keep "
-                      "the cache in host memory (--no-kv-offload / offload_kqv = false)",
+            sparq_err(err, err_size, "SparQ: selector %s with k = %d%s does not run on %s, which holds the KV cache "
+                      "(running it on the CPU would copy the cache to the host at every step): use selector sparq or "
+                      "oracle there, or keep the cache in host memory (--no-kv-offload / offload_kqv = false)",
                       llama_sparq_selector_name(p->selector), (int) p->k, p->k == 0 ? " (calibrated)" : "",
-                      buckets ? " and topk_buckets > 0 (the CPU op's)" : "", ggml_backend_dev_name(dev),
-                      buckets ? "topk_buckets = 0 (the exact top-k)" : "selector sparq or oracle");
+                      ggml_backend_dev_name(dev));
             return -2;
         }
     }

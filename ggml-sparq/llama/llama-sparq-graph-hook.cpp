@@ -501,7 +501,7 @@ static ggml_tensor * sparq_build_op(sparq_attn_build & b, ggml_tensor * q, ggml_
             ggml_sparq_attn_set_coverage_cap(cur, P.k_frac);
         } else {
             if (P.topk_buckets > 0) {
-                ggml_sparq_attn_set_topk_buckets(cur, std::max<int32_t>(P.topk_buckets, kk));
+                ggml_sparq_attn_set_topk_buckets(cur, P.topk_buckets); // (a fixed k: kk is P.k)
             }
             if (b.S.stats.measure_due && reports) {
                 ggml_sparq_attn_set_coverage(cur, P.coverage, 0, (int) std::max<int64_t>(kk, n_kv / 4), false);

@@ -84,26 +84,21 @@ def variant_settings(name, comp, d, g, S=None, k=128):
     sizes the baselines' k; ``k`` is the budget of the SparQ variants (l = k / 4)."""
     if name == "dense":
         return None
-    if name in ("default", "default_kt16"):
+    if name in ("default", "default_kt16") or name.startswith("fixedk"):
         from . import _sparq
 
         # every default (the calibrated k: sparq_k = 0), on every decode step; default_kt16 with
-        # K^T in 16 bits
+        # K^T in 16 bits; fixedk* with a fixed budget k (l its default k / 4), _b<m> with the
+        # bucketed top-k over m * k buckets
         p = _sparq.default_params()
         s = {f"sparq_{f}": v for f, v in p.items() if f != "enabled"}
         if name == "default_kt16":
             s.update(sparq_kt_bits=16)
-        s.update(sparq_r=p["r"] or _sparq.default_r(d, s["sparq_kt_bits"]), sparq_min_kv=0)
-        return s
-    if name.startswith("fixedk"):
-        from . import _sparq
-
-        # every default but k: a fixed budget (l its default k / 4), optionally the bucketed top-k
-        p = _sparq.default_params()
-        s = {f"sparq_{f}": v for f, v in p.items() if f != "enabled"}
-        s.update(sparq_k=k, sparq_r=p["r"] or _sparq.default_r(d, s["sparq_kt_bits"]), sparq_min_kv=0)
+        if name.startswith("fixedk"):
+            s.update(sparq_k=k)
         if "_b" in name:
-            s["sparq_topk_buckets"] = int(name.split("_b")[1]) * k
+            s.update(sparq_topk_buckets=int(name.split("_b")[1]) * k)
+        s.update(sparq_r=p["r"] or _sparq.default_r(d, s["sparq_kt_bits"]), sparq_min_kv=0)
         return s
     l = k // 4
     r = max(1, min(d, int(round(2 * d / comp))))

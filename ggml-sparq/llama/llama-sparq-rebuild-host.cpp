@@ -6,6 +6,7 @@
 #include "llama-sparq-parallel.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cmath>
 #include <cstring>
 #include <thread>
@@ -238,12 +239,25 @@ static void sparq_rotate_keys(const sparq_layer & L, const uint8_t * src, size_t
     }
 }
 
+// whether two K^T elements of a 16- or 8-bit type (f16, e5m2 in i8) are neighbours: the same sign
+// and codes one apart. The PCA basis's rotation of a key is a dot product the graph's appends sum in
+// f32 in ggml's order and a rebuild in f64, so the two may round to neighbouring codes of K^T's type
+static bool sparq_kt_neighbours(const uint8_t * x, const uint8_t * y, size_t esz) {
+    const int32_t a = esz == 2 ? (int32_t) *(const uint16_t *) x : (int32_t) *x;
+    const int32_t b = esz == 2 ? (int32_t) *(const uint16_t *) y : (int32_t) *y;
+    const int32_t sign = esz == 2 ? 0x8000 : 0x80;
+    return (a & sign) == (b & sign) && std::abs(a - b) <= 1;
+}
+
 // the largest difference between the kept K^T rows [a, b) of the used cells and the recomputed tr
-// ([E][b - a], K^T's type); unused cells are masked, their K^T entries do not matter
+// ([E][b - a], K^T's type); unused cells are masked, their K^T entries do not matter. In the PCA
+// basis a 16- or 8-bit K^T's neighbouring codes count as equal (sparq_kt_neighbours); any other
+// difference is a stale or wrong row
 static double sparq_check_kt(const sparq_layer & L, const sparq_rebuild_plan & P, uint32_t a, uint32_t b, size_t E,
                              const std::vector<uint8_t> & tr) {
     const ggml_type type = L.data.kt->type;
     const size_t esz = ggml_type_size(type);
+    const bool rotated = !L.basis.rot_host.empty() && (type == GGML_TYPE_F16 || type == GGML_TYPE_I8);
     const uint32_t n = b - a;
     const size_t kt_off = P.strm * L.data.kt->nb[3];
     const bool kt_host = ggml_backend_buffer_is_host(L.data.kt->buffer);
@@ -262,6 +276,9 @@ static double sparq_check_kt(const sparq_layer & L, const sparq_rebuild_plan & P
                 continue; // unused cells are masked: their K^T entries do not matter
             }
             const size_t o = (size_t) (c - a) * esz;
+            if (rotated && sparq_kt_neighbours(&cur[o], &tr[j * n * esz + o], esz)) {
+                continue;
+            }
             diff = std::max(diff, (double) fabsf(sparq_elem_f32(&cur[o], type) - sparq_elem_f32(&tr[j * n * esz + o], type)));
         }
     }

@@ -514,9 +514,9 @@ Figures are medians over the rounds of wall time (``time.perf_counter``); the pr
 (``time.process_time``, all threads) is beside them.
 
 - ``rebuild``: ``LLAMA_SPARQ_HOST_REBUILD=1`` (the host's threads, f64 sums) against
-  ``LLAMA_SPARQ_GRAPH_REBUILD=1`` (a ggml graph per layer on the CPU backend): the whole stream's
-  rebuild after the state load (``llama_sparq_sync``), then ``--rounds`` rebuilds each after the
-  last cell is removed; ``llama_sparq_debug_check`` after each path.
+  ``LLAMA_SPARQ_GRAPH_REBUILD=1`` (a ggml graph per layer on the CPU backend, with the threads of
+  the decode step before it): ``--rounds`` rebuilds of the whole stream (``llama_sparq_sync``), each
+  after the last cell is removed; ``llama_sparq_debug_check`` after each path.
 - ``window``: the device window (unset) against ``LLAMA_SPARQ_HOST_WINDOW=1`` (the host's input at
   every step): the time per greedy decode step, blocks of ``--steps``; the tokens compared.
 - ``diffuse``: the diffuse layers' dense stretches (unset) against ``LLAMA_SPARQ_NO_DIFFUSE_SKIP=1``:
@@ -607,21 +607,18 @@ def paths_case(case, model, toks, a):
     """Both paths of one case on the prefill toks: per path the rounds' figures."""
     name0, env0, name1, env1 = PATH_CASES[case]
     n_ctx = len(toks) + a.rounds * a.steps + 64
-    llms = [llama_with(model, env, n_ctx=n_ctx, n_batch=512, n_threads=a.threads, swa_full=False)
-            for env in (env0, env1)]
+    # the prefill on every core; decode steps and rebuilds on --threads
+    llms = [llama_with(model, env, n_ctx=n_ctx, n_batch=512, n_threads=a.threads, n_threads_batch=os.cpu_count(),
+                       swa_full=False) for env in (env0, env1)]
     state = prefilled(llms[0], toks, a.state_dir / f"{Path(model).stem}_{len(toks)}_paths.pkl")
     res = {name: {"rounds": []} for name in (name0, name1)}
     names = (name0, name1)
     last = {}
     for i, llm in enumerate(llms):
         llm.load_state(state)
+        # the first step rebuilds after the load (and sets the CPU backend's threads to a step's)
+        last[i], _, _, _ = decode_block(llm, toks[-1], 1)
         llm.reset_sparq_stats()
-        if case == "rebuild":
-            w, c = timed(llm.sparq_sync)  # every stream after the load
-            res[names[i]]["load_rebuild_ms"], res[names[i]]["load_rebuild_cpu_ms"] = round(w, 2), round(c, 2)
-        else:
-            last[i], _, _, _ = decode_block(llm, toks[-1], 1)  # the first step rebuilds after the load
-            llm.reset_sparq_stats()
     for r in range(a.rounds):
         for i in ((0, 1) if r % 2 == 0 else (1, 0)):
             llm, row = llms[i], {}
@@ -706,7 +703,7 @@ def paths_main(argv=None) -> int:
         def fig(p):
             s = f"{p['ms']:.3f} ms (CPU {p['cpu_ms']:.3f})"
             if r["case"] == "rebuild":
-                s += f"; after the load {p['load_rebuild_ms']:.1f} ms; check {p['debug_check']:.2g}"
+                s += f"; check {p['debug_check']:.2g}"
             else:
                 s += f"; compression {p['compression']}, SparQ {p['sparq_calls']}, diffuse {p['diffuse_calls']}"
             return s

@@ -4,7 +4,6 @@
     python bench/real_text.py speed --model smollm2 ...      every dense path and SparQ, round-robin, medians
     python bench/real_text.py profile --model smollm2 ...    a steady decode loop to put under perf record
     python bench/real_text.py ab --before DIR ...            two builds' decode in alternation, dense beside
-    python bench/real_text.py paths --model gemma3 ...       the library's host-side switches, both paths of each
 
 `python bench/real_text.py SUBCOMMAND -h` lists a subcommand's options.
 """
@@ -35,7 +34,7 @@ SPEED_DOC = """Decode speed on real text: dense attention against SparQ's defaul
 
 llama-bench fills its ``-d`` context with random tokens. The calibrated k follows the attention
 it meets, and attention over random tokens is diffuse in many layers (Gemma 3 270M's global
-layers at 32K run dense between checks there), so llama-bench understates what the defaults do
+layers at 32K attend over every cell there), so llama-bench understates what the defaults do
 on text. This benchmark prefills text instead: the Python documentation that CPython ships
 (``pydoc_data.topics``, every topic in key order, PSF License; nothing is downloaded), cut to
 ``--tokens``. Then, from the saved state, the same greedy continuation is decoded with SparQ
@@ -126,9 +125,7 @@ def counters_of(stats):
     """The counters over the reps of a SparQ mode."""
     n_sparq = sum(s["n_sparq"] for s in stats)
     dense_calls = {k: sum(s["n_dense"][k] for s in stats) for k in stats[0]["n_dense"]}
-    n_diffuse = dense_calls.get("diffuse", 0)
-    compression = (sum(s["compression"] * (s["n_sparq"] + s["n_dense"].get("diffuse", 0)) for s in stats)
-                   / max(1, n_sparq + n_diffuse))
+    compression = sum(s["compression"] * s["n_sparq"] for s in stats) / max(1, n_sparq)
     mean_k = (sum(s["mean_k"] * s["n_measured"] for s in stats) / max(1, sum(s["n_measured"] for s in stats)))
     return {"sparq_calls": n_sparq, "dense_calls": {k: v for k, v in dense_calls.items() if v},
             "compression": round(compression, 4), "mean_k": round(mean_k, 1), "n_layers": stats[0]["n_layers"]}
@@ -287,8 +284,7 @@ def speed_main(argv=None) -> int:
               f"`{m}` {'yes' if v else 'no'}" for m, v in res["same_tokens"].items()) + ".",
           "", "The counters cover each SparQ mode's decode steps over its reps. Compression: the cost model's "
           "bytes read by SparQ over dense's (K and V rows at their cache type's size, K^T at f16's or, 8-bit, one "
-          "byte) over the "
-          "SparQ calls and the calibrated k's dense stretches (dense calls `diffuse`, each at 1).", ""]
+          "byte) over the SparQ calls.", ""]
     (out / f"{a.tag}.md").write_text("\n".join(md))
     print("\n".join(md))
     return 0
@@ -502,228 +498,9 @@ def ab_main(argv=None) -> int:
     return 0
 
 
-# ============================================================================================= paths
-
-PATHS_DOC = """The library's host-side switches on real text: both paths of each, timed on this machine.
-
-Each case times the two settings of one environment switch of libllama's SparQ code on the same
-prefilled state (the Python documentation, as ``speed``), in one process: one context per setting
-(a switch is read when a context's SparQ state is made), SparQ's defaults on both, used in
-alternation, the order swapped every round, so that a shared machine's drift hits both alike.
-Figures are medians over the rounds of wall time (``time.perf_counter``); the process's CPU time
-(``time.process_time``, all threads) is beside them.
-
-- ``rebuild``: ``LLAMA_SPARQ_HOST_REBUILD=1`` (the host's threads, f64 sums) against
-  ``LLAMA_SPARQ_GRAPH_REBUILD=1`` (a ggml graph per layer on the CPU backend, with the threads of
-  the decode step before it): ``--rounds`` rebuilds of the whole stream (``llama_sparq_sync``), each
-  after the last cell is removed; ``llama_sparq_debug_check`` after each path.
-- ``window``: the device window (unset) against ``LLAMA_SPARQ_HOST_WINDOW=1`` (the host's input at
-  every step): the time per greedy decode step, blocks of ``--steps``; the tokens compared.
-- ``diffuse``: the diffuse layers' dense stretches (unset) against ``LLAMA_SPARQ_NO_DIFFUSE_SKIP=1``:
-  the time per step, the compression and the dense ``diffuse`` calls; the tokens compared.
-- ``short``: a ``--short-tokens`` prompt (default 256, under the append floor, min_kv 1024 minus
-  n_ubatch 512), decode steps that stay under it: no SparQ node (unset) against
-  ``LLAMA_SPARQ_SHORT_APPENDS=1`` (the appends at every step).
-
-    python bench/real_text.py paths --model gemma3 --tokens 8192,16384 --cases window,diffuse,rebuild,short
-
-Writes bench/results/<tag>.json and .md: the command, machine, commit, per case and prompt length
-every round's figures, their medians and the ratio of the second path over the first.
-"""
-
-PATH_SWITCHES = ("LLAMA_SPARQ_GRAPH_REBUILD", "LLAMA_SPARQ_HOST_REBUILD", "LLAMA_SPARQ_HOST_WINDOW",
-                 "LLAMA_SPARQ_NO_DIFFUSE_SKIP", "LLAMA_SPARQ_SHORT_APPENDS")
-# case: (first path's name, its switches, second path's name, its switches)
-PATH_CASES = {
-    "rebuild": ("host", {"LLAMA_SPARQ_HOST_REBUILD": "1"}, "graph", {"LLAMA_SPARQ_GRAPH_REBUILD": "1"}),
-    "window": ("device window", {}, "host window", {"LLAMA_SPARQ_HOST_WINDOW": "1"}),
-    "diffuse": ("dense stretches", {}, "no stretches", {"LLAMA_SPARQ_NO_DIFFUSE_SKIP": "1"}),
-    "short": ("no appends", {}, "appends", {"LLAMA_SPARQ_SHORT_APPENDS": "1"}),
-}
-
-
-def llama_with(model, env, **kw):
-    """A Llama with SparQ's defaults whose SparQ state reads the switches env (the others unset)."""
-    from llama_sparq import Llama
-
-    saved = {k: os.environ.pop(k, None) for k in PATH_SWITCHES}
-    os.environ.update(env)
-    try:
-        return Llama(model, sparq=True, verbose=False, **kw)
-    finally:
-        for k in PATH_SWITCHES:
-            os.environ.pop(k, None)
-            if saved[k] is not None:
-                os.environ[k] = saved[k]
-
-
-def prefilled(llm, toks, path: Path):
-    """The state after a dense prefill of toks (kept in path for the next run)."""
-    if path.exists():
-        return pickle.loads(path.read_bytes())
-    llm.set_sparq(sparq=False)
-    t = time.perf_counter()
-    for i in range(0, len(toks), 512):
-        llm.eval(toks[i:i + 512])
-    print(f"prefill of {len(toks)} tokens: {time.perf_counter() - t:.1f} s", flush=True)
-    llm.set_sparq(sparq=True)
-    state = llm.save_state()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(pickle.dumps(state))
-    return state
-
-
-def timed(fn):
-    w, c = time.perf_counter(), time.process_time()
-    fn()
-    return (time.perf_counter() - w) * 1e3, (time.process_time() - c) * 1e3
-
-
-def decode_block(llm, tok, n):
-    """n greedy steps from tok: the last token, the steps' tokens, wall and CPU ms per step."""
-    n_vocab = llm.n_vocab()
-    out, walls, cpus = [], [], []
-    for _ in range(n):
-        w, c = timed(lambda: llm.eval([tok]))
-        tok = int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n_vocab,))))
-        out.append(tok)
-        walls.append(w)
-        cpus.append(c)
-    return tok, out, walls, cpus
-
-
-def remove_last_and_sync(llm):
-    """The last cell removed, then the rebuild it calls for: wall and CPU ms of llama_sparq_sync."""
-    from llama_sparq import _sparq
-    from llama_sparq._llama import llama_cpp as lc
-
-    mem = lc.llama_get_memory(llm._ctx.ctx)
-    lc.llama_memory_seq_rm(mem, 0, lc.llama_memory_seq_pos_max(mem, 0), -1)
-    llm.n_tokens -= 1
-    return timed(lambda: _sparq.sync(llm._ctx.ctx))
-
-
-def paths_case(case, model, toks, a):
-    """Both paths of one case on the prefill toks: per path the rounds' figures."""
-    name0, env0, name1, env1 = PATH_CASES[case]
-    n_ctx = len(toks) + a.rounds * a.steps + 64
-    # the prefill on every core; decode steps and rebuilds on --threads
-    llms = [llama_with(model, env, n_ctx=n_ctx, n_batch=512, n_threads=a.threads, n_threads_batch=os.cpu_count(),
-                       swa_full=False) for env in (env0, env1)]
-    state = prefilled(llms[0], toks, a.state_dir / f"{Path(model).stem}_{len(toks)}_paths.pkl")
-    res = {name: {"rounds": []} for name in (name0, name1)}
-    names = (name0, name1)
-    last = {}
-    for i, llm in enumerate(llms):
-        llm.load_state(state)
-        # the first step rebuilds after the load (and sets the CPU backend's threads to a step's)
-        last[i], _, _, _ = decode_block(llm, toks[-1], 1)
-        llm.reset_sparq_stats()
-    for r in range(a.rounds):
-        for i in ((0, 1) if r % 2 == 0 else (1, 0)):
-            llm, row = llms[i], {}
-            if case == "rebuild":
-                w, c = remove_last_and_sync(llm)
-                row = {"ms": round(w, 3), "cpu_ms": round(c, 3)}
-            else:
-                llm.reset_sparq_stats()
-                last[i], out, walls, cpus = decode_block(llm, last[i], a.steps)
-                s = llm.sparq_stats()
-                row = {"ms": round(st.median(walls), 3), "cpu_ms": round(sum(cpus) / len(cpus), 3), "tokens": out,
-                       "sparq_calls": s["n_sparq"], "dense_calls": {k: v for k, v in s["n_dense"].items() if v},
-                       "compression": round(s["compression"], 4), "rebuilds": s["n_rebuilds"]}
-            res[names[i]]["rounds"].append(row)
-    for i, llm in enumerate(llms):
-        d = res[names[i]]
-        d["ms"] = round(st.median(x["ms"] for x in d["rounds"]), 3)
-        d["cpu_ms"] = round(st.median(x["cpu_ms"] for x in d["rounds"]), 3)
-        d["debug_check"] = llm.sparq_debug_check(sync=True)
-        d["rebuilds"] = llm.sparq_stats()["n_rebuilds"]
-        if case != "rebuild":
-            stats = d["rounds"]
-            n = sum(x["sparq_calls"] + x["dense_calls"].get("diffuse", 0) for x in stats)
-            d["compression"] = round(sum(x["compression"] * (x["sparq_calls"] + x["dense_calls"].get("diffuse", 0))
-                                         for x in stats) / max(1, n), 4)
-            d["sparq_calls"] = sum(x["sparq_calls"] for x in stats)
-            d["diffuse_calls"] = sum(x["dense_calls"].get("diffuse", 0) for x in stats)
-        llm.close()
-    if case != "rebuild":
-        t0 = [t for x in res[name0]["rounds"] for t in x["tokens"]]
-        t1 = [t for x in res[name1]["rounds"] for t in x["tokens"]]
-        res["same_tokens"] = t0 == t1
-        res["first_differing_step"] = next((j for j, (x, y) in enumerate(zip(t0, t1)) if x != y), None)
-        for name in names:
-            for x in res[name]["rounds"]:
-                del x["tokens"]
-    res["ratio"] = round(res[name1]["ms"] / res[name0]["ms"], 3)
-    return res
-
-
-def paths_main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=PATHS_DOC.split("\n\n")[0])
-    ap.add_argument("--model", default="gemma3", help="gemma3, smollm2 or a GGUF path (default gemma3)")
-    ap.add_argument("--tokens", default="8192", help="prompt lengths, comma list (default 8192)")
-    ap.add_argument("--cases", default="rebuild,window,diffuse,short", help="comma list of " + ", ".join(PATH_CASES))
-    ap.add_argument("--short-tokens", type=int, default=256, help="the short case's prompt (default 256)")
-    ap.add_argument("--rounds", type=int, default=5, help="alternations of the two paths (default 5)")
-    ap.add_argument("--steps", type=int, default=32, help="decode steps per path and round (default 32)")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--state-dir", type=Path, default=Path("/tmp/llama_sparq_profile"))
-    ap.add_argument("--out-dir", type=Path, default=RESULTS)
-    ap.add_argument("--tag", required=True)
-    a = ap.parse_args(argv)
-    cases = a.cases.split(",")
-    if set(cases) - set(PATH_CASES) or a.rounds < 1 or a.steps < 2:
-        ap.error(f"--cases takes {', '.join(PATH_CASES)}; --rounds >= 1, --steps >= 2")
-    from llama_sparq import Llama
-    from llama_sparq.models import resolve_model
-
-    model = str(resolve_model(a.model))
-    load0 = loadavg()
-    meta = run_meta(a.threads, load0)
-    probe = Llama(model, n_ctx=256, verbose=False)
-    text = probe.tokenize(python_docs().encode(), add_bos=True)
-    probe.close()
-    results = []
-    for case in cases:
-        lengths = [a.short_tokens] if case == "short" else [int(x) for x in a.tokens.split(",")]
-        for n in lengths:
-            print(f"{case} at {n} tokens", flush=True)
-            results.append({"case": case, "tokens": n, **paths_case(case, model, text[:n], a)})
-    meta.update(load_average_start_end=[load0, loadavg()], model=model, rounds=a.rounds, steps=a.steps,
-                timing="medians over the rounds of the wall time (per decode step: the median of each round's block; "
-                       "per rebuild: one per round); CPU: the process's, all threads, per step or rebuild")
-    stem = out_stem(a.out_dir, a.tag)
-    write_json(stem.with_suffix(".json"), {"meta": meta, "results": results}, newline=True)
-    rows = []
-    for r in results:
-        name0, _, name1, _ = PATH_CASES[r["case"]]
-        p0, p1 = r[name0], r[name1]
-
-        def fig(p):
-            s = f"{p['ms']:.3f} ms (CPU {p['cpu_ms']:.3f})"
-            if r["case"] == "rebuild":
-                s += f"; check {p['debug_check']:.2g}"
-            else:
-                s += f"; compression {p['compression']}, SparQ {p['sparq_calls']}, diffuse {p['diffuse_calls']}"
-            return s
-
-        same = "" if r["case"] == "rebuild" else ("same tokens" if r["same_tokens"] else
-                                                  f"tokens differ from step {r['first_differing_step']}")
-        rows.append([r["case"], str(r["tokens"]), f"{name0}: {fig(p0)}", f"{name1}: {fig(p1)}",
-                     f"{r['ratio']:.3f}", same])
-    md = [f"# Host-side paths, both ways on real text: {a.tag}", "", *md_bullets(meta.items()), "",
-          *md_table(["case", "prompt tokens", "first path", "second path", "second / first (wall)", "tokens"], rows),
-          "", "Per decode step (window, diffuse, short) or per rebuild of the stream after one cell removed "
-          "(rebuild). Every round's figures are in the JSON file beside this one.", ""]
-    stem.with_suffix(".md").write_text("\n".join(md))
-    print("\n".join(md))
-    return 0
-
-
 # ============================================================================================= the subcommands
 
-SUBCOMMANDS = {"speed": speed_main, "profile": profile_main, "ab": ab_main, "paths": paths_main}
+SUBCOMMANDS = {"speed": speed_main, "profile": profile_main, "ab": ab_main}
 
 
 def main(argv=None) -> int:

@@ -165,8 +165,6 @@ bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, int32_t kt_bits
         L.data.vcount = ggml_new_tensor_1d(S.mem.ctx.get(), GGML_TYPE_F32, n_stream);
         ggml_format_name(L.data.vcount, "sparq_vcount_l%u", il);
         L.report.entries.assign((size_t) n_stream * hkv * 4, SPARQ_REPORT_TAKEN);
-        L.diffuse.left.assign(n_stream, 0);
-        L.diffuse.period.assign(n_stream, 0);
         ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(k->buffer);
         by_buft[buft].push_back(L.data.vsum);
         by_buft[buft].push_back(L.data.ksq);
@@ -204,9 +202,6 @@ bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, int32_t kt_bits
 }
 
 void sparq_alloc_reports(llama_sparq_ctx & S) {
-    if (!S.env.cuda_report) {
-        return;
-    }
     bool said = false;
     for (size_t ikv = 0; ikv < S.layers.size(); ++ikv) {
         sparq_layer & L = S.layers[ikv];
@@ -228,8 +223,8 @@ void sparq_alloc_reports(llama_sparq_ctx & S) {
             }
             if (!said) {
                 said = true;
-                LLAMA_LOG_WARN("%s: no page-locked host memory for the op's report on %s (layer %d): the calibrated "
-                               "k's diffuse stretches do not start there\n", __func__, ggml_backend_dev_name(dev), L.il);
+                LLAMA_LOG_WARN("%s: no page-locked host memory for the op's report on %s (layer %d): the counters "
+                               "count its estimate there\n", __func__, ggml_backend_dev_name(dev), L.il);
             }
             continue;
         }

@@ -395,12 +395,19 @@ LINE = re.compile(r"^(\w+): ([0-9.]+) tokens/s over (\d+) steps; SparQ calls (\d
 DENSE = {"f16_fa1": ("f16", 1), "f16_fa0": ("f16", 0), "q8_0_fa1": ("q8_0", 1)}
 
 
-def run_once(lib: Path | None, args, dense: str | None = None) -> dict:
+def run_once(lib: Path | None, args, dense: str | None = None, python: Path | None = None) -> dict:
+    """One profile run with the libraries in lib (None: the package's), by the interpreter python
+    (None: this one) and its package's real_text.py: an earlier build whose ABI differs runs with its
+    own environment."""
     env = dict(os.environ)
     env.pop("LLAMA_SPARQ_LIB_DIR", None)
     if lib is not None:
         env["LLAMA_SPARQ_LIB_DIR"] = str(lib)
-    cmd = [sys.executable, str(HERE / "real_text.py"), "profile", "--model", args.model, "--tokens", str(args.tokens),
+    script = HERE / "real_text.py"
+    if python is not None:
+        # the checkout that environment was installed from: its bench/ beside its .venv
+        script = Path(python).resolve().parent.parent.parent / "bench" / "real_text.py"
+    cmd = [str(python or sys.executable), str(script), "profile", "--model", args.model, "--tokens", str(args.tokens),
            "--steps", str(args.steps), "--threads", str(args.threads), "--state-dir", str(args.state_dir)]
     if dense:
         ct, fa = DENSE[dense]
@@ -417,6 +424,9 @@ def ab_main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=AB_DOC.split("\n\n")[0])
     ap.add_argument("--before", type=Path, required=True, help="folder with the earlier build's libraries")
     ap.add_argument("--after", type=Path, default=None, help="folder with this build's (default: the package's)")
+    ap.add_argument("--before-python", type=Path, default=None,
+                    help="the earlier build's interpreter (CHECKOUT/.venv/bin/python), for a build whose C API's "
+                         "ABI differs from this package's: its runs then use its own package and bench/real_text.py")
     ap.add_argument("--model", default="smollm2", help="smollm2, gemma3 or a GGUF path (default smollm2)")
     ap.add_argument("--tokens", type=int, default=8000)
     ap.add_argument("--steps", type=int, default=200, help="decode steps per run (default 200)")
@@ -450,7 +460,8 @@ def ab_main(argv=None) -> int:
         r = {}
         for which in (*order, *(f"dense_{d}" for d in dense)):
             d = which[len("dense_"):] if which.startswith("dense_") else None
-            r[which] = run_once(args.before if which == "before" else args.after, args, d)
+            before = which == "before"
+            r[which] = run_once(args.before if before else args.after, args, d, args.before_python if before else None)
             print(f"round {i + 1}/{args.rounds} {which}: {r[which]['tokens_per_s']:.2f} tokens/s", flush=True)
         if r["before"]["sparq_calls"] <= 0 or r["after"]["sparq_calls"] <= 0:
             raise SystemExit(f"round {i + 1}: a SparQ run made no SparQ call")
@@ -467,7 +478,8 @@ def ab_main(argv=None) -> int:
                "before_over_fastest_dense": st.median(b) / dense_med[fastest],
                "after_over_fastest_dense": st.median(a) / dense_med[fastest]}
     doc = {**meta, "load_average_start_end": [load0, loadavg()], "before": str(args.before),
-           "after": str(args.after or "the installed package"), "model": args.model, "tokens": args.tokens,
+           "after": str(args.after or "the installed package"), "before_python": str(args.before_python or ""),
+           "model": args.model, "tokens": args.tokens,
            "steps": args.steps, "rounds": rounds, "summary": summary}
     stem = out_stem(args.out_dir, args.tag)
     write_json(stem.with_suffix(".json"), doc)

@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
 # llama-sparq on a borrowed GPU machine with no network and minutes, not hours: install the CUDA
 # wheel built beforehand on a machine without a GPU (`make gpu-wheel`), then run the GPU tests and
-# sweeps in steps short enough for one call each, keeping every log and result file.
+# sweeps in steps short enough for one call each, keeping every log and result file. This usage is
+# the GPU runbook (docs/cuda.md points here); run the script with no step to print it.
 #
 #   scripts/gpu_session.sh STEP [STEP ...]        (from the repository root, on the GPU machine)
 #
+# Before the call, here: `make gpu-wheel` (about 25 minutes on 2 cores with a cold ccache, a minute
+# or two once built) writes build/gpu-wheel/ and its packed copy build/gpu-wheel-xz/wheel.tar.xz
+# (about 48 MB); carry build/gpu-wheel-xz in every call, since each may get a fresh machine. A call
+# carries at most 64 MiB beside the tracked tree and runs at most 10 minutes; `make gpu-gemma-parts`
+# cuts Gemma 3 270M into 50 MB parts (build/gpu-gemma/) to carry one per call for the gemma step.
+#
 # Steps, in the order a short session should take them:
-#   install   the wheels in build/gpu-wheel/ (unpacked first from build/gpu-wheel-xz/wheel.tar.xz,
-#             which make gpu-wheel also writes, where the folder holds none: a call carries at most
-#             64 MiB, and the folder alone is more) into $SPARQ_SITE (default /tmp/sparq-site), with pip
+#   install   the wheels in build/gpu-wheel/ (unpacked first from build/gpu-wheel-xz/wheel.tar.xz
+#             where the folder holds none) into $SPARQ_SITE (default /tmp/sparq-site), with pip
 #             --no-index; nvidia-smi and the package's library check. Every other step runs it
 #             first when $SPARQ_SITE lacks the package (a fresh machine).
 #   grid      the SPARQ_ATTN grid of test-backend-ops on CUDA0 against the CPU op and the selectors
@@ -16,8 +22,9 @@
 #             and graph-rebuild tests, which need no GPU)
 #   timeline  bench/gpu.py timeline: Nsight Systems (nsys, or $NSYS) or, without it, the CUPTI tracer
 #             built with the wheel, over llama-bench decode steps at $TIMELINE_DEPTHS (default 4K and
-#             64K), dense -fa 1 and SparQ: each kernel per layer, launches, copies, syncs, the GPU's
-#             idle time and whether CUDA graphs captured the step (gpu_timeline_<tag>.md)
+#             64K), traced with 4 and 20 steps (the difference cancels load and fill), dense -fa 1 and
+#             SparQ: each kernel per layer, launches, copies, syncs, the GPU's idle time and whether
+#             CUDA graphs captured the step (gpu_timeline_<tag>.md)
 #   op        bench/gpu.py sweep --only op $OP_ARGS: the op against CUDA flash attention, with the
 #             radix passes of the select and the one-block attend as A/B columns (OP_ARGS=
 #             "--no-select-ab --no-attend-ab" leaves them out)
@@ -50,21 +57,20 @@
 #             streamed; and the report on with LLAMA_SPARQ_CUDA_CALIB_HIST=1, the calibrated k's
 #             histogram from the score tiles), each with dense -fa 1 beside it in the same run and
 #             tagged <tag>_calib_<setting> (report_1, report_0, report_0_diffuse_1,
-#             report_1_calib_hist_1); each row keeps the
-#             fork's counters (SparQ and dense calls, the diffuse stretches' calls, the calls the op
-#             reported)
+#             report_1_calib_hist_1); each row keeps the fork's counters (SparQ and dense calls, the
+#             diffuse stretches' calls, the calls the op reported)
 #   nkvo      the -nkvo runs (weights on the GPU, cache and attention on the host) at $NKVO_DEPTHS
 #             (default 16K, 64K)
 #   profile   Nsight Compute (ncu, or $NCU) on the op's kernels at 64K and 4K (Llama 2 7B attention,
-#             batch 1, r = 32, k = 128): $OUT/gpu-session/profile_<S>.csv
+#             batch 1, r = 32, k = 128), on test-backend-ops' tie-proof inputs:
+#             $OUT/gpu-session/profile_<S>.csv
 #   lines     bench/gpu.py lines: Nsight Compute on one launch of each of the op's kernels inside
-#             llama-bench's decode at $LINES_DEPTHS (default 4K and 64K): each kernel's time, SMs'
-#             active share and occupancy, and the source lines where its warps were sampled
-#             (gpu_ncu_lines_<tag>.md)
+#             llama-bench's decode at $LINES_DEPTHS (default 4K and 64K; the build has -lineinfo):
+#             each kernel's time, SMs' active share and occupancy, and the source lines where its
+#             warps were sampled (gpu_ncu_lines_<tag>.md)
 #   gemma     build/gpu-gemma/part-* joined into $LLAMA_SPARQ_MODEL_DIR (default /tmp/sparq-models)
 #             once every part listed in build/gpu-gemma/SHA256SUMS is there (each call may carry
-#             one part: `make gpu-gemma-parts` cuts them here; a part carried earlier stays on a
-#             warm machine)
+#             one part; a part carried earlier stays on a warm machine)
 #   tests     all of tests/test_cuda.py (the Gemma ones need the gemma step's file)
 #   results   bench/results/gpu_* and the logs into $OUT (the device tool brings $OUT back)
 #
@@ -78,15 +84,34 @@
 # stops the call; SESSION_END holds across several runs of this script), GPU_PACK=1 (the results step packs everything under $OUT into
 # $OUT/gpu-session.tar.gz: the device tool brings back only a few files).
 # The commit in the result files comes from build/gpu-wheel/COMMIT (the tree the wheel was built
-# from; the copy's .git on the GPU machine may be stale).
+# from; the copy's .git on the GPU machine may be stale). The figures a run gives become rows of
+# bench/README.md ("GPU": command, commit, machine, result file).
 #
-# One call of under 10 minutes that checks and times the kernels' switches (the programmatic
-# launches, the score tiles' histogram, both) against the default kernels in the same session, at
-# 4K (where the op's fixed cost loses to flash attention) and 64K, then packs the results:
-#   S=scripts/gpu_session.sh; export SESSION_END=$(( $(date +%s) + 540 )) STEP_TIMEOUT=240 AB_DEPTHS=4096,65536 \
-#     AB_ENVS="LLAMA_SPARQ_CUDA_PDL=0;LLAMA_SPARQ_CUDA_PDL=1;LLAMA_SPARQ_CUDA_SCORE_HIST=1;LLAMA_SPARQ_CUDA_PDL=1,LLAMA_SPARQ_CUDA_SCORE_HIST=1"
-#   bash $S install && GPU_PACK=1 bash $S ab
-# (AB_CHECK=0 saves the grid per setting, about a minute each, once a setting has passed it.)
+# Prepared calls, each under 10 minutes of one machine (its start comes on top), cut by SESSION_END
+# where time runs out:
+#
+# The figures of bench/README.md's GPU rows: batch 1 from 0 to 128K and batch 4 at 32K, the
+# per-layer kernels at 4K and 64K, and where the kernels wait:
+#   S=scripts/gpu_session.sh; export SESSION_END=$(( $(date +%s) + 400 )) STEP_TIMEOUT=200 \
+#     E2E_DEPTHS=0,4096,8192,32768,65536,131072 E2E_DEPTHS_BATCH=32768 TIMELINE_DEPTHS=4096,65536 LINES_DEPTHS=4096,65536
+#   bash $S install
+#   bash $S grid; GPU_PACK=1 bash $S e2e timeline lines
+#
+# Every switch of the kernels that is off by default, checked and timed: the grid with all of them
+# on (with FUSED it also compares the one launch's logits with the three launches' on the tiny
+# model, which test-backend-ops cannot), the timeline at 4K (SparQ's synchronisations and copies
+# per step against dense's), the switches against the default kernels in the same session (the one
+# launch at 4K and 16K, the others at 4K and 64K, then the bucketed top-k with $AB_BUCKETS), the
+# calibrated k at 64K (the report on and off, the streamed all-cells attend, the mass histogram
+# from the score tiles), then the end-to-end rows; a switch that wins becomes the default, one
+# that loses is deleted:
+#   S=scripts/gpu_session.sh; export SESSION_END=$(( $(date +%s) + 540 )) STEP_TIMEOUT=150 \
+#     TIMELINE_DEPTHS=4096 AB_CHECK=0 AB_DEPTHS=4096,16384,65536 E2E_DEPTHS=0,8192,32768,131072 E2E_DEPTHS_BATCH=32768 \
+#     AB_ENVS="LLAMA_SPARQ_CUDA_PDL=0;LLAMA_SPARQ_CUDA_FUSED=1;LLAMA_SPARQ_CUDA_PDL=1;LLAMA_SPARQ_CUDA_SCORE_HIST=1;LLAMA_SPARQ_CUDA_PDL=1,LLAMA_SPARQ_CUDA_SCORE_HIST=1"
+#   bash $S install && LLAMA_SPARQ_CUDA_PDL=1 LLAMA_SPARQ_CUDA_SCORE_HIST=1 LLAMA_SPARQ_CUDA_DIFFUSE=1 \
+#     LLAMA_SPARQ_CUDA_FUSED=1 LLAMA_SPARQ_CUDA_CALIB_HIST=1 bash $S grid
+#   GPU_PACK=1 bash $S timeline ab calib e2e results
+# (AB_CHECK=0 skips the grid per setting, about a minute each, once the grid above has passed.)
 #
 # The calibrated k's diffuse units (every unit of the synthetic fill at 64K): the grid with the
 # streamed all-cells path, the rows with the report on, off, and off with the stream (the op's own

@@ -1,6 +1,8 @@
 """The docs against the tree, without a build: the architecture page's file table lists every
 file of ggml-sparq/ and nothing else; repository paths named in code comments exist; no code
-comment cites an issue number; the README stays short and keeps the test command CI runs;
+comment cites an issue number; the README keeps the test command CI runs; the docs stay under
+their caps, with headings that name topics (not dates or runs), no result tables in the
+reference docs, and, when long, an opening that says what they cover with a contents list;
 every file in bench/results/ is cited by a doc and every result a doc cites exists; links
 between the docs resolve; every environment switch the C code reads is documented; the README's
 table of settings is the one scripts/settings_table.py renders from the settings' table."""
@@ -19,7 +21,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-README_MAX_BYTES = 20000
 TEST_COMMAND = "make test"  # .ci/run runs it; the README must keep it
 
 # the docs that may cite results and link to each other
@@ -217,14 +218,215 @@ def test_no_issue_numbers_in_code_comments():
     assert not bad, "comments cite issue numbers (say the reason instead):\n" + "\n".join(bad)
 
 
-# ---------------------------------------------------------------- (d) the README
+# ---------------------------------------------------------------- (d) the docs' size and shape
 
-def test_readme_is_short_and_keeps_the_test_command():
-    readme = ROOT / "README.md"
-    size = readme.stat().st_size
-    assert size <= README_MAX_BYTES, (f"README.md is {size} bytes, over {README_MAX_BYTES}: move detail to "
-                                      "docs/ or bench/README.md")
-    assert TEST_COMMAND in readme.read_text(), f"README.md lost the test command {TEST_COMMAND!r} (.ci/run runs it)"
+# The docs the suite keeps short, with their caps in bytes: the README and docs/cuda.md 20000, every
+# other page of docs/, bench/README.md and models/README.md 30000. CHANGELOG.md (history) and
+# patches/README.md (one row per patch) are not capped.
+SMALL_DOC_BYTES = {"README.md": 20000, "docs/cuda.md": 20000}
+DOC_MAX_BYTES = 30000
+CAPPED_DOCS = ["README.md", "bench/README.md", "models/README.md",
+               *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
+# the pages that say what the code does: their tables hold no figures (those are rows of
+# bench/README.md, each with its command, commit, machine and result file)
+REFERENCE_DOCS = ["docs/algorithm.md", "docs/architecture.md", "docs/serving.md", "docs/development.md",
+                  "docs/cuda.md"]
+# a doc over this many bytes opens with what it covers and a contents list
+OPENING_FROM_BYTES = 10000
+# the docs whose headings name topics; CHANGELOG.md's headings are its dates
+SHAPED_DOCS = [d for d in DOCS if d != "CHANGELOG.md"]
+
+MONTH = (r"(?:jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?"
+         r"|sep(?:t(?:ember)?)?|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)")
+# A heading that dates itself or logs a run: a date (2026-11-28, 2026-11, Nov 28, 28 November), a
+# numbered run ("Stop 52", "session 3", "round 2"), or words that only make sense on the day they
+# were written (session, today, next, latest, plan, not yet, "run of ..."). A doc's headings name
+# what it explains; when something happened belongs in CHANGELOG.md.
+RUN_LOG_HEADING = re.compile(
+    r"\b\d{4}-\d{2}(?:-\d{2})?\b"
+    rf"|\b{MONTH}\.?\s+\d{{1,2}}\b|\b\d{{1,2}}\s+{MONTH}\b"
+    r"|\b(?:stop|session|round|sprint|iteration|attempt|day|week|run|call)\s*#?\d+\b"
+    r"|\b(?:sessions?|today'?s?|yesterday|tonight|this week|latest|next|upcoming|plans?|planned|todo|wip"
+    r"|not yet|so far|run of)\b", re.I)
+# words in a doc's text that go stale the day after they are written
+STALE_WORDS = re.compile(r"\b(?:today'?s?|yesterday|uncommitted)\b", re.I)
+# A cell that cites a measurement: a commit in backticks (7 to 40 hex digits, at least one digit
+# and one letter), a bench/results/ file, a timing or rate (2.5 ms, 39 us, 61.97 t/s, 1.4 TB/s,
+# 1452 s), or a speed-up (1.58x); or a header cell that names a unit of time or rate, or a
+# speed-up, for the figures below it. Units are matched as written (S is a cell count, not s).
+COMMIT_CELL = re.compile(r"`(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}`")
+UNIT = r"(?:t/s|tok/s|tokens/s|ms|us|µs|ns|s|[KMGT]B/s)"
+MEASUREMENT = re.compile(r"bench/results/|\b\d+(?:\.\d+)?\s*" + UNIT + r"(?![\w/])|\b\d+(?:\.\d+)?x(?!\w)")
+MEASURE_HEADER = re.compile(r"(?<![\w/'-])(?:t/s|tok/s|tokens/s|ms|us|µs|ns|[KMGT]B/s)(?![\w/])|\b[Ss]peed-?ups?\b")
+
+
+def doc_lines(text: str) -> list[tuple[int, str]]:
+    """(line number, line) of a markdown text outside its fenced code blocks."""
+    out, in_code = [], False
+    for no, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            in_code = not in_code
+            continue
+        if not in_code:
+            out.append((no, line))
+    return out
+
+
+def headings(text: str) -> list[tuple[int, int, str]]:
+    """(line, level, title) of every heading outside code blocks."""
+    out = []
+    for no, line in doc_lines(text):
+        m = re.match(r"(#{1,6}) +(.*?)\s*#*\s*$", line)
+        if m:
+            out.append((no, len(m.group(1)), m.group(2)))
+    return out
+
+
+def slug(title: str) -> str:
+    """GitHub's anchor of a heading's title (before the -1, -2 suffix of repeats)."""
+    return re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-")
+
+
+def run_log_headings(text: str) -> list[str]:
+    return [f"line {no}: {'#' * lvl} {t}" for no, lvl, t in headings(text) if RUN_LOG_HEADING.search(t)]
+
+
+def stale_words(text: str) -> list[str]:
+    return [f"line {no}: {m.group(0)!r} in {line.strip()[:80]!r}"
+            for no, line in doc_lines(text) for m in STALE_WORDS.finditer(line)]
+
+
+def result_tables(text: str) -> list[str]:
+    """The markdown tables (a header row, a |---| row, rows) with a cell that cites a measurement:
+    'line N: <the first such cell>'."""
+    out, table = [], []
+    lines = doc_lines(text) + [(0, "")]
+    for no, line in lines:
+        if line.lstrip().startswith("|"):
+            table.append((no, line))
+            continue
+        if len(table) >= 2 and re.match(r"\s*\|[\s:|-]*-[\s:|-]*$", table[1][1]):
+            for i, (rno, row) in enumerate(table):
+                hit = next((c.strip() for c in row.strip().strip("|").split("|")
+                            if COMMIT_CELL.search(c) or MEASUREMENT.search(c)
+                            or (i == 0 and MEASURE_HEADER.search(c))), None)
+                if hit is not None:
+                    out.append(f"line {table[0][0]} (row {rno}): {hit[:100]!r}")
+                    break
+        table = []
+    return out
+
+
+def opening_problems(text: str) -> list[str]:
+    """What a long doc's opening lacks: a '# title' first, then (before its first '## ' section) a
+    paragraph saying what the page covers and a contents list linking every '## ' section."""
+    hs = headings(text)
+    if not hs or hs[0][1] != 1 or text.lstrip().splitlines()[0] != "# " + hs[0][2]:
+        return ["it does not open with a '# title' line"]
+    sections = [(no, t) for no, lvl, t in hs if lvl == 2]
+    end = sections[0][0] if sections else len(text.splitlines()) + 1
+    preamble = [line for no, line in doc_lines(text) if hs[0][0] < no < end]
+    prose = " ".join(line.strip() for line in preamble
+                     if line.strip() and not re.match(r"\s*(?:[|#>*-]|\d+\.|<!--|\[)", line))
+    problems = []
+    if len(prose) < 60:
+        problems.append("no paragraph before its first section says what the page covers")
+    linked = set(re.findall(r"\]\(#([^)\s]+)\)", "\n".join(preamble)))
+    seen, missing = {}, []
+    for _, lvl, t in hs:
+        s = slug(t)
+        n = seen.get(s, 0)
+        seen[s] = n + 1
+        if lvl == 2 and (s if n == 0 else f"{s}-{n}") not in linked:
+            missing.append(t)
+    if sections and missing:
+        problems.append(f"its contents list (links before the first section) lacks: {missing}")
+    if not sections:
+        problems.append("it has no '## ' sections to list")
+    return problems
+
+
+def test_readme_keeps_the_test_command():
+    assert TEST_COMMAND in (ROOT / "README.md").read_text(), (
+        f"README.md lost the test command {TEST_COMMAND!r} (.ci/run runs it)")
+
+
+@pytest.mark.parametrize("doc", CAPPED_DOCS)
+def test_docs_stay_under_their_caps(doc):
+    cap = SMALL_DOC_BYTES.get(doc, DOC_MAX_BYTES)
+    size = (ROOT / doc).stat().st_size
+    assert size <= cap, (f"{doc} is {size} bytes, over its cap of {cap}: merge and point (figures are rows of "
+                         "bench/README.md, history is CHANGELOG.md, the GPU runbook is scripts/gpu_session.sh's "
+                         "usage), do not raise the cap")
+
+
+@pytest.mark.parametrize("doc", SHAPED_DOCS)
+def test_docs_have_no_dated_or_run_log_headings_and_no_stale_words(doc):
+    path = ROOT / doc
+    if not path.exists():
+        pytest.skip(f"{doc} does not exist")
+    text = path.read_text()
+    bad = run_log_headings(text)
+    assert not bad, (f"{doc} has headings that date themselves or log a run (name the topic; when it happened "
+                     "goes in CHANGELOG.md):\n" + "\n".join(bad))
+    stale = stale_words(text)
+    assert not stale, f"{doc} has words that go stale (say the commit or drop them):\n" + "\n".join(stale)
+
+
+@pytest.mark.parametrize("doc", REFERENCE_DOCS)
+def test_reference_docs_hold_no_result_tables(doc):
+    bad = result_tables((ROOT / doc).read_text())
+    assert not bad, (f"{doc} has tables citing measurements (commits, result files, timings, speed-ups): make "
+                     "them rows of bench/README.md with their command, commit, machine and result file, and "
+                     "point there:\n" + "\n".join(bad))
+
+
+@pytest.mark.parametrize("doc", SHAPED_DOCS)
+def test_long_docs_open_with_what_they_cover_and_their_contents(doc):
+    path = ROOT / doc
+    if not path.exists() or path.stat().st_size <= OPENING_FROM_BYTES:
+        pytest.skip(f"{doc} is {OPENING_FROM_BYTES} bytes or less")
+    bad = opening_problems(path.read_text())
+    assert not bad, f"{doc} is over {OPENING_FROM_BYTES} bytes and its opening falls short: " + "; ".join(bad)
+
+
+def test_doc_shape_checks_catch_what_they_should():
+    """The checks above on planted text: dated and run-log headings (not topic ones, nor lines in
+    code blocks), stale words, a result table (not a table of settings or files), and a long doc
+    without its opening or with a section missing from its contents."""
+    planted = ("# T\n\n## 2026-11-28\n### Stop 52: what ran\n## The next GPU call\n## Run of Nov 28\n"
+               "## Session notes\n## Results, 28 November\n"
+               "## The kernels\n## Build, test, run\n## Moving the upstream pin\n## 2048 cells per bin\n"
+               "```sh\n# 2026-11-28 in a code block is a comment\n```\n")
+    assert [b.split(": ", 1)[1] for b in run_log_headings(planted)] == [
+        "## 2026-11-28", "### Stop 52: what ran", "## The next GPU call", "## Run of Nov 28",
+        "## Session notes", "## Results, 28 November"]
+    assert len(stale_words("As of today's build (docs uncommitted), it runs.\n")) == 2
+    assert not stale_words("Runs each day.\n```\ntoday\n```\n")
+
+    settings = "| field | default | meaning |\n| --- | --- | --- |\n| `k` | 0 | positions, 1..2^20 |\n"
+    files = "| file | what |\n| --- | --- |\n| `cpu/sparq-cpu.cpp` | the 16 phases, x86 and NEON |\n"
+    costs = ("| selector | notes |\n| --- | --- |\n| `oracle` | reads all of K: not a speed-up |\n"
+             "| `h2o` | `2 k d + 2 S` (its scores) |\n| `index` | `256` lists, 16 probed, 4 steps |\n")
+    assert not result_tables(settings + "\n" + files + "\n" + costs)
+    for row in ("| 4K | `49b147f` | H200 |", "| 4K | 1.264 ms | 1.790 ms |", "| 4K | 61.97 t/s | |",
+                "| 4K | **1.58x** | |", "| 4K | see `bench/results/gpu_h200_49b147f_b1.md` | |",
+                "| 65536 | 39.2 us | |", "| eval | 1452 s | |"):
+        table = "| S | a | b |\n|---|---|---|\n" + row + "\n"
+        assert len(result_tables("text\n\n" + table + "\nmore\n")) == 1, row
+    assert not result_tables("| setting | K^T's `r` at `b_t`, the rest at 2 |\n|---|---|\n| `pca` | `2 d^2` |\n")
+    for header in ("| S | dense `-fa 1` ms | SparQ ms |", "| S | speed-up | compression |"):
+        table = header + "\n|---|---|---|\n| 4096 | 1.264 | 1.790 |\n"
+        assert len(result_tables(table)) == 1, header
+    assert not result_tables("```\n| S | ms |\n|---|---|\n| 1 | 2 ms |\n```\n")  # in a code block
+
+    body = "".join(f"## Part {i}\n\n" + "words " * 400 + "\n\n" for i in range(3))
+    contents = "".join(f"- [Part {i}](#part-{i})\n" for i in range(3))
+    opening = "# Title\n\nThis page says what the parts are, how they fit together, and where to go next.\n\n"
+    assert not opening_problems(opening + contents + "\n" + body)
+    assert opening_problems("# Title\n\n" + contents + "\n" + body)  # no paragraph
+    assert any("Part 2" in p for p in opening_problems(opening + contents[:-len("- [Part 2](#part-2)\n")] + body))
+    assert opening_problems("Intro first.\n\n# Title\n\n" + contents + body)  # the title is not first
 
 
 # ---------------------------------------------------------------- (e) bench/results and the docs that cite them
@@ -273,16 +475,11 @@ def heading_anchors(md: Path) -> set[str]:
     """GitHub's anchors of a markdown file's headings: lower case, punctuation dropped, spaces to
     hyphens, a -1, -2 suffix for repeats."""
     seen, out = {}, set()
-    in_code = False
-    for line in md.read_text().splitlines():
-        if line.startswith("```"):
-            in_code = not in_code
-        if in_code or not re.match(r"#{1,6} ", line):
-            continue
-        slug = re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
-        n = seen.get(slug, 0)
-        seen[slug] = n + 1
-        out.add(slug if n == 0 else f"{slug}-{n}")
+    for _, _, title in headings(md.read_text()):
+        s = slug(title)
+        n = seen.get(s, 0)
+        seen[s] = n + 1
+        out.add(s if n == 0 else f"{s}-{n}")
     return out
 
 

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -76,8 +77,10 @@ def test_isa_unknown_is_refused(prog, tmp_path):
 
 
 def test_op_parameters_are_typed_and_every_backend_honours_or_refuses_each_part(prog):
-    """The op's one parameter layout (ggml-sparq-params.h), through ggml: the setters' values come back
-    from the decoder and from a byte copy (an RPC server's view); each optional part sets its feature
+    """The op's one parameter layout (ggml-sparq-params.h), through ggml: the constructor's values come
+    back from the decoder and from a byte copy (an RPC server's view), every field in a slot of its own;
+    the layout leaves GGML_SPARQ_PARAMS_MIN_FREE slots free; a node no backend may run is refused by
+    ggml_sparq_attn_check with its reason; each optional part sets its feature
     bit; the CPU backend's supports_op honours every part and CUDA's support check (host code) exactly
     those it declares; a part unknown to this build (a field a newer constructor added) and another
     layout version are refused by both, so no backend can ignore a parameter it does not know."""
@@ -88,6 +91,8 @@ def test_op_parameters_are_typed_and_every_backend_honours_or_refuses_each_part(
     # and the bucketed top-k
     assert "as declared by CUDA (9 of them)" in res.stdout, res.stdout
     assert "unknown parts and another layout refused by both" in res.stdout
+    free = int(re.search(r"(\d+) of 16 op_params slots free", res.stdout).group(1))
+    assert free >= 4, res.stdout
 
 
 @pytest.mark.parametrize("isa", list(ISAS))

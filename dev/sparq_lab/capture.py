@@ -33,7 +33,7 @@ import numpy as np
 from llama_sparq import _sparq
 
 GGML_MAX_DIMS = 4
-GGML_MAX_SRC = 10
+GGML_MAX_SRC = 12  # the fork's ggml.h (patch 0002)
 GGML_MAX_OP_PARAMS = 64
 GGML_MAX_NAME = 64
 GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_Q8_0, GGML_TYPE_I8, GGML_TYPE_I32 = 0, 1, 8, 24, 26
@@ -67,8 +67,7 @@ class ggml_sparq_attn_params(ctypes.Structure):
     _fields_ = [("r", ctypes.c_int32), ("k", ctypes.c_int32), ("l", ctypes.c_int32), ("scale", ctypes.c_float),
                 ("selector", ctypes.c_int32), ("flags", ctypes.c_int32), ("n_probe", ctypes.c_int32),
                 ("topk_buckets", ctypes.c_int32), ("index_reads", ctypes.c_bool), ("cov_p", ctypes.c_float), ("k_min", ctypes.c_int32),
-                ("k_scan", ctypes.c_int32), ("cov_apply", ctypes.c_bool), ("k_frac", ctypes.c_float),
-                ("report", ctypes.c_void_p), ("tickets", ctypes.c_void_p)]
+                ("k_scan", ctypes.c_int32), ("cov_apply", ctypes.c_bool), ("k_frac", ctypes.c_float)]
 
 
 class ggml_sparq_params(ctypes.Structure):
@@ -92,15 +91,25 @@ def _decode_params(t: ggml_tensor) -> dict:
     p = ggml_sparq_params()
     if not _DECODE(ctypes.byref(t), ctypes.byref(p)):
         raise ValueError(f"capture: {t.name.decode()} holds op parameters of another layout version")
-    out = {name: getattr(p.attn, name) for name, _ in ggml_sparq_attn_params._fields_ if name not in ("report", "tickets")}
+    out = {name: getattr(p.attn, name) for name, _ in ggml_sparq_attn_params._fields_}
     out.update(mode=int(p.mode), features=int(p.features))
     return out
+
+
+def decode_op_params(slots, op: int) -> dict:
+    """The op's parameters of op_params' int32 slots (as llama_sparq_debug_op_params gives them),
+    decoded as a node of op ``op`` (a captured call's "op") would be: the same dict as a call's "params"."""
+    t = ggml_tensor()
+    t.op = op
+    for i, v in enumerate(slots):
+        t.op_params[i] = v
+    return _decode_params(t)
 
 
 EVAL_CB = ctypes.CFUNCTYPE(ctypes.c_bool, ctypes.POINTER(ggml_tensor), ctypes.c_bool, ctypes.c_void_p)
 
 # the op's sources (ggml_sparq_attn): name, index
-_OP_SRC = ("q", "K", "KT", "V", "v_sum", "v_count", "mask", "win", "q_sel", "comp_w")
+_OP_SRC = ("q", "K", "KT", "V", "v_sum", "v_count", "mask", "win", "q_sel", "comp_w", "report")
 _NODE = re.compile(r"sparq_attn-(\d+)")
 _BEFORE = re.compile(r"sparq_(h2o|ivf)-(\d+)")  # H2O's scores / the index's lists before the op of that layer
 _DTYPES = {GGML_TYPE_F32: np.float32, GGML_TYPE_F16: np.float16, GGML_TYPE_I32: np.int32}
@@ -177,7 +186,7 @@ class Capture:
                 return True
             if not self._wanted(name):
                 return True
-            call = {"layer": int(_NODE.fullmatch(name).group(1)), "params": _decode_params(t)}
+            call = {"layer": int(_NODE.fullmatch(name).group(1)), "params": _decode_params(t), "op": int(t.op)}
             for i, key in enumerate(_OP_SRC):
                 s = t.src[i]
                 call[key] = tensor_to_numpy(s.contents) if s else None

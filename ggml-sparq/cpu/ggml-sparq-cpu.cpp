@@ -51,25 +51,19 @@ static struct ggml_sparq_params sparq_cpu_params(const struct ggml_tensor * dst)
 }
 
 static struct sparq_args sparq_args_of(const struct ggml_tensor * dst) {
-    const struct ggml_tensor * q  = dst->src[0];
-    const struct ggml_tensor * k  = dst->src[1];
-    const struct ggml_tensor * kt = dst->src[2];
-    const struct ggml_tensor * v  = dst->src[3];
-    const struct ggml_tensor * vs = dst->src[4];
-    const struct ggml_tensor * vc = dst->src[5];
-    const struct ggml_tensor * mk = dst->src[6];
-
-    const struct ggml_sparq_params prm = sparq_cpu_params(dst);
-    const struct ggml_sparq_attn_params & P = prm.attn;
+    sparq_cpu_params(dst); // (a node the CPU op cannot run aborts with the reason)
+    struct ggml_sparq_attn_view w;
+    GGML_ASSERT(ggml_sparq_attn_view_of(const_cast<struct ggml_tensor *>(dst), &w));
+    const struct ggml_sparq_attn_params & P = w.p;
     struct sparq_args a;
     memset(&a, 0, sizeof(a));
-    a.d = (int) q->ne[0];
-    a.dv = (int) v->ne[0];
-    a.n_kv = (int) k->ne[1];
-    a.n_rows = (int) q->ne[1];
-    a.n_head = (int) q->ne[2];
-    a.n_head_kv = (int) k->ne[2];
-    a.n_stream = (int) q->ne[3];
+    a.d = w.d;
+    a.dv = w.dv;
+    a.n_kv = w.n_kv;
+    a.n_rows = w.n_rows;
+    a.n_head = w.n_head;
+    a.n_head_kv = w.n_head_kv;
+    a.n_stream = w.n_stream;
     a.r = P.r;
     a.k = P.k;
     a.l = P.l;
@@ -79,43 +73,36 @@ static struct sparq_args sparq_args_of(const struct ggml_tensor * dst) {
     a.no_mean_v = (P.flags & GGML_SPARQ_FLAG_NO_MEAN_V) != 0;
     a.all_dense = (P.flags & GGML_SPARQ_FLAG_DENSE) != 0;
 
+    const struct ggml_tensor * q = w.q, * k = w.k, * kt = w.kt, * v = w.v, * vs = w.v_sum, * mk = w.mask;
     a.q = (const float *) q->data; a.q_nb1 = q->nb[1]; a.q_nb2 = q->nb[2]; a.q_nb3 = q->nb[3];
     a.K = k->data;   a.K_type = sparq_type_of(k, true);   a.K_nb1 = k->nb[1];   a.K_nb2 = k->nb[2];   a.K_nb3 = k->nb[3];
     a.KT = kt->data; a.KT_type = sparq_type_of(kt, false, true); a.KT_nb1 = kt->nb[1]; a.KT_nb2 = kt->nb[2]; a.KT_nb3 = kt->nb[3];
     a.V = v->data;   a.V_type = sparq_type_of(v, true);   a.V_nb1 = v->nb[1];   a.V_nb2 = v->nb[2];   a.V_nb3 = v->nb[3];
     a.v_sum = (const float *) vs->data; a.v_sum_nb1 = vs->nb[1]; a.v_sum_nb2 = vs->nb[2];
-    a.v_count = (const float *) vc->data;
+    a.v_count = (const float *) w.v_count->data;
     if (mk) {
         a.mask = mk->data; a.mask_type = sparq_type_of(mk); a.mask_nb1 = mk->nb[1]; a.mask_nb3 = mk->nb[3];
         a.mask_ne3 = (int) mk->ne[3];
     }
-    a.out = (float *) dst->data; a.out_nb1 = dst->nb[1]; a.out_nb2 = dst->nb[2]; a.out_nb3 = dst->nb[3];
-    if (const struct ggml_tensor * win = dst->src[7]) {
+    a.out = (float *) w.out->data; a.out_nb1 = w.out->nb[1]; a.out_nb2 = w.out->nb[2]; a.out_nb3 = w.out->nb[3];
+    if (const struct ggml_tensor * win = w.win) {
         a.win = (const int32_t *) win->data; a.win_nb1 = win->nb[1]; a.win_nb2 = win->nb[2]; a.win_n = (int) win->ne[0];
     }
-    if (a.selector == GGML_SPARQ_SEL_H2O) {
-        // H2O's scores take q_sel's slot (ggml_sparq_attn_set_h2o)
-        const struct ggml_tensor * hs = dst->src[8];
-        if (!hs) {
-            GGML_ABORT("sparq_attn: %s uses the h2o selector without scores (ggml_sparq_attn_set_h2o)", dst->name);
-        }
+    if (const struct ggml_tensor * hs = w.h2o) {
         a.h2o = (float *) hs->data; a.h2o_nb1 = hs->nb[1]; a.h2o_nb2 = hs->nb[2];
-    } else if (a.selector == GGML_SPARQ_SEL_INDEX) {
-        // the index takes the slots of q_sel (centroids) and comp_w (list ids)
-        const struct ggml_tensor * ce = dst->src[8];
-        const struct ggml_tensor * li = dst->src[9];
-        if (!ce || !li) {
-            GGML_ABORT("sparq_attn: %s uses the index selector without an index (ggml_sparq_attn_set_index)", dst->name);
-        }
+    }
+    if (w.ivf_cent) {
+        const struct ggml_tensor * ce = w.ivf_cent, * li = w.ivf_list;
         a.ivf_cent = (const float *) ce->data; a.ivf_cent_nb1 = ce->nb[1]; a.ivf_cent_nb2 = ce->nb[2]; a.ivf_cent_nb3 = ce->nb[3];
         a.ivf_n_list = (int) ce->ne[1];
         a.ivf_list = (float *) li->data; a.ivf_list_nb1 = li->nb[1]; a.ivf_list_nb2 = li->nb[2];
         a.ivf_n_probe = P.n_probe;
         a.ivf_reads = P.index_reads ? 1 : 0;
-    } else if (const struct ggml_tensor * qs = dst->src[8]) {
+    }
+    if (const struct ggml_tensor * qs = w.q_sel) {
         a.q_sel = (const float *) qs->data; a.q_sel_nb1 = qs->nb[1]; a.q_sel_nb2 = qs->nb[2]; a.q_sel_nb3 = qs->nb[3];
     }
-    if (const struct ggml_tensor * cw = dst->src[9]; cw && a.selector != GGML_SPARQ_SEL_INDEX) {
+    if (const struct ggml_tensor * cw = w.comp_w) {
         a.comp_w = (const float *) cw->data; a.comp_w_nb1 = cw->nb[1]; a.comp_w_nb2 = cw->ne[2] > 1 ? cw->nb[2] : 0;
     }
     if (a.selector == GGML_SPARQ_SEL_SPARQ || a.selector == GGML_SPARQ_SEL_ORACLE) {
@@ -126,7 +113,7 @@ static struct sparq_args sparq_args_of(const struct ggml_tensor * dst) {
         a.k_frac = P.cov_apply ? P.k_frac : 0.0f;
         a.topk_buckets = P.topk_buckets;
     }
-    a.report = P.report;
+    a.report = w.report ? (float *) w.report->data : nullptr;
     a.sel_out = nullptr;
     return a;
 }
@@ -227,7 +214,7 @@ static void sparq_cell_scatter(const struct ggml_compute_params * params, struct
 }
 
 // x as a cache of type t holds it (f16: rounded to f16 and back)
-static inline float sparq_as_cached(float x, enum ggml_type t) {
+static inline float sparq_value_as_cached(float x, enum ggml_type t) {
     return t == GGML_TYPE_F16 ? sparq_fp16_to_fp32(sparq_fp32_to_fp16(x)) : x;
 }
 
@@ -251,7 +238,7 @@ static void sparq_sum_append(const struct ggml_compute_params * params, struct g
     for (int64_t i = i0; i < i1; ++i) {
         const int64_t s = i / ne0, j = i % ne0;
         float * sp = (float *) ((char *) sum->data + (size_t) s * sum->nb[1]) + j;
-        volatile float x = sparq_as_cached(xn[i], type); // each product and sum rounded on its own
+        volatile float x = sparq_value_as_cached(xn[i], type); // each product and sum rounded on its own
         if (squares) {
             x = x * x;
         }

@@ -9,9 +9,9 @@
 namespace sparq_cpu {
 
 // The bucketed top-k's part of a chunk (select_chunk): its keys ck[0..n) (cells base..) copied into
-// the thread's scratch with every cell but the best of its bucket (cell mod B) in the chunk, and
-// every cell of row R's window list, at -inf (ties to the lower cell). The merge then keeps each
-// bucket's best over the chunks: the best of a bucket is its best in some chunk.
+// the thread's scratch with every cell of row R's window list (added by the merge, not chosen by
+// score) and every cell but the best of its bucket in the chunk (the top-k primitive's
+// bucket_keep_best) at -inf; the merge then keeps each bucket's best over the chunks (bucket_merge).
 static const float * bucket_best(const ctx & C, int ith, const float * ck, int n, int base, int R) {
     const sparq_args * a = C.a;
     const int B = a->topk_buckets;
@@ -27,46 +27,10 @@ static const float * bucket_best(const ctx & C, int ith, const float * ck, int n
             x[wl[i] - base] = -INFINITY; // added by the merge, not chosen by score
         }
     }
-    if (n <= B) {
-        return x;
-    }
-    int32_t * best = (int32_t *) C.tbuf(ith, C.L.t_bb); // n > B: B entries
-    std::fill(best, best + B, -1);
-    int b = base % B;
-    for (int i = 0; i < n; ++i) {
-        const float v = x[i];
-        if (v != -INFINITY) {
-            const int j = best[b];
-            if (j < 0) {
-                best[b] = i;
-            } else if (v > x[j]) {
-                x[j] = -INFINITY;
-                best[b] = i;
-            } else {
-                x[i] = -INFINITY;
-            }
-        }
-        if (++b == B) {
-            b = 0;
-        }
+    if (n > B) {
+        bucket_keep_best(x, n, base, B, (int32_t *) C.tbuf(ith, C.L.t_bb)); // (n > B: B entries)
     }
     return x;
-}
-
-// the merged candidates merge[0..n) reduced to each bucket's best (larger key, ties to the lower
-// cell); returns their number
-static int bucket_merge(cand * merge, int n, int B) {
-    std::sort(merge, merge + n, [B](const cand & x, const cand & y) {
-        const int bx = x.idx % B, by = y.idx % B;
-        return bx != by ? bx < by : cand_greater()(x, y);
-    });
-    int m = 0;
-    for (int i = 0; i < n; ++i) {
-        if (m == 0 || merge[i].idx % B != merge[m - 1].idx % B) {
-            merge[m++] = merge[i];
-        }
-    }
-    return m;
 }
 
 // The candidates of one chunk: keys ck[0..n) of cells base.., of which the kk best

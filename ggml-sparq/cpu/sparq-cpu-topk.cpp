@@ -2,6 +2,7 @@
 
 #include "sparq-cpu-topk.h"
 
+#include <cmath>
 #include <functional>
 
 namespace sparq_cpu {
@@ -31,6 +32,42 @@ float kth_largest(float * x, int n, int kk) {
     }
     std::nth_element(x, x + (kk - above - 1), x + m, std::greater<float>());
     return x[kk - above - 1];
+}
+
+void bucket_keep_best(float * x, int n, int base, int B, int32_t * best) {
+    std::fill(best, best + B, -1);
+    int b = base % B;
+    for (int i = 0; i < n; ++i) {
+        const float v = x[i];
+        if (v != -INFINITY) {
+            const int j = best[b];
+            if (j < 0) {
+                best[b] = i;
+            } else if (v > x[j]) {
+                x[j] = -INFINITY;
+                best[b] = i;
+            } else {
+                x[i] = -INFINITY;
+            }
+        }
+        if (++b == B) {
+            b = 0;
+        }
+    }
+}
+
+int bucket_merge(cand * merge, int n, int B) {
+    std::sort(merge, merge + n, [B](const cand & x, const cand & y) {
+        const int bx = x.idx % B, by = y.idx % B;
+        return bx != by ? bx < by : cand_greater()(x, y);
+    });
+    int m = 0;
+    for (int i = 0; i < n; ++i) {
+        if (m == 0 || merge[i].idx % B != merge[m - 1].idx % B) {
+            merge[m++] = merge[i];
+        }
+    }
+    return m;
 }
 
 } // namespace sparq_cpu

@@ -1,5 +1,6 @@
-// llama-sparq: exact k-selection over float keys, the CPU driver's reusable top-k primitive (no
-// SparQ state: keys in, the k-th key or the k best candidates out). Every selector that ranks cells
+// llama-sparq: k-selection over float keys, the CPU driver's reusable top-k primitive (no SparQ
+// state: keys in, the k-th key or the k best candidates out), exact or bucketed (the approximate
+// bucketed top-k: one cell per bucket, then the best of those). Every selector that ranks cells
 // (sparq, oracle, index, h2o) and the coverage cut use it.
 #pragma once
 
@@ -38,5 +39,13 @@ inline float compact(cand * buf, int n, int kk) {
     std::nth_element(buf, buf + (kk - 1), buf + n, cand_greater());
     return buf[kk - 1].key;
 }
+
+// The bucketed top-k, in two parts that a selection over chunks of cells composes: a chunk's keys
+// x[0..n) of cells base.. keep only each bucket's best (cell mod B; larger key, ties to the lower
+// cell; -INFINITY keys offer nothing), every other key set to -INFINITY (best: B ints of scratch);
+// then the chunks' candidates merged keep each bucket's best over them (the best of a bucket is its
+// best in some chunk). bucket_merge returns how many remain, in bucket order.
+void bucket_keep_best(float * x, int n, int base, int B, int32_t * best);
+int bucket_merge(cand * merge, int n, int B);
 
 } // namespace sparq_cpu

@@ -73,29 +73,6 @@ bool ggml_cuda_sparq_attn_supported(int device, const ggml_tensor * op) {
     return true;
 }
 
-// whether p is page-locked host memory (an asynchronous copy into it neither blocks nor breaks a
-// stream capture)
-static bool sparq_cuda_pinned(const void * p) {
-    cudaPointerAttributes at;
-    if (cudaPointerGetAttributes(&at, p) != cudaSuccess) {
-        (void) cudaGetLastError(); // (an unknown pointer: pageable)
-        return false;
-    }
-    return at.type == cudaMemoryTypeHost;
-}
-
-static_assert(GGML_CUDA_SPARQ_TICKETS == GGML_SPARQ_TICKETS, "the kernels' tickets are the glue's");
-
-// whether p is memory of the current device (the layer's tickets; a node's from elsewhere is not used)
-static bool sparq_cuda_on_device(const void * p, int device) {
-    cudaPointerAttributes at;
-    if (cudaPointerGetAttributes(&at, p) != cudaSuccess) {
-        (void) cudaGetLastError();
-        return false;
-    }
-    return at.type == cudaMemoryTypeDevice && at.device == device;
-}
-
 // the widest consecutive-cell load every K^T row allows: 1, or CPT (S % CPT == 0, rows aligned)
 static int sparq_cuda_cpt(const ggml_tensor * kt, int gmax) {
     const int want = sparq_vec_cpt(gmax);
@@ -108,29 +85,23 @@ static int sparq_cuda_cpt(const ggml_tensor * kt, int gmax) {
 
 // a from the node's parameters, shapes and tensors, all but the scratch; *cpt the K^T load width.
 // false: nothing to compute (and no empty grid to launch)
-static bool sparq_cuda_args_of(const ggml_tensor * dst, sparq_cu_args & a, int * cpt) {
-    const ggml_tensor * q  = dst->src[0];
-    const ggml_tensor * k  = dst->src[1];
-    const ggml_tensor * kt = dst->src[2];
-    const ggml_tensor * v  = dst->src[3];
-    const ggml_tensor * vs = dst->src[4];
-    const ggml_tensor * vc = dst->src[5];
-    const ggml_tensor * mk = dst->src[6];
-    const ggml_tensor * win = dst->src[7];
-    const ggml_tensor * qsel = dst->src[8];
-    const ggml_tensor * cw = dst->src[9];
+static bool sparq_cuda_args_of(ggml_tensor * dst, sparq_cu_args & a, int * cpt) {
+    ggml_sparq_attn_view w;
+    GGML_ASSERT(ggml_sparq_attn_view_of(dst, &w));
+    const ggml_tensor * q = w.q, * k = w.k, * kt = w.kt, * v = w.v, * vs = w.v_sum, * vc = w.v_count, * mk = w.mask;
+    const ggml_tensor * win = w.win, * qsel = w.q_sel, * cw = w.comp_w;
     GGML_ASSERT(ggml_is_contiguous(vc) && vs->nb[0] == sizeof(float));
     GGML_ASSERT(q->nb[0] == sizeof(float) && dst->nb[0] == sizeof(float));
 
-    a.d = (int) q->ne[0];
-    a.dv = (int) v->ne[0];
-    a.n_kv = (int) k->ne[1];
-    a.n_rows = (int) q->ne[1];
-    a.n_head = (int) q->ne[2];
-    a.n_head_kv = (int) k->ne[2];
-    a.n_stream = (int) q->ne[3];
+    a.d = w.d;
+    a.dv = w.dv;
+    a.n_kv = w.n_kv;
+    a.n_rows = w.n_rows;
+    a.n_head = w.n_head;
+    a.n_head_kv = w.n_head_kv;
+    a.n_stream = w.n_stream;
     a.g = a.n_head / a.n_head_kv;
-    const ggml_sparq_attn_params P = ggml_sparq_params_get(dst).attn;
+    const ggml_sparq_attn_params & P = w.p;
     a.ph = (P.flags & GGML_SPARQ_FLAG_PER_HEAD) && a.g > 1 ? a.g : 1;
     a.no_mean_v = (P.flags & GGML_SPARQ_FLAG_NO_MEAN_V) != 0;
     a.r = P.r;
@@ -399,17 +370,6 @@ void ggml_cuda_sparq_attn(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     const int kt = ktt == GGML_TYPE_F16 ? SPARQ_CU_KT_F16 : ktt == GGML_TYPE_I8 ? SPARQ_CU_KT_E5M2 : SPARQ_CU_KT_F32;
     const bool k_f16 = dst->src[1]->type == GGML_TYPE_F16;
     const bool v_f16 = dst->src[3]->type == GGML_TYPE_F16;
-    // the one launch per layer where it applies: the layer's tickets (persistent, zero between launches)
-    void * tickets = ggml_sparq_params_get(dst).attn.tickets;
-    if (tickets && sparq_fused_on() && sparq_cuda_on_device(tickets, ctx.device)) {
-        a.tickets = (unsigned int *) tickets;
-        a.fused = sparq_fused_applies(a, kt, k_f16, v_f16);
-        static std::atomic<bool> said{false};
-        if (a.fused && !said.exchange(true)) {
-            GGML_LOG_INFO("sparq_attn: one launch per layer (LLAMA_SPARQ_CUDA_FUSED=1) from %s on\n", dst->name);
-        }
-    }
-
     // scratch: sizes from the shapes only (the same for every decode step of a shape)
     ggml_cuda_pool & pool = ctx.pool();
     const sparq_cu_scratch z = sparq_cu_scratch_sizes(a);
@@ -435,27 +395,13 @@ void ggml_cuda_sparq_attn(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     a.keys = keys.get(); a.hist = hist.get(); a.hmass = hmass.get(); a.ldone = ldone.get(); a.udone = udone.get();
     a.cand = cand.get(); a.ncand = ncand.get(); a.bk = bk.get();
     a.udense = udense.get(); a.selbits = selbits.get(); a.sel = sel.get(); a.pstat = pstat.get(); a.py = py.get();
-    // the report: written on the device by the kernels, then one copy into the host's report queued on
-    // the stream (no wait; the host reads it after the step's synchronisation). The host memory must
-    // be page-locked (a copy into pageable memory would block, and cannot be captured into a CUDA
-    // graph); its address is the layer's, the same every step, so a captured graph stays reusable
-    float * host_report = ggml_sparq_params_get(dst).attn.report;
-    if (host_report && !sparq_cuda_pinned(host_report)) {
-        static std::atomic<bool> said{false};
-        if (!said.exchange(true)) {
-            GGML_LOG_WARN("sparq_attn: %s's report is not page-locked host memory: not reported\n", dst->name);
-        }
-        host_report = nullptr;
-    }
-    ggml_cuda_pool_alloc<float> report(pool);
-    ggml_cuda_pool_alloc<int>   lrep(pool);
-    if (host_report) {
-        a.report = report.alloc(z.report);
+    // the report: the node's report tensor, on this device, written by the kernels (the host reads it
+    // after the step: libllama queues its copy once the graph has run)
+    ggml_cuda_pool_alloc<int> lrep(pool);
+    if (const ggml_tensor * rep = dst->src[10]) { // (ggml_sparq_attn_view::report)
+        a.report = (float *) rep->data;
         a.lrep = a.cov_p > 0.0f ? lrep.alloc(z.lrep) : nullptr;
     }
 
     sparq_cu_run(a, cpt, kt, k_f16, v_f16, ctx.stream());
-    if (host_report) {
-        CUDA_CHECK(cudaMemcpyAsync(host_report, a.report, z.report * sizeof(float), cudaMemcpyDeviceToHost, ctx.stream()));
-    }
 }

@@ -21,10 +21,12 @@
 extern "C" {
 #endif
 
-#define GGML_SPARQ_PARAMS_VERSION 4
+#define GGML_SPARQ_PARAMS_VERSION 5
 
-// The unsigned ints of a layer's tickets buffer (ggml_sparq_attn_params::tickets).
-#define GGML_SPARQ_TICKETS 4096
+// The int32 slots of op_params the layout may use (GGML_MAX_OP_PARAMS / 4), and how many of them it
+// must leave free for the parts to come (a test checks ggml_sparq_params_free_slots against it).
+#define GGML_SPARQ_PARAMS_SLOTS     16
+#define GGML_SPARQ_PARAMS_MIN_FREE  4
 
 // What a node of the op computes: attention, or one of the writes that keep its cache data
 // (ggml_sparq_kt_append, ggml_sparq_sum_append, ggml_sparq_cell_scatter in ggml-sparq.h).
@@ -37,7 +39,8 @@ enum ggml_sparq_mode {
 };
 
 // The optional parts of an attention node. A backend's support check refuses a node with a bit
-// outside the set it honours.
+// outside the set it honours. Buffers the op reads or writes besides its inputs (a report, a
+// selector's state) are sources of the node, never addresses in its parameters.
 enum ggml_sparq_feature {
     GGML_SPARQ_FEAT_ORACLE           = 1u << 0,  // selector oracle
     GGML_SPARQ_FEAT_STREAMING        = 1u << 1,  // selector streaming
@@ -52,14 +55,14 @@ enum ggml_sparq_feature {
     GGML_SPARQ_FEAT_COVERAGE         = 1u << 10, // a coverage target that cuts the selection
     GGML_SPARQ_FEAT_COVERAGE_CAP     = 1u << 11, // each row's cap from k_frac of its cells
     GGML_SPARQ_FEAT_COVERAGE_MEASURE = 1u << 12, // a coverage target only measured (k_scan)
-    GGML_SPARQ_FEAT_REPORT           = 1u << 13, // a host report pointer
+    GGML_SPARQ_FEAT_REPORT           = 1u << 13, // src[10]: the report the op writes
     GGML_SPARQ_FEAT_TOPK_BUCKETS     = 1u << 14, // the approximate bucketed top-k (topk_buckets)
 };
 #define GGML_SPARQ_FEAT_ALL ((1u << 15) - 1u)
 // a selector value this build does not know: outside every backend's set
 #define GGML_SPARQ_FEAT_UNKNOWN (1u << 31)
 
-// Flags of the selection and the output (set with ggml_sparq_attn_set_selector).
+// Flags of the selection and the output (ggml_sparq_attn_params::flags).
 enum ggml_sparq_flag {
     GGML_SPARQ_FLAG_PER_HEAD  = 1, // each query head chooses its own k - l cells; the group attends over the union
     GGML_SPARQ_FLAG_NO_MEAN_V = 2, // no mean-value reallocation (out = attention over the chosen cells)
@@ -84,11 +87,6 @@ struct ggml_sparq_attn_params {
     int32_t k_scan;      // coverage measured only: cells ranked, 0..GGML_SPARQ_K_MAX
     bool    cov_apply;   // coverage: cut the selection (else only measure)
     float   k_frac;      // coverage cap: share of a row's cells, (0, 1], 0 for none
-    float * report;      // host memory the CPU op reports into, or NULL
-    // device memory of the layer, on the device of its K^T: GGML_SPARQ_TICKETS unsigned ints, zero
-    // when allocated, which a backend's one-launch path counts in and leaves zero (NULL: none; the
-    // CPU ignores it). Not a part of the computation: no feature bit.
-    void *  tickets;
 };
 
 // A sum's append (ggml_sparq_sum_append).
@@ -120,6 +118,8 @@ GGML_API uint32_t ggml_sparq_params_features(const struct ggml_tensor * node, co
 GGML_API const char * ggml_sparq_params_unsupported(const struct ggml_tensor * node, uint32_t honours);
 // A feature bit's name ("oracle", "window", ...), "unknown" for a bit this build does not know.
 GGML_API const char * ggml_sparq_feature_name(uint32_t bit);
+// The op_params slots no mode of the layout uses (at least GGML_SPARQ_PARAMS_MIN_FREE).
+GGML_API int ggml_sparq_params_free_slots(void);
 
 static inline enum ggml_sparq_mode ggml_sparq_mode_of(const struct ggml_tensor * t) {
     struct ggml_sparq_params p;

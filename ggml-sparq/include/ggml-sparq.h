@@ -9,11 +9,10 @@
 extern "C" {
 #endif
 
-// Give a sparq_attn node the local window explicitly: win is i32 [w, n_rows, n_stream]
-// with, per query row, the cells of the l most recent positions (w >= l entries used,
-// -1 for none). Without it the window is the last l valid cells by cell index, which is
-// the same thing only while cells are in position order.
-GGML_API void ggml_sparq_attn_set_window(struct ggml_tensor * attn, struct ggml_tensor * win);
+// The types of a KV cache whose K and V rows the op reads (f16, f32, q8_0; a quantized cache's K^T is
+// kept f16 from its dequantized keys). The one list: the op's checks and libllama's choice of the layers
+// that run SparQ both use it.
+GGML_API bool ggml_sparq_cache_type_ok(enum ggml_type t);
 
 // The largest k the op accepts (scratch is sized by k).
 #define GGML_SPARQ_K_MAX (1 << 20)
@@ -25,18 +24,18 @@ enum ggml_sparq_selector {
     GGML_SPARQ_SEL_ORACLE = 1, // exact scores, the oracle top-k (reads all of K: a baseline)
     // The paper's baselines (Appendix G). Neither reads K^T or mixes in the mean of V.
     // LM-Infinite / StreamingLLM: the l most recent cells and the k - l earliest ones (attention
-    // sinks). With a window list (ggml_sparq_attn_set_window) of k entries per row, entries
+    // sinks). With a window list (ggml_sparq_attn_srcs::win) of k entries per row, entries
     // 0..l-1 name the l most recent positions' cells and entries l..k-1 the earliest positions';
     // without one they are the last l and the first k - l valid cells by index.
     GGML_SPARQ_SEL_STREAMING = 2,
     // H2O (heavy hitters): the l most recent cells and the k - l cells with the largest
-    // accumulated attention (ggml_sparq_attn_set_h2o), ties to the lower index. The op adds each
+    // accumulated attention (its input, ggml_sparq_attn_srcs::sel), ties to the lower index. The op adds each
     // row's attention weights over the cells it attended to (summed over the query heads of the
     // group) into those scores after every row chose: a cell left out keeps its score, which is
     // H2O's eviction with a fixed budget of k cells.
     GGML_SPARQ_SEL_H2O = 3,
     // Top-k attention over an inverted-file (IVF) index of the keys (the vector-index selector of
-    // "Running huge context windows on tiny GPUs"): ggml_sparq_attn_set_index gives n_list
+    // "Running huge context windows on tiny GPUs"): its inputs (ggml_sparq_attn_srcs::sel) give n_list
     // centroids per KV head and each cell's list. The group's summed query ranks the lists by
     // q . centroid; the cells of the n_probe best lists, outside the l most recent, are ranked by
     // their exact logit summed over the group, the best k - l kept (ties to the lower index). A
@@ -46,78 +45,93 @@ enum ggml_sparq_selector {
     GGML_SPARQ_SEL_COUNT,
 };
 
-GGML_API void ggml_sparq_attn_set_selector(struct ggml_tensor * attn, int32_t selector, int32_t flags);
+// The sources of an attention node (ggml_sparq_attn_ext), in the node's src[] in this order. q to
+// v_count are required; the rest NULL where unused. Shapes as in ggml_sparq_attn (ggml.h).
+struct ggml_sparq_attn_srcs {
+    struct ggml_tensor * q;       // src[0]: f32 [d, n_rows, n_head, n_stream]
+    struct ggml_tensor * k;       // src[1]: [d, n_kv, n_head_kv, n_stream] f16, f32 or q8_0 (whole blocks)
+    struct ggml_tensor * kt;      // src[2]: [n_kv, d, n_head_kv, n_stream] f16, f32 or i8 (e5m2)
+    struct ggml_tensor * v;       // src[3]: [dv, n_kv, n_head_kv, n_stream] f16, f32 or q8_0
+    struct ggml_tensor * v_sum;   // src[4]: f32 [dv, n_head_kv, n_stream]
+    struct ggml_tensor * v_count; // src[5]: f32 [n_stream]
+    struct ggml_tensor * mask;    // src[6]: f16 or f32 [n_kv, >= n_rows, 1, 1 or n_stream]; NULL: all cells valid
+    // src[7]: the local window explicitly, i32 [w, n_rows, n_stream]: per query row the cells of the
+    // l most recent positions (w >= l entries used, -1 for none). Without it the window is the last l
+    // valid cells by cell index, which is the same thing only while cells are in position order. The
+    // streaming selector reads k entries per row: 0..l-1 the most recent positions' cells, l..k-1 the
+    // earliest positions'.
+    struct ggml_tensor * win;
+    // src[8], src[9]: the selector's inputs.
+    // - sparq, oracle (a basis, both optional): q_sel (f32, q's shape), the query in the basis K^T is
+    //   stored in (steps 1-2 use it; step 4 uses q and K); comp_w (f32 [d, n_head_kv, 1 or n_stream]),
+    //   which weighs the components in step 1's choice and tau's norms.
+    // - h2o: sel[0] the accumulated attention per cell, f32 [n_kv, n_head_kv, n_stream], read to choose
+    //   and written by the op (a side effect: it must live in memory the op's device writes, and no
+    //   other node of the graph may read it after the op).
+    // - index: sel[0] the centroids, f32 [d, n_list, n_head_kv, n_stream]; sel[1] each cell's list,
+    //   f32 [n_kv, n_head_kv, n_stream], -1 for a cell not yet assigned, which the op assigns and
+    //   writes (as H2O's scores). With index_reads the op also writes, per (KV head, stream), the key
+    //   rows it scored for the stream's last query row (-1 when it ran dense) as an f32 into element 0
+    //   of row n_list of the centroids' block: that row must exist beyond the view (centroids->nb[2]
+    //   >= (n_list + 1) * nb[1]).
+    struct ggml_tensor * sel[2];
+    // src[10]: optional, what each stream's last query row did, per (stream, KV head): 4 floats
+    // {cells attended (-1: the row ran dense), the estimated coverage of those cells (mean over the
+    // group's heads), the cells reaching the coverage target with the window (-1 without a target),
+    // 1 if the ranked cells reached it else 0}, f32 [4, n_head_kv, n_stream], contiguous, written by
+    // the op on its device (a side effect, as H2O's scores). On a GPU a diffuse row's reach is a
+    // lower bound at or above its cap.
+    struct ggml_tensor * report;
+};
 
-// The H2O selector's accumulated attention per cell: f32 [n_kv, n_head_kv, n_stream], read to
-// choose and written by the op (a side effect on this tensor: it must live in memory the op's
-// device writes, and no other node of the graph may read it after the op). Call after
-// ggml_sparq_attn_set_selector(attn, GGML_SPARQ_SEL_H2O, ...); it takes the slot of set_basis's
-// q_sel, which H2O does not use.
-GGML_API void ggml_sparq_attn_set_h2o(struct ggml_tensor * attn, struct ggml_tensor * scores);
+// An attention node's parameters with their defaults: the sparq selector, no flags, no optional part.
+GGML_API struct ggml_sparq_attn_params ggml_sparq_attn_params_default(int32_t r, int32_t k, int32_t l, float scale);
 
-// The index selector's centroids (f32 [d, n_list, n_head_kv, n_stream]) and list ids (f32
-// [n_kv, n_head_kv, n_stream], -1 for a cell not yet assigned: written by the op, as H2O's
-// scores are), and how many lists a query probes (1..n_list). Call after
-// ggml_sparq_attn_set_selector(attn, GGML_SPARQ_SEL_INDEX, ...); the two take the slots of
-// set_basis's q_sel and comp_w.
-GGML_API void ggml_sparq_attn_set_index(struct ggml_tensor * attn, struct ggml_tensor * centroids,
-                                        struct ggml_tensor * lists, int32_t n_probe);
+// Why the sources and parameters do not make an attention node (a shape, a type, a value out of range,
+// a part its selector does not take), or NULL when they do. The fields of ggml_sparq_attn_params:
+// - r in [1, d]; k in [1, GGML_SPARQ_K_MAX]; l in [0, k]; scale finite and > 0.
+// - selector: enum ggml_sparq_selector; flags: enum ggml_sparq_flag.
+// - n_probe (index): lists probed per query, [1, n_list]; 0 for the other selectors. index_reads: index only.
+// - topk_buckets (sparq, oracle): step 3 ranks by the approximate bucketed top-k (Key et al., arXiv
+//   2412.04358, one cell per bucket): the cells outside the window split into topk_buckets buckets by
+//   cell index modulo topk_buckets, each bucket offers its best cell by the ranking key (ties to the
+//   lower cell), and the k - l best of those are chosen (fewer where fewer buckets hold a candidate).
+//   [k, GGML_SPARQ_K_MAX], or 0 for the exact top-k; not with a coverage target applied.
+// - cov_p (sparq, oracle), in (0, 1] or 0 for none: the op ranks the max(k, k_scan) best cells by
+//   step 2's approximate scores and finds the fewest of them which, with the local window, hold a
+//   share cov_p of the estimated attention mass (the approximate softmax; with GQA the mean over the
+//   group's heads; with the per-head flag each head's own). cov_apply: that set is the selection, at
+//   least k_min and at most k cells (Twilight's top-p over estimated weights); otherwise the
+//   selection stays the k best and the count is only measured (for the report). k_min in [0, k],
+//   k_scan in [0, GGML_SPARQ_K_MAX].
+// - k_frac (with cov_apply), in (0, 1] or 0 for none: each query row's cap is its own,
+//   min(k, max(k_min, ceil(k_frac * n))) for the n valid cells of its stream (a row whose target needs
+//   more attends over all of them; a row with at most that many cells runs dense), so that a row's
+//   choice does not depend on the other streams of the call; k still sizes the scratch.
+GGML_API const char * ggml_sparq_attn_check(const struct ggml_sparq_attn_srcs * srcs, const struct ggml_sparq_attn_params * p);
 
-// Optional, after ggml_sparq_attn_set_index: the op also reports what it read. Per (KV head,
-// stream) it writes the number of key rows it scored for the stream's last query row (the valid
-// cells, before the window when the window is the tail of the cells, of the lists that row's
-// searches probed), or -1 when that row ran dense, as an f32 into element 0 of row n_list of the
-// centroids' (KV head, stream) block: that row must exist beyond the view (centroids->nb[2] >=
-// (n_list + 1) * nb[1]) and is written as a side effect, like the lists.
-GGML_API void ggml_sparq_attn_set_index_reads(struct ggml_tensor * attn);
+// The attention node of these sources and parameters, the one way every caller builds it (aborts with
+// ggml_sparq_attn_check's reason). The result: f32 [dv, n_head, n_rows, n_stream].
+GGML_API struct ggml_tensor * ggml_sparq_attn_ext(struct ggml_context * ctx, const struct ggml_sparq_attn_srcs * srcs,
+                                                  const struct ggml_sparq_attn_params * p);
 
-// Approximate scores in another basis of the keys: q_sel (f32, q's shape) is the query in
-// the basis K^T is stored in (steps 1-2 use it; step 4 uses q and K); comp_w (f32
-// [d, n_head_kv, 1 or n_stream], optional) weighs the components in step 1's choice and tau's norms.
-// Either may be NULL. The SparQ and oracle selectors only.
-GGML_API void ggml_sparq_attn_set_basis(struct ggml_tensor * attn, struct ggml_tensor * q_sel, struct ggml_tensor * comp_w);
+// An attention node as a backend reads it: its parameters, shapes, and each source by its role (the
+// selector's inputs named for what they are: a basis, H2O's scores, the index). The one reading of a
+// node's sources, shared by the CPU and CUDA glue; sources a node does not use are NULL.
+struct ggml_sparq_attn_view {
+    struct ggml_sparq_attn_params p;
+    int d, dv, n_kv, n_rows, n_head, n_head_kv, n_stream;
+    const struct ggml_tensor * q, * k, * kt, * v, * v_sum, * v_count, * mask, * win;
+    const struct ggml_tensor * q_sel, * comp_w;      // sparq, oracle: the basis
+    struct ggml_tensor * h2o;                        // h2o: the scores (written by the op)
+    const struct ggml_tensor * ivf_cent;             // index: the centroids (its reads written beyond them)
+    struct ggml_tensor * ivf_list;                   // index: each cell's list (written by the op)
+    struct ggml_tensor * report;                     // the report (written by the op)
+    struct ggml_tensor * out;
+};
 
-// A coverage target for the SparQ and oracle selectors: the op ranks the max(k, k_scan) best
-// cells by step 2's approximate scores and finds the fewest of them which, with the local
-// window, hold a share p of the estimated attention mass (the approximate softmax; with GQA the
-// mean over the group's heads; with GGML_SPARQ_FLAG_PER_HEAD each head's own). apply: that set
-// is the selection, at least k_min and at most k cells (Twilight's top-p over estimated weights);
-// otherwise the selection stays the k best and the count is only measured (for the report).
-// p in (0, 1]; 0 <= k_min <= k.
-GGML_API void ggml_sparq_attn_set_coverage(struct ggml_tensor * attn, float p, int32_t k_min, int32_t k_scan, bool apply);
-
-// Optional, after ggml_sparq_attn_set_coverage with apply: each query row's cap is its own,
-// min(k, max(k_min, ceil(k_frac * n))) for the n valid cells of its stream (a row whose target
-// needs more attends over all of them; a row with at most that many cells runs dense), so that a
-// row's choice does not depend on the other streams of the call; k still sizes the scratch.
-// k_frac in (0, 1]. The CPU and CUDA ops apply it.
-GGML_API void ggml_sparq_attn_set_coverage_cap(struct ggml_tensor * attn, float k_frac);
-
-// Optional, after ggml_sparq_attn_set_selector with the sparq or oracle selector: step 3 ranks the
-// cells by the approximate bucketed top-k (Key et al., arXiv 2412.04358, one cell per bucket): the
-// cells outside the window split into `buckets` buckets by cell index modulo buckets, each bucket
-// offers its best cell by the ranking key (ties to the lower cell), and the k - l best of those are
-// chosen (fewer where fewer buckets hold a candidate). buckets in [k, GGML_SPARQ_K_MAX], 0 for the
-// exact top-k; not with a coverage target applied (the calibrated k). The CPU and CUDA ops apply it.
-GGML_API void ggml_sparq_attn_set_topk_buckets(struct ggml_tensor * attn, int32_t buckets);
-
-// Optional: where the op reports what each stream's last query row did, per (stream, KV head):
-// 4 floats {cells attended (-1: the row ran dense), the estimated coverage of those cells (mean
-// over the group's heads), the cells reaching the coverage target with the window (-1 without a
-// target), 1 if the ranked cells reached it else 0}, at report[(stream * n_head_kv + kv_head) * 4].
-// A host pointer kept in the node's parameters (as ggml's custom ops keep theirs): the CPU op
-// writes it while it runs; the CUDA op queues a copy into it on its stream (no wait: read it after
-// synchronising), which needs page-locked memory (for other memory it reports nothing); there a
-// diffuse row's reach is a lower bound at or above its cap. It must outlive every computation of
-// the node.
-GGML_API void ggml_sparq_attn_set_report(struct ggml_tensor * attn, float * report);
-GGML_API float * ggml_sparq_attn_get_report(const struct ggml_tensor * attn);
-// The layer's tickets: device memory of GGML_SPARQ_TICKETS unsigned ints (ggml-sparq-params.h) on
-// the device of the node's K^T, zero when given, which the CUDA op's one launch per layer
-// (LLAMA_SPARQ_CUDA_FUSED) counts its blocks in and leaves zero; the same address at every step, so a
-// captured CUDA graph replays it. Without them the CUDA op takes three launches; the CPU ignores them.
-// They must outlive every computation of the node, and one node at a time may use them.
-GGML_API void ggml_sparq_attn_set_tickets(struct ggml_tensor * attn, void * tickets);
+// The view of attention node dst; false (and *v untouched) for a node of another mode or layout.
+GGML_API bool ggml_sparq_attn_view_of(struct ggml_tensor * dst, struct ggml_sparq_attn_view * v);
 
 // The 8-bit K^T's writes, as a mode of GGML_OP_SPARQ_ATTN (no new ggml op): row idx[i] of dst
 // (i8, rows of ne0 bytes, dst->nb[0] == 1) = e5m2 of row i of src (f32 or f16 [ne0, n], contiguous);

@@ -32,7 +32,7 @@ extern "C" {
 // Bumped whenever a struct or function of this header changes incompatibly (a row added to
 // llama-sparq-settings.def included). Written here only: the library's version string and the
 // Python package (which refuses a library whose ABI differs from its header's) read it here.
-#define LLAMA_SPARQ_ABI_VERSION 13
+#define LLAMA_SPARQ_ABI_VERSION 14
 
 // "llama-sparq <version> abi <n> llama.cpp <commit>" (also declared in llama.h by patch 0001)
 LLAMA_API const char * llama_sparq_version(void);
@@ -243,6 +243,14 @@ struct llama_sparq_graph_io {
 
 // Fills out for the last graph the context computed. Returns 0, -1 on a size mismatch, -2 before a graph.
 LLAMA_API int32_t llama_sparq_debug_graph_io(struct llama_context * ctx, struct llama_sparq_graph_io * out);
+
+// For tests: the op's parameters (ggml-sparq-params.h's layout, GGML_MAX_OP_PARAMS bytes) that the
+// settings' check puts to the devices for model layer il with the context's settings, for a decode
+// step over n_kv cells (measure: the step on which a fixed k's coverage is measured). The graph builds
+// its nodes from the same resolution: a test compares these with a captured node's. Returns 0, -1 when
+// SparQ is off or the layer keeps no SparQ data, -2 when the settings make no valid node.
+LLAMA_API int32_t llama_sparq_debug_op_params(struct llama_context * ctx, int32_t il, int32_t n_kv, bool measure,
+                                              int32_t * op_params);
 
 // For diagnosis: an eval callback on the context's graph computations (the cb_eval of
 // llama_context_params, settable after the context exists); NULL removes it.

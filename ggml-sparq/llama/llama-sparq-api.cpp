@@ -2,6 +2,7 @@
 // llama_sparq_get_params (validation, then the context's SparQ state made or updated). The
 // defaults and the range checks are expanded from the settings' table (llama-sparq-settings.def).
 #include "llama-sparq-impl.h"
+#include "llama-sparq-op.h"
 #include "llama-sparq-selector.h"
 #include "llama-sparq-version.h"
 
@@ -317,70 +318,68 @@ static int32_t sparq_k_min(const llama_sparq_ctx & S, const llama_sparq_params *
     return LLAMA_SPARQ_K_MIN_F16;
 }
 
-// Where a layer's K^T lives on a device that is not the CPU (a GPU), the op must run there: the
-// scheduler would otherwise run it on the CPU and copy the layer's cache to the host at every step.
-// A small node with the layer's head sizes, its cache's K and V types and these settings is put to
-// that device's supports_op, once per device; with `types` the default selector and a fixed k (what
-// every device op runs, so only the cache's types can be refused). 0, or -2 with the device and what
-// it refused in err
+// The settings' probe: for each device that holds a SparQ layer (the CPU for a cache in host memory),
+// once per device, the node the graph would build for a decode step of that layer with these settings
+// (sparq_op_probe: the graph's own road from the settings to the op) is checked by the op's constructor
+// and put to the device's supports_op. A device that is not the CPU must run the op where the cache is:
+// the scheduler would otherwise run it on the CPU and copy the layer's cache to the host at every step.
+// With `types` the default selector and a fixed k (what every device op runs, so only the cache's types
+// can be refused). 0, or -2 with the device and what it refused in err
 static int32_t sparq_check_device_runs(const llama_sparq_ctx & S, const llama_sparq_params * p, bool types, char * err,
                                        size_t err_size) {
     std::vector<ggml_backend_dev_t> checked;
+    llama_sparq_params pp = *p;
+    pp.k_min = sparq_k_min(S, p);
+    if (types) {
+        pp.selector = LLAMA_SPARQ_SELECTOR_SPARQ;
+        pp.k = pp.k > 0 ? pp.k : pp.k_min;
+        pp.gqa = LLAMA_SPARQ_GQA_SHARED;
+        pp.topk_buckets = 0;
+    }
     for (const sparq_layer & L : S.layers) {
-        if (!L.data.kt || ggml_backend_buffer_is_host(L.data.kt->buffer)) {
+        if (!L.data.kt) {
             continue;
         }
-        ggml_backend_dev_t dev = ggml_backend_buft_get_device(ggml_backend_buffer_get_type(L.data.kt->buffer));
-        if (!dev || ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU ||
-            std::find(checked.begin(), checked.end(), dev) != checked.end()) {
+        const bool host = ggml_backend_buffer_is_host(L.data.kt->buffer);
+        ggml_backend_dev_t dev = host ? ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU)
+                                      : ggml_backend_buft_get_device(ggml_backend_buffer_get_type(L.data.kt->buffer));
+        if (!dev || std::find(checked.begin(), checked.end(), dev) != checked.end()) {
             continue;
         }
         checked.push_back(dev);
-        const int64_t d = L.data.kt->ne[1], hkv = L.data.kt->ne[2], dv = L.data.vsum->ne[0], n = 64;
-        ggml_init_params ip = { 16 * ggml_tensor_overhead(), nullptr, true };
+        const bool cpu = ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU;
+        ggml_init_params ip = { 32 * ggml_tensor_overhead(), nullptr, true };
         ggml_context * c = ggml_init(ip);
-        ggml_tensor * q  = ggml_new_tensor_4d(c, GGML_TYPE_F32, d, 1, hkv, 1);
-        ggml_tensor * k  = ggml_new_tensor_4d(c, L.type_k, d, n, hkv, 1);
-        ggml_tensor * kt = ggml_new_tensor_4d(c, sparq_kt_type(L.type_k, p->kt_bits), n, d, hkv, 1);
-        ggml_tensor * v  = ggml_new_tensor_4d(c, L.type_v, dv, n, hkv, 1);
-        ggml_tensor * vs = ggml_new_tensor_3d(c, GGML_TYPE_F32, dv, hkv, 1);
-        ggml_tensor * vc = ggml_new_tensor_1d(c, GGML_TYPE_F32, 1);
-        ggml_tensor * mk = ggml_new_tensor_4d(c, GGML_TYPE_F16, n, 1, 1, 1);
-        // the calibrated k (k = 0): a node with its coverage target and per-row cap, as the graph hook makes it
-        const int32_t k_min = sparq_k_min(S, p);
-        const int32_t kk = p->k > 0 ? p->k : k_min;
-        const int32_t r = p->r > 0 ? std::min<int32_t>(p->r, (int32_t) d) : sparq_default_r(d, p->kt_bits);
-        ggml_tensor * op = ggml_sparq_attn(c, q, k, kt, v, vs, vc, mk, r, kk, std::min(std::max(p->l, 0), kk), 1.0f);
-        if (!types) {
-            ggml_sparq_attn_set_selector(op, p->selector, p->gqa == LLAMA_SPARQ_GQA_PER_HEAD ? GGML_SPARQ_FLAG_PER_HEAD : 0);
-            if (p->k == 0) {
-                ggml_sparq_attn_set_coverage(op, p->coverage, std::min(k_min, kk), 0, true);
-                ggml_sparq_attn_set_coverage_cap(op, p->k_frac);
-            } else if (p->topk_buckets > 0) { // (sparq_params_consistent: the sparq or oracle selector)
-                ggml_sparq_attn_set_topk_buckets(op, p->topk_buckets);
-            }
-        }
-        const bool ok = ggml_backend_dev_supports_op(dev, op);
+        const char * why = nullptr;
+        ggml_tensor * op = sparq_op_probe(c, S, L, pp, 64, false, &why);
+        const bool ok = op && ggml_backend_dev_supports_op(dev, op);
         ggml_free(c);
-        const bool quantized = sparq_layer_quantized(L);
-        if (!ok && types && !quantized) {
-            continue; // refused for something else than the types (the settings' probe below says what)
+        if (!op) {
+            sparq_err(err, err_size, "SparQ: these settings make no valid node of the op in layer %d (%s)", L.il, why);
+            return -2;
         }
-        if (!ok && types) {
+        const bool quantized = sparq_layer_quantized(L);
+        if (ok || (types && !quantized) || (cpu && types)) {
+            continue; // (refused for something else than the types: the settings' probe says what)
+        }
+        if (types) {
             sparq_err(err, err_size, "SparQ: the KV cache on %s is K %s, V %s, which that device's SparQ op does not "
                       "read (it reads f16 and f32; the CPU op also q8_0): use an f16 cache there (-ctk f16 -ctv f16, "
                       "type_k/type_v), or keep the cache in host memory (--no-kv-offload / offload_kqv = false)",
                       ggml_backend_dev_name(dev), ggml_type_name(L.type_k), ggml_type_name(L.type_v));
             return -2;
         }
-        if (!ok) {
-            sparq_err(err, err_size, "SparQ: selector %s with k = %d%s does not run on %s, which holds the KV cache "
-                      "(running it on the CPU would copy the cache to the host at every step): use selector sparq or "
-                      "oracle there, or keep the cache in host memory (--no-kv-offload / offload_kqv = false)",
-                      llama_sparq_selector_name(p->selector), (int) p->k, p->k == 0 ? " (calibrated)" : "",
-                      ggml_backend_dev_name(dev));
+        if (cpu) {
+            sparq_err(err, err_size, "SparQ: the CPU op does not run selector %s with these settings in layer %d",
+                      llama_sparq_selector_name(p->selector), L.il);
             return -2;
         }
+        sparq_err(err, err_size, "SparQ: selector %s with k = %d%s does not run on %s, which holds the KV cache "
+                  "(running it on the CPU would copy the cache to the host at every step): use selector sparq or "
+                  "oracle there, or keep the cache in host memory (--no-kv-offload / offload_kqv = false)",
+                  llama_sparq_selector_name(p->selector), (int) p->k, p->k == 0 ? " (calibrated)" : "",
+                  ggml_backend_dev_name(dev));
+        return -2;
     }
     return 0;
 }

@@ -25,11 +25,6 @@ llama_kv_cache * sparq_find_cache(llama_memory_t mem) {
     return nullptr;
 }
 
-// the cache types SparQ's CPU op reads K and V rows of (a q8_0 cache: its blocks, with K^T in f16)
-bool sparq_cache_type_ok(ggml_type t) {
-    return t == GGML_TYPE_F16 || t == GGML_TYPE_F32 || t == GGML_TYPE_Q8_0;
-}
-
 // allocate the tensors of each buffer type in one zeroed buffer (kept in bufs, counted as SparQ's memory)
 bool sparq_alloc_buffers(llama_sparq_ctx & S,
                          const std::map<ggml_backend_buffer_type_t, std::vector<ggml_tensor *>> & by_buft,
@@ -131,7 +126,7 @@ bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, int32_t kt_bits
         const int64_t dk = model.hparams.n_embd_head_k(il), dv = model.hparams.n_embd_head_v(il);
         L.type_k = k->type;
         L.type_v = v->type;
-        if (!sparq_cache_type_ok(k->type) || !sparq_cache_type_ok(v->type) || dk % ggml_blck_size(k->type) != 0 ||
+        if (!ggml_sparq_cache_type_ok(k->type) || !ggml_sparq_cache_type_ok(v->type) || dk % ggml_blck_size(k->type) != 0 ||
             dv % ggml_blck_size(v->type) != 0) {
             L.reason = LLAMA_SPARQ_DENSE_CACHE_TYPE;
             continue;
@@ -141,6 +136,7 @@ bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, int32_t kt_bits
             continue;
         }
         const int64_t hkv = model.hparams.n_head_kv(il);
+        L.n_head = model.hparams.n_head(il);
         sparq_attn_call layer_shape;
         layer_shape.dk = dk;
         layer_shape.dv = dv;
@@ -164,12 +160,14 @@ bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, int32_t kt_bits
         ggml_format_name(L.data.vcomp, "sparq_vcomp_l%u", il);
         L.data.vcount = ggml_new_tensor_1d(S.mem.ctx.get(), GGML_TYPE_F32, n_stream);
         ggml_format_name(L.data.vcount, "sparq_vcount_l%u", il);
-        L.report.entries.assign((size_t) n_stream * hkv * 4, SPARQ_REPORT_TAKEN);
+        L.data.report = ggml_new_tensor_3d(S.mem.ctx.get(), GGML_TYPE_F32, 4, hkv, n_stream);
+        ggml_format_name(L.data.report, "sparq_report_l%u", il);
         ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(k->buffer);
         by_buft[buft].push_back(L.data.vsum);
         by_buft[buft].push_back(L.data.ksq);
         by_buft[buft].push_back(L.data.vcomp);
         by_buft[buft].push_back(L.data.vcount);
+        by_buft[buft].push_back(L.data.report);
         if (S.hadamard.n > 0) {
             ggml_tensor *& h = hrot[buft];
             if (!h) {
@@ -193,7 +191,6 @@ bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, int32_t kt_bits
         }
     }
     sparq_alloc_reports(S);
-    sparq_alloc_tickets(S);
     LLAMA_LOG_INFO("%s: SparQ data for %d of %zu KV-cache layers: K^T + V sums = %.2f MiB "
                    "(+%.0f%% of those layers' K and V, %.2f MiB)\n", __func__, S.n_layers, nl,
                    S.mem.extra_bytes / 1048576.0, S.mem.kv_bytes ? 100.0 * S.mem.extra_bytes / S.mem.kv_bytes : 0.0,
@@ -203,55 +200,40 @@ bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, int32_t kt_bits
 
 void sparq_alloc_reports(llama_sparq_ctx & S) {
     bool said = false;
-    for (size_t ikv = 0; ikv < S.layers.size(); ++ikv) {
-        sparq_layer & L = S.layers[ikv];
-        ggml_backend_buffer_t kb = upstream::layer_k(S.kv, ikv)->buffer;
-        ggml_backend_dev_t dev = ggml_backend_buft_get_device(ggml_backend_buffer_get_type(kb));
-        if (!L.data.ksq || L.report.entries.size() == 0 || !dev || ggml_backend_buffer_is_host(kb)) {
+    for (sparq_layer & L : S.layers) {
+        sparq_report_entries & E = L.report.entries;
+        E = sparq_report_entries();
+        ggml_tensor * t = L.data.report;
+        if (!t) {
             continue;
         }
-        // (none on an RPC host, whose op could not write into this process's memory anyway)
-        ggml_backend_buffer_type_t hbt = ggml_backend_dev_host_buffer_type(dev);
-        if (!hbt || !ggml_backend_buft_is_host(hbt)) {
-            continue;
-        }
-        ggml_backend_buffer_t buf = ggml_backend_buft_alloc_buffer(hbt, L.report.entries.size() * sizeof(float));
-        // (a host buffer type may fall back to pageable memory, which a device's op must not copy into)
-        if (!buf || ggml_backend_buffer_get_type(buf) != hbt) {
-            if (buf) {
+        E.n = (size_t) ggml_nelements(t);
+        if (ggml_backend_buffer_is_host(t->buffer)) {
+            E.host = (float *) t->data;
+        } else {
+            // a device's report: read through a page-locked copy (none on an RPC host, whose device has no
+            // host buffer type: its op is asked for no report)
+            ggml_backend_dev_t dev = ggml_backend_buft_get_device(ggml_backend_buffer_get_type(t->buffer));
+            ggml_backend_buffer_type_t hbt = dev ? ggml_backend_dev_host_buffer_type(dev) : nullptr;
+            ggml_backend_buffer_t buf = hbt && ggml_backend_buft_is_host(hbt) ?
+                                            ggml_backend_buft_alloc_buffer(hbt, E.n * sizeof(float)) : nullptr;
+            // (a host buffer type may fall back to pageable memory, into which a copy would wait)
+            if (buf && ggml_backend_buffer_get_type(buf) != hbt) {
                 ggml_backend_buffer_free(buf);
+                buf = nullptr;
             }
-            if (!said) {
-                said = true;
-                LLAMA_LOG_WARN("%s: no page-locked host memory for the op's report on %s (layer %d): the counters "
-                               "count its estimate there\n", __func__, ggml_backend_dev_name(dev), L.il);
+            if (!buf) {
+                if (hbt && !said) {
+                    said = true;
+                    LLAMA_LOG_WARN("%s: no page-locked host memory for the op's report on %s (layer %d): the counters "
+                                   "count its estimate there\n", __func__, ggml_backend_dev_name(dev), L.il);
+                }
+                continue;
             }
-            continue;
+            E.mirror_buf.reset(buf, ggml_backend_buffer_free);
+            E.host = (float *) ggml_backend_buffer_get_base(buf);
         }
-        L.report.entries.pinned_buf.reset(buf, ggml_backend_buffer_free);
-        L.report.entries.pinned = (float *) ggml_backend_buffer_get_base(buf);
-        std::fill(L.report.entries.begin(), L.report.entries.end(), SPARQ_REPORT_TAKEN);
-    }
-}
-
-// Per layer whose K^T is on a device, the op's tickets: GGML_SPARQ_TICKETS unsigned ints in K's
-// buffer type, zeroed here once (16 KB; the op leaves them zero after each launch). A layer without
-// them (no memory) runs the op in three launches.
-void sparq_alloc_tickets(llama_sparq_ctx & S) {
-    for (size_t ikv = 0; ikv < S.layers.size(); ++ikv) {
-        sparq_layer & L = S.layers[ikv];
-        ggml_backend_buffer_t kb = upstream::layer_k(S.kv, ikv)->buffer;
-        if (!L.data.ksq || ggml_backend_buffer_is_host(kb)) {
-            continue;
-        }
-        ggml_backend_buffer_t buf =
-            ggml_backend_buft_alloc_buffer(ggml_backend_buffer_get_type(kb), GGML_SPARQ_TICKETS * sizeof(uint32_t));
-        if (!buf) {
-            continue;
-        }
-        ggml_backend_buffer_clear(buf, 0);
-        L.tickets_buf.reset(buf, ggml_backend_buffer_free);
-        L.tickets = ggml_backend_buffer_get_base(buf);
+        std::fill(E.begin(), E.end(), SPARQ_REPORT_TAKEN);
     }
 }
 
@@ -414,7 +396,7 @@ bool sparq_alloc_index(llama_sparq_ctx & S, int32_t n_list, char * err, size_t e
             continue;
         }
         const int64_t kv_size = L.data.kt->ne[0], d = L.data.kt->ne[1], hkv = L.data.kt->ne[2], ns = L.data.kt->ne[3];
-        // one row more than the lists: the op reports there what it read (ggml_sparq_attn_set_index_reads)
+        // one row more than the lists: the op reports there what it read (ggml_sparq_attn_params::index_reads)
         L.sel.ivf_cent = ggml_new_tensor_4d(S.index.ctx.get(), GGML_TYPE_F32, d, n_list + 1, hkv, ns);
         L.sel.ivf_list = ggml_new_tensor_3d(S.index.ctx.get(), GGML_TYPE_F32, kv_size, hkv, ns);
         ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(L.data.kt->buffer);

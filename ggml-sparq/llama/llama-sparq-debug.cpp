@@ -1,7 +1,8 @@
 // llama-sparq: the debugging entry points of the C API: an eval callback on the context's graphs,
-// the check of the kept K^T and sums against a recomputation, the last graph's host traffic, and the
-// device's graph rebuild run on host memory.
+// the check of the kept K^T and sums against a recomputation, the last graph's host traffic, the op
+// parameters the settings' probe builds, and the device's graph rebuild run on host memory.
 #include "llama-sparq-impl.h"
+#include "llama-sparq-op.h"
 
 #include <algorithm>
 #include <cstring>
@@ -110,4 +111,28 @@ double llama_sparq_debug_check(struct llama_context * ctx) {
         d = std::max(d, sparq_check_windows(S, strm));
     }
     return d;
+}
+
+int32_t llama_sparq_debug_op_params(struct llama_context * ctx, int32_t il, int32_t n_kv, bool measure,
+                                    int32_t * op_params) {
+    const auto & cp = upstream::cparams(ctx);
+    if (!cp.sparq || !cp.sparq->params.enabled || !op_params) {
+        return -1;
+    }
+    const llama_sparq_ctx & S = *cp.sparq;
+    for (const sparq_layer & L : S.layers) {
+        if (L.il != il || !L.data.kt) {
+            continue;
+        }
+        ggml_init_params ip = { 32 * ggml_tensor_overhead(), nullptr, true };
+        ggml_context * c = ggml_init(ip);
+        const char * why = nullptr;
+        const ggml_tensor * op = sparq_op_probe(c, S, L, S.params, n_kv, measure, &why);
+        if (op) {
+            memcpy(op_params, op->op_params, sizeof(op->op_params));
+        }
+        ggml_free(c);
+        return op ? 0 : -2;
+    }
+    return -1;
 }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "llama-sparq-graph-input.h"
+#include "llama-sparq-op.h"
 #include "llama-sparq-selector.h"
 
 #include <algorithm>
@@ -31,6 +32,7 @@ struct sparq_attn_build {
 
     int64_t n_stream, n_tokens, n_tps, n_kv, d, hkv;
     int r, kk, l, g_size;
+    sparq_op_budget budget; // r, kk, l, calibrated and per_head as the op's parameters take them (sparq_op_budget_of)
     const sparq_selector * sel;
     bool per_head;
     bool calibrated; // k = 0: kk is the cap of the calibrated k, the op cuts its choice at the coverage target
@@ -52,19 +54,14 @@ struct sparq_attn_build {
         n_kv     = k->ne[2];
         d        = k->ne[0];
         hkv      = k->ne[1];
-        r  = P.r > 0 ? P.r : sparq_default_r(d, P.kt_bits);
-        kk = P.k;
         sel = &sparq_selector_of(P.selector);
-        calibrated = sparq_is_calibrated(P);
-        if (calibrated) {
-            // at least k_min cells, at most k_frac of the graph's KV cells (the cap sizes the op's scratch)
-            const double cap = std::ceil((double) P.k_frac * (double) n_kv);
-            kk = (int) std::min<double>(GGML_SPARQ_K_MAX, std::max<double>(P.k_min, cap));
-        }
-        l  = sel->window ? sel->window(kk) : P.l >= 0 ? P.l : (calibrated ? P.k_min : kk) / 4;
-        l  = std::min(l, kk);
         g_size = (int) (q->ne[1] / std::max<int64_t>(1, hkv));
-        per_head = P.gqa == LLAMA_SPARQ_GQA_PER_HEAD && g_size > 1 && sel->per_head;
+        budget = sparq_op_budget_of(P, d, n_kv, g_size);
+        r = budget.r;
+        kk = budget.kk;
+        l = budget.l;
+        calibrated = budget.calibrated;
+        per_head = budget.per_head;
         kt_src = L.data.kt;
         vs_src = L.data.vsum;
         ksq_src = L.data.ksq;

@@ -388,11 +388,10 @@ static void sparq_decide_sparq(sparq_attn_build & b, const ggml_tensor * k, cons
     b.sel->decide(b, c);
 }
 
-// the bare SPARQ_ATTN node on the layout of build_attn_mha (*q4: the query's view)
-static ggml_tensor * sparq_op_node(sparq_attn_build & b, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,
-                                   ggml_tensor * kq_mask, float kq_scale, int r, int kk, int l, ggml_tensor ** q4_out) {
+// the op's required sources on the layout of build_attn_mha (src.q: the query's view)
+static ggml_sparq_attn_srcs sparq_op_srcs(sparq_attn_build & b, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,
+                                          ggml_tensor * kq_mask) {
     ggml_context * ctx0 = b.ctx0;
-    llm_graph_input_sparq * inp = b.inp;
     const sparq_layer & L = b.L;
     const int64_t n_stream = b.n_stream, n_tps = b.n_tps, n_kv = b.n_kv, d = b.d, hkv = b.hkv;
     // the valid-cell counts: the layer's kept ones (appended above, on the device)
@@ -400,82 +399,58 @@ static ggml_tensor * sparq_op_node(sparq_attn_build & b, ggml_tensor * q, ggml_t
     GGML_ASSERT(v_count && "llama_sparq: the op without the appends");
 
     // the layout of build_attn_mha: q [d, n_tps, n_head, ns], k/v [d, n_kv, n_head_kv, ns]
+    ggml_sparq_attn_srcs src = {};
     ggml_tensor * q4 = ggml_view_4d(ctx0, q, q->ne[0], q->ne[1], n_tps, n_stream, q->nb[1], q->nb[2], q->nb[2] * n_tps, 0);
     q4 = ggml_permute(ctx0, q4, 0, 2, 1, 3);
-    ggml_tensor * k4 = ggml_permute(ctx0, k, 0, 2, 1, 3);
-    ggml_tensor * v4 = ggml_permute(ctx0, v, 0, 2, 1, 3);
-    ggml_tensor * kt4 = ggml_view_4d(ctx0, b.kt_src, n_kv, d, hkv, n_stream, L.data.kt->nb[1], L.data.kt->nb[2], L.data.kt->nb[3],
-                                     b.si.s0 * L.data.kt->nb[3]);
-    ggml_tensor * vs3 = ggml_view_3d(ctx0, b.vs_src, v->ne[0], hkv, n_stream, L.data.vsum->nb[1], L.data.vsum->nb[2], 0);
-    if (q4->type != GGML_TYPE_F32) {
-        q4 = ggml_cast(ctx0, q4, GGML_TYPE_F32);
-    }
-    *q4_out = q4;
-    return ggml_sparq_attn(ctx0, q4, k4, kt4, v4, vs3, v_count, kq_mask, r, kk, l, kq_scale);
+    src.q = q4->type == GGML_TYPE_F32 ? q4 : ggml_cast(ctx0, q4, GGML_TYPE_F32);
+    src.k = ggml_permute(ctx0, k, 0, 2, 1, 3);
+    src.kt = ggml_view_4d(ctx0, b.kt_src, n_kv, d, hkv, n_stream, L.data.kt->nb[1], L.data.kt->nb[2], L.data.kt->nb[3],
+                          b.si.s0 * L.data.kt->nb[3]);
+    src.v = ggml_permute(ctx0, v, 0, 2, 1, 3);
+    src.v_sum = ggml_view_3d(ctx0, b.vs_src, v->ne[0], hkv, n_stream, L.data.vsum->nb[1], L.data.vsum->nb[2], 0);
+    src.v_count = v_count;
+    src.mask = kq_mask;
+    return src;
 }
 
-// the SPARQ_ATTN node on the layout of build_attn_mha, with its selector, selector inputs and window
+// the SPARQ_ATTN node on the layout of build_attn_mha, with its selector's inputs, window and report
 static ggml_tensor * sparq_build_op(sparq_attn_build & b, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,
                                     ggml_tensor * kq_mask, float kq_scale) {
     ggml_context * ctx0 = b.ctx0;
     llm_graph_input_sparq * inp = b.inp;
-    const llama_sparq_params & P = b.P;
-    const int64_t n_stream = b.n_stream, n_tps = b.n_tps, n_kv = b.n_kv, hkv = b.hkv;
+    const int64_t n_stream = b.n_stream, n_tps = b.n_tps, hkv = b.hkv;
     const int l = b.l, kk = b.kk;
-    ggml_tensor * q4 = nullptr;
-    ggml_tensor * cur = sparq_op_node(b, q, k, v, kq_mask, kq_scale, b.r, kk, l, &q4);
-    static_assert(LLAMA_SPARQ_SELECTOR_SPARQ == GGML_SPARQ_SEL_SPARQ && LLAMA_SPARQ_SELECTOR_ORACLE == GGML_SPARQ_SEL_ORACLE &&
-                  LLAMA_SPARQ_SELECTOR_STREAMING == GGML_SPARQ_SEL_STREAMING && LLAMA_SPARQ_SELECTOR_H2O == GGML_SPARQ_SEL_H2O &&
-                  LLAMA_SPARQ_SELECTOR_INDEX == GGML_SPARQ_SEL_INDEX,
-                  "the llama and ggml selectors are numbered alike");
-    ggml_sparq_attn_set_selector(cur, P.selector,
-                                 (b.per_head ? GGML_SPARQ_FLAG_PER_HEAD : 0) |
-                                 (P.mean_v && b.sel->ranks_scores ? 0 : GGML_SPARQ_FLAG_NO_MEAN_V));
-    if (b.sel->op_inputs) {
-        b.sel->op_inputs(b, cur, q4);
+    ggml_sparq_attn_srcs src = sparq_op_srcs(b, q, k, v, kq_mask);
+    if (b.sel->op_srcs) {
+        b.sel->op_srcs(b, src.q, src);
     }
+    sparq_op_step st;
+    st.n_kv = b.n_kv;
     if (b.sel->ranks_scores) {
-        // the report is this process's memory: a CPU op in this process writes it, a GPU op copies
-        // it into the layer's page-locked entries (with the calibrated k, whose cells the counters
-        // count; an op on an RPC host would write into its own address space), and the guard's measure is
-        // made only on the host
-        const bool reports = ggml_backend_buffer_is_host(b.L.data.kt->buffer) ||
-                             (b.calibrated && b.L.report.entries.pinned);
-        // the calibrated k's cut, or the guard's measure of a fixed k at the first SparQ step; the op
-        // reports its choice into the layer's report (the counters read it after the step)
-        if (b.calibrated) {
-            ggml_sparq_attn_set_coverage(cur, P.coverage, std::min(P.k_min, kk), 0, true);
-            // the cap of each row from its own stream's cells (kk, from the graph's KV view, follows the
-            // longest stream of the ubatch: a request's choice must not depend on who else is decoding)
-            ggml_sparq_attn_set_coverage_cap(cur, P.k_frac);
-        } else {
-            if (P.topk_buckets > 0) {
-                ggml_sparq_attn_set_topk_buckets(cur, P.topk_buckets); // (a fixed k: kk is P.k)
-            }
-            if (b.S.stats.measure_due && reports) {
-                ggml_sparq_attn_set_coverage(cur, P.coverage, 0, (int) std::max<int64_t>(kk, n_kv / 4), false);
-            }
-            if (reports) { // (graph reuse compares it: only where it is measured)
-                inp->measure = b.S.stats.measure_due ? 1 : 0;
-            }
-        }
+        // the op reports its choice into the layer's report (the counters read it after the step): the
+        // calibrated k's cut, or the guard's measure of a fixed k at the first SparQ step. A CPU op writes
+        // host memory; a device's report is copied to the host after the step (with the calibrated k,
+        // whose cells the counters count); an RPC host's is not read
+        const bool reports = sparq_op_reports(b.L, b.calibrated);
         if (reports) {
-            ggml_sparq_attn_set_report(cur, b.L.report.entries.data() + (size_t) b.si.s0 * hkv * 4);
-        }
-        if (b.L.tickets) {
-            ggml_sparq_attn_set_tickets(cur, b.L.tickets); // (the CUDA op's one launch, where it applies)
-        }
-        if (!inp->decisions.empty()) {
-            inp->decisions.back().report = true;
-            inp->decisions.back().ikv_rep = b.ikv;
+            ggml_tensor * rep = b.L.data.report;
+            src.report = ggml_view_3d(ctx0, rep, 4, hkv, n_stream, rep->nb[1], rep->nb[2], b.si.s0 * rep->nb[2]);
+            if (!b.calibrated) {
+                st.measure = b.S.stats.measure_due;
+                inp->measure = st.measure ? 1 : 0; // (graph reuse compares it: only where it is measured)
+            }
+            inp->reports.push_back({ b.ikv, b.si.s0, n_stream });
+            if (!inp->decisions.empty()) {
+                inp->decisions.back().report = true;
+                inp->decisions.back().ikv_rep = b.ikv;
+            }
         }
     }
     const ggml_tensor * dwin = b.L.data.win;
     if (l > 0 && b.win_pushed && inp->win_device && !b.sel->window_choice && !b.sel->window && l <= dwin->ne[0]) {
         // a decode step whose every new cell is its sequence's latest: the device window after the K^T
         // append's push (the op reads it after that node: it reads K^T from it), its first l entries
-        ggml_sparq_attn_set_window(cur, ggml_view_3d(ctx0, b.L.data.win, l, 1, n_stream, dwin->nb[1], dwin->nb[1],
-                                                     b.si.s0 * dwin->nb[1]));
+        src.win = ggml_view_3d(ctx0, b.L.data.win, l, 1, n_stream, dwin->nb[1], dwin->nb[1], b.si.s0 * dwin->nb[1]);
         inp->win_read = true;
     } else if (l > 0 || b.sel->window_choice) {
         // a whole choice (streaming): the window's l cells, then the k - l cells of the earliest positions
@@ -487,8 +462,10 @@ static ggml_tensor * sparq_build_op(sparq_attn_build & b, ggml_tensor * q, ggml_
             inp->win_recent = l;
         }
         GGML_ASSERT(inp->win->ne[0] == w && inp->win_recent == l);
-        ggml_sparq_attn_set_window(cur, inp->win);
+        src.win = inp->win;
     }
+    const ggml_sparq_attn_params o = sparq_op_params(b.S, b.P, b.budget, st, kq_scale);
+    ggml_tensor * cur = ggml_sparq_attn_ext(ctx0, &src, &o);
     ggml_format_name(cur, "sparq_attn-%d", b.il);
     return cur;
 }

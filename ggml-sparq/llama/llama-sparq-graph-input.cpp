@@ -1,7 +1,10 @@
 // llama-sparq: the graph's SparQ input: whether a built graph can be reused, and per ubatch its
 // input tensors, the upkeep it triggers (calibration, rebuilds, the index's training) and the counters.
 #include "llama-sparq-selector.h"
+#include "llama-sparq-graph.h"
 #include "llama-sparq-graph-input.h"
+
+#include "ggml-backend.h"
 
 #include <algorithm>
 #include <mutex>
@@ -308,3 +311,33 @@ void llm_graph_input_sparq::set_input(const llama_ubatch * ubatch) {
     }
 }
 
+
+void llama_sparq_graph_computed(llm_graph_result * res, ggml_backend_sched * sched) {
+    if (!res || !sched) {
+        return;
+    }
+    for (const auto & in : res->inputs) {
+        const auto * inp = dynamic_cast<const llm_graph_input_sparq *>(in.get());
+        if (!inp) {
+            continue;
+        }
+        for (const auto & w : inp->reports) {
+            const sparq_layer & L = inp->S->layers[w.ikv];
+            if (!L.report.entries.device()) {
+                continue; // host memory: the op wrote it there
+            }
+            const ggml_tensor * t = L.data.report;
+            ggml_backend_dev_t dev = ggml_backend_buft_get_device(ggml_backend_buffer_get_type(t->buffer));
+            for (int i = 0; i < ggml_backend_sched_get_n_backends(sched); ++i) {
+                ggml_backend_t be = ggml_backend_sched_get_backend(sched, i);
+                if (ggml_backend_get_device(be) == dev) {
+                    const size_t off = (size_t) w.s0 * t->nb[2];
+                    ggml_backend_tensor_get_async(be, t, (char *) L.report.entries.host + off, off,
+                                                  (size_t) w.n_stream * t->nb[2]);
+                    break;
+                }
+            }
+        }
+        return; // (one SparQ input per graph)
+    }
+}

@@ -111,6 +111,10 @@ public:
     ggml_tensor * pick = nullptr;              // SPARQ_ROWS_MIXED: [n_tokens] i32, per token its row of [SparQ; dense]
     std::map<int32_t, ggml_tensor *> layer_pick; // by KV layer, SPARQ_STRETCH_SOME: the same with its stretches' rows
     std::vector<sparq_decision> decisions;     // one per attention layer of this graph
+    // the ops that write their layer's report: KV layer, first stream, streams (a device's is copied to
+    // the host after the graph ran: sparq_graph_computed)
+    struct report_write { int32_t ikv; uint32_t s0; int64_t n_stream; };
+    std::vector<report_write> reports;
     std::vector<uint8_t> prompt_buf, rows_buf; // per-ubatch scratch (their capacity stays: no allocation once warm)
     std::vector<uint8_t> win_exact;            // per stream of the ubatch: its device windows need no upload
     std::vector<int32_t> win_buf;              // the device windows' rows before the push, when uploaded

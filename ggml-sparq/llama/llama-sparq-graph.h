@@ -4,6 +4,8 @@
 #include <cstdint>
 
 struct ggml_tensor;
+struct ggml_backend_sched;
+class llm_graph_result;
 struct llm_graph_context;
 struct llama_cparams;
 class llama_kv_cache_context;
@@ -26,3 +28,8 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
                                      ggml_tensor * k_cur, ggml_tensor * v_cur,
                                      ggml_tensor * kq_b, ggml_tensor * kq_mask, ggml_tensor * sinks,
                                      ggml_tensor * v_mla, float kq_scale, int il, bool is_swa);
+
+// After llama_context computed the graph of res (patch 0017, process_ubatch): the reports its SparQ ops
+// wrote on a device, copied into the host's page-locked copies on that device's stream (no wait: the
+// counters read them after the step's synchronisation), as upstream copies the logits out.
+void llama_sparq_graph_computed(llm_graph_result * res, ggml_backend_sched * sched);

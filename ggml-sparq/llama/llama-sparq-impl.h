@@ -75,6 +75,9 @@ struct sparq_layer_data {
     // and steps 1-2 rotate the query back: the rotation spreads q's largest components over all of them
     // (what it is for), and the top r of the model's own components find the cells much better
     ggml_tensor * hrot = nullptr;
+    // [4, n_head_kv, n_stream] f32: what the op did per stream and KV head (ggml_sparq_attn_srcs::report),
+    // written by the op where it runs; the host reads it through sparq_layer_report::entries
+    ggml_tensor * report = nullptr;
 };
 
 // the per-cell state of the selectors that keep one
@@ -96,29 +99,25 @@ struct sparq_layer_basis {
     std::vector<float> rot_host; // the same, on the host (rebuilds rotate with it); empty: identity
 };
 
-// a layer's report entries: host memory the CPU op writes, or for a cache on a device (pinned set)
-// page-locked memory of the device's host buffer type, which the device's op copies its report into
-// without a wait (allocated once: its address is a node parameter, the same at every step, so that a
-// captured CUDA graph stays reusable)
+// where the host reads a layer's report (the op's report tensor, sparq_layer_data::report): the
+// tensor's own memory where it is host memory (the CPU op writes it during the step); for a device's
+// tensor a copy in page-locked memory of the device's host buffer type, which libllama fills after
+// each graph whose op wrote the report (sparq_graph_computed, queued on the device's stream, no wait).
+// Empty where the host cannot read it (an RPC host's memory): no report is then asked of the op
 struct sparq_report_entries {
-    std::vector<float> host;
-    std::shared_ptr<ggml_backend_buffer> pinned_buf;
-    float * pinned = nullptr; // host.size() floats in pinned_buf, or NULL
-    float * data() { return pinned ? pinned : host.data(); }
-    size_t size() const { return host.size(); }
+    float * host = nullptr;
+    size_t n = 0;
+    std::shared_ptr<ggml_backend_buffer> mirror_buf; // the page-locked copy of a device's report
+    float * data() { return host; }
+    size_t size() const { return host ? n : 0; }
     float * begin() { return data(); }
     float * end() { return data() + size(); }
-    // a new size: the page-locked copy goes too (sparq_alloc_reports makes one of the new size)
-    void assign(size_t n, float x) {
-        pinned = nullptr;
-        pinned_buf.reset();
-        host.assign(n, x);
-    }
+    bool device() const { return mirror_buf != nullptr; }
 };
 
 // what the op reports of its choice, and the layer's counters of those reports (llama-sparq-coverage.cpp)
 struct sparq_layer_report {
-    // per (stream, KV head): 4 floats (ggml_sparq_attn_set_report); an entry the counters have taken
+    // per (stream, KV head): 4 floats (ggml_sparq_attn_srcs::report); an entry the counters have taken
     // is set to SPARQ_REPORT_TAKEN (a device's copy not landed yet reads as taken: not counted)
     sparq_report_entries entries;
     uint64_t n_calls = 0;         // calls measured
@@ -135,16 +134,11 @@ struct sparq_layer {
     const char * variant = nullptr; // LLAMA_SPARQ_DENSE_ATTN_VARIANT: sparq_attn_variant's phrase
     ggml_type type_k = GGML_TYPE_COUNT, type_v = GGML_TYPE_COUNT; // the cache's types (a refusal names them)
     int32_t il = -1;              // the model's layer index (kept: the cache may be gone when the counters log)
+    int64_t n_head = 0;           // the layer's query heads
     sparq_layer_data data;
     sparq_layer_selectors sel;
     sparq_layer_basis basis;
     sparq_layer_report report;
-    // GGML_SPARQ_TICKETS unsigned ints on the device of K^T, zeroed once (ggml_sparq_attn_set_tickets:
-    // the CUDA op's one launch per layer counts its blocks there and leaves them zero). Allocated once,
-    // so its address, a node parameter, is the same every step and a captured CUDA graph replays it;
-    // NULL where K^T is in host memory (sparq_alloc_tickets)
-    std::shared_ptr<ggml_backend_buffer> tickets_buf;
-    void * tickets = nullptr;
 };
 
 constexpr float SPARQ_REPORT_TAKEN = -2.0f;
@@ -486,8 +480,6 @@ void sparq_err(char * err, size_t n, const char * fmt, ...);
 
 // llama-sparq-buffers.cpp: the cache, the data's tensors and buffers
 llama_kv_cache * sparq_find_cache(llama_memory_t mem);
-// the K/V cache types SparQ reads rows of (f16, f32, q8_0)
-bool sparq_cache_type_ok(ggml_type t);
 // allocate the tensors of each buffer type in one zeroed buffer (kept in bufs, counted as SparQ's memory)
 bool sparq_alloc_buffers(llama_sparq_ctx & S, const std::map<ggml_backend_buffer_type_t, std::vector<ggml_tensor *>> & by_buft,
                          std::vector<ggml_backend_buffer_ptr> & bufs, const char * what, char * err, size_t err_size);
@@ -504,10 +496,8 @@ bool sparq_alloc_win(llama_sparq_ctx & S, int32_t cap, char * err, size_t err_si
 // the cells of sequence seq's n most recent positions at or before pos in a stream, most recent first,
 // -1 after them (the op's local window)
 void sparq_recent_cells(const llama_kv_cells & cells, llama_seq_id seq, llama_pos pos, int32_t * dst, int64_t n);
-// the report entries of each layer whose cache is on a device in page-locked host memory of that
-// device; a layer without it keeps host memory, which only an op in this process's CPU backend writes
+// where the host reads each layer's report (sparq_report_entries), every entry SPARQ_REPORT_TAKEN
 void sparq_alloc_reports(llama_sparq_ctx & S);
-void sparq_alloc_tickets(llama_sparq_ctx & S);
 // what one layer or attention call brings that the model alone does not say: its graph inputs (NULL:
 // none) and its head sizes
 struct sparq_attn_call {

@@ -32,8 +32,13 @@ static void h2o_prompt(sparq_attn_build & b, ggml_tensor * q, ggml_tensor * k, g
     ggml_build_forward_expand(b.g.gf, ggml_add_inplace(ctx0, h2o_scores(b), ggml_reshape_3d(ctx0, cs, n_kv, hkv, n_stream)));
 }
 
-static void h2o_op_inputs(sparq_attn_build & b, ggml_tensor * cur, ggml_tensor *) {
-    ggml_sparq_attn_set_h2o(cur, h2o_scores(b));
+static void h2o_op_srcs(sparq_attn_build & b, ggml_tensor *, ggml_sparq_attn_srcs & src) {
+    src.sel[0] = h2o_scores(b);
+}
+
+static void h2o_probe_srcs(ggml_context * ctx, const llama_sparq_ctx &, const sparq_layer &, const llama_sparq_params &,
+                           ggml_sparq_attn_srcs & src) {
+    src.sel[0] = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, src.k->ne[1], src.k->ne[2], 1);
 }
 
 // the paper's Appendix G: 2 k d + 2 d + 2 n_cells (its scores read and written), no mean of V
@@ -109,6 +114,8 @@ const sparq_selector sparq_sel_h2o = {
     /* rebuild       */ h2o_rebuild,
     /* appends       */ h2o_appends,
     /* prompt        */ h2o_prompt,
-    /* op_inputs     */ h2o_op_inputs,
+    /* op_params     */ nullptr,
+    /* op_srcs       */ h2o_op_srcs,
+    /* probe_srcs    */ h2o_probe_srcs,
     /* decide        */ h2o_decide,
 };

@@ -10,17 +10,32 @@ static void index_appends(sparq_attn_build & b) {
     b.cells_src = sparq_set_new_cells(b, b.L.sel.ivf_list, -1.0f, "sparq_ivf");
 }
 
-static void index_op_inputs(sparq_attn_build & b, ggml_tensor * cur, ggml_tensor *) {
+// the lists probed per query (at most the lists there are), and the rows it read reported into row
+// index.n_list of the centroids (the counters read it)
+static void index_op_params(const llama_sparq_ctx & S, const llama_sparq_params & p, ggml_sparq_attn_params & op) {
+    op.n_probe = std::max(1, std::min(p.index_probe, S.index.n_list > 0 ? S.index.n_list : p.index_lists));
+    op.index_reads = true;
+}
+
+static void index_op_srcs(sparq_attn_build & b, ggml_tensor *, ggml_sparq_attn_srcs & src) {
     const sparq_layer & L = b.L;
     GGML_ASSERT(L.sel.ivf_list && "llama_sparq: the index selector without its tensors (llama_sparq_set_params allocates them)");
     ggml_context * ctx0 = b.ctx0;
     const int64_t d = b.d, hkv = b.hkv, n_stream = b.n_stream;
     const ggml_tensor * c = L.sel.ivf_cent, * li = L.sel.ivf_list;
-    ggml_tensor * cent = ggml_view_4d(ctx0, L.sel.ivf_cent, d, b.S.index.n_list, hkv, n_stream, c->nb[1], c->nb[2], c->nb[3],
-                                      b.si.s0 * c->nb[3]);
-    ggml_tensor * lists = ggml_view_3d(ctx0, b.cells_src, b.n_kv, hkv, n_stream, li->nb[1], li->nb[2], b.si.s0 * li->nb[2]);
-    ggml_sparq_attn_set_index(cur, cent, lists, std::min(b.P.index_probe, b.S.index.n_list));
-    ggml_sparq_attn_set_index_reads(cur); // into row index.n_list of the centroids: the counters read it
+    src.sel[0] = ggml_view_4d(ctx0, L.sel.ivf_cent, d, b.S.index.n_list, hkv, n_stream, c->nb[1], c->nb[2], c->nb[3],
+                              b.si.s0 * c->nb[3]);
+    src.sel[1] = ggml_view_3d(ctx0, b.cells_src, b.n_kv, hkv, n_stream, li->nb[1], li->nb[2], b.si.s0 * li->nb[2]);
+}
+
+static void index_probe_srcs(ggml_context * ctx, const llama_sparq_ctx & S, const sparq_layer &, const llama_sparq_params & p,
+                             ggml_sparq_attn_srcs & src) {
+    const int64_t d = src.q->ne[0], hkv = src.k->ne[2];
+    const int64_t n_list = S.index.n_list > 0 ? S.index.n_list : p.index_lists;
+    // one row more than the lists: where the op reports the rows it read
+    ggml_tensor * cent = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, d, n_list + 1, hkv, 1);
+    src.sel[0] = ggml_view_4d(ctx, cent, d, n_list, hkv, 1, cent->nb[1], cent->nb[2], cent->nb[3], 0);
+    src.sel[1] = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, src.k->ne[1], hkv, 1);
 }
 
 // its centroids (f32: 2 elements each), the list ids (f32), and the keys of the probed lists,
@@ -91,6 +106,8 @@ const sparq_selector sparq_sel_index = {
     /* rebuild       */ index_rebuild,
     /* appends       */ index_appends,
     /* prompt        */ nullptr,
-    /* op_inputs     */ index_op_inputs,
+    /* op_params     */ index_op_params,
+    /* op_srcs       */ index_op_srcs,
+    /* probe_srcs    */ index_probe_srcs,
     /* decide        */ index_decide,
 };

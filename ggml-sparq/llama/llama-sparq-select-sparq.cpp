@@ -6,25 +6,34 @@
 
 // the basis of steps 1-2: the PCA rotation of the query and its spread, or the scaled basis's
 // weights, and the query rotated back where K^T keeps the keys rotated back from upstream's Hadamard
-static void sparq_basis_inputs(sparq_attn_build & b, ggml_tensor * cur, ggml_tensor * q4) {
+static void sparq_basis_srcs(sparq_attn_build & b, ggml_tensor * q4, ggml_sparq_attn_srcs & src) {
     ggml_context * ctx0 = b.ctx0;
     const sparq_layer & L = b.L;
     if (b.P.basis == LLAMA_SPARQ_BASIS_PCA && L.basis.rot) {
         // the query in the PCA basis of its KV head (query head h uses rot[h / g], as GQA maps heads)
-        ggml_tensor * q_sel = ggml_mul_mat(ctx0, L.basis.rot, ggml_cont(ctx0, q4)); // [d, n_tps, n_head, ns]
-        ggml_sparq_attn_set_basis(cur, q_sel, L.basis.spread);
+        src.sel[0] = ggml_mul_mat(ctx0, L.basis.rot, ggml_cont(ctx0, q4)); // [d, n_tps, n_head, ns]
+        src.sel[1] = L.basis.spread;
         return;
     }
-    ggml_tensor * q_sel = sparq_unrotates(b.S, L) ? llama_mul_mat_hadamard(ctx0, q4, L.data.hrot) : nullptr;
-    ggml_tensor * w = nullptr;
+    src.sel[0] = sparq_unrotates(b.S, L) ? llama_mul_mat_hadamard(ctx0, q4, L.data.hrot) : nullptr;
     if (b.P.basis == LLAMA_SPARQ_BASIS_SCALED) {
         // weights: the keys' RMS per component over the stream's cells; sqrt of the sums of squares
         // (the count is common to all components and cancels in step 1's ranking and in tau)
         ggml_tensor * ks3 = ggml_view_3d(ctx0, b.ksq_src, b.d, b.hkv, b.n_stream, L.data.ksq->nb[1], L.data.ksq->nb[2], 0);
-        w = ggml_sqrt(ctx0, ks3);
+        src.sel[1] = ggml_sqrt(ctx0, ks3);
     }
-    if (q_sel || w) {
-        ggml_sparq_attn_set_basis(cur, q_sel, w);
+}
+
+// the same inputs as placeholders: the basis of settings p where the layer has it
+static void sparq_basis_probe(ggml_context * ctx, const llama_sparq_ctx & S, const sparq_layer & L, const llama_sparq_params & p,
+                              ggml_sparq_attn_srcs & src) {
+    const int64_t d = src.q->ne[0], hkv = src.k->ne[2];
+    const bool pca = p.basis == LLAMA_SPARQ_BASIS_PCA && L.basis.rot;
+    if (pca || sparq_unrotates(S, L)) {
+        src.sel[0] = ggml_new_tensor(ctx, GGML_TYPE_F32, 4, src.q->ne);
+    }
+    if (pca || p.basis == LLAMA_SPARQ_BASIS_SCALED) {
+        src.sel[1] = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, d, hkv, 1);
     }
 }
 
@@ -52,7 +61,9 @@ const sparq_selector sparq_sel_sparq = {
     /* rebuild       */ nullptr,
     /* appends       */ nullptr,
     /* prompt        */ nullptr,
-    /* op_inputs     */ sparq_basis_inputs,
+    /* op_params     */ nullptr,
+    /* op_srcs       */ sparq_basis_srcs,
+    /* probe_srcs    */ sparq_basis_probe,
     /* decide        */ sparq_decide_sel,
 };
 
@@ -68,6 +79,8 @@ const sparq_selector sparq_sel_oracle = {
     /* rebuild       */ nullptr,
     /* appends       */ nullptr,
     /* prompt        */ nullptr,
-    /* op_inputs     */ sparq_basis_inputs,
+    /* op_params     */ nullptr,
+    /* op_srcs       */ sparq_basis_srcs,
+    /* probe_srcs    */ sparq_basis_probe,
     /* decide        */ oracle_decide,
 };

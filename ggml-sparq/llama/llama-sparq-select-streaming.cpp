@@ -26,6 +26,8 @@ const sparq_selector sparq_sel_streaming = {
     /* rebuild       */ nullptr,
     /* appends       */ nullptr,
     /* prompt        */ nullptr,
-    /* op_inputs     */ nullptr,
+    /* op_params     */ nullptr,
+    /* op_srcs       */ nullptr,
+    /* probe_srcs    */ nullptr,
     /* decide        */ streaming_decide,
 };

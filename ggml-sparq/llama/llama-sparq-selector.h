@@ -42,8 +42,15 @@ struct sparq_selector {
     void (*appends)(sparq_attn_build & b);
     // The graph: what a prompt ubatch (which runs upstream's attention) adds to its state.
     void (*prompt)(sparq_attn_build & b, ggml_tensor * q, ggml_tensor * k, ggml_tensor * kq_mask, float kq_scale);
-    // The graph: the op's selector inputs (q4: the op's query).
-    void (*op_inputs)(sparq_attn_build & b, ggml_tensor * cur, ggml_tensor * q4);
+    // Its parameters of the op (the selector's fields of ggml_sparq_attn_params) for settings p
+    // (sparq_op_params: the graph's and the settings' probe alike).
+    void (*op_params)(const llama_sparq_ctx & S, const llama_sparq_params & p, ggml_sparq_attn_params & op);
+    // The graph: the op's selector inputs (src.sel; q4: the op's query).
+    void (*op_srcs)(sparq_attn_build & b, ggml_tensor * q4, ggml_sparq_attn_srcs & src);
+    // The settings' probe (sparq_op_probe): placeholders in ctx of the inputs op_srcs gives layer L
+    // for a decode step of one stream over src.k's cells (shapes and types only).
+    void (*probe_srcs)(ggml_context * ctx, const llama_sparq_ctx & S, const sparq_layer & L, const llama_sparq_params & p,
+                       ggml_sparq_attn_srcs & src);
     // The cost model's terms of its choice (c has the cache's element sizes and d) and the decision
     // recorded (sparq_decide).
     void (*decide)(sparq_attn_build & b, sparq_cost & c);

@@ -7,45 +7,44 @@
 
 #include <string.h>
 
-// The op_params slots (int32 each; GGML_MAX_OP_PARAMS holds 16). Only this file knows them.
+// The op_params slots (int32 each). Only this file knows them.
 enum sparq_slot {
-    SLOT_VERSION_MODE = 0, // version << 16 | mode
+    SLOT_HEAD         = 0, // the layout version (bits 24-31), the mode (16-23), the selector (8-15; SEL_NONE:
+                           // none of this build's), the flags (0-7: enum ggml_sparq_flag, then BIT_*)
     SLOT_FEATURES     = 1,
     // attention
     SLOT_R            = 2,
     SLOT_K            = 3,
     SLOT_L            = 4,
     SLOT_SCALE        = 5,
-    SLOT_SEL_FLAGS    = 6, // the selector (bits 0-15; SEL_NONE: out of that range), the flags (16-27),
-                           // index_reads (bit 28), cov_apply (bit 29)
-    SLOT_N_PROBE      = 7, // the index's n_probe, or the ranking selectors' topk_buckets (one selector each)
+    SLOT_N_PROBE      = 6,
+    SLOT_TOPK_BUCKETS = 7,
     SLOT_COV_P        = 8,
     SLOT_K_MIN        = 9,
     SLOT_K_SCAN       = 10,
     SLOT_K_FRAC       = 11,
-    SLOT_REPORT_LO    = 12,
-    SLOT_REPORT_HI    = 13,
-    SLOT_TICKETS_LO   = 14,
-    SLOT_TICKETS_HI   = 15,
     // a sum's append
     SLOT_SUM_TYPE     = 2,
     SLOT_SUM_SQUARES  = 3,
-    SLOT_COUNT        = 16,
+    SLOT_COUNT        = 12,
 };
 
-static_assert(SLOT_COUNT * sizeof(int32_t) <= GGML_MAX_OP_PARAMS, "the layout must fit op_params");
+static_assert(GGML_SPARQ_PARAMS_SLOTS * sizeof(int32_t) == GGML_MAX_OP_PARAMS, "the slots are op_params");
+static_assert(SLOT_COUNT + GGML_SPARQ_PARAMS_MIN_FREE <= GGML_SPARQ_PARAMS_SLOTS,
+              "the layout must leave room for the parts to come");
 
-// a selector value outside 0..0xfffe (no selector of this build's), decoded as -1
-#define SEL_NONE 0xffffu
+// the head slot's fields
+#define HEAD_VERSION_SHIFT 24
+#define HEAD_MODE_SHIFT    16
+#define HEAD_SEL_SHIFT     8
+#define SEL_NONE           0xffu // a selector value outside 0..0xfe, decoded as -1
+#define FLAGS_MASK         0x1fu // the flags of enum ggml_sparq_flag and the two booleans below
+#define BIT_INDEX_READS    0x08u
+#define BIT_COV_APPLY      0x10u
+#define GGML_FLAGS_MASK    0x07u
 
-static void put_ptr(int32_t * s, int lo, const void * p) {
-    const uint64_t v = (uint64_t) (uintptr_t) p;
-    s[lo] = (int32_t) (uint32_t) (v & 0xffffffffu);
-    s[lo + 1] = (int32_t) (uint32_t) (v >> 32);
-}
-static uintptr_t slot_ptr(const int32_t * s, int lo) {
-    const uint64_t l = (uint32_t) s[lo], h = (uint32_t) s[lo + 1];
-    return (uintptr_t) (l | (h << 32));
+int ggml_sparq_params_free_slots(void) {
+    return GGML_SPARQ_PARAMS_SLOTS - SLOT_COUNT;
 }
 
 static int32_t slot_i32(const int32_t * s, int i) { return s[i]; }
@@ -57,9 +56,9 @@ bool ggml_sparq_params_decode(const struct ggml_tensor * node, struct ggml_sparq
         return false;
     }
     const int32_t * s = (const int32_t *) node->op_params;
-    const uint32_t vm = (uint32_t) slot_i32(s, SLOT_VERSION_MODE);
-    const uint32_t mode = vm & 0xffffu;
-    if ((vm >> 16) != GGML_SPARQ_PARAMS_VERSION || mode >= GGML_SPARQ_MODE_COUNT) {
+    const uint32_t head = (uint32_t) slot_i32(s, SLOT_HEAD);
+    const uint32_t mode = (head >> HEAD_MODE_SHIFT) & 0xffu;
+    if ((head >> HEAD_VERSION_SHIFT) != GGML_SPARQ_PARAMS_VERSION || mode >= GGML_SPARQ_MODE_COUNT) {
         return false;
     }
     struct ggml_sparq_params o;
@@ -68,26 +67,22 @@ bool ggml_sparq_params_decode(const struct ggml_tensor * node, struct ggml_sparq
     o.features = (uint32_t) slot_i32(s, SLOT_FEATURES);
     if (o.mode == GGML_SPARQ_MODE_ATTN) {
         struct ggml_sparq_attn_params * a = &o.attn;
+        const uint32_t sel = (head >> HEAD_SEL_SHIFT) & 0xffu;
+        const uint32_t fl = head & FLAGS_MASK;
+        a->selector = sel == SEL_NONE ? -1 : (int32_t) sel;
+        a->flags = (int32_t) (fl & GGML_FLAGS_MASK);
+        a->index_reads = (fl & BIT_INDEX_READS) != 0;
+        a->cov_apply = (fl & BIT_COV_APPLY) != 0;
         a->r = slot_i32(s, SLOT_R);
         a->k = slot_i32(s, SLOT_K);
         a->l = slot_i32(s, SLOT_L);
         a->scale = slot_f32(s, SLOT_SCALE);
-        const uint32_t sf = (uint32_t) slot_i32(s, SLOT_SEL_FLAGS);
-        a->selector = (sf & 0xffffu) == SEL_NONE ? -1 : (int32_t) (sf & 0xffffu);
-        a->flags = (int32_t) ((sf >> 16) & 0xfffu);
-        a->index_reads = ((sf >> 28) & 1u) != 0;
-        a->cov_apply = ((sf >> 29) & 1u) != 0;
-        if (a->selector == GGML_SPARQ_SEL_INDEX) {
-            a->n_probe = slot_i32(s, SLOT_N_PROBE);
-        } else {
-            a->topk_buckets = slot_i32(s, SLOT_N_PROBE);
-        }
+        a->n_probe = slot_i32(s, SLOT_N_PROBE);
+        a->topk_buckets = slot_i32(s, SLOT_TOPK_BUCKETS);
         a->cov_p = slot_f32(s, SLOT_COV_P);
         a->k_min = slot_i32(s, SLOT_K_MIN);
         a->k_scan = slot_i32(s, SLOT_K_SCAN);
         a->k_frac = slot_f32(s, SLOT_K_FRAC);
-        a->report = (float *) slot_ptr(s, SLOT_REPORT_LO);
-        a->tickets = (void *) slot_ptr(s, SLOT_TICKETS_LO);
     } else if (o.mode == GGML_SPARQ_MODE_SUM_APPEND) {
         o.sum.type = slot_i32(s, SLOT_SUM_TYPE);
         o.sum.squares = slot_i32(s, SLOT_SUM_SQUARES) != 0;
@@ -131,41 +126,39 @@ uint32_t ggml_sparq_params_features(const struct ggml_tensor * node, const struc
         f |= a->cov_apply ? GGML_SPARQ_FEAT_COVERAGE : GGML_SPARQ_FEAT_COVERAGE_MEASURE;
     }
     f |= a->k_frac > 0.0f ? GGML_SPARQ_FEAT_COVERAGE_CAP : 0;
-    f |= a->report ? GGML_SPARQ_FEAT_REPORT : 0;
+    f |= node->src[10] ? GGML_SPARQ_FEAT_REPORT : 0;
     f |= a->topk_buckets > 0 ? GGML_SPARQ_FEAT_TOPK_BUCKETS : 0;
     return f;
 }
 
 void ggml_sparq_params_set(struct ggml_tensor * node, const struct ggml_sparq_params * p) {
     GGML_ASSERT(node->op == GGML_OP_SPARQ_ATTN && (unsigned) p->mode < GGML_SPARQ_MODE_COUNT);
-    int32_t s[SLOT_COUNT];
+    int32_t s[GGML_SPARQ_PARAMS_SLOTS];
     memset(s, 0, sizeof(s));
-    s[SLOT_VERSION_MODE] = (int32_t) (((uint32_t) GGML_SPARQ_PARAMS_VERSION << 16) | (uint32_t) p->mode);
+    uint32_t head = ((uint32_t) GGML_SPARQ_PARAMS_VERSION << HEAD_VERSION_SHIFT) | ((uint32_t) p->mode << HEAD_MODE_SHIFT);
     if (p->mode == GGML_SPARQ_MODE_ATTN) {
         const struct ggml_sparq_attn_params * a = &p->attn;
         s[SLOT_FEATURES] = (int32_t) (ggml_sparq_params_features(node, p) | (p->features & ~GGML_SPARQ_FEAT_ALL));
+        // (flags beyond the layout's are no flag of this build's; a selector out of range stays unknown)
+        GGML_ASSERT((a->flags & ~(int32_t) GGML_FLAGS_MASK) == 0 && "sparq_attn: flags beyond the layout's");
+        const uint32_t sel = a->selector < 0 || a->selector >= (int32_t) SEL_NONE ? SEL_NONE : (uint32_t) a->selector;
+        head |= (sel << HEAD_SEL_SHIFT) | (uint32_t) a->flags | (a->index_reads ? BIT_INDEX_READS : 0u) |
+                (a->cov_apply ? BIT_COV_APPLY : 0u);
         s[SLOT_R] = a->r;
         s[SLOT_K] = a->k;
         s[SLOT_L] = a->l;
         put_f32(s, SLOT_SCALE, a->scale);
-        // (flags beyond the 12 bits are no flag of this build's; a selector out of range stays unknown)
-        GGML_ASSERT((a->flags & ~0xfff) == 0 && "sparq_attn: flags beyond the layout's 12 bits");
-        const uint32_t sel = a->selector < 0 || a->selector >= (int32_t) SEL_NONE ? SEL_NONE : (uint32_t) a->selector;
-        s[SLOT_SEL_FLAGS] = (int32_t) (sel | ((uint32_t) a->flags << 16) | (a->index_reads ? 1u << 28 : 0u) |
-                                       (a->cov_apply ? 1u << 29 : 0u));
-        GGML_ASSERT((a->selector == GGML_SPARQ_SEL_INDEX ? a->topk_buckets == 0 : a->n_probe == 0) &&
-                    "sparq_attn: n_probe is the index selector's, topk_buckets the ranking selectors'");
-        s[SLOT_N_PROBE] = a->selector == GGML_SPARQ_SEL_INDEX ? a->n_probe : a->topk_buckets;
+        s[SLOT_N_PROBE] = a->n_probe;
+        s[SLOT_TOPK_BUCKETS] = a->topk_buckets;
         put_f32(s, SLOT_COV_P, a->cov_p);
         s[SLOT_K_MIN] = a->k_min;
         s[SLOT_K_SCAN] = a->k_scan;
         put_f32(s, SLOT_K_FRAC, a->k_frac);
-        put_ptr(s, SLOT_REPORT_LO, a->report);
-        put_ptr(s, SLOT_TICKETS_LO, a->tickets);
     } else if (p->mode == GGML_SPARQ_MODE_SUM_APPEND) {
         s[SLOT_SUM_TYPE] = p->sum.type;
         s[SLOT_SUM_SQUARES] = p->sum.squares ? 1 : 0;
     }
+    s[SLOT_HEAD] = (int32_t) head;
     memcpy(node->op_params, s, sizeof(s));
 }
 
@@ -184,7 +177,7 @@ const char * ggml_sparq_feature_name(uint32_t bit) {
         case GGML_SPARQ_FEAT_COVERAGE:         return "a coverage target";
         case GGML_SPARQ_FEAT_COVERAGE_CAP:     return "a per-row cap (k_frac)";
         case GGML_SPARQ_FEAT_COVERAGE_MEASURE: return "a measured coverage (k_scan)";
-        case GGML_SPARQ_FEAT_REPORT:           return "a host report";
+        case GGML_SPARQ_FEAT_REPORT:           return "a report";
         case GGML_SPARQ_FEAT_TOPK_BUCKETS:     return "the approximate bucketed top-k (topk_buckets)";
         default:                               return "a part unknown to this build";
     }

@@ -9,13 +9,17 @@
 
 #include "ggml-sparq.h"
 
-static bool sparq_cache_type_ok(enum ggml_type t) {
+static bool sparq_float_type_ok(enum ggml_type t) {
     return t == GGML_TYPE_F16 || t == GGML_TYPE_F32;
 }
 
-// K and V rows may also be q8_0 blocks (a quantized cache; the CPU kernels read them), whole blocks per head
+bool ggml_sparq_cache_type_ok(enum ggml_type t) {
+    return sparq_float_type_ok(t) || t == GGML_TYPE_Q8_0;
+}
+
+// K and V rows: a cache type, whole blocks per head
 static bool sparq_row_type_ok(const struct ggml_tensor * t) {
-    return sparq_cache_type_ok(t->type) || (t->type == GGML_TYPE_Q8_0 && t->ne[0] % ggml_blck_size(t->type) == 0);
+    return ggml_sparq_cache_type_ok(t->type) && t->ne[0] % ggml_blck_size(t->type) == 0;
 }
 
 static struct ggml_sparq_params sparq_params_new(enum ggml_sparq_mode mode) {
@@ -25,18 +29,160 @@ static struct ggml_sparq_params sparq_params_new(enum ggml_sparq_mode mode) {
     return p;
 }
 
-// an attention node's parameters (the setters take nothing else)
-static struct ggml_sparq_params sparq_attn_params(const struct ggml_tensor * attn) {
-    GGML_ASSERT(attn->op == GGML_OP_SPARQ_ATTN);
-    const struct ggml_sparq_params p = ggml_sparq_params_get(attn);
-    GGML_ASSERT(p.mode == GGML_SPARQ_MODE_ATTN && "sparq_attn: the node is one of the op's write modes");
-    return p;
+struct ggml_sparq_attn_params ggml_sparq_attn_params_default(int32_t r, int32_t k, int32_t l, float scale) {
+    struct ggml_sparq_attn_params a;
+    memset(&a, 0, sizeof(a));
+    a.r = r;
+    a.k = k;
+    a.l = l;
+    a.scale = scale;
+    a.selector = GGML_SPARQ_SEL_SPARQ;
+    return a;
 }
 
-// after a setter changed the node's sources: the features follow them
-static void sparq_refresh_features(struct ggml_tensor * attn) {
-    const struct ggml_sparq_params p = sparq_attn_params(attn);
-    ggml_sparq_params_set(attn, &p);
+// each check below returns its message where its condition fails
+#define SPARQ_NEED(cond, what) do { if (!(cond)) { return "sparq_attn: " what; } } while (0)
+
+static const char * sparq_check_inputs(const struct ggml_sparq_attn_srcs * s) {
+    SPARQ_NEED(s->q && s->k && s->kt && s->v && s->v_sum && s->v_count, "q, K, K^T, V, v_sum and v_count are required");
+    const struct ggml_tensor * q = s->q, * k = s->k, * kt = s->kt, * v = s->v;
+    const int64_t d = q->ne[0], n_rows = q->ne[1], n_head = q->ne[2], n_strm = q->ne[3];
+    const int64_t n_kv = k->ne[1], n_hkv = k->ne[2], dv = v->ne[0];
+    SPARQ_NEED(q->type == GGML_TYPE_F32 && q->nb[0] == sizeof(float), "q must be f32 with contiguous rows");
+    // K^T is kept f16 or f32 (from the dequantized keys of a q8_0 cache), or e5m2 in i8 (ggml-sparq.h)
+    SPARQ_NEED(sparq_row_type_ok(k), "K must be f16, f32 or q8_0 (whole blocks per head)");
+    SPARQ_NEED(sparq_float_type_ok(kt->type) || kt->type == GGML_TYPE_I8, "K^T must be f16, f32 or i8 (e5m2)");
+    SPARQ_NEED(sparq_row_type_ok(v), "V must be f16, f32 or q8_0 (whole blocks per head)");
+    SPARQ_NEED(k->ne[0] == d, "K head size differs from q");
+    SPARQ_NEED(kt->ne[0] == n_kv && kt->ne[1] == d && kt->ne[2] == n_hkv && kt->ne[3] == k->ne[3],
+               "K^T must be [n_kv, d, n_head_kv, n_stream]");
+    SPARQ_NEED(kt->nb[0] == ggml_type_size(kt->type), "K^T rows must be cell-contiguous");
+    SPARQ_NEED(k->nb[0] == ggml_type_size(k->type) && v->nb[0] == ggml_type_size(v->type),
+               "K and V rows must be contiguous (flash-attention layout)");
+    SPARQ_NEED(v->ne[1] == n_kv && v->ne[2] == n_hkv && v->ne[3] == k->ne[3], "V must be [dv, n_kv, n_head_kv, n_stream]");
+    SPARQ_NEED(k->ne[3] == n_strm, "K and q must have the same number of streams");
+    SPARQ_NEED(n_hkv > 0 && n_head % n_hkv == 0, "n_head must be a multiple of n_head_kv");
+    const struct ggml_tensor * vs = s->v_sum, * vc = s->v_count;
+    SPARQ_NEED(vs->type == GGML_TYPE_F32 && vs->ne[0] == dv && vs->ne[1] == n_hkv && vs->ne[2] == n_strm &&
+               vs->nb[0] == sizeof(float), "v_sum must be f32 [dv, n_head_kv, n_stream]");
+    SPARQ_NEED(vc->type == GGML_TYPE_F32 && ggml_nelements(vc) == n_strm && ggml_is_contiguous(vc),
+               "v_count must be f32 [n_stream]");
+    if (s->mask) {
+        const struct ggml_tensor * m = s->mask;
+        SPARQ_NEED(m->type == GGML_TYPE_F16 || m->type == GGML_TYPE_F32, "mask must be f16 or f32");
+        SPARQ_NEED(m->ne[0] == n_kv && m->ne[1] >= n_rows && m->ne[2] == 1 && (m->ne[3] == 1 || m->ne[3] == n_strm) &&
+                   m->nb[0] == ggml_type_size(m->type), "mask must be [n_kv, >= n_rows, 1, 1 or n_stream]");
+    }
+    if (s->win) {
+        const struct ggml_tensor * w = s->win;
+        SPARQ_NEED(w->type == GGML_TYPE_I32 && w->ne[0] >= 1 && w->ne[1] >= n_rows && w->ne[2] == n_strm &&
+                   w->nb[0] == sizeof(int32_t), "the window must be i32 [w, n_rows, n_stream]");
+    }
+    if (s->report) {
+        const struct ggml_tensor * r = s->report;
+        SPARQ_NEED(r->type == GGML_TYPE_F32 && r->ne[0] == 4 && r->ne[1] == n_hkv && r->ne[2] == n_strm &&
+                   r->ne[3] == 1 && ggml_is_contiguous(r), "the report must be contiguous f32 [4, n_head_kv, n_stream]");
+    }
+    return NULL;
+}
+
+// the selector's inputs and the parameters only some selectors take
+static const char * sparq_check_selector(const struct ggml_sparq_attn_srcs * s, const struct ggml_sparq_attn_params * p) {
+    const struct ggml_tensor * q = s->q, * k = s->k;
+    const struct ggml_tensor * s0 = s->sel[0], * s1 = s->sel[1];
+    const bool ranks = p->selector == GGML_SPARQ_SEL_SPARQ || p->selector == GGML_SPARQ_SEL_ORACLE;
+    SPARQ_NEED(p->selector >= 0 && p->selector < GGML_SPARQ_SEL_COUNT, "unknown selector");
+    SPARQ_NEED((p->flags & ~(GGML_SPARQ_FLAG_PER_HEAD | GGML_SPARQ_FLAG_NO_MEAN_V | GGML_SPARQ_FLAG_DENSE)) == 0,
+               "unknown flags");
+    SPARQ_NEED(p->selector == GGML_SPARQ_SEL_INDEX ? p->n_probe >= 1 : p->n_probe == 0,
+               "n_probe is the index selector's (>= 1), 0 for the others");
+    SPARQ_NEED(!p->index_reads || p->selector == GGML_SPARQ_SEL_INDEX, "index_reads is the index selector's");
+    SPARQ_NEED(ranks || (p->topk_buckets == 0 && p->cov_p == 0.0f && p->k_frac == 0.0f),
+               "the bucketed top-k and a coverage target apply to the sparq and oracle selectors only");
+    switch (p->selector) {
+        case GGML_SPARQ_SEL_SPARQ:
+        case GGML_SPARQ_SEL_ORACLE:
+            SPARQ_NEED(!s0 || (s0->type == GGML_TYPE_F32 && ggml_are_same_shape(s0, q) && s0->nb[0] == sizeof(float)),
+                       "q_sel must be f32 with q's shape");
+            SPARQ_NEED(!s1 || (s1->type == GGML_TYPE_F32 && s1->ne[0] == q->ne[0] && s1->ne[1] == k->ne[2] &&
+                               (s1->ne[2] == 1 || s1->ne[2] == q->ne[3]) && s1->ne[3] == 1 && s1->nb[0] == sizeof(float)),
+                       "comp_w must be f32 [d, n_head_kv, 1 or n_stream]");
+            return NULL;
+        case GGML_SPARQ_SEL_STREAMING:
+            SPARQ_NEED(!s0 && !s1, "the streaming selector takes no inputs");
+            return NULL;
+        case GGML_SPARQ_SEL_H2O:
+            SPARQ_NEED(s0 && !s1, "the h2o selector takes its scores (sel[0]) alone");
+            SPARQ_NEED(s0->type == GGML_TYPE_F32 && s0->ne[0] == k->ne[1] && s0->ne[1] == k->ne[2] &&
+                       s0->ne[2] == k->ne[3] && s0->ne[3] == 1 && s0->nb[0] == sizeof(float),
+                       "the H2O scores must be f32 [n_kv, n_head_kv, n_stream]");
+            return NULL;
+        case GGML_SPARQ_SEL_INDEX:
+            SPARQ_NEED(s0 && s1, "the index selector takes its centroids (sel[0]) and lists (sel[1])");
+            SPARQ_NEED(s0->type == GGML_TYPE_F32 && s0->ne[0] == q->ne[0] && s0->ne[1] >= 1 && s0->ne[2] == k->ne[2] &&
+                       s0->ne[3] == k->ne[3] && s0->nb[0] == sizeof(float),
+                       "the index centroids must be f32 [d, n_list, n_head_kv, n_stream]");
+            SPARQ_NEED(s1->type == GGML_TYPE_F32 && s1->ne[0] == k->ne[1] && s1->ne[1] == k->ne[2] &&
+                       s1->ne[2] == k->ne[3] && s1->ne[3] == 1 && s1->nb[0] == sizeof(float),
+                       "the index lists must be f32 [n_kv, n_head_kv, n_stream]");
+            SPARQ_NEED(p->n_probe <= s0->ne[1], "n_probe must be in [1, n_list]");
+            SPARQ_NEED(!p->index_reads || s0->nb[2] >= (size_t) (s0->ne[1] + 1) * s0->nb[1],
+                       "the index reads need a row after the last centroid (centroids->nb[2] >= (n_list + 1) * nb[1])");
+            return NULL;
+        default:
+            return "sparq_attn: unknown selector";
+    }
+}
+
+const char * ggml_sparq_attn_check(const struct ggml_sparq_attn_srcs * s, const struct ggml_sparq_attn_params * p) {
+    const char * why = sparq_check_inputs(s);
+    if (why) {
+        return why;
+    }
+    SPARQ_NEED(p->r >= 1 && p->r <= s->q->ne[0], "r must be in [1, d]");
+    SPARQ_NEED(p->k >= 1 && p->k <= GGML_SPARQ_K_MAX, "k must be in [1, GGML_SPARQ_K_MAX]");
+    SPARQ_NEED(p->l >= 0 && p->l <= p->k, "l must be in [0, k]");
+    SPARQ_NEED(isfinite(p->scale) && p->scale > 0.0f, "scale must be finite and > 0");
+    if ((why = sparq_check_selector(s, p)) != NULL) {
+        return why;
+    }
+    SPARQ_NEED(p->topk_buckets == 0 || (p->topk_buckets >= p->k && p->topk_buckets <= GGML_SPARQ_K_MAX),
+               "topk_buckets must be 0 or in [k, GGML_SPARQ_K_MAX]");
+    SPARQ_NEED(p->cov_p == 0.0f || (isfinite(p->cov_p) && p->cov_p > 0.0f && p->cov_p <= 1.0f),
+               "the coverage target must be 0 or in (0, 1]");
+    SPARQ_NEED(p->cov_p > 0.0f || (!p->cov_apply && p->k_min == 0 && p->k_scan == 0),
+               "k_min, k_scan and cov_apply need a coverage target");
+    SPARQ_NEED(!(p->cov_apply && p->topk_buckets > 0), "the bucketed top-k needs a fixed k (no coverage cut)");
+    SPARQ_NEED(p->k_min >= 0 && p->k_min <= p->k, "k_min must be in [0, k]");
+    SPARQ_NEED(p->k_scan >= 0 && p->k_scan <= GGML_SPARQ_K_MAX, "k_scan must be in [0, GGML_SPARQ_K_MAX]");
+    SPARQ_NEED(p->k_frac == 0.0f || (p->cov_apply && isfinite(p->k_frac) && p->k_frac > 0.0f && p->k_frac <= 1.0f),
+               "k_frac must be 0, or in (0, 1] with the coverage target applied");
+    return NULL;
+}
+
+#undef SPARQ_NEED
+
+struct ggml_tensor * ggml_sparq_attn_ext(struct ggml_context * ctx, const struct ggml_sparq_attn_srcs * s,
+                                         const struct ggml_sparq_attn_params * p) {
+    const char * why = ggml_sparq_attn_check(s, p);
+    if (why) {
+        GGML_ABORT("%s", why);
+    }
+    const int64_t ne[4] = { s->v->ne[0], s->q->ne[2], s->q->ne[1], s->q->ne[3] };
+    struct ggml_tensor * result = ggml_new_tensor(ctx, GGML_TYPE_F32, 4, ne);
+    result->op = GGML_OP_SPARQ_ATTN;
+    struct ggml_tensor * const src[] = { s->q, s->k, s->kt, s->v, s->v_sum, s->v_count, s->mask, s->win,
+                                         s->sel[0], s->sel[1], s->report };
+    static_assert(sizeof(src) / sizeof(src[0]) <= GGML_MAX_SRC, "the op's sources must fit ggml's");
+    for (size_t i = 0; i < sizeof(src) / sizeof(src[0]); ++i) {
+        result->src[i] = src[i];
+    }
+    struct ggml_sparq_params prm;
+    memset(&prm, 0, sizeof(prm));
+    prm.mode = GGML_SPARQ_MODE_ATTN;
+    prm.attn = *p;
+    ggml_sparq_params_set(result, &prm);
+    return result;
 }
 
 struct ggml_tensor * ggml_sparq_attn(
@@ -52,69 +198,40 @@ struct ggml_tensor * ggml_sparq_attn(
         int                   top_k,
         int                   local,
         float                 scale) {
-    const int64_t d      = q->ne[0];
-    const int64_t n_rows = q->ne[1];
-    const int64_t n_head = q->ne[2];
-    const int64_t n_strm = q->ne[3];
-    const int64_t n_kv   = k->ne[1];
-    const int64_t n_hkv  = k->ne[2];
-    const int64_t dv     = v->ne[0];
+    struct ggml_sparq_attn_srcs s;
+    memset(&s, 0, sizeof(s));
+    s.q = q; s.k = k; s.kt = kt; s.v = v; s.v_sum = v_sum; s.v_count = v_count; s.mask = mask;
+    const struct ggml_sparq_attn_params p = ggml_sparq_attn_params_default(r, top_k, local, scale);
+    return ggml_sparq_attn_ext(ctx, &s, &p);
+}
 
-    GGML_ASSERT(q->type == GGML_TYPE_F32 && "sparq_attn: q must be f32");
-    // K^T is kept f16 or f32 (from the dequantized keys of a q8_0 cache), or e5m2 in i8 (ggml-sparq.h)
-    GGML_ASSERT(sparq_row_type_ok(k)          && "sparq_attn: K must be f16, f32 or q8_0 (whole blocks per head)");
-    GGML_ASSERT((sparq_cache_type_ok(kt->type) || kt->type == GGML_TYPE_I8) &&
-                "sparq_attn: K^T must be f16, f32 or i8 (e5m2)");
-    GGML_ASSERT(sparq_row_type_ok(v)          && "sparq_attn: V must be f16, f32 or q8_0 (whole blocks per head)");
-    GGML_ASSERT(k->ne[0] == d && "sparq_attn: K head size differs from q");
-    GGML_ASSERT(kt->ne[0] == n_kv && kt->ne[1] == d && kt->ne[2] == n_hkv && kt->ne[3] == k->ne[3] &&
-                "sparq_attn: K^T must be [n_kv, d, n_head_kv, n_stream]");
-    GGML_ASSERT(kt->nb[0] == ggml_type_size(kt->type) && "sparq_attn: K^T rows must be cell-contiguous");
-    GGML_ASSERT(k->nb[0] == ggml_type_size(k->type) && v->nb[0] == ggml_type_size(v->type) &&
-                "sparq_attn: K and V rows must be contiguous (flash-attention layout)");
-    GGML_ASSERT(v->ne[1] == n_kv && v->ne[2] == n_hkv && v->ne[3] == k->ne[3] &&
-                "sparq_attn: V must be [dv, n_kv, n_head_kv, n_stream]");
-    GGML_ASSERT(k->ne[3] == n_strm && "sparq_attn: K and q must have the same number of streams");
-    GGML_ASSERT(n_hkv > 0 && n_head % n_hkv == 0 && "sparq_attn: n_head must be a multiple of n_head_kv");
-    GGML_ASSERT(v_sum && v_sum->type == GGML_TYPE_F32 && v_sum->ne[0] == dv && v_sum->ne[1] == n_hkv &&
-                v_sum->ne[2] == n_strm && v_sum->nb[0] == sizeof(float) &&
-                "sparq_attn: v_sum must be f32 [dv, n_head_kv, n_stream]");
-    GGML_ASSERT(v_count && v_count->type == GGML_TYPE_F32 && ggml_nelements(v_count) == n_strm &&
-                ggml_is_contiguous(v_count) && "sparq_attn: v_count must be f32 [n_stream]");
-    if (mask) {
-        GGML_ASSERT((mask->type == GGML_TYPE_F16 || mask->type == GGML_TYPE_F32) &&
-                    "sparq_attn: mask must be f16 or f32");
-        GGML_ASSERT(mask->ne[0] == n_kv && mask->ne[1] >= n_rows && mask->ne[2] == 1 &&
-                    (mask->ne[3] == 1 || mask->ne[3] == n_strm) && mask->nb[0] == ggml_type_size(mask->type) &&
-                    "sparq_attn: mask must be [n_kv, >= n_rows, 1, 1 or n_stream]");
+bool ggml_sparq_attn_view_of(struct ggml_tensor * dst, struct ggml_sparq_attn_view * v) {
+    struct ggml_sparq_params prm;
+    if (!ggml_sparq_params_decode(dst, &prm) || prm.mode != GGML_SPARQ_MODE_ATTN) {
+        return false;
     }
-    GGML_ASSERT(r >= 1 && r <= d && "sparq_attn: r must be in [1, d]");
-    GGML_ASSERT(top_k >= 1 && "sparq_attn: k must be >= 1");
-    GGML_ASSERT(local >= 0 && local <= top_k && "sparq_attn: l must be in [0, k]");
-    GGML_ASSERT(isfinite(scale) && scale > 0.0f && "sparq_attn: scale must be finite and > 0");
-
-    const int64_t ne[4] = { dv, n_head, n_rows, n_strm };
-    struct ggml_tensor * result = ggml_new_tensor(ctx, GGML_TYPE_F32, 4, ne);
-
-    GGML_ASSERT(top_k <= GGML_SPARQ_K_MAX && "sparq_attn: k must be <= GGML_SPARQ_K_MAX");
-
-    result->op     = GGML_OP_SPARQ_ATTN;
-    result->src[0] = q;
-    result->src[1] = k;
-    result->src[2] = kt;
-    result->src[3] = v;
-    result->src[4] = v_sum;
-    result->src[5] = v_count;
-    result->src[6] = mask;
-
-    struct ggml_sparq_params p = sparq_params_new(GGML_SPARQ_MODE_ATTN);
-    p.attn.r = r;
-    p.attn.k = top_k;
-    p.attn.l = local;
-    p.attn.scale = scale;
-    p.attn.selector = GGML_SPARQ_SEL_SPARQ;
-    ggml_sparq_params_set(result, &p);
-    return result;
+    struct ggml_sparq_attn_view o;
+    memset(&o, 0, sizeof(o));
+    o.p = prm.attn;
+    o.q = dst->src[0]; o.k = dst->src[1]; o.kt = dst->src[2]; o.v = dst->src[3];
+    o.v_sum = dst->src[4]; o.v_count = dst->src[5]; o.mask = dst->src[6]; o.win = dst->src[7];
+    o.report = dst->src[10];
+    o.out = dst;
+    o.d = (int) o.q->ne[0];
+    o.dv = (int) o.v->ne[0];
+    o.n_kv = (int) o.k->ne[1];
+    o.n_rows = (int) o.q->ne[1];
+    o.n_head = (int) o.q->ne[2];
+    o.n_head_kv = (int) o.k->ne[2];
+    o.n_stream = (int) o.q->ne[3];
+    // the selector's inputs (ggml_sparq_attn_srcs::sel) by role
+    switch (o.p.selector) {
+        case GGML_SPARQ_SEL_H2O:   o.h2o = dst->src[8]; break;
+        case GGML_SPARQ_SEL_INDEX: o.ivf_cent = dst->src[8]; o.ivf_list = dst->src[9]; break;
+        default:                   o.q_sel = dst->src[8]; o.comp_w = dst->src[9]; break;
+    }
+    *v = o;
+    return true;
 }
 
 // a node of one of the op's write modes: a view of dst (its result orders later readers), its
@@ -192,137 +309,4 @@ void ggml_sparq_sum_append_set_count(struct ggml_tensor * node, struct ggml_tens
     GGML_ASSERT(count->type == GGML_TYPE_F32 && ggml_is_contiguous(count) && ggml_nelements(count) == node->src[0]->ne[1] &&
                 "sparq_sum_append: count must be contiguous f32 [n_stream]");
     node->src[3] = count;
-}
-
-void ggml_sparq_attn_set_selector(struct ggml_tensor * attn, int32_t selector, int32_t flags) {
-    GGML_ASSERT(attn->op == GGML_OP_SPARQ_ATTN);
-    GGML_ASSERT(selector >= 0 && selector < GGML_SPARQ_SEL_COUNT && "sparq_attn: unknown selector");
-    GGML_ASSERT((flags & ~(GGML_SPARQ_FLAG_PER_HEAD | GGML_SPARQ_FLAG_NO_MEAN_V | GGML_SPARQ_FLAG_DENSE)) == 0 &&
-                "sparq_attn: unknown flags");
-    struct ggml_sparq_params p = sparq_attn_params(attn);
-    p.attn.selector = selector;
-    p.attn.flags = flags;
-    ggml_sparq_params_set(attn, &p);
-}
-
-void ggml_sparq_attn_set_basis(struct ggml_tensor * attn, struct ggml_tensor * q_sel, struct ggml_tensor * comp_w) {
-    const int32_t sel = sparq_attn_params(attn).attn.selector;
-    GGML_ASSERT((sel == GGML_SPARQ_SEL_SPARQ || sel == GGML_SPARQ_SEL_ORACLE) &&
-                "sparq_attn: a basis applies to the sparq and oracle selectors only");
-    const struct ggml_tensor * q = attn->src[0];
-    const struct ggml_tensor * k = attn->src[1];
-    if (q_sel) {
-        GGML_ASSERT(q_sel->type == GGML_TYPE_F32 && ggml_are_same_shape(q_sel, q) && q_sel->nb[0] == sizeof(float) &&
-                    "sparq_attn: q_sel must be f32 with q's shape");
-    }
-    if (comp_w) {
-        GGML_ASSERT(comp_w->type == GGML_TYPE_F32 && comp_w->ne[0] == q->ne[0] && comp_w->ne[1] == k->ne[2] &&
-                    (comp_w->ne[2] == 1 || comp_w->ne[2] == q->ne[3]) && comp_w->ne[3] == 1 &&
-                    comp_w->nb[0] == sizeof(float) && "sparq_attn: comp_w must be f32 [d, n_head_kv, 1 or n_stream]");
-    }
-    attn->src[8] = q_sel;
-    attn->src[9] = comp_w;
-    sparq_refresh_features(attn);
-}
-
-void ggml_sparq_attn_set_h2o(struct ggml_tensor * attn, struct ggml_tensor * scores) {
-    GGML_ASSERT(sparq_attn_params(attn).attn.selector == GGML_SPARQ_SEL_H2O && "sparq_attn: set the h2o selector first");
-    const struct ggml_tensor * k = attn->src[1];
-    GGML_ASSERT(scores->type == GGML_TYPE_F32 && scores->ne[0] == k->ne[1] && scores->ne[1] == k->ne[2] &&
-                scores->ne[2] == k->ne[3] && scores->ne[3] == 1 && scores->nb[0] == sizeof(float) &&
-                "sparq_attn: the H2O scores must be f32 [n_kv, n_head_kv, n_stream]");
-    attn->src[8] = scores;
-    sparq_refresh_features(attn);
-}
-
-void ggml_sparq_attn_set_index(struct ggml_tensor * attn, struct ggml_tensor * centroids,
-                               struct ggml_tensor * lists, int32_t n_probe) {
-    struct ggml_sparq_params p = sparq_attn_params(attn);
-    GGML_ASSERT(p.attn.selector == GGML_SPARQ_SEL_INDEX && "sparq_attn: set the index selector first");
-    const struct ggml_tensor * q = attn->src[0];
-    const struct ggml_tensor * k = attn->src[1];
-    GGML_ASSERT(centroids->type == GGML_TYPE_F32 && centroids->ne[0] == q->ne[0] && centroids->ne[1] >= 1 &&
-                centroids->ne[2] == k->ne[2] && centroids->ne[3] == k->ne[3] && centroids->nb[0] == sizeof(float) &&
-                "sparq_attn: the index centroids must be f32 [d, n_list, n_head_kv, n_stream]");
-    GGML_ASSERT(lists->type == GGML_TYPE_F32 && lists->ne[0] == k->ne[1] && lists->ne[1] == k->ne[2] &&
-                lists->ne[2] == k->ne[3] && lists->ne[3] == 1 && lists->nb[0] == sizeof(float) &&
-                "sparq_attn: the index lists must be f32 [n_kv, n_head_kv, n_stream]");
-    GGML_ASSERT(n_probe >= 1 && n_probe <= centroids->ne[1] && "sparq_attn: n_probe must be in [1, n_list]");
-    attn->src[8] = centroids;
-    attn->src[9] = lists;
-    p.attn.n_probe = n_probe;
-    ggml_sparq_params_set(attn, &p);
-}
-
-void ggml_sparq_attn_set_index_reads(struct ggml_tensor * attn) {
-    struct ggml_sparq_params p = sparq_attn_params(attn);
-    const struct ggml_tensor * c = attn->src[8];
-    GGML_ASSERT(p.attn.selector == GGML_SPARQ_SEL_INDEX && c &&
-                "sparq_attn: set the index first (ggml_sparq_attn_set_index)");
-    GGML_ASSERT(c->nb[2] >= (size_t) (c->ne[1] + 1) * c->nb[1] &&
-                "sparq_attn: the index reads need a row after the last centroid (centroids->nb[2] >= (n_list + 1) * nb[1])");
-    p.attn.index_reads = true;
-    ggml_sparq_params_set(attn, &p);
-}
-
-void ggml_sparq_attn_set_window(struct ggml_tensor * attn, struct ggml_tensor * win) {
-    sparq_attn_params(attn);
-    const struct ggml_tensor * q = attn->src[0];
-    GGML_ASSERT(win->type == GGML_TYPE_I32 && win->ne[0] >= 1 && win->ne[1] >= q->ne[1] && win->ne[2] == q->ne[3] &&
-                win->nb[0] == sizeof(int32_t) && "sparq_attn: the window must be i32 [w, n_rows, n_stream]");
-    attn->src[7] = win;
-    sparq_refresh_features(attn);
-}
-
-void ggml_sparq_attn_set_coverage(struct ggml_tensor * attn, float cov_p, int32_t k_min, int32_t k_scan, bool apply) {
-    struct ggml_sparq_params p = sparq_attn_params(attn);
-    const int32_t sel = p.attn.selector;
-    GGML_ASSERT((sel == GGML_SPARQ_SEL_SPARQ || sel == GGML_SPARQ_SEL_ORACLE) &&
-                "sparq_attn: a coverage target applies to the sparq and oracle selectors only");
-    const int32_t k = p.attn.k;
-    GGML_ASSERT(isfinite(cov_p) && cov_p > 0.0f && cov_p <= 1.0f && "sparq_attn: the coverage target must be in (0, 1]");
-    GGML_ASSERT(!(apply && p.attn.topk_buckets > 0) && "sparq_attn: the bucketed top-k needs a fixed k (no coverage cut)");
-    GGML_ASSERT(k_min >= 0 && k_min <= k && "sparq_attn: k_min must be in [0, k]");
-    GGML_ASSERT(k_scan >= 0 && k_scan <= GGML_SPARQ_K_MAX && "sparq_attn: k_scan must be in [0, GGML_SPARQ_K_MAX]");
-    p.attn.cov_p = cov_p;
-    p.attn.k_min = k_min;
-    p.attn.k_scan = k_scan;
-    p.attn.cov_apply = apply;
-    ggml_sparq_params_set(attn, &p);
-}
-
-void ggml_sparq_attn_set_topk_buckets(struct ggml_tensor * attn, int32_t buckets) {
-    struct ggml_sparq_params p = sparq_attn_params(attn);
-    const int32_t sel = p.attn.selector;
-    GGML_ASSERT((sel == GGML_SPARQ_SEL_SPARQ || sel == GGML_SPARQ_SEL_ORACLE) &&
-                "sparq_attn: the bucketed top-k applies to the sparq and oracle selectors only");
-    GGML_ASSERT((buckets == 0 || (buckets >= p.attn.k && buckets <= GGML_SPARQ_K_MAX)) &&
-                "sparq_attn: topk_buckets must be 0 or in [k, GGML_SPARQ_K_MAX]");
-    GGML_ASSERT(!(buckets > 0 && p.attn.cov_apply) && "sparq_attn: the bucketed top-k needs a fixed k (no coverage cut)");
-    p.attn.topk_buckets = buckets;
-    ggml_sparq_params_set(attn, &p);
-}
-
-void ggml_sparq_attn_set_coverage_cap(struct ggml_tensor * attn, float k_frac) {
-    struct ggml_sparq_params p = sparq_attn_params(attn);
-    GGML_ASSERT(p.attn.cov_apply && "sparq_attn: the per-row cap needs the coverage target applied");
-    GGML_ASSERT(isfinite(k_frac) && k_frac > 0.0f && k_frac <= 1.0f && "sparq_attn: k_frac must be in (0, 1]");
-    p.attn.k_frac = k_frac;
-    ggml_sparq_params_set(attn, &p);
-}
-
-void ggml_sparq_attn_set_report(struct ggml_tensor * attn, float * report) {
-    struct ggml_sparq_params p = sparq_attn_params(attn);
-    p.attn.report = report;
-    ggml_sparq_params_set(attn, &p);
-}
-
-float * ggml_sparq_attn_get_report(const struct ggml_tensor * attn) {
-    return sparq_attn_params(attn).attn.report;
-}
-
-void ggml_sparq_attn_set_tickets(struct ggml_tensor * attn, void * tickets) {
-    struct ggml_sparq_params p = sparq_attn_params(attn);
-    p.attn.tickets = tickets;
-    ggml_sparq_params_set(attn, &p);
 }

@@ -73,30 +73,28 @@ struct test_sparq_attn : public test_case {
             m = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, kv, nr, 1, ns);
             ggml_set_name(m, "m");
         }
-        ggml_tensor * out = ggml_sparq_attn(ctx, q, K, KT, V, vs, vc, m, r, k, l, 1.0f / sqrtf((float) d));
-        if (sel != GGML_SPARQ_SEL_SPARQ || flags != 0) {
-            ggml_sparq_attn_set_selector(out, sel, flags);
-        }
+        ggml_sparq_attn_srcs src = {};
+        src.q = q; src.k = K; src.kt = KT; src.v = V; src.v_sum = vs; src.v_count = vc; src.mask = m;
+        ggml_sparq_attn_params p = ggml_sparq_attn_params_default(r, k, l, 1.0f / sqrtf((float) d));
+        p.selector = sel;
+        p.flags = flags;
         if (cov_p > 0.0f) {
-            ggml_sparq_attn_set_coverage(out, cov_p, k_min, 0, true);
-            if (k_frac > 0.0f) {
-                ggml_sparq_attn_set_coverage_cap(out, k_frac);
-            }
+            p.cov_p = cov_p;
+            p.k_min = k_min;
+            p.cov_apply = true;
+            p.k_frac = k_frac;
         }
-        if (buckets > 0) {
-            ggml_sparq_attn_set_topk_buckets(out, buckets);
-        }
+        p.topk_buckets = buckets;
         if (variant == 1) {
-            ggml_tensor * win = ggml_new_tensor_3d(ctx, GGML_TYPE_I32, std::max(l, 1), nr, ns);
-            ggml_set_name(win, "win");
-            ggml_sparq_attn_set_window(out, win);
+            src.win = ggml_new_tensor_3d(ctx, GGML_TYPE_I32, std::max(l, 1), nr, ns);
+            ggml_set_name(src.win, "win");
         } else if (variant == 2) {
-            ggml_tensor * qs = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, d, nr, nh, ns);
-            ggml_set_name(qs, "q_sel");
-            ggml_tensor * cw = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, d, nh_kv, ns);
-            ggml_set_name(cw, "comp_w");
-            ggml_sparq_attn_set_basis(out, qs, cw);
+            src.sel[0] = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, d, nr, nh, ns);
+            ggml_set_name(src.sel[0], "q_sel");
+            src.sel[1] = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, d, nh_kv, ns);
+            ggml_set_name(src.sel[1], "comp_w");
         }
+        ggml_tensor * out = ggml_sparq_attn_ext(ctx, &src, &p);
         ggml_set_name(out, "out");
         return out;
     }

@@ -244,6 +244,18 @@ def debug_graph_io(ctx) -> dict:
     return {f: int(getattr(s, f)) for f, _ in b.ffi.typeof("struct llama_sparq_graph_io").fields if f != "size"}
 
 
+def debug_op_params(ctx, il: int, n_kv: int, measure: bool = False) -> list[int]:
+    """The op's parameters (op_params' int32 slots) the settings' check builds for model layer il at a
+    decode step over n_kv cells (llama_sparq_debug_op_params): the graph's road to its nodes."""
+    b = _b()
+    out = b.ffi.new("int32_t[16]")
+    rc = library().llama_sparq_debug_op_params(b.ctx_ptr(ctx), int(il), int(n_kv), bool(measure), out)
+    if rc != 0:
+        raise RuntimeError(f"llama_sparq_debug_op_params returned {rc} (-1: SparQ off or no SparQ data in layer {il}, "
+                           "-2: no valid node)")
+    return list(out)
+
+
 def bench_fill(ctx, n_tokens: int, seed: int = 1) -> None:
     """For benchmarks: fill sequence 0 of an empty KV cache with n_tokens cells of random K
     and V (llama_sparq_bench_fill); raises ValueError with the library's reason."""

@@ -398,39 +398,42 @@ static int run_ggml(const test_case & c, const char * out_path, int nth) {
     memcpy(vs->data, c.v_sum.data(), c.v_sum.size() * 4);
     memcpy(vc->data, c.v_count.data(), c.v_count.size() * 4);
 
-    struct ggml_tensor * res = ggml_sparq_attn(ctx, q, K, KT, V, vs, vc, mask, c.r, c.k, c.l, c.scale);
-    ggml_sparq_attn_set_selector(res, c.selector, (c.per_head ? GGML_SPARQ_FLAG_PER_HEAD : 0) |
-                                                  (c.no_mean_v ? GGML_SPARQ_FLAG_NO_MEAN_V : 0));
+    struct ggml_sparq_attn_srcs src = {};
+    src.q = q; src.k = K; src.kt = KT; src.v = V; src.v_sum = vs; src.v_count = vc; src.mask = mask;
+    struct ggml_sparq_attn_params p = ggml_sparq_attn_params_default(c.r, c.k, c.l, c.scale);
+    p.selector = c.selector;
+    p.flags = (c.per_head ? GGML_SPARQ_FLAG_PER_HEAD : 0) | (c.no_mean_v ? GGML_SPARQ_FLAG_NO_MEAN_V : 0);
     if (c.cov_p > 0.0f) {
-        ggml_sparq_attn_set_coverage(res, c.cov_p, c.k_min, 0, true);
+        p.cov_p = c.cov_p;
+        p.k_min = c.k_min;
+        p.cov_apply = true;
     }
-    if (c.topk_buckets > 0) {
-        ggml_sparq_attn_set_topk_buckets(res, c.topk_buckets);
-    }
+    p.topk_buckets = c.topk_buckets;
     if (c.win_n > 0) {
-        struct ggml_tensor * wt = ggml_new_tensor_3d(ctx, GGML_TYPE_I32, c.win_n, c.n_rows, c.n_stream);
-        memcpy(wt->data, c.win.data(), c.win.size() * 4);
-        ggml_sparq_attn_set_window(res, wt);
+        src.win = ggml_new_tensor_3d(ctx, GGML_TYPE_I32, c.win_n, c.n_rows, c.n_stream);
+        memcpy(src.win->data, c.win.data(), c.win.size() * 4);
     }
     if (c.has_basis) {
-        struct ggml_tensor * qs = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, c.d, c.n_rows, c.n_head, c.n_stream);
-        struct ggml_tensor * cw = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.d, c.n_head_kv);
-        memcpy(qs->data, c.q_sel.data(), c.q_sel.size() * 4);
-        memcpy(cw->data, c.comp_w.data(), c.comp_w.size() * 4);
-        ggml_sparq_attn_set_basis(res, qs, cw);
+        src.sel[0] = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, c.d, c.n_rows, c.n_head, c.n_stream);
+        src.sel[1] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.d, c.n_head_kv);
+        memcpy(src.sel[0]->data, c.q_sel.data(), c.q_sel.size() * 4);
+        memcpy(src.sel[1]->data, c.comp_w.data(), c.comp_w.size() * 4);
     }
     struct ggml_tensor * h2o = nullptr;
-    if (c.selector == 3 || c.selector == 4) {
+    if (c.selector == GGML_SPARQ_SEL_H2O || c.selector == GGML_SPARQ_SEL_INDEX) {
+        // the selector's per-cell state: H2O's scores, or the index's list ids (written by the op)
         h2o = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, c.n_kv, c.n_head_kv, c.n_stream);
         memcpy(h2o->data, c.h2o.data(), c.h2o.size() * 4);
-        if (c.selector == 3) {
-            ggml_sparq_attn_set_h2o(res, h2o);
+        if (c.selector == GGML_SPARQ_SEL_H2O) {
+            src.sel[0] = h2o;
         } else {
-            struct ggml_tensor * ce = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, c.d, c.ivf_n_list, c.n_head_kv, c.n_stream);
-            memcpy(ce->data, c.ivf_cent.data(), c.ivf_cent.size() * 4);
-            ggml_sparq_attn_set_index(res, ce, h2o, c.ivf_n_probe);
+            src.sel[0] = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, c.d, c.ivf_n_list, c.n_head_kv, c.n_stream);
+            memcpy(src.sel[0]->data, c.ivf_cent.data(), c.ivf_cent.size() * 4);
+            src.sel[1] = h2o;
+            p.n_probe = c.ivf_n_probe;
         }
     }
+    struct ggml_tensor * res = ggml_sparq_attn_ext(ctx, &src, &p);
     struct ggml_cgraph * gf = ggml_new_graph(ctx);
     ggml_build_forward_expand(gf, res);
     // the work buffer as ggml's plan sizes it (the op's scratch grows with the shape)

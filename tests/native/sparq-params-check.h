@@ -1,5 +1,6 @@
-// llama-sparq: the op's typed parameters (ggml-sparq-params.h) checked through ggml: every setter's
-// value comes back from the one decoder, the same bytes decode alike in another tensor (what an RPC
+// llama-sparq: the op's typed parameters (ggml-sparq-params.h) checked through ggml: every field the
+// constructor wrote comes back from the one decoder, the layout keeps its free slots, bad nodes are
+// refused with their reason, the same bytes decode alike in another tensor (what an RPC
 // server receives), every optional part maps to its feature bit, the CPU backend (through ggml's
 // supports_op) and the CUDA support check (host code, no GPU needed) honour or refuse each part as
 // they declare, and a part or a selector this build does not know, or another layout version, is
@@ -28,56 +29,72 @@ struct params_node_set {
     int64_t d, n_kv, n_head, n_hkv;
 };
 
+static ggml_sparq_attn_srcs params_srcs(const params_node_set & s) {
+    ggml_sparq_attn_srcs src = {};
+    src.q = s.q; src.k = s.K; src.kt = s.KT; src.v = s.V; src.v_sum = s.vs; src.v_count = s.vc; src.mask = s.mask;
+    return src;
+}
+
 static struct ggml_tensor * params_attn(const params_node_set & s, int r, int k, int l) {
     return ggml_sparq_attn(s.ctx, s.q, s.K, s.KT, s.V, s.vs, s.vc, s.mask, r, k, l, 0.125f);
 }
 
-// a node that uses the one part `bit` (beside what that part needs), or NULL for none
-static struct ggml_tensor * params_node_with(const params_node_set & s, uint32_t bit) {
-    struct ggml_tensor * n = params_attn(s, 8, 16, 4);
+// the sources and parameters of a node that uses the one part `bit` (beside what that part needs);
+// false for no such part
+static bool params_parts_with(const params_node_set & s, uint32_t bit, ggml_sparq_attn_srcs & src, ggml_sparq_attn_params & p) {
+    src = params_srcs(s);
+    p = ggml_sparq_attn_params_default(8, 16, 4, 0.125f);
     switch (bit) {
-        case 0: return n;
-        case GGML_SPARQ_FEAT_ORACLE:    ggml_sparq_attn_set_selector(n, GGML_SPARQ_SEL_ORACLE, 0); return n;
-        case GGML_SPARQ_FEAT_STREAMING: ggml_sparq_attn_set_selector(n, GGML_SPARQ_SEL_STREAMING, 0); return n;
-        case GGML_SPARQ_FEAT_H2O: {
-            ggml_sparq_attn_set_selector(n, GGML_SPARQ_SEL_H2O, 0);
-            ggml_sparq_attn_set_h2o(n, ggml_new_tensor_3d(s.ctx, GGML_TYPE_F32, s.n_kv, s.n_hkv, 1));
-            return n;
-        }
+        case 0: return true;
+        case GGML_SPARQ_FEAT_ORACLE:    p.selector = GGML_SPARQ_SEL_ORACLE; return true;
+        case GGML_SPARQ_FEAT_STREAMING: p.selector = GGML_SPARQ_SEL_STREAMING; return true;
+        case GGML_SPARQ_FEAT_H2O:
+            p.selector = GGML_SPARQ_SEL_H2O;
+            src.sel[0] = ggml_new_tensor_3d(s.ctx, GGML_TYPE_F32, s.n_kv, s.n_hkv, 1);
+            return true;
         case GGML_SPARQ_FEAT_INDEX:
         case GGML_SPARQ_FEAT_INDEX_READS: {
-            ggml_sparq_attn_set_selector(n, GGML_SPARQ_SEL_INDEX, 0);
+            p.selector = GGML_SPARQ_SEL_INDEX;
             struct ggml_tensor * cent = ggml_new_tensor_4d(s.ctx, GGML_TYPE_F32, s.d, 5, s.n_hkv, 1);
-            struct ggml_tensor * cv = ggml_view_4d(s.ctx, cent, s.d, 4, s.n_hkv, 1, cent->nb[1], cent->nb[2], cent->nb[3], 0);
-            ggml_sparq_attn_set_index(n, cv, ggml_new_tensor_3d(s.ctx, GGML_TYPE_F32, s.n_kv, s.n_hkv, 1), 3);
-            if (bit == GGML_SPARQ_FEAT_INDEX_READS) {
-                ggml_sparq_attn_set_index_reads(n);
-            }
-            return n;
+            src.sel[0] = ggml_view_4d(s.ctx, cent, s.d, 4, s.n_hkv, 1, cent->nb[1], cent->nb[2], cent->nb[3], 0);
+            src.sel[1] = ggml_new_tensor_3d(s.ctx, GGML_TYPE_F32, s.n_kv, s.n_hkv, 1);
+            p.n_probe = 3;
+            p.index_reads = bit == GGML_SPARQ_FEAT_INDEX_READS;
+            return true;
         }
-        case GGML_SPARQ_FEAT_PER_HEAD:  ggml_sparq_attn_set_selector(n, GGML_SPARQ_SEL_SPARQ, GGML_SPARQ_FLAG_PER_HEAD); return n;
-        case GGML_SPARQ_FEAT_NO_MEAN_V: ggml_sparq_attn_set_selector(n, GGML_SPARQ_SEL_SPARQ, GGML_SPARQ_FLAG_NO_MEAN_V); return n;
-        case GGML_SPARQ_FEAT_DENSE:     ggml_sparq_attn_set_selector(n, GGML_SPARQ_SEL_SPARQ, GGML_SPARQ_FLAG_DENSE); return n;
-        case GGML_SPARQ_FEAT_WINDOW:
-            ggml_sparq_attn_set_window(n, ggml_new_tensor_3d(s.ctx, GGML_TYPE_I32, 4, 1, 1));
-            return n;
-        case GGML_SPARQ_FEAT_BASIS:
-            ggml_sparq_attn_set_basis(n, nullptr, ggml_new_tensor_3d(s.ctx, GGML_TYPE_F32, s.d, s.n_hkv, 1));
-            return n;
-        case GGML_SPARQ_FEAT_COVERAGE:         ggml_sparq_attn_set_coverage(n, 0.9f, 8, 0, true); return n;
+        case GGML_SPARQ_FEAT_PER_HEAD:  p.flags = GGML_SPARQ_FLAG_PER_HEAD; return true;
+        case GGML_SPARQ_FEAT_NO_MEAN_V: p.flags = GGML_SPARQ_FLAG_NO_MEAN_V; return true;
+        case GGML_SPARQ_FEAT_DENSE:     p.flags = GGML_SPARQ_FLAG_DENSE; return true;
+        case GGML_SPARQ_FEAT_WINDOW:    src.win = ggml_new_tensor_3d(s.ctx, GGML_TYPE_I32, 4, 1, 1); return true;
+        case GGML_SPARQ_FEAT_BASIS:     src.sel[1] = ggml_new_tensor_3d(s.ctx, GGML_TYPE_F32, s.d, s.n_hkv, 1); return true;
         case GGML_SPARQ_FEAT_COVERAGE_CAP:
-            ggml_sparq_attn_set_coverage(n, 0.9f, 8, 0, true);
-            ggml_sparq_attn_set_coverage_cap(n, 0.25f);
-            return n;
-        case GGML_SPARQ_FEAT_COVERAGE_MEASURE: ggml_sparq_attn_set_coverage(n, 0.9f, 0, 64, false); return n;
-        case GGML_SPARQ_FEAT_TOPK_BUCKETS: ggml_sparq_attn_set_topk_buckets(n, 64); return n;
-        case GGML_SPARQ_FEAT_REPORT: {
-            static float report[64];
-            ggml_sparq_attn_set_report(n, report);
-            return n;
-        }
-        default: return nullptr;
+            p.k_frac = 0.25f;
+            [[fallthrough]];
+        case GGML_SPARQ_FEAT_COVERAGE:
+            p.cov_p = 0.9f;
+            p.k_min = 8;
+            p.cov_apply = true;
+            return true;
+        case GGML_SPARQ_FEAT_COVERAGE_MEASURE:
+            p.cov_p = 0.9f;
+            p.k_scan = 64;
+            return true;
+        case GGML_SPARQ_FEAT_TOPK_BUCKETS: p.topk_buckets = 64; return true;
+        case GGML_SPARQ_FEAT_REPORT:
+            src.report = ggml_new_tensor_3d(s.ctx, GGML_TYPE_F32, 4, s.n_hkv, 1);
+            return true;
+        default: return false;
     }
+}
+
+// a node that uses the one part `bit`, or NULL for none
+static struct ggml_tensor * params_node_with(const params_node_set & s, uint32_t bit) {
+    ggml_sparq_attn_srcs src;
+    ggml_sparq_attn_params p;
+    if (!params_parts_with(s, bit, src, p)) {
+        return nullptr;
+    }
+    return ggml_sparq_attn_ext(s.ctx, &src, &p);
 }
 
 // the parts a node built for `bit` uses besides it
@@ -108,24 +125,27 @@ static int run_params_check() {
         return params_fail("no CPU backend device");
     }
 
-    // 1. what the setters wrote comes back from the decoder, and from a byte copy of op_params
-    struct ggml_tensor * n = params_attn(s, 7, 33, 5);
-    ggml_sparq_attn_set_selector(n, GGML_SPARQ_SEL_ORACLE, GGML_SPARQ_FLAG_PER_HEAD);
-    ggml_sparq_attn_set_coverage(n, 0.875f, 9, 0, true);
-    ggml_sparq_attn_set_coverage_cap(n, 0.5f);
-    float report[16];
-    ggml_sparq_attn_set_report(n, report);
-    unsigned int tickets[4];
-    ggml_sparq_attn_set_tickets(n, tickets);
+    // 0. the layout leaves room for the parts to come
+    if (ggml_sparq_params_free_slots() < GGML_SPARQ_PARAMS_MIN_FREE) {
+        return params_fail("the parameter layout leaves fewer free op_params slots than GGML_SPARQ_PARAMS_MIN_FREE");
+    }
+
+    // 1. what the constructor wrote comes back from the decoder, and from a byte copy of op_params
+    ggml_sparq_attn_srcs src = params_srcs(s);
+    src.report = ggml_new_tensor_3d(s.ctx, GGML_TYPE_F32, 4, s.n_hkv, 1);
+    ggml_sparq_attn_params in = ggml_sparq_attn_params_default(7, 33, 5, 0.125f);
+    in.selector = GGML_SPARQ_SEL_ORACLE;
+    in.flags = GGML_SPARQ_FLAG_PER_HEAD;
+    in.cov_p = 0.875f;
+    in.k_min = 9;
+    in.cov_apply = true;
+    in.k_frac = 0.5f;
+    struct ggml_tensor * n = ggml_sparq_attn_ext(s.ctx, &src, &in);
     ggml_sparq_params p = ggml_sparq_params_get(n);
     const ggml_sparq_attn_params & a = p.attn;
-    if (p.mode != GGML_SPARQ_MODE_ATTN || a.r != 7 || a.k != 33 || a.l != 5 || a.scale != 0.125f ||
-        a.selector != GGML_SPARQ_SEL_ORACLE || a.flags != GGML_SPARQ_FLAG_PER_HEAD || a.cov_p != 0.875f ||
-        a.k_min != 9 || a.k_scan != 0 || !a.cov_apply || a.k_frac != 0.5f || a.report != report || a.tickets != tickets ||
-        ggml_sparq_attn_get_report(n) != report) {
-        return params_fail("the setters' values do not come back from the decoder");
+    if (p.mode != GGML_SPARQ_MODE_ATTN || memcmp(&a, &in, sizeof(in)) != 0 || n->src[10] != src.report) {
+        return params_fail("the constructor's values do not come back from the decoder");
     }
-    // (the tickets are a resource, not a part of the computation: no feature bit)
     const uint32_t want = GGML_SPARQ_FEAT_ORACLE | GGML_SPARQ_FEAT_PER_HEAD | GGML_SPARQ_FEAT_COVERAGE |
                           GGML_SPARQ_FEAT_COVERAGE_CAP | GGML_SPARQ_FEAT_REPORT;
     if (p.features != want) {
@@ -137,14 +157,43 @@ static int run_params_check() {
     if (memcmp(&pc.attn, &p.attn, sizeof(p.attn)) != 0 || pc.features != p.features) {
         return params_fail("a byte copy of op_params (what an RPC server receives) decodes otherwise");
     }
-    // the bucketed top-k's buckets and the index's n_probe share a slot, one selector each
-    struct ggml_tensor * nb = params_attn(s, 7, 33, 5);
-    ggml_sparq_attn_set_topk_buckets(nb, 1000);
-    struct ggml_tensor * ni = params_node_with(s, GGML_SPARQ_FEAT_INDEX);
-    const ggml_sparq_params pb = ggml_sparq_params_get(nb), pi = ggml_sparq_params_get(ni);
-    if (pb.attn.topk_buckets != 1000 || pb.attn.n_probe != 0 || pb.features != GGML_SPARQ_FEAT_TOPK_BUCKETS ||
-        pi.attn.n_probe != 3 || pi.attn.topk_buckets != 0 || (pi.features & GGML_SPARQ_FEAT_TOPK_BUCKETS)) {
-        return params_fail("topk_buckets and n_probe do not come back as written");
+    // every field has a slot of its own: the largest values of each come back beside each other
+    {
+        ggml_sparq_attn_srcs sb = params_srcs(s);
+        ggml_sparq_attn_params pb = ggml_sparq_attn_params_default((int) s.d, GGML_SPARQ_K_MAX, GGML_SPARQ_K_MAX, 3.5f);
+        pb.topk_buckets = GGML_SPARQ_K_MAX;
+        pb.cov_p = 1.0f;
+        pb.k_scan = GGML_SPARQ_K_MAX;
+        pb.flags = GGML_SPARQ_FLAG_PER_HEAD | GGML_SPARQ_FLAG_NO_MEAN_V | GGML_SPARQ_FLAG_DENSE;
+        const ggml_sparq_params back = ggml_sparq_params_get(ggml_sparq_attn_ext(s.ctx, &sb, &pb));
+        if (memcmp(&back.attn, &pb, sizeof(pb)) != 0) {
+            return params_fail("the largest values of the fields do not come back as written");
+        }
+    }
+    // what no node may hold is refused with a reason that names it, before any node is made
+    {
+        struct bad { const char * needle; void (*spoil)(ggml_sparq_attn_srcs &, ggml_sparq_attn_params &); };
+        const bad bads[] = {
+            { "r must be",      [](ggml_sparq_attn_srcs &, ggml_sparq_attn_params & q) { q.r = 0; } },
+            { "l must be",      [](ggml_sparq_attn_srcs &, ggml_sparq_attn_params & q) { q.l = q.k + 1; } },
+            { "n_probe",        [](ggml_sparq_attn_srcs &, ggml_sparq_attn_params & q) { q.n_probe = 3; } },
+            { "topk_buckets",   [](ggml_sparq_attn_srcs &, ggml_sparq_attn_params & q) { q.topk_buckets = q.k - 1; } },
+            { "fixed k",        [](ggml_sparq_attn_srcs &, ggml_sparq_attn_params & q) {
+                                    q.topk_buckets = q.k; q.cov_p = 0.5f; q.cov_apply = true; } },
+            { "k_frac",         [](ggml_sparq_attn_srcs &, ggml_sparq_attn_params & q) { q.cov_p = 0.5f; q.k_frac = 0.5f; } },
+            { "h2o",            [](ggml_sparq_attn_srcs &, ggml_sparq_attn_params & q) { q.selector = GGML_SPARQ_SEL_H2O; } },
+            { "the report",     [](ggml_sparq_attn_srcs & t, ggml_sparq_attn_params &) { t.report = t.v_count; } },
+            { "q, K, K^T",      [](ggml_sparq_attn_srcs & t, ggml_sparq_attn_params &) { t.kt = nullptr; } },
+        };
+        for (const bad & b : bads) {
+            ggml_sparq_attn_srcs sb = params_srcs(s);
+            ggml_sparq_attn_params pb = ggml_sparq_attn_params_default(8, 16, 4, 0.125f);
+            b.spoil(sb, pb);
+            const char * why = ggml_sparq_attn_check(&sb, &pb);
+            if (!why || !strstr(why, b.needle)) {
+                return params_fail("a bad node is not refused with its reason:", why ? why : b.needle);
+            }
+        }
     }
     struct ggml_tensor * sum = ggml_sparq_sum_append(s.ctx, s.vs, nullptr, ggml_new_tensor_2d(s.ctx, GGML_TYPE_F32, s.d * s.n_hkv, 1),
                                                      GGML_TYPE_F16, true);
@@ -219,7 +268,7 @@ static int run_params_check() {
 
     // 4. another layout version (a node from another build) is refused, not misread
     struct ggml_tensor * old = params_node_with(s, 0);
-    old->op_params[0] ^= 1 << 16;
+    old->op_params[0] ^= 1 << 24; // the version's lowest bit
     ggml_sparq_params po;
     if (ggml_sparq_params_decode(old, &po) || ggml_backend_dev_supports_op(cpu, old) || !sparq_cuda_why_not(old)) {
         return params_fail("a node of another layout version is not refused");
@@ -227,7 +276,7 @@ static int run_params_check() {
 
     ggml_free(s.ctx);
     printf("params-check: OK: %d parts, each honoured by the CPU and as declared by CUDA (%d of them); "
-           "unknown parts and another layout refused by both\n",
-           parts, __builtin_popcount(SPARQ_CUDA_HONOURS));
+           "unknown parts and another layout refused by both; %d of %d op_params slots free\n",
+           parts, __builtin_popcount(SPARQ_CUDA_HONOURS), ggml_sparq_params_free_slots(), GGML_SPARQ_PARAMS_SLOTS);
     return 0;
 }

@@ -1,0 +1,96 @@
+// llama-sparq: the settings resolved into the op's parameters, and the probe node the settings' check
+// puts to the devices (llama-sparq-op.h).
+#include "llama-sparq-op.h"
+#include "llama-sparq-selector.h"
+
+#include <algorithm>
+#include <cmath>
+
+sparq_op_budget sparq_op_budget_of(const llama_sparq_params & p, int64_t d, int64_t n_kv, int g) {
+    const sparq_selector & sel = sparq_selector_of(p.selector);
+    sparq_op_budget b;
+    b.r = p.r > 0 ? std::min<int>(p.r, (int) d) : sparq_default_r(d, p.kt_bits);
+    b.calibrated = sparq_is_calibrated(p);
+    b.kk = p.k;
+    if (b.calibrated) {
+        // at least k_min cells, at most k_frac of the graph's KV cells (the cap sizes the op's scratch)
+        const double cap = std::ceil((double) p.k_frac * (double) n_kv);
+        b.kk = (int) std::min<double>(GGML_SPARQ_K_MAX, std::max<double>(p.k_min, cap));
+    }
+    b.l = sel.window ? sel.window(b.kk) : p.l >= 0 ? p.l : (b.calibrated ? p.k_min : b.kk) / 4;
+    b.l = std::min(b.l, b.kk);
+    b.per_head = p.gqa == LLAMA_SPARQ_GQA_PER_HEAD && g > 1 && sel.per_head;
+    return b;
+}
+
+ggml_sparq_attn_params sparq_op_params(const llama_sparq_ctx & S, const llama_sparq_params & p, const sparq_op_budget & b,
+                                       const sparq_op_step & st, float scale) {
+    static_assert(LLAMA_SPARQ_SELECTOR_SPARQ == GGML_SPARQ_SEL_SPARQ && LLAMA_SPARQ_SELECTOR_ORACLE == GGML_SPARQ_SEL_ORACLE &&
+                  LLAMA_SPARQ_SELECTOR_STREAMING == GGML_SPARQ_SEL_STREAMING && LLAMA_SPARQ_SELECTOR_H2O == GGML_SPARQ_SEL_H2O &&
+                  LLAMA_SPARQ_SELECTOR_INDEX == GGML_SPARQ_SEL_INDEX,
+                  "the llama and ggml selectors are numbered alike");
+    const sparq_selector & sel = sparq_selector_of(p.selector);
+    ggml_sparq_attn_params o = ggml_sparq_attn_params_default(b.r, b.kk, b.l, scale);
+    o.selector = p.selector;
+    o.flags = (b.per_head ? GGML_SPARQ_FLAG_PER_HEAD : 0) | (p.mean_v && sel.ranks_scores ? 0 : GGML_SPARQ_FLAG_NO_MEAN_V);
+    if (sel.op_params) {
+        sel.op_params(S, p, o);
+    }
+    if (sel.ranks_scores) {
+        if (b.calibrated) {
+            // the calibrated k's cut, with each row's cap from its own stream's cells (kk, from the graph's
+            // KV view, follows the longest stream of the ubatch: a request's choice must not depend on who
+            // else is decoding)
+            o.cov_p = p.coverage;
+            o.k_min = std::min(p.k_min, b.kk);
+            o.cov_apply = true;
+            o.k_frac = p.k_frac;
+        } else {
+            o.topk_buckets = p.topk_buckets; // (a fixed k: kk is p.k)
+            if (st.measure) {
+                // the guard's measure of a fixed k at the first SparQ step (reported, not applied)
+                o.cov_p = p.coverage;
+                o.k_scan = (int) std::max<int64_t>(b.kk, st.n_kv / 4);
+            }
+        }
+    }
+    return o;
+}
+
+bool sparq_op_reports(const sparq_layer & L, bool calibrated) {
+    return L.report.entries.size() > 0 && (!L.report.entries.device() || calibrated);
+}
+
+ggml_tensor * sparq_op_probe(ggml_context * c, const llama_sparq_ctx & S, const sparq_layer & L,
+                             const llama_sparq_params & p, int64_t n_kv, bool measure, const char ** why) {
+    const int64_t d = L.data.kt->ne[1], hkv = L.data.kt->ne[2], dv = L.data.vsum->ne[0], n = n_kv;
+    const int g = (int) std::max<int64_t>(1, L.n_head / std::max<int64_t>(1, hkv));
+    const sparq_op_budget b = sparq_op_budget_of(p, d, n, g);
+    sparq_op_step st;
+    st.n_kv = n;
+    st.measure = measure;
+    const ggml_sparq_attn_params o = sparq_op_params(S, p, b, st, 1.0f / std::sqrt((float) d));
+    const sparq_selector & sel = sparq_selector_of(p.selector);
+
+    ggml_sparq_attn_srcs src = {};
+    src.q  = ggml_new_tensor_4d(c, GGML_TYPE_F32, d, 1, (int64_t) g * hkv, 1);
+    src.k  = ggml_new_tensor_4d(c, L.type_k, d, n, hkv, 1);
+    src.kt = ggml_new_tensor_4d(c, L.data.kt->type, n, d, hkv, 1);
+    src.v  = ggml_new_tensor_4d(c, L.type_v, dv, n, hkv, 1);
+    src.v_sum = ggml_new_tensor_3d(c, GGML_TYPE_F32, dv, hkv, 1);
+    src.v_count = ggml_new_tensor_1d(c, GGML_TYPE_F32, 1);
+    src.mask = ggml_new_tensor_4d(c, GGML_TYPE_F16, n, 1, 1, 1);
+    if (o.l > 0 || sel.window_choice) {
+        src.win = ggml_new_tensor_3d(c, GGML_TYPE_I32, sel.window_choice ? o.k : o.l, 1, 1);
+    }
+    if (sel.probe_srcs) {
+        sel.probe_srcs(c, S, L, p, src);
+    }
+    if (sel.ranks_scores && sparq_op_reports(L, b.calibrated)) {
+        src.report = ggml_new_tensor_3d(c, GGML_TYPE_F32, 4, hkv, 1);
+    }
+    if ((*why = ggml_sparq_attn_check(&src, &o)) != nullptr) {
+        return nullptr;
+    }
+    return ggml_sparq_attn_ext(c, &src, &o);
+}

@@ -73,7 +73,7 @@ OUT = RESULTS
 # the fork's counters line at exit (llama-bench prints it with -v only)
 COUNTERS_RE = re.compile(r"SparQ calls = (\d+), dense calls = (\d+).*SparQ calls on a device \(GPU, RPC host\) = (\d+)")
 # the calibrated k's dense stretches among the dense calls ("(..., diffuse N)"), and the op's reports
-# folded into the counters (a GPU's op reports too, with LLAMA_SPARQ_CUDA_REPORT on)
+# folded into the counters (a GPU's op reports too)
 DIFFUSE_RE = re.compile(r"SparQ calls = \d+, dense calls = \d+ \([^)]*\bdiffuse (\d+)")
 REPORTED_RE = re.compile(r"the op reported (\d+) calls: ([\d.]+) cells attended per KV head and step, ([\d.]+) of the")
 

@@ -34,7 +34,7 @@ SPEED_DOC = """Decode speed on real text: dense attention against SparQ's defaul
 
 llama-bench fills its ``-d`` context with random tokens. The calibrated k follows the attention
 it meets, and attention over random tokens is diffuse in many layers (Gemma 3 270M's global
-layers at 32K run dense between checks there), so llama-bench understates what the defaults do
+layers at 32K attend over every cell there), so llama-bench understates what the defaults do
 on text. This benchmark prefills text instead: the Python documentation that CPython ships
 (``pydoc_data.topics``, every topic in key order, PSF License; nothing is downloaded), cut to
 ``--tokens``. Then, from the saved state, the same greedy continuation is decoded with SparQ
@@ -125,9 +125,7 @@ def counters_of(stats):
     """The counters over the reps of a SparQ mode."""
     n_sparq = sum(s["n_sparq"] for s in stats)
     dense_calls = {k: sum(s["n_dense"][k] for s in stats) for k in stats[0]["n_dense"]}
-    n_diffuse = dense_calls.get("diffuse", 0)
-    compression = (sum(s["compression"] * (s["n_sparq"] + s["n_dense"].get("diffuse", 0)) for s in stats)
-                   / max(1, n_sparq + n_diffuse))
+    compression = sum(s["compression"] * s["n_sparq"] for s in stats) / max(1, n_sparq)
     mean_k = (sum(s["mean_k"] * s["n_measured"] for s in stats) / max(1, sum(s["n_measured"] for s in stats)))
     return {"sparq_calls": n_sparq, "dense_calls": {k: v for k, v in dense_calls.items() if v},
             "compression": round(compression, 4), "mean_k": round(mean_k, 1), "n_layers": stats[0]["n_layers"]}
@@ -286,8 +284,7 @@ def speed_main(argv=None) -> int:
               f"`{m}` {'yes' if v else 'no'}" for m, v in res["same_tokens"].items()) + ".",
           "", "The counters cover each SparQ mode's decode steps over its reps. Compression: the cost model's "
           "bytes read by SparQ over dense's (K and V rows at their cache type's size, K^T at f16's or, 8-bit, one "
-          "byte) over the "
-          "SparQ calls and the calibrated k's dense stretches (dense calls `diffuse`, each at 1).", ""]
+          "byte) over the SparQ calls.", ""]
     (out / f"{a.tag}.md").write_text("\n".join(md))
     print("\n".join(md))
     return 0

@@ -246,8 +246,7 @@ def run_gemma(a, model: str, q8: bool) -> bool:
     print("\n== SparQ counters (the SparQ answer's steps) ==")
     print(f"SparQ calls      : {st['n_sparq']} of {st['n_layers'] * (s['steps'] + 1)} ({st['n_layers']} full-attention "
           f"layers x {s['steps'] + 1} steps; the rest dense, below)")
-    print(f"dense calls      : {fmt_dense(st['n_dense'])}   (swa: sliding-window layers, dense by design; diffuse: "
-          f"the calibrated k found no small set of cells holding the mass)")
+    print(f"dense calls      : {fmt_dense(st['n_dense'])}   (swa: sliding-window layers, dense by design)")
     print(f"bytes read       : SparQ read {100 * st['compression']:.1f} % of the K/V bytes dense attention reads in "
           f"those layers (the counters' compression)")
     print(f"extra memory     : {st['extra_bytes'] / 2**20:.1f} MiB (K^T and V sums) next to {st['kv_bytes'] / 2**20:.1f} "

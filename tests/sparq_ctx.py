@@ -174,6 +174,12 @@ class Ctx:
 
         return _sparq.debug_graph_io(self.ctx)
 
+    def debug_graph_rebuild(self, on=True):
+        """The rebuilds of this (host-memory) cache as the graph a device's cache takes."""
+        from llama_sparq import _sparq
+
+        _sparq.debug_graph_rebuild(self.ctx, on)
+
     def sync(self):
         from llama_sparq import _sparq
 

@@ -128,13 +128,11 @@ def test_gemma_gpu_sparq_equals_cpu_sparq(cuda, gemma_model):
 
 @pytest.mark.real_model
 @pytest.mark.parametrize("k", [0, 128], ids=["calibrated", "k128"])
-def test_gemma_gpu_sparq_defaults_run_on_the_gpu(cuda, gemma_model, k, monkeypatch):
+def test_gemma_gpu_sparq_defaults_run_on_the_gpu(cuda, gemma_model, k):
     """The default settings on the GPU (r = d/4, scaled basis, window) with the calibrated k (k = 0:
     the CUDA op cuts each selection at the coverage target itself) and with a fixed k = 128: SparQ
     calls all on the GPU; the output agrees with CPU SparQ's teacher-forced argmax where the margin
-    is clear. The diffuse stretches (which follow the op's reports, the GPU's too) are off on both,
-    so both attend over the same cells at every step."""
-    monkeypatch.setenv("LLAMA_SPARQ_NO_DIFFUSE_SKIP", "1")
+    is clear."""
     cpu = _llm(gemma_model, n_gpu_layers=0, sparq=True, sparq_min_kv=0, sparq_k=k)
     prompt = cpu.tokenize(PROMPT)
     want = _greedy(cpu, prompt, 12)
@@ -183,18 +181,13 @@ def test_bench_and_cli_on_the_gpu(cuda, gemma_model, tmp_path):
     assert m and int(m.group(1)) > 0 and m.group(1) == m.group(2), res.stderr[-3000:]
 
 
-@pytest.mark.parametrize("report", ["1", "0"], ids=["report", "no-report"])
-def test_gpu_calibrated_k_runs_diffuse_layers_in_stretches(cuda, tiny_gqa_model, monkeypatch, report):
+def test_gpu_calibrated_k_reports_diffuse_layers(cuda, tiny_gqa_model):
     """The calibrated k with the cache on the GPU: the CUDA op reports its choice into page-locked
-    host memory (no wait), so a layer whose every KV head is diffuse (the tiny random model's near
-    uniform attention) runs upstream's flash attention for 16, then 32 steps between checks, as on
-    the CPU (test_sparq_llama.py): per layer a check, 16 dense steps, a check, 22 of 32 dense steps.
-    The reported cells are every valid cell. LLAMA_SPARQ_CUDA_REPORT=0: no report, so every step runs
-    the op, which attends over every valid cell of a diffuse unit itself."""
+    host memory (no wait), so the counters count the cells it attended: on layers whose every KV
+    head is diffuse (the tiny random model's near uniform attention) every valid cell, at every
+    step, as on the CPU (test_sparq_llama.py)."""
     from sparq_ctx import make_llm, rand_prompt
 
-    monkeypatch.delenv("LLAMA_SPARQ_NO_DIFFUSE_SKIP", raising=False)
-    monkeypatch.setenv("LLAMA_SPARQ_CUDA_REPORT", report)
     llm = make_llm(tiny_gqa_model, logits_all=True, flash_attn=True, n_gpu_layers=-1, sparq=True, sparq_min_kv=0,
                    sparq_k=0, sparq_k_min=16)
     prompt = rand_prompt(700, 5, 256)
@@ -207,13 +200,8 @@ def test_gpu_calibrated_k_runs_diffuse_layers_in_stretches(cuda, tiny_gqa_model,
     st = llm.sparq_stats()
     layers = llm.sparq_layer_stats()
     llm.close()
-    if report == "1":
-        assert st["n_dense"]["diffuse"] == 2 * (16 + 22) and st["n_sparq"] == 2 * 2, st
-        assert st["n_sparq_device"] == st["n_sparq"], st
-        assert all(x["mean_k"] > 600 for x in layers), layers  # every valid cell, as reported by the GPU
-    else:
-        assert st["n_dense"]["diffuse"] == 0 and st["n_sparq"] == 2 * n and st["n_sparq_device"] == 2 * n, st
-        assert st["n_measured"] == 0, st  # nothing reported
+    assert st["n_sparq"] == 2 * n and st["n_sparq_device"] == st["n_sparq"], st
+    assert all(x["mean_k"] > 600 for x in layers), layers  # every valid cell, as reported by the GPU
 
 
 _FUSED_RUN = """
@@ -662,15 +650,13 @@ def test_sparq_decode_graphs_are_reused_as_dense(tiny_gqa_model, k):
     graph (its uid does not change, so no node is compared); a SparQ node or input that changed
     every step would force a new graph, an instantiation and direct launches each step. Here, on
     the CPU: a 40-token decode reuses its graph as often with SparQ as dense does (one build for
-    the first SparQ step aside). With the calibrated k the diffuse stretches, which change the
-    graph when they start and end, are off (LLAMA_SPARQ_NO_DIFFUSE_SKIP)."""
+    the first SparQ step aside), with a fixed k and with the calibrated k."""
     prompt = " ".join(f"w{i % 50}" for i in range(250))  # about 1000 tokens
 
     def reused(extra):
-        env = dict(os.environ, LLAMA_SPARQ_NO_DIFFUSE_SKIP="1")
         res = subprocess.run([str(tool_path("llama-completion")), "-m", str(tiny_gqa_model), "-p", prompt, "-n", "40",
                               "-no-cnv", "--temp", "0", "-t", "2", "-c", "2048", "-v", *extra], capture_output=True,
-                             text=True, errors="replace", timeout=300, stdin=subprocess.DEVNULL, env=env)
+                             text=True, errors="replace", timeout=300, stdin=subprocess.DEVNULL)
         assert res.returncode == 0, res.stderr[-3000:]
         m = re.search(r"graphs reused\s*=\s*(\d+)", res.stderr)
         assert m, res.stderr[-3000:]
@@ -687,13 +673,15 @@ def test_sparq_decode_graphs_are_reused_as_dense(tiny_gqa_model, k):
 # the device rebuild's graph, checked on the CPU (no GPU needed)
 # ---------------------------------------------------------------------------
 
-def _rebuild_scenario(llm_args: dict):
+def _rebuild_scenario(llm_args: dict, graph_rebuild=False):
     """SparQ through removals, a context shift, a state load and a synthetic fill of part of the
-    cache, each followed by a rebuild: the logits after each and llama_sparq_debug_check's
+    cache, each followed by a rebuild (with graph_rebuild, a cache in host memory rebuilt by the
+    device's graph, on the CPU backend): the logits after each and llama_sparq_debug_check's
     differences between the data SparQ keeps and a recomputation from K, V and the cells."""
     from llama_sparq import Llama, _sparq
 
     sp = Llama(**llm_args)
+    _sparq.debug_graph_rebuild(sp._ctx.ctx, graph_rebuild)
     rng = np.random.default_rng(4)
     prompt = [1] + rng.integers(3, sp.n_vocab(), size=399).tolist()
     sp.eval(prompt)
@@ -735,26 +723,23 @@ def _rebuild_args(model, **kw) -> dict:
                 logits_all=True, flash_attn=True, sparq=True, sparq_k=32, sparq_min_kv=0, **kw)
 
 
-def test_graph_rebuild_equals_the_host_rebuild(tiny_gqa_model, monkeypatch):
+def test_graph_rebuild_equals_the_host_rebuild(tiny_gqa_model):
     """The rebuild that runs on the GPU when the cache is in VRAM (a ggml graph per layer: K
     transposed into K^T, V and k^2 summed over the used cells by products) runs here on the CPU
-    backend (LLAMA_SPARQ_GRAPH_REBUILD=1) after removals, a context shift, a state load and a
+    backend (llama_sparq_debug_graph_rebuild) after removals, a context shift, a state load and a
     synthetic fill; the data it leaves equals the host recomputation (llama_sparq_debug_check), and
     SparQ's logits equal those of the host rebuild."""
-    monkeypatch.delenv("LLAMA_SPARQ_GRAPH_REBUILD", raising=False)
     host, _ = _rebuild_scenario(_rebuild_args(tiny_gqa_model))
-    monkeypatch.setenv("LLAMA_SPARQ_GRAPH_REBUILD", "1")
-    graph, checks = _rebuild_scenario(_rebuild_args(tiny_gqa_model))
+    graph, checks = _rebuild_scenario(_rebuild_args(tiny_gqa_model), graph_rebuild=True)
     assert max(checks) <= 1e-3, checks
     assert np.abs(graph - host).max() <= 1e-4 * np.abs(host).max()
 
 
-def test_gpu_rebuild_equals_the_host_rebuild(cuda, tiny_gqa_model, monkeypatch):
+def test_gpu_rebuild_equals_the_host_rebuild(cuda, tiny_gqa_model):
     """The same on the GPU, where the graph runs on the CUDA backend: the K^T, V and k^2 sums it
     leaves in VRAM equal a recomputation from the cache (CUDA's copy of a transposed source once
     wrote K^T's rows contiguously, ignoring their stride: every GPU rebuild of fewer cells than the
     cache holds scrambled K^T), and the logits follow the CPU's host rebuild."""
-    monkeypatch.delenv("LLAMA_SPARQ_GRAPH_REBUILD", raising=False)
     host, _ = _rebuild_scenario(_rebuild_args(tiny_gqa_model))
     gpu, checks = _rebuild_scenario(_rebuild_args(tiny_gqa_model, n_gpu_layers=-1))
     assert max(checks) <= 1e-3, checks

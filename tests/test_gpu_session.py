@@ -392,7 +392,7 @@ def test_calib_times_the_calibrated_k_with_the_gpu_report_on_and_off(tmp_path):
 
 def test_gpu_counters_keep_the_diffuse_calls_and_the_reports():
     """The fork's exit log, as the sweep reads it: the diffuse stretches' calls among the dense ones
-    and the calls the op reported (a GPU's op reports with LLAMA_SPARQ_CUDA_REPORT on)."""
+    and the calls the op reported (a GPU's op reports too)."""
     import gpu
 
     log = ("llama_sparq: counters: SparQ calls = 40, dense calls = 88 (diffuse 88), compression = 0.5000, "

@@ -63,8 +63,6 @@ def test_graph_nodes_have_the_probes_parameters(tiny_gqa_model, name, i, kw):
             llm.eval([t])
         for c in cap.calls:
             got = dict(c["params"])
-            if got["flags"] & 4:  # GGML_SPARQ_FLAG_DENSE: a diffuse layer's dense stretch, not a choice
-                continue
             n_kv = c["K"].shape[2]  # ggml [d, n_kv, n_head_kv, n_stream] in NumPy order
             want = decode_op_params(_sparq.debug_op_params(llm._ctx.ctx, c["layer"], n_kv, _expect_measure(llm, step)),
                                     c["op"])

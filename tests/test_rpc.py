@@ -74,9 +74,9 @@ SPARQ = ["--sparq", "--sparq-k", "16", "--sparq-r", "4", "--sparq-min-kv", "0"]
 PROMPT = " ".join(f"{w} {i % 10}" for i, w in enumerate(["river", "copper", "lantern", "meadow"] * 50))
 
 
-def _completion(model, extra, sched_debug=False, env_extra=None):
+def _completion(model, extra, sched_debug=False):
     """sched_debug: the scheduler's splits in the log (GGML_SCHED_DEBUG=2 and -v), for _op_backends."""
-    env = dict(ENV, **(env_extra or {}))
+    env = dict(ENV)
     if sched_debug:
         env["GGML_SCHED_DEBUG"] = "2"
     res = subprocess.run([str(tool_path("llama-completion")), "-m", str(model), "-p", PROMPT, "-n", "24", "-no-cnv",
@@ -122,16 +122,14 @@ def test_sparq_on_two_rpc_servers_equals_one_process(model4, tmp_path):
 
 def test_calibrated_k_on_rpc_equals_one_process(model4, tmp_path):
     """The calibrated k (k = 0) with the layers on RPC hosts: each host's op cuts its selections at
-    the coverage target itself, as this process's op does. It cannot report its cells back (the
-    counters count the cap there), and the diffuse stretches follow those reports, so they are off
-    in both runs: the same greedy tokens as one process, every SparQ call on a host."""
+    the coverage target itself, as this process's op does (it cannot report its cells back: the
+    counters count the cap there): the same greedy tokens as one process, every SparQ call on a host."""
     calibrated = ["--sparq-k", "0"]
-    env = {"LLAMA_SPARQ_NO_DIFFUSE_SKIP": "1"}
-    want, (n_sparq, _, n_dev), _ = _completion(model4, calibrated, env_extra=env)
+    want, (n_sparq, _, n_dev), _ = _completion(model4, calibrated)
     assert n_sparq == 4 * 23 and n_dev == 0
     with RpcServers(2, tmp_path) as rpc:
         got, (n_sparq_r, n_dense_r, n_dev_r), log = _completion(model4, [*calibrated, "--rpc", rpc.endpoints, "-ngl",
-                                                                         "99", "-ts", "1,1"], env_extra=env)
+                                                                         "99", "-ts", "1,1"])
     assert got == want
     assert (n_sparq_r, n_dev_r) == (n_sparq, n_sparq), (n_sparq_r, n_dev_r, n_dense_r)
 

@@ -3,10 +3,10 @@ several sequences in one unified KV stream (`shared_stream`), a dense threshold 
 stream holds (`short` at every step), and layers whose every attention call has a variant SparQ
 refuses (attention sinks, a relative position bias: found at allocation from the layer's tensors,
 so such a layer has no SparQ data). The contexts' graphs build none of SparQ's nodes: nodes and
-inputs are dense's, the logits dense's bit for bit (as they were when the appends ran: the
-attention was dense's then too), the counters those of a run that appended
-(`LLAMA_SPARQ_SHORT_APPENDS`), and the kept data passes the debug check. A context whose settings
-change so that it can run SparQ rebuilds its stale data once, before its first SparQ step."""
+inputs are dense's, the logits dense's bit for bit, every call counted dense with its reason, and
+the kept data passes the debug check. A context whose settings change so that it can run SparQ
+rebuilds its stale data once, before its first SparQ step, and then decodes as a context on which
+SparQ came on at that step."""
 
 from __future__ import annotations
 
@@ -17,10 +17,6 @@ from sparq_ctx import Ctx, Model, prefill, rand_tokens
 
 SPARQ = dict(enabled=True, r=4, k=16, l=4, min_kv=0, all_rows=False)
 N_STEPS = 6
-# logits of the rebuilt data against the appended data's (the V sums' rounding, as in test_sparq_short_skip)
-LOGIT_TOL = 1e-5
-
-
 @pytest.fixture(scope="module")
 def model(tiny_gqa_model):
     return Model(tiny_gqa_model)
@@ -30,15 +26,16 @@ def _io(c):
     return {k: v for k, v in c.graph_io().items() if k != "n_transfers"}
 
 
-def _run(model, monkeypatch, ctx_kw, sparq, keep, steps=N_STEPS, after=None):
+def _run(model, ctx_kw, sparq, steps=N_STEPS, after=None):
     """Prompts for every sequence, then `steps` decode steps of all sequences together and one that
     mixes a prompt (sequence 0, three tokens) with decode steps: per graph its nodes and inputs, the
-    logits, the debug check; after (settings): applied at the end, then `steps` more decode steps."""
-    monkeypatch.setenv("LLAMA_SPARQ_SHORT_APPENDS", "1" if keep else "0")
+    logits, the debug check and the counters (while SparQ is on); after (settings): applied at the
+    end, then `steps` more decode steps."""
     rng = np.random.default_rng(21)
     c = Ctx(model, **ctx_kw)
     n_seq = c.n_seq
     out = dict(io=[], logits=[], check=[], stats=[])
+    on = [bool(sparq)]
     try:
         if sparq:
             c.sparq(**sparq)
@@ -46,7 +43,7 @@ def _run(model, monkeypatch, ctx_kw, sparq, keep, steps=N_STEPS, after=None):
         def record(logits):
             out["io"].append(_io(c))
             out["logits"].append(logits)
-            if sparq:
+            if on[0]:
                 out["check"].append(c.check())
                 out["stats"].append(c.stats())
 
@@ -67,6 +64,7 @@ def _run(model, monkeypatch, ctx_kw, sparq, keep, steps=N_STEPS, after=None):
         out["marks"] = len(out["io"])
         if after:
             c.sparq(**after)
+            on[0] = True
             for _ in range(steps):
                 step([(int(rng.integers(3, model.n_vocab)), c.pos_max(s) + 1, s) for s in range(n_seq)])
     finally:
@@ -86,34 +84,37 @@ CASES = {
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_a_context_dense_at_every_step_builds_denses_graph(model, monkeypatch, name):
+def test_a_context_dense_at_every_step_builds_denses_graph(model, name):
     ctx_kw, sparq, reason = CASES[name]
-    dense = _run(model, monkeypatch, ctx_kw, None, False)
-    skip = _run(model, monkeypatch, ctx_kw, sparq, False)
-    keep = _run(model, monkeypatch, ctx_kw, sparq, True)  # as before: the appends in every graph
-    print(f"\n{name}: per decode step dense {dense['io'][-1]}\n  skipped {skip['io'][-1]}\n  appended {keep['io'][-1]}")
+    dense = _run(model, ctx_kw, None)
+    skip = _run(model, ctx_kw, sparq)
+    print(f"\n{name}: per decode step dense {dense['io'][-1]}\n  skipped {skip['io'][-1]}")
     assert skip["io"] == dense["io"]  # every graph: prompts, decode steps, the mixed one
     assert all(io["n_nodes_sparq"] == 0 and io["n_inputs_sparq"] == 0 for io in skip["io"])
-    assert all(k["n_nodes"] > d["n_nodes"] for k, d in zip(keep["io"], dense["io"]))
-    for a, b, c in zip(skip["logits"], dense["logits"], keep["logits"]):
-        assert len(a) == len(b) == len(c)
-        for x, y, z in zip(a, b, c):
+    for a, b in zip(skip["logits"], dense["logits"]):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
             np.testing.assert_array_equal(x, y)
-            np.testing.assert_array_equal(z, y)  # the run that appended: dense's attention too
-    assert all(0 <= v <= 1e-3 for v in skip["check"] + keep["check"]), (skip["check"], keep["check"])
-    st, sk = skip["stats"][-1], keep["stats"][-1]
-    assert st["n_sparq"] == 0 and st["n_dense"][reason] > 0
-    assert st["n_dense"] == sk["n_dense"] and st["n_rebuilds"] == 0
+    assert all(0 <= v <= 1e-3 for v in skip["check"]), skip["check"]
+    st = skip["stats"][-1]
+    assert st["n_sparq"] == 0 and st["n_dense"][reason] > 0 and st["n_rebuilds"] == 0
+    # every decode step of all sequences: one call per layer, counted dense with the context's reason
+    n_seq, n_layers = ctx_kw.get("n_seq", 1), st["n_layers"]
+    first = n_seq - 1  # the record after the last prompt
+    for a, b in zip(skip["stats"][first:first + N_STEPS], skip["stats"][first + 1:first + N_STEPS + 1]):
+        assert b["n_dense"][reason] - a["n_dense"][reason] == n_layers, (a["n_dense"], b["n_dense"])
+        assert sum(b["n_dense"].values()) - sum(a["n_dense"].values()) == n_layers
 
 
-def test_min_kv_lowered_rebuilds_once_then_runs_sparq(model, monkeypatch):
+def test_min_kv_lowered_rebuilds_once_then_runs_sparq(model):
     """A context built dense by a threshold over its cells, then given a reachable one: the first graph
     after the change appends again, rebuilding each stream once (its data stale since the prompt), and
-    runs SparQ; the data checks clean and the logits equal those of the run that appended all along."""
+    runs SparQ; the data checks clean and the logits equal those of a context on which SparQ came on
+    at that step (its data made then from the cache, as the stale data is)."""
     ctx_kw, sparq, _ = CASES["min_kv_over_the_cells"]
     after = dict(sparq, min_kv=0)
-    skip = _run(model, monkeypatch, ctx_kw, sparq, False, after=after)
-    keep = _run(model, monkeypatch, ctx_kw, sparq, True, after=after)
+    skip = _run(model, ctx_kw, sparq, after=after)
+    late = _run(model, ctx_kw, None, after=after)
     m = skip["marks"]
     n_layers = skip["stats"][-1]["n_layers"]
     rebuilds = [s["n_rebuilds"] for s in skip["stats"]]
@@ -121,19 +122,19 @@ def test_min_kv_lowered_rebuilds_once_then_runs_sparq(model, monkeypatch):
     assert rebuilds[m - 1] == 0 and rebuilds[m] == 1 and rebuilds[-1] == 1, rebuilds
     assert sparq_calls[m - 1] == 0 and all(sparq_calls[i] - sparq_calls[i - 1] == n_layers for i in range(m, len(sparq_calls)))
     assert all(io["n_nodes_sparq"] > 0 for io in skip["io"][m:])
-    assert skip["io"][m:] == keep["io"][m:]
-    assert all(0 <= v <= 1e-3 for v in skip["check"]), skip["check"]
-    # the run that appended all along rebuilt only its first prompt's empty stream, as SparQ came on
-    assert [s["n_rebuilds"] for s in keep["stats"]] == [1] * len(keep["stats"])
-    for a, b in zip(skip["logits"][m:], keep["logits"][m:]):
+    assert skip["io"][m:] == late["io"][m:]
+    assert all(0 <= v <= 1e-3 for v in skip["check"] + late["check"]), (skip["check"], late["check"])
+    # the context on which SparQ came on at the change made its data once, at its first step
+    assert [s["n_rebuilds"] for s in late["stats"]] == [1] * len(late["stats"])
+    assert all(np.array_equal(x, y) for a, b in zip(skip["logits"][:m], late["logits"][:m]) for x, y in zip(a, b))
+    for a, b in zip(skip["logits"][m:], late["logits"][m:]):
         for x, y in zip(a, b):
-            np.testing.assert_allclose(x, y, atol=LOGIT_TOL, rtol=0)
+            np.testing.assert_array_equal(x, y)
 
 
-def test_h2o_over_the_cells_keeps_its_appends(model, monkeypatch):
+def test_h2o_over_the_cells_keeps_its_appends(model):
     """h2o's scores follow every step and run SparQ under the threshold: a threshold over the cells
     does not skip its appends."""
-    monkeypatch.setenv("LLAMA_SPARQ_SHORT_APPENDS", "0")
     c = Ctx(model, n_ctx=256)
     try:
         c.sparq(**dict(SPARQ, selector="h2o", min_kv=300))

@@ -51,13 +51,14 @@ def test_reference_rounding_equals_the_c_rounding(tmp_path):
 
 @pytest.mark.parametrize("graph_rebuild", [False, True], ids=["host-rebuild", "graph-rebuild"])
 @pytest.mark.parametrize("cache", ["f16", "f32"])
-def test_kt8_equals_a_recomputation_after_cache_operations(tiny_gqa_model, monkeypatch, graph_rebuild, cache):
+def test_kt8_equals_a_recomputation_after_cache_operations(tiny_gqa_model, graph_rebuild, cache):
     """The appends (the op's append mode) and the rebuilds (host, or the device graph on the CPU
     backend) round the keys alike: debug_check finds K^T as a recomputation gives it."""
-    if graph_rebuild:
-        monkeypatch.setenv("LLAMA_SPARQ_GRAPH_REBUILD", "1")
+    from llama_sparq import _sparq
+
     tk = {"f16": 1, "f32": 0}[cache]
     sp = make_llm(tiny_gqa_model, sparq=True, sparq_k=32, sparq_min_kv=0, sparq_kt_bits=8, type_k=tk, type_v=tk)
+    _sparq.debug_graph_rebuild(sp._ctx.ctx, graph_rebuild)
     cache_operations_keep_data_exact(sp, n_decode=6)
 
 

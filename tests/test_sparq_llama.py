@@ -674,118 +674,41 @@ def test_128_query_heads_on_one_kv_head_decode_with_sparq(tmp_path):
         del llm
 
 
-def test_calibrated_k_runs_a_diffuse_layer_dense_between_checks(tiny_gqa_model, monkeypatch):
+def test_calibrated_k_attends_a_diffuse_layer_in_the_op(tiny_gqa_model):
     """The calibrated k on a layer whose every KV head is diffuse (the tiny random model's
-    attention is near uniform): the op attends densely there, so the layer runs upstream's dense
-    attention for 16, then 32, ... steps between checks (reason `diffuse`), without step 1's
-    reads; the logits stay those of the op's own dense rows (LLAMA_SPARQ_NO_DIFFUSE_SKIP), and
-    graph reuse follows the stretches (a check every time one ends)."""
+    attention is near uniform): the target needs more than the cap, so the op attends over every
+    valid cell at every step, counted as a SparQ call; the tokens are dense attention's and the
+    logits equal its to the rounding."""
     prompt = rand_prompt(700, 5, 256)
     n = 40
-
-    def run(skip):
-        if skip:
-            monkeypatch.delenv("LLAMA_SPARQ_NO_DIFFUSE_SKIP", raising=False)
-        else:
-            monkeypatch.setenv("LLAMA_SPARQ_NO_DIFFUSE_SKIP", "1")
-        llm = make_llm(tiny_gqa_model, sparq=True, sparq_min_kv=0, sparq_k_min=16)
-        toks, lg = decode_greedy(llm, prompt, n)
-        st = llm.sparq_stats()
-        layers = llm.sparq_layer_stats()
-        llm.close()
-        return toks, np.array(lg), st, layers
-
-    t0, lg0, st0, ly0 = run(False)
-    assert st0["n_dense"]["diffuse"] == 0 and st0["n_sparq"] == 2 * n
-    assert all(x["mean_k"] > 600 for x in ly0), ly0  # every head attended densely inside the op
-    t1, lg1, st1, _ = run(True)
-    # per layer: a check (SparQ; its report is read before the next step's graph is built or
-    # reused), 16 dense steps, a check, 32 dense steps cut by the end: 40 steps are 1 + 16 + 1 + 22
-    assert st1["n_dense"]["diffuse"] == 2 * (16 + 22), st1["n_dense"]
-    assert st1["n_sparq"] == 2 * 2, st1
+    dense = make_llm(tiny_gqa_model)
+    t0, lg0 = decode_greedy(dense, prompt, n)
+    dense.close()
+    llm = make_llm(tiny_gqa_model, sparq=True, sparq_min_kv=0, sparq_k_min=16)
+    t1, lg1 = decode_greedy(llm, prompt, n)
+    st = llm.sparq_stats()
+    layers = llm.sparq_layer_stats()
+    llm.close()
+    assert st["n_sparq"] == 2 * n and sum(st["n_dense"].values()) == 2 * 2, st  # the prompt's 2 ubatches dense
+    assert all(x["mean_k"] > 600 for x in layers), layers  # every head attended densely inside the op
     assert t1 == t0
     assert np.abs(lg1 - lg0).max() <= 1e-3 * np.abs(lg0).max()
 
 
-def test_dense_stretch_runs_in_the_op_on_the_cpu(tiny_gqa_model, monkeypatch):
-    """On the CPU a diffuse layer's dense stretch is the op with the dense flag (every valid cell,
-    no selection, K^T not read), counted as `diffuse`: its output is the reference's dense
-    attention over the captured tensors."""
+def test_diffuse_units_are_dense_attention_on_the_cpu(tiny_gqa_model):
+    """On the CPU a diffuse unit of the calibrated k is the op over every valid cell, without the
+    mean of V: its output is the reference's dense attention over the captured tensors."""
     from sparq_lab import reference
     from sparq_lab.capture import Capture, op_params, stream0
 
-    monkeypatch.delenv("LLAMA_SPARQ_NO_DIFFUSE_SKIP", raising=False)
     llm = make_llm(tiny_gqa_model, sparq=True, sparq_min_kv=0, sparq_k_min=16)
-    decode_greedy(llm, rand_prompt(700, 5, 256), 3)  # a check, then the stretch
-    before = llm.sparq_stats()
+    decode_greedy(llm, rand_prompt(700, 5, 256), 3)
     with Capture(llm) as cap:
         llm.eval([9])
-    after = llm.sparq_stats()
     llm.close()
-    assert after["n_dense"]["diffuse"] - before["n_dense"]["diffuse"] == 2 and after["n_sparq"] == before["n_sparq"]
     assert len(cap.calls) == 2  # both layers, through the op
     for c in cap.calls:
         p = op_params(c)
-        assert p["flags"] & 4, p  # GGML_SPARQ_FLAG_DENSE
         x = stream0(c)
         want = reference.dense_attention(x["q"], x["K"], x["V"], mask=x["mask"], scale=p["scale"])
         assert np.abs(x["out"] - want).max() <= 1e-4 * max(1.0, np.abs(want).max())
-
-
-# every boolean LLAMA_SPARQ_* switch of libllama (ggml-sparq/llama/llama-sparq-env.cpp)
-ENV_SWITCHES = ("LLAMA_SPARQ_GRAPH_REBUILD", "LLAMA_SPARQ_HOST_REBUILD", "LLAMA_SPARQ_NO_DIFFUSE_SKIP")
-
-
-@pytest.mark.parametrize("value, on", [(None, False), ("", False), ("0", False), ("false", False), ("off", False),
-                                       ("1", True), ("true", True), ("on", True), ("yes", None), ("2", None)])
-def test_env_switches_parse_one_way(tiny_model, monkeypatch, capfd, value, on):
-    """Every switch reads its value the same way: "0" is off like unset (a switch that only
-    asked "is it set" would turn on here), and a value that is neither on nor off is said on
-    stderr with the accepted values, then taken as off. A switch that is on is logged when the
-    context's SparQ state is made, which is what this checks."""
-    for name in ENV_SWITCHES:
-        if value is None:
-            monkeypatch.delenv(name, raising=False)
-        else:
-            monkeypatch.setenv(name, value)
-    capfd.readouterr()
-    llm = make_llm(tiny_model, n_ctx=256, verbose=True, sparq=True)
-    err = capfd.readouterr().err
-    llm.close()
-    for name in ENV_SWITCHES:
-        assert (f"llama_sparq: {name} on:" in err) == bool(on), (name, value, err[-3000:])
-        bad = f"llama_sparq: {name}={value} is not a switch value: use 1, true or on"
-        assert (bad in err) == (on is None), (name, value, err[-3000:])
-
-
-@pytest.mark.parametrize("value, on", [(None, True), ("", True), ("1", True), ("0", False), ("off", False),
-                                       ("false", False), ("yes", None)])
-def test_cuda_report_switch_is_on_unless_said_off(tiny_model, monkeypatch, capfd, value, on):
-    """LLAMA_SPARQ_CUDA_REPORT, the one switch on by default (its comparison path is off): 0, false
-    and off turn the GPU op's report off, which is logged; a value that is neither is said on stderr
-    and taken as on (the product's path)."""
-    if value is None:
-        monkeypatch.delenv("LLAMA_SPARQ_CUDA_REPORT", raising=False)
-    else:
-        monkeypatch.setenv("LLAMA_SPARQ_CUDA_REPORT", value)
-    capfd.readouterr()
-    llm = make_llm(tiny_model, n_ctx=256, verbose=True, sparq=True)
-    err = capfd.readouterr().err
-    llm.close()
-    assert ("llama_sparq: LLAMA_SPARQ_CUDA_REPORT off:" in err) == (on is False), err[-3000:]
-    bad = f"llama_sparq: LLAMA_SPARQ_CUDA_REPORT={value} is not a switch value"
-    assert (bad in err) == (on is None), err[-3000:]
-
-
-@pytest.mark.parametrize("value, skip", [("0", True), ("off", True), ("1", False)])
-def test_no_diffuse_skip_zero_keeps_the_dense_stretches(tiny_gqa_model, monkeypatch, value, skip):
-    """LLAMA_SPARQ_NO_DIFFUSE_SKIP=0 behaves as unset: the diffuse layers' dense stretches run
-    (a check, then dense steps); =1 turns them off (every step runs the op)."""
-    monkeypatch.setenv("LLAMA_SPARQ_NO_DIFFUSE_SKIP", value)
-    llm = make_llm(tiny_gqa_model, sparq=True, sparq_min_kv=0, sparq_k_min=16)
-    decode_greedy(llm, rand_prompt(700, 5, 256), 2)
-    st = llm.sparq_stats()
-    llm.close()
-    # per layer (2): the first step checks (SparQ), the second starts the dense stretch
-    want = (2, 2) if skip else (0, 4)
-    assert (st["n_dense"]["diffuse"], st["n_sparq"]) == want, st

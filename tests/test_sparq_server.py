@@ -232,7 +232,7 @@ def _prefill(c, seq, p):
 
 def _counts(c):
     st = c.stats()
-    return st["n_sparq"], st["n_dense"]["diffuse"], st["n_dense"]["short"]
+    return st["n_sparq"], st["n_dense"]["short"]
 
 
 def _decode_alone(new_ctx, p, seq, n):
@@ -279,39 +279,6 @@ def _assert_as_alone(toks, got, refs):
         assert np.abs(got[s] - ref_lg).max() <= 1e-4 * np.abs(ref_lg).max(), (s, np.abs(got[s] - ref_lg).max())
 
 
-def test_diffuse_stretches_are_per_stream(tiny_gqa_model):
-    """The calibrated k's dense stretches belong to a stream, not to a layer: a sequence decoded
-    beside another runs SparQ's checks and dense stretches at the steps it runs them alone. Seq 0
-    decodes alone into a stretch (every head of the tiny random model is diffuse), then seq 1
-    joins: at seq 1's first step seq 0 is in its stretch and seq 1 checks, so the ubatch runs both
-    and picks each row (a stretch of the layer, as before, would have run seq 1 dense there).
-    Per joint step, the SparQ and `diffuse` calls follow the two sequences' alone schedules, and
-    both sequences' tokens and logits equal their alone runs (to the rounding of a 2-row ubatch)."""
-    new_ctx, prompts = _two_streams(tiny_gqa_model, (700, 640), 5, 2 * 1024, k=0, k_min=16)
-    lead, n = 5, 24
-    t0, lg0, d0 = _decode_alone(new_ctx, prompts[0], 0, lead + n)
-    t1, lg1, d1 = _decode_alone(new_ctx, prompts[1], 1, n)
-
-    c = new_ctx()
-    lg = _prefill(c, 0, prompts[0])
-    for j in range(lead):  # seq 0 alone, into its first stretch
-        rc, (lg,) = c.decode([(t0[j], len(prompts[0]) + j, 0)])
-        assert rc == 0
-    toks, got, joint = _decode_together(c, prompts, (lead, 0), [lg, _prefill(c, 1, prompts[1])], n)
-    c.free()
-
-    n_layer = max(x[0] for x in d0)
-    assert n_layer == 2 and any(x[1] for x in d0) and any(x[1] for x in d1), (d0, d1)
-    # seq 1 checks at its first step while seq 0 is in its stretch
-    assert d0[lead][0] == 0 and d1[0][0] == n_layer, (d0, d1)
-    for j in range(n):
-        a0, a1 = d0[lead + j], d1[j]
-        # a layer runs SparQ where either sequence checks, and dense (`diffuse`) where both are in a stretch
-        want_sparq = max(a0[0], a1[0])
-        assert joint[j][:2] == (want_sparq, n_layer - want_sparq), (j, joint[j], a0, a1)
-    _assert_as_alone(toks, got, [(t0[lead:], lg0[lead:]), (t1, lg1)])
-
-
 def test_calibrated_cap_is_the_streams_own(tiny_gqa_model):
     """The calibrated k's cap (at most k_frac of the cells) is each row's own, from its stream's
     valid cells, not from the ubatch's KV view (the longest stream's): a short sequence decoded
@@ -346,11 +313,11 @@ def test_short_stream_beside_a_long_one_runs_dense_as_alone(tiny_gqa_model):
 
     alone = [_decode_alone(with_threshold, prompts[s], s, n) for s in (0, 1)]
     # alone, the short one runs dense (`short`), the long one SparQ
-    assert [sum(x[0] for x in a[2]) for a in alone] == [0, 2 * n] and sum(x[2] for x in alone[0][2]) == 2 * n
+    assert [sum(x[0] for x in a[2]) for a in alone] == [0, 2 * n] and sum(x[1] for x in alone[0][2]) == 2 * n
     c = with_threshold()
     toks, got, joint = _decode_together(c, prompts, (0, 0), [_prefill(c, 0, prompts[0]), _prefill(c, 1, prompts[1])], n)
     c.free()
-    assert sum(x[0] for x in joint) == 2 * n and sum(x[2] for x in joint) == 0, joint
+    assert sum(x[0] for x in joint) == 2 * n and sum(x[1] for x in joint) == 0, joint
     _assert_as_alone(toks, got, [a[:2] for a in alone])
 
 

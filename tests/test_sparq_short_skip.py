@@ -3,9 +3,10 @@ longest stream under the append floor (min_kv - n_ubatch cells) builds none of S
 its nodes and inputs are dense's; its streams' K^T, sums and windows go stale and are rebuilt once
 by the first graph at or over the floor, which still runs dense (it holds fewer than min_kv cells),
 so the rebuild comes before the first SparQ step. From there the data is checked against a host
-recomputation at every step, and the logits equal those of a run that appended all along
-(`LLAMA_SPARQ_SHORT_APPENDS`) to the rounding of the V sums, which the rebuild adds in another
-order, with the same counters but the rebuilds."""
+recomputation at every step, and the logits equal those of a context that appends all along (its
+ubatches as long as the dense threshold: its append floor is 0) to the rounding of the V sums,
+which the rebuild adds in another order, with the same counters but the rebuilds. Both take their
+prompts in the same ubatches (the cache's values depend on a ubatch's shape)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from sparq_ctx import Ctx, Model, prefill, rand_tokens
 
 MIN_KV, N_UBATCH = 128, 32
 FLOOR = MIN_KV - N_UBATCH
+APPEND_UBATCH = MIN_KV  # ubatches of min_kv tokens: the append floor is 0 (sparq_append_floor)
 # logits of the rebuilt data against the appended data's (the V sums' rounding; about 1e-7 seen)
 LOGIT_TOL = 1e-5
 SPARQ = dict(enabled=True, r=4, k=16, l=4, min_kv=MIN_KV, all_rows=False)
@@ -26,10 +28,8 @@ def model(tiny_gqa_model):
     return Model(tiny_gqa_model)
 
 
-def _ctx(model, monkeypatch, n_seq, short_appends, sparq=SPARQ):
-    # the switches are read when the context's SparQ state is made
-    monkeypatch.setenv("LLAMA_SPARQ_SHORT_APPENDS", "1" if short_appends else "0")
-    c = Ctx(model, n_ctx=1024, n_seq=n_seq, n_ubatch=N_UBATCH)
+def _ctx(model, n_seq, appends_all_along=False, sparq=SPARQ):
+    c = Ctx(model, n_ctx=1024, n_seq=n_seq, n_ubatch=APPEND_UBATCH if appends_all_along else N_UBATCH)
     if sparq:
         c.sparq(**sparq)
     return c
@@ -39,18 +39,25 @@ def _io(c):
     return {k: v for k, v in c.graph_io().items() if k != "n_transfers"}
 
 
-def test_under_the_floor_the_graph_is_denses(model, monkeypatch):
+def _prefill(c, seq, tokens):
+    """A prompt in llama_decode calls of N_UBATCH tokens: the same ubatches, so the same K and V, in
+    a context of longer ubatches (the cache's values depend on the ubatch's shape)."""
+    for i in range(0, len(tokens), N_UBATCH):
+        prefill(c, seq, tokens[i:i + N_UBATCH], pos0=i)
+
+
+def test_under_the_floor_the_graph_is_denses(model):
     """Prompt and decode steps under the floor: every graph has dense's nodes and inputs (no SparQ
-    node), the same logits, the calls counted dense (`prefill`, `short`), no rebuild; with the
-    appends kept (the switch) the same steps carry SparQ's append nodes."""
+    node), the same logits, the calls counted dense (`prefill`, `short`), no rebuild; in a context
+    whose floor is 0 the same steps carry SparQ's append nodes."""
     rng = np.random.default_rng(3)
     prompt = rand_tokens(rng, 40, model.n_vocab)
     toks = rand_tokens(rng, 8, model.n_vocab)
     runs = {}
     for name, sparq, keep in (("dense", None, False), ("skip", SPARQ, False), ("append", SPARQ, True)):
-        c = _ctx(model, monkeypatch, 1, keep, sparq)
+        c = _ctx(model, 1, keep, sparq)
         try:
-            prefill(c, 0, prompt)
+            _prefill(c, 0, prompt)
             io_prompt = _io(c)
             ios, logits = [], []
             for i, t in enumerate(toks):
@@ -66,7 +73,7 @@ def test_under_the_floor_the_graph_is_denses(model, monkeypatch):
     assert skip[0] == dense[0]  # the prompt's graph
     assert all(s == d for s, d in zip(skip[1], dense[1]))
     assert skip[1][0]["n_nodes_sparq"] == 0 and skip[1][0]["n_inputs_sparq"] == 0
-    assert append[1][0]["n_nodes"] > dense[1][0]["n_nodes"]  # the appends, without the switch's skip
+    assert append[1][0]["n_nodes"] > dense[1][0]["n_nodes"]  # the appends, with the floor at 0
     for a, b in zip(skip[2], dense[2]):
         np.testing.assert_array_equal(a, b)
     st, sa = skip[3], append[3]
@@ -94,14 +101,15 @@ def _steps(c, seqs, n, tok_rng, out, check_tol):
         assert c.check() <= check_tol, out[-1]["used"]
 
 
-def _run(model, monkeypatch, keep, n_seq, prompts, graph_rebuild, sparq=SPARQ):
-    monkeypatch.setenv("LLAMA_SPARQ_GRAPH_REBUILD", "1" if graph_rebuild else "0")
-    c = _ctx(model, monkeypatch, n_seq, keep, sparq)
+def _run(model, keep, n_seq, prompts, graph_rebuild, sparq=SPARQ):
+    c = _ctx(model, n_seq, keep, sparq)
+    if graph_rebuild:
+        c.debug_graph_rebuild()
     rng = np.random.default_rng(11)
     steps, marks = [], {}
     try:
         for s, p in enumerate(prompts):
-            prefill(c, s, p)
+            _prefill(c, s, p)
         marks["prefill_rebuilds"] = c.stats()["n_rebuilds"]
         seqs = list(range(n_seq))
         # up to past the threshold
@@ -117,10 +125,10 @@ def _run(model, monkeypatch, keep, n_seq, prompts, graph_rebuild, sparq=SPARQ):
     return steps, marks
 
 
-def test_h2o_appends_under_the_threshold(model, monkeypatch):
+def test_h2o_appends_under_the_threshold(model):
     """h2o's scores follow every step (a prompt's attention included), which no rebuild restores: it
     keeps its appends and runs SparQ under the threshold, as before."""
-    c = _ctx(model, monkeypatch, 1, False, dict(SPARQ, selector="h2o"))
+    c = _ctx(model, 1, False, dict(SPARQ, selector="h2o"))
     try:
         prefill(c, 0, rand_tokens(np.random.default_rng(1), 40, model.n_vocab))
         st0 = c.stats()
@@ -137,18 +145,18 @@ def step_ok(c):
 
 @pytest.mark.parametrize("n_seq,graph_rebuild,selector", [(1, False, "sparq"), (1, True, "sparq"), (2, False, "sparq"),
                                                           (2, True, "sparq"), (1, False, "index"), (1, False, "streaming")])
-def test_rebuilt_once_before_the_first_sparq_step(model, monkeypatch, n_seq, graph_rebuild, selector):
+def test_rebuilt_once_before_the_first_sparq_step(model, n_seq, graph_rebuild, selector):
     """Decode steps from under the floor to past the threshold, a removal that takes the longest
     stream back under the floor, and past the threshold again (one or two sequences, the rebuild on
     the host or as a graph; the selectors that skip too: the index's lists are reset by the rebuild
     and trained at its first SparQ step, as after any rebuild): each crossing of the floor rebuilds
     once, at a dense step before the first SparQ step; every step's kept data passes the check; the
-    logits and the counters but the rebuilds equal those of a run that appended all along."""
+    logits and the counters but the rebuilds equal those of a context that appends all along."""
     rng = np.random.default_rng(7)
     prompts = [rand_tokens(rng, n, model.n_vocab) for n in (40, 60)[:n_seq]]
     sparq = dict(SPARQ, selector=selector)
-    skip, m_skip = _run(model, monkeypatch, False, n_seq, prompts, graph_rebuild, sparq)
-    keep, m_keep = _run(model, monkeypatch, True, n_seq, prompts, graph_rebuild, sparq)
+    skip, m_skip = _run(model, False, n_seq, prompts, graph_rebuild, sparq)
+    keep, m_keep = _run(model, True, n_seq, prompts, graph_rebuild, sparq)
     assert len(skip) == len(keep)
     n_layers = m_skip["stats"]["n_layers"]
     for phase in (skip[:m_skip["rm"]], skip[m_skip["rm"]:]):
@@ -163,7 +171,7 @@ def test_rebuilt_once_before_the_first_sparq_step(model, monkeypatch, n_seq, gra
             assert (s["nodes_sparq"] > 0) == (s["used"] >= FLOOR), s["used"]
             assert s["sparq"] == (n_layers if s["used"] >= MIN_KV else 0)
     assert m_skip["prefill_rebuilds"] == 0  # the prompts are under the floor
-    # the counters are those of the run that appended, but the rebuilds
+    # the counters are those of the context that appended, but the rebuilds
     a, b = m_skip["stats"], m_keep["stats"]
     assert a["n_sparq"] == b["n_sparq"] and a["n_dense"] == b["n_dense"]
     # the rebuilt V sums add the same values in another order than the appends (a rounding of f32's,
@@ -177,17 +185,18 @@ def test_rebuilt_once_before_the_first_sparq_step(model, monkeypatch, n_seq, gra
     print(f"\n{selector} n_seq={n_seq} graph_rebuild={graph_rebuild}: logits within {worst:.3g} of the appending run's")
 
 
-def test_a_prompt_crossing_the_floor_appends_from_that_ubatch(model, monkeypatch):
+def test_a_prompt_crossing_the_floor_appends_from_that_ubatch(model):
     """A prompt over the floor in one batch: the ubatches under it append nothing, the one that
     reaches it rebuilds what came before (one rebuild) and appends; the decode steps after it
-    check and equal the run that appended all along."""
+    check and equal a context that appends all along."""
     rng = np.random.default_rng(5)
     prompt = rand_tokens(rng, 150, model.n_vocab)
     res = {}
     for keep in (False, True):
-        c = _ctx(model, monkeypatch, 1, keep)
+        c = _ctx(model, 1, keep)
         try:
-            prefill(c, 0, prompt)  # ubatches of 32: 32, 64, 96 (the floor: rebuilt), 128, 150
+            # ubatches of 32: 32, 64, 96 (the floor: rebuilt), 128, 150; in one batch where it skips
+            (prefill if not keep else _prefill)(c, 0, prompt)
             st = c.stats()
             assert c.check() <= 1e-3
             steps = []

@@ -32,7 +32,7 @@ extern "C" {
 // Bumped whenever a struct or function of this header changes incompatibly (a row added to
 // llama-sparq-settings.def included). Written here only: the library's version string and the
 // Python package (which refuses a library whose ABI differs from its header's) read it here.
-#define LLAMA_SPARQ_ABI_VERSION 13
+#define LLAMA_SPARQ_ABI_VERSION 14
 
 // "llama-sparq <version> abi <n> llama.cpp <commit>" (also declared in llama.h by patch 0001)
 LLAMA_API const char * llama_sparq_version(void);
@@ -50,12 +50,7 @@ enum llama_sparq_dense_reason {
     LLAMA_SPARQ_DENSE_SHARED_STREAM = 5, // several sequences share one KV stream (unified KV cache)
     LLAMA_SPARQ_DENSE_ATTN_VARIANT  = 6, // ALiBi, soft-capping, sinks, KQ bias, MLA or K/V head sizes differ
     LLAMA_SPARQ_DENSE_NO_CACHE      = 7, // attention without the KV cache (training, encoder)
-    LLAMA_SPARQ_DENSE_DIFFUSE       = 8, // the calibrated k: every KV head of the layer needed more than k_frac
-                                         // of the cells at the sequence's last SparQ step there; dense (upstream's
-                                         // attention, without step 1's reads) until its next check, 16 to 256
-                                         // steps later (counted where every decode row of the call is in such a
-                                         // stretch; beside rows that run SparQ the call counts as SparQ)
-    LLAMA_SPARQ_DENSE_COUNT         = 9,
+    LLAMA_SPARQ_DENSE_COUNT         = 8,
 };
 
 // How the cells a decode step attends over are chosen (ggml-sparq.h: the op's selectors).
@@ -117,7 +112,6 @@ struct llama_sparq_stats {
     uint64_t n_sparq;                           // attention calls (layer x ubatch) run with SparQ
     uint64_t n_dense[LLAMA_SPARQ_DENSE_COUNT];  // dense calls while enabled, by reason
     double   compression;                       // mean cost-model compression M_sparq / M_dense of the SparQ calls
-                                                // and of the calibrated k's dense stretches (n_dense "diffuse", at 1)
                                                 // (the index selector: with the keys its op reported reading, once
                                                 // the step has run; the even-lists estimate until then)
     uint64_t n_rebuilds;                        // rebuilds of K^T and the V sums after cache changes
@@ -215,6 +209,11 @@ LLAMA_API void llama_sparq_sync(struct llama_context * ctx);
 // A local window kept on the device that differs from the host's computation, for a stream whose
 // window the host holds exact, counts its differing entries (so any such difference fails a check).
 LLAMA_API double llama_sparq_debug_check(struct llama_context * ctx);
+
+// For tests without a GPU: on, the rebuilds of a cache in host memory run as the ggml graph that
+// rebuilds a cache on a device (K^T and the sums in f32 products, on the CPU backend) instead of the
+// host's threads. Returns 0, or -1 before SparQ was first enabled on the context.
+LLAMA_API int32_t llama_sparq_debug_graph_rebuild(struct llama_context * ctx, bool on);
 
 // For benchmarks only: fills sequence 0 of an empty KV cache with n_tokens cells at
 // positions 0..n_tokens-1 holding pseudo-random K and V (zero mean, unit variance, fixed by

@@ -24,7 +24,7 @@ int llama_sparq_abi_version(void) {
 }
 
 const char * const sparq_reason_names[LLAMA_SPARQ_DENSE_COUNT] = {
-    "prefill", "short", "swa", "cache_type", "v_trans", "shared_stream", "attn_variant", "no_cache", "diffuse",
+    "prefill", "short", "swa", "cache_type", "v_trans", "shared_stream", "attn_variant", "no_cache",
 };
 
 const char * const sparq_reason_text[LLAMA_SPARQ_DENSE_COUNT] = {
@@ -36,8 +36,6 @@ const char * const sparq_reason_text[LLAMA_SPARQ_DENSE_COUNT] = {
     "several sequences share one KV stream (unified KV cache; use one stream per sequence)",
     "ALiBi, soft-capping, attention sinks, KQ bias, MLA or differing K/V head sizes",
     "attention without the KV cache",
-    "the calibrated k found every KV head of the layer diffuse for the sequence (more than k_frac of the cells "
-    "to reach the coverage target): dense until it is checked again",
 };
 
 const char * llama_sparq_dense_reason_name(int32_t reason) {
@@ -293,7 +291,6 @@ static int32_t sparq_create(llama_context * ctx, int32_t kt_bits, char * err, si
     }
     auto S = std::make_shared<llama_sparq_ctx>();
     S->lctx = ctx;
-    S->env = sparq_env_read();
     S->kv = kv;
     S->balloc = upstream::balloc(ctx);
     if (!sparq_alloc(*S, upstream::model(ctx), kt_bits, err, err_size)) {

@@ -162,8 +162,6 @@ bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, int32_t kt_bits
         ggml_format_name(L.data.vcount, "sparq_vcount_l%u", il);
         L.data.report = ggml_new_tensor_3d(S.mem.ctx.get(), GGML_TYPE_F32, 4, hkv, n_stream);
         ggml_format_name(L.data.report, "sparq_report_l%u", il);
-        L.diffuse.left.assign(n_stream, 0);
-        L.diffuse.period.assign(n_stream, 0);
         ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(k->buffer);
         by_buft[buft].push_back(L.data.vsum);
         by_buft[buft].push_back(L.data.ksq);
@@ -227,8 +225,8 @@ void sparq_alloc_reports(llama_sparq_ctx & S) {
             if (!buf) {
                 if (hbt && !said) {
                     said = true;
-                    LLAMA_LOG_WARN("%s: no page-locked host memory for the op's report on %s (layer %d): the calibrated "
-                                   "k's diffuse stretches do not start there\n", __func__, ggml_backend_dev_name(dev), L.il);
+                    LLAMA_LOG_WARN("%s: no page-locked host memory for the op's report on %s (layer %d): the counters "
+                                   "count its estimate there\n", __func__, ggml_backend_dev_name(dev), L.il);
                 }
                 continue;
             }

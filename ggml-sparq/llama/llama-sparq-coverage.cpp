@@ -14,8 +14,6 @@ void sparq_coverage_reset(llama_sparq_ctx & S) {
     S.stats.report_pending.clear();
     for (sparq_layer & L : S.layers) {
         std::fill(L.report.entries.begin(), L.report.entries.end(), SPARQ_REPORT_TAKEN);
-        std::fill(L.diffuse.left.begin(), L.diffuse.left.end(), 0);
-        std::fill(L.diffuse.period.begin(), L.diffuse.period.end(), 0);
     }
     S.stats.measure_due = true;
     S.stats.guard_due = false;
@@ -67,18 +65,10 @@ void sparq_count_reports(llama_sparq_ctx & S) {
         }
         sparq_layer & L = S.layers[p.ikv];
         const int64_t hkv = L.data.kt ? L.data.kt->ne[2] : 0;
-        // the calibrated k, a check of the layer for each stream outside its dense stretch: every KV
-        // head of the stream diffuse (the op attended over all its cells) makes the stream run
-        // upstream's dense attention in this layer for its next diffuse.period decode steps, without
-        // step 1's reads (twice as long after each check that finds it diffuse again, 16 to 256
-        // steps); a head that reached the target ends it. Per stream: a sequence's stretches follow its
-        // own attention, whatever else is decoded beside it
-        const bool calibrated = sparq_is_calibrated(S.params);
         double k_sum = 0.0, cov_sum = 0.0, reach_sum = 0.0;
         int n = 0, n_reach = 0, n_reached = 0;
         for (uint32_t st = p.s0; st < p.s0 + p.n_stream; ++st) {
             const bool unused = st - p.s0 < p.unused.size() && p.unused.test(st - p.s0);
-            int n_s = 0, n_reach_s = 0, n_reached_s = 0;
             for (int64_t h = 0; h < hkv; ++h) {
                 float * e = L.report.entries.data() + ((size_t) st * hkv + h) * 4;
                 if (unused || e[0] == SPARQ_REPORT_TAKEN || e[0] < 0.0f) {
@@ -91,24 +81,11 @@ void sparq_count_reports(llama_sparq_ctx & S) {
                 cov_sum += e[1];
                 if (e[2] >= 0.0f) {
                     reach_sum += e[2];
-                    n_reach_s++;
-                    n_reached_s += e[3] > 0.0f;
+                    n_reach++;
+                    n_reached += e[3] > 0.0f;
                 }
-                n_s++;
+                n++;
                 e[0] = SPARQ_REPORT_TAKEN;
-            }
-            n += n_s;
-            n_reach += n_reach_s;
-            n_reached += n_reached_s;
-            if (calibrated && S.env.diffuse_skip && n_s > 0 && n_reach_s == n_s && st < L.diffuse.left.size() &&
-                L.diffuse.left[st] == 0) {
-                int & period = L.diffuse.period[st];
-                if (n_reached_s == 0) {
-                    period = period ? std::min(2 * period, SPARQ_DIFFUSE_MAX_STEPS) : SPARQ_DIFFUSE_MIN_STEPS;
-                    L.diffuse.left[st] = period;
-                } else {
-                    period = 0;
-                }
             }
         }
         if (n == 0) {

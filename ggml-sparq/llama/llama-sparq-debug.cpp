@@ -1,6 +1,6 @@
 // llama-sparq: the debugging entry points of the C API: an eval callback on the context's graphs,
-// the check of the kept K^T and sums against a recomputation, the last graph's host traffic, and the
-// op parameters the settings' probe builds.
+// the check of the kept K^T and sums against a recomputation, the last graph's host traffic, the op
+// parameters the settings' probe builds, and the device's graph rebuild run on host memory.
 #include "llama-sparq-impl.h"
 #include "llama-sparq-op.h"
 
@@ -84,6 +84,15 @@ static double sparq_check_windows(llama_sparq_ctx & S, uint32_t strm) {
         }
     }
     return n;
+}
+
+int32_t llama_sparq_debug_graph_rebuild(struct llama_context * ctx, bool on) {
+    auto & cp = upstream::cparams(ctx);
+    if (!cp.sparq) {
+        return -1;
+    }
+    cp.sparq->graph_rebuild_host = on;
+    return 0;
 }
 
 double llama_sparq_debug_check(struct llama_context * ctx) {

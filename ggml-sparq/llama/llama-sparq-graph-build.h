@@ -36,9 +36,8 @@ struct sparq_attn_build {
     const sparq_selector * sel;
     bool per_head;
     bool calibrated; // k = 0: kk is the cap of the calibrated k, the op cuts its choice at the coverage target
-    bool stretch = false; // some decode rows, not all, are in their dense stretch of this layer (SPARQ_STRETCH_SOME)
-    bool stretch_upstream = false; // some decode rows dense as alone run upstream's attention (short rows, or stretches not in the op)
-    bool stretch_in_op = false;    // the op runs the decode rows in their dense stretch (sparq_stretch::in_op)
+    bool stretch = false; // some decode rows, not all, run dense as alone (under the dense threshold:
+                          // SPARQ_STRETCH_SOME): upstream's attention, picked
     bool win_pushed = false;       // the K^T append pushes the step's cells into the layer's device window
 
     ggml_tensor * kt_src, * vs_src, * ksq_src;

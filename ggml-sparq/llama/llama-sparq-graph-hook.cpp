@@ -32,8 +32,7 @@ uint32_t sparq_used_max(const llama_kv_cache_context * m) {
 // run SparQ under the threshold too.
 uint32_t sparq_append_floor(const llama_sparq_ctx & S, uint32_t n_ubatch) {
     const llama_sparq_params & P = S.params;
-    if (S.env.short_appends || sparq_selector_of(P.selector).every_step || P.min_kv <= 0 ||
-        (uint32_t) P.min_kv <= n_ubatch) {
+    if (sparq_selector_of(P.selector).every_step || P.min_kv <= 0 || (uint32_t) P.min_kv <= n_ubatch) {
         return 0;
     }
     return (uint32_t) P.min_kv - n_ubatch;
@@ -60,7 +59,7 @@ int sparq_dense_always(const llama_sparq_ctx & S, const llama_cparams & cp) {
 }
 
 bool sparq_appends_skipped(const llama_sparq_ctx & S, const llama_kv_cache_context * m, const llama_cparams & cp) {
-    if (!S.env.short_appends && sparq_dense_always(S, cp) >= 0) {
+    if (sparq_dense_always(S, cp) >= 0) {
         return true;
     }
     const uint32_t floor = sparq_append_floor(S, cp.n_ubatch);
@@ -88,11 +87,9 @@ int sparq_rows_mode(const llama_sparq_ctx & S, const llama_ubatch & ub, uint32_t
     return n == 0 ? SPARQ_ROWS_SPARQ : n == n_stream ? SPARQ_ROWS_DENSE : SPARQ_ROWS_MIXED;
 }
 
-int sparq_stretch_rows(const llama_sparq_ctx & S, int32_t ikv, const llama_kv_cache::slot_info & si,
-                       const std::vector<uint8_t> & prompt, std::vector<uint8_t> & rows) {
-    const sparq_layer & L = S.layers[ikv];
+int sparq_stretch_rows(const llama_sparq_ctx & S, const llama_kv_cache::slot_info & si, const std::vector<uint8_t> & prompt,
+                       std::vector<uint8_t> & rows) {
     const llama_sparq_params & P = S.params;
-    const bool calibrated = sparq_is_calibrated(P) && !P.all_rows;
     rows.assign(si.n_stream(), SPARQ_ROW_SPARQ);
     uint32_t n_dec = 0, n_in = 0;
     for (uint32_t s = 0; s < si.n_stream(); ++s) {
@@ -102,8 +99,6 @@ int sparq_stretch_rows(const llama_sparq_ctx & S, int32_t ikv, const llama_kv_ca
         const uint32_t strm = si.strm[s];
         if (upstream::cells(S.kv, strm).get_used() < (uint32_t) P.min_kv) {
             rows[s] = SPARQ_ROW_SHORT; // under the dense threshold, as alone
-        } else if (calibrated && strm < L.diffuse.left.size() && L.diffuse.left[strm] > 0) {
-            rows[s] = SPARQ_ROW_STRETCH;
         }
         n_dec++;
         n_in += rows[s] != SPARQ_ROW_SPARQ;
@@ -369,44 +364,17 @@ static sparq_dense_check sparq_dense_reason(const sparq_attn_build & b, const ll
     return c;
 }
 
-// A diffuse layer's dense stretch on the CPU: the op with every row over every valid cell (no K^T
-// read, no selection): one pass over each KV head's rows for all of its query heads, the cells
-// split between the threads, whatever the context's flash-attention setting (upstream's CPU flash
-// attention is the slow path at long context on some CPUs), and the same rows as the op's own
-// dense rows beside SparQ rows, so a sequence's logits do not depend on its neighbours. On a GPU
-// upstream's flash attention stays the dense path.
-static bool sparq_stretch_in_op(const sparq_attn_build & b) {
-    return b.sel->ranks_scores && ggml_backend_buffer_is_host(b.L.data.kt->buffer);
-}
-
 // per stream, as alone: a stream under the dense threshold (the longest decides the threshold in
-// sparq_dense_reason) runs dense, and so does a stream the calibrated k found diffuse in this layer
-// at its last check, until the next one. Counts the last execution's reports first (under S.stats.mtx),
-// records each stream's rows in the graph's input (graph reuse compares them) and sets b.stretch
-// when some decode rows, not all, run dense; returns the reason when every decode row does, else -1
+// sparq_dense_reason) runs dense. Records each stream's rows in the graph's input (graph reuse
+// compares them) and sets b.stretch when some decode rows, not all, run dense (upstream's attention,
+// picked); returns the reason when every decode row does, else -1
 static int sparq_record_stretches(sparq_attn_build & b) {
     std::vector<uint8_t> prompt;
     sparq_rows_mode(b.S, b.g.ubatch, (uint32_t) b.n_stream, &prompt);
     sparq_stretch & st = b.inp->stretch[b.ikv];
-    {
-        std::lock_guard<std::mutex> lock(b.S.stats.mtx);
-        // the last execution's checks first (already counted if another thread read the counters
-        // since), so that the stretches begin at a step that does not depend on when that was
-        sparq_count_reports(b.S);
-        st.mode = sparq_stretch_rows(b.S, b.ikv, b.si, prompt, st.rows);
-    }
-    const bool stretch = std::count(st.rows.begin(), st.rows.end(), (uint8_t) SPARQ_ROW_STRETCH) > 0;
-    const bool short_rows = std::count(st.rows.begin(), st.rows.end(), (uint8_t) SPARQ_ROW_SHORT) > 0;
+    st.mode = sparq_stretch_rows(b.S, b.si, prompt, st.rows);
     b.stretch = st.mode == SPARQ_STRETCH_SOME;
-    // the op runs the stretch rows (all of the decode rows' dense ones, or some beside SparQ rows);
-    // short rows, and stretch rows the op does not run, are upstream's, picked
-    st.in_op = stretch && sparq_stretch_in_op(b);
-    b.stretch_in_op = st.in_op;
-    b.stretch_upstream = st.mode != SPARQ_STRETCH_NONE && (st.in_op ? short_rows : b.stretch);
-    if (st.mode == SPARQ_STRETCH_ALL) {
-        return stretch ? LLAMA_SPARQ_DENSE_DIFFUSE : LLAMA_SPARQ_DENSE_SHORT;
-    }
-    return -1;
+    return st.mode == SPARQ_STRETCH_ALL ? LLAMA_SPARQ_DENSE_SHORT : -1;
 }
 
 // the SparQ decision with the cost model's terms: the bytes of the cache's elements (K and V rows of
@@ -424,21 +392,10 @@ static void sparq_decide_sparq(sparq_attn_build & b, const ggml_tensor * k, cons
 static ggml_sparq_attn_srcs sparq_op_srcs(sparq_attn_build & b, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,
                                           ggml_tensor * kq_mask) {
     ggml_context * ctx0 = b.ctx0;
-    llm_graph_input_sparq * inp = b.inp;
     const sparq_layer & L = b.L;
     const int64_t n_stream = b.n_stream, n_tps = b.n_tps, n_kv = b.n_kv, d = b.d, hkv = b.hkv;
-    // the valid-cell counts: the layer's kept ones (appended above, on the device), or a layer's own
-    // input with streams in their dense stretch (negative there; the CPU op only)
+    // the valid-cell counts: the layer's kept ones (appended above, on the device)
     ggml_tensor * v_count = b.vc_src;
-    if (b.stretch && inp->stretch[b.ikv].in_op) {
-        ggml_tensor *& own = inp->layer_v_count[b.ikv];
-        if (!own) {
-            own = ggml_new_tensor_1d(ctx0, GGML_TYPE_F32, n_stream);
-            ggml_set_input(own);
-            ggml_format_name(own, "sparq_v_count-%d", b.il);
-        }
-        v_count = own;
-    }
     GGML_ASSERT(v_count && "llama_sparq: the op without the appends");
 
     // the layout of build_attn_mha: q [d, n_tps, n_head, ns], k/v [d, n_kv, n_head_kv, ns]
@@ -454,19 +411,6 @@ static ggml_sparq_attn_srcs sparq_op_srcs(sparq_attn_build & b, ggml_tensor * q,
     src.v_count = v_count;
     src.mask = kq_mask;
     return src;
-}
-
-// A diffuse layer's dense stretch in the op: every row over every valid cell
-static ggml_tensor * sparq_build_dense_op(sparq_attn_build & b, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,
-                                          ggml_tensor * kq_mask, float kq_scale) {
-    const ggml_sparq_attn_srcs src = sparq_op_srcs(b, q, k, v, kq_mask);
-    sparq_op_step st;
-    st.n_kv = b.n_kv;
-    st.dense = true;
-    const ggml_sparq_attn_params o = sparq_op_params(b.S, b.P, b.budget, st, kq_scale);
-    ggml_tensor * cur = ggml_sparq_attn_ext(b.ctx0, &src, &o);
-    ggml_format_name(cur, "sparq_attn-%d", b.il);
-    return cur;
 }
 
 // the SPARQ_ATTN node on the layout of build_attn_mha, with its selector's inputs, window and report
@@ -486,7 +430,7 @@ static ggml_tensor * sparq_build_op(sparq_attn_build & b, ggml_tensor * q, ggml_
         // the op reports its choice into the layer's report (the counters read it after the step): the
         // calibrated k's cut, or the guard's measure of a fixed k at the first SparQ step. A CPU op writes
         // host memory; a device's report is copied to the host after the step (with the calibrated k,
-        // whose stretches follow it); an RPC host's is not read
+        // whose cells the counters count); an RPC host's is not read
         const bool reports = sparq_op_reports(b.L, b.calibrated);
         if (reports) {
             ggml_tensor * rep = b.L.data.report;
@@ -503,8 +447,7 @@ static ggml_tensor * sparq_build_op(sparq_attn_build & b, ggml_tensor * q, ggml_
         }
     }
     const ggml_tensor * dwin = b.L.data.win;
-    if (l > 0 && b.win_pushed && inp->win_device && !b.S.env.host_window && !b.sel->window_choice && !b.sel->window &&
-        l <= dwin->ne[0]) {
+    if (l > 0 && b.win_pushed && inp->win_device && !b.sel->window_choice && !b.sel->window && l <= dwin->ne[0]) {
         // a decode step whose every new cell is its sequence's latest: the device window after the K^T
         // append's push (the op reads it after that node: it reads K^T from it), its first l entries
         src.win = ggml_view_3d(ctx0, b.L.data.win, l, 1, n_stream, dwin->nb[1], dwin->nb[1], b.si.s0 * dwin->nb[1]);
@@ -560,7 +503,7 @@ static void sparq_place_op(sparq_attn_build & b, ggml_tensor * cur) {
 
 // the most nodes (tensors) the hook adds per layer with SparQ data: the appends to K^T, the V sums and
 // the sums of k^2 (with a quantized cache's rounding), the op with its views and selector inputs, and a
-// ubatch's dense attention beside it (prompt rows or dense stretches, picked per row); about 85 counted
+// ubatch's dense attention beside it (prompt rows or short rows, picked per row); about 85 counted
 constexpr uint32_t SPARQ_GRAPH_NODES_PER_LAYER = 128;
 
 uint32_t llama_sparq_graph_nodes(const llama_cparams & cparams) {
@@ -628,31 +571,23 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
     if (reason >= 0 || !appends) {
         // SparQ needs this ubatch's keys in K^T: without appends (k_cur == nullptr) stay dense
         sparq_decide(inp, il, reason >= 0 ? reason : LLAMA_SPARQ_DENSE_NO_CACHE);
-        if (reason != LLAMA_SPARQ_DENSE_DIFFUSE || !appends || !b.stretch_in_op) {
-            return nullptr;
-        }
-    } else {
-        sparq_decide_sparq(b, k, v);
+        return nullptr;
     }
-    // every decode row dense as alone with some in their stretch: the op attends densely (prompt and
-    // short rows are then picked from upstream's attention below, as beside SparQ rows)
-    ggml_tensor * cur = reason == LLAMA_SPARQ_DENSE_DIFFUSE ? sparq_build_dense_op(b, q, k, v, kq_mask, kq_scale)
-                                                            : sparq_build_op(b, q, k, v, kq_mask, kq_scale);
+    sparq_decide_sparq(b, k, v);
+    ggml_tensor * cur = sparq_build_op(b, q, k, v, kq_mask, kq_scale);
     sparq_place_op(b, cur);
     ggml_tensor * out = ggml_reshape_2d(ctx0, cur, cur->ne[0] * cur->ne[1], cur->ne[2] * cur->ne[3]);
-    if (inp->rows_mode == SPARQ_ROWS_MIXED || b.stretch_upstream) {
-        // prompt rows beside decode rows, or streams under the dense threshold (or in a dense stretch
-        // not run by the op) beside streams the op runs: those rows get upstream's dense attention,
-        // as alone; the pick copies rows, so each is bit-identical to the one it comes from (a layer
-        // with such rows has its own pick). Streams in their dense stretch on the CPU are the op's
-        // own dense rows, as alone (their counts negative in the layer's v_count).
+    if (inp->rows_mode == SPARQ_ROWS_MIXED || b.stretch) {
+        // prompt rows beside decode rows, or streams under the dense threshold beside streams the op
+        // runs: those rows get upstream's dense attention, as alone; the pick copies rows, so each is
+        // bit-identical to the one it comes from (a layer with such rows has its own pick).
         ggml_tensor * dense = g.build_attn_mha(q, k, v, kq_b, kq_mask, sinks, v_mla, 0, kq_scale, il);
         GGML_ASSERT(dense->type == GGML_TYPE_F32 && ggml_are_same_shape(dense, out));
-        ggml_tensor *& pick = b.stretch_upstream ? inp->layer_pick[b.ikv] : inp->pick;
+        ggml_tensor *& pick = b.stretch ? inp->layer_pick[b.ikv] : inp->pick;
         if (!pick) {
             pick = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, b.n_tokens);
             ggml_set_input(pick);
-            ggml_format_name(pick, b.stretch_upstream ? "sparq_pick-%d" : "sparq_pick", il);
+            ggml_format_name(pick, b.stretch ? "sparq_pick-%d" : "sparq_pick", il);
         }
         out = ggml_get_rows(ctx0, ggml_concat(ctx0, out, dense, 1), pick);
     }

@@ -31,13 +31,11 @@ bool llm_graph_input_sparq::can_reuse(const llm_graph_params & params) {
         ok &= measure == (int) S->stats.measure_due;
     }
     if (ok && !stretch.empty()) {
-        // a stream's dense stretch of a layer began or ended (the last execution's checks counted first,
-        // as at graph build)
+        // a stream crossed the dense threshold beside others
         sparq_rows_mode(*S, params.ubatch, upstream::sinfo(m).n_stream(), &prompt_buf);
-        std::lock_guard<std::mutex> lock(S->stats.mtx);
-        sparq_count_reports(*S);
+        const int mode = sparq_stretch_rows(*S, upstream::sinfo(m), prompt_buf, rows_buf);
         for (const auto & [ikv, st] : stretch) {
-            ok &= sparq_stretch_rows(*S, ikv, upstream::sinfo(m), prompt_buf, rows_buf) == st.mode && rows_buf == st.rows;
+            ok &= mode == st.mode && rows_buf == st.rows;
         }
     }
     // built with SparQ's nodes or without (well under the dense threshold, or a context that runs dense
@@ -94,7 +92,7 @@ void llm_graph_input_sparq::keep_streams_current() {
         }
         if (!st.valid || upstream::cells_hash(cells) != want) {
             sparq_rebuild_stream(St, strm, si.idxs[s]);
-            sparq_count_rebuild(St, strm);
+            sparq_count_rebuild(St);
         }
         st.hash = upstream::cells_hash(cells);
         st.valid = true;
@@ -117,25 +115,8 @@ void llm_graph_input_sparq::train_index_if_due() {
     }
 }
 
-// a layer's own valid-cell counts with streams in its dense stretch (negative there: the op attends
-// them densely); the other layers' counts are kept on the device beside the V sums
-void llm_graph_input_sparq::set_v_count() {
-    const auto & si = upstream::sinfo(mctx);
-    auto fill = [&](ggml_tensor * t, const sparq_stretch * st) {
-        GGML_ASSERT(ggml_backend_buffer_is_host(t->buffer));
-        float * data = (float *) t->data;
-        for (uint32_t s = 0; s < si.n_stream(); ++s) {
-            const float n = (float) upstream::cells(S->kv, si.strm[s]).get_used();
-            data[s] = st && s < st->rows.size() && st->rows[s] == SPARQ_ROW_STRETCH ? -n : n;
-        }
-    };
-    for (auto & [ikv, t] : layer_v_count) {
-        fill(t, &stretch.at(ikv));
-    }
-}
-
-// prompt rows beside decode rows (one row per stream), and a layer's streams in their dense stretch
-// beside streams that run SparQ: each token's row of [SparQ; dense]
+// prompt rows beside decode rows (one row per stream), and a layer's streams under the dense
+// threshold beside streams that run SparQ: each token's row of [SparQ; dense]
 void llm_graph_input_sparq::set_pick(const llama_ubatch * ubatch, const std::vector<uint8_t> & prompt) {
     const auto & si = upstream::sinfo(mctx);
     if (!pick && layer_pick.empty()) {
@@ -145,9 +126,7 @@ void llm_graph_input_sparq::set_pick(const llama_ubatch * ubatch, const std::vec
         GGML_ASSERT(ggml_backend_buffer_is_host(t->buffer) && (int64_t) ubatch->n_tokens == t->ne[0]);
         int32_t * data = (int32_t *) t->data;
         for (uint32_t s = 0; s < si.n_stream(); ++s) {
-            // a stretch row is upstream's unless it runs dense inside the op
-            const uint8_t kind = st && s < st->rows.size() ? st->rows[s] : SPARQ_ROW_SPARQ;
-            const bool dense = prompt[s] || kind == SPARQ_ROW_SHORT || (kind == SPARQ_ROW_STRETCH && !st->in_op);
+            const bool dense = prompt[s] || (st && s < st->rows.size() && st->rows[s] == SPARQ_ROW_SHORT);
             data[s] = dense ? (int32_t) (ubatch->n_tokens + s) : (int32_t) s;
         }
     };
@@ -276,7 +255,6 @@ void llm_graph_input_sparq::set_input(const llama_ubatch * ubatch) {
     calibrate_if_due();
     keep_streams_current();
     train_index_if_due();
-    set_v_count();
     // which streams bring a prompt (their rows run dense, picked; they report nothing)
     const int mode = sparq_rows_mode(St, *ubatch, si.n_stream(), &prompt_buf);
     GGML_ASSERT(mode == rows_mode);
@@ -304,7 +282,7 @@ void llm_graph_input_sparq::set_input(const llama_ubatch * ubatch) {
             const double ms = n_cells <= dc.k ? md : dc.cost.sparq(n_cells, dc.rows);
             St.stats.counters.compression_sum += ms / md;
             if (dc.report && n_cells > dc.k) {
-                // the rows whose output is not the op's (prompt rows, stretches) report nothing
+                // the rows whose output is not the op's (prompt rows, short rows) report nothing
                 std::bitset<LLAMA_MAX_SEQ> unused;
                 const auto it = stretch.find(dc.ikv_rep);
                 for (size_t s = 0; s < prompt_buf.size() && s < unused.size(); ++s) {
@@ -323,16 +301,6 @@ void llm_graph_input_sparq::set_input(const llama_ubatch * ubatch) {
                 St.stats.logged |= 1u << dc.reason;
                 LLAMA_LOG_INFO("%s: SparQ on, dense attention where: %s (first seen on layer %d; counted in the stats)\n",
                                __func__, sparq_reason_text[dc.reason], dc.il);
-            }
-        }
-    }
-    // a step of each stream's dense stretch that this execution runs (as the graph was built for it)
-    for (const auto & [ikv, st] : stretch) {
-        sparq_layer & L = St.layers[ikv];
-        for (uint32_t s = 0; s < si.n_stream() && s < st.rows.size(); ++s) {
-            const uint32_t strm = si.strm[s];
-            if (st.rows[s] == SPARQ_ROW_STRETCH && strm < L.diffuse.left.size() && L.diffuse.left[strm] > 0) {
-                L.diffuse.left[strm]--;
             }
         }
     }

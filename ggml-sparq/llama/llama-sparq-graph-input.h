@@ -42,31 +42,25 @@ struct sparq_decision {
 // per llama_decode that mixes a prompt with decode steps.
 enum sparq_rows_mode { SPARQ_ROWS_SPARQ = 0, SPARQ_ROWS_DENSE = 1, SPARQ_ROWS_MIXED = 2 };
 
-// Decode rows that run dense as their sequence would alone: a stream under the dense threshold
-// (min_kv) beside longer ones, and a stream in the calibrated k's dense stretch of the layer (per
-// stream and layer, llama-sparq-coverage.cpp). A ubatch's decode rows of a layer may be: none so
-// (SparQ), all (the layer runs dense, counted as `diffuse` or `short`), or some (both run and each
-// row is picked, like prompt rows beside decode rows). A sequence's steps so do not depend on the
-// sequences decoded beside it.
+// Decode rows that run dense as their sequence would alone (a stretch of them): a stream under the
+// dense threshold (min_kv) beside longer ones. A ubatch's decode rows of a layer may be: none so
+// (SparQ), all (the layer runs dense, counted as `short`), or some (both run and each row is picked,
+// like prompt rows beside decode rows). A sequence's steps so do not depend on the sequences decoded
+// beside it.
 enum sparq_stretch_mode { SPARQ_STRETCH_NONE = 0, SPARQ_STRETCH_ALL = 1, SPARQ_STRETCH_SOME = 2 };
-enum sparq_row_kind { SPARQ_ROW_SPARQ = 0, SPARQ_ROW_STRETCH = 1, SPARQ_ROW_SHORT = 2 };
+enum sparq_row_kind { SPARQ_ROW_SPARQ = 0, SPARQ_ROW_SHORT = 1 };
 struct sparq_stretch {
     int mode = SPARQ_STRETCH_NONE;
     std::vector<uint8_t> rows; // per stream of the ubatch: its decode row's sparq_row_kind
-    // SPARQ_STRETCH_SOME with the op on the CPU: the stretch rows run dense inside the op (as they do
-    // alone: the op with its dense flag), marked by negative counts in the layer's own v_count; only
-    // short rows are picked from upstream's attention
-    bool in_op = false;
 };
 
 // llama-sparq-graph-hook.cpp:
 // the mode of a ubatch over n_stream streams; prompt (optional): per stream, whether its sequence is a prompt
 int sparq_rows_mode(const llama_sparq_ctx & S, const llama_ubatch & ub, uint32_t n_stream,
                     std::vector<uint8_t> * prompt = nullptr);
-// the stretch mode of layer ikv for the streams of si (prompt: per stream, from sparq_rows_mode),
-// and its rows; the caller holds S.stats.mtx
-int sparq_stretch_rows(const llama_sparq_ctx & S, int32_t ikv, const llama_kv_cache::slot_info & si,
-                       const std::vector<uint8_t> & prompt, std::vector<uint8_t> & rows);
+// the stretch mode for the streams of si (prompt: per stream, from sparq_rows_mode), and its rows
+int sparq_stretch_rows(const llama_sparq_ctx & S, const llama_kv_cache::slot_info & si, const std::vector<uint8_t> & prompt,
+                       std::vector<uint8_t> & rows);
 // the most cells in use among the streams of the ubatch (the context length the dense threshold is about:
 // the graph's KV view is padded to 256 cells, which would make a 1000-token context count as 1024)
 uint32_t sparq_used_max(const llama_kv_cache_context * m);
@@ -113,10 +107,9 @@ public:
     bool skip = false;                         // built without SparQ's nodes (sparq_appends_skipped; graph reuse compares it)
     int  rows_mode = SPARQ_ROWS_SPARQ;         // sparq_rows_mode of the ubatch the graph was built for
     int  measure = -1;                         // built measuring the coverage of a fixed k (1) or not (0); -1 unused
-    std::map<int32_t, sparq_stretch> stretch;  // by KV layer (the calibrated k): the stretches the graph was built for
+    std::map<int32_t, sparq_stretch> stretch;  // by KV layer: the stretches the graph was built for
     ggml_tensor * pick = nullptr;              // SPARQ_ROWS_MIXED: [n_tokens] i32, per token its row of [SparQ; dense]
     std::map<int32_t, ggml_tensor *> layer_pick; // by KV layer, SPARQ_STRETCH_SOME: the same with its stretches' rows
-    std::map<int32_t, ggml_tensor *> layer_v_count; // by KV layer, SPARQ_STRETCH_SOME in the op: v_count, negative in a stretch
     std::vector<sparq_decision> decisions;     // one per attention layer of this graph
     // the ops that write their layer's report: KV layer, first stream, streams (a device's is copied to
     // the host after the graph ran: sparq_graph_computed)
@@ -132,7 +125,6 @@ private:
     void calibrate_if_due();
     void keep_streams_current();
     void train_index_if_due();
-    void set_v_count();
     void set_pick(const llama_ubatch * ubatch, const std::vector<uint8_t> & prompt);
     void set_window(const llama_ubatch * ubatch);
     void set_device_windows(const llama_ubatch * ubatch);

@@ -24,7 +24,6 @@
 
 #include "llama-sparq.h"
 #include "ggml-sparq.h"
-#include "llama-sparq-env.h"
 
 #include "llama-context.h"
 #include "llama-graph.h"
@@ -50,11 +49,6 @@
 // ---------------------------------------------------------------------------
 // per-context state
 // ---------------------------------------------------------------------------
-
-// the calibrated k's dense stretches of a diffuse layer (llama-sparq-coverage.cpp): their first and
-// longest length in decode steps
-constexpr int SPARQ_DIFFUSE_MIN_STEPS = 16;
-constexpr int SPARQ_DIFFUSE_MAX_STEPS = 256;
 
 // the data SparQ keeps beside a layer's K and V, brought up to date by the graph's appends and by
 // rebuilds
@@ -135,14 +129,6 @@ struct sparq_layer_report {
     double compression_sum = 0.0; // per call: its compression
 };
 
-// the calibrated k's diffuse layer, per stream (sparq_stats_state::mtx): the decode steps the stream
-// still runs dense in this layer (LLAMA_SPARQ_DENSE_DIFFUSE) before SparQ checks it again, and the
-// next such stretch's length (bounds: SPARQ_DIFFUSE_MIN_STEPS, SPARQ_DIFFUSE_MAX_STEPS). Per stream,
-// so that a sequence's steps do not depend on the other sequences decoded beside it
-struct sparq_layer_diffuse {
-    std::vector<int> left, period;
-};
-
 struct sparq_layer {
     int reason = -1;              // >= 0: no data for this layer, why
     const char * variant = nullptr; // LLAMA_SPARQ_DENSE_ATTN_VARIANT: sparq_attn_variant's phrase
@@ -153,7 +139,6 @@ struct sparq_layer {
     sparq_layer_selectors sel;
     sparq_layer_basis basis;
     sparq_layer_report report;
-    sparq_layer_diffuse diffuse;
 };
 
 constexpr float SPARQ_REPORT_TAKEN = -2.0f;
@@ -287,8 +272,8 @@ struct sparq_stats_state {
         uint32_t s0, n_stream;
         double n_cells, md, ms; // the estimate counted for the call
         sparq_cost c;           // its cost-model terms
-        // per stream of the call: 1 where the op's row was not used (a prompt row, or a stream in its
-        // dense stretch beside streams that run SparQ): its report is dropped
+        // per stream of the call: 1 where the op's row was not used (a prompt row, or a stream under the
+        // dense threshold beside streams that run SparQ): its report is dropped
         std::bitset<LLAMA_MAX_SEQ> unused;
     };
     std::vector<report_pending_call> report_pending;
@@ -303,7 +288,7 @@ struct llama_sparq_ctx {
     llama_sparq_params params = llama_sparq_default_params();
 
     llama_context * lctx = nullptr;         // the context owning this (for its thread count)
-    sparq_env env;                          // the environment switches, read once when SparQ state is made
+    bool graph_rebuild_host = false;        // llama_sparq_debug_graph_rebuild: host memory rebuilt as a device's
     llama_kv_cache * kv = nullptr;          // the full-attention cache
     std::vector<sparq_layer> layers;        // by KV-cache layer index
     std::vector<sparq_stream_state> streams; // by stream
@@ -487,8 +472,8 @@ inline void sparq_row_f32(const void * row, ggml_type t, int64_t n, float * out)
 // llama-sparq-api.cpp: names, messages
 extern const char * const sparq_reason_names[LLAMA_SPARQ_DENSE_COUNT]; // llama_sparq_dense_reason_name's
 extern const char * const sparq_reason_text[LLAMA_SPARQ_DENSE_COUNT];  // for the log: why a call ran dense
-// llama-sparq-stats.cpp: the counters' compression (the SparQ calls and the diffuse layers' dense
-// stretches, those at 1); holds no lock (callers hold S.stats.mtx)
+// llama-sparq-stats.cpp: the counters' compression (the SparQ calls'); holds no lock (callers hold
+// S.stats.mtx)
 double sparq_compression(const llama_sparq_ctx & S);
 // printf into err (up to n bytes; nothing when err is NULL or n is 0)
 void sparq_err(char * err, size_t n, const char * fmt, ...);
@@ -557,14 +542,14 @@ void sparq_coverage_reset(llama_sparq_ctx & S);
 double sparq_rebuild_stream(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip, bool check = false);
 
 // llama-sparq-rebuild-device.cpp: the same on the device holding the cache; false where it does not apply.
-// allow_host: host memory counts as a device too (the CPU backend; LLAMA_SPARQ_GRAPH_REBUILD)
+// allow_host: host memory counts as a device too (the CPU backend; llama_sparq_debug_graph_rebuild)
 bool sparq_rebuild_stream_device(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip, bool allow_host);
 
 // llama-sparq-upkeep.cpp: stream currency, the rebuild counter, the selectors' per-cell data on a rebuild
 // whether the stream's data is current for its cells as they are now
 bool sparq_stream_current(const llama_sparq_ctx & S, uint32_t strm);
 void sparq_wait_written(const ggml_tensor * t); // the writes queued to t processed where it lives (RPC)
-void sparq_count_rebuild(llama_sparq_ctx & S, uint32_t strm); // counters.n_rebuilds++, the stream's diffuse stretches reset (takes S.stats.mtx)
+void sparq_count_rebuild(llama_sparq_ctx & S); // counters.n_rebuilds++ (takes S.stats.mtx)
 // H2O's scores and the index's list ids of one stream after its cells changed (skip: the cells the ubatch writes)
 void sparq_selector_rebuild(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip);
 // the index of one stream trained again (sparq_train_index), counted in n_index_trainings

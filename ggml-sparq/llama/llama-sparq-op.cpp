@@ -25,12 +25,6 @@ sparq_op_budget sparq_op_budget_of(const llama_sparq_params & p, int64_t d, int6
 
 ggml_sparq_attn_params sparq_op_params(const llama_sparq_ctx & S, const llama_sparq_params & p, const sparq_op_budget & b,
                                        const sparq_op_step & st, float scale) {
-    if (st.dense) {
-        // every row over every valid cell: no K^T read, no selection, no mean-V
-        ggml_sparq_attn_params o = ggml_sparq_attn_params_default(1, 1, 0, scale);
-        o.flags = GGML_SPARQ_FLAG_DENSE | GGML_SPARQ_FLAG_NO_MEAN_V;
-        return o;
-    }
     static_assert(LLAMA_SPARQ_SELECTOR_SPARQ == GGML_SPARQ_SEL_SPARQ && LLAMA_SPARQ_SELECTOR_ORACLE == GGML_SPARQ_SEL_ORACLE &&
                   LLAMA_SPARQ_SELECTOR_STREAMING == GGML_SPARQ_SEL_STREAMING && LLAMA_SPARQ_SELECTOR_H2O == GGML_SPARQ_SEL_H2O &&
                   LLAMA_SPARQ_SELECTOR_INDEX == GGML_SPARQ_SEL_INDEX,

@@ -23,7 +23,6 @@ sparq_op_budget sparq_op_budget_of(const llama_sparq_params & p, int64_t d, int6
 // what of a step changes the parameters besides the settings and the shapes
 struct sparq_op_step {
     int64_t n_kv = 0;     // the graph's KV cells
-    bool dense = false;   // a dense stretch's node: every row over every valid cell, no selection
     bool measure = false; // a fixed k's coverage measured at this step (the guard, where the report is read)
 };
 
@@ -33,7 +32,7 @@ ggml_sparq_attn_params sparq_op_params(const llama_sparq_ctx & S, const llama_sp
                                        const sparq_op_step & st, float scale);
 
 // Whether the op reports into layer L's report in a step with (calibrated) a calibrated k: where the
-// host reads it (sparq_report_entries); a device's only for the calibrated k, whose stretches follow it.
+// host reads it (sparq_report_entries); a device's only for the calibrated k, whose cells the counters count.
 bool sparq_op_reports(const sparq_layer & L, bool calibrated);
 
 // The node the graph would build for a decode step of layer L (one query row per stream) over n_kv

@@ -111,8 +111,8 @@ static void sparq_rebuild_layer_device(llama_sparq_ctx & S, size_t ikv, uint32_t
 // weight per used cell goes to the device, no layer comes to the host. The sums are f32 products
 // (cuBLAS) with a zero compensation, not the host path's f64 sums. Returns false where it does not
 // apply (the data in host memory, the PCA basis, no backend for the device): the host path runs.
-// allow_host (LLAMA_SPARQ_GRAPH_REBUILD, llama-sparq-env.h): the graph rebuild for host memory too
-// (on the CPU backend), so that the tests check it on machines without a GPU.
+// allow_host (llama_sparq_debug_graph_rebuild): the graph rebuild for host memory too (on the CPU
+// backend), so that the tests check it on machines without a GPU.
 bool sparq_rebuild_stream_device(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip, bool allow_host) {
     if (!S.lctx) {
         return false;

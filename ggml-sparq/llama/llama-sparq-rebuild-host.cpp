@@ -1,8 +1,7 @@
 // llama-sparq: the host rebuild of a stream's K^T and sums from K, V and the cells (multi-threaded
-// over layers and cell ranges), also the check of the kept data against that recomputation; the
-// device rebuild is tried first (llama-sparq-rebuild-device.cpp).
+// over layers and cell ranges), also the check of the kept data against that recomputation; data
+// on a device is rebuilt there (llama-sparq-rebuild-device.cpp).
 #include "llama-sparq-impl.h"
-#include "llama-sparq-env.h"
 #include "llama-sparq-parallel.h"
 
 #include <algorithm>
@@ -413,14 +412,15 @@ static double sparq_rebuild_count(llama_sparq_ctx & S, uint32_t strm, const std:
 // them, its graph appends them). Multi-threaded over layers and cell ranges. With check
 // set, compare the kept data with the recomputation instead of writing it, and return
 // the largest absolute difference. Without check the selectors' per-cell data follows
-// (sparq_selector_rebuild), and the device rebuild runs where it applies.
+// (sparq_selector_rebuild), and data on a device (a GPU, an RPC host) is rebuilt there instead. In
+// host memory this path is the one: exact f64 sums, and on a 2-core CPU 2-4x faster than the device
+// graph run on the CPU backend (bench/results/host_paths_gemma3_t2.md).
 double sparq_rebuild_stream(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip, bool check) {
     const double dc = sparq_rebuild_count(S, strm, skip, check);
     if (!check) {
         sparq_selector_rebuild(S, strm, skip);
-        const sparq_env & env = S.env;
-        if (!env.host_rebuild && sparq_rebuild_stream_device(S, strm, skip, env.graph_rebuild)) {
-            return 0.0; // done on the device (LLAMA_SPARQ_HOST_REBUILD forces the host path, for comparisons)
+        if (sparq_rebuild_stream_device(S, strm, skip, S.graph_rebuild_host)) {
+            return 0.0;
         }
     }
     const sparq_rebuild_plan P = sparq_rebuild_plan_make(S, strm, skip, check);

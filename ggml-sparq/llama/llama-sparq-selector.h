@@ -16,7 +16,7 @@ struct sparq_attn_build; // llama-sparq-graph-build.h
 struct sparq_selector {
     // traits
     bool ranks_scores;  // ranks K^T's approximate scores: the basis, mean-V, the calibrated k and the
-                        // coverage report, the diffuse layers' dense stretches in the op
+                        // coverage report
     bool per_head;      // may choose per query head (the GQA setting per_head applies)
     bool window_choice; // its window list (k entries) is the whole choice
     bool every_step;    // runs the op on every decode step, short contexts included (its state follows

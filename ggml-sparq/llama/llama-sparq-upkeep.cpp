@@ -23,15 +23,9 @@ bool sparq_stream_current(const llama_sparq_ctx & S, uint32_t strm) {
     return st.valid && st.hash == upstream::cells_hash(upstream::cells(S.kv, strm));
 }
 
-void sparq_count_rebuild(llama_sparq_ctx & S, uint32_t strm) {
+void sparq_count_rebuild(llama_sparq_ctx & S) {
     std::lock_guard<std::mutex> lock(S.stats.mtx);
     S.stats.counters.n_rebuilds++;
-    for (sparq_layer & L : S.layers) {
-        if (strm < L.diffuse.left.size()) {
-            // new content: the calibrated k looks at every layer of the stream again
-            L.diffuse.left[strm] = L.diffuse.period[strm] = 0;
-        }
-    }
 }
 
 void sparq_retrain_index(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip, uint32_t n_used,
@@ -68,7 +62,7 @@ void llama_sparq_sync(struct llama_context * ctx) {
             continue;
         }
         sparq_rebuild_stream(S, strm, {});
-        sparq_count_rebuild(S, strm);
+        sparq_count_rebuild(S);
         S.streams[strm].hash = upstream::cells_hash(upstream::cells(S.kv, strm));
         S.streams[strm].valid = true;
         rebuilt = true;

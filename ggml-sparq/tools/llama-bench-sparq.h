@@ -34,7 +34,7 @@ struct sparq_bench_fields {
     llama_sparq_params p = llama_sparq_default_params();
     uint64_t calls = 0, dense = 0;
     double compression = 0.0;
-    double compr_sum = 0.0;      // compression x its calls (SparQ and diffuse), summed over the timed runs
+    double compr_sum = 0.0;      // compression x its SparQ calls, summed over the timed runs
     double compr_n = 0.0;        // those calls
     double mean_k = 0.0;         // cells attended per KV head and step, as the op reported them
     double k_sum = 0.0;          // mean_k x reported calls, summed over the timed runs
@@ -189,9 +189,9 @@ static inline void sparq_bench_end(const llama_context * ctx, sparq_bench_fields
     for (int i = 0; i < LLAMA_SPARQ_DENSE_COUNT; ++i) {
         f.dense += st.n_dense[i] - f.at.n_dense[i];
     }
-    // the compression is over the SparQ calls and the calibrated k's dense stretches ("diffuse")
+    // the compression is over the SparQ calls
     auto weight = [](const llama_sparq_stats & x) {
-        return (double) x.n_sparq + (double) x.n_dense[LLAMA_SPARQ_DENSE_DIFFUSE];
+        return (double) x.n_sparq;
     };
     f.compr_sum += st.compression * weight(st) - f.at.compression * weight(f.at);
     f.compr_n += weight(st) - weight(f.at);

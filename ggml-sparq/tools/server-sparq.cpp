@@ -91,7 +91,7 @@ std::string server_sparq_prometheus() {
         out << "llamacpp:sparq_dense_calls_total{reason=\"" << (name ? name : "unknown") << "\"} "
             << s.stats.n_dense[r] << "\n";
     }
-    item("gauge", "sparq_compression", "Mean cost-model compression M_sparq / M_dense of the SparQ calls and the calibrated k's dense stretches",
+    item("gauge", "sparq_compression", "Mean cost-model compression M_sparq / M_dense of the SparQ calls",
          s.stats.compression);
     item("counter", "sparq_rebuilds_total", "Rebuilds of K^T and the V sums after KV-cache changes",
          (double) s.stats.n_rebuilds);

@@ -225,6 +225,13 @@ def debug_check(ctx, sync_first: bool = False) -> float:
     return float(library().llama_sparq_debug_check(_b().ctx_ptr(ctx)))
 
 
+def debug_graph_rebuild(ctx, on: bool = True) -> None:
+    """For tests without a GPU: a cache in host memory rebuilt by the ggml graph that rebuilds a
+    device's cache, on the CPU backend (llama_sparq_debug_graph_rebuild); SparQ must have been on."""
+    if library().llama_sparq_debug_graph_rebuild(_b().ctx_ptr(ctx), bool(on)) != 0:
+        raise RuntimeError("llama_sparq_debug_graph_rebuild: SparQ was never enabled on this context")
+
+
 def debug_graph_io(ctx) -> dict:
     """What one computation of the context's last graph moves between the host and a device
     (llama_sparq_debug_graph_io): its inputs, nodes and SparQ's own transfers so far."""

@@ -93,9 +93,11 @@ def int_defines() -> dict:
 
 
 def enum_names() -> dict:
-    """The C API's names of each enum setting (llama-sparq-api.cpp's name arrays), by the names
-    function the .def's SPARQ_NAMES gives, and each enumerator's value (llama-sparq.h)."""
-    api = (ROOT / "ggml-sparq" / "llama" / "llama-sparq-api.cpp").read_text()
+    """The C API's names of each enum setting (the name arrays of llama-sparq-api.cpp, and the
+    selectors' beside their registry in llama-sparq-selectors.cpp), by the names function the .def's
+    SPARQ_NAMES gives, and each enumerator's value (llama-sparq.h)."""
+    api = "".join((ROOT / "ggml-sparq" / "llama" / f).read_text()
+                  for f in ("llama-sparq-api.cpp", "llama-sparq-selectors.cpp"))
     names = {}
     for m in re.finditer(r"sparq_(\w+)_names\s*\[[^\]]*\]\s*=\s*\{([^}]*)\}", api):
         names[f"llama_sparq_{m.group(1)}_name"] = re.findall(r'"([^"]*)"', m.group(2))

@@ -1,13 +1,21 @@
 // llama-sparq: the C API's version and names, the default settings, and llama_sparq_set_params /
 // llama_sparq_get_params (validation, then the context's SparQ state made or updated). The
 // defaults and the range checks are expanded from the settings' table (llama-sparq-settings.def).
-#include "llama-sparq-impl.h"
+#include "llama-sparq-basis.h"
+#include "llama-sparq-buffers.h"
+#include "llama-sparq-coverage.h"
+#include "llama-sparq-messages.h"
 #include "llama-sparq-op.h"
 #include "llama-sparq-selector.h"
+#include "llama-sparq-state.h"
+#include "llama-sparq-upstream.h"
 #include "llama-sparq-version.h"
 
+#include "ggml-backend.h"
+#include "ggml-sparq.h"
+
 #include <algorithm>
-#include <cstdarg>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -23,21 +31,6 @@ int llama_sparq_abi_version(void) {
     return LLAMA_SPARQ_ABI_VERSION;
 }
 
-const char * const sparq_reason_names[LLAMA_SPARQ_DENSE_COUNT] = {
-    "prefill", "short", "swa", "cache_type", "v_trans", "shared_stream", "attn_variant", "no_cache",
-};
-
-const char * const sparq_reason_text[LLAMA_SPARQ_DENSE_COUNT] = {
-    "several query rows per sequence (prompt processing)",
-    "fewer KV cells than the dense threshold",
-    "sliding-window layer",
-    "K or V cache of a type SparQ does not read (it reads f16, f32 and q8_0)",
-    "V cache is transposed (make the context with flash attention on or auto)",
-    "several sequences share one KV stream (unified KV cache; use one stream per sequence)",
-    "ALiBi, soft-capping, attention sinks, KQ bias, MLA or differing K/V head sizes",
-    "attention without the KV cache",
-};
-
 const char * llama_sparq_dense_reason_name(int32_t reason) {
     return reason >= 0 && reason < LLAMA_SPARQ_DENSE_COUNT ? sparq_reason_names[reason] : nullptr;
 }
@@ -51,14 +44,10 @@ struct llama_sparq_params llama_sparq_default_params(void) {
     return p;
 }
 
-// the names of the enums' values: the one list the front ends (Python, the flags, llama-bench) use
-static const char * const sparq_selector_names[LLAMA_SPARQ_SELECTOR_COUNT] = { "sparq", "oracle", "streaming", "h2o", "index" };
+// the names of the enums' values: the one list the front ends (Python, the flags, llama-bench) use (the
+// selectors' beside their rows, llama-sparq-selectors.cpp)
 static const char * const sparq_gqa_names[LLAMA_SPARQ_GQA_COUNT] = { "shared", "per_head" };
 static const char * const sparq_basis_names[LLAMA_SPARQ_BASIS_COUNT] = { "model", "scaled", "pca" };
-
-const char * llama_sparq_selector_name(int32_t selector) {
-    return selector >= 0 && selector < LLAMA_SPARQ_SELECTOR_COUNT ? sparq_selector_names[selector] : nullptr;
-}
 
 const char * llama_sparq_gqa_name(int32_t gqa) {
     return gqa >= 0 && gqa < LLAMA_SPARQ_GQA_COUNT ? sparq_gqa_names[gqa] : nullptr;
@@ -66,16 +55,6 @@ const char * llama_sparq_gqa_name(int32_t gqa) {
 
 const char * llama_sparq_basis_name(int32_t basis) {
     return basis >= 0 && basis < LLAMA_SPARQ_BASIS_COUNT ? sparq_basis_names[basis] : nullptr;
-}
-
-void sparq_err(char * err, size_t n, const char * fmt, ...) {
-    if (!err || n == 0) {
-        return;
-    }
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, n, fmt, ap);
-    va_end(ap);
 }
 
 // ---------------------------------------------------------------------------
@@ -111,7 +90,7 @@ struct sparq_or {
     const char * meaning;
 };
 
-// "0 (sparq), 1 (oracle)": the allowed values of an enum setting, for the error messages
+// "0 (name), 1 (name), ...": the allowed values of an enum setting, for the error messages
 static std::string sparq_allowed_names(const char * (*names)(int32_t)) {
     std::string s;
     for (int32_t i = 0; names(i) != nullptr; ++i) {
@@ -205,15 +184,16 @@ static bool sparq_params_consistent(const llama_sparq_params * p, int64_t head_s
     }
     const sparq_selector & sel = sparq_selector_of(p->selector);
     if (p->k == 0 && !sel.ranks_scores) {
-        sparq_err(err, err_size, "SparQ: k = 0 (calibrated) needs the sparq or oracle selector (it cuts step 2's "
-                  "approximate scores); selector %s needs k >= 1", llama_sparq_selector_name(p->selector));
+        sparq_err(err, err_size, "SparQ: k = 0 (calibrated) needs the %s selector (it cuts step 2's "
+                  "approximate scores); selector %s needs k >= 1", sparq_ranking_selector_names().c_str(),
+                  llama_sparq_selector_name(p->selector));
         return false;
     }
     if (p->topk_buckets > 0) {
         if (!sel.ranks_scores) {
-            sparq_err(err, err_size, "SparQ: topk_buckets = %d ranks step 2's approximate scores: it needs the sparq "
-                      "or oracle selector, not %s (0: the exact top-k)", (int) p->topk_buckets,
-                      llama_sparq_selector_name(p->selector));
+            sparq_err(err, err_size, "SparQ: topk_buckets = %d ranks step 2's approximate scores: it needs the %s "
+                      "selector, not %s (0: the exact top-k)", (int) p->topk_buckets,
+                      sparq_ranking_selector_names().c_str(), llama_sparq_selector_name(p->selector));
             return false;
         }
         if (p->k == 0) {
@@ -374,11 +354,12 @@ static int32_t sparq_check_device_runs(const llama_sparq_ctx & S, const llama_sp
                       llama_sparq_selector_name(p->selector), L.il);
             return -2;
         }
+        // (a device's op runs the selectors that rank K^T's scores)
         sparq_err(err, err_size, "SparQ: selector %s with k = %d%s does not run on %s, which holds the KV cache "
-                  "(running it on the CPU would copy the cache to the host at every step): use selector sparq or "
-                  "oracle there, or keep the cache in host memory (--no-kv-offload / offload_kqv = false)",
+                  "(running it on the CPU would copy the cache to the host at every step): use selector %s "
+                  "there, or keep the cache in host memory (--no-kv-offload / offload_kqv = false)",
                   llama_sparq_selector_name(p->selector), (int) p->k, p->k == 0 ? " (calibrated)" : "",
-                  ggml_backend_dev_name(dev));
+                  ggml_backend_dev_name(dev), sparq_ranking_selector_names().c_str());
         return -2;
     }
     return 0;

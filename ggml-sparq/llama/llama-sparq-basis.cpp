@@ -1,12 +1,67 @@
-// llama-sparq: the basis calibration on the cache's keys: per layer and KV head, the keys' second
-// moment; its diagonal (the scaled basis's RMS per component) or its eigenvectors (the PCA basis).
-#include "llama-sparq-impl.h"
+// llama-sparq: the basis of steps 1-2: the PCA basis's tensors, and its calibration on the cache's keys:
+// per layer and KV head, the keys' second moment; its diagonal (the scaled basis's RMS per component)
+// or its eigenvectors (the PCA basis).
+#include "llama-sparq-basis.h"
+
+#include "llama-sparq-buffers.h"
+#include "llama-sparq-elems.h"
 #include "llama-sparq-parallel.h"
+#include "llama-sparq-state.h"
+#include "llama-sparq-transfers.h"
+#include "llama-sparq-upstream.h"
+
+#include "ggml-backend.h"
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <thread>
 #include <vector>
+
+// the PCA basis back to the identity (unit spread), not calibrated
+void sparq_basis_reset(llama_sparq_ctx & S) {
+    for (sparq_layer & L : S.layers) {
+        if (!L.basis.rot) {
+            continue;
+        }
+        const int64_t d = L.basis.rot->ne[0], hkv = L.basis.rot->ne[2];
+        std::vector<float> eye((size_t) d * d * hkv, 0.0f), one((size_t) d * hkv, 1.0f);
+        for (int64_t h = 0; h < hkv; ++h) {
+            for (int64_t j = 0; j < d; ++j) {
+                eye[(size_t) (h * d + j) * d + j] = 1.0f;
+            }
+        }
+        sparq_tensor_set(L.basis.rot, eye.data(), 0, eye.size() * sizeof(float));
+        sparq_tensor_set(L.basis.spread, one.data(), 0, one.size() * sizeof(float));
+        L.basis.rot_host.clear();
+    }
+}
+
+// allocate the PCA basis tensors (identity, unit spread) next to each layer's K^T
+bool sparq_alloc_basis(llama_sparq_ctx & S, char * err, size_t err_size) {
+    if (S.basis.ctx) {
+        return true;
+    }
+    ggml_init_params ip = { (S.layers.size() * 2 + 1) * ggml_tensor_overhead(), nullptr, true };
+    S.basis.ctx.reset(ggml_init(ip));
+    std::map<ggml_backend_buffer_type_t, std::vector<ggml_tensor *>> by_buft;
+    for (sparq_layer & L : S.layers) {
+        if (!L.data.kt) {
+            continue;
+        }
+        const int64_t d = L.data.kt->ne[1], hkv = L.data.kt->ne[2];
+        L.basis.rot = ggml_new_tensor_3d(S.basis.ctx.get(), GGML_TYPE_F32, d, d, hkv);
+        L.basis.spread = ggml_new_tensor_2d(S.basis.ctx.get(), GGML_TYPE_F32, d, hkv);
+        ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(L.data.kt->buffer);
+        by_buft[buft].push_back(L.basis.rot);
+        by_buft[buft].push_back(L.basis.spread);
+    }
+    if (!sparq_alloc_buffers(S, by_buft, S.basis.bufs, "the PCA basis", err, err_size)) {
+        return false;
+    }
+    sparq_basis_reset(S);
+    return true;
+}
 
 // eigen-decomposition of a symmetric n x n matrix (row-major, destroyed) by cyclic Jacobi
 // rotations: eigenvalues in ev, eigenvectors in the columns of V (row-major)
@@ -166,8 +221,11 @@ void sparq_calibrate(llama_sparq_ctx & S, bool rotate, const std::vector<std::ve
             L.basis.rot_host.assign(rotate ? ggml_nelements(L.basis.rot) : 0, 0.0f);
         }
     }
-    const std::vector<sparq_head_job> jobs =
-        sparq_head_jobs(S, [](const sparq_layer & L) -> const ggml_tensor * { return L.basis.rot; });
+    std::vector<ggml_tensor *> rot(S.layers.size());
+    for (size_t ikv = 0; ikv < S.layers.size(); ++ikv) {
+        rot[ikv] = S.layers[ikv].basis.rot;
+    }
+    const std::vector<sparq_head_job> jobs = sparq_head_jobs(rot);
     // the keys of each layer, all streams, on the host once
     std::vector<std::vector<float>> spread(S.layers.size());
     std::vector<std::vector<double>> mom(jobs.size());

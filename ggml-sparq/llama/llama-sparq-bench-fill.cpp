@@ -1,9 +1,15 @@
 // llama-sparq: llama_sparq_bench_fill, the synthetic fill of a plain KV cache (random K and V,
 // cells 0..n-1 of sequence 0) that lets llama-bench time long contexts without a prefill.
-#include "llama-sparq-impl.h"
+#include "llama-sparq-messages.h"
 #include "llama-sparq-parallel.h"
+#include "llama-sparq-transfers.h"
+#include "llama-sparq-upkeep.h"
+#include "llama-sparq-upstream.h"
+
+#include "ggml-sparq.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <thread>
 #include <vector>
 

@@ -1,15 +1,23 @@
-// llama-sparq: the SparQ data's tensors and buffers: the full-attention cache found, K^T and the
-// V sums allocated per layer (or the reason a layer has none), the PCA basis and the index.
-#include "llama-sparq-impl.h"
-#include "llama-sparq-selector.h"
+// llama-sparq: the SparQ data's tensors and buffers: the full-attention cache found, K^T, the V sums,
+// the counts, the reports and the device windows allocated per layer (or the reason a layer has none).
+#include "llama-sparq-buffers.h"
 
+#include "llama-sparq-elems.h"
+#include "llama-sparq-messages.h"
+#include "llama-sparq-selector.h"
+#include "llama-sparq-state.h"
+#include "llama-sparq-transfers.h"
+#include "llama-sparq-upstream.h"
+
+#include "ggml-alloc.h"
+#include "ggml-sparq.h"
+#include "llama-impl.h"
 #include "llama-kv-cache-iswa.h"
 #include "llama-memory-hybrid.h"
 
-#include "ggml-alloc.h"
-
+#include <algorithm>
 #include <map>
-#include <mutex>
+#include <memory>
 #include <vector>
 
 llama_kv_cache * sparq_find_cache(llama_memory_t mem) {
@@ -93,11 +101,51 @@ const char * sparq_attn_variant(llm_arch arch, const llama_hparams & hp, const s
     return nullptr;
 }
 
+// where the host reads each layer's report (sparq_report_entries), every entry SPARQ_REPORT_TAKEN
+static void sparq_alloc_reports(llama_sparq_ctx & S) {
+    bool said = false;
+    for (sparq_layer & L : S.layers) {
+        sparq_report_entries & E = L.report.entries;
+        E = sparq_report_entries();
+        ggml_tensor * t = L.data.report;
+        if (!t) {
+            continue;
+        }
+        E.n = (size_t) ggml_nelements(t);
+        if (ggml_backend_buffer_is_host(t->buffer)) {
+            E.host = (float *) t->data;
+        } else {
+            // a device's report: read through a page-locked copy (none on an RPC host, whose device has no
+            // host buffer type: its op is asked for no report)
+            ggml_backend_dev_t dev = ggml_backend_buft_get_device(ggml_backend_buffer_get_type(t->buffer));
+            ggml_backend_buffer_type_t hbt = dev ? ggml_backend_dev_host_buffer_type(dev) : nullptr;
+            ggml_backend_buffer_t buf = hbt && ggml_backend_buft_is_host(hbt) ?
+                                            ggml_backend_buft_alloc_buffer(hbt, E.n * sizeof(float)) : nullptr;
+            // (a host buffer type may fall back to pageable memory, into which a copy would wait)
+            if (buf && ggml_backend_buffer_get_type(buf) != hbt) {
+                ggml_backend_buffer_free(buf);
+                buf = nullptr;
+            }
+            if (!buf) {
+                if (hbt && !said) {
+                    said = true;
+                    LLAMA_LOG_WARN("%s: no page-locked host memory for the op's report on %s (layer %d): the counters "
+                                   "count its estimate there\n", __func__, ggml_backend_dev_name(dev), L.il);
+                }
+                continue;
+            }
+            E.mirror_buf.reset(buf, ggml_backend_buffer_free);
+            E.host = (float *) ggml_backend_buffer_get_base(buf);
+        }
+        std::fill(E.begin(), E.end(), SPARQ_REPORT_TAKEN);
+    }
+}
+
 // allocate K^T (of kt_bits) and the V sums for the layers of the cache that can use them
 bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, int32_t kt_bits, char * err, size_t err_size) {
     const llama_kv_cache * kv = S.kv;
     const char * variant = sparq_attn_variant(model.arch, model.hparams, nullptr);
-    const uint32_t kv_size = upstream::kv_size(kv), n_stream = upstream::n_stream(kv);
+    const uint32_t n_stream = upstream::n_stream(kv);
     const size_t nl = upstream::n_layers(kv);
     S.layers.assign(nl, sparq_layer());
     S.streams.assign(n_stream, sparq_stream_state());
@@ -198,45 +246,6 @@ bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, int32_t kt_bits
     return true;
 }
 
-void sparq_alloc_reports(llama_sparq_ctx & S) {
-    bool said = false;
-    for (sparq_layer & L : S.layers) {
-        sparq_report_entries & E = L.report.entries;
-        E = sparq_report_entries();
-        ggml_tensor * t = L.data.report;
-        if (!t) {
-            continue;
-        }
-        E.n = (size_t) ggml_nelements(t);
-        if (ggml_backend_buffer_is_host(t->buffer)) {
-            E.host = (float *) t->data;
-        } else {
-            // a device's report: read through a page-locked copy (none on an RPC host, whose device has no
-            // host buffer type: its op is asked for no report)
-            ggml_backend_dev_t dev = ggml_backend_buft_get_device(ggml_backend_buffer_get_type(t->buffer));
-            ggml_backend_buffer_type_t hbt = dev ? ggml_backend_dev_host_buffer_type(dev) : nullptr;
-            ggml_backend_buffer_t buf = hbt && ggml_backend_buft_is_host(hbt) ?
-                                            ggml_backend_buft_alloc_buffer(hbt, E.n * sizeof(float)) : nullptr;
-            // (a host buffer type may fall back to pageable memory, into which a copy would wait)
-            if (buf && ggml_backend_buffer_get_type(buf) != hbt) {
-                ggml_backend_buffer_free(buf);
-                buf = nullptr;
-            }
-            if (!buf) {
-                if (hbt && !said) {
-                    said = true;
-                    LLAMA_LOG_WARN("%s: no page-locked host memory for the op's report on %s (layer %d): the counters "
-                                   "count its estimate there\n", __func__, ggml_backend_dev_name(dev), L.il);
-                }
-                continue;
-            }
-            E.mirror_buf.reset(buf, ggml_backend_buffer_free);
-            E.host = (float *) ggml_backend_buffer_get_base(buf);
-        }
-        std::fill(E.begin(), E.end(), SPARQ_REPORT_TAKEN);
-    }
-}
-
 bool sparq_alloc_kt(llama_sparq_ctx & S, int32_t kt_bits, char * err, size_t err_size) {
     const uint32_t kv_size = upstream::kv_size(S.kv);
     ggml_init_params ip = { (S.layers.size() + 1) * ggml_tensor_overhead(), nullptr, true };
@@ -324,134 +333,4 @@ bool sparq_alloc_win(llama_sparq_ctx & S, int32_t cap, char * err, size_t err_si
         st.win_valid = false;
     }
     return true;
-}
-
-// bytes [off, off + n) of a tensor, on the host
-std::vector<uint8_t> sparq_get_slice(ggml_tensor * t, size_t off, size_t n) {
-    std::vector<uint8_t> buf(n);
-    sparq_tensor_get(t, buf.data(), off, n);
-    return buf;
-}
-
-// the PCA basis back to the identity (unit spread), not calibrated
-void sparq_basis_reset(llama_sparq_ctx & S) {
-    for (sparq_layer & L : S.layers) {
-        if (!L.basis.rot) {
-            continue;
-        }
-        const int64_t d = L.basis.rot->ne[0], hkv = L.basis.rot->ne[2];
-        std::vector<float> eye((size_t) d * d * hkv, 0.0f), one((size_t) d * hkv, 1.0f);
-        for (int64_t h = 0; h < hkv; ++h) {
-            for (int64_t j = 0; j < d; ++j) {
-                eye[(size_t) (h * d + j) * d + j] = 1.0f;
-            }
-        }
-        sparq_tensor_set(L.basis.rot, eye.data(), 0, eye.size() * sizeof(float));
-        sparq_tensor_set(L.basis.spread, one.data(), 0, one.size() * sizeof(float));
-        L.basis.rot_host.clear();
-    }
-}
-
-// allocate the PCA basis tensors (identity, unit spread) next to each layer's K^T
-bool sparq_alloc_basis(llama_sparq_ctx & S, char * err, size_t err_size) {
-    if (S.basis.ctx) {
-        return true;
-    }
-    ggml_init_params ip = { (S.layers.size() * 2 + 1) * ggml_tensor_overhead(), nullptr, true };
-    S.basis.ctx.reset(ggml_init(ip));
-    std::map<ggml_backend_buffer_type_t, std::vector<ggml_tensor *>> by_buft;
-    for (sparq_layer & L : S.layers) {
-        if (!L.data.kt) {
-            continue;
-        }
-        const int64_t d = L.data.kt->ne[1], hkv = L.data.kt->ne[2];
-        L.basis.rot = ggml_new_tensor_3d(S.basis.ctx.get(), GGML_TYPE_F32, d, d, hkv);
-        L.basis.spread = ggml_new_tensor_2d(S.basis.ctx.get(), GGML_TYPE_F32, d, hkv);
-        ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(L.data.kt->buffer);
-        by_buft[buft].push_back(L.basis.rot);
-        by_buft[buft].push_back(L.basis.spread);
-    }
-    if (!sparq_alloc_buffers(S, by_buft, S.basis.bufs, "the PCA basis", err, err_size)) {
-        return false;
-    }
-    sparq_basis_reset(S);
-    return true;
-}
-
-// the index selector's tensors for n_list lists (again when the count changes); every stream untrained
-bool sparq_alloc_index(llama_sparq_ctx & S, int32_t n_list, char * err, size_t err_size) {
-    if (S.index.ctx && S.index.n_list == n_list) {
-        return true;
-    }
-    for (auto & b : S.index.bufs) {
-        S.mem.extra_bytes -= ggml_backend_buffer_get_size(b.get());
-    }
-    S.index.bufs.clear();
-    ggml_init_params ip = { (S.layers.size() * 2 + 1) * ggml_tensor_overhead(), nullptr, true };
-    S.index.ctx.reset(ggml_init(ip));
-    std::map<ggml_backend_buffer_type_t, std::vector<ggml_tensor *>> by_buft;
-    for (sparq_layer & L : S.layers) {
-        L.sel.ivf_cent = L.sel.ivf_list = nullptr;
-        if (!L.data.kt) {
-            continue;
-        }
-        const int64_t kv_size = L.data.kt->ne[0], d = L.data.kt->ne[1], hkv = L.data.kt->ne[2], ns = L.data.kt->ne[3];
-        // one row more than the lists: the op reports there what it read (ggml_sparq_attn_params::index_reads)
-        L.sel.ivf_cent = ggml_new_tensor_4d(S.index.ctx.get(), GGML_TYPE_F32, d, n_list + 1, hkv, ns);
-        L.sel.ivf_list = ggml_new_tensor_3d(S.index.ctx.get(), GGML_TYPE_F32, kv_size, hkv, ns);
-        ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(L.data.kt->buffer);
-        by_buft[buft].push_back(L.sel.ivf_cent);
-        by_buft[buft].push_back(L.sel.ivf_list);
-    }
-    S.index.n_list = 0;
-    {
-        std::lock_guard<std::mutex> lock(S.stats.mtx);
-        S.stats.ivf_pending.clear(); // they name the tensors replaced here
-    }
-    if (!sparq_alloc_buffers(S, by_buft, S.index.bufs, "the vector index", err, err_size)) {
-        S.index.ctx.reset();
-        return false;
-    }
-    S.index.n_list = n_list;
-    S.index.trained.assign(S.streams.size(), 0);
-    return true;
-}
-
-bool sparq_alloc_h2o(llama_sparq_ctx & S, char * err, size_t err_size) {
-    if (S.h2o.ctx) {
-        return true;
-    }
-    ggml_init_params ip = { (S.layers.size() + 1) * ggml_tensor_overhead(), nullptr, true };
-    S.h2o.ctx.reset(ggml_init(ip));
-    std::map<ggml_backend_buffer_type_t, std::vector<ggml_tensor *>> by_buft;
-    for (sparq_layer & L : S.layers) {
-        if (!L.data.kt) {
-            continue;
-        }
-        const int64_t kv_size = L.data.kt->ne[0], hkv = L.data.kt->ne[2], ns = L.data.kt->ne[3];
-        L.sel.h2o = ggml_new_tensor_3d(S.h2o.ctx.get(), GGML_TYPE_F32, kv_size, hkv, ns);
-        ggml_format_name(L.sel.h2o, "sparq_h2o_l%d", L.il);
-        by_buft[ggml_backend_buffer_get_type(L.data.kt->buffer)].push_back(L.sel.h2o);
-    }
-    if (!sparq_alloc_buffers(S, by_buft, S.h2o.bufs, "the h2o scores", err, err_size)) {
-        for (sparq_layer & L : S.layers) {
-            L.sel.h2o = nullptr;
-        }
-        S.h2o.ctx.reset();
-        return false;
-    }
-    return true;
-}
-
-std::vector<sparq_head_job> sparq_head_jobs(const llama_sparq_ctx & S,
-                                             const ggml_tensor * (*tensor_of)(const sparq_layer &)) {
-    std::vector<sparq_head_job> jobs;
-    for (size_t ikv = 0; ikv < S.layers.size(); ++ikv) {
-        if (const ggml_tensor * t = tensor_of(S.layers[ikv])) {
-            for (int64_t h = 0; h < t->ne[2]; ++h) {
-                jobs.push_back({ ikv, h });
-            }
-        }
-    }
-    return jobs;
 }

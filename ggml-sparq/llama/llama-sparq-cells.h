@@ -1,6 +1,6 @@
 // llama-sparq: content versions of KV-cache cells, kept by llama_kv_cells (patch 0009).
 //
-// SparQ keeps data derived from the cache (K^T and the V sums, ggml-sparq/llama/llama-sparq-impl.h)
+// SparQ keeps data derived from the cache (K^T and the V sums, ggml-sparq/llama/llama-sparq-state.h)
 // and must know when the cache's content changed. Every cell gets a version number,
 // drawn from one process-wide counter, whenever its K/V may have changed: it is written
 // (pos_set: a ubatch, a state load, a stream copy, a synthetic fill) or re-roped (a

@@ -3,9 +3,16 @@
 // it into the layer's page-locked entries during the step) folded into the counters per layer,
 // the guard's one-line warning when a fixed k falls short of the target, and
 // llama_sparq_get_layer_stats.
-#include "llama-sparq-impl.h"
+#include "llama-sparq-coverage.h"
+
+#include "llama-sparq-state.h"
+#include "llama-sparq-upstream.h"
+
+#include "llama-impl.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <mutex>
 #include <cstring>
 #include <string>
 #include <vector>

@@ -1,10 +1,20 @@
 // llama-sparq: the debugging entry points of the C API: an eval callback on the context's graphs,
 // the check of the kept K^T and sums against a recomputation, the last graph's host traffic, the op
 // parameters the settings' probe builds, and the device's graph rebuild run on host memory.
-#include "llama-sparq-impl.h"
 #include "llama-sparq-op.h"
+#include "llama-sparq-rebuild.h"
+#include "llama-sparq-rows.h"
+#include "llama-sparq-state.h"
+#include "llama-sparq-transfers.h"
+#include "llama-sparq-upkeep.h"
+#include "llama-sparq-upstream.h"
+
+#include "llama-context.h"
+#include "llama-graph.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdint>
 #include <cstring>
 #include <unordered_set>
 

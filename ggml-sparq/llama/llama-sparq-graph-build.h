@@ -1,13 +1,20 @@
 // llama-sparq: one attention call as the graph hook builds it (sparq_attn_build), shared by the
-// hook (llama-sparq-graph-hook.cpp) and the selectors' graph hooks (llama-sparq-select-*.cpp).
+// hook (llama-sparq-graph-hook.cpp), its appends (llama-sparq-graph-appends.cpp) and the selectors'
+// graph hooks (llama-sparq-select-*.cpp).
 #pragma once
 
+#include "llama-sparq-cost.h"
 #include "llama-sparq-graph-input.h"
 #include "llama-sparq-op.h"
 #include "llama-sparq-selector.h"
+#include "llama-sparq-state.h"
+#include "llama-sparq-upstream.h"
+
+#include "llama-graph.h"
+#include "llama-kv-cache.h"
 
 #include <algorithm>
-#include <cmath>
+#include <cstdint>
 
 // a decision of this call recorded in the graph's input (for the counters), where there is one
 inline void sparq_decide(llm_graph_input_sparq * inp, int il, int reason, int kk = 0, int rows = 0,
@@ -68,10 +75,3 @@ struct sparq_attn_build {
     }
 };
 
-
-// upstream's index of the ubatch's K rows (the graph's k_idxs: stream * kv_size + cell per token), found
-// at the layer's K store
-ggml_tensor * sparq_k_idxs(sparq_attn_build & b);
-
-// a per-cell tensor [kv_size, hkv, n_stream] with the ubatch's cells set to value, named name-<layer>
-ggml_tensor * sparq_set_new_cells(sparq_attn_build & b, ggml_tensor * t, float value, const char * name);

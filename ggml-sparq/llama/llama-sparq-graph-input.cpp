@@ -1,13 +1,27 @@
 // llama-sparq: the graph's SparQ input: whether a built graph can be reused, and per ubatch its
-// input tensors, the upkeep it triggers (calibration, rebuilds, the index's training) and the counters.
-#include "llama-sparq-selector.h"
-#include "llama-sparq-graph.h"
+// input tensors, the upkeep it triggers (calibration, rebuilds, the selector's state) and the counters.
 #include "llama-sparq-graph-input.h"
 
+#include "llama-sparq-basis.h"
+#include "llama-sparq-graph.h"
+#include "llama-sparq-messages.h"
+#include "llama-sparq-rebuild.h"
+#include "llama-sparq-rows.h"
+#include "llama-sparq-selector.h"
+#include "llama-sparq-state.h"
+#include "llama-sparq-stats.h"
+#include "llama-sparq-transfers.h"
+#include "llama-sparq-upkeep.h"
+#include "llama-sparq-upstream.h"
+
 #include "ggml-backend.h"
+#include "llama-impl.h"
 
 #include <algorithm>
+#include <bitset>
+#include <cstdint>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 bool llm_graph_input_sparq::can_reuse(const llm_graph_params & params) {
@@ -99,9 +113,8 @@ void llm_graph_input_sparq::keep_streams_current() {
     }
 }
 
-// the index selector: a stream's index is trained at its first step with it, and again once the
-// stream holds twice the cells it was trained on (its list ids are then reset: the op reassigns)
-void llm_graph_input_sparq::train_index_if_due() {
+// the selector's state brought up to date for each stream's cells before a step that runs SparQ
+void llm_graph_input_sparq::selector_before_step() {
     llama_sparq_ctx & St = *S;
     const auto & si = upstream::sinfo(mctx);
     const auto before_step = sparq_selector_of(St.params.selector).before_step;
@@ -138,29 +151,6 @@ void llm_graph_input_sparq::set_pick(const llama_ubatch * ubatch, const std::vec
     }
 }
 
-void sparq_recent_cells(const llama_kv_cells & cells, llama_seq_id seq, llama_pos pos, int32_t * dst, int64_t n) {
-    std::fill(dst, dst + n, -1);
-    const auto & sp = cells.seq_pos_get(seq);
-    auto it = sp.upper_bound({ pos, UINT32_MAX });
-    for (int64_t j = 0; j < n && it != sp.begin(); ++j) {
-        --it;
-        dst[j] = (int32_t) it->second;
-    }
-}
-
-bool sparq_rows_latest(const llama_sparq_ctx & S, const llama_ubatch & ub, const llama_kv_cache::slot_info & si) {
-    if (ub.n_tokens != si.n_stream() || !ub.seq_id || !ub.pos) {
-        return false;
-    }
-    for (uint32_t s = 0; s < si.n_stream(); ++s) {
-        const auto & sp = upstream::cells(S.kv, si.strm[s]).seq_pos_get(ub.seq_id[s][0]);
-        if (si.idxs[s].empty() || sp.empty() || *sp.rbegin() != std::make_pair(ub.pos[s], si.idxs[s][0])) {
-            return false;
-        }
-    }
-    return true;
-}
-
 // the local window: per query row, the cells of its sequence's l most recent positions
 void llm_graph_input_sparq::set_window(const llama_ubatch * ubatch) {
     const auto & si = upstream::sinfo(mctx);
@@ -176,7 +166,7 @@ void llm_graph_input_sparq::set_window(const llama_ubatch * ubatch) {
                 const llama_seq_id seq = ubatch->seq_id[tok][0];
                 sparq_recent_cells(cells, seq, ubatch->pos[tok], dst, std::min<int64_t>(win_recent, nw));
                 std::fill(dst + std::min<int64_t>(win_recent, nw), dst + nw, -1);
-                // the streaming selector: then the cells of the earliest positions (the attention sinks)
+                // a whole choice (window_choice): then the cells of the earliest positions (the attention sinks)
                 const auto & sp = cells.seq_pos_get(seq);
                 const auto end = sp.upper_bound({ ubatch->pos[tok], UINT32_MAX });
                 auto first = sp.begin();
@@ -247,14 +237,14 @@ void llm_graph_input_sparq::set_device_windows(const llama_ubatch * ubatch) {
 }
 
 // the input tensors of this ubatch, the upkeep they need first (the PCA calibration, the streams'
-// rebuilds, the index's training), then the counters of this graph's decisions
+// rebuilds, the selector's state), then the counters of this graph's decisions
 void llm_graph_input_sparq::set_input(const llama_ubatch * ubatch) {
     llama_sparq_ctx & St = *S;
     const auto & si = upstream::sinfo(mctx);
 
     calibrate_if_due();
     keep_streams_current();
-    train_index_if_due();
+    selector_before_step();
     // which streams bring a prompt (their rows run dense, picked; they report nothing)
     const int mode = sparq_rows_mode(St, *ubatch, si.n_stream(), &prompt_buf);
     GGML_ASSERT(mode == rows_mode);
@@ -265,8 +255,8 @@ void llm_graph_input_sparq::set_input(const llama_ubatch * ubatch) {
     // counters: this graph's decisions, once per execution
     const double n_cells = std::max<double>(1.0, sparq_used_max(mctx));
     std::lock_guard<std::mutex> lock(St.stats.mtx);
-    sparq_count_index_reads(St); // the previous execution has run
-    sparq_count_reports(St);
+    sparq_count_last_execution(St); // the previous execution has run
+    const sparq_selector & sel = sparq_selector_of(St.params.selector);
     bool measuring = false;
     for (const sparq_decision & dc : decisions) {
         if (dc.reason < 0) { // SparQ ran (for every row, or for the decode rows beside prompt rows)
@@ -284,16 +274,18 @@ void llm_graph_input_sparq::set_input(const llama_ubatch * ubatch) {
             if (dc.report && n_cells > dc.k) {
                 // the rows whose output is not the op's (prompt rows, short rows) report nothing
                 std::bitset<LLAMA_MAX_SEQ> unused;
-                const auto it = stretch.find(dc.ikv_rep);
+                const auto it = stretch.find(dc.ikv);
                 for (size_t s = 0; s < prompt_buf.size() && s < unused.size(); ++s) {
                     unused[s] = prompt_buf[s] || (it != stretch.end() && s < it->second.rows.size() && it->second.rows[s]);
                 }
-                St.stats.report_pending.push_back({ dc.ikv_rep, dc.il, si.s0, si.n_stream(), n_cells, md, ms, dc.cost, unused });
+                St.stats.report_pending.push_back({ { dc.ikv, dc.il, si.s0, si.n_stream(), n_cells, md, ms, dc.cost }, unused });
                 measuring |= measure == 1;
             }
-            if (dc.ikv >= 0 && n_cells > dc.k) {
-                // (its capacity stays across steps: no allocation once warm)
-                St.stats.ivf_pending.push_back({ dc.ikv, si.s0, si.n_stream(), n_cells, md, ms, dc.cost });
+            if (sel.rows_read && n_cells > dc.k) {
+                // the op reports what it read: counted once this execution has run (the vector's
+                // capacity stays across steps: no allocation once warm)
+                St.stats.reads_pending.push_back({ { dc.ikv, dc.il, si.s0, si.n_stream(), n_cells, md, ms, dc.cost },
+                                                   St.params.selector });
             }
         } else {
             St.stats.counters.n_dense[dc.reason]++;

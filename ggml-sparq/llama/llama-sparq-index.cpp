@@ -1,10 +1,16 @@
 // llama-sparq: the index selector's training: k-means (Lloyd, L2) of each layer's and KV head's
 // keys into the stream's lists, and the assignment of cells to their nearest centroid.
-#include "llama-sparq-impl.h"
+#include "llama-sparq-index.h"
+
+#include "llama-sparq-elems.h"
 #include "llama-sparq-parallel.h"
+#include "llama-sparq-state.h"
+#include "llama-sparq-transfers.h"
+#include "llama-sparq-upstream.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 // The nearest of C centroids to each of the n rows of x (n x d): argmin |c|^2 - 2 x.c, ties to
@@ -136,14 +142,16 @@ static void sparq_assign_cells(const ggml_tensor * k, uint32_t strm, int64_t h, 
 // The index of one layer and KV head of a stream: k-means on the keys of the cells `use`, its
 // centroids written, and every list id of the stream reset to -1, or with assign_all the cells of
 // `all` put in their nearest list.
-static void sparq_train_head(llama_sparq_ctx & S, uint32_t strm, const sparq_head_job & job,
-                             const std::vector<uint32_t> & use, const std::vector<uint32_t> & all, bool assign_all) {
+static void sparq_train_head(const llama_sparq_ctx & S, const sparq_index_state & X, uint32_t strm,
+                             const sparq_head_job & job, const std::vector<uint32_t> & use,
+                             const std::vector<uint32_t> & all, bool assign_all) {
     const llama_kv_cache * kv = S.kv;
     const uint32_t kv_size = upstream::kv_size(kv);
-    const int64_t C = S.index.n_list;
-    const sparq_layer & L = S.layers[job.ikv];
+    const int64_t C = X.n_list;
+    ggml_tensor * cent_t = X.cent[job.ikv];
+    ggml_tensor * list_t = X.list[job.ikv];
     ggml_tensor * k = upstream::layer_k(kv, job.ikv);
-    const int64_t d = L.sel.ivf_cent->ne[0], h = job.h;
+    const int64_t d = cent_t->ne[0], h = job.h;
     std::vector<float> x(use.size() * d);
     std::vector<uint8_t> row(ggml_row_size(k->type, d));
     for (size_t i = 0; i < use.size(); ++i) {
@@ -151,14 +159,12 @@ static void sparq_train_head(llama_sparq_ctx & S, uint32_t strm, const sparq_hea
     }
     std::vector<float> cent((size_t) C * d);
     sparq_kmeans(x, (int64_t) use.size(), d, C, 6, cent.data());
-    sparq_tensor_set(L.sel.ivf_cent, cent.data(), strm * L.sel.ivf_cent->nb[3] + h * L.sel.ivf_cent->nb[2],
-                            cent.size() * sizeof(float));
+    sparq_tensor_set(cent_t, cent.data(), strm * cent_t->nb[3] + h * cent_t->nb[2], cent.size() * sizeof(float));
     std::vector<float> lists(kv_size, -1.0f);
     if (assign_all) {
         sparq_assign_cells(k, strm, h, d, cent.data(), C, all, row, lists);
     }
-    sparq_tensor_set(L.sel.ivf_list, lists.data(), strm * L.sel.ivf_list->nb[2] + h * L.sel.ivf_list->nb[1],
-                            lists.size() * sizeof(float));
+    sparq_tensor_set(list_t, lists.data(), strm * list_t->nb[2] + h * list_t->nb[1], lists.size() * sizeof(float));
 }
 
 // Trains the index of one stream on its used cells' keys (but `skip`, which the next ubatch
@@ -166,10 +172,10 @@ static void sparq_train_head(llama_sparq_ctx & S, uint32_t strm, const sparq_hea
 // cells), 6 iterations. Every list id of the stream is reset to -1 (the op assigns each cell to
 // its nearest centroid when it next reads it), or with assign_all set here to the used cells'
 // nearest centroid (llama_sparq_sync: the work done before a timed step). Threads over (layer, KV head).
-void sparq_train_index(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip, uint32_t n_used,
-                       bool assign_all) {
+void sparq_train_index(const llama_sparq_ctx & S, sparq_index_state & X, uint32_t strm, const std::vector<uint32_t> & skip,
+                       uint32_t n_used, bool assign_all) {
     const llama_kv_cells & cells = upstream::cells(S.kv, strm);
-    const int64_t C = S.index.n_list;
+    const int64_t C = X.n_list;
     std::vector<uint32_t> all;
     for (uint32_t c = cells.used_min(); c < cells.used_max_p1(); ++c) {
         if (!cells.is_empty(c) && std::find(skip.begin(), skip.end(), c) == skip.end()) {
@@ -185,10 +191,9 @@ void sparq_train_index(llama_sparq_ctx & S, uint32_t strm, const std::vector<uin
         }
         use.swap(sub);
     }
-    const std::vector<sparq_head_job> jobs =
-        sparq_head_jobs(S, [](const sparq_layer & L) -> const ggml_tensor * { return L.sel.ivf_cent; });
+    const std::vector<sparq_head_job> jobs = sparq_head_jobs(X.cent);
     sparq_parallel(S.lctx ? (int) upstream::cparams(S.lctx).n_threads : 1, jobs.size(), [&](size_t ji) {
-        sparq_train_head(S, strm, jobs[ji], use, all, assign_all);
+        sparq_train_head(S, X, strm, jobs[ji], use, all, assign_all);
     });
-    S.index.trained[strm] = std::max<uint32_t>(1, n_used);
+    X.trained[strm] = std::max<uint32_t>(1, n_used);
 }

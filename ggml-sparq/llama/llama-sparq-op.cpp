@@ -1,16 +1,26 @@
 // llama-sparq: the settings resolved into the op's parameters, and the probe node the settings' check
 // puts to the devices (llama-sparq-op.h).
 #include "llama-sparq-op.h"
+
 #include "llama-sparq-selector.h"
+#include "llama-sparq-state.h"
 
 #include <algorithm>
 #include <cmath>
+
+// r's default for head size d: d / 4 with a 16-bit K^T; 5 d / 16 (rounded) with an 8-bit one, whose
+// step 1 then kept the approximate top-k's recall of f16 at d / 4 on SmolLM2 (the rounding to e5m2
+// costs what the extra components give back) for 5/8 of its bytes (bench/coverage.py --kt-formats)
+static int32_t sparq_default_r(int64_t d, int32_t kt_bits) {
+    return (int32_t) std::max<int64_t>(1, kt_bits == 8 ? (5 * d + 8) / 16 : d / 4);
+}
 
 sparq_op_budget sparq_op_budget_of(const llama_sparq_params & p, int64_t d, int64_t n_kv, int g) {
     const sparq_selector & sel = sparq_selector_of(p.selector);
     sparq_op_budget b;
     b.r = p.r > 0 ? std::min<int>(p.r, (int) d) : sparq_default_r(d, p.kt_bits);
-    b.calibrated = sparq_is_calibrated(p);
+    // k = 0 with a selector that ranks by scores: the op cuts its choice at the coverage target
+    b.calibrated = p.k == 0 && sel.ranks_scores;
     b.kk = p.k;
     if (b.calibrated) {
         // at least k_min cells, at most k_frac of the graph's KV cells (the cap sizes the op's scratch)
@@ -25,10 +35,7 @@ sparq_op_budget sparq_op_budget_of(const llama_sparq_params & p, int64_t d, int6
 
 ggml_sparq_attn_params sparq_op_params(const llama_sparq_ctx & S, const llama_sparq_params & p, const sparq_op_budget & b,
                                        const sparq_op_step & st, float scale) {
-    static_assert(LLAMA_SPARQ_SELECTOR_SPARQ == GGML_SPARQ_SEL_SPARQ && LLAMA_SPARQ_SELECTOR_ORACLE == GGML_SPARQ_SEL_ORACLE &&
-                  LLAMA_SPARQ_SELECTOR_STREAMING == GGML_SPARQ_SEL_STREAMING && LLAMA_SPARQ_SELECTOR_H2O == GGML_SPARQ_SEL_H2O &&
-                  LLAMA_SPARQ_SELECTOR_INDEX == GGML_SPARQ_SEL_INDEX,
-                  "the llama and ggml selectors are numbered alike");
+    // (the selector's value is the op's: sparq_selector_of asserts the numbering)
     const sparq_selector & sel = sparq_selector_of(p.selector);
     ggml_sparq_attn_params o = ggml_sparq_attn_params_default(b.r, b.kk, b.l, scale);
     o.selector = p.selector;

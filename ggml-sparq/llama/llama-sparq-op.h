@@ -5,7 +5,12 @@
 // the settings take effect (sparq_op_probe, llama-sparq-api.cpp). What is checked is what runs.
 #pragma once
 
-#include "llama-sparq-impl.h"
+#include "llama-sparq-state.h"
+#include "llama-sparq.h"
+
+#include "ggml-sparq.h"
+
+#include <cstdint>
 
 // the step's budget: the components, the cells attended (the calibrated k's cap) and the local window
 struct sparq_op_budget {

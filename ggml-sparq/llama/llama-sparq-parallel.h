@@ -1,10 +1,13 @@
-// llama-sparq: the one thread pool of libllama's SparQ code (index training, basis calibration,
+// llama-sparq: the one thread pool of libllama's SparQ code (a selector's training, basis calibration,
 // host rebuilds, the synthetic fill): independent jobs spread over a few threads.
 #pragma once
+
+#include "ggml.h"
 
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <thread>
 #include <vector>
 
@@ -30,4 +33,23 @@ void sparq_parallel(int n_threads, size_t n_jobs, F && f) {
     for (auto & t : th) {
         t.join();
     }
+}
+
+// one unit of the per-(layer, KV head) work of a selector's training and the basis calibration
+struct sparq_head_job {
+    size_t ikv;
+    int64_t h;
+};
+
+// one job per KV head of every layer whose tensor per_layer[ikv] is allocated (its ne[2] is the KV head count)
+inline std::vector<sparq_head_job> sparq_head_jobs(const std::vector<ggml_tensor *> & per_layer) {
+    std::vector<sparq_head_job> jobs;
+    for (size_t ikv = 0; ikv < per_layer.size(); ++ikv) {
+        if (const ggml_tensor * t = per_layer[ikv]) {
+            for (int64_t h = 0; h < t->ne[2]; ++h) {
+                jobs.push_back({ ikv, h });
+            }
+        }
+    }
+    return jobs;
 }

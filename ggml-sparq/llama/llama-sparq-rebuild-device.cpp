@@ -1,8 +1,15 @@
 // llama-sparq: the rebuild of a stream's K^T and sums on the device that holds the cache (a ggml
 // graph per layer on the context's backend), where the whole SparQ data lives on one device.
-#include "llama-sparq-impl.h"
+#include "llama-sparq-rebuild.h"
+
+#include "llama-sparq-state.h"
+#include "llama-sparq-transfers.h"
+#include "llama-sparq-upstream.h"
 
 #include "ggml-alloc.h"
+#include "ggml-backend.h"
+#include "ggml-sparq.h"
+#include "llama-impl.h"
 
 #include <algorithm>
 #include <vector>

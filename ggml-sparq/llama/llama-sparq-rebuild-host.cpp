@@ -1,8 +1,16 @@
 // llama-sparq: the host rebuild of a stream's K^T and sums from K, V and the cells (multi-threaded
 // over layers and cell ranges), also the check of the kept data against that recomputation; data
 // on a device is rebuilt there (llama-sparq-rebuild-device.cpp).
-#include "llama-sparq-impl.h"
+#include "llama-sparq-rebuild.h"
+
+#include "llama-sparq-elems.h"
 #include "llama-sparq-parallel.h"
+#include "llama-sparq-selector.h"
+#include "llama-sparq-state.h"
+#include "llama-sparq-transfers.h"
+#include "llama-sparq-upstream.h"
+
+#include "ggml-backend.h"
 
 #include <algorithm>
 #include <cstdlib>

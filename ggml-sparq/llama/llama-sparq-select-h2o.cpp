@@ -1,18 +1,77 @@
-// llama-sparq: selector h2o (heavy hitters) on the llama side: its accumulated attention per cell
-// (sparq_layer_selectors::h2o), zeroed for new cells, filled from a prompt's dense attention,
+// llama-sparq: selector h2o (heavy hitters) on the llama side: its accumulated attention per cell,
+// allocated when it is first selected, zeroed for new cells, filled from a prompt's dense attention,
 // given to the op (which adds each step's weights), and kept across rebuilds.
 
+#include "llama-sparq-buffers.h"
+#include "llama-sparq-cost.h"
+#include "llama-sparq-graph-appends.h"
 #include "llama-sparq-graph-build.h"
+#include "llama-sparq-messages.h"
+#include "llama-sparq-selector.h"
+#include "llama-sparq-state.h"
+#include "llama-sparq-transfers.h"
+#include "llama-sparq-upstream.h"
+
+#include "ggml-backend.h"
+#include "ggml-cpp.h"
+#include "ggml-sparq.h"
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+// its state: the accumulated attention per cell of each KV-cache layer, [kv_size, n_head_kv, n_stream] f32
+// (NULL where the layer has no SparQ data), in buffers of its own
+struct sparq_h2o_state : sparq_selector_state {
+    std::vector<ggml_backend_buffer_ptr> bufs;
+    ggml_context_ptr ctx;
+    std::vector<ggml_tensor *> scores; // by KV-cache layer
+};
+
+static sparq_h2o_state * h2o_of(const llama_sparq_ctx & S) {
+    return static_cast<sparq_h2o_state *>(S.selectors[LLAMA_SPARQ_SELECTOR_H2O].get());
+}
+
+// its scores (once; zero: no attention received yet)
+static bool h2o_alloc(llama_sparq_ctx & S, char * err, size_t err_size) {
+    if (S.selectors[LLAMA_SPARQ_SELECTOR_H2O]) {
+        return true;
+    }
+    auto X = std::make_unique<sparq_h2o_state>();
+    ggml_init_params ip = { (S.layers.size() + 1) * ggml_tensor_overhead(), nullptr, true };
+    X->ctx.reset(ggml_init(ip));
+    X->scores.assign(S.layers.size(), nullptr);
+    std::map<ggml_backend_buffer_type_t, std::vector<ggml_tensor *>> by_buft;
+    for (size_t ikv = 0; ikv < S.layers.size(); ++ikv) {
+        const sparq_layer & L = S.layers[ikv];
+        if (!L.data.kt) {
+            continue;
+        }
+        const int64_t kv_size = L.data.kt->ne[0], hkv = L.data.kt->ne[2], ns = L.data.kt->ne[3];
+        X->scores[ikv] = ggml_new_tensor_3d(X->ctx.get(), GGML_TYPE_F32, kv_size, hkv, ns);
+        ggml_format_name(X->scores[ikv], "sparq_h2o_l%d", L.il);
+        by_buft[ggml_backend_buffer_get_type(L.data.kt->buffer)].push_back(X->scores[ikv]);
+    }
+    if (!sparq_alloc_buffers(S, by_buft, X->bufs, "the h2o scores", err, err_size)) {
+        for (auto & b : X->bufs) {
+            S.mem.extra_bytes -= ggml_backend_buffer_get_size(b.get());
+        }
+        return false;
+    }
+    S.selectors[LLAMA_SPARQ_SELECTOR_H2O] = std::move(X);
+    return true;
+}
 
 // the scores of the ubatch's streams (views of the layer's tensor, after the new cells' zeroing)
 static ggml_tensor * h2o_scores(sparq_attn_build & b) {
-    const ggml_tensor * t = b.L.sel.h2o;
+    const ggml_tensor * t = h2o_of(b.S)->scores[b.ikv];
     return ggml_view_3d(b.ctx0, b.cells_src, b.n_kv, b.hkv, b.n_stream, t->nb[1], t->nb[2], b.si.s0 * t->nb[2]);
 }
 
 // new cells have received no attention yet
 static void h2o_appends(sparq_attn_build & b) {
-    b.cells_src = sparq_set_new_cells(b, b.L.sel.h2o, 0.0f, "sparq_h2o");
+    b.cells_src = sparq_set_new_cells(b, h2o_of(b.S)->scores[b.ikv], 0.0f, "sparq_h2o");
 }
 
 // a prompt: the dense attention's weights summed over the prompt rows (column sums of the causal
@@ -53,10 +112,13 @@ static void h2o_decide(sparq_attn_build & b, sparq_cost & c) {
 // zeroes the empty cells and those the next ubatch writes. A state load or a copy from another
 // stream brings no scores: those cells keep what this context had there (0 in a fresh context).
 static void h2o_rebuild(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip) {
+    const sparq_h2o_state * X = h2o_of(S);
+    if (!X) {
+        return;
+    }
     const llama_kv_cells & cells = upstream::cells(S.kv, strm);
     const uint32_t kv_size = upstream::kv_size(S.kv);
-    for (sparq_layer & L : S.layers) {
-        ggml_tensor * t = L.sel.h2o;
+    for (ggml_tensor * t : X->scores) {
         if (!t) {
             continue;
         }
@@ -98,11 +160,11 @@ static bool h2o_check(const llama_sparq_params & p, const llama_cparams * cp, ch
 
 // its scores beside the cache, in host memory (it runs on the CPU), allocated when first selected
 static bool h2o_apply(llama_sparq_ctx & S, const llama_sparq_params &, char * err, size_t err_size) {
-    return sparq_cache_on_host(S, "h2o", err, err_size) && sparq_alloc_h2o(S, err, err_size);
+    return sparq_cache_on_host(S, "h2o", err, err_size) && h2o_alloc(S, err, err_size);
 }
 
 // every decode step runs the op (its scores follow every step), short contexts included
-const sparq_selector sparq_sel_h2o = {
+extern const sparq_selector sparq_sel_h2o = {
     /* ranks_scores  */ false,
     /* per_head      */ false,
     /* window_choice */ false,
@@ -118,4 +180,6 @@ const sparq_selector sparq_sel_h2o = {
     /* op_srcs       */ h2o_op_srcs,
     /* probe_srcs    */ h2o_probe_srcs,
     /* decide        */ h2o_decide,
+    /* rows_read     */ nullptr,
+    /* log_stats     */ nullptr,
 };

@@ -2,7 +2,13 @@
 // components of K^T) and oracle (every component: the exact top-k) on the llama side: the basis
 // the op's steps 1-2 use, and their cost.
 
+#include "llama-sparq-cost.h"
 #include "llama-sparq-graph-build.h"
+#include "llama-sparq-selector.h"
+#include "llama-sparq-state.h"
+
+#include "ggml-sparq.h"
+#include "llama-impl.h"
 
 // the basis of steps 1-2: the PCA rotation of the query and its spread, or the scaled basis's
 // weights, and the query rotated back where K^T keeps the keys rotated back from upstream's Hadamard
@@ -49,7 +55,7 @@ static void sparq_decide_rows(sparq_attn_build & b, sparq_cost & c, int r) {
 static void sparq_decide_sel(sparq_attn_build & b, sparq_cost & c) { sparq_decide_rows(b, c, b.r); }
 static void oracle_decide(sparq_attn_build & b, sparq_cost & c) { sparq_decide_rows(b, c, (int) b.d); }
 
-const sparq_selector sparq_sel_sparq = {
+extern const sparq_selector sparq_sel_sparq = {
     /* ranks_scores  */ true,
     /* per_head      */ true,
     /* window_choice */ false,
@@ -65,9 +71,11 @@ const sparq_selector sparq_sel_sparq = {
     /* op_srcs       */ sparq_basis_srcs,
     /* probe_srcs    */ sparq_basis_probe,
     /* decide        */ sparq_decide_sel,
+    /* rows_read     */ nullptr,
+    /* log_stats     */ nullptr,
 };
 
-const sparq_selector sparq_sel_oracle = {
+extern const sparq_selector sparq_sel_oracle = {
     /* ranks_scores  */ true,
     /* per_head      */ true,
     /* window_choice */ false,
@@ -83,4 +91,6 @@ const sparq_selector sparq_sel_oracle = {
     /* op_srcs       */ sparq_basis_srcs,
     /* probe_srcs    */ sparq_basis_probe,
     /* decide        */ oracle_decide,
+    /* rows_read     */ nullptr,
+    /* log_stats     */ nullptr,
 };

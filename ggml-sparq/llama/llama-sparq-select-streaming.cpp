@@ -1,7 +1,11 @@
 // llama-sparq: selector streaming (LM-Infinite / StreamingLLM) on the llama side: its window list
 // is the whole choice, the first positions (the attention sinks) and the most recent ones.
 
+#include "llama-sparq-cost.h"
 #include "llama-sparq-graph-build.h"
+#include "llama-sparq-selector.h"
+
+#include <algorithm>
 
 // the k - min(16, k / 2) most recent positions; the rest of k are the sinks
 static int streaming_window(int kk) {
@@ -14,7 +18,7 @@ static void streaming_decide(sparq_attn_build & b, sparq_cost & c) {
     sparq_decide(b.inp, b.il, -1, b.kk, b.kk, c);
 }
 
-const sparq_selector sparq_sel_streaming = {
+extern const sparq_selector sparq_sel_streaming = {
     /* ranks_scores  */ false,
     /* per_head      */ false,
     /* window_choice */ true,
@@ -30,4 +34,6 @@ const sparq_selector sparq_sel_streaming = {
     /* op_srcs       */ nullptr,
     /* probe_srcs    */ nullptr,
     /* decide        */ streaming_decide,
+    /* rows_read     */ nullptr,
+    /* log_stats     */ nullptr,
 };

@@ -1,14 +1,20 @@
 // llama-sparq: libllama's selector interface. A selector decides which cells the op attends over;
-// on the llama side it owns its per-cell state (tensors beside the cache), keeps it across rebuilds,
-// adds its nodes to the graph and its terms to the cost model. The graph hook and the upkeep reach
-// a selector only through these traits and hooks, never by its name: a selector is one file
-// (llama-sparq-select-<name>.cpp) and one row of sparq_selector_of() (llama-sparq-selectors.cpp).
-// Its CPU kernels are the op's (ggml-sparq/cpu/sparq-cpu-selector.h).
+// on the llama side it owns its state (its tensors beside the cache, in an object derived from
+// sparq_selector_state), keeps it across rebuilds, adds its nodes to the graph and its terms to the
+// cost model. The rest of libllama reaches a selector only through these traits and hooks, never by
+// its name: a selector is its files (llama-sparq-select-<name>.cpp) and one row of sparq_selector_of()
+// (llama-sparq-selectors.cpp). Its CPU kernels are the op's (ggml-sparq/cpu/sparq-cpu-selector.h).
 #pragma once
 
-#include "llama-sparq-impl.h"
+#include "llama-sparq-cost.h"
+#include "llama-sparq-state.h"
 
+#include "ggml-sparq.h"
+#include "llama-cparams.h"
+
+#include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 struct sparq_attn_build; // llama-sparq-graph-build.h
@@ -36,7 +42,8 @@ struct sparq_selector {
     // The local window for a budget of kk cells (null: the settings' l).
     int (*window)(int kk);
     // Its per-cell data of stream strm after the stream's cells changed (skip: the cells the next
-    // ubatch writes). Runs for every selector whose tensors exist, current or not.
+    // ubatch writes). Runs for every selector, current or not (its state, where it has one, may
+    // hold another setting's choice: each selector keeps its own current).
     void (*rebuild)(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip);
     // The graph: its per-cell tensor with the ubatch's new cells set (b.cells_src), beside the appends.
     void (*appends)(sparq_attn_build & b);
@@ -54,17 +61,23 @@ struct sparq_selector {
     // The cost model's terms of its choice (c has the cache's element sizes and d) and the decision
     // recorded (sparq_decide).
     void (*decide)(sparq_attn_build & b, sparq_cost & c);
+    // What a call of an execution that has run read to choose, as its op reported it: rows of K per KV
+    // head and stream (the mean over the call's), or < 0 where it reported nothing. The counters then
+    // replace the cost model's estimate of those reads (c.rk) by the count.
+    double (*rows_read)(const llama_sparq_ctx & S, const sparq_call_estimate & call);
+    // Its own line in the log when the context goes (its counters), where it has one.
+    void (*log_stats)(const llama_sparq_ctx & S);
 };
+
+// The selector of an LLAMA_SPARQ_SELECTOR_* value.
+const sparq_selector & sparq_selector_of(int32_t id);
 
 // Whether every layer's cache is in host memory (a selector that runs on the CPU only needs it);
 // false with a message naming the selector.
 bool sparq_cache_on_host(const llama_sparq_ctx & S, const char * selector, char * err, size_t err_size);
 
-// The selector of an LLAMA_SPARQ_SELECTOR_* value.
-const sparq_selector & sparq_selector_of(int32_t id);
+// Every selector's per-cell data of stream strm after its cells changed (its rebuild hook).
+void sparq_selector_rebuild(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip);
 
-extern const sparq_selector sparq_sel_sparq;
-extern const sparq_selector sparq_sel_oracle;
-extern const sparq_selector sparq_sel_streaming;
-extern const sparq_selector sparq_sel_h2o;
-extern const sparq_selector sparq_sel_index;
+// The names of the selectors that rank K^T's approximate scores, for a message: "a or b".
+std::string sparq_ranking_selector_names();

@@ -1,6 +1,37 @@
-// llama-sparq: libllama's selectors by their LLAMA_SPARQ_SELECTOR_* value (llama-sparq-selector.h).
+// llama-sparq: libllama's selectors by their LLAMA_SPARQ_SELECTOR_* value (llama-sparq-selector.h) and
+// their names, and what the rest of libllama asks of all of them at once.
 
 #include "llama-sparq-selector.h"
+
+#include "llama-sparq-messages.h"
+#include "llama-sparq-state.h"
+
+#include <string>
+#include <vector>
+
+extern const sparq_selector sparq_sel_sparq, sparq_sel_oracle, sparq_sel_streaming, sparq_sel_h2o, sparq_sel_index;
+
+// the selectors' names by value: the one list the front ends (Python, the flags, llama-bench) parse them from
+static const char * const sparq_selector_names[LLAMA_SPARQ_SELECTOR_COUNT] = { "sparq", "oracle", "streaming", "h2o", "index" };
+
+const char * llama_sparq_selector_name(int32_t selector) {
+    return selector >= 0 && selector < LLAMA_SPARQ_SELECTOR_COUNT ? sparq_selector_names[selector] : nullptr;
+}
+
+const sparq_selector & sparq_selector_of(int32_t id) {
+    static const sparq_selector * const table[LLAMA_SPARQ_SELECTOR_COUNT] = {
+        &sparq_sel_sparq, &sparq_sel_oracle, &sparq_sel_streaming, &sparq_sel_h2o, &sparq_sel_index,
+    };
+    static_assert(LLAMA_SPARQ_SELECTOR_SPARQ == 0 && LLAMA_SPARQ_SELECTOR_ORACLE == 1 && LLAMA_SPARQ_SELECTOR_STREAMING == 2 &&
+                  LLAMA_SPARQ_SELECTOR_H2O == 3 && LLAMA_SPARQ_SELECTOR_INDEX == 4 && LLAMA_SPARQ_SELECTOR_COUNT == 5,
+                  "a selector without its row");
+    static_assert(LLAMA_SPARQ_SELECTOR_SPARQ == GGML_SPARQ_SEL_SPARQ && LLAMA_SPARQ_SELECTOR_ORACLE == GGML_SPARQ_SEL_ORACLE &&
+                  LLAMA_SPARQ_SELECTOR_STREAMING == GGML_SPARQ_SEL_STREAMING && LLAMA_SPARQ_SELECTOR_H2O == GGML_SPARQ_SEL_H2O &&
+                  LLAMA_SPARQ_SELECTOR_INDEX == GGML_SPARQ_SEL_INDEX,
+                  "the llama and ggml selectors are numbered alike");
+    GGML_ASSERT(id >= 0 && id < LLAMA_SPARQ_SELECTOR_COUNT && "llama_sparq: unknown selector");
+    return *table[id];
+}
 
 bool sparq_cache_on_host(const llama_sparq_ctx & S, const char * selector, char * err, size_t err_size) {
     for (const sparq_layer & L : S.layers) {
@@ -15,17 +46,24 @@ bool sparq_cache_on_host(const llama_sparq_ctx & S, const char * selector, char 
     return true;
 }
 
-bool sparq_selector_ranks_scores(int32_t selector) {
-    return selector >= 0 && selector < LLAMA_SPARQ_SELECTOR_COUNT && sparq_selector_of(selector).ranks_scores;
+void sparq_selector_rebuild(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip) {
+    for (int32_t id = 0; id < LLAMA_SPARQ_SELECTOR_COUNT; ++id) {
+        if (const auto rebuild = sparq_selector_of(id).rebuild) {
+            rebuild(S, strm, skip);
+        }
+    }
 }
 
-const sparq_selector & sparq_selector_of(int32_t id) {
-    static const sparq_selector * const table[LLAMA_SPARQ_SELECTOR_COUNT] = {
-        &sparq_sel_sparq, &sparq_sel_oracle, &sparq_sel_streaming, &sparq_sel_h2o, &sparq_sel_index,
-    };
-    static_assert(LLAMA_SPARQ_SELECTOR_SPARQ == 0 && LLAMA_SPARQ_SELECTOR_ORACLE == 1 && LLAMA_SPARQ_SELECTOR_STREAMING == 2 &&
-                  LLAMA_SPARQ_SELECTOR_H2O == 3 && LLAMA_SPARQ_SELECTOR_INDEX == 4 && LLAMA_SPARQ_SELECTOR_COUNT == 5,
-                  "a selector without its row");
-    GGML_ASSERT(id >= 0 && id < LLAMA_SPARQ_SELECTOR_COUNT && "llama_sparq: unknown selector");
-    return *table[id];
+std::string sparq_ranking_selector_names() {
+    std::vector<const char *> names;
+    for (int32_t id = 0; id < LLAMA_SPARQ_SELECTOR_COUNT; ++id) {
+        if (sparq_selector_of(id).ranks_scores) {
+            names.push_back(sparq_selector_names[id]);
+        }
+    }
+    std::string s;
+    for (size_t i = 0; i < names.size(); ++i) {
+        s += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + std::string(names[i]);
+    }
+    return s;
 }

@@ -1,48 +1,45 @@
-// llama-sparq: the counters: llama_sparq_get_stats / llama_sparq_reset_stats, the index calls'
-// counted reads, and the counters' log line when the context goes.
-#include "llama-sparq-impl.h"
+// llama-sparq: the counters: llama_sparq_get_stats / llama_sparq_reset_stats, the calls' counted
+// reads, and the counters' log line when the context goes.
+#include "llama-sparq-stats.h"
+
+#include "llama-sparq-coverage.h"
+#include "llama-sparq-messages.h"
+#include "llama-sparq-selector.h"
+#include "llama-sparq-state.h"
+#include "llama-sparq-upstream.h"
+
+#include "llama-impl.h"
 
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
 
-// The index calls of the last execution: their estimated key reads replaced by the op's count
-// (per KV head and stream of the call, the stream's last row; a row that ran dense reports -1 and
-// keeps the estimate). Holds S.stats.mtx. Called when the next execution's counters are taken and by
-// llama_sparq_get_stats; on another thread than the decoding one it may read the count of a step
-// still running, which is a count of the same layer one step later.
-void sparq_count_index_reads(llama_sparq_ctx & S) {
-    for (const auto & p : S.stats.ivf_pending) {
-        const ggml_tensor * c = p.ikv >= 0 && p.ikv < (int32_t) S.layers.size() ? S.layers[p.ikv].sel.ivf_cent : nullptr;
-        if (!c) {
+// The calls of the last execution whose op reported the rows of K their selector read to choose
+// (sparq_selector::rows_read): the cost model's estimate of those reads replaced by the count (a call
+// that reported nothing keeps the estimate). Holds S.stats.mtx.
+static void sparq_count_reads(llama_sparq_ctx & S) {
+    for (const auto & p : S.stats.reads_pending) {
+        const auto rows_read = sparq_selector_of(p.selector).rows_read;
+        const double rows = rows_read ? rows_read(S, p) : -1.0;
+        if (rows < 0.0) {
             continue;
         }
-        double sum = 0.0;
-        int64_t n = 0;
-        bool ok = true;
-        for (uint32_t st = p.s0; st < p.s0 + p.n_stream && ok; ++st) {
-            for (int64_t h = 0; h < c->ne[2] && ok; ++h) {
-                float v = -1.0f;
-                sparq_tensor_get(c, &v, st * c->nb[3] + h * c->nb[2] + (size_t) S.index.n_list * c->nb[1], sizeof(v));
-                ok = v >= 0.0f;
-                sum += v;
-                n++;
-            }
-        }
-        if (!ok || n == 0) {
-            continue;
-        }
-        // the estimate's S d p / C key elements become the counted rows' (mean over KV heads and streams)
-        const double ms = p.ms + ((sum / (double) n) * p.c.d - p.n_cells * p.c.rk) * p.c.bk;
+        // the estimate's c.rk key elements per cell become the counted rows' (mean over KV heads and streams)
+        const double ms = p.ms + (rows * p.c.d - p.n_cells * p.c.rk) * p.c.bk;
         S.stats.counters.compression_sum += (ms - p.ms) / p.md;
-        S.stats.counters.n_index_measured++;
+        S.stats.counters.n_reads_counted++;
     }
-    S.stats.ivf_pending.clear();
+    S.stats.reads_pending.clear();
+}
+
+void sparq_count_last_execution(llama_sparq_ctx & S) {
+    sparq_count_reads(S);
+    sparq_count_reports(S);
 }
 
 // the mean cost-model compression of the SparQ calls
-double sparq_compression(const llama_sparq_ctx & S) {
+static double sparq_compression(const llama_sparq_ctx & S) {
     const double n = (double) S.stats.counters.n_sparq;
     return n > 0 ? S.stats.counters.compression_sum / n : 0.0;
 }
@@ -58,8 +55,7 @@ int32_t llama_sparq_get_stats(const struct llama_context * ctx, struct llama_spa
     if (cp.sparq) {
         llama_sparq_ctx & S = *cp.sparq;
         std::lock_guard<std::mutex> lock(S.stats.mtx);
-        sparq_count_index_reads(S);
-        sparq_count_reports(S);
+        sparq_count_last_execution(S);
         out->n_sparq = S.stats.counters.n_sparq;
         memcpy(out->n_dense, S.stats.counters.n_dense, sizeof(out->n_dense));
         out->compression = sparq_compression(S);
@@ -102,8 +98,8 @@ void llama_sparq_reset_stats(struct llama_context * ctx) {
         memset(S.stats.counters.n_dense, 0, sizeof(S.stats.counters.n_dense));
         S.stats.counters.compression_sum = 0.0;
         S.stats.counters.n_rebuilds = 0;
-        S.stats.ivf_pending.clear();
-        S.stats.counters.n_index_measured = 0;
+        S.stats.reads_pending.clear();
+        S.stats.counters.n_reads_counted = 0;
         S.stats.report_pending.clear();
         for (sparq_layer & L : S.layers) {
             L.report.n_calls = L.report.n_reach_calls = L.report.n_reached_calls = 0;
@@ -142,9 +138,9 @@ llama_sparq_ctx::~llama_sparq_ctx() {
         LLAMA_LOG_INFO("llama_sparq: the op reported %llu calls: %.1f cells attended per KV head and step, %.3f of the "
                        "estimated attention mass (mean)\n", (unsigned long long) n_meas, k_sum / n_meas, cov_sum / n_meas);
     }
-    if (stats.counters.n_index_trainings) {
-        LLAMA_LOG_INFO("llama_sparq: the vector index (selector index, %d lists) was trained %llu times; the keys its "
-                       "calls read were counted for %llu calls (the others: estimated from even lists)\n", index.n_list,
-                       (unsigned long long) stats.counters.n_index_trainings, (unsigned long long) stats.counters.n_index_measured);
+    for (int32_t id = 0; id < LLAMA_SPARQ_SELECTOR_COUNT; ++id) {
+        if (const auto log_stats = sparq_selector_of(id).log_stats) {
+            log_stats(*this);
+        }
     }
 }

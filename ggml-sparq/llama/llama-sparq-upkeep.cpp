@@ -1,21 +1,18 @@
 // llama-sparq: the upkeep of the SparQ data between graphs: whether a stream's data is current, the
-// rebuild counter, the selectors' per-cell data on a rebuild, the index's retraining, and
-// llama_sparq_sync (everything brought up to date before a timed step).
-#include "llama-sparq-impl.h"
-#include "llama-sparq-selector.h"
+// rebuild counter, and llama_sparq_sync (everything brought up to date before a timed step).
+#include "llama-sparq-upkeep.h"
 
+#include "llama-sparq-rebuild.h"
+#include "llama-sparq-selector.h"
+#include "llama-sparq-state.h"
+#include "llama-sparq-transfers.h"
+#include "llama-sparq-upstream.h"
+
+#include "llama-context.h"
+
+#include <cstdint>
 #include <mutex>
 #include <vector>
-
-// every selector's per-cell data of the stream after its cells changed, the current selector's or
-// not (its tensors may hold another setting's state: each selector keeps its own current)
-void sparq_selector_rebuild(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip) {
-    for (int32_t id = 0; id < LLAMA_SPARQ_SELECTOR_COUNT; ++id) {
-        if (const auto rebuild = sparq_selector_of(id).rebuild) {
-            rebuild(S, strm, skip);
-        }
-    }
-}
 
 // whether the stream's data is current for its cells as they are now
 bool sparq_stream_current(const llama_sparq_ctx & S, uint32_t strm) {
@@ -26,13 +23,6 @@ bool sparq_stream_current(const llama_sparq_ctx & S, uint32_t strm) {
 void sparq_count_rebuild(llama_sparq_ctx & S) {
     std::lock_guard<std::mutex> lock(S.stats.mtx);
     S.stats.counters.n_rebuilds++;
-}
-
-void sparq_retrain_index(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip, uint32_t n_used,
-                         bool assign_all) {
-    sparq_train_index(S, strm, skip, n_used, assign_all);
-    std::lock_guard<std::mutex> lock(S.stats.mtx);
-    S.stats.counters.n_index_trainings++;
 }
 
 // Waits until the writes queued to t are processed where t lives. A write to an RPC host is queued
@@ -72,7 +62,7 @@ void llama_sparq_sync(struct llama_context * ctx) {
     for (size_t ikv = 0; rebuilt && ikv < S.layers.size(); ++ikv) {
         sparq_wait_written(S.layers[ikv].data.kt);
     }
-    // the selector's state (the index: trained, every used cell in its list) now, not in the next step
+    // the selector's state brought up to date for every used cell now, not in the next step
     if (const auto before_step = sparq_selector_of(S.params.selector).before_step) {
         for (uint32_t strm = 0; strm < upstream::n_stream(S.kv); ++strm) {
             before_step(S, strm, {}, upstream::cells(S.kv, strm).get_used(), true);

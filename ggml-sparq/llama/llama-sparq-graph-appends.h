@@ -1,0 +1,21 @@
+// llama-sparq: the graph's appends (llama-sparq-graph-appends.cpp): a ubatch's keys and values into the
+// data SparQ keeps beside a layer's cache, as nodes of the graph that writes the cache.
+#pragma once
+
+#include "llama-sparq-graph-build.h"
+
+#include "ggml.h"
+
+// The nodes that keep the layer's K^T, sums and counts current with the ubatch's keys k_cur and values
+// v_cur (the layer's cache views k, v give the cache's types), and on a decode step push each stream's
+// new cell into its device window; the selector's per-cell tensor follows (its appends hook). Sets
+// b.kt_src, b.vs_src, b.ksq_src and b.vc_src, the op's sources after the appends.
+void sparq_build_appends(sparq_attn_build & b, ggml_tensor * k_cur, ggml_tensor * v_cur, const ggml_tensor * k,
+                         const ggml_tensor * v);
+
+// upstream's index of the ubatch's K rows (the graph's k_idxs: stream * kv_size + cell per token), found
+// at the layer's K store
+ggml_tensor * sparq_k_idxs(sparq_attn_build & b);
+
+// a per-cell tensor [kv_size, hkv, n_stream] with the ubatch's cells set to value, named name-<layer>
+ggml_tensor * sparq_set_new_cells(sparq_attn_build & b, ggml_tensor * t, float value, const char * name);

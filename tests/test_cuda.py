@@ -299,6 +299,13 @@ def test_selectors_on_a_gpu_context(cuda, tiny_gqa_model):
 # the CUDA kernels' logic, checked on the CPU (no GPU needed)
 # ---------------------------------------------------------------------------
 
+# the emulators: sparq-cuda-emu runs the default build's one pipeline (it reads no switch),
+# sparq-cuda-emu-exp the experimental build's (ggml-sparq/cuda/experimental/: the variants and the
+# LLAMA_SPARQ_CUDA_* switches that choose them or force a choice of the launch)
+EMU, EMU_EXP = "sparq-cuda-emu", "sparq-cuda-emu-exp"
+# the runs' ways of test_cuda_kernels_emulated_equal_the_cpu_op that are the default pipeline's
+EMU_DEFAULT_WAYS = ("rank", "auto", "match", "late", "0", "0", "0", "0")
+
 # d S n_head n_head_kv n_rows n_stream r k l f16 mask selector flags variant [force one-cell loads
 # [coverage k_min k_frac]]
 EMU_CASES = {
@@ -457,8 +464,8 @@ def test_cuda_kernels_emulated_equal_the_cpu_op(case, select, attend, hist, load
     args = {**EMU_CASES, **EMU_CASES_SCORE, **EMU_CASES_STREAM, **EMU_CASES_CALIB}[case].split()
     if attend != "auto":
         env["LLAMA_SPARQ_CUDA_ATTEND"] = attend
-    res = subprocess.run([str(tool_path("sparq-cuda-emu")), *args], capture_output=True, text=True, timeout=600,
-                         env=env)
+    tool = EMU if (select, attend, hist, loads, pdl, score, stream, calib) == EMU_DEFAULT_WAYS else EMU_EXP
+    res = subprocess.run([str(tool_path(tool)), *args], capture_output=True, text=True, timeout=600, env=env)
     assert res.returncode == 0 and res.stdout.startswith("OK"), res.stdout + res.stderr[-2000:]
     m = re.search(r"sel_differ=(\d+)", res.stdout)
     assert m and m.group(1) == "0"
@@ -548,7 +555,7 @@ def test_cuda_kernels_emulated_fused_in_one_launch(case):
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_SPARQ_CUDA_")}
     env["LLAMA_SPARQ_CUDA_FUSED"] = "1"
     env.update(EMU_FUSED_ENV.get(case, {}))
-    res = subprocess.run([str(tool_path("sparq-cuda-emu")), *EMU_CASES_FUSED[case].split()], capture_output=True,
+    res = subprocess.run([str(tool_path(EMU_EXP)), *EMU_CASES_FUSED[case].split()], capture_output=True,
                          text=True, timeout=600, env=env)
     assert res.returncode == 0 and res.stdout.startswith("OK"), res.stdout + res.stderr[-2000:]
     assert re.search(r"sel_differ=(\d+)", res.stdout).group(1) == "0", res.stdout
@@ -571,7 +578,7 @@ def test_cuda_attend_part_size_from_the_environment():
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_SPARQ_CUDA_")}
 
     def emu(**extra):
-        res = subprocess.run([str(tool_path("sparq-cuda-emu")), *case], capture_output=True, text=True, timeout=600,
+        res = subprocess.run([str(tool_path(EMU_EXP)), *case], capture_output=True, text=True, timeout=600,
                              env=dict(env, **extra))
         assert res.returncode == 0 and res.stdout.startswith("OK"), res.stdout + res.stderr[-2000:]
         assert re.search(r"sel_differ=(\d+)", res.stdout).group(1) == "0", res.stdout
@@ -594,7 +601,7 @@ def test_cuda_kernels_emulated_rank_equal_keys_as_the_cpu_op(case, ties):
     env = dict(os.environ, SPARQ_EMU_TIES=str(ties))
     env.pop("LLAMA_SPARQ_CUDA_SELECT", None)
     env.pop("LLAMA_SPARQ_CUDA_ATTEND", None)
-    res = subprocess.run([str(tool_path("sparq-cuda-emu")), *case.split()], capture_output=True, text=True,
+    res = subprocess.run([str(tool_path(EMU)), *case.split()], capture_output=True, text=True,
                          timeout=600, env=env)
     assert res.returncode == 0 and res.stdout.startswith("OK"), res.stdout + res.stderr[-2000:]
     m = re.search(r"sel_differ=(\d+)", res.stdout)
@@ -636,7 +643,8 @@ def test_cuda_kernels_emulated_bucketed_topk_equal_the_cpu_op(case):
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_SPARQ_CUDA_")}
     env.pop("SPARQ_EMU_TIES", None)
     env.update(extra, SPARQ_EMU_BUCKETS=str(buckets))
-    res = subprocess.run([str(tool_path("sparq-cuda-emu")), *args.split()], capture_output=True, text=True,
+    tool = EMU_EXP if any(k.startswith("LLAMA_SPARQ_CUDA_") for k in extra) else EMU
+    res = subprocess.run([str(tool_path(tool)), *args.split()], capture_output=True, text=True,
                          timeout=600, env=env)
     assert res.returncode == 0 and res.stdout.startswith("OK"), res.stdout + res.stderr[-2000:]
     assert re.search(r"sel_differ=(\d+)", res.stdout).group(1) == "0", res.stdout

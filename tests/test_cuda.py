@@ -608,6 +608,34 @@ def test_cuda_kernels_emulated_rank_equal_keys_as_the_cpu_op(case, ties):
     assert m and m.group(1) == "0", res.stdout
 
 
+# every switch of the experimental build, each at a value that changes its launch
+EMU_ALL_SWITCHES = {"LLAMA_SPARQ_CUDA_SELECT": "radix", "LLAMA_SPARQ_CUDA_SELECT_HIST": "atomic",
+                    "LLAMA_SPARQ_CUDA_SELECT_LOADS": "early", "LLAMA_SPARQ_CUDA_ATTEND": "single",
+                    "LLAMA_SPARQ_CUDA_ATTEND_ITEMS": "8", "LLAMA_SPARQ_CUDA_PDL": "1",
+                    "LLAMA_SPARQ_CUDA_SCORE_HIST": "1", "LLAMA_SPARQ_CUDA_CALIB_HIST": "1",
+                    "LLAMA_SPARQ_CUDA_DIFFUSE": "1", "LLAMA_SPARQ_CUDA_FUSED": "1"}
+
+
+@pytest.mark.parametrize("case", ["mha-f16-scalar-loads", "calibrated-perhead-window"])
+def test_cuda_kernels_emulated_default_build_reads_no_switch(case):
+    """The default build compiles one pipeline and reads no LLAMA_SPARQ_CUDA_* switch: with every
+    switch of the experimental build set, sparq-cuda-emu prints what it prints with none. The
+    experimental build with none set runs that same pipeline (the same launches, output, selections
+    and report), and with them set it takes other launches."""
+    args = EMU_CASES[case].split()
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_SPARQ_CUDA_")}
+
+    def emu(tool, env):
+        res = subprocess.run([str(tool_path(tool)), *args], capture_output=True, text=True, timeout=600, env=env)
+        assert res.returncode == 0 and res.stdout.startswith("OK"), res.stdout + res.stderr[-2000:]
+        return res.stdout
+
+    default = emu(EMU, clean)
+    assert emu(EMU, dict(clean, **EMU_ALL_SWITCHES)) == default
+    assert emu(EMU_EXP, clean) == default
+    assert emu(EMU_EXP, dict(clean, **EMU_ALL_SWITCHES)) != default
+
+
 # The approximate bucketed top-k (SPARQ_EMU_BUCKETS=B: topk_buckets on the CPU op and the kernels):
 # B = k (many cells per bucket, each selection tile spanning several cells of every bucket) with
 # MHA, GQA's shared choice over two streams, per-head choice with a window list, several rows of two

@@ -156,7 +156,10 @@ step_install() {
     ls "$WHEELS"/*.whl > /dev/null 2>&1 || { say "install: no wheels in $WHEELS: run 'make gpu-wheel' on the build machine and carry $WHEELS-xz (or $WHEELS)"; return 2; }
     logged install "$PY" -m pip install -q --no-index --no-deps --disable-pip-version-check --upgrade \
         --target "$SITE" "$WHEELS"/*.whl || return $?
-    logged install "$PY" -c "import llama_sparq; print(llama_sparq.check_library())"
+    logged install "$PY" -c "import llama_sparq; print(llama_sparq.check_library())" || return $?
+    # ab and calib time switches that only the experimental CUDA build reads (make gpu-wheel's)
+    grep -q LLAMA_SPARQ_CUDA_PDL "$SITE"/llama_sparq/lib/libggml-cuda.so 2> /dev/null \
+        || say "install: the wheel's CUDA kernels are not the experimental build: ab and calib would time no variant"
 }
 
 # the result files' tag: the GPU's short name and the commit (earlier runs' files keep theirs)

@@ -291,6 +291,11 @@ static __device__ __forceinline__ void sparq_tile_finish(const sparq_cu_args & a
     __shared__ float sM[GGML_CUDA_SPARQ_G_MAX], siZ[GGML_CUDA_SPARQ_G_MAX];                                     \
     __shared__ int s_last
 
+// The select tiles' blocks per SM that ptxas budgets registers for: two with the calibrated k, three
+// with a fixed k (about 100 and 80 registers). Left to itself, its choice moves with any edit of
+// these kernels, between fewer blocks and spills.
+#define SPARQ_SELECT_BLOCKS(COV) ((COV) ? 2 : 3)
+
 // a select block's start: its shared histograms cleared, then, as a programmatic dependent launch,
 // its wait for the score kernel before any scratch is read (every block, on every path); the attend
 // blocks may be placed from then on (they wait for this kernel's end in turn)
@@ -306,8 +311,9 @@ static __device__ __forceinline__ void sparq_select_begin(const sparq_sel_smem &
 // for the calibrated k, weighed) by their key's top SPARQ_NB_BITS bits into the list's histograms.
 // The last tile of a list to finish (a counter; the scratch was cleared by the score kernel) then
 // chooses the list's cells (sparq_select_list). A dense row only has its description written.
+// SPARQ_SELECT_BLOCKS: its register budget.
 template <bool COV>
-static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_select(const sparq_cu_args a) {
+static __global__ void __launch_bounds__(SPARQ_NT, SPARQ_SELECT_BLOCKS(COV)) k_sparq_select(const sparq_cu_args a) {
     SPARQ_SELECT_SMEM(COV, COV);
     SPARQ_SELECT_TILE_SMEM;
     const int t0 = blockIdx.x * SPARQ_TS, t1 = min(a.n_kv, t0 + SPARQ_TS);

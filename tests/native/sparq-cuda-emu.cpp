@@ -80,7 +80,7 @@ using std::min;
 #define __device__
 #define __host__
 #define __forceinline__ inline
-#define __launch_bounds__(x)
+#define __launch_bounds__(...)
 #define __shared__ static   // blocks run one at a time: a function's statics are its block's shared memory
 
 static thread_local dim3 threadIdx, blockIdx, gridDim;

@@ -311,11 +311,11 @@ struct sparq_tile_count_way {
     }
 };
 
-// k_sparq_select with the tiles' ways of sparq_exp_args (hist_atomic, keys_early, force_radix); with
-// keys_early the tile's loads go before the context's own loads and scans, so that the two wait
-// together
+// k_sparq_select with the tiles' ways of sparq_exp_args (hist_atomic, keys_early, force_radix; its
+// register budget, to compare like with like); with keys_early the tile's loads go before the
+// context's own loads and scans, so that the two wait together
 template <bool COV>
-static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_select_way(const sparq_exp_args a) {
+static __global__ void __launch_bounds__(SPARQ_NT, SPARQ_SELECT_BLOCKS(COV)) k_sparq_select_way(const sparq_exp_args a) {
     SPARQ_SELECT_SMEM(COV, COV);
     SPARQ_SELECT_TILE_SMEM;
     const int t0 = blockIdx.x * SPARQ_TS, t1 = min(a.n_kv, t0 + SPARQ_TS);

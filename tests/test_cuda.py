@@ -448,22 +448,18 @@ def test_cuda_kernels_emulated_equal_the_cpu_op(case, select, attend, hist, load
     all-cells units (dense rows, diffuse units) streamed over contiguous ranges of cells, the launch's
     parts from S; calib: the calibrated k's mass histogram and candidates from the score tiles, the
     select one block per list where the lists are keyed by one head's logits."""
-    env = dict(os.environ)
-    env.pop("LLAMA_SPARQ_CUDA_ATTEND", None)
-    env["LLAMA_SPARQ_CUDA_SELECT"] = select
-    env["LLAMA_SPARQ_CUDA_SELECT_HIST"] = hist
-    env["LLAMA_SPARQ_CUDA_SELECT_LOADS"] = loads
-    env["LLAMA_SPARQ_CUDA_PDL"] = pdl
-    env["LLAMA_SPARQ_CUDA_SCORE_HIST"] = score
-    env["LLAMA_SPARQ_CUDA_DIFFUSE"] = stream
-    env["LLAMA_SPARQ_CUDA_CALIB_HIST"] = calib
-    env.pop("LLAMA_SPARQ_CUDA_ATTEND_ITEMS", None)
+    # only the switches a run changes are set, as a GPU session sets them (a select tiles' switch set
+    # to either way takes the experimental tiles' kernel)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_SPARQ_CUDA_")}
+    ways = {"LLAMA_SPARQ_CUDA_SELECT": select, "LLAMA_SPARQ_CUDA_ATTEND": attend,
+            "LLAMA_SPARQ_CUDA_SELECT_HIST": hist, "LLAMA_SPARQ_CUDA_SELECT_LOADS": loads,
+            "LLAMA_SPARQ_CUDA_PDL": pdl, "LLAMA_SPARQ_CUDA_SCORE_HIST": score, "LLAMA_SPARQ_CUDA_DIFFUSE": stream,
+            "LLAMA_SPARQ_CUDA_CALIB_HIST": calib}
+    env.update({k: w for (k, w), d in zip(ways.items(), EMU_DEFAULT_WAYS) if w != d})
     if stream == "1":
         env.update(EMU_STREAM_ENV.get(case, {}))
     env.update(EMU_CASE_ENV.get(case, {}))
     args = {**EMU_CASES, **EMU_CASES_SCORE, **EMU_CASES_STREAM, **EMU_CASES_CALIB}[case].split()
-    if attend != "auto":
-        env["LLAMA_SPARQ_CUDA_ATTEND"] = attend
     tool = EMU if (select, attend, hist, loads, pdl, score, stream, calib) == EMU_DEFAULT_WAYS else EMU_EXP
     res = subprocess.run([str(tool_path(tool)), *args], capture_output=True, text=True, timeout=600, env=env)
     assert res.returncode == 0 and res.stdout.startswith("OK"), res.stdout + res.stderr[-2000:]

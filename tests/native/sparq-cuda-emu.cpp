@@ -638,7 +638,7 @@ int main(int argc, char ** argv) {
     const int n_chose = n_sparse - n_diffuse;
     // what the launch chose (the switches of the experimental build, read once per process)
 #ifdef SPARQ_CUDA_EXPERIMENTAL
-    const bool radix = sparq_select_radix_forced(), atomic = sparq_select_hist_atomic(), early = sparq_select_keys_early();
+    const bool radix = sparq_select_radix_way() == 2, atomic = sparq_select_hist_way() == 2, early = sparq_select_loads_way() == 2;
     const int score_hist = sparq_score_hist_applies(a), calib_hist = sparq_calib_hist_applies(a);
     const int streamed = sparq_attend_stream_applies(a), kv_vec = streamed && sparq_attend_kv_vec(a, f16, f16);
     const int parts = fused ? 1 : sparq_exp_attend_parts(a);

@@ -186,27 +186,30 @@ static bool sparq_fused_applies(const sparq_cu_args & a, int kt, bool k_f16, boo
            a.tl_a == SPARQ_NT * sparq_vec_cpt(sparq_gmax(a.g));
 }
 
+// The select tiles' ways, each 1 (the default way, set), 2 (the other) or 0 (unset). Where any is
+// set the tiles run k_sparq_select_way, so that a switch's two ways are timed in one kernel (the
+// default kernel, without their branches, has registers of its own).
 // LLAMA_SPARQ_CUDA_SELECT=radix makes the selection take radix passes over the list even where the
 // bin at the k-th key holds few enough cells to rank them in shared memory (comparisons, tests)
-static int sparq_select_radix_forced() {
-    static const int force = sparq_env_way("LLAMA_SPARQ_CUDA_SELECT", "rank", "radix");
-    return force == 2;
+static int sparq_select_radix_way() {
+    static const int way = sparq_env_way("LLAMA_SPARQ_CUDA_SELECT", "rank", "radix");
+    return way;
 }
 
 // LLAMA_SPARQ_CUDA_SELECT_HIST=atomic makes the selection tiles count their histogram with one
 // shared-memory add per cell instead of one per distinct bin of a warp after __match_any_sync (the
 // vote was 18 % of the select's samples on an H200; which way is faster is for a GPU to say)
-static int sparq_select_hist_atomic() {
-    static const int force = sparq_env_way("LLAMA_SPARQ_CUDA_SELECT_HIST", "match", "atomic");
-    return force == 2;
+static int sparq_select_hist_way() {
+    static const int way = sparq_env_way("LLAMA_SPARQ_CUDA_SELECT_HIST", "match", "atomic");
+    return way;
 }
 
 // LLAMA_SPARQ_CUDA_SELECT_LOADS=early issues a selection tile's key loads before the list's context
 // (the valid cells' count and scan, the tail window), so that those round trips and the loads wait
 // together (the first use of the keys was 16 % of the select's samples on an H200)
-static int sparq_select_keys_early() {
-    static const int force = sparq_env_way("LLAMA_SPARQ_CUDA_SELECT_LOADS", "late", "early");
-    return force == 2;
+static int sparq_select_loads_way() {
+    static const int way = sparq_env_way("LLAMA_SPARQ_CUDA_SELECT_LOADS", "late", "early");
+    return way;
 }
 
 // a's launch with the switches: the select tiles' ways, the one launch where a.tickets is set, the
@@ -214,9 +217,9 @@ static int sparq_select_keys_early() {
 static sparq_exp_args sparq_exp_args_of(const sparq_cu_args & a, bool k_f16, bool v_f16) {
     sparq_exp_args e;
     static_cast<sparq_cu_args &>(e) = a;
-    e.force_radix = sparq_select_radix_forced();
-    e.hist_atomic = sparq_select_hist_atomic();
-    e.keys_early = sparq_select_keys_early();
+    e.force_radix = sparq_select_radix_way() == 2;
+    e.hist_atomic = sparq_select_hist_way() == 2;
+    e.keys_early = sparq_select_loads_way() == 2;
     e.fused = a.tickets != nullptr;
     const bool stream = !e.fused && sparq_attend_stream_applies(a);
     e.kv_vec = stream && sparq_attend_kv_vec(a, k_f16, v_f16);
@@ -271,7 +274,7 @@ static void sparq_launch_fused(const sparq_exp_args & a, int kt, sparq_stream_t 
 // applies, kernels 2 and 3 programmatic dependent launches with LLAMA_SPARQ_CUDA_PDL=1:
 //   1 k_sparq_score_hist   (score_hist, calib_hist) the score tiles also keep each list's candidates
 //   2 k_sparq_select_scored (score_hist, calib_hist: 1 x lists) one block per list from those
-//     k_sparq_select_way  (SELECT=radix, SELECT_HIST=atomic, SELECT_LOADS=early) the select tiles' ways
+//     k_sparq_select_way  (SELECT, SELECT_HIST, SELECT_LOADS set) the select tiles' ways
 //   3 k_sparq_attend_stream[_part] (DIFFUSE, where units may be all-cells) the streamed attend
 // With a.tickets set (the caller's sparq_fused_applies) one launch instead: k_sparq_fused (score
 // tiles x units), whose last block per unit chooses and attends.
@@ -284,7 +287,7 @@ static void sparq_cu_run(const sparq_cu_args & a0, int cpt, int kt, bool k_f16, 
     const sparq_cu_args & b = a; // (the default kernels' arguments)
     const bool pdl = sparq_pdl();
     const bool score_hist = sparq_score_hist_applies(a), calib_hist = sparq_calib_hist_applies(a);
-    const bool way = a.force_radix || a.hist_atomic || a.keys_early;
+    const bool way = sparq_select_radix_way() || sparq_select_hist_way() || sparq_select_loads_way();
     const int n_part = sparq_exp_attend_parts(a);
     const bool streamed = sparq_attend_stream_applies(a);
     if (!pdl && !score_hist && !calib_hist && !way && !streamed && n_part == sparq_attend_parts(a)) {

@@ -7,15 +7,16 @@
 #   make install build the fork (persistent build/ folder, ccache when present) and install the package
 #   make install CUDA=1   the same with ggml's CUDA backend and SparQ's CUDA kernels (its own
 #                build folder build/cuda-*; CUDA_ARCHS, default "80;90" = Ampere and Hopper)
-#   make cuda-check       compile SparQ's CUDA kernels alone for sm_80 and sm_90 (needs nvcc;
-#                skipped with a message without it)
+#   make cuda-check       compile SparQ's CUDA kernels alone for sm_80 and sm_90, the default build
+#                and the experimental one (needs nvcc; skipped with a message without it)
 #   make test-cuda / make bench-gpu   on a GPU machine: the CUDA build, then tests/test_cuda.py /
 #                bench/gpu.py sweep
 #   make gpu-wheel / make gpu-gemma-parts   for a GPU machine without network or build time: the
 #                CUDA wheel (and build/gpu-wheel-xz/wheel.tar.xz, the same packed small enough to
 #                carry) and Gemma in parts, built here; scripts/gpu_session.sh runs them there
 #
-# Variables: PYTHON (the interpreter that creates .venv), PYTEST_ARGS, JOBS, CUDA, CUDA_ARCHS, NVCC.
+# Variables: PYTHON (the interpreter that creates .venv), PYTEST_ARGS, JOBS, CUDA, CUDA_ARCHS, NVCC,
+# CUDA_CHECK_BUILDS.
 
 PYTHON      ?= python3
 VENV        ?= .venv
@@ -111,7 +112,8 @@ bench-gpu:
 	$(PY) bench/gpu.py sweep
 
 # The CUDA variant as a wheel, built on a machine without a GPU for a GPU machine that has no
-# network and little time (scripts/gpu_session.sh installs and runs it there, docs/cuda.md):
+# network and little time (scripts/gpu_session.sh installs and runs it there, docs/cuda.md), with
+# the experimental CUDA kernels (LLAMA_SPARQ_CUDA_EXPERIMENTAL: the session times their switches):
 # ggml's CPU backend for an AVX-512 host instead of -march=native (the build machine's CPU is not
 # the GPU host's; GPU_CPU_FLAGS overrides), GPU_ARCHS (default 90a: H100/H200) alone, and beside
 # it the wheels the package needs at run time for the GPU host's Python (GPU_PY, default 3.12).
@@ -125,7 +127,7 @@ gpu-wheel: deps
 	@test -n "$(NVCC)" || { echo "gpu-wheel: nvcc not found (no CUDA toolkit on PATH or in /usr/local/cuda; set NVCC=...)"; exit 2; }
 	rm -rf $(GPU_WHEEL_DIR) && mkdir -p $(GPU_WHEEL_DIR)
 	PATH="$(dir $(NVCC)):$$PATH" CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) \
-	CMAKE_ARGS="-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$(GPU_ARCHS) $(GPU_CPU_FLAGS) -DCMAKE_EXE_LINKER_FLAGS=-Wl,--allow-shlib-undefined" \
+	CMAKE_ARGS="-DGGML_CUDA=ON -DLLAMA_SPARQ_CUDA_EXPERIMENTAL=ON -DCMAKE_CUDA_ARCHITECTURES=$(GPU_ARCHS) $(GPU_CPU_FLAGS) -DCMAKE_EXE_LINKER_FLAGS=-Wl,--allow-shlib-undefined" \
 	    $(PIP) wheel -q --no-build-isolation --no-deps -C build-dir=build/cuda-wheel -w $(GPU_WHEEL_DIR) .
 	$(PIP) download -q --only-binary=:all: --no-deps --python-version $(GPU_PY) --platform manylinux2014_x86_64 \
 	    -d $(GPU_WHEEL_DIR) "gguf>=0.10" "cffi>=1.15" pycparser "diskcache>=5.6.1"
@@ -157,21 +159,28 @@ gpu-gemma-parts: deps
 
 # SparQ's CUDA kernels compiled alone (not the CUDA backend) for Ampere and Hopper against the
 # prepared upstream tree's headers, device warnings as errors: CI has nvcc but no GPU, so this
-# is what keeps the CUDA code from rotting unseen. A few minutes on 2 cores.
-CUDA_CHECK_DIR := build/cuda-check
+# is what keeps the CUDA code from rotting unseen. Each build of CUDA_CHECK_BUILDS: default (the one
+# pipeline) and experimental (SPARQ_CUDA_EXPERIMENTAL: the variants of ggml-sparq/cuda/experimental/
+# too, as make gpu-wheel builds them). About 7 minutes each on 2 cores.
+CUDA_CHECK_DIR    := build/cuda-check
+CUDA_CHECK_BUILDS ?= default experimental
 cuda-check:
 	@if [ -z "$(NVCC)" ]; then \
 	  echo "cuda-check: SKIPPED: nvcc not found (no CUDA toolkit on PATH or in /usr/local/cuda; set NVCC=...)"; \
 	else \
 	  set -e; up=$$($(PYTHON) scripts/upstream.py prepare | tail -1); mkdir -p $(CUDA_CHECK_DIR); \
-	  echo "cuda-check: $(NVCC) ggml-sparq/cuda/*.cu for sm_80 and sm_90 against $$up"; \
-	  start=$$(date +%s); \
-	  $(NVCC) -std=c++17 -O3 -use_fast_math -extended-lambda -Xcompiler -fPIC --threads 2 \
-	    -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
-	    -Werror all-warnings -I$$up/ggml/include -I$$up/ggml/src -I$$up/ggml/src/ggml-cuda \
-	    $(addprefix -Iggml-sparq/,include op cpu cuda) \
-	    -c ggml-sparq/cuda/sparq-cuda.cu -o $(CUDA_CHECK_DIR)/sparq-cuda.o; \
-	  echo "cuda-check: OK ($$(( $$(date +%s) - start )) s)"; \
+	  for b in $(CUDA_CHECK_BUILDS); do \
+	    case $$b in default) def= ;; experimental) def=-DSPARQ_CUDA_EXPERIMENTAL ;; \
+	      *) echo "cuda-check: '$$b' is neither default nor experimental"; exit 2 ;; esac; \
+	    echo "cuda-check: the $$b build: $(NVCC) ggml-sparq/cuda/*.cu for sm_80 and sm_90 against $$up"; \
+	    start=$$(date +%s); \
+	    $(NVCC) -std=c++17 -O3 -use_fast_math -extended-lambda -Xcompiler -fPIC --threads 2 $$def \
+	      -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+	      -Werror all-warnings -I$$up/ggml/include -I$$up/ggml/src -I$$up/ggml/src/ggml-cuda \
+	      $(addprefix -Iggml-sparq/,include op cpu cuda) \
+	      -c ggml-sparq/cuda/sparq-cuda.cu -o $(CUDA_CHECK_DIR)/sparq-cuda-$$b.o; \
+	    echo "cuda-check: the $$b build OK ($$(( $$(date +%s) - start )) s)"; \
+	  done; \
 	fi
 
 clean:

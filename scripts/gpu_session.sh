@@ -49,16 +49,13 @@
 #             k = 128; empty for none) with SparQ's approximate bucketed top-k (--topk-buckets, a
 #             setting), tagged <tag>_ab_topk_buckets_<B> (the grid has bucketed cases of its own)
 #   calib     the calibrated k (--k 0, the window k_min / 4) at $CALIB_DEPTHS (default 64K), batch 1,
-#             $CALIB_GEN tokens (default 64: its diffuse stretches last 16 to 256 steps), once per
-#             setting of $CALIB_ENVS (as AB_ENVS; default LLAMA_SPARQ_CUDA_REPORT=1: the GPU op's
-#             report reaches the host and diffuse layers run upstream's flash attention in stretches;
-#             LLAMA_SPARQ_CUDA_REPORT=0: the op attends over every cell of a diffuse unit itself, at
-#             every step; the same with LLAMA_SPARQ_CUDA_DIFFUSE=1, the op's diffuse units
-#             streamed; and the report on with LLAMA_SPARQ_CUDA_CALIB_HIST=1, the calibrated k's
-#             histogram from the score tiles), each with dense -fa 1 beside it in the same run and
-#             tagged <tag>_calib_<setting> (report_1, report_0, report_0_diffuse_1,
-#             report_1_calib_hist_1); each row keeps the fork's counters (SparQ and dense calls, the
-#             diffuse stretches' calls, the calls the op reported)
+#             $CALIB_GEN tokens (default 64), once per setting of $CALIB_ENVS (as AB_ENVS; default
+#             LLAMA_SPARQ_CUDA_DIFFUSE=0: the default kernels, the op attending over every cell of a
+#             diffuse unit itself; LLAMA_SPARQ_CUDA_DIFFUSE=1, those units streamed; and
+#             LLAMA_SPARQ_CUDA_CALIB_HIST=1, the calibrated k's histogram from the score tiles), each
+#             with dense -fa 1 beside it in the same run and tagged <tag>_calib_<setting> (diffuse_0,
+#             diffuse_1, calib_hist_1); each row keeps the fork's counters (SparQ and dense calls, the
+#             calls the op reported)
 #   nkvo      the -nkvo runs (weights on the GPU, cache and attention on the host) at $NKVO_DEPTHS
 #             (default 16K, 64K)
 #   profile   Nsight Compute (ncu, or $NCU) on the op's kernels at 64K and 4K (Llama 2 7B attention,
@@ -181,7 +178,10 @@ step_install() {
     ls "$WHEELS"/*.whl > /dev/null 2>&1 || { say "install: no wheels in $WHEELS: run 'make gpu-wheel' on the build machine and carry $WHEELS-xz (or $WHEELS)"; return 2; }
     logged install "$PY" -m pip install -q --no-index --no-deps --disable-pip-version-check --upgrade \
         --target "$SITE" "$WHEELS"/*.whl || return $?
-    logged install "$PY" -c "import llama_sparq; print(llama_sparq.check_library())"
+    logged install "$PY" -c "import llama_sparq; print(llama_sparq.check_library())" || return $?
+    # ab and calib time switches that only the experimental CUDA build reads (make gpu-wheel's)
+    grep -q LLAMA_SPARQ_CUDA_PDL "$SITE"/llama_sparq/lib/libggml-cuda.so 2> /dev/null \
+        || say "install: the wheel's CUDA kernels are not the experimental build: ab and calib would time no variant"
 }
 
 # the result files' tag: the GPU's short name and the commit (earlier runs' files keep theirs)
@@ -279,8 +279,7 @@ step_ab() {
 step_calib() {
     local tag v slug settings rc=0
     local -a vars
-    local dflt="LLAMA_SPARQ_CUDA_REPORT=1;LLAMA_SPARQ_CUDA_REPORT=0;LLAMA_SPARQ_CUDA_REPORT=0,LLAMA_SPARQ_CUDA_DIFFUSE=1"
-    dflt+=";LLAMA_SPARQ_CUDA_REPORT=1,LLAMA_SPARQ_CUDA_CALIB_HIST=1"
+    local dflt="LLAMA_SPARQ_CUDA_DIFFUSE=0;LLAMA_SPARQ_CUDA_DIFFUSE=1;LLAMA_SPARQ_CUDA_CALIB_HIST=1"
     tag=$(gpu_tag)
     settings=$(env_settings CALIB_ENVS "${CALIB_ENVS:-$dflt}") || return 2
     for v in $settings; do

@@ -287,6 +287,13 @@ def test_selectors_on_a_gpu_context(cuda, tiny_gqa_model):
 # the CUDA kernels' logic, checked on the CPU (no GPU needed)
 # ---------------------------------------------------------------------------
 
+# the emulators: sparq-cuda-emu runs the default build's one pipeline (it reads no switch),
+# sparq-cuda-emu-exp the experimental build's (ggml-sparq/cuda/experimental/: the variants and the
+# LLAMA_SPARQ_CUDA_* switches that choose them or force a choice of the launch)
+EMU, EMU_EXP = "sparq-cuda-emu", "sparq-cuda-emu-exp"
+# the runs' ways of test_cuda_kernels_emulated_equal_the_cpu_op that are the default pipeline's
+EMU_DEFAULT_WAYS = ("rank", "auto", "match", "late", "0", "0", "0", "0")
+
 # d S n_head n_head_kv n_rows n_stream r k l f16 mask selector flags variant [force one-cell loads
 # [coverage k_min k_frac]]
 EMU_CASES = {
@@ -429,24 +436,20 @@ def test_cuda_kernels_emulated_equal_the_cpu_op(case, select, attend, hist, load
     all-cells units (dense rows, diffuse units) streamed over contiguous ranges of cells, the launch's
     parts from S; calib: the calibrated k's mass histogram and candidates from the score tiles, the
     select one block per list where the lists are keyed by one head's logits."""
-    env = dict(os.environ)
-    env.pop("LLAMA_SPARQ_CUDA_ATTEND", None)
-    env["LLAMA_SPARQ_CUDA_SELECT"] = select
-    env["LLAMA_SPARQ_CUDA_SELECT_HIST"] = hist
-    env["LLAMA_SPARQ_CUDA_SELECT_LOADS"] = loads
-    env["LLAMA_SPARQ_CUDA_PDL"] = pdl
-    env["LLAMA_SPARQ_CUDA_SCORE_HIST"] = score
-    env["LLAMA_SPARQ_CUDA_DIFFUSE"] = stream
-    env["LLAMA_SPARQ_CUDA_CALIB_HIST"] = calib
-    env.pop("LLAMA_SPARQ_CUDA_ATTEND_ITEMS", None)
+    # only the switches a run changes are set, as a GPU session sets them (a select tiles' switch set
+    # to either way takes the experimental tiles' kernel)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_SPARQ_CUDA_")}
+    ways = {"LLAMA_SPARQ_CUDA_SELECT": select, "LLAMA_SPARQ_CUDA_ATTEND": attend,
+            "LLAMA_SPARQ_CUDA_SELECT_HIST": hist, "LLAMA_SPARQ_CUDA_SELECT_LOADS": loads,
+            "LLAMA_SPARQ_CUDA_PDL": pdl, "LLAMA_SPARQ_CUDA_SCORE_HIST": score, "LLAMA_SPARQ_CUDA_DIFFUSE": stream,
+            "LLAMA_SPARQ_CUDA_CALIB_HIST": calib}
+    env.update({k: w for (k, w), d in zip(ways.items(), EMU_DEFAULT_WAYS) if w != d})
     if stream == "1":
         env.update(EMU_STREAM_ENV.get(case, {}))
     env.update(EMU_CASE_ENV.get(case, {}))
     args = {**EMU_CASES, **EMU_CASES_SCORE, **EMU_CASES_STREAM, **EMU_CASES_CALIB}[case].split()
-    if attend != "auto":
-        env["LLAMA_SPARQ_CUDA_ATTEND"] = attend
-    res = subprocess.run([str(tool_path("sparq-cuda-emu")), *args], capture_output=True, text=True, timeout=600,
-                         env=env)
+    tool = EMU if (select, attend, hist, loads, pdl, score, stream, calib) == EMU_DEFAULT_WAYS else EMU_EXP
+    res = subprocess.run([str(tool_path(tool)), *args], capture_output=True, text=True, timeout=600, env=env)
     assert res.returncode == 0 and res.stdout.startswith("OK"), res.stdout + res.stderr[-2000:]
     m = re.search(r"sel_differ=(\d+)", res.stdout)
     assert m and m.group(1) == "0"
@@ -536,7 +539,7 @@ def test_cuda_kernels_emulated_fused_in_one_launch(case):
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_SPARQ_CUDA_")}
     env["LLAMA_SPARQ_CUDA_FUSED"] = "1"
     env.update(EMU_FUSED_ENV.get(case, {}))
-    res = subprocess.run([str(tool_path("sparq-cuda-emu")), *EMU_CASES_FUSED[case].split()], capture_output=True,
+    res = subprocess.run([str(tool_path(EMU_EXP)), *EMU_CASES_FUSED[case].split()], capture_output=True,
                          text=True, timeout=600, env=env)
     assert res.returncode == 0 and res.stdout.startswith("OK"), res.stdout + res.stderr[-2000:]
     assert re.search(r"sel_differ=(\d+)", res.stdout).group(1) == "0", res.stdout
@@ -559,7 +562,7 @@ def test_cuda_attend_part_size_from_the_environment():
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_SPARQ_CUDA_")}
 
     def emu(**extra):
-        res = subprocess.run([str(tool_path("sparq-cuda-emu")), *case], capture_output=True, text=True, timeout=600,
+        res = subprocess.run([str(tool_path(EMU_EXP)), *case], capture_output=True, text=True, timeout=600,
                              env=dict(env, **extra))
         assert res.returncode == 0 and res.stdout.startswith("OK"), res.stdout + res.stderr[-2000:]
         assert re.search(r"sel_differ=(\d+)", res.stdout).group(1) == "0", res.stdout
@@ -582,11 +585,39 @@ def test_cuda_kernels_emulated_rank_equal_keys_as_the_cpu_op(case, ties):
     env = dict(os.environ, SPARQ_EMU_TIES=str(ties))
     env.pop("LLAMA_SPARQ_CUDA_SELECT", None)
     env.pop("LLAMA_SPARQ_CUDA_ATTEND", None)
-    res = subprocess.run([str(tool_path("sparq-cuda-emu")), *case.split()], capture_output=True, text=True,
+    res = subprocess.run([str(tool_path(EMU)), *case.split()], capture_output=True, text=True,
                          timeout=600, env=env)
     assert res.returncode == 0 and res.stdout.startswith("OK"), res.stdout + res.stderr[-2000:]
     m = re.search(r"sel_differ=(\d+)", res.stdout)
     assert m and m.group(1) == "0", res.stdout
+
+
+# every switch of the experimental build, each at a value that changes its launch
+EMU_ALL_SWITCHES = {"LLAMA_SPARQ_CUDA_SELECT": "radix", "LLAMA_SPARQ_CUDA_SELECT_HIST": "atomic",
+                    "LLAMA_SPARQ_CUDA_SELECT_LOADS": "early", "LLAMA_SPARQ_CUDA_ATTEND": "single",
+                    "LLAMA_SPARQ_CUDA_ATTEND_ITEMS": "8", "LLAMA_SPARQ_CUDA_PDL": "1",
+                    "LLAMA_SPARQ_CUDA_SCORE_HIST": "1", "LLAMA_SPARQ_CUDA_CALIB_HIST": "1",
+                    "LLAMA_SPARQ_CUDA_DIFFUSE": "1", "LLAMA_SPARQ_CUDA_FUSED": "1"}
+
+
+@pytest.mark.parametrize("case", ["mha-f16-scalar-loads", "calibrated-perhead-window"])
+def test_cuda_kernels_emulated_default_build_reads_no_switch(case):
+    """The default build compiles one pipeline and reads no LLAMA_SPARQ_CUDA_* switch: with every
+    switch of the experimental build set, sparq-cuda-emu prints what it prints with none. The
+    experimental build with none set runs that same pipeline (the same launches, output, selections
+    and report), and with them set it takes other launches."""
+    args = EMU_CASES[case].split()
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_SPARQ_CUDA_")}
+
+    def emu(tool, env):
+        res = subprocess.run([str(tool_path(tool)), *args], capture_output=True, text=True, timeout=600, env=env)
+        assert res.returncode == 0 and res.stdout.startswith("OK"), res.stdout + res.stderr[-2000:]
+        return res.stdout
+
+    default = emu(EMU, clean)
+    assert emu(EMU, dict(clean, **EMU_ALL_SWITCHES)) == default
+    assert emu(EMU_EXP, clean) == default
+    assert emu(EMU_EXP, dict(clean, **EMU_ALL_SWITCHES)) != default
 
 
 # The approximate bucketed top-k (SPARQ_EMU_BUCKETS=B: topk_buckets on the CPU op and the kernels):
@@ -624,7 +655,8 @@ def test_cuda_kernels_emulated_bucketed_topk_equal_the_cpu_op(case):
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_SPARQ_CUDA_")}
     env.pop("SPARQ_EMU_TIES", None)
     env.update(extra, SPARQ_EMU_BUCKETS=str(buckets))
-    res = subprocess.run([str(tool_path("sparq-cuda-emu")), *args.split()], capture_output=True, text=True,
+    tool = EMU_EXP if any(k.startswith("LLAMA_SPARQ_CUDA_") for k in extra) else EMU
+    res = subprocess.run([str(tool_path(tool)), *args.split()], capture_output=True, text=True,
                          timeout=600, env=env)
     assert res.returncode == 0 and res.stdout.startswith("OK"), res.stdout + res.stderr[-2000:]
     assert re.search(r"sel_differ=(\d+)", res.stdout).group(1) == "0", res.stdout

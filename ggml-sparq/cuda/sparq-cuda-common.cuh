@@ -27,9 +27,6 @@
 // a fixed k's candidates per selection tile: the tile's cells in the bins from its own crossing of
 // the row's k up (more in one list, rare, fall back to a pass over the list's every cell)
 #define SPARQ_TILE_CAND 512
-// the same per score tile where the score kernel counts the histogram (sparq_cu_args::score_hist; a
-// score tile of fewer cells keeps as many as it has)
-#define SPARQ_SCORE_CAND 512
 
 // per query row
 struct sparq_cu_row {
@@ -65,32 +62,8 @@ struct sparq_cu_args {
     // (cells below S fall in the same buckets), 0: the exact top-k
     int buckets;
     int R, U, L, W, nt_a, tl_a, nt_s, sel_max;
-    int force_radix; // the selection's radix passes over the list even where the candidates fit
-    int hist_atomic; // the tile histogram by one shared-memory add per cell, no warp vote first
-    int keys_early;  // the select tiles' key loads issued before their context's loads and scans
-    // A fixed k's lists keyed by one head's logits (g == 1, or per-head choice): each score tile
-    // counts its logits by their top SPARQ_NB_BITS bits and keeps the cells in the bins from its own
-    // crossing of k up as the list's candidates; the select is then one block per list that ranks
-    // those (set by sparq_cu_run where sparq_score_hist_applies)
-    int score_hist;
-    // The calibrated k's lists keyed by one head's logits: each score tile also sums its cells'
-    // exp(x - the tile's maximum) per bin and writes its non-empty bins; its candidates are the
-    // cells of as many whole bins from the top as fit. The select is one block per list that merges
-    // the tiles' bins into the list's mass histogram (set by sparq_cu_run where
-    // sparq_calib_hist_applies)
-    int calib_hist;
-    // The attend's all-cells units (dense rows, diffuse units) stream each part's contiguous range of
-    // cells, with 16-byte K and V loads where kv_vec (rows aligned, d and dv multiples of the width);
-    // a list's chosen cells then take at most parts_k of the launch's parts, the rest record an empty
-    // partial (set by sparq_cu_run where sparq_attend_stream_applies)
-    int stream_dense;
-    int kv_vec;
-    int parts_k;
-    // The whole op in one launch (k_sparq_fused, set by the caller where sparq_fused_applies): the
-    // rows and the window bitmaps are then per unit ([U], [U][W]: each unit's last block describes
-    // its own row, since no block waits for another unit's), and tickets counts each unit's finished
-    // score tiles
-    int fused;
+    // the layer's tickets: only the experimental build's one launch per layer counts in them
+    // (experimental/sparq-cuda-exp-fused.cuh)
     unsigned int * tickets; // [GGML_CUDA_SPARQ_TICKETS] persistent, zero between launches, or NULL
 
     const char * q;  size_t q_nb1, q_nb2, q_nb3;
@@ -107,8 +80,9 @@ struct sparq_cu_args {
 
     // scratch (ggml's CUDA pool); every kernel zeroes what a later one accumulates into, so nothing
     // is cleared between launches
-    sparq_cu_row  * rows;    // [R]                 (select; fused: [U])
-    unsigned int  * wbits;   // [R][W] the given window's cells (zeroed by score, set by select; fused: [U][W])
+    sparq_cu_row  * rows;    // [R]                 (select; [U] in the experimental one launch)
+    unsigned int  * wbits;   // [R][W] the given window's cells (zeroed by score, set by select; [U][W] in the
+                             // experimental one launch)
     float         * logits;  // [U][g][S] approximate logits + mask (score)
     float2        * tstat;   // [U][nt_a][g] per score tile: max, sum exp(x - max) (score)
     int           * tcnt;    // [U][nt_a] per score tile: the row's valid cells (score)
@@ -116,12 +90,8 @@ struct sparq_cu_args {
     unsigned int  * hist;    // [L][SPARQ_NB] eligible cells per first-pass bin (zeroed by score)
     double        * hmass;   // [L][SPARQ_NB] their estimated mass (the calibrated k; zeroed by score)
     unsigned int  * ldone;   // [L] select's tiles finished per list (zeroed by score)
-    uint2         * cand;    // [L][nt_s * SPARQ_TILE_CAND] a fixed k's candidates: key bits, cell (select);
-                             // with score_hist [L][nt_a][1 + sparq_score_cap] (score): per score
-                             // tile its count (x of the first entry; over the cap: not all kept), then the cells;
-                             // with calib_hist the first entry's y is the lowest bin kept whole, and after
-                             // all candidates [L][nt_a][1 + tl_a] (score): per score tile its non-empty
-                             // bins' count, then {bin << 16 | cells, sum of exp(x - tile max) as float bits}
+    uint2         * cand;    // [L][nt_s * SPARQ_TILE_CAND] a fixed k's candidates: key bits, cell (select;
+                             // the experimental score tiles' layout: experimental/sparq-cuda-exp-score.cuh)
     unsigned int  * ncand;   // [L] their count (zeroed by score)
     unsigned long long * bk; // [L][buckets] each bucket's best offer: key bits << 32 | ~cell, 0 none
                              // (zeroed by score, set by select)
@@ -148,24 +118,6 @@ static __device__ __forceinline__ int sparq_row_k(const sparq_cu_args & a, int n
     }
     const double cap = ceil((double) a.k_frac * (double) n_valid);
     return (int) fmin((double) a.k, fmax((double) a.k_min, cap));
-}
-
-// the candidates a score tile keeps with score_hist, and where list li's tile t keeps them
-static __device__ __host__ __forceinline__ int sparq_score_cap(const sparq_cu_args & a) {
-    return a.tl_a < SPARQ_SCORE_CAND ? a.tl_a : SPARQ_SCORE_CAND;
-}
-static __device__ __forceinline__ uint2 * sparq_score_cands(const sparq_cu_args & a, int li, int t) {
-    return a.cand + ((size_t) li * a.nt_a + t) * (1 + sparq_score_cap(a));
-}
-// with calib_hist, a cell's term in its score tile's bin: exp(x - the tile's maximum m) in double, as
-// the select tiles weigh cells (-use_fast_math makes expf __expf: a few ulp more per 2^k of |x - m|)
-static __device__ __forceinline__ float sparq_tile_mass(float x, float m) {
-    return (float) exp((double) x - (double) m);
-}
-
-// with calib_hist, where list li's tile t writes its non-empty bins (after every tile's candidates)
-static __device__ __forceinline__ uint2 * sparq_score_bins(const sparq_cu_args & a, int li, int t) {
-    return a.cand + (size_t) a.L * a.nt_a * (1 + sparq_score_cap(a)) + ((size_t) li * a.nt_a + t) * (1 + a.tl_a);
 }
 
 // ---------------------------------------------------------------------------

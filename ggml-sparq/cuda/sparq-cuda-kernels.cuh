@@ -7,16 +7,20 @@
 // programmatic dependent launch's wait for its predecessor and its go-ahead to its successor; no-ops
 // elsewhere), and
 //   SPARQ_LAUNCH(kernel, grid, block, stream, args...), SPARQ_LAUNCH_PDL (the same as a programmatic
-//   dependent launch where the device has them, else an ordinary one), sparq_stream_t.
+//   dependent launch where the device has them, else an ordinary one; the experimental build's),
+//   sparq_stream_t.
 // The headers (each includable on its own, after the includer's names):
-//   sparq-cuda-common.cuh  limits, structs, loads, mask lookups, block scans and reductions
-//   sparq-cuda-topk.cuh    the exact k-selection primitive: a histogram's crossing of a target
-//   sparq-cuda-score.cuh   kernel 1: components, valid cells, approximate scores
-//   sparq-cuda-select.cuh  kernel 2's list side: each list's choice into the unit's bitmap
+//   sparq-cuda-common.cuh       limits, structs, loads, mask lookups, block scans and reductions
+//   sparq-cuda-topk.cuh         the exact k-selection primitive: a histogram's crossing of a target
+//   sparq-cuda-score.cuh        kernel 1: components, valid cells, approximate scores
+//   sparq-cuda-select.cuh       kernel 2's list side: a list's context, its passes, the ranking
+//   sparq-cuda-select-list.cuh  kernel 2's list side: each list's choice into the unit's bitmap
 //   sparq-cuda-select-tile.cuh  kernel 2: the tiles' keys, histograms and candidates, the hand-over
-//   sparq-cuda-attend.cuh  kernel 3: exact attention and the mean-V mix (every selector)
-//   sparq-cuda-fused.cuh   the three in one launch for short contexts (LLAMA_SPARQ_CUDA_FUSED)
-//   sparq-cuda-launch.cuh  the launch sequence, sparq_cu_run
+//   sparq-cuda-attend-items.cuh kernel 3: exact attention over a unit's items
+//   sparq-cuda-attend.cuh       kernel 3: the mean-V mix and the output, the kernels
+//   sparq-cuda-launch.cuh       the launch sequence of the default pipeline, sparq_pipeline_run
+//   experimental/               the variants no GPU has timed yet (only with SPARQ_CUDA_EXPERIMENTAL)
+// The op's entry points: sparq_cu_scratch_sizes(a) and sparq_cu_run(a, cpt, kt, k_f16, v_f16, stream).
 #pragma once
 
 // in kernel order
@@ -24,7 +28,21 @@
 #include "sparq-cuda-topk.cuh"
 #include "sparq-cuda-score.cuh"
 #include "sparq-cuda-select.cuh"
+#include "sparq-cuda-select-list.cuh"
 #include "sparq-cuda-select-tile.cuh"
+#include "sparq-cuda-attend-items.cuh"
 #include "sparq-cuda-attend.cuh"
-#include "sparq-cuda-fused.cuh"
 #include "sparq-cuda-launch.cuh"
+
+#ifdef SPARQ_CUDA_EXPERIMENTAL
+// the variants and their switches, over the default pipeline (defines the entry points)
+#include "experimental/sparq-cuda-exp-launch.cuh"
+#else
+static sparq_cu_scratch sparq_cu_scratch_sizes(const sparq_cu_args & a) {
+    return sparq_pipeline_sizes(a, sparq_attend_parts(a));
+}
+
+static void sparq_cu_run(const sparq_cu_args & a, int cpt, int kt, bool k_f16, bool v_f16, sparq_stream_t stream) {
+    sparq_pipeline_run(a, cpt, kt, k_f16, v_f16, stream);
+}
+#endif

@@ -6,7 +6,7 @@
 // takes: the chosen cells live in a bitmap and a list in global scratch).
 #define GGML_CUDA_SPARQ_D_MAX 256
 #define GGML_CUDA_SPARQ_G_MAX 16
-// The per-unit counters of the one-launch path (k_sparq_fused): a persistent device buffer of this
-// many zeroed unsigned ints per layer (ggml_sparq_attn_set_tickets); more units take three launches.
-// Equal to GGML_SPARQ_TICKETS (ggml-sparq-params.h).
+// The per-unit counters of the experimental one-launch path (k_sparq_fused): a persistent device
+// buffer of this many zeroed unsigned ints per layer, which the glue keeps (sparq-cuda.cu); more
+// units take three launches.
 #define GGML_CUDA_SPARQ_TICKETS 4096

@@ -1,9 +1,10 @@
 // llama-sparq: the second kernel of GGML_OP_SPARQ_ATTN, k_sparq_select (sparq-cuda.cu lists the
 // kernels): per (selection tile, list) the keys and a histogram of their top bits, a fixed k's
-// candidates, then the last tile of the list hands over to the list's choice (sparq-cuda-select.cuh).
+// candidates, then the last tile of the list hands over to the list's choice
+// (sparq-cuda-select-list.cuh).
 #pragma once
 
-#include "sparq-cuda-select.cuh"
+#include "sparq-cuda-select-list.cuh"
 
 // whether cell s of the tile [t0, t1) (its key x) may be chosen by score: sparq_sel_eligible, with
 // the given window's bits of the tile from shared memory (wb)
@@ -22,10 +23,10 @@ static __device__ __forceinline__ void sparq_tile_load(const float * src, int t0
     }
 }
 
-// a dense row: nothing to choose; the row's description, by the first block (tile 0) of its first
-// list (fused: of each unit's first list, into the unit's own row)
+// a dense row: nothing to choose; the row's description, by the first block (tile 0) of the list
+// that owns the row
 static __device__ __forceinline__ void sparq_tile_dense_row(const sparq_cu_args & a, const sparq_sel_ctx & c, int tile) {
-    if (threadIdx.x == 0 && tile == 0 && (c.kvh == 0 || a.fused) && c.h == 0) {
+    if (threadIdx.x == 0 && tile == 0 && c.row_owner) {
         sparq_cu_row ri;
         ri.n_valid = c.n_valid;
         ri.w0 = a.n_kv;
@@ -104,28 +105,31 @@ static __device__ __forceinline__ void sparq_tile_group_keys(const sparq_cu_args
     }
 }
 
-// the eligible cells counted (and, for the calibrated k, weighed) by their key's top SPARQ_NB_BITS bits
-template <bool COV>
+// a cell's count into a tile's histogram, by every thread of the warp (el: the cell is eligible,
+// bin its key's bin): one shared-memory add per distinct bin of the warp (the top bits of nearby
+// keys agree often)
+struct sparq_tile_vote {
+    __device__ void operator()(const sparq_sel_smem & sm, bool el, unsigned int bin) const {
+        const unsigned int peers = __match_any_sync(0xffffffff, bin);
+        if (el && (int) (threadIdx.x % 32) == __ffs(peers) - 1) {
+            atomicAdd(&sm.hc[bin], (unsigned int) __popc(peers));
+        }
+    }
+};
+
+// the eligible cells counted (count, by every thread) and, for the calibrated k, weighed by their
+// key's top SPARQ_NB_BITS bits
+template <bool COV, typename F = sparq_tile_vote>
 static __device__ __forceinline__ void sparq_tile_histogram(const sparq_cu_args & a, const sparq_sel_ctx & c,
-                                                            const sparq_sel_smem & sm, int t0, int t1, const float * xs) {
-    const int lane = threadIdx.x % 32;
+                                                            const sparq_sel_smem & sm, int t0, int t1, const float * xs,
+                                                            F count = {}) {
 #pragma unroll
     for (int i = 0; i < SPARQ_TS_CPT; ++i) {
         const int s = t0 + i * SPARQ_NT + threadIdx.x;
         const float x = xs[i];
         const bool el = sparq_tile_eligible(a, c, sm.wb, t0, t1, s, x);
         const unsigned int bin = el ? sparq_key_bits(x) >> SPARQ_NB_SHIFT : 0xffffffffu;
-        if (a.hist_atomic) {
-            if (el) {
-                atomicAdd(&sm.hc[bin], 1u);
-            }
-        } else {
-            // one shared-memory add per distinct bin of the warp (the top bits of nearby keys agree often)
-            const unsigned int peers = __match_any_sync(0xffffffff, bin);
-            if (el && lane == __ffs(peers) - 1) {
-                atomicAdd(&sm.hc[bin], (unsigned int) __popc(peers));
-            }
-        }
+        count(sm, el, bin);
         if (COV && el) {
             atomicAdd(&sm.hm[bin], (float) sparq_key_mass(a, c, x));
         }
@@ -223,99 +227,103 @@ static __device__ __forceinline__ bool sparq_tile_flush(const sparq_cu_args & a,
     return true;
 }
 
-// With score_hist: one block per list li (the score tiles left its histogram's source, their
-// candidates): the given window's cells of the whole row into its window bitmap, then the list's choice.
-// COV (calib_hist): the list's mass histogram merged from the score tiles' bins first.
-template <bool COV = false>
-static __device__ void sparq_select_scored(const sparq_cu_args & a, const sparq_sel_smem & sm, int * s_nc, int li) {
-    sparq_sel_ctx c = sparq_sel_ctx_of(a, li, sm.sh, sm.s_int);
-    if (c.mode != 0) {
-        sparq_tile_dense_row(a, c, 0);
-        return;
-    }
-    if (a.win && a.l > 0) {
-        const int st = c.R / a.n_rows, row = c.R % a.n_rows;
-        const char * m = sparq_mask_row(a, c.R);
-        const int32_t * src = (const int32_t *) (a.win + (size_t) row * a.win_nb1 + (size_t) st * a.win_nb2);
-        for (int i = threadIdx.x; i < min(a.l, a.win_n); i += SPARQ_NT) {
-            const int s = src[i];
-            if (s >= 0 && s < a.n_kv && sparq_valid(a, m, s)) {
-                atomicOr(&a.wbits[(size_t) c.R * a.W + (s >> 5)], 1u << (s & 31));
-            }
-        }
-        __syncthreads();
-    }
-    if constexpr (COV) {
-        c.cand_lo = sparq_calib_merge(a, c, sm);
-    }
-    sparq_select_list<true, COV>(a, c, sm, s_nc);
-}
-
-// Per (selection tile of SPARQ_TS cells, list): the group keys of a shared choice into keys; the
-// given window's cells of the tile into the row's window bitmap; the eligible cells counted (and,
-// for the calibrated k, weighed) by their key's top SPARQ_NB_BITS bits into the list's histograms.
-// The last tile of a list to finish (a counter; the scratch was cleared by the score kernel) then
-// chooses the list's cells (sparq_select_list). A dense row only has its description written. With
-// score_hist (SCORED, a fixed k) or calib_hist (SCORED and COV) the grid is one block per list
-// (sparq_select_scored).
-template <bool COV, bool SCORED>
-static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_select(const sparq_cu_args a) {
-    __shared__ unsigned int hc[SPARQ_NB];
-    __shared__ float hm[COV && !SCORED ? SPARQ_NB : 1];
-    __shared__ unsigned int rc[256];
-    __shared__ double rm[256];
-    __shared__ unsigned int wb[SPARQ_TS / 32];
-    __shared__ float sM[GGML_CUDA_SPARQ_G_MAX], siZ[GGML_CUDA_SPARQ_G_MAX];
-    __shared__ int sh[SPARQ_NW];
-    __shared__ double shd[SPARQ_NW];
-    __shared__ int s_int[4];
-    __shared__ int s_nc;
-    __shared__ int s_last;
-    __shared__ sparq_cross s_cross;
-    __shared__ float sMw[COV ? GGML_CUDA_SPARQ_G_MAX : 1];
-    __shared__ double siZw[COV ? GGML_CUDA_SPARQ_G_MAX : 1];
-    const sparq_sel_smem sm = { hc, hm, (int *) hc + SPARQ_CAND_MAX, rc, rm, wb, sh, shd, s_int, &s_cross, sMw, siZw };
-    const int t0 = blockIdx.x * SPARQ_TS, t1 = min(a.n_kv, t0 + SPARQ_TS);
-    sparq_tile_clear_shared<COV>(sm);
-    // a programmatic dependent launch: nothing of the scratch is read before the score kernel is
-    // done (every block, on every path, waits here); the attend blocks may be placed from now on
-    // (they wait for this kernel's end in turn)
-    ggml_cuda_pdl_sync();
-    ggml_cuda_pdl_lc();
-    if constexpr (SCORED) {
-        sparq_select_scored<COV>(a, sm, &s_nc, blockIdx.y);
-        return;
-    }
-    // with keys_early the tile's loads go before the context's own loads and scans, so that the two wait together
-    const float * src = sparq_list_logits(a, blockIdx.y);
-    float xs[SPARQ_TS_CPT];
-    if (a.keys_early) {
-        sparq_tile_load(src, t0, t1, xs);
-    }
-    const sparq_sel_ctx c = sparq_sel_ctx_of(a, blockIdx.y, sh, s_int);
+// The context of tile [t0, t1) of list blockIdx.y before its keys: the list's (c), and for a SparQ
+// row a shared choice's group statistics and the given window's cells of the tile. False for a dense
+// row, whose description the list's first tile writes: nothing to choose.
+static __device__ __forceinline__ bool sparq_tile_context(const sparq_cu_args & a, const sparq_sel_smem & sm, float * sM,
+                                                          float * siZ, int t0, int t1, sparq_sel_ctx & c) {
+    c = sparq_sel_ctx_of(a, blockIdx.y, sm.sh, sm.s_int);
     if (c.mode != 0) {
         sparq_tile_dense_row(a, c, blockIdx.x);
-        return;
+        return false;
     }
     sparq_tile_group_stats(a, c, sM, siZ);
     if (a.win && a.l > 0) {
         sparq_tile_window(a, c, sm, t0, t1);
     }
-    if (!a.keys_early) {
-        sparq_tile_load(src, t0, t1, xs);
-    }
+    return true;
+}
+
+// A tile once its keys xs are loaded (src: the list's logits): a shared choice's group keys; the
+// bucketed top-k's offers, or the histogram (count: sparq_tile_histogram's) and a fixed k's
+// candidates; the tile's histogram added into the list's; the list's last tile then chooses from
+// lsrc's histogram and candidates (sparq_select_list)
+template <bool COV, typename F, typename SRC>
+static __device__ __forceinline__ void sparq_tile_finish(const sparq_cu_args & a, const sparq_sel_ctx & c,
+                                                         const sparq_sel_smem & sm, const float * sM, const float * siZ,
+                                                         int t0, int t1, const float * src, float * xs, F count,
+                                                         const SRC & lsrc, int * s_last, int * s_nc) {
     if (c.summed) {
         sparq_tile_group_keys(a, c, src, sM, siZ, t0, t1, xs);
     }
     if (!COV && a.buckets > 0) {
         sparq_tile_buckets(a, c, sm, t0, t1, xs); // (no histogram: the offers are all the choice reads)
     } else {
-        sparq_tile_histogram<COV>(a, c, sm, t0, t1, xs);
+        sparq_tile_histogram<COV>(a, c, sm, t0, t1, xs, count);
         if (!COV) {
             sparq_tile_candidates(a, c, sm, t0, t1, xs);
         }
     }
-    if (sparq_tile_flush<COV>(a, c, sm, &s_last)) {
-        sparq_select_list<false, false, !COV>(a, c, sm, &s_nc);
+    if (sparq_tile_flush<COV>(a, c, sm, s_last)) {
+        sparq_select_list<!COV>(a, c, sm, s_nc, lsrc);
     }
+}
+
+// the select kernels' shared memory (TILE_MASS: the tiles' masses, WIN_MASS: the window's heads'
+// statistics, both for the calibrated k) and sm, its view
+#define SPARQ_SELECT_SMEM(TILE_MASS, WIN_MASS)                                                                  \
+    __shared__ unsigned int hc[SPARQ_NB];                                                                      \
+    __shared__ float hm[TILE_MASS ? SPARQ_NB : 1];                                                             \
+    __shared__ unsigned int rc[256];                                                                           \
+    __shared__ double rm[256];                                                                                 \
+    __shared__ unsigned int wb[SPARQ_TS / 32];                                                                 \
+    __shared__ int sh[SPARQ_NW];                                                                               \
+    __shared__ double shd[SPARQ_NW];                                                                           \
+    __shared__ int s_int[4];                                                                                   \
+    __shared__ int s_nc;                                                                                       \
+    __shared__ sparq_cross s_cross;                                                                            \
+    __shared__ float sMw[WIN_MASS ? GGML_CUDA_SPARQ_G_MAX : 1];                                                \
+    __shared__ double siZw[WIN_MASS ? GGML_CUDA_SPARQ_G_MAX : 1];                                              \
+    const sparq_sel_smem sm = { hc, hm, (int *) hc + SPARQ_CAND_MAX, rc, rm, wb, sh, shd, s_int, &s_cross, sMw, siZw }
+
+// the select tiles' own: the group's softmax statistics (a shared choice), the last tile's flag
+#define SPARQ_SELECT_TILE_SMEM                                                                                 \
+    __shared__ float sM[GGML_CUDA_SPARQ_G_MAX], siZ[GGML_CUDA_SPARQ_G_MAX];                                     \
+    __shared__ int s_last
+
+// The select tiles' blocks per SM that ptxas budgets registers for: two with the calibrated k, three
+// with a fixed k (about 100 and 80 registers). Left to itself, its choice moves with any edit of
+// these kernels, between fewer blocks and spills.
+#define SPARQ_SELECT_BLOCKS(COV) ((COV) ? 2 : 3)
+
+// a select block's start: its shared histograms cleared, then, as a programmatic dependent launch,
+// its wait for the score kernel before any scratch is read (every block, on every path); the attend
+// blocks may be placed from then on (they wait for this kernel's end in turn)
+template <bool COV>
+static __device__ __forceinline__ void sparq_select_begin(const sparq_sel_smem & sm) {
+    sparq_tile_clear_shared<COV>(sm);
+    ggml_cuda_pdl_sync();
+    ggml_cuda_pdl_lc();
+}
+
+// Per (selection tile of SPARQ_TS cells, list): the group keys of a shared choice into keys; the
+// given window's cells of the tile into the row's window bitmap; the eligible cells counted (and,
+// for the calibrated k, weighed) by their key's top SPARQ_NB_BITS bits into the list's histograms.
+// The last tile of a list to finish (a counter; the scratch was cleared by the score kernel) then
+// chooses the list's cells (sparq_select_list). A dense row only has its description written.
+// SPARQ_SELECT_BLOCKS: its register budget.
+template <bool COV>
+static __global__ void __launch_bounds__(SPARQ_NT, SPARQ_SELECT_BLOCKS(COV)) k_sparq_select(const sparq_cu_args a) {
+    SPARQ_SELECT_SMEM(COV, COV);
+    SPARQ_SELECT_TILE_SMEM;
+    const int t0 = blockIdx.x * SPARQ_TS, t1 = min(a.n_kv, t0 + SPARQ_TS);
+    sparq_select_begin<COV>(sm);
+    sparq_sel_ctx c;
+    if (!sparq_tile_context(a, sm, sM, siZ, t0, t1, c)) {
+        return;
+    }
+    const float * src = sparq_list_logits(a, blockIdx.y);
+    float xs[SPARQ_TS_CPT];
+    sparq_tile_load(src, t0, t1, xs);
+    sparq_tile_finish<COV>(a, c, sm, sM, siZ, t0, t1, src, xs, sparq_tile_vote{}, sparq_tiles_src{}, &s_last, &s_nc);
 }

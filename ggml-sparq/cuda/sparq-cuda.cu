@@ -9,9 +9,10 @@
 //
 // Three kernels, all on the op's stream, sized from the shapes only: no host synchronisation and
 // the same launches for every decode step of a shape, so CUDA graphs capture them. Each kernel
-// clears what a later one accumulates into, so there is no memset between them. For short contexts
-// (LLAMA_SPARQ_CUDA_FUSED=1, where sparq_fused_applies) one launch, k_sparq_fused, does the three
-// kernels' work, counting in the layer's persistent tickets (sparq-cuda-fused.cuh).
+// clears what a later one accumulates into, so there is no memset between them. The experimental
+// build (SPARQ_CUDA_EXPERIMENTAL, experimental/) adds the variants no GPU has timed yet behind their
+// LLAMA_SPARQ_CUDA_* switches, among them one launch per layer for short contexts
+// (LLAMA_SPARQ_CUDA_FUSED=1), which counts in the layer's persistent tickets.
 //
 //   1 k_sparq_score   per (score tile, unit): the components (i1 = the r largest of sum_h
 //                     |q_sel_h| times comp_w, ties to the lower index; the query's r components
@@ -46,10 +47,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <map>
+#include <mutex>
 
 typedef cudaStream_t sparq_stream_t;
 #define SPARQ_LAUNCH(kernel, grid, block, stream, ...) kernel<<<(grid), (block), 0, (stream)>>>(__VA_ARGS__)
 // upstream's launch: programmatic dependent on sm_90 code (unless GGML_CUDA_PDL=0), else ordinary
+// (the experimental build's LLAMA_SPARQ_CUDA_PDL)
 #define SPARQ_LAUNCH_PDL(kernel, grid, block, stream, ...) \
     ggml_cuda_kernel_launch(kernel, ggml_cuda_kernel_launch_params(dim3(grid), dim3(block), 0, (stream)), __VA_ARGS__)
 
@@ -72,6 +76,28 @@ bool ggml_cuda_sparq_attn_supported(int device, const ggml_tensor * op) {
     }
     return true;
 }
+
+#ifdef SPARQ_CUDA_EXPERIMENTAL
+// The one launch's tickets (the experimental build's own state: the op's contract has no buffer for
+// them): GGML_CUDA_SPARQ_TICKETS unsigned ints per (device, K^T view), the same address at every step
+// so that a captured CUDA graph replays them, allocated on first use and kept for the process's life
+// (16 KB a layer), cleared on the op's stream when made; the launch leaves them zero. NULL: none.
+static unsigned int * sparq_cuda_tickets(ggml_backend_cuda_context & ctx, const void * kt) {
+    static std::mutex mtx;
+    static std::map<std::pair<int, const void *>, unsigned int *> made;
+    std::lock_guard<std::mutex> lock(mtx);
+    unsigned int *& t = made[{ ctx.device, kt }];
+    if (!t) {
+        if (cudaMalloc((void **) &t, GGML_CUDA_SPARQ_TICKETS * sizeof(unsigned int)) != cudaSuccess) {
+            (void) cudaGetLastError();
+            made.erase({ ctx.device, kt });
+            return nullptr;
+        }
+        CUDA_CHECK(cudaMemsetAsync(t, 0, GGML_CUDA_SPARQ_TICKETS * sizeof(unsigned int), ctx.stream()));
+    }
+    return t;
+}
+#endif
 
 // the widest consecutive-cell load every K^T row allows: 1, or CPT (S % CPT == 0, rows aligned)
 static int sparq_cuda_cpt(const ggml_tensor * kt, int gmax) {
@@ -135,9 +161,6 @@ static bool sparq_cuda_args_of(ggml_tensor * dst, sparq_cu_args & a, int * cpt) 
     a.nt_a = std::max(1, (a.n_kv + a.tl_a - 1) / a.tl_a);
     a.nt_s = std::max(1, (a.n_kv + SPARQ_TS - 1) / SPARQ_TS);
     a.sel_max = a.ph * a.k;
-    a.force_radix = sparq_select_radix_forced();
-    a.hist_atomic = sparq_select_hist_atomic();
-    a.keys_early = sparq_select_keys_early();
 
     a.q = (const char *) q->data; a.q_nb1 = q->nb[1]; a.q_nb2 = q->nb[2]; a.q_nb3 = q->nb[3];
     const ggml_tensor * qq = qsel ? qsel : q;
@@ -370,6 +393,20 @@ void ggml_cuda_sparq_attn(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     const int kt = ktt == GGML_TYPE_F16 ? SPARQ_CU_KT_F16 : ktt == GGML_TYPE_I8 ? SPARQ_CU_KT_E5M2 : SPARQ_CU_KT_F32;
     const bool k_f16 = dst->src[1]->type == GGML_TYPE_F16;
     const bool v_f16 = dst->src[3]->type == GGML_TYPE_F16;
+#ifdef SPARQ_CUDA_EXPERIMENTAL
+    // the one launch per layer where it applies: its tickets (persistent, zero between launches)
+    if (sparq_fused_on()) {
+        a.tickets = sparq_cuda_tickets(ctx, dst->src[2]->data);
+        if (a.tickets && !sparq_fused_applies(a, kt, k_f16, v_f16)) {
+            a.tickets = nullptr;
+        }
+        static std::atomic<bool> said{false};
+        if (a.tickets && !said.exchange(true)) {
+            GGML_LOG_INFO("sparq_attn: one launch per layer (LLAMA_SPARQ_CUDA_FUSED=1) from %s on\n", dst->name);
+        }
+    }
+#endif
+
     // scratch: sizes from the shapes only (the same for every decode step of a shape)
     ggml_cuda_pool & pool = ctx.pool();
     const sparq_cu_scratch z = sparq_cu_scratch_sizes(a);

@@ -5,7 +5,9 @@
 // GPU needed: it checks the kernels' indexing, selection (histograms, ranking, radix passes, ties,
 // window, bitmap, the calibrated k's cut), attention and mean-V logic, the report (per stream and
 // KV head, against the CPU op's), and counts the launches; not the GPU's memory model, timing or
-// compiler. SPARQ_EMU_REPORT=1 prints both reports.
+// compiler. SPARQ_EMU_REPORT=1 prints both reports. Built twice: sparq-cuda-emu runs the default
+// pipeline, sparq-cuda-emu-exp the experimental build's (SPARQ_CUDA_EXPERIMENTAL: the variants and
+// the LLAMA_SPARQ_CUDA_* switches that choose them).
 //
 //   sparq-cuda-emu d S n_head n_head_kv n_rows n_stream r k l f16 mask sel flags variant
 //                  [scalar [cov_p k_min k_frac]]
@@ -78,7 +80,7 @@ using std::min;
 #define __device__
 #define __host__
 #define __forceinline__ inline
-#define __launch_bounds__(x)
+#define __launch_bounds__(...)
 #define __shared__ static   // blocks run one at a time: a function's statics are its block's shared memory
 
 static thread_local dim3 threadIdx, blockIdx, gridDim;
@@ -488,9 +490,6 @@ int main(int argc, char ** argv) {
     a.nt_a = std::max(1, (S + a.tl_a - 1) / a.tl_a);
     a.nt_s = std::max(1, (S + SPARQ_TS - 1) / SPARQ_TS);
     a.sel_max = a.ph * k;
-    a.force_radix = sparq_select_radix_forced();
-    a.hist_atomic = sparq_select_hist_atomic();
-    a.keys_early = sparq_select_keys_early();
     a.q = (const char *) q.data(); a.q_nb1 = qb1; a.q_nb2 = qb2; a.q_nb3 = qb3;
     const std::vector<float> & qq = variant == 2 ? qsel : q;
     a.qs = (const char *) qq.data(); a.qs_nb1 = qb1; a.qs_nb2 = qb2; a.qs_nb3 = qb3;
@@ -509,12 +508,19 @@ int main(int argc, char ** argv) {
         a.win = (const char *) win.data(); a.win_nb1 = wn * 4; a.win_nb2 = (size_t) wn * 4 * nr; a.win_n = wn;
     }
     a.out = (char *) out_gpu.data(); a.o_nb1 = ob1; a.o_nb2 = ob2; a.o_nb3 = ob3;
-    // the layer's persistent tickets, zeroed once (as the llama glue's); SPARQ_EMU_NO_TICKETS=1: none
-    // (a graph without the glue, as test-backend-ops'), so the op takes three launches
+    // the layer's persistent tickets, zeroed once (as the llama glue's), kept in a where the one launch
+    // applies (the experimental build's); SPARQ_EMU_NO_TICKETS=1: none (a graph without the glue, as
+    // test-backend-ops'), so the op takes three launches
     std::vector<unsigned int> tickets(GGML_CUDA_SPARQ_TICKETS, 0u);
+    const int kt = e5m2 ? SPARQ_CU_KT_E5M2 : f16 ? SPARQ_CU_KT_F16 : SPARQ_CU_KT_F32;
+#ifdef SPARQ_CUDA_EXPERIMENTAL
     const char * no_tickets = getenv("SPARQ_EMU_NO_TICKETS");
     a.tickets = no_tickets && atoi(no_tickets) != 0 ? nullptr : tickets.data();
-    a.fused = sparq_fused_applies(a, e5m2 ? SPARQ_CU_KT_E5M2 : f16 ? SPARQ_CU_KT_F16 : SPARQ_CU_KT_F32, f16, f16);
+    if (!sparq_fused_applies(a, kt, f16, f16)) {
+        a.tickets = nullptr;
+    }
+#endif
+    const bool fused = a.tickets != nullptr;
     const sparq_cu_scratch z = sparq_cu_scratch_sizes(a);
     // the scratch starts dirty, as the pool's does: the kernels must clear what they accumulate into
     auto dirty = [](auto & v) { memset(v.data(), 0xa5, v.size() * sizeof(v[0])); };
@@ -540,7 +546,7 @@ int main(int argc, char ** argv) {
     a.lrep = cov_p > 0.0f ? lrep.data() : nullptr;
     emu_team team;
     g_team = &team;
-    sparq_cu_run(a, cpt, e5m2 ? SPARQ_CU_KT_E5M2 : f16 ? SPARQ_CU_KT_F16 : SPARQ_CU_KT_F32, f16, f16, 0);
+    sparq_cu_run(a, cpt, kt, f16, f16, 0);
 
     // outputs
     double num = 0.0, den = 0.0, maxd = 0.0;
@@ -560,7 +566,7 @@ int main(int argc, char ** argv) {
     int n_sparse = 0, n_diff = 0, n_diffuse = 0;
     long n_cells = 0;
     for (int u = 0; u < a.U; ++u) {
-        if (rows[a.fused ? u : u / nhkv].mode != 0) { // (fused: a row description per unit)
+        if (rows[fused ? u : u / nhkv].mode != 0) { // (fused: a row description per unit)
             continue;
         }
         ++n_sparse;
@@ -597,7 +603,7 @@ int main(int argc, char ** argv) {
     // unit: the GPU ranks no further than the cap) both at least the row's cap
     int rep_differ = 0, rep_reach = 0;
     for (int st = 0; st < ns; ++st) {
-        const sparq_cu_row & ri = rows[((size_t) st * nr + nr - 1) * (a.fused ? nhkv : 1)];
+        const sparq_cu_row & ri = rows[((size_t) st * nr + nr - 1) * (fused ? nhkv : 1)];
         for (int h = 0; h < nhkv; ++h) {
             const float * ec = &rep_cpu[((size_t) st * nhkv + h) * 4];
             const float * eg = &rep_gpu[((size_t) st * nhkv + h) * 4];
@@ -630,14 +636,22 @@ int main(int argc, char ** argv) {
     }
     const bool ok = nmse <= 1e-9 && n_diff == 0 && rep_differ == 0 && g_pdl_bad == 0 && tickets_zero;
     const int n_chose = n_sparse - n_diffuse;
+    // what the launch chose (the switches of the experimental build, read once per process)
+#ifdef SPARQ_CUDA_EXPERIMENTAL
+    const bool radix = sparq_select_radix_way() == 2, atomic = sparq_select_hist_way() == 2, early = sparq_select_loads_way() == 2;
+    const int score_hist = sparq_score_hist_applies(a), calib_hist = sparq_calib_hist_applies(a);
+    const int streamed = sparq_attend_stream_applies(a), kv_vec = streamed && sparq_attend_kv_vec(a, f16, f16);
+    const int parts = fused ? 1 : sparq_exp_attend_parts(a);
+#else
+    const bool radix = false, atomic = false, early = false;
+    const int score_hist = 0, calib_hist = 0, streamed = 0, kv_vec = 0, parts = sparq_attend_parts(a);
+#endif
     printf("%s nmse=%.3g max_abs=%.3g sparq_units=%d diffuse_units=%d mean_cells=%.1f sel_differ=%d cpt=%d select=%s "
            "hist=%s loads=%s score_hist=%d calib_hist=%d select_blocks=%ld stream=%d kv_vec=%d attend_parts=%d fused=%d "
            "launches=%d pdl_launches=%d report_differ=%d report_reach=%d buckets=%d\n",
            ok ? "OK" : "FAIL", nmse, maxd, n_sparse, n_diffuse, n_chose > 0 ? (double) n_cells / n_chose : 0.0, n_diff,
-           cpt, a.force_radix ? "radix" : "rank", a.hist_atomic ? "atomic" : "match",
-           a.keys_early ? "early" : "late", (int) sparq_score_hist_applies(a), (int) sparq_calib_hist_applies(a),
-           g_launch_blocks.size() > 1 ? g_launch_blocks[1] : 0L, (int) sparq_attend_stream_applies(a),
-           (int) (sparq_attend_stream_applies(a) && sparq_attend_kv_vec(a, f16, f16)), a.fused ? 1 : sparq_attend_parts(a), a.fused, g_launches,
+           cpt, radix ? "radix" : "rank", atomic ? "atomic" : "match", early ? "early" : "late", score_hist, calib_hist,
+           g_launch_blocks.size() > 1 ? g_launch_blocks[1] : 0L, streamed, kv_vec, parts, (int) fused, g_launches,
            g_pdl_launches, rep_differ, rep_reach, a.buckets);
     return ok ? 0 : 1;
 }

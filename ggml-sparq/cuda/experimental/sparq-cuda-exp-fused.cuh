@@ -1,5 +1,6 @@
-// llama-sparq: GGML_OP_SPARQ_ATTN in one launch for short contexts (sparq-cuda.cu lists the kernels):
-// k_sparq_fused runs the three kernels' device code in one grid, the score tiles' grid. Every block
+// llama-sparq, experimental build only (SPARQ_CUDA_EXPERIMENTAL): GGML_OP_SPARQ_ATTN in one launch
+// for short contexts (LLAMA_SPARQ_CUDA_FUSED=1; sparq-cuda.cu lists the kernels): k_sparq_fused runs
+// the three kernels' device code in one grid, the score tiles' grid. Every block
 // scores its tile and keeps its candidates (the score tiles' histogram); the last block of a unit to
 // finish (a ticket) then chooses each of the unit's lists from those candidates and attends for the
 // unit, one block, as the SparQ paper's appendix F suggests. At 4K cells on an H200 the three
@@ -7,9 +8,7 @@
 // attention's 20 us.
 #pragma once
 
-#include "sparq-cuda-common.cuh"
-#include "sparq-cuda-score.cuh"
-#include "sparq-cuda-select-tile.cuh"
+#include "sparq-cuda-exp-select.cuh"
 #include "sparq-cuda-attend.cuh"
 
 // Byte offsets into the kernel's one buffer of shared memory, which its three phases take in turn
@@ -37,10 +36,11 @@ struct sparq_fused_smem_layout {
 // tiles one after another over the unit's at most SPARQ_FUSED_MAX_KV / SPARQ_TS tiles (the group
 // keys, the sum over the g heads of each softmax, from the logits and the score tiles' statistics;
 // the window's cells; the histogram and the tile's candidates, added into the list's), then the
-// list's choice as the select's last tile makes it
-static __device__ void sparq_fused_shared_choice(const sparq_cu_args & a, int u, const sparq_sel_smem & sm, float * sM,
+// list's choice as the select's last tile makes it (each unit owns its row's copy)
+static __device__ void sparq_fused_shared_choice(const sparq_exp_args & a, int u, const sparq_sel_smem & sm, float * sM,
                                                  float * siZ, int * s_nc) {
-    const sparq_sel_ctx c = sparq_sel_ctx_of(a, u, sm.sh, sm.s_int);
+    sparq_sel_ctx c = sparq_sel_ctx_of(a, u, sm.sh, sm.s_int);
+    c.row_owner = true;
     if (c.mode != 0) {
         sparq_tile_dense_row(a, c, 0);
         return;
@@ -70,12 +70,12 @@ static __device__ void sparq_fused_shared_choice(const sparq_cu_args & a, int u,
     // (the list's histogram, candidates and keys, written here, visible to the choice's loads)
     __threadfence();
     __syncthreads();
-    sparq_select_list<false>(a, c, sm, s_nc);
+    sparq_select_list(a, c, sm, s_nc, sparq_forced_src<sparq_tiles_src>(sparq_tiles_src{}, a.force_radix));
 }
 
-// Per (score tile, unit), as k_sparq_score<..., HIST = true>: the tile's logits, statistics and
+// Per (score tile, unit), as k_sparq_score_hist<..., false>: the tile's logits, statistics and
 // candidates. Then a ticket per unit: the unit's last block to finish (every tile's writes visible
-// after the fences) chooses each of its lists as k_sparq_select<false, true> does one (the window,
+// after the fences) chooses each of its lists as k_sparq_select_scored<false> does one (the window,
 // the crossing from the candidates' histogram, one pass, the crossing bin ranked) and attends for
 // the unit as k_sparq_attend does (the mean-V mix, the report). GQA's shared choice: the score tiles
 // keep no candidates (its key is the group's sum of softmaxes) and the last block runs the select's
@@ -91,11 +91,12 @@ static __device__ void sparq_fused_shared_choice(const sparq_cu_args & a, int u,
 //
 // No unit waits for another: each unit's last block writes its own row description and window
 // bitmap (rows [U], wbits [U][W]; the args' pointers shifted so that the device code's row R is the
-// unit's copy), where the three launches share one per row between the row's units.
+// unit's copy, and every unit's score tiles clear theirs), where the three launches share one per
+// row between the row's units.
 // SHARED: GQA's shared choice (its own instantiation, so that the lists of one head keep their
 // registers).
 template <int GMAX, typename TKT, int CPT, typename TK, typename TV, bool SHARED>
-static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_fused(const sparq_cu_args a) {
+static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_fused(const sparq_exp_args a) {
     using LY = sparq_fused_smem_layout<GMAX>;
     __shared__ double raw[(LY::BYTES + sizeof(double) - 1) / sizeof(double)];
     __shared__ int sh[SPARQ_NW];
@@ -108,20 +109,32 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_fused(const sparq_cu_
     __shared__ int s_last;
     __shared__ float sMw[1];
     __shared__ double siZw[1];
-    __shared__ float smv[1];
     __shared__ float sM_g[SHARED ? GGML_CUDA_SPARQ_G_MAX : 1], siZ_g[SHARED ? GGML_CUDA_SPARQ_G_MAX : 1];
     __shared__ float sM[GMAX], sP[GMAX], scorr[GMAX], sMs[GMAX];
     __shared__ double sZ[GMAX], smass[GMAX];
     unsigned char * rb = (unsigned char *) raw;
 
     const int u = blockIdx.y, R = u / a.n_head_kv;
-    sparq_cu_args au = a;
+    sparq_exp_args au = a;
     au.rows += u - R;
     au.wbits += (size_t) (u - R) * a.W;
+    if (a.win && u != R * a.n_head_kv) { // (the score block clears the row's first unit's)
+        const int w0 = blockIdx.x * (a.tl_a / 32), w1 = min(a.W, w0 + a.tl_a / 32);
+        for (int w = w0 + (int) threadIdx.x; w < w1; w += SPARQ_NT) {
+            au.wbits[(size_t) R * a.W + w] = 0u;
+        }
+    }
 
-    sparq_score_block<GMAX, TKT, CPT, !SHARED>(au, (float *) (rb + LY::SC_SQ), (int *) (rb + LY::SC_SI1),
-                                            (float *) (rb + LY::SC_AQ), (int *) (rb + LY::SC_CH), sh, red,
-                                            (unsigned int *) (rb + LY::SC_HIST), shd, s_cross);
+    // the score tile, and with lists of one head their candidates (a shared choice's key is the group's)
+    float * sq = (float *) (rb + LY::SC_SQ);
+    sparq_score_block<GMAX, TKT, CPT>(au, sq, (int *) (rb + LY::SC_SI1), (float *) (rb + LY::SC_AQ), (int *) (rb + LY::SC_CH),
+                                      sh, red, [&](int h, int s0, bool in, const float (&x)[CPT], float bm) {
+                                          if constexpr (!SHARED) {
+                                              sparq_score_keep<CPT, false>(au, h, s0, in, x, bm, sq,
+                                                                           (unsigned int *) (rb + LY::SC_HIST), sh, shd,
+                                                                           &s_cross);
+                                          }
+                                      });
     // the tile's writes, then the ticket (release); the ticket's taker fences before the barrier
     // (acquire), so that every thread's loads after it see every tile's writes (no stale L1 line of
     // another unit's last block on this SM)
@@ -145,7 +158,7 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_fused(const sparq_cu_
         sparq_fused_shared_choice(au, u, ss, sM_g, siZ_g, &s_nc);
     } else {
         for (int h = 0; h < a.ph; ++h) {
-            sparq_select_scored(au, ss, &s_nc, u * a.ph + h);
+            sparq_select_scored<false>(au, ss, &s_nc, u * a.ph + h);
             __syncthreads();
         }
     }
@@ -154,7 +167,9 @@ static __global__ void __launch_bounds__(SPARQ_NT) k_sparq_fused(const sparq_cu_
     __syncthreads();
 
     const sparq_attend_smem sm = { (float *) (rb + LY::AT_SQ), (float *) (rb + LY::AT_SP), (int *) (rb + LY::AT_SC),
-                                   smv, sM, sP, scorr, sMs, sZ, smass, sh };
+                                   sM, sP, scorr, sMs, sZ, smass, sh };
     sparq_attend_query(au, u, sm);
-    sparq_attend_block<GMAX, TK, TV, false>(au, u, sm);
+    sparq_attend_block<GMAX, TV>(au, u, sm, [&](const sparq_attend_unit & un, int p, int n_part, float (&y)[GMAX]) {
+        return sparq_attend_items<GMAX, TK, TV>(au, un, sm, p, n_part, y);
+    });
 }

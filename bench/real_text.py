@@ -405,8 +405,9 @@ def run_once(lib: Path | None, args, dense: str | None = None, python: Path | No
         env["LLAMA_SPARQ_LIB_DIR"] = str(lib)
     script = HERE / "real_text.py"
     if python is not None:
-        # the checkout that environment was installed from: its bench/ beside its .venv
-        script = Path(python).resolve().parent.parent.parent / "bench" / "real_text.py"
+        # the checkout that environment was installed from: its bench/ beside its .venv (the venv's
+        # interpreter is a link out of the checkout, so the path is made absolute, not resolved)
+        script = Path(os.path.abspath(python)).parent.parent.parent / "bench" / "real_text.py"
     cmd = [str(python or sys.executable), str(script), "profile", "--model", args.model, "--tokens", str(args.tokens),
            "--steps", str(args.steps), "--threads", str(args.threads), "--state-dir", str(args.state_dir)]
     if dense:

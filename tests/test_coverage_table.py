@@ -133,13 +133,37 @@ def test_a_proof_of_no_architecture_is_refused(ct, up, tmp_path):
 
 # -- the rows against the tiny GGUFs ------------------------------------------------------------
 
+def attention_layers(path: Path) -> tuple[int, int]:
+    """(full-attention layers, sliding-window layers) of a tiny GGUF, from its own keys: layers with KV
+    heads, split by the sliding-window pattern."""
+    import gguf
+
+    r = gguf.GGUFReader(str(path))
+    arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
+
+    def values(key):
+        f = r.fields.get(f"{arch}.{key}")
+        return None if f is None else [f.parts[i].tolist()[0] for i in f.data]
+
+    n_layer = values("block_count")[0]
+    hkv = values("attention.head_count_kv")
+    hkv = hkv * n_layer if len(hkv) == 1 else hkv
+    pattern = values("attention.sliding_window_pattern")
+    if pattern is None:
+        assert values("attention.sliding_window") is None, (
+            f"{path.name}: a sliding window without its pattern: write the pattern, so the test knows the layers")
+        pattern = [False] * n_layer
+    kv = [i for i in range(n_layer) if hkv[i] > 0]
+    return sum(not pattern[i] for i in kv), sum(bool(pattern[i]) for i in kv)
+
+
 def check_proof(path: Path, arch: str, outcome: str, cause: str) -> None:
     """The tiny GGUF at path is of architecture arch and decodes as its row says: SparQ on every
-    full-attention layer (every other layer counted `swa`) at each decode step, or SparQ refused with
-    the row's cause (the model still decodes dense)."""
+    full-attention layer (the sliding-window ones counted `swa`) at each decode step, or SparQ
+    refused with the row's cause (the model still decodes dense)."""
     m = Model(path)
-    assert m.llm.metadata.get("general.architecture") == arch
-    n_layer = __import__("sparq_ctx").llama_cpp().llama_model_n_layer(m.model)
+    got = m.llm.metadata.get("general.architecture")
+    assert got == arch, f"{path.name} is a {got} GGUF, not {arch}"
     rng = np.random.default_rng(3)
     c = Ctx(m, n_ctx=256)
     try:
@@ -156,11 +180,11 @@ def check_proof(path: Path, arch: str, outcome: str, cause: str) -> None:
         if outcome == "sparq":
             assert refused is None, f"{arch}: the row says SparQ, SparQ was refused: {refused}"
             st = c.stats()
-            full = st["n_layers"]
-            assert full > 0
-            assert st["n_sparq"] - st0["n_sparq"] == N_STEPS * full, (arch, st)
-            assert st["n_dense"]["swa"] - st0["n_dense"]["swa"] == N_STEPS * (n_layer - full), (arch, st)
-            assert sum(st["n_dense"].values()) - sum(st0["n_dense"].values()) == N_STEPS * (n_layer - full)
+            n_full, n_swa = attention_layers(path)
+            assert n_full > 0 and st["n_layers"] == n_full, (arch, n_full, st)
+            assert st["n_sparq"] - st0["n_sparq"] == N_STEPS * n_full, (arch, st)
+            assert st["n_dense"]["swa"] - st0["n_dense"]["swa"] == N_STEPS * n_swa, (arch, st)
+            assert sum(st["n_dense"].values()) - sum(st0["n_dense"].values()) == N_STEPS * n_swa, (arch, st)
         elif refused is not None:
             assert "no KV-cache layer of this context can run SparQ" in refused or "no attention KV cache" in refused
             assert cause.startswith("a memory SparQ finds no KV cache") or f"attn_variant: {cause}" in refused, (

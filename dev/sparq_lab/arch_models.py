@@ -15,6 +15,8 @@ same bytes; weights are random (N(0, 0.02), norms 1), f32, with the byte-fallbac
   one latent KV head, K ``kv_lora + rope`` wide, V ``kv_lora`` wide).
 * :func:`make_tiny_minicpm3`: MiniCPM3, low-rank attention decompressed to heads whose K (a
   no-position part and a shared RoPE part) is wider than V.
+* :func:`make_tiny_lfm2`: LFM2, a hybrid of short-convolution and attention layers (SparQ runs on the
+  attention layers of its hybrid memory).
 
 Command line (with ``dev/`` on ``sys.path``)::
 
@@ -32,7 +34,8 @@ from typing import Sequence
 from sparq_lab.models import (_add_tiny_shape, _add_tiny_tokenizer, _write_gguf_atomic, make_tiny_gemma2,
                               make_tiny_granite_swa, make_tiny_llama)
 
-__all__ = ["PROOFS", "make_tiny_gemma3", "make_tiny_mpt", "make_tiny_deepseek2", "make_tiny_minicpm3", "main"]
+__all__ = ["PROOFS", "make_tiny_gemma3", "make_tiny_mpt", "make_tiny_deepseek2", "make_tiny_minicpm3",
+           "make_tiny_lfm2", "main"]
 
 _N_VOCAB = 260
 _STD = 0.02
@@ -74,7 +77,7 @@ def _gated_ffn(t: _Tensors, p: str, n_embd: int, n_ff: int) -> None:
     t.mat(p + "ffn_down.weight", n_embd, n_ff)
 
 
-def _common(w, name: str, n_layer: int, n_embd: int, n_ff: int, n_head: int, n_head_kv: int) -> None:
+def _common(w, name: str, n_layer: int, n_embd: int, n_ff: int, n_head: int, n_head_kv: int | list[int]) -> None:
     import gguf
 
     w.add_name(name)
@@ -213,6 +216,40 @@ def make_tiny_minicpm3(path: str | os.PathLike[str], *, n_layer: int = 2, seed: 
     return _write_gguf(Path(path), metadata, t.items, arch="minicpm3")
 
 
+def make_tiny_lfm2(path: str | os.PathLike[str], *, n_layer: int = 4, seed: int = 0) -> Path:
+    """LFM2 (architecture ``lfm2``), a hybrid: short-convolution layers (0, 2: no KV heads, a recurrent
+    state) and attention layers (1, 3: 4 heads of 16 over 2 KV heads, Q and K RMS norms) in
+    llama.cpp's hybrid memory."""
+    n_embd, n_head, n_head_kv, hd, n_ff, l_cache = 64, 4, 2, 16, 128, 3
+    t = _Tensors(seed)
+    t.mat("token_embd.weight", _N_VOCAB, n_embd)
+    attn = [i % 2 == 1 for i in range(n_layer)]
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        _gated_ffn(t, p, n_embd, n_ff)
+        t.ones(p + "attn_norm.weight", n_embd)
+        if attn[i]:
+            t.ones(p + "attn_q_norm.weight", hd)
+            t.ones(p + "attn_k_norm.weight", hd)
+            t.mat(p + "attn_q.weight", n_head * hd, n_embd)
+            t.mat(p + "attn_k.weight", n_head_kv * hd, n_embd)
+            t.mat(p + "attn_v.weight", n_head_kv * hd, n_embd)
+            t.mat(p + "attn_output.weight", n_embd, n_embd)
+        else:
+            t.mat(p + "shortconv.conv.weight", n_embd, l_cache)
+            t.mat(p + "shortconv.in_proj.weight", 3 * n_embd, n_embd)
+            t.mat(p + "shortconv.out_proj.weight", n_embd, n_embd)
+    t.ones("token_embd_norm.weight", n_embd)
+
+    def metadata(w) -> None:
+        _common(w, "llama-sparq-tiny-lfm2", n_layer, n_embd, n_ff, n_head, [n_head_kv if a else 0 for a in attn])
+        w.add_rope_freq_base(10000.0)
+        w.add_layer_norm_rms_eps(1e-5)
+        w.add_shortconv_l_cache(l_cache)
+
+    return _write_gguf(Path(path), metadata, t.items, arch="lfm2")
+
+
 # The tiny GGUF that proves each architecture's row of docs/coverage.md (its name as llama.cpp spells
 # it: the GGUF's general.architecture)
 PROOFS = {
@@ -223,6 +260,7 @@ PROOFS = {
     "mpt": make_tiny_mpt,
     "deepseek2": make_tiny_deepseek2,
     "minicpm3": make_tiny_minicpm3,
+    "lfm2": make_tiny_lfm2,
 }
 
 

@@ -36,7 +36,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "coverage.md"
-NULLS = {"nullptr", "NULL", "0", "nullptr_t"}
+NULLS = {"nullptr", "NULL", "0"}  # an argument not passed
 
 
 class SourceError(RuntimeError):
@@ -166,13 +166,15 @@ CONDITIONS = {
     "call->dv != call->dk": ("call", "dk_ne_dv"),
     "call->n_head_kv > 0 && call->dk * call->n_head_kv != call->k_row": ("call", "k_row"),
 }
+# model features some GGUFs have: the note beside a cause
+GGUF_NOTES = {"alibi": "where the GGUF sets `max_alibi_bias`"}
 ARCH_CONDITION = re.compile(r"^arch == (LLM_ARCH_\w+)$")
 
 # How each feature is named in the table's attention column
 FEATURE_LABELS = {
     "soft_cap": "soft-cap", "alibi": "ALiBi", "mla": "MLA", "kq_b": "KQ bias", "sinks": "sinks",
     "v_mla": "v_mla", "dk_ne_dv": "K/V sizes differ", "k_row": "K rows", "swa": "SWA layers",
-    "swa_gguf": "SWA layers (some GGUFs)",
+    "swa_gguf": "SWA layers (some GGUFs)", "alibi_gguf": "ALiBi (some GGUFs)",
 }
 
 
@@ -288,6 +290,7 @@ class Call:
     """One build_attn call of a graph: its attention inputs (types) and the features it passes."""
     inputs: set[str]
     features: set[str]
+    optional: dict[str, str] = field(default_factory=dict)  # feature -> the tensor only some GGUFs have
 
 
 @dataclass
@@ -302,6 +305,7 @@ class Arch:
     calls: list[Call] = field(default_factory=list)
     outcome: str = ""                # "sparq" or "dense"
     cause: str = ""
+    note: str = ""                   # where the cause holds for some GGUFs only
     proof: str = ""
 
 
@@ -325,8 +329,7 @@ def arch_classes(up: Path) -> dict[str, str]:
 
 
 def switch_cases(body: str) -> dict[str, str]:
-    """{label: its group's text} of a switch body's top-level case groups ("default" too); a group
-    that falls through also holds the default's text."""
+    """{label: its group's text} of a switch body's top-level case groups ("default" too)."""
     groups, labels, start, i, depth = {}, [], None, 0, 0
     label_re = re.compile(r"(case (LLM_ARCH_\w+)\s*:|default\s*:)")
     pending = []
@@ -353,10 +356,6 @@ def switch_cases(body: str) -> dict[str, str]:
     for labs, text in pending:
         for lab in labs:
             groups[lab] = text
-    default = groups.get("default", "")
-    for lab, text in groups.items():
-        if lab != "default" and "[[fallthrough]]" in text:
-            groups[lab] = text + default
     return groups
 
 
@@ -367,7 +366,8 @@ def drop_mtp_branches(text: str) -> str:
         if m.start() < pos:
             continue
         j = matching(text, m.end() - 1)
-        if "LLAMA_CONTEXT_TYPE_MTP" in text[m.end():j] and "!=" not in text[m.end():j]:
+        cond = text[m.end():j]
+        if "LLAMA_CONTEXT_TYPE_MTP" in cond and "!=" not in cond:  # (`!= MTP`: the main context's branch)
             k = text.find("{", j)
             if k >= 0 and not text[j:k].strip():
                 out.append(text[pos:m.start()])
@@ -398,20 +398,16 @@ def memories(up: Path, archs: dict[str, Arch]) -> None:
         raise SourceError(f"{src}: create_memory's switch has no default")
     for a in archs.values():
         text = groups.get(a.enum)
-        if text is not None and "[[fallthrough]]" not in text:
-            if re.search(r"res\s*=\s*nullptr", text):
-                a.memory = "none"
-                continue
-            a.memory_classes = set(re.findall(r"new (llama_\w+)\s*\(", drop_mtp_branches(text)))
-        elif a.enum in recurrent:
-            a.memory = "recurrent"
+        own = None if text is None else text.split("[[fallthrough]]")[0]
+        if own is not None and re.search(r"res\s*=\s*nullptr", own):
+            a.memory = "none"
             continue
-        elif a.enum in hybrid:
-            a.memory_classes = default_hybrid_memory(default, a)
-        else:
-            a.memory_classes = default_memory(a)
-        if text is not None and "[[fallthrough]]" in text:
-            a.memory_classes |= default_memory(a)
+        a.memory_classes = set() if own is None else set(re.findall(r"new (llama_\w+)\s*\(", drop_mtp_branches(own)))
+        if text is None or "[[fallthrough]]" in text:  # create_memory's default branch
+            if a.enum in recurrent:
+                a.memory = "recurrent"
+                continue
+            a.memory_classes |= default_hybrid_memory(default, a) if a.enum in hybrid else default_memory(a)
         if not a.memory_classes:
             raise SourceError(f"{src}: create_memory makes no memory class for {a.enum}")
         a.memory = " or ".join(sorted(a.memory_classes))
@@ -528,7 +524,11 @@ def model_features(defs: list[str]) -> set[str]:
     f = set()
     if re.search(r"attn_soft_cap\s*=\s*true", text):
         f.add("soft_cap")
-    if re.search(r"f_max_alibi_bias\s*=\s*(?!0\.0f?\s*;)[^;=]", text) or "LLM_KV_ATTENTION_MAX_ALIBI_BIAS" in text:
+    if re.search(r"f_max_alibi_bias\s*=\s*(?!0\.0f?\s*;)[^;=]", text):
+        f.add("alibi")
+    elif re.search(r"LLM_KV_ATTENTION_MAX_ALIBI_BIAS[^;]*,\s*false\s*\)", text):
+        f.add("alibi_gguf")  # read from the GGUF, 0 (none) when absent
+    elif "LLM_KV_ATTENTION_MAX_ALIBI_BIAS" in text:
         f.add("alibi")
     if re.search(r"LLM_KV_ATTENTION_KEY_LENGTH_MLA|n_embd_head_k_mla_impl\s*=", text):
         f.add("mla")
@@ -582,8 +582,22 @@ def graph_calls(text: str, builders, getters, positions) -> list[Call]:
             raise SourceError(f"a build_attn call whose attention input `{first}` this script cannot trace "
                               "to a build_attn_inp_* / build_inp_mem_* call or a declared type")
         feats = {k for k in ("kq_b", "sinks", "v_mla") if norm(args[pos[k]]) not in NULLS}
-        out.append(Call(inputs, feats))
+        optional = {k: t for k in feats if (t := optional_tensor(text, norm(args[pos[k]])))}
+        out.append(Call(inputs, feats, optional))
     return out
+
+
+def optional_tensor(text: str, expr: str) -> str:
+    """The layer tensor an argument passes (``layer.attn_sinks``, or a local set from one) when the
+    loader creates it TENSOR_NOT_REQUIRED (only some GGUFs have it); else ""."""
+    m = re.fullmatch(r"[\w.\[\]>-]*\.(\w+)", expr)
+    if not m and re.fullmatch(r"\w+", expr):
+        a = re.search(r"\b" + expr + r"\s*=\s*[\w.\[\]>-]*\.(\w+)\s*;", text)
+        m = a
+    if not m:
+        return ""
+    made = re.search(r"\." + m.group(1) + r"\s*=\s*create_tensor\(([^;]*)\)\s*;", text)
+    return m.group(1) if made and "TENSOR_NOT_REQUIRED" in made.group(1) else ""
 
 
 def short_input(t: str) -> str:
@@ -609,6 +623,9 @@ def decide(a: Arch, rules: list[Rule], found: set[str], hooked: set[str]) -> Non
         if r.scope == "model" and (a.enum == r.feature if r.is_arch else r.feature in a.features):
             a.cause = r.phrase
             return
+        if r.scope == "model" and not r.is_arch and r.feature + "_gguf" in a.features:
+            a.cause, a.note = r.phrase, GGUF_NOTES[r.feature]
+            return
     cache_calls = [c for c in a.calls if c.inputs - set(CACHE_INPUTS_EXCLUDED)]
     if not cache_calls:
         a.outcome = ""  # its graph attends over no KV cache: not a row
@@ -616,16 +633,17 @@ def decide(a: Arch, rules: list[Rule], found: set[str], hooked: set[str]) -> Non
     causes = []
     for c in cache_calls:
         feats = c.features | a.features
-        hit = next((r.phrase for r in rules if r.scope == "call" and r.feature in feats), None)
+        hit = next((r for r in rules if r.scope == "call" and r.feature in feats), None)
         if hit:
-            causes.append(hit)
+            causes.append((hit.phrase, f"where the GGUF has `{c.optional[hit.feature]}`"
+                           if hit.feature in c.optional else ""))
         elif not (c.inputs & hooked):
-            causes.append("attention through " + ", ".join(sorted(short_input(t) for t in c.inputs)) +
-                          " (no SparQ hook)")
+            causes.append(("attention through " + ", ".join(sorted(short_input(t) for t in c.inputs)) +
+                           " (no SparQ hook)", ""))
         else:
             a.outcome = "sparq"
     if a.outcome == "dense":
-        a.cause = causes[0]
+        a.cause, a.note = causes[0]
     elif a.memory_classes - found:
         a.cause = "dense with " + ", ".join(short_memory(m) for m in sorted(a.memory_classes - found))
 
@@ -775,7 +793,8 @@ def render(res: dict) -> str:
         inputs = sorted({short_input(t) for c in a.calls for t in c.inputs})
         feats = sorted({FEATURE_LABELS[f] for f in a.features | {f for c in a.calls for f in c.features}})
         attn = ", ".join(inputs) + ("; " + ", ".join(feats) if feats else "")
-        decode = ("SparQ" + (f" ({a.cause})" if a.cause else "")) if a.outcome == "sparq" else "dense: " + a.cause
+        decode = (("SparQ" + (f" ({a.cause})" if a.cause else "")) if a.outcome == "sparq" else
+                  "dense: " + a.cause + (f" ({a.note})" if a.note else ""))
         graph = ", ".join(f.removesuffix(".cpp") for f in a.files)
         memory = " or ".join(short_memory(m) for m in sorted(a.memory_classes))
         L.append(f"| {a.name} | {graph} | {memory} | {attn} | {decode} | {f'`{a.proof}`' if a.proof else ''} |")

@@ -15,6 +15,7 @@ same bytes; weights are random (N(0, 0.02), norms 1), f32, with the byte-fallbac
   one latent KV head, K ``kv_lora + rope`` wide, V ``kv_lora`` wide).
 * :func:`make_tiny_minicpm3`: MiniCPM3, low-rank attention decompressed to heads whose K (a
   no-position part and a shared RoPE part) is wider than V.
+* :func:`make_tiny_gpt_oss`: gpt-oss, attention sinks on every layer and a mixture of experts.
 * :func:`make_tiny_lfm2`: LFM2, a hybrid of short-convolution and attention layers (SparQ runs on the
   attention layers of its hybrid memory).
 
@@ -35,7 +36,7 @@ from sparq_lab.models import (_add_tiny_shape, _add_tiny_tokenizer, _write_gguf_
                               make_tiny_granite_swa, make_tiny_llama)
 
 __all__ = ["PROOFS", "make_tiny_gemma3", "make_tiny_mpt", "make_tiny_deepseek2", "make_tiny_minicpm3",
-           "make_tiny_lfm2", "main"]
+           "make_tiny_lfm2", "make_tiny_gpt_oss", "main"]
 
 _N_VOCAB = 260
 _STD = 0.02
@@ -250,6 +251,50 @@ def make_tiny_lfm2(path: str | os.PathLike[str], *, n_layer: int = 4, seed: int 
     return _write_gguf(Path(path), metadata, t.items, arch="lfm2")
 
 
+def make_tiny_gpt_oss(path: str | os.PathLike[str], *, n_layer: int = 2, seed: int = 0) -> Path:
+    """gpt-oss (architecture ``gpt-oss``, llama.cpp's OPENAI_MOE): attention sinks on every layer, a
+    32-cell sliding window on alternate layers (layer 0 sliding), 4 heads of 16 over 2 KV heads, and a
+    mixture of 4 experts (2 used) with biases."""
+    n_embd, n_head, n_head_kv, hd, n_ff, n_exp = 64, 4, 2, 16, 32, 4
+    t = _Tensors(seed)
+    t.mat("token_embd.weight", _N_VOCAB, n_embd)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        t.ones(p + "attn_norm.weight", n_embd)
+        t.ones(p + "post_attention_norm.weight", n_embd)
+        t.mat(p + "attn_q.weight", n_head * hd, n_embd)
+        t.mat(p + "attn_k.weight", n_head_kv * hd, n_embd)
+        t.mat(p + "attn_v.weight", n_head_kv * hd, n_embd)
+        t.mat(p + "attn_output.weight", n_embd, n_head * hd)
+        t.zeros(p + "attn_output.bias", n_embd)
+        t.mat(p + "attn_sinks.weight", n_head)
+        t.mat(p + "ffn_gate_inp.weight", n_exp, n_embd)
+        t.zeros(p + "ffn_gate_inp.bias", n_exp)
+        t.mat(p + "ffn_gate_exps.weight", n_exp, n_ff, n_embd)
+        t.mat(p + "ffn_down_exps.weight", n_exp, n_embd, n_ff)
+        t.mat(p + "ffn_up_exps.weight", n_exp, n_ff, n_embd)
+        t.mat(p + "ffn_gate_exps.bias", n_exp, n_ff)
+        t.mat(p + "ffn_down_exps.bias", n_exp, n_embd)
+        t.mat(p + "ffn_up_exps.bias", n_exp, n_ff)
+    t.ones("output_norm.weight", n_embd)
+    t.mat("output.weight", _N_VOCAB, n_embd)
+
+    def metadata(w) -> None:
+        _common(w, "llama-sparq-tiny-gpt-oss", n_layer, n_embd, n_ff, n_head, n_head_kv)
+        w.add_key_length(hd)
+        w.add_value_length(hd)
+        w.add_rope_dimension_count(hd)
+        w.add_rope_freq_base(10000.0)
+        w.add_layer_norm_rms_eps(1e-5)
+        w.add_expert_count(n_exp)
+        w.add_expert_used_count(2)
+        w.add_expert_feed_forward_length(n_ff)
+        w.add_sliding_window(32)
+        w.add_sliding_window_pattern([i % 2 == 0 for i in range(n_layer)])
+
+    return _write_gguf(Path(path), metadata, t.items, arch="gpt-oss")
+
+
 # The tiny GGUF that proves each architecture's row of docs/coverage.md (its name as llama.cpp spells
 # it: the GGUF's general.architecture)
 PROOFS = {
@@ -261,6 +306,7 @@ PROOFS = {
     "deepseek2": make_tiny_deepseek2,
     "minicpm3": make_tiny_minicpm3,
     "lfm2": make_tiny_lfm2,
+    "gpt-oss": make_tiny_gpt_oss,
 }
 
 

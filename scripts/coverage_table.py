@@ -193,15 +193,21 @@ def refusal_rules(root: Path = ROOT) -> list[Rule]:
     src = root / "ggml-sparq" / "llama" / "llama-sparq-buffers.cpp"
     body = body_of(read(src), r"const char \* sparq_attn_variant\s*\(", str(src))
     rules, scope, pos = [], "model", 0
-    for m in re.finditer(r"if\s*\(", body):
-        if m.start() < pos:
-            continue
+    while True:
+        m = re.compile(r"\s*if\s*\(").match(body, pos)
+        if not m:
+            rest = norm(body[pos:])
+            if rest != "return nullptr;":
+                raise SourceError(f"{src}: sparq_attn_variant: statements this script cannot read (it reads "
+                                  "`if (condition) { return \"phrase\"; }` blocks, then `return nullptr;`): "
+                                  f"{rest[:120]!r}")
+            break
         i = m.end() - 1
         j = matching(body, i)
         cond = norm(body[i + 1:j - 1])
-        k = body.index("{", j)
-        end = matching(body, k)
-        stmt = norm(body[k + 1:end - 1])
+        b = re.compile(r"\s*\{").match(body, j)
+        end = matching(body, b.end() - 1) if b else body.index(";", j) + 1
+        stmt = norm(body[b.end():end - 1] if b else body[j:end])
         pos = end
         if cond == "!call" and stmt == "return nullptr;":
             scope = "call"

@@ -106,14 +106,20 @@ def test_a_refusal_taken_out_of_the_cpp_list_changes_its_rows(ct, up, result, tm
     assert ct.render(after) != ct.render(result)
 
 
-def test_an_unknown_refusal_stops_the_script(ct, up, tmp_path):
+@pytest.mark.parametrize("planted,message", [
+    ('if (hp.n_swa > 7) {\n        return "a planted refusal";\n    }', r"hp\.n_swa > 7.*CONDITIONS"),
+    ('const bool odd = hp.n_swa > 7;', r"statements this script cannot read.*const bool odd"),
+    ('if (hp.n_swa > 7) {\n        return variant_name(hp);\n    }', r"does not return a phrase"),
+])
+def test_a_refusal_the_script_cannot_read_stops_it(ct, up, tmp_path, planted, message):
+    """A condition it does not know, a statement it does not read, a refusal without its phrase: each
+    stops the script with a message, rather than a table that leaves the refusal out."""
     root = _fork_copy(tmp_path)
     src = root / "ggml-sparq/llama/llama-sparq-buffers.cpp"
     text = src.read_text()
     sig = re.search(r"const char \* sparq_attn_variant\([^)]*\) \{", text)
-    src.write_text(text[:sig.end()] + '\n    if (hp.n_swa > 7) {\n        return "a planted refusal";\n    }' +
-                   text[sig.end():])
-    with pytest.raises(ct.SourceError, match=r"hp\.n_swa > 7.*CONDITIONS"):
+    src.write_text(text[:sig.end()] + "\n    " + planted + text[sig.end():])
+    with pytest.raises(ct.SourceError, match=message):
         ct.analyse(root, up)
 
 

@@ -204,16 +204,23 @@ def apply_patches(tree: Path, patch_dir: Path, pin: dict) -> list[tuple[str, str
     return result
 
 
+def tree_path(root: Path = ROOT) -> Path:
+    """Where the prepared upstream tree lives: ``LLAMA_SPARQ_UPSTREAM_DIR`` or ``.upstream/llama.cpp-<commit12>``."""
+    override = os.environ.get(ENV_DIR)
+    if override:
+        return Path(override).resolve()
+    return root / ".upstream" / f"llama.cpp-{read_pin(root / 'upstream.pin')['llama_cpp_commit'][:12]}"
+
+
 def prepare(root: Path = ROOT, quiet: bool = False) -> Path:
     pin = read_pin(root / "upstream.pin")
     override = os.environ.get(ENV_DIR)
+    tree = tree_path(root)
     if override:
-        tree = Path(override).resolve()
         if not (tree / "ggml" / "include" / "ggml.h").exists():
             raise UpstreamError(f"{ENV_DIR}={override}: not a llama.cpp tree (no ggml/include/ggml.h)")
         log(f"using local upstream tree {tree} ({ENV_DIR})")
     else:
-        tree = root / ".upstream" / f"llama.cpp-{pin['llama_cpp_commit'][:12]}"
         if not tree.exists():
             sdist = fetch_sdist(pin, root / ".upstream" / "sdist")
             unpack(pin, sdist, tree)

@@ -1,0 +1,324 @@
+"""Tiny random GGUFs of more of the pinned llama.cpp's architectures, one per outcome of the coverage
+table (docs/coverage.md): for each, `tests/test_coverage_table.py` decodes a few tokens with SparQ on and
+checks the counters against the table's row.
+
+:data:`PROOFS` maps an architecture's name to the generator of its tiny GGUF (the table's "proof"
+column reads it as text); the llama, Gemma 2 and Granite iSWA generators live in
+:mod:`sparq_lab.models`. Each generator writes ``path`` and returns it; the same arguments give the
+same bytes; weights are random (N(0, 0.02), norms 1), f32, with the byte-fallback vocabulary of
+:func:`sparq_lab.models.tiny_vocab`.
+
+* :func:`make_tiny_gemma3`: Gemma 3, sliding-window layers and full-attention ones (SparQ runs on
+  the full-attention layers).
+* :func:`make_tiny_mpt`: MPT with ALiBi position biases.
+* :func:`make_tiny_deepseek2`: DeepSeek-V2 with multi-head latent attention (the absorbed decode:
+  one latent KV head, K ``kv_lora + rope`` wide, V ``kv_lora`` wide).
+* :func:`make_tiny_minicpm3`: MiniCPM3, low-rank attention decompressed to heads whose K (a
+  no-position part and a shared RoPE part) is wider than V.
+* :func:`make_tiny_gpt_oss`: gpt-oss, attention sinks on every layer and a mixture of experts.
+* :func:`make_tiny_lfm2`: LFM2, a hybrid of short-convolution and attention layers (SparQ runs on the
+  attention layers of its hybrid memory).
+
+Command line (with ``dev/`` on ``sys.path``)::
+
+    python -m sparq_lab.arch_models ARCH OUT.gguf
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from sparq_lab.models import (_add_tiny_shape, _add_tiny_tokenizer, _write_gguf_atomic, make_tiny_gemma2,
+                              make_tiny_granite_swa, make_tiny_llama)
+
+__all__ = ["PROOFS", "make_tiny_gemma3", "make_tiny_mpt", "make_tiny_deepseek2", "make_tiny_minicpm3",
+           "make_tiny_lfm2", "make_tiny_gpt_oss", "main"]
+
+_N_VOCAB = 260
+_STD = 0.02
+
+
+class _Tensors:
+    """Random tensors drawn in call order from one generator (same seed, same bytes)."""
+
+    def __init__(self, seed: int):
+        import gguf
+        import numpy as np
+
+        self.np, self.f32 = np, gguf.GGMLQuantizationType.F32
+        self.rng = np.random.default_rng(seed)
+        self.items: list = []
+
+    def mat(self, name: str, *shape: int) -> None:
+        """A weight of numpy shape ``shape`` (ggml's ne reversed: the input dimension last)."""
+        np = self.np
+        self.items.append((name, ((self.rng.standard_normal(shape, dtype=np.float32) * np.float32(_STD)), self.f32)))
+
+    def ones(self, name: str, n: int) -> None:
+        self.items.append((name, (self.np.ones(n, dtype=self.np.float32), self.f32)))
+
+    def zeros(self, name: str, n: int) -> None:
+        self.items.append((name, (self.np.zeros(n, dtype=self.np.float32), self.f32)))
+
+
+def _write_gguf(path: Path, metadata, tensors: list, arch: str) -> Path:
+    import gguf
+
+    return _write_gguf_atomic(gguf, path, metadata, tensors, arch=arch)
+
+
+def _gated_ffn(t: _Tensors, p: str, n_embd: int, n_ff: int) -> None:
+    t.ones(p + "ffn_norm.weight", n_embd)
+    t.mat(p + "ffn_gate.weight", n_ff, n_embd)
+    t.mat(p + "ffn_up.weight", n_ff, n_embd)
+    t.mat(p + "ffn_down.weight", n_embd, n_ff)
+
+
+def _common(w, name: str, n_layer: int, n_embd: int, n_ff: int, n_head: int, n_head_kv: int | list[int]) -> None:
+    import gguf
+
+    w.add_name(name)
+    w.add_file_type(int(gguf.LlamaFileType.ALL_F32))
+    w.add_vocab_size(_N_VOCAB)
+    _add_tiny_shape(w, 4096, n_embd, n_layer, n_ff, n_head, n_head_kv)
+    _add_tiny_tokenizer(w, _N_VOCAB)
+
+
+def make_tiny_gemma3(path: str | os.PathLike[str], *, n_layer: int = 4, seed: int = 0) -> Path:
+    """Gemma 3 (architecture ``gemma3``): a 32-cell sliding window on layers 0-2 and full attention on
+    layer 3 (the pattern of every 4th layer), Q and K RMS norms, 4 heads of 16, 2 KV heads."""
+    n_embd, n_head, n_head_kv, hd, n_ff = 64, 4, 2, 16, 128
+    t = _Tensors(seed)
+    t.mat("token_embd.weight", _N_VOCAB, n_embd)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        t.ones(p + "attn_norm.weight", n_embd)
+        t.mat(p + "attn_q.weight", n_head * hd, n_embd)
+        t.mat(p + "attn_k.weight", n_head_kv * hd, n_embd)
+        t.mat(p + "attn_v.weight", n_head_kv * hd, n_embd)
+        t.mat(p + "attn_output.weight", n_embd, n_head * hd)
+        t.ones(p + "attn_q_norm.weight", hd)
+        t.ones(p + "attn_k_norm.weight", hd)
+        t.ones(p + "post_attention_norm.weight", n_embd)
+        _gated_ffn(t, p, n_embd, n_ff)
+        t.ones(p + "post_ffw_norm.weight", n_embd)
+    t.ones("output_norm.weight", n_embd)
+
+    def metadata(w) -> None:
+        _common(w, "llama-sparq-tiny-gemma3", n_layer, n_embd, n_ff, n_head, n_head_kv)
+        w.add_key_length(hd)
+        w.add_value_length(hd)
+        w.add_layer_norm_rms_eps(1e-6)
+        w.add_rope_freq_base(10000.0)
+        w.add_sliding_window(32)
+        w.add_sliding_window_pattern([(i + 1) % 4 != 0 for i in range(n_layer)])
+
+    return _write_gguf(Path(path), metadata, t.items, arch="gemma3")
+
+
+def make_tiny_mpt(path: str | os.PathLike[str], *, n_layer: int = 2, seed: int = 0) -> Path:
+    """MPT (architecture ``mpt``): ALiBi position biases (max bias 8), fused QKV, layer norms, a GELU
+    FFN, 4 heads of 16."""
+    n_embd, n_head, n_ff = 64, 4, 128
+    t = _Tensors(seed)
+    t.mat("token_embd.weight", _N_VOCAB, n_embd)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        t.ones(p + "attn_norm.weight", n_embd)
+        t.mat(p + "attn_qkv.weight", 3 * n_embd, n_embd)
+        t.mat(p + "attn_output.weight", n_embd, n_embd)
+        t.ones(p + "ffn_norm.weight", n_embd)
+        t.mat(p + "ffn_up.weight", n_ff, n_embd)
+        t.mat(p + "ffn_down.weight", n_embd, n_ff)
+    t.ones("output_norm.weight", n_embd)
+
+    def metadata(w) -> None:
+        _common(w, "llama-sparq-tiny-mpt", n_layer, n_embd, n_ff, n_head, n_head)
+        w.add_layer_norm_eps(1e-5)
+        w.add_max_alibi_bias(8.0)
+
+    return _write_gguf(Path(path), metadata, t.items, arch="mpt")
+
+
+def make_tiny_deepseek2(path: str | os.PathLike[str], *, n_layer: int = 2, seed: int = 0) -> Path:
+    """DeepSeek-V2 (architecture ``deepseek2``) as converted for MLA's absorbed decode: 4 query heads
+    over one latent KV head (kv_lora_rank 32 plus a 16-wide RoPE part: K 48 wide, V 32), q_lora_rank
+    32; every layer's FFN dense (``leading_dense_block_count`` = n_layer)."""
+    n_embd, n_head, n_ff = 64, 4, 128
+    q_lora, kv_lora, rope, nope, v_mla = 32, 32, 16, 32, 32
+    t = _Tensors(seed)
+    t.mat("token_embd.weight", _N_VOCAB, n_embd)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        t.ones(p + "attn_norm.weight", n_embd)
+        t.ones(p + "attn_q_a_norm.weight", q_lora)
+        t.ones(p + "attn_kv_a_norm.weight", kv_lora)
+        t.mat(p + "attn_q_a.weight", q_lora, n_embd)
+        t.mat(p + "attn_q_b.weight", n_head * (nope + rope), q_lora)
+        t.mat(p + "attn_kv_a_mqa.weight", kv_lora + rope, n_embd)
+        t.mat(p + "attn_k_b.weight", n_head, kv_lora, nope)
+        t.mat(p + "attn_v_b.weight", n_head, v_mla, kv_lora)
+        t.mat(p + "attn_output.weight", n_embd, n_head * v_mla)
+        _gated_ffn(t, p, n_embd, n_ff)
+    t.ones("output_norm.weight", n_embd)
+
+    def metadata(w) -> None:
+        _common(w, "llama-sparq-tiny-deepseek2", n_layer, n_embd, n_ff, n_head, 1)
+        w.add_key_length(kv_lora + rope)
+        w.add_value_length(kv_lora)
+        w.add_key_length_mla(nope + rope)
+        w.add_value_length_mla(v_mla)
+        w.add_rope_dimension_count(rope)
+        w.add_rope_freq_base(10000.0)
+        w.add_layer_norm_rms_eps(1e-6)
+        w.add_q_lora_rank(q_lora)
+        w.add_kv_lora_rank(kv_lora)
+        w.add_leading_dense_block_count(n_layer)
+        w.add_expert_feed_forward_length(n_ff)
+        w.add_expert_shared_count(0)
+
+    return _write_gguf(Path(path), metadata, t.items, arch="deepseek2")
+
+
+def make_tiny_minicpm3(path: str | os.PathLike[str], *, n_layer: int = 2, seed: int = 0) -> Path:
+    """MiniCPM3 (architecture ``minicpm3``): low-rank Q and KV (ranks 32) decompressed to 4 heads whose
+    K is a 16-wide no-position part and a shared 8-wide RoPE part (24) and whose V is 16 wide."""
+    n_embd, n_head, n_ff = 64, 4, 128
+    q_lora, kv_lora, rope, nope, dv = 32, 32, 8, 16, 16
+    t = _Tensors(seed)
+    t.mat("token_embd.weight", _N_VOCAB, n_embd)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        t.ones(p + "attn_norm.weight", n_embd)
+        t.ones(p + "attn_q_a_norm.weight", q_lora)
+        t.ones(p + "attn_kv_a_norm.weight", kv_lora)
+        t.mat(p + "attn_q_a.weight", q_lora, n_embd)
+        t.mat(p + "attn_q_b.weight", n_head * (nope + rope), q_lora)
+        t.mat(p + "attn_kv_a_mqa.weight", kv_lora + rope, n_embd)
+        t.mat(p + "attn_kv_b.weight", n_head * (nope + dv), kv_lora)
+        t.mat(p + "attn_output.weight", n_embd, n_head * dv)
+        _gated_ffn(t, p, n_embd, n_ff)
+    t.ones("output_norm.weight", n_embd)
+
+    def metadata(w) -> None:
+        _common(w, "llama-sparq-tiny-minicpm3", n_layer, n_embd, n_ff, n_head, n_head)
+        w.add_key_length(nope + rope)
+        w.add_value_length(dv)
+        w.add_rope_dimension_count(rope)
+        w.add_rope_freq_base(10000.0)
+        w.add_layer_norm_rms_eps(1e-5)
+        w.add_q_lora_rank(q_lora)
+        w.add_kv_lora_rank(kv_lora)
+
+    return _write_gguf(Path(path), metadata, t.items, arch="minicpm3")
+
+
+def make_tiny_lfm2(path: str | os.PathLike[str], *, n_layer: int = 4, seed: int = 0) -> Path:
+    """LFM2 (architecture ``lfm2``), a hybrid: short-convolution layers (0, 2: no KV heads, a recurrent
+    state) and attention layers (1, 3: 4 heads of 16 over 2 KV heads, Q and K RMS norms) in
+    llama.cpp's hybrid memory."""
+    n_embd, n_head, n_head_kv, hd, n_ff, l_cache = 64, 4, 2, 16, 128, 3
+    t = _Tensors(seed)
+    t.mat("token_embd.weight", _N_VOCAB, n_embd)
+    attn = [i % 2 == 1 for i in range(n_layer)]
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        _gated_ffn(t, p, n_embd, n_ff)
+        t.ones(p + "attn_norm.weight", n_embd)
+        if attn[i]:
+            t.ones(p + "attn_q_norm.weight", hd)
+            t.ones(p + "attn_k_norm.weight", hd)
+            t.mat(p + "attn_q.weight", n_head * hd, n_embd)
+            t.mat(p + "attn_k.weight", n_head_kv * hd, n_embd)
+            t.mat(p + "attn_v.weight", n_head_kv * hd, n_embd)
+            t.mat(p + "attn_output.weight", n_embd, n_embd)
+        else:
+            t.mat(p + "shortconv.conv.weight", n_embd, l_cache)
+            t.mat(p + "shortconv.in_proj.weight", 3 * n_embd, n_embd)
+            t.mat(p + "shortconv.out_proj.weight", n_embd, n_embd)
+    t.ones("token_embd_norm.weight", n_embd)
+
+    def metadata(w) -> None:
+        _common(w, "llama-sparq-tiny-lfm2", n_layer, n_embd, n_ff, n_head, [n_head_kv if a else 0 for a in attn])
+        w.add_rope_freq_base(10000.0)
+        w.add_layer_norm_rms_eps(1e-5)
+        w.add_shortconv_l_cache(l_cache)
+
+    return _write_gguf(Path(path), metadata, t.items, arch="lfm2")
+
+
+def make_tiny_gpt_oss(path: str | os.PathLike[str], *, n_layer: int = 2, seed: int = 0) -> Path:
+    """gpt-oss (architecture ``gpt-oss``, llama.cpp's OPENAI_MOE): attention sinks on every layer, a
+    32-cell sliding window on alternate layers (layer 0 sliding), 4 heads of 16 over 2 KV heads, and a
+    mixture of 4 experts (2 used) with biases."""
+    n_embd, n_head, n_head_kv, hd, n_ff, n_exp = 64, 4, 2, 16, 32, 4
+    t = _Tensors(seed)
+    t.mat("token_embd.weight", _N_VOCAB, n_embd)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        t.ones(p + "attn_norm.weight", n_embd)
+        t.ones(p + "post_attention_norm.weight", n_embd)
+        t.mat(p + "attn_q.weight", n_head * hd, n_embd)
+        t.mat(p + "attn_k.weight", n_head_kv * hd, n_embd)
+        t.mat(p + "attn_v.weight", n_head_kv * hd, n_embd)
+        t.mat(p + "attn_output.weight", n_embd, n_head * hd)
+        t.zeros(p + "attn_output.bias", n_embd)
+        t.mat(p + "attn_sinks.weight", n_head)
+        t.mat(p + "ffn_gate_inp.weight", n_exp, n_embd)
+        t.zeros(p + "ffn_gate_inp.bias", n_exp)
+        t.mat(p + "ffn_gate_exps.weight", n_exp, n_ff, n_embd)
+        t.mat(p + "ffn_down_exps.weight", n_exp, n_embd, n_ff)
+        t.mat(p + "ffn_up_exps.weight", n_exp, n_ff, n_embd)
+        t.mat(p + "ffn_gate_exps.bias", n_exp, n_ff)
+        t.mat(p + "ffn_down_exps.bias", n_exp, n_embd)
+        t.mat(p + "ffn_up_exps.bias", n_exp, n_ff)
+    t.ones("output_norm.weight", n_embd)
+    t.mat("output.weight", _N_VOCAB, n_embd)
+
+    def metadata(w) -> None:
+        _common(w, "llama-sparq-tiny-gpt-oss", n_layer, n_embd, n_ff, n_head, n_head_kv)
+        w.add_key_length(hd)
+        w.add_value_length(hd)
+        w.add_rope_dimension_count(hd)
+        w.add_rope_freq_base(10000.0)
+        w.add_layer_norm_rms_eps(1e-5)
+        w.add_expert_count(n_exp)
+        w.add_expert_used_count(2)
+        w.add_expert_feed_forward_length(n_ff)
+        w.add_sliding_window(32)
+        w.add_sliding_window_pattern([i % 2 == 0 for i in range(n_layer)])
+
+    return _write_gguf(Path(path), metadata, t.items, arch="gpt-oss")
+
+
+# The tiny GGUF that proves each architecture's row of docs/coverage.md (its name as llama.cpp spells
+# it: the GGUF's general.architecture)
+PROOFS = {
+    "llama": make_tiny_llama,
+    "gemma2": make_tiny_gemma2,
+    "gemma3": make_tiny_gemma3,
+    "granite_swa": make_tiny_granite_swa,
+    "mpt": make_tiny_mpt,
+    "deepseek2": make_tiny_deepseek2,
+    "minicpm3": make_tiny_minicpm3,
+    "lfm2": make_tiny_lfm2,
+    "gpt-oss": make_tiny_gpt_oss,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m sparq_lab.arch_models",
+                                 description="Write the tiny GGUF of one architecture of the coverage table.")
+    ap.add_argument("arch", choices=sorted(PROOFS))
+    ap.add_argument("out", help="output .gguf path")
+    args = ap.parse_args(argv)
+    print(PROOFS[args.arch](args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -228,10 +228,16 @@ static int run_params_check() {
             return params_fail("the CPU backend refuses", ggml_sparq_feature_name(bit));
         }
         const bool cuda = sparq_cuda_why_not(t) == nullptr;
-        if (cuda != ((f & ~SPARQ_CUDA_HONOURS) == 0)) {
+        if (cuda != ((f & ~sparq_cuda_honours()) == 0)) {
             return params_fail("the CUDA check does not follow its declared parts for", ggml_sparq_feature_name(bit));
         }
         parts++;
+    }
+    // the kernels run the selectors that rank scores (their rows say so), and no other selector's bit
+    if (sparq_cuda_honours() != (GGML_SPARQ_FEAT_ORACLE | GGML_SPARQ_FEAT_PER_HEAD | GGML_SPARQ_FEAT_NO_MEAN_V |
+                                 GGML_SPARQ_FEAT_WINDOW | GGML_SPARQ_FEAT_BASIS | GGML_SPARQ_FEAT_COVERAGE |
+                                 GGML_SPARQ_FEAT_COVERAGE_CAP | GGML_SPARQ_FEAT_REPORT | GGML_SPARQ_FEAT_TOPK_BUCKETS)) {
+        return params_fail("the CUDA check honours other parts than the ranking selectors' and its own");
     }
     if (sparq_cuda_why_not(params_node_with(s, 0)) != nullptr) {
         return params_fail("the CUDA check refuses a plain node");
@@ -277,6 +283,6 @@ static int run_params_check() {
     ggml_free(s.ctx);
     printf("params-check: OK: %d parts, each honoured by the CPU and as declared by CUDA (%d of them); "
            "unknown parts and another layout refused by both; %d of %d op_params slots free\n",
-           parts, __builtin_popcount(SPARQ_CUDA_HONOURS), ggml_sparq_params_free_slots(), GGML_SPARQ_PARAMS_SLOTS);
+           parts, __builtin_popcount(sparq_cuda_honours()), ggml_sparq_params_free_slots(), GGML_SPARQ_PARAMS_SLOTS);
     return 0;
 }

@@ -102,7 +102,7 @@ struct test_sparq_attn : public test_case {
     void initialize_tensors(ggml_context * ctx) override {
         std::mt19937 gen(0x5A17u + (uint32_t) (d * 131 + kv * 7 + nh * 3 + ns + r + k + l + variant));
         std::uniform_real_distribution<float> uni(-1.0f, 1.0f), wdis(0.5f, 2.0f);
-        const int rr = sel == GGML_SPARQ_SEL_ORACLE ? (int) d : r;
+        const int rr = ggml_sparq_selector_row(sel)->every_component ? (int) d : r; // the components it ranks by
         const sparq_tie_proof tp((int) d, rr, gen);
         ggml_tensor * K = nullptr;
         ggml_tensor * KT = nullptr;

@@ -233,10 +233,10 @@ static int run_params_check() {
         }
         parts++;
     }
-    // the kernels run the selectors that rank scores (their rows say so), and no other selector's bit
-    if (sparq_cuda_honours() != (GGML_SPARQ_FEAT_ORACLE | GGML_SPARQ_FEAT_PER_HEAD | GGML_SPARQ_FEAT_NO_MEAN_V |
-                                 GGML_SPARQ_FEAT_WINDOW | GGML_SPARQ_FEAT_BASIS | GGML_SPARQ_FEAT_COVERAGE |
-                                 GGML_SPARQ_FEAT_COVERAGE_CAP | GGML_SPARQ_FEAT_REPORT | GGML_SPARQ_FEAT_TOPK_BUCKETS)) {
+    // the kernels run the selectors that rank scores (their rows say so: the default and the exact
+    // scores' bit), no other selector's bit, and beside them the parts they list
+    if ((sparq_cuda_honours() & GGML_SPARQ_FEAT_SELECTORS) != GGML_SPARQ_FEAT_ORACLE ||
+        (sparq_cuda_honours() & ~GGML_SPARQ_FEAT_SELECTORS) != SPARQ_CUDA_HONOURS_PARTS) {
         return params_fail("the CUDA check honours other parts than the ranking selectors' and its own");
     }
     if (sparq_cuda_why_not(params_node_with(s, 0)) != nullptr) {

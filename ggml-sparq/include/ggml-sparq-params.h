@@ -42,8 +42,9 @@ enum ggml_sparq_mode {
 // outside the set it honours. Buffers the op reads or writes besides its inputs (a report, a
 // selector's state) are sources of the node, never addresses in its parameters.
 enum ggml_sparq_feature {
-    // bits 0-4: the selectors' own (a selector other than the default, its read report); each
-    // selector's row (op/ggml-sparq-selectors.c) names its bits, and code elsewhere asks the row
+    // the selectors' own bits (a selector other than the default, its read report; in
+    // GGML_SPARQ_FEAT_SELECTORS): each selector's row (op/ggml-sparq-selectors.c) names its bits,
+    // and code elsewhere asks the row
     GGML_SPARQ_FEAT_ORACLE           = 1u << 0,
     GGML_SPARQ_FEAT_STREAMING        = 1u << 1,
     GGML_SPARQ_FEAT_H2O              = 1u << 2,
@@ -61,8 +62,9 @@ enum ggml_sparq_feature {
     GGML_SPARQ_FEAT_TOPK_BUCKETS     = 1u << 14, // the approximate bucketed top-k (topk_buckets)
 };
 #define GGML_SPARQ_FEAT_ALL ((1u << 15) - 1u)
-// the bits a selector's row may name (feature, reads_feature): a backend honours them by asking the rows
-#define GGML_SPARQ_FEAT_SELECTORS ((1u << 5) - 1u)
+// the bits the selectors' rows name (feature, reads_feature): a backend honours them by asking the rows
+#define GGML_SPARQ_FEAT_SELECTORS (GGML_SPARQ_FEAT_ORACLE | GGML_SPARQ_FEAT_STREAMING | GGML_SPARQ_FEAT_H2O | \
+                                   GGML_SPARQ_FEAT_INDEX | GGML_SPARQ_FEAT_INDEX_READS)
 // a selector value this build does not know: outside every backend's set
 #define GGML_SPARQ_FEAT_UNKNOWN (1u << 31)
 

@@ -233,6 +233,16 @@ static int run_params_check() {
         }
         parts++;
     }
+    // every bit a selector's row names is in the selectors' set, and each of that set is some row's
+    {
+        uint32_t named = 0;
+        for (int32_t id = 0; id < GGML_SPARQ_SEL_COUNT; ++id) {
+            named |= ggml_sparq_selector_row(id)->feature | ggml_sparq_selector_row(id)->reads_feature;
+        }
+        if (named != GGML_SPARQ_FEAT_SELECTORS || ggml_sparq_selector_row(GGML_SPARQ_SEL_COUNT) != nullptr) {
+            return params_fail("the selectors' rows do not name exactly GGML_SPARQ_FEAT_SELECTORS");
+        }
+    }
     // the kernels run the selectors that rank scores (their rows say so: the default and the exact
     // scores' bit), no other selector's bit, and beside them the parts they list
     if ((sparq_cuda_honours() & GGML_SPARQ_FEAT_SELECTORS) != GGML_SPARQ_FEAT_ORACLE ||

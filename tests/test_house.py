@@ -286,8 +286,9 @@ LLAMA_SELECTOR_FILES = {
     "index": {"llama-sparq-select-index.cpp", "llama-sparq-index.cpp", "llama-sparq-index.h",
               "llama-sparq-selectors.cpp"},
 }
-# all of ggml-sparq/: the files that name each selector now (the target is 6); the ceiling only falls
-SELECTOR_FILES_MAX = {"h2o": 15, "streaming": 14, "oracle": 16, "index": 15}
+# all of ggml-sparq/: its own files, the registry rows (op, llama), the settings table and the public
+# enums; the ceiling only falls
+SELECTOR_FILES_MAX = {"h2o": 6, "streaming": 6, "oracle": 6, "index": 6}
 
 
 def files_naming(under: str, pattern: re.Pattern) -> set[str]:

@@ -37,6 +37,18 @@ static enum sparq_type sparq_type_of(const struct ggml_tensor * t, bool rows = f
 static constexpr uint32_t SPARQ_CPU_HONOURS = GGML_SPARQ_FEAT_ALL;
 static_assert(GGML_SPARQ_FEAT_ALL == 0x7fffu, "a new part of the op: make the CPU op honour it, then list it here");
 
+// The CPU driver's selectors are the op's, in its order: checked once, by name, before the first node
+static bool sparq_cpu_selectors_match() {
+    static const bool match = [] {
+        bool ok = sparq_cpu_selector_count() == GGML_SPARQ_SEL_COUNT;
+        for (int32_t id = 0; ok && id < GGML_SPARQ_SEL_COUNT; ++id) {
+            ok = strcmp(sparq_cpu_selector_name(id), ggml_sparq_selector_row(id)->name) == 0;
+        }
+        return ok;
+    }();
+    return match;
+}
+
 bool ggml_sparq_cpu_supports_op(const struct ggml_tensor * op) {
     return ggml_sparq_params_unsupported(op, SPARQ_CPU_HONOURS) == nullptr;
 }
@@ -44,6 +56,7 @@ bool ggml_sparq_cpu_supports_op(const struct ggml_tensor * op) {
 // the node's parameters; a node the CPU op cannot run aborts with the reason (the scheduler
 // places no such node here: ggml_sparq_cpu_supports_op)
 static struct ggml_sparq_params sparq_cpu_params(const struct ggml_tensor * dst) {
+    GGML_ASSERT(sparq_cpu_selectors_match() && "sparq_attn: the CPU driver's selectors are not the op's, in its order");
     if (const char * why = ggml_sparq_params_unsupported(dst, SPARQ_CPU_HONOURS)) {
         GGML_ABORT("sparq_attn: the CPU op does not run %s: %s", dst->name, why);
     }
@@ -88,24 +101,21 @@ static struct sparq_args sparq_args_of(const struct ggml_tensor * dst) {
     if (const struct ggml_tensor * win = w.win) {
         a.win = (const int32_t *) win->data; a.win_nb1 = win->nb[1]; a.win_nb2 = win->nb[2]; a.win_n = (int) win->ne[0];
     }
-    if (const struct ggml_tensor * hs = w.h2o) {
-        a.h2o = (float *) hs->data; a.h2o_nb1 = hs->nb[1]; a.h2o_nb2 = hs->nb[2];
+    // a selector's own inputs and parameters, for its file to read (its row in the op says what it takes)
+    for (int i = 0; i < 2; ++i) {
+        if (const struct ggml_tensor * t = w.sel[i]) {
+            a.sel_in[i] = { (float *) t->data, t->nb[1], t->nb[2], t->nb[3], (int) t->ne[1] };
+        }
     }
-    if (w.ivf_cent) {
-        const struct ggml_tensor * ce = w.ivf_cent, * li = w.ivf_list;
-        a.ivf_cent = (const float *) ce->data; a.ivf_cent_nb1 = ce->nb[1]; a.ivf_cent_nb2 = ce->nb[2]; a.ivf_cent_nb3 = ce->nb[3];
-        a.ivf_n_list = (int) ce->ne[1];
-        a.ivf_list = (float *) li->data; a.ivf_list_nb1 = li->nb[1]; a.ivf_list_nb2 = li->nb[2];
-        a.ivf_n_probe = P.n_probe;
-        a.ivf_reads = P.index_reads ? 1 : 0;
-    }
+    a.n_probe = P.n_probe;
+    a.sel_reads = P.index_reads ? 1 : 0;
     if (const struct ggml_tensor * qs = w.q_sel) {
         a.q_sel = (const float *) qs->data; a.q_sel_nb1 = qs->nb[1]; a.q_sel_nb2 = qs->nb[2]; a.q_sel_nb3 = qs->nb[3];
     }
     if (const struct ggml_tensor * cw = w.comp_w) {
         a.comp_w = (const float *) cw->data; a.comp_w_nb1 = cw->nb[1]; a.comp_w_nb2 = cw->ne[2] > 1 ? cw->nb[2] : 0;
     }
-    if (a.selector == GGML_SPARQ_SEL_SPARQ || a.selector == GGML_SPARQ_SEL_ORACLE) {
+    if (w.selector->ranks) {
         a.cov_p = P.cov_p;
         a.k_min = P.k_min;
         a.k_scan = P.k_scan;

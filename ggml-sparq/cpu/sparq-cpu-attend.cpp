@@ -1,6 +1,6 @@
 // llama-sparq: the last two phases of the CPU driver. phase_select, per unit: the final selection
 // (the chunks' candidates merged, plus the window), the mean of V and each head's alpha;
-// phase_attend, per part of a unit (per (unit, query head) with H2O): exact attention over the
+// phase_attend, per part of a unit (per (unit, query head) for a selector with even_attend): exact attention over the
 // unit's selection, the mean-value reallocation and the output. Rows of a stream marked dense,
 // and diffuse heads under the calibrated k, attend over every valid cell.
 
@@ -298,7 +298,7 @@ static void attend_head(const ctx & C, int u, int w, int hh, float * ex, float *
     }
 }
 
-// ----- the exact attention by parts (every selector but H2O) -----
+// ----- the exact attention by parts (every selector without even_attend) -----
 
 // a part's softmax state: per head its largest logit M, its sum of exp P (relative to M), and its
 // output y (g rows of dv), unnormalised
@@ -522,7 +522,7 @@ static void attend_part(const ctx & C, int u, int w, int pt, int ith) {
 // ----- phase_attend. The threads take the items in order from a shared counter as they finish
 // phase_select, each waiting only for its unit's plan: SmolLM2's 3 units on 2 threads leave no
 // thread idle while another selects its second unit. An item is a part of a unit (attend_part), or
-// with H2O a (unit, query head) in an equal fixed share per thread: its weights are summed per
+// with even_attend a (unit, query head) in an equal fixed share per thread: its weights are summed per
 // thread, and a fixed split keeps their sums (and so its later choices) the same from run to run. -----
 void phase_attend(const ctx & C, int wb, int we, int ith, int nth) {
     const int g = C.L.group_size;

@@ -5,8 +5,17 @@
 
 namespace sparq_cpu {
 
-// the arguments a selector actually runs with: the oracle is SparQ with every component; the
-// baselines have no approximate scores (no components, no mean-V) and one choice per group
+// the paper's baselines: no approximate scores, no mean of V, one choice per KV head
+void baseline_args(sparq_args & b) {
+    b.r = 1;
+    b.no_mean_v = 1;
+    b.per_head = 0;
+    b.q_sel = nullptr;
+    b.comp_w = nullptr;
+}
+
+// the arguments a selector actually runs with (its args hook: exact scores with every component,
+// say, or none at all)
 sparq_args effective_args(const sparq_args * a) {
     sparq_args b = *a;
     if (const auto args = selector_of(b.selector).args) {

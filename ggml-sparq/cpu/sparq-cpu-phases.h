@@ -49,7 +49,7 @@ struct layout {
     int chunk_cap;   // candidates a chunk may offer per selection list
     int wave_units;  // units whose chunk buffers and GQA logits are in scratch at once
     int block_cells; // cells per block of approximate scores (their group_size rows stay in cache)
-    int wcap;       // entries of a row's window list: l, or k with the streaming selector (window + sinks)
+    int wcap;       // entries of a row's window list: l, or k when that list is the whole choice
     int ph;         // selection lists per unit: g with per-head selection (g > 1), else 1
     int sel_max;    // cells a unit's selection can hold
     int chunk_max;
@@ -61,11 +61,10 @@ struct layout {
     int att_block;     // cells of a block of the exact attention (SPARQ_ATT_BLOCK, fewer with many heads)
     size_t off_part;   // per (wave slot, part): the part's softmax state (att_state)
     int n_waves;
-    size_t off_h2o; // H2O: per thread, the attention weights of its rows per (stream, KV head, cell)
-    size_t off_ivf; // index: per unit, the group's summed query (d), the lists' |c|^2 and probe flags (n_list each)
-    size_t off_ivf_n; // index: per unit of the wave and chunk, the key rows scored
+    size_t off_own[2]; // the selector's own shared scratch (its scratch hook sets them; its file reads them)
     // per-thread area: offsets from the thread's base
-    size_t t_blk, t_ck, t_idx, t_gm, t_big, t_merge, t_sel, t_ex, t_p, t_vec, t_gh, t_rows, t_ivf, t_pc, t_wbits;
+    size_t t_blk, t_ck, t_idx, t_gm, t_big, t_merge, t_sel, t_ex, t_p, t_vec, t_gh, t_rows, t_wbits;
+    size_t t_own[2];   // the selector's own per-thread scratch
     size_t t_bk, t_bb;
     size_t t_aex, t_ap, t_aidx, t_ast, t_aq; // phase_attend: a block's g x B logits and weights, its cells, a state, q rows
     size_t thread_bytes, total;
@@ -77,14 +76,7 @@ inline int k_rank(const sparq_args * a) { return a->cov_p > 0.0f ? std::max(a->k
 // candidates a chunk may offer (never more than its cells)
 inline int sparq_cap(const sparq_args * a, int chunk_max) { return std::max(16, std::min(4 * k_rank(a), chunk_max)); }
 
-// index: per unit, a query per search (the group's sum, or each head's), the lists' |c|^2, per
-// search its probe flags, and the flags of the lists any search probes (int32, list_gather's table)
-inline size_t ivf_unit_floats(const sparq_args * a, int ph) {
-    return (size_t) ph * a->d + a->ivf_n_list + (size_t) ph * a->ivf_n_list + a->ivf_n_list;
-}
-
-// the arguments a selector actually runs with (the oracle: every component; the baselines: no
-// approximate scores)
+// the arguments a selector actually runs with (its args hook)
 sparq_args effective_args(const sparq_args * a);
 layout make_layout(const sparq_args * a, int nth);
 
@@ -103,30 +95,6 @@ struct ctx {
     int32_t   * cnt(int row)                const { return (int32_t *) (base + L.off_cnt) + (size_t) row * L.n_chunks; }
     row_info  * rinfo(int row)              const { return (row_info *) (base + L.off_row) + row; }
     int32_t   * win(int row)                const { return (int32_t *) (base + L.off_win) + (size_t) row * (L.wcap + 1); }
-    // H2O: thread ith's share of the attention weights of (stream, KV head), and the scores
-    float     * h2o_part(int ith, int st, int kvh) const {
-        return (float *) (base + L.off_h2o) + (((size_t) ith * a->n_stream + st) * a->n_head_kv + kvh) * a->n_kv;
-    }
-    // index: the unit's summed query, its lists' squared norms, its probe flags (1.0: probed)
-    float     * ivf_q(int u, int h = 0)     const {
-        return (float *) (base + L.off_ivf) + (size_t) u * ivf_unit_floats(a, L.ph) + (size_t) h * a->d;
-    }
-    float     * ivf_cn2(int u)              const { return ivf_q(u, L.ph); }
-    float     * ivf_probe(int u, int h = 0) const { return ivf_cn2(u) + a->ivf_n_list + (size_t) h * a->ivf_n_list; }
-    int32_t   * ivf_any(int u)              const { return (int32_t *) ivf_probe(u, L.ph); }
-    const float * ivf_centroid(int st, int kvh, int c) const {
-        return (const float *) ((const char *) a->ivf_cent + (size_t) c * a->ivf_cent_nb1 + (size_t) kvh * a->ivf_cent_nb2 +
-                                (size_t) st * a->ivf_cent_nb3);
-    }
-    int32_t   * ivf_n(int w, int c)         const { return (int32_t *) (base + L.off_ivf_n) + (size_t) w * L.n_chunks + c; }
-    // index: where the op reports the key rows it read for (stream, KV head): centroid row n_list
-    float     * ivf_reads(int st, int kvh)  const { return (float *) ivf_centroid(st, kvh, a->ivf_n_list); }
-    float     * ivf_lists(int st, int kvh)  const {
-        return (float *) ((char *) a->ivf_list + (size_t) kvh * a->ivf_list_nb1 + (size_t) st * a->ivf_list_nb2);
-    }
-    float     * h2o_row(int st, int kvh)    const {
-        return (float *) ((char *) a->h2o + (size_t) kvh * a->h2o_nb1 + (size_t) st * a->h2o_nb2);
-    }
     int32_t   * i1(int u)                   const { return (int32_t *) (base + L.off_i1) + (size_t) u * a->r; }
     float     * qs(int u)                   const { return (float *) (base + L.off_qs) + (size_t) u * L.group_size * a->r; }
     float     * stat(int w, int c)          const { return (float *) (base + L.off_stat) + ((size_t) w * L.n_chunks + c) * L.group_size * 2; }
@@ -316,11 +284,11 @@ void phase_select(const ctx & C, int wb, int we, int ith, int nth);    // sparq-
 void phase_attend(const ctx & C, int wb, int we, int ith, int nth);
 
 // ---------------------------------------------------------------------------
-// the parts of the selectors that rank approximate scores (sparq, oracle), which the phases share;
-// the rest of every selector is behind its hooks (sparq-cpu-selector.h)
+// the parts of the selectors that rank approximate scores, which the phases share; the rest of
+// every selector is behind its hooks (sparq-cpu-selector.h)
 // ---------------------------------------------------------------------------
 
-// sparq and oracle (sparq-cpu-select-sparq.cpp)
+// sparq-cpu-select-sparq.cpp
 // phase_components, per unit: the r components i1 and the scaled query components qs (every
 // selector runs it; the baselines with r = 1, which nothing reads); absq, order: d scratch entries each
 void sparq_components(const ctx & C, int u, float * absq, int32_t * order);
@@ -345,8 +313,8 @@ float sparq_alpha(const ctx & C, int u, int w, int hh, const int32_t * sel, int 
 int sparq_coverage_cut(const ctx & C, int u, int w, int h, const row_info * ri, const int32_t * wl, cand * merge,
                        int n, int * reached);
 
-// the baselines' arguments (streaming, h2o): no approximate scores, no mean of V, one choice per
-// KV head (sparq-cpu-select-streaming.cpp)
+// the paper's baselines' arguments: no approximate scores, no mean of V, one choice per KV head
+// (sparq-cpu-layout.cpp)
 void baseline_args(sparq_args & b);
 
 } // namespace sparq_cpu

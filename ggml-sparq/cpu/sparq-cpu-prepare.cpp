@@ -65,7 +65,7 @@ void phase_components(const ctx & C, int ith, int nth) {
 // ----- phase_windows: valid cells and window start per row -----
 
 // row R's window list wl (ascending): the given window cells that are valid, or the l most recent
-// valid cells (then *w0 is the first of them), and the selector's more (streaming: the sinks).
+// valid cells (then *w0 is the first of them), and the selector's more (its window_more hook).
 // Returns its length.
 static int32_t row_window(const ctx & C, int R, const float * m, int32_t * wl, int32_t * w0) {
     const sparq_args * a = C.a;
@@ -76,7 +76,7 @@ static int32_t row_window(const ctx & C, int R, const float * m, int32_t * wl, i
         // the window cells are given (the l most recent positions): keep the valid ones
         const int32_t * src = (const int32_t *) ((const char *) a->win + (size_t) C.row_in_stream(R) * a->win_nb1 +
                                                  (size_t) C.row_stream(R) * a->win_nb2);
-        // a whole choice (streaming): entries l..k-1 name the earliest positions' cells (the sinks)
+        // a whole choice (window_choice): entries l..k-1 name the earliest positions' cells (the sinks)
         for (int i = 0; i < std::min(whole ? a->k : a->l, a->win_n); ++i) {
             const int32_t c = src[i];
             if (c >= 0 && c < S && (!m || is_valid(m[c]))) {

@@ -6,15 +6,27 @@
 
 namespace sparq_cpu {
 
+// its input: the scores, sel_in[0] [n_kv, n_head_kv, n_stream], which it reads and writes
+static float * h2o_row(const ctx & C, int st, int kvh) {
+    const sparq_sel_input & in = C.a->sel_in[0];
+    return (float *) ((char *) in.data + (size_t) kvh * in.nb1 + (size_t) st * in.nb2);
+}
+
+// thread ith's share of the attention weights of (stream, KV head) (its scratch, off_own[0])
+static float * h2o_part(const ctx & C, int ith, int st, int kvh) {
+    const sparq_args * a = C.a;
+    return (float *) (C.base + C.L.off_own[0]) + (((size_t) ith * a->n_stream + st) * a->n_head_kv + kvh) * a->n_kv;
+}
+
 // its scratch: per thread, the attention weights of its rows per (stream, KV head, cell)
 static void h2o_scratch(const sparq_args * a, layout & L, int nth, size_t * o, size_t *) {
-    L.off_h2o = *o;
+    L.off_own[0] = *o;
     *o += align_up((size_t) nth * a->n_stream * a->n_head_kv * a->n_kv * sizeof(float));
 }
 
 static void h2o_clear(const ctx & C, int ith, int) {
     const sparq_args * a = C.a;
-    memset(C.h2o_part(ith, 0, 0), 0, (size_t) a->n_stream * a->n_head_kv * a->n_kv * sizeof(float));
+    memset(h2o_part(C, ith, 0, 0), 0, (size_t) a->n_stream * a->n_head_kv * a->n_kv * sizeof(float));
 }
 
 static void h2o_candidates(const ctx & C, int u, int w, int s0, int s1, int ith) {
@@ -23,7 +35,7 @@ static void h2o_candidates(const ctx & C, int u, int w, int s0, int s1, int ith)
     const row_info * ri = C.rinfo(R);
     float * ck = (float *) C.tbuf(ith, C.L.t_ck);
     // candidates by accumulated attention (invalid cells never), cells before the window
-    const float * hs = C.h2o_row(st, kvh);
+    const float * hs = h2o_row(C, st, kvh);
     const float * m = C.mask_row(R);
     const int n = std::min(s1, (int) ri->w0) - s0;
     for (int s = 0; s < n; ++s) {
@@ -35,7 +47,7 @@ static void h2o_candidates(const ctx & C, int u, int w, int s0, int s1, int ith)
 static void h2o_add_weights(const ctx & C, int ith, int st, int kvh, const int32_t * sel, const float * ex, int n_sel,
                      float M, float iP) {
     // the row's attention weights, added to the scores once every row has chosen
-    float * part = C.h2o_part(ith, st, kvh);
+    float * part = h2o_part(C, ith, st, kvh);
     for (int t = 0; t < n_sel; ++t) {
         part[sel[t]] += expf(ex[t] - M) * iP;
     }
@@ -44,7 +56,7 @@ static void h2o_add_weights(const ctx & C, int ith, int st, int kvh, const int32
 static void h2o_add_dense_weights(const ctx & C, int ith, int st, int kvh, const float * q, const float * m, float M, float iP) {
     // the weights need the final maximum and sum: a second pass over the logits
     const int S = C.a->n_kv;
-    float * part = C.h2o_part(ith, st, kvh);
+    float * part = h2o_part(C, ith, st, kvh);
     for (int s = 0; s < S; ++s) {
         if (m && !is_valid(m[s])) {
             continue;
@@ -61,9 +73,9 @@ static void h2o_fold(const ctx & C, int ith, int nth) {
         for (int kvh = 0; kvh < a->n_head_kv; ++kvh) {
             int s0, s1;
             chunk_range(S, ith, nth, &s0, &s1);
-            float * hs = C.h2o_row(st, kvh);
+            float * hs = h2o_row(C, st, kvh);
             for (int t = 0; t < nth; ++t) {
-                const float * part = C.h2o_part(t, st, kvh);
+                const float * part = h2o_part(C, t, st, kvh);
                 for (int s = s0; s < s1; ++s) {
                     hs[s] += part[s];
                 }
@@ -73,7 +85,7 @@ static void h2o_fold(const ctx & C, int ith, int nth) {
 }
 
 // the l most recent cells and the k - l of largest accumulated attention; no approximate scores
-const selector sel_h2o = {
+extern const selector select_h2o = {
     /* name           */ "h2o",
     /* ranks_scores   */ false,
     /* window_choice  */ false,

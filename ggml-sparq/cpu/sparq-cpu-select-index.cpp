@@ -6,26 +6,64 @@
 
 namespace sparq_cpu {
 
+// Its inputs: the centroids, sel_in[0] [d, n_list, n_head_kv, n_stream] (with a row after the last
+// for the reads it reports), and each cell's list, sel_in[1] [n_kv, n_head_kv, n_stream] (f32 ids).
+static int ivf_n_list(const sparq_args * a) { return a->sel_in[0].ne1; }
+
+static const float * ivf_centroid(const ctx & C, int st, int kvh, int c) {
+    const sparq_sel_input & in = C.a->sel_in[0];
+    return (const float *) ((const char *) in.data + (size_t) c * in.nb1 + (size_t) kvh * in.nb2 + (size_t) st * in.nb3);
+}
+
+// where the op reports the key rows it read for (stream, KV head): centroid row n_list
+static float * ivf_reads(const ctx & C, int st, int kvh) { return (float *) ivf_centroid(C, st, kvh, ivf_n_list(C.a)); }
+
+static float * ivf_lists(const ctx & C, int st, int kvh) {
+    const sparq_sel_input & in = C.a->sel_in[1];
+    return (float *) ((char *) in.data + (size_t) kvh * in.nb1 + (size_t) st * in.nb2);
+}
+
+// per unit (its scratch, off_own[0]): a query per search (the group's sum, or each head's), the
+// lists' |c|^2, per search its probe flags, and the flags of the lists any search probes (int32,
+// list_gather's table)
+static size_t ivf_unit_floats(const sparq_args * a, int ph) {
+    const int nl = ivf_n_list(a);
+    return (size_t) ph * a->d + nl + (size_t) ph * nl + nl;
+}
+
+static float * ivf_q(const ctx & C, int u, int h = 0) {
+    return (float *) (C.base + C.L.off_own[0]) + (size_t) u * ivf_unit_floats(C.a, C.L.ph) + (size_t) h * C.a->d;
+}
+static float * ivf_cn2(const ctx & C, int u) { return ivf_q(C, u, C.L.ph); }
+static float * ivf_probe(const ctx & C, int u, int h = 0) {
+    return ivf_cn2(C, u) + ivf_n_list(C.a) + (size_t) h * ivf_n_list(C.a);
+}
+static int32_t * ivf_any(const ctx & C, int u) { return (int32_t *) ivf_probe(C, u, C.L.ph); }
+// per unit of the wave and chunk (off_own[1]): the key rows scored
+static int32_t * ivf_n(const ctx & C, int w, int c) {
+    return (int32_t *) (C.base + C.L.off_own[1]) + (size_t) w * C.L.n_chunks + c;
+}
+
 // per unit: the query of each search (the group's sum; with per-head choice each head's own),
 // the lists' squared norms (for assignments), and each search's probed lists
 // its scratch: per unit, a query per search, the lists' |c|^2 and the probe flags; per unit of the
 // wave and chunk the key rows scored; per thread the lists' ranking and the chunk's cells in probed lists
 static void index_scratch(const sparq_args * a, layout & L, int, size_t * o, size_t * t) {
-    L.off_ivf   = *o; *o += align_up((size_t) L.n_units * ivf_unit_floats(a, L.ph) * sizeof(float));
-    L.off_ivf_n = *o; *o += align_up((size_t) L.wave_units * L.n_chunks * sizeof(int32_t));
-    L.t_ivf     = *t; *t += align_up((size_t) a->ivf_n_list * sizeof(cand));
-    L.t_pc      = *t; *t += align_up((size_t) (L.chunk_max + 16) * sizeof(int32_t));
+    L.off_own[0] = *o; *o += align_up((size_t) L.n_units * ivf_unit_floats(a, L.ph) * sizeof(float));
+    L.off_own[1] = *o; *o += align_up((size_t) L.wave_units * L.n_chunks * sizeof(int32_t));
+    L.t_own[0]   = *t; *t += align_up((size_t) ivf_n_list(a) * sizeof(cand));
+    L.t_own[1]   = *t; *t += align_up((size_t) (L.chunk_max + 16) * sizeof(int32_t));
 }
 
 static void index_probe_lists(const ctx & C, int ith, int nth) {
     const sparq_args * a = C.a;
     const int d = a->d, g = C.L.group_size;
-    const int nl = a->ivf_n_list, ph = C.L.ph;
-    cand * ls = (cand *) C.tbuf(ith, C.L.t_ivf);
+    const int nl = ivf_n_list(a), ph = C.L.ph;
+    cand * ls = (cand *) C.tbuf(ith, C.L.t_own[0]);
     for (int u = ith; u < C.L.n_units; u += nth) {
         const int R = C.unit_row(u), kvh = C.unit_kvh(u), st = C.row_stream(R);
         for (int hs = 0; hs < ph; ++hs) {
-            float * qv = C.ivf_q(u, hs);
+            float * qv = ivf_q(C, u, hs);
             for (int j = 0; j < d; ++j) {
                 qv[j] = 0.0f;
             }
@@ -36,20 +74,20 @@ static void index_probe_lists(const ctx & C, int ith, int nth) {
                 }
             }
         }
-        float * cn2 = C.ivf_cn2(u);
+        float * cn2 = ivf_cn2(C, u);
         for (int c = 0; c < nl; ++c) {
-            const float * ce = C.ivf_centroid(st, kvh, c);
+            const float * ce = ivf_centroid(C, st, kvh, c);
             cn2[c] = C.isa->dot_f32(ce, ce, d);
         }
-        const int np = std::min(a->ivf_n_probe, nl);
-        int32_t * any = C.ivf_any(u);
+        const int np = std::min(a->n_probe, nl);
+        int32_t * any = ivf_any(C, u);
         for (int c = 0; c < nl; ++c) {
             any[c] = 0;
         }
         for (int hs = 0; hs < ph; ++hs) {
-            float * pr = C.ivf_probe(u, hs);
+            float * pr = ivf_probe(C, u, hs);
             for (int c = 0; c < nl; ++c) {
-                ls[c].key = C.isa->dot_f32(C.ivf_q(u, hs), C.ivf_centroid(st, kvh, c), d);
+                ls[c].key = C.isa->dot_f32(ivf_q(C, u, hs), ivf_centroid(C, st, kvh, c), d);
                 ls[c].idx = c;
                 pr[c] = 0.0f;
             }
@@ -78,13 +116,13 @@ static void index_candidates(const ctx & C, int u, int w, int s0, int s1, int it
     const int R = C.unit_row(u), kvh = C.unit_kvh(u), st = C.row_stream(R);
     const row_info * ri = C.rinfo(R);
     const float * m = C.mask_row(R);
-    const int ph = C.L.ph, nl = a->ivf_n_list, d = a->d;
-    const float * cn2 = C.ivf_cn2(u);
-    float * lists = C.ivf_lists(st, kvh);
+    const int ph = C.L.ph, nl = ivf_n_list(a), d = a->d;
+    const float * cn2 = ivf_cn2(C, u);
+    float * lists = ivf_lists(C, st, kvh);
     float * ck = (float *) C.tbuf(ith, C.L.t_ck);
     float * kf = (float *) C.tbuf(ith, C.L.t_vec); // a key in f32 (3 * max(d, dv) floats)
-    const int32_t * any = C.ivf_any(u); // the lists some search of the unit probes (phase_components)
-    int32_t * pc = (int32_t *) C.tbuf(ith, C.L.t_pc);
+    const int32_t * any = ivf_any(C, u); // the lists some search of the unit probes (phase_components)
+    int32_t * pc = (int32_t *) C.tbuf(ith, C.L.t_own[1]);
     // files a valid cell that is in no list yet: argmin |k - c|^2 = argmin |c|^2 - 2 k.c, ties to the lower list
     auto file = [&](int cell) -> int {
         if (m && !is_valid(m[cell])) {
@@ -102,7 +140,7 @@ static void index_candidates(const ctx & C, int u, int w, int s0, int s1, int it
         float best = INFINITY;
         int li = 0;
         for (int c = 0; c < nl; ++c) {
-            const float dist = cn2[c] - 2.0f * C.isa->dot_f32(kf, C.ivf_centroid(st, kvh, c), d);
+            const float dist = cn2[c] - 2.0f * C.isa->dot_f32(kf, ivf_centroid(C, st, kvh, c), d);
             if (dist < best) {
                 best = dist;
                 li = c;
@@ -152,15 +190,15 @@ static void index_candidates(const ctx & C, int u, int w, int s0, int s1, int it
         const int li = ph > 1 ? (int) lists[cell] : 0;
         for (int hs = 0; hs < ph; ++hs) {
             float x = -INFINITY;
-            if (ph == 1 || C.ivf_probe(u, hs)[li] != 0.0f) {
-                const float * qv = C.ivf_q(u, hs);
+            if (ph == 1 || ivf_probe(C, u, hs)[li] != 0.0f) {
+                const float * qv = ivf_q(C, u, hs);
                 x = dot_row(C.isa, a->K_type, qv, kr, d) * a->scale;
             }
             ck[(size_t) hs * C.L.chunk_max + n2] = x;
         }
         pc[n2++] = cell;
     }
-    *C.ivf_n(w, ith) = n2;
+    *ivf_n(C, w, ith) = n2;
     // pass 3: the chunk's best, as positions in the gathered list, then as cells
     for (int hs = 0; hs < ph; ++hs) {
         cand * out = C.cands(w, ith, hs);
@@ -175,14 +213,14 @@ static void index_candidates(const ctx & C, int u, int w, int s0, int s1, int it
 // what the stream's last row read, when asked: the key rows its chunks scored (-1: it ran dense)
 static void index_record_reads(const ctx & C, int u, int w, bool dense) {
     const int R = C.unit_row(u), kvh = C.unit_kvh(u), st = C.row_stream(R);
-    if (!C.a->ivf_reads || C.row_in_stream(R) != C.a->n_rows - 1) {
+    if (!C.a->sel_reads || C.row_in_stream(R) != C.a->n_rows - 1) {
         return;
     }
     int32_t n = 0;
     for (int c = 0; c < C.L.n_chunks; ++c) {
-        n += *C.ivf_n(w, c);
+        n += *ivf_n(C, w, c);
     }
-    *C.ivf_reads(st, kvh) = dense ? -1.0f : (float) n;
+    *ivf_reads(C, st, kvh) = dense ? -1.0f : (float) n;
 }
 
 // the index can search per query head; no approximate scores, no mean of V
@@ -194,7 +232,7 @@ static void index_args(sparq_args & b) {
 }
 
 // top-k over an inverted-file index of the keys: the probed lists' cells ranked by their exact logits
-const selector sel_index = {
+extern const selector select_index = {
     /* name           */ "index",
     /* ranks_scores   */ false,
     /* window_choice  */ false,

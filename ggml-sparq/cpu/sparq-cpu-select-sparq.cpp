@@ -361,7 +361,7 @@ static void oracle_args(sparq_args & b) {
 }
 
 // the paper's: approximate scores from the r largest query components
-const selector sel_sparq = {
+extern const selector select_sparq = {
     /* name           */ "sparq",
     /* ranks_scores   */ true,
     /* window_choice  */ false,
@@ -378,7 +378,7 @@ const selector sel_sparq = {
 };
 
 // exact scores: the oracle top-k (reads all of K^T)
-const selector sel_oracle = {
+extern const selector select_oracle = {
     /* name           */ "oracle",
     /* ranks_scores   */ true,
     /* window_choice  */ false,

@@ -21,17 +21,8 @@ static int streaming_sinks(const sparq_args * a, const float * m, int S, int32_t
     return n_win;
 }
 
-// no approximate scores, no mean of V, one choice per KV head
-void baseline_args(sparq_args & b) {
-    b.r = 1;
-    b.no_mean_v = 1;
-    b.per_head = 0;
-    b.q_sel = nullptr;
-    b.comp_w = nullptr;
-}
-
 // LM-Infinite: the window list (k entries: the l most recent and the k - l earliest) is the choice
-const selector sel_streaming = {
+extern const selector select_streaming = {
     /* name           */ "streaming",
     /* ranks_scores   */ false,
     /* window_choice  */ true,

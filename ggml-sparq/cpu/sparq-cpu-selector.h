@@ -1,7 +1,7 @@
 // llama-sparq: the CPU driver's selector interface. A selector chooses the cells each row attends
 // over (steps 1-3 of docs/algorithm.md); the exact attention over them is shared. The phases call
 // a selector only through these hooks and traits, never by its name, so a selector is one file
-// (sparq-cpu-select-<name>.cpp) that defines its `selector` and one row of selector_of()
+// (sparq-cpu-select-<name>.cpp) that defines its `select_<name>` and one row of selector_of()
 // (sparq-cpu-selectors.cpp). Each owns its scratch (the layout asks it) and its state.
 #pragma once
 
@@ -26,11 +26,11 @@ struct selector {
                         // from run to run)
 
     // The hooks; any may be null.
-    // The arguments it runs with (the oracle: every component; the baselines: no approximate scores).
+    // The arguments it runs with (every component for exact scores; no approximate scores for the baselines).
     void (*args)(sparq_args & b);
     // Its scratch: shared bytes from *o on, per-thread bytes from *t on (the layout's offsets of its own).
     void (*scratch)(const sparq_args * a, layout & L, int nth, size_t * o, size_t * t);
-    // The window list's cells beyond the l most recent (streaming: the sinks) into wl after its
+    // The window list's cells beyond the l most recent (attention sinks, say) into wl after its
     // n_win; returns the new length. m: the row's f32 mask or NULL, S cells.
     int (*window_more)(const sparq_args * a, const float * m, int S, int32_t * wl, int n_win);
     // phase_components, after the components: its own setup for the call.
@@ -49,13 +49,8 @@ struct selector {
     void (*finish)(const ctx & C, int ith, int nth);
 };
 
-// The selector of a sparq_args::selector value (enum sparq_selector).
+// The selector of a sparq_args::selector value (the op's enum ggml_sparq_selector); aborts on a value
+// with no row.
 const selector & selector_of(int id);
-
-extern const selector sel_sparq;
-extern const selector sel_oracle;
-extern const selector sel_streaming;
-extern const selector sel_h2o;
-extern const selector sel_index;
 
 } // namespace sparq_cpu

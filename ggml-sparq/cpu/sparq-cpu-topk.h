@@ -1,7 +1,7 @@
 // llama-sparq: k-selection over float keys, the CPU driver's reusable top-k primitive (no SparQ
 // state: keys in, the k-th key or the k best candidates out), exact or bucketed (the approximate
 // bucketed top-k: one cell per bucket, then the best of those). Every selector that ranks cells
-// (sparq, oracle, index, h2o) and the coverage cut use it.
+// and the coverage cut use it.
 #pragma once
 
 #include <algorithm>

@@ -23,7 +23,7 @@
 // internal declarations), sparq-cpu-prepare.cpp (phase_components, phase_windows),
 // sparq-cpu-scores.cpp (phase_scores, phase_gqa_candidates), sparq-cpu-attend.cpp (phase_select, phase_attend),
 // sparq-cpu-selector.h (the selector interface the phases call), sparq-cpu-selectors.cpp (the
-// selectors by id), sparq-cpu-select-{sparq,streaming,h2o,index}.cpp (each selector's hooks),
+// selectors by id), sparq-cpu-select-<name>.cpp (each selector's hooks),
 // sparq-cpu-candidates.cpp, sparq-cpu-layout.cpp, sparq-cpu-fp16.cpp; isa/sparq-cpu-<isa>.cpp on the
 // vector layer isa/sparq-isa-simd.h.
 #pragma once
@@ -95,8 +95,8 @@ struct sparq_isa {
     // indices i < n with x[i] > t, ascending, into idx; returns their number. idx needs 16
     // entries of room past the count (whole vectors are stored)
     int (*filter_gt)(const float * x, int n, float t, int32_t * idx);
-    // The index selector's gather: the cells base + i (i < n, ascending) whose list id ids[i] (an
-    // integer in f32) names a list with flag[id] != 0, into idx; returns their number. It stops at
+    // A gather by list (a vector index's probe): the cells base + i (i < n, ascending) whose list id
+    // ids[i] (an integer in f32) names a list with flag[id] != 0, into idx; returns their number. It stops at
     // the first id outside [0, n_list) (a cell in no list yet), setting *stop to its i (else n):
     // the caller files that cell and goes on after it. idx needs 16 entries of room past the count.
     int (*list_gather)(const float * ids, int n, const int32_t * flag, int n_list, int base, int32_t * idx, int * stop);
@@ -139,14 +139,12 @@ float sparq_fp16_to_fp32(uint16_t h);
 static inline float sparq_e5m2_to_fp32(uint8_t b) { return sparq_fp16_to_fp32((uint16_t) (b << 8)); }
 uint16_t sparq_fp32_to_fp16(float f);
 
-// How the cells are chosen (steps 1-3); steps 4-5 are shared by every selector.
-enum sparq_selector {
-    SPARQ_SEL_SPARQ  = 0, // approximate scores from the r largest query components (the paper)
-    SPARQ_SEL_ORACLE = 1, // exact scores (r = d): the oracle top-k
-    // the paper's baselines (ggml-sparq.h); neither reads K^T nor mixes in the mean of V
-    SPARQ_SEL_STREAMING = 2, // LM-Infinite: the l most recent and the k - l earliest cells
-    SPARQ_SEL_H2O = 3,       // the l most recent and the k - l cells of largest accumulated attention (h2o)
-    SPARQ_SEL_INDEX = 4,     // top-k over an inverted-file index of the keys (ivf_*)
+// The selector's own inputs (the op's sel[0] and sel[1], ggml-sparq.h): f32 blocks with their
+// strides in bytes and their second dimension (ne1), read and written as the selector's file says.
+struct sparq_sel_input {
+    float * data;
+    size_t nb1, nb2, nb3;
+    int ne1;
 };
 
 struct sparq_args {
@@ -156,7 +154,8 @@ struct sparq_args {
     int n_head, n_head_kv, n_stream;
     int r, k, l;
     float scale;
-    int selector;        // enum sparq_selector
+    int selector;        // how the cells are chosen (steps 1-3): a value of the op's enum ggml_sparq_selector,
+                         // the row of sparq-cpu-selectors.cpp; steps 4-5 are shared by every selector
     int per_head;        // 1: each query head picks its own k - l cells, the group attends over their union
     int no_mean_v;       // 1: no mean-value reallocation (out = y)
     int all_dense;       // 1: every row attends over every valid cell (as a stream whose v_count is negative)
@@ -184,20 +183,13 @@ struct sparq_args {
     // that basis), per KV head and stream
     const float * comp_w; size_t comp_w_nb1, comp_w_nb2;       // [d, n_head_kv, 1 or n_stream] (nb2 0: shared)
 
-    // SPARQ_SEL_H2O: the accumulated attention per cell, read to choose, and each row's
-    // attention weights over its cells (summed over the group's heads) added after all rows chose
-    float * h2o; size_t h2o_nb1, h2o_nb2;                       // [n_kv, n_head_kv, n_stream]
+    // a selector that does not rank scores: its inputs (NULL data where it takes none) and its own
+    // parameters, the lists it probes (n_probe) and whether it reports the key rows it read (sel_reads)
+    struct sparq_sel_input sel_in[2];
+    int n_probe;
+    int sel_reads;
 
-    // SPARQ_SEL_INDEX: n_list centroids of the keys per KV head and stream, and each cell's list
-    // (f32 ids; -1: not assigned yet: the op assigns it to the nearest centroid and writes the id).
-    // The group's summed query ranks the lists (q . centroid); the cells of the n_probe best lists
-    // outside the window are ranked by their exact logit summed over the group
-    const float * ivf_cent; size_t ivf_cent_nb1, ivf_cent_nb2, ivf_cent_nb3; // [d, n_list, n_head_kv, n_stream]
-    float * ivf_list; size_t ivf_list_nb1, ivf_list_nb2;                    // [n_kv, n_head_kv, n_stream]
-    int ivf_n_list, ivf_n_probe;
-    int ivf_reads;   // the op writes its read count per (KV head, stream) into centroid row n_list (set_index_reads)
-
-    // optional, SparQ and oracle selectors: the coverage target (estimated attention mass) cov_p > 0.
+    // optional, the selectors that rank scores: the coverage target (estimated attention mass) cov_p > 0.
     // The op ranks the k_rank = max(k, k_scan) best cells and finds the fewest of them which, with
     // the window, hold cov_p of the approximate softmax mass (step 2's weights; GQA: the mean over
     // the group's heads; per head: each head's own). cov_apply = 1: that is the selection (at
@@ -207,7 +199,7 @@ struct sparq_args {
     // n_valid))) over its stream's valid cells, so that a row's choice does not depend on the other
     // streams of the call (k, the most cells, follows the longest: it sizes the scratch)
     float k_frac;
-    // optional, SparQ and oracle selectors with a fixed k: topk_buckets > 0 ranks by the approximate
+    // optional, the selectors that rank scores, with a fixed k: topk_buckets > 0 ranks by the approximate
     // bucketed top-k: a cell's bucket is its index mod topk_buckets, each bucket offers its best cell
     // outside the window (ties to the lower cell), the k - l best of those are chosen; 0: exact
     int topk_buckets;
@@ -220,6 +212,11 @@ struct sparq_args {
     // -1 padded; sel_n entries each (k, or g*(k-l)+l with per_head); [sel_n, n_head_kv, n_rows, n_stream]
     int32_t * sel_out; int sel_n;
 };
+
+// The driver's selectors: how many, and each value's name (NULL out of range), which the glue checks
+// against the op's rows (ggml_sparq_selector_row).
+int sparq_cpu_selector_count(void);
+const char * sparq_cpu_selector_name(int id);
 
 // Entries per (row, KV head) of sel_out: the most cells a selection can hold.
 int sparq_sel_max(const struct sparq_args * a);

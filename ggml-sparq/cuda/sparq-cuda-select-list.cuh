@@ -191,48 +191,17 @@ static __device__ void sparq_choose(const sparq_cu_args & a, const sparq_sel_ctx
 }
 
 // The bucketed top-k's choice of list li: the kk (> 0) best of its buckets' offers (the tiles'
-// sparq_tile_buckets; distinct words, the larger the better) and the window into the unit's bitmap.
-// Radix passes of 8 bits over the offers down to the kk-th best, then every offer at or above it
-// (every offer where there are at most kk).
+// sparq_tile_buckets; sparq_bucket_bound and sparq_bucket_each, sparq-cuda-topk.cuh) and the window
+// into the unit's bitmap
 static __device__ void sparq_choose_buckets(const sparq_cu_args & a, const sparq_sel_ctx & c, int kk,
                                             const sparq_sel_smem & sm) {
-    const int tid = threadIdx.x;
     const unsigned long long * bk = a.bk + (size_t) c.li * a.buckets;
-    unsigned long long lo = 0ull; // the bound's bits found so far (all of them once done)
-    int want = kk;
-    for (int shift = 56; shift >= 0; shift -= 8) { // lo, want and the crossing are uniform over the block
-        sm.rc[tid] = 0u;
-        __syncthreads();
-        for (int b = tid; b < a.buckets; b += SPARQ_NT) {
-            const unsigned long long v = __ldcg(bk + b);
-            if (v != 0ull && (shift == 56 || (v >> (shift + 8)) == (lo >> (shift + 8)))) {
-                atomicAdd(&sm.rc[(v >> shift) & 255u], 1u);
-            }
-        }
-        __syncthreads();
-        const sparq_cross y = sparq_find_cross<1>(false, (double) want, [&](int bin) { return (int) sm.rc[bin]; },
-                                                  [&](int) { return 0.0; }, sm.sh, sm.shd, sm.s_cross);
-        if (y.bin < 0) {
-            lo = 1ull; // fewer offers than wanted (only in the first pass): all of them
-            break;
-        }
-        lo |= (unsigned long long) y.bin << shift;
-        want -= y.c_above;
-        if (y.c_bin == want) {
-            break; // the bin's every offer is wanted: the bound is lo (at shift 0 the bin is one offer)
-        }
-    }
+    const unsigned long long lo = sparq_bucket_bound(bk, a.buckets, kk, sm.rc, sm.sh, sm.shd, sm.s_cross);
     if (c.h == 0) {
         sparq_window_bits(a, c);
     }
     unsigned int * sb = a.selbits + (size_t) c.u * a.W;
-    for (int b = tid; b < a.buckets; b += SPARQ_NT) {
-        const unsigned long long v = __ldcg(bk + b);
-        if (v != 0ull && v >= lo) {
-            const int s = (int) (0xffffffffu - (unsigned int) v);
-            atomicOr(&sb[s >> 5], 1u << (s & 31));
-        }
-    }
+    sparq_bucket_each(bk, a.buckets, lo, [&](int s) { atomicOr(&sb[s >> 5], 1u << (s & 31)); });
     __syncthreads();
 }
 

@@ -181,9 +181,8 @@ static __device__ __forceinline__ void sparq_tile_candidates(const sparq_cu_args
     }
 }
 
-// The bucketed top-k: each eligible cell of the tile offered to its bucket (cell mod buckets) as
-// key bits << 32 | ~cell, so that the larger word is the larger key, then the lower cell; the
-// bucket keeps the largest (offers only grow, so one already at least as large skips the atomic)
+// The bucketed top-k: each eligible cell of the tile offered to its bucket of list li's
+// (sparq_bucket_offer, sparq-cuda-topk.cuh)
 static __device__ __forceinline__ void sparq_tile_buckets(const sparq_cu_args & a, const sparq_sel_ctx & c,
                                                           const sparq_sel_smem & sm, int t0, int t1, const float * xs) {
     unsigned long long * bk = a.bk + (size_t) c.li * a.buckets;
@@ -191,11 +190,7 @@ static __device__ __forceinline__ void sparq_tile_buckets(const sparq_cu_args & 
     for (int i = 0; i < SPARQ_TS_CPT; ++i) {
         const int s = t0 + i * SPARQ_NT + threadIdx.x;
         if (sparq_tile_eligible(a, c, sm.wb, t0, t1, s, xs[i])) {
-            const unsigned long long v = (unsigned long long) sparq_key_bits(xs[i]) << 32 | (0xffffffffu - (unsigned int) s);
-            unsigned long long * p = bk + s % a.buckets;
-            if (__ldcg(p) < v) {
-                atomicMax(p, v);
-            }
+            sparq_bucket_offer(bk, a.buckets, s, xs[i]);
         }
     }
 }

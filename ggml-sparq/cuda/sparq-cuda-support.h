@@ -9,22 +9,34 @@
 
 #include <cstdint>
 
-// The parts of the op the CUDA kernels honour. The rest are refused (the scheduler then runs the
-// node on the CPU): the streaming, h2o and index selectors and the dense flag (on a GPU upstream's
-// flash attention is the dense path), and a coverage only measured (the fixed k's guard, which the
-// graph sets only where the op runs on the host). The report is honoured: the kernels write it on
-// the device and the launch queues its copy into the host's page-locked report.
-static constexpr uint32_t SPARQ_CUDA_HONOURS = GGML_SPARQ_FEAT_ORACLE | GGML_SPARQ_FEAT_PER_HEAD |
-                                               GGML_SPARQ_FEAT_NO_MEAN_V | GGML_SPARQ_FEAT_WINDOW |
-                                               GGML_SPARQ_FEAT_BASIS | GGML_SPARQ_FEAT_COVERAGE |
-                                               GGML_SPARQ_FEAT_COVERAGE_CAP | GGML_SPARQ_FEAT_REPORT |
-                                               GGML_SPARQ_FEAT_TOPK_BUCKETS;
-static constexpr uint32_t SPARQ_CUDA_REFUSES = GGML_SPARQ_FEAT_STREAMING | GGML_SPARQ_FEAT_H2O |
-                                               GGML_SPARQ_FEAT_INDEX | GGML_SPARQ_FEAT_INDEX_READS |
-                                               GGML_SPARQ_FEAT_DENSE | GGML_SPARQ_FEAT_COVERAGE_MEASURE;
-static_assert((SPARQ_CUDA_HONOURS | SPARQ_CUDA_REFUSES) == GGML_SPARQ_FEAT_ALL &&
-              (SPARQ_CUDA_HONOURS & SPARQ_CUDA_REFUSES) == 0,
+// The parts of the op the CUDA kernels honour, besides the selectors' own bits. The rest are refused
+// (the scheduler then runs the node on the CPU): the dense flag (on a GPU upstream's flash attention
+// is the dense path) and a coverage only measured (the fixed k's guard, which the graph sets only
+// where the op runs on the host). The report is honoured: the kernels write it on the device and
+// the launch queues its copy into the host's page-locked report.
+static constexpr uint32_t SPARQ_CUDA_HONOURS_PARTS = GGML_SPARQ_FEAT_PER_HEAD | GGML_SPARQ_FEAT_NO_MEAN_V |
+                                                     GGML_SPARQ_FEAT_WINDOW | GGML_SPARQ_FEAT_BASIS |
+                                                     GGML_SPARQ_FEAT_COVERAGE | GGML_SPARQ_FEAT_COVERAGE_CAP |
+                                                     GGML_SPARQ_FEAT_REPORT | GGML_SPARQ_FEAT_TOPK_BUCKETS;
+static constexpr uint32_t SPARQ_CUDA_REFUSES_PARTS = GGML_SPARQ_FEAT_DENSE | GGML_SPARQ_FEAT_COVERAGE_MEASURE;
+static_assert((SPARQ_CUDA_HONOURS_PARTS | SPARQ_CUDA_REFUSES_PARTS | GGML_SPARQ_FEAT_SELECTORS) == GGML_SPARQ_FEAT_ALL &&
+              ((SPARQ_CUDA_HONOURS_PARTS | SPARQ_CUDA_REFUSES_PARTS) & GGML_SPARQ_FEAT_SELECTORS) == 0 &&
+              (SPARQ_CUDA_HONOURS_PARTS & SPARQ_CUDA_REFUSES_PARTS) == 0,
               "a new part of the op: decide whether the CUDA kernels honour it or refuse it");
+
+// The kernels are the ranking pipeline (steps 1-3 on approximate scores, or exact ones with every
+// component): they run the selectors whose row says they rank scores, and none of the others' bits.
+static inline uint32_t sparq_cuda_honours() {
+    static const uint32_t honours = [] {
+        uint32_t h = SPARQ_CUDA_HONOURS_PARTS;
+        for (int32_t id = 0; id < GGML_SPARQ_SEL_COUNT; ++id) {
+            const ggml_sparq_selector_info * sel = ggml_sparq_selector_row(id);
+            h |= sel->ranks ? sel->feature : 0u;
+        }
+        return h;
+    }();
+    return honours;
+}
 
 static inline bool sparq_cu_type_ok(const ggml_tensor * t) {
     return t->type == GGML_TYPE_F16 || t->type == GGML_TYPE_F32;
@@ -75,7 +87,7 @@ static inline const char * sparq_cuda_attn_unsupported(const ggml_tensor * op, c
 
 // NULL when the kernels cover the node (of any mode), else why not
 static inline const char * sparq_cuda_why_not(const ggml_tensor * op) {
-    if (const char * why = ggml_sparq_params_unsupported(op, SPARQ_CUDA_HONOURS)) {
+    if (const char * why = ggml_sparq_params_unsupported(op, sparq_cuda_honours())) {
         return why;
     }
     const ggml_sparq_params p = ggml_sparq_params_get(op);

@@ -140,8 +140,8 @@ static bool sparq_cuda_args_of(ggml_tensor * dst, sparq_cu_args & a, int * cpt) 
         a.k_min = P.k_min;
         a.k_frac = P.k_frac;
     }
-    if (P.selector == GGML_SPARQ_SEL_ORACLE) {
-        a.r = a.d; // the oracle: SparQ with every component
+    if (w.selector->every_component) {
+        a.r = a.d; // exact scores: the ranking with every component
     }
     // (the op's check keeps it to a fixed k; cells below S fall in min(B, S) buckets alike)
     a.buckets = P.topk_buckets > 0 ? std::max(1, std::min((int) P.topk_buckets, (int) k->ne[1])) : 0;

@@ -42,16 +42,19 @@ enum ggml_sparq_mode {
 // outside the set it honours. Buffers the op reads or writes besides its inputs (a report, a
 // selector's state) are sources of the node, never addresses in its parameters.
 enum ggml_sparq_feature {
-    GGML_SPARQ_FEAT_ORACLE           = 1u << 0,  // selector oracle
-    GGML_SPARQ_FEAT_STREAMING        = 1u << 1,  // selector streaming
-    GGML_SPARQ_FEAT_H2O              = 1u << 2,  // selector h2o (src[8]: the scores)
-    GGML_SPARQ_FEAT_INDEX            = 1u << 3,  // selector index (src[8], src[9]: centroids, lists)
-    GGML_SPARQ_FEAT_INDEX_READS      = 1u << 4,  // the index reports the rows it read
+    // the selectors' own bits (a selector other than the default, its read report; in
+    // GGML_SPARQ_FEAT_SELECTORS): each selector's row (op/ggml-sparq-selectors.c) names its bits,
+    // and code elsewhere asks the row
+    GGML_SPARQ_FEAT_ORACLE           = 1u << 0,
+    GGML_SPARQ_FEAT_STREAMING        = 1u << 1,
+    GGML_SPARQ_FEAT_H2O              = 1u << 2,
+    GGML_SPARQ_FEAT_INDEX            = 1u << 3,
+    GGML_SPARQ_FEAT_INDEX_READS      = 1u << 4,
     GGML_SPARQ_FEAT_PER_HEAD         = 1u << 5,  // GGML_SPARQ_FLAG_PER_HEAD
     GGML_SPARQ_FEAT_NO_MEAN_V        = 1u << 6,  // GGML_SPARQ_FLAG_NO_MEAN_V
     GGML_SPARQ_FEAT_DENSE            = 1u << 7,  // GGML_SPARQ_FLAG_DENSE
     GGML_SPARQ_FEAT_WINDOW           = 1u << 8,  // src[7]: the window list
-    GGML_SPARQ_FEAT_BASIS            = 1u << 9,  // src[8], src[9]: q_sel, comp_w (sparq, oracle)
+    GGML_SPARQ_FEAT_BASIS            = 1u << 9,  // src[8], src[9]: q_sel, comp_w (a selector that ranks scores)
     GGML_SPARQ_FEAT_COVERAGE         = 1u << 10, // a coverage target that cuts the selection
     GGML_SPARQ_FEAT_COVERAGE_CAP     = 1u << 11, // each row's cap from k_frac of its cells
     GGML_SPARQ_FEAT_COVERAGE_MEASURE = 1u << 12, // a coverage target only measured (k_scan)
@@ -59,6 +62,9 @@ enum ggml_sparq_feature {
     GGML_SPARQ_FEAT_TOPK_BUCKETS     = 1u << 14, // the approximate bucketed top-k (topk_buckets)
 };
 #define GGML_SPARQ_FEAT_ALL ((1u << 15) - 1u)
+// the bits the selectors' rows name (feature, reads_feature): a backend honours them by asking the rows
+#define GGML_SPARQ_FEAT_SELECTORS (GGML_SPARQ_FEAT_ORACLE | GGML_SPARQ_FEAT_STREAMING | GGML_SPARQ_FEAT_H2O | \
+                                   GGML_SPARQ_FEAT_INDEX | GGML_SPARQ_FEAT_INDEX_READS)
 // a selector value this build does not know: outside every backend's set
 #define GGML_SPARQ_FEAT_UNKNOWN (1u << 31)
 
@@ -78,7 +84,7 @@ struct ggml_sparq_attn_params {
     int32_t selector;    // enum ggml_sparq_selector
     int32_t flags;       // enum ggml_sparq_flag
     int32_t n_probe;     // index: lists probed, 1..n_list
-    int32_t topk_buckets; // sparq, oracle: the approximate bucketed top-k's buckets (a cell's is its
+    int32_t topk_buckets; // ranking selectors: the approximate bucketed top-k's buckets (a cell's is its
                           // index mod topk_buckets; each bucket's best, then the k - l best of
                           // those), k..GGML_SPARQ_K_MAX; 0: the exact top-k
     bool    index_reads; // index: report the rows read
@@ -116,7 +122,7 @@ GGML_API uint32_t ggml_sparq_params_features(const struct ggml_tensor * node, co
 // Why a backend that honours the parts `honours` cannot run the node's parameters (a foreign
 // layout, or a part outside `honours`), or NULL when it can. Names the first such part.
 GGML_API const char * ggml_sparq_params_unsupported(const struct ggml_tensor * node, uint32_t honours);
-// A feature bit's name ("oracle", "window", ...), "unknown" for a bit this build does not know.
+// A feature bit's name ("a window list", ...), "unknown" for a bit this build does not know.
 GGML_API const char * ggml_sparq_feature_name(uint32_t bit);
 // The op_params slots no mode of the layout uses (at least GGML_SPARQ_PARAMS_MIN_FREE).
 GGML_API int ggml_sparq_params_free_slots(void);

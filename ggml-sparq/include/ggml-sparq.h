@@ -45,6 +45,28 @@ enum ggml_sparq_selector {
     GGML_SPARQ_SEL_COUNT,
 };
 
+struct ggml_sparq_attn_srcs;
+
+// A selector as the op and its backends know it: one row per value of enum ggml_sparq_selector
+// (op/ggml-sparq-selectors.c). Outside its row and its own files no code of the op names a
+// selector: the checks, the feature bits and the backends' glue ask its row.
+struct ggml_sparq_selector_info {
+    const char * name;            // as the settings spell it
+    uint32_t feature;             // its bit of enum ggml_sparq_feature (0: the default selector, none)
+    const char * feature_name;    // that bit's name, for a refusal
+    uint32_t reads_feature;       // the bit of its read report (index_reads), 0 where it has none
+    const char * reads_feature_name;
+    bool ranks;                   // ranks approximate scores: sel[] is a basis (q_sel, comp_w), and
+                                  // topk_buckets and a coverage target apply
+    bool every_component;         // ranks the exact scores: it runs with r = d whatever the node's r
+    bool probes;                  // takes n_probe (>= 1; 0 for every other selector)
+    // why its inputs (srcs->sel) and its own parameters do not make a node, or NULL
+    const char * (*check)(const struct ggml_sparq_attn_srcs * s, const struct ggml_sparq_attn_params * p);
+};
+
+// The row of a selector value; NULL for a value this build does not know.
+GGML_API const struct ggml_sparq_selector_info * ggml_sparq_selector_row(int32_t selector);
+
 // The sources of an attention node (ggml_sparq_attn_ext), in the node's src[] in this order. q to
 // v_count are required; the rest NULL where unused. Shapes as in ggml_sparq_attn (ggml.h).
 struct ggml_sparq_attn_srcs {
@@ -115,22 +137,22 @@ GGML_API const char * ggml_sparq_attn_check(const struct ggml_sparq_attn_srcs * 
 GGML_API struct ggml_tensor * ggml_sparq_attn_ext(struct ggml_context * ctx, const struct ggml_sparq_attn_srcs * srcs,
                                                   const struct ggml_sparq_attn_params * p);
 
-// An attention node as a backend reads it: its parameters, shapes, and each source by its role (the
-// selector's inputs named for what they are: a basis, H2O's scores, the index). The one reading of a
-// node's sources, shared by the CPU and CUDA glue; sources a node does not use are NULL.
+// An attention node as a backend reads it: its parameters, shapes, its selector's row and each
+// source by its role. The one reading of a node's sources, shared by the CPU and CUDA glue;
+// sources a node does not use are NULL.
 struct ggml_sparq_attn_view {
     struct ggml_sparq_attn_params p;
+    const struct ggml_sparq_selector_info * selector; // the row of p.selector
     int d, dv, n_kv, n_rows, n_head, n_head_kv, n_stream;
     const struct ggml_tensor * q, * k, * kt, * v, * v_sum, * v_count, * mask, * win;
-    const struct ggml_tensor * q_sel, * comp_w;      // sparq, oracle: the basis
-    struct ggml_tensor * h2o;                        // h2o: the scores (written by the op)
-    const struct ggml_tensor * ivf_cent;             // index: the centroids (its reads written beyond them)
-    struct ggml_tensor * ivf_list;                   // index: each cell's list (written by the op)
+    const struct ggml_tensor * q_sel, * comp_w;      // a selector that ranks scores: the basis
+    struct ggml_tensor * sel[2];                     // any other: its inputs (which it may write)
     struct ggml_tensor * report;                     // the report (written by the op)
     struct ggml_tensor * out;
 };
 
-// The view of attention node dst; false (and *v untouched) for a node of another mode or layout.
+// The view of attention node dst; false (and *v untouched) for a node of another mode or layout, or
+// of a selector this build does not know.
 GGML_API bool ggml_sparq_attn_view_of(struct ggml_tensor * dst, struct ggml_sparq_attn_view * v);
 
 // The 8-bit K^T's writes, as a mode of GGML_OP_SPARQ_ATTN (no new ggml op): row idx[i] of dst

@@ -53,30 +53,14 @@ enum llama_sparq_dense_reason {
     LLAMA_SPARQ_DENSE_COUNT         = 8,
 };
 
-// How the cells a decode step attends over are chosen (ggml-sparq.h: the op's selectors).
+// How the cells a decode step attends over are chosen: what each selector does, takes and needs is
+// in the settings table's `selector` row (llama-sparq-settings.def), what the op does with it in
+// ggml-sparq.h (enum ggml_sparq_selector, numbered alike).
 enum llama_sparq_selector {
-    LLAMA_SPARQ_SELECTOR_SPARQ  = 0, // SparQ: approximate scores from the r largest query components
-    LLAMA_SPARQ_SELECTOR_ORACLE = 1, // exact top-k (reads all of K: an accuracy baseline, not a speed-up)
-    // The paper's baselines (its Appendix G), for accuracy comparisons. Neither has approximate
-    // scores: r, basis, gqa and mean_v do not apply (no mean-V, one choice per KV head).
-    LLAMA_SPARQ_SELECTOR_STREAMING = 2, // LM-Infinite / StreamingLLM: the first min(16, k/2) positions
-                                        // (attention sinks) and the most recent rest of k; l does not apply
-    LLAMA_SPARQ_SELECTOR_H2O       = 3, // H2O: the l most recent cells and the k - l cells that received the
-                                        // most attention so far (prompt rows: dense attention, scored; decode
-                                        // rows: each step's weights over its cells added), which is H2O's
-                                        // eviction with a budget of k. Runs on every decode step (min_kv does
-                                        // not apply), on the CPU with the cache in host memory, for contexts
-                                        // of one sequence. A rebuild after cache operations keeps the scores of
-                                        // the cells in use; a state load brings none (they read 0)
-    // Top-k attention over a vector index of the keys ("Running huge context windows on tiny GPUs"):
-    // an inverted-file (IVF) index per layer, stream and KV head of index_lists k-means centroids,
-    // trained on the stream's keys at its first step with this selector, again whenever the stream
-    // has doubled since, and after cache operations that rebuild it (removals, shifts, state loads);
-    // each cell sits in its nearest centroid's list. A step ranks the
-    // lists by the group's summed query, reads the keys of the index_probe best lists only, and
-    // attends over the l most recent cells and the k - l of those keys with the largest logit
-    // (summed over the group); with gqa = per_head each query head searches with its own query
-    // and the group attends over the union. No K^T, no mean-V; CPU only, KV cache in host memory.
+    LLAMA_SPARQ_SELECTOR_SPARQ     = 0,
+    LLAMA_SPARQ_SELECTOR_ORACLE    = 1,
+    LLAMA_SPARQ_SELECTOR_STREAMING = 2,
+    LLAMA_SPARQ_SELECTOR_H2O       = 3,
     LLAMA_SPARQ_SELECTOR_INDEX     = 4,
     LLAMA_SPARQ_SELECTOR_COUNT     = 5,
 };
@@ -112,15 +96,15 @@ struct llama_sparq_stats {
     uint64_t n_sparq;                           // attention calls (layer x ubatch) run with SparQ
     uint64_t n_dense[LLAMA_SPARQ_DENSE_COUNT];  // dense calls while enabled, by reason
     double   compression;                       // mean cost-model compression M_sparq / M_dense of the SparQ calls
-                                                // (the index selector: with the keys its op reported reading, once
-                                                // the step has run; the even-lists estimate until then)
+                                                // (a selector whose op reports the keys it read: with that count,
+                                                // once the step has run; its estimate until then)
     uint64_t n_rebuilds;                        // rebuilds of K^T and the V sums after cache changes
     uint64_t extra_bytes;                       // memory taken by K^T and the V sums
     uint64_t kv_bytes;                          // the KV cache's K and V of the layers that have K^T
     int32_t  n_layers;                          // layers with SparQ data (full-attention layers of the cache)
     uint64_t n_sparq_device;                    // of n_sparq: calls whose op ran on a GPU or an RPC host (a non-CPU device):
                                                 // its K^T is in that device's memory and the device supports the node
-    // What the CPU op reported of its choice (the SparQ and oracle selectors; per call, KV head and
+    // What the CPU op reported of its choice (the selectors that rank scores; per call, KV head and
     // stream, the stream's last query row), over the calls it reported (n_measured):
     uint64_t n_measured;
     double   mean_k;                            // cells attended (calibrated: chosen per step)
@@ -135,7 +119,7 @@ struct llama_sparq_stats {
 struct llama_sparq_layer_stats {
     size_t   size;        // sizeof(struct llama_sparq_layer_stats), set by the caller
     int32_t  layer;       // the model's layer index
-    uint64_t n_measured;  // calls the op reported (CPU op, SparQ and oracle selectors)
+    uint64_t n_measured;  // calls the op reported (CPU op, the selectors that rank scores)
     double   mean_k;      // cells attended per KV head and step
     double   coverage;    // their estimated share of the attention mass
     double   k_reach;     // cells reaching the coverage target (window included; -1: not measured)
@@ -197,8 +181,8 @@ LLAMA_API int32_t llama_sparq_get_layer_stats(const struct llama_context * ctx, 
 // Brings K^T and the V sums up to date now (after a state load, say) instead of at the
 // next decode step: first applies the cache's pending updates (the deferred K-shift of
 // seq_add / seq_div, stream copies), as the next decode would, then rebuilds every stream
-// whose cells changed; with the index selector also (re)trains each stream's index that needs
-// it and puts every used cell in its list. A no-op when everything is current or SparQ is off.
+// whose cells changed, and each selector's own data (a vector index retrained where it needs it,
+// every used cell in its list). A no-op when everything is current or SparQ is off.
 LLAMA_API void llama_sparq_sync(struct llama_context * ctx);
 
 // For tests and diagnosis: the largest absolute difference between the K^T / V-sum data
@@ -272,7 +256,7 @@ LLAMA_API int32_t llama_rpc_model_devices(const char * const * endpoints, int32_
 
 // The names of the enums' values, as the front ends (Python, --sparq-* flags, llama-bench)
 // accept and print them; NULL for a value out of range (0 .. <enum>_COUNT - 1).
-// "sparq", "oracle", "streaming", "h2o", "index"
+// (the selectors' names: as the settings table's `selector` row lists them)
 LLAMA_API const char * llama_sparq_selector_name(int32_t selector);
 // "shared", "per_head"
 LLAMA_API const char * llama_sparq_gqa_name(int32_t gqa);

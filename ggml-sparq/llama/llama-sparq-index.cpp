@@ -1,4 +1,4 @@
-// llama-sparq: the index selector's training: k-means (Lloyd, L2) of each layer's and KV head's
+// llama-sparq: the vector index's training: k-means (Lloyd, L2) of each layer's and KV head's
 // keys into the stream's lists, and the assignment of cells to their nearest centroid.
 #include "llama-sparq-index.h"
 

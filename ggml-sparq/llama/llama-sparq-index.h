@@ -1,4 +1,4 @@
-// llama-sparq: the index selector's state, shared by its llama-side hooks (llama-sparq-select-index.cpp)
+// llama-sparq: the vector index's state, shared by its llama-side hooks (llama-sparq-select-index.cpp)
 // and its training (llama-sparq-index.cpp).
 #pragma once
 

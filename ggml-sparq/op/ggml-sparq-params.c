@@ -106,22 +106,15 @@ uint32_t ggml_sparq_params_features(const struct ggml_tensor * node, const struc
     }
     const struct ggml_sparq_attn_params * a = &p->attn;
     uint32_t f = 0;
-    static_assert(GGML_SPARQ_SEL_COUNT == 5, "a new selector: give it a feature bit here");
-    switch (a->selector) {
-        case GGML_SPARQ_SEL_SPARQ:     break;
-        case GGML_SPARQ_SEL_ORACLE:    f |= GGML_SPARQ_FEAT_ORACLE;    break;
-        case GGML_SPARQ_SEL_STREAMING: f |= GGML_SPARQ_FEAT_STREAMING; break;
-        case GGML_SPARQ_SEL_H2O:       f |= GGML_SPARQ_FEAT_H2O;       break;
-        case GGML_SPARQ_SEL_INDEX:     f |= GGML_SPARQ_FEAT_INDEX;     break;
-        default:                       f |= GGML_SPARQ_FEAT_UNKNOWN;   break; // every backend refuses it
-    }
-    f |= a->index_reads ? GGML_SPARQ_FEAT_INDEX_READS : 0;
+    // the selector's own bits, as its row declares them (an unknown selector: a bit every backend refuses)
+    const struct ggml_sparq_selector_info * sel = ggml_sparq_selector_row(a->selector);
+    f |= sel ? sel->feature : GGML_SPARQ_FEAT_UNKNOWN;
+    f |= sel && a->index_reads ? sel->reads_feature : 0;
     f |= (a->flags & GGML_SPARQ_FLAG_PER_HEAD) ? GGML_SPARQ_FEAT_PER_HEAD : 0;
     f |= (a->flags & GGML_SPARQ_FLAG_NO_MEAN_V) ? GGML_SPARQ_FEAT_NO_MEAN_V : 0;
     f |= (a->flags & GGML_SPARQ_FLAG_DENSE) ? GGML_SPARQ_FEAT_DENSE : 0;
     f |= node->src[7] ? GGML_SPARQ_FEAT_WINDOW : 0;
-    const bool basis_slots = a->selector == GGML_SPARQ_SEL_SPARQ || a->selector == GGML_SPARQ_SEL_ORACLE;
-    f |= basis_slots && (node->src[8] || node->src[9]) ? GGML_SPARQ_FEAT_BASIS : 0;
+    f |= sel && sel->ranks && (node->src[8] || node->src[9]) ? GGML_SPARQ_FEAT_BASIS : 0;
     if (a->cov_p > 0.0f) {
         f |= a->cov_apply ? GGML_SPARQ_FEAT_COVERAGE : GGML_SPARQ_FEAT_COVERAGE_MEASURE;
     }
@@ -163,12 +156,16 @@ void ggml_sparq_params_set(struct ggml_tensor * node, const struct ggml_sparq_pa
 }
 
 const char * ggml_sparq_feature_name(uint32_t bit) {
+    for (int32_t id = 0; id < GGML_SPARQ_SEL_COUNT; ++id) {
+        const struct ggml_sparq_selector_info * sel = ggml_sparq_selector_row(id);
+        if (bit != 0 && bit == sel->feature) {
+            return sel->feature_name;
+        }
+        if (bit != 0 && bit == sel->reads_feature) {
+            return sel->reads_feature_name;
+        }
+    }
     switch (bit) {
-        case GGML_SPARQ_FEAT_ORACLE:           return "the oracle selector";
-        case GGML_SPARQ_FEAT_STREAMING:        return "the streaming selector";
-        case GGML_SPARQ_FEAT_H2O:              return "the h2o selector";
-        case GGML_SPARQ_FEAT_INDEX:            return "the index selector";
-        case GGML_SPARQ_FEAT_INDEX_READS:      return "the index's read report";
         case GGML_SPARQ_FEAT_PER_HEAD:         return "the per-head flag";
         case GGML_SPARQ_FEAT_NO_MEAN_V:        return "the no-mean-V flag";
         case GGML_SPARQ_FEAT_DENSE:            return "the dense flag";

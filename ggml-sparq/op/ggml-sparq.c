@@ -86,52 +86,18 @@ static const char * sparq_check_inputs(const struct ggml_sparq_attn_srcs * s) {
     return NULL;
 }
 
-// the selector's inputs and the parameters only some selectors take
+// the selector's inputs and the parameters only some selectors take (its row says which)
 static const char * sparq_check_selector(const struct ggml_sparq_attn_srcs * s, const struct ggml_sparq_attn_params * p) {
-    const struct ggml_tensor * q = s->q, * k = s->k;
-    const struct ggml_tensor * s0 = s->sel[0], * s1 = s->sel[1];
-    const bool ranks = p->selector == GGML_SPARQ_SEL_SPARQ || p->selector == GGML_SPARQ_SEL_ORACLE;
-    SPARQ_NEED(p->selector >= 0 && p->selector < GGML_SPARQ_SEL_COUNT, "unknown selector");
+    const struct ggml_sparq_selector_info * sel = ggml_sparq_selector_row(p->selector);
+    SPARQ_NEED(sel, "unknown selector");
     SPARQ_NEED((p->flags & ~(GGML_SPARQ_FLAG_PER_HEAD | GGML_SPARQ_FLAG_NO_MEAN_V | GGML_SPARQ_FLAG_DENSE)) == 0,
                "unknown flags");
-    SPARQ_NEED(p->selector == GGML_SPARQ_SEL_INDEX ? p->n_probe >= 1 : p->n_probe == 0,
-               "n_probe is the index selector's (>= 1), 0 for the others");
-    SPARQ_NEED(!p->index_reads || p->selector == GGML_SPARQ_SEL_INDEX, "index_reads is the index selector's");
-    SPARQ_NEED(ranks || (p->topk_buckets == 0 && p->cov_p == 0.0f && p->k_frac == 0.0f),
-               "the bucketed top-k and a coverage target apply to the sparq and oracle selectors only");
-    switch (p->selector) {
-        case GGML_SPARQ_SEL_SPARQ:
-        case GGML_SPARQ_SEL_ORACLE:
-            SPARQ_NEED(!s0 || (s0->type == GGML_TYPE_F32 && ggml_are_same_shape(s0, q) && s0->nb[0] == sizeof(float)),
-                       "q_sel must be f32 with q's shape");
-            SPARQ_NEED(!s1 || (s1->type == GGML_TYPE_F32 && s1->ne[0] == q->ne[0] && s1->ne[1] == k->ne[2] &&
-                               (s1->ne[2] == 1 || s1->ne[2] == q->ne[3]) && s1->ne[3] == 1 && s1->nb[0] == sizeof(float)),
-                       "comp_w must be f32 [d, n_head_kv, 1 or n_stream]");
-            return NULL;
-        case GGML_SPARQ_SEL_STREAMING:
-            SPARQ_NEED(!s0 && !s1, "the streaming selector takes no inputs");
-            return NULL;
-        case GGML_SPARQ_SEL_H2O:
-            SPARQ_NEED(s0 && !s1, "the h2o selector takes its scores (sel[0]) alone");
-            SPARQ_NEED(s0->type == GGML_TYPE_F32 && s0->ne[0] == k->ne[1] && s0->ne[1] == k->ne[2] &&
-                       s0->ne[2] == k->ne[3] && s0->ne[3] == 1 && s0->nb[0] == sizeof(float),
-                       "the H2O scores must be f32 [n_kv, n_head_kv, n_stream]");
-            return NULL;
-        case GGML_SPARQ_SEL_INDEX:
-            SPARQ_NEED(s0 && s1, "the index selector takes its centroids (sel[0]) and lists (sel[1])");
-            SPARQ_NEED(s0->type == GGML_TYPE_F32 && s0->ne[0] == q->ne[0] && s0->ne[1] >= 1 && s0->ne[2] == k->ne[2] &&
-                       s0->ne[3] == k->ne[3] && s0->nb[0] == sizeof(float),
-                       "the index centroids must be f32 [d, n_list, n_head_kv, n_stream]");
-            SPARQ_NEED(s1->type == GGML_TYPE_F32 && s1->ne[0] == k->ne[1] && s1->ne[1] == k->ne[2] &&
-                       s1->ne[2] == k->ne[3] && s1->ne[3] == 1 && s1->nb[0] == sizeof(float),
-                       "the index lists must be f32 [n_kv, n_head_kv, n_stream]");
-            SPARQ_NEED(p->n_probe <= s0->ne[1], "n_probe must be in [1, n_list]");
-            SPARQ_NEED(!p->index_reads || s0->nb[2] >= (size_t) (s0->ne[1] + 1) * s0->nb[1],
-                       "the index reads need a row after the last centroid (centroids->nb[2] >= (n_list + 1) * nb[1])");
-            return NULL;
-        default:
-            return "sparq_attn: unknown selector";
-    }
+    SPARQ_NEED(sel->probes ? p->n_probe >= 1 : p->n_probe == 0,
+               "n_probe is a list-probing selector's (>= 1), 0 for the others");
+    SPARQ_NEED(!p->index_reads || sel->reads_feature, "index_reads is for a selector with a read report");
+    SPARQ_NEED(sel->ranks || (p->topk_buckets == 0 && p->cov_p == 0.0f && p->k_frac == 0.0f),
+               "the bucketed top-k and a coverage target apply to the selectors that rank scores only");
+    return sel->check ? sel->check(s, p) : NULL;
 }
 
 const char * ggml_sparq_attn_check(const struct ggml_sparq_attn_srcs * s, const struct ggml_sparq_attn_params * p) {
@@ -224,11 +190,15 @@ bool ggml_sparq_attn_view_of(struct ggml_tensor * dst, struct ggml_sparq_attn_vi
     o.n_head = (int) o.q->ne[2];
     o.n_head_kv = (int) o.k->ne[2];
     o.n_stream = (int) o.q->ne[3];
-    // the selector's inputs (ggml_sparq_attn_srcs::sel) by role
-    switch (o.p.selector) {
-        case GGML_SPARQ_SEL_H2O:   o.h2o = dst->src[8]; break;
-        case GGML_SPARQ_SEL_INDEX: o.ivf_cent = dst->src[8]; o.ivf_list = dst->src[9]; break;
-        default:                   o.q_sel = dst->src[8]; o.comp_w = dst->src[9]; break;
+    // the selector's inputs (ggml_sparq_attn_srcs::sel) by role: a ranking selector's basis, or its own
+    o.selector = ggml_sparq_selector_row(o.p.selector);
+    if (!o.selector) {
+        return false;
+    }
+    if (o.selector->ranks) {
+        o.q_sel = dst->src[8]; o.comp_w = dst->src[9];
+    } else {
+        o.sel[0] = dst->src[8]; o.sel[1] = dst->src[9];
     }
     *v = o;
     return true;

@@ -102,7 +102,7 @@ struct test_sparq_attn : public test_case {
     void initialize_tensors(ggml_context * ctx) override {
         std::mt19937 gen(0x5A17u + (uint32_t) (d * 131 + kv * 7 + nh * 3 + ns + r + k + l + variant));
         std::uniform_real_distribution<float> uni(-1.0f, 1.0f), wdis(0.5f, 2.0f);
-        const int rr = sel == GGML_SPARQ_SEL_ORACLE ? (int) d : r;
+        const int rr = ggml_sparq_selector_row(sel)->every_component ? (int) d : r; // the components it ranks by
         const sparq_tie_proof tp((int) d, rr, gen);
         ggml_tensor * K = nullptr;
         ggml_tensor * KT = nullptr;
@@ -446,7 +446,7 @@ static void sparq_add_test_cases(std::vector<std::unique_ptr<test_case>> & test_
         test_cases.emplace_back(new test_sparq_attn(128, 100, 8, 2, 1, 2, 16, 128, 32, t));
         test_cases.emplace_back(new test_sparq_attn(128, 128, 8, 2, 1, 2, 16, 128, 32, t, false));
         test_cases.emplace_back(new test_sparq_attn(64, 7, 4, 4, 1, 1, 8, 32, 8, t));
-        // l = 0; l = k (only the window); r = d; the oracle; no mask
+        // l = 0; l = k (only the window); r = d; exact scores (every component); no mask
         test_cases.emplace_back(new test_sparq_attn(128, 2048, 8, 2, 1, 2, 16, 64, 0, t));
         test_cases.emplace_back(new test_sparq_attn(128, 2048, 8, 2, 1, 2, 16, 64, 64, t));
         test_cases.emplace_back(new test_sparq_attn(128, 2048, 8, 8, 1, 1, 128, 64, 16, t));
@@ -484,7 +484,7 @@ static void sparq_add_test_cases(std::vector<std::unique_ptr<test_case>> & test_
         test_cases.emplace_back(new test_sparq_attn(64, 4096, 16, 2, 1, 1, 16, 64, 16, t, true, SPQ, PH, 0, 0.0f, 0, 0.0f, true));
         test_cases.emplace_back(new test_sparq_attn(128, 1000, 8, 2, 1, 2, 16, 256, 16, t, true, SPQ, 0, 0, 0.3f, 8, 0.25f, true));
         // the bucketed top-k: as many buckets as k (GQA shared, two streams), per-head with a window
-        // list, the oracle over several selection tiles with a bucket's cells in each
+        // list, exact scores over several selection tiles with a bucket's cells in each
         test_cases.emplace_back(new test_sparq_attn(128, 4096, 8, 2, 1, 2, 32, 128, 32, t, true, SPQ, 0, 0, 0.0f, 0, 0.0f, false, 128));
         test_cases.emplace_back(new test_sparq_attn(64, 4096, 16, 2, 1, 1, 16, 64, 16, t, true, SPQ, PH, 1, 0.0f, 0, 0.0f, false, 200));
         test_cases.emplace_back(new test_sparq_attn(128, 16384, 8, 8, 2, 1, 32, 128, 32, t, true, ORA, 0, 0, 0.0f, 0, 0.0f, false, 1000));

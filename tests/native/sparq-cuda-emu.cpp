@@ -45,6 +45,9 @@
 #include <thread>
 #include <vector>
 
+// the op's selector value with exact scores (enum ggml_sparq_selector, ggml-sparq.h): r = d
+static constexpr int EMU_SEL_ORACLE = 1;
+
 // ---------------------------------------------------------------------------
 // the CUDA shim
 // ---------------------------------------------------------------------------
@@ -309,7 +312,7 @@ int main(int argc, char ** argv) {
     const int cov_k_min = argc > 18 ? atoi(argv[17]) : 0;
     const float cov_k_frac = argc > 18 ? (float) atof(argv[18]) : 0.0f;
     const int g = nh / nhkv;
-    const int rr = sel == SPARQ_SEL_ORACLE ? d : r;
+    const int rr = sel == EMU_SEL_ORACLE ? d : r;
     const size_t esz = f16 ? 2 : 4;
 
     std::mt19937 gen(1234 + d + S + nh + r + k + l + variant);
@@ -479,7 +482,7 @@ int main(int argc, char ** argv) {
     a.d = d; a.dv = d; a.n_kv = S; a.n_rows = nr; a.n_head = nh; a.n_head_kv = nhkv; a.n_stream = ns; a.g = g;
     a.ph = (flags & 1) && g > 1 ? g : 1;
     a.no_mean_v = (flags & 2) != 0;
-    a.r = sel == SPARQ_SEL_ORACLE ? d : r; a.k = k; a.l = l; a.scale = c.scale;
+    a.r = sel == EMU_SEL_ORACLE ? d : r; a.k = k; a.l = l; a.scale = c.scale;
     a.cov_p = cov_p; a.k_min = cov_k_min; a.k_frac = cov_p > 0.0f ? cov_k_frac : 0.0f;
     a.buckets = buckets > 0 ? std::max(1, std::min(buckets, S)) : 0; // (as sparq_cuda_args_of)
     a.R = ns * nr; a.U = a.R * nhkv; a.L = a.U * a.ph;

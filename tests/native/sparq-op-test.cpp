@@ -303,13 +303,17 @@ static int run_direct(const test_case & c, const char * out_path, const char * i
         a.comp_w = c.comp_w.data(); a.comp_w_nb1 = (size_t) c.d * 4;
     }
     std::vector<float> h2o = c.h2o;
+    // the selector's inputs as the glue passes them (ggml-sparq.h's sel[]): h2o its scores; index its
+    // centroids, then each cell's list
+    const sparq_sel_input per_cell = { h2o.data(), (size_t) c.n_kv * 4, (size_t) c.n_kv * 4 * c.n_head_kv, 0, c.n_head_kv };
     if (c.selector == 3) {
-        a.h2o = h2o.data(); a.h2o_nb1 = (size_t) c.n_kv * 4; a.h2o_nb2 = a.h2o_nb1 * c.n_head_kv;
+        a.sel_in[0] = per_cell;
     }
     if (c.selector == 4) {
-        a.ivf_list = h2o.data(); a.ivf_list_nb1 = (size_t) c.n_kv * 4; a.ivf_list_nb2 = a.ivf_list_nb1 * c.n_head_kv;
-        a.ivf_cent = c.ivf_cent.data(); a.ivf_cent_nb1 = (size_t) c.d * 4; a.ivf_cent_nb2 = a.ivf_cent_nb1 * c.ivf_n_list;
-        a.ivf_cent_nb3 = a.ivf_cent_nb2 * c.n_head_kv; a.ivf_n_list = c.ivf_n_list; a.ivf_n_probe = c.ivf_n_probe;
+        const size_t cnb1 = (size_t) c.d * 4, cnb2 = cnb1 * c.ivf_n_list;
+        a.sel_in[0] = { const_cast<float *>(c.ivf_cent.data()), cnb1, cnb2, cnb2 * c.n_head_kv, c.ivf_n_list };
+        a.sel_in[1] = per_cell;
+        a.n_probe = c.ivf_n_probe;
     }
 
     const size_t wsize = sparq_cpu_work_size(&a, nth);

@@ -228,10 +228,26 @@ static int run_params_check() {
             return params_fail("the CPU backend refuses", ggml_sparq_feature_name(bit));
         }
         const bool cuda = sparq_cuda_why_not(t) == nullptr;
-        if (cuda != ((f & ~SPARQ_CUDA_HONOURS) == 0)) {
+        if (cuda != ((f & ~sparq_cuda_honours()) == 0)) {
             return params_fail("the CUDA check does not follow its declared parts for", ggml_sparq_feature_name(bit));
         }
         parts++;
+    }
+    // every bit a selector's row names is in the selectors' set, and each of that set is some row's
+    {
+        uint32_t named = 0;
+        for (int32_t id = 0; id < GGML_SPARQ_SEL_COUNT; ++id) {
+            named |= ggml_sparq_selector_row(id)->feature | ggml_sparq_selector_row(id)->reads_feature;
+        }
+        if (named != GGML_SPARQ_FEAT_SELECTORS || ggml_sparq_selector_row(GGML_SPARQ_SEL_COUNT) != nullptr) {
+            return params_fail("the selectors' rows do not name exactly GGML_SPARQ_FEAT_SELECTORS");
+        }
+    }
+    // the kernels run the selectors that rank scores (their rows say so: the default and the exact
+    // scores' bit), no other selector's bit, and beside them the parts they list
+    if ((sparq_cuda_honours() & GGML_SPARQ_FEAT_SELECTORS) != GGML_SPARQ_FEAT_ORACLE ||
+        (sparq_cuda_honours() & ~GGML_SPARQ_FEAT_SELECTORS) != SPARQ_CUDA_HONOURS_PARTS) {
+        return params_fail("the CUDA check honours other parts than the ranking selectors' and its own");
     }
     if (sparq_cuda_why_not(params_node_with(s, 0)) != nullptr) {
         return params_fail("the CUDA check refuses a plain node");
@@ -277,6 +293,6 @@ static int run_params_check() {
     ggml_free(s.ctx);
     printf("params-check: OK: %d parts, each honoured by the CPU and as declared by CUDA (%d of them); "
            "unknown parts and another layout refused by both; %d of %d op_params slots free\n",
-           parts, __builtin_popcount(SPARQ_CUDA_HONOURS), ggml_sparq_params_free_slots(), GGML_SPARQ_PARAMS_SLOTS);
+           parts, __builtin_popcount(sparq_cuda_honours()), ggml_sparq_params_free_slots(), GGML_SPARQ_PARAMS_SLOTS);
     return 0;
 }

@@ -18,7 +18,8 @@ static constexpr uint32_t SPARQ_CUDA_HONOURS = GGML_SPARQ_FEAT_ORACLE | GGML_SPA
                                                GGML_SPARQ_FEAT_NO_MEAN_V | GGML_SPARQ_FEAT_WINDOW |
                                                GGML_SPARQ_FEAT_BASIS | GGML_SPARQ_FEAT_COVERAGE |
                                                GGML_SPARQ_FEAT_COVERAGE_CAP | GGML_SPARQ_FEAT_REPORT |
-                                               GGML_SPARQ_FEAT_TOPK_BUCKETS;
+                                               GGML_SPARQ_FEAT_TOPK_BUCKETS | GGML_SPARQ_FEAT_SOFTCAP |
+                                               GGML_SPARQ_FEAT_ALIBI | GGML_SPARQ_FEAT_SINKS;
 static constexpr uint32_t SPARQ_CUDA_REFUSES = GGML_SPARQ_FEAT_STREAMING | GGML_SPARQ_FEAT_H2O |
                                                GGML_SPARQ_FEAT_INDEX | GGML_SPARQ_FEAT_INDEX_READS |
                                                GGML_SPARQ_FEAT_DENSE | GGML_SPARQ_FEAT_COVERAGE_MEASURE;

@@ -82,6 +82,9 @@ struct ggml_sparq_attn_srcs {
     // the op on its device (a side effect, as H2O's scores). On a GPU a diffuse row's reach is a
     // lower bound at or above its cap.
     struct ggml_tensor * report;
+    // src[11]: optional, attention sinks (gpt-oss): f32 [n_head], contiguous, a logit per query head
+    // with a zero value row: exp(sink - max) joins every softmax's denominator, approximate and exact
+    struct ggml_tensor * sinks;
 };
 
 // An attention node's parameters with their defaults: the sparq selector, no flags, no optional part.
@@ -108,6 +111,10 @@ GGML_API struct ggml_sparq_attn_params ggml_sparq_attn_params_default(int32_t r,
 //   min(k, max(k_min, ceil(k_frac * n))) for the n valid cells of its stream (a row whose target needs
 //   more attends over all of them; a row with at most that many cells runs dense), so that a row's
 //   choice does not depend on the other streams of the call; k still sizes the scratch.
+// - n_probe and topk_buckets are never both set (one slot holds them), nor k_min without cov_apply
+//   or k_scan with it.
+// - softcap, max_bias: 0 (none) or finite and > 0 (ggml_sparq_attn_params; any selector: steps 1-3
+//   of sparq and oracle, step 4 of all).
 GGML_API const char * ggml_sparq_attn_check(const struct ggml_sparq_attn_srcs * srcs, const struct ggml_sparq_attn_params * p);
 
 // The attention node of these sources and parameters, the one way every caller builds it (aborts with
@@ -127,6 +134,7 @@ struct ggml_sparq_attn_view {
     const struct ggml_tensor * ivf_cent;             // index: the centroids (its reads written beyond them)
     struct ggml_tensor * ivf_list;                   // index: each cell's list (written by the op)
     struct ggml_tensor * report;                     // the report (written by the op)
+    const struct ggml_tensor * sinks;                // attention sinks
     struct ggml_tensor * out;
 };
 

@@ -12,17 +12,18 @@ enum sparq_slot {
     SLOT_HEAD         = 0, // the layout version (bits 24-31), the mode (16-23), the selector (8-15; SEL_NONE:
                            // none of this build's), the flags (0-7: enum ggml_sparq_flag, then BIT_*)
     SLOT_FEATURES     = 1,
-    // attention
+    // attention. Fields no node uses together share a slot: n_probe (the index selector's) and
+    // topk_buckets (sparq's, oracle's); k_min (a coverage applied) and k_scan (one measured)
     SLOT_R            = 2,
     SLOT_K            = 3,
     SLOT_L            = 4,
     SLOT_SCALE        = 5,
-    SLOT_N_PROBE      = 6,
-    SLOT_TOPK_BUCKETS = 7,
-    SLOT_COV_P        = 8,
-    SLOT_K_MIN        = 9,
-    SLOT_K_SCAN       = 10,
-    SLOT_K_FRAC       = 11,
+    SLOT_SEL_ARG      = 6,
+    SLOT_COV_P        = 7,
+    SLOT_COV_N        = 8,
+    SLOT_K_FRAC       = 9,
+    SLOT_SOFTCAP      = 10,
+    SLOT_MAX_BIAS     = 11,
     // a sum's append
     SLOT_SUM_TYPE     = 2,
     SLOT_SUM_SQUARES  = 3,
@@ -77,12 +78,15 @@ bool ggml_sparq_params_decode(const struct ggml_tensor * node, struct ggml_sparq
         a->k = slot_i32(s, SLOT_K);
         a->l = slot_i32(s, SLOT_L);
         a->scale = slot_f32(s, SLOT_SCALE);
-        a->n_probe = slot_i32(s, SLOT_N_PROBE);
-        a->topk_buckets = slot_i32(s, SLOT_TOPK_BUCKETS);
+        const bool index = a->selector == GGML_SPARQ_SEL_INDEX;
+        a->n_probe = index ? slot_i32(s, SLOT_SEL_ARG) : 0;
+        a->topk_buckets = index ? 0 : slot_i32(s, SLOT_SEL_ARG);
         a->cov_p = slot_f32(s, SLOT_COV_P);
-        a->k_min = slot_i32(s, SLOT_K_MIN);
-        a->k_scan = slot_i32(s, SLOT_K_SCAN);
+        a->k_min = a->cov_apply ? slot_i32(s, SLOT_COV_N) : 0;
+        a->k_scan = a->cov_apply ? 0 : slot_i32(s, SLOT_COV_N);
         a->k_frac = slot_f32(s, SLOT_K_FRAC);
+        a->softcap = slot_f32(s, SLOT_SOFTCAP);
+        a->max_bias = slot_f32(s, SLOT_MAX_BIAS);
     } else if (o.mode == GGML_SPARQ_MODE_SUM_APPEND) {
         o.sum.type = slot_i32(s, SLOT_SUM_TYPE);
         o.sum.squares = slot_i32(s, SLOT_SUM_SQUARES) != 0;
@@ -128,6 +132,9 @@ uint32_t ggml_sparq_params_features(const struct ggml_tensor * node, const struc
     f |= a->k_frac > 0.0f ? GGML_SPARQ_FEAT_COVERAGE_CAP : 0;
     f |= node->src[10] ? GGML_SPARQ_FEAT_REPORT : 0;
     f |= a->topk_buckets > 0 ? GGML_SPARQ_FEAT_TOPK_BUCKETS : 0;
+    f |= a->softcap != 0.0f ? GGML_SPARQ_FEAT_SOFTCAP : 0;
+    f |= a->max_bias != 0.0f ? GGML_SPARQ_FEAT_ALIBI : 0;
+    f |= node->src[11] ? GGML_SPARQ_FEAT_SINKS : 0;
     return f;
 }
 
@@ -148,12 +155,16 @@ void ggml_sparq_params_set(struct ggml_tensor * node, const struct ggml_sparq_pa
         s[SLOT_K] = a->k;
         s[SLOT_L] = a->l;
         put_f32(s, SLOT_SCALE, a->scale);
-        s[SLOT_N_PROBE] = a->n_probe;
-        s[SLOT_TOPK_BUCKETS] = a->topk_buckets;
+        // (ggml_sparq_attn_check refuses the pairs that share a slot together)
+        const bool index = a->selector == GGML_SPARQ_SEL_INDEX;
+        GGML_ASSERT((index ? a->topk_buckets : a->n_probe) == 0 && "sparq_attn: n_probe with topk_buckets");
+        GGML_ASSERT((a->cov_apply ? a->k_scan : a->k_min) == 0 && "sparq_attn: k_min without cov_apply, or k_scan with it");
+        s[SLOT_SEL_ARG] = index ? a->n_probe : a->topk_buckets;
         put_f32(s, SLOT_COV_P, a->cov_p);
-        s[SLOT_K_MIN] = a->k_min;
-        s[SLOT_K_SCAN] = a->k_scan;
+        s[SLOT_COV_N] = a->cov_apply ? a->k_min : a->k_scan;
         put_f32(s, SLOT_K_FRAC, a->k_frac);
+        put_f32(s, SLOT_SOFTCAP, a->softcap);
+        put_f32(s, SLOT_MAX_BIAS, a->max_bias);
     } else if (p->mode == GGML_SPARQ_MODE_SUM_APPEND) {
         s[SLOT_SUM_TYPE] = p->sum.type;
         s[SLOT_SUM_SQUARES] = p->sum.squares ? 1 : 0;
@@ -179,6 +190,9 @@ const char * ggml_sparq_feature_name(uint32_t bit) {
         case GGML_SPARQ_FEAT_COVERAGE_MEASURE: return "a measured coverage (k_scan)";
         case GGML_SPARQ_FEAT_REPORT:           return "a report";
         case GGML_SPARQ_FEAT_TOPK_BUCKETS:     return "the approximate bucketed top-k (topk_buckets)";
+        case GGML_SPARQ_FEAT_SOFTCAP:          return "logit soft-capping (softcap)";
+        case GGML_SPARQ_FEAT_ALIBI:            return "ALiBi (max_bias)";
+        case GGML_SPARQ_FEAT_SINKS:            return "attention sinks";
         default:                               return "a part unknown to this build";
     }
 }

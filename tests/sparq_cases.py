@@ -49,6 +49,9 @@ class Case:
     k_min: int = 0
     kt_bits: int = 16         # 8: K^T in e5m2 (the keys' f16, then its upper byte)
     topk_buckets: int = 0     # > 0: the approximate bucketed top-k with that many buckets
+    softcap: float = 0.0      # > 0: logit soft-capping
+    max_bias: float = 0.0     # > 0: ALiBi (with mask "alibi": each valid cell's mask is minus its distance)
+    sinks: bool = False       # a sink logit per query head
     seed: int = 0
 
     def __post_init__(self):
@@ -63,7 +66,9 @@ class Case:
                 + ("" if self.mean_v else "-nomeanv") + ("-basis" if self.basis else "")
                 + (f"-dense{''.join(map(str, self.dense_streams))}" if self.dense_streams else "")
                 + (f"-cov{self.coverage:g}-kmin{self.k_min}" if self.coverage else "")
-                + ("-kt8" if self.kt_bits == 8 else "") + (f"-tkb{self.topk_buckets}" if self.topk_buckets else ""))
+                + ("-kt8" if self.kt_bits == 8 else "") + (f"-tkb{self.topk_buckets}" if self.topk_buckets else "")
+                + (f"-cap{self.softcap:g}" if self.softcap else "") + (f"-alibi{self.max_bias:g}" if self.max_bias else "")
+                + ("-sinks" if self.sinks else ""))
 
     @property
     def baseline(self):
@@ -107,6 +112,13 @@ def generate(c: Case):
                 n_pad = int(rng.integers(0, max(1, c.S // 3)))
                 if n_pad:
                     mask[st, :, c.S - n_pad:] = -np.inf
+            elif c.mask == "alibi":
+                # ALiBi's mask (llama.cpp's): minus the distance to the row's position, a few holes
+                for i in range(c.n_rows):
+                    pos = c.S - c.n_rows + i
+                    mask[st, i] = -np.abs(pos - np.arange(c.S))
+                    mask[st, i, pos + 1:] = -np.inf
+                mask[st, :, rng.random(c.S) < 0.1] = -np.inf
             elif c.mask == "causal":
                 # row i sees the cells up to S - n_rows + i, with a few holes
                 for i in range(c.n_rows):
@@ -123,7 +135,8 @@ def generate(c: Case):
         v_sum[st] = V[st][cells].astype(np.float64).sum(axis=0)
         v_count[st] = cells.sum() * (-1 if st in c.dense_streams else 1)
     a = dict(q=q, K=K, V=V, mask=mask, v_sum=v_sum, v_count=v_count, scale=np.float32(1.0 / np.sqrt(c.d)),
-             win=None, q_sel=None, K_sel=None, comp_w=None, h2o=None, ivf_cent=None, ivf_lists=None)
+             win=None, q_sel=None, K_sel=None, comp_w=None, h2o=None, ivf_cent=None, ivf_lists=None,
+             sinks=(rng.normal(1.0, 2.0, size=c.n_head).astype(np.float32) if c.sinks else None))
     if c.selector == "h2o":
         # accumulated attention: continuous values, with a third of the cells at exactly 0 (cells
         # no step attended yet), so the choice also meets ties (to the lower index)
@@ -226,6 +239,10 @@ def write(path: Path, c: Case, a: dict) -> None:
             f.write(b"KTE5")
         if c.topk_buckets:
             f.write(b"TKB1" + struct.pack("<i", c.topk_buckets))
+        if c.softcap or c.max_bias or c.sinks:
+            f.write(b"VAR1" + struct.pack("<ffi", c.softcap, c.max_bias, int(c.sinks)))
+            if c.sinks:
+                f.write(np.ascontiguousarray(a["sinks"], dtype=np.float32).tobytes())
 
 
 def run(prog, mode: str, c: Case, a: dict, tmp: Path, *, isa=None, threads=1, prefix=(), env=None):
@@ -279,6 +296,7 @@ def check(c: Case, a: dict, out: np.ndarray, sel: np.ndarray | None) -> dict:
     """Assert the kernel's results against the reference; return error figures."""
     stats = {"rows": 0, "tie_rows": 0, "err": 0.0, "naive": 0.0}
     r_eff = c.d if c.selector == "oracle" else c.r
+    vkw = dict(softcap=c.softcap, max_bias=c.max_bias, sinks=None if a["sinks"] is None else a["sinks"].astype(np.float64))
     for st in range(c.n_stream):
         q = a["q"][st].astype(np.float64)
         K = a["K"][st].astype(np.float64)
@@ -286,10 +304,10 @@ def check(c: Case, a: dict, out: np.ndarray, sel: np.ndarray | None) -> dict:
         mask = None if a["mask"] is None else a["mask"][st].astype(np.float64)
         if st in c.dense_streams:
             # marked dense: exact attention over every valid cell, nothing selected
-            want = ref.dense_attention(q, K, V, mask=mask, scale=float(a["scale"]))
+            want = ref.dense_attention(q, K, V, mask=mask, scale=float(a["scale"]), **vkw)
             naive = ref.dense_attention(q.astype(np.float32), K.astype(np.float32), V.astype(np.float32),
                                         mask=None if mask is None else mask.astype(np.float32),
-                                        scale=float(a["scale"]), dtype=np.float32)
+                                        scale=float(a["scale"]), dtype=np.float32, **vkw)
             got = out[st].astype(np.float64)
             err = float(np.max(np.abs(got - want)))
             err_naive = float(np.max(np.abs(naive.astype(np.float64) - want)))
@@ -316,7 +334,7 @@ def check(c: Case, a: dict, out: np.ndarray, sel: np.ndarray | None) -> dict:
         window = None if a["win"] is None else [a["win"][st, row] for row in range(c.n_rows)]
         kw = dict(r=c.r, k=c.k, l=c.l, mask=mask, scale=scale, vbar=vbar, per_head=c.per_head, mean_v=c.mean_v,
                   oracle=c.selector == "oracle", comp_w=comp_w, window=window,
-                  kv_quant="q8_0" if c.kv_type == "q8_0" else None, kt_bits=c.kt_bits)
+                  kv_quant="q8_0" if c.kv_type == "q8_0" else None, kt_bits=c.kt_bits, **vkw)
         if c.coverage:
             kw["coverage"] = (c.coverage, c.k_min)
         if c.topk_buckets:
@@ -352,7 +370,7 @@ def check(c: Case, a: dict, out: np.ndarray, sel: np.ndarray | None) -> dict:
             if c.kt_bits == 8:
                 K_kt = ref.round_e5m2(K_kt).astype(np.float64)  # the scores step 3 ranks read K^T in e5m2
             scores = ref.combined_scores(q if q_sel is None else q_sel, K_kt, r=r_eff,
-                                         mask=mask, scale=scale, comp_w=comp_w)
+                                         mask=mask, scale=scale, comp_w=comp_w, **vkw)
             valid = np.ones((c.n_rows, c.S), bool) if mask is None else np.isfinite(mask)
             need_force = False
             near = []
@@ -558,4 +576,22 @@ def grid(quick: bool = False) -> list[Case]:
     add(d=64, S=900, r=8, k=40, l=0, n_head=4, n_head_kv=4, mask="none", kv_type="f32", topk_buckets=5000)
     add(d=64, S=1500, r=16, k=64, l=16, n_head=8, n_head_kv=2, mask="holes", kv_type="q8_0", kt_bits=8,
         topk_buckets=256)
+    # the attention variants, in the quick grid too: soft-capping, ALiBi (6 heads: the slopes past the
+    # largest power of 2), sinks, all three; GQA and not, per head, the calibrated k, exact rows, a dense
+    # stream, q8_0, the oracle and the baselines' step 4
+    add(d=64, S=1500, r=8, k=64, l=16, n_head=8, n_head_kv=2, mask="holes", softcap=2.0)
+    add(d=128, S=2000, r=16, k=100, l=25, n_head=4, n_head_kv=4, mask="pad", kv_type="f32", softcap=3.0)
+    add(d=64, S=1200, r=8, k=64, l=16, n_rows=3, n_head=6, n_head_kv=2, mask="alibi", max_bias=8.0)
+    add(d=128, S=1500, r=16, k=64, l=16, n_head=4, n_head_kv=4, mask="alibi", max_bias=8.0, win="random")
+    add(d=64, S=1500, r=16, k=400, l=16, n_head=8, n_head_kv=2, mask="pad", coverage=0.9, k_min=32, sinks=True)
+    add(d=64, S=1500, r=8, k=64, l=16, n_stream=2, n_head=4, n_head_kv=1, mask="holes", dense_streams=(1,), sinks=True)
+    add(d=64, S=1200, r=8, k=300, l=16, n_head=6, n_head_kv=2, mask="alibi", coverage=0.7, k_min=24, per_head=True,
+        softcap=4.0, max_bias=8.0, sinks=True)
+    add(d=64, S=1500, r=8, k=64, l=16, n_head=8, n_head_kv=2, mask="alibi", kv_type="q8_0", softcap=2.0, max_bias=4.0,
+        sinks=True)
+    add(d=64, S=100, r=16, k=128, l=32, n_head=8, n_head_kv=2, mask="alibi", softcap=2.0, max_bias=8.0, sinks=True)
+    add(d=64, S=1500, r=8, k=200, l=16, n_head=4, n_head_kv=1, mask="pad", coverage=0.3, k_min=20, selector="oracle",
+        softcap=2.0, sinks=True)
+    add(d=64, S=1200, r=8, k=64, l=16, n_rows=2, n_head=8, n_head_kv=2, mask="alibi", selector="h2o", max_bias=8.0,
+        sinks=True, softcap=3.0)
     return cases

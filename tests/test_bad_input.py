@@ -1,7 +1,7 @@
 """Bad input: every one gives a clear error naming what is wrong, never a crash.
 
 - a truncated or corrupt GGUF, through Python and the tools;
-- a GGUF whose attention SparQ does not compute (Gemma 2's soft-capping) with SparQ asked for;
+- a GGUF whose attention SparQ does not compute (Gemma 2's soft-capping by a negative cap) with SparQ asked for;
 - SparQ settings out of range through llama-server's flags and the Python server's per-model
   config (Python, the common flags and llama-bench's lists: tests/test_bindings.py);
 - a request for more context than the server's slot holds;
@@ -111,16 +111,17 @@ def test_corrupt_gguf_is_refused_by_every_entry_point(corrupt_files, name):
 def gemma2_model(tmp_path_factory):
     from sparq_lab.models import make_tiny_gemma2
 
-    return make_tiny_gemma2(tmp_path_factory.mktemp("gemma2") / "tiny-gemma2.gguf")
+    return make_tiny_gemma2(tmp_path_factory.mktemp("gemma2") / "tiny-gemma2.gguf", softcap=-50.0)
 
 
-WHY = "no KV-cache layer of this context can run SparQ (1 attn_variant: attention logit soft-capping)"
+WHY = ("no KV-cache layer of this context can run SparQ (1 attn_variant: attention logit soft-capping by a value "
+       "that is not finite and > 0)")
 
 
 def test_unsupported_attention_with_sparq_is_refused(gemma2_model):
-    """Gemma 2's soft-capped attention: it runs dense without SparQ; with SparQ asked for,
-    Python, llama-completion, llama-server and llama-bench refuse, naming the reason (before:
-    "SparQ on" and every step dense)."""
+    """Gemma 2 with a negative soft-cap, which the op does not take: it runs dense without SparQ;
+    with SparQ asked for, Python, llama-completion, llama-server and llama-bench refuse, naming the
+    reason (never "SparQ on" and every step dense)."""
     from llama_sparq import Llama
 
     llm = Llama(str(gemma2_model), n_ctx=256, verbose=False)

@@ -78,7 +78,8 @@ def test_isa_unknown_is_refused(prog, tmp_path):
 
 def test_op_parameters_are_typed_and_every_backend_honours_or_refuses_each_part(prog):
     """The op's one parameter layout (ggml-sparq-params.h), through ggml: the constructor's values come
-    back from the decoder and from a byte copy (an RPC server's view), every field in a slot of its own;
+    back from the decoder and from a byte copy (an RPC server's view), every field in a slot (the pairs
+    no node sets together share one);
     the layout leaves GGML_SPARQ_PARAMS_MIN_FREE slots free; a node no backend may run is refused by
     ggml_sparq_attn_check with its reason; each optional part sets its feature
     bit; the CPU backend's supports_op honours every part and CUDA's support check (host code) exactly
@@ -86,10 +87,10 @@ def test_op_parameters_are_typed_and_every_backend_honours_or_refuses_each_part(
     layout version are refused by both, so no backend can ignore a parameter it does not know."""
     res = subprocess.run([str(prog), "params-check"], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-2000:]
-    assert "params-check: OK: 15 parts" in res.stdout, res.stdout
-    # CUDA honours 9: the oracle, per-head, no mean-V, window, basis, the calibrated k (2), the report
-    # and the bucketed top-k
-    assert "as declared by CUDA (9 of them)" in res.stdout, res.stdout
+    assert "params-check: OK: 18 parts" in res.stdout, res.stdout
+    # CUDA honours 12: the oracle, per-head, no mean-V, window, basis, the calibrated k (2), the report,
+    # the bucketed top-k and the attention variants (soft-capping, ALiBi, sinks)
+    assert "as declared by CUDA (12 of them)" in res.stdout, res.stdout
     assert "unknown parts and another layout refused by both" in res.stdout
     free = int(re.search(r"(\d+) of 16 op_params slots free", res.stdout).group(1))
     assert free >= 4, res.stdout

@@ -50,11 +50,17 @@ def _expect_measure(llm, step: int) -> bool:
 @pytest.mark.parametrize("name,i,kw", CASES, ids=[f"{n}-{i}" for n, i, _ in CASES])
 def test_graph_nodes_have_the_probes_parameters(tiny_gqa_model, name, i, kw):
     """tiny GQA model (8 query heads on 2 KV heads, head size 16), a 300-token prompt, 3 decode steps"""
+    settings = {"sparq": True, "sparq_min_kv": 0, **kw}
+    llm = make_llm(tiny_gqa_model, n_ctx=512, **settings)
+    assert _compare_graph_and_probe(llm, i, (name, kw)) >= 2, f"no SparQ node was captured with {kw}"
+
+
+def _compare_graph_and_probe(llm, i, what) -> int:
+    """After a 300-token prompt, 3 decode steps: each captured node's parameters against the probe's
+    for its layer; returns the nodes compared."""
     from llama_sparq import _sparq
     from sparq_lab.capture import Capture, decode_op_params
 
-    settings = {"sparq": True, "sparq_min_kv": 0, **kw}
-    llm = make_llm(tiny_gqa_model, n_ctx=512, **settings)
     llm.reset()
     llm.eval(rand_prompt(300, 11 + i, llm.n_vocab()))
     compared = 0
@@ -67,9 +73,25 @@ def test_graph_nodes_have_the_probes_parameters(tiny_gqa_model, name, i, kw):
             want = decode_op_params(_sparq.debug_op_params(llm._ctx.ctx, c["layer"], n_kv, _expect_measure(llm, step)),
                                     c["op"])
             got.pop("scale"), want.pop("scale")  # (the model's logit scale; the probe takes 1/sqrt(d))
-            assert got == want, (name, kw, c["layer"], step)
+            assert got == want, (what, c["layer"], step)
             compared += 1
-    assert compared >= 2, f"no SparQ node was captured with {kw}"
+    return compared
+
+
+@pytest.mark.parametrize("make,kw,bit", [("make_tiny_gemma2", dict(std=0.5, softcap=5.0), "softcap"),
+                                         ("make_tiny_gpt_oss", {}, "sinks"), ("make_tiny_bloom", {}, "alibi")])
+def test_variant_models_graph_nodes_have_the_probes_parameters(tmp_path, make, kw, bit):
+    """The attention variants (soft-capping, sinks, ALiBi) come from the layer by the same road: the
+    graph's nodes and the probe carry the same softcap, max_bias and sinks (the feature bits)."""
+    from sparq_lab import capture, models
+
+    llm = make_llm(getattr(models, make)(tmp_path / "m.gguf", **kw), n_ctx=512, sparq=True, sparq_min_kv=0,
+                   sparq_k=48)
+    assert _compare_graph_and_probe(llm, 0, make) >= 2
+    with capture.Capture(llm) as cap:
+        llm.eval([5])
+    feats = {"softcap": 1 << 15, "alibi": 1 << 16, "sinks": 1 << 17}  # ggml-sparq-params.h
+    assert cap.calls and all(c["params"]["features"] & feats[bit] for c in cap.calls)
 
 
 def test_the_probe_refuses_what_the_graph_could_not_build(tiny_gqa_model):

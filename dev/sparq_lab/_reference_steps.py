@@ -22,6 +22,50 @@ def softmax(x):
     return np.divide(e, s, out=np.zeros_like(e), where=s > 0)
 
 
+class Variants:
+    """The attention variants of one call (docs/algorithm.md): ``softcap`` > 0 caps every logit x
+    (scale included) to ``softcap * tanh(x / softcap)`` before the mask; the mask is added times each
+    query head's ALiBi ``slopes`` (ggml's soft_max_ext, from max_bias; 1 without); ``sinks`` a logit per
+    query head with a zero value row, in every softmax's denominator. slopes and sinks (n_head_kv, g)."""
+
+    def __init__(self, n_head_kv, g, softcap=0.0, max_bias=0.0, sinks=None):
+        self.softcap = float(softcap)
+        self.slopes = alibi_slopes(n_head_kv * g, max_bias).reshape(n_head_kv, g)
+        self.sinks = None if sinks is None else np.asarray(sinks, dtype=np.float64).reshape(n_head_kv, g)
+
+    def logits(self, x, m, j, dt):
+        """Logits x (..., g, n) of KV head j with the mask values m (..., n) or None: capped, masked."""
+        if self.softcap:
+            c = dt.type(self.softcap)
+            x = c * np.tanh(x / c)
+        if m is not None:
+            x = x + self.slopes[j].astype(dt)[:, None] * m[..., None, :]
+        return x
+
+    def softmax(self, x, j, dt):
+        """Softmax of logits x (..., g, n) of KV head j with its heads' sinks: (weights, the sinks' (..., g))."""
+        if self.sinks is None:
+            return softmax(x), np.zeros(x.shape[:-1], x.dtype)
+        sk = self.sinks[j].astype(dt)
+        m = np.max(x, axis=-1) if x.shape[-1] else np.full(x.shape[:-1], -np.inf, x.dtype)
+        m = np.maximum(m, sk)
+        e = np.exp(x - m[..., None])
+        es = np.exp(sk - m)
+        z = np.sum(e, axis=-1) + es
+        return e / z[..., None], es / z
+
+
+def alibi_slopes(n_head, max_bias):
+    """ALiBi's slope per query head as ggml takes it (soft_max_ext, flash_attn_ext); ones for max_bias 0."""
+    h = np.arange(n_head)
+    if not max_bias:
+        return np.ones(n_head)
+    n2 = 1 << int(np.floor(np.log2(n_head)))
+    m0 = 2.0 ** (-max_bias / n2)
+    m1 = 2.0 ** (-(max_bias / 2.0) / n2)
+    return np.where(h < n2, m0 ** (h + 1), m1 ** (2 * (h - n2) + 1))
+
+
 def select_components(qg, r, w=None):
     """Step 1, i1 per (row, KV head): the r largest entries of sum_h |q_h| (times w), ascending.
 
@@ -38,12 +82,13 @@ def select_components(qg, r, w=None):
     return np.sort(order, axis=-1)
 
 
-def approx_scores(qr, K, i1r, mrow, scale, dt, w=None):
+def approx_scores(qr, K, i1r, mrow, scale, dt, w=None, var=None, with_sink=False):
     """Step 2, shat for one row: (n_head_kv, g, S), softmax of the approximate logits.
 
     qr: (n_head_kv, g, d) query of this row in dt; K: (S, n_head_kv, d) uncast;
     i1r: (n_head_kv, r); mrow: (S,) mask row in dt or None; w: optional (n_head_kv, d)
-    component weights, which weight the L1 norms of the temperature too.
+    component weights, which weight the L1 norms of the temperature too. var: the Variants, which
+    transform the approximate logits as the exact ones; with_sink: (shat, each head's sink weight).
     """
     n_head_kv = qr.shape[0]
     # Gather the r components of the keys first, then cast: K itself may be large.
@@ -59,9 +104,14 @@ def approx_scores(qr, K, i1r, mrow, scale, dt, w=None):
     ratio = np.divide(n_all, n_sel, out=np.ones_like(n_all), where=n_sel > 0)
     factor = np.where(n_sel > 0, sc * np.sqrt(ratio), sc).astype(dt, copy=False)
     logits = np.matmul(qs, Kt) * factor[..., None]  # (n_head_kv, g, S)
-    if mrow is not None:
-        logits = logits + mrow
-    return softmax(logits)
+    if var is None:
+        if mrow is not None:
+            logits = logits + mrow
+        p = softmax(logits)
+        return (p, np.zeros(p.shape[:2], dt)) if with_sink else p
+    out = [var.softmax(var.logits(logits[j], mrow, j, dt), j, dt) for j in range(n_head_kv)]
+    p, ps = np.stack([o[0] for o in out]), np.stack([o[1] for o in out])
+    return (p, ps) if with_sink else p
 
 
 def window_cells(window, row, l, k, cells, valid_row):
@@ -109,7 +159,7 @@ def bucket_winners(cand, buckets):
     return out.reshape(cand.shape[:-1] + (n,))[..., :S]
 
 
-def sparq_positions(shat, window, row, l, k, cells, valid_row, per_head, coverage=None, topk_buckets=0):
+def sparq_positions(shat, window, row, l, k, cells, valid_row, per_head, coverage=None, topk_buckets=0, ssink=None):
     """Step 3, i2 of one row: the window plus the k - l best cells by the group's summed shat
     (per_head: by each head's own shat_h; the union over the heads). An array (n_head_kv, k),
     or per_head a list per KV head of ascending cells.
@@ -117,7 +167,8 @@ def sparq_positions(shat, window, row, l, k, cells, valid_row, per_head, coverag
     coverage = (p, k_min): the calibrated k (ggml_sparq_attn_set_coverage's cut): of those k - l
     best, the fewest whose estimated attention weights (shat; shared: the mean over the group's
     heads), with the window's, reach p, at least k_min - l: a list per KV head. Where they fall
-    short (any head's, per head) the KV head attends over every valid cell (``cells``)."""
+    short (any head's, per head) the KV head attends over every valid cell (``cells``). ssink:
+    (n_head_kv, g) the sinks' weights, always attended: counted with the window's."""
     n_kv, g = shat.shape[0], shat.shape[1]
     win_r, _ = window_cells(window, row, l, l, cells, valid_row)
     w = win_r.size
@@ -139,15 +190,16 @@ def sparq_positions(shat, window, row, l, k, cells, valid_row, per_head, coverag
     top = np.argsort(-cand, axis=-1, kind="stable")[..., : k - w]
     if coverage is not None:
         p, k_min = coverage
+        sk = np.zeros(shat.shape[:2]) if ssink is None else ssink
         out = []
         for j in range(n_kv):
             if per_head:
-                ns = [coverage_cut(shat[j, h], top[j, h], shat[j, h][win_r].sum(), p, k_min, w, k - w)
+                ns = [coverage_cut(shat[j, h], top[j, h], shat[j, h][win_r].sum() + sk[j, h], p, k_min, w, k - w)
                       for h in range(g)]
                 keep = None if None in ns else np.concatenate([top[j, h][:n] for h, n in enumerate(ns)])
             else:
                 wt = shat[j].sum(axis=0) / g
-                n = coverage_cut(wt, top[j], wt[win_r].sum(), p, k_min, w, k - w)
+                n = coverage_cut(wt, top[j], wt[win_r].sum() + sk[j].sum() / g, p, k_min, w, k - w)
                 keep = None if n is None else top[j][:n]
             out.append(np.asarray(cells, dtype=np.int64) if keep is None else np.union1d(keep, win_r))
         return out
@@ -156,16 +208,17 @@ def sparq_positions(shat, window, row, l, k, cells, valid_row, per_head, coverag
     return np.sort(np.concatenate([top, np.broadcast_to(win_r, (n_kv, w))], axis=1), axis=1)
 
 
-def selected_mass(shat, sel, alpha_row):
-    """Step 5 (part): alpha_h = sum_{i in i2} shat_h[i], written into alpha_row (n_head_kv, g)."""
+def selected_mass(shat, sel, alpha_row, ssink=None):
+    """Step 5 (part): alpha_h = sum_{i in i2} shat_h[i] (plus the sink's weight, always attended),
+    written into alpha_row (n_head_kv, g)."""
     for j in range(shat.shape[0]):
-        alpha_row[j] = np.sum(shat[j][:, sel[j]], axis=-1)
+        alpha_row[j] = np.sum(shat[j][:, sel[j]], axis=-1) + (0 if ssink is None else ssink[j])
 
 
-def exact_attention(qr, K, V, sel, mrow, scale, dt, h2o_new=None):
+def exact_attention(qr, K, V, sel, mrow, scale, dt, h2o_new=None, var=None):
     """Step 4: exact attention of one row over the selected cells, per query head:
     (n_head_kv, g, dv). h2o_new (n_head_kv, S): the H2O scores, to which each cell's attention
-    weights (summed over the group's heads) are added."""
+    weights (summed over the group's heads) are added. var: the Variants (a sink's row is zero)."""
     n_kv, g = qr.shape[:2]
     y = np.empty((n_kv, g, V.shape[2]), dt)
     for j in range(n_kv):
@@ -173,9 +226,12 @@ def exact_attention(qr, K, V, sel, mrow, scale, dt, h2o_new=None):
         Ks = K[sj, j, :].astype(dt, copy=False)  # (m, d)
         Vs = V[sj, j, :].astype(dt, copy=False)  # (m, dv)
         logits = np.matmul(qr[j], Ks.T) * dt.type(scale)  # (g, m)
-        if mrow is not None:
-            logits = logits + mrow[sj][None, :]
-        p = softmax(logits)
+        if var is not None:
+            p = var.softmax(var.logits(logits, None if mrow is None else mrow[sj], j, dt), j, dt)[0]
+        else:
+            if mrow is not None:
+                logits = logits + mrow[sj][None, :]
+            p = softmax(logits)
         y[j] = np.matmul(p, Vs)  # (g, dv); zeros if m == 0
         if h2o_new is not None:
             np.add.at(h2o_new[j], sj, np.sum(p, axis=0))

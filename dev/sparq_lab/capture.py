@@ -67,7 +67,8 @@ class ggml_sparq_attn_params(ctypes.Structure):
     _fields_ = [("r", ctypes.c_int32), ("k", ctypes.c_int32), ("l", ctypes.c_int32), ("scale", ctypes.c_float),
                 ("selector", ctypes.c_int32), ("flags", ctypes.c_int32), ("n_probe", ctypes.c_int32),
                 ("topk_buckets", ctypes.c_int32), ("index_reads", ctypes.c_bool), ("cov_p", ctypes.c_float), ("k_min", ctypes.c_int32),
-                ("k_scan", ctypes.c_int32), ("cov_apply", ctypes.c_bool), ("k_frac", ctypes.c_float)]
+                ("k_scan", ctypes.c_int32), ("cov_apply", ctypes.c_bool), ("k_frac", ctypes.c_float),
+                ("softcap", ctypes.c_float), ("max_bias", ctypes.c_float)]
 
 
 class ggml_sparq_params(ctypes.Structure):
@@ -109,7 +110,7 @@ def decode_op_params(slots, op: int) -> dict:
 EVAL_CB = ctypes.CFUNCTYPE(ctypes.c_bool, ctypes.POINTER(ggml_tensor), ctypes.c_bool, ctypes.c_void_p)
 
 # the op's sources (ggml_sparq_attn): name, index
-_OP_SRC = ("q", "K", "KT", "V", "v_sum", "v_count", "mask", "win", "q_sel", "comp_w", "report")
+_OP_SRC = ("q", "K", "KT", "V", "v_sum", "v_count", "mask", "win", "q_sel", "comp_w", "report", "sinks")
 _NODE = re.compile(r"sparq_attn-(\d+)")
 _BEFORE = re.compile(r"sparq_(h2o|ivf)-(\d+)")  # H2O's scores / the index's lists before the op of that layer
 _DTYPES = {GGML_TYPE_F32: np.float32, GGML_TYPE_F16: np.float16, GGML_TYPE_I32: np.int32}

@@ -6,9 +6,12 @@ paper-shape and GQA-shape models are cached in ``llama_sparq.models.model_dir()`
 
 * :func:`make_tiny_llama` writes a small llama-architecture GGUF with random
   weights and a byte-fallback SentencePiece vocabulary, in well under a second.
-* :func:`make_tiny_gemma2`: the same with Gemma 2's soft-capped attention (SparQ refuses it).
+* :func:`make_tiny_gemma2`: the same with Gemma 2's soft-capped attention.
 * :func:`make_tiny_granite_swa`: the same as Granite's iSWA architecture, whose every layer has
-  attention sinks (SparQ refuses its full-attention layers: they run dense at every step).
+  attention sinks.
+* :func:`make_tiny_gpt_oss` (``gpt-oss``: sinks, GQA, sliding-window layers, a mixture of experts)
+  and :func:`make_tiny_bloom` (ALiBi): the attention variants on real architectures;
+  :func:`make_tiny_t5`: T5's relative position bias on the scores (a KQ bias, which SparQ refuses).
 * :func:`make_paper_shape`, :func:`make_gqa_shape` (cached: :func:`paper_shape_path`,
   :func:`gqa_shape_path`): timing-only models with real models' per-layer shapes.
 
@@ -35,6 +38,10 @@ from llama_sparq.models import model_dir
 __all__ = [
     "make_tiny_llama",
     "make_tiny_gemma2",
+    "make_tiny_granite_swa",
+    "make_tiny_gpt_oss",
+    "make_tiny_bloom",
+    "make_tiny_t5",
     "tiny_vocab",
     "PAPER_SHAPE",
     "make_paper_shape",
@@ -197,22 +204,27 @@ def _add_tiny_tokenizer(w, n_vocab: int) -> None:
 
 
 def make_tiny_gemma2(path: str | os.PathLike[str], *, n_layer: int = 2, n_embd: int = 64, n_head: int = 4,
-                     n_ff: int = 128, n_vocab: int = 260, seed: int = 0) -> Path:
-    """Write a tiny random Gemma 2 GGUF: attention with logit soft-capping (50) and sliding-window
-    layers (every other one), an attention SparQ does not run, so asking for SparQ on it must be
-    refused. f32 weights; the llama tokenizer of :func:`make_tiny_llama`."""
+                     n_ff: int = 128, n_vocab: int = 260, seed: int = 0, std: float = 0.02,
+                     softcap: float = 50.0) -> Path:
+    """Write a tiny random Gemma 2 GGUF: attention with logit soft-capping (``softcap``; a negative one
+    makes a GGUF whose cap SparQ refuses) and
+    sliding-window layers (every other one). f32 weights of standard deviation ``std`` (larger: the
+    attention's scores spread, and a small softcap bites); the llama tokenizer of :func:`make_tiny_llama`."""
     import gguf
 
     n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx_train, seed = _tiny_llama_checks(
         gguf, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=None, head_dim=None, n_ff=n_ff,
-        n_vocab=n_vocab, n_ctx_train=4096, seed=seed, weight_type="f32", std=0.02, rope_freq_base=10000.0,
+        n_vocab=n_vocab, n_ctx_train=4096, seed=seed, weight_type="f32", std=std, rope_freq_base=10000.0,
         rms_eps=1e-6)
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not math.isfinite(softcap) or softcap == 0:
+        # (a negative cap is written as given: the GGUF SparQ refuses, for the tests of that refusal)
+        raise ValueError(f"softcap must be a finite nonzero number, got {softcap!r}")
     import numpy as np
 
     QT = gguf.GGMLQuantizationType
     tensors = [t for t in _tiny_llama_tensors(gguf, QT.F32, n_layer=n_layer, n_embd=n_embd, n_q=n_head * head_dim,
                                               n_kv=n_head_kv * head_dim, n_ff=n_ff, n_vocab=n_vocab, seed=seed,
-                                              std=0.02) if t[0] != "output.weight"]  # tied to token_embd
+                                              std=std) if t[0] != "output.weight"]  # tied to token_embd
     for i in range(n_layer):
         tensors += [(f"blk.{i}.post_attention_norm.weight", (np.ones(n_embd, dtype=np.float32), QT.F32)),
                     (f"blk.{i}.post_ffw_norm.weight", (np.ones(n_embd, dtype=np.float32), QT.F32))]
@@ -225,7 +237,7 @@ def make_tiny_gemma2(path: str | os.PathLike[str], *, n_layer: int = 2, n_embd: 
         w.add_value_length(head_dim)
         w.add_layer_norm_rms_eps(1e-6)
         w.add_sliding_window(256)
-        w.add_attn_logit_softcapping(50.0)
+        w.add_attn_logit_softcapping(float(softcap))
         w.add_final_logit_softcapping(30.0)
         _add_tiny_tokenizer(w, n_vocab)
 
@@ -265,6 +277,175 @@ def make_tiny_granite_swa(path: str | os.PathLike[str], *, n_layer: int = 2, n_e
         _add_tiny_tokenizer(w, n_vocab)
 
     return _write_gguf_atomic(gguf, Path(path), metadata, tensors, arch="granite_swa")
+
+
+def make_tiny_gpt_oss(path: str | os.PathLike[str], *, n_layer: int = 2, n_embd: int = 64, n_head: int = 8,
+                      n_head_kv: int = 2, head_dim: int = 16, n_expert: int = 4, n_expert_used: int = 4,
+                      n_ff_exp: int = 32, n_swa: int = 32, n_vocab: int = 260, seed: int = 0, std: float = 0.2,
+                      sink_shift: float = 0.0) -> Path:
+    """Write a tiny random gpt-oss GGUF (architecture ``gpt-oss``, llama.cpp's ``openai-moe``): GQA
+    attention with sinks (a logit per query head), sliding-window (``n_swa``) and full-attention layers
+    alternating (layer 0 sliding), biases on q, k, v and the output, and a mixture of ``n_expert`` SwiGLU
+    experts with biases (``n_expert_used`` per token; all of them: the routing is continuous, so that
+    a rounding moves the logits by a rounding). f32 weights of standard deviation ``std``, the sinks
+    N(sink_shift, 2) (a shift of -60 all but removes them); the llama tokenizer of :func:`make_tiny_llama`."""
+    import gguf
+    import numpy as np
+
+    n_layer, n_embd, n_head, n_head_kv, head_dim, _, n_vocab, n_ctx_train, seed = _tiny_llama_checks(
+        gguf, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, n_ff=n_ff_exp,
+        n_vocab=n_vocab, n_ctx_train=4096, seed=seed, weight_type="f32", std=std, rope_freq_base=10000.0,
+        rms_eps=1e-5)
+    n_expert, n_expert_used, n_ff_exp, n_swa = (_check_int(k, v) for k, v in (
+        ("n_expert", n_expert), ("n_expert_used", n_expert_used), ("n_ff_exp", n_ff_exp), ("n_swa", n_swa)))
+    if n_expert_used > n_expert:
+        raise ValueError(f"n_expert_used ({n_expert_used}) must be at most n_expert ({n_expert})")
+    if isinstance(sink_shift, bool) or not isinstance(sink_shift, (int, float)) or not math.isfinite(sink_shift):
+        raise ValueError(f"sink_shift must be a finite number, got {sink_shift!r}")
+    QT = gguf.GGMLQuantizationType
+    rng = np.random.default_rng(seed)
+
+    def rnd(*shape: int, scale: float = std):
+        return (rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)).astype(np.float32), QT.F32
+
+    def ones(n: int):
+        return np.ones(n, dtype=np.float32), QT.F32
+
+    n_q, n_kv = n_head * head_dim, n_head_kv * head_dim
+    tensors = [("token_embd.weight", rnd(n_vocab, n_embd, scale=1.0))]
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        tensors += [
+            (p + "attn_norm.weight", ones(n_embd)),
+            (p + "attn_q.weight", rnd(n_q, n_embd)), (p + "attn_q.bias", rnd(n_q)),
+            (p + "attn_k.weight", rnd(n_kv, n_embd)), (p + "attn_k.bias", rnd(n_kv)),
+            (p + "attn_v.weight", rnd(n_kv, n_embd)), (p + "attn_v.bias", rnd(n_kv)),
+            (p + "attn_output.weight", rnd(n_embd, n_q)), (p + "attn_output.bias", rnd(n_embd)),
+            (p + "attn_sinks.weight", ((rnd(n_head, scale=2.0)[0] + np.float32(sink_shift)).astype(np.float32), QT.F32)),
+            (p + "post_attention_norm.weight", ones(n_embd)),
+            (p + "ffn_gate_inp.weight", rnd(n_expert, n_embd)), (p + "ffn_gate_inp.bias", rnd(n_expert)),
+            (p + "ffn_gate_exps.weight", rnd(n_expert, n_ff_exp, n_embd)), (p + "ffn_gate_exps.bias", rnd(n_expert, n_ff_exp)),
+            (p + "ffn_up_exps.weight", rnd(n_expert, n_ff_exp, n_embd)), (p + "ffn_up_exps.bias", rnd(n_expert, n_ff_exp)),
+            (p + "ffn_down_exps.weight", rnd(n_expert, n_embd, n_ff_exp)), (p + "ffn_down_exps.bias", rnd(n_expert, n_embd)),
+        ]
+    tensors += [("output_norm.weight", ones(n_embd)), ("output.weight", rnd(n_vocab, n_embd))]
+
+    def metadata(w) -> None:
+        w.add_name("llama-sparq-tiny-gpt-oss")
+        w.add_file_type(int(gguf.LlamaFileType.ALL_F32))
+        _add_tiny_shape(w, n_ctx_train, n_embd, n_layer, n_ff_exp, n_head, n_head_kv)
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+        w.add_rope_dimension_count(head_dim)
+        w.add_rope_freq_base(10000.0)
+        w.add_layer_norm_rms_eps(1e-5)
+        w.add_expert_count(n_expert)
+        w.add_expert_used_count(n_expert_used)
+        w.add_expert_feed_forward_length(n_ff_exp)
+        w.add_sliding_window(n_swa)
+        _add_tiny_tokenizer(w, n_vocab)
+
+    return _write_gguf_atomic(gguf, Path(path), metadata, tensors, arch="gpt-oss")
+
+
+def make_tiny_bloom(path: str | os.PathLike[str], *, n_layer: int = 2, n_embd: int = 64, n_head: int = 4,
+                    n_ff: int = 128, n_vocab: int = 260, seed: int = 0, std: float = 0.2) -> Path:
+    """Write a tiny random BLOOM GGUF: ALiBi attention (llama.cpp's max_bias 8: a slope per head times
+    minus the distance, in the mask), layer norms with biases, a fused QKV with bias, a GELU MLP. f32
+    weights of standard deviation ``std``; the llama tokenizer of :func:`make_tiny_llama`."""
+    import gguf
+    import numpy as np
+
+    n_layer, n_embd, n_head, _, head_dim, n_ff, n_vocab, n_ctx_train, seed = _tiny_llama_checks(
+        gguf, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=None, head_dim=None, n_ff=n_ff,
+        n_vocab=n_vocab, n_ctx_train=4096, seed=seed, weight_type="f32", std=std, rope_freq_base=10000.0,
+        rms_eps=1e-5)
+    QT = gguf.GGMLQuantizationType
+    rng = np.random.default_rng(seed)
+
+    def rnd(*shape: int, scale: float = std):
+        return (rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)).astype(np.float32), QT.F32
+
+    def ones(n: int):
+        return np.ones(n, dtype=np.float32), QT.F32
+
+    def zeros(n: int):
+        return np.zeros(n, dtype=np.float32), QT.F32
+
+    tensors = [("token_embd.weight", rnd(n_vocab, n_embd, scale=1.0)),
+               ("token_embd_norm.weight", ones(n_embd)), ("token_embd_norm.bias", zeros(n_embd))]
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        tensors += [
+            (p + "attn_norm.weight", ones(n_embd)), (p + "attn_norm.bias", zeros(n_embd)),
+            (p + "attn_qkv.weight", rnd(3 * n_embd, n_embd)), (p + "attn_qkv.bias", rnd(3 * n_embd)),
+            (p + "attn_output.weight", rnd(n_embd, n_embd)), (p + "attn_output.bias", rnd(n_embd)),
+            (p + "ffn_norm.weight", ones(n_embd)), (p + "ffn_norm.bias", zeros(n_embd)),
+            (p + "ffn_up.weight", rnd(n_ff, n_embd)), (p + "ffn_up.bias", rnd(n_ff)),
+            (p + "ffn_down.weight", rnd(n_embd, n_ff)), (p + "ffn_down.bias", rnd(n_embd)),
+        ]
+    tensors += [("output_norm.weight", ones(n_embd)), ("output_norm.bias", zeros(n_embd)),
+                ("output.weight", rnd(n_vocab, n_embd))]
+
+    def metadata(w) -> None:
+        w.add_name("llama-sparq-tiny-bloom")
+        w.add_file_type(int(gguf.LlamaFileType.ALL_F32))
+        _add_tiny_shape(w, n_ctx_train, n_embd, n_layer, n_ff, n_head, n_head)
+        w.add_layer_norm_eps(1e-5)
+        _add_tiny_tokenizer(w, n_vocab)
+
+    return _write_gguf_atomic(gguf, Path(path), metadata, tensors, arch="bloom")
+
+
+def make_tiny_t5(path: str | os.PathLike[str], *, n_layer: int = 2, n_embd: int = 64, n_head: int = 4,
+                 n_ff: int = 128, n_vocab: int = 260, n_buckets: int = 32, seed: int = 0, std: float = 0.2) -> Path:
+    """Write a tiny random T5 GGUF (encoder and decoder of ``n_layer`` layers): the decoder's
+    self-attention adds a relative position bias to its scores (upstream's KQ bias, ``attn_rel_b``
+    of ``n_buckets`` buckets). f32 weights of standard deviation ``std``; the llama tokenizer of
+    :func:`make_tiny_llama`."""
+    import gguf
+    import numpy as np
+
+    n_layer, n_embd, n_head, _, _, n_ff, n_vocab, n_ctx_train, seed = _tiny_llama_checks(
+        gguf, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=None, head_dim=None, n_ff=n_ff,
+        n_vocab=n_vocab, n_ctx_train=512, seed=seed, weight_type="f32", std=std, rope_freq_base=10000.0,
+        rms_eps=1e-6)
+    n_buckets = _check_int("n_buckets", n_buckets)
+    QT = gguf.GGMLQuantizationType
+    rng = np.random.default_rng(seed)
+
+    def rnd(*shape: int, scale: float = std):
+        return (rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)).astype(np.float32), QT.F32
+
+    def ones(n: int):
+        return np.ones(n, dtype=np.float32), QT.F32
+
+    tensors = [("token_embd.weight", rnd(n_vocab, n_embd, scale=1.0))]
+    for part in ("enc", "dec"):
+        for i in range(n_layer):
+            p = f"{part}.blk.{i}."
+            tensors += [(p + "attn_norm.weight", ones(n_embd)), (p + "attn_rel_b.weight", rnd(n_buckets, n_head))]
+            tensors += [(p + f"attn_{x}.weight", rnd(n_embd, n_embd)) for x in "qkvo"]
+            if part == "dec":
+                tensors += [(p + "cross_attn_norm.weight", ones(n_embd))]
+                tensors += [(p + f"cross_attn_{x}.weight", rnd(n_embd, n_embd)) for x in "qkvo"]
+            tensors += [(p + "ffn_norm.weight", ones(n_embd)), (p + "ffn_up.weight", rnd(n_ff, n_embd)),
+                        (p + "ffn_down.weight", rnd(n_embd, n_ff))]
+        tensors += [(f"{part}.output_norm.weight", ones(n_embd))]
+    tensors += [("output.weight", rnd(n_vocab, n_embd))]
+
+    def metadata(w) -> None:
+        w.add_name("llama-sparq-tiny-t5")
+        w.add_file_type(int(gguf.LlamaFileType.ALL_F32))
+        _add_tiny_shape(w, n_ctx_train, n_embd, n_layer, n_ff, n_head, n_head)
+        w.add_key_length(n_embd // n_head)
+        w.add_value_length(n_embd // n_head)
+        w.add_layer_norm_rms_eps(1e-6)
+        w.add_relative_attn_buckets_count(n_buckets)
+        w.add_decoder_start_token_id(0)
+        _add_tiny_tokenizer(w, n_vocab)
+
+    return _write_gguf_atomic(gguf, Path(path), metadata, tensors, arch="t5")
 
 
 def _tiny_llama_checks(gguf, *, n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx_train, seed,

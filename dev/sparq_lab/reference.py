@@ -36,12 +36,14 @@ import numpy as np
 
 from ._reference_checks import check_r, float_dtype, prepare, sparq_options
 from ._reference_selectors import baseline_positions
-from ._reference_steps import (approx_scores, bucket_winners, exact_attention, mean_value_reallocation, row_vbar,
-                               select_components, selected_mass, softmax, sparq_positions)
+from ._reference_steps import (Variants, alibi_slopes, approx_scores, bucket_winners, exact_attention,
+                               mean_value_reallocation, row_vbar, select_components, selected_mass, softmax,
+                               sparq_positions)
 
 __all__ = [
     "dense_attention",
     "sparq_attention",
+    "alibi_slopes",
     "bucket_winners",
     "combined_scores",
     "selection_matches",
@@ -123,11 +125,13 @@ def round_e5m2(x):
     return (b.astype(np.uint16) << 8).view(np.float16).astype(np.float32)
 
 
-def dense_attention(q, K, V, mask=None, scale=None, dtype=np.float64, kv_quant=None):
+def dense_attention(q, K, V, mask=None, scale=None, dtype=np.float64, kv_quant=None, softcap=0.0, max_bias=0.0,
+                    sinks=None):
     """Dense attention, ``softmax(q . K^T * scale + mask) . V`` per query head.
 
     Shapes as in the module docstring; returns (n_rows, n_head, dv) in ``dtype``. kv_quant:
-    K and V as a cache of that type holds them (``round_kv``).
+    K and V as a cache of that type holds them (``round_kv``). softcap, max_bias, sinks (n_head,):
+    the attention variants (sparq_attention).
     """
     K, V = round_kv(K, kv_quant), round_kv(V, kv_quant)
     q, K, V, mask, scale, _, dims = prepare(q, K, V, mask, scale)
@@ -136,6 +140,7 @@ def dense_attention(q, K, V, mask=None, scale=None, dtype=np.float64, kv_quant=N
     qg = q.astype(dt, copy=False).reshape(n_rows, n_kv, g, d)
     md = None if mask is None else mask.astype(dt, copy=False)
     sc = dt.type(scale)
+    var = check_variants(n_kv, g, softcap, max_bias, sinks)
     out = np.zeros((n_rows, n_kv, g, dv), dt)
     for j in range(n_kv):
         Kj = K[:, j, :].astype(dt)  # (S, d), cast one KV head at a time
@@ -143,13 +148,28 @@ def dense_attention(q, K, V, mask=None, scale=None, dtype=np.float64, kv_quant=N
         for r0 in range(0, n_rows, _DENSE_ROW_BLOCK):
             r1 = min(r0 + _DENSE_ROW_BLOCK, n_rows)
             logits = np.matmul(qg[r0:r1, j], Kj.T) * sc  # (b, g, S)
-            if md is not None:
-                logits = logits + md[r0:r1, None, :]
-            out[r0:r1, j] = np.matmul(softmax(logits), Vj)
+            if var is not None:
+                p = var.softmax(var.logits(logits, None if md is None else md[r0:r1], j, dt), j, dt)[0]
+            else:
+                p = softmax(logits if md is None else logits + md[r0:r1, None, :])
+            out[r0:r1, j] = np.matmul(p, Vj)
     return out.reshape(n_rows, n_kv * g, dv)
 
 
-def combined_scores(q, K, *, r, mask=None, scale=None, dtype=np.float64, comp_w=None, per_head=False):
+def check_variants(n_kv, g, softcap, max_bias, sinks):
+    """The Variants of a call, or None for plain attention; ValueError names a bad one."""
+    for name, v in (("softcap", softcap), ("max_bias", max_bias)):
+        if not (np.isfinite(v) and v >= 0):
+            raise ValueError(f"{name} must be 0 (none) or finite and > 0, got {v!r}")
+    if sinks is not None and np.asarray(sinks).shape != (n_kv * g,):
+        raise ValueError(f"sinks must have shape (n_head={n_kv * g},), got {np.asarray(sinks).shape}")
+    if not softcap and not max_bias and sinks is None:
+        return None
+    return Variants(n_kv, g, softcap, max_bias, sinks)
+
+
+def combined_scores(q, K, *, r, mask=None, scale=None, dtype=np.float64, comp_w=None, per_head=False,
+                    softcap=0.0, max_bias=0.0, sinks=None):
     """The position-selection scores: (n_rows, n_head_kv, S) array of ``sum_h shat_h``
     (per_head: (n_rows, n_head_kv, g, S), each head's shat_h).
 
@@ -165,10 +185,11 @@ def combined_scores(q, K, *, r, mask=None, scale=None, dtype=np.float64, comp_w=
     md = None if mask is None else mask.astype(dt, copy=False)
     w = None if comp_w is None else np.asarray(comp_w, dtype=dt)
     i1 = select_components(qg, r, w)
+    var = check_variants(n_kv, g, softcap, max_bias, sinks)
     out = np.zeros((n_rows, n_kv, g, S) if per_head else (n_rows, n_kv, S), dt)
     for row in range(n_rows):
         mrow = None if md is None else md[row]
-        sh = approx_scores(qg[row], K, i1[row], mrow, scale, dt, w)
+        sh = approx_scores(qg[row], K, i1[row], mrow, scale, dt, w, var)
         out[row] = sh if per_head else np.sum(sh, axis=1)
     return out
 
@@ -177,7 +198,7 @@ def sparq_attention(q, K, V, *, r, k, l=0, mask=None, scale=None, vbar=None,
                     dtype=np.float64, return_info=False, i2=None, per_head=False, mean_v=True,
                     oracle=False, q_sel=None, K_sel=None, comp_w=None, window=None,
                     streaming=False, h2o_scores=None, ivf=None, coverage=None, kv_quant=None, kt_bits=16,
-                    topk_buckets=0):
+                    topk_buckets=0, softcap=0.0, max_bias=0.0, sinks=None):
     """SparQ attention (docs/algorithm.md steps 1-5) per row and KV head group.
 
     r: components kept in step 1, in [1, d].  k: positions kept in step 3, >= 1.
@@ -242,6 +263,12 @@ def sparq_attention(q, K, V, *, r, k, l=0, mask=None, scale=None, vbar=None,
       best of those. B >= k; with a fixed k only (no coverage), the sparq and oracle selectors.
       i2 (given or in info) is then a list per KV head: fewer than k - l cells where fewer than
       k - l buckets hold a candidate. 0 (default): the exact top-k.
+
+    The attention variants (docs/algorithm.md), in every logit of steps 2 and 4 (the baselines' choice
+    ignores them): softcap > 0 caps a logit x (scale included) to softcap * tanh(x / softcap) before
+    the mask; max_bias > 0 adds the mask times each head's ALiBi slope (ggml's); sinks (n_head,): a
+    logit per query head with a zero value row in every softmax's denominator; alpha counts its
+    weight, as the calibrated k's cut does (both as the window's: always attended).
     """
     if kt_bits not in (8, 16) or isinstance(kt_bits, bool):
         raise ValueError(f"kt_bits must be 8 (e5m2) or 16, got {kt_bits!r}")
@@ -267,6 +294,8 @@ def sparq_attention(q, K, V, *, r, k, l=0, mask=None, scale=None, vbar=None,
     dense_rows = n_valid <= o.k
     vbar_d = None if vbar is None else vbar.astype(dt, copy=False)
 
+    var = check_variants(n_kv, g, softcap, max_bias, sinks)
+
     # Step 1: component selection, shared by the query heads of a group.
     i1 = select_components(qsg, o.r, o.comp_w)  # (n_rows, n_kv, r)
 
@@ -286,18 +315,19 @@ def sparq_attention(q, K, V, *, r, k, l=0, mask=None, scale=None, vbar=None,
             sel = baseline_positions(o, window, row, cells, valid[row], qg[row], K, scale, per_head)
         else:
             # Step 2: approximate scores per query head, (n_kv, g, S); 0 at invalid cells.
-            shat = approx_scores(qsg[row], o.K_sel, i1[row], mrow, scale, dt, o.comp_w)
+            shat, ssink = approx_scores(qsg[row], o.K_sel, i1[row], mrow, scale, dt, o.comp_w, var, with_sink=True)
             # Step 3: position selection shared by the group (or per query head).
-            sel = sparq_positions(shat, window, row, o.l, o.k, cells, valid[row], per_head, coverage, o.topk_buckets)
+            sel = sparq_positions(shat, window, row, o.l, o.k, cells, valid[row], per_head, coverage, o.topk_buckets,
+                                  ssink)
             if i2 is not None:
                 sel = ([np.sort(x[x >= 0]) for x in (np.asarray(y, dtype=np.int64).ravel() for y in i2[row])]
                        if coverage is not None or o.topk_buckets
                        else np.sort(np.asarray(i2[row], dtype=np.int64).reshape(n_kv, o.k), axis=1))
             # Step 5 (part): alpha_h = sum_{i in i2} shat_h[i].
-            selected_mass(shat, sel, alpha[row])
+            selected_mass(shat, sel, alpha[row], ssink)
 
         # Step 4: exact attention over the selected cells, per query head.
-        y = exact_attention(qg[row], K, V, sel, mrow, scale, dt, o.h2o_new)
+        y = exact_attention(qg[row], K, V, sel, mrow, scale, dt, o.h2o_new, var)
 
         if dense_rows[row] or not o.mean_v:
             out[row] = y

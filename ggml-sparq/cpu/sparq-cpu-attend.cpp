@@ -18,6 +18,7 @@ static void dense_head(const ctx & C, int u, int hh, int ith) {
     float * y = (float *) C.tbuf(ith, C.L.t_vec);
     const int h = kvh * C.L.group_size + hh;
     const float * q = C.q_row(R, h);
+    const float slope = alibi_slope(a, h);
     float M = -INFINITY, P = 0.0f;
     for (int j = 0; j < dv; ++j) {
         y[j] = 0.0f;
@@ -26,7 +27,7 @@ static void dense_head(const ctx & C, int u, int hh, int ith) {
         if (m && !is_valid(m[s])) {
             continue;
         }
-        const float e = exact_logit(C, q, st, kvh, s, m);
+        const float e = exact_logit(C, q, st, kvh, s, m, slope);
         if (e > M) {
             const float f = M == -INFINITY ? 0.0f : expf(M - e);
             for (int j = 0; j < dv; ++j) {
@@ -39,13 +40,16 @@ static void dense_head(const ctx & C, int u, int hh, int ith) {
         P += p;
         axpy_row(C.isa, a->V_type, y, C.V_row(st, kvh, s), p, dv);
     }
+    double Pd = P;
+    const float f = sink_fold(a, h, &M, &Pd); // (the sink's value row is zero: y only rescaled)
+    P = (float) Pd;
     const float iP = P > 0.0f ? 1.0f / P : 0.0f;
     float * o = C.out_row(R, h);
     for (int j = 0; j < dv; ++j) {
-        o[j] = y[j] * iP;
+        o[j] = y[j] * f * iP;
     }
     if (C.sel->attended_dense) {
-        C.sel->attended_dense(C, ith, st, kvh, q, m, M, iP);
+        C.sel->attended_dense(C, ith, st, kvh, q, m, slope, M, iP);
     }
 }
 
@@ -247,9 +251,10 @@ static void attend_head(const ctx & C, int u, int w, int hh, float * ex, float *
     const float * m = C.mask_row(R);
     const int h = kvh * C.L.group_size + hh;
     const float * q = C.q_row(R, h);
+    const float slope = alibi_slope(a, h);
     if (a->K_type == SPARQ_Q8_0) {
         for (int t = 0; t < n_sel; ++t) {
-            ex[t] = exact_logit(C, q, st, kvh, sel[t], m);
+            ex[t] = exact_logit(C, q, st, kvh, sel[t], m, slope);
         }
     } else {
         const void * K0 = C.K_row(st, kvh, 0);
@@ -259,10 +264,12 @@ static void attend_head(const ctx & C, int u, int w, int hh, float * ex, float *
             C.isa->gather_dot_f32(q, K0, a->K_nb1, sel, n_sel, a->d, ex);
         }
         for (int t = 0; t < n_sel; ++t) {
-            ex[t] = ex[t] * a->scale + (m ? m[sel[t]] : 0.0f);
+            ex[t] = variant_logit(a, ex[t] * a->scale, slope, m ? m[sel[t]] : 0.0f);
         }
     }
-    const float M = n_sel > 0 ? C.isa->max(ex, n_sel) : -INFINITY;
+    float M = n_sel > 0 ? C.isa->max(ex, n_sel) : -INFINITY;
+    double P_sink = 0.0;
+    sink_fold(a, h, &M, &P_sink); // M includes the sink; P_sink its exp (0 without one)
     for (int t = 0; t < n_sel; ++t) {
         p[t] = 0.0f;
     }
@@ -272,7 +279,7 @@ static void attend_head(const ctx & C, int u, int w, int hh, float * ex, float *
     for (int j = 0; j < dv; ++j) {
         y[j] = 0.0f;
     }
-    float P = 0.0f;
+    float P = (float) P_sink;
     for (int t = 0; t < n_sel; ++t) {
         P += p[t];
     }
@@ -368,8 +375,9 @@ static void attend_cells(const ctx & C, const float * const * q, int st, int kvh
     for (int hh = 0; hh < g; ++hh) {
         float * eh = ex + hh * B;
         float * ph = p + hh * B;
+        const float slope = alibi_slope(a, kvh * g + hh);
         for (int t = 0; t < n; ++t) {
-            eh[t] = eh[t] * a->scale + (m ? m[idx[t]] : 0.0f);
+            eh[t] = variant_logit(a, eh[t] * a->scale, slope, m ? m[idx[t]] : 0.0f);
             ph[t] = 0.0f;
         }
         const float bm = C.isa->max(eh, n);
@@ -425,7 +433,9 @@ static void finish_unit(const ctx & C, int u, int w, int n_parts, float * own) {
         for (int j = 0; j < dv; ++j) {
             o[j] = 0.0f;
         }
-        float P = 0.0f;
+        double P_sink = 0.0;
+        sink_fold(a, kvh * g + hh, &M, &P_sink); // the parts are rescaled to M, which includes the sink
+        float P = (float) P_sink;
         if (M != -INFINITY) {
             for (int pt = 0; pt < n_parts; ++pt) {
                 const att_state S(n_parts == 1 ? own : C.part_state(w, pt), g);

@@ -244,11 +244,63 @@ inline void axpy_row(const sparq_isa * isa, sparq_type t, float * y, const char 
     }
 }
 
-// the exact logit of query q and cell s of (stream, KV head), mask included
-inline float exact_logit(const ctx & C, const float * q, int st, int kvh, int s, const float * m) {
+// ALiBi's slope of query head h, as ggml's soft_max_ext and flash_attn_ext take it; 1 without ALiBi
+inline float alibi_slope(const sparq_args * a, int h) {
+    if (a->max_bias <= 0.0f) {
+        return 1.0f;
+    }
+    const uint32_t n_head_log2 = 1u << (uint32_t) floorf(log2f((float) a->n_head));
+    const float m0 = powf(2.0f, -(a->max_bias) / n_head_log2);
+    const float m1 = powf(2.0f, -(a->max_bias / 2.0f) / n_head_log2);
+    return (uint32_t) h < n_head_log2 ? powf(m0, h + 1) : powf(m1, 2 * (h - (int) n_head_log2) + 1);
+}
+
+// a logit x (scale included) with the variants: soft-capped, then the mask value mv times the slope
+inline float variant_logit(const sparq_args * a, float x, float slope, float mv) {
+    if (a->softcap > 0.0f) {
+        x = a->softcap * tanhf(x / a->softcap);
+    }
+    return x + slope * mv;
+}
+
+// the variants over a block of n logits x (scale included) of one head, mask row m (NULL: none)
+inline void variant_logits(const sparq_args * a, float * x, int n, float slope, const float * m) {
+    if (a->softcap > 0.0f) {
+        const float c = a->softcap, ic = 1.0f / a->softcap;
+        for (int s = 0; s < n; ++s) {
+            x[s] = c * tanhf(x[s] * ic);
+        }
+    }
+    if (m) {
+        for (int s = 0; s < n; ++s) {
+            x[s] += slope * m[s];
+        }
+    }
+}
+
+// query head h's sink folded into a softmax of maximum *M and sum *P (relative to *M): the new
+// maximum and sum, and the factor that rescales what was relative to the old maximum (1 without a
+// sink)
+inline float sink_fold(const sparq_args * a, int h, float * M, double * P) {
+    if (!a->sinks) {
+        return 1.0f;
+    }
+    const float sk = a->sinks[h];
+    float f = 1.0f;
+    if (sk > *M) {
+        f = *M == -INFINITY ? 0.0f : expf(*M - sk);
+        *P *= f;
+        *M = sk;
+    }
+    *P += exp((double) sk - *M);
+    return f;
+}
+
+// the exact logit of query q and cell s of (stream, KV head), the variants and mask included
+inline float exact_logit(const ctx & C, const float * q, int st, int kvh, int s, const float * m, float slope) {
     const sparq_args * a = C.a;
     const float e = dot_row(C.isa, a->K_type, q, C.K_row(st, kvh, s), a->d);
-    return e * a->scale + (m ? m[s] : 0.0f);
+    return variant_logit(a, e * a->scale, slope, m ? m[s] : 0.0f);
 }
 
 // ---------------------------------------------------------------------------

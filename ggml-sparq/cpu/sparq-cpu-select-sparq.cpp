@@ -87,11 +87,7 @@ void sparq_chunk_scores(const ctx & C, int u, int w, int s0, int s1, int ith) {
         }
         for (int h = 0; h < g; ++h) {
             float * x = out + (size_t) h * nb;
-            if (m) {
-                for (int s = 0; s < nb; ++s) {
-                    x[s] += m[b0 + s];
-                }
-            }
+            variant_logits(a, x, nb, alibi_slope(a, kvh * g + h), m ? m + b0 : nullptr);
             const float bm = C.isa->max(x, nb);
             if (bm != -INFINITY) {
                 float & M = stat[2 * h];
@@ -114,6 +110,25 @@ void sparq_chunk_scores(const ctx & C, int u, int w, int s0, int s1, int ith) {
     }
 }
 
+// the unit's softmax statistics of query head hh over the chunks: its maximum approximate logit
+// and the sum of exp(logit - maximum), the head's sink included
+static void head_softmax(const ctx & C, int u, int w, int hh, float * M, double * Z) {
+    float Ms = -INFINITY;
+    double Zs = 0.0;
+    for (int c = 0; c < C.L.n_chunks; ++c) {
+        Ms = std::max(Ms, C.stat(w, c)[2 * hh]);
+    }
+    for (int c = 0; c < C.L.n_chunks; ++c) {
+        const float * stt = C.stat(w, c);
+        if (stt[2 * hh] != -INFINITY) {
+            Zs += stt[2 * hh + 1] * exp((double) stt[2 * hh] - Ms);
+        }
+    }
+    sink_fold(C.a, C.unit_kvh(u) * C.L.group_size + hh, &Ms, &Zs);
+    *M = Ms;
+    *Z = Zs;
+}
+
 void sparq_group_candidates(const ctx & C, int u, int w, int s0, int s1, int kk, int c, int ith) {
     const int g = C.L.group_size;
     const int R = C.unit_row(u);
@@ -130,17 +145,9 @@ void sparq_group_candidates(const ctx & C, int u, int w, int s0, int s1, int kk,
     float * Mh = (float *) C.tbuf(ith, C.L.t_gh);
     float * iZ = Mh + g;
     for (int h = 0; h < g; ++h) {
-        float M = -INFINITY;
-        for (int c = 0; c < C.L.n_chunks; ++c) {
-            M = std::max(M, C.stat(w, c)[2 * h]);
-        }
-        double Z = 0.0;
-        for (int c = 0; c < C.L.n_chunks; ++c) {
-            const float * st = C.stat(w, c);
-            if (st[2 * h] != -INFINITY) {
-                Z += st[2 * h + 1] * exp((double) st[2 * h] - M);
-            }
-        }
+        float M;
+        double Z;
+        head_softmax(C, u, w, h, &M, &Z);
         Mh[h] = M;
         iZ[h] = Z > 0 ? (float) (1.0 / Z) : 0.0f;
     }
@@ -181,24 +188,6 @@ void sparq_group_candidates_all(const ctx & C, int u, int w, int ith) {
     }
 }
 
-// the unit's softmax statistics of query head hh over the chunks: its maximum approximate logit
-// and the sum of exp(logit - maximum)
-static void head_softmax(const ctx & C, int w, int hh, float * M, double * Z) {
-    float Ms = -INFINITY;
-    double Zs = 0.0;
-    for (int c = 0; c < C.L.n_chunks; ++c) {
-        Ms = std::max(Ms, C.stat(w, c)[2 * hh]);
-    }
-    for (int c = 0; c < C.L.n_chunks; ++c) {
-        const float * stt = C.stat(w, c);
-        if (stt[2 * hh] != -INFINITY) {
-            Zs += stt[2 * hh + 1] * exp((double) stt[2 * hh] - Ms);
-        }
-    }
-    *M = Ms;
-    *Z = Zs;
-}
-
 // the approximate logit (mask included) of cell i for query head hh: kept with GQA, else
 // recomputed from the r rows of K^T (the window's cells, which no chunk kept)
 static float approx_logit(const ctx & C, int u, int w, int hh, int i, const float * m) {
@@ -218,14 +207,14 @@ static float approx_logit(const ctx & C, int u, int w, int hh, int i, const floa
                                                     : ((const float *) kt)[i];
         ap += qs[hh * r + j] * kv;
     }
-    return ap + (m ? m[i] : 0.0f);
+    return variant_logit(a, ap, alibi_slope(a, kvh * C.L.group_size + hh), m ? m[i] : 0.0f);
 }
 
 float sparq_alpha(const ctx & C, int u, int w, int hh, const int32_t * sel, int n_sel, int n_cand,
                   const cand * merge, const float * m, float * ap) {
     float Ms;
     double Z;
-    head_softmax(C, w, hh, &Ms, &Z);
+    head_softmax(C, u, w, hh, &Ms, &Z);
     if (Z <= 0.0) {
         return 1.0f;
     }
@@ -244,7 +233,10 @@ float sparq_alpha(const ctx & C, int u, int w, int hh, const int32_t * sel, int 
             ap[t] = approx_logit(C, u, w, hh, sel[t], m);
         }
     }
-    const double mass = n_sel > 0 ? (double) C.isa->expsum(ap, n_sel, Ms) : 0.0;
+    double mass = n_sel > 0 ? (double) C.isa->expsum(ap, n_sel, Ms) : 0.0;
+    if (C.a->sinks) {
+        mass += exp((double) C.a->sinks[C.unit_kvh(u) * C.L.group_size + hh] - Ms); // always attended
+    }
     return (float) std::min(1.0, mass / Z);
 }
 
@@ -259,8 +251,12 @@ int sparq_coverage_cut(const ctx & C, int u, int w, int h, const row_info * ri, 
     double win = 0.0;
     for (int hh = h0; hh < h1 && hh - h0 < 64; ++hh) {
         double Z;
-        head_softmax(C, w, hh, &M[hh - h0], &Z);
+        head_softmax(C, u, w, hh, &M[hh - h0], &Z);
         iZ[hh - h0] = Z > 0.0 ? 1.0 / Z : 0.0;
+        if (C.a->sinks) {
+            // a sink is always attended, as the window
+            win += exp((double) C.a->sinks[C.unit_kvh(u) * g + hh] - M[hh - h0]) * iZ[hh - h0];
+        }
         for (int i = 0; i < ri->n_win; ++i) {
             win += exp((double) approx_logit(C, u, w, hh, wl[i], m) - M[hh - h0]) * iZ[hh - h0];
         }

@@ -208,6 +208,14 @@ struct sparq_args {
     // reach cov_p (window included; -1 without cov_p), 1 if the ranked cells reached cov_p else 0}
     float * report;
 
+    // optional, the attention variants, in every logit (approximate and exact) of every selector's
+    // step 4 and of sparq's and oracle's steps 1-3: softcap > 0 caps a logit x (scale included) to
+    // softcap * tanh(x / softcap) before the mask; max_bias > 0 adds the mask times query head h's
+    // ALiBi slope (ggml's soft_max_ext) instead of the mask; sinks ([n_head]) a logit per query head
+    // with a zero value row, in every softmax's denominator (the approximate mass alpha counts it)
+    float softcap, max_bias;
+    const float * sinks;
+
     // optional, for tests: the selected cells per (stream, row, kv head), ascending,
     // -1 padded; sel_n entries each (k, or g*(k-l)+l with per_head); [sel_n, n_head_kv, n_rows, n_stream]
     int32_t * sel_out; int sel_n;

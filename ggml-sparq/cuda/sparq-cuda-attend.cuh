@@ -41,10 +41,15 @@ static __device__ __forceinline__ float sparq_attend_vbar(const sparq_cu_args & 
     return cnt > 0.0f ? vs / cnt : 0.0f;
 }
 
-// head h's alpha: the approximate softmax mass of the attended cells (1 where not measured)
-static __device__ __forceinline__ float sparq_attend_alpha(const sparq_attend_unit & un, const sparq_attend_smem & sm,
-                                                           int h) {
-    return un.measure && sm.sZ[h] > 0.0 ? (float) fmin(1.0, sm.smass[h] / sm.sZ[h]) : 1.0f;
+// head h's alpha: the approximate softmax mass of the attended cells and of the head's sink, always
+// attended (1 where not measured)
+static __device__ __forceinline__ float sparq_attend_alpha(const sparq_cu_args & a, const sparq_attend_unit & un,
+                                                           const sparq_attend_smem & sm, int h) {
+    if (!un.measure || sm.sZ[h] <= 0.0) {
+        return 1.0f;
+    }
+    const double sink = a.sinks ? exp((double) a.sinks[un.kvh * un.g + h] - (double) sm.sMs[h]) : 0.0;
+    return (float) fmin(1.0, (sm.smass[h] + sink) / sm.sZ[h]);
 }
 
 // The unit's report entry (sparq_cu_args::report) by thread 0, for the stream's last row, as the
@@ -59,7 +64,7 @@ static __device__ __forceinline__ void sparq_attend_report(const sparq_cu_args &
     float * rp = a.report + ((size_t) un.st * a.n_head_kv + un.kvh) * 4;
     double alpha = 0.0;
     for (int h = 0; h < un.g; ++h) {
-        alpha += (double) sparq_attend_alpha(un, sm, h);
+        alpha += (double) sparq_attend_alpha(a, un, sm, h);
     }
     int reach = -1, reached = 0;
     if (un.ri.mode == 0 && a.cov_p > 0.0f && a.lrep) {
@@ -97,12 +102,20 @@ static __device__ __forceinline__ void sparq_attend_write(const sparq_cu_args & 
 #pragma unroll
         for (int h = 0; h < GMAX; ++h) {
             if (h < g) {
-                const float iP = sm.sP[h] > 0.0f ? 1.0f / sm.sP[h] : 0.0f;
+                // the head's sink joins the sum (its value row is zero: y only rescaled)
+                float f = 1.0f, P = sm.sP[h];
+                const float sk = sparq_sink(a, un.kvh * g + h);
+                if (sk != -INFINITY) {
+                    const float M = fmaxf(sm.sM[h], sk);
+                    f = sm.sM[h] == -INFINITY ? 0.0f : expf(sm.sM[h] - M);
+                    P = P * f + expf(sk - M);
+                }
+                const float iP = P > 0.0f ? f / P : 0.0f;
                 float o;
                 if (un.ri.mode == 2) {
                     o = y[h] * iP;
                 } else {
-                    const float alpha = un.mean_v ? sparq_attend_alpha(un, sm, h) : 1.0f;
+                    const float alpha = un.mean_v ? sparq_attend_alpha(a, un, sm, h) : 1.0f;
                     o = alpha * iP * y[h] + (1.0f - alpha) * vbar;
                 }
                 float * dst = (float *) (a.out + (size_t) (un.kvh * g + h) * a.o_nb1 + (size_t) un.row * a.o_nb2 +

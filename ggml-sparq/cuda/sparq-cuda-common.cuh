@@ -62,6 +62,12 @@ struct sparq_cu_args {
     // (cells below S fall in the same buckets), 0: the exact top-k
     int buckets;
     int R, U, L, W, nt_a, tl_a, nt_s, sel_max;
+    // the attention variants (ggml_sparq_attn_params; docs/algorithm.md): every logit, approximate
+    // and exact, capped to softcap * tanh(x / softcap) (softcap > 0), then the mask added times the
+    // head's ALiBi slope (max_bias > 0; else 1); sinks [n_head] (NULL: none): a logit per query head
+    // with a zero value row in every softmax's denominator
+    float softcap, max_bias;
+    const float * sinks;
     // the layer's tickets: only the experimental build's one launch per layer counts in them
     // (experimental/sparq-cuda-exp-fused.cuh)
     unsigned int * tickets; // [GGML_CUDA_SPARQ_TICKETS] persistent, zero between launches, or NULL
@@ -338,7 +344,32 @@ static __device__ __forceinline__ double sparq_block_sum_d(double x, double * sh
     return s;
 }
 
-// the softmax maximum and sum of head hh's approximate logits over all cells of unit u
+// ALiBi's slope of query head h, as ggml's soft_max_ext and flash_attn_ext take it; 1 without ALiBi
+static __device__ __forceinline__ float sparq_alibi_slope(const sparq_cu_args & a, int h) {
+    if (a.max_bias <= 0.0f) {
+        return 1.0f;
+    }
+    const int n2 = 1 << (int) floorf(log2f((float) a.n_head));
+    const float m0 = powf(2.0f, -a.max_bias / n2);
+    const float m1 = powf(2.0f, -(a.max_bias / 2.0f) / n2);
+    return h < n2 ? powf(m0, h + 1) : powf(m1, 2 * (h - n2) + 1);
+}
+
+// a logit x (scale included) with the variants: soft-capped, then the mask value mv times the slope
+static __device__ __forceinline__ float sparq_variant_logit(const sparq_cu_args & a, float x, float slope, float mv) {
+    if (a.softcap > 0.0f) {
+        x = a.softcap * tanhf(x / a.softcap);
+    }
+    return x + slope * mv;
+}
+
+// query head h's sink, or -inf without sinks
+static __device__ __forceinline__ float sparq_sink(const sparq_cu_args & a, int h) {
+    return a.sinks ? a.sinks[h] : -INFINITY;
+}
+
+// the softmax maximum and sum of head hh's approximate logits over all cells of unit u, the head's
+// sink included
 static __device__ void sparq_unit_stats(const sparq_cu_args & a, int u, int hh, float * M, double * Z) {
     const float2 * ts = a.tstat + (size_t) u * a.nt_a * a.g + hh;
     float m = -INFINITY;
@@ -355,6 +386,14 @@ static __device__ void sparq_unit_stats(const sparq_cu_args & a, int u, int hh, 
         if (st.x != -INFINITY) {
             z += (double) st.y * exp((double) st.x - (double) m);
         }
+    }
+    if (a.sinks) {
+        const float sk = a.sinks[(u % a.n_head_kv) * a.g + hh];
+        if (sk > m) {
+            z = m == -INFINITY ? 0.0 : z * exp((double) m - (double) sk);
+            m = sk;
+        }
+        z += exp((double) sk - (double) m);
     }
     *M = m;
     *Z = z;

@@ -202,9 +202,10 @@ static __device__ __forceinline__ void sparq_score_block(const sparq_cu_args & a
         }
         float x[CPT];
         float lm = -INFINITY;
+        const float slope = sparq_alibi_slope(a, kvh * g + h);
 #pragma unroll
         for (int c = 0; c < CPT; ++c) {
-            x[c] = in ? acc[h][c] + mv[c] : -INFINITY;
+            x[c] = in ? sparq_variant_logit(a, acc[h][c], slope, mv[c]) : -INFINITY;
             lm = fmaxf(lm, x[c]);
         }
         if (in) {

@@ -218,7 +218,7 @@ static __device__ int sparq_count_win_bits(const sparq_cu_args & a, int R, int *
 }
 
 // the window's estimated mass for the calibrated k: the mean over the list's heads (every head of
-// the group for a shared list) of their softmax over the window's cells
+// the group for a shared list) of their softmax over the window's cells and their sinks
 static __device__ double sparq_window_mass(const sparq_cu_args & a, const sparq_sel_ctx & c, const sparq_sel_smem & sm) {
     const int h0 = a.ph > 1 ? c.h : 0, h1 = a.ph > 1 ? c.h + 1 : a.g;
     const int tid = threadIdx.x;
@@ -237,6 +237,12 @@ static __device__ double sparq_window_mass(const sparq_cu_args & a, const sparq_
             for (int hh = h0; hh < h1; ++hh) {
                 loc += exp((double) lg[(size_t) hh * a.n_kv + s] - (double) sm.sMw[hh - h0]) * sm.siZw[hh - h0];
             }
+        }
+    }
+    if (a.sinks && tid == 0) {
+        // the heads' sinks, always attended, as the window
+        for (int hh = h0; hh < h1; ++hh) {
+            loc += exp((double) a.sinks[(c.u % a.n_head_kv) * a.g + hh] - (double) sm.sMw[hh - h0]) * sm.siZw[hh - h0];
         }
     }
     double tot;

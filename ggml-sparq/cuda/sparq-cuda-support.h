@@ -17,7 +17,9 @@
 static constexpr uint32_t SPARQ_CUDA_HONOURS_PARTS = GGML_SPARQ_FEAT_PER_HEAD | GGML_SPARQ_FEAT_NO_MEAN_V |
                                                      GGML_SPARQ_FEAT_WINDOW | GGML_SPARQ_FEAT_BASIS |
                                                      GGML_SPARQ_FEAT_COVERAGE | GGML_SPARQ_FEAT_COVERAGE_CAP |
-                                                     GGML_SPARQ_FEAT_REPORT | GGML_SPARQ_FEAT_TOPK_BUCKETS;
+                                                     GGML_SPARQ_FEAT_REPORT | GGML_SPARQ_FEAT_TOPK_BUCKETS |
+                                                     GGML_SPARQ_FEAT_SOFTCAP | GGML_SPARQ_FEAT_ALIBI |
+                                                     GGML_SPARQ_FEAT_SINKS;
 static constexpr uint32_t SPARQ_CUDA_REFUSES_PARTS = GGML_SPARQ_FEAT_DENSE | GGML_SPARQ_FEAT_COVERAGE_MEASURE;
 static_assert((SPARQ_CUDA_HONOURS_PARTS | SPARQ_CUDA_REFUSES_PARTS | GGML_SPARQ_FEAT_SELECTORS) == GGML_SPARQ_FEAT_ALL &&
               ((SPARQ_CUDA_HONOURS_PARTS | SPARQ_CUDA_REFUSES_PARTS) & GGML_SPARQ_FEAT_SELECTORS) == 0 &&

@@ -134,6 +134,9 @@ static bool sparq_cuda_args_of(ggml_tensor * dst, sparq_cu_args & a, int * cpt) 
     a.k = P.k;
     a.l = P.l;
     a.scale = P.scale;
+    a.softcap = P.softcap;
+    a.max_bias = P.max_bias;
+    a.sinks = w.sinks ? (const float *) w.sinks->data : nullptr;
     if (P.cov_p > 0.0f && P.cov_apply) {
         // the calibrated k (a coverage only measured is refused: sparq-cuda-support.h)
         a.cov_p = P.cov_p;

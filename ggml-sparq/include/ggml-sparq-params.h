@@ -21,7 +21,7 @@
 extern "C" {
 #endif
 
-#define GGML_SPARQ_PARAMS_VERSION 5
+#define GGML_SPARQ_PARAMS_VERSION 6
 
 // The int32 slots of op_params the layout may use (GGML_MAX_OP_PARAMS / 4), and how many of them it
 // must leave free for the parts to come (a test checks ggml_sparq_params_free_slots against it).
@@ -60,8 +60,11 @@ enum ggml_sparq_feature {
     GGML_SPARQ_FEAT_COVERAGE_MEASURE = 1u << 12, // a coverage target only measured (k_scan)
     GGML_SPARQ_FEAT_REPORT           = 1u << 13, // src[10]: the report the op writes
     GGML_SPARQ_FEAT_TOPK_BUCKETS     = 1u << 14, // the approximate bucketed top-k (topk_buckets)
+    GGML_SPARQ_FEAT_SOFTCAP          = 1u << 15, // logit soft-capping (softcap)
+    GGML_SPARQ_FEAT_ALIBI            = 1u << 16, // ALiBi: the mask times a slope per head (max_bias)
+    GGML_SPARQ_FEAT_SINKS            = 1u << 17, // src[11]: a sink logit per query head
 };
-#define GGML_SPARQ_FEAT_ALL ((1u << 15) - 1u)
+#define GGML_SPARQ_FEAT_ALL ((1u << 18) - 1u)
 // the bits the selectors' rows name (feature, reads_feature): a backend honours them by asking the rows
 #define GGML_SPARQ_FEAT_SELECTORS (GGML_SPARQ_FEAT_ORACLE | GGML_SPARQ_FEAT_STREAMING | GGML_SPARQ_FEAT_H2O | \
                                    GGML_SPARQ_FEAT_INDEX | GGML_SPARQ_FEAT_INDEX_READS)
@@ -77,7 +80,7 @@ enum ggml_sparq_flag {
 
 // An attention node's parameters (the setters of ggml-sparq.h say what each means).
 struct ggml_sparq_attn_params {
-    int32_t r;           // components of step 1, 1..d
+    int32_t r;           // components of step 1, 1..min(d, GGML_SPARQ_R_MAX)
     int32_t k;           // cells attended (the scratch's size with a coverage target), 1..GGML_SPARQ_K_MAX
     int32_t l;           // the local window's cells, 0..k
     float   scale;       // the logits' scale, finite and > 0
@@ -89,10 +92,15 @@ struct ggml_sparq_attn_params {
                           // those), k..GGML_SPARQ_K_MAX; 0: the exact top-k
     bool    index_reads; // index: report the rows read
     float   cov_p;       // coverage target in (0, 1], 0 for none
-    int32_t k_min;       // coverage: the fewest cells, 0..k
-    int32_t k_scan;      // coverage measured only: cells ranked, 0..GGML_SPARQ_K_MAX
+    int32_t k_min;       // coverage applied: the fewest cells, 0..k
+    int32_t k_scan;      // coverage measured only: cells ranked, 0..GGML_SPARQ_K_MAX (shares k_min's slot)
     bool    cov_apply;   // coverage: cut the selection (else only measure)
     float   k_frac;      // coverage cap: share of a row's cells, (0, 1], 0 for none
+    // the attention variants (docs/algorithm.md): every logit, approximate and exact, is
+    // softcap * tanh(logit / softcap) before the mask is added, and the mask is added times head h's
+    // ALiBi slope (ggml's soft_max_ext: from max_bias and n_head)
+    float   softcap;     // > 0 and finite, 0 for none
+    float   max_bias;    // > 0 and finite, 0 for none (slope 1)
 };
 
 // A sum's append (ggml_sparq_sum_append).

@@ -16,6 +16,8 @@ GGML_API bool ggml_sparq_cache_type_ok(enum ggml_type t);
 
 // The largest k the op accepts (scratch is sized by k).
 #define GGML_SPARQ_K_MAX (1 << 20)
+// The largest r (and so head size to rank in full) the op's parameters hold: 12 bits of their head slot.
+#define GGML_SPARQ_R_MAX 4095
 
 // Selectors: how the op chooses the cells it attends over (steps 1-3 of docs/algorithm.md); the
 // exact attention over them and the mean-value mix are shared.
@@ -104,6 +106,9 @@ struct ggml_sparq_attn_srcs {
     // the op on its device (a side effect, as H2O's scores). On a GPU a diffuse row's reach is a
     // lower bound at or above its cap.
     struct ggml_tensor * report;
+    // src[11]: optional, attention sinks (gpt-oss): f32 [n_head], contiguous, a logit per query head
+    // with a zero value row: exp(sink - max) joins every softmax's denominator, approximate and exact
+    struct ggml_tensor * sinks;
 };
 
 // An attention node's parameters with their defaults: the sparq selector, no flags, no optional part.
@@ -130,6 +135,10 @@ GGML_API struct ggml_sparq_attn_params ggml_sparq_attn_params_default(int32_t r,
 //   min(k, max(k_min, ceil(k_frac * n))) for the n valid cells of its stream (a row whose target needs
 //   more attends over all of them; a row with at most that many cells runs dense), so that a row's
 //   choice does not depend on the other streams of the call; k still sizes the scratch.
+// - r is at most GGML_SPARQ_R_MAX; k_min is never set without cov_apply, nor k_scan with it (one slot
+//   holds them).
+// - softcap, max_bias: 0 (none) or finite and > 0 (ggml_sparq_attn_params; any selector: steps 1-3
+//   of sparq and oracle, step 4 of all).
 GGML_API const char * ggml_sparq_attn_check(const struct ggml_sparq_attn_srcs * srcs, const struct ggml_sparq_attn_params * p);
 
 // The attention node of these sources and parameters, the one way every caller builds it (aborts with
@@ -148,6 +157,7 @@ struct ggml_sparq_attn_view {
     const struct ggml_tensor * q_sel, * comp_w;      // a selector that ranks scores: the basis
     struct ggml_tensor * sel[2];                     // any other: its inputs (which it may write)
     struct ggml_tensor * report;                     // the report (written by the op)
+    const struct ggml_tensor * sinks;                // attention sinks
     struct ggml_tensor * out;
 };
 

@@ -16,6 +16,7 @@
 #include "llama-memory-hybrid.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <memory>
 #include <vector>
@@ -63,19 +64,18 @@ bool sparq_alloc_buffers(llama_sparq_ctx & S,
 
 // The one list of the attention variants SparQ's op does not compute: the model's, known before any
 // graph (so that a context with no other layer is refused), and, with `call`, one layer's or one
-// attention call's at graph build
+// attention call's at graph build. Soft-capping, ALiBi and sinks are the op's (ggml_sparq_attn_params,
+// ggml_sparq_attn_srcs::sinks): soft-capping as flash attention caps (the scale first), which is the
+// other dense path's only with a logit scale of 1
 const char * sparq_attn_variant(llm_arch arch, const llama_hparams & hp, const sparq_attn_call * call) {
-    if (hp.attn_soft_cap) {
-        return "attention logit soft-capping";
-    }
-    if (hp.f_max_alibi_bias > 0.0f) {
-        return "ALiBi position biases";
-    }
     if (arch == LLM_ARCH_GROK) {
         return "Grok's attention (soft-capped scores)";
     }
-    if (arch == LLM_ARCH_OPENAI_MOE) {
-        return "attention sinks";
+    if (hp.attn_soft_cap && !(std::isfinite(hp.f_attn_logit_softcapping) && hp.f_attn_logit_softcapping > 0.0f)) {
+        return "attention logit soft-capping by a value that is not finite and > 0";
+    }
+    if (hp.f_max_alibi_bias < 0.0f || !std::isfinite(hp.f_max_alibi_bias)) {
+        return "ALiBi with a max_bias that is not finite and >= 0";
     }
     if (hp.is_mla()) {
         return "multi-head latent attention (MLA)";
@@ -86,8 +86,12 @@ const char * sparq_attn_variant(llm_arch arch, const llama_hparams & hp, const s
     if (call->kq_b) {
         return "a bias added to the attention scores";
     }
-    if (call->sinks) {
-        return "attention sinks";
+    if (hp.attn_soft_cap && call->kq_scale != 1.0f) {
+        return "attention logit soft-capping with a logit scale other than 1 (upstream's two dense paths differ)";
+    }
+    if (call->sinks && (call->sinks->type != GGML_TYPE_F32 || !ggml_is_contiguous(call->sinks) ||
+                        (call->n_head > 0 && ggml_nelements(call->sinks) != call->n_head))) {
+        return "attention sinks that are not f32, one per query head";
     }
     if (call->v_mla) {
         return "multi-head latent attention (MLA)";
@@ -190,16 +194,20 @@ bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, int32_t kt_bits
         layer_shape.dv = dv;
         layer_shape.n_head_kv = hkv;
         layer_shape.k_row = k->ne[0];
-        // the tensors a layer's calls pass to build_attn: its sinks, T5's relative position bias
-        // (layer 0's where the layer has none, as upstream's graph takes it). Such a layer runs dense at
-        // every step, so it gets no data and its graphs no appends
+        // the tensors a layer's calls pass to build_attn: its sinks (the op's), T5's relative position bias
+        // (layer 0's where the layer has none, as upstream's graph takes it; dense). A layer that runs
+        // dense at every step gets no data, and its graphs no appends
         const llama_layer & ml = model.layers[il];
         layer_shape.sinks = ml.attn_sinks;
+        layer_shape.n_head = L.n_head;
         layer_shape.kq_b = ml.attn_rel_b ? ml.attn_rel_b : model.layers[0].attn_rel_b;
         if ((L.variant = sparq_attn_variant(model.arch, model.hparams, &layer_shape)) != nullptr) {
             L.reason = LLAMA_SPARQ_DENSE_ATTN_VARIANT;
             continue;
         }
+        L.softcap = model.hparams.attn_soft_cap ? model.hparams.f_attn_logit_softcapping : 0.0f;
+        L.max_bias = model.hparams.f_max_alibi_bias;
+        L.sinks = ml.attn_sinks != nullptr;
         L.data.vsum = ggml_new_tensor_3d(S.mem.ctx.get(), GGML_TYPE_F32, dv, hkv, n_stream);
         L.data.ksq = ggml_new_tensor_3d(S.mem.ctx.get(), GGML_TYPE_F32, dk, hkv, n_stream);
         ggml_format_name(L.data.ksq, "sparq_ksq_l%u", il);

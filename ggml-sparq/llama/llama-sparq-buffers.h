@@ -44,7 +44,10 @@ struct sparq_attn_call {
     const ggml_tensor * v_mla = nullptr; // MLA's V projection
     int64_t dk = 0, dv = 0;              // K's and V's head sizes
     int64_t n_head_kv = 0, k_row = 0;    // with n_head_kv > 0: a K cache row holds n_head_kv heads of dk (k_row values)
+    int64_t n_head = 0;                  // the query heads (0: unknown)
+    float kq_scale = 1.0f;               // the call's logit scale (1 where the layer alone is asked)
 };
-// the attention variant SparQ does not compute (soft-capping, ALiBi, sinks, MLA, a KQ bias, V's head size
-// unlike K's), as a phrase for the log, or NULL: of the model alone (call NULL), or of one layer or call
+// the attention variant SparQ does not compute (Grok's, MLA, a KQ bias, V's head size unlike K's,
+// soft-capping after a logit scale other than 1), as a phrase for the log, or NULL: of the model
+// alone (call NULL), or of one layer or call
 const char * sparq_attn_variant(llm_arch arch, const llama_hparams & hp, const sparq_attn_call * call);

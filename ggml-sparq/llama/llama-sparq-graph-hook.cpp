@@ -131,7 +131,7 @@ static ggml_sparq_attn_srcs sparq_op_srcs(sparq_attn_build & b, ggml_tensor * q,
 
 // the SPARQ_ATTN node on the layout of build_attn_mha, with its selector's inputs, window and report
 static ggml_tensor * sparq_build_op(sparq_attn_build & b, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,
-                                    ggml_tensor * kq_mask, float kq_scale) {
+                                    ggml_tensor * kq_mask, ggml_tensor * sinks, float kq_scale) {
     ggml_context * ctx0 = b.ctx0;
     llm_graph_input_sparq * inp = b.inp;
     const int64_t n_stream = b.n_stream, n_tps = b.n_tps, hkv = b.hkv;
@@ -179,7 +179,8 @@ static ggml_tensor * sparq_build_op(sparq_attn_build & b, ggml_tensor * q, ggml_
         GGML_ASSERT(inp->win->ne[0] == w && inp->win_recent == l);
         src.win = inp->win;
     }
-    const ggml_sparq_attn_params o = sparq_op_params(b.S, b.P, b.budget, st, kq_scale);
+    src.sinks = sinks;
+    const ggml_sparq_attn_params o = sparq_op_params(b.S, b.L, b.P, b.budget, st, kq_scale);
     ggml_tensor * cur = ggml_sparq_attn_ext(ctx0, &src, &o);
     ggml_format_name(cur, "sparq_attn-%d", b.il);
     return cur;
@@ -270,6 +271,8 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
     call.v_mla = v_mla;
     call.dk = b.d;
     call.dv = v->ne[0];
+    call.n_head = q->ne[1];
+    call.kq_scale = kq_scale;
     const sparq_dense_check dense = sparq_dense_reason(b, mctx, call);
     if (dense.short_checked && inp) {
         inp->short_ctx = dense.is_short;
@@ -289,7 +292,7 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
         return nullptr;
     }
     sparq_decide_sparq(b, k, v);
-    ggml_tensor * cur = sparq_build_op(b, q, k, v, kq_mask, kq_scale);
+    ggml_tensor * cur = sparq_build_op(b, q, k, v, kq_mask, sinks, kq_scale);
     sparq_place_op(b, cur);
     ggml_tensor * out = ggml_reshape_2d(ctx0, cur, cur->ne[0] * cur->ne[1], cur->ne[2] * cur->ne[3]);
     if (inp->rows_mode == SPARQ_ROWS_MIXED || b.stretch) {

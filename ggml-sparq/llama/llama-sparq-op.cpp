@@ -33,13 +33,15 @@ sparq_op_budget sparq_op_budget_of(const llama_sparq_params & p, int64_t d, int6
     return b;
 }
 
-ggml_sparq_attn_params sparq_op_params(const llama_sparq_ctx & S, const llama_sparq_params & p, const sparq_op_budget & b,
-                                       const sparq_op_step & st, float scale) {
+ggml_sparq_attn_params sparq_op_params(const llama_sparq_ctx & S, const sparq_layer & L, const llama_sparq_params & p,
+                                       const sparq_op_budget & b, const sparq_op_step & st, float scale) {
     // (the selector's value is the op's: sparq_selector_of asserts the numbering)
     const sparq_selector & sel = sparq_selector_of(p.selector);
     ggml_sparq_attn_params o = ggml_sparq_attn_params_default(b.r, b.kk, b.l, scale);
     o.selector = p.selector;
     o.flags = (b.per_head ? GGML_SPARQ_FLAG_PER_HEAD : 0) | (p.mean_v && sel.ranks_scores ? 0 : GGML_SPARQ_FLAG_NO_MEAN_V);
+    o.softcap = L.softcap;
+    o.max_bias = L.max_bias;
     if (sel.op_params) {
         sel.op_params(S, p, o);
     }
@@ -76,7 +78,8 @@ ggml_tensor * sparq_op_probe(ggml_context * c, const llama_sparq_ctx & S, const 
     sparq_op_step st;
     st.n_kv = n;
     st.measure = measure;
-    const ggml_sparq_attn_params o = sparq_op_params(S, p, b, st, 1.0f / std::sqrt((float) d));
+    // (soft-capping runs with the calls' logit scale 1: sparq_attn_variant)
+    const ggml_sparq_attn_params o = sparq_op_params(S, L, p, b, st, L.softcap > 0.0f ? 1.0f : 1.0f / std::sqrt((float) d));
     const sparq_selector & sel = sparq_selector_of(p.selector);
 
     ggml_sparq_attn_srcs src = {};
@@ -95,6 +98,9 @@ ggml_tensor * sparq_op_probe(ggml_context * c, const llama_sparq_ctx & S, const 
     }
     if (sel.ranks_scores && sparq_op_reports(L, b.calibrated)) {
         src.report = ggml_new_tensor_3d(c, GGML_TYPE_F32, 4, hkv, 1);
+    }
+    if (L.sinks) {
+        src.sinks = ggml_new_tensor_1d(c, GGML_TYPE_F32, (int64_t) g * hkv);
     }
     if ((*why = ggml_sparq_attn_check(&src, &o)) != nullptr) {
         return nullptr;

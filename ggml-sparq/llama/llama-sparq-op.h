@@ -31,10 +31,11 @@ struct sparq_op_step {
     bool measure = false; // a fixed k's coverage measured at this step (the guard, where the report is read)
 };
 
-// The op's parameters for settings p (enabled, k_min resolved) at step st of a layer with budget b
-// (sparq_op_budget_of) and logit scale; S holds the selectors' state their parameters follow.
-ggml_sparq_attn_params sparq_op_params(const llama_sparq_ctx & S, const llama_sparq_params & p, const sparq_op_budget & b,
-                                       const sparq_op_step & st, float scale);
+// The op's parameters for settings p (enabled, k_min resolved) at step st of layer L with budget b
+// (sparq_op_budget_of) and logit scale, the layer's attention variants included; S holds the
+// selectors' state their parameters follow.
+ggml_sparq_attn_params sparq_op_params(const llama_sparq_ctx & S, const sparq_layer & L, const llama_sparq_params & p,
+                                       const sparq_op_budget & b, const sparq_op_step & st, float scale);
 
 // Whether the op reports into layer L's report in a step with (calibrated) a calibrated k: where the
 // host reads it (sparq_report_entries); a device's only for the calibrated k, whose cells the counters count.

@@ -9,20 +9,21 @@
 
 // The op_params slots (int32 each). Only this file knows them.
 enum sparq_slot {
-    SLOT_HEAD         = 0, // the layout version (bits 24-31), the mode (16-23), the selector (8-15; SEL_NONE:
-                           // none of this build's), the flags (0-7: enum ggml_sparq_flag, then BIT_*)
+    SLOT_HEAD         = 0, // the layout version (bits 24-31), the mode (21-23), the selector (17-20; SEL_NONE:
+                           // none of this build's), the flags (12-16: enum ggml_sparq_flag, then BIT_*), r (0-11)
     SLOT_FEATURES     = 1,
-    // attention
-    SLOT_R            = 2,
-    SLOT_K            = 3,
-    SLOT_L            = 4,
-    SLOT_SCALE        = 5,
-    SLOT_N_PROBE      = 6,
-    SLOT_TOPK_BUCKETS = 7,
-    SLOT_COV_P        = 8,
-    SLOT_K_MIN        = 9,
-    SLOT_K_SCAN       = 10,
-    SLOT_K_FRAC       = 11,
+    // attention: a slot per field, but for k_min (a coverage applied) and k_scan (one only measured),
+    // which no node sets together (cov_apply says which the slot holds)
+    SLOT_K            = 2,
+    SLOT_L            = 3,
+    SLOT_SCALE        = 4,
+    SLOT_N_PROBE      = 5,
+    SLOT_TOPK_BUCKETS = 6,
+    SLOT_COV_P        = 7,
+    SLOT_COV_N        = 8,
+    SLOT_K_FRAC       = 9,
+    SLOT_SOFTCAP      = 10,
+    SLOT_MAX_BIAS     = 11,
     // a sum's append
     SLOT_SUM_TYPE     = 2,
     SLOT_SUM_SQUARES  = 3,
@@ -35,13 +36,19 @@ static_assert(SLOT_COUNT + GGML_SPARQ_PARAMS_MIN_FREE <= GGML_SPARQ_PARAMS_SLOTS
 
 // the head slot's fields
 #define HEAD_VERSION_SHIFT 24
-#define HEAD_MODE_SHIFT    16
-#define HEAD_SEL_SHIFT     8
-#define SEL_NONE           0xffu // a selector value outside 0..0xfe, decoded as -1
+#define HEAD_MODE_SHIFT    21
+#define HEAD_MODE_MASK     0x7u
+#define HEAD_SEL_SHIFT     17
+#define HEAD_SEL_MASK      0xfu
+#define SEL_NONE           0xfu  // a selector value outside 0..14, decoded as -1
+#define HEAD_FLAGS_SHIFT   12
 #define FLAGS_MASK         0x1fu // the flags of enum ggml_sparq_flag and the two booleans below
 #define BIT_INDEX_READS    0x08u
 #define BIT_COV_APPLY      0x10u
 #define GGML_FLAGS_MASK    0x07u
+#define HEAD_R_MASK        0xfffu
+static_assert(GGML_SPARQ_R_MAX == HEAD_R_MASK, "r fills the head slot's low bits");
+static_assert(GGML_SPARQ_MODE_COUNT <= HEAD_MODE_MASK + 1 && GGML_SPARQ_SEL_COUNT < SEL_NONE, "the head's fields");
 
 int ggml_sparq_params_free_slots(void) {
     return GGML_SPARQ_PARAMS_SLOTS - SLOT_COUNT;
@@ -57,7 +64,7 @@ bool ggml_sparq_params_decode(const struct ggml_tensor * node, struct ggml_sparq
     }
     const int32_t * s = (const int32_t *) node->op_params;
     const uint32_t head = (uint32_t) slot_i32(s, SLOT_HEAD);
-    const uint32_t mode = (head >> HEAD_MODE_SHIFT) & 0xffu;
+    const uint32_t mode = (head >> HEAD_MODE_SHIFT) & HEAD_MODE_MASK;
     if ((head >> HEAD_VERSION_SHIFT) != GGML_SPARQ_PARAMS_VERSION || mode >= GGML_SPARQ_MODE_COUNT) {
         return false;
     }
@@ -67,22 +74,24 @@ bool ggml_sparq_params_decode(const struct ggml_tensor * node, struct ggml_sparq
     o.features = (uint32_t) slot_i32(s, SLOT_FEATURES);
     if (o.mode == GGML_SPARQ_MODE_ATTN) {
         struct ggml_sparq_attn_params * a = &o.attn;
-        const uint32_t sel = (head >> HEAD_SEL_SHIFT) & 0xffu;
-        const uint32_t fl = head & FLAGS_MASK;
+        const uint32_t sel = (head >> HEAD_SEL_SHIFT) & HEAD_SEL_MASK;
+        const uint32_t fl = (head >> HEAD_FLAGS_SHIFT) & FLAGS_MASK;
         a->selector = sel == SEL_NONE ? -1 : (int32_t) sel;
         a->flags = (int32_t) (fl & GGML_FLAGS_MASK);
         a->index_reads = (fl & BIT_INDEX_READS) != 0;
         a->cov_apply = (fl & BIT_COV_APPLY) != 0;
-        a->r = slot_i32(s, SLOT_R);
+        a->r = (int32_t) (head & HEAD_R_MASK);
         a->k = slot_i32(s, SLOT_K);
         a->l = slot_i32(s, SLOT_L);
         a->scale = slot_f32(s, SLOT_SCALE);
         a->n_probe = slot_i32(s, SLOT_N_PROBE);
         a->topk_buckets = slot_i32(s, SLOT_TOPK_BUCKETS);
         a->cov_p = slot_f32(s, SLOT_COV_P);
-        a->k_min = slot_i32(s, SLOT_K_MIN);
-        a->k_scan = slot_i32(s, SLOT_K_SCAN);
+        a->k_min = a->cov_apply ? slot_i32(s, SLOT_COV_N) : 0;
+        a->k_scan = a->cov_apply ? 0 : slot_i32(s, SLOT_COV_N);
         a->k_frac = slot_f32(s, SLOT_K_FRAC);
+        a->softcap = slot_f32(s, SLOT_SOFTCAP);
+        a->max_bias = slot_f32(s, SLOT_MAX_BIAS);
     } else if (o.mode == GGML_SPARQ_MODE_SUM_APPEND) {
         o.sum.type = slot_i32(s, SLOT_SUM_TYPE);
         o.sum.squares = slot_i32(s, SLOT_SUM_SQUARES) != 0;
@@ -121,6 +130,9 @@ uint32_t ggml_sparq_params_features(const struct ggml_tensor * node, const struc
     f |= a->k_frac > 0.0f ? GGML_SPARQ_FEAT_COVERAGE_CAP : 0;
     f |= node->src[10] ? GGML_SPARQ_FEAT_REPORT : 0;
     f |= a->topk_buckets > 0 ? GGML_SPARQ_FEAT_TOPK_BUCKETS : 0;
+    f |= a->softcap != 0.0f ? GGML_SPARQ_FEAT_SOFTCAP : 0;
+    f |= a->max_bias != 0.0f ? GGML_SPARQ_FEAT_ALIBI : 0;
+    f |= node->src[11] ? GGML_SPARQ_FEAT_SINKS : 0;
     return f;
 }
 
@@ -135,18 +147,21 @@ void ggml_sparq_params_set(struct ggml_tensor * node, const struct ggml_sparq_pa
         // (flags beyond the layout's are no flag of this build's; a selector out of range stays unknown)
         GGML_ASSERT((a->flags & ~(int32_t) GGML_FLAGS_MASK) == 0 && "sparq_attn: flags beyond the layout's");
         const uint32_t sel = a->selector < 0 || a->selector >= (int32_t) SEL_NONE ? SEL_NONE : (uint32_t) a->selector;
-        head |= (sel << HEAD_SEL_SHIFT) | (uint32_t) a->flags | (a->index_reads ? BIT_INDEX_READS : 0u) |
-                (a->cov_apply ? BIT_COV_APPLY : 0u);
-        s[SLOT_R] = a->r;
+        // (ggml_sparq_attn_check keeps r in [1, GGML_SPARQ_R_MAX] and k_min, k_scan to their mode)
+        GGML_ASSERT(a->r >= 0 && a->r <= GGML_SPARQ_R_MAX && "sparq_attn: r beyond GGML_SPARQ_R_MAX");
+        const uint32_t fl = (uint32_t) a->flags | (a->index_reads ? BIT_INDEX_READS : 0u) | (a->cov_apply ? BIT_COV_APPLY : 0u);
+        head |= (sel << HEAD_SEL_SHIFT) | (fl << HEAD_FLAGS_SHIFT) | (uint32_t) a->r;
         s[SLOT_K] = a->k;
         s[SLOT_L] = a->l;
         put_f32(s, SLOT_SCALE, a->scale);
+        GGML_ASSERT((a->cov_apply ? a->k_scan : a->k_min) == 0 && "sparq_attn: k_min without cov_apply, or k_scan with it");
         s[SLOT_N_PROBE] = a->n_probe;
         s[SLOT_TOPK_BUCKETS] = a->topk_buckets;
         put_f32(s, SLOT_COV_P, a->cov_p);
-        s[SLOT_K_MIN] = a->k_min;
-        s[SLOT_K_SCAN] = a->k_scan;
+        s[SLOT_COV_N] = a->cov_apply ? a->k_min : a->k_scan;
         put_f32(s, SLOT_K_FRAC, a->k_frac);
+        put_f32(s, SLOT_SOFTCAP, a->softcap);
+        put_f32(s, SLOT_MAX_BIAS, a->max_bias);
     } else if (p->mode == GGML_SPARQ_MODE_SUM_APPEND) {
         s[SLOT_SUM_TYPE] = p->sum.type;
         s[SLOT_SUM_SQUARES] = p->sum.squares ? 1 : 0;
@@ -176,6 +191,9 @@ const char * ggml_sparq_feature_name(uint32_t bit) {
         case GGML_SPARQ_FEAT_COVERAGE_MEASURE: return "a measured coverage (k_scan)";
         case GGML_SPARQ_FEAT_REPORT:           return "a report";
         case GGML_SPARQ_FEAT_TOPK_BUCKETS:     return "the approximate bucketed top-k (topk_buckets)";
+        case GGML_SPARQ_FEAT_SOFTCAP:          return "logit soft-capping (softcap)";
+        case GGML_SPARQ_FEAT_ALIBI:            return "ALiBi (max_bias)";
+        case GGML_SPARQ_FEAT_SINKS:            return "attention sinks";
         default:                               return "a part unknown to this build";
     }
 }

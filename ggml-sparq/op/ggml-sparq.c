@@ -83,6 +83,10 @@ static const char * sparq_check_inputs(const struct ggml_sparq_attn_srcs * s) {
         SPARQ_NEED(r->type == GGML_TYPE_F32 && r->ne[0] == 4 && r->ne[1] == n_hkv && r->ne[2] == n_strm &&
                    r->ne[3] == 1 && ggml_is_contiguous(r), "the report must be contiguous f32 [4, n_head_kv, n_stream]");
     }
+    if (s->sinks) {
+        SPARQ_NEED(s->sinks->type == GGML_TYPE_F32 && ggml_nelements(s->sinks) == n_head && s->sinks->ne[0] == n_head &&
+                   ggml_is_contiguous(s->sinks), "the sinks must be contiguous f32 [n_head]");
+    }
     return NULL;
 }
 
@@ -105,7 +109,7 @@ const char * ggml_sparq_attn_check(const struct ggml_sparq_attn_srcs * s, const 
     if (why) {
         return why;
     }
-    SPARQ_NEED(p->r >= 1 && p->r <= s->q->ne[0], "r must be in [1, d]");
+    SPARQ_NEED(p->r >= 1 && p->r <= s->q->ne[0] && p->r <= GGML_SPARQ_R_MAX, "r must be in [1, d] and at most GGML_SPARQ_R_MAX");
     SPARQ_NEED(p->k >= 1 && p->k <= GGML_SPARQ_K_MAX, "k must be in [1, GGML_SPARQ_K_MAX]");
     SPARQ_NEED(p->l >= 0 && p->l <= p->k, "l must be in [0, k]");
     SPARQ_NEED(isfinite(p->scale) && p->scale > 0.0f, "scale must be finite and > 0");
@@ -123,6 +127,9 @@ const char * ggml_sparq_attn_check(const struct ggml_sparq_attn_srcs * s, const 
     SPARQ_NEED(p->k_scan >= 0 && p->k_scan <= GGML_SPARQ_K_MAX, "k_scan must be in [0, GGML_SPARQ_K_MAX]");
     SPARQ_NEED(p->k_frac == 0.0f || (p->cov_apply && isfinite(p->k_frac) && p->k_frac > 0.0f && p->k_frac <= 1.0f),
                "k_frac must be 0, or in (0, 1] with the coverage target applied");
+    SPARQ_NEED(p->cov_apply ? p->k_scan == 0 : p->k_min == 0, "k_min is the applied coverage's, k_scan the measured one's");
+    SPARQ_NEED(p->softcap == 0.0f || (isfinite(p->softcap) && p->softcap > 0.0f), "softcap must be 0 or finite and > 0");
+    SPARQ_NEED(p->max_bias == 0.0f || (isfinite(p->max_bias) && p->max_bias > 0.0f), "max_bias must be 0 or finite and > 0");
     return NULL;
 }
 
@@ -138,7 +145,7 @@ struct ggml_tensor * ggml_sparq_attn_ext(struct ggml_context * ctx, const struct
     struct ggml_tensor * result = ggml_new_tensor(ctx, GGML_TYPE_F32, 4, ne);
     result->op = GGML_OP_SPARQ_ATTN;
     struct ggml_tensor * const src[] = { s->q, s->k, s->kt, s->v, s->v_sum, s->v_count, s->mask, s->win,
-                                         s->sel[0], s->sel[1], s->report };
+                                         s->sel[0], s->sel[1], s->report, s->sinks };
     static_assert(sizeof(src) / sizeof(src[0]) <= GGML_MAX_SRC, "the op's sources must fit ggml's");
     for (size_t i = 0; i < sizeof(src) / sizeof(src[0]); ++i) {
         result->src[i] = src[i];
@@ -182,6 +189,7 @@ bool ggml_sparq_attn_view_of(struct ggml_tensor * dst, struct ggml_sparq_attn_vi
     o.q = dst->src[0]; o.k = dst->src[1]; o.kt = dst->src[2]; o.v = dst->src[3];
     o.v_sum = dst->src[4]; o.v_count = dst->src[5]; o.mask = dst->src[6]; o.win = dst->src[7];
     o.report = dst->src[10];
+    o.sinks = dst->src[11];
     o.out = dst;
     o.d = (int) o.q->ne[0];
     o.dv = (int) o.v->ne[0];

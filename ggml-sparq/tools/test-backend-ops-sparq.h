@@ -31,7 +31,10 @@ struct test_sparq_attn : public test_case {
     const bool mask;    // a 0/-inf mask (causal over the rows, masked blocks); false: every cell valid
     const int sel;      // GGML_SPARQ_SEL_*
     const int flags;    // GGML_SPARQ_FLAG_*
-    const int variant;  // 0 plain, 1 window list (src 7), 2 basis (q_sel, comp_w), 3 stream 0 dense (v_count < 0)
+    // 0 plain, 1 window list (src 7), 2 basis (q_sel, comp_w), 3 stream 0 dense (v_count < 0), 4 the
+    // attention variants: soft-capping (2), ALiBi (max_bias 8: a valid cell's mask minus its distance
+    // to the end, mod 16) and sinks (src 11)
+    const int variant;
     // cov_p > 0: the calibrated k (the coverage target applied, at least k_min cells, each row's cap
     // k_frac of its valid cells)
     const float cov_p;
@@ -93,6 +96,11 @@ struct test_sparq_attn : public test_case {
             ggml_set_name(src.sel[0], "q_sel");
             src.sel[1] = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, d, nh_kv, ns);
             ggml_set_name(src.sel[1], "comp_w");
+        } else if (variant == 4) {
+            p.softcap = 2.0f;
+            p.max_bias = 8.0f;
+            src.sinks = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, nh);
+            ggml_set_name(src.sinks, "sinks");
         }
         ggml_tensor * out = ggml_sparq_attn_ext(ctx, &src, &p);
         ggml_set_name(out, "out");
@@ -154,7 +162,8 @@ struct test_sparq_attn : public test_case {
                     for (int64_t i = 0; i < nr; ++i) {
                         for (int64_t c = 0; c < kv; ++c) {
                             const bool valid = c < kv - (nr - 1 - i) && !blk[c / 32];
-                            f[(st * nr + i) * kv + c] = valid ? 0.0f : -INFINITY;
+                            const float bias = variant == 4 ? -(float) ((kv - 1 - c) % 16) : 0.0f;
+                            f[(st * nr + i) * kv + c] = valid ? bias : -INFINITY;
                         }
                     }
                 }
@@ -464,6 +473,10 @@ static void sparq_add_test_cases(std::vector<std::unique_ptr<test_case>> & test_
         test_cases.emplace_back(new test_sparq_attn(128, 4096, 8, 2, 1, 2, 32, 128, 32, t, true, SPQ, PH, 1));
         test_cases.emplace_back(new test_sparq_attn(128, 4096, 8, 2, 1, 2, 32, 128, 32, t, true, SPQ, 0, 2));
         test_cases.emplace_back(new test_sparq_attn(128, 4096, 8, 2, 1, 3, 32, 128, 32, t, true, SPQ, 0, 3));
+        // the attention variants: GQA shared over two streams, 6 heads per head with the calibrated k, dense rows
+        test_cases.emplace_back(new test_sparq_attn(128, 4096, 8, 2, 1, 2, 32, 128, 32, t, true, SPQ, 0, 4));
+        test_cases.emplace_back(new test_sparq_attn(64, 1024, 6, 2, 1, 1, 16, 256, 16, t, true, SPQ, PH, 4, 0.5f, 16, 0.25f));
+        test_cases.emplace_back(new test_sparq_attn(128, 100, 8, 2, 1, 2, 16, 128, 32, t, true, SPQ, 0, 4));
         // odd head size, 16 heads per KV head, long contexts (S up to 64K, 1-4 sequences)
         test_cases.emplace_back(new test_sparq_attn(80, 2048, 16, 1, 1, 2, 20, 128, 32, t));
         test_cases.emplace_back(new test_sparq_attn(128, 16384, 32, 32, 1, 4, 32, 128, 32, t));

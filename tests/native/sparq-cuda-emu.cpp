@@ -19,7 +19,9 @@
 // least k_min cells, each row's cap from k_frac of its valid cells when k_frac > 0).
 // SPARQ_EMU_ORDER=seq runs the blocks in order; SPARQ_EMU_TIES, SPARQ_EMU_PEAK and SPARQ_EMU_HOLE
 // shape the inputs (below); SPARQ_EMU_BUCKETS=B (a fixed k) ranks by the bucketed top-k with B
-// buckets (topk_buckets) on both sides. Prints "OK nmse=... select_blocks=B launches=N pdl_launches=P
+// buckets (topk_buckets) on both sides; SPARQ_EMU_VARIANTS="softcap max_bias sinks" the attention
+// variants on both sides (max_bias > 0: each valid cell's mask minus its distance to the end, mod 16;
+// sinks 1: a random sink per query head). Prints "OK nmse=... select_blocks=B launches=N pdl_launches=P
 // report_differ=0 report_reach=M" (B: the second launch's blocks; M: the entries that measured the
 // cells reaching the target) or "FAIL ..."
 // and exits 0 / 1. The inputs are tie-proof (tests/native/sparq-tie-proof.h: query large on r
@@ -405,6 +407,18 @@ int main(int argc, char ** argv) {
     if (variant == 3) {
         vcount[0] = -(float) S;
     }
+    float emu_softcap = 0.0f, emu_max_bias = 0.0f;
+    int emu_sinks = 0;
+    if (const char * ve = getenv("SPARQ_EMU_VARIANTS")) {
+        if (sscanf(ve, "%f %f %d", &emu_softcap, &emu_max_bias, &emu_sinks) != 3) {
+            fprintf(stderr, "SPARQ_EMU_VARIANTS must be \"softcap max_bias sinks\", got %s\n", ve);
+            return 2;
+        }
+    }
+    std::vector<float> sinks(nh);
+    for (auto & x : sinks) {
+        x = 2.0f * uni(gen);
+    }
     std::vector<uint16_t> mask((size_t) S * nr * ns);
     // SPARQ_EMU_HOLE=1: the cells [S / 4, S / 2) masked in every row (whole score tiles without a
     // valid cell, and tiles cut by the hole)
@@ -420,7 +434,8 @@ int main(int argc, char ** argv) {
                 if (variant == 4 && st == 0) {
                     valid = c >= S / 2 && c < S / 2 + 40; // a short sequence in a long cache: a dense row
                 }
-                mask[((size_t) st * nr + i) * S + c] = sparq_fp32_to_fp16(valid ? 0.0f : -INFINITY);
+                const float bias = emu_max_bias > 0.0f ? -(float) ((S - 1 - c) % 16) : 0.0f; // ALiBi's distances
+                mask[((size_t) st * nr + i) * S + c] = sparq_fp32_to_fp16(valid ? bias : -INFINITY);
             }
         }
     }
@@ -468,6 +483,7 @@ int main(int argc, char ** argv) {
     const char * buckets_env = getenv("SPARQ_EMU_BUCKETS");
     const int buckets = buckets_env && cov_p <= 0.0f ? atoi(buckets_env) : 0;
     c.topk_buckets = buckets;
+    c.softcap = emu_softcap; c.max_bias = emu_max_bias; c.sinks = emu_sinks ? sinks.data() : nullptr;
     c.sel_n = sparq_sel_max(&c);
     // the report (per stream and KV head, 4 floats): the CPU op's against the kernels'
     std::vector<float> rep_cpu((size_t) ns * nhkv * 4, -2.0f), rep_gpu((size_t) ns * nhkv * 4, -2.0f);
@@ -485,6 +501,7 @@ int main(int argc, char ** argv) {
     a.r = sel == EMU_SEL_ORACLE ? d : r; a.k = k; a.l = l; a.scale = c.scale;
     a.cov_p = cov_p; a.k_min = cov_k_min; a.k_frac = cov_p > 0.0f ? cov_k_frac : 0.0f;
     a.buckets = buckets > 0 ? std::max(1, std::min(buckets, S)) : 0; // (as sparq_cuda_args_of)
+    a.softcap = emu_softcap; a.max_bias = emu_max_bias; a.sinks = emu_sinks ? sinks.data() : nullptr;
     a.R = ns * nr; a.U = a.R * nhkv; a.L = a.U * a.ph;
     a.W = std::max(1, (S + 31) / 32);
     const int gm = sparq_gmax(g);

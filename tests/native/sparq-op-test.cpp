@@ -27,7 +27,8 @@
 // f32 [n_stream][n_head_kv][n_kv] (-1: unassigned). Optional trailers: "COV1", f32 p, i32 k_min
 // (the calibrated k's coverage target, applied); "KTE5" (K^T in 8 bits: e5m2 of the f32 or f16 keys
 // it is made from; in ggml mode written by the op's append mode); "TKB1", i32 buckets (the
-// approximate bucketed top-k).
+// approximate bucketed top-k); "VAR1", f32 softcap, f32 max_bias, i32 has_sinks, then with sinks
+// f32 [n_head] (the attention variants).
 // Output file: out f32 [n_stream][n_rows][n_head][dv], then (direct mode)
 // sel int32 [n_stream][n_rows][n_head_kv][sel_n], then (h2o) the scores after the call or
 // (index) the lists after the call.
@@ -63,6 +64,8 @@ struct test_case {
     int k_min = 0;
     bool kt_e5m2 = false; // trailer KTE5
     int topk_buckets = 0; // trailer TKB1
+    float softcap = 0.0f, max_bias = 0.0f; // trailer VAR1, with the sinks (empty: none)
+    std::vector<float> sinks;
     std::vector<float> q, v_sum, v_count, q_sel, comp_w, h2o, ivf_cent;
     int ivf_n_list = 0, ivf_n_probe = 0;
     std::vector<char> K, V, mask, K_sel;
@@ -158,6 +161,15 @@ static test_case read_case(const char * path) {
             c.kt_e5m2 = true;
         } else if (memcmp(tmag, "TKB1", 4) == 0) {
             read_exact(f, &c.topk_buckets, 4, "topk_buckets");
+        } else if (memcmp(tmag, "VAR1", 4) == 0) {
+            int32_t has_sinks = 0;
+            read_exact(f, &c.softcap, 4, "softcap");
+            read_exact(f, &c.max_bias, 4, "max_bias");
+            read_exact(f, &has_sinks, 4, "has_sinks");
+            if (has_sinks) {
+                c.sinks.resize(c.n_head);
+                read_exact(f, c.sinks.data(), c.sinks.size() * 4, "sinks");
+            }
         } else {
             die("unknown trailer in case file: ", path);
         }
@@ -278,6 +290,7 @@ static int run_direct(const test_case & c, const char * out_path, const char * i
     a.selector = c.selector; a.per_head = c.per_head; a.no_mean_v = c.no_mean_v;
     a.cov_p = c.cov_p; a.cov_apply = c.cov_p > 0.0f; a.k_min = c.k_min;
     a.topk_buckets = c.topk_buckets;
+    a.softcap = c.softcap; a.max_bias = c.max_bias; a.sinks = c.sinks.empty() ? nullptr : c.sinks.data();
     a.q = c.q.data(); a.q_nb1 = (size_t) c.d * 4; a.q_nb2 = a.q_nb1 * c.n_rows; a.q_nb3 = a.q_nb2 * c.n_head;
     const sparq_type t = c.kv_t();
     a.K = c.K.data(); a.K_type = t; a.K_nb1 = c.kv_bytes(1, c.d); a.K_nb2 = a.K_nb1 * c.n_kv; a.K_nb3 = a.K_nb2 * c.n_head_kv;
@@ -413,6 +426,12 @@ static int run_ggml(const test_case & c, const char * out_path, int nth) {
         p.cov_apply = true;
     }
     p.topk_buckets = c.topk_buckets;
+    p.softcap = c.softcap;
+    p.max_bias = c.max_bias;
+    if (!c.sinks.empty()) {
+        src.sinks = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, c.n_head);
+        memcpy(src.sinks->data, c.sinks.data(), c.sinks.size() * 4);
+    }
     if (c.win_n > 0) {
         src.win = ggml_new_tensor_3d(ctx, GGML_TYPE_I32, c.win_n, c.n_rows, c.n_stream);
         memcpy(src.win->data, c.win.data(), c.win.size() * 4);

@@ -80,6 +80,9 @@ static bool params_parts_with(const params_node_set & s, uint32_t bit, ggml_spar
             p.k_scan = 64;
             return true;
         case GGML_SPARQ_FEAT_TOPK_BUCKETS: p.topk_buckets = 64; return true;
+        case GGML_SPARQ_FEAT_SOFTCAP:   p.softcap = 30.0f; return true;
+        case GGML_SPARQ_FEAT_ALIBI:     p.max_bias = 8.0f; return true;
+        case GGML_SPARQ_FEAT_SINKS:     src.sinks = ggml_new_tensor_1d(s.ctx, GGML_TYPE_F32, s.n_head); return true;
         case GGML_SPARQ_FEAT_REPORT:
             src.report = ggml_new_tensor_3d(s.ctx, GGML_TYPE_F32, 4, s.n_hkv, 1);
             return true;
@@ -140,14 +143,19 @@ static int run_params_check() {
     in.k_min = 9;
     in.cov_apply = true;
     in.k_frac = 0.5f;
+    in.softcap = 50.0f;
+    in.max_bias = 8.0f;
+    src.sinks = ggml_new_tensor_1d(s.ctx, GGML_TYPE_F32, s.n_head);
     struct ggml_tensor * n = ggml_sparq_attn_ext(s.ctx, &src, &in);
     ggml_sparq_params p = ggml_sparq_params_get(n);
     const ggml_sparq_attn_params & a = p.attn;
-    if (p.mode != GGML_SPARQ_MODE_ATTN || memcmp(&a, &in, sizeof(in)) != 0 || n->src[10] != src.report) {
+    if (p.mode != GGML_SPARQ_MODE_ATTN || memcmp(&a, &in, sizeof(in)) != 0 || n->src[10] != src.report ||
+        n->src[11] != src.sinks) {
         return params_fail("the constructor's values do not come back from the decoder");
     }
     const uint32_t want = GGML_SPARQ_FEAT_ORACLE | GGML_SPARQ_FEAT_PER_HEAD | GGML_SPARQ_FEAT_COVERAGE |
-                          GGML_SPARQ_FEAT_COVERAGE_CAP | GGML_SPARQ_FEAT_REPORT;
+                          GGML_SPARQ_FEAT_COVERAGE_CAP | GGML_SPARQ_FEAT_REPORT | GGML_SPARQ_FEAT_SOFTCAP |
+                          GGML_SPARQ_FEAT_ALIBI | GGML_SPARQ_FEAT_SINKS;
     if (p.features != want) {
         return params_fail("the features do not name the parts in use");
     }
@@ -157,7 +165,19 @@ static int run_params_check() {
     if (memcmp(&pc.attn, &p.attn, sizeof(p.attn)) != 0 || pc.features != p.features) {
         return params_fail("a byte copy of op_params (what an RPC server receives) decodes otherwise");
     }
-    // every field has a slot of its own: the largest values of each come back beside each other
+    // every field has a slot (k_min and k_scan, never set together, share one): the largest values of
+    // each come back beside each other, and the index's n_probe beside the applied coverage's k_min
+    {
+        ggml_sparq_attn_srcs si;
+        ggml_sparq_attn_params pi;
+        params_parts_with(s, GGML_SPARQ_FEAT_INDEX, si, pi);
+        pi.n_probe = 4;
+        pi.softcap = 1e-3f;
+        const ggml_sparq_params back = ggml_sparq_params_get(ggml_sparq_attn_ext(s.ctx, &si, &pi));
+        if (memcmp(&back.attn, &pi, sizeof(pi)) != 0) {
+            return params_fail("the index's n_probe does not come back as written");
+        }
+    }
     {
         ggml_sparq_attn_srcs sb = params_srcs(s);
         ggml_sparq_attn_params pb = ggml_sparq_attn_params_default((int) s.d, GGML_SPARQ_K_MAX, GGML_SPARQ_K_MAX, 3.5f);
@@ -165,6 +185,8 @@ static int run_params_check() {
         pb.cov_p = 1.0f;
         pb.k_scan = GGML_SPARQ_K_MAX;
         pb.flags = GGML_SPARQ_FLAG_PER_HEAD | GGML_SPARQ_FLAG_NO_MEAN_V | GGML_SPARQ_FLAG_DENSE;
+        pb.softcap = 3.0e38f;
+        pb.max_bias = 3.0e38f;
         const ggml_sparq_params back = ggml_sparq_params_get(ggml_sparq_attn_ext(s.ctx, &sb, &pb));
         if (memcmp(&back.attn, &pb, sizeof(pb)) != 0) {
             return params_fail("the largest values of the fields do not come back as written");
@@ -178,6 +200,11 @@ static int run_params_check() {
             { "l must be",      [](ggml_sparq_attn_srcs &, ggml_sparq_attn_params & q) { q.l = q.k + 1; } },
             { "n_probe",        [](ggml_sparq_attn_srcs &, ggml_sparq_attn_params & q) { q.n_probe = 3; } },
             { "topk_buckets",   [](ggml_sparq_attn_srcs &, ggml_sparq_attn_params & q) { q.topk_buckets = q.k - 1; } },
+            { "softcap",        [](ggml_sparq_attn_srcs &, ggml_sparq_attn_params & q) { q.softcap = -1.0f; } },
+            { "max_bias",       [](ggml_sparq_attn_srcs &, ggml_sparq_attn_params & q) { q.max_bias = INFINITY; } },
+            { "sinks",          [](ggml_sparq_attn_srcs & t, ggml_sparq_attn_params &) { t.sinks = t.v_count; } },
+            { "k_scan",         [](ggml_sparq_attn_srcs &, ggml_sparq_attn_params & q) {
+                                    q.cov_p = 0.5f; q.k_scan = 8; q.cov_apply = true; } },
             { "fixed k",        [](ggml_sparq_attn_srcs &, ggml_sparq_attn_params & q) {
                                     q.topk_buckets = q.k; q.cov_p = 0.5f; q.cov_apply = true; } },
             { "k_frac",         [](ggml_sparq_attn_srcs &, ggml_sparq_attn_params & q) { q.cov_p = 0.5f; q.k_frac = 0.5f; } },
@@ -254,7 +281,7 @@ static int run_params_check() {
     }
 
     // 3. a part this build does not know (a field a newer constructor added) is refused by every backend
-    for (uint32_t unknown : { 1u << 15, 1u << 20, GGML_SPARQ_FEAT_UNKNOWN }) {
+    for (uint32_t unknown : { 1u << 18, 1u << 20, GGML_SPARQ_FEAT_UNKNOWN }) {
         struct ggml_tensor * t = params_node_with(s, 0);
         ggml_sparq_params pu = ggml_sparq_params_get(t);
         pu.features |= unknown;

@@ -101,7 +101,10 @@ static __device__ __forceinline__ void sparq_stream_logits(const sparq_cu_args &
                         }
                     }
                     if (sl == 0 && it[x] < SPARQ_NT) {
-                        sm.sp[h * SPARQ_NT + it[x]] = c[x] >= 0 ? part[x][h] * a.scale + sm.smv[it[x]] : -INFINITY;
+                        sm.sp[h * SPARQ_NT + it[x]] =
+                            c[x] >= 0 ? sparq_variant_logit(a, part[x][h] * a.scale, sparq_alibi_slope(a, un.kvh * g + h),
+                                                            sm.smv[it[x]])
+                                      : -INFINITY;
                     }
                 }
             }

@@ -1,0 +1,145 @@
+"""The attention variants SparQ's op computes (soft-capping, ALiBi, attention sinks), on tiny random
+GGUFs of the real architectures that use them: Gemma 2 (soft-capping), gpt-oss (sinks, with GQA and
+sliding-window layers), BLOOM (ALiBi) and Granite iSWA (sinks).
+
+Per model:
+- exact settings (r = the head size, k beyond the context) equal dense within upstream's own spread
+  between its two dense paths (flash attention on and off), on the same teacher-forced tokens, and
+  every decode step of each full-attention layer is a SparQ call (the counters);
+- the variant matters: the same weights without it (soft-capping, sinks) move the logits far more
+  than that spread, so the check above could not pass with the variant left out (ALiBi's: the
+  kernels' tests, as BLOOM's max_bias is fixed);
+- approximate settings run SparQ on those layers (every decode step counted, none dense), with the
+  kept data equal to a recomputation;
+- the op's nodes in the model's graph carry the variant (its parameters, the layer's sinks) and
+  their output equals the NumPy reference on the captured tensors.
+The op against the reference with each variant on every ISA is in test_kernels.py (the grid of
+sparq_cases.py); the parameters' encoding and each backend's support in params-check.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import sparq_ctx
+from sparq_ctx import rand_prompt, teacher_forced
+
+from sparq_lab import models
+
+STEPS = 12
+PROMPT = 200
+
+# name: (generator, its arguments, head size, full-attention layers)
+MODELS = {
+    "gemma2-softcap": (models.make_tiny_gemma2, dict(std=0.5, softcap=5.0), 16, 1),
+    "gpt-oss-sinks": (models.make_tiny_gpt_oss, dict(), 16, 1),
+    "bloom-alibi": (models.make_tiny_bloom, dict(), 16, 2),
+    "granite-swa-sinks": (models.make_tiny_granite_swa, dict(), 16, 1),
+}
+
+
+@pytest.fixture(scope="module")
+def model_paths(tmp_path_factory):
+    d = tmp_path_factory.mktemp("variants")
+    return {name: make(d / f"{name}.gguf", **kw) for name, (make, kw, _, _) in MODELS.items()}
+
+
+def make_llm(model, flash_attn=True, **kw):
+    return sparq_ctx.make_llm(model, 1024, logits_all=True, flash_attn=flash_attn, **kw)
+
+
+def forced(model, prompt, cont, **kw):
+    llm = make_llm(model, **kw)
+    lg = teacher_forced(llm, prompt, cont)
+    return llm, lg
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_exact_settings_equal_dense_within_upstreams_spread(model_paths, name):
+    _, _, head, n_full = MODELS[name]
+    path = model_paths[name]
+    dense = make_llm(path)
+    prompt = rand_prompt(PROMPT, 3, dense.n_vocab())
+    cont = [int(t) for t in np.random.default_rng(4).integers(3, dense.n_vocab(), size=STEPS)]
+    want = teacher_forced(dense, prompt, cont)
+    _, nofa = forced(path, prompt, cont, flash_attn=False)
+    spread = np.abs(nofa - want).max()
+    sp, got = forced(path, prompt, cont, sparq_r=head, sparq_k=4096, sparq_min_kv=0)
+    st = sp.sparq_stats()
+    assert st["n_sparq"] == n_full * STEPS, st
+    diff = np.abs(got - want).max()
+    scale = np.abs(want).max()
+    assert diff <= 1.5 * spread + 1e-4 * scale, (name, diff, spread, scale)
+
+
+@pytest.mark.parametrize("name,without", [
+    ("gemma2-softcap", lambda p: models.make_tiny_gemma2(p, std=0.5, softcap=1e6)),  # a cap too large to bite
+    ("gpt-oss-sinks", lambda p: models.make_tiny_gpt_oss(p, sink_shift=-60.0)),       # sinks of weight ~0
+])
+def test_the_variant_matters(model_paths, tmp_path, name, without):
+    """The same weights without the variant: the logits move far beyond the dense paths' spread, so
+    leaving the variant out of the op would fail the exactness check."""
+    path = model_paths[name]
+    other = without(tmp_path / "without.gguf")
+    dense = make_llm(path)
+    prompt = rand_prompt(PROMPT, 3, dense.n_vocab())
+    cont = [5] * 4
+    want = teacher_forced(dense, prompt, cont)
+    _, nofa = forced(path, prompt, cont, flash_attn=False)
+    _, free = forced(other, prompt, cont)
+    spread = np.abs(nofa - want).max()
+    assert np.abs(free - want).max() > 20 * spread + 1e-3, (np.abs(free - want).max(), spread)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_approximate_settings_run_sparq_on_the_variant_layers(model_paths, name):
+    _, _, head, n_full = MODELS[name]
+    path = model_paths[name]
+    llm = make_llm(path, sparq=True, sparq_r=head // 4, sparq_k=32, sparq_l=8, sparq_min_kv=0)
+    prompt = rand_prompt(PROMPT, 5, llm.n_vocab())
+    llm.eval(prompt)
+    st0 = llm.sparq_stats()
+    for t in range(STEPS):
+        llm.eval([3 + t])
+        assert np.all(np.isfinite(np.array(llm.scores[llm.n_tokens - 1])))
+    st = llm.sparq_stats()
+    assert st["n_sparq"] - st0["n_sparq"] == n_full * STEPS, (st0, st)
+    assert llm.sparq_debug_check(sync=True) <= 1e-3
+
+
+# the variant each model's SparQ nodes must carry: softcap, max_bias, sinks
+CARRIED = {"gemma2-softcap": (5.0, 0.0, False), "gpt-oss-sinks": (0.0, 0.0, True), "bloom-alibi": (0.0, 8.0, False),
+           "granite-swa-sinks": (0.0, 0.0, True)}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_graph_nodes_carry_the_variant_and_equal_the_reference(model_paths, name):
+    from test_selectors import check_calls_against_reference
+
+    from sparq_lab.capture import Capture
+
+    _, _, head, n_full = MODELS[name]
+    settings = dict(sparq=True, sparq_r=head // 4, sparq_k=48, sparq_l=8, sparq_min_kv=0)
+    llm = make_llm(model_paths[name], **settings)
+    llm.eval(rand_prompt(PROMPT, 7, llm.n_vocab()))
+    with Capture(llm) as cap:
+        for t in range(3):
+            llm.eval([3 + t])
+    softcap, max_bias, sinks = CARRIED[name]
+    for c in cap.calls:
+        assert (c["params"]["softcap"], c["params"]["max_bias"]) == pytest.approx((softcap, max_bias)), c["params"]
+        assert (c["sinks"] is not None) == sinks and (not sinks or np.abs(c["sinks"]).max() > 0)
+    check_calls_against_reference(cap.calls, settings, 3 * n_full)
+
+
+def test_a_kq_bias_is_refused_with_the_reason(tmp_path):
+    """T5's decoder adds a relative position bias to its scores (upstream's KQ bias), which the op
+    does not compute: the context runs dense without SparQ and, with SparQ asked for, is refused with
+    the reason (every decoder layer counted)."""
+    from llama_sparq import Llama
+
+    path = models.make_tiny_t5(tmp_path / "t5.gguf")
+    Llama(str(path), n_ctx=256, verbose=False).close()
+    with pytest.raises(RuntimeError, match=r"SparQ: no KV-cache layer of this context can run SparQ "
+                                           r"\(2 attn_variant: a bias added to the attention scores\)"):
+        Llama(str(path), n_ctx=256, verbose=False, sparq=True)

@@ -165,6 +165,13 @@ CONDITIONS = {
     "call->v_mla": ("call", "v_mla"),
     "call->dv != call->dk": ("call", "dk_ne_dv"),
     "call->n_head_kv > 0 && call->dk * call->n_head_kv != call->k_row": ("call", "k_row"),
+    "hp.attn_soft_cap && call->kq_scale != 1.0f": ("call", "soft_cap_scaled"),
+    # a value no valid GGUF or graph holds (a bad soft-cap, max_bias or sinks tensor): no row's cause
+    "hp.attn_soft_cap && !(std::isfinite(hp.f_attn_logit_softcapping) && hp.f_attn_logit_softcapping > 0.0f)":
+        ("model", "bad_value"),
+    "hp.f_max_alibi_bias < 0.0f || !std::isfinite(hp.f_max_alibi_bias)": ("model", "bad_value"),
+    "call->sinks && (call->sinks->type != GGML_TYPE_F32 || !ggml_is_contiguous(call->sinks) || "
+    "(call->n_head > 0 && ggml_nelements(call->sinks) != call->n_head))": ("call", "bad_value"),
 }
 # model features some GGUFs have: the note beside a cause
 GGUF_NOTES = {"alibi": "where the GGUF sets `max_alibi_bias`"}
@@ -453,7 +460,7 @@ def graph_api(up: Path) -> tuple[dict[str, str], dict[tuple[str, str], str], dic
         names = [re.findall(r"\w+", a)[-1] for a in args]
         positions[len(names)] = {n: i for i, n in enumerate(names)}
     for n, pos in positions.items():
-        for key in ("kq_b", "sinks", "v_mla"):
+        for key in ("kq_b", "sinks", "v_mla", "kq_scale"):
             if key not in pos:
                 raise SourceError(f"llama-graph.h: build_attn with {n} parameters has no {key!r}")
     return builders, getters, positions
@@ -588,7 +595,9 @@ def graph_calls(text: str, builders, getters, positions) -> list[Call]:
             raise SourceError(f"a build_attn call whose attention input `{first}` this script cannot trace "
                               "to a build_attn_inp_* / build_inp_mem_* call or a declared type")
         feats = {k for k in ("kq_b", "sinks", "v_mla") if norm(args[pos[k]]) not in NULLS}
-        optional = {k: t for k in feats if (t := optional_tensor(text, norm(args[pos[k]])))}
+        if norm(args[pos["kq_scale"]]) not in ("1.0f", "1.0", "1"):
+            feats.add("scaled")  # a logit scale other than 1
+        optional = {k: t for k in feats & {"kq_b", "sinks", "v_mla"} if (t := optional_tensor(text, norm(args[pos[k]])))}
         out.append(Call(inputs, feats, optional))
     return out
 
@@ -639,6 +648,8 @@ def decide(a: Arch, rules: list[Rule], found: set[str], hooked: set[str]) -> Non
     causes = []
     for c in cache_calls:
         feats = c.features | a.features
+        if {"soft_cap", "scaled"} <= feats:
+            feats = feats | {"soft_cap_scaled"}
         hit = next((r for r in rules if r.scope == "call" and r.feature in feats), None)
         if hit:
             causes.append((hit.phrase, f"where the GGUF has `{c.optional[hit.feature]}`"
@@ -800,7 +811,8 @@ def render(res: dict) -> str:
     ]
     for a in rows:
         inputs = sorted({short_input(t) for c in a.calls for t in c.inputs})
-        feats = sorted({FEATURE_LABELS[f] for f in a.features | {f for c in a.calls for f in c.features}})
+        feats = sorted({FEATURE_LABELS[f] for f in a.features | {f for c in a.calls for f in c.features}
+                    if f != "scaled"})  # (a logit scale other than 1 matters only beside a soft-cap)
         attn = ", ".join(inputs) + ("; " + ", ".join(feats) if feats else "")
         decode = (("SparQ" + (f" ({a.cause})" if a.cause else "")) if a.outcome == "sparq" else
                   "dense: " + a.cause + (f" ({a.note})" if a.note else ""))

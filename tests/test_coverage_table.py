@@ -227,10 +227,10 @@ def test_the_proof_check_fails_on_a_wrong_row(tmp_path):
     llama = proofs["llama"](tmp_path / "llama.gguf")
     with pytest.raises(AssertionError):
         check_proof(llama, "llama", "dense", "attention sinks")
-    mpt = proofs["mpt"](tmp_path / "mpt.gguf")
+    mla = proofs["deepseek2"](tmp_path / "deepseek2.gguf")
     with pytest.raises(AssertionError):
-        check_proof(mpt, "mpt", "sparq", "")
+        check_proof(mla, "deepseek2", "sparq", "")
     with pytest.raises(AssertionError):
-        check_proof(mpt, "mpt", "dense", "attention sinks")
+        check_proof(mla, "deepseek2", "dense", "attention sinks")
     with pytest.raises(AssertionError):
-        check_proof(llama, "mpt", "sparq", "")
+        check_proof(llama, "deepseek2", "sparq", "")

@@ -209,7 +209,7 @@ struct sparq_args {
     float * report;
 
     // optional, the attention variants, in every logit (approximate and exact) of every selector's
-    // step 4 and of sparq's and oracle's steps 1-3: softcap > 0 caps a logit x (scale included) to
+    // step 4 and of the ranking selectors' steps 1-3: softcap > 0 caps a logit x (scale included) to
     // softcap * tanh(x / softcap) before the mask; max_bias > 0 adds the mask times query head h's
     // ALiBi slope (ggml's soft_max_ext) instead of the mask; sinks ([n_head]) a logit per query head
     // with a zero value row, in every softmax's denominator (the approximate mass alpha counts it)

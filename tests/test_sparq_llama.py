@@ -447,7 +447,7 @@ def test_unsupported_cache_type_is_refused_with_its_reason(tmp_path):
     from sparq_lab.models import make_tiny_llama
 
     model = make_tiny_llama(tmp_path / "tiny-d64.gguf", n_layer=2, n_embd=128, n_head=2)  # blocks of 32: d % 32 == 0
-    bf16 = llama_cpp.GGML_TYPE_BF16
+    bf16 = 30  # GGML_TYPE_BF16 (llama-cpp-python names no constant for it)
     with pytest.raises(RuntimeError, match=r"SparQ: no KV-cache layer of this context can run SparQ \(2 cache_type: "
                                            r"K or V cache of a type SparQ does not read \(it reads f16, f32, q8_0, "
                                            r"q4_0, q4_1, q5_0, q5_1 and iq4_nl\) \(here K bf16, V bf16; "):

@@ -72,8 +72,9 @@ def test_exact_settings_equal_dense_quantized(q8_model, monkeypatch, types, rot)
     tol = 1e-3 * np.abs(want).max() + 1e-4
     if types[1] == F16:  # upstream's own spread between its two dense paths, where both run (an f16 V)
         spread = np.abs(teacher_forced(llm_q8(q8_model, *types, flash_attn=True), prompt, cont) - want).max()
-        print(f"max |SparQ exact - dense| {np.abs(got - want).max():.3g}, upstream's -fa 1 vs -fa 0 {spread:.3g}")
+        print(f"upstream's -fa 1 against -fa 0: {spread:.3g}")
         tol = max(tol, spread)
+    print(f"max |SparQ exact - dense| {np.abs(got - want).max():.3g} of {np.abs(want).max():.3g} (allowed {tol:.3g})")
     assert np.abs(got - want).max() <= tol, np.abs(got - want).max()
     assert np.array_equal(got.argmax(axis=1), want.argmax(axis=1))
     assert sp.sparq_debug_check(sync=True) <= TOL
@@ -233,11 +234,16 @@ def q8m(q8_model):
     return Model(q8_model)
 
 
-def fresh(model, prompt, toks, n_seq=1, type_kv=Q8_0):
-    """SparQ logits of a fresh quantized context that reached the same cache directly."""
+def fresh(model, prompt, first, toks, n_seq=1, type_kv=Q8_0):
+    """SparQ logits of a fresh quantized context that reached the same cache directly: the prompt
+    prefilled and the first tokens decoded one at a time, as the context under test did (a token's
+    key from a prompt's batch may differ in its last bits, which a 4-bit cache can round a whole step
+    apart), then toks decoded."""
     c = Ctx(model, n_seq=n_seq, type_k=type_kv, type_v=type_kv)
     c.sparq(**SPARSE)
     prefill(c, 0, prompt)
+    for t in first:
+        step(c, 0, t)
     out = [step(c, 0, t) for t in toks]
     c.free()
     return np.array(out)
@@ -271,7 +277,7 @@ def test_cache_operations_keep_kt_exact(q8m, type_kv, rebuild):
             assert c.seq_state_set(seq, 0) > 0
         got = np.array([step(c, 0, t) for t in toks[1:]])
         assert c.check() <= TOL
-        want = fresh(q8m, a + toks[:1], toks[1:], type_kv=type_kv)
+        want = fresh(q8m, a, toks[:1], toks[1:], type_kv=type_kv)
         assert np.abs(got - want).max() <= 1e-3 * np.abs(want).max(), load
         c.seq_rm(0, c.pos_max(0) - 1, -1)  # the two steps again next time
     reb = c.stats()["n_rebuilds"]

@@ -138,8 +138,8 @@ def speed_main(argv=None) -> int:
     ap.add_argument("--n-gen", type=int, default=32, help="tokens decoded per rep (default 32)")
     ap.add_argument("--reps", type=int, default=3, help="reps of each mode, round-robin (default 3)")
     # every dense path by default: a speed-up is over the fastest of them on the machine at hand
-    ap.add_argument("--cache-types", default="f16,q8_0", help="K/V cache types, comma list of f16, q8_0 (default "
-                    "both: dense and SparQ on each)")
+    ap.add_argument("--cache-types", default="f16,q8_0", help="K/V cache types, comma list of f16, q8_0, q4_0, q4_1, "
+                    "q5_0, q5_1, iq4_nl (default f16,q8_0: dense and SparQ on each)")
     ap.add_argument("--dense", default="fa1,fa0", help="dense paths, comma list of fa1 (flash attention, the "
                     "layout SparQ uses), fa0 (upstream's other path; f16 only) (default both)")
     from llama_sparq import _sparq
@@ -158,13 +158,12 @@ def speed_main(argv=None) -> int:
     cache_types = a.cache_types.split(",")
     dense = a.dense.split(",")
     kt_bits = a.kt_bits.split(",")
-    bad = ([c for c in cache_types if c not in ("f16", "q8_0")] + [x for x in dense if x not in ("fa0", "fa1")]
+    bad = ([c for c in cache_types if c not in CACHE_TYPES or c == "f32"] + [x for x in dense if x not in ("fa0", "fa1")]
            + [b for b in kt_bits if b not in ("16", "8")])
     if bad or not cache_types or not dense or not kt_bits:
-        ap.error(f"--cache-types takes f16, q8_0, --dense fa1, fa0 and --kt-bits 16, 8 (comma lists); got "
-                 f"{', '.join(bad) or 'nothing'}")
+        ap.error(f"--cache-types takes f16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, --dense fa1, fa0 and --kt-bits "
+                 f"16, 8 (comma lists); got {', '.join(bad) or 'nothing'}")
     kt_bits = [int(b) for b in kt_bits]
-    assert set(cache_types) <= set(CACHE_TYPES)
 
     from llama_sparq import Llama
     from llama_sparq.models import resolve_model
@@ -316,7 +315,8 @@ def profile_main(argv=None) -> int:
     ap.add_argument("--mode", choices=("sparq", "dense"), default="sparq")
     ap.add_argument("--flash-attn", type=int, choices=(0, 1), default=1,
                     help="dense only: upstream's flash attention (1, the layout SparQ uses) or its other path (0)")
-    ap.add_argument("--cache-type", choices=("f16", "q8_0"), default="f16", help="K and V cache type")
+    ap.add_argument("--cache-type", choices=("f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"), default="f16",
+                    help="K and V cache type")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--state-dir", type=Path, default=Path("/tmp/llama_sparq_profile"),
                     help="where the prefilled state is kept between runs")

@@ -33,7 +33,8 @@ class Case:
     n_head: int = 1
     n_head_kv: int = 1
     n_stream: int = 1
-    kv_type: str = "f16"      # f16 | f32 | q8_0 (K and V rows in q8_0 blocks, K^T f16 of the dequantized keys)
+    kv_type: str = "f16"      # f16 | f32 | a block type of ref.KV_QUANT_TYPES (q8_0, q4_0, ...: K and V rows
+                              # in its blocks, K^T f16 of the dequantized keys)
     mask: str = "full"        # none | full | holes | pad | causal
     mask_type: str = "f16"    # f16 | f32
     kt_pad: int = 0
@@ -91,16 +92,18 @@ SELECTORS = {"sparq": 0, "oracle": 1, "streaming": 2, "h2o": 3, "index": 4}
 def generate(c: Case):
     """Arrays of the case, in the reference's shapes, f16 values already rounded."""
     rng = np.random.default_rng(c.seed)
-    kv_dt = np.float32 if c.kv_type == "f32" else np.float16  # K^T's type (a q8_0 cache keeps f16)
+    kv_dt = np.float32 if c.kv_type == "f32" else np.float16  # K^T's type (a quantized cache keeps f16)
     # queries with a heavy tail over components (as real ones have), keys with a few
     # large channels, values plain
     comp_scale = np.exp(rng.normal(0.0, 0.7, size=c.d)).astype(np.float32)
     q = (rng.standard_normal((c.n_stream, c.n_rows, c.n_head, c.d)) * comp_scale).astype(np.float32)
     K = (rng.standard_normal((c.n_stream, c.S, c.n_head_kv, c.d)) * np.sqrt(comp_scale)).astype(kv_dt)
     V = rng.standard_normal((c.n_stream, c.S, c.n_head_kv, c.dv)).astype(kv_dt)
-    if c.kv_type == "q8_0":
-        # the values as the quantized cache holds them (float32, exact); write() stores their blocks
-        K, V = ref.round_kv(K, "q8_0"), ref.round_kv(V, "q8_0")
+    blocks = {}
+    if c.kv_type in ref.KV_QUANT_TYPES:
+        # the cache's blocks (write() stores them) and their values (float32, as ggml dequantizes them)
+        blocks = {n: ref.quantize_blocks(x, c.kv_type) for n, x in (("K", K), ("V", V))}
+        K, V = (ref.dequantize_blocks(blocks[n], c.kv_type) for n in ("K", "V"))
     mask = None
     if c.mask != "none":
         mask = np.zeros((c.n_stream, c.n_rows, c.S), np.float32)
@@ -136,7 +139,8 @@ def generate(c: Case):
         v_count[st] = cells.sum() * (-1 if st in c.dense_streams else 1)
     a = dict(q=q, K=K, V=V, mask=mask, v_sum=v_sum, v_count=v_count, scale=np.float32(1.0 / np.sqrt(c.d)),
              win=None, q_sel=None, K_sel=None, comp_w=None, h2o=None, ivf_cent=None, ivf_lists=None,
-             sinks=(rng.normal(1.0, 2.0, size=c.n_head).astype(np.float32) if c.sinks else None))
+             sinks=(rng.normal(1.0, 2.0, size=c.n_head).astype(np.float32) if c.sinks else None),
+             K_blocks=blocks.get("K"), V_blocks=blocks.get("V"))
     if c.selector == "h2o":
         # accumulated attention: continuous values, with a third of the cells at exactly 0 (cells
         # no step attended yet), so the choice also meets ties (to the lower index)
@@ -194,7 +198,9 @@ def generate(c: Case):
     return a
 
 
-KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 2}
+# the kernels' enum sparq_type (ggml-sparq/cpu/sparq-cpu.h)
+KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 2, "q4_0": 4, "q4_1": 5, "q5_0": 6, "q5_1": 7, "iq4_nl": 8}
+BLOCK_KV_TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")  # the 4- and 5-bit ones
 
 
 def write(path: Path, c: Case, a: dict) -> None:
@@ -206,17 +212,18 @@ def write(path: Path, c: Case, a: dict) -> None:
                       int(c.per_head), int(not c.mean_v), int(c.basis), c.sel_n, float(a["scale"]))
     kv_dt = np.float16 if kv_type else np.float32  # K^T's (and K_sel's) type
 
-    def rows(x):  # K or V rows, (st, hkv, cell, d), in the cache's type
-        x = np.ascontiguousarray(x.transpose(0, 2, 1, 3))
-        return ref.q8_0_bytes(x) if c.kv_type == "q8_0" else x.astype(kv_dt).tobytes()
+    def rows(x, blocks):  # K or V rows, (st, hkv, cell, d), in the cache's type
+        if blocks is not None:
+            return np.ascontiguousarray(blocks.transpose(0, 2, 1, 3, 4)).tobytes()
+        return np.ascontiguousarray(x.transpose(0, 2, 1, 3)).astype(kv_dt).tobytes()
 
     with open(path, "wb") as f:
         f.write(hdr)
         # ggml layouts: q [d, n_rows, n_head, n_stream] -> numpy (st, head, row, d)
         f.write(np.ascontiguousarray(a["q"].transpose(0, 2, 1, 3), dtype=np.float32).tobytes())
         # K, V [d, n_kv, n_head_kv, n_stream] -> numpy (st, hkv, cell, d)
-        f.write(rows(a["K"]))
-        f.write(rows(a["V"]))
+        f.write(rows(a["K"], a["K_blocks"]))
+        f.write(rows(a["V"], a["V_blocks"]))
         if a["mask"] is not None:
             f.write(np.ascontiguousarray(a["mask"], dtype=np.float16 if mask_type == 1 else np.float32).tobytes())
         f.write(np.ascontiguousarray(a["v_sum"], dtype=np.float32).tobytes())
@@ -328,13 +335,13 @@ def check(c: Case, a: dict, out: np.ndarray, sel: np.ndarray | None) -> dict:
         scale = float(a["scale"])
         q_sel = None if a["q_sel"] is None else a["q_sel"][st].astype(np.float64)
         K_sel = None if a["K_sel"] is None else a["K_sel"][st].astype(np.float64)
-        if K_sel is None and c.kv_type == "q8_0":
+        if K_sel is None and c.kv_type in ref.KV_QUANT_TYPES:
             K_sel = K.astype(np.float16).astype(np.float64)  # K^T: the f16 of the dequantized keys
         comp_w = None if a["comp_w"] is None else a["comp_w"].astype(np.float64)
         window = None if a["win"] is None else [a["win"][st, row] for row in range(c.n_rows)]
         kw = dict(r=c.r, k=c.k, l=c.l, mask=mask, scale=scale, vbar=vbar, per_head=c.per_head, mean_v=c.mean_v,
                   oracle=c.selector == "oracle", comp_w=comp_w, window=window,
-                  kv_quant="q8_0" if c.kv_type == "q8_0" else None, kt_bits=c.kt_bits, **vkw)
+                  kt_bits=c.kt_bits, **vkw)  # (K and V are the cache's values already: no kv_quant)
         if c.coverage:
             kw["coverage"] = (c.coverage, c.k_min)
         if c.topk_buckets:
@@ -441,7 +448,7 @@ def check(c: Case, a: dict, out: np.ndarray, sel: np.ndarray | None) -> dict:
 def grid(quick: bool = False) -> list[Case]:
     """The kernels' test grid: head sizes 64/80/128/256, S 1..~33000, r 1..d, k 1..beyond S,
     l 0 and k/4, group sizes 1/4/8 with 1..8 KV heads, 1 and several query rows,
-    masks with holes and padding, f16, f32 and q8_0 caches."""
+    masks with holes and padding, f16, f32, q8_0 and the 4- and 5-bit caches."""
     cases = []
     seed = 100
     def add(**kw):
@@ -550,7 +557,13 @@ def grid(quick: bool = False) -> list[Case]:
     add(d=64, S=1500, r=8, k=64, l=16, n_stream=2, n_head=8, n_head_kv=2, mask="holes", per_head=True,
         dense_streams=(0,), kv_type="q8_0")
     quick_q8 = (0, 3, 4, 5, 6, 7)  # GQA, exact, rows, calibrated k, index, h2o with a dense stream
+    q8_shapes = cases[n:]
     cases = cases if not quick else cases[:n] + [cases[n + i] for i in quick_q8]
+    # the 4- and 5-bit caches (one path in the kernels: their blocks dequantized a few at a time), in
+    # the quick grid too: the q8_0 shapes again, two per type, so that together they take every one
+    for i, c8 in enumerate(q8_shapes):
+        kw = {f: v for f, v in dataclasses.asdict(c8).items() if f != "seed"}
+        add(**{**kw, "kv_type": BLOCK_KV_TYPES[i % len(BLOCK_KV_TYPES)]})
     # K^T in 8 bits (e5m2), in the quick grid too: f16, f32 (rounded to f16 first) and q8_0 keys, vector
     # tails and a padded K^T, GQA, several rows, a basis, the oracle, the calibrated k
     for kw in (dict(d=128, S=2000, r=32, k=100, l=25, n_head=4, n_head_kv=1, mask="holes"),
@@ -559,6 +572,7 @@ def grid(quick: bool = False) -> list[Case]:
                dict(d=64, S=1200, r=8, k=64, l=16, n_rows=3, n_head=4, n_head_kv=1, mask="causal", win="random"),
                dict(d=128, S=2000, r=16, k=100, l=25, n_head=4, n_head_kv=1, mask="holes", basis=True),
                dict(d=64, S=1500, r=8, k=64, l=16, n_head=8, n_head_kv=2, mask="holes", kv_type="q8_0"),
+               dict(d=64, S=1500, r=8, k=64, l=16, n_head=8, n_head_kv=2, mask="holes", kv_type="q4_1"),
                dict(d=64, S=1500, r=8, k=64, l=16, n_head=4, n_head_kv=1, mask="pad", selector="oracle"),
                dict(d=64, S=1500, r=16, k=400, l=16, n_head=8, n_head_kv=2, mask="pad", coverage=0.9, k_min=32),
                dict(d=64, S=33, r=8, k=64, l=16, n_head=4, n_head_kv=2, mask="pad")):

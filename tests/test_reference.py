@@ -661,8 +661,49 @@ def test_q8_0_blocks_are_ggmls():
     assert np.array_equal(round_kv(x, "q8_0"), y) and round_kv(x, None) is x
     with pytest.raises(ValueError, match=r"multiple of 32"):
         quantize_q8_0(np.zeros((2, 40)))
-    with pytest.raises(ValueError, match=r"kv_quant.*q8_0.*'q4_0'"):
-        round_kv(x, "q4_0")
+    with pytest.raises(ValueError, match=r"kv_quant.*q8_0.*'bf16'"):
+        round_kv(x, "bf16")
+
+
+@pytest.mark.parametrize("kv_type", ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"])
+def test_block_formats_are_ggmls(kv_type):
+    """The NumPy block formats: dequantize_blocks equals gguf-py's dequantize (ggml's dequantize_row_*
+    in NumPy) on the blocks quantize_blocks makes and on random bytes (any scale, any bits); the
+    quantizers of all but iq4_nl are ggml's reference ones, byte for byte (gguf-py's ports); the
+    values stay within the type's step of x and are a fixed point of quantize and dequantize."""
+    import gguf
+
+    from sparq_lab.reference import dequantize_blocks, quantize_blocks, round_kv
+
+    qt = getattr(gguf.GGMLQuantizationType, kv_type.upper())
+    rng = np.random.default_rng(6)
+    x = (rng.standard_normal((40, 128)) * np.exp(rng.normal(0, 2, size=(40, 1)))).astype(np.float32)
+    x[3, :32] = 0.0  # an all-zero block: scale 0
+    x[5, 7] = 1e4    # one outlier in its block
+    b = quantize_blocks(x, kv_type)
+    assert b.shape == (40, 4, gguf.GGML_QUANT_SIZES[qt][1]) and b.dtype == np.uint8
+    y = dequantize_blocks(b, kv_type)
+    np.testing.assert_array_equal(y, gguf.quants.dequantize(b.reshape(40, -1), qt))
+    raw = rng.integers(0, 256, size=(64, b.shape[-1]), dtype=np.uint8)
+    raw[:, :2] = np.array([0.37], np.float16).view(np.uint8)  # a finite scale (random bytes may make inf / nan)
+    if kv_type in ("q4_1", "q5_1"):
+        raw[:, 2:4] = np.array([-1.5], np.float16).view(np.uint8)
+    np.testing.assert_array_equal(dequantize_blocks(raw, kv_type).reshape(64, 32),
+                                  gguf.quants.dequantize(raw.reshape(64, -1), qt))
+    if kv_type != "iq4_nl":  # (gguf-py has no iq4_nl quantizer)
+        assert b.tobytes() == gguf.quants.quantize(x, qt).tobytes()
+    # the scale d (the block's extreme, or for q4_1 / q5_1 its range, over the levels) and the error
+    # in units of d: half a step; a whole one at the end q4_0 and q5_0 clip (7 d against -8 d);
+    # 14 at the end iq4_nl's table clips (113 d against -127 d); plus the scale's f16 rounding
+    levels, half = {"q8_0": (127, 0.5), "q4_0": (8, 1.0), "q4_1": (15, 0.5), "q5_0": (16, 1.0), "q5_1": (31, 0.5),
+                    "iq4_nl": (127, 14.0)}[kv_type]
+    b32 = x.reshape(40, 4, 32)
+    span = b32.max(axis=-1) - b32.min(axis=-1) if kv_type in ("q4_1", "q5_1") else np.abs(b32).max(axis=-1)
+    d = np.repeat(span / levels, 32, axis=1)
+    assert np.all(np.abs(y - x) <= d * (half + levels * 2.0 ** -10))
+    np.testing.assert_array_equal(round_kv(y, kv_type), y)
+    with pytest.raises(ValueError, match=r"multiple of 32"):
+        quantize_blocks(np.zeros((2, 40)), kv_type)
 
 
 def test_kv_quant_rounds_k_and_v_and_keeps_kt_in_f16():
@@ -701,10 +742,13 @@ def test_cost_in_bytes():
     # with k fixed the limit is r * 2 / (2 d * 34/32): K^T's f16 against 8-bit rows
     assert cost.compression(10**9, 128, 16, 128, "q8_0") == pytest.approx(16 * 2 / (256 * 34 / 32), rel=1e-5)
     assert cost.cache_type_id("q8_0") == 8 and cost.cache_type_id("f16") == 1
-    with pytest.raises(ValueError, match=r"kv_type.*f16, f32, q8_0.*'q4_1'"):
-        cost.compression(4096, 128, 16, 128, kv_type="q4_1")
-    with pytest.raises(ValueError, match=r"cache type.*'q4_1'"):
-        cost.cache_type_id("q4_1")
+    # q4_0: 18 bytes per block of 32; B_dense = 4097*128*2*18/32 = 589968
+    assert cost.b_dense(4096, 128, "q4_0") == pytest.approx(589968)
+    assert cost.cache_type_id("q4_0") == 2 and cost.cache_type_id("iq4_nl") == 20
+    with pytest.raises(ValueError, match=r"kv_type.*f16, f32, q8_0.*'bf16'"):
+        cost.compression(4096, 128, 16, 128, kv_type="bf16")
+    with pytest.raises(ValueError, match=r"cache type.*'bf16'"):
+        cost.cache_type_id("bf16")
 
 
 # --------------------------------------------------------------------------------------

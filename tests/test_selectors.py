@@ -83,6 +83,11 @@ def check_calls_against_reference(calls, settings, min_calls, kv_quant=None):
             assert c["comp_w"] is not None, "the scaled/PCA basis must pass component weights"
         if basis == "pca":
             assert c["q_sel"] is not None, "the PCA basis must pass the rotated query"
+        if kv_quant is not None:
+            # the captured K and V are the cache's values already (dequantized as ggml does): the
+            # reference takes them as they are, with K^T the f16 of those keys where no basis gave it
+            kw["kv_quant"] = None
+            kw.setdefault("K_sel", x["K"].astype(np.float16).astype(np.float64))
         want, info = reference.sparq_attention(x["q"], x["K"], x["V"], return_info=True, **kw)
         got = x["out"]
         scale = max(1.0, np.abs(want).max())

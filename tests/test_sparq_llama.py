@@ -439,22 +439,22 @@ def test_window_after_a_context_shift_holds_the_most_recent_positions(tiny_gqa_m
 # unsupported configurations and bad input
 # ---------------------------------------------------------------------------
 
-def test_unsupported_quantized_cache_is_refused_with_its_reason(tmp_path):
-    """A K/V cache of a type SparQ does not read (q4_1; it reads f16, f32 and q8_0) leaves no layer
+def test_unsupported_cache_type_is_refused_with_its_reason(tmp_path):
+    """A K/V cache of a type SparQ does not read (bf16; it reads f16, f32 and the quantized types) leaves no layer
     SparQ can run: asking for SparQ is refused with the reason, the layer count and the types (never
     SparQ "on" with every call dense, reason cache_type)."""
     from llama_sparq._llama import llama_cpp  # after pointing llama_cpp at the fork
     from sparq_lab.models import make_tiny_llama
 
     model = make_tiny_llama(tmp_path / "tiny-d64.gguf", n_layer=2, n_embd=128, n_head=2)  # blocks of 32: d % 32 == 0
-    q41 = llama_cpp.GGML_TYPE_Q4_1
+    bf16 = 30  # GGML_TYPE_BF16 (llama-cpp-python names no constant for it)
     with pytest.raises(RuntimeError, match=r"SparQ: no KV-cache layer of this context can run SparQ \(2 cache_type: "
-                                           r"K or V cache of a type SparQ does not read \(it reads f16, f32 and q8_0\) "
-                                           r"\(here K q4_1, V q4_1; "):
-        make_llm(model, sparq=True, sparq_min_kv=0, type_k=q41, type_v=q41)
-    with pytest.raises(RuntimeError, match=r"\(here K q8_0, V q4_1; "):  # one side is enough to refuse
-        make_llm(model, sparq=True, sparq_min_kv=0, type_k=llama_cpp.GGML_TYPE_Q8_0, type_v=q41)
-    dense = make_llm(model, type_k=q41, type_v=q41)
+                                           r"K or V cache of a type SparQ does not read \(it reads f16, f32, q8_0, "
+                                           r"q4_0, q4_1, q5_0, q5_1 and iq4_nl\) \(here K bf16, V bf16; "):
+        make_llm(model, sparq=True, sparq_min_kv=0, type_k=bf16, type_v=bf16)
+    with pytest.raises(RuntimeError, match=r"\(here K q4_0, V bf16; "):  # one side is enough to refuse
+        make_llm(model, sparq=True, sparq_min_kv=0, type_k=llama_cpp.GGML_TYPE_Q4_0, type_v=bf16)
+    dense = make_llm(model, type_k=bf16, type_v=bf16)
     decode_greedy(dense, rand_prompt(100, 9, n_vocab(dense)), 3)  # the same context runs without SparQ
 
 

@@ -86,16 +86,16 @@ def test_sparq_forces_flash_attention_layout(tiny_model):
 
 
 def test_sparq_refused_when_no_layer_can_run_it(tmp_path):
-    """A K/V cache of a type SparQ does not read (q4_1) leaves SparQ no layer: refused, naming the
+    """A K/V cache of a type SparQ does not read (bf16) leaves SparQ no layer: refused, naming the
     types, never "SparQ on" with 0 layers. Before: "SparQ on: ...; 0 layers" and a run with every step dense."""
     from sparq_lab.models import make_tiny_llama
 
-    model = make_tiny_llama(tmp_path / "tiny-d32.gguf", n_layer=2, n_embd=64, n_head=2)  # q4_1 needs head size % 32
+    model = make_tiny_llama(tmp_path / "tiny-d32.gguf", n_layer=2, n_embd=64, n_head=2)
     res = run([tool_path("llama-completion"), "-m", model, "-p", "hello", "-n", "4", "-no-cnv", "-t", "1",
-               "--sparq", "-ctk", "q4_1", "-ctv", "q4_1"])
+               "--sparq", "-ctk", "bf16", "-ctv", "bf16"])
     assert res.returncode != 0
     assert "no KV-cache layer of this context can run SparQ" in res.stderr, res.stderr[-2000:]
-    assert "here K q4_1, V q4_1" in res.stderr, res.stderr[-2000:]
+    assert "here K bf16, V bf16" in res.stderr, res.stderr[-2000:]
     assert "SparQ on: " not in res.stderr
 
 

@@ -32,11 +32,13 @@ import numpy as np
 
 from llama_sparq import _sparq
 
+from ._reference_blocks import BLOCK_BYTES, dequantize_blocks
+
 GGML_MAX_DIMS = 4
 GGML_MAX_SRC = 12  # the fork's ggml.h (patch 0002)
 GGML_MAX_OP_PARAMS = 64
 GGML_MAX_NAME = 64
-GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_Q8_0, GGML_TYPE_I8, GGML_TYPE_I32 = 0, 1, 8, 24, 26
+GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_I8, GGML_TYPE_I32 = 0, 1, 24, 26
 
 
 class ggml_tensor(ctypes.Structure):
@@ -114,18 +116,19 @@ _OP_SRC = ("q", "K", "KT", "V", "v_sum", "v_count", "mask", "win", "q_sel", "com
 _NODE = re.compile(r"sparq_attn-(\d+)")
 _BEFORE = re.compile(r"sparq_(h2o|ivf)-(\d+)")  # H2O's scores / the index's lists before the op of that layer
 _DTYPES = {GGML_TYPE_F32: np.float32, GGML_TYPE_F16: np.float16, GGML_TYPE_I32: np.int32}
-# ggml's q8_0 block (a quantized K/V cache): an f16 scale and 32 int8 values
-_Q8_0 = np.dtype([("d", "<f2"), ("qs", "i1", (32,))])
+# a quantized K/V cache's block types by ggml type id (blocks of 32 values: _reference_blocks)
+_BLOCK_TYPES = {8: "q8_0", 2: "q4_0", 3: "q4_1", 6: "q5_0", 7: "q5_1", 20: "iq4_nl"}
 
 
 def tensor_to_numpy(t: ggml_tensor) -> np.ndarray:
-    """A copy of a host tensor as a NumPy array of shape ne[::-1] (f32, f16 or i32; a q8_0 tensor's
-    values dequantized to f32, as the cache holds them; an i8 one, which among the op's sources is
+    """A copy of a host tensor as a NumPy array of shape ne[::-1] (f32, f16 or i32; a quantized
+    cache's (q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl) values dequantized to f32, as ggml does; an i8 one, which among the op's sources is
     only an 8-bit K^T, read as e5m2: each byte the upper byte of an f16)."""
-    dt = _Q8_0 if t.type == GGML_TYPE_Q8_0 else np.uint8 if t.type == GGML_TYPE_I8 else _DTYPES.get(t.type)
+    block = _BLOCK_TYPES.get(t.type)
+    dt = np.dtype(f"V{BLOCK_BYTES[block]}") if block else np.uint8 if t.type == GGML_TYPE_I8 else _DTYPES.get(t.type)
     if dt is None:
-        raise ValueError(f"capture: tensor {t.name.decode()} has ggml type {t.type}; f32, f16, q8_0, i8 (e5m2) "
-                         "or i32 expected")
+        raise ValueError(f"capture: tensor {t.name.decode()} has ggml type {t.type}; f32, f16, a quantized cache "
+                         f"type ({', '.join(_BLOCK_TYPES.values())}), i8 (e5m2) or i32 expected")
     if not t.data:
         raise ValueError(f"capture: tensor {t.name.decode()} has no host data")
     ne = [int(t.ne[i]) for i in range(GGML_MAX_DIMS)]
@@ -133,11 +136,11 @@ def tensor_to_numpy(t: ggml_tensor) -> np.ndarray:
     if dt is np.uint8:
         b = _host_copy(t.data, np.uint8, ne[::-1], nb[::-1])
         return (b.astype(np.uint16) << 8).view(np.float16)
-    if dt is _Q8_0:
-        # rows of blocks: ne[0] / 32 blocks of nb[0] = 34 bytes each
-        blocks = _host_copy(t.data, dt, [ne[3], ne[2], ne[1], ne[0] // 32], nb[::-1])
-        vals = blocks["qs"].astype(np.float32) * blocks["d"].astype(np.float32)[..., None]
-        return vals.reshape(ne[::-1])
+    if block:
+        # rows of blocks: ne[0] / 32 blocks of nb[0] bytes each
+        shape = [ne[3], ne[2], ne[1], ne[0] // 32]
+        blocks = _host_copy(t.data, dt, shape, nb[::-1]).view(np.uint8).reshape(*shape, dt.itemsize)
+        return dequantize_blocks(blocks, block).reshape(ne[::-1])
     return _host_copy(t.data, dt, ne[::-1], nb[::-1])
 
 

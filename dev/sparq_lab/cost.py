@@ -47,7 +47,8 @@ __all__ = [
 
 # The K/V cache types SparQ runs on: ggml's type id, the bytes of a K or V element, of a K^T element.
 CACHE_TYPES = {"f16": (cache_type_id("f16"), 2.0, 2.0), "f32": (cache_type_id("f32"), 4.0, 4.0),
-               "q8_0": (cache_type_id("q8_0"), 34.0 / 32.0, 2.0)}
+               **{t: (cache_type_id(t), b / 32.0, 2.0) for t, b in
+                  (("q8_0", 34), ("q4_0", 18), ("q4_1", 20), ("q5_0", 22), ("q5_1", 24), ("iq4_nl", 18))}}
 
 
 def _kv_type(kv_type, kt_bits=16):

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._reference_blocks import BLOCK_TYPES, dequantize_blocks, quantize_blocks
 from ._reference_checks import check_r, float_dtype, prepare, sparq_options
 from ._reference_selectors import baseline_positions
 from ._reference_steps import (Variants, alibi_slopes, approx_scores, bucket_winners, exact_attention,
@@ -50,6 +51,8 @@ __all__ = [
     "quantize_q8_0",
     "dequantize_q8_0",
     "q8_0_bytes",
+    "quantize_blocks",
+    "dequantize_blocks",
     "round_kv",
     "round_e5m2",
 ]
@@ -57,8 +60,8 @@ __all__ = [
 # Values per block of ggml's q8_0 (and the cache types' quantized blocks generally).
 QK8_0 = 32
 # The K/V cache types the reference rounds through (kv_quant): a quantized cache holds K and V
-# rows as blocks; SparQ's K^T keeps the dequantized keys in f16.
-KV_QUANT_TYPES = ("q8_0",)
+# rows as blocks (_reference_blocks); SparQ's K^T keeps the dequantized keys in f16.
+KV_QUANT_TYPES = BLOCK_TYPES
 
 # Rows per block in dense_attention: bounds the (rows, g, S) logits buffer for long prefills.
 _DENSE_ROW_BLOCK = 64
@@ -105,13 +108,11 @@ def q8_0_bytes(x):
 
 
 def round_kv(x, kv_quant):
-    """``x`` as a K/V cache of type ``kv_quant`` holds it: ``None`` as it is, ``"q8_0"`` rounded
-    through q8_0 blocks along the last axis (float32)."""
+    """``x`` as a K/V cache of type ``kv_quant`` holds it: ``None`` as it is, else rounded through
+    that type's blocks along the last axis (float32; ``KV_QUANT_TYPES``)."""
     if kv_quant is None:
         return x
-    if kv_quant != "q8_0":
-        raise ValueError(f"kv_quant must be None or one of {KV_QUANT_TYPES}, got {kv_quant!r}")
-    return dequantize_q8_0(*quantize_q8_0(x))
+    return dequantize_blocks(quantize_blocks(x, kv_quant), kv_quant)
 
 
 def round_e5m2(x):
@@ -252,7 +253,7 @@ def sparq_attention(q, K, V, *, r, k, l=0, mask=None, scale=None, vbar=None,
       over the union of the heads' choices and the window. info["ivf_reads"] (n_rows, n_head_kv)
       counts the keys scored: the valid cells of the lists any search probed, less the window when
       it is the tail of the cells (no window list); -1 for a row that runs dense.
-    kv_quant: a quantized cache, ``"q8_0"``: K and V as it holds them (``round_kv``; steps 4-5 use
+    kv_quant: a quantized cache, one of ``KV_QUANT_TYPES``: K and V as it holds them (``round_kv``; steps 4-5 use
       those), and by default K_sel the f16 of those keys (the K^T the fork keeps for such a cache).
       A given vbar is used as it is (the fork's V sums are of the rounded values).
     kt_bits: 8 reads K^T in e5m2 (``round_e5m2`` of K_sel, or of K) in steps 1-3 (the oracle's scores

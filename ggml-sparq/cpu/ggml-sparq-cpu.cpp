@@ -10,8 +10,20 @@
 #include <algorithm>
 #include <cstring>
 
-// rows: K and V, which may also be q8_0 (a quantized cache); kt: K^T, which may also be e5m2 (i8);
-// the mask is f16 or f32
+// rows: K and V, which may also be in blocks (a quantized cache: ggml_sparq_cache_type_ok); kt: K^T,
+// which may also be e5m2 (i8); the mask is f16 or f32
+static enum sparq_type sparq_block_type_of(enum ggml_type t) {
+    switch (t) {
+        case GGML_TYPE_Q8_0:   return SPARQ_Q8_0;
+        case GGML_TYPE_Q4_0:   return SPARQ_Q4_0;
+        case GGML_TYPE_Q4_1:   return SPARQ_Q4_1;
+        case GGML_TYPE_Q5_0:   return SPARQ_Q5_0;
+        case GGML_TYPE_Q5_1:   return SPARQ_Q5_1;
+        case GGML_TYPE_IQ4_NL: return SPARQ_IQ4_NL;
+        default:               return SPARQ_F32; // (not a block type)
+    }
+}
+
 static enum sparq_type sparq_type_of(const struct ggml_tensor * t, bool rows = false, bool kt = false) {
     switch (t->type) {
         case GGML_TYPE_F32: return SPARQ_F32;
@@ -21,14 +33,16 @@ static enum sparq_type sparq_type_of(const struct ggml_tensor * t, bool rows = f
                 return SPARQ_E5M2;
             }
             GGML_ABORT("sparq_attn: tensor %s has type i8; only K^T may be i8 (e5m2)", t->name);
-        case GGML_TYPE_Q8_0:
-            if (rows) {
-                return SPARQ_Q8_0;
+        default: {
+            const enum sparq_type b = sparq_block_type_of(t->type);
+            if (rows && b != SPARQ_F32) {
+                // the kernels' block layouts are ggml's (sparq-cpu.h, sparq-cpu-blocks.cpp)
+                GGML_ASSERT(sparq_block_bytes(b) == ggml_type_size(t->type) && ggml_blck_size(t->type) == SPARQ_QK);
+                return b;
             }
-            [[fallthrough]];
-        default:
             GGML_ABORT("sparq_attn: tensor %s has type %s; %s expected", t->name, ggml_type_name(t->type),
-                       rows ? "f16, f32 or q8_0" : "f16 or f32");
+                       rows ? "f16, f32, q8_0, q4_0, q4_1, q5_0, q5_1 or iq4_nl" : "f16 or f32");
+        }
     }
 }
 

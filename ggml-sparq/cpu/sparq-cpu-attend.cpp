@@ -252,7 +252,7 @@ static void attend_head(const ctx & C, int u, int w, int hh, float * ex, float *
     const int h = kvh * C.L.group_size + hh;
     const float * q = C.q_row(R, h);
     const float slope = alibi_slope(a, h);
-    if (a->K_type == SPARQ_Q8_0) {
+    if (sparq_block_bytes(a->K_type)) {
         for (int t = 0; t < n_sel; ++t) {
             ex[t] = exact_logit(C, q, st, kvh, sel[t], m, slope);
         }
@@ -283,7 +283,7 @@ static void attend_head(const ctx & C, int u, int w, int hh, float * ex, float *
     for (int t = 0; t < n_sel; ++t) {
         P += p[t];
     }
-    if (a->V_type == SPARQ_Q8_0) {
+    if (sparq_block_bytes(a->V_type)) {
         for (int t = 0; t < n_sel; ++t) {
             axpy_row(C.isa, a->V_type, y, C.V_row(st, kvh, sel[t]), p[t], dv);
         }
@@ -327,10 +327,7 @@ static void cell_logits(const ctx & C, const float * const * q, int st, int kvh,
         C.isa->gather_dot_g_f32(q, g, C.K_row(st, kvh, 0), a->K_nb1, idx, n, a->d, ex, B);
     } else {
         for (int t = 0; t < n; ++t) {
-            const char * kr = C.K_row(st, kvh, idx[t]); // in L1 for the heads after the first
-            for (int hh = 0; hh < g; ++hh) {
-                ex[hh * B + t] = dot_row(C.isa, a->K_type, q[hh], kr, a->d);
-            }
+            dot_row_g(C.isa, a->K_type, q, g, C.K_row(st, kvh, idx[t]), a->d, ex + t, B);
         }
     }
 }
@@ -407,10 +404,7 @@ static void attend_cells(const ctx & C, const float * const * q, int st, int kvh
         C.isa->gather_axpy_g_f32(S.y, dv, g, C.V_row(st, kvh, 0), a->V_nb1, idx, p, B, n, dv);
     } else {
         for (int t = 0; t < n; ++t) {
-            const char * vr = C.V_row(st, kvh, idx[t]);
-            for (int hh = 0; hh < g; ++hh) {
-                axpy_row(C.isa, a->V_type, S.y + (size_t) hh * dv, vr, p[hh * B + t], dv);
-            }
+            axpy_row_g(C.isa, a->V_type, S.y, dv, g, C.V_row(st, kvh, idx[t]), p + t, B, dv);
         }
     }
 }

@@ -231,7 +231,12 @@ inline float dot_row(const sparq_isa * isa, sparq_type t, const float * x, const
     switch (t) {
         case SPARQ_F16:  return isa->dot_f16(x, (const uint16_t *) row, n);
         case SPARQ_Q8_0: return isa->dot_q8_0(x, (const sparq_block_q8_0 *) row, n);
-        default:         return isa->dot_f32(x, (const float *) row, n);
+        case SPARQ_F32:  return isa->dot_f32(x, (const float *) row, n);
+        default: {
+            float out;
+            sparq_dot_blocks_g(isa, t, &x, 1, row, n, &out, 0);
+            return out;
+        }
     }
 }
 
@@ -240,7 +245,32 @@ inline void axpy_row(const sparq_isa * isa, sparq_type t, float * y, const char 
     switch (t) {
         case SPARQ_F16:  isa->axpy_f16(y, (const uint16_t *) row, p, n); break;
         case SPARQ_Q8_0: isa->axpy_q8_0(y, (const sparq_block_q8_0 *) row, p, n); break;
-        default:         isa->axpy_f32(y, (const float *) row, p, n); break;
+        case SPARQ_F32:  isa->axpy_f32(y, (const float *) row, p, n); break;
+        default:         sparq_axpy_blocks_g(isa, t, y, 0, 1, row, &p, 0, n); break;
+    }
+}
+
+// dot_row for g queries q[h] into out[h * ostride], the row read once (a 4- or 5-bit row dequantized once)
+inline void dot_row_g(const sparq_isa * isa, sparq_type t, const float * const * q, int g, const char * row, int n,
+                      float * out, size_t ostride) {
+    if (sparq_dequant_of(t)) {
+        sparq_dot_blocks_g(isa, t, q, g, row, n, out, ostride);
+        return;
+    }
+    for (int h = 0; h < g; ++h) {
+        out[h * ostride] = dot_row(isa, t, q[h], row, n);
+    }
+}
+
+// axpy_row for g weights p[h * pstride] into y[h * ystride ..], the row read once
+inline void axpy_row_g(const sparq_isa * isa, sparq_type t, float * y, size_t ystride, int g, const char * row,
+                       const float * p, size_t pstride, int n) {
+    if (sparq_dequant_of(t)) {
+        sparq_axpy_blocks_g(isa, t, y, ystride, g, row, p, pstride, n);
+        return;
+    }
+    for (int h = 0; h < g; ++h) {
+        axpy_row(isa, t, y + h * ystride, row, p[h * pstride], n);
     }
 }
 

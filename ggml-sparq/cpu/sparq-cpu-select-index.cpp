@@ -129,14 +129,7 @@ static void index_candidates(const ctx & C, int u, int w, int s0, int s1, int it
             return -1;
         }
         const char * kr = C.K_row(st, kvh, cell);
-        if (a->K_type == SPARQ_F16) {
-            C.isa->f16_to_f32((const uint16_t *) kr, kf, d);
-        } else if (a->K_type == SPARQ_Q8_0) {
-            std::fill(kf, kf + d, 0.0f); // 0 + 1 * value: the dequantized key, exactly
-            C.isa->axpy_q8_0(kf, (const sparq_block_q8_0 *) kr, 1.0f, d);
-        } else {
-            memcpy(kf, kr, (size_t) d * sizeof(float));
-        }
+        sparq_row_to_f32(C.isa, a->K_type, kr, kf, d);
         float best = INFINITY;
         int li = 0;
         for (int c = 0; c < nl; ++c) {

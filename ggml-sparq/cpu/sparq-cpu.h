@@ -31,8 +31,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-// SPARQ_E5M2: K^T only, one byte per value, the upper byte of its f16 (ggml-sparq.h)
-enum sparq_type { SPARQ_F32 = 0, SPARQ_F16 = 1, SPARQ_Q8_0 = 2, SPARQ_E5M2 = 3 };
+// SPARQ_E5M2: K^T only, one byte per value, the upper byte of its f16 (ggml-sparq.h). The block types
+// (q8_0 and the 4- and 5-bit ones from SPARQ_Q4_0 on) are K and V rows only, whole blocks of SPARQ_QK
+enum sparq_type {
+    SPARQ_F32 = 0, SPARQ_F16 = 1, SPARQ_Q8_0 = 2, SPARQ_E5M2 = 3,
+    SPARQ_Q4_0 = 4, SPARQ_Q4_1 = 5, SPARQ_Q5_0 = 6, SPARQ_Q5_1 = 7, SPARQ_IQ4_NL = 8,
+};
 
 // ggml's q8_0 block (K and V rows only; a row's length is a multiple of SPARQ_QK): value i is
 // qs[i] * d, d an f16. 34 bytes, no padding, as ggml lays it out in the cache
@@ -42,10 +46,24 @@ struct sparq_block_q8_0 {
     int8_t qs[SPARQ_QK];
 };
 
-// bytes of a row of n values of type t (n a multiple of SPARQ_QK for q8_0)
+// bytes of a block of SPARQ_QK values of a block type as ggml lays it out (sparq-cpu-blocks.cpp has
+// the 4- and 5-bit layouts); 0 for f32, f16 and e5m2
+static inline size_t sparq_block_bytes(enum sparq_type t) {
+    switch (t) {
+        case SPARQ_Q8_0:   return sizeof(struct sparq_block_q8_0);
+        case SPARQ_Q4_0:   return 18; // f16 d, 16 bytes of nibbles
+        case SPARQ_Q4_1:   return 20; // f16 d, f16 m, nibbles
+        case SPARQ_Q5_0:   return 22; // f16 d, 4 bytes of fifth bits, nibbles
+        case SPARQ_Q5_1:   return 24; // f16 d, f16 m, fifth bits, nibbles
+        case SPARQ_IQ4_NL: return 18; // f16 d, nibbles indexing a fixed table
+        default:           return 0;
+    }
+}
+
+// bytes of a row of n values of type t (n a multiple of SPARQ_QK for a block type)
 static inline size_t sparq_row_bytes(enum sparq_type t, int n) {
-    return t == SPARQ_Q8_0 ? (size_t) (n / SPARQ_QK) * sizeof(struct sparq_block_q8_0)
-                           : (size_t) n * (t == SPARQ_E5M2 ? 1 : t == SPARQ_F16 ? 2 : 4);
+    const size_t bb = sparq_block_bytes(t);
+    return bb ? (size_t) (n / SPARQ_QK) * bb : (size_t) n * (t == SPARQ_E5M2 ? 1 : t == SPARQ_F16 ? 2 : 4);
 }
 
 // One ISA's primitives. rows/x of type f16 are uint16_t IEEE half bits.
@@ -139,6 +157,20 @@ float sparq_fp16_to_fp32(uint16_t h);
 static inline float sparq_e5m2_to_fp32(uint8_t b) { return sparq_fp16_to_fp32((uint16_t) (b << 8)); }
 uint16_t sparq_fp32_to_fp16(float f);
 
+// The 4- and 5-bit block types (sparq-cpu-blocks.cpp). Their rows are read as f32, a few blocks at a
+// time into the stack, with the ISA's f32 primitives: the values as ggml's dequantize_row_* makes them
+typedef void (*sparq_dequant_fn)(const void * block, float * y); // SPARQ_QK values of one block
+// the dequantizer of block type t; NULL for f32, f16, q8_0 (the ISAs read its blocks) and e5m2
+sparq_dequant_fn sparq_dequant_of(enum sparq_type t);
+// n values of a K or V row of any of their types as f32 into y
+void sparq_row_to_f32(const struct sparq_isa * isa, enum sparq_type t, const void * row, float * y, int n);
+// over a row of a 4- or 5-bit type: out[h * ostride] = q[h] . row (h < g); y[h * ystride + j] +=
+// p[h * pstride] * row[j]. With g = 1 the single-query forms; the same per head, bit for bit
+void sparq_dot_blocks_g(const struct sparq_isa * isa, enum sparq_type t, const float * const * q, int g,
+                        const void * row, int n, float * out, size_t ostride);
+void sparq_axpy_blocks_g(const struct sparq_isa * isa, enum sparq_type t, float * y, size_t ystride, int g,
+                         const void * row, const float * p, size_t pstride, int n);
+
 // The selector's own inputs (the op's sel[0] and sel[1], ggml-sparq.h): f32 blocks with their
 // strides in bytes and their second dimension (ne1), read and written as the selector's file says.
 struct sparq_sel_input {
@@ -162,7 +194,7 @@ struct sparq_args {
 
     // strides in bytes
     const float * q;  size_t q_nb1, q_nb2, q_nb3;            // [d, n_rows, n_head, n_stream]
-    // K and V: f32, f16 or q8_0; K^T: f32, f16 (a q8_0 cache keeps its dequantized keys in f16) or e5m2
+    // K and V: f32, f16 or a block type; K^T: f32, f16 (a quantized cache keeps its dequantized keys in f16) or e5m2
     const void * K;   enum sparq_type K_type;  size_t K_nb1, K_nb2, K_nb3;    // [d, n_kv, n_head_kv, n_stream]
     const void * KT;  enum sparq_type KT_type; size_t KT_nb1, KT_nb2, KT_nb3; // [n_kv, d, n_head_kv, n_stream]
     const void * V;   enum sparq_type V_type;  size_t V_nb1, V_nb2, V_nb3;    // [dv, n_kv, n_head_kv, n_stream]

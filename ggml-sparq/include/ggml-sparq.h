@@ -9,9 +9,9 @@
 extern "C" {
 #endif
 
-// The types of a KV cache whose K and V rows the op reads (f16, f32, q8_0; a quantized cache's K^T is
-// kept f16 from its dequantized keys). The one list: the op's checks and libllama's choice of the layers
-// that run SparQ both use it.
+// The types of a KV cache whose K and V rows the op reads (f16, f32, and the blocks of q8_0, q4_0, q4_1,
+// q5_0, q5_1 and iq4_nl: a quantized cache's K^T is kept f16 from its dequantized keys). The one list:
+// the op's checks and libllama's choice of the layers that run SparQ both use it.
 GGML_API bool ggml_sparq_cache_type_ok(enum ggml_type t);
 
 // The largest k the op accepts (scratch is sized by k).
@@ -73,9 +73,9 @@ GGML_API const struct ggml_sparq_selector_info * ggml_sparq_selector_row(int32_t
 // v_count are required; the rest NULL where unused. Shapes as in ggml_sparq_attn (ggml.h).
 struct ggml_sparq_attn_srcs {
     struct ggml_tensor * q;       // src[0]: f32 [d, n_rows, n_head, n_stream]
-    struct ggml_tensor * k;       // src[1]: [d, n_kv, n_head_kv, n_stream] f16, f32 or q8_0 (whole blocks)
+    struct ggml_tensor * k;       // src[1]: [d, n_kv, n_head_kv, n_stream] f16, f32 or a quantized cache type (whole blocks)
     struct ggml_tensor * kt;      // src[2]: [n_kv, d, n_head_kv, n_stream] f16, f32 or i8 (e5m2)
-    struct ggml_tensor * v;       // src[3]: [dv, n_kv, n_head_kv, n_stream] f16, f32 or q8_0
+    struct ggml_tensor * v;       // src[3]: [dv, n_kv, n_head_kv, n_stream] as K's types
     struct ggml_tensor * v_sum;   // src[4]: f32 [dv, n_head_kv, n_stream]
     struct ggml_tensor * v_count; // src[5]: f32 [n_stream]
     struct ggml_tensor * mask;    // src[6]: f16 or f32 [n_kv, >= n_rows, 1, 1 or n_stream]; NULL: all cells valid

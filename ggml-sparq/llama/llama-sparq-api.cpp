@@ -344,7 +344,7 @@ static int32_t sparq_check_device_runs(const llama_sparq_ctx & S, const llama_sp
         }
         if (types) {
             sparq_err(err, err_size, "SparQ: the KV cache on %s is K %s, V %s, which that device's SparQ op does not "
-                      "read (it reads f16 and f32; the CPU op also q8_0): use an f16 cache there (-ctk f16 -ctv f16, "
+                      "read (it reads f16 and f32; the CPU op also the quantized types): use an f16 cache there (-ctk f16 -ctv f16, "
                       "type_k/type_v), or keep the cache in host memory (--no-kv-offload / offload_kqv = false)",
                       ggml_backend_dev_name(dev), ggml_type_name(L.type_k), ggml_type_name(L.type_v));
             return -2;
@@ -476,7 +476,7 @@ int32_t llama_sparq_set_params(struct llama_context * ctx, const struct llama_sp
             }
             if (L.reason == LLAMA_SPARQ_DENSE_CACHE_TYPE && types.empty()) {
                 types = std::string(" (here K ") + ggml_type_name(L.type_k) + ", V " + ggml_type_name(L.type_v) +
-                        "; use -ctk/-ctv or type_k/type_v f16 or q8_0)";
+                        "; use -ctk/-ctv or type_k/type_v f16, q8_0 or q4_0)";
             }
         }
         std::string why;

@@ -88,7 +88,7 @@ int32_t llama_sparq_bench_fill(struct llama_context * ctx, int32_t n_tokens, uin
     for (size_t ikv = 0; ikv < upstream::n_layers(kv); ++ikv) {
         for (ggml_tensor * t : { upstream::layer_k(kv, ikv), upstream::layer_v(kv, ikv) }) {
             if (!ggml_sparq_cache_type_ok(t->type)) {
-                sparq_err(err, err_size, "synthetic fill: cache tensor %s is %s; f16, f32 and q8_0 are supported",
+                sparq_err(err, err_size, "synthetic fill: cache tensor %s is %s; f16, f32, q8_0, q4_0, q4_1, q5_0, q5_1 and iq4_nl are supported",
                           t->name, ggml_type_name(t->type));
                 return -1;
             }

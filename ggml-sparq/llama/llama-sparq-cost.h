@@ -6,7 +6,7 @@
 
 #include <algorithm>
 
-// A K or V element costs its cache type's bytes (f16 2, f32 4, q8_0 34/32), a K^T element K^T's (2
+// A K or V element costs its cache type's bytes (f16 2, f32 4, q8_0 34/32, q4_0 18/32), a K^T element K^T's (2
 // or 4); the mean of V and the selectors' other terms are counted in 2-byte units (an f16 element),
 // so that with f16 everywhere the ratio is the ratio of elements moved.
 struct sparq_cost {
@@ -25,7 +25,7 @@ struct sparq_cost {
     }
 };
 
-// bytes per element of a cache type (34/32 for q8_0's blocks)
+// bytes per element of a cache type (34/32 for q8_0's blocks, 18/32 for q4_0's)
 inline double sparq_elem_bytes(ggml_type t) {
     return (double) ggml_row_size(t, ggml_blck_size(t)) / (double) ggml_blck_size(t);
 }

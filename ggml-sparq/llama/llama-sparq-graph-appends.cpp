@@ -30,8 +30,8 @@ ggml_tensor * sparq_k_idxs(sparq_attn_build & b) {
     return b.k_idxs;
 }
 
-// x (f32) as the cache of type `type` holds it: rounded to that type and back (f32: as it is; q8_0:
-// quantized by the CPU's quantizer, the one the cache's set_rows uses, and dequantized)
+// x (f32) as the cache of type `type` holds it: rounded to that type and back (f32: as it is; a quantized
+// type: by the CPU's quantizer, the one the cache's set_rows uses, and dequantized)
 static ggml_tensor * sparq_as_cached(ggml_context * ctx0, ggml_tensor * x, ggml_type type) {
     if (type != GGML_TYPE_F32) {
         x = ggml_cast(ctx0, ggml_cast(ctx0, x, type), GGML_TYPE_F32);
@@ -82,7 +82,7 @@ static ggml_tensor * sparq_append_keys(sparq_attn_build & b, ggml_tensor * k_cur
 }
 
 // whether a decode step's sums take one op each (ggml_sparq_sum_append) instead of the small
-// nodes below: one new token per stream, an f16 or f32 cache (a q8_0 one rounds through its quantizer)
+// nodes below: one new token per stream, an f16 or f32 cache (a quantized one rounds through its quantizer)
 static bool sparq_sum_fused(const sparq_attn_build & b, ggml_type type) {
     return b.n_tps == 1 && (type == GGML_TYPE_F16 || type == GGML_TYPE_F32);
 }

@@ -29,7 +29,7 @@ inline constexpr const char * sparq_reason_text[LLAMA_SPARQ_DENSE_COUNT] = {
     "several query rows per sequence (prompt processing)",
     "fewer KV cells than the dense threshold",
     "sliding-window layer",
-    "K or V cache of a type SparQ does not read (it reads f16, f32 and q8_0)",
+    "K or V cache of a type SparQ does not read (it reads f16, f32, q8_0, q4_0, q4_1, q5_0, q5_1 and iq4_nl)",
     "V cache is transposed (make the context with flash attention on or auto)",
     "several sequences share one KV stream (unified KV cache; use one stream per sequence)",
     "ALiBi, soft-capping, attention sinks, KQ bias, MLA or differing K/V head sizes",

@@ -1,9 +1,9 @@
 // llama-sparq: libllama's SparQ state of one context: the data kept beside each layer's K and V, each
 // stream's currency, the settings, the counters and what feeds them, the memory SparQ allocated.
 //
-// Data. For every full-attention layer of the KV cache with an f16, f32 or q8_0 cache and
-// non-transposed V, a K^T tensor [kv_size, d, n_head_kv, n_stream] (the keys again,
-// cell-contiguous, same type as K; f16 of the dequantized keys for q8_0) and a V-sum tensor [dv, n_head_kv, n_stream] f32 with
+// Data. For every full-attention layer of the KV cache with a cache type the op reads
+// (ggml_sparq_cache_type_ok) and non-transposed V, a K^T tensor [kv_size, d, n_head_kv, n_stream] (the
+// keys again, cell-contiguous, same type as K; f16 of the dequantized keys for a quantized cache) and a V-sum tensor [dv, n_head_kv, n_stream] f32 with
 // its Kahan compensation (same shape), allocated in the buffer type of the layer's K when
 // SparQ is first enabled (llama-sparq-buffers.cpp).
 //

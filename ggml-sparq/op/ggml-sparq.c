@@ -14,7 +14,13 @@ static bool sparq_float_type_ok(enum ggml_type t) {
 }
 
 bool ggml_sparq_cache_type_ok(enum ggml_type t) {
-    return sparq_float_type_ok(t) || t == GGML_TYPE_Q8_0;
+    switch (t) {
+        case GGML_TYPE_Q8_0: case GGML_TYPE_Q4_0: case GGML_TYPE_Q4_1: case GGML_TYPE_Q5_0: case GGML_TYPE_Q5_1:
+        case GGML_TYPE_IQ4_NL:
+            return true;
+        default:
+            return sparq_float_type_ok(t);
+    }
 }
 
 // K and V rows: a cache type, whole blocks per head
@@ -49,10 +55,10 @@ static const char * sparq_check_inputs(const struct ggml_sparq_attn_srcs * s) {
     const int64_t d = q->ne[0], n_rows = q->ne[1], n_head = q->ne[2], n_strm = q->ne[3];
     const int64_t n_kv = k->ne[1], n_hkv = k->ne[2], dv = v->ne[0];
     SPARQ_NEED(q->type == GGML_TYPE_F32 && q->nb[0] == sizeof(float), "q must be f32 with contiguous rows");
-    // K^T is kept f16 or f32 (from the dequantized keys of a q8_0 cache), or e5m2 in i8 (ggml-sparq.h)
-    SPARQ_NEED(sparq_row_type_ok(k), "K must be f16, f32 or q8_0 (whole blocks per head)");
+    // K^T is kept f16 or f32 (from the dequantized keys of a quantized cache), or e5m2 in i8 (ggml-sparq.h)
+    SPARQ_NEED(sparq_row_type_ok(k), "K must be f16, f32, q8_0, q4_0, q4_1, q5_0, q5_1 or iq4_nl (whole blocks per head)");
     SPARQ_NEED(sparq_float_type_ok(kt->type) || kt->type == GGML_TYPE_I8, "K^T must be f16, f32 or i8 (e5m2)");
-    SPARQ_NEED(sparq_row_type_ok(v), "V must be f16, f32 or q8_0 (whole blocks per head)");
+    SPARQ_NEED(sparq_row_type_ok(v), "V must be f16, f32, q8_0, q4_0, q4_1, q5_0, q5_1 or iq4_nl (whole blocks per head)");
     SPARQ_NEED(k->ne[0] == d, "K head size differs from q");
     SPARQ_NEED(kt->ne[0] == n_kv && kt->ne[1] == d && kt->ne[2] == n_hkv && kt->ne[3] == k->ne[3],
                "K^T must be [n_kv, d, n_head_kv, n_stream]");

@@ -36,7 +36,7 @@ bool common_sparq_apply(llama_context * ctx, const common_params & params) {
     llama_sparq_get_stats(ctx, &st);
     if (st.n_layers == 0) {
         LOG_ERR("%s: --sparq: no KV-cache layer of this context can run SparQ (flash attention off for this model, "
-                "a K/V cache type other than f16, f32 and q8_0, or sliding-window layers only); refusing to run "
+                "a K/V cache type SparQ does not read, or sliding-window layers only); refusing to run "
                 "without it\n", __func__);
         return false;
     }

@@ -126,8 +126,9 @@ class Llama(llama_cpp.Llama):
 
     SparQ contexts always use the flash-attention KV layout (V not transposed), whatever
     ``flash_attn`` says. llama-cpp-python's ``type_k`` / ``type_v`` (ggml type ids) choose the
-    K/V cache's types: SparQ runs on f16 (the default), f32 and q8_0 (``llama_cpp.GGML_TYPE_Q8_0``,
-    8; half the bytes of f16), and refuses other types with a message naming them.
+    K/V cache's types: SparQ runs on f16 (the default), f32, q8_0 (``llama_cpp.GGML_TYPE_Q8_0``, 8;
+    half the bytes of f16) and the 4- and 5-bit q4_0, q4_1, q5_0, q5_1 and iq4_nl, and refuses other
+    types (bf16) with a message naming them.
     ``sparq_stats()`` returns the fork's counters.
 
     ``rpc_servers`` (``"host:port,host:port"`` or a list): ggml RPC servers (``llama-sparq-rpc-server``)

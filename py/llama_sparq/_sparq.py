@@ -111,7 +111,7 @@ def default_params() -> dict:
 
 
 # The K/V cache types SparQ runs on, by ggml's type id (llama-cpp-python's ``type_k`` / ``type_v``)
-CACHE_TYPE_IDS = {"f16": 1, "f32": 0, "q8_0": 8}
+CACHE_TYPE_IDS = {"f16": 1, "f32": 0, "q8_0": 8, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "iq4_nl": 20}
 
 
 def cache_type_id(name) -> int:

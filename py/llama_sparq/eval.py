@@ -1,7 +1,7 @@
 """Retrieval accuracy of SparQ and its selection variants on a real model.
 
     python -m llama_sparq.eval [--model gemma3|smollm2|PATH] [--contexts 4096,16384,30000] [--tasks all|chat|...]
-                               [--variants all] [--compressions 4,8,16] [--k 128] [--cache-type f16|q8_0]
+                               [--variants all] [--compressions 4,8,16] [--k 128] [--cache-type f16|q8_0|q4_0|...]
                                [--out bench/results/eval_gemma3]
 
 Tasks (synthetic, generated in :mod:`llama_sparq._eval_tasks`; no data set is downloaded).
@@ -47,9 +47,9 @@ head searches its own probe/g lists and picks its own k' - l cells, k' as for ``
 (the cost model's r/2d + k/S), l = k/4; the oracle reads all of K (its r is d: a ceiling,
 not a speed-up).
 
-``--cache-type q8_0`` runs every variant, dense included, on a q8_0 K/V cache (``type_k`` and
-``type_v``; the default out path gains ``_q8_0``); the targets' r and k follow the f16 cost model
-above, the compression reported is the counters' (bytes of the cache's types).
+``--cache-type q8_0`` (or q4_0, q4_1, q5_0, q5_1, iq4_nl) runs every variant, dense included, on a
+K/V cache of that type (``type_k`` and ``type_v``; the default out path gains ``_<type>``); the
+targets' r and k follow the f16 cost model above, the compression reported is the counters' (bytes of the cache's types).
 
 Writes <out>.csv (one row per sample and variant), <out>.json (settings, machine, commit,
 per-variant accuracy), <out>.md (tables) and <out>.png (accuracy against compression per
@@ -471,11 +471,11 @@ def main(argv=None):
     ap.add_argument("--compressions", default="4,8,16", help="1/c targets by the cost model, comma list of c")
     ap.add_argument("--k", type=int, default=128, help="k of the SparQ variants (l = k/4; default 128)")
     ap.add_argument("--depths", default="0.2,0.5,0.8", help="needle depths (one sample each), comma list")
-    ap.add_argument("--cache-type", default="f16", choices=("f16", "q8_0"),
+    ap.add_argument("--cache-type", default="f16", choices=("f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"),
                     help="the K and V cache's type, for every variant (default f16)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--out", help="output path without extension (default bench/results/eval_<model>, "
-                                  "with _q8_0 for that cache)")
+                                  "with _<type> for a quantized cache)")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--append", action="store_true",
                     help="keep the rows already in <out>.csv and run only what is missing (resume, or add contexts)")

@@ -17,8 +17,9 @@
 // Case file: "SPQ2", 19 int32 (d, dv, n_kv, n_rows, n_head, n_head_kv,
 // n_stream, r, k, l, kv_type, mask_type, kt_pad, win_n, selector, per_head,
 // no_mean_v, has_basis, sel_n), f32 scale, then q f32 [n_stream][n_head][n_rows][d],
-// K [n_stream][n_head_kv][n_kv][d], V [n_stream][n_head_kv][n_kv][dv] (kv_type 0 f32,
-// 1 f16, 2 q8_0: rows of ggml's 34-byte blocks, K^T then f16 of the dequantized keys), mask [n_stream][n_rows][n_kv] (mask_type 0 f32, 1 f16, -1 none), v_sum f32
+// K [n_stream][n_head_kv][n_kv][d], V [n_stream][n_head_kv][n_kv][dv] (kv_type: enum sparq_type, 0 f32,
+// 1 f16, or a block type, 2 q8_0 or 4..8 q4_0, q4_1, q5_0, q5_1, iq4_nl: rows of ggml's blocks, K^T then
+// f16 of the dequantized keys), mask [n_stream][n_rows][n_kv] (mask_type 0 f32, 1 f16, -1 none), v_sum f32
 // [n_stream][n_head_kv][dv], v_count f32 [n_stream]; when win_n > 0 the window cells
 // i32 [n_stream][n_rows][win_n] (-1 padded); when has_basis, q_sel f32 like q, the keys
 // in that basis like K in K^T's type (K^T is made from them) and comp_w f32 [n_head_kv][d]; with the
@@ -70,7 +71,8 @@ struct test_case {
     int ivf_n_list = 0, ivf_n_probe = 0;
     std::vector<char> K, V, mask, K_sel;
     std::vector<int32_t> win;
-    sparq_type kv_t() const { return kv_type == 2 ? SPARQ_Q8_0 : kv_type == 1 ? SPARQ_F16 : SPARQ_F32; }
+    sparq_type kv_t() const { return (sparq_type) kv_type; }
+    bool kv_blocks() const { return sparq_block_bytes(kv_t()) != 0; }
     // bytes of n K or V rows of `len` values
     size_t kv_bytes(size_t n, int len) const { return n * sparq_row_bytes(kv_t(), len); }
     // the element of the keys K^T is made from: f32 for an f32 cache, else f16
@@ -113,8 +115,11 @@ static test_case read_case(const char * path) {
     const size_t nv = (size_t) c.n_stream * c.n_head_kv * c.n_kv * c.dv;
     c.q.resize(nq);
     read_exact(f, c.q.data(), nq * 4, "q");
-    if (c.kv_type == 2 && (c.d % SPARQ_QK || c.dv % SPARQ_QK)) {
-        die("a q8_0 case needs head sizes that are multiples of 32");
+    if (c.kv_type < 0 || c.kv_type > SPARQ_IQ4_NL || c.kv_type == SPARQ_E5M2) {
+        die("kv_type must be 0 (f32), 1 (f16), 2 (q8_0) or 4..8 (q4_0, q4_1, q5_0, q5_1, iq4_nl)");
+    }
+    if (c.kv_blocks() && (c.d % SPARQ_QK || c.dv % SPARQ_QK)) {
+        die("a quantized case needs head sizes that are multiples of 32");
     }
     c.K.resize(c.kv_bytes(nk / c.d, c.d));
     read_exact(f, c.K.data(), c.K.size(), "K");
@@ -194,16 +199,16 @@ static void write_out(const char * path, const std::vector<float> & out, const s
     fclose(f);
 }
 
-// the keys of a q8_0 case dequantized and rounded to f16, as the graph appends them to K^T
+// the keys of a quantized case dequantized and rounded to f16, as the graph appends them to K^T
 static std::vector<char> dequant_keys_f16(const test_case & c) {
-    const size_t n = c.K.size() / sizeof(sparq_block_q8_0);
-    const sparq_block_q8_0 * b = (const sparq_block_q8_0 *) c.K.data();
-    std::vector<char> out(n * SPARQ_QK * 2);
+    const size_t rb = sparq_row_bytes(c.kv_t(), c.d), n = c.K.size() / rb;
+    std::vector<char> out(n * c.d * 2);
+    std::vector<float> row(c.d);
     uint16_t * o = (uint16_t *) out.data();
-    for (size_t ib = 0; ib < n; ++ib) {
-        const float d = sparq_fp16_to_fp32(b[ib].d);
-        for (int i = 0; i < SPARQ_QK; ++i) {
-            o[ib * SPARQ_QK + i] = sparq_fp32_to_fp16(d * (float) b[ib].qs[i]);
+    for (size_t i = 0; i < n; ++i) {
+        sparq_row_to_f32(&sparq_isa_scalar, c.kv_t(), c.K.data() + i * rb, row.data(), c.d);
+        for (int j = 0; j < c.d; ++j) {
+            o[i * c.d + j] = sparq_fp32_to_fp16(row[j]);
         }
     }
     return out;
@@ -223,10 +228,10 @@ static char e5m2_of(const char * x, size_t esz) {
 }
 
 // K^T with rows of n_kv + kt_pad cells (a view into a larger cache, as in llama.cpp),
-// from the keys in the selection basis when the case has one (a q8_0 cache: f16 of its dequantized keys);
+// from the keys in the selection basis when the case has one (a quantized cache: f16 of its dequantized keys);
 // e5m2 when the case says so and `stored`, else in the keys' own type
 static std::vector<char> make_kt(const test_case & c, bool stored = true) {
-    const std::vector<char> K = c.has_basis ? c.K_sel : c.kv_type == 2 ? dequant_keys_f16(c) : c.K;
+    const std::vector<char> K = c.has_basis ? c.K_sel : c.kv_blocks() ? dequant_keys_f16(c) : c.K;
     const size_t esz = c.kt_esz(), row = (size_t) c.n_kv + c.kt_pad;
     const bool e5m2 = stored && c.kt_e5m2;
     const size_t oesz = e5m2 ? 1 : esz;
@@ -377,7 +382,9 @@ static void kt_fill_reversed(struct ggml_tensor * node, const std::vector<char> 
 static int run_ggml(const test_case & c, const char * out_path, int nth) {
     // an 8-bit K^T is written by the op's append mode from the keys' own type, as the graph does
     const std::vector<char> kt = make_kt(c, false);
-    const enum ggml_type t = c.kv_type == 2 ? GGML_TYPE_Q8_0 : c.kv_type == 1 ? GGML_TYPE_F16 : GGML_TYPE_F32;
+    static const enum ggml_type types[] = { GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_Q8_0, GGML_TYPE_COUNT, GGML_TYPE_Q4_0,
+                                            GGML_TYPE_Q4_1, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_IQ4_NL };
+    const enum ggml_type t = types[c.kv_type];
     const enum ggml_type tkt = c.kv_type == 0 ? GGML_TYPE_F32 : GGML_TYPE_F16;
     const size_t need = c.h2o.size() * 4 + c.ivf_cent.size() * 4 + c.win.size() * 4 + c.q_sel.size() * 4 + c.comp_w.size() * 4 + c.q.size() * 4 + c.K.size() + c.V.size() + 4 * kt.size() + c.mask.size() +
                         c.v_sum.size() * 4 + c.v_count.size() * 4 +

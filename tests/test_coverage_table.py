@@ -126,8 +126,9 @@ def test_a_refusal_the_script_cannot_read_stops_it(ct, up, tmp_path, planted, me
 def test_cache_types_are_read_from_the_op(ct, tmp_path):
     root = _fork_copy(tmp_path)
     src = root / "ggml-sparq/op/ggml-sparq.c"
-    src.write_text(src.read_text().replace("t == GGML_TYPE_Q8_0", "t == GGML_TYPE_Q8_0 || t == GGML_TYPE_Q4_0", 1))
-    assert "Q4_0" in ct.cache_types(root) and "Q4_0" not in ct.cache_types(REPO)
+    src.write_text(src.read_text().replace("case GGML_TYPE_IQ4_NL:", "case GGML_TYPE_IQ4_NL: case GGML_TYPE_BF16:", 1))
+    assert "BF16" in ct.cache_types(root) and "BF16" not in ct.cache_types(REPO)
+    assert "Q4_0" in ct.cache_types(REPO)
 
 
 def test_a_proof_of_no_architecture_is_refused(ct, up, tmp_path):

@@ -15,7 +15,7 @@ same bytes; weights are random (N(0, 0.02), norms 1), f32, with the byte-fallbac
   one latent KV head, K ``kv_lora + rope`` wide, V ``kv_lora`` wide).
 * :func:`make_tiny_minicpm3`: MiniCPM3, low-rank attention decompressed to heads whose K (a
   no-position part and a shared RoPE part) is wider than V.
-* :func:`make_tiny_gpt_oss`: gpt-oss, attention sinks on every layer and a mixture of experts.
+* gpt-oss (attention sinks, a mixture of experts) is :mod:`sparq_lab.models`'s, re-exported.
 * :func:`make_tiny_lfm2`: LFM2, a hybrid of short-convolution and attention layers (SparQ runs on the
   attention layers of its hybrid memory).
 
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Sequence
 
 from sparq_lab.models import (_add_tiny_shape, _add_tiny_tokenizer, _write_gguf_atomic, make_tiny_gemma2,
-                              make_tiny_granite_swa, make_tiny_llama)
+                              make_tiny_gpt_oss, make_tiny_granite_swa, make_tiny_llama)
 
 __all__ = ["PROOFS", "make_tiny_gemma3", "make_tiny_mpt", "make_tiny_deepseek2", "make_tiny_minicpm3",
            "make_tiny_lfm2", "make_tiny_gpt_oss", "main"]
@@ -144,6 +144,18 @@ def make_tiny_mpt(path: str | os.PathLike[str], *, n_layer: int = 2, seed: int =
     return _write_gguf(Path(path), metadata, t.items, arch="mpt")
 
 
+def _low_rank_qkv(t: _Tensors, p: str, n_embd: int, n_head: int, q_lora: int, kv_lora: int, nope: int,
+                  rope: int) -> None:
+    """The low-rank Q and compressed KV of DeepSeek-V2-style attention (MLA, MiniCPM3): the attention
+    norm, Q down and up (heads of nope + rope), KV down to kv_lora plus the shared RoPE part."""
+    t.ones(p + "attn_norm.weight", n_embd)
+    t.ones(p + "attn_q_a_norm.weight", q_lora)
+    t.ones(p + "attn_kv_a_norm.weight", kv_lora)
+    t.mat(p + "attn_q_a.weight", q_lora, n_embd)
+    t.mat(p + "attn_q_b.weight", n_head * (nope + rope), q_lora)
+    t.mat(p + "attn_kv_a_mqa.weight", kv_lora + rope, n_embd)
+
+
 def make_tiny_deepseek2(path: str | os.PathLike[str], *, n_layer: int = 2, seed: int = 0) -> Path:
     """DeepSeek-V2 (architecture ``deepseek2``) as converted for MLA's absorbed decode: 4 query heads
     over one latent KV head (kv_lora_rank 32 plus a 16-wide RoPE part: K 48 wide, V 32), q_lora_rank
@@ -154,12 +166,7 @@ def make_tiny_deepseek2(path: str | os.PathLike[str], *, n_layer: int = 2, seed:
     t.mat("token_embd.weight", _N_VOCAB, n_embd)
     for i in range(n_layer):
         p = f"blk.{i}."
-        t.ones(p + "attn_norm.weight", n_embd)
-        t.ones(p + "attn_q_a_norm.weight", q_lora)
-        t.ones(p + "attn_kv_a_norm.weight", kv_lora)
-        t.mat(p + "attn_q_a.weight", q_lora, n_embd)
-        t.mat(p + "attn_q_b.weight", n_head * (nope + rope), q_lora)
-        t.mat(p + "attn_kv_a_mqa.weight", kv_lora + rope, n_embd)
+        _low_rank_qkv(t, p, n_embd, n_head, q_lora, kv_lora, nope, rope)
         t.mat(p + "attn_k_b.weight", n_head, kv_lora, nope)
         t.mat(p + "attn_v_b.weight", n_head, v_mla, kv_lora)
         t.mat(p + "attn_output.weight", n_embd, n_head * v_mla)
@@ -193,12 +200,7 @@ def make_tiny_minicpm3(path: str | os.PathLike[str], *, n_layer: int = 2, seed: 
     t.mat("token_embd.weight", _N_VOCAB, n_embd)
     for i in range(n_layer):
         p = f"blk.{i}."
-        t.ones(p + "attn_norm.weight", n_embd)
-        t.ones(p + "attn_q_a_norm.weight", q_lora)
-        t.ones(p + "attn_kv_a_norm.weight", kv_lora)
-        t.mat(p + "attn_q_a.weight", q_lora, n_embd)
-        t.mat(p + "attn_q_b.weight", n_head * (nope + rope), q_lora)
-        t.mat(p + "attn_kv_a_mqa.weight", kv_lora + rope, n_embd)
+        _low_rank_qkv(t, p, n_embd, n_head, q_lora, kv_lora, nope, rope)
         t.mat(p + "attn_kv_b.weight", n_head * (nope + dv), kv_lora)
         t.mat(p + "attn_output.weight", n_embd, n_head * dv)
         _gated_ffn(t, p, n_embd, n_ff)
@@ -249,50 +251,6 @@ def make_tiny_lfm2(path: str | os.PathLike[str], *, n_layer: int = 4, seed: int 
         w.add_shortconv_l_cache(l_cache)
 
     return _write_gguf(Path(path), metadata, t.items, arch="lfm2")
-
-
-def make_tiny_gpt_oss(path: str | os.PathLike[str], *, n_layer: int = 2, seed: int = 0) -> Path:
-    """gpt-oss (architecture ``gpt-oss``, llama.cpp's OPENAI_MOE): attention sinks on every layer, a
-    32-cell sliding window on alternate layers (layer 0 sliding), 4 heads of 16 over 2 KV heads, and a
-    mixture of 4 experts (2 used) with biases."""
-    n_embd, n_head, n_head_kv, hd, n_ff, n_exp = 64, 4, 2, 16, 32, 4
-    t = _Tensors(seed)
-    t.mat("token_embd.weight", _N_VOCAB, n_embd)
-    for i in range(n_layer):
-        p = f"blk.{i}."
-        t.ones(p + "attn_norm.weight", n_embd)
-        t.ones(p + "post_attention_norm.weight", n_embd)
-        t.mat(p + "attn_q.weight", n_head * hd, n_embd)
-        t.mat(p + "attn_k.weight", n_head_kv * hd, n_embd)
-        t.mat(p + "attn_v.weight", n_head_kv * hd, n_embd)
-        t.mat(p + "attn_output.weight", n_embd, n_head * hd)
-        t.zeros(p + "attn_output.bias", n_embd)
-        t.mat(p + "attn_sinks.weight", n_head)
-        t.mat(p + "ffn_gate_inp.weight", n_exp, n_embd)
-        t.zeros(p + "ffn_gate_inp.bias", n_exp)
-        t.mat(p + "ffn_gate_exps.weight", n_exp, n_ff, n_embd)
-        t.mat(p + "ffn_down_exps.weight", n_exp, n_embd, n_ff)
-        t.mat(p + "ffn_up_exps.weight", n_exp, n_ff, n_embd)
-        t.mat(p + "ffn_gate_exps.bias", n_exp, n_ff)
-        t.mat(p + "ffn_down_exps.bias", n_exp, n_embd)
-        t.mat(p + "ffn_up_exps.bias", n_exp, n_ff)
-    t.ones("output_norm.weight", n_embd)
-    t.mat("output.weight", _N_VOCAB, n_embd)
-
-    def metadata(w) -> None:
-        _common(w, "llama-sparq-tiny-gpt-oss", n_layer, n_embd, n_ff, n_head, n_head_kv)
-        w.add_key_length(hd)
-        w.add_value_length(hd)
-        w.add_rope_dimension_count(hd)
-        w.add_rope_freq_base(10000.0)
-        w.add_layer_norm_rms_eps(1e-5)
-        w.add_expert_count(n_exp)
-        w.add_expert_used_count(2)
-        w.add_expert_feed_forward_length(n_ff)
-        w.add_sliding_window(32)
-        w.add_sliding_window_pattern([i % 2 == 0 for i in range(n_layer)])
-
-    return _write_gguf(Path(path), metadata, t.items, arch="gpt-oss")
 
 
 # The tiny GGUF that proves each architecture's row of docs/coverage.md (its name as llama.cpp spells

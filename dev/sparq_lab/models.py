@@ -303,13 +303,7 @@ def make_tiny_gpt_oss(path: str | os.PathLike[str], *, n_layer: int = 2, n_embd:
     if isinstance(sink_shift, bool) or not isinstance(sink_shift, (int, float)) or not math.isfinite(sink_shift):
         raise ValueError(f"sink_shift must be a finite number, got {sink_shift!r}")
     QT = gguf.GGMLQuantizationType
-    rng = np.random.default_rng(seed)
-
-    def rnd(*shape: int, scale: float = std):
-        return (rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)).astype(np.float32), QT.F32
-
-    def ones(n: int):
-        return np.ones(n, dtype=np.float32), QT.F32
+    rnd, ones, _ = _f32_tensors(seed, std)
 
     n_q, n_kv = n_head * head_dim, n_head_kv * head_dim
     tensors = [("token_embd.weight", rnd(n_vocab, n_embd, scale=1.0))]
@@ -361,16 +355,7 @@ def make_tiny_bloom(path: str | os.PathLike[str], *, n_layer: int = 2, n_embd: i
         n_vocab=n_vocab, n_ctx_train=4096, seed=seed, weight_type="f32", std=std, rope_freq_base=10000.0,
         rms_eps=1e-5)
     QT = gguf.GGMLQuantizationType
-    rng = np.random.default_rng(seed)
-
-    def rnd(*shape: int, scale: float = std):
-        return (rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)).astype(np.float32), QT.F32
-
-    def ones(n: int):
-        return np.ones(n, dtype=np.float32), QT.F32
-
-    def zeros(n: int):
-        return np.zeros(n, dtype=np.float32), QT.F32
+    rnd, ones, zeros = _f32_tensors(seed, std)
 
     tensors = [("token_embd.weight", rnd(n_vocab, n_embd, scale=1.0)),
                ("token_embd_norm.weight", ones(n_embd)), ("token_embd_norm.bias", zeros(n_embd))]
@@ -412,13 +397,7 @@ def make_tiny_t5(path: str | os.PathLike[str], *, n_layer: int = 2, n_embd: int 
         rms_eps=1e-6)
     n_buckets = _check_int("n_buckets", n_buckets)
     QT = gguf.GGMLQuantizationType
-    rng = np.random.default_rng(seed)
-
-    def rnd(*shape: int, scale: float = std):
-        return (rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)).astype(np.float32), QT.F32
-
-    def ones(n: int):
-        return np.ones(n, dtype=np.float32), QT.F32
+    rnd, ones, _ = _f32_tensors(seed, std)
 
     tensors = [("token_embd.weight", rnd(n_vocab, n_embd, scale=1.0))]
     for part in ("enc", "dec"):
@@ -446,6 +425,27 @@ def make_tiny_t5(path: str | os.PathLike[str], *, n_layer: int = 2, n_embd: int 
         _add_tiny_tokenizer(w, n_vocab)
 
     return _write_gguf_atomic(gguf, Path(path), metadata, tensors, arch="t5")
+
+
+def _f32_tensors(seed: int, std: float):
+    """(rnd, ones, zeros): makers of f32 tensors as (array, type) pairs for a GGUF writer; rnd(*shape,
+    scale=std) draws from one generator seeded with seed, in call order."""
+    import gguf
+    import numpy as np
+
+    f32 = gguf.GGMLQuantizationType.F32
+    rng = np.random.default_rng(seed)
+
+    def rnd(*shape: int, scale: float = std):
+        return (rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)).astype(np.float32), f32
+
+    def ones(n: int):
+        return np.ones(n, dtype=np.float32), f32
+
+    def zeros(n: int):
+        return np.zeros(n, dtype=np.float32), f32
+
+    return rnd, ones, zeros
 
 
 def _tiny_llama_checks(gguf, *, n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx_train, seed,

@@ -474,7 +474,7 @@ def test_transposed_v_cache_is_refused_by_set_sparq(tiny_model):
     (dict(sparq_coverage=1.5), "SparQ: coverage = 1.5 is out of range: allowed (0, 1]"),
     (dict(sparq_coverage=0.0), "SparQ: coverage = 0 is out of range: allowed (0, 1]"),
     (dict(sparq_k_min=-1), "SparQ: k_min = -1 is out of range: allowed 1..1048576, or 0 for 128 on an f16 or f32 "
-                           "cache, 256 on a q8_0 cache"),
+                           "cache, 256 on a quantized cache"),
     (dict(sparq_k_frac=0.0), "SparQ: k_frac = 0 is out of range: allowed (0, 1]"),
     (dict(sparq_k_frac=float("nan")), "SparQ: k_frac = nan is out of range: allowed (0, 1]"),
     (dict(sparq_kt_bits=12), "SparQ: kt_bits = 12 is out of range: allowed 8 or 16"),

@@ -60,7 +60,7 @@ def test_cli_sparq_gemma(gemma_model):
     (["--sparq-k", "-1"], "SparQ: k = -1 is out of range: allowed 1..1048576, or 0 for the calibrated k"),
     (["--sparq-coverage", "0"], "SparQ: coverage = 0 is out of range: allowed (0, 1]"),
     (["--sparq-k-min", "-1"], "SparQ: k_min = -1 is out of range: allowed 1..1048576, or 0 for 128 on an f16 or "
-                              "f32 cache, 256 on a q8_0 cache"),
+                              "f32 cache, 256 on a quantized cache"),
     (["--sparq-k-frac", "1.5"], "SparQ: k_frac = 1.5 is out of range: allowed (0, 1]"),
     (["--sparq-r", "-3"], "SparQ: r = -3 is out of range: allowed 1..head size (head size = 16), or 0 for 5/16 of the head size (rounded)"),
     (["--sparq-l", "-7"], "SparQ: l = -7 is out of range: allowed 0..k_min (k_min = 128), or -1 for k_min / 4"),

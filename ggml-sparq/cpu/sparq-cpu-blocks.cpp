@@ -128,31 +128,34 @@ void sparq_row_to_f32(const sparq_isa * isa, sparq_type t, const void * row, flo
     }
 }
 
-void sparq_dot_blocks_g(const sparq_isa * isa, sparq_type t, const float * const * q, int g, const void * row, int n,
-                        float * out, size_t ostride) {
+// each chunk of a row's values as f32: body(i0, values, m) for the CHUNK-sized pieces in order
+template <typename Body>
+static void for_each_chunk(sparq_type t, const void * row, int n, Body body) {
     const sparq_dequant_fn f = sparq_dequant_of(t);
     const size_t bb = sparq_block_bytes(t);
     float buf[CHUNK];
     for (int i0 = 0; i0 < n; i0 += CHUNK) {
         const int m = std::min(CHUNK, n - i0);
         dequant_chunk(f, bb, (const uint8_t *) row, i0, m, buf);
+        body(i0, buf, m);
+    }
+}
+
+void sparq_dot_blocks_g(const sparq_isa * isa, sparq_type t, const float * const * q, int g, const void * row, int n,
+                        float * out, size_t ostride) {
+    for_each_chunk(t, row, n, [&](int i0, const float * buf, int m) {
         for (int h = 0; h < g; ++h) {
             const float s = isa->dot_f32(q[h] + i0, buf, m);
             out[h * ostride] = i0 == 0 ? s : out[h * ostride] + s;
         }
-    }
+    });
 }
 
 void sparq_axpy_blocks_g(const sparq_isa * isa, sparq_type t, float * y, size_t ystride, int g, const void * row,
                          const float * p, size_t pstride, int n) {
-    const sparq_dequant_fn f = sparq_dequant_of(t);
-    const size_t bb = sparq_block_bytes(t);
-    float buf[CHUNK];
-    for (int i0 = 0; i0 < n; i0 += CHUNK) {
-        const int m = std::min(CHUNK, n - i0);
-        dequant_chunk(f, bb, (const uint8_t *) row, i0, m, buf);
+    for_each_chunk(t, row, n, [&](int i0, const float * buf, int m) {
         for (int h = 0; h < g; ++h) {
             isa->axpy_f32(y + h * ystride + i0, buf, p[h * pstride], m);
         }
-    }
+    });
 }

@@ -29,7 +29,7 @@ from benchlib import (RESULTS, command_line, cpu_model, dispatch, fit_line, git_
 from llama_sparq import tool_path  # noqa: E402
 from llama_sparq.models import default_model_path, NAMED_MODELS, resolve_model, smollm2_model_path  # noqa: E402
 from sparq_lab import cost  # noqa: E402
-from sparq_lab.models import GQA_SHAPE, gqa_shape_path, paper_shape_path  # noqa: E402
+from sparq_lab.models import GPT_OSS_SHAPE, GQA_SHAPE, gpt_oss_shape_path, gqa_shape_path, paper_shape_path  # noqa: E402
 
 
 # ============================================================================================= run
@@ -240,6 +240,7 @@ def measure(bench, S, fill, dense_fa0):
 def k_rows(args) -> int:
     """Rows of K and V a SparQ step reads: k, or g (k - l) + l with per-head choice (the cost model)."""
     g = 4 if args.model == "gemma3" else 3 if args.model == "smollm2" else 1 if args.model == "paper" else \
+        GPT_OSS_SHAPE["n_head"] // GPT_OSS_SHAPE["n_head_kv"] if args.model == "gpt-oss" else \
         int(os.environ.get("N_HEAD", "8")) // int(os.environ.get("N_HEAD_KV", "8"))
     return args.k if args.gqa == "shared" or g == 1 else g * (args.k - args.l) + args.l
 
@@ -254,6 +255,14 @@ def model_shape(args):
             "count; the exception is the output projection (32000 x 4096 Q8_0, 139 MB), read once per token "
             "whatever the layer count: it is 25 % of the fixed bytes with 2 layers and 2 % with 32, so z(S) and "
             "the speedup here slightly understate the 32-layer model's")
+    if args.model == "gpt-oss":
+        n_full = args.n_layer // 2
+        return GPT_OSS_SHAPE["head_dim"], GPT_OSS_SHAPE["n_head_kv"], n_full, (
+            f"synthetic: gpt-oss-20b's attention (width 2880, 64 query heads on 8 KV heads of 64, sinks), "
+            f"{args.n_layer} layers alternating a 128-cell sliding window (dense by design) and full attention "
+            f"({n_full} SparQ layers), f32 attention weights standing in for a real layer's bytes per token, "
+            "4 experts of 64 instead of 32 of 2880, no 201K-token output projection "
+            "(sparq_lab.models.make_gpt_oss_shape)")
     if args.model == "gemma3":
         return 256, 1, 3, ("Gemma 3 270M (Q4_K_M, real weights): 18 layers, of which 3 are global (every sixth) and "
                            "use SparQ; the 15 sliding-window layers (window 512) stay dense by design")
@@ -283,7 +292,10 @@ def analyse(args, rows, d, n_head_kv, n_lay):
         r["dense_s"] = med[best]
         r["speedup"] = med[best] / med["sparq"]
         r["speedup_vs_fa1"] = med["dense_fa1"] / med["sparq"]
-        comp = float(cost.compression(max(S, 1), d, args.r, k_rows(args)))
+        cnt = r["samples"].get("_counters", [])
+        # the op's own count of the bytes it read (its K^T width included) where SparQ ran; else the cost model's
+        comp = float(np.mean([x["sparq_compr"] for x in cnt])) if cnt and all(x["sparq_calls"] > 0 for x in cnt) \
+            else float(cost.compression(max(S, 1), d, args.r, k_rows(args)))
         r["compression"] = comp
         r["attention_bound"] = 1.0 / comp
         a, b = fits[best]
@@ -298,7 +310,6 @@ def analyse(args, rows, d, n_head_kv, n_lay):
         for c, nbytes in (("dense_fa0", dense_bytes), ("dense_fa1", dense_bytes), ("sparq", sparq_bytes)):
             t_att = med.get(c, float("nan")) - y0.get(c, float("nan"))
             r[f"{c}_attn_GBps"] = nbytes / t_att / 1e9 if S > 0 and t_att > 0 else float("nan")
-        cnt = r["samples"].get("_counters", [])
         r["sparq_calls"] = sum(x["sparq_calls"] for x in cnt)
         r["sparq_dense_calls"] = sum(x["sparq_dense"] for x in cnt)
         r["sparq_compr_counter"] = float(np.mean([x["sparq_compr"] for x in cnt])) if cnt else float("nan")
@@ -462,11 +473,12 @@ def fill_check(args, bench, model_desc, load0, S):
 
 def e2e_main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=E2E_DOC.split("\n\n")[0])
-    ap.add_argument("--model", default="paper", help="'paper' (synthetic Llama 2 7B shapes), 'gemma3', 'smollm2', or a GGUF path")
-    ap.add_argument("--n-layer", type=int, default=2, help="layers of the synthetic model (default 2)")
+    ap.add_argument("--model", default="paper", help="'paper' (synthetic Llama 2 7B shapes), 'gpt-oss' (synthetic "
+                    "gpt-oss-20b attention, --n-layer 4 by default), 'gemma3', 'smollm2', or a GGUF path")
+    ap.add_argument("--n-layer", type=int, default=None, help="layers of the synthetic model (default 2; gpt-oss 4)")
     ap.add_argument("--depths", default="0,512,1024,2048,4096,8192,16384,32768,65536,131072,262144")
     ap.add_argument("--fill", choices=("synthetic", "prefill"), default=None,
-                    help="how the context is made (default: synthetic for --model paper, prefill otherwise)")
+                    help="how the context is made (default: synthetic for the synthetic models, paper and gpt-oss; prefill otherwise)")
     ap.add_argument("--fill-check", type=int, default=0, metavar="S",
                     help="only compare a synthetic fill with a real prefill at this S")
     ap.add_argument("--no-fa0", dest="dense_fa0", action="store_false", help="skip the -fa 0 dense path")
@@ -486,13 +498,17 @@ def e2e_main(argv=None) -> int:
     ap.add_argument("--tag", default="e2e_paper_shape")
     ap.add_argument("--out-dir", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
+    if args.n_layer is None:
+        args.n_layer = 4 if args.model == "gpt-oss" else 2
     if args.fill is None:
-        args.fill = "synthetic" if args.model == "paper" else "prefill"
+        args.fill = "synthetic" if args.model in ("paper", "gpt-oss") else "prefill"
 
     tqdm = progress()
 
     if args.model == "paper":
         model = paper_shape_path(args.n_layer)
+    elif args.model == "gpt-oss":
+        model = gpt_oss_shape_path(args.n_layer)
     elif args.model in NAMED_MODELS:
         model = resolve_model(args.model)
     else:

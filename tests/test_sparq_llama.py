@@ -589,6 +589,37 @@ def test_bench_fill_is_a_valid_cache(tiny_gqa_model):
         _sparq.bench_fill(sp._ctx.ctx, 100000)
 
 
+def test_bench_fill_covers_a_sliding_window_cache(tmp_path):
+    """A model with sliding-window layers beside full-attention ones (gpt-oss: sinks, a 32-cell window
+    on alternate layers): the fill gives the window cache the last positions it holds, and SparQ in
+    exact mode on the full-attention layer decodes what dense decodes on the same fill (a fill is
+    random values in the cache's own layout, so -fa 0's transposed V holds other values: -fa 1 only)."""
+    from llama_sparq import _sparq
+    from sparq_lab.models import make_tiny_gpt_oss
+
+    lc = sparq_ctx.llama_cpp()
+    model = make_tiny_gpt_oss(tmp_path / "tiny-gpt-oss.gguf", n_layer=2, seed=4)
+    n_fill = 300
+    out = []
+    for kw in ({}, dict(sparq=True, sparq_r=16, sparq_k=512, sparq_l=0, sparq_min_kv=0)):
+        llm = make_llm(model, n_ctx=512, n_batch=32, swa_full=False, **kw)
+        llm.reset()
+        llm._ctx.kv_cache_clear()
+        _sparq.bench_fill(llm._ctx.ctx, n_fill, seed=7)
+        llm.n_tokens = n_fill
+        mem = lc.llama_get_memory(llm._ctx.ctx)
+        # the window cache's positions (what the iSWA memory reports): its last cells, up to the last one
+        lo, hi = lc.llama_memory_seq_pos_min(mem, 0), lc.llama_memory_seq_pos_max(mem, 0)
+        assert hi == n_fill - 1 and 0 < lo < n_fill - 32, (lo, hi)
+        out.append(np.array([step(llm, t) for t in (5, 6, 7, 8)]))
+        if kw:
+            st = llm.sparq_stats()
+            assert st["n_sparq"] == 4, st  # the one full-attention layer, every step
+    # exact mode reads what dense reads; f16 K products in upstream's flash attention make the gap
+    err = np.abs(out[1] - out[0]).max()
+    assert err <= 2e-3 * np.abs(out[0]).max() + 1e-3, err
+
+
 @pytest.mark.parametrize("cache", ["f16", "f32"])
 def test_decode_appends_equal_a_recomputation(tiny_gqa_model, cache):
     """The sums a decode step appends on an f16 or f32 cache (one node each for the V sums and the

@@ -282,7 +282,7 @@ def make_tiny_granite_swa(path: str | os.PathLike[str], *, n_layer: int = 2, n_e
 def make_tiny_gpt_oss(path: str | os.PathLike[str], *, n_layer: int = 2, n_embd: int = 64, n_head: int = 8,
                       n_head_kv: int = 2, head_dim: int = 16, n_expert: int = 4, n_expert_used: int = 4,
                       n_ff_exp: int = 32, n_swa: int = 32, n_vocab: int = 260, seed: int = 0, std: float = 0.2,
-                      sink_shift: float = 0.0) -> Path:
+                      sink_shift: float = 0.0, n_ctx_train: int = 4096, name: str = "llama-sparq-tiny-gpt-oss") -> Path:
     """Write a tiny random gpt-oss GGUF (architecture ``gpt-oss``, llama.cpp's ``openai-moe``): GQA
     attention with sinks (a logit per query head), sliding-window (``n_swa``) and full-attention layers
     alternating (layer 0 sliding), biases on q, k, v and the output, and a mixture of ``n_expert`` SwiGLU
@@ -294,7 +294,7 @@ def make_tiny_gpt_oss(path: str | os.PathLike[str], *, n_layer: int = 2, n_embd:
 
     n_layer, n_embd, n_head, n_head_kv, head_dim, _, n_vocab, n_ctx_train, seed = _tiny_llama_checks(
         gguf, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, n_ff=n_ff_exp,
-        n_vocab=n_vocab, n_ctx_train=4096, seed=seed, weight_type="f32", std=std, rope_freq_base=10000.0,
+        n_vocab=n_vocab, n_ctx_train=n_ctx_train, seed=seed, weight_type="f32", std=std, rope_freq_base=10000.0,
         rms_eps=1e-5)
     n_expert, n_expert_used, n_ff_exp, n_swa = (_check_int(k, v) for k, v in (
         ("n_expert", n_expert), ("n_expert_used", n_expert_used), ("n_ff_exp", n_ff_exp), ("n_swa", n_swa)))
@@ -325,7 +325,7 @@ def make_tiny_gpt_oss(path: str | os.PathLike[str], *, n_layer: int = 2, n_embd:
     tensors += [("output_norm.weight", ones(n_embd)), ("output.weight", rnd(n_vocab, n_embd))]
 
     def metadata(w) -> None:
-        w.add_name("llama-sparq-tiny-gpt-oss")
+        w.add_name(name)
         w.add_file_type(int(gguf.LlamaFileType.ALL_F32))
         _add_tiny_shape(w, n_ctx_train, n_embd, n_layer, n_ff_exp, n_head, n_head_kv)
         w.add_key_length(head_dim)
@@ -594,6 +594,27 @@ def make_gqa_shape(path: str | os.PathLike[str], *, n_layer: int = 1, n_ctx_trai
                            name="llama-sparq synthetic (Llama 3 8B per-layer shapes)", **GQA_SHAPE)
 
 
+# gpt-oss-20b's attention: width 2880, 64 query heads and 8 KV heads of 64, attention sinks, a
+# 128-cell sliding window on alternate layers
+GPT_OSS_SHAPE = dict(n_embd=2880, n_head=64, n_head_kv=8, head_dim=64, n_swa=128)
+
+
+def make_gpt_oss_shape(path: str | os.PathLike[str], *, n_layer: int = 4, n_ctx_train: int = 131072,
+                       seed: int = 0) -> Path:
+    """A synthetic model with gpt-oss-20b's attention (:data:`GPT_OSS_SHAPE`: 64 query heads on 8 KV
+    heads of 64, sinks, sliding-window and full-attention layers alternating), ``n_layer`` layers
+    (half of them full attention), f32 attention weights, random values.
+
+    The mixture of experts is cut to 4 experts of 64 (the real model's 32 experts of 2880 in MXFP4 do not
+    change what attention costs): a layer's f32 attention weights (106 MB) stand in for the bytes a
+    real layer reads per token (bf16 attention 53 MB and 4 active MXFP4 experts 53 MB). The 201K-token
+    vocabulary's output projection is left out. For timing only, as :func:`make_paper_shape`.
+    """
+    return make_tiny_gpt_oss(path, n_layer=n_layer, n_ctx_train=n_ctx_train, seed=seed, n_expert=4,
+                             n_expert_used=4, n_ff_exp=64, n_vocab=260, std=0.02,
+                             name="llama-sparq synthetic (gpt-oss-20b attention shapes)", **GPT_OSS_SHAPE)
+
+
 def _cached_synthetic(stem: str, n_layer: int, make) -> Path:
     """``model_dir()/<stem>-<n_layer>l.gguf``, written by ``make(path, n_layer=...)`` on first use."""
     n_layer = _check_int("n_layer", n_layer)
@@ -609,6 +630,12 @@ def paper_shape_path(n_layer: int = 2) -> Path:
     """The cached paper-shape model with ``n_layer`` layers (``model_dir()/paper-shape-<n>l.gguf``),
     written by :func:`make_paper_shape` (seed 0, deterministic) on first use."""
     return _cached_synthetic("paper-shape", n_layer, make_paper_shape)
+
+
+def gpt_oss_shape_path(n_layer: int = 4) -> Path:
+    """The cached gpt-oss-shape model with ``n_layer`` layers (``model_dir()/gpt-oss-shape-<n>l.gguf``),
+    written by :func:`make_gpt_oss_shape` (seed 0, deterministic) on first use."""
+    return _cached_synthetic("gpt-oss-shape", n_layer, make_gpt_oss_shape)
 
 
 def gqa_shape_path(n_layer: int = 1) -> Path:

@@ -203,8 +203,9 @@ LLAMA_API int32_t llama_sparq_debug_graph_rebuild(struct llama_context * ctx, bo
 // positions 0..n_tokens-1 holding pseudo-random K and V (zero mean, unit variance, fixed by
 // seed) instead of running a prompt, so that decode can be timed after a long context
 // without its prefill. The text it stands for is meaningless: use it for timing, never
-// for output. Needs one plain KV cache with one stream and f16/f32 K and V (not
-// sliding-window or hybrid models). Returns 0, or -1 with err saying why.
+// for output. Needs one KV cache with one stream (a sliding-window model's window cache gets
+// the last positions it holds) and a cache type SparQ reads; not hybrid or recurrent models.
+// Returns 0, or -1 with err saying why.
 LLAMA_API int32_t llama_sparq_bench_fill(struct llama_context * ctx, int32_t n_tokens, uint32_t seed, char * err,
                                          size_t err_size);
 

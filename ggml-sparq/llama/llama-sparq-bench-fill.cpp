@@ -8,6 +8,8 @@
 
 #include "ggml-sparq.h"
 
+#include "llama-kv-cache-iswa.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <thread>
@@ -55,31 +57,21 @@ static void sparq_fill_chunk(ggml_tensor * t, uint64_t seed, size_t c) {
     }
 }
 
-int32_t llama_sparq_bench_fill(struct llama_context * ctx, int32_t n_tokens, uint32_t seed, char * err,
-                               size_t err_size) {
-    if (err && err_size) {
-        err[0] = '\0';
-    }
-    if (!ctx) {
-        sparq_err(err, err_size, "synthetic fill: ctx must not be NULL");
-        return -1;
-    }
-    llama_memory_t mem = llama_get_memory(ctx);
-    auto * kv = dynamic_cast<llama_kv_cache *>(mem);
-    if (!kv) {
-        sparq_err(err, err_size, "synthetic fill: the model's memory is not one plain KV cache (sliding-window, "
-                  "hybrid and recurrent models need a real prefill)");
-        return -1;
-    }
+// one plain cache (every layer's K and V, seeds offset by seed_base) filled for sequence 0 with
+// n_tokens positions: cells 0..n-1 hold the last n of them (n = n_tokens, or the cache size for a
+// sliding-window cache, whose older positions would be masked anyway)
+static int32_t sparq_fill_cache(llama_kv_cache * kv, int32_t n_tokens, bool window, uint64_t seed_base, char * err,
+                                size_t err_size) {
     const uint32_t size = upstream::kv_size(kv);
     if (upstream::n_stream(kv) != 1) {
         sparq_err(err, err_size, "synthetic fill: the KV cache has %u streams; only one is supported", upstream::n_stream(kv));
         return -1;
     }
-    if (n_tokens < 1 || (uint32_t) n_tokens > size) {
+    if (!window && (uint32_t) n_tokens > size) {
         sparq_err(err, err_size, "synthetic fill: n_tokens is %d; allowed 1..%u (the KV cache size)", n_tokens, size);
         return -1;
     }
+    const uint32_t n = window ? std::min((uint32_t) n_tokens, size) : (uint32_t) n_tokens;
     llama_kv_cells & cells = upstream::cells_mut(kv, 0);
     if (cells.get_used() != 0) {
         sparq_err(err, err_size, "synthetic fill: the KV cache holds %u cells; clear it first", cells.get_used());
@@ -94,7 +86,6 @@ int32_t llama_sparq_bench_fill(struct llama_context * ctx, int32_t n_tokens, uin
             }
         }
     }
-    sparq_llama_sync(ctx);
     // every (layer, K or V, chunk) a job, on all hardware threads (a 128K-cell fill of a 7B-shaped
     // model is 8.6 G values per 8 layers)
     struct job { ggml_tensor * t; uint64_t seed; size_t c; };
@@ -104,21 +95,56 @@ int32_t llama_sparq_bench_fill(struct llama_context * ctx, int32_t n_tokens, uin
             ggml_tensor * t = j == 0 ? upstream::layer_k(kv, ikv) : upstream::layer_v(kv, ikv);
             const size_t n_chunks = ((size_t) ggml_nelements(t) + SPARQ_FILL_CHUNK - 1) / SPARQ_FILL_CHUNK;
             for (size_t c = 0; c < n_chunks; ++c) {
-                jobs.push_back({ t, ((uint64_t) seed << 32) ^ (2 * ikv + j), c });
+                jobs.push_back({ t, seed_base ^ (2 * ikv + j), c });
             }
         }
     }
     sparq_parallel((int) std::max(1u, std::thread::hardware_concurrency()), jobs.size(),
                    [&](size_t i) { sparq_fill_chunk(jobs[i].t, jobs[i].seed, jobs[i].c); });
-    for (int32_t i = 0; i < n_tokens; ++i) {
-        cells.pos_set(i, i);
+    for (uint32_t i = 0; i < n; ++i) {
+        cells.pos_set(i, (llama_pos) (n_tokens - (int32_t) n + (int32_t) i));
         cells.seq_add(i, 0);
     }
-    upstream::set_head(kv, 0, (uint32_t) n_tokens % size);
+    upstream::set_head(kv, 0, n % size);
     // the writes done where the cache lives before the timed steps (an RPC host's are queued)
     for (size_t ikv = 0; ikv < upstream::n_layers(kv); ++ikv) {
         sparq_wait_written(upstream::layer_k(kv, ikv));
         sparq_wait_written(upstream::layer_v(kv, ikv));
     }
     return 0; // the cells' new versions (pos_set) make the next step rebuild K^T and the V sums
+}
+
+int32_t llama_sparq_bench_fill(struct llama_context * ctx, int32_t n_tokens, uint32_t seed, char * err,
+                               size_t err_size) {
+    if (err && err_size) {
+        err[0] = '\0';
+    }
+    if (!ctx) {
+        sparq_err(err, err_size, "synthetic fill: ctx must not be NULL");
+        return -1;
+    }
+    if (n_tokens < 1) {
+        sparq_err(err, err_size, "synthetic fill: n_tokens is %d; it must be at least 1", n_tokens);
+        return -1;
+    }
+    llama_memory_t mem = llama_get_memory(ctx);
+    llama_kv_cache * base = dynamic_cast<llama_kv_cache *>(mem);
+    llama_kv_cache * swa = nullptr;
+    if (auto * iswa = dynamic_cast<llama_kv_cache_iswa *>(mem)) {
+        // sliding-window layers beside full-attention ones: the window cache holds the last cells
+        base = iswa->get_base();
+        swa = iswa->get_swa();
+    }
+    if (!base) {
+        sparq_err(err, err_size, "synthetic fill: the model's memory is not a KV cache (plain or sliding-window "
+                  "beside full attention); hybrid and recurrent models need a real prefill");
+        return -1;
+    }
+    sparq_llama_sync(ctx);
+    const uint64_t seed_hi = (uint64_t) seed << 32;
+    if (sparq_fill_cache(base, n_tokens, false, seed_hi, err, err_size) != 0) {
+        return -1;
+    }
+    // the window cache's layers seeded apart from the base cache's
+    return swa ? sparq_fill_cache(swa, n_tokens, true, seed_hi ^ (1ull << 31), err, err_size) : 0;
 }

@@ -102,3 +102,17 @@ def test_graph_nodes_take_v_of_its_size_and_equal_the_reference(model_paths, nam
             # MLA: V is the latent, the first dv values of each cached K row (one shared KV head)
             assert np.array_equal(x["V"], x["K"][..., :dv])
     check_calls_against_reference(cap.calls, settings, 3 * n_full)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_kept_data_follow_cache_operations_host_and_graph_rebuild(model_paths, name):
+    """Removals, a context shift (MLA's K re-roped in place: its RoPE part), a state load and a synthetic
+    fill (which writes no V where the cache holds none), each followed by a rebuild: the kept data
+    (K^T and the V sums, MLA's of the first dv values of K's rows) equal a recomputation, by the host
+    rebuild and by the device rebuild's graph (on the CPU backend), with the same logits."""
+    from test_cuda import _rebuild_args, _rebuild_scenario
+
+    host, checks_host = _rebuild_scenario(_rebuild_args(model_paths[name]))
+    graph, checks_graph = _rebuild_scenario(_rebuild_args(model_paths[name]), graph_rebuild=True)
+    assert max(checks_host) <= 1e-3 and max(checks_graph) <= 1e-3, (checks_host, checks_graph)
+    assert np.all(np.isfinite(host)) and np.abs(graph - host).max() <= 1e-4 * np.abs(host).max()

@@ -116,3 +116,26 @@ def test_kept_data_follow_cache_operations_host_and_graph_rebuild(model_paths, n
     graph, checks_graph = _rebuild_scenario(_rebuild_args(model_paths[name]), graph_rebuild=True)
     assert max(checks_host) <= 1e-3 and max(checks_graph) <= 1e-3, (checks_host, checks_graph)
     assert np.all(np.isfinite(host)) and np.abs(graph - host).max() <= 1e-4 * np.abs(host).max()
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_compression_counts_k_and_v_rows_by_their_own_sizes(model_paths, name):
+    """The counters' compression of the decode steps equals the cost model's with V's head size
+    (cost.compression(..., dv=)), and differs from the one that would count V at K's size."""
+    from sparq_lab import cost
+
+    _, dk, dv, _, _, n_full = MODELS[name]
+    r, k, n = dk // 4, 32, 8
+    llm = make_llm(model_paths[name], sparq=True, sparq_r=r, sparq_k=k, sparq_l=8, sparq_min_kv=0)
+    prompt = rand_prompt(PROMPT, 9, llm.n_vocab())
+    llm.eval(prompt)
+    st0 = llm.sparq_stats()
+    for t in range(n):
+        llm.eval([3 + t])
+    st = llm.sparq_stats()
+    assert st["n_sparq"] - st0["n_sparq"] == n_full * n
+    S = np.arange(len(prompt) + 1, len(prompt) + n + 1)  # the cells each decode step attends over
+    got = (st["compression"] * st["n_sparq"] - st0["compression"] * st0["n_sparq"]) / (st["n_sparq"] - st0["n_sparq"])
+    want = float(np.mean(cost.compression(S, dk, r, k, kt_bits=8, dv=dv)))
+    same_size = float(np.mean(cost.compression(S, dk, r, k, kt_bits=8)))
+    assert abs(got - want) < 2e-3 and abs(got - same_size) > 5e-3, (got, want, same_size)

@@ -29,6 +29,7 @@ from benchlib import (RESULTS, command_line, cpu_model, dispatch, fit_line, git_
 from llama_sparq import tool_path  # noqa: E402
 from llama_sparq.models import default_model_path, NAMED_MODELS, resolve_model, smollm2_model_path  # noqa: E402
 from sparq_lab import cost  # noqa: E402
+from sparq_lab.arch_models import MLA_SHAPE, mla_shape_path  # noqa: E402
 from sparq_lab.models import GPT_OSS_SHAPE, GQA_SHAPE, gpt_oss_shape_path, gqa_shape_path, paper_shape_path  # noqa: E402
 
 
@@ -170,6 +171,7 @@ both fills at one S to show it does not for SparQ either.
 
     python bench/sweep.py e2e --model paper --n-layer 2                  # synthetic Llama 2 7B shapes
     python bench/sweep.py e2e --model paper --fill-check 16384           # synthetic fill vs prefill
+    python bench/sweep.py e2e --model mla --n-layer 4 --r 144            # synthetic DeepSeek-V2-Lite MLA shapes
     python bench/sweep.py e2e --model gemma3 --fill prefill --tag e2e_gemma3
 
 Writes bench/results/<tag>.{csv,json,md,png} (or <tag>.{json,md} for --fill-check) with
@@ -241,6 +243,7 @@ def k_rows(args) -> int:
     """Rows of K and V a SparQ step reads: k, or g (k - l) + l with per-head choice (the cost model)."""
     g = 4 if args.model == "gemma3" else 3 if args.model == "smollm2" else 1 if args.model == "paper" else \
         GPT_OSS_SHAPE["n_head"] // GPT_OSS_SHAPE["n_head_kv"] if args.model == "gpt-oss" else \
+        MLA_SHAPE["n_head"] if args.model == "mla" else \
         int(os.environ.get("N_HEAD", "8")) // int(os.environ.get("N_HEAD_KV", "8"))
     return args.k if args.gqa == "shared" or g == 1 else g * (args.k - args.l) + args.l
 
@@ -263,6 +266,13 @@ def model_shape(args):
             f"({n_full} SparQ layers), f32 attention weights standing in for a real layer's bytes per token, "
             "4 experts of 64 instead of 32 of 2880, no 201K-token output projection "
             "(sparq_lab.models.make_gpt_oss_shape)")
+    if args.model == "mla":
+        m = MLA_SHAPE
+        return m["kv_lora"] + m["rope"], 1, args.n_layer, (
+            f"synthetic: DeepSeek-V2-Lite's MLA attention (16 query heads over one latent KV head: K 576 = "
+            f"kv_lora_rank 512 + RoPE 64, V the first 512 of each K row, then v_mla to heads of 128; width 2048), "
+            f"q_lora_rank 1536, one dense FFN of {m['n_ff']} (Lite's active experts), vocabulary 32000, Q8_0 weights, "
+            f"random values, {args.n_layer} layers (sparq_lab.arch_models.make_mla_shape)")
     if args.model == "gemma3":
         return 256, 1, 3, ("Gemma 3 270M (Q4_K_M, real weights): 18 layers, of which 3 are global (every sixth) and "
                            "use SparQ; the 15 sliding-window layers (window 512) stay dense by design")
@@ -271,6 +281,20 @@ def model_shape(args):
                            "heads of 64; 8K context")
     return int(os.environ.get("HEAD_DIM", "128")), int(os.environ.get("N_HEAD_KV", "8")), \
         int(os.environ.get("N_LAYER_SPARQ", "1")), "user model (HEAD_DIM, N_HEAD_KV, N_LAYER_SPARQ from the environment)"
+
+
+def model_dv(args, d: int) -> int:
+    """V's head size: MLA's latent (the first kv_lora_rank values of each K row), else K's."""
+    return MLA_SHAPE["kv_lora"] if args.model == "mla" else d
+
+
+def attn_bytes(args, S, d, n_head_kv, sparq: bool) -> float:
+    """Bytes one layer's attention moves per decode step with f16 K, V and K^T (the cost model)."""
+    dv = model_dv(args, d)
+    if dv == d:
+        return float(cost.bytes_moved(max(S, 1), d, args.r, k_rows(args), 2, n_head_kv, sparq=sparq))
+    f = cost.b_sparq(max(S, 1), d, args.r, k_rows(args), dv=dv) if sparq else cost.b_dense(max(S, 1), d, dv=dv)
+    return n_head_kv * float(f)
 
 
 def analyse(args, rows, d, n_head_kv, n_lay):
@@ -295,7 +319,7 @@ def analyse(args, rows, d, n_head_kv, n_lay):
         cnt = r["samples"].get("_counters", [])
         # the op's own count of the bytes it read (its K^T width included) where SparQ ran; else the cost model's
         comp = float(np.mean([x["sparq_compr"] for x in cnt])) if cnt and all(x["sparq_calls"] > 0 for x in cnt) \
-            else float(cost.compression(max(S, 1), d, args.r, k_rows(args)))
+            else float(cost.compression(max(S, 1), d, args.r, k_rows(args), dv=model_dv(args, d)))
         r["compression"] = comp
         r["attention_bound"] = 1.0 / comp
         a, b = fits[best]
@@ -304,8 +328,8 @@ def analyse(args, rows, d, n_head_kv, n_lay):
         r["z"] = min(1.0, max(0.0, (med[best] - y0[best]) / med[best]))
         r["amdahl_bound"] = float(cost.amdahl_bound(r["z"], comp))
         r["fraction_of_amdahl"] = r["speedup"] / r["amdahl_bound"]
-        dense_bytes = n_lay * float(cost.bytes_moved(max(S, 1), d, args.r, k_rows(args), 2, n_head_kv, sparq=False))
-        sparq_bytes = n_lay * float(cost.bytes_moved(max(S, 1), d, args.r, k_rows(args), 2, n_head_kv, sparq=True))
+        dense_bytes = n_lay * attn_bytes(args, S, d, n_head_kv, sparq=False)
+        sparq_bytes = n_lay * attn_bytes(args, S, d, n_head_kv, sparq=True)
         r["dense_attn_bytes"], r["sparq_attn_bytes"] = dense_bytes, sparq_bytes
         for c, nbytes in (("dense_fa0", dense_bytes), ("dense_fa1", dense_bytes), ("sparq", sparq_bytes)):
             t_att = med.get(c, float("nan")) - y0.get(c, float("nan"))
@@ -474,11 +498,13 @@ def fill_check(args, bench, model_desc, load0, S):
 def e2e_main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=E2E_DOC.split("\n\n")[0])
     ap.add_argument("--model", default="paper", help="'paper' (synthetic Llama 2 7B shapes), 'gpt-oss' (synthetic "
-                    "gpt-oss-20b attention, --n-layer 4 by default), 'gemma3', 'smollm2', or a GGUF path")
+                    "gpt-oss-20b attention, --n-layer 4 by default), 'mla' (synthetic DeepSeek-V2-Lite MLA shapes), "
+                    "'gemma3', 'smollm2', or a GGUF path")
     ap.add_argument("--n-layer", type=int, default=None, help="layers of the synthetic model (default 2; gpt-oss 4)")
     ap.add_argument("--depths", default="0,512,1024,2048,4096,8192,16384,32768,65536,131072,262144")
     ap.add_argument("--fill", choices=("synthetic", "prefill"), default=None,
-                    help="how the context is made (default: synthetic for the synthetic models, paper and gpt-oss; prefill otherwise)")
+                    help="how the context is made (default: synthetic for the synthetic models, paper, gpt-oss and "
+                         "mla; prefill otherwise)")
     ap.add_argument("--fill-check", type=int, default=0, metavar="S",
                     help="only compare a synthetic fill with a real prefill at this S")
     ap.add_argument("--no-fa0", dest="dense_fa0", action="store_false", help="skip the -fa 0 dense path")
@@ -501,7 +527,7 @@ def e2e_main(argv=None) -> int:
     if args.n_layer is None:
         args.n_layer = 4 if args.model == "gpt-oss" else 2
     if args.fill is None:
-        args.fill = "synthetic" if args.model in ("paper", "gpt-oss") else "prefill"
+        args.fill = "synthetic" if args.model in ("paper", "gpt-oss", "mla") else "prefill"
 
     tqdm = progress()
 
@@ -509,6 +535,8 @@ def e2e_main(argv=None) -> int:
         model = paper_shape_path(args.n_layer)
     elif args.model == "gpt-oss":
         model = gpt_oss_shape_path(args.n_layer)
+    elif args.model == "mla":
+        model = mla_shape_path(args.n_layer)
     elif args.model in NAMED_MODELS:
         model = resolve_model(args.model)
     else:

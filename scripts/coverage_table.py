@@ -316,6 +316,7 @@ class Arch:
     memory_classes: set[str] = field(default_factory=set)
     features: set[str] = field(default_factory=set)   # model-level: soft_cap, alibi, mla, swa, dk_ne_dv
     calls: list[Call] = field(default_factory=list)
+    direct_mha: bool = False         # the graph calls build_attn_mha itself (past build_attn and its hook)
     outcome: str = ""                # "sparq" or "dense"
     cause: str = ""
     note: str = ""                   # where the cause holds for some GGUFs only
@@ -642,6 +643,10 @@ def decide(a: Arch, rules: list[Rule], found: set[str], hooked: set[str]) -> Non
             a.cause, a.note = r.phrase, GGUF_NOTES[r.feature]
             return
     cache_calls = [c for c in a.calls if c.inputs - set(CACHE_INPUTS_EXCLUDED)]
+    if not cache_calls and a.direct_mha:
+        # a memory SparQ finds, attended by the graph's own build_attn_mha call (glm5-next's indexed MLA)
+        a.cause = "attention built past build_attn (build_attn_mha called directly: no SparQ hook)"
+        return
     if not cache_calls:
         a.outcome = ""  # its graph attends over no KV cache: not a row
         return
@@ -687,6 +692,7 @@ def analyse(root: Path = ROOT, up: Path | None = None) -> dict:
             raise SourceError(f"{a.enum}: no source file under src/models/ defines {a.cls}'s members")
         a.features = model_features(texts)
         a.calls = graph_calls("\n".join(texts), builders, getters, positions)
+        a.direct_mha = any(re.search(r"\bbuild_attn_mha\s*\(", t) for t in texts)
         archs[enum] = a
     memories(up, archs)
     proofs = proof_registry(root)

@@ -53,11 +53,14 @@ class Case:
     softcap: float = 0.0      # > 0: logit soft-capping
     max_bias: float = 0.0     # > 0: ALiBi (with mask "alibi": each valid cell's mask is minus its distance)
     sinks: bool = False       # a sink logit per query head
+    v_view: bool = False      # V is the first dv components of K's rows, read through K's rows (MLA's cache)
     seed: int = 0
 
     def __post_init__(self):
         if self.dv is None:
             self.dv = self.d
+        if self.v_view and self.dv > self.d:
+            raise ValueError(f"v_view needs dv <= d, got dv={self.dv}, d={self.d}")
 
     @property
     def id(self):
@@ -69,7 +72,8 @@ class Case:
                 + (f"-cov{self.coverage:g}-kmin{self.k_min}" if self.coverage else "")
                 + ("-kt8" if self.kt_bits == 8 else "") + (f"-tkb{self.topk_buckets}" if self.topk_buckets else "")
                 + (f"-cap{self.softcap:g}" if self.softcap else "") + (f"-alibi{self.max_bias:g}" if self.max_bias else "")
-                + ("-sinks" if self.sinks else ""))
+                + ("-sinks" if self.sinks else "") + (f"-dv{self.dv}" if self.dv != self.d else "")
+                + ("-vview" if self.v_view else ""))
 
     @property
     def baseline(self):
@@ -99,6 +103,8 @@ def generate(c: Case):
     q = (rng.standard_normal((c.n_stream, c.n_rows, c.n_head, c.d)) * comp_scale).astype(np.float32)
     K = (rng.standard_normal((c.n_stream, c.S, c.n_head_kv, c.d)) * np.sqrt(comp_scale)).astype(kv_dt)
     V = rng.standard_normal((c.n_stream, c.S, c.n_head_kv, c.dv)).astype(kv_dt)
+    if c.v_view:
+        V = K[..., :c.dv].copy()
     blocks = {}
     if c.kv_type in ref.KV_QUANT_TYPES:
         # the cache's blocks (write() stores them) and their values (float32, as ggml dequantizes them)
@@ -250,6 +256,8 @@ def write(path: Path, c: Case, a: dict) -> None:
             f.write(b"VAR1" + struct.pack("<ffi", c.softcap, c.max_bias, int(c.sinks)))
             if c.sinks:
                 f.write(np.ascontiguousarray(a["sinks"], dtype=np.float32).tobytes())
+        if c.v_view:
+            f.write(b"VVK1")
 
 
 def run(prog, mode: str, c: Case, a: dict, tmp: Path, *, isa=None, threads=1, prefix=(), env=None):
@@ -608,4 +616,20 @@ def grid(quick: bool = False) -> list[Case]:
         softcap=2.0, sinks=True)
     add(d=64, S=1200, r=8, k=64, l=16, n_rows=2, n_head=8, n_head_kv=2, mask="alibi", selector="h2o", max_bias=8.0,
         sinks=True, softcap=3.0)
+    # K and V head sizes that differ, in the quick grid too: DeepSeek's and MiniCPM3's unabsorbed heads
+    # (K = a no-position part and a RoPE part), a V wider than K; MLA's absorbed decode (one latent KV
+    # head of 576 for every query head, V the first 512 of each K row, read through K's rows) with a
+    # fixed k, several rows, the calibrated k, per head, q8_0 and a 4-bit cache, e5m2
+    add(d=192, dv=128, S=1500, r=24, k=64, l=16, n_head=8, n_head_kv=8, mask="holes")
+    add(d=96, dv=64, S=1200, r=16, k=300, l=16, n_head=4, n_head_kv=4, mask="pad", coverage=0.9, k_min=32)
+    add(d=64, dv=128, S=1000, r=8, k=64, l=16, n_head=8, n_head_kv=2, mask="holes", kv_type="f32")
+    add(d=576, dv=512, S=1500, r=72, k=128, l=32, n_head=16, n_head_kv=1, mask="holes", v_view=True)
+    add(d=576, dv=512, S=1200, r=72, k=64, l=16, n_rows=3, n_head=16, n_head_kv=1, mask="causal", v_view=True,
+        win="random")
+    add(d=576, dv=512, S=1500, r=160, k=400, l=32, n_head=16, n_head_kv=1, mask="pad", coverage=0.9, k_min=64,
+        v_view=True, kt_bits=8)
+    add(d=576, dv=512, S=1200, r=72, k=64, l=16, n_head=8, n_head_kv=1, mask="holes", per_head=True, v_view=True,
+        kv_type="q8_0")
+    add(d=576, dv=512, S=1000, r=72, k=64, l=16, n_head=4, n_head_kv=1, mask="pad", v_view=True, kv_type="q4_0")
+    add(d=576, dv=512, S=100, r=72, k=128, l=32, n_head=16, n_head_kv=1, mask="pad", v_view=True)
     return cases

@@ -222,16 +222,23 @@ def test_each_proof_decodes_as_its_row_says(arch, result, tmp_path):
 
 
 def test_the_proof_check_fails_on_a_wrong_row(tmp_path):
-    """check_proof is not a rubber stamp: a SparQ model checked as dense, and a refused one checked as
-    SparQ or with another cause, fail."""
+    """check_proof is not a rubber stamp: a SparQ model checked as dense (a plain one, MLA), and a
+    refused one (a soft-cap SparQ refuses) checked as SparQ or with another cause, fail."""
+    from sparq_lab.models import make_tiny_gemma2
+
     proofs = _proofs()
     llama = proofs["llama"](tmp_path / "llama.gguf")
     with pytest.raises(AssertionError):
         check_proof(llama, "llama", "dense", "attention sinks")
     mla = proofs["deepseek2"](tmp_path / "deepseek2.gguf")
     with pytest.raises(AssertionError):
-        check_proof(mla, "deepseek2", "sparq", "")
-    with pytest.raises(AssertionError):
         check_proof(mla, "deepseek2", "dense", "attention sinks")
+    bad_cap = make_tiny_gemma2(tmp_path / "gemma2-bad-cap.gguf", softcap=-1.0)
+    cause = "attention logit soft-capping by a value that is not finite and > 0"
+    check_proof(bad_cap, "gemma2", "dense", cause)
+    with pytest.raises(AssertionError):
+        check_proof(bad_cap, "gemma2", "sparq", "")
+    with pytest.raises(AssertionError):
+        check_proof(bad_cap, "gemma2", "dense", "attention sinks")
     with pytest.raises(AssertionError):
         check_proof(llama, "deepseek2", "sparq", "")

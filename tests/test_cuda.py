@@ -523,6 +523,33 @@ def test_cuda_kernels_emulated_with_the_attention_variants(case):
     assert "sel_differ=0 " in res.stdout and "report_differ=0 " in res.stdout, res.stdout
 
 
+# K and V head sizes that differ (args, V's head size, V read through K's rows): DeepSeek's unabsorbed
+# heads (K 192, V 128), a V wider than K with GQA over two streams (f32), and MLA's absorbed decode in
+# the sizes the kernels take (one latent KV head for every query head, V the first dv values of each K
+# row: an 8-bit K^T; the calibrated k with a window list). MLA's own 576 is above the kernels' head
+# size: such a node runs on the CPU (sparq_cuda_attn_unsupported)
+EMU_CASES_DK_DV = {
+    "deepseek-heads-f16": ("192 1000 8 8 1 1 24 64 16 1 1 0 0 0", 128, False),
+    "v-wider-gqa-f32-streams": ("64 1000 8 2 1 2 16 64 16 0 1 0 0 0", 128, False),
+    "mla-v-in-k-e5m2": ("96 1000 8 1 1 1 16 64 16 2 1 0 0 0", 64, True),
+    "mla-v-in-k-calibrated-window": ("128 2048 16 1 1 1 32 256 16 1 1 0 0 1 0 0.5 16 0.25", 96, True),
+}
+
+
+@pytest.mark.parametrize("case", list(EMU_CASES_DK_DV))
+def test_cuda_kernels_emulated_with_k_and_v_head_sizes_that_differ(case):
+    """The kernels with V of its own head size, and V read through K's rows as MLA's cache holds it,
+    give the CPU op's output, cells and report (the CPU op against the NumPy reference for these
+    shapes: test_kernels.py)."""
+    args, dv, v_in_k = EMU_CASES_DK_DV[case]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_SPARQ_CUDA_")}
+    env["SPARQ_EMU_DV"] = str(dv)
+    env["SPARQ_EMU_V_IN_K"] = "1" if v_in_k else "0"
+    res = subprocess.run([str(tool_path(EMU)), *args.split()], capture_output=True, text=True, timeout=600, env=env)
+    assert res.returncode == 0 and res.stdout.startswith("OK"), res.stdout + res.stderr[-2000:]
+    assert "sel_differ=0 " in res.stdout and "report_differ=0 " in res.stdout, res.stdout
+
+
 # the whole op in one launch (LLAMA_SPARQ_CUDA_FUSED=1: a fixed k, S <= 16384, f16 K and V, the
 # layer's tickets): MHA in one score tile (S = 1000, not a multiple of it) and in three (the last
 # partial; the 8-bit K^T); a window list over several KV heads (each unit's own window bitmap);

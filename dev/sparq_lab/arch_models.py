@@ -12,12 +12,16 @@ same bytes; weights are random (N(0, 0.02), norms 1), f32, with the byte-fallbac
   the full-attention layers).
 * :func:`make_tiny_mpt`: MPT with ALiBi position biases.
 * :func:`make_tiny_deepseek2`: DeepSeek-V2 with multi-head latent attention (the absorbed decode:
-  one latent KV head, K ``kv_lora + rope`` wide, V ``kv_lora`` wide).
+  one latent KV head, K ``kv_lora + rope`` wide, V ``kv_lora`` wide, the first values of K's rows;
+  SparQ runs with every query head in one group, then the heads' v_mla projection).
 * :func:`make_tiny_minicpm3`: MiniCPM3, low-rank attention decompressed to heads whose K (a
-  no-position part and a shared RoPE part) is wider than V.
+  no-position part and a shared RoPE part) is wider than V (SparQ runs with V of its own size).
 * gpt-oss (attention sinks, a mixture of experts) is :mod:`sparq_lab.models`'s, re-exported.
 * :func:`make_tiny_lfm2`: LFM2, a hybrid of short-convolution and attention layers (SparQ runs on the
   attention layers of its hybrid memory).
+
+For timing, :func:`make_mla_shape` (and its cached :func:`mla_shape_path`, ``bench/sweep.py e2e --model
+mla``) writes a synthetic model with DeepSeek-V2-Lite's MLA attention shape and a few layers.
 
 Command line (with ``dev/`` on ``sys.path``)::
 
@@ -36,27 +40,34 @@ from sparq_lab.models import (_add_tiny_shape, _add_tiny_tokenizer, _write_gguf_
                               make_tiny_gpt_oss, make_tiny_granite_swa, make_tiny_llama)
 
 __all__ = ["PROOFS", "make_tiny_gemma3", "make_tiny_mpt", "make_tiny_deepseek2", "make_tiny_minicpm3",
-           "make_tiny_lfm2", "make_tiny_gpt_oss", "main"]
+           "make_tiny_lfm2", "make_tiny_gpt_oss", "make_mla_shape", "mla_shape_path", "MLA_SHAPE", "main"]
 
 _N_VOCAB = 260
 _STD = 0.02
 
 
 class _Tensors:
-    """Random tensors drawn in call order from one generator (same seed, same bytes)."""
+    """Random tensors drawn in call order from one generator (same seed, same bytes). q8_0: the 2-D
+    weights whose input dimension is whole blocks are stored in Q8_0 (timing models), the rest f32."""
 
-    def __init__(self, seed: int):
+    def __init__(self, seed: int, q8_0: bool = False):
         import gguf
         import numpy as np
 
-        self.np, self.f32 = np, gguf.GGMLQuantizationType.F32
+        self.gguf, self.np, self.f32 = gguf, np, gguf.GGMLQuantizationType.F32
+        self.q8_0 = q8_0
         self.rng = np.random.default_rng(seed)
         self.items: list = []
 
     def mat(self, name: str, *shape: int) -> None:
         """A weight of numpy shape ``shape`` (ggml's ne reversed: the input dimension last)."""
         np = self.np
-        self.items.append((name, ((self.rng.standard_normal(shape, dtype=np.float32) * np.float32(_STD)), self.f32)))
+        w = self.rng.standard_normal(shape, dtype=np.float32) * np.float32(_STD)
+        if self.q8_0 and len(shape) == 2 and shape[-1] % 32 == 0:
+            q8 = self.gguf.GGMLQuantizationType.Q8_0
+            self.items.append((name, (self.gguf.quants.quantize(w, q8), q8)))
+            return
+        self.items.append((name, (w, self.f32)))
 
     def ones(self, name: str, n: int) -> None:
         self.items.append((name, (self.np.ones(n, dtype=self.np.float32), self.f32)))
@@ -217,6 +228,73 @@ def make_tiny_minicpm3(path: str | os.PathLike[str], *, n_layer: int = 2, seed: 
         w.add_kv_lora_rank(kv_lora)
 
     return _write_gguf(Path(path), metadata, t.items, arch="minicpm3")
+
+
+# DeepSeek-V2-Lite's attention (MLA): 16 query heads, kv_lora_rank 512, a 64-wide RoPE part, a
+# 128-wide no-position part, V heads of 128; with a q_lora_rank (see make_mla_shape), one dense FFN
+# as wide as its active experts, and Llama 2's vocabulary size
+MLA_SHAPE = dict(n_embd=2048, n_head=16, kv_lora=512, rope=64, nope=128, v_head=128, q_lora=1536, n_ff=11264,
+                 n_vocab=32000)
+
+
+def make_mla_shape(path: str | os.PathLike[str], *, n_layer: int = 4, n_ctx_train: int = 1 << 17,
+                   seed: int = 0) -> Path:
+    """A synthetic ``deepseek2`` model with DeepSeek-V2-Lite's MLA attention shape (16 query heads over
+    one latent KV head: K 576 = kv_lora_rank 512 + RoPE 64, V 512, qk_nope 128, v_head 128, width
+    2048) and ``n_layer`` layers, for timing only (random Q8_0 weights, the per-head k_b and v_b f32;
+    its text is meaningless).
+
+    Where it is not Lite: Q goes through a q_lora_rank of 1536 (DeepSeek-V2's; llama.cpp reads Lite's
+    direct Q only for its own layer counts), every layer's FFN is one dense SwiGLU of 11264 (the
+    active weights of Lite's 2 shared and 6 routed experts of 1408), and the vocabulary is 32000
+    (Lite's 102400 would make the output projection several layers' weights). The share of decode
+    time in attention follows the per-layer weights and cache, so a few layers give Lite's ratios.
+    """
+    sh = MLA_SHAPE
+    n_embd, n_head, n_ff, n_vocab = sh["n_embd"], sh["n_head"], sh["n_ff"], sh["n_vocab"]
+    q_lora, kv_lora, rope, nope, v_head = sh["q_lora"], sh["kv_lora"], sh["rope"], sh["nope"], sh["v_head"]
+    t = _Tensors(seed, q8_0=True)
+    t.mat("token_embd.weight", n_vocab, n_embd)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        _low_rank_qkv(t, p, n_embd, n_head, q_lora, kv_lora, nope, rope)
+        t.mat(p + "attn_k_b.weight", n_head, kv_lora, nope)
+        t.mat(p + "attn_v_b.weight", n_head, v_head, kv_lora)
+        t.mat(p + "attn_output.weight", n_embd, n_head * v_head)
+        _gated_ffn(t, p, n_embd, n_ff)
+    t.ones("output_norm.weight", n_embd)
+    t.mat("output.weight", n_vocab, n_embd)
+
+    def metadata(w) -> None:
+        import gguf
+
+        w.add_name("llama-sparq synthetic (DeepSeek-V2-Lite MLA attention shape)")
+        w.add_file_type(int(gguf.LlamaFileType.MOSTLY_Q8_0))
+        w.add_vocab_size(n_vocab)
+        _add_tiny_shape(w, n_ctx_train, n_embd, n_layer, n_ff, n_head, 1)
+        _add_tiny_tokenizer(w, n_vocab)
+        w.add_key_length(kv_lora + rope)
+        w.add_value_length(kv_lora)
+        w.add_key_length_mla(nope + rope)
+        w.add_value_length_mla(v_head)
+        w.add_rope_dimension_count(rope)
+        w.add_rope_freq_base(10000.0)
+        w.add_layer_norm_rms_eps(1e-6)
+        w.add_q_lora_rank(q_lora)
+        w.add_kv_lora_rank(kv_lora)
+        w.add_leading_dense_block_count(n_layer)
+        w.add_expert_feed_forward_length(n_ff)
+        w.add_expert_shared_count(0)
+
+    return _write_gguf(Path(path), metadata, t.items, arch="deepseek2")
+
+
+def mla_shape_path(n_layer: int = 4) -> Path:
+    """The cached MLA-shape model with ``n_layer`` layers (``model_dir()/mla-shape-<n>l.gguf``), written
+    by :func:`make_mla_shape` (seed 0, deterministic) on first use."""
+    from sparq_lab.models import _cached_synthetic
+
+    return _cached_synthetic("mla-shape", n_layer, make_mla_shape)
 
 
 def make_tiny_lfm2(path: str | os.PathLike[str], *, n_layer: int = 4, seed: int = 0) -> Path:

@@ -15,7 +15,9 @@ each (the f16 element the model counted first):
     B_dense = (S + 1)*d*2*b_kv
     B_sparq = S*r*b_t + (k + 1)*d*2*b_kv + 4*d
 
-``compression`` is B_sparq / B_dense, which for an f16 cache is M_sparq / M_dense exactly.
+``compression`` is B_sparq / B_dense, which for an f16 cache is M_sparq / M_dense exactly. With V's
+head size ``dv`` unlike K's ``d`` (DeepSeek's heads, MLA's latent: K 576, V 512, V read again from K's
+rows), each ``2*d`` above is ``d + dv`` and vbar's ``4*d`` is ``4*dv`` (``dv=None``: d).
 
 ``S`` may be a scalar or a NumPy array (e.g. a sweep over context lengths); the other
 arguments are scalars. Scalars in give Python numbers out, arrays give arrays.
@@ -116,47 +118,55 @@ def m_sparq(S, d, r, k):
     return _out(np.asarray(_sparq(S, d, r, k)), scalar)
 
 
-def _b_dense(S, d, b_kv):
-    return (S + 1) * d * 2 * b_kv
+def _b_dense(S, d, b_kv, dv):
+    return (S + 1) * (d + dv) * b_kv
 
 
-def _b_sparq(S, d, r, k, b_kv, b_t):
-    return np.where(S <= k, _b_dense(S, d, b_kv), S * r * b_t + (k + 1) * d * 2 * b_kv + 4 * d)
+def _b_sparq(S, d, r, k, b_kv, b_t, dv):
+    return np.where(S <= k, _b_dense(S, d, b_kv, dv), S * r * b_t + (k + 1) * (d + dv) * b_kv + 4 * dv)
 
 
-def b_dense(S, d, kv_type="f16"):
-    """Bytes moved per KV head by one dense decode step with a ``kv_type`` cache: (S + 1)*d*2*b_kv."""
+def _dv_param(dv, d):
+    return d if dv is None else _int_param("dv", dv, 1)
+
+
+def b_dense(S, d, kv_type="f16", dv=None):
+    """Bytes moved per KV head by one dense decode step with a ``kv_type`` cache: (S + 1)*(d + dv)*b_kv."""
     S, scalar = _S_param(S)
     d = _int_param("d", d, 1)
+    dv = _dv_param(dv, d)
     _, b_kv, _ = _kv_type(kv_type)
-    return _out(np.asarray(_b_dense(S, d, b_kv), dtype=np.float64), scalar)
+    return _out(np.asarray(_b_dense(S, d, b_kv, dv), dtype=np.float64), scalar)
 
 
-def b_sparq(S, d, r, k, kv_type="f16", kt_bits=16):
+def b_sparq(S, d, r, k, kv_type="f16", kt_bits=16, dv=None):
     """Bytes moved per KV head by one SparQ decode step with a ``kv_type`` cache:
-    S*r*b_t + (k + 1)*d*2*b_kv + 4*d (b_dense where S <= k); kt_bits=8: b_t = 1 (e5m2)."""
+    S*r*b_t + (k + 1)*(d + dv)*b_kv + 4*dv (b_dense where S <= k); kt_bits=8: b_t = 1 (e5m2)."""
     S, scalar = _S_param(S)
     d = _int_param("d", d, 1)
     r = _int_param("r", r, 1, d, "d")
     k = _int_param("k", k, 1)
+    dv = _dv_param(dv, d)
     _, b_kv, b_t = _kv_type(kv_type, kt_bits)
-    return _out(np.asarray(_b_sparq(S, d, r, k, b_kv, b_t), dtype=np.float64), scalar)
+    return _out(np.asarray(_b_sparq(S, d, r, k, b_kv, b_t, dv), dtype=np.float64), scalar)
 
 
-def compression(S, d, r, k, kv_type="f16", kt_bits=16):
+def compression(S, d, r, k, kv_type="f16", kt_bits=16, dv=None):
     """Compression ratio B_sparq / B_dense, the bytes of a ``kv_type`` cache (1.0 where S <= k); for
-    f16 it is M_sparq / M_dense. kt_bits=8: K^T in e5m2, 1 byte an element."""
+    f16 it is M_sparq / M_dense. kt_bits=8: K^T in e5m2, 1 byte an element. dv: V's head size (d)."""
     S, scalar = _S_param(S)
     d = _int_param("d", d, 1)
     r = _int_param("r", r, 1, d, "d")
     k = _int_param("k", k, 1)
+    dv = _dv_param(dv, d)
     _, b_kv, b_t = _kv_type(kv_type, kt_bits)
-    return _out(np.asarray(_b_sparq(S, d, r, k, b_kv, b_t) / _b_dense(S, d, b_kv), dtype=np.float64), scalar)
+    return _out(np.asarray(_b_sparq(S, d, r, k, b_kv, b_t, dv) / _b_dense(S, d, b_kv, dv), dtype=np.float64),
+                scalar)
 
 
-def attention_bound(S, d, r, k, kv_type="f16", kt_bits=16):
+def attention_bound(S, d, r, k, kv_type="f16", kt_bits=16, dv=None):
     """Bound on the attention speedup when bandwidth bound: B_dense / B_sparq."""
-    c = compression(S, d, r, k, kv_type, kt_bits)
+    c = compression(S, d, r, k, kv_type, kt_bits, dv)
     return 1.0 / c if np.ndim(c) == 0 else 1.0 / np.asarray(c)
 
 

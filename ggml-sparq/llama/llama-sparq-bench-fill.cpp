@@ -79,7 +79,7 @@ static int32_t sparq_fill_cache(llama_kv_cache * kv, int32_t n_tokens, bool wind
     }
     for (size_t ikv = 0; ikv < upstream::n_layers(kv); ++ikv) {
         for (ggml_tensor * t : { upstream::layer_k(kv, ikv), upstream::layer_v(kv, ikv) }) {
-            if (!ggml_sparq_cache_type_ok(t->type)) {
+            if (t && !ggml_sparq_cache_type_ok(t->type)) { // (no V: MLA's cache, whose V is in K's rows)
                 sparq_err(err, err_size, "synthetic fill: cache tensor %s is %s; f16, f32, q8_0, q4_0, q4_1, q5_0, q5_1 and iq4_nl are supported",
                           t->name, ggml_type_name(t->type));
                 return -1;
@@ -93,6 +93,9 @@ static int32_t sparq_fill_cache(llama_kv_cache * kv, int32_t n_tokens, bool wind
     for (size_t ikv = 0; ikv < upstream::n_layers(kv); ++ikv) {
         for (size_t j = 0; j < 2; ++j) { // j = 0: K, 1: V (each tensor its own seed)
             ggml_tensor * t = j == 0 ? upstream::layer_k(kv, ikv) : upstream::layer_v(kv, ikv);
+            if (!t) {
+                continue;
+            }
             const size_t n_chunks = ((size_t) ggml_nelements(t) + SPARQ_FILL_CHUNK - 1) / SPARQ_FILL_CHUNK;
             for (size_t c = 0; c < n_chunks; ++c) {
                 jobs.push_back({ t, seed_base ^ (2 * ikv + j), c });
@@ -109,7 +112,9 @@ static int32_t sparq_fill_cache(llama_kv_cache * kv, int32_t n_tokens, bool wind
     // the writes done where the cache lives before the timed steps (an RPC host's are queued)
     for (size_t ikv = 0; ikv < upstream::n_layers(kv); ++ikv) {
         sparq_wait_written(upstream::layer_k(kv, ikv));
-        sparq_wait_written(upstream::layer_v(kv, ikv));
+        if (upstream::layer_v(kv, ikv)) {
+            sparq_wait_written(upstream::layer_v(kv, ikv));
+        }
     }
     return 0; // the cells' new versions (pos_set) make the next step rebuild K^T and the V sums
 }

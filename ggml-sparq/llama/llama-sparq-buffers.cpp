@@ -66,7 +66,9 @@ bool sparq_alloc_buffers(llama_sparq_ctx & S,
 // graph (so that a context with no other layer is refused), and, with `call`, one layer's or one
 // attention call's at graph build. Soft-capping, ALiBi and sinks are the op's (ggml_sparq_attn_params,
 // ggml_sparq_attn_srcs::sinks): soft-capping as flash attention caps (the scale first), which is the
-// other dense path's only with a logit scale of 1
+// other dense path's only with a logit scale of 1. K and V head sizes may differ, and MLA's absorbed
+// decode (one latent KV head, V the first dv values of each K row, then the v_mla projection) is GQA
+// with every query head in one group
 const char * sparq_attn_variant(llm_arch arch, const llama_hparams & hp, const sparq_attn_call * call) {
     if (arch == LLM_ARCH_GROK) {
         return "Grok's attention (soft-capped scores)";
@@ -76,9 +78,6 @@ const char * sparq_attn_variant(llm_arch arch, const llama_hparams & hp, const s
     }
     if (hp.f_max_alibi_bias < 0.0f || !std::isfinite(hp.f_max_alibi_bias)) {
         return "ALiBi with a max_bias that is not finite and >= 0";
-    }
-    if (hp.is_mla()) {
-        return "multi-head latent attention (MLA)";
     }
     if (!call) {
         return nullptr;
@@ -92,12 +91,6 @@ const char * sparq_attn_variant(llm_arch arch, const llama_hparams & hp, const s
     if (call->sinks && (call->sinks->type != GGML_TYPE_F32 || !ggml_is_contiguous(call->sinks) ||
                         (call->n_head > 0 && ggml_nelements(call->sinks) != call->n_head))) {
         return "attention sinks that are not f32, one per query head";
-    }
-    if (call->v_mla) {
-        return "multi-head latent attention (MLA)";
-    }
-    if (call->dv != call->dk) {
-        return "V's head size unlike K's";
     }
     if (call->n_head_kv > 0 && call->dk * call->n_head_kv != call->k_row) {
         return "K rows that are not the KV heads side by side";
@@ -154,7 +147,7 @@ bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, int32_t kt_bits
     S.layers.assign(nl, sparq_layer());
     S.streams.assign(n_stream, sparq_stream_state());
 
-    ggml_init_params ip = { (nl * 6 + 1) * ggml_tensor_overhead(), nullptr, true };
+    ggml_init_params ip = { (nl * 7 + 1) * ggml_tensor_overhead(), nullptr, true };
     S.mem.ctx.reset(ggml_init(ip));
     std::map<ggml_backend_buffer_type_t, std::vector<ggml_tensor *>> by_buft;
     // upstream's Hadamard rotation of q and k (a quantized K cache): one copy per buffer type
@@ -165,6 +158,8 @@ bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, int32_t kt_bits
         ggml_tensor * k = upstream::layer_k(kv, ikv);
         ggml_tensor * v = upstream::layer_v(kv, ikv);
         sparq_layer & L = S.layers[ikv];
+        // a cache without V (MLA's: V is the first dv values of each K row, as upstream's graph views it)
+        const bool v_in_k = v == nullptr;
         L.il = (int32_t) il;
         if (model.hparams.is_swa(il)) {
             L.reason = LLAMA_SPARQ_DENSE_SWA;
@@ -177,18 +172,24 @@ bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, int32_t kt_bits
         }
         const int64_t dk = model.hparams.n_embd_head_k(il), dv = model.hparams.n_embd_head_v(il);
         L.type_k = k->type;
-        L.type_v = v->type;
-        if (!ggml_sparq_cache_type_ok(k->type) || !ggml_sparq_cache_type_ok(v->type) || dk % ggml_blck_size(k->type) != 0 ||
-            dv % ggml_blck_size(v->type) != 0) {
+        L.type_v = v_in_k ? k->type : v->type;
+        if (!ggml_sparq_cache_type_ok(k->type) || !ggml_sparq_cache_type_ok(L.type_v) || dk % ggml_blck_size(k->type) != 0 ||
+            dv % ggml_blck_size(L.type_v) != 0) {
             L.reason = LLAMA_SPARQ_DENSE_CACHE_TYPE;
             continue;
         }
-        if (upstream::v_trans(kv)) {
+        if (upstream::v_trans(kv) && !v_in_k) {
             L.reason = LLAMA_SPARQ_DENSE_V_TRANS;
             continue;
         }
         const int64_t hkv = model.hparams.n_head_kv(il);
         L.n_head = model.hparams.n_head(il);
+        if (v_in_k && (hkv != 1 || dv > dk)) {
+            // upstream's K-only caches are MLA's, one latent head whose first dv values are V
+            L.reason = LLAMA_SPARQ_DENSE_ATTN_VARIANT;
+            L.variant = "a cache without V for several KV heads, or V wider than K";
+            continue;
+        }
         sparq_attn_call layer_shape;
         layer_shape.dk = dk;
         layer_shape.dv = dv;
@@ -208,6 +209,13 @@ bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, int32_t kt_bits
         L.softcap = model.hparams.attn_soft_cap ? model.hparams.f_attn_logit_softcapping : 0.0f;
         L.max_bias = model.hparams.f_max_alibi_bias;
         L.sinks = ml.attn_sinks != nullptr;
+        // the layer's V as the op, the appends and the rebuilds read it: upstream's, or a view of K's rows
+        L.data.v = v;
+        if (v_in_k) {
+            L.data.v = ggml_view_3d(S.mem.ctx.get(), k, dv * hkv, k->ne[1], k->ne[2], k->nb[1], k->nb[2], 0);
+            ggml_format_name(L.data.v, "sparq_v_of_k_l%u", il);
+            ggml_backend_view_init(L.data.v);
+        }
         L.data.vsum = ggml_new_tensor_3d(S.mem.ctx.get(), GGML_TYPE_F32, dv, hkv, n_stream);
         L.data.ksq = ggml_new_tensor_3d(S.mem.ctx.get(), GGML_TYPE_F32, dk, hkv, n_stream);
         ggml_format_name(L.data.ksq, "sparq_ksq_l%u", il);
@@ -224,7 +232,8 @@ bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, int32_t kt_bits
         by_buft[buft].push_back(L.data.vcomp);
         by_buft[buft].push_back(L.data.vcount);
         by_buft[buft].push_back(L.data.report);
-        if (S.hadamard.n > 0) {
+        if (S.hadamard.n > 0 && !v_in_k) {
+            // (upstream's graph rotates q and k only for a cache with V: a K-only cache's keys are stored as they are)
             ggml_tensor *& h = hrot[buft];
             if (!h) {
                 h = ggml_new_tensor_2d(S.mem.ctx.get(), GGML_TYPE_F32, S.hadamard.n, S.hadamard.n);
@@ -233,7 +242,7 @@ bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, int32_t kt_bits
             }
             L.data.hrot = h;
         }
-        S.mem.kv_bytes += ggml_nbytes(k) + ggml_nbytes(v);
+        S.mem.kv_bytes += ggml_nbytes(k) + (v_in_k ? 0 : ggml_nbytes(v));
         S.n_layers++;
     }
     if (!sparq_alloc_buffers(S, by_buft, S.mem.bufs, "the V sums", err, err_size) ||

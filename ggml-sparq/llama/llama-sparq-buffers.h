@@ -47,7 +47,7 @@ struct sparq_attn_call {
     int64_t n_head = 0;                  // the query heads (0: unknown)
     float kq_scale = 1.0f;               // the call's logit scale (1 where the layer alone is asked)
 };
-// the attention variant SparQ does not compute (Grok's, MLA, a KQ bias, V's head size unlike K's,
-// soft-capping after a logit scale other than 1), as a phrase for the log, or NULL: of the model
+// the attention variant SparQ does not compute (Grok's, a KQ bias, soft-capping after a logit scale
+// other than 1, K rows that are not the KV heads side by side), as a phrase for the log, or NULL: of the model
 // alone (call NULL), or of one layer or call
 const char * sparq_attn_variant(llm_arch arch, const llama_hparams & hp, const sparq_attn_call * call);

@@ -95,6 +95,7 @@ static int sparq_record_stretches(sparq_attn_build & b) {
 static void sparq_decide_sparq(sparq_attn_build & b, const ggml_tensor * k, const ggml_tensor * v) {
     sparq_cost c;
     c.d = (double) b.d;
+    c.dv = (double) v->ne[0];
     c.bk = sparq_elem_bytes(k->type);
     c.bv = sparq_elem_bytes(v->type);
     c.bt = sparq_elem_bytes(b.L.data.kt->type);
@@ -294,6 +295,13 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
     sparq_decide_sparq(b, k, v);
     ggml_tensor * cur = sparq_build_op(b, q, k, v, kq_mask, sinks, kq_scale);
     sparq_place_op(b, cur);
+    if (v_mla) {
+        // MLA: the latent output [dv, n_head, n_tps, ns] through each head's v_mla, as build_attn_mha's
+        // flash-attention path does (one product with the tokens in dimension 1)
+        cur = ggml_permute(ctx0, cur, 0, 2, 1, 3);
+        cur = ggml_mul_mat(ctx0, v_mla, cur);
+        cur = ggml_cont(ctx0, ggml_permute(ctx0, cur, 0, 2, 1, 3));
+    }
     ggml_tensor * out = ggml_reshape_2d(ctx0, cur, cur->ne[0] * cur->ne[1], cur->ne[2] * cur->ne[3]);
     if (inp->rows_mode == SPARQ_ROWS_MIXED || b.stretch) {
         // prompt rows beside decode rows, or streams under the dense threshold beside streams the op

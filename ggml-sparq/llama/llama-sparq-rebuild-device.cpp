@@ -26,7 +26,7 @@ static ggml_backend_dev_t sparq_data_device(const llama_sparq_ctx & S, bool allo
         for (const ggml_tensor * t : { (const ggml_tensor *) L.data.kt, (const ggml_tensor *) L.data.vsum,
                                        (const ggml_tensor *) L.data.ksq, (const ggml_tensor *) L.data.vcomp,
                                        (const ggml_tensor *) upstream::layer_k(S.kv, ikv),
-                                       (const ggml_tensor *) upstream::layer_v(S.kv, ikv) }) {
+                                       (const ggml_tensor *) L.data.v }) {
             if (!t->buffer || (!allow_host && ggml_backend_buffer_is_host(t->buffer))) {
                 return nullptr;
             }
@@ -54,7 +54,7 @@ static void sparq_rebuild_layer_device(llama_sparq_ctx & S, size_t ikv, uint32_t
     const uint32_t kv_size = upstream::kv_size(kv);
     sparq_layer & L = S.layers[ikv];
     ggml_tensor * k = upstream::layer_k(kv, ikv);
-    ggml_tensor * v = upstream::layer_v(kv, ikv);
+    ggml_tensor * v = L.data.v;
     const int64_t E = k->ne[0], Ev = v->ne[0];
     const size_t esz = ggml_type_size(L.data.kt->type);
     sparq_tensor_memset(L.data.vcomp, 0, strm * L.data.vcomp->nb[2], Ev * sizeof(float));
@@ -93,6 +93,7 @@ static void sparq_rebuild_layer_device(llama_sparq_ctx & S, size_t ikv, uint32_t
                                                                         : ggml_cpy(c0, kt_src, ktd));
         ggml_tensor * wc = ggml_view_2d(c0, wt, 1, n, wt->nb[1], (size_t) a * sizeof(float));
         ggml_tensor * vf = v->type == GGML_TYPE_F32 ? vc : ggml_cast(c0, vc, GGML_TYPE_F32);
+        vf = ggml_is_contiguous(vf) ? vf : ggml_cont(c0, vf); // V read through K's rows (MLA)
         ggml_tensor * kf = ggml_sqr(c0, k32);
         ggml_tensor * vp = ggml_out_prod(c0, vf, wc); // [Ev, 1]: sum over the cells of w * v
         ggml_tensor * kp = ggml_out_prod(c0, kf, wc); // [E, 1]

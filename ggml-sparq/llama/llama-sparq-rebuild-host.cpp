@@ -299,7 +299,7 @@ static void sparq_rebuild_range(llama_sparq_ctx & S, const sparq_rebuild_plan & 
     const uint32_t a = P.u0 + (uint32_t) (jid % P.n_chunks) * P.chunk, b = std::min(P.u1, a + P.chunk);
     sparq_layer & L = S.layers[ikv];
     const ggml_tensor * k = upstream::layer_k(S.kv, ikv);
-    const ggml_tensor * v = upstream::layer_v(S.kv, ikv);
+    const ggml_tensor * v = L.data.v;
     const size_t E = k->ne[0], Ev = v->ne[0];
     const size_t esz = ggml_type_size(L.data.kt->type); // K^T's element (f16 for a quantized K, 1 for e5m2)
     R.vs.assign(Ev, 0.0);
@@ -351,7 +351,7 @@ static double sparq_rebuild_merge(llama_sparq_ctx & S, const sparq_rebuild_plan 
     double max_diff = 0.0;
     for (size_t li = 0; li < P.lay.size(); ++li) {
         sparq_layer & L = S.layers[P.lay[li]];
-        const size_t Ev = upstream::layer_v(S.kv, P.lay[li])->ne[0];
+        const size_t Ev = L.data.v->ne[0];
         const size_t Ek = upstream::layer_k(S.kv, P.lay[li])->ne[0];
         std::vector<double> vs(Ev, 0.0), ks(Ek, 0.0);
         for (uint32_t ch = 0; ch < P.n_chunks; ++ch) {

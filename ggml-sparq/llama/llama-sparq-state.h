@@ -50,6 +50,9 @@ struct sparq_layer_data {
     // [kv_size, d, n_head_kv, n_stream]: the cache's type (f16 for a quantized cache), or i8 holding
     // e5m2 with kt_bits = 8 (sparq_kt_type)
     ggml_tensor * kt   = nullptr;
+    // the layer's V cache [dv * n_head_kv, kv_size, n_stream]: upstream's, or where the cache holds no V
+    // (MLA: V is the first dv values of each K row) a view of K with K's row stride
+    ggml_tensor * v    = nullptr;
     ggml_tensor * vsum = nullptr; // [dv, n_head_kv, n_stream] f32
     ggml_tensor * ksq  = nullptr; // [d, n_head_kv, n_stream] f32: the sum of k^2 per component (the scaled basis)
     // the V sums' compensation (Kahan summation of the appends; vsum - vcomp is the exact sum to

@@ -21,7 +21,8 @@
 // shape the inputs (below); SPARQ_EMU_BUCKETS=B (a fixed k) ranks by the bucketed top-k with B
 // buckets (topk_buckets) on both sides; SPARQ_EMU_VARIANTS="softcap max_bias sinks" the attention
 // variants on both sides (max_bias > 0: each valid cell's mask minus its distance to the end, mod 16;
-// sinks 1: a random sink per query head). Prints "OK nmse=... select_blocks=B launches=N pdl_launches=P
+// sinks 1: a random sink per query head); SPARQ_EMU_DV=dv V's head size (default d), SPARQ_EMU_V_IN_K=1
+// V read through K's rows (its first dv values, as MLA's cache holds its latent). Prints "OK nmse=... select_blocks=B launches=N pdl_launches=P
 // report_differ=0 report_reach=M" (B: the second launch's blocks; M: the entries that measured the
 // cells reaching the target) or "FAIL ..."
 // and exits 0 / 1. The inputs are tie-proof (tests/native/sparq-tie-proof.h: query large on r
@@ -315,6 +316,12 @@ int main(int argc, char ** argv) {
     const float cov_k_frac = argc > 18 ? (float) atof(argv[18]) : 0.0f;
     const int g = nh / nhkv;
     const int rr = sel == EMU_SEL_ORACLE ? d : r;
+    const int dv = getenv("SPARQ_EMU_DV") ? atoi(getenv("SPARQ_EMU_DV")) : d;
+    const bool v_in_k = getenv("SPARQ_EMU_V_IN_K") && atoi(getenv("SPARQ_EMU_V_IN_K")) != 0;
+    if (dv < 1 || (v_in_k && dv > d)) {
+        fprintf(stderr, "SPARQ_EMU_DV must be >= 1 (at most d with SPARQ_EMU_V_IN_K), got %d\n", dv);
+        return 2;
+    }
     const size_t esz = f16 ? 2 : 4;
 
     std::mt19937 gen(1234 + d + S + nh + r + k + l + variant);
@@ -333,7 +340,8 @@ int main(int argc, char ** argv) {
     } else {
         tp.query(q, gen);
     }
-    std::vector<float> Kf(nkv), Vf(nkv);
+    const size_t nv = (size_t) dv * S * nhkv * ns;
+    std::vector<float> Kf(nkv), Vf(nv);
     tp.keys(Kf, gen);
     // SPARQ_EMU_PEAK=f: the query times f and the cells [p0, p0 + 256) (p0: the score tile of 2048
     // cells at S / 2) on the top levels (3/4 to 1), every other cell at most 1/2: one tile holds
@@ -376,7 +384,7 @@ int main(int argc, char ** argv) {
     }
     // caches in their type; K^T the keys again, cell-contiguous
     const size_t tsz = e5m2 ? 1 : esz;
-    std::vector<uint8_t> K(nkv * esz), KT(nkv * tsz), V(nkv * esz);
+    std::vector<uint8_t> K(nkv * esz), KT(nkv * tsz), V(nv * esz);
     auto put = [&](std::vector<uint8_t> & dst, size_t i, float x) {
         if (f16) {
             const uint16_t h = sparq_fp32_to_fp16(x);
@@ -390,7 +398,6 @@ int main(int argc, char ** argv) {
             for (int j = 0; j < d; ++j) {
                 const size_t ik = ((size_t) b * S + c) * d + j;
                 put(K, ik, Kf[ik]);
-                put(V, ik, Vf[ik]);
                 const size_t it = ((size_t) b * d + j) * S + c;
                 if (e5m2) {
                     KT[it] = ggml_sparq_f16_to_e5m2(sparq_fp32_to_fp16(Kf[ik]));
@@ -400,7 +407,12 @@ int main(int argc, char ** argv) {
             }
         }
     }
-    std::vector<float> vsum((size_t) d * nhkv * ns), vcount(ns, (float) S);
+    for (size_t b = 0; b < (size_t) ns * nhkv * S; ++b) {
+        for (int j = 0; j < dv; ++j) {
+            put(V, b * dv + j, Vf[b * dv + j]);
+        }
+    }
+    std::vector<float> vsum((size_t) dv * nhkv * ns), vcount(ns, (float) S);
     for (auto & x : vsum) {
         x = uni(gen) * 10.0f;
     }
@@ -445,13 +457,13 @@ int main(int argc, char ** argv) {
         const uint32_t x = gen();
         win[i] = (x % 11) == 0 ? -1 : ((x % 7) == 0 && i > 0) ? win[i - 1] : (int32_t) (x % S);
     }
-    const size_t nout = (size_t) d * nh * nr * ns;
+    const size_t nout = (size_t) dv * nh * nr * ns;
     std::vector<float> out_cpu(nout, NAN), out_gpu(nout, NAN);
 
     // the CPU op
     sparq_args c;
     memset(&c, 0, sizeof(c));
-    c.d = d; c.dv = d; c.n_kv = S; c.n_rows = nr; c.n_head = nh; c.n_head_kv = nhkv; c.n_stream = ns;
+    c.d = d; c.dv = dv; c.n_kv = S; c.n_rows = nr; c.n_head = nh; c.n_head_kv = nhkv; c.n_stream = ns;
     c.r = r; c.k = k; c.l = l; c.scale = 1.0f / sqrtf((float) d); c.selector = sel;
     c.per_head = (flags & 1) != 0; c.no_mean_v = (flags & 2) != 0;
     const size_t qb1 = d * 4, qb2 = qb1 * nr, qb3 = qb2 * nh;
@@ -461,14 +473,16 @@ int main(int argc, char ** argv) {
     const sparq_type ct = f16 ? SPARQ_F16 : SPARQ_F32;
     c.K = K.data(); c.K_type = ct; c.K_nb1 = kb1; c.K_nb2 = kb2; c.K_nb3 = kb3;
     c.KT = KT.data(); c.KT_type = e5m2 ? SPARQ_E5M2 : ct; c.KT_nb1 = tb1; c.KT_nb2 = tb2; c.KT_nb3 = tb3;
-    c.V = V.data(); c.V_type = ct; c.V_nb1 = kb1; c.V_nb2 = kb2; c.V_nb3 = kb3;
-    c.v_sum = vsum.data(); c.v_sum_nb1 = d * 4; c.v_sum_nb2 = (size_t) d * 4 * nhkv;
+    const size_t vb1 = v_in_k ? kb1 : dv * esz, vb2 = v_in_k ? kb2 : vb1 * S, vb3 = v_in_k ? kb3 : vb2 * nhkv;
+    const uint8_t * vdata = v_in_k ? K.data() : V.data();
+    c.V = vdata; c.V_type = ct; c.V_nb1 = vb1; c.V_nb2 = vb2; c.V_nb3 = vb3;
+    c.v_sum = vsum.data(); c.v_sum_nb1 = dv * 4; c.v_sum_nb2 = (size_t) dv * 4 * nhkv;
     c.v_count = vcount.data();
     const size_t mb1 = S * 2, mb3 = mb1 * nr;
     if (use_mask) {
         c.mask = mask.data(); c.mask_type = SPARQ_F16; c.mask_nb1 = mb1; c.mask_nb3 = mb3; c.mask_ne3 = ns;
     }
-    const size_t ob1 = d * 4, ob2 = ob1 * nh, ob3 = ob2 * nr;
+    const size_t ob1 = dv * 4, ob2 = ob1 * nh, ob3 = ob2 * nr;
     c.out = out_cpu.data(); c.out_nb1 = ob1; c.out_nb2 = ob2; c.out_nb3 = ob3;
     if (variant == 1) {
         c.win = win.data(); c.win_nb1 = wn * 4; c.win_nb2 = (size_t) wn * 4 * nr; c.win_n = wn;
@@ -495,7 +509,7 @@ int main(int argc, char ** argv) {
 
     // the CUDA kernels, emulated
     sparq_cu_args a = {};
-    a.d = d; a.dv = d; a.n_kv = S; a.n_rows = nr; a.n_head = nh; a.n_head_kv = nhkv; a.n_stream = ns; a.g = g;
+    a.d = d; a.dv = dv; a.n_kv = S; a.n_rows = nr; a.n_head = nh; a.n_head_kv = nhkv; a.n_stream = ns; a.g = g;
     a.ph = (flags & 1) && g > 1 ? g : 1;
     a.no_mean_v = (flags & 2) != 0;
     a.r = sel == EMU_SEL_ORACLE ? d : r; a.k = k; a.l = l; a.scale = c.scale;
@@ -518,8 +532,8 @@ int main(int argc, char ** argv) {
     }
     a.K = (const char *) K.data(); a.K_nb1 = kb1; a.K_nb2 = kb2; a.K_nb3 = kb3;
     a.KT = (const char *) KT.data(); a.KT_nb1 = tb1; a.KT_nb2 = tb2; a.KT_nb3 = tb3;
-    a.V = (const char *) V.data(); a.V_nb1 = kb1; a.V_nb2 = kb2; a.V_nb3 = kb3;
-    a.v_sum = (const char *) vsum.data(); a.vs_nb1 = d * 4; a.vs_nb2 = (size_t) d * 4 * nhkv;
+    a.V = (const char *) vdata; a.V_nb1 = vb1; a.V_nb2 = vb2; a.V_nb3 = vb3;
+    a.v_sum = (const char *) vsum.data(); a.vs_nb1 = dv * 4; a.vs_nb2 = (size_t) dv * 4 * nhkv;
     a.v_count = vcount.data();
     if (use_mask) {
         a.mask = (const char *) mask.data(); a.mask_f16 = 1; a.m_nb1 = mb1; a.m_nb3 = mb3; a.m_ne3 = ns;

@@ -29,7 +29,8 @@
 // (the calibrated k's coverage target, applied); "KTE5" (K^T in 8 bits: e5m2 of the f32 or f16 keys
 // it is made from; in ggml mode written by the op's append mode); "TKB1", i32 buckets (the
 // approximate bucketed top-k); "VAR1", f32 softcap, f32 max_bias, i32 has_sinks, then with sinks
-// f32 [n_head] (the attention variants).
+// f32 [n_head] (the attention variants); "VVK1" (V read through K's rows: the first dv values of each,
+// as MLA's cache holds its latent; the file's V must equal them).
 // Output file: out f32 [n_stream][n_rows][n_head][dv], then (direct mode)
 // sel int32 [n_stream][n_rows][n_head_kv][sel_n], then (h2o) the scores after the call or
 // (index) the lists after the call.
@@ -67,6 +68,7 @@ struct test_case {
     int topk_buckets = 0; // trailer TKB1
     float softcap = 0.0f, max_bias = 0.0f; // trailer VAR1, with the sinks (empty: none)
     std::vector<float> sinks;
+    bool v_view = false; // trailer VVK1
     std::vector<float> q, v_sum, v_count, q_sel, comp_w, h2o, ivf_cent;
     int ivf_n_list = 0, ivf_n_probe = 0;
     std::vector<char> K, V, mask, K_sel;
@@ -175,6 +177,11 @@ static test_case read_case(const char * path) {
                 c.sinks.resize(c.n_head);
                 read_exact(f, c.sinks.data(), c.sinks.size() * 4, "sinks");
             }
+        } else if (memcmp(tmag, "VVK1", 4) == 0) {
+            if (c.dv > c.d) {
+                die("a V read through K's rows needs dv <= d");
+            }
+            c.v_view = true;
         } else {
             die("unknown trailer in case file: ", path);
         }
@@ -300,6 +307,9 @@ static int run_direct(const test_case & c, const char * out_path, const char * i
     const sparq_type t = c.kv_t();
     a.K = c.K.data(); a.K_type = t; a.K_nb1 = c.kv_bytes(1, c.d); a.K_nb2 = a.K_nb1 * c.n_kv; a.K_nb3 = a.K_nb2 * c.n_head_kv;
     a.V = c.V.data(); a.V_type = t; a.V_nb1 = c.kv_bytes(1, c.dv); a.V_nb2 = a.V_nb1 * c.n_kv; a.V_nb3 = a.V_nb2 * c.n_head_kv;
+    if (c.v_view) {
+        a.V = c.K.data(); a.V_nb1 = a.K_nb1; a.V_nb2 = a.K_nb2; a.V_nb3 = a.K_nb3;
+    }
     a.KT = kt.data(); a.KT_type = c.kt_e5m2 ? SPARQ_E5M2 : c.kv_type == 0 ? SPARQ_F32 : SPARQ_F16;
     a.KT_nb1 = ktrow * c.kt_store_esz(); a.KT_nb2 = a.KT_nb1 * c.d; a.KT_nb3 = a.KT_nb2 * c.n_head_kv;
     a.v_sum = c.v_sum.data(); a.v_sum_nb1 = (size_t) c.dv * 4; a.v_sum_nb2 = a.v_sum_nb1 * c.n_head_kv;
@@ -395,7 +405,8 @@ static int run_ggml(const test_case & c, const char * out_path, int nth) {
 
     struct ggml_tensor * q = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, c.d, c.n_rows, c.n_head, c.n_stream);
     struct ggml_tensor * K = ggml_new_tensor_4d(ctx, t, c.d, c.n_kv, c.n_head_kv, c.n_stream);
-    struct ggml_tensor * V = ggml_new_tensor_4d(ctx, t, c.dv, c.n_kv, c.n_head_kv, c.n_stream);
+    struct ggml_tensor * V = c.v_view ? ggml_view_4d(ctx, K, c.dv, c.n_kv, c.n_head_kv, c.n_stream, K->nb[1], K->nb[2], K->nb[3], 0)
+                                      : ggml_new_tensor_4d(ctx, t, c.dv, c.n_kv, c.n_head_kv, c.n_stream);
     struct ggml_tensor * KTfull = ggml_new_tensor_4d(ctx, tkt, c.n_kv + c.kt_pad, c.d, c.n_head_kv, c.n_stream);
     struct ggml_tensor * KTsrc = KTfull;
     if (c.kt_e5m2) {
@@ -413,7 +424,9 @@ static int run_ggml(const test_case & c, const char * out_path, int nth) {
     }
     memcpy(q->data, c.q.data(), c.q.size() * 4);
     memcpy(K->data, c.K.data(), c.K.size());
-    memcpy(V->data, c.V.data(), c.V.size());
+    if (!c.v_view) {
+        memcpy(V->data, c.V.data(), c.V.size());
+    }
     if (c.kt_e5m2) {
         kt_fill_reversed(KTsrc, kt);
     } else {

@@ -111,11 +111,15 @@ def test_bench_counters_cover_timed_runs_only(tiny_model, fill):
 
 
 @pytest.mark.real_model
-def test_depth_fill_refuses_sliding_window_models(gemma_model):
-    p = subprocess.run([str(tool_path("llama-bench")), "-m", str(gemma_model), "-p", "0", "-n", "1", "-r", "1",
-                        "-d", "100", "--depth-fill", "synthetic"], capture_output=True, text=True, timeout=120)
-    assert p.returncode != 0
-    assert "synthetic fill: the model's memory is not one plain KV cache" in p.stderr
+def test_depth_fill_covers_sliding_window_models(gemma_model):
+    """Gemma 3's sliding-window layers keep their own cache: the fill gives it the last positions,
+    and SparQ runs on the 3 global layers of every decoded token."""
+    p = subprocess.run([str(tool_path("llama-bench")), "-m", str(gemma_model), "-p", "0", "-n", "2", "-r", "1",
+                        "-d", "1000", "--depth-fill", "synthetic", "-fa", "1", "--sparq", "1", "--sparq-min-kv", "0",
+                        "-o", "json"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    (row,) = json.loads(p.stdout)
+    assert row["sparq_calls"] == 3 * 2, row
 
 
 def test_real_text_speed_writes_results(tiny_model, tmp_path):

@@ -77,7 +77,7 @@ def check_chat(out: str, n: int, lo: int, hi: int, others: str) -> None:
 @pytest.mark.real_model
 def test_demo_short_slice(gemma_model, smollm2_model):
     """make demo: dense -fa 1 and SparQ from one prefill, dense -fa 0; the chosen chat questions."""
-    out = run_demo(gemma_model, "--doc-tokens", "2000", "--answer-tokens", "6", "--chat-tokens", "1500",
+    out = run_demo(gemma_model, "--doc-tokens", "1500", "--answer-tokens", "6", "--chat-tokens", "1500",
                    "--chat-questions", "2")
     check_gemma(out, ("dense -fa 1", "dense -fa 0", "SparQ (defaults)"), 5)
     assert "q8_0" not in out.split("== SmolLM2")[0], out
@@ -91,7 +91,7 @@ def test_demo_short_slice(gemma_model, smollm2_model):
 def test_demo_full_short_slice(gemma_model, smollm2_model):
     """make demo-full: every dense path, SparQ on a q8_0 cache too, the unchosen chat questions
     and llama-completion --sparq."""
-    out = run_demo(gemma_model, "--full", "--doc-tokens", "2000", "--answer-tokens", "6", "--chat-tokens", "1100",
+    out = run_demo(gemma_model, "--full", "--doc-tokens", "1500", "--answer-tokens", "6", "--chat-tokens", "1100",
                    "--chat-questions", "1")
     check_gemma(out, ("dense -fa 1", "dense -fa 0", "dense q8_0", "SparQ (defaults)", "SparQ, q8_0"), 5)
     m = re.search(r"^on q8_0 +: SparQ [0-9.]+x over dense on the same q8_0 cache, reading ([0-9.]+) % of", out, re.M)

@@ -99,12 +99,12 @@ def passkey_prompt(llm, n_filler, depth, key):
     return llm.tokenize(passkey_text(key, n_filler, depth).encode())
 
 
-PASSKEYS = ((0.1, 71432), (0.3, 44117), (0.5, 58219), (0.7, 26841), (0.9, 30967))
+PASSKEYS = ((0.1, 71432), (0.5, 58219), (0.9, 30967))
 
 
 @pytest.mark.real_model
 def test_passkey_gemma_sparq_vs_dense(gemma_model):
-    """Passkey in ~2700 tokens of filler at five depths, dense next to SparQ.
+    """Passkey in ~2700 tokens of filler at three depths, dense next to SparQ.
 
     The paper's step 1 (components ranked by |q|) at 1/8 compression loses the passkey on
     Gemma 3 270M (bench/README.md, "Root cause": one global layer's keys have very uneven spread); ranking

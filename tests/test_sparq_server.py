@@ -102,13 +102,13 @@ def test_sparq_refused_when_no_layer_can_run_it(tmp_path):
 @pytest.fixture(scope="module")
 def gemma_load(gemma_model, tmp_path_factory):
     """A concurrent load, run once: llama-server on loopback with its default slots (4) and
-    --sparq, 8 concurrent greedy completions of 1.2K-1.8K-token prompts (twice the slots, so that
+    --sparq, 6 concurrent greedy completions of 1.1K-1.4K-token prompts (more than the slots, so that
     requests queue; above the default dense threshold of 1024 cells), then each alone (2K-6K:
     bench/server_load.py, which takes too long for the suite on 2 cores)."""
     log = tmp_path_factory.mktemp("server") / "server.log"
     with Server(gemma_model, ["-c", 32768, "--sparq"], log_path=log, start_timeout=300) as srv:
         props = srv.get("/props")
-        prompts = build_prompts(srv, 8, 1200, 1800, seed=0)
+        prompts = build_prompts(srv, 6, 1100, 1400, seed=0)
         res = run_load(srv, prompts, n_predict=8, request_timeout=1200)
         res["props"], res["error_lines"] = props, srv.error_lines()
     print("gemma load:", {k: v for k, v in res.items() if k not in ("texts", "props")})  # pytest -s shows it
@@ -122,7 +122,7 @@ def test_server_load_gemma(gemma_load):
     res = gemma_load
     assert res["props"]["total_slots"] == 4 and res["props"]["sparq"]["n_layers"] > 0
     assert not res["incomplete"], res["incomplete"]
-    assert len(res["texts"]) == 8 and all(res["texts"])
+    assert len(res["texts"]) == 6 and all(res["texts"])
     assert res["sparq_calls_concurrent"] > 0 and res["sparq_calls_alone"] > 0, res
     assert res["sparq_dense_concurrent"].get("shared_stream", 0) == 0, res
     assert res["busy_slots_per_decode"] > 1, res

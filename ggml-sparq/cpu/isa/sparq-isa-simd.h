@@ -17,6 +17,8 @@
 //   prefetch(p)          into L1
 //   load_q8(qs, x)       a q8_0 block's 32 int8 values into 32 / W vectors x[] of floats
 //   half(h)              one f16 (a block's scale) to f32
+//   load_q4(qs, x)       16 bytes of nibbles (a 4-bit K^T block: byte j holds cell j low, j + 16 high)
+//                        as 32 / W vectors of the cells' nibble values 0..15, cells in order
 //
 // The skeletons below are the "full vectors, then a scalar tail" family (AVX2, NEON). AVX-512's
 // primitives run masked tails instead (different lanes, so different sums): they stay in its
@@ -28,6 +30,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <stddef.h>
 #include <type_traits>
 
@@ -94,6 +97,57 @@ void simd_approx(const T * const * rows, int r, const float * qs, int g, int n, 
             for (int h = 0; h < g; ++h) {
                 out[(size_t) h * n + s] += qs[h * r + j] * xa + (two ? qs[h * r + j + 1] * xb : 0.0f);
             }
+        }
+    }
+}
+
+// The same over 4-bit K^T rows (sparq_isa::approx_kt4), a block of 32 cells at a time: its nibbles
+// to floats (V::load_q4: 32 / W vectors, cells in order), times d plus m (exact: d a power of two),
+// then added to out like a row above; a block the range cuts (the chunk's ends) through a buffer.
+// Every ISA with full vectors shares it (AVX-512 included: a block is two whole vectors).
+template <class V>
+void simd_approx_kt4(const uint8_t * const * rows, int c0, int r, const float * qs, int g, int n, float * out) {
+    typedef typename V::vf vf;
+    constexpr int NV = GGML_SPARQ_KT4_CELLS / V::W;
+    for (int i = 0; i < g * n; ++i) {
+        out[i] = 0.0f;
+    }
+    for (int j = 0; j < r; ++j) {
+        for (int s = 0; s < n;) {
+            const int c = c0 + s, o = c % GGML_SPARQ_KT4_CELLS;
+            const int m = std::min(GGML_SPARQ_KT4_CELLS - o, n - s);
+            const uint8_t * blk = rows[j] + (size_t) (c / GGML_SPARQ_KT4_CELLS) * GGML_SPARQ_KT4_BYTES;
+            uint16_t dh, mh;
+            memcpy(&dh, blk, 2);
+            memcpy(&mh, blk + 2, 2);
+            const vf vd = V::set1(V::half(dh)), vm = V::set1(V::half(mh));
+            vf x[NV];
+            V::load_q4(blk + 4, x);
+            for (int i = 0; i < NV; ++i) {
+                x[i] = V::fmadd(x[i], vd, vm);
+            }
+            if (m == GGML_SPARQ_KT4_CELLS) {
+                for (int h = 0; h < g; ++h) {
+                    const vf w = V::set1(qs[h * r + j]);
+                    float * op = out + (size_t) h * n + s;
+                    for (int i = 0; i < NV; ++i) {
+                        V::store(op + i * V::W, V::fmadd(w, x[i], V::load(op + i * V::W)));
+                    }
+                }
+            } else {
+                float buf[GGML_SPARQ_KT4_CELLS];
+                for (int i = 0; i < NV; ++i) {
+                    V::store(buf + i * V::W, x[i]);
+                }
+                for (int h = 0; h < g; ++h) {
+                    const float w = qs[h * r + j];
+                    float * op = out + (size_t) h * n + s;
+                    for (int t = 0; t < m; ++t) {
+                        op[t] = std::fma(w, buf[o + t], op[t]);
+                    }
+                }
+            }
+            s += m;
         }
     }
 }

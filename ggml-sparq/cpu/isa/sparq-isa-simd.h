@@ -101,10 +101,24 @@ void simd_approx(const T * const * rows, int r, const float * qs, int g, int n, 
     }
 }
 
-// The same over 4-bit K^T rows (sparq_isa::approx_kt4), a block of 32 cells at a time: its nibbles
-// to floats (V::load_q4: 32 / W vectors, cells in order), times d plus m (exact: d a power of two),
-// then added to out like a row above; a block the range cuts (the chunk's ends) through a buffer.
-// Every ISA with full vectors shares it (AVX-512 included: a block is two whole vectors).
+// A 4-bit K^T block's 32 values (sparq_isa::approx_kt4): its nibbles to floats (V::load_q4: 32 / W
+// vectors, cells in order), times d plus m (exact: d a power of two)
+template <class V>
+inline void simd_kt4_block(const uint8_t * blk, typename V::vf * x) {
+    uint16_t dh, mh;
+    memcpy(&dh, blk, 2);
+    memcpy(&mh, blk + 2, 2);
+    const typename V::vf vd = V::set1(V::half(dh)), vm = V::set1(V::half(mh));
+    V::load_q4(blk + 4, x);
+    for (int i = 0; i < GGML_SPARQ_KT4_CELLS / V::W; ++i) {
+        x[i] = V::fmadd(x[i], vd, vm);
+    }
+}
+
+// The same as simd_approx over 4-bit K^T rows (sparq_isa::approx_kt4), two rows and a block of 32
+// cells at a time, added to out like simd_approx's (row j, then row j + 1, fused); a block the range
+// cuts (the chunk's ends) through a buffer. Every ISA with full vectors shares it (AVX-512 too: a
+// block is two whole vectors).
 template <class V>
 void simd_approx_kt4(const uint8_t * const * rows, int c0, int r, const float * qs, int g, int n, float * out) {
     typedef typename V::vf vf;
@@ -112,38 +126,46 @@ void simd_approx_kt4(const uint8_t * const * rows, int c0, int r, const float * 
     for (int i = 0; i < g * n; ++i) {
         out[i] = 0.0f;
     }
-    for (int j = 0; j < r; ++j) {
+    for (int j = 0; j < r; j += 2) {
+        const bool two = j + 1 < r;
         for (int s = 0; s < n;) {
             const int c = c0 + s, o = c % GGML_SPARQ_KT4_CELLS;
             const int m = std::min(GGML_SPARQ_KT4_CELLS - o, n - s);
-            const uint8_t * blk = rows[j] + (size_t) (c / GGML_SPARQ_KT4_CELLS) * GGML_SPARQ_KT4_BYTES;
-            uint16_t dh, mh;
-            memcpy(&dh, blk, 2);
-            memcpy(&mh, blk + 2, 2);
-            const vf vd = V::set1(V::half(dh)), vm = V::set1(V::half(mh));
-            vf x[NV];
-            V::load_q4(blk + 4, x);
-            for (int i = 0; i < NV; ++i) {
-                x[i] = V::fmadd(x[i], vd, vm);
+            const size_t off = (size_t) (c / GGML_SPARQ_KT4_CELLS) * GGML_SPARQ_KT4_BYTES;
+            vf xa[NV], xb[NV];
+            simd_kt4_block<V>(rows[j] + off, xa);
+            if (two) {
+                simd_kt4_block<V>(rows[j + 1] + off, xb);
             }
             if (m == GGML_SPARQ_KT4_CELLS) {
                 for (int h = 0; h < g; ++h) {
-                    const vf w = V::set1(qs[h * r + j]);
+                    const vf wa = V::set1(qs[h * r + j]);
                     float * op = out + (size_t) h * n + s;
-                    for (int i = 0; i < NV; ++i) {
-                        V::store(op + i * V::W, V::fmadd(w, x[i], V::load(op + i * V::W)));
+                    if (two) {
+                        const vf wb = V::set1(qs[h * r + j + 1]);
+                        for (int i = 0; i < NV; ++i) {
+                            V::store(op + i * V::W, V::fmadd(wb, xb[i], V::fmadd(wa, xa[i], V::load(op + i * V::W))));
+                        }
+                    } else {
+                        for (int i = 0; i < NV; ++i) {
+                            V::store(op + i * V::W, V::fmadd(wa, xa[i], V::load(op + i * V::W)));
+                        }
                     }
                 }
             } else {
-                float buf[GGML_SPARQ_KT4_CELLS];
+                float ba[GGML_SPARQ_KT4_CELLS], bb[GGML_SPARQ_KT4_CELLS];
                 for (int i = 0; i < NV; ++i) {
-                    V::store(buf + i * V::W, x[i]);
+                    V::store(ba + i * V::W, xa[i]);
+                    if (two) {
+                        V::store(bb + i * V::W, xb[i]);
+                    }
                 }
                 for (int h = 0; h < g; ++h) {
-                    const float w = qs[h * r + j];
+                    const float wa = qs[h * r + j], wb = two ? qs[h * r + j + 1] : 0.0f;
                     float * op = out + (size_t) h * n + s;
                     for (int t = 0; t < m; ++t) {
-                        op[t] = std::fma(w, buf[o + t], op[t]);
+                        const float y = std::fma(wa, ba[o + t], op[t]);
+                        op[t] = two ? std::fma(wb, bb[o + t], y) : y;
                     }
                 }
             }

@@ -62,12 +62,15 @@ token) run under ``sparq_lab.capture.Capture``. On every ``sparq_attn-<layer>`` 
   ``massratio`` = the exact mass the approximate top-k holds / the exact top-k's; ``sparqmass``: the
   same ratio for SparQ's whole choice (steps 1-3 with the window l = k/4,
   ``reference.sparq_attention``'s i2).
-- ``--kt-formats``: the same recall with steps 1-3 reading K^T stored in 8 bits instead of f16
+- ``--kt-formats``: the same recall with steps 1-3 reading K^T stored in 8 or 4 bits instead of f16
   (fields ``<metric><format>_...``): ``e5m2`` (f16's upper byte, rounded to nearest even: the
   reference's ``round_e5m2``, what ``sparq_kt_bits=8`` stores), ``e4m3``
   (3 mantissa bits, no scale, saturating at 448), ``int8`` (per component and block of 32 cells, an
-  absmax scale), ``int8cell`` (per cell and KV head, the key's absmax over its components). Exact
-  scores and the component weights stay those of the f16 keys: what an 8-bit K^T would change is
+  absmax scale), ``int8cell`` (per cell and KV head, the key's absmax over its components); in 4
+  bits ``kt4`` (``reference.round_kt4``, what ``sparq_kt_bits=4`` stores: blocks of 32 cells, a
+  power-of-two scale each, floor bins read at their midpoints), ``int4`` (blocks of 32 cells, an
+  absmax scale, round to nearest) and ``e5m2nib`` (e5m2's top nibble: sign and 3 exponent bits). Exact
+  scores and the component weights stay those of the f16 keys: what a narrower K^T would change is
   only which cells steps 1-3 choose.
 - ``--buckets``: the same recall with step 3's exact top-k replaced by the approximate bucketed
   top-k (``reference.sparq_attention``'s ``topk_buckets``: the best cell of each of B = m x k
@@ -213,13 +216,44 @@ def _e5m2(K):
     return round_e5m2(K).astype(np.float64)
 
 
+def int4_blocks(K, block=32):
+    """K (S, hkv, d) as int4 (-7..7) per KV head, component and block of ``block`` cells, an absmax
+    scale in f16, round to nearest: the best a 4-bit block can do, but a block's scale would move
+    with every append that raises its absmax (its other cells rounded twice)."""
+    S = K.shape[0]
+    pad = (-S) % block
+    Kp = np.concatenate([K, np.zeros((pad,) + K.shape[1:], K.dtype)]) if pad else K
+    B = Kp.reshape(-1, block, *K.shape[1:]).astype(np.float64)
+    scale = fp8_round(np.abs(B).max(axis=1, keepdims=True) / 7.0, 10, -14, 65504.0)
+    q = np.where(scale > 0, np.clip(np.round(B / np.where(scale > 0, scale, 1.0)), -7, 7), 0.0)
+    return (q * scale).reshape(Kp.shape)[:S]
+
+
+def e5m2_nibble(K):
+    """K as the top nibble of its e5m2 byte (sign and the 3 upper exponent bits: powers of 16 apart,
+    no scale), rounded to nearest on the f16 bits."""
+    h = np.asarray(K, np.float32).astype(np.float16).view(np.uint16).astype(np.uint32)
+    b = np.minimum(((h & 0x7FFF) + 0x7FF + ((h >> 12) & 1)) >> 12, 0x7) | ((h >> 12) & 0x8)
+    return (b.astype(np.uint16) << 12).view(np.float16).astype(np.float64)
+
+
+def _kt4(K):
+    from sparq_lab.reference import round_kt4  # the fork's own 4-bit K^T (sparq_kt_bits=4)
+
+    return round_kt4(K).astype(np.float64)
+
+
 BUCKET_MULTS = range(1, 65)  # --buckets' allowed multiples of k
 
-KT_FORMATS = {  # an 8-bit K^T, as the values steps 1-3 would read (from the f16 keys)
+KT_FORMATS = {  # an 8- or 4-bit K^T, as the values steps 1-3 would read (from the f16 keys)
     "e5m2": _e5m2,
     "e4m3": lambda K: fp8_round(K.astype(np.float16), 3, -6, 448.0),
     "int8": lambda K: int8_blocks(K.astype(np.float16)),
     "int8cell": lambda K: int8_cells(K.astype(np.float16)),
+    # 4 bits: the fork's kt_bits=4, int4 with an absmax scale, e5m2's top nibble
+    "kt4": _kt4,
+    "int4": lambda K: int4_blocks(K.astype(np.float16)),
+    "e5m2nib": e5m2_nibble,
 }
 
 
@@ -536,9 +570,10 @@ def recall_table(meta, heads, a):
                   "to q and k for a quantized K cache) before steps 1-3, on the same captured steps; the component "
                   "weights of `scaled` then the keys' RMS in that basis.", ""]
     if meta.get("kt_formats"):
-        lines += [f"{', '.join(f'`{f}`' for f in meta['kt_formats'])}: steps 1-3 read K^T stored in that 8-bit "
-                  "format (the exact scores and component weights stay the f16 keys'); its compression is "
-                  "the f16 row's with step 1's bytes halved.", ""]
+        lines += [f"{', '.join(f'`{f}`' for f in meta['kt_formats'])}: steps 1-3 read K^T stored in that "
+                  "format (the exact scores and component weights stay the f16 keys'); the compression column is the "
+                  "f16 K^T's: step 1 reads 1 byte an element in 8 bits, 20/32 in 4 (`kt4`, `int4`), where f16 "
+                  "reads 2.", ""]
     if meta.get("buckets"):
         lines += [f"{', '.join(f'`b{m}`' for m in meta['buckets'])}: step 3 takes the approximate bucketed "
                   "top-k (`topk_buckets` = m x k buckets by cell index modulo that, each bucket's best cell, "
@@ -653,7 +688,7 @@ def coverage_main(argv=None):
     ap.add_argument("--cache-type", default="f16", choices=("f16", "q8_0"), help="the K and V cache's type")
     ap.add_argument("--unrotate", action="store_true", help="with a quantized cache: also measure the recall with "
                     "q and K rotated back from upstream's Hadamard rotation")
-    ap.add_argument("--kt-formats", default="", help="also the recall with K^T in these 8-bit formats "
+    ap.add_argument("--kt-formats", default="", help="also the recall with K^T in these 8- or 4-bit formats "
                     f"(comma-separated: {', '.join(KT_FORMATS)})")
     ap.add_argument("--buckets", default="", help="also the recall of the approximate bucketed top-k with these "
                     "multiples m of k as buckets (comma-separated integers >= 1)")

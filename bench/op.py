@@ -30,6 +30,9 @@ from benchlib import (REPO, RESULTS, command_line, cpu_model, dispatch, git_comm
                       md_bullets, md_table, mem_available, now_iso, op_bench_times, out_stem, pyplot, run_meta,
                       write_csv, write_json)
 
+# bytes of a K^T element by --kt-bits (the cost model's b_t on an f16 cache; 4: a block of 32 in 20 bytes)
+KT_BYTES = {16: 2.0, 8: 1.0, 4: 20.0 / 32.0}
+
 
 # ============================================================================================= bench
 
@@ -442,7 +445,7 @@ before then after in even rounds and after then before in odd ones (the first of
 tends to be slower here), so slow drifts of a shared 2-core machine hit both alike. Each run times
 ``--reps`` repetitions of SparQ alone (bench/native/sparq-op-bench.cpp, Llama 2 7B attention
 shapes by default: 32 heads of 128, MHA, f16 cache and K^T, one decode row, r/k/l as given;
-``--heads/--head-kv/--d`` for another layer's shape, ``--kt-bits 8`` for the 8-bit K^T).
+``--heads/--head-kv/--d`` for another layer's shape, ``--kt-bits 8`` or ``4`` for the 8- or 4-bit K^T).
 
 Writes <tag>.json and <tag>.md into --out-dir (default bench/results): per point the median
 over rounds of each round's median, the ratio after/before, and the spread of the ratio over
@@ -472,7 +475,7 @@ def ab_main(argv=None) -> int:
     ap.add_argument("--heads", type=int, default=32, help="query heads (default 32)")
     ap.add_argument("--head-kv", type=int, default=32, help="KV heads (default 32)")
     ap.add_argument("--d", type=int, default=128, help="head size (default 128)")
-    ap.add_argument("--kt-bits", type=int, default=16, choices=(16, 8), help="K^T width (default 16)")
+    ap.add_argument("--kt-bits", type=int, default=16, choices=(16, 8, 4), help="K^T width (default 16)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out-dir", type=Path, default=RESULTS)
     ap.add_argument("--tag", default="op_ab")
@@ -506,8 +509,8 @@ def ab_main(argv=None) -> int:
                      "before_runs_us": b, "after_runs_us": a})
     meta = {**run_meta(args.threads, load0), "before": str(exes["before"]), "after": str(exes["after"]),
             "sparq": f"r={args.r}, k={args.k}, l={args.k // 4}, d={args.d}, {args.heads} heads on {args.head_kv} KV "
-                     f"heads, batch 1, f16 cache, {args.kt_bits}-bit K^T; compression (kt_bits / 16) r/2d + k/S asymptotically "
-                     f"({args.r * args.kt_bits / 16 / (2 * args.d):.3f} + k/S)",
+                     f"heads, batch 1, f16 cache, {args.kt_bits}-bit K^T; compression (b_t / 2) r/2d + k/S asymptotically "
+                     f"({args.r * KT_BYTES[args.kt_bits] / 2 / (2 * args.d):.3f} + k/S)",
             "counters": "none: sparq-op-bench computes a graph of the GGML_OP_SPARQ_ATTN node alone (no llama "
                         "context), so the SparQ op is what each timing measures",
             "method": f"{args.rounds} rounds; per round and S: before then after (odd rounds: after then before), {args.reps} reps each, median; "

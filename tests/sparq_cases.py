@@ -48,7 +48,7 @@ class Case:
     dense_streams: tuple = () # streams marked dense (negative v_count): exact attention over every valid cell
     coverage: float = 0.0     # > 0: the calibrated k's coverage target (at least k_min cells, at most k)
     k_min: int = 0
-    kt_bits: int = 16         # 8: K^T in e5m2 (the keys' f16, then its upper byte)
+    kt_bits: int = 16         # 8: K^T in e5m2 (the keys' f16, then its upper byte); 4: the 4-bit K^T (S % 32 == 0)
     topk_buckets: int = 0     # > 0: the approximate bucketed top-k with that many buckets
     softcap: float = 0.0      # > 0: logit soft-capping
     max_bias: float = 0.0     # > 0: ALiBi (with mask "alibi": each valid cell's mask is minus its distance)
@@ -70,7 +70,7 @@ class Case:
                 + ("" if self.mean_v else "-nomeanv") + ("-basis" if self.basis else "")
                 + (f"-dense{''.join(map(str, self.dense_streams))}" if self.dense_streams else "")
                 + (f"-cov{self.coverage:g}-kmin{self.k_min}" if self.coverage else "")
-                + ("-kt8" if self.kt_bits == 8 else "") + (f"-tkb{self.topk_buckets}" if self.topk_buckets else "")
+                + (f"-kt{self.kt_bits}" if self.kt_bits != 16 else "") + (f"-tkb{self.topk_buckets}" if self.topk_buckets else "")
                 + (f"-cap{self.softcap:g}" if self.softcap else "") + (f"-alibi{self.max_bias:g}" if self.max_bias else "")
                 + ("-sinks" if self.sinks else "") + (f"-dv{self.dv}" if self.dv != self.d else "")
                 + ("-vview" if self.v_view else ""))
@@ -250,6 +250,8 @@ def write(path: Path, c: Case, a: dict) -> None:
             f.write(b"COV1" + struct.pack("<fi", c.coverage, c.k_min))
         if c.kt_bits == 8:
             f.write(b"KTE5")
+        if c.kt_bits == 4:
+            f.write(b"KT41")
         if c.topk_buckets:
             f.write(b"TKB1" + struct.pack("<i", c.topk_buckets))
         if c.softcap or c.max_bias or c.sinks:
@@ -384,6 +386,8 @@ def check(c: Case, a: dict, out: np.ndarray, sel: np.ndarray | None) -> dict:
             K_kt = K if K_sel is None else K_sel
             if c.kt_bits == 8:
                 K_kt = ref.round_e5m2(K_kt).astype(np.float64)  # the scores step 3 ranks read K^T in e5m2
+            elif c.kt_bits == 4:
+                K_kt = ref.round_kt4(K_kt).astype(np.float64)
             scores = ref.combined_scores(q if q_sel is None else q_sel, K_kt, r=r_eff,
                                          mask=mask, scale=scale, comp_w=comp_w, **vkw)
             valid = np.ones((c.n_rows, c.S), bool) if mask is None else np.isfinite(mask)
@@ -585,6 +589,19 @@ def grid(quick: bool = False) -> list[Case]:
                dict(d=64, S=1500, r=16, k=400, l=16, n_head=8, n_head_kv=2, mask="pad", coverage=0.9, k_min=32),
                dict(d=64, S=33, r=8, k=64, l=16, n_head=4, n_head_kv=2, mask="pad")):
         add(kt_bits=8, **kw)
+    # K^T in 4 bits (blocks of 32 cells, S and the padded row multiples of 32), in the quick grid too:
+    # f16, f32 (to f16 first) and q8_0 keys, a padded K^T, GQA and MHA (chunk ends inside a block),
+    # several rows and streams, per head, a basis, the oracle, the calibrated k
+    for kw in (dict(d=128, S=1024, r=16, k=100, l=25, n_head=4, n_head_kv=1, mask="holes"),
+               dict(d=64, S=1504, r=24, k=64, l=16, n_head=8, n_head_kv=2, mask="pad", kv_type="f32", kt_pad=32),
+               dict(d=64, S=1216, r=8, k=64, l=16, n_rows=3, n_stream=2, n_head=4, n_head_kv=4, mask="causal",
+                    win="random"),
+               dict(d=64, S=992, r=12, k=64, l=16, n_head=8, n_head_kv=2, mask="holes", per_head=True),
+               dict(d=128, S=2016, r=16, k=100, l=25, n_head=4, n_head_kv=1, mask="holes", basis=True),
+               dict(d=64, S=1504, r=8, k=64, l=16, n_head=8, n_head_kv=2, mask="holes", kv_type="q8_0"),
+               dict(d=64, S=1504, r=8, k=64, l=16, n_head=4, n_head_kv=1, mask="pad", selector="oracle"),
+               dict(d=64, S=1504, r=16, k=400, l=16, n_head=8, n_head_kv=2, mask="pad", coverage=0.9, k_min=32)):
+        add(kt_bits=4, **kw)
     # the approximate bucketed top-k, in the quick grid too: GQA shared and per head, a given window
     # out of cell order, several rows and streams, the oracle, a bucket per cell (exact), q8_0, e5m2
     add(d=128, S=2000, r=16, k=100, l=25, n_head=4, n_head_kv=1, mask="holes", topk_buckets=200)

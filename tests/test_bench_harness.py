@@ -203,8 +203,12 @@ def test_op_ab_times_a_layer_shape_and_the_8bit_kt(tmp_path):
     p = subprocess.run([exe, "--S", "300", "--d", "32", "--heads", "2", "--head-kv", "2", "--r", "8", "--k", "16",
                         "--l", "4", "--reps", "1", "--kt-bits", "8", "--ops", "sparq"], capture_output=True, text=True)
     assert p.returncode == 0 and json.loads(p.stdout)["kt_bits"] == 8, p.stderr
-    p = subprocess.run([exe, "--kt-bits", "4"], capture_output=True, text=True)
-    assert p.returncode == 2 and "kt-bits 16 or 8" in p.stderr
+    p = subprocess.run([exe, "--S", "320", "--d", "32", "--heads", "2", "--head-kv", "2", "--r", "8", "--k", "16",
+                        "--l", "4", "--reps", "1", "--kt-bits", "4", "--ops", "sparq"], capture_output=True, text=True)
+    assert p.returncode == 0 and json.loads(p.stdout)["kt_bits"] == 4, p.stderr
+    for bad in (["--kt-bits", "3"], ["--kt-bits", "4", "--S", "300"]):
+        p = subprocess.run([exe, *bad], capture_output=True, text=True)
+        assert p.returncode == 2 and "kt-bits 16, 8 or 4" in p.stderr
     p = subprocess.run([sys.executable, str(REPO / "bench" / "op.py"), "ab", "--before", str(tmp_path), "--heads", "9",
                         "--head-kv", "2"], capture_output=True, text=True, cwd=REPO)
     assert p.returncode == 2 and "--heads must be a multiple of --head-kv" in p.stderr

@@ -318,6 +318,9 @@ EMU_CASES = {
     # an 8-bit K^T (e5m2, f16 K and V): 8-byte vector loads, and one-byte loads
     "gqa4-e5m2-vec": "128 1000 8 2 1 2 16 64 16 2 1 0 0 0",
     "mha-e5m2-scalar-loads": "64 2048 4 4 1 1 16 128 32 2 1 0 0 0 1",
+    # a 4-bit K^T (q4_1 blocks of 32 cells, f16 K and V): a thread's cells in one block, and one cell a thread
+    "gqa4-kt4-vec": "128 1024 8 2 1 2 16 64 16 3 1 0 0 0",
+    "mha-kt4-scalar-loads": "64 2048 4 4 1 1 16 128 32 3 1 0 0 0 1",
 }
 
 # SPARQ_EMU_FULL=1 adds the longer grid (a few minutes on 2 cores)

@@ -124,7 +124,7 @@ def test_default_r_follows_kt_bits(tiny_model, bits):
 
 def test_bad_kt_bits_is_refused_naming_the_setting(tiny_model):
     sp = make_llm(tiny_model, n_ctx=256, sparq=True)
-    with pytest.raises(ValueError, match=r"SparQ: kt_bits = 12 is out of range: allowed 8 or 16"):
+    with pytest.raises(ValueError, match=r"SparQ: kt_bits = 12 is out of range: allowed 4, 8 or 16"):
         sp.set_sparq(sparq_kt_bits=12)
     assert sp.sparq_params()["sparq_kt_bits"] == 8  # the default, unchanged
     with pytest.raises(ValueError, match="kt_bits"):

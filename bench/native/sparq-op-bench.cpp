@@ -2,7 +2,7 @@
 // the same f16 K and V, on ggml's CPU backend (driven by bench/op.py bench).
 //
 //   sparq-op-bench --S N --batch B --heads H --head-kv HKV --d D --r R --k K --l L
-//                  --threads T --reps N [--warmup N] [--ops dense,sparq,sparq_all] [--kt-bits 16|8]
+//                  --threads T --reps N [--warmup N] [--ops dense,sparq,sparq_all] [--kt-bits 16|8|4]
 //
 // Ops: dense (upstream's flash attention), sparq (the op), sparq_all (the op with every stream
 // marked dense: each row attends over every valid cell, as in a diffuse layer's dense stretch).
@@ -14,6 +14,7 @@
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 #include "ggml-sparq-e5m2.h"
+#include "ggml-sparq-kt4.h"
 
 #include <algorithm>
 #include <chrono>
@@ -61,9 +62,9 @@ static opts parse(int argc, char ** argv) {
     }
     if (o.S < 1 || o.batch < 1 || o.heads < 1 || o.head_kv < 1 || o.heads % o.head_kv || o.d < 1 || o.r < 1 ||
         o.r > o.d || o.k < 1 || o.l < 0 || o.l > o.k || o.threads < 1 || o.reps < 1 ||
-        (o.kt_bits != 16 && o.kt_bits != 8)) {
+        (o.kt_bits != 16 && o.kt_bits != 8 && o.kt_bits != 4) || (o.kt_bits == 4 && o.S % GGML_SPARQ_KT4_CELLS != 0)) {
         usage("invalid parameters (need S, batch, heads, d, k, threads, reps >= 1; heads % head-kv == 0; "
-              "1 <= r <= d; 0 <= l <= k; kt-bits 16 or 8)");
+              "1 <= r <= d; 0 <= l <= k; kt-bits 16, 8 or 4, with 4 a context of a multiple of 32)");
     }
     for (size_t b = 0, e; b <= o.ops.size(); b = e + 1) {
         e = std::min(o.ops.find(',', b), o.ops.size());
@@ -97,8 +98,9 @@ int main(int argc, char ** argv) {
     ggml_tensor * q    = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, d, 1, H, B);
     ggml_tensor * K    = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, d, S, HKV, B);
     ggml_tensor * V    = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, d, S, HKV, B);
-    // K^T in f16, or in e5m2 bytes (an i8 tensor) for the 8-bit K^T
-    ggml_tensor * KT   = ggml_new_tensor_4d(ctx, o.kt_bits == 8 ? GGML_TYPE_I8 : GGML_TYPE_F16, S, d, HKV, B);
+    // K^T in f16, in e5m2 bytes (an i8 tensor) for the 8-bit K^T, in q4_1 blocks for the 4-bit one
+    const ggml_type ktt = o.kt_bits == 8 ? GGML_TYPE_I8 : o.kt_bits == 4 ? GGML_TYPE_Q4_1 : GGML_TYPE_F16;
+    ggml_tensor * KT   = ggml_new_tensor_4d(ctx, ktt, S, d, HKV, B);
     ggml_tensor * mask = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, S, 1, 1, B);
     ggml_tensor * vs   = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, d, HKV, B);
     ggml_tensor * vc   = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, B);
@@ -126,7 +128,8 @@ int main(int argc, char ** argv) {
     }
     fill_f16(K, rng, 1.0f);
     fill_f16(V, rng, 1.0f);
-    // K^T from K
+    // K^T from K (a 4-bit K^T's blocks start unwritten: zero bytes)
+    memset(KT->data, 0, ggml_nbytes(KT));
     {
         const ggml_fp16_t * k = (const ggml_fp16_t *) K->data;
         for (int b = 0; b < B; ++b) {
@@ -138,6 +141,9 @@ int main(int argc, char ** argv) {
                         const ggml_fp16_t x = kb[(size_t) i * d + j];
                         if (o.kt_bits == 8) {
                             ((uint8_t *) KT->data)[o0 + (size_t) j * S + i] = ggml_sparq_f16_to_e5m2(x);
+                        } else if (o.kt_bits == 4) {
+                            uint8_t * row = (uint8_t *) KT->data + ((((size_t) b * HKV + h) * d + j) * KT->nb[1]);
+                            ggml_sparq_kt4_put(row, i, x);
                         } else {
                             ((ggml_fp16_t *) KT->data)[o0 + (size_t) j * S + i] = x;
                         }

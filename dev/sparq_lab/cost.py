@@ -9,7 +9,8 @@ In elements (an f16 cache):
 
 In bytes, for a cache type (``kv_type``): a K or V element costs b_kv bytes (f16 2, f32 4, q8_0
 34/32: a block of 32 int8 and an f16 scale), a K^T element b_t (2; 4 for an f32 cache: a q8_0
-cache keeps K^T in f16; 1 with ``kt_bits=8``, an e5m2 K^T, whatever the cache), vbar's 2*d at 2 bytes
+cache keeps K^T in f16; 1 with ``kt_bits=8``, an e5m2 K^T, whatever the cache; 20/32 with ``kt_bits=4``, a block of 32 cells in
+20 bytes), vbar's 2*d at 2 bytes
 each (the f16 element the model counted first):
 
     B_dense = (S + 1)*d*2*b_kv
@@ -53,13 +54,17 @@ CACHE_TYPES = {"f16": (cache_type_id("f16"), 2.0, 2.0), "f32": (cache_type_id("f
                   (("q8_0", 34), ("q4_0", 18), ("q4_1", 20), ("q5_0", 22), ("q5_1", 24), ("iq4_nl", 18))}}
 
 
+# A 4-bit K^T element's bytes: a block of 32 cells is an f16 scale, an f16 offset and 16 bytes.
+KT4_BYTES = 20.0 / 32.0
+
+
 def _kv_type(kv_type, kt_bits=16):
     if kv_type not in CACHE_TYPES:
         raise ValueError(f"kv_type must be one of {', '.join(CACHE_TYPES)}, got {kv_type!r}")
-    if kt_bits not in (8, 16) or isinstance(kt_bits, bool):
-        raise ValueError(f"kt_bits must be 8 (e5m2) or 16, got {kt_bits!r}")
+    if kt_bits not in (4, 8, 16) or isinstance(kt_bits, bool):
+        raise ValueError(f"kt_bits must be 4, 8 (e5m2) or 16, got {kt_bits!r}")
     type_id, b_kv, b_t = CACHE_TYPES[kv_type]
-    return type_id, b_kv, 1.0 if kt_bits == 8 else b_t
+    return type_id, b_kv, {4: KT4_BYTES, 8: 1.0}.get(kt_bits, b_t)
 
 
 def _int_param(name, value, lo, hi=None, hi_name=None):
@@ -141,7 +146,7 @@ def b_dense(S, d, kv_type="f16", dv=None):
 
 def b_sparq(S, d, r, k, kv_type="f16", kt_bits=16, dv=None):
     """Bytes moved per KV head by one SparQ decode step with a ``kv_type`` cache:
-    S*r*b_t + (k + 1)*(d + dv)*b_kv + 4*dv (b_dense where S <= k); kt_bits=8: b_t = 1 (e5m2)."""
+    S*r*b_t + (k + 1)*(d + dv)*b_kv + 4*dv (b_dense where S <= k); kt_bits=8: b_t = 1 (e5m2), 4: 20/32."""
     S, scalar = _S_param(S)
     d = _int_param("d", d, 1)
     r = _int_param("r", r, 1, d, "d")
@@ -153,7 +158,7 @@ def b_sparq(S, d, r, k, kv_type="f16", kt_bits=16, dv=None):
 
 def compression(S, d, r, k, kv_type="f16", kt_bits=16, dv=None):
     """Compression ratio B_sparq / B_dense, the bytes of a ``kv_type`` cache (1.0 where S <= k); for
-    f16 it is M_sparq / M_dense. kt_bits=8: K^T in e5m2, 1 byte an element. dv: V's head size (d)."""
+    f16 it is M_sparq / M_dense. kt_bits=8: K^T in e5m2, 1 byte an element; 4: 20/32. dv: V's head size (d)."""
     S, scalar = _S_param(S)
     d = _int_param("d", d, 1)
     r = _int_param("r", r, 1, d, "d")

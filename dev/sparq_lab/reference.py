@@ -35,6 +35,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._reference_blocks import BLOCK_TYPES, dequantize_blocks, quantize_blocks
+from ._reference_kt4 import round_kt4
 from ._reference_checks import check_r, float_dtype, prepare, sparq_options
 from ._reference_selectors import baseline_positions
 from ._reference_steps import (Variants, alibi_slopes, approx_scores, bucket_winners, exact_attention,
@@ -55,6 +56,7 @@ __all__ = [
     "dequantize_blocks",
     "round_kv",
     "round_e5m2",
+    "round_kt4",
 ]
 
 # Values per block of ggml's q8_0 (and the cache types' quantized blocks generally).
@@ -257,7 +259,8 @@ def sparq_attention(q, K, V, *, r, k, l=0, mask=None, scale=None, vbar=None,
       those), and by default K_sel the f16 of those keys (the K^T the fork keeps for such a cache).
       A given vbar is used as it is (the fork's V sums are of the rounded values).
     kt_bits: 8 reads K^T in e5m2 (``round_e5m2`` of K_sel, or of K) in steps 1-3 (the oracle's scores
-      too: it reads K^T); steps 4-5 still read K and V at full precision. 16 (default): as given.
+      too: it reads K^T); 4 in the 4-bit K^T (``round_kt4``: blocks of 32 cells, a power-of-two
+      scale each); steps 4-5 still read K and V at full precision. 16 (default): as given.
     topk_buckets: B > 0 makes step 3's ranking the approximate bucketed top-k (Key et al. 2024,
       one cell per bucket): the cells outside the window split into B buckets by cell index
       modulo B, each bucket's best by the ranking key (ties to the lower cell), then the k - l
@@ -271,14 +274,16 @@ def sparq_attention(q, K, V, *, r, k, l=0, mask=None, scale=None, vbar=None,
     logit per query head with a zero value row in every softmax's denominator; alpha counts its
     weight, as the calibrated k's cut does (both as the window's: always attended).
     """
-    if kt_bits not in (8, 16) or isinstance(kt_bits, bool):
-        raise ValueError(f"kt_bits must be 8 (e5m2) or 16, got {kt_bits!r}")
+    if kt_bits not in (4, 8, 16) or isinstance(kt_bits, bool):
+        raise ValueError(f"kt_bits must be 4, 8 (e5m2) or 16, got {kt_bits!r}")
     if kv_quant is not None:
         K, V = round_kv(K, kv_quant), round_kv(V, kv_quant)
         if K_sel is None:
             K_sel = np.asarray(K).astype(np.float16)
     if kt_bits == 8:
         K_sel = round_e5m2(K if K_sel is None else K_sel)
+    elif kt_bits == 4:
+        K_sel = round_kt4(K if K_sel is None else K_sel)  # K (S, n_head_kv, d): blocks along the cells
     q, K, V, mask, scale, vbar, dims = prepare(q, K, V, mask, scale, vbar)
     dt = float_dtype(dtype)
     n_rows, n_kv, g, d, S, dv = (

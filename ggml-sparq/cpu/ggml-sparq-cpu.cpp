@@ -34,6 +34,9 @@ static enum sparq_type sparq_type_of(const struct ggml_tensor * t, bool rows = f
             }
             GGML_ABORT("sparq_attn: tensor %s has type i8; only K^T may be i8 (e5m2)", t->name);
         default: {
+            if (kt && t->type == GGML_TYPE_Q4_1) {
+                return SPARQ_KT4; // a 4-bit K^T: q4_1 blocks along its rows (ggml-sparq-kt4.h)
+            }
             const enum sparq_type b = sparq_block_type_of(t->type);
             if (rows && b != SPARQ_F32) {
                 // the kernels' block layouts are ggml's (sparq-cpu.h, sparq-cpu-blocks.cpp)
@@ -163,6 +166,11 @@ static inline uint8_t sparq_e5m2_of(const void * row, bool f16, int64_t i) {
     return ggml_sparq_f16_to_e5m2(h);
 }
 
+// value i of an f32 or f16 row as f16 bits (an f32 rounded to nearest even, as for e5m2)
+static inline uint16_t sparq_f16_of(const void * row, bool f16, int64_t i) {
+    return f16 ? ((const uint16_t *) row)[i] : sparq_fp32_to_fp16(((const float *) row)[i]);
+}
+
 // the 8-bit K^T's writes (ggml_sparq_kt_append): the source rows split over the threads
 static void sparq_kt_append(const struct ggml_compute_params * params, struct ggml_tensor * dst) {
     const struct ggml_tensor * src = dst->src[1];
@@ -177,6 +185,25 @@ static void sparq_kt_append(const struct ggml_compute_params * params, struct gg
         uint8_t * d = (uint8_t *) dst->data + (size_t) row * dst->nb[1];
         for (int64_t j = 0; j < ne0; ++j) {
             d[j] = sparq_e5m2_of(s, f16, j);
+        }
+    }
+}
+
+// a ubatch's keys into a 4-bit K^T (ggml_sparq_cell_scatter): the K^T rows split over the threads,
+// each row's cells written token by token (a block has one writer: ggml_sparq_kt4_put)
+static void sparq_cell_scatter_kt4(const struct ggml_compute_params * params, struct ggml_tensor * dst) {
+    const struct ggml_tensor * src = dst->src[1];
+    const int64_t * idx = (const int64_t *) dst->src[2]->data;
+    const int64_t E = src->ne[0], n = src->ne[1], kv_size = dst->ne[0];
+    const int64_t per = (E + params->nth - 1) / params->nth;
+    const int64_t j0 = per * params->ith, j1 = std::min<int64_t>(E, j0 + per);
+    const bool f16 = src->type == GGML_TYPE_F16;
+    const size_t row_bytes = ggml_row_size(dst->type, kv_size);
+    for (int64_t j = j0; j < j1; ++j) {
+        for (int64_t i = 0; i < n; ++i) {
+            const int64_t strm = idx[i] / kv_size, c = idx[i] % kv_size;
+            uint8_t * row = (uint8_t *) dst->data + (size_t) (strm * E + j) * row_bytes;
+            ggml_sparq_kt4_put(row, c, sparq_f16_of((const char *) src->data + (size_t) i * src->nb[1], f16, j));
         }
     }
 }
@@ -204,6 +231,10 @@ static void sparq_cell_scatter(const struct ggml_compute_params * params, struct
             memmove(row + 1, row, (size_t) (w - 1) * sizeof(int32_t));
             row[0] = (int32_t) (idx[i] % kv_size);
         }
+    }
+    if (dst->type == GGML_TYPE_Q4_1) {
+        sparq_cell_scatter_kt4(params, dst);
+        return;
     }
     for (int64_t i = i0; i < i1; ++i) {
         const int64_t strm = idx[i] / kv_size, c = idx[i] % kv_size;

@@ -73,8 +73,9 @@ void sparq_chunk_scores(const ctx & C, int u, int w, int s0, int s1, int ith) {
     const float * m = C.mask_row(R);
     for (int b0 = s0; b0 < s1; b0 += C.L.block_cells) {
         const int nb = std::min(C.L.block_cells, s1 - b0);
+        const bool kt4 = a->KT_type == SPARQ_KT4; // its rows from cell 0: a block holds 32 cells
         for (int j = 0; j < r; ++j) {
-            rows[j] = C.KT_row(st, kvh, i1[j]) + (size_t) b0 * esz;
+            rows[j] = C.KT_row(st, kvh, i1[j]) + (kt4 ? 0 : (size_t) b0 * esz);
         }
         // g == 1: the keys of the chunk are kept for the selection; g > 1: a block buffer
         float * out = g == 1 ? ck + (b0 - s0) : blk;
@@ -82,6 +83,8 @@ void sparq_chunk_scores(const ctx & C, int u, int w, int s0, int s1, int ith) {
             C.isa->approx_f16((const uint16_t * const *) rows, r, qs, g, nb, out);
         } else if (a->KT_type == SPARQ_E5M2) {
             C.isa->approx_e5m2((const uint8_t * const *) rows, r, qs, g, nb, out);
+        } else if (kt4) {
+            C.isa->approx_kt4((const uint8_t * const *) rows, b0, r, qs, g, nb, out);
         } else {
             C.isa->approx_f32((const float * const *) rows, r, qs, g, nb, out);
         }
@@ -204,6 +207,7 @@ static float approx_logit(const ctx & C, int u, int w, int hh, int i, const floa
         const char * kt = C.KT_row(st, kvh, i1[j]);
         const float kv = a->KT_type == SPARQ_F16    ? sparq_fp16_to_fp32(((const uint16_t *) kt)[i])
                          : a->KT_type == SPARQ_E5M2 ? sparq_e5m2_to_fp32(((const uint8_t *) kt)[i])
+                         : a->KT_type == SPARQ_KT4  ? sparq_kt4_to_fp32((const uint8_t *) kt, i)
                                                     : ((const float *) kt)[i];
         ap += qs[hh * r + j] * kv;
     }

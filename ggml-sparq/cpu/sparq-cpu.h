@@ -31,11 +31,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
-// SPARQ_E5M2: K^T only, one byte per value, the upper byte of its f16 (ggml-sparq.h). The block types
-// (q8_0 and the 4- and 5-bit ones from SPARQ_Q4_0 on) are K and V rows only, whole blocks of SPARQ_QK
+#include "ggml-sparq-kt4.h"
+
+// SPARQ_E5M2: K^T only, one byte per value, the upper byte of its f16 (ggml-sparq.h). SPARQ_KT4: K^T
+// only, q4_1 blocks of 32 cells along a K^T row (ggml-sparq-kt4.h). The block types (q8_0 and the 4-
+// and 5-bit ones from SPARQ_Q4_0 on) are K and V rows only, whole blocks of SPARQ_QK
 enum sparq_type {
     SPARQ_F32 = 0, SPARQ_F16 = 1, SPARQ_Q8_0 = 2, SPARQ_E5M2 = 3,
     SPARQ_Q4_0 = 4, SPARQ_Q4_1 = 5, SPARQ_Q5_0 = 6, SPARQ_Q5_1 = 7, SPARQ_IQ4_NL = 8,
+    SPARQ_KT4 = 9,
 };
 
 // ggml's q8_0 block (K and V rows only; a row's length is a multiple of SPARQ_QK): value i is
@@ -52,7 +56,8 @@ static inline size_t sparq_block_bytes(enum sparq_type t) {
     switch (t) {
         case SPARQ_Q8_0:   return sizeof(struct sparq_block_q8_0);
         case SPARQ_Q4_0:   return 18; // f16 d, 16 bytes of nibbles
-        case SPARQ_Q4_1:   return 20; // f16 d, f16 m, nibbles
+        case SPARQ_Q4_1:
+        case SPARQ_KT4:    return 20; // f16 d, f16 m, nibbles
         case SPARQ_Q5_0:   return 22; // f16 d, 4 bytes of fifth bits, nibbles
         case SPARQ_Q5_1:   return 24; // f16 d, f16 m, fifth bits, nibbles
         case SPARQ_IQ4_NL: return 18; // f16 d, nibbles indexing a fixed table
@@ -74,6 +79,9 @@ struct sparq_isa {
     void (*approx_f32)(const float    * const * rows, int r, const float * qs, int g, int n, float * out);
     // the same over e5m2 rows (an 8-bit K^T: byte b is the f16 b << 8)
     void (*approx_e5m2)(const uint8_t * const * rows, int r, const float * qs, int g, int n, float * out);
+    // the same over 4-bit K^T rows (q4_1 blocks of 32 cells, ggml-sparq-kt4.h), rows[j] at cell 0 and
+    // s counted from cell c0: out[h*n + s] = sum_j qs[h*r + j] * value (c0 + s) of rows[j]
+    void (*approx_kt4)(const uint8_t * const * rows, int c0, int r, const float * qs, int g, int n, float * out);
     // sum_i exp(x[i] - m); x may hold -INF (contributes 0)
     float (*expsum)(const float * x, int n, float m);
     // y[i] += a * exp(x[i] - m)
@@ -155,6 +163,12 @@ const struct sparq_isa * sparq_isa_by_name(const char * name);
 
 float sparq_fp16_to_fp32(uint16_t h);
 static inline float sparq_e5m2_to_fp32(uint8_t b) { return sparq_fp16_to_fp32((uint16_t) (b << 8)); }
+// value c of a 4-bit K^T row (row at cell 0): q d + m, as ggml's q4_1 (exact: d is a power of two)
+static inline float sparq_kt4_to_fp32(const uint8_t * row, int64_t c) {
+    uint16_t d, m;
+    const int q = ggml_sparq_kt4_q(row, c, &d, &m);
+    return (float) q * sparq_fp16_to_fp32(d) + sparq_fp16_to_fp32(m);
+}
 uint16_t sparq_fp32_to_fp16(float f);
 
 // The 4- and 5-bit block types (sparq-cpu-blocks.cpp). Their rows are read as f32, a few blocks at a

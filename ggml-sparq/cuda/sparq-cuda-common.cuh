@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "ggml-sparq-kt4.h"
 #include "sparq-cuda-limits.h"
 
 #define SPARQ_NT     256              // threads per block of every kernel
@@ -134,8 +135,11 @@ template <typename T> static __device__ __forceinline__ float sq_ld(const T * p)
 template <> __device__ __forceinline__ float sq_ld<half>(const half * p) { return __half2float(*p); }
 template <> __device__ __forceinline__ float sq_ld<float>(const float * p) { return *p; }
 
-// K^T's element types (the score kernel's TKT: float, half, uint8_t)
-enum sparq_cu_kt { SPARQ_CU_KT_F32 = 0, SPARQ_CU_KT_F16 = 1, SPARQ_CU_KT_E5M2 = 2 };
+// K^T's element types (the score kernel's TKT: float, half, uint8_t, sparq_cu_kt4)
+enum sparq_cu_kt { SPARQ_CU_KT_F32 = 0, SPARQ_CU_KT_F16 = 1, SPARQ_CU_KT_E5M2 = 2, SPARQ_CU_KT_KT4 = 3 };
+
+// the 4-bit K^T's tag (ggml-sparq-kt4.h: q4_1 blocks of 32 cells along a row): no element of its own
+struct sparq_cu_kt4 {};
 
 // an e5m2 byte (an 8-bit K^T): the upper byte of an f16
 static __device__ __forceinline__ float sq_e5m2(unsigned int b) {
@@ -206,6 +210,25 @@ static __device__ __forceinline__ void sq_ldv(const T * p, float * v) {
             static_assert(N == 1, "sparq: vector width");
             v[0] = *p;
         }
+    }
+}
+
+// N consecutive values from cell s0 of K^T row `row` (s0 aligned to N): sq_ldv, or for a 4-bit K^T
+// the N nibbles of s0's block (N divides 32) times its d plus its m (q d + m exact: d a power of two)
+template <typename T, int N>
+static __device__ __forceinline__ void sq_ld_kt(const char * row, int s0, float * v) {
+    if constexpr (std::is_same_v<T, sparq_cu_kt4>) {
+        const char * b = row + (size_t) (s0 / GGML_SPARQ_KT4_CELLS) * GGML_SPARQ_KT4_BYTES;
+        const float d = __half2float(*(const half *) b), m = __half2float(*(const half *) (b + 2));
+        const int j = s0 % GGML_SPARQ_KT4_CELLS;
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+            const int c = j + i;
+            const unsigned int q = c < 16 ? (unsigned char) b[4 + c] & 0x0Fu : (unsigned char) b[4 + c - 16] >> 4;
+            v[i] = fmaf((float) q, d, m);
+        }
+    } else {
+        sq_ldv<T, N>((const T *) row + s0, v);
     }
 }
 

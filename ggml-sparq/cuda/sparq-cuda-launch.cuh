@@ -99,6 +99,8 @@ static void sparq_with_score_types(int g, int kt, int cpt, F && f) {
             by_cpt(sparq_cu_type<half>{});
         } else if (kt == SPARQ_CU_KT_E5M2) {
             by_cpt(sparq_cu_type<uint8_t>{});
+        } else if (kt == SPARQ_CU_KT_KT4) {
+            by_cpt(sparq_cu_type<sparq_cu_kt4>{});
         } else {
             by_cpt(sparq_cu_type<float>{});
         }

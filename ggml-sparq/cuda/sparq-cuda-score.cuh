@@ -182,7 +182,7 @@ static __device__ __forceinline__ void sparq_score_block(const sparq_cu_args & a
 #pragma unroll 8
         for (int j = 0; j < r; ++j) {
             float v[CPT];
-            sq_ldv<TKT, CPT>((const TKT *) (kt + (size_t) si1[j] * a.KT_nb1) + s0, v);
+            sq_ld_kt<TKT, CPT>(kt + (size_t) si1[j] * a.KT_nb1, s0, v);
 #pragma unroll
             for (int h = 0; h < GMAX; ++h) {
                 if (h < g) {

@@ -54,8 +54,9 @@ static inline const char * sparq_cuda_attn_unsupported(const ggml_tensor * op, c
     if (q->type != GGML_TYPE_F32 || op->type != GGML_TYPE_F32) {
         return "q and the result must be f32";
     }
-    if (!sparq_cu_type_ok(k) || !(sparq_cu_type_ok(kt) || kt->type == GGML_TYPE_I8) || !sparq_cu_type_ok(v)) {
-        return "K and V must be f16 or f32, K^T f16, f32 or i8 (e5m2)";
+    if (!sparq_cu_type_ok(k) || !(sparq_cu_type_ok(kt) || kt->type == GGML_TYPE_I8 || kt->type == GGML_TYPE_Q4_1) ||
+        !sparq_cu_type_ok(v)) {
+        return "K and V must be f16 or f32, K^T f16, f32, i8 (e5m2) or q4_1 (4-bit)";
     }
     if (mk && mk->type != GGML_TYPE_F16 && mk->type != GGML_TYPE_F32) {
         return "the mask must be f16 or f32";
@@ -105,9 +106,10 @@ static inline const char * sparq_cuda_why_not(const ggml_tensor * op) {
         }
         case GGML_SPARQ_MODE_CELL_SCATTER: {
             const ggml_tensor * d = op->src[0];
-            if ((d->type != GGML_TYPE_F32 && d->type != GGML_TYPE_F16 && d->type != GGML_TYPE_I8) ||
+            if ((d->type != GGML_TYPE_F32 && d->type != GGML_TYPE_F16 && d->type != GGML_TYPE_I8 &&
+                 d->type != GGML_TYPE_Q4_1) ||
                 !sparq_cu_type_ok(op->src[1]) || !ggml_is_contiguous(op->src[1]) || op->src[2]->type != GGML_TYPE_I64) {
-                return "the cell scatter: f32, f16 or i8 cells from f32 or f16 values, i64 indices";
+                return "the cell scatter: f32, f16, i8 or q4_1 (4-bit K^T) cells from f32 or f16 values, i64 indices";
             }
             if (op->src[3] && (op->src[3]->type != GGML_TYPE_I32 || !ggml_is_contiguous(op->src[3]) ||
                                op->src[3]->ne[0] > INT32_MAX)) {

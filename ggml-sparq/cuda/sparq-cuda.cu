@@ -287,6 +287,33 @@ static __global__ void k_sparq_cell_scatter(const char * src, size_t s_nb1, cons
     }
 }
 
+// a ubatch's keys into a 4-bit K^T: one thread per K^T row (of E), its cells written token by token
+// in order (a block of cells has one writer: ggml_sparq_kt4_put); with a window the last block pushes
+template <typename TS>
+static __global__ void k_sparq_cell_scatter_kt4(const char * src, size_t s_nb1, const int64_t * idx, uint8_t * dst,
+                                                int64_t E, int64_t n, int64_t kv_size, char * win, size_t w_nb1, int w) {
+    if (win && blockIdx.x == gridDim.x - 1) {
+        sparq_cell_scatter_window(idx, n, kv_size, win, w_nb1, w);
+        return;
+    }
+    const int64_t j = (int64_t) blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= E) {
+        return;
+    }
+    const size_t rb = (size_t) (kv_size / GGML_SPARQ_KT4_CELLS) * GGML_SPARQ_KT4_BYTES;
+    for (int64_t t = 0; t < n; ++t) {
+        const int64_t strm = idx[t] / kv_size, c = idx[t] % kv_size;
+        const TS x = ((const TS *) (src + (size_t) t * s_nb1))[j];
+        unsigned short h;
+        if constexpr (std::is_same_v<TS, half>) {
+            h = __half_as_ushort(x);
+        } else {
+            h = __half_as_ushort(__float2half_rn(x)); // as the CPU rounds
+        }
+        ggml_sparq_kt4_put(dst + ((size_t) strm * E + j) * rb, c, h);
+    }
+}
+
 template <typename TS>
 static void sparq_cuda_cell_scatter_src(ggml_backend_cuda_context & ctx, const ggml_tensor * src, const int64_t * ip,
                                         ggml_tensor * dst, dim3 grid, int nt, int64_t E, int64_t n) {
@@ -300,6 +327,11 @@ static void sparq_cuda_cell_scatter_src(ggml_backend_cuda_context & ctx, const g
         grid.x += 1; // the windows' block
     }
     switch (dst->type) {
+        case GGML_TYPE_Q4_1:
+            grid.x = (unsigned int) ((E + nt - 1) / nt) + (win ? 1 : 0);
+            k_sparq_cell_scatter_kt4<TS><<<grid, nt, 0, ctx.stream()>>>(s, src->nb[1], ip, (uint8_t *) dst->data, E, n,
+                                                                         kv, wp, w_nb1, w);
+            break;
         case GGML_TYPE_F32:
             k_sparq_cell_scatter<TS, float><<<grid, nt, 0, ctx.stream()>>>(s, src->nb[1], ip, (float *) dst->data, E, n, kv,
                                                                             wp, w_nb1, w);
@@ -393,7 +425,8 @@ void ggml_cuda_sparq_attn(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     }
 
     const ggml_type ktt = dst->src[2]->type;
-    const int kt = ktt == GGML_TYPE_F16 ? SPARQ_CU_KT_F16 : ktt == GGML_TYPE_I8 ? SPARQ_CU_KT_E5M2 : SPARQ_CU_KT_F32;
+    const int kt = ktt == GGML_TYPE_F16 ? SPARQ_CU_KT_F16 : ktt == GGML_TYPE_I8 ? SPARQ_CU_KT_E5M2
+                 : ktt == GGML_TYPE_Q4_1 ? SPARQ_CU_KT_KT4 : SPARQ_CU_KT_F32;
     const bool k_f16 = dst->src[1]->type == GGML_TYPE_F16;
     const bool v_f16 = dst->src[3]->type == GGML_TYPE_F16;
 #ifdef SPARQ_CUDA_EXPERIMENTAL

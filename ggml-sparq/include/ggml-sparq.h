@@ -3,6 +3,7 @@
 
 #include "ggml.h"
 #include "ggml-sparq-e5m2.h"
+#include "ggml-sparq-kt4.h"
 #include "ggml-sparq-params.h"
 
 #ifdef __cplusplus
@@ -74,7 +75,7 @@ GGML_API const struct ggml_sparq_selector_info * ggml_sparq_selector_row(int32_t
 struct ggml_sparq_attn_srcs {
     struct ggml_tensor * q;       // src[0]: f32 [d, n_rows, n_head, n_stream]
     struct ggml_tensor * k;       // src[1]: [d, n_kv, n_head_kv, n_stream] f16, f32 or a quantized cache type (whole blocks)
-    struct ggml_tensor * kt;      // src[2]: [n_kv, d, n_head_kv, n_stream] f16, f32 or i8 (e5m2)
+    struct ggml_tensor * kt;      // src[2]: [n_kv, d, n_head_kv, n_stream] f16, f32, i8 (e5m2) or q4_1 (4-bit)
     struct ggml_tensor * v;       // src[3]: [dv, n_kv, n_head_kv, n_stream] as K's types
     struct ggml_tensor * v_sum;   // src[4]: f32 [dv, n_head_kv, n_stream]
     struct ggml_tensor * v_count; // src[5]: f32 [n_stream]
@@ -181,8 +182,9 @@ static inline bool ggml_sparq_is_kt_append(const struct ggml_tensor * t) {
 // where idx[i] = s * kv_size + c is upstream's own index of the token's K row (i64 [n_tokens], the
 // graph's k_idxs), so the appends need no index input of their own. dst: contiguous
 // [kv_size, E1, E2, n_stream] with E1 * E2 = E (K^T: [kv_size, d, n_head_kv, n_stream]); f32, f16
-// (rounded as ggml_set_rows rounds) or i8 (e5m2, through f16 as ggml_sparq_kt_append). The result
-// is a view of dst. The CPU and CUDA backends compute it.
+// (rounded as ggml_set_rows rounds), i8 (e5m2, through f16 as ggml_sparq_kt_append) or q4_1 (a 4-bit
+// K^T: each value through f16 into its block, ggml_sparq_kt4_put; kv_size a multiple of 32). The
+// result is a view of dst. The CPU and CUDA backends compute it.
 GGML_API struct ggml_tensor * ggml_sparq_cell_scatter(struct ggml_context * ctx, struct ggml_tensor * dst,
                                                       struct ggml_tensor * src, struct ggml_tensor * idx);
 

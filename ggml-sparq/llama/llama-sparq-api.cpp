@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -81,7 +82,27 @@ struct sparq_range {
     double lo, hi;
     const char * bound;                 // SPARQ_INTS_TO: what hi is ("k", "head size")
     const char * (*names)(int32_t);     // SPARQ_NAMES
+    int32_t values[4] = {};             // SPARQ_VALUES: the allowed integers, n_values of them
+    int n_values = 0;
 };
+
+// SPARQ_VALUES' range: its integers, in order
+static sparq_range sparq_values(std::initializer_list<int32_t> vals) {
+    sparq_range r{ sparq_range::VALUES, 0, 0, nullptr, nullptr };
+    for (int32_t v : vals) {
+        r.values[r.n_values++] = v;
+    }
+    return r;
+}
+
+static bool sparq_value_listed(const sparq_range & range, double v) {
+    for (int i = 0; i < range.n_values; ++i) {
+        if (v == range.values[i]) {
+            return true;
+        }
+    }
+    return false;
+}
 
 // the one value allowed outside the range (SPARQ_OR), and what it stands for
 struct sparq_or {
@@ -120,7 +141,7 @@ static bool sparq_setting_ok(const char * name, bool is_float, double v, const s
         return true;
     }
     const bool ok = range.kind == sparq_range::SHARE    ? v > range.lo && v <= range.hi :
-                    range.kind == sparq_range::VALUES ? v == range.lo || v == range.hi :
+                    range.kind == sparq_range::VALUES ? sparq_value_listed(range, v) :
                                                         v >= range.lo && v <= range.hi;
     if (ok) {
         return true;
@@ -134,7 +155,11 @@ static bool sparq_setting_ok(const char * name, bool is_float, double v, const s
     if (range.kind == sparq_range::SHARE) {
         snprintf(allowed, sizeof(allowed), "(%g, %g]", range.lo, range.hi);
     } else if (range.kind == sparq_range::VALUES) {
-        snprintf(allowed, sizeof(allowed), "%lld or %lld", (long long) range.lo, (long long) range.hi);
+        std::string s; // "a, b or c"
+        for (int i = 0; i < range.n_values; ++i) {
+            s += (i == 0 ? "" : i + 1 == range.n_values ? " or " : ", ") + std::to_string(range.values[i]);
+        }
+        snprintf(allowed, sizeof(allowed), "%s", s.c_str());
     } else if (range.bound) {
         snprintf(allowed, sizeof(allowed), "%lld..%s (%s = %lld)", (long long) range.lo, range.bound, range.bound,
                  (long long) range.hi);
@@ -159,7 +184,7 @@ static bool sparq_params_in_range(const llama_sparq_params * p, int64_t head_siz
 #define SPARQ_INTS(lo, hi)           sparq_range{ sparq_range::INTS, (double) (lo), (double) (hi), nullptr, nullptr }
 #define SPARQ_INTS_TO(lo, bound, hi) sparq_range{ sparq_range::INTS, (double) (lo), (double) (hi), bound, nullptr }
 #define SPARQ_SHARE                  sparq_range{ sparq_range::SHARE, 0, 1, nullptr, nullptr }
-#define SPARQ_VALUES(a, b)           sparq_range{ sparq_range::VALUES, (double) (a), (double) (b), nullptr, nullptr }
+#define SPARQ_VALUES(...)            sparq_values({ __VA_ARGS__ })
 #define SPARQ_NAMES(names)           sparq_range{ sparq_range::NAMES, 0, 0, nullptr, names }
 #define SPARQ_OR(value, meaning)     sparq_or{ true, (double) (value), meaning }
 #define SPARQ_NONE                   sparq_or{ false, 0, nullptr }

@@ -265,6 +265,11 @@ bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, int32_t kt_bits
 
 bool sparq_alloc_kt(llama_sparq_ctx & S, int32_t kt_bits, char * err, size_t err_size) {
     const uint32_t kv_size = upstream::kv_size(S.kv);
+    if (kt_bits == 4 && kv_size % GGML_SPARQ_KT4_CELLS != 0) {
+        sparq_err(err, err_size, "SparQ: kt_bits 4 needs a KV cache size that is a multiple of %d (its blocks of "
+                  "cells), got %u", GGML_SPARQ_KT4_CELLS, kv_size);
+        return false;
+    }
     ggml_init_params ip = { (S.layers.size() + 1) * ggml_tensor_overhead(), nullptr, true };
     ggml_context_ptr ctx(ggml_init(ip));
     std::map<ggml_backend_buffer_type_t, std::vector<ggml_tensor *>> by_buft;

@@ -8,11 +8,15 @@
 #include <cstdint>
 #include <cstring>
 
-// K^T's type for a K cache of type k with kt_bits bits: e5m2 in i8 for 8, else the cache's (f16 for
-// a quantized cache: its keys dequantized)
+// K^T's type for a K cache of type k with kt_bits bits: e5m2 in i8 for 8, the 4-bit K^T's q4_1 blocks
+// along the cells for 4 (ggml-sparq-kt4.h), else the cache's (f16 for a quantized cache: its keys
+// dequantized)
 inline ggml_type sparq_kt_type(ggml_type k, int32_t kt_bits) {
     if (kt_bits == 8) {
         return GGML_TYPE_I8;
+    }
+    if (kt_bits == 4) {
+        return GGML_TYPE_Q4_1;
     }
     return ggml_is_quantized(k) ? GGML_TYPE_F16 : k;
 }

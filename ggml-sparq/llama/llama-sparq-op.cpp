@@ -10,9 +10,11 @@
 
 // r's default for head size d: d / 4 with a 16-bit K^T; 5 d / 16 (rounded) with an 8-bit one, whose
 // step 1 then kept the approximate top-k's recall of f16 at d / 4 on SmolLM2 (the rounding to e5m2
-// costs what the extra components give back) for 5/8 of its bytes (bench/coverage.py --kt-formats)
+// costs what the extra components give back) for 5/8 of its bytes (bench/coverage.py --kt-formats);
+// 3 d / 8 (rounded) with a 4-bit one, which kept e5m2's at 5 d / 16 on both real models for 3/4 of
+// its bytes (bench/results/coverage_kt4_*.md)
 static int32_t sparq_default_r(int64_t d, int32_t kt_bits) {
-    return (int32_t) std::max<int64_t>(1, kt_bits == 8 ? (5 * d + 8) / 16 : d / 4);
+    return (int32_t) std::max<int64_t>(1, kt_bits == 8 ? (5 * d + 8) / 16 : kt_bits == 4 ? (3 * d + 4) / 8 : d / 4);
 }
 
 sparq_op_budget sparq_op_budget_of(const llama_sparq_params & p, int64_t d, int64_t n_kv, int g) {

@@ -118,7 +118,8 @@ static void sparq_rebuild_layer_device(llama_sparq_ctx & S, size_t ikv, uint32_t
 // over the stream's used cells (minus `skip`), in chunks of cells, in device memory; only a 0/1
 // weight per used cell goes to the device, no layer comes to the host. The sums are f32 products
 // (cuBLAS) with a zero compensation, not the host path's f64 sums. Returns false where it does not
-// apply (the data in host memory, the PCA basis, no backend for the device): the host path runs.
+// apply (the data in host memory, the PCA basis, a 4-bit K^T, no backend for the device): the host
+// path runs.
 // allow_host (llama_sparq_debug_graph_rebuild): the graph rebuild for host memory too (on the CPU
 // backend), so that the tests check it on machines without a GPU.
 bool sparq_rebuild_stream_device(llama_sparq_ctx & S, uint32_t strm, const std::vector<uint32_t> & skip, bool allow_host) {
@@ -128,6 +129,9 @@ bool sparq_rebuild_stream_device(llama_sparq_ctx & S, uint32_t strm, const std::
     for (const sparq_layer & L : S.layers) {
         if (L.data.kt && !L.basis.rot_host.empty()) {
             return false; // K^T in the PCA basis: the host path rotates
+        }
+        if (L.data.kt && L.data.kt->type == GGML_TYPE_Q4_1) {
+            return false; // a 4-bit K^T: the host path writes its blocks whole (through copies on a GPU)
         }
     }
     ggml_backend_dev_t dev = sparq_data_device(S, allow_host);

@@ -59,6 +59,7 @@ struct sparq_rebuild_plan {
     std::vector<size_t> lay;  // the layers with K^T
     uint32_t chunk = 0, n_chunks = 0;
     bool check = false;
+    bool kt4 = false;         // a 4-bit K^T: [u0, u1) and the chunks cover whole blocks of 32 cells
 };
 
 // what one job leaves: its range's partial sums of V and of k^2, and with check its largest K^T difference
@@ -76,6 +77,13 @@ static sparq_rebuild_plan sparq_rebuild_plan_make(const llama_sparq_ctx & S, uin
     P.kv_size = upstream::kv_size(S.kv);
     P.u0 = P.cells->used_min();
     P.u1 = P.cells->used_max_p1();
+    for (const sparq_layer & L : S.layers) {
+        P.kt4 = P.kt4 || (L.data.kt && L.data.kt->type == GGML_TYPE_Q4_1);
+    }
+    if (P.kt4 && P.u1 > P.u0) {
+        P.u0 -= P.u0 % GGML_SPARQ_KT4_CELLS;
+        P.u1 = std::min(P.kv_size, (P.u1 + GGML_SPARQ_KT4_CELLS - 1) / GGML_SPARQ_KT4_CELLS * GGML_SPARQ_KT4_CELLS);
+    }
     P.nu = P.u1 > P.u0 ? P.u1 - P.u0 : 0;
 
     // what to leave out of the V sums, over [u0, u1)
@@ -95,6 +103,7 @@ static sparq_rebuild_plan sparq_rebuild_plan_make(const llama_sparq_ctx & S, uin
     }
     const size_t want = std::max<size_t>(1, (4 * (size_t) P.nth + P.lay.size() - 1) / std::max<size_t>(1, P.lay.size()));
     P.chunk = std::max<uint32_t>(256, (uint32_t) ((P.nu + want - 1) / want));
+    P.chunk += P.kt4 ? (GGML_SPARQ_KT4_CELLS - P.chunk % GGML_SPARQ_KT4_CELLS) % GGML_SPARQ_KT4_CELLS : 0;
     P.n_chunks = P.nu ? (P.nu + P.chunk - 1) / P.chunk : 1;
     return P;
 }
@@ -292,6 +301,89 @@ static double sparq_check_kt(const sparq_layer & L, const sparq_rebuild_plan & P
     return diff;
 }
 
+// A 4-bit K^T's rows over the cells [a, b) (whole blocks) from the keys kp (row stride rs, K's type):
+// the keys in f16 (rotated into the PCA basis, or rotated back, as for an f16 K^T), the empty cells'
+// and the ubatch's as 0, then each block written whole (ggml_sparq_kt4_block: the bytes the appends'
+// puts leave), or with check compared. K^T so depends on the used cells' keys only: a put into a cell
+// the rebuild left 0 gives the recomputation's bytes.
+// The check: every used cell's kept bin is the recomputed value's bin at the kept block's scale, which
+// may be larger than the recomputation's (a block whose largest value a later append overwrote keeps
+// its scale until a rebuild); in the PCA basis bins one apart count as equal (sparq_kt_neighbours).
+static void sparq_rebuild_kt4(const sparq_layer & L, const sparq_rebuild_plan & P, uint32_t a, uint32_t b,
+                              const uint8_t * kp, size_t rs, ggml_type type, size_t E, int64_t unrot,
+                              sparq_rebuild_part & R) {
+    const uint32_t n = b - a;
+    std::vector<uint8_t> h((size_t) E * n * 2); // [E][n] f16
+    if (!L.basis.rot_host.empty()) {
+        sparq_rotate_keys(L, kp, rs, type, GGML_TYPE_F16, E, n, h.data(), n);
+    } else if (type != GGML_TYPE_F16) {
+        sparq_transpose_dequant(kp, rs, type, E, n, h.data(), GGML_TYPE_F16, n, unrot);
+    } else {
+        sparq_transpose_keys(kp, rs, 2, E, n, h.data(), n);
+    }
+    uint16_t * hv = (uint16_t *) h.data();
+    for (uint32_t c = a; c < b; ++c) {
+        if (P.cells->is_empty(c) || P.out[c - P.u0]) {
+            for (size_t j = 0; j < E; ++j) {
+                hv[j * n + (c - a)] = 0;
+            }
+        }
+    }
+    const size_t rb = ggml_row_size(L.data.kt->type, P.kv_size), off = (size_t) a / GGML_SPARQ_KT4_CELLS * GGML_SPARQ_KT4_BYTES;
+    const size_t nbytes = (size_t) n / GGML_SPARQ_KT4_CELLS * GGML_SPARQ_KT4_BYTES, kt_off = P.strm * L.data.kt->nb[3];
+    const bool kt_host = ggml_backend_buffer_is_host(L.data.kt->buffer);
+    std::vector<uint8_t> row(nbytes);
+    for (size_t j = 0; j < E; ++j) {
+        uint8_t * dst = kt_host && !P.check ? (uint8_t *) L.data.kt->data + kt_off + j * rb + off : row.data();
+        if (P.check) {
+            if (kt_host) {
+                memcpy(row.data(), (const uint8_t *) L.data.kt->data + kt_off + j * rb + off, nbytes);
+            } else {
+                sparq_tensor_get(L.data.kt, row.data(), kt_off + j * rb + off, nbytes);
+            }
+            for (uint32_t c = a; c < b; ++c) {
+                if (P.cells->is_empty(c)) {
+                    continue; // unused cells are masked: their K^T entries do not matter
+                }
+                uint16_t d, m;
+                const int q = ggml_sparq_kt4_q(row.data(), c - a, &d, &m);
+                const uint16_t x = hv[j * n + (c - a)];
+                const int e = d ? ggml_sparq_kt4_exp_of_d(d) : GGML_SPARQ_KT4_E_MIN - 1;
+                const int dq = e < ggml_sparq_kt4_exp(x) ? 16 : std::abs(q - 8 - ggml_sparq_kt4_bin(x, e));
+                if (dq > (L.basis.rot_host.empty() ? 0 : 1)) {
+                    const float kept = (float) q * ggml_fp16_to_fp32(d) + ggml_fp16_to_fp32(m);
+                    R.diff = std::max(R.diff, (double) std::max(1e-3f, fabsf(kept - ggml_fp16_to_fp32(x))));
+                }
+            }
+            continue;
+        }
+        for (uint32_t c = 0; c < n; c += GGML_SPARQ_KT4_CELLS) {
+            ggml_sparq_kt4_block(dst + (size_t) c / GGML_SPARQ_KT4_CELLS * GGML_SPARQ_KT4_BYTES, hv + j * n + c);
+        }
+        if (!kt_host) {
+            sparq_tensor_set(L.data.kt, row.data(), kt_off + j * rb + off, nbytes);
+        }
+    }
+}
+
+// A 4-bit K^T's blocks outside the rebuilt cells [u0, u1) of the stream zeroed (blocks no put has
+// reached: the puts into them start from bins of 0, as a recomputation gives for empty cells)
+static void sparq_rebuild_kt4_clear(const llama_sparq_ctx & S, const sparq_rebuild_plan & P) {
+    for (size_t ikv : P.lay) {
+        const ggml_tensor * kt = S.layers[ikv].data.kt;
+        const size_t rb = ggml_row_size(kt->type, P.kv_size), E = (size_t) kt->ne[1] * kt->ne[2];
+        const size_t b0 = ggml_row_size(kt->type, P.nu ? P.u0 : 0), b1 = ggml_row_size(kt->type, P.nu ? P.u1 : 0);
+        const size_t base = P.strm * kt->nb[3];
+        // between row j's rebuilt bytes [b0, b1) and row j + 1's: contiguous
+        for (size_t j = 0; j <= E; ++j) {
+            const size_t from = j == 0 ? 0 : (j - 1) * rb + b1, to = j == E ? E * rb : j * rb + b0;
+            if (to > from) {
+                sparq_tensor_memset((ggml_tensor *) kt, 0, base + from, to - from);
+            }
+        }
+    }
+}
+
 // job jid: layer P.lay[jid / n_chunks], cells [a, b) of its chunk jid % n_chunks: the partial sums,
 // and the K^T rows written (in host memory in place; else through a copy) or, with check, compared
 static void sparq_rebuild_range(llama_sparq_ctx & S, const sparq_rebuild_plan & P, size_t jid, sparq_rebuild_part & R) {
@@ -312,6 +404,10 @@ static void sparq_rebuild_range(llama_sparq_ctx & S, const sparq_rebuild_plan & 
     const sparq_rows kr(k, P.strm, a, b), vr(v, P.strm, a, b);
     sparq_sum_rows(P, a, b, vr.p, v->nb[1], v->type, Ev, false, R.vs.data());
     sparq_sum_rows(P, a, b, kr.p, k->nb[1], k->type, E, true, R.ks.data(), unrot);
+    if (L.data.kt->type == GGML_TYPE_Q4_1) {
+        sparq_rebuild_kt4(L, P, a, b, kr.p, k->nb[1], k->type, E, unrot, R);
+        return;
+    }
 
     // K^T rows [a, b): element (cell c, component j) at (j * kv_size + c) of the stream
     const uint32_t n = b - a;
@@ -434,5 +530,8 @@ double sparq_rebuild_stream(llama_sparq_ctx & S, uint32_t strm, const std::vecto
     const sparq_rebuild_plan P = sparq_rebuild_plan_make(S, strm, skip, check);
     std::vector<sparq_rebuild_part> res(P.lay.size() * P.n_chunks);
     sparq_parallel(P.nth, res.size(), [&](size_t jid) { sparq_rebuild_range(S, P, jid, res[jid]); });
+    if (P.kt4 && !check) {
+        sparq_rebuild_kt4_clear(S, P);
+    }
     return std::max(dc, sparq_rebuild_merge(S, P, res));
 }

@@ -55,14 +55,18 @@ static const char * sparq_check_inputs(const struct ggml_sparq_attn_srcs * s) {
     const int64_t d = q->ne[0], n_rows = q->ne[1], n_head = q->ne[2], n_strm = q->ne[3];
     const int64_t n_kv = k->ne[1], n_hkv = k->ne[2], dv = v->ne[0];
     SPARQ_NEED(q->type == GGML_TYPE_F32 && q->nb[0] == sizeof(float), "q must be f32 with contiguous rows");
-    // K^T is kept f16 or f32 (from the dequantized keys of a quantized cache), or e5m2 in i8 (ggml-sparq.h)
+    // K^T is kept f16 or f32 (from the dequantized keys of a quantized cache), e5m2 in i8 or 4-bit in
+    // q4_1 blocks along its rows (ggml-sparq.h)
     SPARQ_NEED(sparq_row_type_ok(k), "K must be f16, f32, q8_0, q4_0, q4_1, q5_0, q5_1 or iq4_nl (whole blocks per head)");
-    SPARQ_NEED(sparq_float_type_ok(kt->type) || kt->type == GGML_TYPE_I8, "K^T must be f16, f32 or i8 (e5m2)");
+    SPARQ_NEED(sparq_float_type_ok(kt->type) || kt->type == GGML_TYPE_I8 || kt->type == GGML_TYPE_Q4_1,
+               "K^T must be f16, f32, i8 (e5m2) or q4_1 (4-bit)");
     SPARQ_NEED(sparq_row_type_ok(v), "V must be f16, f32, q8_0, q4_0, q4_1, q5_0, q5_1 or iq4_nl (whole blocks per head)");
     SPARQ_NEED(k->ne[0] == d, "K head size differs from q");
     SPARQ_NEED(kt->ne[0] == n_kv && kt->ne[1] == d && kt->ne[2] == n_hkv && kt->ne[3] == k->ne[3],
                "K^T must be [n_kv, d, n_head_kv, n_stream]");
     SPARQ_NEED(kt->nb[0] == ggml_type_size(kt->type), "K^T rows must be cell-contiguous");
+    SPARQ_NEED(kt->type != GGML_TYPE_Q4_1 || n_kv % GGML_SPARQ_KT4_CELLS == 0,
+               "a 4-bit K^T (q4_1) needs n_kv a multiple of 32 (its blocks of cells)");
     SPARQ_NEED(k->nb[0] == ggml_type_size(k->type) && v->nb[0] == ggml_type_size(v->type),
                "K and V rows must be contiguous (flash-attention layout)");
     SPARQ_NEED(v->ne[1] == n_kv && v->ne[2] == n_hkv && v->ne[3] == k->ne[3], "V must be [dv, n_kv, n_head_kv, n_stream]");
@@ -251,8 +255,9 @@ struct ggml_tensor * ggml_sparq_kt_append(struct ggml_context * ctx, struct ggml
 
 struct ggml_tensor * ggml_sparq_cell_scatter(struct ggml_context * ctx, struct ggml_tensor * dst,
                                              struct ggml_tensor * src, struct ggml_tensor * idx) {
-    GGML_ASSERT((dst->type == GGML_TYPE_F32 || dst->type == GGML_TYPE_F16 || dst->type == GGML_TYPE_I8) &&
-                ggml_is_contiguous(dst) && "sparq_cell_scatter: dst must be contiguous f32, f16 or i8 (e5m2)");
+    GGML_ASSERT((dst->type == GGML_TYPE_F32 || dst->type == GGML_TYPE_F16 || dst->type == GGML_TYPE_I8 ||
+                 dst->type == GGML_TYPE_Q4_1) && ggml_is_contiguous(dst) &&
+                "sparq_cell_scatter: dst must be contiguous f32, f16, i8 (e5m2) or q4_1 (4-bit K^T)");
     GGML_ASSERT((src->type == GGML_TYPE_F32 || src->type == GGML_TYPE_F16) && ggml_is_contiguous(src) &&
                 src->ne[0] == dst->ne[1] * dst->ne[2] && src->ne[2] == 1 && src->ne[3] == 1 &&
                 "sparq_cell_scatter: src must be contiguous f32 or f16 [E, n_tokens], E = dst->ne[1] * dst->ne[2]");

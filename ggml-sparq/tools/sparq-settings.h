@@ -52,7 +52,7 @@ template <typename T> constexpr sparq_kind sparq_kind_of(const char * (*names)(i
 #define SPARQ_INTS(lo, hi)           nullptr
 #define SPARQ_INTS_TO(lo, bound, hi) nullptr
 #define SPARQ_SHARE                  nullptr
-#define SPARQ_VALUES(a, b)           nullptr
+#define SPARQ_VALUES(...)            nullptr
 #define SPARQ_NAMES(names)           names
 #define LLAMA_SPARQ_SETTING(type, name, dflt, range, alt, help, shown)                                \
     { #name, sparq_kind_of<type>(range), offsetof(llama_sparq_params, name), range, help, shown },

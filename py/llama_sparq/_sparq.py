@@ -124,13 +124,14 @@ def cache_type_id(name) -> int:
 def default_r(d, kt_bits) -> int:
     """r when it is not given (sparq_r = 0), as the fork resolves it (``sparq_default_r``) for K^T
     of ``kt_bits`` (the fork's default 8): 5 d / 16 (rounded) with an 8-bit K^T, which kept the
-    approximate top-k's recall of f16 at d / 4 for 5/8 of its bytes, d / 4 with a 16-bit one."""
+    approximate top-k's recall of f16 at d / 4 for 5/8 of its bytes, 3 d / 8 (rounded) with a 4-bit one,
+    which kept e5m2's at 5 d / 16 for 3/4 of its bytes, d / 4 with a 16-bit one."""
     if isinstance(d, bool) or not hasattr(d, "__index__") or operator.index(d) < 1:
         raise ValueError(f"d must be an integer >= 1, got {d!r}")
-    if kt_bits not in (8, 16) or isinstance(kt_bits, bool):
-        raise ValueError(f"kt_bits must be 8 (e5m2) or 16, got {kt_bits!r}")
+    if kt_bits not in (4, 8, 16) or isinstance(kt_bits, bool):
+        raise ValueError(f"kt_bits must be 4, 8 (e5m2) or 16, got {kt_bits!r}")
     d = operator.index(d)
-    return max(1, (5 * d + 8) // 16 if kt_bits == 8 else d // 4)
+    return max(1, (5 * d + 8) // 16 if kt_bits == 8 else (3 * d + 4) // 8 if kt_bits == 4 else d // 4)
 
 
 def check_params(settings, head_size: int = 0, label=lambda f: f) -> None:

@@ -12,7 +12,8 @@
 //   sparq-cuda-emu d S n_head n_head_kv n_rows n_stream r k l f16 mask sel flags variant
 //                  [scalar [cov_p k_min k_frac]]
 //
-// f16: 0 f32 K, V and K^T; 1 f16; 2 f16 K and V with an 8-bit K^T (e5m2);
+// f16: 0 f32 K, V and K^T; 1 f16; 2 f16 K and V with an 8-bit K^T (e5m2); 3 with a 4-bit K^T (S a
+// multiple of 32);
 // variant: 0 plain, 1 window list, 2 basis (q_sel, comp_w), 3 stream 0 dense (v_count < 0),
 // 4 stream 0 sees 40 cells in the middle (a dense row that skips empty chunks);
 // scalar: 1 forces the one-cell K^T loads; cov_p > 0: the calibrated k (coverage target cov_p, at
@@ -309,6 +310,11 @@ int main(int argc, char ** argv) {
     const int ns = atoi(argv[6]), r = atoi(argv[7]), k = atoi(argv[8]), l = atoi(argv[9]);
     const bool f16 = atoi(argv[10]) != 0, use_mask = atoi(argv[11]) != 0;
     const bool e5m2 = atoi(argv[10]) == 2; // K^T in 8 bits
+    const bool kt4 = atoi(argv[10]) == 3;  // K^T in 4 bits (ggml-sparq-kt4.h)
+    if (kt4 && S % GGML_SPARQ_KT4_CELLS != 0) {
+        fprintf(stderr, "a 4-bit K^T needs S a multiple of %d\n", GGML_SPARQ_KT4_CELLS);
+        return 2;
+    }
     const int sel = atoi(argv[12]), flags = atoi(argv[13]), variant = atoi(argv[14]);
     const bool force_scalar = argc > 15 && atoi(argv[15]) != 0;
     const float cov_p = argc > 18 ? (float) atof(argv[16]) : 0.0f;
@@ -384,7 +390,8 @@ int main(int argc, char ** argv) {
     }
     // caches in their type; K^T the keys again, cell-contiguous
     const size_t tsz = e5m2 ? 1 : esz;
-    std::vector<uint8_t> K(nkv * esz), KT(nkv * tsz), V(nv * esz);
+    // a 4-bit K^T's rows: S / 32 blocks of 20 bytes each (tb1 below)
+    std::vector<uint8_t> K(nkv * esz), KT(kt4 ? nkv / GGML_SPARQ_KT4_CELLS * GGML_SPARQ_KT4_BYTES : nkv * tsz), V(nv * esz);
     auto put = [&](std::vector<uint8_t> & dst, size_t i, float x) {
         if (f16) {
             const uint16_t h = sparq_fp32_to_fp16(x);
@@ -401,6 +408,9 @@ int main(int argc, char ** argv) {
                 const size_t it = ((size_t) b * d + j) * S + c;
                 if (e5m2) {
                     KT[it] = ggml_sparq_f16_to_e5m2(sparq_fp32_to_fp16(Kf[ik]));
+                } else if (kt4) {
+                    const size_t rb = (size_t) S / GGML_SPARQ_KT4_CELLS * GGML_SPARQ_KT4_BYTES;
+                    ggml_sparq_kt4_put(KT.data() + ((size_t) b * d + j) * rb, c, sparq_fp32_to_fp16(Kf[ik]));
                 } else {
                     put(KT, it, Kf[ik]);
                 }
@@ -469,10 +479,10 @@ int main(int argc, char ** argv) {
     const size_t qb1 = d * 4, qb2 = qb1 * nr, qb3 = qb2 * nh;
     c.q = q.data(); c.q_nb1 = qb1; c.q_nb2 = qb2; c.q_nb3 = qb3;
     const size_t kb1 = d * esz, kb2 = kb1 * S, kb3 = kb2 * nhkv;
-    const size_t tb1 = S * tsz, tb2 = tb1 * d, tb3 = tb2 * nhkv;
+    const size_t tb1 = kt4 ? (size_t) S / GGML_SPARQ_KT4_CELLS * GGML_SPARQ_KT4_BYTES : S * tsz, tb2 = tb1 * d, tb3 = tb2 * nhkv;
     const sparq_type ct = f16 ? SPARQ_F16 : SPARQ_F32;
     c.K = K.data(); c.K_type = ct; c.K_nb1 = kb1; c.K_nb2 = kb2; c.K_nb3 = kb3;
-    c.KT = KT.data(); c.KT_type = e5m2 ? SPARQ_E5M2 : ct; c.KT_nb1 = tb1; c.KT_nb2 = tb2; c.KT_nb3 = tb3;
+    c.KT = KT.data(); c.KT_type = e5m2 ? SPARQ_E5M2 : kt4 ? SPARQ_KT4 : ct; c.KT_nb1 = tb1; c.KT_nb2 = tb2; c.KT_nb3 = tb3;
     const size_t vb1 = v_in_k ? kb1 : dv * esz, vb2 = v_in_k ? kb2 : vb1 * S, vb3 = v_in_k ? kb3 : vb2 * nhkv;
     const uint8_t * vdata = v_in_k ? K.data() : V.data();
     c.V = vdata; c.V_type = ct; c.V_nb1 = vb1; c.V_nb2 = vb2; c.V_nb3 = vb3;
@@ -546,7 +556,7 @@ int main(int argc, char ** argv) {
     // applies (the experimental build's); SPARQ_EMU_NO_TICKETS=1: none (a graph without the glue, as
     // test-backend-ops'), so the op takes three launches
     std::vector<unsigned int> tickets(GGML_CUDA_SPARQ_TICKETS, 0u);
-    const int kt = e5m2 ? SPARQ_CU_KT_E5M2 : f16 ? SPARQ_CU_KT_F16 : SPARQ_CU_KT_F32;
+    const int kt = e5m2 ? SPARQ_CU_KT_E5M2 : kt4 ? SPARQ_CU_KT_KT4 : f16 ? SPARQ_CU_KT_F16 : SPARQ_CU_KT_F32;
 #ifdef SPARQ_CUDA_EXPERIMENTAL
     const char * no_tickets = getenv("SPARQ_EMU_NO_TICKETS");
     a.tickets = no_tickets && atoi(no_tickets) != 0 ? nullptr : tickets.data();

@@ -27,7 +27,9 @@
 // i32 n_list, i32 n_probe, centroids f32 [n_stream][n_head_kv][n_list][d] and the cells' lists
 // f32 [n_stream][n_head_kv][n_kv] (-1: unassigned). Optional trailers: "COV1", f32 p, i32 k_min
 // (the calibrated k's coverage target, applied); "KTE5" (K^T in 8 bits: e5m2 of the f32 or f16 keys
-// it is made from; in ggml mode written by the op's append mode); "TKB1", i32 buckets (the
+// it is made from; in ggml mode written by the op's append mode); "KT41" (K^T in 4 bits: q4_1
+// blocks of 32 cells, ggml-sparq-kt4.h, of the same keys; in ggml mode written by the op's cell
+// scatter; n_kv and n_kv + kt_pad multiples of 32); "TKB1", i32 buckets (the
 // approximate bucketed top-k); "VAR1", f32 softcap, f32 max_bias, i32 has_sinks, then with sinks
 // f32 [n_head] (the attention variants); "VVK1" (V read through K's rows: the first dv values of each,
 // as MLA's cache holds its latent; the file's V must equal them).
@@ -65,6 +67,7 @@ struct test_case {
     float cov_p = 0.0f; // > 0: the coverage target (trailer COV1)
     int k_min = 0;
     bool kt_e5m2 = false; // trailer KTE5
+    bool kt4 = false;     // trailer KT41
     int topk_buckets = 0; // trailer TKB1
     float softcap = 0.0f, max_bias = 0.0f; // trailer VAR1, with the sinks (empty: none)
     std::vector<float> sinks;
@@ -81,6 +84,10 @@ struct test_case {
     size_t kt_esz() const { return kv_type == 0 ? 4 : 2; }
     // K^T's element as kept: that, or 1 (e5m2)
     size_t kt_store_esz() const { return kt_e5m2 ? 1 : kt_esz(); }
+    // bytes of a K^T row of n cells as kept
+    size_t kt_row_bytes(size_t n) const {
+        return kt4 ? n / GGML_SPARQ_KT4_CELLS * GGML_SPARQ_KT4_BYTES : n * kt_store_esz();
+    }
     size_t mask_esz() const { return mask_type == 1 ? 2 : 4; }
 };
 
@@ -166,6 +173,8 @@ static test_case read_case(const char * path) {
             read_exact(f, &c.k_min, 4, "k_min");
         } else if (memcmp(tmag, "KTE5", 4) == 0) {
             c.kt_e5m2 = true;
+        } else if (memcmp(tmag, "KT41", 4) == 0) {
+            c.kt4 = true;
         } else if (memcmp(tmag, "TKB1", 4) == 0) {
             read_exact(f, &c.topk_buckets, 4, "topk_buckets");
         } else if (memcmp(tmag, "VAR1", 4) == 0) {
@@ -242,6 +251,31 @@ static std::vector<char> make_kt(const test_case & c, bool stored = true) {
     const size_t esz = c.kt_esz(), row = (size_t) c.n_kv + c.kt_pad;
     const bool e5m2 = stored && c.kt_e5m2;
     const size_t oesz = e5m2 ? 1 : esz;
+    if (stored && c.kt4) {
+        // the 4-bit K^T: each key element through f16 into its block, cell by cell
+        const size_t rb = c.kt_row_bytes(row);
+        std::vector<char> kt((size_t) c.n_stream * c.n_head_kv * c.d * rb, 0);
+        for (int st = 0; st < c.n_stream; ++st) {
+            for (int h = 0; h < c.n_head_kv; ++h) {
+                for (int i = 0; i < c.n_kv; ++i) {
+                    for (int j = 0; j < c.d; ++j) {
+                        const char * x = &K[((((size_t) st * c.n_head_kv + h) * c.n_kv + i) * c.d + j) * esz];
+                        uint16_t hv;
+                        if (esz == 4) {
+                            float f;
+                            memcpy(&f, x, 4);
+                            hv = sparq_fp32_to_fp16(f);
+                        } else {
+                            memcpy(&hv, x, 2);
+                        }
+                        uint8_t * r0 = (uint8_t *) kt.data() + (((size_t) st * c.n_head_kv + h) * c.d + j) * rb;
+                        ggml_sparq_kt4_put(r0, i, hv);
+                    }
+                }
+            }
+        }
+        return kt;
+    }
     std::vector<char> kt((size_t) c.n_stream * c.n_head_kv * c.d * row * oesz, 0);
     for (int st = 0; st < c.n_stream; ++st) {
         for (int h = 0; h < c.n_head_kv; ++h) {
@@ -310,8 +344,8 @@ static int run_direct(const test_case & c, const char * out_path, const char * i
     if (c.v_view) {
         a.V = c.K.data(); a.V_nb1 = a.K_nb1; a.V_nb2 = a.K_nb2; a.V_nb3 = a.K_nb3;
     }
-    a.KT = kt.data(); a.KT_type = c.kt_e5m2 ? SPARQ_E5M2 : c.kv_type == 0 ? SPARQ_F32 : SPARQ_F16;
-    a.KT_nb1 = ktrow * c.kt_store_esz(); a.KT_nb2 = a.KT_nb1 * c.d; a.KT_nb3 = a.KT_nb2 * c.n_head_kv;
+    a.KT = kt.data(); a.KT_type = c.kt_e5m2 ? SPARQ_E5M2 : c.kt4 ? SPARQ_KT4 : c.kv_type == 0 ? SPARQ_F32 : SPARQ_F16;
+    a.KT_nb1 = c.kt_row_bytes(ktrow); a.KT_nb2 = a.KT_nb1 * c.d; a.KT_nb3 = a.KT_nb2 * c.n_head_kv;
     a.v_sum = c.v_sum.data(); a.v_sum_nb1 = (size_t) c.dv * 4; a.v_sum_nb2 = a.v_sum_nb1 * c.n_head_kv;
     a.v_count = c.v_count.data();
     if (c.mask_type >= 0) {
@@ -389,6 +423,37 @@ static void kt_fill_reversed(struct ggml_tensor * node, const std::vector<char> 
     }
 }
 
+// a 4-bit K^T written by the op's cell scatter, as the graph's appends write it: the keys as tokens
+// (src [d * n_head_kv, n_kv * n_stream] of the keys' type), the cells in reverse order (a block's
+// bytes must not depend on the order of its writes; kt4_fill_tokens fills src); returns the node
+static struct ggml_tensor * kt4_scattered(struct ggml_context * ctx, struct ggml_tensor * dst, struct ggml_tensor * like,
+                                          const test_case & c) {
+    const int64_t n = (int64_t) c.n_kv * c.n_stream, row = c.n_kv + c.kt_pad;
+    struct ggml_tensor * src = ggml_new_tensor_2d(ctx, like->type, (int64_t) c.d * c.n_head_kv, n);
+    struct ggml_tensor * idx = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, n);
+    for (int64_t t = 0; t < n; ++t) {
+        const int64_t u = n - 1 - t; // stream u / n_kv, cell u % n_kv
+        ((int64_t *) idx->data)[t] = u / c.n_kv * row + u % c.n_kv;
+    }
+    return ggml_sparq_cell_scatter(ctx, dst, src, idx);
+}
+
+// the scatter's tokens from kt (make_kt's unstored K^T: [stream][head][component][row] elements)
+static void kt4_fill_tokens(struct ggml_tensor * node, const std::vector<char> & kt, const test_case & c) {
+    struct ggml_tensor * src = node->src[1];
+    const size_t esz = ggml_type_size(src->type), row = (size_t) c.n_kv + c.kt_pad;
+    const int64_t n = src->ne[1];
+    for (int64_t t = 0; t < n; ++t) {
+        const int64_t u = n - 1 - t, st = u / c.n_kv, cell = u % c.n_kv;
+        for (int h = 0; h < c.n_head_kv; ++h) {
+            for (int j = 0; j < c.d; ++j) {
+                memcpy((char *) src->data + (size_t) t * src->nb[1] + ((size_t) h * c.d + j) * esz,
+                       kt.data() + ((((size_t) st * c.n_head_kv + h) * c.d + j) * row + cell) * esz, esz);
+            }
+        }
+    }
+}
+
 static int run_ggml(const test_case & c, const char * out_path, int nth) {
     // an 8-bit K^T is written by the op's append mode from the keys' own type, as the graph does
     const std::vector<char> kt = make_kt(c, false);
@@ -412,6 +477,10 @@ static int run_ggml(const test_case & c, const char * out_path, int nth) {
     if (c.kt_e5m2) {
         KTfull = ggml_new_tensor_4d(ctx, GGML_TYPE_I8, c.n_kv + c.kt_pad, c.d, c.n_head_kv, c.n_stream);
         KTsrc = kt_appended(ctx, KTfull, KTsrc);
+    } else if (c.kt4) {
+        KTfull = ggml_new_tensor_4d(ctx, GGML_TYPE_Q4_1, c.n_kv + c.kt_pad, c.d, c.n_head_kv, c.n_stream);
+        memset(KTfull->data, 0, ggml_nbytes(KTfull));
+        KTsrc = kt4_scattered(ctx, KTfull, KTsrc, c);
     }
     struct ggml_tensor * KT = ggml_view_4d(ctx, KTsrc, c.n_kv, c.d, c.n_head_kv, c.n_stream,
                                            KTfull->nb[1], KTfull->nb[2], KTfull->nb[3], 0);
@@ -429,6 +498,8 @@ static int run_ggml(const test_case & c, const char * out_path, int nth) {
     }
     if (c.kt_e5m2) {
         kt_fill_reversed(KTsrc, kt);
+    } else if (c.kt4) {
+        kt4_fill_tokens(KTsrc, kt, c);
     } else {
         memcpy(KTfull->data, kt.data(), kt.size());
     }

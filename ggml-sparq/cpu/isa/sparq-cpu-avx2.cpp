@@ -41,6 +41,14 @@ struct avx2_vec {
     static inline vf zero_where(vmask m, vf x)           { return _mm256_andnot_ps(m, x); }
     static inline void prefetch(const void * p)          { _mm_prefetch((const char *) p, _MM_HINT_T0); }
     static inline float half(uint16_t h)                 { return _cvtsh_ss(h); }
+    static inline void load_q4(const uint8_t * qs, vf * x) {
+        const __m128i b = _mm_loadu_si128((const __m128i *) qs), m4 = _mm_set1_epi8(0x0F);
+        const __m128i lo = _mm_and_si128(b, m4), hi = _mm_and_si128(_mm_srli_epi16(b, 4), m4);
+        x[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
+        x[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
+        x[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
+        x[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+    }
     static inline void load_q8(const int8_t * qs, vf * x) {
         for (int i = 0; i < 4; ++i) {
             x[i] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *) (qs + 8 * i))));
@@ -70,6 +78,10 @@ void avx2_approx_f32(const float * const * rows, int r, const float * qs, int g,
 
 void avx2_approx_e5m2(const uint8_t * const * rows, int r, const float * qs, int g, int n, float * out) {
     simd_approx<avx2_vec>(rows, r, qs, g, n, out);
+}
+
+void avx2_approx_kt4(const uint8_t * const * rows, int c0, int r, const float * qs, int g, int n, float * out) {
+    simd_approx_kt4<avx2_vec>(rows, c0, r, qs, g, n, out);
 }
 
 float avx2_expsum(const float * x, int n, float m)                  { return simd_expsum<avx2_vec>(x, n, m); }
@@ -126,7 +138,7 @@ int avx2_list_gather(const float * ids, int n, const int32_t * flag, int n_list,
 
 const struct sparq_isa sparq_isa_avx2 = {
     "avx2",
-    avx2_approx_f16, avx2_approx_f32, avx2_approx_e5m2,
+    avx2_approx_f16, avx2_approx_f32, avx2_approx_e5m2, avx2_approx_kt4,
     avx2_expsum, avx2_exp_acc, avx2_max,
     avx2_dot_f16, avx2_dot_f32,
     avx2_axpy_f16, avx2_axpy_f32,

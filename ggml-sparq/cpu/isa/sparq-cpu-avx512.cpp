@@ -17,12 +17,21 @@
 
 namespace {
 
-// the vector layer's wrappers that simd_exp needs (16 floats, a mask register per compare)
+// the vector layer's wrappers that simd_exp and simd_approx_kt4 need (16 floats, a mask register per
+// compare)
 struct avx512_vec {
     typedef __m512 vf;
     typedef __mmask16 vmask;
     static constexpr int W = 16;
     static inline vf set1(float x)                       { return _mm512_set1_ps(x); }
+    static inline vf load(const float * p)               { return _mm512_loadu_ps(p); }
+    static inline void store(float * p, vf v)            { _mm512_storeu_ps(p, v); }
+    static inline float half(uint16_t h)                 { return _cvtsh_ss(h); }
+    static inline void load_q4(const uint8_t * qs, vf * x) {
+        const __m128i b = _mm_loadu_si128((const __m128i *) qs), m4 = _mm_set1_epi8(0x0F);
+        x[0] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(b, m4)));
+        x[1] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(b, 4), m4)));
+    }
     static inline vf add(vf a, vf b)                     { return _mm512_add_ps(a, b); }
     static inline vf mul(vf a, vf b)                     { return _mm512_mul_ps(a, b); }
     static inline vf min(vf a, vf b)                     { return _mm512_min_ps(a, b); }
@@ -116,6 +125,10 @@ void avx512_approx_f32(const float * const * rows, int r, const float * qs, int 
 
 void avx512_approx_e5m2(const uint8_t * const * rows, int r, const float * qs, int g, int n, float * out) {
     approx(rows, r, qs, g, n, out);
+}
+
+void avx512_approx_kt4(const uint8_t * const * rows, int c0, int r, const float * qs, int g, int n, float * out) {
+    simd_approx_kt4<avx512_vec>(rows, c0, r, qs, g, n, out);
 }
 
 float avx512_expsum(const float * x, int n, float m) {
@@ -455,7 +468,7 @@ int avx512_list_gather(const float * ids, int n, const int32_t * flag, int n_lis
 
 const struct sparq_isa sparq_isa_avx512 = {
     "avx512",
-    avx512_approx_f16, avx512_approx_f32, avx512_approx_e5m2,
+    avx512_approx_f16, avx512_approx_f32, avx512_approx_e5m2, avx512_approx_kt4,
     avx512_expsum, avx512_exp_acc, avx512_max,
     avx512_dot_f16, avx512_dot_f32,
     avx512_axpy_f16, avx512_axpy_f32,

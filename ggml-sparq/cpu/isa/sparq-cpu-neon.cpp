@@ -44,6 +44,17 @@ struct neon_vec {
     static inline vf zero_where(vmask m, vf x)           { return vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(x), m)); }
     static inline void prefetch(const void * p)          { __builtin_prefetch(p); }
     static inline float half(uint16_t h)                 { return vgetq_lane_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(h))), 0); }
+    static inline void load_q4(const uint8_t * qs, vf * x) {
+        const uint8x16_t b = vld1q_u8(qs);
+        const uint8x16_t nib[2] = { vandq_u8(b, vdupq_n_u8(0x0F)), vshrq_n_u8(b, 4) };
+        for (int i = 0; i < 2; ++i) {
+            const uint16x8_t lo = vmovl_u8(vget_low_u8(nib[i])), hi = vmovl_u8(vget_high_u8(nib[i]));
+            x[4 * i + 0] = vcvtq_f32_u32(vmovl_u16(vget_low_u16(lo)));
+            x[4 * i + 1] = vcvtq_f32_u32(vmovl_u16(vget_high_u16(lo)));
+            x[4 * i + 2] = vcvtq_f32_u32(vmovl_u16(vget_low_u16(hi)));
+            x[4 * i + 3] = vcvtq_f32_u32(vmovl_u16(vget_high_u16(hi)));
+        }
+    }
     static inline void load_q8(const int8_t * qs, vf * x) {
         for (int i = 0; i < 2; ++i) {
             const int8x16_t b = vld1q_s8(qs + 16 * i);
@@ -68,6 +79,10 @@ void neon_approx_f32(const float * const * rows, int r, const float * qs, int g,
 
 void neon_approx_e5m2(const uint8_t * const * rows, int r, const float * qs, int g, int n, float * out) {
     simd_approx<neon_vec>(rows, r, qs, g, n, out);
+}
+
+void neon_approx_kt4(const uint8_t * const * rows, int c0, int r, const float * qs, int g, int n, float * out) {
+    simd_approx_kt4<neon_vec>(rows, c0, r, qs, g, n, out);
 }
 
 float neon_expsum(const float * x, int n, float m)                  { return simd_expsum<neon_vec>(x, n, m); }
@@ -105,7 +120,7 @@ int neon_filter_gt(const float * x, int n, float t, int32_t * idx) {
 
 const struct sparq_isa sparq_isa_neon = {
     "neon",
-    neon_approx_f16, neon_approx_f32, neon_approx_e5m2,
+    neon_approx_f16, neon_approx_f32, neon_approx_e5m2, neon_approx_kt4,
     neon_expsum, neon_exp_acc, neon_max,
     neon_dot_f16, neon_dot_f32,
     neon_axpy_f16, neon_axpy_f32,

@@ -37,6 +37,22 @@ static void scalar_approx_e5m2(const uint8_t * const * rows, int r, const float 
     scalar_approx(rows, r, qs, g, n, out);
 }
 
+// fused as the vector ISAs' simd_approx_kt4, in the same order per output (the rows in turn)
+static void scalar_approx_kt4(const uint8_t * const * rows, int c0, int r, const float * qs, int g, int n, float * out) {
+    for (int h = 0; h < g; ++h) {
+        float * o = out + (size_t) h * n;
+        for (int s = 0; s < n; ++s) {
+            o[s] = 0.0f;
+        }
+        for (int j = 0; j < r; ++j) {
+            const float w = qs[h * r + j];
+            for (int s = 0; s < n; ++s) {
+                o[s] = std::fma(w, sparq_kt4_to_fp32(rows[j], c0 + s), o[s]);
+            }
+        }
+    }
+}
+
 static float scalar_expsum(const float * x, int n, float m) {
     double sum = 0.0; // one accumulator: keep the long sum exact enough
     for (int i = 0; i < n; ++i) {
@@ -203,7 +219,7 @@ static int scalar_filter_gt(const float * x, int n, float t, int32_t * idx) {
 
 const struct sparq_isa sparq_isa_scalar = {
     "scalar",
-    scalar_approx_f16, scalar_approx_f32, scalar_approx_e5m2,
+    scalar_approx_f16, scalar_approx_f32, scalar_approx_e5m2, scalar_approx_kt4,
     scalar_expsum, scalar_exp_acc, scalar_max,
     scalar_dot_f16, scalar_dot_f32,
     scalar_axpy_f16, scalar_axpy_f32,

@@ -17,6 +17,8 @@
 //   prefetch(p)          into L1
 //   load_q8(qs, x)       a q8_0 block's 32 int8 values into 32 / W vectors x[] of floats
 //   half(h)              one f16 (a block's scale) to f32
+//   load_q4(qs, x)       16 bytes of nibbles (a 4-bit K^T block: byte j holds cell j low, j + 16 high)
+//                        as 32 / W vectors of the cells' nibble values 0..15, cells in order
 //
 // The skeletons below are the "full vectors, then a scalar tail" family (AVX2, NEON). AVX-512's
 // primitives run masked tails instead (different lanes, so different sums): they stay in its
@@ -28,6 +30,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <stddef.h>
 #include <type_traits>
 
@@ -94,6 +97,79 @@ void simd_approx(const T * const * rows, int r, const float * qs, int g, int n, 
             for (int h = 0; h < g; ++h) {
                 out[(size_t) h * n + s] += qs[h * r + j] * xa + (two ? qs[h * r + j + 1] * xb : 0.0f);
             }
+        }
+    }
+}
+
+// A 4-bit K^T block's 32 values (sparq_isa::approx_kt4): its nibbles to floats (V::load_q4: 32 / W
+// vectors, cells in order), times d plus m (exact: d a power of two)
+template <class V>
+inline void simd_kt4_block(const uint8_t * blk, typename V::vf * x) {
+    uint16_t dh, mh;
+    memcpy(&dh, blk, 2);
+    memcpy(&mh, blk + 2, 2);
+    const typename V::vf vd = V::set1(V::half(dh)), vm = V::set1(V::half(mh));
+    V::load_q4(blk + 4, x);
+    for (int i = 0; i < GGML_SPARQ_KT4_CELLS / V::W; ++i) {
+        x[i] = V::fmadd(x[i], vd, vm);
+    }
+}
+
+// The same as simd_approx over 4-bit K^T rows (sparq_isa::approx_kt4), two rows and a block of 32
+// cells at a time, added to out like simd_approx's (row j, then row j + 1, fused); a block the range
+// cuts (the chunk's ends) through a buffer. Every ISA with full vectors shares it (AVX-512 too: a
+// block is two whole vectors).
+template <class V>
+void simd_approx_kt4(const uint8_t * const * rows, int c0, int r, const float * qs, int g, int n, float * out) {
+    typedef typename V::vf vf;
+    constexpr int NV = GGML_SPARQ_KT4_CELLS / V::W;
+    for (int i = 0; i < g * n; ++i) {
+        out[i] = 0.0f;
+    }
+    for (int j = 0; j < r; j += 2) {
+        const bool two = j + 1 < r;
+        for (int s = 0; s < n;) {
+            const int c = c0 + s, o = c % GGML_SPARQ_KT4_CELLS;
+            const int m = std::min(GGML_SPARQ_KT4_CELLS - o, n - s);
+            const size_t off = (size_t) (c / GGML_SPARQ_KT4_CELLS) * GGML_SPARQ_KT4_BYTES;
+            vf xa[NV], xb[NV];
+            simd_kt4_block<V>(rows[j] + off, xa);
+            if (two) {
+                simd_kt4_block<V>(rows[j + 1] + off, xb);
+            }
+            if (m == GGML_SPARQ_KT4_CELLS) {
+                for (int h = 0; h < g; ++h) {
+                    const vf wa = V::set1(qs[h * r + j]);
+                    float * op = out + (size_t) h * n + s;
+                    if (two) {
+                        const vf wb = V::set1(qs[h * r + j + 1]);
+                        for (int i = 0; i < NV; ++i) {
+                            V::store(op + i * V::W, V::fmadd(wb, xb[i], V::fmadd(wa, xa[i], V::load(op + i * V::W))));
+                        }
+                    } else {
+                        for (int i = 0; i < NV; ++i) {
+                            V::store(op + i * V::W, V::fmadd(wa, xa[i], V::load(op + i * V::W)));
+                        }
+                    }
+                }
+            } else {
+                float ba[GGML_SPARQ_KT4_CELLS], bb[GGML_SPARQ_KT4_CELLS];
+                for (int i = 0; i < NV; ++i) {
+                    V::store(ba + i * V::W, xa[i]);
+                    if (two) {
+                        V::store(bb + i * V::W, xb[i]);
+                    }
+                }
+                for (int h = 0; h < g; ++h) {
+                    const float wa = qs[h * r + j], wb = two ? qs[h * r + j + 1] : 0.0f;
+                    float * op = out + (size_t) h * n + s;
+                    for (int t = 0; t < m; ++t) {
+                        const float y = std::fma(wa, ba[o + t], op[t]);
+                        op[t] = two ? std::fma(wb, bb[o + t], y) : y;
+                    }
+                }
+            }
+            s += m;
         }
     }
 }

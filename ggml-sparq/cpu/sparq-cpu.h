@@ -214,6 +214,7 @@ struct sparq_args {
     // optional: weights of the components in step 1 (the keys' spread per component of
     // that basis), per KV head and stream
     const float * comp_w; size_t comp_w_nb1, comp_w_nb2;       // [d, n_head_kv, 1 or n_stream] (nb2 0: shared)
+    int comp_w_sq;       // 1: comp_w holds the sums of k^2, the weights are their square roots
 
     // a selector that does not rank scores: its inputs (NULL data where it takes none) and its own
     // parameters, the lists it probes (n_probe) and whether it reports the key rows it read (sel_reads)

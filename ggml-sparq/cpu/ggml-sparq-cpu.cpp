@@ -138,6 +138,17 @@ static struct sparq_args sparq_args_of(const struct ggml_tensor * dst) {
         a.k_frac = P.cov_apply ? P.k_frac : 0.0f;
         a.topk_buckets = P.topk_buckets;
     }
+    if (const struct ggml_tensor * c = w.cells) {
+        // the step's append, in the driver's first phase (the cells checked here, where ggml names them)
+        a.cells = (const int64_t *) c->data;
+        a.kv_size = (int64_t) (kt->nb[1] / kt->nb[0]);
+        for (int s = 0; s < a.n_stream; ++s) {
+            GGML_ASSERT(a.cells[s] >= 0 && a.cells[s] % a.kv_size < a.n_kv &&
+                        "sparq_attn: a stream's new cell outside the cache's view");
+        }
+        a.k_sq = (float *) w.k_sq->data; a.k_sq_nb1 = w.k_sq->nb[1]; a.k_sq_nb2 = w.k_sq->nb[2];
+        a.v_comp = (float *) w.v_comp->data; a.v_comp_nb1 = w.v_comp->nb[1]; a.v_comp_nb2 = w.v_comp->nb[2];
+    }
     a.report = w.report ? (float *) w.report->data : nullptr;
     a.softcap = P.softcap;
     a.max_bias = P.max_bias;
@@ -282,90 +293,12 @@ static void sparq_sum_append(const struct ggml_compute_params * params, struct g
     }
 }
 
-// n <= 256 values of f32 row x into a K^T column (stride bytes apart), encoded as the cell scatter
-// encodes an f32 row (e5m2 through f16; f16 by the CPU's own conversion)
-static void sparq_kt_column_put(enum ggml_type type, char * d, size_t stride, const float * x, int64_t n) {
-    ggml_fp16_t hbuf[256];
-    if (type == GGML_TYPE_F16) {
-        ggml_get_type_traits_cpu(GGML_TYPE_F16)->from_float(x, hbuf, n);
-    }
-    for (int64_t j = 0; j < n; ++j) {
-        char * e = d + (size_t) j * stride;
-        if (type == GGML_TYPE_I8) {
-            *e = (char) sparq_e5m2_of(x, false, j);
-        } else if (type == GGML_TYPE_F16) {
-            *(ggml_fp16_t *) e = hbuf[j];
-        } else {
-            *(float *) e = x[j];
-        }
-    }
-}
-
-// the step's append (ggml_sparq_attn_srcs::cells): per (stream, KV head), split over the threads, the new
-// cell's K and V rows as the cache holds them into K^T's column, the sums of k^2 and the compensated V
-// sums (the arithmetic of the sum-append mode, so that the sums equal a recomputation alike); per stream
-// the count and the kept window's push. The op's phases read them after ggml's barrier.
-static void sparq_step_append(const struct ggml_compute_params * params, const struct ggml_sparq_attn_view & w,
-                              const struct sparq_isa * isa) {
-    const struct ggml_tensor * k = w.k, * v = w.v, * kt = w.kt;
-    const int64_t kv_size = (int64_t) (kt->nb[1] / kt->nb[0]);
-    const int64_t * cells = (const int64_t *) w.cells->data;
-    const enum sparq_type kty = sparq_type_of(k, true), vty = sparq_type_of(v, true);
-    float buf[256];
-    for (int p = params->ith; p < w.n_stream * w.n_head_kv; p += params->nth) {
-        const int s = p / w.n_head_kv, h = p % w.n_head_kv;
-        const int64_t c = cells[s] % kv_size;
-        GGML_ASSERT(cells[s] >= 0 && c < w.n_kv && "sparq_attn: a stream's new cell outside the cache's view");
-        const char * krow = (const char *) k->data + (size_t) c * k->nb[1] + (size_t) h * k->nb[2] + (size_t) s * k->nb[3];
-        char * ktcol = (char *) kt->data + (size_t) c * kt->nb[0] + (size_t) h * kt->nb[2] + (size_t) s * kt->nb[3];
-        float * ksq = (float *) ((char *) w.k_sq->data + (size_t) h * w.k_sq->nb[1] + (size_t) s * w.k_sq->nb[2]);
-        for (int j0 = 0; j0 < w.d; j0 += 256) {
-            const int m = std::min(256, w.d - j0);
-            sparq_row_to_f32(isa, kty, krow + sparq_row_bytes(kty, j0), buf, m);
-            sparq_kt_column_put(kt->type, ktcol + (size_t) j0 * kt->nb[1], kt->nb[1], buf, m);
-            for (int j = 0; j < m; ++j) {
-                volatile float x = buf[j]; // each product and sum rounded on its own
-                x = x * x;
-                ksq[j0 + j] += x;
-            }
-        }
-        const char * vrow = (const char *) v->data + (size_t) c * v->nb[1] + (size_t) h * v->nb[2] + (size_t) s * v->nb[3];
-        float * sp = (float *) ((char *) w.v_sum->data + (size_t) h * w.v_sum->nb[1] + (size_t) s * w.v_sum->nb[2]);
-        float * cp = (float *) ((char *) w.v_comp->data + (size_t) h * w.v_comp->nb[1] + (size_t) s * w.v_comp->nb[2]);
-        for (int j0 = 0; j0 < w.dv; j0 += 256) {
-            const int m = std::min(256, w.dv - j0);
-            sparq_row_to_f32(isa, vty, vrow + sparq_row_bytes(vty, j0), buf, m);
-            for (int j = j0; j < j0 + m; ++j) {
-                const volatile float x = buf[j - j0];
-                const float y = x - cp[j];
-                const float t = sp[j] + y;
-                cp[j] = (t - sp[j]) - y;
-                sp[j] = t;
-            }
-        }
-        if (h == 0) {
-            ((float *) w.v_count->data)[s] += 1.0f;
-            if (const struct ggml_tensor * win = w.win) {
-                int32_t * row = (int32_t *) ((char *) win->data + (size_t) s * win->nb[2]);
-                memmove(row + 1, row, (size_t) (win->ne[0] - 1) * sizeof(int32_t));
-                row[0] = (int32_t) c;
-            }
-        }
-    }
-}
-
 void ggml_compute_forward_sparq_attn(const struct ggml_compute_params * params, struct ggml_tensor * dst) {
     switch (sparq_cpu_params(dst).mode) {
         case GGML_SPARQ_MODE_KT_APPEND:  sparq_kt_append(params, dst); return;
         case GGML_SPARQ_MODE_SUM_APPEND: sparq_sum_append(params, dst); return;
         case GGML_SPARQ_MODE_CELL_SCATTER: sparq_cell_scatter(params, dst); return;
         default: break;
-    }
-    struct ggml_sparq_attn_view w;
-    GGML_ASSERT(ggml_sparq_attn_view_of(dst, &w));
-    if (w.cells) {
-        sparq_step_append(params, w, params->use_ref ? &sparq_isa_scalar : sparq_isa_select());
-        ggml_barrier(params->threadpool);
     }
     const struct sparq_args a = sparq_args_of(dst);
     // ggml's reference mode runs the scalar kernels

@@ -35,7 +35,7 @@ from llama_sparq import _sparq
 from ._reference_blocks import BLOCK_BYTES, dequantize_blocks
 
 GGML_MAX_DIMS = 4
-GGML_MAX_SRC = 12  # the fork's ggml.h (patch 0002)
+GGML_MAX_SRC = 16  # the fork's ggml.h (patch 0002)
 GGML_MAX_OP_PARAMS = 64
 GGML_MAX_NAME = 64
 GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_I8, GGML_TYPE_I32 = 0, 1, 24, 26
@@ -113,6 +113,7 @@ EVAL_CB = ctypes.CFUNCTYPE(ctypes.c_bool, ctypes.POINTER(ggml_tensor), ctypes.c_
 
 # the op's sources (ggml_sparq_attn): name, index
 _OP_SRC = ("q", "K", "KT", "V", "v_sum", "v_count", "mask", "win", "q_sel", "comp_w", "report", "sinks")
+_APPEND_CELLS = 12  # src[12..14]: the step's append (cells, v_comp, k_sq), when the op appends
 _NODE = re.compile(r"sparq_attn-(\d+)")
 _BEFORE = re.compile(r"sparq_(h2o|ivf)-(\d+)")  # H2O's scores / the index's lists before the op of that layer
 _DTYPES = {GGML_TYPE_F32: np.float32, GGML_TYPE_F16: np.float16, GGML_TYPE_I32: np.int32}
@@ -194,6 +195,15 @@ class Capture:
             for i, key in enumerate(_OP_SRC):
                 s = t.src[i]
                 call[key] = tensor_to_numpy(s.contents) if s else None
+            if t.src[_APPEND_CELLS]:
+                # the op appended the step's cell itself: its comp_w, when it is k_sq, holds the sums of
+                # k^2 (the weights are their roots), and the kept window it pushed has every entry (the
+                # op reads the first l)
+                cw, ksq = t.src[_OP_SRC.index("comp_w")], t.src[_APPEND_CELLS + 2]
+                if cw and ctypes.addressof(cw.contents) == ctypes.addressof(ksq.contents):
+                    call["comp_w"] = np.sqrt(call["comp_w"])
+                if call["win"] is not None:
+                    call["win"] = call["win"][..., :call["params"]["l"]]
             # K^T's width (sparq_kt_bits): an i8 K^T holds e5m2, which the reference rounds alike
             kt = t.src[_OP_SRC.index("KT")]
             call["kt_bits"] = 8 if kt and kt.contents.type == GGML_TYPE_I8 else 16

@@ -52,7 +52,7 @@ static enum sparq_type sparq_type_of(const struct ggml_tensor * t, bool rows = f
 // The parts of the op the CPU honours: all of them. A part added to ggml-sparq-params.h fails this
 // until the CPU op is taught it (or refuses it here).
 static constexpr uint32_t SPARQ_CPU_HONOURS = GGML_SPARQ_FEAT_ALL;
-static_assert(GGML_SPARQ_FEAT_ALL == 0x3ffffu, "a new part of the op: make the CPU op honour it, then list it here");
+static_assert(GGML_SPARQ_FEAT_ALL == 0xfffffu, "a new part of the op: make the CPU op honour it, then list it here");
 
 // The CPU driver's selectors are the op's, in its order: checked once, by name, before the first node
 static bool sparq_cpu_selectors_match() {
@@ -131,6 +131,7 @@ static struct sparq_args sparq_args_of(const struct ggml_tensor * dst) {
     }
     if (const struct ggml_tensor * cw = w.comp_w) {
         a.comp_w = (const float *) cw->data; a.comp_w_nb1 = cw->nb[1]; a.comp_w_nb2 = cw->ne[2] > 1 ? cw->nb[2] : 0;
+        a.comp_w_sq = w.comp_sq ? 1 : 0;
     }
     if (w.selector->ranks) {
         a.cov_p = P.cov_p;
@@ -139,6 +140,17 @@ static struct sparq_args sparq_args_of(const struct ggml_tensor * dst) {
         a.cov_apply = P.cov_apply ? 1 : 0;
         a.k_frac = P.cov_apply ? P.k_frac : 0.0f;
         a.topk_buckets = P.topk_buckets;
+    }
+    if (const struct ggml_tensor * c = w.cells) {
+        // the step's append, in the driver's first phase (the cells checked here, where ggml names them)
+        a.cells = (const int64_t *) c->data;
+        a.kv_size = (int64_t) (kt->nb[1] / kt->nb[0]);
+        for (int s = 0; s < a.n_stream; ++s) {
+            GGML_ASSERT(a.cells[s] >= 0 && a.cells[s] % a.kv_size < a.n_kv &&
+                        "sparq_attn: a stream's new cell outside the cache's view");
+        }
+        a.k_sq = (float *) w.k_sq->data; a.k_sq_nb1 = w.k_sq->nb[1]; a.k_sq_nb2 = w.k_sq->nb[2];
+        a.v_comp = (float *) w.v_comp->data; a.v_comp_nb1 = w.v_comp->nb[1]; a.v_comp_nb2 = w.v_comp->nb[2];
     }
     a.report = w.report ? (float *) w.report->data : nullptr;
     a.softcap = P.softcap;

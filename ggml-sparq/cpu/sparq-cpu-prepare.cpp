@@ -4,6 +4,8 @@
 
 #include "sparq-cpu-phases.h"
 
+#include "ggml-sparq-e5m2.h"
+
 #include <new>
 
 namespace sparq_cpu {
@@ -40,6 +42,66 @@ static void mask_counts(const ctx & C, int ith, int nth) {
     }
 }
 
+// n <= 256 values x into a K^T column (stride bytes apart), encoded as the cell scatter encodes them
+// (e5m2 through f16)
+static void kt_column_put(enum sparq_type t, char * d, size_t stride, const float * x, int n) {
+    for (int j = 0; j < n; ++j) {
+        char * e = d + (size_t) j * stride;
+        if (t == SPARQ_E5M2) {
+            *(uint8_t *) e = ggml_sparq_f16_to_e5m2(sparq_fp32_to_fp16(x[j]));
+        } else if (t == SPARQ_F16) {
+            *(uint16_t *) e = sparq_fp32_to_fp16(x[j]);
+        } else {
+            *(float *) e = x[j];
+        }
+    }
+}
+
+// unit u's share of the step's append (sparq_args::cells): its stream's new cell, its KV head, the K and
+// V rows as the cache holds them, with the sum-append mode's arithmetic (so that the sums equal a
+// recomputation alike)
+static void append_unit(const ctx & C, int u) {
+    const sparq_args * a = C.a;
+    const int s = C.row_stream(C.unit_row(u)), h = C.unit_kvh(u);
+    const int64_t c = a->cells[s] % a->kv_size;
+    float buf[256];
+    const char * krow = (const char *) a->K + (size_t) c * a->K_nb1 + (size_t) h * a->K_nb2 + (size_t) s * a->K_nb3;
+    char * kt = (char *) a->KT + (size_t) c * sparq_row_bytes(a->KT_type, 1) + (size_t) h * a->KT_nb2 + (size_t) s * a->KT_nb3;
+    float * ksq = (float *) ((char *) a->k_sq + (size_t) h * a->k_sq_nb1 + (size_t) s * a->k_sq_nb2);
+    for (int j0 = 0; j0 < a->d; j0 += 256) {
+        const int m = std::min(256, a->d - j0);
+        sparq_row_to_f32(C.isa, a->K_type, krow + sparq_row_bytes(a->K_type, j0), buf, m);
+        kt_column_put(a->KT_type, kt + (size_t) j0 * a->KT_nb1, a->KT_nb1, buf, m);
+        for (int j = 0; j < m; ++j) {
+            volatile float x = buf[j]; // each product and sum rounded on its own
+            x = x * x;
+            ksq[j0 + j] += x;
+        }
+    }
+    const char * vrow = (const char *) a->V + (size_t) c * a->V_nb1 + (size_t) h * a->V_nb2 + (size_t) s * a->V_nb3;
+    float * sp = (float *) ((char *) a->v_sum + (size_t) h * a->v_sum_nb1 + (size_t) s * a->v_sum_nb2);
+    float * cp = (float *) ((char *) a->v_comp + (size_t) h * a->v_comp_nb1 + (size_t) s * a->v_comp_nb2);
+    for (int j0 = 0; j0 < a->dv; j0 += 256) {
+        const int m = std::min(256, a->dv - j0);
+        sparq_row_to_f32(C.isa, a->V_type, vrow + sparq_row_bytes(a->V_type, j0), buf, m);
+        for (int j = j0; j < j0 + m; ++j) {
+            const volatile float x = buf[j - j0];
+            const float y = x - cp[j];
+            const float t = sp[j] + y;
+            cp[j] = (t - sp[j]) - y;
+            sp[j] = t;
+        }
+    }
+    if (h == 0) {
+        const_cast<float *>(a->v_count)[s] += 1.0f;
+        if (a->win) {
+            int32_t * row = (int32_t *) ((char *) a->win + (size_t) s * a->win_nb2);
+            memmove(row + 1, row, (size_t) (a->win_n - 1) * sizeof(int32_t));
+            row[0] = (int32_t) c;
+        }
+    }
+}
+
 void phase_components(const ctx & C, int ith, int nth) {
     const sparq_args * a = C.a;
     if (ith == 0) {
@@ -54,6 +116,9 @@ void phase_components(const ctx & C, int ith, int nth) {
     float * absq = (float *) C.tbuf(ith, C.L.t_vec);
     int32_t * order = (int32_t *) (absq + a->d);
     for (int u = ith; u < C.L.n_units; u += nth) {
+        if (a->cells) {
+            append_unit(C, u);
+        }
         sparq_components(C, u, absq, order);
     }
 

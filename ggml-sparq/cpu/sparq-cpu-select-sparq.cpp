@@ -12,6 +12,8 @@ void sparq_components(const ctx & C, int u, float * absq, int32_t * order) {
     const int d = a->d, r = a->r, g = C.L.group_size;
     const int R = C.unit_row(u), kvh = C.unit_kvh(u);
     const float * cw = C.comp_w(kvh, C.row_stream(R));
+    const bool sq = a->comp_w_sq != 0;
+    auto weight = [cw, sq](int j) { return sq ? sqrtf(cw[j]) : cw[j]; };
     for (int j = 0; j < d; ++j) {
         absq[j] = 0.0f;
     }
@@ -23,7 +25,7 @@ void sparq_components(const ctx & C, int u, float * absq, int32_t * order) {
     }
     if (cw) {
         for (int j = 0; j < d; ++j) {
-            absq[j] *= cw[j];
+            absq[j] *= weight(j);
         }
     }
     for (int j = 0; j < d; ++j) {
@@ -42,10 +44,10 @@ void sparq_components(const ctx & C, int u, float * absq, int32_t * order) {
         const float * q = C.qsel_row(R, kvh * g + h);
         double l1_all = 0.0, l1_sel = 0.0;
         for (int j = 0; j < d; ++j) {
-            l1_all += fabsf(q[j]) * (cw ? cw[j] : 1.0f);
+            l1_all += fabsf(q[j]) * (cw ? weight(j) : 1.0f);
         }
         for (int j = 0; j < r; ++j) {
-            l1_sel += fabsf(q[i1[j]]) * (cw ? cw[i1[j]] : 1.0f);
+            l1_sel += fabsf(q[i1[j]]) * (cw ? weight(i1[j]) : 1.0f);
         }
         // 1/tau generalised to any scale: scale * sqrt(||q||_1 / ||q[i1]||_1)
         const float f = l1_sel > 0.0 ? (float) (a->scale * sqrt(l1_all / l1_sel)) : a->scale;

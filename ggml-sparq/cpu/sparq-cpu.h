@@ -228,6 +228,15 @@ struct sparq_args {
     // optional: weights of the components in step 1 (the keys' spread per component of
     // that basis), per KV head and stream
     const float * comp_w; size_t comp_w_nb1, comp_w_nb2;       // [d, n_head_kv, 1 or n_stream] (nb2 0: shared)
+    int comp_w_sq;       // 1: comp_w holds the sums of k^2, the weights are their square roots
+    // optional: the step's append (ggml_sparq_attn_srcs::cells; one query row per stream). In
+    // phase_components the thread of each unit (stream s, KV head h) first writes stream s's new cell
+    // cells[s] % kv_size into K^T's column, v_sum (compensated with v_comp) and k_sq of head h and,
+    // for head 0, v_count and the window's push: KT, v_sum, v_count and win are written then, and
+    // read only after that phase's barrier (a selector's prepare hook reads none of them)
+    const int64_t * cells; int64_t kv_size;
+    float * k_sq; size_t k_sq_nb1, k_sq_nb2;
+    float * v_comp; size_t v_comp_nb1, v_comp_nb2;
 
     // a selector that does not rank scores: its inputs (NULL data where it takes none) and its own
     // parameters, the lists it probes (n_probe) and whether it reports the key rows it read (sel_reads)

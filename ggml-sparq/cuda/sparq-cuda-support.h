@@ -13,14 +13,16 @@
 // (the scheduler then runs the node on the CPU): the dense flag (on a GPU upstream's flash attention
 // is the dense path) and a coverage only measured (the fixed k's guard, which the graph sets only
 // where the op runs on the host). The report is honoured: the kernels write it on the device and
-// the launch queues its copy into the host's page-locked report.
+// the launch queues its copy into the host's page-locked report. The step's append in the op is
+// refused: on a device the graph keeps the append nodes (the write modes' kernels).
 static constexpr uint32_t SPARQ_CUDA_HONOURS_PARTS = GGML_SPARQ_FEAT_PER_HEAD | GGML_SPARQ_FEAT_NO_MEAN_V |
                                                      GGML_SPARQ_FEAT_WINDOW | GGML_SPARQ_FEAT_BASIS |
                                                      GGML_SPARQ_FEAT_COVERAGE | GGML_SPARQ_FEAT_COVERAGE_CAP |
                                                      GGML_SPARQ_FEAT_REPORT | GGML_SPARQ_FEAT_TOPK_BUCKETS |
                                                      GGML_SPARQ_FEAT_SOFTCAP | GGML_SPARQ_FEAT_ALIBI |
                                                      GGML_SPARQ_FEAT_SINKS;
-static constexpr uint32_t SPARQ_CUDA_REFUSES_PARTS = GGML_SPARQ_FEAT_DENSE | GGML_SPARQ_FEAT_COVERAGE_MEASURE;
+static constexpr uint32_t SPARQ_CUDA_REFUSES_PARTS = GGML_SPARQ_FEAT_DENSE | GGML_SPARQ_FEAT_COVERAGE_MEASURE |
+                                                     GGML_SPARQ_FEAT_APPEND | GGML_SPARQ_FEAT_COMP_SQ;
 static_assert((SPARQ_CUDA_HONOURS_PARTS | SPARQ_CUDA_REFUSES_PARTS | GGML_SPARQ_FEAT_SELECTORS) == GGML_SPARQ_FEAT_ALL &&
               ((SPARQ_CUDA_HONOURS_PARTS | SPARQ_CUDA_REFUSES_PARTS) & GGML_SPARQ_FEAT_SELECTORS) == 0 &&
               (SPARQ_CUDA_HONOURS_PARTS & SPARQ_CUDA_REFUSES_PARTS) == 0,

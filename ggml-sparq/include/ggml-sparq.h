@@ -110,6 +110,22 @@ struct ggml_sparq_attn_srcs {
     // src[11]: optional, attention sinks (gpt-oss): f32 [n_head], contiguous, a logit per query head
     // with a zero value row: exp(sink - max) joins every softmax's denominator, approximate and exact
     struct ggml_tensor * sinks;
+    // src[12..14]: optional, together, on a decode step (one query row per stream): the step's append.
+    // Before it attends the op brings its kept data up to date with each stream's new cell, reading
+    // that cell's K and V rows from the cache (written there before the op, as the values the cache
+    // holds): K^T's column (encoded as ggml_sparq_cell_scatter encodes it), v_sum (+= v, compensated
+    // with v_comp), v_count (+= 1), k_sq (+= k^2) and, with a window, the push of the cell into its
+    // row (the window is then the kept one: all w entries move, the first l are read). So the step
+    // needs no node of its own for them.
+    // - cells: i64 [n_stream], contiguous, each stream's new cell as upstream's K row index (stream *
+    //   kv_size + cell, kv_size K^T's row length, the cache's cells per stream)
+    // - v_comp: f32 [dv, n_head_kv, n_stream] as v_sum, its Kahan compensation
+    // - k_sq: f32 [d, n_head_kv, n_stream], the sums of k^2 per component. A ranking selector's comp_w
+    //   (src[9]) that is this same tensor holds those sums: the weights are their square roots, taken
+    //   after the append.
+    struct ggml_tensor * cells;
+    struct ggml_tensor * v_comp;
+    struct ggml_tensor * k_sq;
 };
 
 // An attention node's parameters with their defaults: the sparq selector, no flags, no optional part.
@@ -159,6 +175,11 @@ struct ggml_sparq_attn_view {
     struct ggml_tensor * sel[2];                     // any other: its inputs (which it may write)
     struct ggml_tensor * report;                     // the report (written by the op)
     const struct ggml_tensor * sinks;                // attention sinks
+    // the step's append (ggml_sparq_attn_srcs::cells): NULL without; kt, v_sum, v_count, win and
+    // k_sq are then written by the op; comp_sq: comp_w holds k_sq's sums (the weights their roots)
+    const struct ggml_tensor * cells;
+    struct ggml_tensor * v_comp, * k_sq;
+    bool comp_sq;
     struct ggml_tensor * out;
 };
 

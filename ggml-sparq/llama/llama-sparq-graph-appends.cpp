@@ -4,6 +4,7 @@
 #include "llama-sparq-graph-appends.h"
 
 #include "llama-sparq-graph-build.h"
+#include "llama-sparq-op.h"
 #include "llama-sparq-state.h"
 #include "llama-sparq-upstream.h"
 
@@ -163,6 +164,27 @@ ggml_tensor * sparq_set_new_cells(sparq_attn_build & b, ggml_tensor * t, float v
     ggml_format_name(out, "%s-%d", name, b.il); // sparq_lab.capture reads the tensor here, before the op
     ggml_build_forward_expand(b.g.gf, out);
     return out;
+}
+
+bool sparq_reads_kept_window(const sparq_attn_build & b) {
+    return b.n_tps == 1 && b.inp && sparq_op_kept_window(b.L, b.P, b.l, b.inp->win_device);
+}
+
+bool sparq_appends_in_op(const sparq_attn_build & b) {
+    return b.n_tps == 1 && b.inp && sparq_op_appends(b.S, b.L, b.P, b.l, sparq_reads_kept_window(b));
+}
+
+void sparq_appends_into_op(sparq_attn_build & b) {
+    b.inp->appends = true;
+    b.appends_in_op = true;
+    b.vc_src = sparq_count_view(b, b.L.data.vcount);
+    if (sparq_reads_kept_window(b)) {
+        b.inp->win_layers.push_back(b.ikv);
+        b.win_pushed = true;
+    }
+    if (b.sel->appends) {
+        b.sel->appends(b);
+    }
 }
 
 // appends keep K^T and the V sums current on every ubatch that writes this layer's cache

@@ -13,6 +13,15 @@
 void sparq_build_appends(sparq_attn_build & b, ggml_tensor * k_cur, ggml_tensor * v_cur, const ggml_tensor * k,
                          const ggml_tensor * v);
 
+// Whether the op itself appends this step's cell (ggml_sparq_attn_srcs::cells): a decode step, K^T
+// holding the cache's keys as they are, in host memory, and the op's window none or the kept one.
+bool sparq_appends_in_op(const sparq_attn_build & b);
+// whether the op reads the layer's kept (device) window on this step
+bool sparq_reads_kept_window(const sparq_attn_build & b);
+// The graph's side of the op's own append: the input's records (appends, the window's push), the
+// count's view, the selector's per-cell tensor (its appends hook). The op's sources follow in the hook.
+void sparq_appends_into_op(sparq_attn_build & b);
+
 // upstream's index of the ubatch's K rows (the graph's k_idxs: stream * kv_size + cell per token), found
 // at the layer's K store
 ggml_tensor * sparq_k_idxs(sparq_attn_build & b);

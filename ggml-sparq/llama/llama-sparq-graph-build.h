@@ -45,7 +45,8 @@ struct sparq_attn_build {
     bool calibrated; // k = 0: kk is the cap of the calibrated k, the op cuts its choice at the coverage target
     bool stretch = false; // some decode rows, not all, run dense as alone (under the dense threshold:
                           // SPARQ_STRETCH_SOME): upstream's attention, picked
-    bool win_pushed = false;       // the K^T append pushes the step's cells into the layer's device window
+    bool win_pushed = false;       // the K^T append (or the op) pushes the step's cells into the layer's device window
+    bool appends_in_op = false;    // the op appends the step's cell itself (sparq_appends_in_op)
 
     ggml_tensor * kt_src, * vs_src, * ksq_src;
     ggml_tensor * cells_src = nullptr; // the selector's per-cell tensor with the ubatch's cells set (its appends hook)

@@ -124,9 +124,20 @@ static ggml_sparq_attn_srcs sparq_op_srcs(sparq_attn_build & b, ggml_tensor * q,
     src.kt = ggml_view_4d(ctx0, b.kt_src, n_kv, d, hkv, n_stream, L.data.kt->nb[1], L.data.kt->nb[2], L.data.kt->nb[3],
                           b.si.s0 * L.data.kt->nb[3]);
     src.v = ggml_permute(ctx0, v, 0, 2, 1, 3);
-    src.v_sum = ggml_view_3d(ctx0, b.vs_src, v->ne[0], hkv, n_stream, L.data.vsum->nb[1], L.data.vsum->nb[2], 0);
     src.v_count = v_count;
     src.mask = kq_mask;
+    if (b.appends_in_op) {
+        // the op appends the step's cell itself (it writes K^T, the sums and the count in place)
+        auto streams = [&](ggml_tensor * t, int64_t n) {
+            return ggml_view_3d(ctx0, t, n, hkv, n_stream, t->nb[1], t->nb[2], b.si.s0 * t->nb[2]);
+        };
+        src.v_sum = streams(L.data.vsum, v->ne[0]);
+        src.v_comp = streams(L.data.vcomp, v->ne[0]);
+        src.k_sq = streams(L.data.ksq, d);
+        src.cells = sparq_k_idxs(b);
+        return src;
+    }
+    src.v_sum = ggml_view_3d(ctx0, b.vs_src, v->ne[0], hkv, n_stream, L.data.vsum->nb[1], L.data.vsum->nb[2], 0);
     return src;
 }
 
@@ -163,7 +174,11 @@ static ggml_tensor * sparq_build_op(sparq_attn_build & b, ggml_tensor * q, ggml_
         }
     }
     const ggml_tensor * dwin = b.L.data.win;
-    if (l > 0 && b.win_pushed && inp->win_device && !b.sel->window_choice && !b.sel->window && l <= dwin->ne[0]) {
+    if (b.appends_in_op && b.win_pushed) {
+        // the kept window, every entry (the op pushes the step's cell into it, then reads the first l)
+        src.win = ggml_view_3d(ctx0, b.L.data.win, dwin->ne[0], 1, n_stream, dwin->nb[1], dwin->nb[1], b.si.s0 * dwin->nb[1]);
+        inp->win_read = true;
+    } else if (l > 0 && b.win_pushed && inp->win_device && !b.sel->window_choice && !b.sel->window && l <= dwin->ne[0]) {
         // a decode step whose every new cell is its sequence's latest: the device window after the K^T
         // append's push (the op reads it after that node: it reads K^T from it), its first l entries
         src.win = ggml_view_3d(ctx0, b.L.data.win, l, 1, n_stream, dwin->nb[1], dwin->nb[1], b.si.s0 * dwin->nb[1]);
@@ -260,11 +275,9 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
     // appends keep K^T and the V sums current on every ubatch that writes this layer's cache
     // (prompt ubatches too: cheaper than rebuilding the data at the next decode step), unless the
     // graph is well under the dense threshold (sparq_append_floor: then it runs dense, short or a prompt)
-    // or its context runs dense at every step (sparq_dense_always)
+    // or its context runs dense at every step (sparq_dense_always). On a decode step that runs the op
+    // the op appends itself (sparq_appends_in_op); otherwise they are nodes of their own, built below
     const bool appends = k_cur && v_cur && !(inp && inp->skip);
-    if (appends) {
-        sparq_build_appends(b, k_cur, v_cur, k, v);
-    }
 
     sparq_attn_call call;
     call.kq_b = kq_b;
@@ -283,6 +296,11 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
     GGML_ASSERT((reason >= 0 || !inp || !inp->skip) && "llama_sparq: appends skipped in a graph that runs SparQ");
     if (reason < 0 && inp && b.n_tps == 1 && !b.sel->every_step) {
         reason = sparq_record_stretches(b);
+    }
+    if (appends && reason < 0 && sparq_appends_in_op(b)) {
+        sparq_appends_into_op(b);
+    } else if (appends) {
+        sparq_build_appends(b, k_cur, v_cur, k, v);
     }
     if (appends && reason == LLAMA_SPARQ_DENSE_PREFILL && b.sel->prompt) {
         b.sel->prompt(b, q, k, kq_mask, kq_scale);

@@ -5,6 +5,8 @@
 #include "llama-sparq-selector.h"
 #include "llama-sparq-state.h"
 
+#include "ggml-backend.h"
+
 #include <algorithm>
 #include <cmath>
 
@@ -72,6 +74,20 @@ bool sparq_op_reports(const sparq_layer & L, bool calibrated) {
     return L.report.entries.size() > 0 && (!L.report.entries.device() || calibrated);
 }
 
+bool sparq_op_kept_window(const sparq_layer & L, const llama_sparq_params & p, int l, bool win_device) {
+    const sparq_selector & sel = sparq_selector_of(p.selector);
+    return l > 0 && win_device && L.data.win && !sel.window_choice && !sel.window && l <= L.data.win->ne[0];
+}
+
+bool sparq_op_appends(const llama_sparq_ctx & S, const sparq_layer & L, const llama_sparq_params & p, int l,
+                      bool kept_window) {
+    const bool rotated = (p.basis == LLAMA_SPARQ_BASIS_PCA && L.basis.rot) || sparq_unrotates(S, L);
+    const bool host_window = !kept_window && (l > 0 || sparq_selector_of(p.selector).window_choice);
+    // (a 4-bit K^T's blocks are written by the cell-scatter node, one writer per block)
+    return !rotated && !host_window && L.data.kt && L.data.kt->type != GGML_TYPE_Q4_1 &&
+           ggml_backend_buffer_is_host(L.data.kt->buffer);
+}
+
 ggml_tensor * sparq_op_probe(ggml_context * c, const llama_sparq_ctx & S, const sparq_layer & L,
                              const llama_sparq_params & p, int64_t n_kv, bool measure, const char ** why) {
     const int64_t d = L.data.kt->ne[1], hkv = L.data.kt->ne[2], dv = L.data.vsum->ne[0], n = n_kv;
@@ -92,7 +108,16 @@ ggml_tensor * sparq_op_probe(ggml_context * c, const llama_sparq_ctx & S, const 
     src.v_sum = ggml_new_tensor_3d(c, GGML_TYPE_F32, dv, hkv, 1);
     src.v_count = ggml_new_tensor_1d(c, GGML_TYPE_F32, 1);
     src.mask = ggml_new_tensor_4d(c, GGML_TYPE_F16, n, 1, 1, 1);
-    if (o.l > 0 || sel.window_choice) {
+    const bool kept = sparq_op_kept_window(L, p, o.l, true);
+    if (sparq_op_appends(S, L, p, o.l, kept)) {
+        // a steady decode step: the op appends its cell, into the kept window where it reads one
+        src.cells = ggml_new_tensor_1d(c, GGML_TYPE_I64, 1);
+        src.v_comp = ggml_new_tensor_3d(c, GGML_TYPE_F32, dv, hkv, 1);
+        src.k_sq = ggml_new_tensor_3d(c, GGML_TYPE_F32, d, hkv, 1);
+        if (kept) {
+            src.win = ggml_new_tensor_3d(c, GGML_TYPE_I32, L.data.win->ne[0], 1, 1);
+        }
+    } else if (o.l > 0 || sel.window_choice) {
         src.win = ggml_new_tensor_3d(c, GGML_TYPE_I32, sel.window_choice ? o.k : o.l, 1, 1);
     }
     if (sel.probe_srcs) {

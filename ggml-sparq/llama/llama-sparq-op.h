@@ -41,6 +41,16 @@ ggml_sparq_attn_params sparq_op_params(const llama_sparq_ctx & S, const sparq_la
 // host reads it (sparq_report_entries); a device's only for the calibrated k, whose cells the counters count.
 bool sparq_op_reports(const sparq_layer & L, bool calibrated);
 
+// Whether layer L's op appends its decode step's cell itself (ggml_sparq_attn_srcs::cells) with settings
+// p and the step's window of l cells: K^T keeps the cache's keys as they are (no PCA rotation, no
+// Hadamard rotation undone), in host memory (the CPU op), and the op's window is none or the layer's
+// kept one (kept_window: the step allows reading it). Else the graph appends with nodes of its own.
+bool sparq_op_appends(const llama_sparq_ctx & S, const sparq_layer & L, const llama_sparq_params & p, int l,
+                      bool kept_window);
+// whether a decode step with a window of l cells reads layer L's kept window, where the step's rows
+// allow it (win_device): a window the selector does not choose itself, within the kept length
+bool sparq_op_kept_window(const sparq_layer & L, const llama_sparq_params & p, int l, bool win_device);
+
 // The node the graph would build for a decode step of layer L (one query row per stream) over n_kv
 // cells with settings p (enabled, k_min resolved), on placeholder tensors of the layer's shapes and
 // types in ctx (no data), or NULL with the reason in *why. Its parameters are sparq_op_params', its

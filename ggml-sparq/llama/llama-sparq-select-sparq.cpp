@@ -22,7 +22,10 @@ static void sparq_basis_srcs(sparq_attn_build & b, ggml_tensor * q4, ggml_sparq_
         return;
     }
     src.sel[0] = sparq_unrotates(b.S, L) ? llama_mul_mat_hadamard(ctx0, q4, L.data.hrot) : nullptr;
-    if (b.P.basis == LLAMA_SPARQ_BASIS_SCALED) {
+    if (b.P.basis == LLAMA_SPARQ_BASIS_SCALED && src.k_sq) {
+        // the op appends to the sums of squares and takes their roots itself (ggml_sparq_attn_srcs::k_sq)
+        src.sel[1] = src.k_sq;
+    } else if (b.P.basis == LLAMA_SPARQ_BASIS_SCALED) {
         // weights: the keys' RMS per component over the stream's cells; sqrt of the sums of squares
         // (the count is common to all components and cancels in step 1's ranking and in tau)
         ggml_tensor * ks3 = ggml_view_3d(ctx0, b.ksq_src, b.d, b.hkv, b.n_stream, L.data.ksq->nb[1], L.data.ksq->nb[2], 0);
@@ -39,7 +42,7 @@ static void sparq_basis_probe(ggml_context * ctx, const llama_sparq_ctx & S, con
         src.sel[0] = ggml_new_tensor(ctx, GGML_TYPE_F32, 4, src.q->ne);
     }
     if (pca || p.basis == LLAMA_SPARQ_BASIS_SCALED) {
-        src.sel[1] = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, d, hkv, 1);
+        src.sel[1] = !pca && src.k_sq ? src.k_sq : ggml_new_tensor_3d(ctx, GGML_TYPE_F32, d, hkv, 1);
     }
 }
 

@@ -49,6 +49,28 @@ struct ggml_sparq_attn_params ggml_sparq_attn_params_default(int32_t r, int32_t 
 // each check below returns its message where its condition fails
 #define SPARQ_NEED(cond, what) do { if (!(cond)) { return "sparq_attn: " what; } } while (0)
 
+// the step's append (cells, v_comp, k_sq): all three or none, on one query row per stream
+static const char * sparq_check_append(const struct ggml_sparq_attn_srcs * s) {
+    SPARQ_NEED((s->cells != NULL) == (s->v_comp != NULL) && (s->cells != NULL) == (s->k_sq != NULL),
+               "the step's append takes cells, v_comp and k_sq together");
+    if (!s->cells) {
+        return NULL;
+    }
+    const int64_t d = s->q->ne[0], dv = s->v->ne[0], n_hkv = s->k->ne[2], n_strm = s->q->ne[3];
+    SPARQ_NEED(s->q->ne[1] == 1, "the step's append needs one query row per stream (a decode step)");
+    SPARQ_NEED(s->kt->type != GGML_TYPE_Q4_1, "the step's append writes an 8- or 16-bit K^T (a 4-bit one by the write nodes)");
+    SPARQ_NEED(s->cells->type == GGML_TYPE_I64 && ggml_nelements(s->cells) == n_strm && ggml_is_contiguous(s->cells),
+               "cells must be contiguous i64 [n_stream]");
+    SPARQ_NEED(s->v_comp->type == GGML_TYPE_F32 && ggml_are_same_shape(s->v_comp, s->v_sum) &&
+               s->v_comp->nb[0] == sizeof(float), "v_comp must be f32 of v_sum's shape");
+    SPARQ_NEED(s->k_sq->type == GGML_TYPE_F32 && s->k_sq->ne[0] == d && s->k_sq->ne[1] == n_hkv &&
+               s->k_sq->ne[2] == n_strm && s->k_sq->ne[3] == 1 && s->k_sq->nb[0] == sizeof(float),
+               "k_sq must be f32 [d, n_head_kv, n_stream]");
+    SPARQ_NEED(dv == s->v_sum->ne[0], "v_sum's rows must have V's head size");
+    SPARQ_NEED(!s->win || s->win->ne[1] == 1, "the kept window must be i32 [w, 1, n_stream]");
+    return NULL;
+}
+
 static const char * sparq_check_inputs(const struct ggml_sparq_attn_srcs * s) {
     SPARQ_NEED(s->q && s->k && s->kt && s->v && s->v_sum && s->v_count, "q, K, K^T, V, v_sum and v_count are required");
     const struct ggml_tensor * q = s->q, * k = s->k, * kt = s->kt, * v = s->v;
@@ -97,7 +119,7 @@ static const char * sparq_check_inputs(const struct ggml_sparq_attn_srcs * s) {
         SPARQ_NEED(s->sinks->type == GGML_TYPE_F32 && ggml_nelements(s->sinks) == n_head && s->sinks->ne[0] == n_head &&
                    ggml_is_contiguous(s->sinks), "the sinks must be contiguous f32 [n_head]");
     }
-    return NULL;
+    return sparq_check_append(s);
 }
 
 // the selector's inputs and the parameters only some selectors take (its row says which)
@@ -155,7 +177,7 @@ struct ggml_tensor * ggml_sparq_attn_ext(struct ggml_context * ctx, const struct
     struct ggml_tensor * result = ggml_new_tensor(ctx, GGML_TYPE_F32, 4, ne);
     result->op = GGML_OP_SPARQ_ATTN;
     struct ggml_tensor * const src[] = { s->q, s->k, s->kt, s->v, s->v_sum, s->v_count, s->mask, s->win,
-                                         s->sel[0], s->sel[1], s->report, s->sinks };
+                                         s->sel[0], s->sel[1], s->report, s->sinks, s->cells, s->v_comp, s->k_sq };
     static_assert(sizeof(src) / sizeof(src[0]) <= GGML_MAX_SRC, "the op's sources must fit ggml's");
     for (size_t i = 0; i < sizeof(src) / sizeof(src[0]); ++i) {
         result->src[i] = src[i];
@@ -200,6 +222,7 @@ bool ggml_sparq_attn_view_of(struct ggml_tensor * dst, struct ggml_sparq_attn_vi
     o.v_sum = dst->src[4]; o.v_count = dst->src[5]; o.mask = dst->src[6]; o.win = dst->src[7];
     o.report = dst->src[10];
     o.sinks = dst->src[11];
+    o.cells = dst->src[12]; o.v_comp = dst->src[13]; o.k_sq = dst->src[14];
     o.out = dst;
     o.d = (int) o.q->ne[0];
     o.dv = (int) o.v->ne[0];
@@ -215,6 +238,7 @@ bool ggml_sparq_attn_view_of(struct ggml_tensor * dst, struct ggml_sparq_attn_vi
     }
     if (o.selector->ranks) {
         o.q_sel = dst->src[8]; o.comp_w = dst->src[9];
+        o.comp_sq = o.comp_w && o.comp_w == o.k_sq;
     } else {
         o.sel[0] = dst->src[8]; o.sel[1] = dst->src[9];
     }

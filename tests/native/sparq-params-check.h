@@ -86,6 +86,13 @@ static bool params_parts_with(const params_node_set & s, uint32_t bit, ggml_spar
         case GGML_SPARQ_FEAT_REPORT:
             src.report = ggml_new_tensor_3d(s.ctx, GGML_TYPE_F32, 4, s.n_hkv, 1);
             return true;
+        case GGML_SPARQ_FEAT_APPEND:
+        case GGML_SPARQ_FEAT_COMP_SQ:
+            src.cells = ggml_new_tensor_1d(s.ctx, GGML_TYPE_I64, 1);
+            src.v_comp = ggml_new_tensor_3d(s.ctx, GGML_TYPE_F32, s.d, s.n_hkv, 1);
+            src.k_sq = ggml_new_tensor_3d(s.ctx, GGML_TYPE_F32, s.d, s.n_hkv, 1);
+            src.sel[1] = bit == GGML_SPARQ_FEAT_COMP_SQ ? src.k_sq : nullptr;
+            return true;
         default: return false;
     }
 }
@@ -105,6 +112,7 @@ static uint32_t params_needs(uint32_t bit) {
     switch (bit) {
         case GGML_SPARQ_FEAT_INDEX_READS:  return GGML_SPARQ_FEAT_INDEX;
         case GGML_SPARQ_FEAT_COVERAGE_CAP: return GGML_SPARQ_FEAT_COVERAGE;
+        case GGML_SPARQ_FEAT_COMP_SQ:      return GGML_SPARQ_FEAT_APPEND | GGML_SPARQ_FEAT_BASIS;
         default: return 0;
     }
 }
@@ -281,7 +289,7 @@ static int run_params_check() {
     }
 
     // 3. a part this build does not know (a field a newer constructor added) is refused by every backend
-    for (uint32_t unknown : { 1u << 18, 1u << 20, GGML_SPARQ_FEAT_UNKNOWN }) {
+    for (uint32_t unknown : { 1u << 20, 1u << 22, GGML_SPARQ_FEAT_UNKNOWN }) {
         struct ggml_tensor * t = params_node_with(s, 0);
         ggml_sparq_params pu = ggml_sparq_params_get(t);
         pu.features |= unknown;

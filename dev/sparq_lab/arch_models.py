@@ -167,6 +167,23 @@ def _low_rank_qkv(t: _Tensors, p: str, n_embd: int, n_head: int, q_lora: int, kv
     t.mat(p + "attn_kv_a_mqa.weight", kv_lora + rope, n_embd)
 
 
+def _mla_metadata(w, kv_lora, rope, nope, v_head, q_lora, n_layer, n_ff) -> None:
+    """deepseek2's attention keys: the cache's K (latent + RoPE) and V (latent), the heads' sizes for
+    MLA, the ranks, every layer a dense FFN."""
+    w.add_key_length(kv_lora + rope)
+    w.add_value_length(kv_lora)
+    w.add_key_length_mla(nope + rope)
+    w.add_value_length_mla(v_head)
+    w.add_rope_dimension_count(rope)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_q_lora_rank(q_lora)
+    w.add_kv_lora_rank(kv_lora)
+    w.add_leading_dense_block_count(n_layer)
+    w.add_expert_feed_forward_length(n_ff)
+    w.add_expert_shared_count(0)
+
+
 def make_tiny_deepseek2(path: str | os.PathLike[str], *, n_layer: int = 2, seed: int = 0) -> Path:
     """DeepSeek-V2 (architecture ``deepseek2``) as converted for MLA's absorbed decode: 4 query heads
     over one latent KV head (kv_lora_rank 32 plus a 16-wide RoPE part: K 48 wide, V 32), q_lora_rank
@@ -186,18 +203,7 @@ def make_tiny_deepseek2(path: str | os.PathLike[str], *, n_layer: int = 2, seed:
 
     def metadata(w) -> None:
         _common(w, "llama-sparq-tiny-deepseek2", n_layer, n_embd, n_ff, n_head, 1)
-        w.add_key_length(kv_lora + rope)
-        w.add_value_length(kv_lora)
-        w.add_key_length_mla(nope + rope)
-        w.add_value_length_mla(v_mla)
-        w.add_rope_dimension_count(rope)
-        w.add_rope_freq_base(10000.0)
-        w.add_layer_norm_rms_eps(1e-6)
-        w.add_q_lora_rank(q_lora)
-        w.add_kv_lora_rank(kv_lora)
-        w.add_leading_dense_block_count(n_layer)
-        w.add_expert_feed_forward_length(n_ff)
-        w.add_expert_shared_count(0)
+        _mla_metadata(w, kv_lora, rope, nope, v_mla, q_lora, n_layer, n_ff)
 
     return _write_gguf(Path(path), metadata, t.items, arch="deepseek2")
 
@@ -273,18 +279,7 @@ def make_mla_shape(path: str | os.PathLike[str], *, n_layer: int = 4, n_ctx_trai
         w.add_vocab_size(n_vocab)
         _add_tiny_shape(w, n_ctx_train, n_embd, n_layer, n_ff, n_head, 1)
         _add_tiny_tokenizer(w, n_vocab)
-        w.add_key_length(kv_lora + rope)
-        w.add_value_length(kv_lora)
-        w.add_key_length_mla(nope + rope)
-        w.add_value_length_mla(v_head)
-        w.add_rope_dimension_count(rope)
-        w.add_rope_freq_base(10000.0)
-        w.add_layer_norm_rms_eps(1e-6)
-        w.add_q_lora_rank(q_lora)
-        w.add_kv_lora_rank(kv_lora)
-        w.add_leading_dense_block_count(n_layer)
-        w.add_expert_feed_forward_length(n_ff)
-        w.add_expert_shared_count(0)
+        _mla_metadata(w, kv_lora, rope, nope, v_head, q_lora, n_layer, n_ff)
 
     return _write_gguf(Path(path), metadata, t.items, arch="deepseek2")
 

@@ -218,3 +218,20 @@ def teacher_forced(llm, prompt, cont):
         llm.eval([t])
         out.append(np.array(llm.scores[llm.n_tokens - 1], dtype=np.float64))
     return np.array(out)
+
+
+def exact_against_dense(model, r, n_prompt, n_steps, n_ctx=1024):
+    """SparQ in exact mode (``r``, k beyond the context, on every step) against dense on the same
+    teacher-forced tokens: (the SparQ ``Llama``, the largest logit difference from dense with flash
+    attention, upstream's own spread between its two dense paths, the largest dense logit)."""
+    def forced(**kw):
+        llm = make_llm(model, n_ctx, logits_all=True, **kw)
+        return llm, teacher_forced(llm, prompt, cont)
+
+    dense = make_llm(model, n_ctx, logits_all=True, flash_attn=True)
+    prompt = rand_prompt(n_prompt, 3, dense.n_vocab())
+    cont = [int(t) for t in np.random.default_rng(4).integers(3, dense.n_vocab(), size=n_steps)]
+    want = teacher_forced(dense, prompt, cont)
+    _, nofa = forced(flash_attn=False)
+    sp, got = forced(flash_attn=True, sparq_r=r, sparq_k=4096, sparq_min_kv=0)
+    return sp, np.abs(got - want).max(), np.abs(nofa - want).max(), np.abs(want).max()

@@ -112,29 +112,12 @@ def test_kt4_equals_a_recomputation_after_cache_operations(tiny_gqa_model, graph
     the save: the continuation is close to the one before the save, and every load of the state
     continues exactly alike."""
     from llama_sparq import _sparq
-    from sparq_ctx import rand_prompt
-    from test_sparq_llama import debug_check, decode_greedy, make_llm, n_vocab, step
+    from test_sparq_llama import cache_operations_before_a_load, debug_check, make_llm, step
 
     tk = {"f16": 1, "f32": 0}[cache]
     sp = make_llm(tiny_gqa_model, sparq=True, sparq_k=32, sparq_min_kv=0, sparq_kt_bits=4, type_k=tk, type_v=tk)
     _sparq.debug_graph_rebuild(sp._ctx.ctx, graph_rebuild)
-    nv = n_vocab(sp)
-    decode_greedy(sp, rand_prompt(400, 4, nv), 6)
-    assert debug_check(sp) <= 1e-3
-    reb0 = sp.sparq_stats()["n_rebuilds"]
-    n = sp.n_tokens
-    assert sp._ctx.kv_cache_seq_rm(0, n - 50, -1)
-    sp.n_tokens = n - 50
-    for t in rand_prompt(6, 5, nv)[1:]:
-        step(sp, t)
-    assert debug_check(sp) <= 1e-3
-    assert sp.sparq_stats()["n_rebuilds"] > reb0
-    n = sp.n_tokens
-    sp._ctx.kv_cache_seq_rm(0, 10, 110)
-    sp._ctx.kv_cache_seq_shift(0, 110, n, -100)
-    sp.n_tokens = n - 100
-    step(sp, 5)
-    assert debug_check(sp) <= 1e-3
+    cache_operations_before_a_load(sp, 6)
     state = sp.save_state()
     a = np.array([step(sp, t) for t in (7, 8, 9)])
     runs = []

@@ -240,6 +240,19 @@ def cache_operations_keep_data_exact(sp, n_decode=8):
     """Appends, then the cache operations that need a rebuild (removing the last tokens, a
     context shift that re-ropes K, a state save and load): after each, K^T and the sums equal a
     recomputation (debug_check), and the continuation after a state load repeats exactly."""
+    cache_operations_before_a_load(sp, n_decode)
+
+    # save and restore state: the continuation repeats exactly
+    state = sp.save_state()
+    a = [step(sp, t) for t in (7, 8, 9)]
+    sp.load_state(state)
+    b = [step(sp, t) for t in (7, 8, 9)]
+    assert debug_check(sp) <= 1e-3
+    assert np.abs(np.array(a) - np.array(b)).max() <= 1e-4 * np.abs(np.array(a)).max()
+
+
+def cache_operations_before_a_load(sp, n_decode):
+    """Appends, a removal of the last tokens and a context shift, each followed by debug_check."""
     nv = n_vocab(sp)
     decode_greedy(sp, rand_prompt(400, 4, nv), n_decode)
     assert debug_check(sp) <= 1e-3
@@ -261,14 +274,6 @@ def cache_operations_keep_data_exact(sp, n_decode=8):
     sp.n_tokens = n - 100
     step(sp, 5)
     assert debug_check(sp) <= 1e-3
-
-    # save and restore state: the continuation repeats exactly
-    state = sp.save_state()
-    a = [step(sp, t) for t in (7, 8, 9)]
-    sp.load_state(state)
-    b = [step(sp, t) for t in (7, 8, 9)]
-    assert debug_check(sp) <= 1e-3
-    assert np.abs(np.array(a) - np.array(b)).max() <= 1e-4 * np.abs(np.array(a)).max()
 
 
 def test_cache_operations_keep_data_exact(tiny_gqa_model):

@@ -57,18 +57,9 @@ def forced(model, prompt, cont, **kw):
 @pytest.mark.parametrize("name", list(MODELS))
 def test_exact_settings_equal_dense_within_upstreams_spread(model_paths, name):
     _, _, head, n_full = MODELS[name]
-    path = model_paths[name]
-    dense = make_llm(path)
-    prompt = rand_prompt(PROMPT, 3, dense.n_vocab())
-    cont = [int(t) for t in np.random.default_rng(4).integers(3, dense.n_vocab(), size=STEPS)]
-    want = teacher_forced(dense, prompt, cont)
-    _, nofa = forced(path, prompt, cont, flash_attn=False)
-    spread = np.abs(nofa - want).max()
-    sp, got = forced(path, prompt, cont, sparq_r=head, sparq_k=4096, sparq_min_kv=0)
+    sp, diff, spread, scale = sparq_ctx.exact_against_dense(model_paths[name], head, PROMPT, STEPS)
     st = sp.sparq_stats()
     assert st["n_sparq"] == n_full * STEPS, st
-    diff = np.abs(got - want).max()
-    scale = np.abs(want).max()
     assert diff <= 1.5 * spread + 1e-4 * scale, (name, diff, spread, scale)
 
 

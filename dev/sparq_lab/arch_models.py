@@ -167,6 +167,19 @@ def _low_rank_qkv(t: _Tensors, p: str, n_embd: int, n_head: int, q_lora: int, kv
     t.mat(p + "attn_kv_a_mqa.weight", kv_lora + rope, n_embd)
 
 
+def _mla_layers(t: _Tensors, n_layer, n_embd, n_head, n_ff, q_lora, kv_lora, nope, rope, v_head) -> None:
+    """deepseek2's layers as converted for MLA's absorbed decode (k_b and v_b per head), each with a
+    dense FFN, and the output norm."""
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        _low_rank_qkv(t, p, n_embd, n_head, q_lora, kv_lora, nope, rope)
+        t.mat(p + "attn_k_b.weight", n_head, kv_lora, nope)
+        t.mat(p + "attn_v_b.weight", n_head, v_head, kv_lora)
+        t.mat(p + "attn_output.weight", n_embd, n_head * v_head)
+        _gated_ffn(t, p, n_embd, n_ff)
+    t.ones("output_norm.weight", n_embd)
+
+
 def _mla_metadata(w, kv_lora, rope, nope, v_head, q_lora, n_layer, n_ff) -> None:
     """deepseek2's attention keys: the cache's K (latent + RoPE) and V (latent), the heads' sizes for
     MLA, the ranks, every layer a dense FFN."""
@@ -192,14 +205,7 @@ def make_tiny_deepseek2(path: str | os.PathLike[str], *, n_layer: int = 2, seed:
     q_lora, kv_lora, rope, nope, v_mla = 32, 32, 16, 32, 32
     t = _Tensors(seed)
     t.mat("token_embd.weight", _N_VOCAB, n_embd)
-    for i in range(n_layer):
-        p = f"blk.{i}."
-        _low_rank_qkv(t, p, n_embd, n_head, q_lora, kv_lora, nope, rope)
-        t.mat(p + "attn_k_b.weight", n_head, kv_lora, nope)
-        t.mat(p + "attn_v_b.weight", n_head, v_mla, kv_lora)
-        t.mat(p + "attn_output.weight", n_embd, n_head * v_mla)
-        _gated_ffn(t, p, n_embd, n_ff)
-    t.ones("output_norm.weight", n_embd)
+    _mla_layers(t, n_layer, n_embd, n_head, n_ff, q_lora, kv_lora, nope, rope, v_mla)
 
     def metadata(w) -> None:
         _common(w, "llama-sparq-tiny-deepseek2", n_layer, n_embd, n_ff, n_head, 1)
@@ -261,14 +267,7 @@ def make_mla_shape(path: str | os.PathLike[str], *, n_layer: int = 4, n_ctx_trai
     q_lora, kv_lora, rope, nope, v_head = sh["q_lora"], sh["kv_lora"], sh["rope"], sh["nope"], sh["v_head"]
     t = _Tensors(seed, q8_0=True)
     t.mat("token_embd.weight", n_vocab, n_embd)
-    for i in range(n_layer):
-        p = f"blk.{i}."
-        _low_rank_qkv(t, p, n_embd, n_head, q_lora, kv_lora, nope, rope)
-        t.mat(p + "attn_k_b.weight", n_head, kv_lora, nope)
-        t.mat(p + "attn_v_b.weight", n_head, v_head, kv_lora)
-        t.mat(p + "attn_output.weight", n_embd, n_head * v_head)
-        _gated_ffn(t, p, n_embd, n_ff)
-    t.ones("output_norm.weight", n_embd)
+    _mla_layers(t, n_layer, n_embd, n_head, n_ff, q_lora, kv_lora, nope, rope, v_head)
     t.mat("output.weight", n_vocab, n_embd)
 
     def metadata(w) -> None:

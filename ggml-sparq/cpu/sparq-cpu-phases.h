@@ -372,8 +372,8 @@ void phase_attend(const ctx & C, int wb, int we, int ith, int nth);
 
 // sparq-cpu-select-sparq.cpp
 // phase_components, per unit: the r components i1 and the scaled query components qs (every
-// selector runs it; the baselines with r = 1, which nothing reads); absq, order: d scratch entries each
-void sparq_components(const ctx & C, int u, float * absq, int32_t * order);
+// selector runs it; the baselines with r = 1, which nothing reads); absq, order, wts: d scratch entries each
+void sparq_components(const ctx & C, int u, float * absq, int32_t * order, float * wts);
 // phase_scores, per unit and chunk [s0, s1): approximate logits from K^T, softmax statistics, and
 // the chunk's candidates (g == 1) or the group's logits (g > 1, for phase_gqa_candidates)
 void sparq_chunk_scores(const ctx & C, int u, int w, int s0, int s1, int ith);

@@ -119,7 +119,7 @@ void phase_components(const ctx & C, int ith, int nth) {
         if (a->cells) {
             append_unit(C, u);
         }
-        sparq_components(C, u, absq, order);
+        sparq_components(C, u, absq, order, (float *) (order + a->d));
     }
 
     if (C.sel->prepare) {

@@ -7,13 +7,18 @@
 
 namespace sparq_cpu {
 
-void sparq_components(const ctx & C, int u, float * absq, int32_t * order) {
+void sparq_components(const ctx & C, int u, float * absq, int32_t * order, float * wts) {
     const sparq_args * a = C.a;
     const int d = a->d, r = a->r, g = C.L.group_size;
     const int R = C.unit_row(u), kvh = C.unit_kvh(u);
     const float * cw = C.comp_w(kvh, C.row_stream(R));
-    const bool sq = a->comp_w_sq != 0;
-    auto weight = [cw, sq](int j) { return sq ? sqrtf(cw[j]) : cw[j]; };
+    if (cw) {
+        // the weights once per unit (the roots of the sums of k^2 where comp_w is that tensor)
+        for (int j = 0; j < d; ++j) {
+            wts[j] = a->comp_w_sq ? sqrtf(cw[j]) : cw[j];
+        }
+    }
+    auto weight = [wts](int j) { return wts[j]; };
     for (int j = 0; j < d; ++j) {
         absq[j] = 0.0f;
     }

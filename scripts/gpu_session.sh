@@ -94,21 +94,26 @@
 #   bash $S install
 #   bash $S grid; GPU_PACK=1 bash $S e2e timeline lines
 #
-# Every switch of the kernels that is off by default, checked and timed: the grid with all of them
-# on (with FUSED it also compares the one launch's logits with the three launches' on the tiny
-# model, which test-backend-ops cannot), the timeline at 4K (SparQ's synchronisations and copies
-# per step against dense's), the switches against the default kernels in the same session (the one
-# launch at 4K and 16K, the others at 4K and 64K, then the bucketed top-k with $AB_BUCKETS), the
-# calibrated k at 64K (the report on and off, the streamed all-cells attend, the mass histogram
-# from the score tiles), then the end-to-end rows; a switch that wins becomes the default, one
-# that loses is deleted:
-#   S=scripts/gpu_session.sh; export SESSION_END=$(( $(date +%s) + 540 )) STEP_TIMEOUT=150 \
-#     TIMELINE_DEPTHS=4096 AB_CHECK=0 AB_DEPTHS=4096,16384,65536 E2E_DEPTHS=0,8192,32768,131072 E2E_DEPTHS_BATCH=32768 \
-#     AB_ENVS="LLAMA_SPARQ_CUDA_PDL=0;LLAMA_SPARQ_CUDA_FUSED=1;LLAMA_SPARQ_CUDA_PDL=1;LLAMA_SPARQ_CUDA_SCORE_HIST=1;LLAMA_SPARQ_CUDA_PDL=1,LLAMA_SPARQ_CUDA_SCORE_HIST=1"
-#   bash $S install && LLAMA_SPARQ_CUDA_PDL=1 LLAMA_SPARQ_CUDA_SCORE_HIST=1 LLAMA_SPARQ_CUDA_DIFFUSE=1 \
-#     LLAMA_SPARQ_CUDA_FUSED=1 LLAMA_SPARQ_CUDA_CALIB_HIST=1 bash $S grid
-#   GPU_PACK=1 bash $S timeline ab calib e2e results
-# (AB_CHECK=0 skips the grid per setting, about a minute each, once the grid above has passed.)
+# Every switch of the kernels that is off by default, checked and timed, in one call of about 9
+# minutes (a session with 15 minutes of device time, its start included): the grid with all of
+# them on (with FUSED it also compares the one launch's logits with the three launches' on the tiny
+# model, which test-backend-ops cannot); the switches against the default kernels in the same
+# session at 8K and 64K, SELECT_HIST=match being the reference of the select's ways (any way set
+# runs the select kernel that has both), then the bucketed top-k with $AB_BUCKETS; the calibrated k
+# at 64K (the streamed all-cells attend, the mass histogram from the score tiles); then the
+# end-to-end rows and -nkvo at 128K. Each step has its own deadline (T0 + seconds), so that a slow
+# step costs only its own window; a switch that wins becomes the default, one that loses is deleted:
+#   S=scripts/gpu_session.sh; T0=$(date +%s); export STEP_TIMEOUT=200 AB_CHECK=0 AB_DEPTHS=8192,65536 \
+#     CALIB_GEN=32 E2E_DEPTHS=0,8192,32768,131072 E2E_DEPTHS_BATCH=32768 NKVO_DEPTHS=131072 \
+#     AB_ENVS="LLAMA_SPARQ_CUDA_PDL=0;LLAMA_SPARQ_CUDA_FUSED=1;LLAMA_SPARQ_CUDA_PDL=1;LLAMA_SPARQ_CUDA_SCORE_HIST=1;LLAMA_SPARQ_CUDA_SELECT_HIST=match;LLAMA_SPARQ_CUDA_SELECT_HIST=atomic;LLAMA_SPARQ_CUDA_SELECT_LOADS=early;LLAMA_SPARQ_CUDA_ATTEND_ITEMS=16"
+#   bash $S install; SESSION_END=$((T0+100)) LLAMA_SPARQ_CUDA_PDL=1 LLAMA_SPARQ_CUDA_SCORE_HIST=1 LLAMA_SPARQ_CUDA_DIFFUSE=1 \
+#     LLAMA_SPARQ_CUDA_FUSED=1 LLAMA_SPARQ_CUDA_CALIB_HIST=1 LLAMA_SPARQ_CUDA_SELECT_HIST=atomic \
+#     LLAMA_SPARQ_CUDA_SELECT_LOADS=early bash $S grid
+#   SESSION_END=$((T0+310)) bash $S ab; SESSION_END=$((T0+400)) bash $S calib
+#   SESSION_END=$((T0+490)) bash $S e2e; SESSION_END=$((T0+540)) GPU_PACK=1 bash $S nkvo results
+# (AB_CHECK=0 skips the grid per setting, about a minute each, once the grid above has passed; the
+# device tool's call: timeout_s 590, carry build/gpu-wheel-xz. The timeline at 4K takes a call of
+# its own: TIMELINE_DEPTHS=4096 GPU_PACK=1 bash $S timeline results.)
 #
 # The calibrated k's diffuse units (every unit of the synthetic fill at 64K): the grid with the
 # streamed all-cells path, the rows with the report on, off, and off with the stream (the op's own

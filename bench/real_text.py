@@ -51,9 +51,9 @@ The modes, per K/V cache type of ``--cache-types`` (f16, q8_0, both by default; 
 prefilled once): SparQ's defaults, and the dense paths of ``--dense`` (both by default): ``fa1``
 upstream's flash attention on the same context (the cache layout SparQ uses), ``fa0`` upstream's
 other dense path (a context of its own, V transposed; not for a quantized V, which needs flash
-attention). ``--kt-bits 16,8`` times
-SparQ with each K^T width (``sparq_kt_bits``; 8, the default, is mode ``sparq_<type>_kt8``, 16 mode
-``sparq_<type>``) on the same context. Each SparQ mode is compared with every dense mode and with
+attention). ``--kt-bits 16,8,4`` times
+SparQ with each K^T width (``sparq_kt_bits``; 8, the default, is mode ``sparq_<type>_kt8``, 4 mode
+``sparq_<type>_kt4`` with its own default r, 16 mode ``sparq_<type>``) on the same context. Each SparQ mode is compared with every dense mode and with
 the fastest of them.
 
     python bench/real_text.py speed --model gemma3 --tokens 32000 --tag real_text_gemma3_32k
@@ -109,7 +109,7 @@ def amdahl_bound(t0, tS, c):
 
 def dense_modes(cache_types, dense, kt_bits):
     """The modes to time: (name, cache type, flash attention, sparq, K^T bits) per cache type, dense
-    first, then SparQ per K^T width (an 8-bit K^T: `_kt8`)."""
+    first, then SparQ per K^T width (an 8-bit K^T: `_kt8`, a 4-bit one `_kt4`)."""
     modes = []
     for ct in cache_types:
         for fa in dense:
@@ -117,7 +117,7 @@ def dense_modes(cache_types, dense, kt_bits):
                 continue  # a quantized V needs flash attention (upstream refuses -fa 0 with it)
             modes.append((f"dense_{ct}_{fa}", ct, fa == "fa1", False, 16))
         for bits in kt_bits:
-            modes.append((f"sparq_{ct}" + ("_kt8" if bits == 8 else ""), ct, True, True, bits))
+            modes.append((f"sparq_{ct}" + (f"_kt{bits}" if bits < 16 else ""), ct, True, True, bits))
     return modes
 
 
@@ -145,7 +145,7 @@ def speed_main(argv=None) -> int:
     from llama_sparq import _sparq
 
     kt_default = str(_sparq.default_params()["kt_bits"])
-    ap.add_argument("--kt-bits", default=kt_default, help="SparQ's K^T widths, comma list of 16, 8 (sparq_kt_bits; "
+    ap.add_argument("--kt-bits", default=kt_default, help="SparQ's K^T widths, comma list of 16, 8, 4 (sparq_kt_bits; "
                     f"default {kt_default}, the fork's default)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tag", required=True)
@@ -159,10 +159,10 @@ def speed_main(argv=None) -> int:
     dense = a.dense.split(",")
     kt_bits = a.kt_bits.split(",")
     bad = ([c for c in cache_types if c not in CACHE_TYPES or c == "f32"] + [x for x in dense if x not in ("fa0", "fa1")]
-           + [b for b in kt_bits if b not in ("16", "8")])
+           + [b for b in kt_bits if b not in ("16", "8", "4")])
     if bad or not cache_types or not dense or not kt_bits:
         ap.error(f"--cache-types takes f16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, --dense fa1, fa0 and --kt-bits "
-                 f"16, 8 (comma lists); got {', '.join(bad) or 'nothing'}")
+                 f"16, 8, 4 (comma lists); got {', '.join(bad) or 'nothing'}")
     kt_bits = [int(b) for b in kt_bits]
 
     from llama_sparq import Llama

@@ -260,7 +260,7 @@ def speed_main(argv=None) -> int:
     rows = []
     for name, ct, fa, sparq, bits in modes:
         c = res["counters"].get(name)
-        rows.append([name, ct, f"-fa {int(fa)}", ("SparQ defaults" if bits == 8 else "SparQ, 16-bit K^T") if sparq
+        rows.append([name, ct, f"-fa {int(fa)}", ("SparQ defaults" if bits == 8 else f"SparQ, {bits}-bit K^T") if sparq
                      else "dense",
                      f"{med[name]:.2f} ({', '.join(map(str, runs[name]))})", f"{med[name] / med[fastest]:.2f}x",
                      "" if not c else str(c["sparq_calls"]),

@@ -211,6 +211,7 @@ class Bench:
         if sparq:
             cmd += ["--sparq", "0,1,0,1", "--sparq-r", str(a.r), "--sparq-k", str(a.k), "--sparq-l", str(a.l),
                     "--sparq-min-kv", "0", "--sparq-gqa", a.gqa, "--sparq-basis", a.basis]
+            cmd += ["--sparq-kt-bits", str(a.kt_bits)] if getattr(a, "kt_bits", None) else []
         res, line, _ = llama_bench(cmd, exe=self.exe, what=f"llama-bench failed at S={S}")
         for r in res:
             r["depth_fill"] = fill if S > 0 else "none"
@@ -345,7 +346,8 @@ def common_meta(args, bench, model_desc, load0):
         **run_meta(args.threads, load0),
         "model": f"{bench.model} ({model_desc})",
         "cache": "F16 K and V (and K^T for SparQ), batch 1, one sequence",
-        "sparq": f"r={args.r}, k={args.k}, l={args.l}, gqa {args.gqa}, basis {args.basis}, dense threshold 0 (SparQ on every decode step); compression "
+        "sparq": f"r={args.r}, k={args.k}, l={args.l}, gqa {args.gqa}, basis {args.basis}, "
+                 f"{f'{args.kt_bits}-bit' if getattr(args, 'kt_bits', None) else 'the default'} K^T, dense threshold 0 (SparQ on every decode step); compression "
                  f"M_sparq/M_dense per S in the table (-> r/2d = {args.r / (2 * model_shape(args)[0]):.4f})",
         "timing": f"per-token decode time of {args.n_gen} tokens after a context of S tokens (llama-bench -d S -n "
                   f"{args.n_gen} -p 0); per S and round: one process with -fa 0 dense ({args.reps} reps), one with "
@@ -518,6 +520,8 @@ def e2e_main(argv=None) -> int:
     ap.add_argument("--gqa", choices=("shared", "per_head"), default="shared", help="SparQ GQA mode (default shared)")
     ap.add_argument("--basis", choices=("model", "scaled", "pca"), default="model",
                     help="SparQ step-1 basis (default model, the paper)")
+    ap.add_argument("--kt-bits", type=int, choices=(16, 8, 4), default=None,
+                    help="bits per K^T element (sparq_kt_bits; default the fork's)")
     ap.add_argument("--lib", default=None, metavar="DIR",
                     help="another build's llama-bench (a folder holding it, e.g. build/bin of an earlier commit), "
                          "to compare builds; default the installed package's")

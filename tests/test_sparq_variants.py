@@ -163,11 +163,11 @@ def test_t5_exact_settings_equal_dense_within_the_cache_types_spread(t5_path):
     n_vocab = make_llm(t5_path).n_vocab()
     enc, prompt, cont = t5_tokens(n_vocab)
     f32 = dict(type_k=0, type_v=0)  # GGML_TYPE_F32
-    _, d16 = t5_forced(t5_path, enc, prompt, cont, logits_all=True)
-    _, d32 = t5_forced(t5_path, enc, prompt, cont, logits_all=True, **f32)
+    _, d16 = t5_forced(t5_path, enc, prompt, cont)
+    _, d32 = t5_forced(t5_path, enc, prompt, cont, **f32)
     spread = np.abs(d16 - d32).max()
     scale = np.abs(d16).max()
-    exact = dict(logits_all=True, sparq_r=T5_HEAD, sparq_k=4096, sparq_min_kv=0)
+    exact = dict(sparq_r=T5_HEAD, sparq_k=4096, sparq_min_kv=0)
     for want, kw in ((d16, {}), (d32, f32)):
         sp, got = t5_forced(t5_path, enc, prompt, cont, **exact, **kw)
         st = sp.sparq_stats()
@@ -176,7 +176,7 @@ def test_t5_exact_settings_equal_dense_within_the_cache_types_spread(t5_path):
         assert diff <= 1.5 * spread + 1e-4 * scale, (kw, diff, spread, scale)
     # the bias matters: the same weights without it move the logits far beyond that spread
     flat = models.make_tiny_t5(t5_path.parent / "t5-flat.gguf", rel_b_std=0.0)
-    _, free = t5_forced(flat, enc, prompt, cont, logits_all=True)
+    _, free = t5_forced(flat, enc, prompt, cont)
     assert np.abs(free - d16).max() > 20 * spread + 1e-3, (np.abs(free - d16).max(), spread)
 
 

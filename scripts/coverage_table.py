@@ -160,7 +160,6 @@ CONDITIONS = {
     "hp.attn_soft_cap": ("model", "soft_cap"),
     "hp.f_max_alibi_bias > 0.0f": ("model", "alibi"),
     "hp.is_mla()": ("model", "mla"),
-    "call->kq_b": ("call", "kq_b"),
     "call->sinks": ("call", "sinks"),
     "call->v_mla": ("call", "v_mla"),
     "call->dv != call->dk": ("call", "dk_ne_dv"),
@@ -172,6 +171,9 @@ CONDITIONS = {
     "hp.f_max_alibi_bias < 0.0f || !std::isfinite(hp.f_max_alibi_bias)": ("model", "bad_value"),
     "call->sinks && (call->sinks->type != GGML_TYPE_F32 || !ggml_is_contiguous(call->sinks) || "
     "(call->n_head > 0 && ggml_nelements(call->sinks) != call->n_head))": ("call", "bad_value"),
+    "call->kq_b && (call->kq_b->type != GGML_TYPE_F32 || call->kq_b->nb[0] != sizeof(float) || call->kq_b->ne[3] != 1 || "
+    "(call->n_kv > 0 && (call->kq_b->ne[0] != call->n_kv || call->kq_b->ne[1] != call->n_tokens)) || "
+    "(call->n_head > 0 && call->kq_b->ne[2] != call->n_head))": ("call", "bad_value"),
 }
 # model features some GGUFs have: the note beside a cause
 GGUF_NOTES = {"alibi": "where the GGUF sets `max_alibi_bias`"}

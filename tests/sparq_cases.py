@@ -53,6 +53,7 @@ class Case:
     softcap: float = 0.0      # > 0: logit soft-capping
     max_bias: float = 0.0     # > 0: ALiBi (with mask "alibi": each valid cell's mask is minus its distance)
     sinks: bool = False       # a sink logit per query head
+    kq_b: bool = False        # a bias per (row, query head, cell) added to the scores (T5's position bias)
     v_view: bool = False      # V is the first dv components of K's rows, read through K's rows (MLA's cache)
     seed: int = 0
 
@@ -72,7 +73,8 @@ class Case:
                 + (f"-cov{self.coverage:g}-kmin{self.k_min}" if self.coverage else "")
                 + (f"-kt{self.kt_bits}" if self.kt_bits != 16 else "") + (f"-tkb{self.topk_buckets}" if self.topk_buckets else "")
                 + (f"-cap{self.softcap:g}" if self.softcap else "") + (f"-alibi{self.max_bias:g}" if self.max_bias else "")
-                + ("-sinks" if self.sinks else "") + (f"-dv{self.dv}" if self.dv != self.d else "")
+                + ("-sinks" if self.sinks else "") + ("-kqb" if self.kq_b else "")
+                + (f"-dv{self.dv}" if self.dv != self.d else "")
                 + ("-vview" if self.v_view else ""))
 
     @property
@@ -146,7 +148,13 @@ def generate(c: Case):
     a = dict(q=q, K=K, V=V, mask=mask, v_sum=v_sum, v_count=v_count, scale=np.float32(1.0 / np.sqrt(c.d)),
              win=None, q_sel=None, K_sel=None, comp_w=None, h2o=None, ivf_cent=None, ivf_lists=None,
              sinks=(rng.normal(1.0, 2.0, size=c.n_head).astype(np.float32) if c.sinks else None),
-             K_blocks=blocks.get("K"), V_blocks=blocks.get("V"))
+             K_blocks=blocks.get("K"), V_blocks=blocks.get("V"), kq_b=None)
+    if c.kq_b:
+        # a position bias (st, row, head, cell): a per-head profile over the cells, a little noise per row; it
+        # enters times scale, so it is drawn on the scale of the logits before it
+        prof = rng.normal(0.0, 1.5, size=(c.n_stream, 1, c.n_head, c.S))
+        noise = rng.normal(0.0, 0.3, size=(c.n_stream, c.n_rows, c.n_head, c.S))
+        a["kq_b"] = ((prof + noise) * np.sqrt(c.d)).astype(np.float32)
     if c.selector == "h2o":
         # accumulated attention: continuous values, with a third of the cells at exactly 0 (cells
         # no step attended yet), so the choice also meets ties (to the lower index)
@@ -258,6 +266,8 @@ def write(path: Path, c: Case, a: dict) -> None:
             f.write(b"VAR1" + struct.pack("<ffi", c.softcap, c.max_bias, int(c.sinks)))
             if c.sinks:
                 f.write(np.ascontiguousarray(a["sinks"], dtype=np.float32).tobytes())
+        if c.kq_b:
+            f.write(b"KQB1" + np.ascontiguousarray(a["kq_b"].transpose(0, 2, 1, 3), dtype=np.float32).tobytes())
         if c.v_view:
             f.write(b"VVK1")
 
@@ -313,8 +323,9 @@ def check(c: Case, a: dict, out: np.ndarray, sel: np.ndarray | None) -> dict:
     """Assert the kernel's results against the reference; return error figures."""
     stats = {"rows": 0, "tie_rows": 0, "err": 0.0, "naive": 0.0}
     r_eff = c.d if c.selector == "oracle" else c.r
-    vkw = dict(softcap=c.softcap, max_bias=c.max_bias, sinks=None if a["sinks"] is None else a["sinks"].astype(np.float64))
+    vkw0 = dict(softcap=c.softcap, max_bias=c.max_bias, sinks=None if a["sinks"] is None else a["sinks"].astype(np.float64))
     for st in range(c.n_stream):
+        vkw = {**vkw0, "kq_b": None if a["kq_b"] is None else a["kq_b"][st].astype(np.float64)}
         q = a["q"][st].astype(np.float64)
         K = a["K"][st].astype(np.float64)
         V = a["V"][st].astype(np.float64)
@@ -633,6 +644,21 @@ def grid(quick: bool = False) -> list[Case]:
         softcap=2.0, sinks=True)
     add(d=64, S=1200, r=8, k=64, l=16, n_rows=2, n_head=8, n_head_kv=2, mask="alibi", selector="h2o", max_bias=8.0,
         sinks=True, softcap=3.0)
+    # a KQ bias (T5's position bias, per row, query head and cell), in the quick grid too: GQA and not,
+    # several rows and streams with a causal mask, per head, the calibrated k, exact rows, a dense stream,
+    # with the other variants, q8_0, e5m2, the oracle and a baseline's step 4
+    add(d=64, S=1500, r=8, k=64, l=16, n_head=8, n_head_kv=2, mask="holes", kq_b=True)
+    add(d=64, S=1200, r=16, k=64, l=16, n_stream=2, n_rows=3, n_head=4, n_head_kv=4, mask="causal", win="random",
+        kq_b=True)
+    add(d=64, S=1500, r=8, k=300, l=16, n_head=8, n_head_kv=2, mask="pad", coverage=0.9, k_min=32, per_head=True,
+        kq_b=True)
+    add(d=64, S=1500, r=16, k=400, l=16, n_stream=2, n_head=8, n_head_kv=2, mask="holes", coverage=0.8, k_min=24,
+        dense_streams=(1,), kq_b=True, sinks=True)
+    add(d=64, S=1200, r=8, k=64, l=16, n_head=6, n_head_kv=2, mask="alibi", kv_type="q8_0", kt_bits=8, softcap=2.0,
+        max_bias=8.0, kq_b=True)
+    add(d=64, S=100, r=16, k=128, l=32, n_head=8, n_head_kv=2, mask="causal", kq_b=True)
+    add(d=64, S=1500, r=8, k=200, l=16, n_head=4, n_head_kv=1, mask="pad", selector="oracle", kq_b=True)
+    add(d=64, S=1200, r=8, k=64, l=16, n_rows=2, n_head=8, n_head_kv=2, mask="holes", selector="h2o", kq_b=True)
     # K and V head sizes that differ, in the quick grid too: DeepSeek's and MiniCPM3's unabsorbed heads
     # (K = a no-position part and a RoPE part), a V wider than K; MLA's absorbed decode (one latent KV
     # head of 576 for every query head, V the first 512 of each K row, read through K's rows) with a

@@ -94,6 +94,20 @@ class Ctx:
         finally:
             lc.llama_batch_free(b)
 
+    def encode(self, tokens, seq=0):
+        """An encoder-decoder model's encoder over tokens (llama_encode, positions from 0): the
+        decoder's cross-attention reads its output. Returns the rc."""
+        lc = llama_cpp()
+        b = lc.llama_batch_init(len(tokens), 0, 1)
+        try:
+            b.n_tokens = len(tokens)
+            for i, tok in enumerate(tokens):
+                b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = tok, i, 1, True
+                b.seq_id[i][0] = seq
+            return lc.llama_encode(self.ctx, b)
+        finally:
+            lc.llama_batch_free(b)
+
     def pos_max(self, seq):
         return llama_cpp().llama_memory_seq_pos_max(self.mem, seq)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sparq_ctx import Ctx, Model, prefill, rand_tokens
+from sparq_ctx import Ctx, Model, llama_cpp, prefill, rand_tokens
 
 REPO = Path(__file__).resolve().parents[1]
 TABLE = REPO / "docs" / "coverage.md"
@@ -178,6 +178,8 @@ def check_proof(path: Path, arch: str, outcome: str, cause: str) -> None:
             refused = None
         except RuntimeError as e:
             refused = str(e)
+        if llama_cpp().llama_model_has_encoder(m.model):
+            assert c.encode(rand_tokens(rng, 16, m.n_vocab)) == 0  # (T5: the decoder reads the encoder's output)
         prefill(c, 0, rand_tokens(rng, N_PROMPT, m.n_vocab))
         st0 = c.stats() if refused is None else None
         for _ in range(N_STEPS):

@@ -500,10 +500,11 @@ def test_cuda_kernels_emulated_equal_the_cpu_op(case, select, attend, hist, load
         assert diffuse == 0 and k_min < cells < k_frac * S, res.stdout
 
 
-# the attention variants (SPARQ_EMU_VARIANTS="softcap max_bias sinks", on both sides): GQA per head
-# with a window list and all three; 6 heads (ALiBi's slopes past the largest power of 2) with sinks;
+# the attention variants (SPARQ_EMU_VARIANTS="softcap max_bias sinks [kq_b]", on both sides): GQA per
+# head with a window list and all three; 6 heads (ALiBi's slopes past the largest power of 2) with sinks;
 # the calibrated k with sinks (the window's mass, alpha); dense rows and a dense stream (the sinks in
-# the dense softmax); soft-capping with f32 caches, split into parts
+# the dense softmax); soft-capping with f32 caches, split into parts; a KQ bias (per row, head and
+# cell) over several rows and streams, with per-head choice and the calibrated k, and with all four
 EMU_CASES_VARIANTS = {
     "gqa4-perhead-window-all": ("64 1024 8 2 1 1 16 64 16 1 1 0 1 1", "3.0 8.0 1"),
     "gqa3-alibi-sinks": ("64 1024 6 2 1 1 16 64 16 1 1 0 0 0", "0 8.0 1"),
@@ -511,12 +512,15 @@ EMU_CASES_VARIANTS = {
     "calibrated-perhead-softcap-alibi": ("64 1024 8 2 1 1 16 256 16 1 1 0 1 1 0 0.5 16 0.25", "2.0 4.0 0"),
     "rows-dense-stream-all": ("64 300 4 2 2 2 8 32 8 1 1 0 0 3", "2.0 8.0 1"),
     "mha-f32-softcap-parts": ("128 2048 4 4 1 1 16 128 32 0 1 0 0 0", "2.0 0 0"),
+    "gqa4-kqb-rows-streams": ("64 1024 8 2 3 2 16 64 16 1 1 0 0 0", "0 0 0 1"),
+    "calibrated-perhead-kqb": ("64 1024 8 2 1 1 16 256 16 1 1 0 1 0 0 0.5 16 0.25", "0 0 0 1"),
+    "rows-dense-stream-kqb-all": ("64 300 4 2 2 2 8 32 8 1 1 0 0 3", "2.0 8.0 1 1"),
 }
 
 
 @pytest.mark.parametrize("case", list(EMU_CASES_VARIANTS))
 def test_cuda_kernels_emulated_with_the_attention_variants(case):
-    """The kernels with soft-capping, ALiBi and sinks give the CPU op's output, cells and report
+    """The kernels with soft-capping, ALiBi, sinks and a KQ bias give the CPU op's output, cells and report
     (the CPU op is checked against the NumPy reference in test_kernels.py)."""
     args, variants = EMU_CASES_VARIANTS[case]
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_SPARQ_CUDA_")}

@@ -87,10 +87,11 @@ def test_op_parameters_are_typed_and_every_backend_honours_or_refuses_each_part(
     layout version are refused by both, so no backend can ignore a parameter it does not know."""
     res = subprocess.run([str(prog), "params-check"], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-2000:]
-    assert "params-check: OK: 20 parts" in res.stdout, res.stdout
-    # CUDA honours 12: the oracle, per-head, no mean-V, window, basis, the calibrated k (2), the report,
-    # the bucketed top-k and the attention variants (soft-capping, ALiBi, sinks); not the step's append
-    assert "as declared by CUDA (12 of them)" in res.stdout, res.stdout
+    assert "params-check: OK: 21 parts" in res.stdout, res.stdout
+    # CUDA honours 13: the oracle, per-head, no mean-V, window, basis, the calibrated k (2), the report,
+    # the bucketed top-k and the attention variants (soft-capping, ALiBi, sinks, a KQ bias); not the
+    # step's append
+    assert "as declared by CUDA (13 of them)" in res.stdout, res.stdout
     assert "unknown parts and another layout refused by both" in res.stdout
     free = int(re.search(r"(\d+) of 16 op_params slots free", res.stdout).group(1))
     assert free >= 4, res.stdout

@@ -831,3 +831,21 @@ def test_bucketed_topk_with_fewer_occupied_buckets_than_k_takes_fewer_cells():
     p = dense_probs(q, K, mask)[0]
     assert sel[0] == np.argmax(np.where(np.arange(64) < 56, p.sum(0), -1.0))
     assert np.all(np.isfinite(out))
+
+
+def test_a_kq_bias_is_scaled_and_added_as_the_mask_is():
+    """A KQ bias the same for every query head is a mask times scale (build_attn_mha adds kq_b before
+    soft_max_ext's scale): dense and exact SparQ give the same output either way; a bias of another
+    shape is refused naming kq_b."""
+    rng = np.random.default_rng(7)
+    q, K, V = rng.standard_normal((2, 4, 16)), rng.standard_normal((50, 2, 16)), rng.standard_normal((50, 2, 16))
+    b = rng.normal(0.0, 8.0, size=(2, 50))
+    scale = 0.25
+    kq_b = np.broadcast_to(b[:, None, :], (2, 4, 50))
+    want = dense_attention(q, K, V, mask=scale * b, scale=scale)
+    assert np.allclose(dense_attention(q, K, V, scale=scale, kq_b=kq_b), want, atol=1e-12)
+    got = sparq_attention(q, K, V, r=16, k=50, scale=scale, kq_b=kq_b)
+    assert np.allclose(got, want, atol=1e-12)
+    assert not np.allclose(dense_attention(q, K, V, scale=scale), want, atol=1e-3)
+    with pytest.raises(ValueError, match="kq_b must have shape"):
+        dense_attention(q, K, V, scale=scale, kq_b=b)

@@ -36,11 +36,12 @@ VARIANTS = {
 }
 
 
-def variants(c):
-    """A captured call's attention variants, as the reference takes them."""
+def variants(c, x):
+    """A captured call's attention variants, as the reference takes them (x: its stream view, whose row's
+    KQ bias it is)."""
     p = c["params"]
     sinks = None if c.get("sinks") is None else c["sinks"].ravel().astype(np.float64)
-    return dict(softcap=p["softcap"], max_bias=p["max_bias"], sinks=sinks)
+    return dict(softcap=p["softcap"], max_bias=p["max_bias"], sinks=sinks, kq_b=x.get("kq_b"))
 
 
 def check_calls_against_reference(calls, settings, min_calls, kv_quant=None):
@@ -61,7 +62,7 @@ def check_calls_against_reference(calls, settings, min_calls, kv_quant=None):
         kw = dict(r=p["r"], k=p["k"], l=p["l"], mask=x["mask"], scale=p["scale"], vbar=x["vbar"],
                   per_head=settings.get("sparq_gqa") == "per_head", mean_v=settings.get("sparq_mean_v", True),
                   oracle=settings.get("sparq_selector") == "oracle", window=[x["win"]], kv_quant=kv_quant,
-                  kt_bits=c["kt_bits"], topk_buckets=p["topk_buckets"], **variants(c))
+                  kt_bits=c["kt_bits"], topk_buckets=p["topk_buckets"], **variants(c, x))
         assert p["topk_buckets"] == settings.get("sparq_topk_buckets", 0), "the op's buckets are not the setting's"
         if c["comp_w"] is not None:
             kw["comp_w"] = c["comp_w"][0, 0].astype(np.float64)  # ggml [d, hkv, ns] -> (hkv, d) of stream 0
@@ -97,7 +98,7 @@ def check_calls_against_reference(calls, settings, min_calls, kv_quant=None):
 def check_baseline_call(c, x, p, sel, per_head=False):
     """One captured call of the streaming, h2o or index selector against the reference."""
     assert c["comp_w"] is None and c["q_sel"] is None, "the baselines take no basis"
-    kw = dict(r=1, k=p["k"], l=p["l"], mask=x["mask"], scale=p["scale"], vbar=x["vbar"], **variants(c))
+    kw = dict(r=1, k=p["k"], l=p["l"], mask=x["mask"], scale=p["scale"], vbar=x["vbar"], **variants(c, x))
     if sel == "streaming":
         # LM-Infinite: entries 0..l-1 the most recent positions' cells, then the 16 earliest (k = 64: 16 sinks)
         assert p["l"] == p["k"] - 16 and len(x["win_raw"]) == p["k"]

@@ -1,6 +1,7 @@
-"""The attention variants SparQ's op computes (soft-capping, ALiBi, attention sinks), on tiny random
-GGUFs of the real architectures that use them: Gemma 2 (soft-capping), gpt-oss (sinks, with GQA and
-sliding-window layers), BLOOM (ALiBi) and Granite iSWA (sinks).
+"""The attention variants SparQ's op computes (soft-capping, ALiBi, attention sinks, a KQ bias), on
+tiny random GGUFs of the real architectures that use them: Gemma 2 (soft-capping), gpt-oss (sinks,
+with GQA and sliding-window layers), BLOOM (ALiBi), Granite iSWA (sinks) and T5 (a KQ bias: its
+decoder's relative position bias; the T5 tests at the end, which run its encoder first).
 
 Per model:
 - exact settings (r = the head size, k beyond the context) equal dense within upstream's own spread
@@ -123,14 +124,86 @@ def test_graph_nodes_carry_the_variant_and_equal_the_reference(model_paths, name
     check_calls_against_reference(cap.calls, settings, 3 * n_full)
 
 
-def test_a_kq_bias_is_refused_with_the_reason(tmp_path):
-    """T5's decoder adds a relative position bias to its scores (upstream's KQ bias), which the op
-    does not compute: the context runs dense without SparQ and, with SparQ asked for, is refused with
-    the reason (every decoder layer counted)."""
-    from llama_sparq import Llama
+# T5 (make_tiny_t5): an encoder and a decoder of 2 layers, heads of 16; the decoder's self-attention adds
+# a relative position bias to its scores (upstream's KQ bias), its cross-attention runs dense (no cache)
+T5_HEAD, T5_LAYERS, T5_ENC = 16, 2, 24
+T5_RELB = 2.0  # the bias's spread: it moves the scores (T5's logit scale is 1)
 
-    path = models.make_tiny_t5(tmp_path / "t5.gguf")
-    Llama(str(path), n_ctx=256, verbose=False).close()
-    with pytest.raises(RuntimeError, match=r"SparQ: no KV-cache layer of this context can run SparQ "
-                                           r"\(2 attn_variant: a bias added to the attention scores\)"):
-        Llama(str(path), n_ctx=256, verbose=False, sparq=True)
+
+@pytest.fixture(scope="module")
+def t5_path(tmp_path_factory):
+    return models.make_tiny_t5(tmp_path_factory.mktemp("t5") / "t5.gguf", rel_b_std=T5_RELB)
+
+
+def t5_encode(llm, tokens):
+    """T5's encoder over tokens (llama_encode): the decoder's cross-attention reads its output."""
+    llm._batch.set_batch(tokens, n_past=0, logits_all=False)
+    llm._ctx.encode(llm._batch)
+
+
+def t5_forced(path, enc, prompt, cont, **kw):
+    """The encoder over enc, then the decoder teacher-forced (the Llama and the steps' logits)."""
+    llm = make_llm(path, **kw)
+    t5_encode(llm, enc)
+    return llm, teacher_forced(llm, prompt, cont)
+
+
+def t5_tokens(n_vocab):
+    enc = rand_prompt(T5_ENC, 1, n_vocab)
+    prompt = [0] + rand_prompt(PROMPT - 1, 3, n_vocab)  # the decoder starts at its start token (0)
+    cont = [int(t) for t in np.random.default_rng(4).integers(3, n_vocab, size=STEPS)]
+    return enc, prompt, cont
+
+
+def test_t5_exact_settings_equal_dense_within_the_cache_types_spread(t5_path):
+    """SparQ in exact mode (r = the head size, k beyond the context) on T5's decoder self-attention
+    equals dense on the same cache. Upstream's two dense paths are one here (flash attention does not
+    take a KQ bias: both run the same nodes), so the spread is its dense attention over an f16 cache
+    against an f32 one, and SparQ is checked on each."""
+    n_vocab = make_llm(t5_path).n_vocab()
+    enc, prompt, cont = t5_tokens(n_vocab)
+    f32 = dict(type_k=0, type_v=0)  # GGML_TYPE_F32
+    _, d16 = t5_forced(t5_path, enc, prompt, cont)
+    _, d32 = t5_forced(t5_path, enc, prompt, cont, **f32)
+    spread = np.abs(d16 - d32).max()
+    scale = np.abs(d16).max()
+    exact = dict(sparq_r=T5_HEAD, sparq_k=4096, sparq_min_kv=0)
+    for want, kw in ((d16, {}), (d32, f32)):
+        sp, got = t5_forced(t5_path, enc, prompt, cont, **exact, **kw)
+        st = sp.sparq_stats()
+        assert st["n_sparq"] == T5_LAYERS * STEPS, st
+        diff = np.abs(got - want).max()
+        assert diff <= 1.5 * spread + 1e-4 * scale, (kw, diff, spread, scale)
+    # the bias matters: the same weights without it move the logits far beyond that spread
+    flat = models.make_tiny_t5(t5_path.parent / "t5-flat.gguf", rel_b_std=0.0)
+    _, free = t5_forced(flat, enc, prompt, cont)
+    assert np.abs(free - d16).max() > 20 * spread + 1e-3, (np.abs(free - d16).max(), spread)
+
+
+def test_t5_decoder_self_attention_runs_sparq_and_equals_the_reference(t5_path):
+    """Approximate settings: every decode step of each decoder layer is a SparQ call (the counters),
+    the kept data equal a recomputation, and each captured node carries the layer's bias (a KQ bias
+    of the step's cells) and equals the NumPy reference on its tensors."""
+    from test_selectors import check_calls_against_reference
+
+    from sparq_lab.capture import Capture
+
+    settings = dict(sparq=True, sparq_r=T5_HEAD // 4, sparq_k=48, sparq_l=8, sparq_min_kv=0)
+    llm = make_llm(t5_path, **settings)
+    enc, prompt, _ = t5_tokens(llm.n_vocab())
+    t5_encode(llm, enc)
+    llm.eval(prompt)
+    st0 = llm.sparq_stats()
+    with Capture(llm) as cap:
+        for t in range(3):
+            llm.eval([3 + t])
+    for t in range(STEPS - 3):
+        llm.eval([7 + t])
+        assert np.all(np.isfinite(np.array(llm.scores[llm.n_tokens - 1])))
+    st = llm.sparq_stats()
+    assert st["n_sparq"] - st0["n_sparq"] == T5_LAYERS * STEPS, (st0, st)
+    assert llm.sparq_debug_check(sync=True) <= 1e-3
+    for c in cap.calls:
+        b = c["kq_b"]
+        assert b is not None and b.shape[-1] == c["K"].shape[-2] and np.abs(b).max() > 0, None if b is None else b.shape
+    check_calls_against_reference(cap.calls, settings, 3 * T5_LAYERS)

@@ -26,18 +26,34 @@ class Variants:
     """The attention variants of one call (docs/algorithm.md): ``softcap`` > 0 caps every logit x
     (scale included) to ``softcap * tanh(x / softcap)`` before the mask; the mask is added times each
     query head's ALiBi ``slopes`` (ggml's soft_max_ext, from max_bias; 1 without); ``sinks`` a logit per
-    query head with a zero value row, in every softmax's denominator. slopes and sinks (n_head_kv, g)."""
+    query head with a zero value row, in every softmax's denominator. slopes and sinks (n_head_kv, g).
+    ``kq_b`` (n_rows, n_head, S): a bias, added times ``scale`` after the cap and before the mask (where
+    build_attn_mha adds kq_b: before soft_max_ext's scale)."""
 
-    def __init__(self, n_head_kv, g, softcap=0.0, max_bias=0.0, sinks=None):
+    def __init__(self, n_head_kv, g, softcap=0.0, max_bias=0.0, sinks=None, kq_b=None, scale=1.0):
         self.softcap = float(softcap)
         self.slopes = alibi_slopes(n_head_kv * g, max_bias).reshape(n_head_kv, g)
         self.sinks = None if sinks is None else np.asarray(sinks, dtype=np.float64).reshape(n_head_kv, g)
+        self.kq_b = None
+        if kq_b is not None:
+            b = np.asarray(kq_b, dtype=np.float64)
+            self.kq_b = (np.float64(scale) * b).reshape(b.shape[0], n_head_kv, g, b.shape[-1])
 
-    def logits(self, x, m, j, dt):
-        """Logits x (..., g, n) of KV head j with the mask values m (..., n) or None: capped, masked."""
+    def bias(self, rows, j, cells=None):
+        """The scaled bias of rows (an index or a slice) and KV head j, (..., g, S) or at ``cells``; None without."""
+        if self.kq_b is None:
+            return None
+        b = self.kq_b[rows, j]
+        return b if cells is None else b[..., cells]
+
+    def logits(self, x, m, j, dt, b=None):
+        """Logits x (..., g, n) of KV head j with the mask values m (..., n) or None and the scaled bias b
+        (..., g, n) or None: capped, biased, masked."""
         if self.softcap:
             c = dt.type(self.softcap)
             x = c * np.tanh(x / c)
+        if b is not None:
+            x = x + b.astype(dt)
         if m is not None:
             x = x + self.slopes[j].astype(dt)[:, None] * m[..., None, :]
         return x
@@ -82,13 +98,14 @@ def select_components(qg, r, w=None):
     return np.sort(order, axis=-1)
 
 
-def approx_scores(qr, K, i1r, mrow, scale, dt, w=None, var=None, with_sink=False):
+def approx_scores(qr, K, i1r, mrow, scale, dt, w=None, var=None, with_sink=False, row=0):
     """Step 2, shat for one row: (n_head_kv, g, S), softmax of the approximate logits.
 
     qr: (n_head_kv, g, d) query of this row in dt; K: (S, n_head_kv, d) uncast;
     i1r: (n_head_kv, r); mrow: (S,) mask row in dt or None; w: optional (n_head_kv, d)
     component weights, which weight the L1 norms of the temperature too. var: the Variants, which
-    transform the approximate logits as the exact ones; with_sink: (shat, each head's sink weight).
+    transform the approximate logits as the exact ones (its bias: of row ``row``); with_sink: (shat,
+    each head's sink weight).
     """
     n_head_kv = qr.shape[0]
     # Gather the r components of the keys first, then cast: K itself may be large.
@@ -109,7 +126,7 @@ def approx_scores(qr, K, i1r, mrow, scale, dt, w=None, var=None, with_sink=False
             logits = logits + mrow
         p = softmax(logits)
         return (p, np.zeros(p.shape[:2], dt)) if with_sink else p
-    out = [var.softmax(var.logits(logits[j], mrow, j, dt), j, dt) for j in range(n_head_kv)]
+    out = [var.softmax(var.logits(logits[j], mrow, j, dt, var.bias(row, j)), j, dt) for j in range(n_head_kv)]
     p, ps = np.stack([o[0] for o in out]), np.stack([o[1] for o in out])
     return (p, ps) if with_sink else p
 
@@ -215,10 +232,11 @@ def selected_mass(shat, sel, alpha_row, ssink=None):
         alpha_row[j] = np.sum(shat[j][:, sel[j]], axis=-1) + (0 if ssink is None else ssink[j])
 
 
-def exact_attention(qr, K, V, sel, mrow, scale, dt, h2o_new=None, var=None):
+def exact_attention(qr, K, V, sel, mrow, scale, dt, h2o_new=None, var=None, row=0):
     """Step 4: exact attention of one row over the selected cells, per query head:
     (n_head_kv, g, dv). h2o_new (n_head_kv, S): the H2O scores, to which each cell's attention
-    weights (summed over the group's heads) are added. var: the Variants (a sink's row is zero)."""
+    weights (summed over the group's heads) are added. var: the Variants (a sink's row is zero; the bias
+    of row ``row``)."""
     n_kv, g = qr.shape[:2]
     y = np.empty((n_kv, g, V.shape[2]), dt)
     for j in range(n_kv):
@@ -227,7 +245,7 @@ def exact_attention(qr, K, V, sel, mrow, scale, dt, h2o_new=None, var=None):
         Vs = V[sj, j, :].astype(dt, copy=False)  # (m, dv)
         logits = np.matmul(qr[j], Ks.T) * dt.type(scale)  # (g, m)
         if var is not None:
-            p = var.softmax(var.logits(logits, None if mrow is None else mrow[sj], j, dt), j, dt)[0]
+            p = var.softmax(var.logits(logits, None if mrow is None else mrow[sj], j, dt, var.bias(row, j, sj)), j, dt)[0]
         else:
             if mrow is not None:
                 logits = logits + mrow[sj][None, :]

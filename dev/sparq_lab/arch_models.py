@@ -16,7 +16,8 @@ same bytes; weights are random (N(0, 0.02), norms 1), f32, with the byte-fallbac
   SparQ runs with every query head in one group, then the heads' v_mla projection).
 * :func:`make_tiny_minicpm3`: MiniCPM3, low-rank attention decompressed to heads whose K (a
   no-position part and a shared RoPE part) is wider than V (SparQ runs with V of its own size).
-* gpt-oss (attention sinks, a mixture of experts) is :mod:`sparq_lab.models`'s, re-exported.
+* gpt-oss (attention sinks, a mixture of experts) and T5 (an encoder-decoder whose decoder adds a KQ
+  bias: a proof is decoded after its encoder ran) are :mod:`sparq_lab.models`'s, re-exported.
 * :func:`make_tiny_lfm2`: LFM2, a hybrid of short-convolution and attention layers (SparQ runs on the
   attention layers of its hybrid memory).
 
@@ -37,10 +38,10 @@ from pathlib import Path
 from typing import Sequence
 
 from sparq_lab.models import (_add_tiny_shape, _add_tiny_tokenizer, _write_gguf_atomic, make_tiny_gemma2,
-                              make_tiny_gpt_oss, make_tiny_granite_swa, make_tiny_llama)
+                              make_tiny_gpt_oss, make_tiny_granite_swa, make_tiny_llama, make_tiny_t5)
 
 __all__ = ["PROOFS", "make_tiny_gemma3", "make_tiny_mpt", "make_tiny_deepseek2", "make_tiny_minicpm3",
-           "make_tiny_lfm2", "make_tiny_gpt_oss", "make_mla_shape", "mla_shape_path", "MLA_SHAPE", "main"]
+           "make_tiny_lfm2", "make_tiny_gpt_oss", "make_tiny_t5", "make_mla_shape", "mla_shape_path", "MLA_SHAPE", "main"]
 
 _N_VOCAB = 260
 _STD = 0.02
@@ -337,6 +338,7 @@ PROOFS = {
     "minicpm3": make_tiny_minicpm3,
     "lfm2": make_tiny_lfm2,
     "gpt-oss": make_tiny_gpt_oss,
+    "t5": make_tiny_t5,
 }
 
 

@@ -114,6 +114,7 @@ EVAL_CB = ctypes.CFUNCTYPE(ctypes.c_bool, ctypes.POINTER(ggml_tensor), ctypes.c_
 # the op's sources (ggml_sparq_attn): name, index
 _OP_SRC = ("q", "K", "KT", "V", "v_sum", "v_count", "mask", "win", "q_sel", "comp_w", "report", "sinks")
 _APPEND_CELLS = 12  # src[12..14]: the step's append (cells, v_comp, k_sq), when the op appends
+_KQ_B = 15  # src[15]: a bias added to the scores, [n_kv, n_rows, n_head, 1|ns]
 _NODE = re.compile(r"sparq_attn-(\d+)")
 _BEFORE = re.compile(r"sparq_(h2o|ivf)-(\d+)")  # H2O's scores / the index's lists before the op of that layer
 _DTYPES = {GGML_TYPE_F32: np.float32, GGML_TYPE_F16: np.float16, GGML_TYPE_I32: np.int32}
@@ -195,6 +196,7 @@ class Capture:
             for i, key in enumerate(_OP_SRC):
                 s = t.src[i]
                 call[key] = tensor_to_numpy(s.contents) if s else None
+            call["kq_b"] = tensor_to_numpy(t.src[_KQ_B].contents) if t.src[_KQ_B] else None
             if t.src[_APPEND_CELLS]:
                 # the op appended the step's cell itself: its comp_w, when it is k_sq, holds the sums of
                 # k^2 (the weights are their roots), and the kept window it pushed has every entry (the
@@ -285,6 +287,10 @@ def stream_view(call, stream=0, row=0):
         ivf = {"cent": call["ivf_cent"][s].astype(np.float64),      # [d, n_list, hkv, ns] -> (hkv, n_list, d)
                "lists": after, "lists_before": before, "n_probe": int(call["params"]["n_probe"]),
                "reads": None if call.get("ivf_reads") is None else call["ivf_reads"][s].astype(np.float64)}  # (hkv,)
-    return {"q": q, "K": K, "V": V, "mask": mask, "vbar": vbar, "vsum": vsum, "count": cnt, "win": win,
+    kq_b = None
+    if call.get("kq_b") is not None:
+        b = call["kq_b"]                                          # ggml [n_kv, rows, n_head, 1|ns]
+        kq_b = b[s if b.shape[0] > 1 else 0, :, row, :S].astype(np.float64)[None]  # (1, n_head, S)
+    return {"q": q, "K": K, "V": V, "mask": mask, "vbar": vbar, "kq_b": kq_b, "vsum": vsum, "count": cnt, "win": win,
             "win_raw": win_raw, "out": out, "q_sel": q_sel, "comp_w": comp_w, "h2o": h2o, "h2o_before": h2o_before,
             "ivf": ivf}

@@ -11,7 +11,7 @@ paper-shape and GQA-shape models are cached in ``llama_sparq.models.model_dir()`
   attention sinks.
 * :func:`make_tiny_gpt_oss` (``gpt-oss``: sinks, GQA, sliding-window layers, a mixture of experts)
   and :func:`make_tiny_bloom` (ALiBi): the attention variants on real architectures;
-  :func:`make_tiny_t5`: T5's relative position bias on the scores (a KQ bias, which SparQ refuses).
+  :func:`make_tiny_t5`: T5's relative position bias on the scores (a KQ bias, which the op computes).
 * :func:`make_paper_shape`, :func:`make_gqa_shape` (cached: :func:`paper_shape_path`,
   :func:`gqa_shape_path`): timing-only models with real models' per-layer shapes.
 
@@ -383,10 +383,12 @@ def make_tiny_bloom(path: str | os.PathLike[str], *, n_layer: int = 2, n_embd: i
 
 
 def make_tiny_t5(path: str | os.PathLike[str], *, n_layer: int = 2, n_embd: int = 64, n_head: int = 4,
-                 n_ff: int = 128, n_vocab: int = 260, n_buckets: int = 32, seed: int = 0, std: float = 0.2) -> Path:
+                 n_ff: int = 128, n_vocab: int = 260, n_buckets: int = 32, seed: int = 0, std: float = 0.2,
+                 rel_b_std: float | None = None) -> Path:
     """Write a tiny random T5 GGUF (encoder and decoder of ``n_layer`` layers): the decoder's
     self-attention adds a relative position bias to its scores (upstream's KQ bias, ``attn_rel_b``
-    of ``n_buckets`` buckets). f32 weights of standard deviation ``std``; the llama tokenizer of
+    of ``n_buckets`` buckets, of standard deviation ``rel_b_std``, default ``std``; 0: none that
+    moves a score). f32 weights of standard deviation ``std``; the llama tokenizer of
     :func:`make_tiny_llama`."""
     import gguf
     import numpy as np
@@ -396,6 +398,8 @@ def make_tiny_t5(path: str | os.PathLike[str], *, n_layer: int = 2, n_embd: int 
         n_vocab=n_vocab, n_ctx_train=512, seed=seed, weight_type="f32", std=std, rope_freq_base=10000.0,
         rms_eps=1e-6)
     n_buckets = _check_int("n_buckets", n_buckets)
+    if rel_b_std is not None and not (isinstance(rel_b_std, (int, float)) and np.isfinite(rel_b_std) and rel_b_std >= 0):
+        raise ValueError(f"rel_b_std must be a finite number >= 0 or None, got {rel_b_std!r}")
     QT = gguf.GGMLQuantizationType
     rnd, ones, _ = _f32_tensors(seed, std)
 
@@ -403,7 +407,8 @@ def make_tiny_t5(path: str | os.PathLike[str], *, n_layer: int = 2, n_embd: int 
     for part in ("enc", "dec"):
         for i in range(n_layer):
             p = f"{part}.blk.{i}."
-            tensors += [(p + "attn_norm.weight", ones(n_embd)), (p + "attn_rel_b.weight", rnd(n_buckets, n_head))]
+            tensors += [(p + "attn_norm.weight", ones(n_embd)),
+                        (p + "attn_rel_b.weight", rnd(n_buckets, n_head, scale=std if rel_b_std is None else rel_b_std))]
             tensors += [(p + f"attn_{x}.weight", rnd(n_embd, n_embd)) for x in "qkvo"]
             if part == "dec":
                 tensors += [(p + "cross_attn_norm.weight", ones(n_embd))]

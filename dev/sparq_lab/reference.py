@@ -129,12 +129,12 @@ def round_e5m2(x):
 
 
 def dense_attention(q, K, V, mask=None, scale=None, dtype=np.float64, kv_quant=None, softcap=0.0, max_bias=0.0,
-                    sinks=None):
+                    sinks=None, kq_b=None):
     """Dense attention, ``softmax(q . K^T * scale + mask) . V`` per query head.
 
     Shapes as in the module docstring; returns (n_rows, n_head, dv) in ``dtype``. kv_quant:
-    K and V as a cache of that type holds them (``round_kv``). softcap, max_bias, sinks (n_head,):
-    the attention variants (sparq_attention).
+    K and V as a cache of that type holds them (``round_kv``). softcap, max_bias, sinks (n_head,), kq_b
+    (n_rows, n_head, S): the attention variants (sparq_attention).
     """
     K, V = round_kv(K, kv_quant), round_kv(V, kv_quant)
     q, K, V, mask, scale, _, dims = prepare(q, K, V, mask, scale)
@@ -143,7 +143,7 @@ def dense_attention(q, K, V, mask=None, scale=None, dtype=np.float64, kv_quant=N
     qg = q.astype(dt, copy=False).reshape(n_rows, n_kv, g, d)
     md = None if mask is None else mask.astype(dt, copy=False)
     sc = dt.type(scale)
-    var = check_variants(n_kv, g, softcap, max_bias, sinks)
+    var = check_variants(n_kv, g, softcap, max_bias, sinks, kq_b, scale, (n_rows, n_kv * g, K.shape[0]))
     out = np.zeros((n_rows, n_kv, g, dv), dt)
     for j in range(n_kv):
         Kj = K[:, j, :].astype(dt)  # (S, d), cast one KV head at a time
@@ -152,27 +152,31 @@ def dense_attention(q, K, V, mask=None, scale=None, dtype=np.float64, kv_quant=N
             r1 = min(r0 + _DENSE_ROW_BLOCK, n_rows)
             logits = np.matmul(qg[r0:r1, j], Kj.T) * sc  # (b, g, S)
             if var is not None:
-                p = var.softmax(var.logits(logits, None if md is None else md[r0:r1], j, dt), j, dt)[0]
+                p = var.softmax(var.logits(logits, None if md is None else md[r0:r1], j, dt, var.bias(slice(r0, r1), j)),
+                                j, dt)[0]
             else:
                 p = softmax(logits if md is None else logits + md[r0:r1, None, :])
             out[r0:r1, j] = np.matmul(p, Vj)
     return out.reshape(n_rows, n_kv * g, dv)
 
 
-def check_variants(n_kv, g, softcap, max_bias, sinks):
-    """The Variants of a call, or None for plain attention; ValueError names a bad one."""
+def check_variants(n_kv, g, softcap, max_bias, sinks, kq_b=None, scale=1.0, bias_shape=None):
+    """The Variants of a call, or None for plain attention; ValueError names a bad one. bias_shape:
+    (n_rows, n_head, S), the shape kq_b must have."""
     for name, v in (("softcap", softcap), ("max_bias", max_bias)):
         if not (np.isfinite(v) and v >= 0):
             raise ValueError(f"{name} must be 0 (none) or finite and > 0, got {v!r}")
     if sinks is not None and np.asarray(sinks).shape != (n_kv * g,):
         raise ValueError(f"sinks must have shape (n_head={n_kv * g},), got {np.asarray(sinks).shape}")
-    if not softcap and not max_bias and sinks is None:
+    if kq_b is not None and np.asarray(kq_b).shape != tuple(bias_shape):
+        raise ValueError(f"kq_b must have shape (n_rows, n_head, S)={tuple(bias_shape)}, got {np.asarray(kq_b).shape}")
+    if not softcap and not max_bias and sinks is None and kq_b is None:
         return None
-    return Variants(n_kv, g, softcap, max_bias, sinks)
+    return Variants(n_kv, g, softcap, max_bias, sinks, kq_b, scale)
 
 
 def combined_scores(q, K, *, r, mask=None, scale=None, dtype=np.float64, comp_w=None, per_head=False,
-                    softcap=0.0, max_bias=0.0, sinks=None):
+                    softcap=0.0, max_bias=0.0, sinks=None, kq_b=None):
     """The position-selection scores: (n_rows, n_head_kv, S) array of ``sum_h shat_h``
     (per_head: (n_rows, n_head_kv, g, S), each head's shat_h).
 
@@ -188,11 +192,11 @@ def combined_scores(q, K, *, r, mask=None, scale=None, dtype=np.float64, comp_w=
     md = None if mask is None else mask.astype(dt, copy=False)
     w = None if comp_w is None else np.asarray(comp_w, dtype=dt)
     i1 = select_components(qg, r, w)
-    var = check_variants(n_kv, g, softcap, max_bias, sinks)
+    var = check_variants(n_kv, g, softcap, max_bias, sinks, kq_b, scale, (n_rows, n_kv * g, S))
     out = np.zeros((n_rows, n_kv, g, S) if per_head else (n_rows, n_kv, S), dt)
     for row in range(n_rows):
         mrow = None if md is None else md[row]
-        sh = approx_scores(qg[row], K, i1[row], mrow, scale, dt, w, var)
+        sh = approx_scores(qg[row], K, i1[row], mrow, scale, dt, w, var, row=row)
         out[row] = sh if per_head else np.sum(sh, axis=1)
     return out
 
@@ -201,7 +205,7 @@ def sparq_attention(q, K, V, *, r, k, l=0, mask=None, scale=None, vbar=None,
                     dtype=np.float64, return_info=False, i2=None, per_head=False, mean_v=True,
                     oracle=False, q_sel=None, K_sel=None, comp_w=None, window=None,
                     streaming=False, h2o_scores=None, ivf=None, coverage=None, kv_quant=None, kt_bits=16,
-                    topk_buckets=0, softcap=0.0, max_bias=0.0, sinks=None):
+                    topk_buckets=0, softcap=0.0, max_bias=0.0, sinks=None, kq_b=None):
     """SparQ attention (docs/algorithm.md steps 1-5) per row and KV head group.
 
     r: components kept in step 1, in [1, d].  k: positions kept in step 3, >= 1.
@@ -272,7 +276,9 @@ def sparq_attention(q, K, V, *, r, k, l=0, mask=None, scale=None, vbar=None,
     ignores them): softcap > 0 caps a logit x (scale included) to softcap * tanh(x / softcap) before
     the mask; max_bias > 0 adds the mask times each head's ALiBi slope (ggml's); sinks (n_head,): a
     logit per query head with a zero value row in every softmax's denominator; alpha counts its
-    weight, as the calibrated k's cut does (both as the window's: always attended).
+    weight, as the calibrated k's cut does (both as the window's: always attended); kq_b (n_rows,
+    n_head, S): a bias added times scale after the cap, before the mask (upstream's kq_b, added
+    before soft_max_ext's scale), finite at the valid cells.
     """
     if kt_bits not in (4, 8, 16) or isinstance(kt_bits, bool):
         raise ValueError(f"kt_bits must be 4, 8 (e5m2) or 16, got {kt_bits!r}")
@@ -300,7 +306,7 @@ def sparq_attention(q, K, V, *, r, k, l=0, mask=None, scale=None, vbar=None,
     dense_rows = n_valid <= o.k
     vbar_d = None if vbar is None else vbar.astype(dt, copy=False)
 
-    var = check_variants(n_kv, g, softcap, max_bias, sinks)
+    var = check_variants(n_kv, g, softcap, max_bias, sinks, kq_b, scale, (n_rows, n_kv * g, S))
 
     # Step 1: component selection, shared by the query heads of a group.
     i1 = select_components(qsg, o.r, o.comp_w)  # (n_rows, n_kv, r)
@@ -321,7 +327,8 @@ def sparq_attention(q, K, V, *, r, k, l=0, mask=None, scale=None, vbar=None,
             sel = baseline_positions(o, window, row, cells, valid[row], qg[row], K, scale, per_head)
         else:
             # Step 2: approximate scores per query head, (n_kv, g, S); 0 at invalid cells.
-            shat, ssink = approx_scores(qsg[row], o.K_sel, i1[row], mrow, scale, dt, o.comp_w, var, with_sink=True)
+            shat, ssink = approx_scores(qsg[row], o.K_sel, i1[row], mrow, scale, dt, o.comp_w, var, with_sink=True,
+                                        row=row)
             # Step 3: position selection shared by the group (or per query head).
             sel = sparq_positions(shat, window, row, o.l, o.k, cells, valid[row], per_head, coverage, o.topk_buckets,
                                   ssink)
@@ -333,7 +340,7 @@ def sparq_attention(q, K, V, *, r, k, l=0, mask=None, scale=None, vbar=None,
             selected_mass(shat, sel, alpha[row], ssink)
 
         # Step 4: exact attention over the selected cells, per query head.
-        y = exact_attention(qg[row], K, V, sel, mrow, scale, dt, o.h2o_new, var)
+        y = exact_attention(qg[row], K, V, sel, mrow, scale, dt, o.h2o_new, var, row=row)
 
         if dense_rows[row] or not o.mean_v:
             out[row] = y

@@ -52,7 +52,7 @@ static enum sparq_type sparq_type_of(const struct ggml_tensor * t, bool rows = f
 // The parts of the op the CPU honours: all of them. A part added to ggml-sparq-params.h fails this
 // until the CPU op is taught it (or refuses it here).
 static constexpr uint32_t SPARQ_CPU_HONOURS = GGML_SPARQ_FEAT_ALL;
-static_assert(GGML_SPARQ_FEAT_ALL == 0xfffffu, "a new part of the op: make the CPU op honour it, then list it here");
+static_assert(GGML_SPARQ_FEAT_ALL == 0x1fffffu, "a new part of the op: make the CPU op honour it, then list it here");
 
 // The CPU driver's selectors are the op's, in its order: checked once, by name, before the first node
 static bool sparq_cpu_selectors_match() {
@@ -156,6 +156,10 @@ static struct sparq_args sparq_args_of(const struct ggml_tensor * dst) {
     a.softcap = P.softcap;
     a.max_bias = P.max_bias;
     a.sinks = w.sinks ? (const float *) w.sinks->data : nullptr;
+    if (const struct ggml_tensor * b = w.kq_b) {
+        a.kq_b = (const float *) b->data; a.kq_b_nb1 = b->nb[1]; a.kq_b_nb2 = b->nb[2]; a.kq_b_nb3 = b->nb[3];
+        a.kq_b_ne3 = (int) b->ne[3];
+    }
     a.sel_out = nullptr;
     return a;
 }

@@ -18,7 +18,7 @@ static void dense_head(const ctx & C, int u, int hh, int ith) {
     float * y = (float *) C.tbuf(ith, C.L.t_vec);
     const int h = kvh * C.L.group_size + hh;
     const float * q = C.q_row(R, h);
-    const float slope = alibi_slope(a, h);
+    const head_terms ht = head_terms_of(C, R, h);
     float M = -INFINITY, P = 0.0f;
     for (int j = 0; j < dv; ++j) {
         y[j] = 0.0f;
@@ -27,7 +27,7 @@ static void dense_head(const ctx & C, int u, int hh, int ith) {
         if (m && !is_valid(m[s])) {
             continue;
         }
-        const float e = exact_logit(C, q, st, kvh, s, m, slope);
+        const float e = exact_logit(C, q, st, kvh, s, m, ht);
         if (e > M) {
             const float f = M == -INFINITY ? 0.0f : expf(M - e);
             for (int j = 0; j < dv; ++j) {
@@ -49,7 +49,7 @@ static void dense_head(const ctx & C, int u, int hh, int ith) {
         o[j] = y[j] * f * iP;
     }
     if (C.sel->attended_dense) {
-        C.sel->attended_dense(C, ith, st, kvh, q, m, slope, M, iP);
+        C.sel->attended_dense(C, ith, st, kvh, q, m, ht, M, iP);
     }
 }
 
@@ -251,10 +251,10 @@ static void attend_head(const ctx & C, int u, int w, int hh, float * ex, float *
     const float * m = C.mask_row(R);
     const int h = kvh * C.L.group_size + hh;
     const float * q = C.q_row(R, h);
-    const float slope = alibi_slope(a, h);
+    const head_terms ht = head_terms_of(C, R, h);
     if (sparq_block_bytes(a->K_type)) {
         for (int t = 0; t < n_sel; ++t) {
-            ex[t] = exact_logit(C, q, st, kvh, sel[t], m, slope);
+            ex[t] = exact_logit(C, q, st, kvh, sel[t], m, ht);
         }
     } else {
         const void * K0 = C.K_row(st, kvh, 0);
@@ -264,7 +264,7 @@ static void attend_head(const ctx & C, int u, int w, int hh, float * ex, float *
             C.isa->gather_dot_f32(q, K0, a->K_nb1, sel, n_sel, a->d, ex);
         }
         for (int t = 0; t < n_sel; ++t) {
-            ex[t] = variant_logit(a, ex[t] * a->scale, slope, m ? m[sel[t]] : 0.0f);
+            ex[t] = variant_logit(a, ex[t] * a->scale, ht, m, sel[t]);
         }
     }
     float M = n_sel > 0 ? C.isa->max(ex, n_sel) : -INFINITY;
@@ -338,16 +338,16 @@ static void cell_logits(const ctx & C, const float * const * q, int st, int kvh,
 constexpr int SPARQ_PF_STEP  = 8;
 constexpr int SPARQ_PF_AHEAD = 24;
 
-// cells idx[0..n) (n <= att_block) of (stream st, KV head kvh) for the g heads q[]: their
+// cells idx[0..n) (n <= att_block) of (row R, KV head kvh) for the g heads q[]: their
 // logits (ex), the running softmax of each head, their V rows added by their weights (p). The rows
 // ahead are prefetched on the way: with n_ahead > 0 those of idx[n..n_ahead) (a selection's), with
 // n_ahead < 0 those of the cells after each (every cell in order, up to cell -n_ahead: a KV head's
 // rows in the cache are strided by the cell's row of every head, which the hardware prefetcher
 // did not follow: without it this path was slower than upstream's attention on SmolLM2)
-static void attend_cells(const ctx & C, const float * const * q, int st, int kvh, const float * m, const int32_t * idx,
+static void attend_cells(const ctx & C, const float * const * q, int R, int kvh, const float * m, const int32_t * idx,
                          int n, int n_ahead, float * ex, float * p, att_state & S) {
     const sparq_args * a = C.a;
-    const int g = C.L.group_size, dv = a->dv;
+    const int g = C.L.group_size, dv = a->dv, st = C.row_stream(R);
     const int B = C.L.att_block;
     constexpr int PA = SPARQ_PF_AHEAD, PS = SPARQ_PF_STEP;
     if (n_ahead > 0) {
@@ -372,9 +372,9 @@ static void attend_cells(const ctx & C, const float * const * q, int st, int kvh
     for (int hh = 0; hh < g; ++hh) {
         float * eh = ex + hh * B;
         float * ph = p + hh * B;
-        const float slope = alibi_slope(a, kvh * g + hh);
+        const head_terms ht = head_terms_of(C, R, kvh * g + hh);
         for (int t = 0; t < n; ++t) {
-            eh[t] = variant_logit(a, eh[t] * a->scale, slope, m ? m[idx[t]] : 0.0f);
+            eh[t] = variant_logit(a, eh[t] * a->scale, ht, m, idx[t]);
             ph[t] = 0.0f;
         }
         const float bm = C.isa->max(eh, n);
@@ -500,7 +500,7 @@ static void attend_part(const ctx & C, int u, int w, int pt, int ith) {
                 n += !m || is_valid(m[s]);
             }
             if (n > 0) {
-                attend_cells(C, q, st, kvh, m, idx, n, -c1, ex, p, S);
+                attend_cells(C, q, R, kvh, m, idx, n, -c1, ex, p, S);
             }
         }
     } else {
@@ -513,7 +513,7 @@ static void attend_part(const ctx & C, int u, int w, int pt, int ith) {
         for (int b = 0; b < nb; ++b) {
             int b0, b1;
             chunk_range(t1 - t0, b, nb, &b0, &b1);
-            attend_cells(C, q, st, kvh, m, sel + t0 + b0, b1 - b0, t1 - t0 - b0, ex, p, S);
+            attend_cells(C, q, R, kvh, m, sel + t0 + b0, b1 - b0, t1 - t0 - b0, ex, p, S);
         }
     }
     if (n_parts == 1) {

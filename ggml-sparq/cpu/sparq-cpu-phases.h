@@ -138,6 +138,14 @@ struct ctx {
         }
         return a->mask_type == SPARQ_F32 ? (const float *) mask_row_raw(R) : maskf(R);
     }
+    // query head h's bias over the cells of row R (n_kv floats), NULL without a bias
+    const float * bias_row(int R, int h) const {
+        if (!a->kq_b) {
+            return nullptr;
+        }
+        return (const float *) ((const char *) a->kq_b + (size_t) row_in_stream(R) * a->kq_b_nb1 + (size_t) h * a->kq_b_nb2 +
+                                (size_t) (row_stream(R) % a->kq_b_ne3) * a->kq_b_nb3);
+    }
     const float * q_row(int R, int h) const {
         return (const float *) ((const char *) a->q + (size_t) row_in_stream(R) * a->q_nb1 + (size_t) h * a->q_nb2 +
                                 (size_t) row_stream(R) * a->q_nb3);
@@ -285,25 +293,45 @@ inline float alibi_slope(const sparq_args * a, int h) {
     return (uint32_t) h < n_head_log2 ? powf(m0, h + 1) : powf(m1, 2 * (h - (int) n_head_log2) + 1);
 }
 
-// a logit x (scale included) with the variants: soft-capped, then the mask value mv times the slope
-inline float variant_logit(const sparq_args * a, float x, float slope, float mv) {
+// what one query head of one row adds to its logits: ALiBi's slope (on the mask) and its bias row
+// (NULL: none), the same in the approximate and the exact scores
+struct head_terms {
+    float slope;
+    const float * bias;
+};
+inline head_terms head_terms_of(const ctx & C, int R, int h) {
+    return { alibi_slope(C.a, h), C.bias_row(R, h) };
+}
+
+// the logit x (scale included) of cell s with the variants: soft-capped, plus scale times the bias,
+// plus the mask row m's value (NULL: none) times the slope
+inline float variant_logit(const sparq_args * a, float x, const head_terms & t, const float * m, int s) {
     if (a->softcap > 0.0f) {
         x = a->softcap * tanhf(x / a->softcap);
     }
-    return x + slope * mv;
+    if (t.bias) {
+        x += a->scale * t.bias[s];
+    }
+    return m ? x + t.slope * m[s] : x;
 }
 
-// the variants over a block of n logits x (scale included) of one head, mask row m (NULL: none)
-inline void variant_logits(const sparq_args * a, float * x, int n, float slope, const float * m) {
+// the variants over a block of n logits x (scale included) of one head, cells s0.. of mask row m
+inline void variant_logits(const sparq_args * a, float * x, int n, const head_terms & t, const float * m, int s0) {
     if (a->softcap > 0.0f) {
         const float c = a->softcap, ic = 1.0f / a->softcap;
         for (int s = 0; s < n; ++s) {
             x[s] = c * tanhf(x[s] * ic);
         }
     }
+    if (t.bias) {
+        const float * b = t.bias + s0;
+        for (int s = 0; s < n; ++s) {
+            x[s] += a->scale * b[s];
+        }
+    }
     if (m) {
         for (int s = 0; s < n; ++s) {
-            x[s] += slope * m[s];
+            x[s] += t.slope * m[s0 + s];
         }
     }
 }
@@ -327,10 +355,10 @@ inline float sink_fold(const sparq_args * a, int h, float * M, double * P) {
 }
 
 // the exact logit of query q and cell s of (stream, KV head), the variants and mask included
-inline float exact_logit(const ctx & C, const float * q, int st, int kvh, int s, const float * m, float slope) {
+inline float exact_logit(const ctx & C, const float * q, int st, int kvh, int s, const float * m, const head_terms & t) {
     const sparq_args * a = C.a;
     const float e = dot_row(C.isa, a->K_type, q, C.K_row(st, kvh, s), a->d);
-    return variant_logit(a, e * a->scale, slope, m ? m[s] : 0.0f);
+    return variant_logit(a, e * a->scale, t, m, s);
 }
 
 // ---------------------------------------------------------------------------

@@ -53,8 +53,8 @@ static void h2o_add_weights(const ctx & C, int ith, int st, int kvh, const int32
     }
 }
 
-static void h2o_add_dense_weights(const ctx & C, int ith, int st, int kvh, const float * q, const float * m, float slope,
-                                  float M, float iP) {
+static void h2o_add_dense_weights(const ctx & C, int ith, int st, int kvh, const float * q, const float * m,
+                                  const head_terms & t, float M, float iP) {
     // the weights need the final maximum and sum: a second pass over the logits
     const int S = C.a->n_kv;
     float * part = h2o_part(C, ith, st, kvh);
@@ -62,7 +62,7 @@ static void h2o_add_dense_weights(const ctx & C, int ith, int st, int kvh, const
         if (m && !is_valid(m[s])) {
             continue;
         }
-        part[s] += expf(exact_logit(C, q, st, kvh, s, m, slope) - M) * iP;
+        part[s] += expf(exact_logit(C, q, st, kvh, s, m, t) - M) * iP;
     }
 }
 

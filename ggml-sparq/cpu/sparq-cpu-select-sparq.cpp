@@ -97,7 +97,7 @@ void sparq_chunk_scores(const ctx & C, int u, int w, int s0, int s1, int ith) {
         }
         for (int h = 0; h < g; ++h) {
             float * x = out + (size_t) h * nb;
-            variant_logits(a, x, nb, alibi_slope(a, kvh * g + h), m ? m + b0 : nullptr);
+            variant_logits(a, x, nb, head_terms_of(C, R, kvh * g + h), m, b0);
             const float bm = C.isa->max(x, nb);
             if (bm != -INFINITY) {
                 float & M = stat[2 * h];
@@ -218,7 +218,7 @@ static float approx_logit(const ctx & C, int u, int w, int hh, int i, const floa
                                                     : ((const float *) kt)[i];
         ap += qs[hh * r + j] * kv;
     }
-    return variant_logit(a, ap, alibi_slope(a, kvh * C.L.group_size + hh), m ? m[i] : 0.0f);
+    return variant_logit(a, ap, head_terms_of(C, R, kvh * C.L.group_size + hh), m, i);
 }
 
 float sparq_alpha(const ctx & C, int u, int w, int hh, const int32_t * sel, int n_sel, int n_cand,

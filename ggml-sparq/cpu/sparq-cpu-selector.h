@@ -14,6 +14,7 @@ namespace sparq_cpu {
 
 struct ctx;
 struct layout;
+struct head_terms;
 
 struct selector {
     const char * name;
@@ -44,8 +45,8 @@ struct selector {
     // maximum, iP 1 / the sum of exp) or, with dense, over every valid cell (q its query, m the mask).
     void (*attended)(const ctx & C, int ith, int st, int kvh, const int32_t * sel, const float * ex, int n_sel,
                      float M, float iP);
-    void (*attended_dense)(const ctx & C, int ith, int st, int kvh, const float * q, const float * m, float slope, float M,
-                           float iP);
+    void (*attended_dense)(const ctx & C, int ith, int st, int kvh, const float * q, const float * m,
+                           const head_terms & t, float M, float iP);
     // After every row of the call has chosen and attended (a barrier before it).
     void (*finish)(const ctx & C, int ith, int nth);
 };

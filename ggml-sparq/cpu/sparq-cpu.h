@@ -267,9 +267,12 @@ struct sparq_args {
     // step 4 and of the ranking selectors' steps 1-3: softcap > 0 caps a logit x (scale included) to
     // softcap * tanh(x / softcap) before the mask; max_bias > 0 adds the mask times query head h's
     // ALiBi slope (ggml's soft_max_ext) instead of the mask; sinks ([n_head]) a logit per query head
-    // with a zero value row, in every softmax's denominator (the approximate mass alpha counts it)
+    // with a zero value row, in every softmax's denominator (the approximate mass alpha counts it);
+    // kq_b ([n_kv, n_rows, n_head, 1 or n_stream], rows contiguous) a bias: scale * kq_b is added after
+    // the cap, before the mask
     float softcap, max_bias;
     const float * sinks;
+    const float * kq_b; size_t kq_b_nb1, kq_b_nb2, kq_b_nb3; int kq_b_ne3;
 
     // optional, for tests: the selected cells per (stream, row, kv head), ascending,
     // -1 padded; sel_n entries each (k, or g*(k-l)+l with per_head); [sel_n, n_head_kv, n_rows, n_stream]

@@ -247,7 +247,8 @@ static __device__ __forceinline__ void sparq_attend_logits(const sparq_cu_args &
                     const float e = warp_reduce_sum(part[x][h]);
                     if (lane == 0) {
                         sm.sp[h * SPARQ_NT + it[x]] =
-                            sparq_variant_logit(a, e * a.scale, sparq_alibi_slope(a, un.kvh * g + h), mval);
+                            sparq_variant_logit(a, e * a.scale, sparq_alibi_slope(a, un.kvh * g + h), mval,
+                                                sparq_bias_term(a, un.R, un.kvh * g + h, c[x]));
                     }
                 }
             }

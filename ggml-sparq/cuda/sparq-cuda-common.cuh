@@ -66,9 +66,11 @@ struct sparq_cu_args {
     // the attention variants (ggml_sparq_attn_params; docs/algorithm.md): every logit, approximate
     // and exact, capped to softcap * tanh(x / softcap) (softcap > 0), then the mask added times the
     // head's ALiBi slope (max_bias > 0; else 1); sinks [n_head] (NULL: none): a logit per query head
-    // with a zero value row in every softmax's denominator
+    // with a zero value row in every softmax's denominator; kq_b [n_kv, n_rows, n_head, 1 or n_stream]
+    // (NULL: none, rows of floats): scale times its value added after the cap, before the mask
     float softcap, max_bias;
     const float * sinks;
+    const char * kq_b; size_t kb_nb1, kb_nb2, kb_nb3; int kb_ne3;
     // the layer's tickets: only the experimental build's one launch per layer counts in them
     // (experimental/sparq-cuda-exp-fused.cuh)
     unsigned int * tickets; // [GGML_CUDA_SPARQ_TICKETS] persistent, zero between launches, or NULL
@@ -378,10 +380,25 @@ static __device__ __forceinline__ float sparq_alibi_slope(const sparq_cu_args & 
     return h < n2 ? powf(m0, h + 1) : powf(m1, 2 * (h - n2) + 1);
 }
 
-// a logit x (scale included) with the variants: soft-capped, then the mask value mv times the slope
-static __device__ __forceinline__ float sparq_variant_logit(const sparq_cu_args & a, float x, float slope, float mv) {
+// the KQ bias's term of query head h in row R at cell s: scale times the bias (0 without one)
+static __device__ __forceinline__ float sparq_bias_term(const sparq_cu_args & a, int R, int h, int s) {
+    if (!a.kq_b) {
+        return 0.0f;
+    }
+    const int st = R / a.n_rows, row = R % a.n_rows;
+    const char * b = a.kq_b + (size_t) row * a.kb_nb1 + (size_t) h * a.kb_nb2 + (size_t) (st % a.kb_ne3) * a.kb_nb3;
+    return a.scale * ((const float *) b)[s];
+}
+
+// a logit x (scale included) with the variants: soft-capped, plus the bias term bt, then the mask
+// value mv times the slope (the CPU op's order)
+static __device__ __forceinline__ float sparq_variant_logit(const sparq_cu_args & a, float x, float slope, float mv,
+                                                            float bt) {
     if (a.softcap > 0.0f) {
         x = a.softcap * tanhf(x / a.softcap);
+    }
+    if (a.kq_b) {
+        x += bt;
     }
     return x + slope * mv;
 }

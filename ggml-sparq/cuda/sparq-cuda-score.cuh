@@ -205,7 +205,8 @@ static __device__ __forceinline__ void sparq_score_block(const sparq_cu_args & a
         const float slope = sparq_alibi_slope(a, kvh * g + h);
 #pragma unroll
         for (int c = 0; c < CPT; ++c) {
-            x[c] = in ? sparq_variant_logit(a, acc[h][c], slope, mv[c]) : -INFINITY;
+            x[c] = in ? sparq_variant_logit(a, acc[h][c], slope, mv[c], sparq_bias_term(a, R, kvh * g + h, s0 + c))
+                      : -INFINITY;
             lm = fmaxf(lm, x[c]);
         }
         if (in) {

@@ -20,7 +20,7 @@ static constexpr uint32_t SPARQ_CUDA_HONOURS_PARTS = GGML_SPARQ_FEAT_PER_HEAD | 
                                                      GGML_SPARQ_FEAT_COVERAGE | GGML_SPARQ_FEAT_COVERAGE_CAP |
                                                      GGML_SPARQ_FEAT_REPORT | GGML_SPARQ_FEAT_TOPK_BUCKETS |
                                                      GGML_SPARQ_FEAT_SOFTCAP | GGML_SPARQ_FEAT_ALIBI |
-                                                     GGML_SPARQ_FEAT_SINKS;
+                                                     GGML_SPARQ_FEAT_SINKS | GGML_SPARQ_FEAT_KQ_BIAS;
 static constexpr uint32_t SPARQ_CUDA_REFUSES_PARTS = GGML_SPARQ_FEAT_DENSE | GGML_SPARQ_FEAT_COVERAGE_MEASURE |
                                                      GGML_SPARQ_FEAT_APPEND | GGML_SPARQ_FEAT_COMP_SQ;
 static_assert((SPARQ_CUDA_HONOURS_PARTS | SPARQ_CUDA_REFUSES_PARTS | GGML_SPARQ_FEAT_SELECTORS) == GGML_SPARQ_FEAT_ALL &&

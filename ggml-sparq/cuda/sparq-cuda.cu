@@ -137,6 +137,10 @@ static bool sparq_cuda_args_of(ggml_tensor * dst, sparq_cu_args & a, int * cpt) 
     a.softcap = P.softcap;
     a.max_bias = P.max_bias;
     a.sinks = w.sinks ? (const float *) w.sinks->data : nullptr;
+    if (const ggml_tensor * b = w.kq_b) {
+        a.kq_b = (const char *) b->data; a.kb_nb1 = b->nb[1]; a.kb_nb2 = b->nb[2]; a.kb_nb3 = b->nb[3];
+        a.kb_ne3 = (int) b->ne[3];
+    }
     if (P.cov_p > 0.0f && P.cov_apply) {
         // the calibrated k (a coverage only measured is refused: sparq-cuda-support.h)
         a.cov_p = P.cov_p;

@@ -65,8 +65,9 @@ enum ggml_sparq_feature {
     GGML_SPARQ_FEAT_SINKS            = 1u << 17, // src[11]: a sink logit per query head
     GGML_SPARQ_FEAT_APPEND           = 1u << 18, // src[12..14]: the step's append (cells, v_comp, k_sq)
     GGML_SPARQ_FEAT_COMP_SQ          = 1u << 19, // comp_w (src[9]) is k_sq (src[14]): weights are its roots
+    GGML_SPARQ_FEAT_KQ_BIAS          = 1u << 20, // src[15]: a bias added to every score (T5's position bias)
 };
-#define GGML_SPARQ_FEAT_ALL ((1u << 20) - 1u)
+#define GGML_SPARQ_FEAT_ALL ((1u << 21) - 1u)
 // the bits the selectors' rows name (feature, reads_feature): a backend honours them by asking the rows
 #define GGML_SPARQ_FEAT_SELECTORS (GGML_SPARQ_FEAT_ORACLE | GGML_SPARQ_FEAT_STREAMING | GGML_SPARQ_FEAT_H2O | \
                                    GGML_SPARQ_FEAT_INDEX | GGML_SPARQ_FEAT_INDEX_READS)

@@ -126,6 +126,12 @@ struct ggml_sparq_attn_srcs {
     struct ggml_tensor * cells;
     struct ggml_tensor * v_comp;
     struct ggml_tensor * k_sq;
+    // src[15]: optional, a bias added to the scores (T5's relative position bias, upstream's kq_b):
+    // f32 [n_kv, n_rows, n_head, 1 or n_stream], rows of contiguous floats. As build_attn_mha adds it
+    // before soft_max_ext's scale, a score is softcap(scale q.k) + scale b + slope m, in step 2's
+    // approximate scores (the coverage, the calibrated k and alpha included) and step 4's exact ones.
+    // It must be finite at the valid cells (the mask alone says which cells are valid).
+    struct ggml_tensor * kq_b;
 };
 
 // An attention node's parameters with their defaults: the sparq selector, no flags, no optional part.
@@ -175,6 +181,7 @@ struct ggml_sparq_attn_view {
     struct ggml_tensor * sel[2];                     // any other: its inputs (which it may write)
     struct ggml_tensor * report;                     // the report (written by the op)
     const struct ggml_tensor * sinks;                // attention sinks
+    const struct ggml_tensor * kq_b;                 // a bias added to the scores
     // the step's append (ggml_sparq_attn_srcs::cells): NULL without; kt, v_sum, v_count, win and
     // k_sq are then written by the op; comp_sq: comp_w holds k_sq's sums (the weights their roots)
     const struct ggml_tensor * cells;

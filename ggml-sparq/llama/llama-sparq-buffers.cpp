@@ -64,8 +64,8 @@ bool sparq_alloc_buffers(llama_sparq_ctx & S,
 
 // The one list of the attention variants SparQ's op does not compute: the model's, known before any
 // graph (so that a context with no other layer is refused), and, with `call`, one layer's or one
-// attention call's at graph build. Soft-capping, ALiBi and sinks are the op's (ggml_sparq_attn_params,
-// ggml_sparq_attn_srcs::sinks): soft-capping as flash attention caps (the scale first), which is the
+// attention call's at graph build. Soft-capping, ALiBi, sinks and a KQ bias are the op's
+// (ggml_sparq_attn_params, ggml_sparq_attn_srcs::sinks and kq_b): soft-capping as flash attention caps (the scale first), which is the
 // other dense path's only with a logit scale of 1. K and V head sizes may differ, and MLA's absorbed
 // decode (one latent KV head, V the first dv values of each K row, then the v_mla projection) is GQA
 // with every query head in one group
@@ -82,8 +82,10 @@ const char * sparq_attn_variant(llm_arch arch, const llama_hparams & hp, const s
     if (!call) {
         return nullptr;
     }
-    if (call->kq_b) {
-        return "a bias added to the attention scores";
+    if (call->kq_b && (call->kq_b->type != GGML_TYPE_F32 || call->kq_b->nb[0] != sizeof(float) || call->kq_b->ne[3] != 1 ||
+                       (call->n_kv > 0 && (call->kq_b->ne[0] != call->n_kv || call->kq_b->ne[1] != call->n_tokens)) ||
+                       (call->n_head > 0 && call->kq_b->ne[2] != call->n_head))) {
+        return "a bias added to the attention scores that is not f32 [n_kv, n_tokens, n_head]";
     }
     if (hp.attn_soft_cap && call->kq_scale != 1.0f) {
         return "attention logit soft-capping with a logit scale other than 1 (upstream's two dense paths differ)";
@@ -195,13 +197,13 @@ bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, int32_t kt_bits
         layer_shape.dv = dv;
         layer_shape.n_head_kv = hkv;
         layer_shape.k_row = k->ne[0];
-        // the tensors a layer's calls pass to build_attn: its sinks (the op's), T5's relative position bias
-        // (layer 0's where the layer has none, as upstream's graph takes it; dense). A layer that runs
-        // dense at every step gets no data, and its graphs no appends
+        // the tensors a layer's calls pass to build_attn: its sinks and T5's relative position bias (layer
+        // 0's where the layer has none, as upstream's graph takes it), both the op's; the bias is the
+        // graph's, checked at graph build. A layer that runs dense at every step gets no data, and its
+        // graphs no appends
         const llama_layer & ml = model.layers[il];
         layer_shape.sinks = ml.attn_sinks;
         layer_shape.n_head = L.n_head;
-        layer_shape.kq_b = ml.attn_rel_b ? ml.attn_rel_b : model.layers[0].attn_rel_b;
         if ((L.variant = sparq_attn_variant(model.arch, model.hparams, &layer_shape)) != nullptr) {
             L.reason = LLAMA_SPARQ_DENSE_ATTN_VARIANT;
             continue;
@@ -209,6 +211,7 @@ bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, int32_t kt_bits
         L.softcap = model.hparams.attn_soft_cap ? model.hparams.f_attn_logit_softcapping : 0.0f;
         L.max_bias = model.hparams.f_max_alibi_bias;
         L.sinks = ml.attn_sinks != nullptr;
+        L.kq_b = (ml.attn_rel_b ? ml.attn_rel_b : model.layers[0].attn_rel_b) != nullptr;
         // the layer's V as the op, the appends and the rebuilds read it: upstream's, or a view of K's rows
         L.data.v = v;
         if (v_in_k) {

@@ -45,6 +45,7 @@ struct sparq_attn_call {
     int64_t dk = 0, dv = 0;              // K's and V's head sizes
     int64_t n_head_kv = 0, k_row = 0;    // with n_head_kv > 0: a K cache row holds n_head_kv heads of dk (k_row values)
     int64_t n_head = 0;                  // the query heads (0: unknown)
+    int64_t n_kv = 0, n_tokens = 0;      // with n_kv > 0: the call's cells and the ubatch's tokens (kq_b's rows)
     float kq_scale = 1.0f;               // the call's logit scale (1 where the layer alone is asked)
 };
 // the attention variant SparQ does not compute (Grok's, a KQ bias, soft-capping after a logit scale

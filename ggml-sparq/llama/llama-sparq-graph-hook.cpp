@@ -143,7 +143,7 @@ static ggml_sparq_attn_srcs sparq_op_srcs(sparq_attn_build & b, ggml_tensor * q,
 
 // the SPARQ_ATTN node on the layout of build_attn_mha, with its selector's inputs, window and report
 static ggml_tensor * sparq_build_op(sparq_attn_build & b, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,
-                                    ggml_tensor * kq_mask, ggml_tensor * sinks, float kq_scale) {
+                                    ggml_tensor * kq_mask, ggml_tensor * sinks, ggml_tensor * kq_b, float kq_scale) {
     ggml_context * ctx0 = b.ctx0;
     llm_graph_input_sparq * inp = b.inp;
     const int64_t n_stream = b.n_stream, n_tps = b.n_tps, hkv = b.hkv;
@@ -196,6 +196,11 @@ static ggml_tensor * sparq_build_op(sparq_attn_build & b, ggml_tensor * q, ggml_
         src.win = inp->win;
     }
     src.sinks = sinks;
+    if (kq_b) {
+        // build_attn_mha's bias [n_kv, n_tokens, n_head, 1], its rows split into the streams as q's
+        src.kq_b = ggml_view_4d(ctx0, kq_b, kq_b->ne[0], n_tps, kq_b->ne[2], n_stream, kq_b->nb[1], kq_b->nb[2],
+                                kq_b->nb[1] * n_tps, 0);
+    }
     const ggml_sparq_attn_params o = sparq_op_params(b.S, b.L, b.P, b.budget, st, kq_scale);
     ggml_tensor * cur = ggml_sparq_attn_ext(ctx0, &src, &o);
     ggml_format_name(cur, "sparq_attn-%d", b.il);
@@ -287,6 +292,8 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
     call.dv = v->ne[0];
     call.n_head = q->ne[1];
     call.kq_scale = kq_scale;
+    call.n_kv = b.n_kv;
+    call.n_tokens = b.n_tokens;
     const sparq_dense_check dense = sparq_dense_reason(b, mctx, call);
     if (dense.short_checked && inp) {
         inp->short_ctx = dense.is_short;
@@ -311,7 +318,7 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
         return nullptr;
     }
     sparq_decide_sparq(b, k, v);
-    ggml_tensor * cur = sparq_build_op(b, q, k, v, kq_mask, sinks, kq_scale);
+    ggml_tensor * cur = sparq_build_op(b, q, k, v, kq_mask, sinks, kq_b, kq_scale);
     sparq_place_op(b, cur);
     if (v_mla) {
         // MLA: the latent output [dv, n_head, n_tps, ns] through each head's v_mla, as build_attn_mha's

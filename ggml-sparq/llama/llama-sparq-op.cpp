@@ -129,6 +129,9 @@ ggml_tensor * sparq_op_probe(ggml_context * c, const llama_sparq_ctx & S, const 
     if (L.sinks) {
         src.sinks = ggml_new_tensor_1d(c, GGML_TYPE_F32, (int64_t) g * hkv);
     }
+    if (L.kq_b) {
+        src.kq_b = ggml_new_tensor_4d(c, GGML_TYPE_F32, n, 1, (int64_t) g * hkv, 1);
+    }
     if ((*why = ggml_sparq_attn_check(&src, &o)) != nullptr) {
         return nullptr;
     }

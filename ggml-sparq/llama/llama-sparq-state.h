@@ -122,9 +122,9 @@ struct sparq_layer {
     int32_t il = -1;              // the model's layer index (kept: the cache may be gone when the counters log)
     int64_t n_head = 0;           // the layer's query heads
     // the attention variants the op computes (ggml_sparq_attn_params): soft-capping, ALiBi's max_bias
-    // (0: none), and whether the layer's calls pass sinks
+    // (0: none), and whether the layer's calls pass sinks and a KQ bias
     float softcap = 0.0f, max_bias = 0.0f;
-    bool sinks = false;
+    bool sinks = false, kq_b = false;
     sparq_layer_data data;
     sparq_layer_basis basis;
     sparq_layer_report report;

@@ -134,6 +134,7 @@ uint32_t ggml_sparq_params_features(const struct ggml_tensor * node, const struc
     f |= a->max_bias != 0.0f ? GGML_SPARQ_FEAT_ALIBI : 0;
     f |= node->src[11] ? GGML_SPARQ_FEAT_SINKS : 0;
     f |= node->src[12] ? GGML_SPARQ_FEAT_APPEND : 0;
+    f |= node->src[15] ? GGML_SPARQ_FEAT_KQ_BIAS : 0;
     f |= sel && sel->ranks && node->src[9] && node->src[9] == node->src[14] ? GGML_SPARQ_FEAT_COMP_SQ : 0;
     return f;
 }
@@ -198,6 +199,7 @@ const char * ggml_sparq_feature_name(uint32_t bit) {
         case GGML_SPARQ_FEAT_SINKS:            return "attention sinks";
         case GGML_SPARQ_FEAT_APPEND:           return "the step's append (cells, v_comp, k_sq)";
         case GGML_SPARQ_FEAT_COMP_SQ:          return "weights as sums of squares (comp_w is k_sq)";
+        case GGML_SPARQ_FEAT_KQ_BIAS:          return "a KQ bias (kq_b)";
         default:                               return "a part unknown to this build";
     }
 }

@@ -119,6 +119,12 @@ static const char * sparq_check_inputs(const struct ggml_sparq_attn_srcs * s) {
         SPARQ_NEED(s->sinks->type == GGML_TYPE_F32 && ggml_nelements(s->sinks) == n_head && s->sinks->ne[0] == n_head &&
                    ggml_is_contiguous(s->sinks), "the sinks must be contiguous f32 [n_head]");
     }
+    if (s->kq_b) {
+        const struct ggml_tensor * b = s->kq_b;
+        SPARQ_NEED(b->type == GGML_TYPE_F32 && b->ne[0] == n_kv && b->ne[1] == n_rows && b->ne[2] == n_head &&
+                   (b->ne[3] == 1 || b->ne[3] == n_strm) && b->nb[0] == sizeof(float),
+                   "the KQ bias must be f32 [n_kv, n_rows, n_head, 1 or n_stream] with contiguous rows");
+    }
     return sparq_check_append(s);
 }
 
@@ -177,7 +183,8 @@ struct ggml_tensor * ggml_sparq_attn_ext(struct ggml_context * ctx, const struct
     struct ggml_tensor * result = ggml_new_tensor(ctx, GGML_TYPE_F32, 4, ne);
     result->op = GGML_OP_SPARQ_ATTN;
     struct ggml_tensor * const src[] = { s->q, s->k, s->kt, s->v, s->v_sum, s->v_count, s->mask, s->win,
-                                         s->sel[0], s->sel[1], s->report, s->sinks, s->cells, s->v_comp, s->k_sq };
+                                         s->sel[0], s->sel[1], s->report, s->sinks, s->cells, s->v_comp, s->k_sq,
+                                         s->kq_b };
     static_assert(sizeof(src) / sizeof(src[0]) <= GGML_MAX_SRC, "the op's sources must fit ggml's");
     for (size_t i = 0; i < sizeof(src) / sizeof(src[0]); ++i) {
         result->src[i] = src[i];
@@ -223,6 +230,7 @@ bool ggml_sparq_attn_view_of(struct ggml_tensor * dst, struct ggml_sparq_attn_vi
     o.report = dst->src[10];
     o.sinks = dst->src[11];
     o.cells = dst->src[12]; o.v_comp = dst->src[13]; o.k_sq = dst->src[14];
+    o.kq_b = dst->src[15];
     o.out = dst;
     o.d = (int) o.q->ne[0];
     o.dv = (int) o.v->ne[0];

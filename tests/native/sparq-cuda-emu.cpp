@@ -20,9 +20,10 @@
 // least k_min cells, each row's cap from k_frac of its valid cells when k_frac > 0).
 // SPARQ_EMU_ORDER=seq runs the blocks in order; SPARQ_EMU_TIES, SPARQ_EMU_PEAK and SPARQ_EMU_HOLE
 // shape the inputs (below); SPARQ_EMU_BUCKETS=B (a fixed k) ranks by the bucketed top-k with B
-// buckets (topk_buckets) on both sides; SPARQ_EMU_VARIANTS="softcap max_bias sinks" the attention
+// buckets (topk_buckets) on both sides; SPARQ_EMU_VARIANTS="softcap max_bias sinks [kq_b]" the attention
 // variants on both sides (max_bias > 0: each valid cell's mask minus its distance to the end, mod 16;
-// sinks 1: a random sink per query head); SPARQ_EMU_DV=dv V's head size (default d), SPARQ_EMU_V_IN_K=1
+// sinks 1: a random sink per query head; kq_b 1: a bias per (stream, head, row, cell), small integers
+// as ALiBi's distances); SPARQ_EMU_DV=dv V's head size (default d), SPARQ_EMU_V_IN_K=1
 // V read through K's rows (its first dv values, as MLA's cache holds its latent). Prints "OK nmse=... select_blocks=B launches=N pdl_launches=P
 // report_differ=0 report_reach=M" (B: the second launch's blocks; M: the entries that measured the
 // cells reaching the target) or "FAIL ..."
@@ -430,13 +431,20 @@ int main(int argc, char ** argv) {
         vcount[0] = -(float) S;
     }
     float emu_softcap = 0.0f, emu_max_bias = 0.0f;
-    int emu_sinks = 0;
+    int emu_sinks = 0, emu_kq_b = 0;
     if (const char * ve = getenv("SPARQ_EMU_VARIANTS")) {
-        if (sscanf(ve, "%f %f %d", &emu_softcap, &emu_max_bias, &emu_sinks) != 3) {
-            fprintf(stderr, "SPARQ_EMU_VARIANTS must be \"softcap max_bias sinks\", got %s\n", ve);
+        const int nv = sscanf(ve, "%f %f %d %d", &emu_softcap, &emu_max_bias, &emu_sinks, &emu_kq_b);
+        if (nv != 3 && nv != 4) {
+            fprintf(stderr, "SPARQ_EMU_VARIANTS must be \"softcap max_bias sinks [kq_b]\", got %s\n", ve);
             return 2;
         }
     }
+    // the KQ bias [ns][nh][nr][S] (ggml's [S, nr, nh, ns]): integers 0..15, exact in f32
+    std::vector<float> kq_b(emu_kq_b ? (size_t) S * nr * nh * ns : 0);
+    for (size_t i = 0; i < kq_b.size(); ++i) {
+        kq_b[i] = (float) (gen() % 16);
+    }
+    const size_t kbb1 = (size_t) S * 4, kbb2 = kbb1 * nr, kbb3 = kbb2 * nh;
     std::vector<float> sinks(nh);
     for (auto & x : sinks) {
         x = 2.0f * uni(gen);
@@ -508,6 +516,9 @@ int main(int argc, char ** argv) {
     const int buckets = buckets_env && cov_p <= 0.0f ? atoi(buckets_env) : 0;
     c.topk_buckets = buckets;
     c.softcap = emu_softcap; c.max_bias = emu_max_bias; c.sinks = emu_sinks ? sinks.data() : nullptr;
+    if (emu_kq_b) {
+        c.kq_b = kq_b.data(); c.kq_b_nb1 = kbb1; c.kq_b_nb2 = kbb2; c.kq_b_nb3 = kbb3; c.kq_b_ne3 = ns;
+    }
     c.sel_n = sparq_sel_max(&c);
     // the report (per stream and KV head, 4 floats): the CPU op's against the kernels'
     std::vector<float> rep_cpu((size_t) ns * nhkv * 4, -2.0f), rep_gpu((size_t) ns * nhkv * 4, -2.0f);
@@ -526,6 +537,9 @@ int main(int argc, char ** argv) {
     a.cov_p = cov_p; a.k_min = cov_k_min; a.k_frac = cov_p > 0.0f ? cov_k_frac : 0.0f;
     a.buckets = buckets > 0 ? std::max(1, std::min(buckets, S)) : 0; // (as sparq_cuda_args_of)
     a.softcap = emu_softcap; a.max_bias = emu_max_bias; a.sinks = emu_sinks ? sinks.data() : nullptr;
+    if (emu_kq_b) {
+        a.kq_b = (const char *) kq_b.data(); a.kb_nb1 = kbb1; a.kb_nb2 = kbb2; a.kb_nb3 = kbb3; a.kb_ne3 = ns;
+    }
     a.R = ns * nr; a.U = a.R * nhkv; a.L = a.U * a.ph;
     a.W = std::max(1, (S + 31) / 32);
     const int gm = sparq_gmax(g);

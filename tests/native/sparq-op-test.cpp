@@ -31,7 +31,8 @@
 // blocks of 32 cells, ggml-sparq-kt4.h, of the same keys; in ggml mode written by the op's cell
 // scatter; n_kv and n_kv + kt_pad multiples of 32); "TKB1", i32 buckets (the
 // approximate bucketed top-k); "VAR1", f32 softcap, f32 max_bias, i32 has_sinks, then with sinks
-// f32 [n_head] (the attention variants); "VVK1" (V read through K's rows: the first dv values of each,
+// f32 [n_head] (the attention variants); "KQB1", then the KQ bias f32 [n_stream][n_head][n_rows][n_kv];
+// "VVK1" (V read through K's rows: the first dv values of each,
 // as MLA's cache holds its latent; the file's V must equal them).
 // Output file: out f32 [n_stream][n_rows][n_head][dv], then (direct mode)
 // sel int32 [n_stream][n_rows][n_head_kv][sel_n], then (h2o) the scores after the call or
@@ -71,6 +72,7 @@ struct test_case {
     int topk_buckets = 0; // trailer TKB1
     float softcap = 0.0f, max_bias = 0.0f; // trailer VAR1, with the sinks (empty: none)
     std::vector<float> sinks;
+    std::vector<float> kq_b; // trailer KQB1 (empty: none)
     bool v_view = false; // trailer VVK1
     std::vector<float> q, v_sum, v_count, q_sel, comp_w, h2o, ivf_cent;
     int ivf_n_list = 0, ivf_n_probe = 0;
@@ -186,6 +188,9 @@ static test_case read_case(const char * path) {
                 c.sinks.resize(c.n_head);
                 read_exact(f, c.sinks.data(), c.sinks.size() * 4, "sinks");
             }
+        } else if (memcmp(tmag, "KQB1", 4) == 0) {
+            c.kq_b.resize((size_t) c.n_stream * c.n_head * c.n_rows * c.n_kv);
+            read_exact(f, c.kq_b.data(), c.kq_b.size() * 4, "kq_b");
         } else if (memcmp(tmag, "VVK1", 4) == 0) {
             if (c.dv > c.d) {
                 die("a V read through K's rows needs dv <= d");
@@ -337,6 +342,10 @@ static int run_direct(const test_case & c, const char * out_path, const char * i
     a.cov_p = c.cov_p; a.cov_apply = c.cov_p > 0.0f; a.k_min = c.k_min;
     a.topk_buckets = c.topk_buckets;
     a.softcap = c.softcap; a.max_bias = c.max_bias; a.sinks = c.sinks.empty() ? nullptr : c.sinks.data();
+    if (!c.kq_b.empty()) {
+        a.kq_b = c.kq_b.data(); a.kq_b_nb1 = (size_t) c.n_kv * 4; a.kq_b_nb2 = a.kq_b_nb1 * c.n_rows;
+        a.kq_b_nb3 = a.kq_b_nb2 * c.n_head; a.kq_b_ne3 = c.n_stream;
+    }
     a.q = c.q.data(); a.q_nb1 = (size_t) c.d * 4; a.q_nb2 = a.q_nb1 * c.n_rows; a.q_nb3 = a.q_nb2 * c.n_head;
     const sparq_type t = c.kv_t();
     a.K = c.K.data(); a.K_type = t; a.K_nb1 = c.kv_bytes(1, c.d); a.K_nb2 = a.K_nb1 * c.n_kv; a.K_nb3 = a.K_nb2 * c.n_head_kv;
@@ -461,7 +470,7 @@ static int run_ggml(const test_case & c, const char * out_path, int nth) {
                                             GGML_TYPE_Q4_1, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_IQ4_NL };
     const enum ggml_type t = types[c.kv_type];
     const enum ggml_type tkt = c.kv_type == 0 ? GGML_TYPE_F32 : GGML_TYPE_F16;
-    const size_t need = c.h2o.size() * 4 + c.ivf_cent.size() * 4 + c.win.size() * 4 + c.q_sel.size() * 4 + c.comp_w.size() * 4 + c.q.size() * 4 + c.K.size() + c.V.size() + 4 * kt.size() + c.mask.size() +
+    const size_t need = c.kq_b.size() * 4 + c.h2o.size() * 4 + c.ivf_cent.size() * 4 + c.win.size() * 4 + c.q_sel.size() * 4 + c.comp_w.size() * 4 + c.q.size() * 4 + c.K.size() + c.V.size() + 4 * kt.size() + c.mask.size() +
                         c.v_sum.size() * 4 + c.v_count.size() * 4 +
                         (size_t) c.n_stream * c.n_rows * c.n_head * c.dv * 4 + 64 * ggml_tensor_overhead() +
                         ggml_graph_overhead() + (1 << 20);
@@ -522,6 +531,10 @@ static int run_ggml(const test_case & c, const char * out_path, int nth) {
     if (!c.sinks.empty()) {
         src.sinks = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, c.n_head);
         memcpy(src.sinks->data, c.sinks.data(), c.sinks.size() * 4);
+    }
+    if (!c.kq_b.empty()) {
+        src.kq_b = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, c.n_kv, c.n_rows, c.n_head, c.n_stream);
+        memcpy(src.kq_b->data, c.kq_b.data(), c.kq_b.size() * 4);
     }
     if (c.win_n > 0) {
         src.win = ggml_new_tensor_3d(ctx, GGML_TYPE_I32, c.win_n, c.n_rows, c.n_stream);

@@ -83,6 +83,9 @@ static bool params_parts_with(const params_node_set & s, uint32_t bit, ggml_spar
         case GGML_SPARQ_FEAT_SOFTCAP:   p.softcap = 30.0f; return true;
         case GGML_SPARQ_FEAT_ALIBI:     p.max_bias = 8.0f; return true;
         case GGML_SPARQ_FEAT_SINKS:     src.sinks = ggml_new_tensor_1d(s.ctx, GGML_TYPE_F32, s.n_head); return true;
+        case GGML_SPARQ_FEAT_KQ_BIAS:
+            src.kq_b = ggml_new_tensor_4d(s.ctx, GGML_TYPE_F32, s.n_kv, 1, s.n_head, 1);
+            return true;
         case GGML_SPARQ_FEAT_REPORT:
             src.report = ggml_new_tensor_3d(s.ctx, GGML_TYPE_F32, 4, s.n_hkv, 1);
             return true;
@@ -211,6 +214,8 @@ static int run_params_check() {
             { "softcap",        [](ggml_sparq_attn_srcs &, ggml_sparq_attn_params & q) { q.softcap = -1.0f; } },
             { "max_bias",       [](ggml_sparq_attn_srcs &, ggml_sparq_attn_params & q) { q.max_bias = INFINITY; } },
             { "sinks",          [](ggml_sparq_attn_srcs & t, ggml_sparq_attn_params &) { t.sinks = t.v_count; } },
+            { "KQ bias",        [](ggml_sparq_attn_srcs & t, ggml_sparq_attn_params &) { t.kq_b = t.v_count; } },
+            { "KQ bias",        [](ggml_sparq_attn_srcs & t, ggml_sparq_attn_params &) { t.kq_b = t.k; } },
             { "k_scan",         [](ggml_sparq_attn_srcs &, ggml_sparq_attn_params & q) {
                                     q.cov_p = 0.5f; q.k_scan = 8; q.cov_apply = true; } },
             { "fixed k",        [](ggml_sparq_attn_srcs &, ggml_sparq_attn_params & q) {
@@ -289,7 +294,7 @@ static int run_params_check() {
     }
 
     // 3. a part this build does not know (a field a newer constructor added) is refused by every backend
-    for (uint32_t unknown : { 1u << 20, 1u << 22, GGML_SPARQ_FEAT_UNKNOWN }) {
+    for (uint32_t unknown : { 1u << 21, 1u << 22, GGML_SPARQ_FEAT_UNKNOWN }) {
         struct ggml_tensor * t = params_node_with(s, 0);
         ggml_sparq_params pu = ggml_sparq_params_get(t);
         pu.features |= unknown;

@@ -103,7 +103,7 @@ static __device__ __forceinline__ void sparq_stream_logits(const sparq_cu_args &
                     if (sl == 0 && it[x] < SPARQ_NT) {
                         sm.sp[h * SPARQ_NT + it[x]] =
                             c[x] >= 0 ? sparq_variant_logit(a, part[x][h] * a.scale, sparq_alibi_slope(a, un.kvh * g + h),
-                                                            sm.smv[it[x]])
+                                                            sm.smv[it[x]], sparq_bias_term(a, un.R, un.kvh * g + h, c[x]))
                                       : -INFINITY;
                     }
                 }

@@ -181,6 +181,16 @@ def _mla_layers(t: _Tensors, n_layer, n_embd, n_head, n_ff, q_lora, kv_lora, nop
     t.ones("output_norm.weight", n_embd)
 
 
+def _lora_rope_keys(w, rope, eps, q_lora, kv_lora) -> None:
+    """The keys deepseek2 and minicpm3 share: the RoPE part's size and base, the norm's eps, the
+    query's and the KV's low ranks."""
+    w.add_rope_dimension_count(rope)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(eps)
+    w.add_q_lora_rank(q_lora)
+    w.add_kv_lora_rank(kv_lora)
+
+
 def _mla_metadata(w, kv_lora, rope, nope, v_head, q_lora, n_layer, n_ff) -> None:
     """deepseek2's attention keys: the cache's K (latent + RoPE) and V (latent), the heads' sizes for
     MLA, the ranks, every layer a dense FFN."""
@@ -188,11 +198,7 @@ def _mla_metadata(w, kv_lora, rope, nope, v_head, q_lora, n_layer, n_ff) -> None
     w.add_value_length(kv_lora)
     w.add_key_length_mla(nope + rope)
     w.add_value_length_mla(v_head)
-    w.add_rope_dimension_count(rope)
-    w.add_rope_freq_base(10000.0)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_q_lora_rank(q_lora)
-    w.add_kv_lora_rank(kv_lora)
+    _lora_rope_keys(w, rope, 1e-6, q_lora, kv_lora)
     w.add_leading_dense_block_count(n_layer)
     w.add_expert_feed_forward_length(n_ff)
     w.add_expert_shared_count(0)
@@ -234,11 +240,7 @@ def make_tiny_minicpm3(path: str | os.PathLike[str], *, n_layer: int = 2, seed: 
         _common(w, "llama-sparq-tiny-minicpm3", n_layer, n_embd, n_ff, n_head, n_head)
         w.add_key_length(nope + rope)
         w.add_value_length(dv)
-        w.add_rope_dimension_count(rope)
-        w.add_rope_freq_base(10000.0)
-        w.add_layer_norm_rms_eps(1e-5)
-        w.add_q_lora_rank(q_lora)
-        w.add_kv_lora_rank(kv_lora)
+        _lora_rope_keys(w, rope, 1e-5, q_lora, kv_lora)
 
     return _write_gguf(Path(path), metadata, t.items, arch="minicpm3")
 

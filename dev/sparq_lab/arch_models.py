@@ -43,7 +43,8 @@ from sparq_lab.models import (_add_tiny_shape, _add_tiny_tokenizer, _write_gguf_
                               make_tiny_gpt_oss, make_tiny_granite_swa, make_tiny_llama, make_tiny_t5)
 
 __all__ = ["PROOFS", "make_tiny_gemma3", "make_tiny_mpt", "make_tiny_deepseek2", "make_tiny_minicpm3",
-           "make_tiny_lfm2", "make_tiny_grok", "make_tiny_gpt_oss", "make_tiny_t5", "make_mla_shape", "mla_shape_path", "MLA_SHAPE", "main"]
+           "make_tiny_lfm2", "make_tiny_grok", "make_tiny_gpt_oss", "make_tiny_t5", "make_mla_shape", "mla_shape_path",
+           "MLA_SHAPE", "main"]
 
 _N_VOCAB = 260
 _STD = 0.02

@@ -1,6 +1,6 @@
 // llama-sparq, a general llama.cpp fix (not SparQ): Grok runs flash attention (patch 0018).
 // upstream's non-flash path caps Grok's scores as cap * tanh(kq * out_scale / cap) and its flash
-// path ignored both, so llama_init_from_model forced flash attention off for Grok. ggml's flash
+// path ignores both, so llama_init_from_model forces flash attention off for Grok. ggml's flash
 // attention computes softcap * tanh(scale * kq / softcap), which is Grok's score with scale =
 // out_scale and softcap = cap wherever the logit scale after the cap (kq_scale) is 1, as Grok's
 // graph passes it. build_attn_mha takes its flash attention's scale and soft-cap from here.

@@ -219,8 +219,9 @@ bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, int32_t kt_bits
             L.reason = LLAMA_SPARQ_DENSE_ATTN_VARIANT;
             continue;
         }
-        L.softcap = model.hparams.attn_soft_cap || model.arch == LLM_ARCH_GROK ? model.hparams.f_attn_logit_softcapping : 0.0f;
-        L.logit_mul = model.arch == LLM_ARCH_GROK ? model.hparams.f_attn_out_scale : 1.0f;
+        const bool grok = model.arch == LLM_ARCH_GROK;
+        L.softcap = model.hparams.attn_soft_cap || grok ? model.hparams.f_attn_logit_softcapping : 0.0f;
+        L.logit_mul = grok ? model.hparams.f_attn_out_scale : 1.0f;
         L.max_bias = model.hparams.f_max_alibi_bias;
         L.sinks = ml.attn_sinks != nullptr;
         L.kq_b = (ml.attn_rel_b ? ml.attn_rel_b : model.layers[0].attn_rel_b) != nullptr;

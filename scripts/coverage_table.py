@@ -165,10 +165,17 @@ CONDITIONS = {
     "call->dv != call->dk": ("call", "dk_ne_dv"),
     "call->n_head_kv > 0 && call->dk * call->n_head_kv != call->k_row": ("call", "k_row"),
     "hp.attn_soft_cap && call->kq_scale != 1.0f": ("call", "soft_cap_scaled"),
+    # Grok's cap after its out_scale (upstream's graph, by arch): a second soft-cap, a call's other scale
+    "arch == LLM_ARCH_GROK && hp.attn_soft_cap": ("model", "grok_soft_cap"),
+    "arch == LLM_ARCH_GROK && call->kq_scale != 1.0f": ("call", "grok_scaled"),
     # a value no valid GGUF or graph holds (a bad soft-cap, max_bias or sinks tensor): no row's cause
     "hp.attn_soft_cap && !(std::isfinite(hp.f_attn_logit_softcapping) && hp.f_attn_logit_softcapping > 0.0f)":
         ("model", "bad_value"),
     "hp.f_max_alibi_bias < 0.0f || !std::isfinite(hp.f_max_alibi_bias)": ("model", "bad_value"),
+    "arch == LLM_ARCH_GROK && !(std::isfinite(hp.f_attn_logit_softcapping) && hp.f_attn_logit_softcapping > 0.0f)":
+        ("model", "bad_value"),
+    "arch == LLM_ARCH_GROK && !(std::isfinite(hp.f_attn_out_scale) && hp.f_attn_out_scale > 0.0f)":
+        ("model", "bad_value"),
     "call->sinks && (call->sinks->type != GGML_TYPE_F32 || !ggml_is_contiguous(call->sinks) || "
     "(call->n_head > 0 && ggml_nelements(call->sinks) != call->n_head))": ("call", "bad_value"),
     "call->kq_b && (call->kq_b->type != GGML_TYPE_F32 || call->kq_b->nb[0] != sizeof(float) || call->kq_b->ne[3] != 1 || "
@@ -184,6 +191,7 @@ FEATURE_LABELS = {
     "soft_cap": "soft-cap", "alibi": "ALiBi", "mla": "MLA", "kq_b": "KQ bias", "sinks": "sinks",
     "v_mla": "v_mla", "dk_ne_dv": "K/V sizes differ", "k_row": "K rows", "swa": "SWA layers",
     "swa_gguf": "SWA layers (some GGUFs)", "alibi_gguf": "ALiBi (some GGUFs)",
+    "out_scale_cap": "soft-cap after out_scale",
 }
 
 
@@ -546,6 +554,8 @@ def model_features(defs: list[str]) -> set[str]:
         f.add("alibi_gguf")  # read from the GGUF, 0 (none) when absent
     elif "LLM_KV_ATTENTION_MAX_ALIBI_BIAS" in text:
         f.add("alibi")
+    if re.search(r"\bf_attn_out_scale\s*=", text):
+        f.add("out_scale_cap")  # the multiplier upstream's graph applies before Grok's cap
     if re.search(r"LLM_KV_ATTENTION_KEY_LENGTH_MLA|n_embd_head_k_mla_impl\s*=", text):
         f.add("mla")
     # sliding-window layers: "swa" when the loader always sets them, "swa_gguf" when only some GGUFs do
@@ -637,8 +647,11 @@ def decide(a: Arch, rules: list[Rule], found: set[str], hooked: set[str]) -> Non
         a.cause = "a memory SparQ finds no KV cache in (" + " or ".join(
             short_memory(m) for m in sorted(a.memory_classes)) + ")"
         return
+    model_feats = set(a.features)
+    if a.enum == "LLM_ARCH_GROK" and "soft_cap" in model_feats:
+        model_feats.add("grok_soft_cap")
     for r in rules:
-        if r.scope == "model" and (a.enum == r.feature if r.is_arch else r.feature in a.features):
+        if r.scope == "model" and (a.enum == r.feature if r.is_arch else r.feature in model_feats):
             a.cause = r.phrase
             return
         if r.scope == "model" and not r.is_arch and r.feature + "_gguf" in a.features:
@@ -657,6 +670,8 @@ def decide(a: Arch, rules: list[Rule], found: set[str], hooked: set[str]) -> Non
         feats = c.features | a.features
         if {"soft_cap", "scaled"} <= feats:
             feats = feats | {"soft_cap_scaled"}
+        if a.enum == "LLM_ARCH_GROK" and "scaled" in feats:
+            feats = feats | {"grok_scaled"}
         hit = next((r for r in rules if r.scope == "call" and r.feature in feats), None)
         if hit:
             causes.append((hit.phrase, f"where the GGUF has `{c.optional[hit.feature]}`"

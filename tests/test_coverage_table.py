@@ -1,6 +1,6 @@
 """docs/coverage.md, the coverage table of the pinned llama.cpp's architectures: the committed file is the
 one scripts/coverage_table.py generates from the prepared upstream tree and ggml-sparq/; the refusals it
-applies are read from sparq_attn_variant (a refusal taken out of the C++ list changes its rows; a
+applies are read from sparq_attn_variant (a refusal added to the C++ list changes its rows; a
 condition the script does not know stops it); and every row that names a tiny GGUF (PROOFS in
 dev/sparq_lab/arch_models.py) holds on that model: it loads, and with SparQ asked for either decode runs
 SparQ on every full-attention layer (the sliding-window ones dense, counted `swa`) or SparQ is refused
@@ -83,26 +83,25 @@ def test_the_summary_counts_every_row(result, ct):
     assert counted == len(rows) - n_sparq
 
 
-def test_a_refusal_taken_out_of_the_cpp_list_changes_its_rows(ct, up, result, tmp_path):
-    """The table follows sparq_attn_variant: without the first refusal (of a phrase no other refusal
-    has) some row is dense for, every such row changes (to SparQ or to a later cause) and the table
-    differs."""
-    rules = result["rules"]
-    causes = {a.cause for a in result["archs"].values() if a.outcome == "dense"}
-    rule = next(r for r in rules if r.phrase in causes and sum(q.phrase == r.phrase for q in rules) == 1)
+def test_a_refusal_added_to_the_cpp_list_changes_its_rows(ct, up, result, tmp_path):
+    """The table follows sparq_attn_variant: a refusal planted first in its list, of a condition the
+    script knows (soft-capping), makes every SparQ row with that feature dense for the planted phrase
+    (and no other row), and the table differs."""
     root = _fork_copy(tmp_path)
     src = root / "ggml-sparq/llama/llama-sparq-buffers.cpp"
     text = src.read_text()
-    block = re.search(r"\n\s*if \(" + re.escape(rule.condition) + r"\) \{\s*return \"" + re.escape(rule.phrase)
-                      + r"\";\s*\}", text)
-    assert block, f"the refusal `{rule.condition}` is not in {src.name} as the script read it"
-    src.write_text(text.replace(block.group(0), "", 1))
+    sig = re.search(r"const char \* sparq_attn_variant\([^)]*\) \{", text)
+    assert sig, f"no sparq_attn_variant in {src.name}"
+    src.write_text(text[:sig.end()] + '\n    if (hp.attn_soft_cap) {\n        return "a planted refusal";\n    }'
+                   + text[sig.end():])
     after = ct.analyse(root, up)
-    hit = [e for e, a in result["archs"].items() if a.outcome == "dense" and a.cause == rule.phrase]
+    hit = {e for e, a in result["archs"].items() if a.outcome == "sparq" and "soft_cap" in a.features}
     assert hit
-    for e in hit:
+    for e, a in result["archs"].items():
         b = after["archs"][e]
-        assert (b.outcome, b.cause) != ("dense", rule.phrase), e
+        assert ((b.outcome, b.cause) == ("dense", "a planted refusal")) == (e in hit), (e, b.outcome, b.cause)
+        if e not in hit:
+            assert (b.outcome, b.cause) == (a.outcome, a.cause), e
     assert ct.render(after) != ct.render(result)
 
 

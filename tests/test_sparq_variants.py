@@ -1,7 +1,8 @@
 """The attention variants SparQ's op computes (soft-capping, ALiBi, attention sinks, a KQ bias), on
-tiny random GGUFs of the real architectures that use them: Gemma 2 (soft-capping), gpt-oss (sinks,
-with GQA and sliding-window layers), BLOOM (ALiBi), Granite iSWA (sinks) and T5 (a KQ bias: its
-decoder's relative position bias; the T5 tests at the end, which run its encoder first).
+tiny random GGUFs of the real architectures that use them: Gemma 2 (soft-capping), Grok (its own
+logit multiplier, then a cap: the op's scale and soft-cap), gpt-oss (sinks, with GQA and
+sliding-window layers), BLOOM (ALiBi), Granite iSWA (sinks) and T5 (a KQ bias: its decoder's relative
+position bias; the T5 tests at the end, which run its encoder first).
 
 Per model:
 - exact settings (r = the head size, k beyond the context) equal dense within upstream's own spread
@@ -14,18 +15,22 @@ Per model:
   kept data equal to a recomputation;
 - the op's nodes in the model's graph carry the variant (its parameters, the layer's sinks) and
   their output equals the NumPy reference on the captured tensors.
+Grok's flash attention is the fork's general fix (patch 0018: upstream forced it off), checked here
+against the non-flash path, with Grok's refusals (a cap or a scale the op cannot take).
 The op against the reference with each variant on every ISA is in test_kernels.py (the grid of
 sparq_cases.py); the parameters' encoding and each backend's support in params-check.
 """
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import sparq_ctx
 from sparq_ctx import rand_prompt, teacher_forced
 
-from sparq_lab import models
+from sparq_lab import arch_models, models
 
 STEPS = 12
 PROMPT = 200
@@ -36,6 +41,8 @@ MODELS = {
     "gpt-oss-sinks": (models.make_tiny_gpt_oss, dict(), 16, 1),
     "bloom-alibi": (models.make_tiny_bloom, dict(), 16, 2),
     "granite-swa-sinks": (models.make_tiny_granite_swa, dict(), 16, 1),
+    # (out_scale 0.3: not the 1/sqrt(16) a call's scale would be, so the nodes' scale shows it)
+    "grok-softcap": (arch_models.make_tiny_grok, dict(std=0.5, cap=5.0, out_scale=0.3), 16, 2),
 }
 
 
@@ -67,6 +74,7 @@ def test_exact_settings_equal_dense_within_upstreams_spread(model_paths, name):
 @pytest.mark.parametrize("name,without", [
     ("gemma2-softcap", lambda p: models.make_tiny_gemma2(p, std=0.5, softcap=1e6)),  # a cap too large to bite
     ("gpt-oss-sinks", lambda p: models.make_tiny_gpt_oss(p, sink_shift=-60.0)),       # sinks of weight ~0
+    ("grok-softcap", lambda p: arch_models.make_tiny_grok(p, std=0.5, cap=1e6, out_scale=0.3)),
 ])
 def test_the_variant_matters(model_paths, tmp_path, name, without):
     """The same weights without the variant: the logits move far beyond the dense paths' spread, so
@@ -99,9 +107,10 @@ def test_approximate_settings_run_sparq_on_the_variant_layers(model_paths, name)
     assert llm.sparq_debug_check(sync=True) <= 1e-3
 
 
-# the variant each model's SparQ nodes must carry: softcap, max_bias, sinks
-CARRIED = {"gemma2-softcap": (5.0, 0.0, False), "gpt-oss-sinks": (0.0, 0.0, True), "bloom-alibi": (0.0, 8.0, False),
-           "granite-swa-sinks": (0.0, 0.0, True)}
+# the variant each model's SparQ nodes must carry: softcap, max_bias, sinks, the op's logit scale
+CARRIED = {"gemma2-softcap": (5.0, 0.0, False, 1.0), "gpt-oss-sinks": (0.0, 0.0, True, 0.25),
+           "bloom-alibi": (0.0, 8.0, False, 0.25), "granite-swa-sinks": (0.0, 0.0, True, 0.25),
+           "grok-softcap": (5.0, 0.0, False, 0.3)}  # (Grok: its out_scale times the call's 1)
 
 
 @pytest.mark.parametrize("name", list(MODELS))
@@ -117,11 +126,77 @@ def test_graph_nodes_carry_the_variant_and_equal_the_reference(model_paths, name
     with Capture(llm) as cap:
         for t in range(3):
             llm.eval([3 + t])
-    softcap, max_bias, sinks = CARRIED[name]
+    softcap, max_bias, sinks, scale = CARRIED[name]
     for c in cap.calls:
-        assert (c["params"]["softcap"], c["params"]["max_bias"]) == pytest.approx((softcap, max_bias)), c["params"]
+        p = c["params"]
+        assert (p["softcap"], p["max_bias"], p["scale"]) == pytest.approx((softcap, max_bias, scale)), p
         assert (c["sinks"] is not None) == sinks and (not sinks or np.abs(c["sinks"]).max() > 0)
     check_calls_against_reference(cap.calls, settings, 3 * n_full)
+
+
+def node_names(llm, tokens):
+    """The names of the nodes the graph computes while llm evaluates tokens (an eval callback that
+    asks for no data)."""
+    import ctypes
+
+    from llama_sparq import _sparq
+
+    from sparq_lab.capture import EVAL_CB
+
+    names = set()
+
+    def cb(tp, ask, _ud):
+        names.add(tp.contents.name.decode(errors="replace"))
+        return not ask
+
+    fn = EVAL_CB(cb)
+    _sparq.set_eval_callback(llm._ctx.ctx, ctypes.cast(fn, ctypes.c_void_p).value)
+    try:
+        llm.eval(tokens)
+    finally:
+        _sparq.set_eval_callback(llm._ctx.ctx, None)
+    return names
+
+
+def non_flash_nodes(names):
+    return {n for n in names if n.startswith(("kq_soft_max-", "kq_tanh-"))}
+
+
+def test_grok_flash_attention_equals_the_non_flash_path(model_paths):
+    """The fork's fix (patch 0018): with flash attention on, Grok's graph runs ggml's flash attention
+    (no softmax or tanh node), whose scale and soft-cap are Grok's out_scale and cap, and its logits
+    equal the non-flash path's (upstream's only one for Grok) within a rounding of the largest."""
+    path = model_paths["grok-softcap"]
+    prompt = rand_prompt(PROMPT, 3, make_llm(path).n_vocab())
+    cont = [5] * 4
+    got = {}
+    for fa in (True, False):
+        llm = make_llm(path, flash_attn=fa)
+        nodes = non_flash_nodes(node_names(llm, prompt[:8]))
+        assert bool(nodes) != fa, (fa, sorted(nodes))
+        llm.reset()
+        got[fa] = teacher_forced(llm, prompt, cont)
+    diff, scale = np.abs(got[True] - got[False]).max(), np.abs(got[False]).max()
+    assert diff <= 1e-3 * scale, (diff, scale)
+
+
+@pytest.mark.parametrize("kw,why", [
+    (dict(cap=-5.0), "Grok's attention with a soft-cap that is not finite and > 0"),
+    (dict(cap=float("inf")), "Grok's attention with a soft-cap that is not finite and > 0"),
+    (dict(out_scale=float("nan")), "Grok's attention with an output scale that is not finite and > 0"),
+    (dict(out_scale=0.0), "Grok's attention with an output scale that is not finite and > 0"),
+])
+def test_grok_attention_the_op_cannot_take_is_refused(tmp_path, kw, why):
+    """A Grok GGUF whose cap or output scale the op cannot take: the context runs dense (with flash
+    attention asked and a cap flash attention cannot take either, the non-flash nodes), and SparQ
+    asked for is refused, naming the reason."""
+    from llama_sparq import Llama
+
+    path = arch_models.make_tiny_grok(tmp_path / "grok-bad.gguf", std=0.5, **kw)
+    nodes = non_flash_nodes(node_names(make_llm(path), [1, 5, 6]))
+    assert bool(nodes) == ("cap" in kw), sorted(nodes)
+    with pytest.raises(RuntimeError, match=re.escape(f"can run SparQ (2 attn_variant: {why})")):
+        Llama(str(path), n_ctx=256, verbose=False, sparq=True)
 
 
 # T5 (make_tiny_t5): an encoder and a decoder of 2 layers, heads of 16; the decoder's self-attention adds

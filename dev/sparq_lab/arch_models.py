@@ -16,6 +16,8 @@ same bytes; weights are random (N(0, 0.02), norms 1), f32, with the byte-fallbac
   SparQ runs with every query head in one group, then the heads' v_mla projection).
 * :func:`make_tiny_minicpm3`: MiniCPM3, low-rank attention decompressed to heads whose K (a
   no-position part and a shared RoPE part) is wider than V (SparQ runs with V of its own size).
+* :func:`make_tiny_grok`: Grok, whose attention caps its scaled scores (its own logit multiplier and
+  cap), with a mixture of experts.
 * gpt-oss (attention sinks, a mixture of experts) and T5 (an encoder-decoder whose decoder adds a KQ
   bias: a proof is decoded after its encoder ran) are :mod:`sparq_lab.models`'s, re-exported.
 * :func:`make_tiny_lfm2`: LFM2, a hybrid of short-convolution and attention layers (SparQ runs on the
@@ -41,7 +43,8 @@ from sparq_lab.models import (_add_tiny_shape, _add_tiny_tokenizer, _write_gguf_
                               make_tiny_gpt_oss, make_tiny_granite_swa, make_tiny_llama, make_tiny_t5)
 
 __all__ = ["PROOFS", "make_tiny_gemma3", "make_tiny_mpt", "make_tiny_deepseek2", "make_tiny_minicpm3",
-           "make_tiny_lfm2", "make_tiny_gpt_oss", "make_tiny_t5", "make_mla_shape", "mla_shape_path", "MLA_SHAPE", "main"]
+           "make_tiny_lfm2", "make_tiny_grok", "make_tiny_gpt_oss", "make_tiny_t5", "make_mla_shape", "mla_shape_path",
+           "MLA_SHAPE", "main"]
 
 _N_VOCAB = 260
 _STD = 0.02
@@ -51,19 +54,21 @@ class _Tensors:
     """Random tensors drawn in call order from one generator (same seed, same bytes). q8_0: the 2-D
     weights whose input dimension is whole blocks are stored in Q8_0 (timing models), the rest f32."""
 
-    def __init__(self, seed: int, q8_0: bool = False):
+    def __init__(self, seed: int, q8_0: bool = False, std: float = _STD):
         import gguf
         import numpy as np
 
         self.gguf, self.np, self.f32 = gguf, np, gguf.GGMLQuantizationType.F32
         self.q8_0 = q8_0
+        self.std = std
         self.rng = np.random.default_rng(seed)
         self.items: list = []
 
-    def mat(self, name: str, *shape: int) -> None:
-        """A weight of numpy shape ``shape`` (ggml's ne reversed: the input dimension last)."""
+    def mat(self, name: str, *shape: int, std: float | None = None) -> None:
+        """A weight of numpy shape ``shape`` (ggml's ne reversed: the input dimension last), N(0, std)
+        (default: the generator's)."""
         np = self.np
-        w = self.rng.standard_normal(shape, dtype=np.float32) * np.float32(_STD)
+        w = self.rng.standard_normal(shape, dtype=np.float32) * np.float32(self.std if std is None else std)
         if self.q8_0 and len(shape) == 2 and shape[-1] % 32 == 0:
             q8 = self.gguf.GGMLQuantizationType.Q8_0
             self.items.append((name, (self.gguf.quants.quantize(w, q8), q8)))
@@ -328,6 +333,51 @@ def make_tiny_lfm2(path: str | os.PathLike[str], *, n_layer: int = 4, seed: int 
     return _write_gguf(Path(path), metadata, t.items, arch="lfm2")
 
 
+def make_tiny_grok(path: str | os.PathLike[str], *, n_layer: int = 2, std: float = _STD, cap: float = 30.0,
+                   out_scale: float = 0.25, seed: int = 0) -> Path:
+    """Grok (architecture ``grok``): llama-style attention, 4 heads of 16 over 2 KV heads, whose scores
+    are ``cap * tanh(q.k * out_scale / cap)`` (upstream's defaults: cap 30, out_scale 0.0884 for heads of
+    128; here 1/sqrt(16)), norms after the attention and after the FFN, and a GELU mixture of 4 experts
+    with every expert used (the routing is continuous: a rounding moves the logits by a rounding).
+    Weights N(0, ``std``) (larger: the scores spread, and a small ``cap`` bites; a huge one never does),
+    the output projection N(0, 1). ``cap`` and ``out_scale`` are written as given (a negative cap or a
+    non-finite scale: the GGUFs SparQ refuses, for the tests of those refusals)."""
+    for k, v in (("std", std), ("cap", cap), ("out_scale", out_scale)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ValueError(f"{k} must be a number, got {v!r}")
+    n_embd, n_head, n_head_kv, hd, n_ff, n_expert = 64, 4, 2, 16, 64, 4
+    t = _Tensors(seed, std=std)
+    t.mat("token_embd.weight", _N_VOCAB, n_embd)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        t.ones(p + "attn_norm.weight", n_embd)
+        t.mat(p + "attn_q.weight", n_head * hd, n_embd)
+        t.mat(p + "attn_k.weight", n_head_kv * hd, n_embd)
+        t.mat(p + "attn_v.weight", n_head_kv * hd, n_embd)
+        t.mat(p + "attn_output.weight", n_embd, n_head * hd)
+        t.ones(p + "attn_output_norm.weight", n_embd)
+        t.ones(p + "ffn_norm.weight", n_embd)
+        t.mat(p + "ffn_gate_inp.weight", n_expert, n_embd)
+        t.mat(p + "ffn_gate_exps.weight", n_expert, n_ff, n_embd)
+        t.mat(p + "ffn_up_exps.weight", n_expert, n_ff, n_embd)
+        t.mat(p + "ffn_down_exps.weight", n_expert, n_embd, n_ff)
+        t.ones(p + "post_ffw_norm.weight", n_embd)
+    t.ones("output_norm.weight", n_embd)
+    t.mat("output.weight", _N_VOCAB, n_embd, std=1.0)
+
+    def metadata(w) -> None:
+        _common(w, "llama-sparq-tiny-grok", n_layer, n_embd, n_ff, n_head, n_head_kv)
+        w.add_layer_norm_rms_eps(1e-5)
+        w.add_rope_freq_base(10000.0)
+        w.add_expert_count(n_expert)
+        w.add_expert_used_count(n_expert)
+        w.add_expert_feed_forward_length(n_ff)
+        w.add_attn_logit_softcapping(float(cap))
+        w.add_attn_output_scale(float(out_scale))
+
+    return _write_gguf(Path(path), metadata, t.items, arch="grok")
+
+
 # The tiny GGUF that proves each architecture's row of docs/coverage.md (its name as llama.cpp spells
 # it: the GGUF's general.architecture)
 PROOFS = {
@@ -339,6 +389,7 @@ PROOFS = {
     "deepseek2": make_tiny_deepseek2,
     "minicpm3": make_tiny_minicpm3,
     "lfm2": make_tiny_lfm2,
+    "grok": make_tiny_grok,
     "gpt-oss": make_tiny_gpt_oss,
     "t5": make_tiny_t5,
 }

@@ -48,7 +48,7 @@ enum llama_sparq_dense_reason {
     LLAMA_SPARQ_DENSE_CACHE_TYPE    = 3, // K or V cache neither f16 nor f32 (quantized)
     LLAMA_SPARQ_DENSE_V_TRANS       = 4, // V cache transposed (context made without flash attention)
     LLAMA_SPARQ_DENSE_SHARED_STREAM = 5, // several sequences share one KV stream (unified KV cache)
-    LLAMA_SPARQ_DENSE_ATTN_VARIANT  = 6, // an attention variant the op does not compute (Grok's, a KQ bias, ...)
+    LLAMA_SPARQ_DENSE_ATTN_VARIANT  = 6, // an attention variant the op does not compute (a bad soft-cap, ...)
     LLAMA_SPARQ_DENSE_NO_CACHE      = 7, // attention without the KV cache (training, encoder)
     LLAMA_SPARQ_DENSE_COUNT         = 8,
 };

@@ -66,12 +66,20 @@ bool sparq_alloc_buffers(llama_sparq_ctx & S,
 // graph (so that a context with no other layer is refused), and, with `call`, one layer's or one
 // attention call's at graph build. Soft-capping, ALiBi, sinks and a KQ bias are the op's
 // (ggml_sparq_attn_params, ggml_sparq_attn_srcs::sinks and kq_b): soft-capping as flash attention caps (the scale first), which is the
-// other dense path's only with a logit scale of 1. K and V head sizes may differ, and MLA's absorbed
+// other dense path's only with a logit scale of 1. Grok's cap * tanh(q.k * out_scale / cap) is the
+// op's soft-cap with the logit scale times out_scale (sparq_logit_scale), again only with a logit
+// scale of 1 (its graph's). K and V head sizes may differ, and MLA's absorbed
 // decode (one latent KV head, V the first dv values of each K row, then the v_mla projection) is GQA
 // with every query head in one group
 const char * sparq_attn_variant(llm_arch arch, const llama_hparams & hp, const sparq_attn_call * call) {
-    if (arch == LLM_ARCH_GROK) {
-        return "Grok's attention (soft-capped scores)";
+    if (arch == LLM_ARCH_GROK && !(std::isfinite(hp.f_attn_logit_softcapping) && hp.f_attn_logit_softcapping > 0.0f)) {
+        return "Grok's attention with a soft-cap that is not finite and > 0";
+    }
+    if (arch == LLM_ARCH_GROK && !(std::isfinite(hp.f_attn_out_scale) && hp.f_attn_out_scale > 0.0f)) {
+        return "Grok's attention with an output scale that is not finite and > 0";
+    }
+    if (arch == LLM_ARCH_GROK && hp.attn_soft_cap) {
+        return "Grok's attention with a second soft-cap";
     }
     if (hp.attn_soft_cap && !(std::isfinite(hp.f_attn_logit_softcapping) && hp.f_attn_logit_softcapping > 0.0f)) {
         return "attention logit soft-capping by a value that is not finite and > 0";
@@ -89,6 +97,9 @@ const char * sparq_attn_variant(llm_arch arch, const llama_hparams & hp, const s
     }
     if (hp.attn_soft_cap && call->kq_scale != 1.0f) {
         return "attention logit soft-capping with a logit scale other than 1 (upstream's two dense paths differ)";
+    }
+    if (arch == LLM_ARCH_GROK && call->kq_scale != 1.0f) {
+        return "Grok's attention with a logit scale other than 1 (upstream's two dense paths differ)";
     }
     if (call->sinks && (call->sinks->type != GGML_TYPE_F32 || !ggml_is_contiguous(call->sinks) ||
                         (call->n_head > 0 && ggml_nelements(call->sinks) != call->n_head))) {
@@ -208,7 +219,9 @@ bool sparq_alloc(llama_sparq_ctx & S, const llama_model & model, int32_t kt_bits
             L.reason = LLAMA_SPARQ_DENSE_ATTN_VARIANT;
             continue;
         }
-        L.softcap = model.hparams.attn_soft_cap ? model.hparams.f_attn_logit_softcapping : 0.0f;
+        const bool grok = model.arch == LLM_ARCH_GROK;
+        L.softcap = model.hparams.attn_soft_cap || grok ? model.hparams.f_attn_logit_softcapping : 0.0f;
+        L.logit_mul = grok ? model.hparams.f_attn_out_scale : 1.0f;
         L.max_bias = model.hparams.f_max_alibi_bias;
         L.sinks = ml.attn_sinks != nullptr;
         L.kq_b = (ml.attn_rel_b ? ml.attn_rel_b : model.layers[0].attn_rel_b) != nullptr;

@@ -48,7 +48,7 @@ struct sparq_attn_call {
     int64_t n_kv = 0, n_tokens = 0;      // with n_kv > 0: the call's cells and the ubatch's tokens (kq_b's rows)
     float kq_scale = 1.0f;               // the call's logit scale (1 where the layer alone is asked)
 };
-// the attention variant SparQ does not compute (Grok's, a KQ bias, soft-capping after a logit scale
-// other than 1, K rows that are not the KV heads side by side), as a phrase for the log, or NULL: of the model
-// alone (call NULL), or of one layer or call
+// the attention variant SparQ does not compute (a cap or scale the op cannot take, soft-capping after a
+// logit scale other than 1, Grok's cap with a second one, K rows that are not the KV heads side by side),
+// as a phrase for the log, or NULL: of the model alone (call NULL), or of one layer or call
 const char * sparq_attn_variant(llm_arch arch, const llama_hparams & hp, const sparq_attn_call * call);

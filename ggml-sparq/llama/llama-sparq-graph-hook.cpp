@@ -310,7 +310,7 @@ ggml_tensor * llama_sparq_build_attn(const llm_graph_context & g, const llama_kv
         sparq_build_appends(b, k_cur, v_cur, k, v);
     }
     if (appends && reason == LLAMA_SPARQ_DENSE_PREFILL && b.sel->prompt) {
-        b.sel->prompt(b, q, k, kq_mask, kq_scale);
+        b.sel->prompt(b, q, k, kq_mask, kq_scale * b.L.logit_mul);
     }
     if (reason >= 0 || !appends) {
         // SparQ needs this ubatch's keys in K^T: without appends (k_cur == nullptr) stay dense

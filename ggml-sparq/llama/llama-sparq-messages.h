@@ -32,6 +32,6 @@ inline constexpr const char * sparq_reason_text[LLAMA_SPARQ_DENSE_COUNT] = {
     "K or V cache of a type SparQ does not read (it reads f16, f32, q8_0, q4_0, q4_1, q5_0, q5_1 and iq4_nl)",
     "V cache is transposed (make the context with flash attention on or auto)",
     "several sequences share one KV stream (unified KV cache; use one stream per sequence)",
-    "an attention variant the op does not compute (Grok's, or a bad soft-cap, ALiBi, sinks or KQ bias value)",
+    "an attention variant the op does not compute (a bad soft-cap, Grok scale, ALiBi, sinks or KQ bias value)",
     "attention without the KV cache",
 };

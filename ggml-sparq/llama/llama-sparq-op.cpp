@@ -41,7 +41,7 @@ ggml_sparq_attn_params sparq_op_params(const llama_sparq_ctx & S, const sparq_la
                                        const sparq_op_budget & b, const sparq_op_step & st, float scale) {
     // (the selector's value is the op's: sparq_selector_of asserts the numbering)
     const sparq_selector & sel = sparq_selector_of(p.selector);
-    ggml_sparq_attn_params o = ggml_sparq_attn_params_default(b.r, b.kk, b.l, scale);
+    ggml_sparq_attn_params o = ggml_sparq_attn_params_default(b.r, b.kk, b.l, scale * L.logit_mul);
     o.selector = p.selector;
     o.flags = (b.per_head ? GGML_SPARQ_FLAG_PER_HEAD : 0) | (p.mean_v && sel.ranks_scores ? 0 : GGML_SPARQ_FLAG_NO_MEAN_V);
     o.softcap = L.softcap;
@@ -96,7 +96,7 @@ ggml_tensor * sparq_op_probe(ggml_context * c, const llama_sparq_ctx & S, const 
     sparq_op_step st;
     st.n_kv = n;
     st.measure = measure;
-    // (soft-capping runs with the calls' logit scale 1: sparq_attn_variant)
+    // (soft-capping runs with the calls' logit scale 1: sparq_attn_variant; Grok's out_scale is the layer's logit_mul)
     const ggml_sparq_attn_params o = sparq_op_params(S, L, p, b, st, L.softcap > 0.0f ? 1.0f : 1.0f / std::sqrt((float) d));
     const sparq_selector & sel = sparq_selector_of(p.selector);
 

@@ -32,8 +32,8 @@ struct sparq_op_step {
 };
 
 // The op's parameters for settings p (enabled, k_min resolved) at step st of layer L with budget b
-// (sparq_op_budget_of) and logit scale, the layer's attention variants included; S holds the
-// selectors' state their parameters follow.
+// (sparq_op_budget_of) and the call's logit scale (times the layer's logit_mul), the layer's attention
+// variants included; S holds the selectors' state their parameters follow.
 ggml_sparq_attn_params sparq_op_params(const llama_sparq_ctx & S, const sparq_layer & L, const llama_sparq_params & p,
                                        const sparq_op_budget & b, const sparq_op_step & st, float scale);
 

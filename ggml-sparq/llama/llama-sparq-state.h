@@ -124,6 +124,9 @@ struct sparq_layer {
     // the attention variants the op computes (ggml_sparq_attn_params): soft-capping, ALiBi's max_bias
     // (0: none), and whether the layer's calls pass sinks and a KQ bias
     float softcap = 0.0f, max_bias = 0.0f;
+    // the layer's own multiplier of its calls' logit scale, in the op's scale (Grok's out_scale: its
+    // scores are capped after it), 1 for none
+    float logit_mul = 1.0f;
     bool sinks = false, kq_b = false;
     sparq_layer_data data;
     sparq_layer_basis basis;

@@ -4,6 +4,7 @@
     python bench/real_text.py speed --model smollm2 ...      every dense path and SparQ, round-robin, medians
     python bench/real_text.py profile --model smollm2 ...    a steady decode loop to put under perf record
     python bench/real_text.py ab --before DIR ...            two builds' decode in alternation, dense beside
+    python bench/real_text.py budget --model gemma3 ...      the calibrated k's rules: predictions against dense
 
 `python bench/real_text.py SUBCOMMAND -h` lists a subcommand's options.
 """
@@ -24,6 +25,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import RESULTS, dispatch, loadavg, md_bullets, md_table, out_stem, run_meta, write_json  # noqa: E402
+from real_text_budget import budget_main  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
@@ -513,7 +515,7 @@ def ab_main(argv=None) -> int:
 
 # ============================================================================================= the subcommands
 
-SUBCOMMANDS = {"speed": speed_main, "profile": profile_main, "ab": ab_main}
+SUBCOMMANDS = {"speed": speed_main, "profile": profile_main, "ab": ab_main, "budget": budget_main}
 
 
 def main(argv=None) -> int:

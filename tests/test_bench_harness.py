@@ -153,6 +153,29 @@ def test_real_text_speed_writes_results(tiny_model, tmp_path):
     assert "| mode | K/V cache | attention |" in (tmp_path / "t.md").read_text()
 
 
+def test_real_text_budget_compares_rules_with_dense(tiny_gqa_model, tmp_path):
+    """bench/real_text.py budget: per length and rule, the teacher-forced steps against dense (an
+    exact rule equals it: top-1 all dense's, KL ~0), the counters over the rule's steps, per layer."""
+    harness("real_text.py budget", "--model", tiny_gqa_model, "--tokens", "1100,1300", "--steps", "5",
+            "--rules", "default,coverage=0.8,k=4096+r=16", "--tag", "t", "--out-dir", tmp_path)
+    res = json.loads((tmp_path / "t.json").read_text())["result"]
+    assert set(res) == {"1100", "1300"}
+    for per in res.values():
+        rules = per["rules"]
+        assert set(rules) == {"default", "coverage=0.8", "k=4096+r=16"}
+        for name, r in rules.items():
+            assert r["sparq_calls"] > 0 and 0 < r["compression"], (name, r)
+            assert 0 <= r["top1"] <= 1 and r["kl"] >= -1e-9
+        # the calibrated k's reports, per layer (a fixed k reports none)
+        assert all(len(rules[n]["layers"]) == 2 for n in ("default", "coverage=0.8")), rules
+        exact = rules["k=4096+r=16"]
+        assert exact["top1"] == 1 and exact["kl"] < 1e-4 and abs(exact["dnll"]) < 1e-3, exact
+    assert "| prompt tokens | rule |" in (tmp_path / "t.md").read_text()
+    p = subprocess.run([sys.executable, str(REPO / "bench" / "real_text.py"), "budget", "--rules", "coverage",
+                        "--tag", "t"], capture_output=True, text=True, cwd=REPO)
+    assert p.returncode == 2 and "setting=value" in p.stderr
+
+
 def test_decode_profile_runs_sparq_and_keeps_the_prefill(tiny_gqa_model, tmp_path):
     args = ("--model", tiny_gqa_model, "--tokens", "1300", "--steps", "4", "--state-dir", tmp_path)
     first = harness("real_text.py profile", *args)

@@ -29,7 +29,8 @@ values that appear in the answer (1 or 0 for single needles).
 
 Variants (``--variants``): ``dense``; ``default`` (the library's default settings, whatever
 compression they give); ``default_kt16`` / ``default_kt4`` (the same with K^T in 16 or 4 bits,
-``sparq_kt_bits``, and r's default for it);
+``sparq_kt_bits``, and r's default for it); ``default_cov95`` / ``_cov90`` / ``_cov80`` (the same with the
+calibrated k's ``coverage`` target at 0.95 / 0.9 / 0.8);
 ``fixedk`` (the defaults with a fixed k = ``--k``, what a GPU runs) and ``fixedk_b4`` / ``fixedk_b8``
 (the same with step 3 as the approximate bucketed top-k, ``sparq_topk_buckets`` = 4k / 8k);
 ``sparq`` (the paper: group-shared choice, mean-V on);
@@ -74,10 +75,10 @@ from ._eval_tasks import (  # noqa: F401  (re-exported: tests and bench import t
     CHAT_TASKS, KEY_WORDS, NOISE, PASSKEY_HEAD, PASSKEY_TAIL, RAW_TASKS, STORY_WORDS, TASK_GROUPS, TASKS,
     make_sample, passkey_needle, passkey_text)
 
-VARIANTS = ("dense", "default", "default_kt16", "default_kt4", "fixedk", "fixedk_b4", "fixedk_b8", "sparq", "sparq_nomv", "sparq_perhead", "scaled", "scaled_nomv", "scaled_perhead", "pca",
+VARIANTS = ("dense", "default", "default_kt16", "default_kt4", "default_cov95", "default_cov90", "default_cov80", "fixedk", "fixedk_b4", "fixedk_b8", "sparq", "sparq_nomv", "sparq_perhead", "scaled", "scaled_nomv", "scaled_perhead", "pca",
             "oracle", "oracle_perhead", "streaming", "h2o", "index", "index_perhead")
 # variants at their own settings, not at a compression target
-FIXED_VARIANTS = ("dense", "default", "default_kt16", "default_kt4", "fixedk", "fixedk_b4", "fixedk_b8")
+FIXED_VARIANTS = ("dense", "default", "default_kt16", "default_kt4", "default_cov95", "default_cov90", "default_cov80", "fixedk", "fixedk_b4", "fixedk_b8")
 
 
 def variant_settings(name, comp, d, g, S=None, k=128):
@@ -85,7 +86,7 @@ def variant_settings(name, comp, d, g, S=None, k=128):
     sizes the baselines' k; ``k`` is the budget of the SparQ variants (l = k / 4)."""
     if name == "dense":
         return None
-    if name in ("default", "default_kt16", "default_kt4") or name.startswith("fixedk"):
+    if name.startswith("default") or name.startswith("fixedk"):
         from . import _sparq
 
         # every default (the calibrated k: sparq_k = 0), on every decode step; default_kt16 / _kt4
@@ -95,6 +96,8 @@ def variant_settings(name, comp, d, g, S=None, k=128):
         s = {f"sparq_{f}": v for f, v in p.items() if f != "enabled"}
         if name.startswith("default_kt"):
             s.update(sparq_kt_bits=int(name[len("default_kt"):]))
+        if name.startswith("default_cov"):
+            s.update(sparq_coverage=int(name[len("default_cov"):]) / 100)
         if name.startswith("fixedk"):
             s.update(sparq_k=k)
         if "_b" in name:

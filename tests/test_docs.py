@@ -586,10 +586,10 @@ def test_readme_settings_table_check_fails_on_a_changed_def(tmp_path):
     b, e = st.readme_table(readme)
 
     changed = tmp_path / "changed.def"
-    assert "0.95f, SPARQ_SHARE" in text
-    changed.write_text(text.replace("0.95f, SPARQ_SHARE", "0.9f, SPARQ_SHARE"))
+    assert "0.9f, SPARQ_SHARE" in text
+    changed.write_text(text.replace("0.9f, SPARQ_SHARE", "0.8f, SPARQ_SHARE"))
     other = st.render(changed)
-    assert other != readme[b:e] and "| 0.9 |" in other
+    assert other != readme[b:e] and "| 0.8 |" in other
 
     new_row = tmp_path / "new_row.def"
     new_row.write_text(text.replace("\n#undef LLAMA_SPARQ_SETTING\n", '\nLLAMA_SPARQ_SETTING(int32_t, demo_budget, 7, '

@@ -149,7 +149,7 @@ def test_calibrated_default_answers_and_reports_per_layer(smollm2_model):
 
     llm = make_llm(smollm2_model, n_ctx=4096, sparq=True, sparq_min_kv=0)
     p = llm.sparq_params()
-    assert (p["sparq_k"], p["sparq_coverage"], p["sparq_k_min"], p["sparq_k_frac"]) == (0, 0.95, 128, 0.25)
+    assert (p["sparq_k"], p["sparq_coverage"], p["sparq_k_min"], p["sparq_k_frac"]) == (0, 0.9, 128, 0.25)
     tokens = ev.chat_tokenizer(llm)
     text, expected, n_ans = ev.make_sample("chat_passkey", 3300, 0.5, 5, tokens)
     toks = tokens(text)
@@ -168,7 +168,7 @@ def test_calibrated_default_answers_and_reports_per_layer(smollm2_model):
     assert layers[0]["mean_k"] >= len(toks) - 1, layers[0]  # dense: every cell
     assert layers[0]["k_reach"] > 0.25 * len(toks), layers[0]
     assert max(ks) > 2 * min(ks)  # the budget follows the layer
-    assert sum(L["coverage"] >= 0.95 for L in layers) >= 20, [round(L["coverage"], 3) for L in layers]
+    assert sum(L["coverage"] >= 0.9 for L in layers) >= 20, [round(L["coverage"], 3) for L in layers]
 
 
 @pytest.mark.real_model

@@ -519,7 +519,7 @@ def test_settings_survive_pickling(tiny_model):
                                                               sparq_selector="sparq", sparq_gqa="shared",
                                                               sparq_mean_v=True, sparq_basis="scaled",
                                                               sparq_index_lists=256, sparq_index_probe=16,
-                                                              sparq_coverage=0.95, sparq_k_min=128, sparq_k_frac=0.25,
+                                                              sparq_coverage=0.9, sparq_k_min=128, sparq_k_frac=0.25,
                                                               sparq_kt_bits=8, sparq_topk_buckets=0)
     sp2 = make_llm(tiny_model, n_ctx=512, sparq_basis="pca", sparq_gqa="per_head", sparq_mean_v=False,
                    sparq_selector="oracle")

@@ -105,6 +105,15 @@ def _common(w, name: str, n_layer: int, n_embd: int, n_ff: int, n_head: int, n_h
     _add_tiny_tokenizer(w, _N_VOCAB)
 
 
+def _attn_qkvo(t, p: str, n_embd: int, n_head: int, n_head_kv: int, hd: int) -> None:
+    """A layer's attention norm and Q, K, V, output projections (llama-style names)."""
+    t.ones(p + "attn_norm.weight", n_embd)
+    t.mat(p + "attn_q.weight", n_head * hd, n_embd)
+    t.mat(p + "attn_k.weight", n_head_kv * hd, n_embd)
+    t.mat(p + "attn_v.weight", n_head_kv * hd, n_embd)
+    t.mat(p + "attn_output.weight", n_embd, n_head * hd)
+
+
 def make_tiny_gemma3(path: str | os.PathLike[str], *, n_layer: int = 4, seed: int = 0) -> Path:
     """Gemma 3 (architecture ``gemma3``): a 32-cell sliding window on layers 0-2 and full attention on
     layer 3 (the pattern of every 4th layer), Q and K RMS norms, 4 heads of 16, 2 KV heads."""
@@ -113,11 +122,7 @@ def make_tiny_gemma3(path: str | os.PathLike[str], *, n_layer: int = 4, seed: in
     t.mat("token_embd.weight", _N_VOCAB, n_embd)
     for i in range(n_layer):
         p = f"blk.{i}."
-        t.ones(p + "attn_norm.weight", n_embd)
-        t.mat(p + "attn_q.weight", n_head * hd, n_embd)
-        t.mat(p + "attn_k.weight", n_head_kv * hd, n_embd)
-        t.mat(p + "attn_v.weight", n_head_kv * hd, n_embd)
-        t.mat(p + "attn_output.weight", n_embd, n_head * hd)
+        _attn_qkvo(t, p, n_embd, n_head, n_head_kv, hd)
         t.ones(p + "attn_q_norm.weight", hd)
         t.ones(p + "attn_k_norm.weight", hd)
         t.ones(p + "post_attention_norm.weight", n_embd)
@@ -350,11 +355,7 @@ def make_tiny_grok(path: str | os.PathLike[str], *, n_layer: int = 2, std: float
     t.mat("token_embd.weight", _N_VOCAB, n_embd)
     for i in range(n_layer):
         p = f"blk.{i}."
-        t.ones(p + "attn_norm.weight", n_embd)
-        t.mat(p + "attn_q.weight", n_head * hd, n_embd)
-        t.mat(p + "attn_k.weight", n_head_kv * hd, n_embd)
-        t.mat(p + "attn_v.weight", n_head_kv * hd, n_embd)
-        t.mat(p + "attn_output.weight", n_embd, n_head * hd)
+        _attn_qkvo(t, p, n_embd, n_head, n_head_kv, hd)
         t.ones(p + "attn_output_norm.weight", n_embd)
         t.ones(p + "ffn_norm.weight", n_embd)
         t.mat(p + "ffn_gate_inp.weight", n_expert, n_embd)

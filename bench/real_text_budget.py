@@ -31,7 +31,7 @@ Per rule, over those steps, against dense on the same context:
   the coverage target (a report that does not attends every cell: that head was diffuse).
 
 A rule is a ``+``-separated list of SparQ settings (the Python keywords without ``sparq_``),
-e.g. ``default``, ``coverage=0.9``, ``coverage=0.9+k_frac=0.125``, ``k=256``;
+e.g. ``default``, ``coverage=0.9``, ``coverage=0.9+k_frac=0.125``, ``k=256``, ``mean_v=off``;
 ``--rules`` is a comma list of rules.
 
     python bench/real_text.py budget --model gemma3 --tokens 8000,16000,32000 \\
@@ -42,21 +42,28 @@ Writes bench/results/<tag>.json and .md.
 
 
 def parse_rule(rule: str) -> dict:
-    """``coverage=0.9+k_frac=0.125`` -> {"sparq_coverage": 0.9, "sparq_k_frac": 0.125}."""
+    """``coverage=0.9+k_frac=0.125`` -> {"sparq_coverage": 0.9, "sparq_k_frac": 0.125}: each value
+    read as its field's kind (the library's table of settings), an unknown name refused before any
+    prefill; the ranges are the library's to check."""
+    from llama_sparq import _sparq
+
     if rule == "default":
         return {}
-    out = {}
+    kinds, out = _sparq.fields(), {}
     for part in rule.split("+"):
         key, eq, val = part.partition("=")
         if not eq or not key or not val:
             raise ValueError(f"--rules: {part!r} is not setting=value")
+        if key not in kinds or key == "enabled":
+            allowed = ", ".join(k for k in kinds if k != "enabled")
+            raise ValueError(f"--rules: unknown setting {key!r}: allowed {allowed}")
+        kind = kinds[key]
         try:
-            v = int(val)
-        except ValueError:
-            try:
-                v = float(val)
-            except ValueError:
-                v = val
+            v = ({"on": True, "off": False}[val] if kind == "bool" else float(val) if kind == "float"
+                 else int(val) if kind == "int" else val)
+        except (KeyError, ValueError):
+            what = {"bool": "on or off", "float": "a number", "int": "an integer"}[kind]
+            raise ValueError(f"--rules: {key}={val!r} is not {what}") from None
         out[f"sparq_{key}"] = v
     return out
 

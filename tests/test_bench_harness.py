@@ -174,6 +174,9 @@ def test_real_text_budget_compares_rules_with_dense(tiny_gqa_model, tmp_path):
     p = subprocess.run([sys.executable, str(REPO / "bench" / "real_text.py"), "budget", "--rules", "coverage",
                         "--tag", "t"], capture_output=True, text=True, cwd=REPO)
     assert p.returncode == 2 and "setting=value" in p.stderr
+    p = subprocess.run([sys.executable, str(REPO / "bench" / "real_text.py"), "budget", "--rules", "cover=0.9",
+                        "--tag", "t"], capture_output=True, text=True, cwd=REPO)
+    assert p.returncode == 2 and "unknown setting 'cover'" in p.stderr
 
 
 def test_decode_profile_runs_sparq_and_keeps_the_prefill(tiny_gqa_model, tmp_path):

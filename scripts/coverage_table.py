@@ -165,17 +165,14 @@ CONDITIONS = {
     "call->dv != call->dk": ("call", "dk_ne_dv"),
     "call->n_head_kv > 0 && call->dk * call->n_head_kv != call->k_row": ("call", "k_row"),
     "hp.attn_soft_cap && call->kq_scale != 1.0f": ("call", "soft_cap_scaled"),
-    # Grok's cap after its out_scale (upstream's graph, by arch): a second soft-cap, a call's other scale
-    "arch == LLM_ARCH_GROK && hp.attn_soft_cap": ("model", "grok_soft_cap"),
-    "arch == LLM_ARCH_GROK && call->kq_scale != 1.0f": ("call", "grok_scaled"),
+    # a call's logit scale other than 1 (with `arch == X && ` before it: that architecture's calls)
+    "call->kq_scale != 1.0f": ("call", "scaled"),
     # a value no valid GGUF or graph holds (a bad soft-cap, max_bias or sinks tensor): no row's cause
     "hp.attn_soft_cap && !(std::isfinite(hp.f_attn_logit_softcapping) && hp.f_attn_logit_softcapping > 0.0f)":
         ("model", "bad_value"),
     "hp.f_max_alibi_bias < 0.0f || !std::isfinite(hp.f_max_alibi_bias)": ("model", "bad_value"),
-    "arch == LLM_ARCH_GROK && !(std::isfinite(hp.f_attn_logit_softcapping) && hp.f_attn_logit_softcapping > 0.0f)":
-        ("model", "bad_value"),
-    "arch == LLM_ARCH_GROK && !(std::isfinite(hp.f_attn_out_scale) && hp.f_attn_out_scale > 0.0f)":
-        ("model", "bad_value"),
+    "!(std::isfinite(hp.f_attn_logit_softcapping) && hp.f_attn_logit_softcapping > 0.0f)": ("model", "bad_value"),
+    "!(std::isfinite(hp.f_attn_out_scale) && hp.f_attn_out_scale > 0.0f)": ("model", "bad_value"),
     "call->sinks && (call->sinks->type != GGML_TYPE_F32 || !ggml_is_contiguous(call->sinks) || "
     "(call->n_head > 0 && ggml_nelements(call->sinks) != call->n_head))": ("call", "bad_value"),
     "call->kq_b && (call->kq_b->type != GGML_TYPE_F32 || call->kq_b->nb[0] != sizeof(float) || call->kq_b->ne[3] != 1 || "
@@ -185,6 +182,8 @@ CONDITIONS = {
 # model features some GGUFs have: the note beside a cause
 GGUF_NOTES = {"alibi": "where the GGUF sets `max_alibi_bias`"}
 ARCH_CONDITION = re.compile(r"^arch == (LLM_ARCH_\w+)$")
+# a condition of one architecture only: `arch == X && <a CONDITIONS key>`
+ARCH_AND = re.compile(r"^arch == (LLM_ARCH_\w+) && (.+)$")
 
 # How each feature is named in the table's attention column
 FEATURE_LABELS = {
@@ -203,6 +202,10 @@ class Rule:
     scope: str          # "model" or "call"
     feature: str        # a CONDITIONS key, or the LLM_ARCH_* the condition names
     is_arch: bool = False
+    arch: str = ""      # the LLM_ARCH_* a condition is restricted to (`arch == X && ...`), "" for any
+
+    def applies(self, enum: str) -> bool:
+        return not self.arch or self.arch == enum
 
 
 def refusal_rules(root: Path = ROOT) -> list[Rule]:
@@ -236,10 +239,12 @@ def refusal_rules(root: Path = ROOT) -> list[Rule]:
         if arch:
             rules.append(Rule(cond, ret.group(1), "model", arch.group(1), is_arch=True))
             continue
-        if cond not in CONDITIONS:
-            raise SourceError(f"{src}: sparq_attn_variant refuses on `{cond}`, a condition "
+        only = ARCH_AND.match(cond)
+        key = only.group(2) if only else cond
+        if key not in CONDITIONS:
+            raise SourceError(f"{src}: sparq_attn_variant refuses on `{key}`, a condition "
                               f"scripts/coverage_table.py does not know: add it to CONDITIONS")
-        rules.append(Rule(cond, ret.group(1), *CONDITIONS[cond]))
+        rules.append(Rule(cond, ret.group(1), *CONDITIONS[key], arch=only.group(1) if only else ""))
     if not rules:
         raise SourceError(f"{src}: sparq_attn_variant has no refusals this script can read")
     return rules
@@ -647,14 +652,13 @@ def decide(a: Arch, rules: list[Rule], found: set[str], hooked: set[str]) -> Non
         a.cause = "a memory SparQ finds no KV cache in (" + " or ".join(
             short_memory(m) for m in sorted(a.memory_classes)) + ")"
         return
-    model_feats = set(a.features)
-    if a.enum == "LLM_ARCH_GROK" and "soft_cap" in model_feats:
-        model_feats.add("grok_soft_cap")
     for r in rules:
-        if r.scope == "model" and (a.enum == r.feature if r.is_arch else r.feature in model_feats):
+        if r.scope != "model" or not r.applies(a.enum):
+            continue
+        if a.enum == r.feature if r.is_arch else r.feature in a.features:
             a.cause = r.phrase
             return
-        if r.scope == "model" and not r.is_arch and r.feature + "_gguf" in a.features:
+        if not r.is_arch and r.feature + "_gguf" in a.features:
             a.cause, a.note = r.phrase, GGUF_NOTES[r.feature]
             return
     cache_calls = [c for c in a.calls if c.inputs - set(CACHE_INPUTS_EXCLUDED)]
@@ -670,9 +674,7 @@ def decide(a: Arch, rules: list[Rule], found: set[str], hooked: set[str]) -> Non
         feats = c.features | a.features
         if {"soft_cap", "scaled"} <= feats:
             feats = feats | {"soft_cap_scaled"}
-        if a.enum == "LLM_ARCH_GROK" and "scaled" in feats:
-            feats = feats | {"grok_scaled"}
-        hit = next((r for r in rules if r.scope == "call" and r.feature in feats), None)
+        hit = next((r for r in rules if r.scope == "call" and r.applies(a.enum) and r.feature in feats), None)
         if hit:
             causes.append((hit.phrase, f"where the GGUF has `{c.optional[hit.feature]}`"
                            if hit.feature in c.optional else ""))

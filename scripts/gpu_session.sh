@@ -50,12 +50,10 @@
 #             setting), tagged <tag>_ab_topk_buckets_<B> (the grid has bucketed cases of its own)
 #   calib     the calibrated k (--k 0, the window k_min / 4) at $CALIB_DEPTHS (default 64K), batch 1,
 #             $CALIB_GEN tokens (default 64), once per setting of $CALIB_ENVS (as AB_ENVS; default
-#             LLAMA_SPARQ_CUDA_DIFFUSE=0: the default kernels, the op attending over every cell of a
-#             diffuse unit itself; LLAMA_SPARQ_CUDA_DIFFUSE=1, those units streamed; and
-#             LLAMA_SPARQ_CUDA_CALIB_HIST=1, the calibrated k's histogram from the score tiles), each
-#             with dense -fa 1 beside it in the same run and tagged <tag>_calib_<setting> (diffuse_0,
-#             diffuse_1, calib_hist_1); each row keeps the fork's counters (SparQ and dense calls, the
-#             calls the op reported)
+#             LLAMA_SPARQ_CUDA_CALIB_HIST=0: the default kernels; LLAMA_SPARQ_CUDA_CALIB_HIST=1, the
+#             calibrated k's histogram from the score tiles), each with dense -fa 1 beside it in the
+#             same run and tagged <tag>_calib_<setting> (calib_hist_0, calib_hist_1); each row keeps
+#             the fork's counters (SparQ and dense calls, the calls the op reported)
 #   nkvo      the -nkvo runs (weights on the GPU, cache and attention on the host) at $NKVO_DEPTHS
 #             (default 16K, 64K)
 #   profile   Nsight Compute (ncu, or $NCU) on the op's kernels at 64K and 4K (Llama 2 7B attention,
@@ -100,7 +98,7 @@
 # model, which test-backend-ops cannot); the switches against the default kernels in the same
 # session at 8K and 64K, SELECT_HIST=match being the reference of the select's ways (any way set
 # runs the select kernel that has both), then the bucketed top-k with $AB_BUCKETS; the calibrated k
-# at 64K (the streamed all-cells attend, the mass histogram from the score tiles); then the
+# at 64K (the mass histogram from the score tiles against the default); then the
 # end-to-end rows and -nkvo at 128K. Each step has its own deadline (T0 + seconds), so that a slow
 # step costs only its own window; a switch that wins becomes the default, one that loses is deleted:
 #   S=scripts/gpu_session.sh; T0=$(date +%s); export STEP_TIMEOUT=200 AB_CHECK=0 AB_DEPTHS=8192,65536 \
@@ -114,13 +112,6 @@
 # (AB_CHECK=0 skips the grid per setting, about a minute each, once the grid above has passed; the
 # device tool's call: timeout_s 590, carry build/gpu-wheel-xz. The timeline at 4K takes a call of
 # its own: TIMELINE_DEPTHS=4096 GPU_PACK=1 bash $S timeline results.)
-#
-# The calibrated k's diffuse units (every unit of the synthetic fill at 64K): the grid with the
-# streamed all-cells path, the rows with the report on, off, and off with the stream (the op's own
-# attention over every cell at every step, against dense -fa 1), and the per-layer kernels with it:
-#   S=scripts/gpu_session.sh; export SESSION_END=$(( $(date +%s) + 540 )) STEP_TIMEOUT=200 TIMELINE_DEPTHS=65536
-#   bash $S install && LLAMA_SPARQ_CUDA_DIFFUSE=1 bash $S grid && bash $S calib && \
-#     LLAMA_SPARQ_CUDA_DIFFUSE=1 GPU_PACK=1 bash $S timeline results
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -284,7 +275,7 @@ step_ab() {
 step_calib() {
     local tag v slug settings rc=0
     local -a vars
-    local dflt="LLAMA_SPARQ_CUDA_DIFFUSE=0;LLAMA_SPARQ_CUDA_DIFFUSE=1;LLAMA_SPARQ_CUDA_CALIB_HIST=1"
+    local dflt="LLAMA_SPARQ_CUDA_CALIB_HIST=0;LLAMA_SPARQ_CUDA_CALIB_HIST=1"
     tag=$(gpu_tag)
     settings=$(env_settings CALIB_ENVS "${CALIB_ENVS:-$dflt}") || return 2
     for v in $settings; do

@@ -362,9 +362,8 @@ def test_ab_runs_the_batch1_rows_once_per_setting(tmp_path):
 
 def test_calib_times_the_calibrated_k_with_the_default_and_the_experimental_kernels(tmp_path):
     """The calib step: the calibrated k's batch-1 rows (dense -fa 1 beside them) with the default
-    kernels (LLAMA_SPARQ_CUDA_DIFFUSE=0), the op's diffuse units streamed (DIFFUSE=1), and the
-    calibrated k's histogram from the score tiles (CALIB_HIST=1), each under its own tag;
-    CALIB_ENVS replaces them."""
+    kernels (LLAMA_SPARQ_CUDA_CALIB_HIST=0) and the calibrated k's histogram from the score tiles
+    (CALIB_HIST=1), each under its own tag; CALIB_ENVS replaces them."""
     (tmp_path / "site" / "llama_sparq").mkdir(parents=True)
     (tmp_path / "site" / "llama_sparq" / "__init__.py").write_text("")
     py = tmp_path / "py"
@@ -373,10 +372,9 @@ def test_calib_times_the_calibrated_k_with_the_default_and_the_experimental_kern
     res = run(tmp_path, "calib", SPARQ_PYTHON=str(py), GPU_TAG="h0_abc")
     assert res.returncode == 0, res.stdout + res.stderr
     ran = [line for line in res.stdout.splitlines() if line.startswith("RAN ")]
-    assert len(ran) == 3, res.stdout
-    assert "--tag h0_abc_calib_diffuse_0 --depths 65536 " in ran[0] and ran[0].endswith("DIFFUSE=0 CALIB="), ran
-    assert "--tag h0_abc_calib_diffuse_1 --depths 65536 " in ran[1] and ran[1].endswith("DIFFUSE=1 CALIB="), ran
-    assert "--tag h0_abc_calib_calib_hist_1 --depths 65536 " in ran[2] and ran[2].endswith("DIFFUSE= CALIB=1"), ran
+    assert len(ran) == 2, res.stdout
+    assert "--tag h0_abc_calib_calib_hist_0 --depths 65536 " in ran[0] and ran[0].endswith("DIFFUSE= CALIB=0"), ran
+    assert "--tag h0_abc_calib_calib_hist_1 --depths 65536 " in ran[1] and ran[1].endswith("DIFFUSE= CALIB=1"), ran
     assert all("--only e2e" in r and " --k 0 --l -1 " in r and "--n-gen 64" in r for r in ran), ran
     res = run(tmp_path, "calib", SPARQ_PYTHON=str(py), GPU_TAG="h0_abc", CALIB_ENVS="LLAMA_SPARQ_CUDA_DIFFUSE=1")
     ran = [line for line in res.stdout.splitlines() if line.startswith("RAN ")]

@@ -144,7 +144,8 @@ def test_calibrated_default_answers_and_reports_per_layer(smollm2_model):
     """`sparq=True` alone (the calibrated k) on a 3.3K-token chat retrieval: the answer dense gives;
     the op's reports (every SparQ call measured) show a k that follows the layer: at least k_min
     everywhere, most cells on the diffuse first layer (where its target is out of the cap's reach
-    it attends densely), and the coverage target reached on most layers."""
+    it attends over the cap's cells, a quarter of the context), and the coverage target reached on
+    most layers."""
     from llama_sparq import eval as ev
 
     llm = make_llm(smollm2_model, n_ctx=4096, sparq=True, sparq_min_kv=0)
@@ -165,7 +166,8 @@ def test_calibrated_default_answers_and_reports_per_layer(smollm2_model):
     assert len(layers) == 30 and all(L["n_measured"] > 0 for L in layers)
     ks = [L["mean_k"] for L in layers]
     assert min(ks) >= 128 - 1e-9
-    assert layers[0]["mean_k"] > 0.5 * len(toks), layers[0]  # mostly dense: every cell where the cap falls short
+    # mostly the cap: a quarter of the cells where the target is out of its reach
+    assert 0.2 * len(toks) < layers[0]["mean_k"] <= 0.25 * len(toks) + 1, layers[0]
     assert layers[0]["k_reach"] > 0.25 * len(toks), layers[0]
     assert max(ks) > 2 * min(ks)  # the budget follows the layer
     assert sum(L["coverage"] >= 0.9 for L in layers) >= 20, [round(L["coverage"], 3) for L in layers]

@@ -283,7 +283,7 @@ def test_calibrated_cap_is_the_streams_own(tiny_gqa_model):
     """The calibrated k's cap (at most k_frac of the cells) is each row's own, from its stream's
     valid cells, not from the ubatch's KV view (the longest stream's): a short sequence decoded
     beside a long one picks the cells it picks alone. On the tiny random model every head is
-    diffuse, so alone the short sequence's rows need more than its cap and attend over all its
+    diffuse, so alone the short sequence's rows need more than its cap and attend over the cap's
     cells; with the long stream's cap they would attend over the target's share instead. Both
     sequences' tokens and logits equal their alone runs (to the rounding of a 2-row ubatch)."""
     # a coverage target of 0.3 of near-uniform attention: about 330 of the short stream's 1100

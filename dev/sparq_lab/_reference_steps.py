@@ -147,16 +147,14 @@ def window_cells(window, row, l, k, cells, valid_row):
 def coverage_cut(weights, order, win_mass, p, k_min, w, kk):
     """The calibrated k of one selection list: the fewest of the candidates (``order``, the kk best,
     best first) whose estimated weights, with the window's mass, reach p; at least k_min - w.
-    None when the kk candidates fall short (the row then attends over every valid cell)."""
+    All kk when they fall short (a diffuse head: the cap's best cells, the rest to the mean of V)."""
     need = p - win_mass
     if need <= 0:
         n_cut = 0
     else:
         cum = np.cumsum(weights[order])
         hit = np.flatnonzero(cum >= need)
-        if not hit.size:
-            return None
-        n_cut = int(hit[0]) + 1
+        n_cut = int(hit[0]) + 1 if hit.size else kk
     return min(kk, max(n_cut, k_min - w))
 
 
@@ -184,8 +182,8 @@ def sparq_positions(shat, window, row, l, k, cells, valid_row, per_head, coverag
     coverage = (p, k_min): the calibrated k (ggml_sparq_attn_set_coverage's cut): of those k - l
     best, the fewest whose estimated attention weights (shat; shared: the mean over the group's
     heads), with the window's, reach p, at least k_min - l: a list per KV head. Where they fall
-    short (any head's, per head) the KV head attends over every valid cell (``cells``). ssink:
-    (n_head_kv, g) the sinks' weights, always attended: counted with the window's."""
+    short (a diffuse head) all k - l are kept. ssink: (n_head_kv, g) the sinks' weights, always
+    attended: counted with the window's."""
     n_kv, g = shat.shape[0], shat.shape[1]
     win_r, _ = window_cells(window, row, l, l, cells, valid_row)
     w = win_r.size
@@ -213,12 +211,11 @@ def sparq_positions(shat, window, row, l, k, cells, valid_row, per_head, coverag
             if per_head:
                 ns = [coverage_cut(shat[j, h], top[j, h], shat[j, h][win_r].sum() + sk[j, h], p, k_min, w, k - w)
                       for h in range(g)]
-                keep = None if None in ns else np.concatenate([top[j, h][:n] for h, n in enumerate(ns)])
+                keep = np.concatenate([top[j, h][:n] for h, n in enumerate(ns)])
             else:
                 wt = shat[j].sum(axis=0) / g
-                n = coverage_cut(wt, top[j], wt[win_r].sum() + sk[j].sum() / g, p, k_min, w, k - w)
-                keep = None if n is None else top[j][:n]
-            out.append(np.asarray(cells, dtype=np.int64) if keep is None else np.union1d(keep, win_r))
+                keep = top[j][:coverage_cut(wt, top[j], wt[win_r].sum() + sk[j].sum() / g, p, k_min, w, k - w)]
+            out.append(np.union1d(keep, win_r))
         return out
     if per_head:
         return [np.union1d(top[j].ravel(), win_r) for j in range(n_kv)]

@@ -247,7 +247,8 @@ def sparq_attention(q, K, V, *, r, k, l=0, mask=None, scale=None, vbar=None,
     coverage: (p, k_min), the calibrated k (the sparq and oracle selectors; the op's coverage
       target, ggml_sparq_attn_set_coverage with apply): of the k - l best cells, the fewest whose
       estimated weights (shat: the group's mean, or per_head each head's own), with the window's,
-      reach p, at least k_min - l; i2 and info["i2"] are then lists per KV head (-1 entries of a
+      reach p, at least k_min - l (all k - l where they fall short: a diffuse head keeps the cap's
+      best, the rest to the mean of V); i2 and info["i2"] are then lists per KV head (-1 entries of a
       given i2 are dropped).
     ivf: the vector-index selector (top-k over an inverted-file index of the keys), a tuple
       (centroids (n_head_kv, n_list, d), lists (n_head_kv, S) with -1 for an unassigned cell,

@@ -1,15 +1,15 @@
 // llama-sparq: the last two phases of the CPU driver. phase_select, per unit: the final selection
 // (the chunks' candidates merged, plus the window), the mean of V and each head's alpha;
 // phase_attend, per part of a unit (per (unit, query head) for a selector with even_attend): exact attention over the
-// unit's selection, the mean-value reallocation and the output. Rows of a stream marked dense,
-// and diffuse heads under the calibrated k, attend over every valid cell.
+// unit's selection, the mean-value reallocation and the output. Rows of a stream marked dense
+// attend over every valid cell.
 
 #include "sparq-cpu-phases.h"
 
 namespace sparq_cpu {
 
-// exact attention of query head hh of unit u over every valid cell (a stream marked dense, or a
-// diffuse head): one pass with a running maximum, no selection buffer
+// exact attention of query head hh of unit u over every valid cell (a stream marked dense): one
+// pass with a running maximum, no selection buffer
 static void dense_head(const ctx & C, int u, int hh, int ith) {
     const sparq_args * a = C.a;
     const int S = a->n_kv, dv = a->dv;
@@ -190,18 +190,6 @@ static void select_unit(const ctx & C, int u, int w, int ith) {
     int n_cand = 0;
     cov_measure cov{ -1, 0 };
     const int n_sel = unit_selection(C, u, w, R, dense, merge, sel, &n_cand, &cov, ith);
-    if (!dense && a->cov_apply && a->cov_p > 0.0f && !cov.reached) {
-        // the calibrated k: the target needs more than the cap's cells, so this row (a diffuse
-        // head) attends over every valid cell, exactly
-        up->all_cells = 1;
-        if (report) {
-            report_unit(C, u, ri->n_valid, 1.0f, cov);
-        }
-        if (a->sel_out) {
-            sel_out_all(C, u);
-        }
-        return;
-    }
     up->n_sel = n_sel;
     up->n_parts = unit_parts(C, n_sel);
     const bool mean_v = !dense && !a->no_mean_v;

@@ -147,10 +147,12 @@ int merge_candidates(const ctx & C, int u, int w, int ith, const row_info * ri, 
             const int n_cut = sparq_coverage_cut(C, u, w, h, ri, wl, merge, n_m, &reached);
             front = n_cut; // the cut moved its cells to the front
             if (a->cov_apply) {
-                keep = std::min(kk, std::max(n_cut, a->k_min - ri->n_win));
+                // short of the target (a diffuse head): the cap's best cells
+                keep = reached ? std::min(kk, std::max(n_cut, a->k_min - ri->n_win)) : kk;
             }
-            if (bound > -INFINITY && (!reached || keep > n_m)) {
-                *again = true; // not proven above the bound: the chunks offer again at the full cap
+            if (bound > -INFINITY && keep > n_m) {
+                // fewer candidates above the bound than kept: the chunks offer again at the full cap
+                *again = true;
                 return 0;
             }
             reach_sum += n_cut;

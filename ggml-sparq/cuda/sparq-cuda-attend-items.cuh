@@ -16,7 +16,7 @@ struct sparq_attend_unit {
     int u, R, kvh, st, row;
     int g, d, dv;
     sparq_cu_row ri;
-    bool sparse;        // the bitmap's cells; else every valid cell (the dense modes, a diffuse unit)
+    bool sparse;        // the bitmap's cells; else every valid cell (the dense modes)
     bool mean_v;        // the mean-V mix applies
     bool measure;       // the approximate mass of the cells is summed (the mix, or the report's coverage)
     const char * m;     // the row's mask (NULL: none)
@@ -51,8 +51,8 @@ static __device__ __forceinline__ sparq_attend_unit sparq_attend_unit_of(const s
     un.d = a.d;
     un.dv = a.dv;
     un.ri = a.rows[un.R];
-    // a SparQ row's unit attends over its chosen cells, unless the calibrated k found it diffuse
-    un.sparse = un.ri.mode == 0 && !a.udense[u];
+    // a SparQ row's unit attends over its chosen cells
+    un.sparse = un.ri.mode == 0;
     un.mean_v = un.sparse && !a.no_mean_v;
     un.measure = un.sparse && (!a.no_mean_v || a.report);
     un.m = sparq_mask_row(a, un.R);

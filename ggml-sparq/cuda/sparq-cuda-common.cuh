@@ -105,7 +105,6 @@ struct sparq_cu_args {
     unsigned long long * bk; // [L][buckets] each bucket's best offer: key bits << 32 | ~cell, 0 none
                              // (zeroed by score, set by select)
     unsigned int  * udone;   // [U] attend's parts finished per unit (zeroed by score)
-    int           * udense;  // [U] the calibrated k found the unit diffuse (zeroed by score)
     unsigned int  * selbits; // [U][W] the chosen cells (zeroed by score)
     int           * sel;     // [U][sel_max]
     float         * pstat;   // [U][n_part][g][3] per part of a split attend: max, sum, approximate mass
@@ -113,7 +112,7 @@ struct sparq_cu_args {
     // the report (GGML_SPARQ_FEAT_REPORT; NULL: none), as the CPU op's: per (stream, KV head) what
     // the stream's last row did, 4 floats {cells attended (-1: dense), estimated coverage (mean over
     // the group's heads), cells reaching cov_p (window included; -1 without cov_p; for a diffuse
-    // unit a lower bound), 1 if reached within the cap else 0}; the launch copies it to the host
+    // unit, one short of it within the cap, a lower bound), 1 if reached within the cap else 0}; the launch copies it to the host
     float         * report;  // [n_stream][n_head_kv][4] (attend)
     int           * lrep;    // [L][2] the calibrated k per list: cells reaching the target (-1: not
                              // measured), 1 if within the cap (select; with report only)

@@ -35,7 +35,7 @@ static int sparq_attend_parts(const sparq_cu_args & a, int items = SPARQ_ATTEND_
 
 // element counts of the scratch buffers (sparq_cu_args' scratch pointers), from the shapes only
 struct sparq_cu_scratch {
-    size_t rows, wbits, logits, tstat, tcnt, keys, hist, hmass, ldone, cand, ncand, bk, udone, udense, selbits, sel, pstat, py;
+    size_t rows, wbits, logits, tstat, tcnt, keys, hist, hmass, ldone, cand, ncand, bk, udone, selbits, sel, pstat, py;
     size_t report, lrep; // with a report (report: set a.report before the sizes)
 };
 
@@ -56,7 +56,6 @@ static sparq_cu_scratch sparq_pipeline_sizes(const sparq_cu_args & a, int n_part
     z.ncand = L;
     z.bk = a.buckets > 0 ? L * a.buckets : 1;
     z.udone = U;
-    z.udense = U;
     z.selbits = U * a.W;
     z.sel = std::max<size_t>(1, U * a.sel_max);
     z.pstat = n_part > 1 ? U * n_part * g * 3 : 1;

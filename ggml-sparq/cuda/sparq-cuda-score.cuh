@@ -122,7 +122,6 @@ static __device__ void sparq_score_clear(const sparq_cu_args & a, int u, int kvh
     }
     if (tid == 0) {
         a.udone[u] = 0u;
-        a.udense[u] = 0;
     }
 }
 

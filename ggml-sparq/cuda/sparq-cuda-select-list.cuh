@@ -42,10 +42,10 @@ struct sparq_tiles_src {
 };
 
 // The calibrated k's cut of list li: the fewest best eligible cells whose mass reaches need (> 0),
-// or -1 when that takes more than kk cells (the unit is diffuse). From the first-pass histograms,
-// then the bin of the crossing: its cells ranked in shared memory, or radix passes over the list
-// when there are more of them than fit. *reach: the cut's cells, for the report; beyond the cap
-// not ranked further (a diffuse unit reads every cell anyway): the cells above the crossing's bin
+// or -1 when that takes more than kk cells (the unit is diffuse and keeps the kk best). From the
+// first-pass histograms, then the bin of the crossing: its cells ranked in shared memory, or radix
+// passes over the list when there are more of them than fit. *reach: the cut's cells, for the
+// report; beyond the cap not ranked further (a lower bound serves): the cells above the crossing's bin
 // and one, or every eligible cell when all of them fall short (lower bounds). src: where the
 // crossing bin's cells are gathered (sparq_tiles_src).
 template <typename SRC>
@@ -282,13 +282,9 @@ static __device__ void sparq_select_list(const sparq_cu_args & a, const sparq_se
             a.lrep[2 * c.li] = reach;
             a.lrep[2 * c.li + 1] = n_cut >= 0;
         }
-        if (n_cut < 0) {
-            if (threadIdx.x == 0) {
-                a.udense[c.u] = 1; // diffuse: the unit attends over every valid cell
-            }
-            return;
-        }
-        kk = min(kk, max(n_cut, a.k_min - n_win));
+        if (n_cut >= 0) {
+            kk = min(kk, max(n_cut, a.k_min - n_win));
+        } // else diffuse: the cap's kk best cells, the rest to the mean of V
     }
     if (kk <= 0) {
         if (c.h == 0) {

@@ -34,8 +34,7 @@
 //                     (batch 1): the bitmap -> ascending cell list; exact softmax attention of the
 //                     g query heads over the cells (online, 256 cells at a time); mean-V mix with
 //                     alpha = the approximate softmax mass of the cells; rows in the dense modes
-//                     (and units the calibrated k found diffuse) attend over all their valid cells
-//                     without mean-V. The last part of a unit to finish combines the parts'
+//                     attend over all their valid cells without mean-V. The last part of a unit to finish combines the parts'
 //                     partial softmax sums (flash-decoding).
 //
 // A new selector writes the unit's bitmap (and, for the mean-V mix, the approximate logits and
@@ -463,7 +462,6 @@ void ggml_cuda_sparq_attn(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     ggml_cuda_pool_alloc<unsigned int> ncand(pool, z.ncand);
     ggml_cuda_pool_alloc<unsigned long long> bk(pool, z.bk);
     ggml_cuda_pool_alloc<unsigned int> udone(pool, z.udone);
-    ggml_cuda_pool_alloc<int>          udense(pool, z.udense);
     ggml_cuda_pool_alloc<unsigned int> selbits(pool, z.selbits);
     ggml_cuda_pool_alloc<int>          sel(pool, z.sel);
     ggml_cuda_pool_alloc<float>        pstat(pool, z.pstat);
@@ -471,7 +469,7 @@ void ggml_cuda_sparq_attn(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     a.rows = rows.get(); a.wbits = wbits.get(); a.logits = logits.get(); a.tstat = tstat.get(); a.tcnt = tcnt.get();
     a.keys = keys.get(); a.hist = hist.get(); a.hmass = hmass.get(); a.ldone = ldone.get(); a.udone = udone.get();
     a.cand = cand.get(); a.ncand = ncand.get(); a.bk = bk.get();
-    a.udense = udense.get(); a.selbits = selbits.get(); a.sel = sel.get(); a.pstat = pstat.get(); a.py = py.get();
+    a.selbits = selbits.get(); a.sel = sel.get(); a.pstat = pstat.get(); a.py = py.get();
     // the report: the node's report tensor, on this device, written by the kernels (the host reads it
     // after the step: libllama queues its copy once the graph has run)
     ggml_cuda_pool_alloc<int> lrep(pool);

@@ -151,12 +151,13 @@ GGML_API struct ggml_sparq_attn_params ggml_sparq_attn_params_default(int32_t r,
 //   step 2's approximate scores and finds the fewest of them which, with the local window, hold a
 //   share cov_p of the estimated attention mass (the approximate softmax; with GQA the mean over the
 //   group's heads; with the per-head flag each head's own). cov_apply: that set is the selection, at
-//   least k_min and at most k cells (Twilight's top-p over estimated weights); otherwise the
+//   least k_min and at most k cells (the k best where the target needs more) (Twilight's top-p over estimated weights); otherwise the
 //   selection stays the k best and the count is only measured (for the report). k_min in [0, k],
 //   k_scan in [0, GGML_SPARQ_K_MAX].
 // - k_frac (with cov_apply), in (0, 1] or 0 for none: each query row's cap is its own,
 //   min(k, max(k_min, ceil(k_frac * n))) for the n valid cells of its stream (a row whose target needs
-//   more attends over all of them; a row with at most that many cells runs dense), so that a row's
+//   more attends over the cap's best cells, the rest to the mean of V; a row with at most that many
+//   cells runs dense), so that a row's
 //   choice does not depend on the other streams of the call; k still sizes the scratch.
 // - r is at most GGML_SPARQ_R_MAX; k_min is never set without cov_apply, nor k_scan with it (one slot
 //   holds them).

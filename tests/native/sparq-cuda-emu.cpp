@@ -584,7 +584,7 @@ int main(int argc, char ** argv) {
     auto dirty = [](auto & v) { memset(v.data(), 0xa5, v.size() * sizeof(v[0])); };
     std::vector<sparq_cu_row> rows(z.rows);
     std::vector<unsigned int> wbits(z.wbits), hist(z.hist), ldone(z.ldone), udone(z.udone), selbits(z.selbits);
-    std::vector<int> tcnt(z.tcnt), udense(z.udense), selv(z.sel);
+    std::vector<int> tcnt(z.tcnt), selv(z.sel);
     std::vector<float> logits(z.logits), keys(z.keys), pstat(z.pstat), py(z.py);
     std::vector<double> hmass(z.hmass);
     std::vector<float2> tstat(z.tstat);
@@ -593,11 +593,11 @@ int main(int argc, char ** argv) {
     std::vector<unsigned long long> bk(z.bk);
     dirty(cand); dirty(ncand); dirty(bk);
     a.cand = cand.data(); a.ncand = ncand.data(); a.bk = bk.data();
-    dirty(rows); dirty(wbits); dirty(hist); dirty(ldone); dirty(udone); dirty(selbits); dirty(tcnt); dirty(udense);
+    dirty(rows); dirty(wbits); dirty(hist); dirty(ldone); dirty(udone); dirty(selbits); dirty(tcnt);
     dirty(selv); dirty(logits); dirty(keys); dirty(pstat); dirty(py); dirty(hmass); dirty(tstat);
     a.rows = rows.data(); a.wbits = wbits.data(); a.logits = logits.data(); a.tstat = tstat.data(); a.tcnt = tcnt.data();
     a.keys = keys.data(); a.hist = hist.data(); a.hmass = hmass.data(); a.ldone = ldone.data(); a.udone = udone.data();
-    a.udense = udense.data(); a.selbits = selbits.data(); a.sel = selv.data(); a.pstat = pstat.data(); a.py = py.data();
+    a.selbits = selbits.data(); a.sel = selv.data(); a.pstat = pstat.data(); a.py = py.data();
     std::vector<int> lrep(z.lrep);
     dirty(lrep);
     a.report = rep_gpu.data();
@@ -619,8 +619,9 @@ int main(int argc, char ** argv) {
         }
     }
     const double nmse = den > 0 ? num / den : num;
-    // selections of the SparQ rows: the unit's bitmap against the CPU's list, or both found the unit
-    // diffuse (the calibrated k)
+    // selections of the SparQ rows: the unit's bitmap against the CPU's list; a unit is diffuse (the
+    // calibrated k: some list short of the target within the cap, which keeps the cap's best cells)
+    // by the GPU's list reports, the CPU's reports of the last rows compared below
     int n_sparse = 0, n_diff = 0, n_diffuse = 0;
     long n_cells = 0;
     for (int u = 0; u < a.U; ++u) {
@@ -628,14 +629,13 @@ int main(int argc, char ** argv) {
             continue;
         }
         ++n_sparse;
-        // (the CPU op lists no cell, -1, for a unit that attends over every valid cell)
-        const bool cpu_diffuse = c.sel_n > 0 && sel_cpu[(size_t) u * c.sel_n] == -1;
-        if (udense[u] || cpu_diffuse) {
-            n_diffuse += udense[u] && cpu_diffuse;
-            if (!(udense[u] && cpu_diffuse) && n_diff++ == 0) {
-                printf("unit %d: diffuse on the %s only\n", u, udense[u] ? "GPU" : "CPU");
+        if (a.lrep) {
+            bool diffuse = false;
+            for (int h = 0; h < a.ph; ++h) {
+                const int * lr = &lrep[2 * ((size_t) u * a.ph + h)];
+                diffuse |= lr[0] >= 0 && lr[1] == 0;
             }
-            continue;
+            n_diffuse += diffuse;
         }
         std::set<int> gs, cs;
         for (int c0 = 0; c0 < S; ++c0) {
@@ -693,7 +693,6 @@ int main(int argc, char ** argv) {
         printf("%d programmatic dependent launches had a block or thread that did not wait once\n", g_pdl_bad);
     }
     const bool ok = nmse <= 1e-9 && n_diff == 0 && rep_differ == 0 && g_pdl_bad == 0 && tickets_zero;
-    const int n_chose = n_sparse - n_diffuse;
     // what the launch chose (the switches of the experimental build, read once per process)
 #ifdef SPARQ_CUDA_EXPERIMENTAL
     const bool radix = sparq_select_radix_way() == 2, atomic = sparq_select_hist_way() == 2, early = sparq_select_loads_way() == 2;
@@ -707,7 +706,7 @@ int main(int argc, char ** argv) {
     printf("%s nmse=%.3g max_abs=%.3g sparq_units=%d diffuse_units=%d mean_cells=%.1f sel_differ=%d cpt=%d select=%s "
            "hist=%s loads=%s score_hist=%d calib_hist=%d select_blocks=%ld stream=%d kv_vec=%d attend_parts=%d fused=%d "
            "launches=%d pdl_launches=%d report_differ=%d report_reach=%d buckets=%d\n",
-           ok ? "OK" : "FAIL", nmse, maxd, n_sparse, n_diffuse, n_chose > 0 ? (double) n_cells / n_chose : 0.0, n_diff,
+           ok ? "OK" : "FAIL", nmse, maxd, n_sparse, n_diffuse, n_sparse > 0 ? (double) n_cells / n_sparse : 0.0, n_diff,
            cpt, radix ? "radix" : "rank", atomic ? "atomic" : "match", early ? "early" : "late", score_hist, calib_hist,
            g_launch_blocks.size() > 1 ? g_launch_blocks[1] : 0L, streamed, kv_vec, parts, (int) fused, g_launches,
            g_pdl_launches, rep_differ, rep_reach, a.buckets);

@@ -1,5 +1,5 @@
 // llama-sparq, experimental build only (SPARQ_CUDA_EXPERIMENTAL): the attend's all-cells units
-// streamed (LLAMA_SPARQ_CUDA_DIFFUSE=1). A dense row's or a diffuse unit's part is a contiguous range
+// streamed (LLAMA_SPARQ_CUDA_DIFFUSE=1). A dense row's part is a contiguous range
 // of cells, all valid ones attended, so there is no list to build and the K and V rows of a chunk
 // are read 16 bytes per load (sparq_exp_args::kv_vec) with many rows in flight per warp (the per-cell
 // path, sparq-cuda-attend-items.cuh, moves 2 bytes per load, its values 8 positions per thread and

@@ -115,10 +115,10 @@ static int sparq_attend_parts_k(const sparq_cu_args & a) {
     return force == 2 ? std::max(1, (a.sel_max + items - 1) / items) : sparq_attend_parts(a, items);
 }
 
-// LLAMA_SPARQ_CUDA_DIFFUSE=1: the attend's all-cells units (dense rows, units the calibrated k found
-// diffuse) stream contiguous ranges of cells with 16-byte K and V loads (sparq-cuda-exp-attend.cuh)
-// instead of the per-cell path (a K row by a warp 2 bytes per lane, V 8 positions per thread and
-// round trip: 1422 us per layer at 64K on an H200 against flash attention's 243).
+// LLAMA_SPARQ_CUDA_DIFFUSE=1: the attend's all-cells units (dense rows) stream contiguous ranges of
+// cells with 16-byte K and V loads (sparq-cuda-exp-attend.cuh) instead of the per-cell path (a K row
+// by a warp 2 bytes per lane, V 8 positions per thread and round trip: 1422 us per layer at 64K on
+// an H200 against flash attention's 243).
 static bool sparq_attend_stream_on() {
     static const int force = sparq_env_way("LLAMA_SPARQ_CUDA_DIFFUSE", "0", "1");
     return force == 2;
@@ -127,15 +127,13 @@ static bool sparq_attend_stream_on() {
 // cells per streamed part at least (a chunk of SPARQ_NT is one pass of the block)
 #define SPARQ_ATTEND_STREAM_CELLS 512
 
-// The attend's parts per unit. Which units attend over every cell is known on the device only, so
-// with the stream on and units that may be all-cells at the bound k (the calibrated k's diffuse
-// units; k >= S: every row dense) the launch takes the parts that S calls for where those are more
-// than k's; a list's chosen cells still take k's parts (parts_k), the others record an empty
-// partial. These launches run the streamed kernels (more registers: the streamed path beside the
-// list's); a fixed k below S keeps the default kernels, whose dense rows (dense streams beside
-// SparQ ones, short sequences) keep the per-cell path.
+// The attend's parts per unit. With the stream on and every row dense (k >= S) the launch takes the
+// parts that S calls for where those are more than k's; a list's chosen cells still take k's parts
+// (parts_k), the others record an empty partial. These launches run the streamed kernels (more
+// registers: the streamed path beside the list's); a k below S keeps the default kernels, whose
+// dense rows (dense streams beside SparQ ones, short sequences) keep the per-cell path.
 static bool sparq_attend_stream_applies(const sparq_cu_args & a) {
-    return sparq_attend_stream_on() && (a.cov_p > 0.0f || a.k >= a.n_kv);
+    return sparq_attend_stream_on() && a.k >= a.n_kv;
 }
 
 static int sparq_exp_attend_parts(const sparq_cu_args & a) {

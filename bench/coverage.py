@@ -350,7 +350,7 @@ def recall_metrics(rec, Pj, approx, order, cum_group, k, r, sparq_sel, tag=""):
 
 # ----------------------------------------------------------------------------- running the model
 
-def run_prompt(llm, toks, steps, opts, n_vocab):
+def run_prompt(llm, toks, steps, opts):
     """Prefill toks[:-1], then `steps` greedy decode steps under Capture: the records of every call."""
     from sparq_lab.capture import Capture, op_params, stream_view
 
@@ -367,7 +367,7 @@ def run_prompt(llm, toks, steps, opts, n_vocab):
             for j, rec in enumerate(call_metrics(x, op_params(call)["scale"], **opts)):
                 recs.append({"step": step, "layer": call["layer"], "kv_head": j, **rec})
         del cap
-        tok = int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n_vocab,))))
+        tok = int(np.argmax(llm.last_logits()))
         if tok == llm.token_eos():
             break
     return recs
@@ -405,7 +405,6 @@ def run(a, model, opts):
             raise SystemExit(f"--unrotate: upstream rotates q and k only for a quantized K cache with head size % 64 "
                              f"== 0 (here --cache-type {a.cache_type}, head size {shape['d']})")
         opts["unrotate"] = hadamard_size(shape["d"])
-    n_vocab = llm.n_vocab()
     records, prompts = [], []
     for n in lengths:
         for i in range(a.samples):
@@ -413,7 +412,7 @@ def run(a, model, opts):
             depth = DEPTHS[i % len(DEPTHS)]
             seed = (zlib.crc32(a.task.encode()) % 1000) * 100003 + n * 7 + i
             toks = prompt_tokens(llm, a.task, n, depth, seed, n_ctx, a.steps)
-            recs = run_prompt(llm, toks, a.steps, opts, n_vocab)
+            recs = run_prompt(llm, toks, a.steps, opts)
             for rec in recs:
                 rec.update(length=n, sample=i, depth=depth, prompt_tokens=len(toks))
             records += recs

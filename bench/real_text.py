@@ -355,12 +355,11 @@ def profile_main(argv=None) -> int:
     if fa:
         llm.set_sparq(sparq=args.mode == "sparq")
     llm.reset_sparq_stats()
-    n_vocab = llm.n_vocab()
     tok = toks[-1]
     t = time.perf_counter()
     for _ in range(args.steps):
         llm.eval([tok])
-        tok = int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n_vocab,))))
+        tok = int(np.argmax(llm.last_logits()))
     dt = time.perf_counter() - t
     s = llm.sparq_stats()
     label = "sparq" if args.mode == "sparq" else f"dense_{args.cache_type}_fa{args.flash_attn}"

@@ -80,11 +80,11 @@ def forced(llm, state, toks, S, steps, settings):
     llm.load_state(state)
     llm.set_sparq(**settings)
     llm.reset_sparq_stats()
-    rows, n_vocab = [], llm.n_vocab()
+    rows = []
     for i in range(steps):
         llm.eval([toks[S - 1 + i]])
         # (the step's logits: the Llama keeps no row of them without logits_all)
-        rows.append(log_softmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n_vocab,))))
+        rows.append(log_softmax(llm.last_logits()))
     st = llm.sparq_stats() if settings.get("sparq") else None
     ls = llm.sparq_layer_stats() if settings.get("sparq") else None
     return np.stack(rows), st, ls

@@ -107,6 +107,30 @@ def test_python_llama_generates_from_tiny(request, which):
     assert llm.tokenize(b"hello")  # the llama-cpp-python API is there
 
 
+def test_last_logits_are_the_last_tokens_row(tiny_model):
+    """Llama.last_logits(): the last evaluated token's logits, with or without logits_all (equal to
+    the row the scores keep with it), and the next eval's after it."""
+    import numpy as np
+
+    from llama_sparq import Llama
+
+    toks = [5, 9, 17, 3, 11]
+    rows = []
+    for logits_all in (True, False):
+        llm = Llama(str(tiny_model), n_ctx=64, n_threads=2, verbose=False, seed=0, logits_all=logits_all)
+        llm.eval(toks)
+        last = llm.last_logits()
+        assert last.shape == (llm.n_vocab(),) and np.isfinite(last).all()
+        if logits_all:
+            assert np.array_equal(last, llm.scores[llm.n_tokens - 1])
+        rows.append(last.copy())
+        llm.eval([7])
+        assert not np.array_equal(llm.last_logits(), rows[-1])
+        llm.close()
+    # (the output buffer's row count changes the matmul's blocking: equal to the rounding)
+    assert np.abs(rows[0] - rows[1]).max() <= 1e-5 * np.abs(rows[0]).max()
+
+
 @pytest.mark.real_model
 def test_python_llama_generates_from_gemma(gemma_model):
     llm, out = _greedy(gemma_model, "The three primary colours are", n=16)

@@ -206,6 +206,13 @@ class Llama(llama_cpp.Llama):
             raise ValueError("SparQ needs the flash-attention KV layout: make the Llama with flash_attn=True or sparq=True")
         _sparq.set_params(self._ctx.ctx, _sparq.make_params(cur, sparq_keyword))
 
+    def last_logits(self):
+        """The logits of the last token evaluated, as a NumPy view of the context's buffer (valid
+        until the next eval): what sampling reads, also without ``logits_all``."""
+        import numpy as np
+
+        return np.ctypeslib.as_array(self._ctx.get_logits_ith(-1), shape=(self.n_vocab(),))
+
     def sparq_stats(self) -> dict:
         """Counters: attention calls run with SparQ, dense calls by reason, mean compression, ..."""
         from . import _sparq

@@ -170,7 +170,7 @@ def _load_rows(path):
 
 
 def _open_model(args, contexts, chat):
-    """(Llama with SparQ ready but off, model path, d, g, n_vocab, n_ctx) for ``args.model``."""
+    """(Llama with SparQ ready but off, model path, d, g, n_ctx) for ``args.model``."""
     from . import Llama
     from ._sparq import cache_type_id
     from .models import resolve_model
@@ -195,7 +195,7 @@ def _open_model(args, contexts, chat):
         if "tokenizer.chat_template" not in meta:
             raise SystemExit(f"the chat tasks need a chat template in the GGUF; {model} has none")
         llm.chat_format = "chat_template.default"  # the GGUF's own template (registered by llama_cpp)
-    return llm, model, d, g, llm.n_vocab(), n_ctx
+    return llm, model, d, g, n_ctx
 
 
 def chat_tokenizer(llm):
@@ -216,7 +216,7 @@ def chat_tokenizer(llm):
     return tokens
 
 
-def _answer(llm, toks, text, chat, n_ans, n_vocab):
+def _answer(llm, toks, text, chat, n_ans):
     """The greedy answer to the prompt ``toks`` whose first len(toks) - 1 tokens are in the cache:
     every answer token, the first included, comes from a decode step of the current settings.
     Chat: through ``create_chat_completion`` (its prefix match evaluates only the last token)."""
@@ -229,7 +229,7 @@ def _answer(llm, toks, text, chat, n_ans, n_vocab):
     out, tok = [], toks[-1]
     for _ in range(n_ans):
         llm.eval([tok])
-        tok = int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n_vocab,))))
+        tok = int(np.argmax(llm.last_logits()))
         if tok == llm.token_eos():
             break
         out.append(tok)
@@ -268,7 +268,7 @@ def run(args, flush=None):
     from tqdm import tqdm
 
     contexts, tasks, variants, comps, depths = _parse_lists(args)
-    llm, model, d, g, n_vocab, n_ctx = _open_model(args, contexts, chat=any(t in CHAT_TASKS for t in tasks))
+    llm, model, d, g, n_ctx = _open_model(args, contexts, chat=any(t in CHAT_TASKS for t in tasks))
     chat_tokens = chat_tokenizer(llm) if any(t in CHAT_TASKS for t in tasks) else None
 
     combos = [(v, 1) for v in FIXED_VARIANTS if v in variants]
@@ -309,7 +309,7 @@ def run(args, flush=None):
                 else:
                     llm.set_sparq(sparq=True, **{**s, "sparq_min_kv": 0})
             llm.reset_sparq_stats()
-            ans = _answer(llm, toks, text, text is not None, n_ans, n_vocab)
+            ans = _answer(llm, toks, text, text is not None, n_ans)
             st = llm.sparq_stats()
             # the share of the expected values recalled (RULER's multi-value/-query scoring); chat
             # answers are compared without case

@@ -53,9 +53,9 @@ static __device__ __forceinline__ float sparq_attend_alpha(const sparq_cu_args &
 }
 
 // The unit's report entry (sparq_cu_args::report) by thread 0, for the stream's last row, as the
-// CPU op writes it: the cells attended (n_sel, the bitmap's; -1 in
-// the dense modes), the mean alpha over the group's heads, and the lists' cut (their mean, plus the
-// window) and whether each reached the target within the cap.
+// CPU op writes it: the cells attended (n_sel, the bitmap's; -1 in the dense modes), the mean alpha
+// over the group's heads, and the lists' cut (their mean, plus the window) and whether each reached
+// the target within the cap.
 static __device__ __forceinline__ void sparq_attend_report(const sparq_cu_args & a, const sparq_attend_unit & un,
                                                            const sparq_attend_smem & sm, int n_sel) {
     if (!a.report || threadIdx.x != 0 || un.row != a.n_rows - 1) {

@@ -112,7 +112,7 @@ struct sparq_cu_args {
     // the report (GGML_SPARQ_FEAT_REPORT; NULL: none), as the CPU op's: per (stream, KV head) what
     // the stream's last row did, 4 floats {cells attended (-1: dense), estimated coverage (mean over
     // the group's heads), cells reaching cov_p (window included; -1 without cov_p; for a diffuse
-    // unit, one short of it within the cap, a lower bound), 1 if reached within the cap else 0}; the launch copies it to the host
+    // unit a lower bound), 1 if reached within the cap else 0}; the launch copies it to the host
     float         * report;  // [n_stream][n_head_kv][4] (attend)
     int           * lrep;    // [L][2] the calibrated k per list: cells reaching the target (-1: not
                              // measured), 1 if within the cap (select; with report only)

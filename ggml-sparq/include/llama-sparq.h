@@ -138,10 +138,9 @@ LLAMA_API struct llama_sparq_params llama_sparq_default_params(void);
 // SparQ is not faster than dense attention there. Host memory (and RPC hosts, which run the CPU op):
 // the CPU crossover. A GPU with a fixed k: the first length measured where SparQ beat dense flash
 // attention on an H200 at batch 1 (0.96x at 32K, 1.09x at 64K, 1.32x at 128K on the paper's shape,
-// gpu_h200_28215da_b1.md, archived: scripts/results_archive.py fetch restores it). A GPU with the calibrated k: past every length measured,
-// since a unit whose target needs more than its cap attends over every cell with the op's own
-// kernel there (1376 us per layer at 64K against flash attention's 238 us), and no real model has
-// been timed on a GPU yet
+// gpu_h200_28215da_b1.md, archived: scripts/results_archive.py fetch restores it). A GPU with the
+// calibrated k: past every length measured, since no real model has been timed with it on a GPU,
+// nor its diffuse units (a quarter of the cells each, through the op's list path)
 #define LLAMA_SPARQ_MIN_KV_HOST 1024
 #define LLAMA_SPARQ_MIN_KV_DEVICE 65536
 #define LLAMA_SPARQ_MIN_KV_DEVICE_CALIBRATED 1048576

@@ -274,7 +274,7 @@ def chat_candidate(i: int) -> tuple[float, int]:
     return ((i - 1) % 8 + 0.5) / 8, 7919 * i
 
 
-def decode_speed(llm, state, tokens: list[int], n_steps: int, n_vocab: int) -> float:
+def decode_speed(llm, state, tokens: list[int], n_steps: int) -> float:
     """Decode tokens/s over n_steps greedy steps from the saved prefill of tokens[:-1] (the first
     step decodes the prompt's last token and is not timed)."""
     import numpy as np
@@ -285,7 +285,7 @@ def decode_speed(llm, state, tokens: list[int], n_steps: int, n_vocab: int) -> f
     for _ in range(n_steps + 1):
         llm.eval([tok])
         stamps.append(time.perf_counter())
-        tok = int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n_vocab,))))
+        tok = int(np.argmax(llm.last_logits()))
     return n_steps / (stamps[-1] - stamps[0])
 
 
@@ -299,7 +299,7 @@ class Chat:
 
         self.ev, self.n_tokens, self.threads = ev, n_tokens, threads
         args = SimpleNamespace(model="smollm2", threads=threads, cache_type="f16")
-        self.llm, self.model, d, g, self.n_vocab, self.n_ctx = ev._open_model(args, [n_tokens], chat=True)
+        self.llm, self.model, d, g, self.n_ctx = ev._open_model(args, [n_tokens], chat=True)
         self.chat_tokens = ev.chat_tokenizer(self.llm)
         self.sparq = ev.variant_settings("default", 1, d, g)
 
@@ -320,7 +320,7 @@ class Chat:
             llm.load_state(q["state"])
             llm.set_sparq(sparq=False) if mode == "dense" else llm.set_sparq(sparq=True, **self.sparq)
             llm.reset_sparq_stats()
-            ans = ev._answer(llm, toks, text, True, n_ans, self.n_vocab).strip()
+            ans = ev._answer(llm, toks, text, True, n_ans).strip()
             q[mode] = dict(ans=ans, ok=expected[0].lower() in ans.lower(), stats=llm.sparq_stats())
         if q["sparq"]["stats"]["n_sparq"] == 0:
             raise SystemExit(f"SparQ made no call on candidate {i} (counters {q['sparq']['stats']})")
@@ -345,7 +345,7 @@ def run_chat(threads: int, n_tokens: int, picks: list[int], q8: bool, chosen: bo
     from llama_sparq._sparq import cache_type_id
 
     chat = Chat(threads, n_tokens)
-    llm, n_vocab = chat.llm, chat.n_vocab
+    llm = chat.llm
     n = len(picks)
     print("\n== SmolLM2-135M-Instruct: questions over long documents ==", flush=True)
     print(f"model: {chat.model} (Llama architecture, 30 layers, ChatML template)")
@@ -366,7 +366,7 @@ def run_chat(threads: int, n_tokens: int, picks: list[int], q8: bool, chosen: bo
         for mode in ("dense", "sparq"):
             score[mode] += q[mode]["ok"]
             llm.set_sparq(sparq=False) if mode == "dense" else llm.set_sparq(sparq=True, **chat.sparq)
-            tps[mode].append(decode_speed(llm, q["state"], q["toks"], SPEED_STEPS, n_vocab))
+            tps[mode].append(decode_speed(llm, q["state"], q["toks"], SPEED_STEPS))
         st = q["sparq"]["stats"]
         calls += st["n_sparq"]
         for k, v in st["n_dense"].items():
@@ -379,7 +379,7 @@ def run_chat(threads: int, n_tokens: int, picks: list[int], q8: bool, chosen: bo
             for mode, kw in others.items():
                 other = Llama(chat.model, n_ctx=chat.n_ctx, n_batch=512, n_threads=threads, verbose=False, **kw)
                 other.eval(q["toks"][:-1])
-                tps[mode].append(decode_speed(other, other.save_state(), q["toks"], SPEED_STEPS, n_vocab))
+                tps[mode].append(decode_speed(other, other.save_state(), q["toks"], SPEED_STEPS))
                 other.close()
         print(f"  q{j + 1} = candidate {i} ({len(q['toks'])} tokens, prefill {q['t_pre']:.1f} s): {q['question']!r} "
               f"expected {q['expected']!r}")

@@ -745,6 +745,8 @@ def long_main(argv=None) -> int:
         rows += r
         cmds += c
     d = GQA_SHAPE["n_embd"] // GQA_SHAPE["n_head"]
+    sp_set = ", ".join(sorted({f"{r['sparq_r']} / {r['sparq_k']} / {r['sparq_l']}" for r in rows
+                               if r["variant"] == "sparq"})) or "not run"
     meta = {
         "command": command_line(),
         "machine": machine_line(args.threads),
@@ -761,8 +763,9 @@ def long_main(argv=None) -> int:
         "model_short": f"Llama 3 8B per-layer shapes (GQA 32/8, d {d}), {args.n_layer} layer(s), synthetic",
         "cache": "F16 K and V (and K^T for the SparQ rows), batch 1, one sequence, filled by llama-bench "
                  "--depth-fill synthetic (zero-mean unit-variance random K and V, no prefill)",
-        "sparq": "library defaults: r = d/4 = 32, k = 128, l = 32, scaled basis, mean-V; dense threshold 0 "
-                 "(--sparq-min-kv 0: every decode step runs SparQ); index: k = 128, l = 32, the lists and "
+        "sparq": f"the library's defaults, as llama-bench reports them (sparq_r / sparq_k / sparq_l: {sp_set}; "
+                 "0 / 0 / -1 are r by the K^T's width, the calibrated k and the default window); dense threshold "
+                 "0 (--sparq-min-kv 0: every decode step runs SparQ); index: k = 128, l = 32, the lists and "
                  "probes in each row; compression = the counters' cost-model M_sparq/M_dense (for the index "
                  "it assumes lists of even size)",
         "timing": f"llama-bench -p 0 -n {args.n_gen} -d S -r {args.reps}: mean and standard deviation of the "
@@ -881,7 +884,8 @@ def overhead_main(argv=None) -> int:
     meta = {
         **run_meta(args.threads, load0),
         "model": f"{model} ({desc})",
-        "sparq": f"defaults: r={st.get('sparq_r')} (d/4, scaled basis), k={st.get('sparq_k')}, l={st.get('sparq_l')}, dense "
+        "sparq": f"defaults: r={st.get('sparq_r')}, k={st.get('sparq_k')}, l={st.get('sparq_l')} (0 / 0 / -1: r by the "
+                 f"K^T's width, the calibrated k, the default window), scaled basis, dense "
                  f"threshold {st.get('sparq_min_kv')} KV cells; F16 cache, batch 1",
         "timing": f"llama-bench t/s samples; per test: {args.rounds} rounds x (one -fa 1 process with --sparq 0,1,0,1 "
                   f"and one -fa 0 dense process), {args.reps} reps per instance; ratio = mean SparQ t/s / mean dense "

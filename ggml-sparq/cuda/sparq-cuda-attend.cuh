@@ -86,7 +86,7 @@ static __device__ __forceinline__ void sparq_attend_report(const sparq_cu_args &
             reach = un.ri.n_win + (int) ((sum + a.ph / 2) / a.ph);
         }
     }
-    rp[0] = un.ri.mode != 0 ? -1.0f : un.sparse ? (float) n_sel : (float) un.ri.n_valid;
+    rp[0] = un.sparse ? (float) n_sel : -1.0f;
     rp[1] = (float) (alpha / un.g);
     rp[2] = (float) reach;
     rp[3] = (float) reached;

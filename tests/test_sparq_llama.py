@@ -5,7 +5,6 @@ one batch, unsupported configurations and bad input."""
 from __future__ import annotations
 
 import ctypes
-import math
 import pickle
 import subprocess
 
@@ -753,7 +752,7 @@ def test_diffuse_units_keep_the_cap_on_the_cpu(tiny_gqa_model):
         p = op_params(c)
         x = stream0(c)
         n_valid = int(np.isfinite(x["mask"][0]).sum())
-        cap_k = min(p["k"], max(p["k_min"], math.ceil(p["k_frac"] * n_valid)))
+        cap_k = reference.coverage_cap(p["k"], p["k_min"], p["k_frac"], n_valid)
         assert p["cov_apply"] and cap_k < n_valid
         want = reference.sparq_attention(x["q"], x["K"], x["V"], r=p["r"], k=cap_k, l=p["l"], mask=x["mask"],
                                          scale=p["scale"], vbar=x["vbar"], window=[x["win"]], comp_w=x["comp_w"],

@@ -57,6 +57,7 @@ __all__ = [
     "round_kv",
     "round_e5m2",
     "round_kt4",
+    "coverage_cap",
 ]
 
 # Values per block of ggml's q8_0 (and the cache types' quantized blocks generally).
@@ -70,6 +71,15 @@ _DENSE_ROW_BLOCK = 64
 
 # The argument checks are in _reference_checks, the steps of the algorithm in _reference_steps,
 # the selectors without approximate scores (streaming, H2O, index) in _reference_selectors.
+
+
+def coverage_cap(k, k_min, k_frac, n_valid):
+    """The calibrated k's cap of a row with n_valid valid cells in its stream (the op's
+    ggml_sparq_attn_set_coverage_cap): min(k, max(k_min, ceil(k_frac * n_valid))); k without k_frac.
+    ``sparq_attention(k=coverage_cap(...), coverage=(p, k_min))`` is the op's choice for that row."""
+    if k_frac <= 0.0:
+        return k
+    return min(k, max(k_min, int(np.ceil(np.float64(k_frac) * n_valid))))
 
 
 def quantize_q8_0(x):

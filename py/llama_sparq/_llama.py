@@ -7,6 +7,8 @@ import ctypes
 import os
 import threading
 
+import numpy as np
+
 from ._lib import setup_llama_cpp
 from .bindings import settings as _table
 
@@ -209,8 +211,6 @@ class Llama(llama_cpp.Llama):
     def last_logits(self):
         """The logits of the last token evaluated, as a NumPy view of the context's buffer (valid
         until the next eval): what sampling reads, also without ``logits_all``."""
-        import numpy as np
-
         return np.ctypeslib.as_array(self._ctx.get_logits_ith(-1), shape=(self.n_vocab(),))
 
     def sparq_stats(self) -> dict:

@@ -1,7 +1,8 @@
-// llama-sparq: AVX-512 (F, BW, VL, DQ) + F16C SparQ primitives. Every loop runs masked tails
-// (no scalar remainder), so only the exp and the g-head gathers' passes over the heads come from
-// the vector layer (sparq-isa-simd.h); the masked loops, the compress-based filter and the gather
-// are AVX-512's own.
+// llama-sparq: AVX-512 (F, BW, VL, DQ) + F16C SparQ primitives. The loops with a reduction run
+// masked tails (no scalar remainder; other lanes, so other sums) and are AVX-512's own, as are the
+// compress-based filter and the gather; the exp, the approximate scores (per lane the same
+// operations whatever W) and the g-head gathers' passes over the heads come from the vector layer
+// (sparq-isa-simd.h).
 // Compiled with -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c; only
 // called when the CPU has them (sparq_isa_select).
 
@@ -17,14 +18,21 @@
 
 namespace {
 
-// the vector layer's wrappers that simd_exp and simd_approx_kt4 need (16 floats, a mask register per
-// compare)
+// the vector layer's wrappers that simd_exp and the approximate scores need (16 floats, a mask
+// register per compare)
 struct avx512_vec {
     typedef __m512 vf;
     typedef __mmask16 vmask;
     static constexpr int W = 16;
+    static constexpr int REGS = 32; // vector registers
+    static inline vf zero()                              { return _mm512_setzero_ps(); }
     static inline vf set1(float x)                       { return _mm512_set1_ps(x); }
     static inline vf load(const float * p)               { return _mm512_loadu_ps(p); }
+    static inline vf load(const uint16_t * p)            { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) p)); }
+    static inline vf load(const uint8_t * p) { // 16 e5m2 bytes: each the upper byte of an f16
+        return _mm512_cvtph_ps(_mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *) p)), 8));
+    }
+    static inline void prefetch(const void * p)          { _mm_prefetch((const char *) p, _MM_HINT_T0); }
     static inline void store(float * p, vf v)            { _mm512_storeu_ps(p, v); }
     static inline float half(uint16_t h)                 { return _cvtsh_ss(h); }
     static inline void load_q4(const uint8_t * qs, vf * x) {
@@ -70,61 +78,16 @@ inline __m512 load_full(const float * p)    { return _mm512_loadu_ps(p); }
 
 inline __m512 exp_ps(__m512 x) { return simd_exp<avx512_vec>(x); }
 
-// Row-major accumulation: out (g x n floats, L1/L2-resident) += w_j * row_j, two K^T
-// rows at a time, so each row is streamed contiguously; the same rows' next block
-// (n cells further, where the caller goes next) is prefetched on the way.
-template <class T>
-void approx(const T * const * rows, int r, const float * qs, int g, int n, float * out) {
-    const size_t esz = sizeof(T);
-    for (int h = 0; h < g; ++h) {
-        for (int s = 0; s < n; s += 16) {
-            _mm512_mask_storeu_ps(out + (size_t) h * n + s, tail_mask(n - s), _mm512_setzero_ps());
-        }
-    }
-    for (int j = 0; j < r; j += 2) {
-        const bool two = j + 1 < r;
-        const T * ra = rows[j];
-        const T * rb = rows[two ? j + 1 : j];
-        for (int s = 0; s < n; s += 32) {
-            _mm_prefetch((const char *) ra + (size_t) (s + n) * esz, _MM_HINT_T0);
-            _mm_prefetch((const char *) rb + (size_t) (s + n) * esz, _MM_HINT_T0);
-            if (esz == 4) {
-                _mm_prefetch((const char *) ra + (size_t) (s + n + 16) * esz, _MM_HINT_T0);
-                _mm_prefetch((const char *) rb + (size_t) (s + n + 16) * esz, _MM_HINT_T0);
-            }
-            const __mmask16 m0 = tail_mask(n - s), m1 = tail_mask(n - s - 16);
-            const __m512 a0 = load(ra + s, m0);
-            const __m512 a1 = load(ra + s + 16, m1);
-            __m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
-            if (two) {
-                b0 = load(rb + s, m0);
-                b1 = load(rb + s + 16, m1);
-            }
-            for (int h = 0; h < g; ++h) {
-                const __m512 wa = _mm512_set1_ps(qs[h * r + j]);
-                const __m512 wb = _mm512_set1_ps(two ? qs[h * r + j + 1] : 0.0f);
-                float * o = out + (size_t) h * n + s;
-                __m512 o0 = _mm512_maskz_loadu_ps(m0, o);
-                __m512 o1 = _mm512_maskz_loadu_ps(m1, o + 16);
-                o0 = _mm512_fmadd_ps(wb, b0, _mm512_fmadd_ps(wa, a0, o0));
-                o1 = _mm512_fmadd_ps(wb, b1, _mm512_fmadd_ps(wa, a1, o1));
-                _mm512_mask_storeu_ps(o, m0, o0);
-                _mm512_mask_storeu_ps(o + 16, m1, o1);
-            }
-        }
-    }
-}
-
 void avx512_approx_f16(const uint16_t * const * rows, int r, const float * qs, int g, int n, float * out) {
-    approx(rows, r, qs, g, n, out);
+    simd_approx<avx512_vec>(rows, r, qs, g, n, out);
 }
 
 void avx512_approx_f32(const float * const * rows, int r, const float * qs, int g, int n, float * out) {
-    approx(rows, r, qs, g, n, out);
+    simd_approx<avx512_vec>(rows, r, qs, g, n, out);
 }
 
 void avx512_approx_e5m2(const uint8_t * const * rows, int r, const float * qs, int g, int n, float * out) {
-    approx(rows, r, qs, g, n, out);
+    simd_approx<avx512_vec>(rows, r, qs, g, n, out);
 }
 
 void avx512_approx_kt4(const uint8_t * const * rows, int c0, int r, const float * qs, int g, int n, float * out) {

@@ -33,6 +33,7 @@
 #include <cstring>
 #include <stddef.h>
 #include <type_traits>
+#include <utility>
 
 // Everything here has internal linkage: each ISA file compiles its own copy with its own flags
 // (-mavx2, -mavx512f, ...), and the linker must never pick one file's copy for another.
@@ -63,42 +64,88 @@ inline typename V::vf simd_exp(typename V::vf x) {
     return V::zero_where(tiny, V::mul(p, V::pow2i(n)));
 }
 
-// Row-major accumulation as in the AVX-512 file: out (g x n) += w_j * row_j, two rows at a time,
-// with the rows' next block prefetched; the tail (n % 2W) is scalar. T: float, uint16_t (f16) or
-// uint8_t (e5m2).
+// f(h0, std::integral_constant<int, G>()) for g heads in passes of up to GMAX (h0 the pass's first):
+// more accumulators than the registers hold would spill.
+template <int GMAX, class F>
+inline void simd_head_passes_of(int g, F && f) {
+    static_assert(GMAX >= 1 && GMAX <= 4, "passes of 1 to 4 heads");
+    for (int h0 = 0; h0 < g; h0 += GMAX) {
+        switch (std::min(GMAX, g - h0)) {
+            case 4:  if constexpr (GMAX >= 4) { f(h0, std::integral_constant<int, 4>()); } break;
+            case 3:  if constexpr (GMAX >= 3) { f(h0, std::integral_constant<int, 3>()); } break;
+            case 2:  if constexpr (GMAX >= 2) { f(h0, std::integral_constant<int, 2>()); } break;
+            default: f(h0, std::integral_constant<int, 1>()); break;
+        }
+    }
+}
+
+// The approximate scores' tile: NV vectors of cells (from s) of G heads held in registers over
+// all r rows of K^T, so each output is written once and each row's vectors are converted once
+// for the G heads. Per lane: 0, then fused w_j x_j + acc for j = 0..r-1 (the scalar tail's order
+// too, so the results do not depend on W). The rows' next block (n cells on, where the caller
+// goes next) is prefetched on the way.
+template <class V, class T, int G, int NV>
+inline void simd_approx_tile(const T * const * rows, int r, const float * qs, int n, int s, float * out) {
+    typedef typename V::vf vf;
+    constexpr size_t span = (size_t) NV * V::W * sizeof(T);
+    vf acc[G][NV];
+    for (int h = 0; h < G; ++h) {
+        for (int v = 0; v < NV; ++v) {
+            acc[h][v] = V::zero();
+        }
+    }
+    for (int j = 0; j < r; ++j) {
+        const T * x = rows[j] + s;
+        for (size_t b = 0; b < span; b += 64) {
+            V::prefetch((const char *) (x + n) + b);
+        }
+        vf xv[NV];
+        for (int v = 0; v < NV; ++v) {
+            xv[v] = V::load(x + v * V::W);
+        }
+        for (int h = 0; h < G; ++h) {
+            const vf w = V::set1(qs[h * r + j]);
+            for (int v = 0; v < NV; ++v) {
+                acc[h][v] = V::fmadd(w, xv[v], acc[h][v]);
+            }
+        }
+    }
+    for (int h = 0; h < G; ++h) {
+        for (int v = 0; v < NV; ++v) {
+            V::store(out + (size_t) h * n + s + v * V::W, acc[h][v]);
+        }
+    }
+}
+
+template <class V, class T, int G>
+void simd_approx_heads(const T * const * rows, int r, const float * qs, int n, float * out) {
+    constexpr int NVMAX = std::max(1, std::min(8, (V::REGS - 2) / (G + 1)));
+    int s = 0;
+    for (; s + NVMAX * V::W <= n; s += NVMAX * V::W) {
+        simd_approx_tile<V, T, G, NVMAX>(rows, r, qs, n, s, out);
+    }
+    for (; s + V::W <= n; s += V::W) {
+        simd_approx_tile<V, T, G, 1>(rows, r, qs, n, s, out);
+    }
+    for (; s < n; ++s) {
+        for (int h = 0; h < G; ++h) {
+            float o = 0.0f;
+            for (int j = 0; j < r; ++j) {
+                o = std::fma(qs[h * r + j], simd_elem(rows[j] + s), o);
+            }
+            out[(size_t) h * n + s] = o;
+        }
+    }
+}
+
+// out (g x n) = the approximate logits of g query heads over n cells from r rows of K^T
+// (sparq_isa::approx_*): heads in passes of up to 4, each pass a run of register tiles.
+// T: float, uint16_t (f16) or uint8_t (e5m2).
 template <class V, class T>
 void simd_approx(const T * const * rows, int r, const float * qs, int g, int n, float * out) {
-    typedef typename V::vf vf;
-    const size_t esz = sizeof(T);
-    for (int i = 0; i < g * n; ++i) {
-        out[i] = 0.0f;
-    }
-    const int nv = n & ~(2 * V::W - 1);
-    for (int j = 0; j < r; j += 2) {
-        const bool two = j + 1 < r;
-        const T * ra = rows[j];
-        const T * rb = rows[two ? j + 1 : j];
-        for (int s = 0; s < nv; s += 2 * V::W) {
-            V::prefetch((const char *) ra + (size_t) (s + n) * esz);
-            V::prefetch((const char *) rb + (size_t) (s + n) * esz);
-            const vf a0 = V::load(ra + s), a1 = V::load(ra + s + V::W);
-            const vf b0 = two ? V::load(rb + s) : V::zero();
-            const vf b1 = two ? V::load(rb + s + V::W) : V::zero();
-            for (int h = 0; h < g; ++h) {
-                const vf wa = V::set1(qs[h * r + j]);
-                const vf wb = V::set1(two ? qs[h * r + j + 1] : 0.0f);
-                float * o = out + (size_t) h * n + s;
-                V::store(o,        V::fmadd(wb, b0, V::fmadd(wa, a0, V::load(o))));
-                V::store(o + V::W, V::fmadd(wb, b1, V::fmadd(wa, a1, V::load(o + V::W))));
-            }
-        }
-        for (int s = nv; s < n; ++s) {
-            const float xa = simd_elem(ra + s), xb = two ? simd_elem(rb + s) : 0.0f;
-            for (int h = 0; h < g; ++h) {
-                out[(size_t) h * n + s] += qs[h * r + j] * xa + (two ? qs[h * r + j + 1] * xb : 0.0f);
-            }
-        }
-    }
+    simd_head_passes_of<4>(g, [&](int h0, auto G) {
+        simd_approx_heads<V, T, decltype(G)::value>(rows, r, qs + (size_t) h0 * r, n, out + (size_t) h0 * n);
+    });
 }
 
 // A 4-bit K^T block's 32 values (sparq_isa::approx_kt4): its nibbles to floats (V::load_q4: 32 / W
@@ -115,63 +162,97 @@ inline void simd_kt4_block(const uint8_t * blk, typename V::vf * x) {
     }
 }
 
-// The same as simd_approx over 4-bit K^T rows (sparq_isa::approx_kt4), two rows and a block of 32
-// cells at a time, added to out like simd_approx's (row j, then row j + 1, fused); a block the range
-// cuts (the chunk's ends) through a buffer. Every ISA with full vectors shares it (AVX-512 too: a
-// block is two whole vectors).
-template <class V>
-void simd_approx_kt4(const uint8_t * const * rows, int c0, int r, const float * qs, int g, int n, float * out) {
+// simd_approx_tile over 4-bit K^T rows: NB whole blocks of 32 cells (block b0 on, at out + s) of
+// G heads in registers over all r rows, each row's blocks decoded once for the G heads
+template <class V, int G, int NB>
+inline void simd_approx_kt4_tile(const uint8_t * const * rows, int r, const float * qs, int n, int b0, int s,
+                                 float * out) {
     typedef typename V::vf vf;
-    constexpr int NV = GGML_SPARQ_KT4_CELLS / V::W;
-    for (int i = 0; i < g * n; ++i) {
-        out[i] = 0.0f;
-    }
-    for (int j = 0; j < r; j += 2) {
-        const bool two = j + 1 < r;
-        for (int s = 0; s < n;) {
-            const int c = c0 + s, o = c % GGML_SPARQ_KT4_CELLS;
-            const int m = std::min(GGML_SPARQ_KT4_CELLS - o, n - s);
-            const size_t off = (size_t) (c / GGML_SPARQ_KT4_CELLS) * GGML_SPARQ_KT4_BYTES;
-            vf xa[NV], xb[NV];
-            simd_kt4_block<V>(rows[j] + off, xa);
-            if (two) {
-                simd_kt4_block<V>(rows[j + 1] + off, xb);
-            }
-            if (m == GGML_SPARQ_KT4_CELLS) {
-                for (int h = 0; h < g; ++h) {
-                    const vf wa = V::set1(qs[h * r + j]);
-                    float * op = out + (size_t) h * n + s;
-                    if (two) {
-                        const vf wb = V::set1(qs[h * r + j + 1]);
-                        for (int i = 0; i < NV; ++i) {
-                            V::store(op + i * V::W, V::fmadd(wb, xb[i], V::fmadd(wa, xa[i], V::load(op + i * V::W))));
-                        }
-                    } else {
-                        for (int i = 0; i < NV; ++i) {
-                            V::store(op + i * V::W, V::fmadd(wa, xa[i], V::load(op + i * V::W)));
-                        }
-                    }
-                }
-            } else {
-                float ba[GGML_SPARQ_KT4_CELLS], bb[GGML_SPARQ_KT4_CELLS];
-                for (int i = 0; i < NV; ++i) {
-                    V::store(ba + i * V::W, xa[i]);
-                    if (two) {
-                        V::store(bb + i * V::W, xb[i]);
-                    }
-                }
-                for (int h = 0; h < g; ++h) {
-                    const float wa = qs[h * r + j], wb = two ? qs[h * r + j + 1] : 0.0f;
-                    float * op = out + (size_t) h * n + s;
-                    for (int t = 0; t < m; ++t) {
-                        const float y = std::fma(wa, ba[o + t], op[t]);
-                        op[t] = two ? std::fma(wb, bb[o + t], y) : y;
-                    }
-                }
-            }
-            s += m;
+    constexpr int NVB = GGML_SPARQ_KT4_CELLS / V::W;
+    vf acc[G][NB * NVB];
+    for (int h = 0; h < G; ++h) {
+        for (int v = 0; v < NB * NVB; ++v) {
+            acc[h][v] = V::zero();
         }
     }
+    for (int j = 0; j < r; ++j) {
+        const uint8_t * x = rows[j] + (size_t) b0 * GGML_SPARQ_KT4_BYTES;
+        for (int b = 0; b < NB; ++b) {
+            vf xv[NVB];
+            simd_kt4_block<V>(x + b * GGML_SPARQ_KT4_BYTES, xv);
+            for (int h = 0; h < G; ++h) {
+                const vf w = V::set1(qs[h * r + j]);
+                for (int v = 0; v < NVB; ++v) {
+                    acc[h][b * NVB + v] = V::fmadd(w, xv[v], acc[h][b * NVB + v]);
+                }
+            }
+        }
+    }
+    for (int h = 0; h < G; ++h) {
+        for (int v = 0; v < NB * NVB; ++v) {
+            V::store(out + (size_t) h * n + s + v * V::W, acc[h][v]);
+        }
+    }
+}
+
+// the cells c0 + s .. c0 + s + m of one block (a block the range cuts: the chunk's ends), per cell
+// the tile's order
+template <class V, int G>
+inline void simd_approx_kt4_part(const uint8_t * const * rows, int r, const float * qs, int n, int c0, int s, int m,
+                                 float * out) {
+    constexpr int NVB = GGML_SPARQ_KT4_CELLS / V::W;
+    const int c = c0 + s, o = c % GGML_SPARQ_KT4_CELLS;
+    const size_t off = (size_t) (c / GGML_SPARQ_KT4_CELLS) * GGML_SPARQ_KT4_BYTES;
+    float acc[G][GGML_SPARQ_KT4_CELLS] = {};
+    for (int j = 0; j < r; ++j) {
+        typename V::vf xv[NVB];
+        float xb[GGML_SPARQ_KT4_CELLS];
+        simd_kt4_block<V>(rows[j] + off, xv);
+        for (int v = 0; v < NVB; ++v) {
+            V::store(xb + v * V::W, xv[v]);
+        }
+        for (int h = 0; h < G; ++h) {
+            for (int t = 0; t < m; ++t) {
+                acc[h][t] = std::fma(qs[h * r + j], xb[o + t], acc[h][t]);
+            }
+        }
+    }
+    for (int h = 0; h < G; ++h) {
+        memcpy(out + (size_t) h * n + s, acc[h], m * sizeof(float));
+    }
+}
+
+template <class V, int G>
+void simd_approx_kt4_heads(const uint8_t * const * rows, int c0, int r, const float * qs, int n, float * out) {
+    constexpr int NVB = GGML_SPARQ_KT4_CELLS / V::W;
+    constexpr int NB = std::max(1, std::min(4, (V::REGS - 2) / ((G + 1) * NVB)));
+    int s = 0;
+    const int o = c0 % GGML_SPARQ_KT4_CELLS;
+    if (o != 0) {
+        const int m = std::min(GGML_SPARQ_KT4_CELLS - o, n);
+        simd_approx_kt4_part<V, G>(rows, r, qs, n, c0, 0, m, out);
+        s = m;
+    }
+    for (; s + NB * GGML_SPARQ_KT4_CELLS <= n; s += NB * GGML_SPARQ_KT4_CELLS) {
+        simd_approx_kt4_tile<V, G, NB>(rows, r, qs, n, (c0 + s) / GGML_SPARQ_KT4_CELLS, s, out);
+    }
+    for (; s + GGML_SPARQ_KT4_CELLS <= n; s += GGML_SPARQ_KT4_CELLS) {
+        simd_approx_kt4_tile<V, G, 1>(rows, r, qs, n, (c0 + s) / GGML_SPARQ_KT4_CELLS, s, out);
+    }
+    if (s < n) {
+        simd_approx_kt4_part<V, G>(rows, r, qs, n, c0, s, n - s, out);
+    }
+}
+
+// simd_approx over 4-bit K^T rows (sparq_isa::approx_kt4): the cells c0 .. c0 + n, their blocks
+// from each row's start; heads in passes as many as the registers hold beside a block's vectors
+template <class V>
+void simd_approx_kt4(const uint8_t * const * rows, int c0, int r, const float * qs, int g, int n, float * out) {
+    constexpr int NVB = GGML_SPARQ_KT4_CELLS / V::W;
+    constexpr int GMAX = std::max(1, std::min(4, (V::REGS - 2 - NVB) / NVB));
+    simd_head_passes_of<GMAX>(g, [&](int h0, auto G) {
+        simd_approx_kt4_heads<V, decltype(G)::value>(rows, c0, r, qs + (size_t) h0 * r, n, out + (size_t) h0 * n);
+    });
 }
 
 // sum_i exp(x[i] - m): one vector accumulator, reduced, then the tail
@@ -308,18 +389,10 @@ void simd_gather_axpy(float * y, const void * base, size_t stride, const int32_t
     }
 }
 
-// f(h0, std::integral_constant<int, G>()) for g heads in passes of up to 4 (h0 the pass's first):
-// more accumulators than 4 heads' would spill. The g-head gathers of every ISA run their passes so.
+// the g-head gathers of every ISA run their heads in passes of up to 4
 template <class F>
 inline void simd_head_passes(int g, F && f) {
-    for (int h0 = 0; h0 < g; h0 += 4) {
-        switch (std::min(4, g - h0)) {
-            case 4:  f(h0, std::integral_constant<int, 4>()); break;
-            case 3:  f(h0, std::integral_constant<int, 3>()); break;
-            case 2:  f(h0, std::integral_constant<int, 2>()); break;
-            default: f(h0, std::integral_constant<int, 1>()); break;
-        }
-    }
+    simd_head_passes_of<4>(g, std::forward<F>(f));
 }
 
 // gather_dot and gather_axpy for G query heads of a KV head at once: each row loaded (and converted)

@@ -68,6 +68,9 @@ layout make_layout(const sparq_args * a, int nth) {
     L.parts_max  = a->n_rows == 1 && !sel.even_attend ? SPARQ_PARTS_MAX : 1;
     L.off_part   = o; o += align_up(L.parts_max > 1 ? (size_t) L.wave_units * L.parts_max * L.group_size * (a->dv + 2) * sizeof(float) : 0);
     L.off_logit  = o; o += align_up(L.group_size > 1 && sel.ranks_scores ? (size_t) L.wave_units * L.group_size * S * sizeof(float) : 0);
+    L.keep_exps  = L.group_size > 1 && sel.ranks_scores && L.ph == 1;
+    L.blocks_per_chunk = (L.chunk_max + L.block_cells - 1) / L.block_cells;
+    L.off_blkm   = o; o += align_up(L.keep_exps ? (size_t) L.wave_units * L.group_size * L.n_chunks * L.blocks_per_chunk * sizeof(float) : 0);
     // per thread: g x B approximate scores of a block, the chunk's keys, filter indices,
     // group maxima, the tie fallback buffer, the merge buffer, the selection, exact
     // logits and their weights, and y / vbar / a K row (phase_components: |q| and an order)

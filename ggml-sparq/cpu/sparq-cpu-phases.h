@@ -60,6 +60,13 @@ struct layout {
     int parts_max;     // parts a unit's exact attention may be split into (1: none)
     int att_block;     // cells of a block of the exact attention (SPARQ_ATT_BLOCK, fewer with many heads)
     size_t off_part;   // per (wave slot, part): the part's softmax state (att_state)
+    // A shared GQA list keeps exp(logit - M_b) per cell (M_b: its chunk's largest logit up to its
+    // block, off_blkm per (wave slot, head, chunk, block)), rescaled to the head's maximum once
+    // every chunk has scored (sparq_rescale_exps): the group's weights and the selection's mass
+    // then need no second exp per cell. Per-head lists keep the logits they rank.
+    bool keep_exps;
+    int blocks_per_chunk;
+    size_t off_blkm;
     int n_waves;
     size_t off_own[2]; // the selector's own shared scratch (its scratch hook sets them; its file reads them)
     // per-thread area: offsets from the thread's base
@@ -118,7 +125,12 @@ struct ctx {
     float     * part_state(int w, int p)    const {
         return (float *) (base + L.off_part) + ((size_t) w * L.parts_max + p) * L.group_size * (a->dv + 2);
     }
+    // the approximate logits of query head h (per-head lists), or their exponentials (keep_exps)
     float     * logits(int w, int h)        const { return (float *) (base + L.off_logit) + ((size_t) w * L.group_size + h) * a->n_kv; }
+    float     * exps(int w, int h)          const { return logits(w, h); }
+    float     * blkm(int w, int h, int c)   const {
+        return (float *) (base + L.off_blkm) + (((size_t) w * L.group_size + h) * L.n_chunks + c) * L.blocks_per_chunk;
+    }
     char      * tbuf(int ith, size_t off)   const { return base + L.off_thread + (size_t) ith * L.thread_bytes + off; }
 
     // unit u = (stream * n_rows + row) * n_head_kv + kvh
@@ -405,6 +417,10 @@ void sparq_components(const ctx & C, int u, float * absq, int32_t * order, float
 // phase_scores, per unit and chunk [s0, s1): approximate logits from K^T, softmax statistics, and
 // the chunk's candidates (g == 1) or the group's logits (g > 1, for phase_gqa_candidates)
 void sparq_chunk_scores(const ctx & C, int u, int w, int s0, int s1, int ith);
+// phase_gqa_candidates, per unit and chunk c = [s0, s1) (the whole chunk, its window's cells too),
+// before the candidates (keep_exps): each kept exponential rescaled to exp(l - M) with M its head's
+// maximum (head_softmax), once per op call
+void sparq_rescale_exps(const ctx & C, int u, int w, int s0, int s1, int c);
 // phase_gqa_candidates, per unit and chunk c = [s0, s1) before the window: the GQA candidates (per
 // head, or by the group-summed normalised scores), kk of them, with the chunk's bound; scratch of
 // thread ith

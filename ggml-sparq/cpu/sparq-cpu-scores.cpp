@@ -43,12 +43,18 @@ void phase_gqa_candidates(const ctx & C, int wb, int we, int ith) {
             *C.cbound(w, ith, h) = -INFINITY;
         }
         const int kk = staged_selection(a, C.L.group_size) ? row_kk_first(a, ri) : row_kk_scan(a, ri);
-        if (ri->n_valid <= row_k(a, ri->n_valid) || ri->dense_all || kk <= 0) {
+        if (ri->n_valid <= row_k(a, ri->n_valid) || ri->dense_all) {
             continue;
         }
         int s0, s1;
         chunk_range(S, ith, C.L.n_chunks, &s0, &s1);
+        if (C.L.keep_exps) {
+            sparq_rescale_exps(C, u, w, s0, s1, ith);
+        }
         s1 = std::min(s1, (int) ri->w0); // candidates: cells before the local window
+        if (kk <= 0) {
+            continue;
+        }
         if (s1 <= s0) {
             continue;
         }

@@ -64,7 +64,9 @@ void sparq_components(const ctx & C, int u, float * absq, int32_t * order, float
 
 // Blocks of B cells: the g rows of approximate logits of a block stay in L1/L2 while the r rows
 // of K^T stream through the ISA's approx; each block's maxima and sums update the chunk's
-// softmax statistics (stat: per head its maximum and sum of exp).
+// softmax statistics (stat: per head its maximum and sum of exp). A shared GQA list keeps the
+// sum's exponentials with the maximum they are taken against (keep_exps), per-head lists the
+// logits.
 void sparq_chunk_scores(const ctx & C, int u, int w, int s0, int s1, int ith) {
     const sparq_args * a = C.a;
     const int r = a->r, g = C.L.group_size;
@@ -78,7 +80,7 @@ void sparq_chunk_scores(const ctx & C, int u, int w, int s0, int s1, int ith) {
     const int32_t * i1 = C.i1(u);
     const float * qs = C.qs(u);
     const float * m = C.mask_row(R);
-    for (int b0 = s0; b0 < s1; b0 += C.L.block_cells) {
+    for (int b0 = s0, b = 0; b0 < s1; b0 += C.L.block_cells, ++b) {
         const int nb = std::min(C.L.block_cells, s1 - b0);
         const bool kt4 = a->KT_type == SPARQ_KT4; // its rows from cell 0: a block holds 32 cells
         for (int j = 0; j < r; ++j) {
@@ -99,17 +101,27 @@ void sparq_chunk_scores(const ctx & C, int u, int w, int s0, int s1, int ith) {
             float * x = out + (size_t) h * nb;
             variant_logits(a, x, nb, head_terms_of(C, R, kvh * g + h), m, b0);
             const float bm = C.isa->max(x, nb);
-            if (bm != -INFINITY) {
-                float & M = stat[2 * h];
-                float & Z = stat[2 * h + 1];
-                if (bm > M) {
-                    Z = M == -INFINITY ? 0.0f : Z * expf(M - bm);
-                    M = bm;
-                }
-                Z += C.isa->expsum(x, nb, M);
+            float & M = stat[2 * h];
+            float & Z = stat[2 * h + 1];
+            if (bm != -INFINITY && bm > M) {
+                Z = M == -INFINITY ? 0.0f : Z * expf(M - bm);
+                M = bm;
             }
-            if (g > 1) {
-                memcpy(C.logits(w, h) + b0, x, nb * sizeof(float));
+            if (C.L.keep_exps) {
+                float * e = C.exps(w, h) + b0;
+                C.blkm(w, h, ith)[b] = bm == -INFINITY ? -INFINITY : M;
+                if (bm != -INFINITY) {
+                    Z += C.isa->expsum_store(x, nb, M, e);
+                } else {
+                    memset(e, 0, nb * sizeof(float)); // every cell masked
+                }
+            } else {
+                if (bm != -INFINITY) {
+                    Z += C.isa->expsum(x, nb, M);
+                }
+                if (g > 1) {
+                    memcpy(C.logits(w, h) + b0, x, nb * sizeof(float));
+                }
             }
         }
     }
@@ -139,6 +151,26 @@ static void head_softmax(const ctx & C, int u, int w, int hh, float * M, double 
     *Z = Zs;
 }
 
+void sparq_rescale_exps(const ctx & C, int u, int w, int s0, int s1, int c) {
+    for (int h = 0; h < C.L.group_size; ++h) {
+        float M;
+        double Z;
+        head_softmax(C, u, w, h, &M, &Z);
+        float * bm = C.blkm(w, h, c);
+        for (int b0 = s0, b = 0; b0 < s1; b0 += C.L.block_cells, ++b) {
+            if (bm[b] == M) {
+                continue;
+            }
+            const float sc = bm[b] == -INFINITY ? 0.0f : (float) exp((double) bm[b] - M);
+            float * e = C.exps(w, h) + b0;
+            for (int i = 0, nb = std::min(C.L.block_cells, s1 - b0); i < nb; ++i) {
+                e[i] *= sc;
+            }
+            bm[b] = M;
+        }
+    }
+}
+
 void sparq_group_candidates(const ctx & C, int u, int w, int s0, int s1, int kk, int c, int ith) {
     const int g = C.L.group_size;
     const int R = C.unit_row(u);
@@ -165,8 +197,9 @@ void sparq_group_candidates(const ctx & C, int u, int w, int s0, int s1, int kk,
     for (int s = 0; s < n; ++s) {
         ck[s] = 0.0f;
     }
+    // the heads' exp(l - M) / Z (the kept exponentials, rescaled: sparq_rescale_exps)
     for (int h = 0; h < g; ++h) {
-        C.isa->exp_acc(C.logits(w, h) + s0, n, Mh[h], iZ[h], ck);
+        C.isa->axpy_f32(ck, C.exps(w, h) + s0, iZ[h], n);
     }
     // masked cells (key 0) must never be chosen
     const float * m = C.mask_row(R);
@@ -198,10 +231,10 @@ void sparq_group_candidates_all(const ctx & C, int u, int w, int ith) {
     }
 }
 
-// the approximate logit (mask included) of cell i for query head hh: kept with GQA, else
-// recomputed from the r rows of K^T (the window's cells, which no chunk kept)
+// the approximate logit (mask included) of cell i for query head hh: kept with per-head GQA lists,
+// else recomputed from the r rows of K^T (the window's cells, which no chunk kept)
 static float approx_logit(const ctx & C, int u, int w, int hh, int i, const float * m) {
-    if (C.L.group_size > 1) {
+    if (C.L.group_size > 1 && !C.L.keep_exps) {
         return C.logits(w, hh)[i];
     }
     const sparq_args * a = C.a;
@@ -221,6 +254,16 @@ static float approx_logit(const ctx & C, int u, int w, int hh, int i, const floa
     return variant_logit(a, ap, head_terms_of(C, R, kvh * C.L.group_size + hh), m, i);
 }
 
+// exp(l - M) for the approximate logit l (mask included) of cell i for query head hh
+// exp(l - M) for the approximate logit l (mask included) of cell i for query head hh, M its
+// maximum (head_softmax): kept after sparq_rescale_exps, else from the logit
+static double approx_exp(const ctx & C, int u, int w, int hh, int i, double M, const float * m) {
+    if (C.L.keep_exps) {
+        return C.exps(w, hh)[i];
+    }
+    return exp((double) approx_logit(C, u, w, hh, i, m) - M);
+}
+
 float sparq_alpha(const ctx & C, int u, int w, int hh, const int32_t * sel, int n_sel, int n_cand,
                   const cand * merge, const float * m, float * ap) {
     float Ms;
@@ -234,17 +277,25 @@ float sparq_alpha(const ctx & C, int u, int w, int hh, const int32_t * sel, int 
     for (int t = 0; t < n_key; ++t) {
         ap[t] = merge[t].key; // with g == 1 a candidate's key is its approximate logit (+ mask)
     }
-    if (C.L.group_size > 1) {
-        const float * lg = C.logits(w, hh);
+    double mass = 0.0;
+    if (C.L.keep_exps) {
+        const float * e = C.exps(w, hh); // exp(l - Ms) (sparq_rescale_exps)
         for (int t = 0; t < n_sel; ++t) {
-            ap[t] = lg[sel[t]];
+            mass += e[sel[t]];
         }
     } else {
-        for (int t = std::max(n_key, 0); t < n_sel; ++t) {
-            ap[t] = approx_logit(C, u, w, hh, sel[t], m);
+        if (C.L.group_size > 1) {
+            const float * lg = C.logits(w, hh);
+            for (int t = 0; t < n_sel; ++t) {
+                ap[t] = lg[sel[t]];
+            }
+        } else {
+            for (int t = std::max(n_key, 0); t < n_sel; ++t) {
+                ap[t] = approx_logit(C, u, w, hh, sel[t], m);
+            }
         }
+        mass = n_sel > 0 ? (double) C.isa->expsum(ap, n_sel, Ms) : 0.0;
     }
-    double mass = n_sel > 0 ? (double) C.isa->expsum(ap, n_sel, Ms) : 0.0;
     if (C.a->sinks) {
         mass += exp((double) C.a->sinks[C.unit_kvh(u) * C.L.group_size + hh] - Ms); // always attended
     }
@@ -269,7 +320,7 @@ int sparq_coverage_cut(const ctx & C, int u, int w, int h, const row_info * ri, 
             win += exp((double) C.a->sinks[C.unit_kvh(u) * g + hh] - M[hh - h0]) * iZ[hh - h0];
         }
         for (int i = 0; i < ri->n_win; ++i) {
-            win += exp((double) approx_logit(C, u, w, hh, wl[i], m) - M[hh - h0]) * iZ[hh - h0];
+            win += approx_exp(C, u, w, hh, wl[i], M[hh - h0], m) * iZ[hh - h0];
         }
     }
     const int nh = std::min(h1 - h0, 64);

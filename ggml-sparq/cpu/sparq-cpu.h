@@ -84,6 +84,8 @@ struct sparq_isa {
     void (*approx_kt4)(const uint8_t * const * rows, int c0, int r, const float * qs, int g, int n, float * out);
     // sum_i exp(x[i] - m); x may hold -INF (contributes 0)
     float (*expsum)(const float * x, int n, float m);
+    // the same sum (bit for bit), with y[i] = exp(x[i] - m) stored
+    float (*expsum_store)(const float * x, int n, float m, float * y);
     // y[i] += a * exp(x[i] - m)
     void (*exp_acc)(const float * x, int n, float m, float a, float * y);
     float (*max)(const float * x, int n);

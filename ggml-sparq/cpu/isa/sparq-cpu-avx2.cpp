@@ -85,6 +85,7 @@ void avx2_approx_kt4(const uint8_t * const * rows, int c0, int r, const float * 
 }
 
 float avx2_expsum(const float * x, int n, float m)                  { return simd_expsum<avx2_vec>(x, n, m); }
+float avx2_expsum_store(const float * x, int n, float m, float * y) { return simd_expsum_store<avx2_vec>(x, n, m, y); }
 void  avx2_exp_acc(const float * x, int n, float m, float a, float * y) { simd_exp_acc<avx2_vec>(x, n, m, a, y); }
 float avx2_max(const float * x, int n)                              { return simd_max<avx2_vec>(x, n); }
 float avx2_dot_f16(const float * a, const uint16_t * b, int n)      { return simd_dot<avx2_vec>(a, b, n); }
@@ -139,7 +140,7 @@ int avx2_list_gather(const float * ids, int n, const int32_t * flag, int n_list,
 const struct sparq_isa sparq_isa_avx2 = {
     "avx2",
     avx2_approx_f16, avx2_approx_f32, avx2_approx_e5m2, avx2_approx_kt4,
-    avx2_expsum, avx2_exp_acc, avx2_max,
+    avx2_expsum, avx2_expsum_store, avx2_exp_acc, avx2_max,
     avx2_dot_f16, avx2_dot_f32,
     avx2_axpy_f16, avx2_axpy_f32,
     avx2_dot_q8_0, avx2_axpy_q8_0,

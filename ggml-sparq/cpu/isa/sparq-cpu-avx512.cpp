@@ -105,6 +105,19 @@ float avx512_expsum(const float * x, int n, float m) {
     return _mm512_reduce_add_ps(acc);
 }
 
+float avx512_expsum_store(const float * x, int n, float m, float * y) {
+    const __m512 vm = _mm512_set1_ps(m);
+    __m512 acc = _mm512_setzero_ps();
+    for (int i = 0; i < n; i += 16) {
+        const __mmask16 mk = tail_mask(n - i);
+        const __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), mk, x + i);
+        const __m512 e = exp_ps(_mm512_sub_ps(v, vm));
+        _mm512_mask_storeu_ps(y + i, mk, e);
+        acc = _mm512_add_ps(acc, e);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
 void avx512_exp_acc(const float * x, int n, float m, float a, float * y) {
     const __m512 vm = _mm512_set1_ps(m), va = _mm512_set1_ps(a);
     for (int i = 0; i < n; i += 16) {
@@ -432,7 +445,7 @@ int avx512_list_gather(const float * ids, int n, const int32_t * flag, int n_lis
 const struct sparq_isa sparq_isa_avx512 = {
     "avx512",
     avx512_approx_f16, avx512_approx_f32, avx512_approx_e5m2, avx512_approx_kt4,
-    avx512_expsum, avx512_exp_acc, avx512_max,
+    avx512_expsum, avx512_expsum_store, avx512_exp_acc, avx512_max,
     avx512_dot_f16, avx512_dot_f32,
     avx512_axpy_f16, avx512_axpy_f32,
     avx512_dot_q8_0, avx512_axpy_q8_0,

@@ -86,6 +86,7 @@ void neon_approx_kt4(const uint8_t * const * rows, int c0, int r, const float * 
 }
 
 float neon_expsum(const float * x, int n, float m)                  { return simd_expsum<neon_vec>(x, n, m); }
+float neon_expsum_store(const float * x, int n, float m, float * y) { return simd_expsum_store<neon_vec>(x, n, m, y); }
 void  neon_exp_acc(const float * x, int n, float m, float a, float * y) { simd_exp_acc<neon_vec>(x, n, m, a, y); }
 float neon_max(const float * x, int n)                              { return simd_max<neon_vec>(x, n); }
 float neon_dot_f16(const float * a, const uint16_t * b, int n)      { return simd_dot<neon_vec>(a, b, n); }
@@ -121,7 +122,7 @@ int neon_filter_gt(const float * x, int n, float t, int32_t * idx) {
 const struct sparq_isa sparq_isa_neon = {
     "neon",
     neon_approx_f16, neon_approx_f32, neon_approx_e5m2, neon_approx_kt4,
-    neon_expsum, neon_exp_acc, neon_max,
+    neon_expsum, neon_expsum_store, neon_exp_acc, neon_max,
     neon_dot_f16, neon_dot_f32,
     neon_axpy_f16, neon_axpy_f32,
     neon_dot_q8_0, neon_axpy_q8_0,

@@ -61,6 +61,15 @@ static float scalar_expsum(const float * x, int n, float m) {
     return (float) sum;
 }
 
+static float scalar_expsum_store(const float * x, int n, float m, float * y) {
+    double sum = 0.0;
+    for (int i = 0; i < n; ++i) {
+        y[i] = expf(x[i] - m);
+        sum += y[i];
+    }
+    return (float) sum;
+}
+
 static void scalar_exp_acc(const float * x, int n, float m, float a, float * y) {
     for (int i = 0; i < n; ++i) {
         y[i] += a * expf(x[i] - m);
@@ -220,7 +229,7 @@ static int scalar_filter_gt(const float * x, int n, float t, int32_t * idx) {
 const struct sparq_isa sparq_isa_scalar = {
     "scalar",
     scalar_approx_f16, scalar_approx_f32, scalar_approx_e5m2, scalar_approx_kt4,
-    scalar_expsum, scalar_exp_acc, scalar_max,
+    scalar_expsum, scalar_expsum_store, scalar_exp_acc, scalar_max,
     scalar_dot_f16, scalar_dot_f32,
     scalar_axpy_f16, scalar_axpy_f32,
     scalar_dot_q8_0, scalar_axpy_q8_0,

@@ -272,6 +272,25 @@ float simd_expsum(const float * x, int n, float m) {
     return sum;
 }
 
+template <class V>
+float simd_expsum_store(const float * x, int n, float m, float * y) {
+    typedef typename V::vf vf;
+    const vf vm = V::set1(m);
+    vf acc = V::zero();
+    int i = 0;
+    for (; i + V::W <= n; i += V::W) {
+        const vf e = simd_exp<V>(V::sub(V::load(x + i), vm));
+        V::store(y + i, e);
+        acc = V::add(acc, e);
+    }
+    float sum = V::hsum(acc);
+    for (; i < n; ++i) {
+        y[i] = expf(x[i] - m);
+        sum += y[i];
+    }
+    return sum;
+}
+
 // y[i] += a * exp(x[i] - m)
 template <class V>
 void simd_exp_acc(const float * x, int n, float m, float a, float * y) {

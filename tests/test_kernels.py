@@ -109,6 +109,19 @@ def test_list_gather_equals_its_reference(prog, isa):
 
 
 @pytest.mark.parametrize("isa", list(ISAS))
+def test_approximate_scores_equal_the_scalar_isas(prog, isa):
+    """Step 1's approximate scores of every ISA (f32, f16, e5m2 and 4-bit K^T rows) against the
+    scalar ISA's: the same bits, over head counts, row counts, lengths around the vector widths and
+    register tiles, 4-bit blocks cut by the range; and the kept exponentials (expsum_store) against
+    expsum and exp_acc."""
+    if not ISAS[isa]:
+        pytest.skip(f"this CPU has no {isa}")
+    res = subprocess.run([str(prog), "scores-check", isa], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "cases equal to the scalar ISA's" in res.stdout
+
+
+@pytest.mark.parametrize("isa", list(ISAS))
 def test_head_gathers_equal_one_head_at_a_time(prog, isa):
     """The exact attention's g-head gathers (each K or V row read once for a KV head's query heads)
     against the one-head gathers run per head: the same bits, over head counts, row lengths, f16
@@ -226,6 +239,13 @@ def test_neon_head_gathers(neon_prog):
     res = subprocess.run([qemu, str(exe), "heads-check", "neon"], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "cases equal to one head at a time" in res.stdout
+
+
+def test_neon_approximate_scores(neon_prog):
+    exe, qemu = neon_prog
+    res = subprocess.run([qemu, str(exe), "scores-check", "neon"], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "cases equal to the scalar ISA's" in res.stdout
 
 
 def test_neon_is_selected(neon_prog):

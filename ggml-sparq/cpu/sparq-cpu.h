@@ -74,7 +74,8 @@ static inline size_t sparq_row_bytes(enum sparq_type t, int n) {
 // One ISA's primitives. rows/x of type f16 are uint16_t IEEE half bits.
 struct sparq_isa {
     const char * name;
-    // out[h*n + s] = sum_{j<r} qs[h*r + j] * rows[j][s]   (h < g, s < n)
+    // out[h*n + s] = sum_{j<r} qs[h*r + j] * rows[j][s]   (h < g, s < n): from 0, fused multiply-adds
+    // for j = 0..r-1 in turn, so every ISA gives the same bits
     void (*approx_f16)(const uint16_t * const * rows, int r, const float * qs, int g, int n, float * out);
     void (*approx_f32)(const float    * const * rows, int r, const float * qs, int g, int n, float * out);
     // the same over e5m2 rows (an 8-bit K^T: byte b is the f16 b << 8)

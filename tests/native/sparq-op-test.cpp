@@ -655,6 +655,100 @@ static int run_gather_check(const char * name) {
     return 0;
 }
 
+// The approximate scores of one ISA (approx_f32, _f16, _e5m2, _kt4) against the scalar ISA's: equal
+// bit for bit (sparq-cpu.h: per output the same fused operations in the same order), over head
+// counts around the head passes, row counts, lengths around the vector widths and the register
+// tiles, and first cells inside a 4-bit block; and expsum_store: expsum's sum, exp_acc's values.
+static int run_scores_check(const char * name) {
+    const sparq_isa * isa = sparq_isa_by_name(name);
+    const sparq_isa * ref = sparq_isa_by_name("scalar");
+    if (!isa || !ref) {
+        die("no such ISA on this CPU/build: ", name);
+    }
+    std::mt19937 rng(13);
+    std::uniform_real_distribution<float> U(-2.0f, 2.0f);
+    int cases = 0;
+    for (int g : { 1, 2, 3, 4, 5, 8, 9 }) {
+        for (int r : { 1, 2, 3, 8, 20, 41 }) {
+            for (int n : { 0, 1, 7, 15, 16, 17, 33, 100, 257 }) {
+                for (int c0 : { 0, 5, 31, 64 }) {
+                    const int len = c0 + n;
+                    const int nblk = (len + GGML_SPARQ_KT4_CELLS - 1) / GGML_SPARQ_KT4_CELLS;
+                    std::vector<float> f32((size_t) r * len);
+                    std::vector<uint16_t> f16(f32.size());
+                    std::vector<uint8_t> e5m2(f32.size()), kt4((size_t) r * nblk * GGML_SPARQ_KT4_BYTES);
+                    for (size_t i = 0; i < f32.size(); ++i) {
+                        f32[i] = U(rng) * (rng() % 8 == 0 ? 100.0f : 1.0f);
+                        f16[i] = sparq_fp32_to_fp16(f32[i]);
+                        e5m2[i] = ggml_sparq_f16_to_e5m2(f16[i]);
+                    }
+                    for (int j = 0; j < r; ++j) {
+                        for (int b = 0; b < nblk; ++b) {
+                            uint16_t h[GGML_SPARQ_KT4_CELLS];
+                            for (int t = 0; t < GGML_SPARQ_KT4_CELLS; ++t) {
+                                const int c = b * GGML_SPARQ_KT4_CELLS + t;
+                                h[t] = c < len ? f16[(size_t) j * len + c] : 0;
+                            }
+                            ggml_sparq_kt4_block(kt4.data() + ((size_t) j * nblk + b) * GGML_SPARQ_KT4_BYTES, h);
+                        }
+                    }
+                    std::vector<const float *> r32(r);
+                    std::vector<const uint16_t *> r16(r);
+                    std::vector<const uint8_t *> r8(r), r4(r);
+                    for (int j = 0; j < r; ++j) {
+                        r32[j] = f32.data() + (size_t) j * len + c0; // rows from c0: unaligned starts
+                        r16[j] = f16.data() + (size_t) j * len + c0;
+                        r8[j] = e5m2.data() + (size_t) j * len + c0;
+                        r4[j] = kt4.data() + (size_t) j * nblk * GGML_SPARQ_KT4_BYTES; // from cell 0
+                    }
+                    std::vector<float> qs((size_t) g * r);
+                    for (float & x : qs) {
+                        x = U(rng);
+                    }
+                    std::vector<float> a((size_t) g * n + 1), b((size_t) g * n + 1);
+                    const char * what[4] = { "f32", "f16", "e5m2", "kt4" };
+                    for (int t = 0; t < 4; ++t) {
+                        std::fill(a.begin(), a.end(), -7.0f);
+                        std::fill(b.begin(), b.end(), -7.0f);
+                        for (int k = 0; k < 2; ++k) {
+                            const sparq_isa * x = k == 0 ? isa : ref;
+                            float * o = k == 0 ? a.data() : b.data();
+                            switch (t) {
+                                case 0: x->approx_f32(r32.data(), r, qs.data(), g, n, o); break;
+                                case 1: x->approx_f16(r16.data(), r, qs.data(), g, n, o); break;
+                                case 2: x->approx_e5m2(r8.data(), r, qs.data(), g, n, o); break;
+                                default: x->approx_kt4(r4.data(), c0, r, qs.data(), g, n, o); break;
+                            }
+                        }
+                        if (memcmp(a.data(), b.data(), a.size() * sizeof(float)) != 0) {
+                            fprintf(stderr, "approx_%s %s differs from scalar: g %d r %d n %d c0 %d\n", what[t], name, g, r, n, c0);
+                            return 1;
+                        }
+                    }
+                    cases++;
+                }
+            }
+        }
+    }
+    for (int n : { 0, 1, 7, 15, 16, 17, 33, 100, 1000 }) {
+        std::vector<float> x(n), y(n, -7.0f), z(n, 0.0f);
+        float m = -INFINITY;
+        for (float & v : x) {
+            v = rng() % 16 == 0 ? -INFINITY : U(rng) * 20.0f;
+            m = std::max(m, v);
+        }
+        const float s1 = isa->expsum(x.data(), n, m), s2 = isa->expsum_store(x.data(), n, m, y.data());
+        isa->exp_acc(x.data(), n, m, 1.0f, z.data());
+        if (memcmp(&s1, &s2, sizeof(float)) != 0 || memcmp(y.data(), z.data(), n * sizeof(float)) != 0) {
+            fprintf(stderr, "expsum_store %s differs from expsum / exp_acc: n %d\n", name, n);
+            return 1;
+        }
+        cases++;
+    }
+    printf("approx, expsum_store %s: %d cases equal to the scalar ISA's\n", name, cases);
+    return 0;
+}
+
 // The g-head gathers of one ISA (gather_dot_g, gather_axpy_g) against the one-head gathers run per
 // head: equal bit for bit (sparq-cpu.h promises the same operations in the same order), over head
 // counts around the passes of 4, row lengths around the vector widths and the register tiles, f16
@@ -737,6 +831,9 @@ int main(int argc, char ** argv) {
     }
     if (argc >= 3 && strcmp(argv[1], "gather-check") == 0) {
         return run_gather_check(argv[2]);
+    }
+    if (argc >= 3 && strcmp(argv[1], "scores-check") == 0) {
+        return run_scores_check(argv[2]);
     }
 #ifdef SPARQ_TEST_WITH_GGML
     if (argc >= 2 && strcmp(argv[1], "params-check") == 0) {

@@ -7,7 +7,8 @@
 
 #include <cmath>
 
-// T: float, uint16_t (f16) or uint8_t (e5m2)
+// T: float, uint16_t (f16) or uint8_t (e5m2); fused, in the vector ISAs' order per output (the rows
+// in turn), so every ISA's scores are the same bits
 template <class T>
 static void scalar_approx(const T * const * rows, int r, const float * qs, int g, int n, float * out) {
     for (int h = 0; h < g; ++h) {
@@ -19,7 +20,7 @@ static void scalar_approx(const T * const * rows, int r, const float * qs, int g
             const float w = qs[h * r + j];
             const T * x = rows[j];
             for (int s = 0; s < n; ++s) {
-                o[s] += w * simd_elem(x + s);
+                o[s] = std::fma(w, simd_elem(x + s), o[s]);
             }
         }
     }

@@ -97,15 +97,21 @@ def test_op_parameters_are_typed_and_every_backend_honours_or_refuses_each_part(
     assert free >= 4, res.stdout
 
 
+def isa_check(cmd: list, isa: str, mode: str, expect: str) -> None:
+    """sparq-op-test's MODE-check of one ISA (cmd: the program, under qemu for NEON): exit 0 and
+    its summary line."""
+    if not ISAS.get(isa, True):
+        pytest.skip(f"this CPU has no {isa}")
+    res = subprocess.run([*map(str, cmd), mode, isa], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert expect in res.stdout
+
+
 @pytest.mark.parametrize("isa", list(ISAS))
 def test_list_gather_equals_its_reference(prog, isa):
     """The index selector's vectorised gather of the probed lists' cells, against the scalar loop:
     every hit, in order, and the stop at a cell in no list yet (or an id out of range)."""
-    if not ISAS[isa]:
-        pytest.skip(f"this CPU has no {isa}")
-    res = subprocess.run([str(prog), "gather-check", isa], capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr[-2000:]
-    assert "cases equal to the reference" in res.stdout
+    isa_check([prog], isa, "gather-check", "cases equal to the reference")
 
 
 @pytest.mark.parametrize("isa", list(ISAS))
@@ -114,11 +120,7 @@ def test_approximate_scores_equal_the_scalar_isas(prog, isa):
     scalar ISA's: the same bits, over head counts, row counts, lengths around the vector widths and
     register tiles, 4-bit blocks cut by the range; and the kept exponentials (expsum_store) against
     expsum and exp_acc."""
-    if not ISAS[isa]:
-        pytest.skip(f"this CPU has no {isa}")
-    res = subprocess.run([str(prog), "scores-check", isa], capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr[-2000:]
-    assert "cases equal to the scalar ISA's" in res.stdout
+    isa_check([prog], isa, "scores-check", "cases equal to the scalar ISA's")
 
 
 @pytest.mark.parametrize("isa", list(ISAS))
@@ -126,11 +128,7 @@ def test_head_gathers_equal_one_head_at_a_time(prog, isa):
     """The exact attention's g-head gathers (each K or V row read once for a KV head's query heads)
     against the one-head gathers run per head: the same bits, over head counts, row lengths, f16
     and f32 rows."""
-    if not ISAS[isa]:
-        pytest.skip(f"this CPU has no {isa}")
-    res = subprocess.run([str(prog), "heads-check", isa], capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr[-2000:]
-    assert "cases equal to one head at a time" in res.stdout
+    isa_check([prog], isa, "heads-check", "cases equal to one head at a time")
 
 
 @pytest.mark.parametrize("isa", list(ISAS))
@@ -236,16 +234,12 @@ def neon_prog():
 
 def test_neon_head_gathers(neon_prog):
     exe, qemu = neon_prog
-    res = subprocess.run([qemu, str(exe), "heads-check", "neon"], capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr[-2000:]
-    assert "cases equal to one head at a time" in res.stdout
+    isa_check([qemu, exe], "neon", "heads-check", "cases equal to one head at a time")
 
 
 def test_neon_approximate_scores(neon_prog):
     exe, qemu = neon_prog
-    res = subprocess.run([qemu, str(exe), "scores-check", "neon"], capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr[-2000:]
-    assert "cases equal to the scalar ISA's" in res.stdout
+    isa_check([qemu, exe], "neon", "scores-check", "cases equal to the scalar ISA's")
 
 
 def test_neon_is_selected(neon_prog):

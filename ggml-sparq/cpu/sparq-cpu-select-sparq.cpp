@@ -254,7 +254,6 @@ static float approx_logit(const ctx & C, int u, int w, int hh, int i, const floa
     return variant_logit(a, ap, head_terms_of(C, R, kvh * C.L.group_size + hh), m, i);
 }
 
-// exp(l - M) for the approximate logit l (mask included) of cell i for query head hh
 // exp(l - M) for the approximate logit l (mask included) of cell i for query head hh, M its
 // maximum (head_softmax): kept after sparq_rescale_exps, else from the logit
 static double approx_exp(const ctx & C, int u, int w, int hh, int i, double M, const float * m) {

@@ -18,42 +18,6 @@
 
 namespace {
 
-// the vector layer's wrappers that simd_exp and the approximate scores need (16 floats, a mask
-// register per compare)
-struct avx512_vec {
-    typedef __m512 vf;
-    typedef __mmask16 vmask;
-    static constexpr int W = 16;
-    static constexpr int REGS = 32; // vector registers
-    static inline vf zero()                              { return _mm512_setzero_ps(); }
-    static inline vf set1(float x)                       { return _mm512_set1_ps(x); }
-    static inline vf load(const float * p)               { return _mm512_loadu_ps(p); }
-    static inline vf load(const uint16_t * p)            { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) p)); }
-    static inline vf load(const uint8_t * p) { // 16 e5m2 bytes: each the upper byte of an f16
-        return _mm512_cvtph_ps(_mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *) p)), 8));
-    }
-    static inline void prefetch(const void * p)          { _mm_prefetch((const char *) p, _MM_HINT_T0); }
-    static inline void store(float * p, vf v)            { _mm512_storeu_ps(p, v); }
-    static inline float half(uint16_t h)                 { return _cvtsh_ss(h); }
-    static inline void load_q4(const uint8_t * qs, vf * x) {
-        const __m128i b = _mm_loadu_si128((const __m128i *) qs), m4 = _mm_set1_epi8(0x0F);
-        x[0] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(b, m4)));
-        x[1] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(b, 4), m4)));
-    }
-    static inline vf add(vf a, vf b)                     { return _mm512_add_ps(a, b); }
-    static inline vf mul(vf a, vf b)                     { return _mm512_mul_ps(a, b); }
-    static inline vf min(vf a, vf b)                     { return _mm512_min_ps(a, b); }
-    static inline vf max(vf a, vf b)                     { return _mm512_max_ps(a, b); }
-    static inline vf fmadd(vf a, vf b, vf c)             { return _mm512_fmadd_ps(a, b, c); }
-    static inline vf fnmadd(vf a, vf b, vf c)            { return _mm512_fnmadd_ps(a, b, c); }
-    static inline vf round(vf x)                         { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
-    static inline vf pow2i(vf n) {
-        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
-    }
-    static inline vmask lt(vf a, vf b)                   { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }
-    static inline vf zero_where(vmask m, vf x)           { return _mm512_maskz_mov_ps((__mmask16) ~m, x); }
-};
-
 inline __mmask16 tail_mask(int rem) {
     return rem >= 16 ? (__mmask16) 0xffff : rem > 0 ? (__mmask16) ((1u << rem) - 1) : (__mmask16) 0;
 }
@@ -75,6 +39,40 @@ inline __m512 load(const float * p, __mmask16 m) {
 // 16 whole lanes (the halves through the same masked load)
 inline __m512 load_full(const uint16_t * p) { return load(p, 0xffff); }
 inline __m512 load_full(const float * p)    { return _mm512_loadu_ps(p); }
+
+// the vector layer's wrappers that simd_exp and the approximate scores need (16 floats, a mask
+// register per compare)
+struct avx512_vec {
+    typedef __m512 vf;
+    typedef __mmask16 vmask;
+    static constexpr int W = 16;
+    static constexpr int REGS = 32; // vector registers
+    static inline vf zero()                              { return _mm512_setzero_ps(); }
+    static inline vf set1(float x)                       { return _mm512_set1_ps(x); }
+    static inline vf load(const float * p)               { return _mm512_loadu_ps(p); }
+    static inline vf load(const uint16_t * p)            { return load_full(p); }
+    static inline vf load(const uint8_t * p)             { return ::load(p, (__mmask16) 0xffff); }
+    static inline void prefetch(const void * p)          { _mm_prefetch((const char *) p, _MM_HINT_T0); }
+    static inline void store(float * p, vf v)            { _mm512_storeu_ps(p, v); }
+    static inline float half(uint16_t h)                 { return _cvtsh_ss(h); }
+    static inline void load_q4(const uint8_t * qs, vf * x) {
+        const __m128i b = _mm_loadu_si128((const __m128i *) qs), m4 = _mm_set1_epi8(0x0F);
+        x[0] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(b, m4)));
+        x[1] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(b, 4), m4)));
+    }
+    static inline vf add(vf a, vf b)                     { return _mm512_add_ps(a, b); }
+    static inline vf mul(vf a, vf b)                     { return _mm512_mul_ps(a, b); }
+    static inline vf min(vf a, vf b)                     { return _mm512_min_ps(a, b); }
+    static inline vf max(vf a, vf b)                     { return _mm512_max_ps(a, b); }
+    static inline vf fmadd(vf a, vf b, vf c)             { return _mm512_fmadd_ps(a, b, c); }
+    static inline vf fnmadd(vf a, vf b, vf c)            { return _mm512_fnmadd_ps(a, b, c); }
+    static inline vf round(vf x)                         { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+    static inline vf pow2i(vf n) {
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
+    }
+    static inline vmask lt(vf a, vf b)                   { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }
+    static inline vf zero_where(vmask m, vf x)           { return _mm512_maskz_mov_ps((__mmask16) ~m, x); }
+};
 
 inline __m512 exp_ps(__m512 x) { return simd_exp<avx512_vec>(x); }
 

@@ -4,7 +4,7 @@
 //
 // V (see sparq-cpu-avx2.cpp for one):
 //   vf, vmask            a vector of W floats, and a per-lane flag vector (or mask register)
-//   W                    lanes
+//   W                    lanes;  REGS: the ISA's vector registers (the register tiles' sizes)
 //   zero(), set1(x)      broadcasts
 //   load(const float *), load(const uint16_t *)   W floats, or W halves to f32; store(float *, vf)
 //   load(const uint8_t *)                         W e5m2 bytes to f32 (each the upper byte of an f16)
@@ -21,9 +21,10 @@
 //                        as 32 / W vectors of the cells' nibble values 0..15, cells in order
 //
 // The skeletons below are the "full vectors, then a scalar tail" family (AVX2, NEON). AVX-512's
-// primitives run masked tails instead (different lanes, so different sums): they stay in its
-// file, and share only simd_exp and simd_head_passes. The numerics are each ISA's own as before:
-// the same operations per lane, the same accumulation and reduction order.
+// reductions run masked tails instead (different lanes, so different sums): they stay in its
+// file; it shares simd_exp, the head passes and the approximate scores, whose per-lane operations
+// (and scalar tail) give the same bits whatever W. Elsewhere the numerics are each ISA's own: the
+// same operations per lane, the same accumulation and reduction order.
 #pragma once
 
 #include "sparq-cpu.h"

@@ -9,7 +9,8 @@ decode step's local window is kept there too (the op, or the K^T append on a dev
 stream's new cell into it), written by the host once per layer only after the stream's cells
 changed otherwise (a prompt, a cache operation). Nor may it add a node: each is a launch on a GPU
 and a barrier of every thread on the CPU, a fixed cost per layer that a small model pays at every
-step, so on the CPU the op appends the step's cell itself and SparQ's graph has dense's nodes. SparQ's own transfers (tensor reads and writes, synchronisations: the rebuilds,
+step, so on the CPU the op appends the step's cell itself (into a 16-, 8- or 4-bit K^T) and SparQ's
+graph has dense's nodes. SparQ's own transfers (tensor reads and writes, synchronisations: the rebuilds,
 the counters, those window writes) must not happen at a steady decode step at all.
 `llama_sparq_debug_graph_io` counts both on the last computed graph; the window the op reads is
 compared bit for bit with the one the host computes and uploads for the same step on a context
@@ -64,9 +65,11 @@ def run(model, n_seq, sparq):
 
 @pytest.mark.parametrize("n_seq", [1, 2])
 @pytest.mark.parametrize("l", [4, 0])
-def test_sparq_adds_no_input_and_no_transfer_per_step(model, n_seq, l):
+@pytest.mark.parametrize("kt_bits", [8, 4])
+def test_sparq_adds_no_input_and_no_transfer_per_step(model, n_seq, l, kt_bits):
     dense, dense_tr, _, _ = run(model, n_seq, None)
-    sparse, sparse_tr, st0, st1 = run(model, n_seq, dict(enabled=True, r=4, k=16, l=l, min_kv=0, all_rows=False))
+    sparse, sparse_tr, st0, st1 = run(model, n_seq, dict(enabled=True, r=4, k=16, l=l, min_kv=0, all_rows=False,
+                                                         kt_bits=kt_bits))
     n_layers = st1["n_layers"]
     # SparQ ran at every step of every layer, with no rebuild in between
     assert st1["n_sparq"] - st0["n_sparq"] == N_STEPS * n_layers

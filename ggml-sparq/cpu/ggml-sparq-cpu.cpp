@@ -144,7 +144,7 @@ static struct sparq_args sparq_args_of(const struct ggml_tensor * dst) {
     if (const struct ggml_tensor * c = w.cells) {
         // the step's append, in the driver's first phase (the cells checked here, where ggml names them)
         a.cells = (const int64_t *) c->data;
-        a.kv_size = (int64_t) (kt->nb[1] / kt->nb[0]);
+        a.kv_size = (int64_t) (kt->nb[1] / kt->nb[0]) * ggml_blck_size(kt->type); // (a 4-bit K^T: blocks of cells)
         for (int s = 0; s < a.n_stream; ++s) {
             GGML_ASSERT(a.cells[s] >= 0 && a.cells[s] % a.kv_size < a.n_kv &&
                         "sparq_attn: a stream's new cell outside the cache's view");

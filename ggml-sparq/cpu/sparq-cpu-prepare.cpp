@@ -42,11 +42,16 @@ static void mask_counts(const ctx & C, int ith, int nth) {
     }
 }
 
-// n <= 256 values x into a K^T column (stride bytes apart), encoded as the cell scatter encodes them
-// (e5m2 through f16)
-static void kt_column_put(enum sparq_type t, char * d, size_t stride, const float * x, int n) {
+// n <= 256 values x into cell c of n K^T rows from `rows` (stride bytes apart), encoded as the cell
+// scatter encodes them (e5m2 and 4-bit blocks through f16; a 4-bit block's one writer is this unit)
+static void kt_column_put(enum sparq_type t, char * rows, size_t stride, int64_t c, const float * x, int n) {
     for (int j = 0; j < n; ++j) {
-        char * e = d + (size_t) j * stride;
+        char * row = rows + (size_t) j * stride;
+        if (t == SPARQ_KT4) {
+            ggml_sparq_kt4_put((uint8_t *) row, c, sparq_fp32_to_fp16(x[j]));
+            continue;
+        }
+        char * e = row + (size_t) c * sparq_row_bytes(t, 1);
         if (t == SPARQ_E5M2) {
             *(uint8_t *) e = ggml_sparq_f16_to_e5m2(sparq_fp32_to_fp16(x[j]));
         } else if (t == SPARQ_F16) {
@@ -66,12 +71,12 @@ static void append_unit(const ctx & C, int u) {
     const int64_t c = a->cells[s] % a->kv_size;
     float buf[256];
     const char * krow = (const char *) a->K + (size_t) c * a->K_nb1 + (size_t) h * a->K_nb2 + (size_t) s * a->K_nb3;
-    char * kt = (char *) a->KT + (size_t) c * sparq_row_bytes(a->KT_type, 1) + (size_t) h * a->KT_nb2 + (size_t) s * a->KT_nb3;
+    char * kt = (char *) a->KT + (size_t) h * a->KT_nb2 + (size_t) s * a->KT_nb3;
     float * ksq = (float *) ((char *) a->k_sq + (size_t) h * a->k_sq_nb1 + (size_t) s * a->k_sq_nb2);
     for (int j0 = 0; j0 < a->d; j0 += 256) {
         const int m = std::min(256, a->d - j0);
         sparq_row_to_f32(C.isa, a->K_type, krow + sparq_row_bytes(a->K_type, j0), buf, m);
-        kt_column_put(a->KT_type, kt + (size_t) j0 * a->KT_nb1, a->KT_nb1, buf, m);
+        kt_column_put(a->KT_type, kt + (size_t) j0 * a->KT_nb1, a->KT_nb1, c, buf, m);
         for (int j = 0; j < m; ++j) {
             volatile float x = buf[j]; // each product and sum rounded on its own
             x = x * x;

@@ -83,9 +83,7 @@ bool sparq_op_appends(const llama_sparq_ctx & S, const sparq_layer & L, const ll
                       bool kept_window) {
     const bool rotated = (p.basis == LLAMA_SPARQ_BASIS_PCA && L.basis.rot) || sparq_unrotates(S, L);
     const bool host_window = !kept_window && (l > 0 || sparq_selector_of(p.selector).window_choice);
-    // (a 4-bit K^T's blocks are written by the cell-scatter node, one writer per block)
-    return !rotated && !host_window && L.data.kt && L.data.kt->type != GGML_TYPE_Q4_1 &&
-           ggml_backend_buffer_is_host(L.data.kt->buffer);
+    return !rotated && !host_window && L.data.kt && ggml_backend_buffer_is_host(L.data.kt->buffer);
 }
 
 ggml_tensor * sparq_op_probe(ggml_context * c, const llama_sparq_ctx & S, const sparq_layer & L,

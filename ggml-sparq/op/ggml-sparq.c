@@ -58,7 +58,6 @@ static const char * sparq_check_append(const struct ggml_sparq_attn_srcs * s) {
     }
     const int64_t d = s->q->ne[0], dv = s->v->ne[0], n_hkv = s->k->ne[2], n_strm = s->q->ne[3];
     SPARQ_NEED(s->q->ne[1] == 1, "the step's append needs one query row per stream (a decode step)");
-    SPARQ_NEED(s->kt->type != GGML_TYPE_Q4_1, "the step's append writes an 8- or 16-bit K^T (a 4-bit one by the write nodes)");
     SPARQ_NEED(s->cells->type == GGML_TYPE_I64 && ggml_nelements(s->cells) == n_strm && ggml_is_contiguous(s->cells),
                "cells must be contiguous i64 [n_stream]");
     SPARQ_NEED(s->v_comp->type == GGML_TYPE_F32 && ggml_are_same_shape(s->v_comp, s->v_sum) &&

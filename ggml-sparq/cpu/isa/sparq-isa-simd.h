@@ -19,6 +19,8 @@
 //   half(h)              one f16 (a block's scale) to f32
 //   load_q4(qs, x)       16 bytes of nibbles (a 4-bit K^T block: byte j holds cell j low, j + 16 high)
 //                        as 32 / W vectors of the cells' nibble values 0..15, cells in order
+//   kt4_block(blk, x)    optional: a whole 4-bit K^T block's 32 values (what simd_kt4_block computes,
+//                        the same bits), where the ISA has a cheaper way
 //
 // The skeletons below are the "full vectors, then a scalar tail" family (AVX2, NEON). AVX-512's
 // reductions run masked tails instead (different lanes, so different sums): they stay in its
@@ -149,10 +151,17 @@ void simd_approx(const T * const * rows, int r, const float * qs, int g, int n, 
     });
 }
 
+template <class V, class = void> struct simd_has_kt4_block : std::false_type {};
+template <class V> struct simd_has_kt4_block<V, std::void_t<decltype(&V::kt4_block)>> : std::true_type {};
+
 // A 4-bit K^T block's 32 values (sparq_isa::approx_kt4): its nibbles to floats (V::load_q4: 32 / W
-// vectors, cells in order), times d plus m (exact: d a power of two)
+// vectors, cells in order), times d plus m (exact: d a power of two), or the ISA's V::kt4_block
 template <class V>
 inline void simd_kt4_block(const uint8_t * blk, typename V::vf * x) {
+    if constexpr (simd_has_kt4_block<V>::value) {
+        V::kt4_block(blk, x);
+        return;
+    }
     uint16_t dh, mh;
     memcpy(&dh, blk, 2);
     memcpy(&mh, blk + 2, 2);
@@ -164,7 +173,8 @@ inline void simd_kt4_block(const uint8_t * blk, typename V::vf * x) {
 }
 
 // simd_approx_tile over 4-bit K^T rows: NB whole blocks of 32 cells (block b0 on, at out + s) of
-// G heads in registers over all r rows, each row's blocks decoded once for the G heads
+// G heads in registers over all r rows, each row's blocks decoded once for the G heads (and the
+// next tile's prefetched: the hardware's prefetch falls behind that many rows of short blocks)
 template <class V, int G, int NB>
 inline void simd_approx_kt4_tile(const uint8_t * const * rows, int r, const float * qs, int n, int b0, int s,
                                  float * out) {
@@ -176,8 +186,12 @@ inline void simd_approx_kt4_tile(const uint8_t * const * rows, int r, const floa
             acc[h][v] = V::zero();
         }
     }
+    constexpr size_t span = (size_t) NB * GGML_SPARQ_KT4_BYTES;
     for (int j = 0; j < r; ++j) {
         const uint8_t * x = rows[j] + (size_t) b0 * GGML_SPARQ_KT4_BYTES;
+        for (size_t o = 0; o < span; o += 64) {
+            V::prefetch(x + span + o);
+        }
         for (int b = 0; b < NB; ++b) {
             vf xv[NVB];
             simd_kt4_block<V>(x + b * GGML_SPARQ_KT4_BYTES, xv);
@@ -226,7 +240,7 @@ inline void simd_approx_kt4_part(const uint8_t * const * rows, int r, const floa
 template <class V, int G>
 void simd_approx_kt4_heads(const uint8_t * const * rows, int c0, int r, const float * qs, int n, float * out) {
     constexpr int NVB = GGML_SPARQ_KT4_CELLS / V::W;
-    constexpr int NB = std::max(1, std::min(4, (V::REGS - 2) / ((G + 1) * NVB)));
+    constexpr int NB = std::max(1, std::min(8, (V::REGS - 2) / ((G + 1) * NVB)));
     int s = 0;
     const int o = c0 % GGML_SPARQ_KT4_CELLS;
     if (o != 0) {

@@ -8,19 +8,16 @@
 //   zero(), set1(x)      broadcasts
 //   load(const float *), load(const uint16_t *)   W floats, or W halves to f32; store(float *, vf)
 //   load(const uint8_t *)                         W e5m2 bytes to f32 (each the upper byte of an f16)
-//   add, sub, mul, min, max
+//   add, sub, mul, min, max;  round(x): to the nearest integer, ties to even
 //   fmadd(a, b, c)       a * b + c, fused;  fnmadd(a, b, c): c - a * b, fused
-//   round(x)             to the nearest integer, ties to even
 //   pow2i(n)             2^n for integral n in the exponent's range (n + 127 into the exponent bits)
 //   lt(a, b)             lanes with a < b (ordered);  zero_where(m, x): x with those lanes 0
 //   hsum(v), hmax(v)     horizontal sum and maximum (each ISA's own order)
-//   prefetch(p)          into L1
+//   prefetch(p)          into L1;  half(h): one f16 (a block's scale) to f32
 //   load_q8(qs, x)       a q8_0 block's 32 int8 values into 32 / W vectors x[] of floats
-//   half(h)              one f16 (a block's scale) to f32
 //   load_q4(qs, x)       16 bytes of nibbles (a 4-bit K^T block: byte j holds cell j low, j + 16 high)
 //                        as 32 / W vectors of the cells' nibble values 0..15, cells in order
-//   kt4_block(blk, x)    optional: a whole 4-bit K^T block's 32 values (what simd_kt4_block computes,
-//                        the same bits), where the ISA has a cheaper way
+//   kt4_block(blk, x)    optional: a 4-bit K^T block's 32 values, simd_kt4_block's bits more cheaply
 //
 // The skeletons below are the "full vectors, then a scalar tail" family (AVX2, NEON). AVX-512's
 // reductions run masked tails instead (different lanes, so different sums): they stay in its
@@ -153,28 +150,27 @@ void simd_approx(const T * const * rows, int r, const float * qs, int g, int n, 
 
 template <class V, class = void> struct simd_has_kt4_block : std::false_type {};
 template <class V> struct simd_has_kt4_block<V, std::void_t<decltype(&V::kt4_block)>> : std::true_type {};
-
 // A 4-bit K^T block's 32 values (sparq_isa::approx_kt4): its nibbles to floats (V::load_q4: 32 / W
 // vectors, cells in order), times d plus m (exact: d a power of two), or the ISA's V::kt4_block
 template <class V>
 inline void simd_kt4_block(const uint8_t * blk, typename V::vf * x) {
     if constexpr (simd_has_kt4_block<V>::value) {
         V::kt4_block(blk, x);
-        return;
-    }
-    uint16_t dh, mh;
-    memcpy(&dh, blk, 2);
-    memcpy(&mh, blk + 2, 2);
-    const typename V::vf vd = V::set1(V::half(dh)), vm = V::set1(V::half(mh));
-    V::load_q4(blk + 4, x);
-    for (int i = 0; i < GGML_SPARQ_KT4_CELLS / V::W; ++i) {
-        x[i] = V::fmadd(x[i], vd, vm);
+    } else {
+        uint16_t dh, mh;
+        memcpy(&dh, blk, 2);
+        memcpy(&mh, blk + 2, 2);
+        const typename V::vf vd = V::set1(V::half(dh)), vm = V::set1(V::half(mh));
+        V::load_q4(blk + 4, x);
+        for (int i = 0; i < GGML_SPARQ_KT4_CELLS / V::W; ++i) {
+            x[i] = V::fmadd(x[i], vd, vm);
+        }
     }
 }
 
 // simd_approx_tile over 4-bit K^T rows: NB whole blocks of 32 cells (block b0 on, at out + s) of
-// G heads in registers over all r rows, each row's blocks decoded once for the G heads (and the
-// next tile's prefetched: the hardware's prefetch falls behind that many rows of short blocks)
+// G heads in registers over all r rows, each row's blocks decoded once for the G heads; each row's
+// next tile prefetched (the hardware's prefetch falls behind that many rows of short blocks)
 template <class V, int G, int NB>
 inline void simd_approx_kt4_tile(const uint8_t * const * rows, int r, const float * qs, int n, int b0, int s,
                                  float * out) {

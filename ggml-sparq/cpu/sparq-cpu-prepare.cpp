@@ -45,13 +45,14 @@ static void mask_counts(const ctx & C, int ith, int nth) {
 // n <= 256 values x into cell c of n K^T rows from `rows` (stride bytes apart), encoded as the cell
 // scatter encodes them (e5m2 and 4-bit blocks through f16; a 4-bit block's one writer is this unit)
 static void kt_column_put(enum sparq_type t, char * rows, size_t stride, int64_t c, const float * x, int n) {
+    const size_t off = t == SPARQ_KT4 ? 0 : (size_t) c * sparq_row_bytes(t, 1);
     for (int j = 0; j < n; ++j) {
         char * row = rows + (size_t) j * stride;
         if (t == SPARQ_KT4) {
             ggml_sparq_kt4_put((uint8_t *) row, c, sparq_fp32_to_fp16(x[j]));
             continue;
         }
-        char * e = row + (size_t) c * sparq_row_bytes(t, 1);
+        char * e = row + off;
         if (t == SPARQ_E5M2) {
             *(uint8_t *) e = ggml_sparq_f16_to_e5m2(sparq_fp32_to_fp16(x[j]));
         } else if (t == SPARQ_F16) {

@@ -49,6 +49,7 @@ struct avx2_vec {
         x[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
         x[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
     }
+    static inline void kt4_block(const uint8_t * blk, vf * x) { simd_kt4_q4_block<avx2_vec>(blk, x); }
     static inline void load_q8(const int8_t * qs, vf * x) {
         for (int i = 0; i < 4; ++i) {
             x[i] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *) (qs + 8 * i))));

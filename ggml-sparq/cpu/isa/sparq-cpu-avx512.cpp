@@ -56,7 +56,7 @@ struct avx512_vec {
     static inline void store(float * p, vf v)            { _mm512_storeu_ps(p, v); }
     static inline float half(uint16_t h)                 { return _cvtsh_ss(h); }
     // a block's 16 bin midpoints (q - 7.5) d, exact as q d + m is (d a power of two), looked up by
-    // nibble: one permute per 16 cells instead of a conversion and a multiply-add
+    // nibble: one permute per 16 cells instead of simd_kt4_q4_block's conversion and multiply-add
     static inline void kt4_block(const uint8_t * blk, vf * x) {
         uint16_t dh;
         memcpy(&dh, blk, 2);
@@ -66,11 +66,6 @@ struct avx512_vec {
         const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *) (blk + 4)));
         x[0] = _mm512_permutexvar_ps(q, tbl); // (the permute reads an index's low 4 bits)
         x[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), tbl);
-    }
-    static inline void load_q4(const uint8_t * qs, vf * x) {
-        const __m128i b = _mm_loadu_si128((const __m128i *) qs), m4 = _mm_set1_epi8(0x0F);
-        x[0] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(b, m4)));
-        x[1] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(b, 4), m4)));
     }
     static inline vf add(vf a, vf b)                     { return _mm512_add_ps(a, b); }
     static inline vf mul(vf a, vf b)                     { return _mm512_mul_ps(a, b); }

@@ -55,6 +55,7 @@ struct neon_vec {
             x[4 * i + 3] = vcvtq_f32_u32(vmovl_u16(vget_high_u16(hi)));
         }
     }
+    static inline void kt4_block(const uint8_t * blk, vf * x) { simd_kt4_q4_block<neon_vec>(blk, x); }
     static inline void load_q8(const int8_t * qs, vf * x) {
         for (int i = 0; i < 2; ++i) {
             const int8x16_t b = vld1q_s8(qs + 16 * i);

@@ -15,9 +15,8 @@
 //   hsum(v), hmax(v)     horizontal sum and maximum (each ISA's own order)
 //   prefetch(p)          into L1;  half(h): one f16 (a block's scale) to f32
 //   load_q8(qs, x)       a q8_0 block's 32 int8 values into 32 / W vectors x[] of floats
-//   load_q4(qs, x)       16 bytes of nibbles (a 4-bit K^T block: byte j holds cell j low, j + 16 high)
-//                        as 32 / W vectors of the cells' nibble values 0..15, cells in order
-//   kt4_block(blk, x)    optional: a 4-bit K^T block's 32 values, simd_kt4_block's bits more cheaply
+//   kt4_block(blk, x)    a 4-bit K^T block's 32 values into 32 / W vectors, cells in order: exactly
+//                        q d + m (simd_kt4_q4_block, from the ISA's load_q4, where it has no cheaper way)
 //
 // The skeletons below are the "full vectors, then a scalar tail" family (AVX2, NEON). AVX-512's
 // reductions run masked tails instead (different lanes, so different sums): they stay in its
@@ -148,23 +147,17 @@ void simd_approx(const T * const * rows, int r, const float * qs, int g, int n, 
     });
 }
 
-template <class V, class = void> struct simd_has_kt4_block : std::false_type {};
-template <class V> struct simd_has_kt4_block<V, std::void_t<decltype(&V::kt4_block)>> : std::true_type {};
-// A 4-bit K^T block's 32 values (sparq_isa::approx_kt4): its nibbles to floats (V::load_q4: 32 / W
-// vectors, cells in order), times d plus m (exact: d a power of two), or the ISA's V::kt4_block
+// V::kt4_block from nibbles: V::load_q4 (16 bytes of nibbles, byte j holding cell j low and j + 16
+// high, as 32 / W vectors of the values 0..15, cells in order), times d plus m (exact: d a power of two)
 template <class V>
-inline void simd_kt4_block(const uint8_t * blk, typename V::vf * x) {
-    if constexpr (simd_has_kt4_block<V>::value) {
-        V::kt4_block(blk, x);
-    } else {
-        uint16_t dh, mh;
-        memcpy(&dh, blk, 2);
-        memcpy(&mh, blk + 2, 2);
-        const typename V::vf vd = V::set1(V::half(dh)), vm = V::set1(V::half(mh));
-        V::load_q4(blk + 4, x);
-        for (int i = 0; i < GGML_SPARQ_KT4_CELLS / V::W; ++i) {
-            x[i] = V::fmadd(x[i], vd, vm);
-        }
+inline void simd_kt4_q4_block(const uint8_t * blk, typename V::vf * x) {
+    uint16_t dh, mh;
+    memcpy(&dh, blk, 2);
+    memcpy(&mh, blk + 2, 2);
+    const typename V::vf vd = V::set1(V::half(dh)), vm = V::set1(V::half(mh));
+    V::load_q4(blk + 4, x);
+    for (int i = 0; i < GGML_SPARQ_KT4_CELLS / V::W; ++i) {
+        x[i] = V::fmadd(x[i], vd, vm);
     }
 }
 
@@ -190,7 +183,7 @@ inline void simd_approx_kt4_tile(const uint8_t * const * rows, int r, const floa
         }
         for (int b = 0; b < NB; ++b) {
             vf xv[NVB];
-            simd_kt4_block<V>(x + b * GGML_SPARQ_KT4_BYTES, xv);
+            V::kt4_block(x + b * GGML_SPARQ_KT4_BYTES, xv);
             for (int h = 0; h < G; ++h) {
                 const vf w = V::set1(qs[h * r + j]);
                 for (int v = 0; v < NVB; ++v) {
@@ -218,7 +211,7 @@ inline void simd_approx_kt4_part(const uint8_t * const * rows, int r, const floa
     for (int j = 0; j < r; ++j) {
         typename V::vf xv[NVB];
         float xb[GGML_SPARQ_KT4_CELLS];
-        simd_kt4_block<V>(rows[j] + off, xv);
+        V::kt4_block(rows[j] + off, xv);
         for (int v = 0; v < NVB; ++v) {
             V::store(xb + v * V::W, xv[v]);
         }

@@ -115,40 +115,39 @@ int merge_candidates(const ctx & C, int u, int w, int ith, const row_info * ri, 
     // one list (group-shared) or one per query head, merged over the chunks
     for (int h = 0; h < C.L.ph; ++h) {
         int n_m = 0;
-        // staged: every eligible cell at or above the largest bound of the chunks was offered
+        // staged: every eligible cell at or above the largest bound of the chunks was offered, so
+        // what is ranked from here on is the candidates at or above it, exactly the best cells of
+        // the whole row down to it (a bucket's best is below it only when all of its cells are)
         float bound = -INFINITY;
+        for (int c = 0; staged && c < C.L.n_chunks; ++c) {
+            bound = std::max(bound, *C.cbound(w, c, h));
+        }
         for (int c = 0; c < C.L.n_chunks; ++c) {
             const int n_c = *C.ccount(w, c, h);
             const cand * cc = C.cands(w, c, h);
-            if (staged) {
-                bound = std::max(bound, *C.cbound(w, c, h));
-            }
             for (int i = 0; i < n_c; ++i) {
-                // window cells are added below, not chosen by score
-                const uint32_t b = (uint32_t) (cc[i].idx - wlo);
-                if (b >= wspan || !((wbits[b >> 6] >> (b & 63)) & 1)) {
-                    merge[n_m++] = cc[i];
-                }
+                // window cells are added below, not chosen by score; each candidate written, and
+                // kept or not without a branch (merge has room for one more)
+                const cand x = cc[i];
+                const uint32_t b = (uint32_t) (x.idx - wlo);
+                const bool in_win = b < wspan && ((wbits[b >> 6] >> (b & 63)) & 1);
+                merge[n_m] = x;
+                n_m += (int) (!in_win & (x.key >= bound));
             }
         }
         if (a->topk_buckets > 0) {
             n_m = bucket_merge(merge, n_m, a->topk_buckets);
-        }
-        if (bound > -INFINITY) {
-            // what is ranked from here on: the candidates at or above the bound, which are exactly
-            // the best cells of the whole row down to it
-            n_m = (int) (std::partition(merge, merge + n_m, [bound](const cand & x) { return x.key >= bound; }) - merge);
         }
         int keep = kk;
         int front = 0; // merge[0..front) are already the best front cells
         if (a->cov_p > 0.0f) {
             // the coverage target: the fewest best cells reaching it (measured, or the selection)
             int reached = 0;
-            const int n_cut = sparq_coverage_cut(C, u, w, h, ri, wl, merge, n_m, &reached);
-            front = n_cut; // the cut moved its cells to the front
+            const int floor = a->cov_apply ? a->k_min - ri->n_win : 0; // (measured only: no floor)
+            const int n_cut = sparq_coverage_cut(C, u, w, h, ri, wl, merge, n_m, floor, &reached, &front);
             if (a->cov_apply) {
                 // short of the target (a diffuse head): the cap's best cells
-                keep = reached ? std::min(kk, std::max(n_cut, a->k_min - ri->n_win)) : kk;
+                keep = reached ? std::min(kk, std::max(n_cut, floor)) : kk;
             }
             if (bound > -INFINITY && keep > n_m) {
                 // fewer candidates above the bound than kept: the chunks offer again at the full cap

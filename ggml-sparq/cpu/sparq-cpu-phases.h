@@ -435,9 +435,10 @@ float sparq_alpha(const ctx & C, int u, int w, int hh, const int32_t * sel, int 
 // phase_select, per selection list h of unit u: the coverage target's cut of its n candidates
 // (merge[0..n), unordered): moves the fewest best ones whose estimated mass, with the window's,
 // reaches cov_p to the front and returns how many that is (n when they all fall short; *reached
-// says which); the caller clamps it
+// says which); the caller clamps it. When the target is reached by fewer than floor, the best
+// min(floor, n) are at the front; *front says how many best cells are.
 int sparq_coverage_cut(const ctx & C, int u, int w, int h, const row_info * ri, const int32_t * wl, cand * merge,
-                       int n, int * reached);
+                       int n, int floor, int * reached, int * front);
 
 // the paper's baselines' arguments: no approximate scores, no mean of V, one choice per KV head
 // (sparq-cpu-layout.cpp)

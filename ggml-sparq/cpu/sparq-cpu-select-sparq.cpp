@@ -301,78 +301,11 @@ float sparq_alpha(const ctx & C, int u, int w, int hh, const int32_t * sel, int 
     return (float) std::min(1.0, mass / Z);
 }
 
-int sparq_coverage_cut(const ctx & C, int u, int w, int h, const row_info * ri, const int32_t * wl, cand * merge,
-                       int n, int * reached) {
-    const int g = C.L.group_size;
-    const float * m = C.mask_row(C.unit_row(u));
-    // the heads whose mean mass the target is on: list h's head (per-head lists), else the group
-    const int h0 = C.L.ph > 1 ? h : 0, h1 = C.L.ph > 1 ? h + 1 : g;
-    float M[64];
-    double iZ[64];
-    double win = 0.0;
-    for (int hh = h0; hh < h1 && hh - h0 < 64; ++hh) {
-        double Z;
-        head_softmax(C, u, w, hh, &M[hh - h0], &Z);
-        iZ[hh - h0] = Z > 0.0 ? 1.0 / Z : 0.0;
-        if (C.a->sinks) {
-            // a sink is always attended, as the window
-            win += exp((double) C.a->sinks[C.unit_kvh(u) * g + hh] - M[hh - h0]) * iZ[hh - h0];
-        }
-        for (int i = 0; i < ri->n_win; ++i) {
-            win += approx_exp(C, u, w, hh, wl[i], M[hh - h0], m) * iZ[hh - h0];
-        }
-    }
-    const int nh = std::min(h1 - h0, 64);
-    win /= nh;
-    // a candidate's estimated weight: its head's softmax (per-head lists, g == 1), or the group's
-    // summed normalised scores over g (the key of a shared GQA list)
-    const bool summed = g > 1 && C.L.ph == 1;
-    const float M0 = M[0];
-    const double iZ0 = iZ[0];
-    auto wt = [&](const cand & c) -> double {
-        return summed ? (double) c.key / g : exp((double) c.key - M0) * iZ0;
-    };
-    const double need = (double) C.a->cov_p - win;
-    *reached = 1;
-    if (need <= 0.0) {
-        return 0;
-    }
-    // First the keys' histogram (key_bin) with each bin's mass; from the top bin down, the one
-    // where the mass reaches the target. The bins above it are the best cells, so only that bin's
-    // candidates are ranked (a quickselect over all of them, every pass branching on each, cost
-    // more than the rest of the selection).
-    constexpr int NB = SPARQ_KEY_BINS;
-    double bmass[NB];
-    int bcnt[NB];
-    memset(bmass, 0, sizeof(bmass));
-    memset(bcnt, 0, sizeof(bcnt));
-    double total = 0.0;
-    int B = 0; // the walk down starts at the highest bin used
-    for (int i = 0; i < n; ++i) {
-        const int b = key_bin(merge[i].key);
-        const double x = wt(merge[i]);
-        bmass[b] += x;
-        bcnt[b] += 1;
-        total += x;
-        B = std::max(B, b);
-    }
-    if (total < need) {
-        *reached = 0; // all of them fall short: all of them, in any order
-        return n;
-    }
-    double above = 0.0;
-    int n_above = 0;
-    while (B > 0 && above + bmass[B] < need) {
-        above += bmass[B];
-        n_above += bcnt[B];
-        --B;
-    }
-    std::partition(merge, merge + n, [&](const cand & c) { return key_bin(c.key) > B; });
-    std::partition(merge + n_above, merge + n, [&](const cand & c) { return key_bin(c.key) == B; });
-    // a quickselect on the mass within the bin: merge[0..lo) are better than the rest and hold
-    // acc < need; the answer lies in [lo, hi)
-    int lo = n_above, hi = n_above + bcnt[B];
-    double acc = above;
+// the coverage cut within one bin's candidates merge[lo..hi) (sparq_coverage_cut): merge[0..lo)
+// are better than the rest and hold acc < need; a quickselect on the mass moves the fewest best of
+// the bin reaching need after them and returns where they end
+template <class W>
+static int cut_within_bin(cand * merge, int lo, int hi, double acc, double need, W wt) {
     const cand_greater better;
     while (hi - lo > 32) {
         const cand & x = merge[lo], & y = merge[lo + (hi - lo) / 2], & z = merge[hi - 1];
@@ -410,6 +343,122 @@ int sparq_coverage_cut(const ctx & C, int u, int w, int h, const row_info * ri, 
         }
     }
     return hi; // the bin's mass reached the target: rounding left its sum a hair short
+}
+
+int sparq_coverage_cut(const ctx & C, int u, int w, int h, const row_info * ri, const int32_t * wl, cand * merge,
+                       int n, int floor, int * reached, int * front) {
+    const int g = C.L.group_size;
+    const float * m = C.mask_row(C.unit_row(u));
+    // the heads whose mean mass the target is on: list h's head (per-head lists), else the group
+    const int h0 = C.L.ph > 1 ? h : 0, h1 = C.L.ph > 1 ? h + 1 : g;
+    float M[64];
+    double iZ[64];
+    double win = 0.0;
+    for (int hh = h0; hh < h1 && hh - h0 < 64; ++hh) {
+        double Z;
+        head_softmax(C, u, w, hh, &M[hh - h0], &Z);
+        iZ[hh - h0] = Z > 0.0 ? 1.0 / Z : 0.0;
+        if (C.a->sinks) {
+            // a sink is always attended, as the window
+            win += exp((double) C.a->sinks[C.unit_kvh(u) * g + hh] - M[hh - h0]) * iZ[hh - h0];
+        }
+        for (int i = 0; i < ri->n_win; ++i) {
+            win += approx_exp(C, u, w, hh, wl[i], M[hh - h0], m) * iZ[hh - h0];
+        }
+    }
+    const int nh = std::min(h1 - h0, 64);
+    win /= nh;
+    // a candidate's estimated weight: its head's softmax (per-head lists, g == 1), or the group's
+    // summed normalised scores over g (the key of a shared GQA list): there the weights and the
+    // target are counted g times over, the key itself (a division per candidate cost more than the
+    // rest of the histogram)
+    const bool summed = g > 1 && C.L.ph == 1;
+    const float M0 = M[0];
+    const double iZ0 = iZ[0];
+    auto wt = [&](const cand & c) -> double {
+        return summed ? (double) c.key : exp((double) c.key - M0) * iZ0;
+    };
+    const double need = ((double) C.a->cov_p - win) * (summed ? g : 1);
+    *reached = 1;
+    *front = 0;
+    if (need <= 0.0) {
+        return 0;
+    }
+    // First the keys' histogram (key_bin) with each bin's mass; from the top bin down, the one
+    // where the mass reaches the target. The bins above it are the best cells, so only that bin's
+    // candidates are ranked (a quickselect over all of them, every pass branching on each, cost
+    // more than the rest of the selection). Most keys fall in a few bins: four histograms (and
+    // sums), one per candidate mod 4, keep each add from waiting on the last one to its bin.
+    if (n == 0) {
+        *reached = 0;
+        return 0;
+    }
+    int b_lo = SPARQ_KEY_BINS, B = 0; // the walk down starts at the highest bin used
+    for (int i = 0; i < n; ++i) {
+        const int b = key_bin(merge[i].key);
+        b_lo = std::min(b_lo, b);
+        B = std::max(B, b);
+    }
+    const int nb = B - b_lo + 1;
+    double bmass4[4][SPARQ_KEY_BINS];
+    int bcnt4[4][SPARQ_KEY_BINS];
+    for (int j = 0; j < 4; ++j) {
+        memset(bmass4[j], 0, (size_t) nb * sizeof(double));
+        memset(bcnt4[j], 0, (size_t) nb * sizeof(int));
+    }
+    double total4[4] = { 0.0, 0.0, 0.0, 0.0 };
+    for (int i = 0; i < n; ++i) {
+        const int j = i & 3, b = key_bin(merge[i].key) - b_lo;
+        const double x = wt(merge[i]);
+        bmass4[j][b] += x;
+        bcnt4[j][b] += 1;
+        total4[j] += x;
+    }
+    // bin b's mass and count at bmass[b - b_lo], bcnt[b - b_lo]
+    double * bmass = bmass4[0];
+    int * bcnt = bcnt4[0];
+    for (int b = 0; b < nb; ++b) {
+        bmass[b] = (bmass4[0][b] + bmass4[1][b]) + (bmass4[2][b] + bmass4[3][b]);
+        bcnt[b] += bcnt4[1][b] + bcnt4[2][b] + bcnt4[3][b];
+    }
+    const double total = (total4[0] + total4[1]) + (total4[2] + total4[3]);
+    if (total < need) {
+        *reached = 0; // all of them fall short: all of them, in any order
+        *front = n;
+        return n;
+    }
+    double above = 0.0;
+    int n_above = 0;
+    while (B > b_lo && above + bmass[B - b_lo] < need) {
+        above += bmass[B - b_lo];
+        n_above += bcnt[B - b_lo];
+        --B;
+    }
+    std::partition(merge, merge + n, [&](const cand & c) { return key_bin(c.key) > B; });
+    std::partition(merge + n_above, merge + n, [&](const cand & c) { return key_bin(c.key) == B; });
+    const int end = n_above + bcnt[B - b_lo]; // merge[n_above..end): bin B's candidates
+    const cand_greater better;
+    const int n_cut = cut_within_bin(merge, n_above, end, above, need, wt);
+    // the floor: the best floor cells at the front when the cut has fewer, from the rest of bin B
+    // and the histogram's lower bins (not a selection over all the rest, which cost more)
+    *front = n_cut;
+    const int want = std::min(floor, n);
+    if (want > n_cut) {
+        if (want <= end) {
+            std::nth_element(merge + n_cut, merge + (want - 1), merge + end, better);
+        } else {
+            int Bf = B - 1, cum = end;
+            while (cum + bcnt[Bf - b_lo] < want) {
+                cum += bcnt[Bf - b_lo];
+                --Bf;
+            }
+            std::partition(merge + end, merge + n, [&](const cand & c) { return key_bin(c.key) > Bf; });
+            cand * e = std::partition(merge + cum, merge + n, [&](const cand & c) { return key_bin(c.key) == Bf; });
+            std::nth_element(merge + cum, merge + (want - 1), e, better);
+        }
+        *front = want;
+    }
+    return n_cut;
 }
 
 // the oracle: SparQ with every component

@@ -104,9 +104,8 @@ int neon_filter_gt(const float * x, int n, float t, int32_t * idx) {
     for (; i + 4 <= n; i += 4) {
         if (vmaxvq_u32(vcgtq_f32(vld1q_f32(x + i), vt))) {
             for (int j = 0; j < 4; ++j) {
-                if (x[i + j] > t) {
-                    idx[m++] = i + j;
-                }
+                idx[m] = i + j; // written always, kept or not without a branch (room: see sparq_isa)
+                m += x[i + j] > t ? 1 : 0;
             }
         }
     }

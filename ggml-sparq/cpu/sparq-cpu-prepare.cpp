@@ -108,12 +108,34 @@ static void append_unit(const ctx & C, int u) {
     }
 }
 
+// the lines append_unit writes, asked for before the mask's work: each K^T row's cell is on a
+// line (and page) of its own, and they have left the caches since the last step (always_inline:
+// GCC drops a call to a function of prefetches only, as having no effect)
+static inline __attribute__((always_inline)) void prefetch_append(const ctx & C, int u) {
+    const sparq_args * a = C.a;
+    const int s = C.row_stream(C.unit_row(u)), h = C.unit_kvh(u);
+    const int64_t c = a->cells[s] % a->kv_size;
+    const char * kt = (const char *) a->KT + (size_t) h * a->KT_nb2 + (size_t) s * a->KT_nb3;
+    const size_t off = a->KT_type == SPARQ_KT4 ? (size_t) (c / GGML_SPARQ_KT4_CELLS) * GGML_SPARQ_KT4_BYTES
+                                               : (size_t) c * sparq_row_bytes(a->KT_type, 1);
+    for (int j = 0; j < a->d; ++j) {
+        __builtin_prefetch(kt + (size_t) j * a->KT_nb1 + off, 1);
+    }
+    __builtin_prefetch((const char *) a->K + (size_t) c * a->K_nb1 + (size_t) h * a->K_nb2 + (size_t) s * a->K_nb3);
+    __builtin_prefetch((const char *) a->V + (size_t) c * a->V_nb1 + (size_t) h * a->V_nb2 + (size_t) s * a->V_nb3);
+}
+
 void phase_components(const ctx & C, int ith, int nth) {
     const sparq_args * a = C.a;
     if (ith == 0) {
         // the hand-off from phase_select to phase_attend: no unit ready, no item taken, no part done
         for (int i = 0; i < 2 * C.L.n_units + C.L.n_waves; ++i) {
             new (C.unit_ready(0) + i) std::atomic<int32_t>(0);
+        }
+    }
+    if (a->cells) {
+        for (int u = ith; u < C.L.n_units; u += nth) {
+            prefetch_append(C, u);
         }
     }
     mask_counts(C, ith, nth);

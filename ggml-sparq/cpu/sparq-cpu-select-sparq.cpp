@@ -62,6 +62,39 @@ void sparq_components(const ctx & C, int u, float * absq, int32_t * order, float
     }
 }
 
+// The K^T rows' cells s0 .. s1 of unit u, asked for: the tiles prefetch each block's next one, but
+// a chunk's first block has no earlier one, and cold it took four times the others' time.
+// (always_inline: GCC drops a call to a function of prefetches only, as having no effect)
+static inline __attribute__((always_inline)) void prefetch_kt_rows(const ctx & C, int u, int s0, int s1) {
+    const sparq_args * a = C.a;
+    const int R = C.unit_row(u), kvh = C.unit_kvh(u), st = C.row_stream(R);
+    const int32_t * i1 = C.i1(u);
+    const bool kt4 = a->KT_type == SPARQ_KT4;
+    const size_t b0 = kt4 ? (size_t) (s0 / GGML_SPARQ_KT4_CELLS) * GGML_SPARQ_KT4_BYTES : sparq_row_bytes(a->KT_type, s0);
+    const size_t b1 = kt4 ? (size_t) ((s1 + GGML_SPARQ_KT4_CELLS - 1) / GGML_SPARQ_KT4_CELLS) * GGML_SPARQ_KT4_BYTES
+                          : sparq_row_bytes(a->KT_type, s1);
+    for (int j = 0; j < a->r; ++j) {
+        const char * row = C.KT_row(st, kvh, i1[j]);
+        for (size_t o = b0 & ~(size_t) 63; o < b1; o += 64) {
+            __builtin_prefetch(row + o);
+        }
+    }
+}
+
+// phase_components, after this thread's units' components: the first unit's first block of every
+// chunk (the other units' are asked for by the unit before them, sparq_chunk_scores)
+static void sparq_prepare(const ctx & C, int ith, int nth) {
+    (void) nth;
+    if (ith != 0 || C.L.n_units == 0) {
+        return; // unit 0's components are thread 0's
+    }
+    for (int c = 0; c < C.L.n_chunks; ++c) {
+        int s0, s1;
+        chunk_range(C.a->n_kv, c, C.L.n_chunks, &s0, &s1);
+        prefetch_kt_rows(C, 0, s0, std::min(s1, s0 + C.L.block_cells));
+    }
+}
+
 // Blocks of B cells: the g rows of approximate logits of a block stay in L1/L2 while the r rows
 // of K^T stream through the ISA's approx; each block's maxima and sums update the chunk's
 // softmax statistics (stat: per head its maximum and sum of exp). A shared GQA list keeps the
@@ -124,6 +157,9 @@ void sparq_chunk_scores(const ctx & C, int u, int w, int s0, int s1, int ith) {
                 }
             }
         }
+    }
+    if (u + 1 < C.L.n_units) {
+        prefetch_kt_rows(C, u + 1, s0, std::min(s1, s0 + C.L.block_cells)); // the next unit's first block
     }
     if (g == 1) {
         // candidates: cells before the local window
@@ -475,7 +511,7 @@ extern const selector select_sparq = {
     /* args           */ nullptr,
     /* scratch        */ nullptr,
     /* window_more    */ nullptr,
-    /* prepare        */ nullptr,
+    /* prepare        */ sparq_prepare,
     /* chunk          */ sparq_chunk_scores,
     /* selected       */ nullptr,
     /* attended       */ nullptr,
@@ -492,7 +528,7 @@ extern const selector select_oracle = {
     /* args           */ oracle_args,
     /* scratch        */ nullptr,
     /* window_more    */ nullptr,
-    /* prepare        */ nullptr,
+    /* prepare        */ sparq_prepare,
     /* chunk          */ sparq_chunk_scores,
     /* selected       */ nullptr,
     /* attended       */ nullptr,

@@ -45,7 +45,7 @@ static void mask_counts(const ctx & C, int ith, int nth) {
 // n <= 256 values x into cell c of n K^T rows from `rows` (stride bytes apart), encoded as the cell
 // scatter encodes them (e5m2 and 4-bit blocks through f16; a 4-bit block's one writer is this unit)
 static void kt_column_put(enum sparq_type t, char * rows, size_t stride, int64_t c, const float * x, int n) {
-    const size_t off = t == SPARQ_KT4 ? 0 : (size_t) c * sparq_row_bytes(t, 1);
+    const size_t off = sparq_cell_offset(t, c); // (a 4-bit block: ggml_sparq_kt4_put finds it)
     for (int j = 0; j < n; ++j) {
         char * row = rows + (size_t) j * stride;
         if (t == SPARQ_KT4) {
@@ -63,16 +63,37 @@ static void kt_column_put(enum sparq_type t, char * rows, size_t stride, int64_t
     }
 }
 
-// unit u's share of the step's append (sparq_args::cells): its stream's new cell, its KV head, the K and
-// V rows as the cache holds them, with the sum-append mode's arithmetic (so that the sums equal a
-// recomputation alike)
+// where unit u's share of the step's append (sparq_args::cells) reads and writes: its stream s's
+// new cell c, its KV head h, the K and V rows of the cell, the head's K^T rows
+struct append_site {
+    int s, h;
+    int64_t c;
+    const char * krow, * vrow;
+    char * kt;
+};
+
+static append_site append_site_of(const ctx & C, int u) {
+    const sparq_args * a = C.a;
+    append_site p;
+    p.s = C.row_stream(C.unit_row(u));
+    p.h = C.unit_kvh(u);
+    p.c = a->cells[p.s] % a->kv_size;
+    p.krow = (const char *) a->K + (size_t) p.c * a->K_nb1 + (size_t) p.h * a->K_nb2 + (size_t) p.s * a->K_nb3;
+    p.vrow = (const char *) a->V + (size_t) p.c * a->V_nb1 + (size_t) p.h * a->V_nb2 + (size_t) p.s * a->V_nb3;
+    p.kt = (char *) a->KT + (size_t) p.h * a->KT_nb2 + (size_t) p.s * a->KT_nb3;
+    return p;
+}
+
+// unit u's share of the step's append: the K and V rows as the cache holds them, with the
+// sum-append mode's arithmetic (so that the sums equal a recomputation alike)
 static void append_unit(const ctx & C, int u) {
     const sparq_args * a = C.a;
-    const int s = C.row_stream(C.unit_row(u)), h = C.unit_kvh(u);
-    const int64_t c = a->cells[s] % a->kv_size;
+    const append_site p = append_site_of(C, u);
+    const int s = p.s, h = p.h;
+    const int64_t c = p.c;
     float buf[256];
-    const char * krow = (const char *) a->K + (size_t) c * a->K_nb1 + (size_t) h * a->K_nb2 + (size_t) s * a->K_nb3;
-    char * kt = (char *) a->KT + (size_t) h * a->KT_nb2 + (size_t) s * a->KT_nb3;
+    const char * krow = p.krow;
+    char * kt = p.kt;
     float * ksq = (float *) ((char *) a->k_sq + (size_t) h * a->k_sq_nb1 + (size_t) s * a->k_sq_nb2);
     for (int j0 = 0; j0 < a->d; j0 += 256) {
         const int m = std::min(256, a->d - j0);
@@ -84,7 +105,7 @@ static void append_unit(const ctx & C, int u) {
             ksq[j0 + j] += x;
         }
     }
-    const char * vrow = (const char *) a->V + (size_t) c * a->V_nb1 + (size_t) h * a->V_nb2 + (size_t) s * a->V_nb3;
+    const char * vrow = p.vrow;
     float * sp = (float *) ((char *) a->v_sum + (size_t) h * a->v_sum_nb1 + (size_t) s * a->v_sum_nb2);
     float * cp = (float *) ((char *) a->v_comp + (size_t) h * a->v_comp_nb1 + (size_t) s * a->v_comp_nb2);
     for (int j0 = 0; j0 < a->dv; j0 += 256) {
@@ -113,16 +134,13 @@ static void append_unit(const ctx & C, int u) {
 // GCC drops a call to a function of prefetches only, as having no effect)
 static inline __attribute__((always_inline)) void prefetch_append(const ctx & C, int u) {
     const sparq_args * a = C.a;
-    const int s = C.row_stream(C.unit_row(u)), h = C.unit_kvh(u);
-    const int64_t c = a->cells[s] % a->kv_size;
-    const char * kt = (const char *) a->KT + (size_t) h * a->KT_nb2 + (size_t) s * a->KT_nb3;
-    const size_t off = a->KT_type == SPARQ_KT4 ? (size_t) (c / GGML_SPARQ_KT4_CELLS) * GGML_SPARQ_KT4_BYTES
-                                               : (size_t) c * sparq_row_bytes(a->KT_type, 1);
+    const append_site p = append_site_of(C, u);
+    const char * kt = p.kt + sparq_cell_offset(a->KT_type, p.c);
     for (int j = 0; j < a->d; ++j) {
-        __builtin_prefetch(kt + (size_t) j * a->KT_nb1 + off, 1);
+        __builtin_prefetch(kt + (size_t) j * a->KT_nb1, 1);
     }
-    __builtin_prefetch((const char *) a->K + (size_t) c * a->K_nb1 + (size_t) h * a->K_nb2 + (size_t) s * a->K_nb3);
-    __builtin_prefetch((const char *) a->V + (size_t) c * a->V_nb1 + (size_t) h * a->V_nb2 + (size_t) s * a->V_nb3);
+    __builtin_prefetch(p.krow);
+    __builtin_prefetch(p.vrow);
 }
 
 void phase_components(const ctx & C, int ith, int nth) {

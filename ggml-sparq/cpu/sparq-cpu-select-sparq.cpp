@@ -89,10 +89,7 @@ static inline __attribute__((always_inline)) void prefetch_kt_rows(const ctx & C
     const sparq_args * a = C.a;
     const int R = C.unit_row(u), kvh = C.unit_kvh(u), st = C.row_stream(R);
     const int32_t * i1 = C.i1(u);
-    const bool kt4 = a->KT_type == SPARQ_KT4;
-    const size_t b0 = kt4 ? (size_t) (s0 / GGML_SPARQ_KT4_CELLS) * GGML_SPARQ_KT4_BYTES : sparq_row_bytes(a->KT_type, s0);
-    const size_t b1 = kt4 ? (size_t) ((s1 + GGML_SPARQ_KT4_CELLS - 1) / GGML_SPARQ_KT4_CELLS) * GGML_SPARQ_KT4_BYTES
-                          : sparq_row_bytes(a->KT_type, s1);
+    const size_t b0 = sparq_cell_offset(a->KT_type, s0), b1 = sparq_cell_offset(a->KT_type, s1);
     for (int j = 0; j < a->r; ++j) {
         const char * row = C.KT_row(st, kvh, i1[j]);
         for (size_t o = b0 & ~(size_t) 63; o < b1; o += 64) {

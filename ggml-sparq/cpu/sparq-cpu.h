@@ -71,6 +71,11 @@ static inline size_t sparq_row_bytes(enum sparq_type t, int n) {
     return bb ? (size_t) (n / SPARQ_QK) * bb : (size_t) n * (t == SPARQ_E5M2 ? 1 : t == SPARQ_F16 ? 2 : 4);
 }
 
+// where cell c's value starts in a row of type t (a K^T row): its element, or its block's start
+static inline size_t sparq_cell_offset(enum sparq_type t, int64_t c) {
+    return sparq_block_bytes(t) ? (size_t) (c / SPARQ_QK) * sparq_block_bytes(t) : (size_t) c * sparq_row_bytes(t, 1);
+}
+
 // One ISA's primitives. rows/x of type f16 are uint16_t IEEE half bits.
 struct sparq_isa {
     const char * name;

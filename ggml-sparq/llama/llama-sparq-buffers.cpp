@@ -17,7 +17,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <map>
 #include <memory>
 #include <vector>
@@ -46,9 +45,9 @@ llama_kv_cache * sparq_find_cache(llama_memory_t mem) {
 // pages inside the buffer; nothing elsewhere.
 static void sparq_advise_huge_pages(ggml_backend_buffer_t buf) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
-    ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(buf);
-    if (!ggml_backend_buffer_is_host(buf) || strcmp(ggml_backend_buft_name(buft), "CPU") != 0) {
-        return;
+    ggml_backend_dev_t dev = ggml_backend_buft_get_device(ggml_backend_buffer_get_type(buf));
+    if (!ggml_backend_buffer_is_host(buf) || !dev || ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU) {
+        return; // (a GPU's pinned host buffer is the driver's memory)
     }
     const uintptr_t huge = (uintptr_t) 2 << 20;
     uintptr_t b = (uintptr_t) ggml_backend_buffer_get_base(buf);

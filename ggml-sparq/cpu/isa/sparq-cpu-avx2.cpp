@@ -50,6 +50,18 @@ struct avx2_vec {
         x[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
     }
     static inline void kt4_block(const uint8_t * blk, vf * x) { simd_kt4_q4_block<avx2_vec>(blk, x); }
+    // 8 bytes of nibbles: cells 8 grp .. 8 grp + 7 (low nibbles) and 16 + 8 grp .. (high), so a tile
+    // of 3 heads fits the 16 registers with 2 vectors of a block at a time, each decoded once
+    static constexpr int KT4_GROUPS = 2;
+    static inline void kt4_group(const uint8_t * blk, int grp, vf * x) {
+        // f16 d, f16 m: loaded as 4 pairs, converted once, each spread to 8 lanes
+        const vf pairs = _mm256_cvtph_ps(_mm_castps_si128(_mm_broadcast_ss((const float *) blk)));
+        const vf vd = _mm256_moveldup_ps(pairs), vm = _mm256_movehdup_ps(pairs);
+        const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *) (blk + 4 + 8 * grp)));
+        x[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(b, _mm256_set1_epi32(0x0F))), vd, vm);
+        x[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4)), vd, vm);
+    }
+    static constexpr int kt4_cell(int grp, int v) { return 16 * v + 8 * grp; }
     static inline void load_q8(const int8_t * qs, vf * x) {
         for (int i = 0; i < 4; ++i) {
             x[i] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *) (qs + 8 * i))));

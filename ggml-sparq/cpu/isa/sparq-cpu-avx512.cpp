@@ -58,15 +58,18 @@ struct avx512_vec {
     // a block's 16 bin midpoints (q - 7.5) d, exact as q d + m is (d a power of two), looked up by
     // nibble: one permute per 16 cells instead of simd_kt4_q4_block's conversion and multiply-add
     static inline void kt4_block(const uint8_t * blk, vf * x) {
-        uint16_t dh;
-        memcpy(&dh, blk, 2);
         const vf mid = _mm512_setr_ps(-7.5f, -6.5f, -5.5f, -4.5f, -3.5f, -2.5f, -1.5f, -0.5f,
                                       0.5f, 1.5f, 2.5f, 3.5f, 4.5f, 5.5f, 6.5f, 7.5f);
-        const vf tbl = _mm512_mul_ps(mid, _mm512_set1_ps(_cvtsh_ss(dh)));
+        // d (with m beside it) loaded as 8 pairs and converted at once: d in the even lanes
+        const vf dm = _mm512_cvtph_ps(_mm256_castps_si256(_mm256_broadcast_ss((const float *) blk)));
+        const vf tbl = _mm512_mul_ps(mid, _mm512_moveldup_ps(dm));
         const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *) (blk + 4)));
         x[0] = _mm512_permutexvar_ps(q, tbl); // (the permute reads an index's low 4 bits)
         x[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), tbl);
     }
+    static constexpr int KT4_GROUPS = 1;
+    static inline void kt4_group(const uint8_t * blk, int, vf * x) { kt4_block(blk, x); }
+    static constexpr int kt4_cell(int, int v) { return v * W; }
     static inline vf add(vf a, vf b)                     { return _mm512_add_ps(a, b); }
     static inline vf mul(vf a, vf b)                     { return _mm512_mul_ps(a, b); }
     static inline vf min(vf a, vf b)                     { return _mm512_min_ps(a, b); }

@@ -56,6 +56,9 @@ struct neon_vec {
         }
     }
     static inline void kt4_block(const uint8_t * blk, vf * x) { simd_kt4_q4_block<neon_vec>(blk, x); }
+    static constexpr int KT4_GROUPS = 1;
+    static inline void kt4_group(const uint8_t * blk, int, vf * x) { kt4_block(blk, x); }
+    static constexpr int kt4_cell(int, int v) { return v * W; }
     static inline void load_q8(const int8_t * qs, vf * x) {
         for (int i = 0; i < 2; ++i) {
             const int8x16_t b = vld1q_s8(qs + 16 * i);

@@ -15,8 +15,9 @@
 //   hsum(v), hmax(v)     horizontal sum and maximum (each ISA's own order)
 //   prefetch(p)          into L1;  half(h): one f16 (a block's scale) to f32
 //   load_q8(qs, x)       a q8_0 block's 32 int8 values into 32 / W vectors x[] of floats
-//   kt4_block(blk, x)    a 4-bit K^T block's 32 values into 32 / W vectors, cells in order: exactly
-//                        q d + m (simd_kt4_q4_block, from the ISA's load_q4, where it has no cheaper way)
+//   kt4_block(blk, x)    a 4-bit K^T block's 32 values into 32 / W vectors, cells in order: exactly q d + m
+//                        (simd_kt4_q4_block, from load_q4); KT4_GROUPS, kt4_group(blk, grp, x): the same in
+//                        groups of vectors (a load of nibbles each), vector v of group grp from kt4_cell(grp, v)
 //
 // The skeletons below are the "full vectors, then a scalar tail" family (AVX2, NEON). AVX-512's
 // reductions run masked tails instead (different lanes, so different sums): they stay in its
@@ -161,40 +162,46 @@ inline void simd_kt4_q4_block(const uint8_t * blk, typename V::vf * x) {
     }
 }
 
-// simd_approx_tile over 4-bit K^T rows: NB whole blocks of 32 cells (block b0 on, at out + s) of
-// G heads in registers over all r rows, each row's blocks decoded once for the G heads; each row's
-// next tile prefetched (the hardware's prefetch falls behind that many rows of short blocks)
-template <class V, int G, int NB>
+// simd_approx_tile over 4-bit K^T rows: NB whole blocks of 32 cells (block b0 on, at out + s) of G
+// heads in registers over all r rows, a group of each block's vectors (V::kt4_group) at a time, decoded
+// once for the G heads; each row's next NPF blocks prefetched (the hardware's prefetch falls behind
+// that many rows of short blocks), a whole tile's after a call's last tiles too (the next call's)
+template <class V, int G, int NB, int NPF = NB>
 inline void simd_approx_kt4_tile(const uint8_t * const * rows, int r, const float * qs, int n, int b0, int s,
                                  float * out) {
     typedef typename V::vf vf;
-    constexpr int NVB = GGML_SPARQ_KT4_CELLS / V::W;
-    vf acc[G][NB * NVB];
-    for (int h = 0; h < G; ++h) {
-        for (int v = 0; v < NB * NVB; ++v) {
-            acc[h][v] = V::zero();
+    constexpr int NVG = GGML_SPARQ_KT4_CELLS / V::W / V::KT4_GROUPS;
+    constexpr size_t span = (size_t) NB * GGML_SPARQ_KT4_BYTES, ahead = (size_t) NPF * GGML_SPARQ_KT4_BYTES;
+    for (int grp = 0; grp < V::KT4_GROUPS; ++grp) {
+        vf acc[G][NB * NVG];
+        for (int h = 0; h < G; ++h) {
+            for (int v = 0; v < NB * NVG; ++v) {
+                acc[h][v] = V::zero();
+            }
         }
-    }
-    constexpr size_t span = (size_t) NB * GGML_SPARQ_KT4_BYTES;
-    for (int j = 0; j < r; ++j) {
-        const uint8_t * x = rows[j] + (size_t) b0 * GGML_SPARQ_KT4_BYTES;
-        for (size_t o = 0; o < span; o += 64) {
-            V::prefetch(x + span + o);
-        }
-        for (int b = 0; b < NB; ++b) {
-            vf xv[NVB];
-            V::kt4_block(x + b * GGML_SPARQ_KT4_BYTES, xv);
+        for (int j = 0; j < r; ++j) {
+            const uint8_t * x = rows[j] + (size_t) b0 * GGML_SPARQ_KT4_BYTES;
+            if (grp == 0) {
+                for (size_t o = 0; o < ahead; o += 64) {
+                    V::prefetch(x + span + o);
+                }
+            }
+            vf xv[NB * NVG];
+            for (int b = 0; b < NB; ++b) {
+                V::kt4_group(x + b * GGML_SPARQ_KT4_BYTES, grp, xv + b * NVG);
+            }
             for (int h = 0; h < G; ++h) {
                 const vf w = V::set1(qs[h * r + j]);
-                for (int v = 0; v < NVB; ++v) {
-                    acc[h][b * NVB + v] = V::fmadd(w, xv[v], acc[h][b * NVB + v]);
+                for (int v = 0; v < NB * NVG; ++v) {
+                    acc[h][v] = V::fmadd(w, xv[v], acc[h][v]);
                 }
             }
         }
-    }
-    for (int h = 0; h < G; ++h) {
-        for (int v = 0; v < NB * NVB; ++v) {
-            V::store(out + (size_t) h * n + s + v * V::W, acc[h][v]);
+        for (int h = 0; h < G; ++h) {
+            for (int v = 0; v < NB * NVG; ++v) {
+                V::store(out + (size_t) h * n + s + v / NVG * GGML_SPARQ_KT4_CELLS + V::kt4_cell(grp, v % NVG),
+                         acc[h][v]);
+            }
         }
     }
 }
@@ -228,8 +235,8 @@ inline void simd_approx_kt4_part(const uint8_t * const * rows, int r, const floa
 
 template <class V, int G>
 void simd_approx_kt4_heads(const uint8_t * const * rows, int c0, int r, const float * qs, int n, float * out) {
-    constexpr int NVB = GGML_SPARQ_KT4_CELLS / V::W;
-    constexpr int NB = std::max(1, std::min(8, (V::REGS - 2) / ((G + 1) * NVB)));
+    constexpr int NVG = GGML_SPARQ_KT4_CELLS / V::W / V::KT4_GROUPS;
+    constexpr int NB = std::max(1, std::min(8, (V::REGS - 2) / ((G + 1) * NVG)));
     int s = 0;
     const int o = c0 % GGML_SPARQ_KT4_CELLS;
     if (o != 0) {
@@ -241,7 +248,7 @@ void simd_approx_kt4_heads(const uint8_t * const * rows, int c0, int r, const fl
         simd_approx_kt4_tile<V, G, NB>(rows, r, qs, n, (c0 + s) / GGML_SPARQ_KT4_CELLS, s, out);
     }
     for (; s + GGML_SPARQ_KT4_CELLS <= n; s += GGML_SPARQ_KT4_CELLS) {
-        simd_approx_kt4_tile<V, G, 1>(rows, r, qs, n, (c0 + s) / GGML_SPARQ_KT4_CELLS, s, out);
+        simd_approx_kt4_tile<V, G, 1, NB>(rows, r, qs, n, (c0 + s) / GGML_SPARQ_KT4_CELLS, s, out);
     }
     if (s < n) {
         simd_approx_kt4_part<V, G>(rows, r, qs, n, c0, s, n - s, out);
@@ -252,8 +259,8 @@ void simd_approx_kt4_heads(const uint8_t * const * rows, int c0, int r, const fl
 // from each row's start; heads in passes as many as the registers hold beside a block's vectors
 template <class V>
 void simd_approx_kt4(const uint8_t * const * rows, int c0, int r, const float * qs, int g, int n, float * out) {
-    constexpr int NVB = GGML_SPARQ_KT4_CELLS / V::W;
-    constexpr int GMAX = std::max(1, std::min(4, (V::REGS - 2 - NVB) / NVB));
+    constexpr int NVG = GGML_SPARQ_KT4_CELLS / V::W / V::KT4_GROUPS;
+    constexpr int GMAX = std::max(1, std::min(4, (V::REGS - 2 - NVG) / NVG));
     simd_head_passes_of<GMAX>(g, [&](int h0, auto G) {
         simd_approx_kt4_heads<V, decltype(G)::value>(rows, c0, r, qs + (size_t) h0 * r, n, out + (size_t) h0 * n);
     });

@@ -90,27 +90,23 @@ static void append_unit(const ctx & C, int u) {
     const sparq_args * a = C.a;
     const append_site p = append_site_of(C, u);
     const int s = p.s, h = p.h;
-    const int64_t c = p.c;
     float buf[256];
-    const char * krow = p.krow;
-    char * kt = p.kt;
     float * ksq = (float *) ((char *) a->k_sq + (size_t) h * a->k_sq_nb1 + (size_t) s * a->k_sq_nb2);
     for (int j0 = 0; j0 < a->d; j0 += 256) {
         const int m = std::min(256, a->d - j0);
-        sparq_row_to_f32(C.isa, a->K_type, krow + sparq_row_bytes(a->K_type, j0), buf, m);
-        kt_column_put(a->KT_type, kt + (size_t) j0 * a->KT_nb1, a->KT_nb1, c, buf, m);
+        sparq_row_to_f32(C.isa, a->K_type, p.krow + sparq_row_bytes(a->K_type, j0), buf, m);
+        kt_column_put(a->KT_type, p.kt + (size_t) j0 * a->KT_nb1, a->KT_nb1, p.c, buf, m);
         for (int j = 0; j < m; ++j) {
             volatile float x = buf[j]; // each product and sum rounded on its own
             x = x * x;
             ksq[j0 + j] += x;
         }
     }
-    const char * vrow = p.vrow;
     float * sp = (float *) ((char *) a->v_sum + (size_t) h * a->v_sum_nb1 + (size_t) s * a->v_sum_nb2);
     float * cp = (float *) ((char *) a->v_comp + (size_t) h * a->v_comp_nb1 + (size_t) s * a->v_comp_nb2);
     for (int j0 = 0; j0 < a->dv; j0 += 256) {
         const int m = std::min(256, a->dv - j0);
-        sparq_row_to_f32(C.isa, a->V_type, vrow + sparq_row_bytes(a->V_type, j0), buf, m);
+        sparq_row_to_f32(C.isa, a->V_type, p.vrow + sparq_row_bytes(a->V_type, j0), buf, m);
         for (int j = j0; j < j0 + m; ++j) {
             const volatile float x = buf[j - j0];
             const float y = x - cp[j];
@@ -124,7 +120,7 @@ static void append_unit(const ctx & C, int u) {
         if (a->win) {
             int32_t * row = (int32_t *) ((char *) a->win + (size_t) s * a->win_nb2);
             memmove(row + 1, row, (size_t) (a->win_n - 1) * sizeof(int32_t));
-            row[0] = (int32_t) c;
+            row[0] = (int32_t) p.c;
         }
     }
 }

@@ -10,6 +10,7 @@
 
 #include <immintrin.h>
 #include <cmath>
+#include <utility>
 
 namespace {
 
@@ -41,15 +42,6 @@ struct avx2_vec {
     static inline vf zero_where(vmask m, vf x)           { return _mm256_andnot_ps(m, x); }
     static inline void prefetch(const void * p)          { _mm_prefetch((const char *) p, _MM_HINT_T0); }
     static inline float half(uint16_t h)                 { return _cvtsh_ss(h); }
-    static inline void load_q4(const uint8_t * qs, vf * x) {
-        const __m128i b = _mm_loadu_si128((const __m128i *) qs), m4 = _mm_set1_epi8(0x0F);
-        const __m128i lo = _mm_and_si128(b, m4), hi = _mm_and_si128(_mm_srli_epi16(b, 4), m4);
-        x[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
-        x[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
-        x[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
-        x[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
-    }
-    static inline void kt4_block(const uint8_t * blk, vf * x) { simd_kt4_q4_block<avx2_vec>(blk, x); }
     // 8 bytes of nibbles: cells 8 grp .. 8 grp + 7 (low nibbles) and 16 + 8 grp .. (high), so a tile
     // of 3 heads fits the 16 registers with 2 vectors of a block at a time, each decoded once
     static constexpr int KT4_GROUPS = 2;
@@ -62,6 +54,13 @@ struct avx2_vec {
         x[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4)), vd, vm);
     }
     static constexpr int kt4_cell(int grp, int v) { return 16 * v + 8 * grp; }
+    // the block's cells in order: its two groups, cells 0, 16 and 8, 24 (only a chunk's cut ends:
+    // out of line, so that the tiles' code around it stays as laid out)
+    static __attribute__((noinline)) void kt4_block(const uint8_t * blk, vf * x) {
+        kt4_group(blk, 0, x);
+        kt4_group(blk, 1, x + 2);
+        std::swap(x[1], x[2]);
+    }
     static inline void load_q8(const int8_t * qs, vf * x) {
         for (int i = 0; i < 4; ++i) {
             x[i] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *) (qs + 8 * i))));

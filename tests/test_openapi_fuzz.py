@@ -170,9 +170,12 @@ REGRESSIONS = [
      {"prompt": "Hi", "max_tokens": 140, "temperature": 0, "logit_bias": {"2": -100}}, 200,
      {"completion_tokens": 140}),
     # every token a UTF-8 lead byte: llama-cpp-python skips its max_tokens check while the text
-    # ends inside a character, so it ran on to a decode with no KV cell left
-    ("text ending inside a character at the context's end", "/v1/completions",
+    # ends inside a character, so it ran on past max_tokens, and on to a decode with no KV cell left
+    ("text ending inside a character at max_tokens", "/v1/completions",
      {"prompt": "Hi", "max_tokens": 4, "temperature": 0, "logit_bias": {str(LEAD_BYTE): 100}}, 200,
+     {"finish_reason": "length", "completion_tokens": 4}),
+    ("text ending inside a character at the context's end", "/v1/completions",
+     {"prompt": "Hi", "max_tokens": 0, "temperature": 0, "logit_bias": {str(LEAD_BYTE): 100}}, 200,
      {"finish_reason": "length"}),
     ("the same, streamed", "/v1/chat/completions",
      {"messages": [{"role": "user", "content": "Hi"}], "stream": True, "temperature": 0,

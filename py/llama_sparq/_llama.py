@@ -264,19 +264,23 @@ class Llama(llama_cpp.Llama):
         return super().embed(*args, **kwargs)
 
     def _create_completion(self, *args, stopping_criteria=None, **kwargs):
-        """llama_cpp's, stopped where the KV cache is full. It skips its max_tokens check while the
-        text ends inside a UTF-8 character, so a completion that reached the context there went on
-        to a llama_decode with no free cell (RuntimeError "llama_decode returned 1"). Such a stop
-        is reported as ``finish_reason`` "length", as the context's limit is. An empty prompt is
-        not echoed when logprobs are asked for."""
+        """llama_cpp's, stopped at max_tokens and where the KV cache is full. It skips its max_tokens
+        check while the text ends inside a UTF-8 character, so a completion went on past max_tokens,
+        and one that reached the context there went on to a llama_decode with no free cell
+        (RuntimeError "llama_decode returned 1"). Such stops are reported as ``finish_reason``
+        "length", as llama_cpp's own are. An empty prompt is not echoed when logprobs are asked for."""
         prompt = args[0] if args else kwargs.get("prompt")
         if kwargs.get("echo") and kwargs.get("logprobs") is not None and prompt is not None and len(prompt) == 0:
             # nothing to echo, and llama_cpp's echo of logprobs indexed the empty prompt's (an IndexError)
             kwargs["echo"] = False
-        full = []
+        max_tokens = args[2] if len(args) > 2 else kwargs.get("max_tokens", 16)
+        full, n_prompt = [], []
 
         def context_full(input_ids, logits) -> bool:
-            if self.n_tokens >= self._n_ctx:  # the token just sampled has no cell to be decoded in
+            # called after each sample with the tokens decoded so far: the first time, the prompt's
+            n_prompt[:] = n_prompt or [len(input_ids)]
+            if self.n_tokens >= self._n_ctx or (max_tokens is not None and 0 < max_tokens <= len(input_ids) - n_prompt[0]):
+                # the token just sampled has no cell to be decoded in, or would be one too many
                 full.append(True)
                 return True
             return False

@@ -54,8 +54,8 @@ prefilled once): SparQ's defaults, and the dense paths of ``--dense`` (both by d
 upstream's flash attention on the same context (the cache layout SparQ uses), ``fa0`` upstream's
 other dense path (a context of its own, V transposed; not for a quantized V, which needs flash
 attention). ``--kt-bits 16,8,4`` times
-SparQ with each K^T width (``sparq_kt_bits``; 8, the default, is mode ``sparq_<type>_kt8``, 4 mode
-``sparq_<type>_kt4`` with its own default r, 16 mode ``sparq_<type>``) on the same context. Each SparQ mode is compared with every dense mode and with
+SparQ with each K^T width (``sparq_kt_bits``, each with its own default r; 4, the default, is mode
+``sparq_<type>_kt4``, 8 mode ``sparq_<type>_kt8``, 16 mode ``sparq_<type>``) on the same context. Each SparQ mode is compared with every dense mode and with
 the fastest of them.
 
     python bench/real_text.py speed --model gemma3 --tokens 32000 --tag real_text_gemma3_32k

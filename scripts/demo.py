@@ -195,7 +195,7 @@ def run_gemma(a, model: str, q8: bool) -> bool:
     k_desc = (f"calibrated (the fewest cells holding {p['sparq_coverage']:.2f} of the estimated attention mass, "
               f"{p['sparq_k_min']} to {100 * p['sparq_k_frac']:.0f} % of the cells)" if p['sparq_k'] == 0 else p['sparq_k'])
     l_desc = p['sparq_l'] if p['sparq_l'] >= 0 else ('k_min / 4' if p['sparq_k'] == 0 else 'k / 4')
-    r_desc = p['sparq_r'] or ('5/16 of the head size' if p['sparq_kt_bits'] == 8 else 'head size / 4')
+    r_desc = p['sparq_r'] or {8: '5/16 of the head size', 4: '3/8 of the head size'}.get(p['sparq_kt_bits'], 'head size / 4')
     print(f"SparQ defaults: r = {r_desc}, k {k_desc}, l = {l_desc}, basis {p['sparq_basis']}, "
           f"dense below {p['sparq_min_kv']} KV cells\n", flush=True)
 

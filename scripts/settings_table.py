@@ -57,9 +57,9 @@ LABELS = {
 # (field, column) -> (the .def's C expression, the README's words for it): the `or` meanings and
 # the range bounds that the .def writes as expressions of the other settings
 CONDITIONAL = {
-    ("r", "or"): ('p->kt_bits == 8 ? "5/16 of the head size (rounded)" : p->kt_bits == 4 ? "3/8 of the head size '
+    ("r", "or"): ('p->kt_bits == 4 ? "3/8 of the head size (rounded)" : p->kt_bits == 8 ? "5/16 of the head size '
                   '(rounded)" : "head size / 4"',
-                  "5/16 of the head size (rounded); 3/8 with `sparq_kt_bits=4`; head size / 4 with "
+                  "3/8 of the head size (rounded); 5/16 with `sparq_kt_bits=8`; head size / 4 with "
                   "`sparq_kt_bits=16`"),
     ("l", "or"): ('p->k > 0 ? "k / 4" : "k_min / 4"', "k / 4 (calibrated k: k_min / 4)"),
     ("l", "bound"): ('p->k > 0 ? "k" : "k_min"', "k (calibrated k: k_min)"),

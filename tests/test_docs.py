@@ -598,7 +598,7 @@ def test_readme_settings_table_check_fails_on_a_changed_def(tmp_path):
     with pytest.raises(st.TableError, match="demo_budget"):
         st.render(new_row)
 
-    expr = '"3/8 of the head size (rounded)" : "head size / 4"'
+    expr = '"5/16 of the head size (rounded)" : "head size / 4"'
     assert expr in text
     conditional = tmp_path / "conditional.def"
     conditional.write_text(text.replace(expr, '"a quarter of the head size" : "head size / 4"'))

@@ -127,6 +127,7 @@ def test_compression_counts_k_and_v_rows_by_their_own_sizes(model_paths, name):
     assert st["n_sparq"] - st0["n_sparq"] == n_full * n
     S = np.arange(len(prompt) + 1, len(prompt) + n + 1)  # the cells each decode step attends over
     got = (st["compression"] * st["n_sparq"] - st0["compression"] * st0["n_sparq"]) / (st["n_sparq"] - st0["n_sparq"])
-    want = float(np.mean(cost.compression(S, dk, r, k, kt_bits=8, dv=dv)))
-    same_size = float(np.mean(cost.compression(S, dk, r, k, kt_bits=8)))
+    kt_bits = llm.sparq_params()["sparq_kt_bits"]  # the default's
+    want = float(np.mean(cost.compression(S, dk, r, k, kt_bits=kt_bits, dv=dv)))
+    same_size = float(np.mean(cost.compression(S, dk, r, k, kt_bits=kt_bits)))
     assert abs(got - want) < 2e-3 and abs(got - same_size) > 5e-3, (got, want, same_size)

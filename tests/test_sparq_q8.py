@@ -22,6 +22,7 @@ from sparq_ctx import Ctx, Model, make_llm, prefill, rand_prompt, rand_tokens, s
 
 from llama_sparq import tool_path
 from sparq_lab import cost, reference
+from sparq_lab._reference_kt4 import kt4_encode
 
 TOL = 1e-3
 Q8_0, F16, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL = 8, 1, 2, 3, 6, 7, 20  # ggml type ids (llama_cpp.GGML_TYPE_*)
@@ -119,17 +120,26 @@ def check_calls(calls, settings, min_calls, rotated=True, type_k=Q8_0):
         if pca:
             continue
         want = x["K"][valid] @ h if rotated else x["K"][valid]
-        # the f16 of the f32 rotation: within one f16 rounding of the exact one (an 8-bit K^T, the
-        # default: within one e5m2 rounding, two mantissa bits, subnormals down to 2^-16)
-        rtol, atol = (2 ** -10, 1e-6) if c["kt_bits"] == 16 else (2 ** -3, 2 ** -16)
-        assert np.allclose(kt[valid], want, rtol=rtol, atol=atol), (c["layer"], np.abs(kt[valid] - want).max())
+        if c["kt_bits"] == 4:
+            # the 4-bit K^T (the default): each value within half its block's bin (the block's scale,
+            # of the keys of all its cells) of the exact one, plus one f16 rounding of the rotation
+            e, _ = kt4_encode(x["K"] @ h if rotated else x["K"], axis=0)
+            s = np.ldexp(1.0, np.repeat(e, 32, axis=0)[: len(valid)])[valid]
+            err = np.abs(kt[valid] - want) - (0.5 * s + 2 ** -10 * np.abs(want) + 1e-6)
+            assert err.max() <= 0, (c["layer"], err.max())
+        else:
+            # the f16 of the f32 rotation: within one f16 rounding of the exact one (an 8-bit K^T:
+            # within one e5m2 rounding, two mantissa bits, subnormals down to 2^-16)
+            rtol, atol = (2 ** -10, 1e-6) if c["kt_bits"] == 16 else (2 ** -3, 2 ** -16)
+            assert np.allclose(kt[valid], want, rtol=rtol, atol=atol), (c["layer"], np.abs(kt[valid] - want).max())
         if rotated and settings.get("sparq_selector") not in ("index", "h2o"):  # (those read no K^T)
             assert c["q_sel"] is not None and np.allclose(x["q_sel"], x["q"] @ h, rtol=1e-5, atol=1e-6)
         if rotated:
             assert np.abs(kt[valid] - x["K"][valid]).max() > 0.01  # upstream did rotate: the bases differ
         elif c["q_sel"] is None:
-            kt_want = x["K"][valid].astype(np.float16) if c["kt_bits"] == 16 else reference.round_e5m2(x["K"][valid])
-            assert np.array_equal(kt[valid], kt_want), c["layer"]
+            kt_want = {16: lambda K: K.astype(np.float16), 8: reference.round_e5m2,
+                       4: lambda K: reference.round_kt4(K, axis=0)}[c["kt_bits"]](x["K"])  # blocks of all cells
+            assert np.array_equal(kt[valid], kt_want[valid]), c["layer"]
     check_calls_against_reference(calls, settings, min_calls, kv_quant=TYPE_NAMES[type_k])
 
 

@@ -171,6 +171,24 @@ def test_window_uploaded_once_after_a_cache_operation(model, n_seq, op):
 # logits over V sums rebuilt after a state load against the appended ones (their rounding; as in
 # test_sparq_short_skip)
 LOGIT_TOL = 1e-5
+# where the load moved cells, a 4-bit K^T's blocks group other cells (other scales): the approximate
+# scores move within a bin and near-ties rank differently, so each context is held to the reference
+# on its own tensors, and their logits only to each other's scale
+LOGIT_RTOL_KT4_MOVED = 0.05
+
+
+def op_equals_reference(call):
+    """Each stream of a captured call: the op's output equals the reference on the same tensors."""
+    from sparq_lab import reference
+    from sparq_lab.capture import op_params, reference_kt, stream_view
+
+    p = op_params(call)
+    for s in range(call["q"].shape[0]):
+        x = stream_view(call, s)
+        want = reference.sparq_attention(x["q"], x["K"], x["V"], r=p["r"], k=p["k"], l=p["l"], mask=x["mask"],
+                                         scale=p["scale"], vbar=x["vbar"], window=[x["win"]], comp_w=x["comp_w"],
+                                         **reference_kt(call, s))
+        assert np.abs(x["out"] - want).max() <= 2e-3 * max(1.0, np.abs(want).max()), (call["layer"], s)
 
 
 def window_run(model, n_seq, script, l=6):
@@ -201,7 +219,8 @@ def window_run(model, n_seq, script, l=6):
                 steps.append(dict(win=[call["win"] for call in cap.calls], win_ref=[call["win"] for call in cap_ref.calls],
                                   mask=[call["mask"] for call in cap.calls], mask_ref=[call["mask"] for call in cap_ref.calls],
                                   logits=logits, logits_ref=logits_ref, inputs=c.graph_io()["n_inputs_sparq"],
-                                  inputs_ref=ref.graph_io()["n_inputs_sparq"], check=c.check()))
+                                  inputs_ref=ref.graph_io()["n_inputs_sparq"], check=c.check(),
+                                  kt_bits=cap.calls[0]["kt_bits"], calls=cap.calls, calls_ref=cap_ref.calls))
             elif op == "seq_cp":  # sequence 1's stream given sequence 0's cells
                 assert c.seq_rm(1, -1, -1)
                 c.seq_cp(0, 1)
@@ -233,7 +252,7 @@ def test_device_window_equals_the_hosts(model, n_seq, name):
     """The window every SparQ call reads from the device, kept by the pushes, equals the one the host
     computes for the same step, uploaded on a context given the same state: bit for bit where that
     context holds the cells where this one does (a state load packs them: after a removal it may
-    not), and the logits follow everywhere; across a prompt and its decode steps, the tail removed, a position shift, a context
+    not), and the logits follow everywhere (a 4-bit K^T, where cells moved: LOGIT_RTOL_KT4_MOVED); across a prompt and its decode steps, the tail removed, a position shift, a context
     shift, a state load, a sequence's state load, a prompt between decode steps, and with two
     sequences (non-unified cache) also a step of one of them alone and a stream copy. No step has a
     window input, and llama_sparq_debug_check finds every device window the host holds exact equal to
@@ -246,12 +265,21 @@ def test_device_window_equals_the_hosts(model, n_seq, name):
     for i, s in enumerate(steps):
         assert s["inputs"] == 0 and s["inputs_ref"] == 0, f"step {i}: the window's input {s['inputs']}, {s['inputs_ref']}"
         assert s["check"] <= 1e-3, f"step {i}: debug_check {s['check']}"
+        moved = False
         for a, b, ma, mb in zip(s["win"], s["win_ref"], s["mask"], s["mask_ref"]):
             assert a is not None and b is not None and a.shape == b.shape, f"step {i}"
             if ma.shape == mb.shape and np.array_equal(ma, mb):  # the same cells valid for every row
                 same_cells += 1
                 assert np.array_equal(a, b), f"step {i}"
+            else:
+                moved = True
         for a, b in zip(s["logits"], s["logits_ref"]):
-            np.testing.assert_allclose(a, b, atol=LOGIT_TOL, rtol=0, err_msg=f"step {i}")
+            if moved and s["kt_bits"] == 4:
+                for call in s["calls"] + s["calls_ref"]:
+                    op_equals_reference(call)
+                tol = LOGIT_RTOL_KT4_MOVED * np.abs(b).max()
+            else:
+                tol = LOGIT_TOL
+            np.testing.assert_allclose(a, b, atol=tol, rtol=0, err_msg=f"step {i}")
     # the steps before the script's first operation at least: their cells are where the state load puts them
     assert same_cells >= 2 * len(steps[0]["win"]), same_cells

@@ -332,7 +332,7 @@ def test_server_schedule_every_stream_equals_reference(tiny_gqa_model):
     from sparq_ctx import Ctx, Model
 
     from sparq_lab import reference
-    from sparq_lab.capture import Capture, op_params, stream_view
+    from sparq_lab.capture import Capture, op_params, reference_kt, stream_view
 
     m = Model(tiny_gqa_model)
     rng = np.random.default_rng(1)
@@ -373,7 +373,7 @@ def test_server_schedule_every_stream_equals_reference(tiny_gqa_model):
                     assert np.allclose(x["comp_w"], np.sqrt((x["K"][:used] ** 2).sum(axis=0)), rtol=1e-4, atol=1e-5)
                     want = reference.sparq_attention(x["q"], x["K"], x["V"], r=prm["r"], k=prm["k"], l=prm["l"],
                                                      mask=x["mask"], scale=prm["scale"], vbar=x["vbar"],
-                                                     window=[x["win"]], comp_w=x["comp_w"], kt_bits=call["kt_bits"])
+                                                     window=[x["win"]], comp_w=x["comp_w"], **reference_kt(call, s))
                     assert np.abs(x["out"] - want).max() <= 1e-4 * max(1.0, np.abs(want).max()), (call["layer"], s, row)
                     n_checked += 1
                     n_sparse += int(valid.sum()) > k

@@ -62,7 +62,7 @@ def test_cli_sparq_gemma(gemma_model):
     (["--sparq-k-min", "-1"], "SparQ: k_min = -1 is out of range: allowed 1..1048576, or 0 for 128 on an f16 or "
                               "f32 cache, 256 on a quantized cache"),
     (["--sparq-k-frac", "1.5"], "SparQ: k_frac = 1.5 is out of range: allowed (0, 1]"),
-    (["--sparq-r", "-3"], "SparQ: r = -3 is out of range: allowed 1..head size (head size = 16), or 0 for 5/16 of the head size (rounded)"),
+    (["--sparq-r", "-3"], "SparQ: r = -3 is out of range: allowed 1..head size (head size = 16), or 0 for 3/8 of the head size (rounded)"),
     (["--sparq-l", "-7"], "SparQ: l = -7 is out of range: allowed 0..k_min (k_min = 128), or -1 for k_min / 4"),
     (["--sparq-min-kv", "-2"], "SparQ: min_kv = -2 is out of range: allowed min_kv >= 0, or -1 for the default of "
                                "where the cache is (1024 cells in host memory, 65536 on a GPU, 1048576 there with the "

@@ -206,9 +206,11 @@ class Capture:
                     call["comp_w"] = np.sqrt(call["comp_w"])
                 if call["win"] is not None:
                     call["win"] = call["win"][..., :call["params"]["l"]]
-            # K^T's width (sparq_kt_bits): an i8 K^T holds e5m2, which the reference rounds alike
+            # K^T's width (sparq_kt_bits): an i8 K^T holds e5m2, a q4_1 one the 4-bit blocks ("KT" holds
+            # their values, decoded)
             kt = t.src[_OP_SRC.index("KT")]
-            call["kt_bits"] = 8 if kt and kt.contents.type == GGML_TYPE_I8 else 16
+            kt_type = kt.contents.type if kt else None
+            call["kt_bits"] = 8 if kt_type == GGML_TYPE_I8 else 4 if _BLOCK_TYPES.get(kt_type) == "q4_1" else 16
             selector = call["params"]["selector"]
             if selector == 3:  # GGML_SPARQ_SEL_H2O: the q_sel slot holds the scores
                 call["h2o"], call["q_sel"] = call["q_sel"], None
@@ -244,6 +246,16 @@ def op_params(call) -> dict:
 def stream0(call, row=0):
     """The reference's view of stream 0, query row ``row`` of a captured call (see ``stream_view``)."""
     return stream_view(call, 0, row)
+
+
+def reference_kt(call, stream=0) -> dict:
+    """The reference's K^T arguments (sparq_attention's kt_bits, K_sel) for one stream of a captured
+    call: its width, and with a 4-bit K^T the op's blocks as they are. A block's scale follows every
+    value put into it (removed cells' until a rebuild, a cell's earlier value), so rounding the
+    captured keys anew can group other values; llama_sparq_debug_check holds the blocks to the cache."""
+    if call["kt_bits"] != 4:
+        return {"kt_bits": call["kt_bits"]}
+    return {"K_sel": call["KT"][stream].transpose(2, 0, 1).astype(np.float64), "kt_bits": 16}  # (S, hkv, d)
 
 
 def stream_view(call, stream=0, row=0):

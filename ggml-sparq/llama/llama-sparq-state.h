@@ -47,8 +47,8 @@ class llama_batch_allocr;
 // the data SparQ keeps beside a layer's K and V, brought up to date by the graph's appends and by
 // rebuilds
 struct sparq_layer_data {
-    // [kv_size, d, n_head_kv, n_stream]: the cache's type (f16 for a quantized cache), or i8 holding
-    // e5m2 with kt_bits = 8 (sparq_kt_type)
+    // [kv_size, d, n_head_kv, n_stream]: q4_1 blocks with kt_bits = 4, i8 holding e5m2 with 8, or the
+    // cache's type (f16 for a quantized cache) with 16 (sparq_kt_type)
     ggml_tensor * kt   = nullptr;
     // the layer's V cache [dv * n_head_kv, kv_size, n_stream]: upstream's, or where the cache holds no V
     // (MLA: V is the first dv values of each K row) a view of K with K's row stride

@@ -123,9 +123,9 @@ def cache_type_id(name) -> int:
 
 def default_r(d, kt_bits) -> int:
     """r when it is not given (sparq_r = 0), as the fork resolves it (``sparq_default_r``) for K^T
-    of ``kt_bits`` (the fork's default 8): 5 d / 16 (rounded) with an 8-bit K^T, which kept the
-    approximate top-k's recall of f16 at d / 4 for 5/8 of its bytes, 3 d / 8 (rounded) with a 4-bit one,
-    which kept e5m2's at 5 d / 16 for 3/4 of its bytes, d / 4 with a 16-bit one."""
+    of ``kt_bits`` (the fork's default 4): 3 d / 8 (rounded) with a 4-bit K^T, which kept e5m2's recall at
+    5 d / 16 for 3/4 of its bytes, 5 d / 16 (rounded) with an 8-bit one, which kept the approximate
+    top-k's recall of f16 at d / 4 for 5/8 of its bytes, d / 4 with a 16-bit one."""
     if isinstance(d, bool) or not hasattr(d, "__index__") or operator.index(d) < 1:
         raise ValueError(f"d must be an integer >= 1, got {d!r}")
     if kt_bits not in (4, 8, 16) or isinstance(kt_bits, bool):

@@ -262,7 +262,8 @@ def speed_main(argv=None) -> int:
     rows = []
     for name, ct, fa, sparq, bits in modes:
         c = res["counters"].get(name)
-        rows.append([name, ct, f"-fa {int(fa)}", ("SparQ defaults" if bits == 8 else f"SparQ, {bits}-bit K^T") if sparq
+        default = bits == params["sparq_kt_bits"]
+        rows.append([name, ct, f"-fa {int(fa)}", ("SparQ defaults" if default else f"SparQ, {bits}-bit K^T") if sparq
                      else "dense",
                      f"{med[name]:.2f} ({', '.join(map(str, runs[name]))})", f"{med[name] / med[fastest]:.2f}x",
                      "" if not c else str(c["sparq_calls"]),
@@ -284,8 +285,8 @@ def speed_main(argv=None) -> int:
           "", "Same greedy tokens as dense flash attention on the same cache: " + ", ".join(
               f"`{m}` {'yes' if v else 'no'}" for m, v in res["same_tokens"].items()) + ".",
           "", "The counters cover each SparQ mode's decode steps over its reps. Compression: the cost model's "
-          "bytes read by SparQ over dense's (K and V rows at their cache type's size, K^T at f16's or, 8-bit, one "
-          "byte) over the SparQ calls.", ""]
+          "bytes read by SparQ over dense's (K and V rows at their cache type's size, K^T at f16's, one byte with "
+          "8 bits, 20/32 with 4) over the SparQ calls.", ""]
     (out / f"{a.tag}.md").write_text("\n".join(md))
     print("\n".join(md))
     return 0

@@ -28,8 +28,8 @@ run checks that its prompt is the one prefilled). A sample scores the share of i
 values that appear in the answer (1 or 0 for single needles).
 
 Variants (``--variants``): ``dense``; ``default`` (the library's default settings, whatever
-compression they give); ``default_kt16`` / ``default_kt4`` (the same with K^T in 16 or 4 bits,
-``sparq_kt_bits``, and r's default for it); ``default_cov95`` / ``_cov90`` / ``_cov80`` (the same with the
+compression they give); ``default_kt16`` / ``_kt8`` / ``_kt4`` (the same with K^T in 16, 8 or 4
+bits, ``sparq_kt_bits``, and r's default for it); ``default_cov95`` / ``_cov90`` / ``_cov80`` (the same with the
 calibrated k's ``coverage`` target at 0.95 / 0.9 / 0.8);
 ``fixedk`` (the defaults with a fixed k = ``--k``, what a GPU runs) and ``fixedk_b4`` / ``fixedk_b8``
 (the same with step 3 as the approximate bucketed top-k, ``sparq_topk_buckets`` = 4k / 8k);
@@ -75,10 +75,10 @@ from ._eval_tasks import (  # noqa: F401  (re-exported: tests and bench import t
     CHAT_TASKS, KEY_WORDS, NOISE, PASSKEY_HEAD, PASSKEY_TAIL, RAW_TASKS, STORY_WORDS, TASK_GROUPS, TASKS,
     make_sample, passkey_needle, passkey_text)
 
-VARIANTS = ("dense", "default", "default_kt16", "default_kt4", "default_cov95", "default_cov90", "default_cov80", "fixedk", "fixedk_b4", "fixedk_b8", "sparq", "sparq_nomv", "sparq_perhead", "scaled", "scaled_nomv", "scaled_perhead", "pca",
+VARIANTS = ("dense", "default", "default_kt16", "default_kt8", "default_kt4", "default_cov95", "default_cov90", "default_cov80", "fixedk", "fixedk_b4", "fixedk_b8", "sparq", "sparq_nomv", "sparq_perhead", "scaled", "scaled_nomv", "scaled_perhead", "pca",
             "oracle", "oracle_perhead", "streaming", "h2o", "index", "index_perhead")
 # variants at their own settings, not at a compression target
-FIXED_VARIANTS = ("dense", "default", "default_kt16", "default_kt4", "default_cov95", "default_cov90", "default_cov80", "fixedk", "fixedk_b4", "fixedk_b8")
+FIXED_VARIANTS = ("dense", "default", "default_kt16", "default_kt8", "default_kt4", "default_cov95", "default_cov90", "default_cov80", "fixedk", "fixedk_b4", "fixedk_b8")
 
 
 def variant_settings(name, comp, d, g, S=None, k=128):
@@ -89,8 +89,8 @@ def variant_settings(name, comp, d, g, S=None, k=128):
     if name.startswith("default") or name.startswith("fixedk"):
         from . import _sparq
 
-        # every default (the calibrated k: sparq_k = 0), on every decode step; default_kt16 / _kt4
-        # with K^T in 16 / 4 bits; fixedk* with a fixed budget k (l its default k / 4), _b<m> with the
+        # every default (the calibrated k: sparq_k = 0), on every decode step; default_kt16 / _kt8 /
+        # _kt4 with K^T in 16 / 8 / 4 bits; fixedk* with a fixed budget k (l its default k / 4), _b<m> with the
         # bucketed top-k over m * k buckets
         p = _sparq.default_params()
         s = {f"sparq_{f}": v for f, v in p.items() if f != "enabled"}

@@ -159,7 +159,7 @@ def e2e(args, meta):
     model = paper_shape_path(args.n_layer)
     bench = str(tool_path("llama-bench"))
     sp = ["--sparq-r", str(args.r), "--sparq-k", str(args.k), "--sparq-l", str(args.l), "--sparq-min-kv", "0",
-          "--sparq-basis", args.basis] + (["--sparq-topk-buckets", str(args.topk_buckets)] if args.topk_buckets else [])
+          "--sparq-basis", args.basis, "--sparq-kt-bits", str(args.kt_bits)] + (["--sparq-topk-buckets", str(args.topk_buckets)] if args.topk_buckets else [])
     rows, cmds = [], []
     # one process per configuration over every depth (the model loads once; each depth gets its own
     # context, and a synthetic fill of S cells before every repetition)
@@ -458,6 +458,8 @@ def sweep_main(argv=None) -> int:
     ap.add_argument("--r", type=int, default=32)
     ap.add_argument("--k", type=int, default=128)
     ap.add_argument("--l", type=int, default=32)
+    ap.add_argument("--kt-bits", type=int, choices=(4, 8, 16), default=8,
+                    help="K^T width (sparq_kt_bits; default 8: the width the GPU rows were timed with at r = 32)")
     ap.add_argument("--basis", default="model", help="the paper's basis (default), or scaled/pca")
     ap.add_argument("--topk-buckets", type=int, default=0, help="SparQ's approximate bucketed top-k with this many "
                     "buckets (>= k; 0, the default: the exact top-k)")
@@ -547,6 +549,8 @@ def timeline_main(argv=None) -> int:
     ap.add_argument("--r", type=int, default=32)
     ap.add_argument("--k", type=int, default=128)
     ap.add_argument("--l", type=int, default=32)
+    ap.add_argument("--kt-bits", type=int, choices=(4, 8, 16), default=8,
+                    help="K^T width (sparq_kt_bits; default 8: the width the GPU rows were timed with at r = 32)")
     ap.add_argument("--nsys", default=None, help="the nsys executable (default: on PATH or under /usr/local/cuda, /opt/nvidia)")
     ap.add_argument("--tracer", choices=("auto", "nsys", "cupti"), default="auto",
                     help="auto (default): nsys where found, else the CUPTI tracer")
@@ -584,10 +588,11 @@ def timeline_main(argv=None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     model = paper_shape_path(args.n_layer)
     bench = str(tool_path("llama-bench"))
+    kt = ["--sparq-kt-bits", str(args.kt_bits)]
     fixed = ["--sparq", "1", "--sparq-r", str(args.r), "--sparq-k", str(args.k), "--sparq-l", str(args.l),
-             "--sparq-basis", "model", "--sparq-min-kv", "0"]
+             "--sparq-basis", "model", "--sparq-min-kv", "0"] + kt
     configs = {"dense_fa1": ["--sparq", "0"], "sparq": fixed,
-               "sparq_calibrated": ["--sparq", "1", "--sparq-r", str(args.r), "--sparq-k", "0", "--sparq-min-kv", "0"]}
+               "sparq_calibrated": ["--sparq", "1", "--sparq-r", str(args.r), "--sparq-k", "0", "--sparq-min-kv", "0"] + kt}
     meta = {"tag": args.tag, "device": device(), "commit": git_commit(), "date": now_iso(timespec="auto"),
             "argv": command_line(), "n_short": args.n_short, "n_long": args.n_long, "sparq": sp, "commands": [],
             "tracer": (subprocess.run([nsys, "--version"], capture_output=True, text=True).stdout.strip()
@@ -660,6 +665,8 @@ def lines_main(argv=None) -> int:
     ap.add_argument("--r", type=int, default=32)
     ap.add_argument("--k", type=int, default=128)
     ap.add_argument("--l", type=int, default=32)
+    ap.add_argument("--kt-bits", type=int, choices=(4, 8, 16), default=8,
+                    help="K^T width (sparq_kt_bits; default 8: the width the GPU rows were timed with at r = 32)")
     ap.add_argument("--ncu", default=None)
     ap.add_argument("--tag", default="gpu")
     ap.add_argument("--work", default=None, help="where the reports and CSVs go (default build/gpu-ncu/<tag>)")
@@ -695,7 +702,8 @@ def lines_main(argv=None) -> int:
         _, line, _ = llama_bench(["-m", str(model), "-ngl", "99", "-fa", "1", "-p", "0",
                                   "-n", str(args.skip_steps + 2), "-r", "1", "-d", str(S), "--depth-fill", "synthetic",
                                   "--sparq", "1", "--sparq-r", str(args.r), "--sparq-k", str(args.k), "--sparq-l",
-                                  str(args.l), "--sparq-basis", "model", "--sparq-min-kv", "0"],
+                                  str(args.l), "--sparq-basis", "model", "--sparq-min-kv", "0",
+                                  "--sparq-kt-bits", str(args.kt_bits)],
                                  exe=bench, prefix=prefix, what="failed", timeout=900, echo=True)
         meta["commands"].append(line)
         for page, extra in (("details", []), ("source", ["--print-source", "cuda,sass"])):

@@ -320,7 +320,7 @@ def test_ab_runs_the_batch1_rows_once_per_setting(tmp_path):
     the programmatic launches and the score tiles' histogram, alone and together, against the
     default kernels (PDL=0) in the same session, then the kernels' other ways and the one launch per
     layer (FUSED=1); then the rows once per AB_BUCKETS count with the bucketed top-k (no grid of
-    its own: the grid has bucketed cases)."""
+    its own: the grid has bucketed cases), and once per AB_KT_BITS width at its default r."""
     (tmp_path / "site" / "llama_sparq").mkdir(parents=True)
     (tmp_path / "site" / "llama_sparq" / "__init__.py").write_text("")
     py = tmp_path / "py"
@@ -334,7 +334,7 @@ def test_ab_runs_the_batch1_rows_once_per_setting(tmp_path):
     ran = [line for line in res.stdout.splitlines() if line.startswith("RAN ")]
     e2e = [r for r in ran if "--only e2e" in r]
     checks = [r for r in ran if "-k backend_ops_cuda_equals_cpu" in r]
-    assert len(e2e) == 10 and len(checks) == 9 and len(ran) == 19, res.stdout
+    assert len(e2e) == 12 and len(checks) == 9 and len(ran) == 21, res.stdout
     assert ran[0] in checks and ran[1] in e2e and ran[0].endswith("PDL=0 SCORE= FUSED= CALIB="), ran
     assert "--tag h0_abc_ab_pdl_0 --depths 4096 " in e2e[0] and e2e[0].endswith("ITEMS= PDL=0 SCORE= FUSED= CALIB="), e2e
     assert "--tag h0_abc_ab_pdl_1 --depths 4096 " in e2e[1] and e2e[1].endswith("PDL=1 SCORE= FUSED= CALIB="), e2e
@@ -351,13 +351,18 @@ def test_ab_runs_the_batch1_rows_once_per_setting(tmp_path):
     assert checks[8].endswith("SCORE= FUSED= CALIB=1"), checks
     assert "--tag h0_abc_ab_topk_buckets_1024 --topk-buckets 1024 --depths 4096 " in e2e[9], e2e
     assert e2e[9].endswith("PDL= SCORE= FUSED= CALIB="), e2e
+    assert "--tag h0_abc_ab_kt4 --kt-bits 4 --r 48 --depths 4096 " in e2e[10], e2e
+    assert "--tag h0_abc_ab_kt8 --kt-bits 8 --r 40 --depths 4096 " in e2e[11], e2e
     assert all("--depths-batch  --nkvo-depths " in r for r in e2e), e2e
     # without the checks, one run per setting
     res = run(tmp_path, "ab", SPARQ_PYTHON=str(py), GPU_TAG="h0_abc", AB_DEPTHS="4096", AB_CHECK="0",
-              AB_ENVS="LLAMA_SPARQ_CUDA_PDL=1", AB_BUCKETS="")
+              AB_ENVS="LLAMA_SPARQ_CUDA_PDL=1", AB_BUCKETS="", AB_KT_BITS="")
     ran = [line for line in res.stdout.splitlines() if line.startswith("RAN ")]
     assert res.returncode == 0 and len(ran) == 1 and "--only e2e" in ran[0], ran
     assert ran[0].endswith("PDL=1 SCORE= FUSED= CALIB="), ran
+    res = run(tmp_path, "ab", SPARQ_PYTHON=str(py), GPU_TAG="h0_abc", AB_CHECK="0", AB_ENVS="LLAMA_SPARQ_CUDA_PDL=1",
+              AB_BUCKETS="", AB_KT_BITS="5")
+    assert res.returncode != 0 and "AB_KT_BITS: '5' is not 4, 8 or 16" in res.stdout + res.stderr, res.stdout
 
 
 def test_calib_times_the_calibrated_k_with_the_default_and_the_experimental_kernels(tmp_path):

@@ -320,6 +320,8 @@ def profile_main(argv=None) -> int:
                     help="dense only: upstream's flash attention (1, the layout SparQ uses) or its other path (0)")
     ap.add_argument("--cache-type", choices=("f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"), default="f16",
                     help="K and V cache type")
+    ap.add_argument("--kt-bits", type=int, choices=(4, 8, 16), default=None,
+                    help="SparQ's K^T width (sparq_kt_bits; default the fork's)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--state-dir", type=Path, default=Path("/tmp/llama_sparq_profile"),
                     help="where the prefilled state is kept between runs")
@@ -354,7 +356,8 @@ def profile_main(argv=None) -> int:
         state_path.write_bytes(pickle.dumps(state))
     llm.load_state(state)
     if fa:
-        llm.set_sparq(sparq=args.mode == "sparq")
+        kt = {"sparq_kt_bits": args.kt_bits} if args.mode == "sparq" and args.kt_bits else {}
+        llm.set_sparq(sparq=args.mode == "sparq", **kt)
     llm.reset_sparq_stats()
     tok = toks[-1]
     t = time.perf_counter()

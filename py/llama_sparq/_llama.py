@@ -276,7 +276,7 @@ class Llama(llama_cpp.Llama):
         max_tokens = args[2] if len(args) > 2 else kwargs.get("max_tokens", 16)
         full, n_prompt = [], []
 
-        def context_full(input_ids, logits) -> bool:
+        def at_a_limit(input_ids, logits) -> bool:
             # called after each sample with the tokens decoded so far: the first time, the prompt's
             n_prompt[:] = n_prompt or [len(input_ids)]
             if self.n_tokens >= self._n_ctx or (max_tokens is not None and 0 < max_tokens <= len(input_ids) - n_prompt[0]):
@@ -285,7 +285,7 @@ class Llama(llama_cpp.Llama):
                 return True
             return False
 
-        criteria = llama_cpp.StoppingCriteriaList([context_full, *(stopping_criteria or [])])
+        criteria = llama_cpp.StoppingCriteriaList([at_a_limit, *(stopping_criteria or [])])
         for chunk in super()._create_completion(*args, stopping_criteria=criteria, **kwargs):
             if full:
                 for choice in chunk.get("choices", ()):

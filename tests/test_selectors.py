@@ -45,56 +45,64 @@ def variants(c, x):
 
 
 def check_calls_against_reference(calls, settings, min_calls, kv_quant=None):
-    """Every captured SparQ call: the op's output equals the reference on the same tensors (kv_quant:
-    the cache's quantized type, whose rounding the reference applies as the op's K^T holds it)."""
-    from sparq_lab.capture import op_params, reference_kt, stream0
+    """Every captured SparQ call, each of its streams: the op's output equals the reference on the same
+    tensors (kv_quant: the cache's quantized type, whose rounding the reference applies as the op's K^T
+    holds it)."""
+    from sparq_lab.capture import op_params
 
     assert len(calls) >= min_calls
     for c in calls:
-        x = stream0(c)
         p = op_params(c)
-        S = int(np.isfinite(x["mask"][0]).sum())
-        assert S > p["k"], "the test must run the sparse path (k < S)"
-        sel = settings.get("sparq_selector")
-        if sel in ("streaming", "h2o", "index"):
-            check_baseline_call(c, x, p, sel, per_head=settings.get("sparq_gqa") == "per_head")
-            continue
-        kw = dict(r=p["r"], k=p["k"], l=p["l"], mask=x["mask"], scale=p["scale"], vbar=x["vbar"],
-                  per_head=settings.get("sparq_gqa") == "per_head", mean_v=settings.get("sparq_mean_v", True),
-                  oracle=settings.get("sparq_selector") == "oracle", window=[x["win"]], kv_quant=kv_quant,
-                  kt_bits=c["kt_bits"], topk_buckets=p["topk_buckets"], **variants(c, x))
-        assert p["topk_buckets"] == settings.get("sparq_topk_buckets", 0), "the op's buckets are not the setting's"
-        if c["comp_w"] is not None:
-            kw["comp_w"] = c["comp_w"][0, 0].astype(np.float64)  # ggml [d, hkv, ns] -> (hkv, d) of stream 0
-        if c["q_sel"] is not None:
-            kw["q_sel"] = x["q_sel"]
-            # the keys in the basis K^T is stored in: ggml [n_kv, d, hkv, ns] -> (n_kv, hkv, d)
-            kw["K_sel"] = c["KT"][0].transpose(2, 0, 1).astype(np.float64)
-        if settings.get("sparq_basis", "scaled") == "scaled":
-            # the weights are the keys' RMS per component over the stream's cells (times sqrt(count)):
-            # sqrt of the running sums of squares, which the graph keeps like the V sums (of the keys in
-            # K^T's basis: a quantized cache's rotated back from upstream's rotation)
-            valid = np.isfinite(x["mask"][0])
-            # (the weights sum the keys themselves: against an 8-bit K^T, within its rounding)
-            want_w = np.sqrt((kw.get("K_sel", x["K"])[valid] ** 2).sum(axis=0))   # (hkv, d)
-            rtol = 2e-3 if "K_sel" not in kw or c["kt_bits"] == 16 else 0.05
-            assert np.allclose(kw["comp_w"], want_w, rtol=rtol, atol=1e-6), "scaled weights differ from sqrt(sum k^2)"
-        basis = settings.get("sparq_basis", "scaled")  # the default
-        if basis in ("scaled", "pca"):
-            assert c["comp_w"] is not None, "the scaled/PCA basis must pass component weights"
-        if basis == "pca":
-            assert c["q_sel"] is not None, "the PCA basis must pass the rotated query"
-        if kv_quant is not None:
-            # the captured K and V are the cache's values already (dequantized as ggml does): the
-            # reference takes them as they are, with K^T the f16 of those keys where no basis gave it
-            kw["kv_quant"] = None
-            kw.setdefault("K_sel", x["K"].astype(np.float16).astype(np.float64))
-        if c["kt_bits"] == 4:
-            kw.update(reference_kt(c))
-        want, info = reference.sparq_attention(x["q"], x["K"], x["V"], return_info=True, **kw)
-        got = x["out"]
-        scale = max(1.0, np.abs(want).max())
-        assert np.abs(got - want).max() <= 2e-3 * scale, (c["layer"], np.abs(got - want).max())
+        for s in range(c["q"].shape[0]):
+            check_stream_against_reference(c, s, p, settings, kv_quant)
+
+
+def check_stream_against_reference(c, s, p, settings, kv_quant):
+    from sparq_lab.capture import reference_kt, stream_view
+
+    x = stream_view(c, s)
+    S = int(np.isfinite(x["mask"][0]).sum())
+    assert S > p["k"], "the test must run the sparse path (k < S)"
+    sel = settings.get("sparq_selector")
+    if sel in ("streaming", "h2o", "index"):
+        check_baseline_call(c, x, p, sel, per_head=settings.get("sparq_gqa") == "per_head")
+        return
+    kw = dict(r=p["r"], k=p["k"], l=p["l"], mask=x["mask"], scale=p["scale"], vbar=x["vbar"],
+              per_head=settings.get("sparq_gqa") == "per_head", mean_v=settings.get("sparq_mean_v", True),
+              oracle=settings.get("sparq_selector") == "oracle", window=[x["win"]], kv_quant=kv_quant,
+              kt_bits=c["kt_bits"], topk_buckets=p["topk_buckets"], **variants(c, x))
+    assert p["topk_buckets"] == settings.get("sparq_topk_buckets", 0), "the op's buckets are not the setting's"
+    if x["comp_w"] is not None:
+        kw["comp_w"] = x["comp_w"]
+    if c["q_sel"] is not None:
+        kw["q_sel"] = x["q_sel"]
+        # the keys in the basis K^T is stored in: ggml [n_kv, d, hkv, ns] -> (n_kv, hkv, d)
+        kw["K_sel"] = c["KT"][s].transpose(2, 0, 1).astype(np.float64)
+    if settings.get("sparq_basis", "scaled") == "scaled":
+        # the weights are the keys' RMS per component over the stream's cells (times sqrt(count)):
+        # sqrt of the running sums of squares, which the graph keeps like the V sums (of the keys in
+        # K^T's basis: a quantized cache's rotated back from upstream's rotation)
+        valid = np.isfinite(x["mask"][0])
+        # (the weights sum the keys themselves: against an 8-bit K^T, within its rounding)
+        want_w = np.sqrt((kw.get("K_sel", x["K"])[valid] ** 2).sum(axis=0))   # (hkv, d)
+        rtol = 2e-3 if "K_sel" not in kw or c["kt_bits"] == 16 else 0.05
+        assert np.allclose(kw["comp_w"], want_w, rtol=rtol, atol=1e-6), "scaled weights differ from sqrt(sum k^2)"
+    basis = settings.get("sparq_basis", "scaled")  # the default
+    if basis in ("scaled", "pca"):
+        assert c["comp_w"] is not None, "the scaled/PCA basis must pass component weights"
+    if basis == "pca":
+        assert c["q_sel"] is not None, "the PCA basis must pass the rotated query"
+    if kv_quant is not None:
+        # the captured K and V are the cache's values already (dequantized as ggml does): the
+        # reference takes them as they are, with K^T the f16 of those keys where no basis gave it
+        kw["kv_quant"] = None
+        kw.setdefault("K_sel", x["K"].astype(np.float16).astype(np.float64))
+    if c["kt_bits"] == 4:
+        kw.update(reference_kt(c, s))
+    want, info = reference.sparq_attention(x["q"], x["K"], x["V"], return_info=True, **kw)
+    got = x["out"]
+    scale = max(1.0, np.abs(want).max())
+    assert np.abs(got - want).max() <= 2e-3 * scale, (c["layer"], s, np.abs(got - want).max())
 
 
 def check_baseline_call(c, x, p, sel, per_head=False):

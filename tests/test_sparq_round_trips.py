@@ -177,20 +177,6 @@ LOGIT_TOL = 1e-5
 LOGIT_RTOL_KT4_MOVED = 0.05
 
 
-def op_equals_reference(call):
-    """Each stream of a captured call: the op's output equals the reference on the same tensors."""
-    from sparq_lab import reference
-    from sparq_lab.capture import op_params, reference_kt, stream_view
-
-    p = op_params(call)
-    for s in range(call["q"].shape[0]):
-        x = stream_view(call, s)
-        want = reference.sparq_attention(x["q"], x["K"], x["V"], r=p["r"], k=p["k"], l=p["l"], mask=x["mask"],
-                                         scale=p["scale"], vbar=x["vbar"], window=[x["win"]], comp_w=x["comp_w"],
-                                         **reference_kt(call, s))
-        assert np.abs(x["out"] - want).max() <= 2e-3 * max(1.0, np.abs(want).max()), (call["layer"], s)
-
-
 def window_run(model, n_seq, script, l=6):
     """The script's decode steps on the device window the K^T appends push, each step also run on a
     reference context given the live one's state just before it: after a state load the host
@@ -258,6 +244,8 @@ def test_device_window_equals_the_hosts(model, n_seq, name):
     sequences (non-unified cache) also a step of one of them alone and a stream copy. No step has a
     window input, and llama_sparq_debug_check finds every device window the host holds exact equal to
     its computation after every step."""
+    from test_selectors import check_calls_against_reference
+
     script = WINDOW_SCRIPTS[name]
     if n_seq == 2:
         script = script + ["step_last", "step", "seq_cp", "step", "step_last", "step"]
@@ -276,8 +264,8 @@ def test_device_window_equals_the_hosts(model, n_seq, name):
                 moved = True
         loose = moved and s["kt_bits"] == 4
         if loose:
-            for call in s["calls"] + s["calls_ref"]:
-                op_equals_reference(call)
+            # (settings: the defaults; r, k and l are the op's parameters)
+            check_calls_against_reference(s["calls"] + s["calls_ref"], {}, 2)
         for a, b in zip(s["logits"], s["logits_ref"]):
             tol = LOGIT_RTOL_KT4_MOVED * np.abs(b).max() if loose else LOGIT_TOL
             np.testing.assert_allclose(a, b, atol=tol, rtol=0, err_msg=f"step {i}")

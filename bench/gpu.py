@@ -143,7 +143,7 @@ def summarize(args, rows, meta):
         # the calibrated k (k = 0) chooses its cells per step: its compression is the one llama-bench measured
         spq_row = dense["sparq"].get(s, {})
         if args.k > 0 or s == 0:
-            ratio = cost.compression(s, 128, args.r, args.k) if s > 0 else 1.0
+            ratio = cost.compression(s, 128, args.r, args.k, kt_bits=args.kt_bits) if s > 0 else 1.0
         else:
             ratio = float(spq_row.get("sparq_compr") or 1.0)
         amdahl = 1.0 / ((1.0 - z) + z * ratio) if s > 0 else 1.0
@@ -153,6 +153,11 @@ def summarize(args, rows, meta):
                         "sparq_counters": dense["sparq"].get(s, {}).get("exit_counters")})
 
     return summary
+
+
+def resolve_r(r, kt_bits):
+    """r as given, or for 0 the fork's default for a K^T of kt_bits at the paper shape's head size."""
+    return r or cost.default_r(128, kt_bits)
 
 
 def e2e(args, meta):
@@ -455,7 +460,8 @@ def sweep_main(argv=None) -> int:
     ap.add_argument("--n-gen", type=int, default=32)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=16, help="CPU threads for -nkvo")
-    ap.add_argument("--r", type=int, default=32)
+    ap.add_argument("--r", type=int, default=32, help="components kept (default 32; 0: the fork's default for "
+                    "--kt-bits at head size 128)")
     ap.add_argument("--k", type=int, default=128)
     ap.add_argument("--l", type=int, default=32)
     ap.add_argument("--kt-bits", type=int, choices=(4, 8, 16), default=8,
@@ -473,13 +479,14 @@ def sweep_main(argv=None) -> int:
     if args.report:
         report(args.tag)
         return 0
+    args.r = resolve_r(args.r, args.kt_bits)
     args.depths = [int(x) for x in args.depths.split(",") if x]
     args.depths_batch = [int(x) for x in args.depths_batch.split(",") if x]
     args.nkvo_depths = [int(x) for x in args.nkvo_depths.split(",") if x]
 
     meta = {"device": device(), "commit": git_commit(), "date": now_iso(timespec="auto"), "n_layer": args.n_layer,
             "argv": command_line(), "sparq": {"r": args.r, "k": args.k, "l": args.l,
-                                                                       "basis": args.basis,
+                                                                       "kt_bits": args.kt_bits, "basis": args.basis,
                                                                        "topk_buckets": args.topk_buckets},
             "cuda_env": cuda_env()}
     if args.only in (None, "e2e"):
@@ -563,7 +570,7 @@ def timeline_main(argv=None) -> int:
     steps = args.n_long - args.n_short
     if steps <= 0:
         ap.error("--n-long must be larger than --n-short")
-    sp = {"r": args.r, "k": args.k, "l": args.l, "basis": "model", "min_kv": 0}
+    sp = {"r": args.r, "k": args.k, "l": args.l, "kt_bits": args.kt_bits, "basis": "model", "min_kv": 0}
     if args.reduce:
         res = timeline_reduce_dir(Path(args.reduce), args.n_layer, steps)
         meta = {"tag": args.tag, "n_short": args.n_short, "n_long": args.n_long, "sparq": sp, "commands": []}
@@ -672,7 +679,7 @@ def lines_main(argv=None) -> int:
     ap.add_argument("--work", default=None, help="where the reports and CSVs go (default build/gpu-ncu/<tag>)")
     ap.add_argument("--reduce", default=None, help="only reduce details_<S>.csv and source_<S>.csv in this folder")
     args = ap.parse_args(argv)
-    sp = {"r": args.r, "k": args.k, "l": args.l, "basis": "model", "min_kv": 0}
+    sp = {"r": args.r, "k": args.k, "l": args.l, "kt_bits": args.kt_bits, "basis": "model", "min_kv": 0}
     if args.reduce:
         res = lines_reduce_dir(Path(args.reduce))
         print(lines_markdown({"tag": args.tag, "sparq": sp}, res))

@@ -48,8 +48,8 @@
 #             the same rows once per count in $AB_BUCKETS (',' between them; default 1024, 8k at
 #             k = 128; empty for none) with SparQ's approximate bucketed top-k (--topk-buckets, a
 #             setting), tagged <tag>_ab_topk_buckets_<B> (the grid has bucketed cases of its own);
-#             then once per K^T width in $AB_KT_BITS (default 4,8, each at its default r: 48 and 40
-#             at head size 128; the rows above run 8 bits at r = 32), tagged <tag>_ab_kt<bits>
+#             then once per K^T width in $AB_KT_BITS (default 4,8, each at its default r, --r 0; the
+#             rows above run 8 bits at r = 32), tagged <tag>_ab_kt<bits>
 #   calib     the calibrated k (--k 0, the window k_min / 4) at $CALIB_DEPTHS (default 64K), batch 1,
 #             $CALIB_GEN tokens (default 64), once per setting of $CALIB_ENVS (as AB_ENVS; default
 #             LLAMA_SPARQ_CUDA_CALIB_HIST=0: the default kernels; LLAMA_SPARQ_CUDA_CALIB_HIST=1, the
@@ -272,8 +272,8 @@ step_ab() {
             --depths "${AB_DEPTHS:-8192,65536}" --depths-batch "" --nkvo-depths "" --reps 3 --n-gen 16 || rc=1
     done
     for v in $(echo "${AB_KT_BITS-4,8}" | tr ',' ' '); do
-        case "$v" in 4) r=48 ;; 8) r=40 ;; 16) r=32 ;; *) say "AB_KT_BITS: '$v' is not 4, 8 or 16"; return 2 ;; esac
-        logged ab "$PY" bench/gpu.py sweep --only e2e --tag "${tag}_ab_kt$v" --kt-bits "$v" --r "$r" \
+        case "$v" in 4|8|16) ;; *) say "AB_KT_BITS: '$v' is not 4, 8 or 16"; return 2 ;; esac
+        logged ab "$PY" bench/gpu.py sweep --only e2e --tag "${tag}_ab_kt$v" --kt-bits "$v" --r 0 \
             --depths "${AB_DEPTHS:-8192,65536}" --depths-batch "" --nkvo-depths "" --reps 3 --n-gen 16 || rc=1
     done
     return "$rc"

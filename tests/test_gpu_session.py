@@ -351,8 +351,12 @@ def test_ab_runs_the_batch1_rows_once_per_setting(tmp_path):
     assert checks[8].endswith("SCORE= FUSED= CALIB=1"), checks
     assert "--tag h0_abc_ab_topk_buckets_1024 --topk-buckets 1024 --depths 4096 " in e2e[9], e2e
     assert e2e[9].endswith("PDL= SCORE= FUSED= CALIB="), e2e
-    assert "--tag h0_abc_ab_kt4 --kt-bits 4 --r 48 --depths 4096 " in e2e[10], e2e
-    assert "--tag h0_abc_ab_kt8 --kt-bits 8 --r 40 --depths 4096 " in e2e[11], e2e
+    assert "--tag h0_abc_ab_kt4 --kt-bits 4 --r 0 --depths 4096 " in e2e[10], e2e
+    assert "--tag h0_abc_ab_kt8 --kt-bits 8 --r 0 --depths 4096 " in e2e[11], e2e
+    import gpu
+
+    # r = 0: each width's default r at the paper shape's head size, as the fork resolves it
+    assert (gpu.resolve_r(0, 4), gpu.resolve_r(0, 8), gpu.resolve_r(0, 16), gpu.resolve_r(32, 4)) == (48, 40, 32, 32)
     assert all("--depths-batch  --nkvo-depths " in r for r in e2e), e2e
     # without the checks, one run per setting
     res = run(tmp_path, "ab", SPARQ_PYTHON=str(py), GPU_TAG="h0_abc", AB_DEPTHS="4096", AB_CHECK="0",

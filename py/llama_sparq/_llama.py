@@ -274,12 +274,13 @@ class Llama(llama_cpp.Llama):
             # nothing to echo, and llama_cpp's echo of logprobs indexed the empty prompt's (an IndexError)
             kwargs["echo"] = False
         max_tokens = args[2] if len(args) > 2 else kwargs.get("max_tokens", 16)
-        full, n_prompt = [], []
+        full, n_prompt = [], None
 
         def at_a_limit(input_ids, logits) -> bool:
+            nonlocal n_prompt
             # called after each sample with the tokens decoded so far: the first time, the prompt's
-            n_prompt[:] = n_prompt or [len(input_ids)]
-            if self.n_tokens >= self._n_ctx or (max_tokens is not None and 0 < max_tokens <= len(input_ids) - n_prompt[0]):
+            n_prompt = len(input_ids) if n_prompt is None else n_prompt
+            if self.n_tokens >= self._n_ctx or (max_tokens is not None and 0 < max_tokens <= len(input_ids) - n_prompt):
                 # the token just sampled has no cell to be decoded in, or would be one too many
                 full.append(True)
                 return True

@@ -375,12 +375,9 @@ def run_prompt(llm, toks, steps, opts):
 
 def model_shape(llm) -> dict:
     """The attention shape from the model's metadata: head size d, heads, KV heads, layers."""
-    m = llm.metadata
-    arch = m.get("general.architecture", "?")
-    n_head = int(m[f"{arch}.attention.head_count"])
-    n_head_kv = int(m.get(f"{arch}.attention.head_count_kv", n_head))
-    d = int(m.get(f"{arch}.attention.key_length", 0) or int(m[f"{arch}.embedding_length"]) // n_head)
-    return dict(arch=arch, d=d, n_layer=int(m[f"{arch}.block_count"]), n_head=n_head, n_head_kv=n_head_kv)
+    from llama_sparq.models import attention_shape
+
+    return attention_shape(llm.metadata)
 
 
 def run(a, model, opts):

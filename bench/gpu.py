@@ -155,6 +155,12 @@ def summarize(args, rows, meta):
     return summary
 
 
+def add_kt_bits(ap):
+    """--kt-bits, as every subcommand that runs SparQ takes it."""
+    ap.add_argument("--kt-bits", type=int, choices=(4, 8, 16), default=8,
+                    help="K^T width (sparq_kt_bits; default 8: the width the GPU rows were timed with at r = 32)")
+
+
 def resolve_r(r, kt_bits):
     """r as given, or for 0 the fork's default for a K^T of kt_bits at the paper shape's head size."""
     return r or cost.default_r(128, kt_bits)
@@ -464,8 +470,7 @@ def sweep_main(argv=None) -> int:
                     "--kt-bits at head size 128)")
     ap.add_argument("--k", type=int, default=128)
     ap.add_argument("--l", type=int, default=32)
-    ap.add_argument("--kt-bits", type=int, choices=(4, 8, 16), default=8,
-                    help="K^T width (sparq_kt_bits; default 8: the width the GPU rows were timed with at r = 32)")
+    add_kt_bits(ap)
     ap.add_argument("--basis", default="model", help="the paper's basis (default), or scaled/pca")
     ap.add_argument("--topk-buckets", type=int, default=0, help="SparQ's approximate bucketed top-k with this many "
                     "buckets (>= k; 0, the default: the exact top-k)")
@@ -556,8 +561,7 @@ def timeline_main(argv=None) -> int:
     ap.add_argument("--r", type=int, default=32)
     ap.add_argument("--k", type=int, default=128)
     ap.add_argument("--l", type=int, default=32)
-    ap.add_argument("--kt-bits", type=int, choices=(4, 8, 16), default=8,
-                    help="K^T width (sparq_kt_bits; default 8: the width the GPU rows were timed with at r = 32)")
+    add_kt_bits(ap)
     ap.add_argument("--nsys", default=None, help="the nsys executable (default: on PATH or under /usr/local/cuda, /opt/nvidia)")
     ap.add_argument("--tracer", choices=("auto", "nsys", "cupti"), default="auto",
                     help="auto (default): nsys where found, else the CUPTI tracer")
@@ -672,8 +676,7 @@ def lines_main(argv=None) -> int:
     ap.add_argument("--r", type=int, default=32)
     ap.add_argument("--k", type=int, default=128)
     ap.add_argument("--l", type=int, default=32)
-    ap.add_argument("--kt-bits", type=int, choices=(4, 8, 16), default=8,
-                    help="K^T width (sparq_kt_bits; default 8: the width the GPU rows were timed with at r = 32)")
+    add_kt_bits(ap)
     ap.add_argument("--ncu", default=None)
     ap.add_argument("--tag", default="gpu")
     ap.add_argument("--work", default=None, help="where the reports and CSVs go (default build/gpu-ncu/<tag>)")

@@ -170,6 +170,7 @@ def run_gemma(a, model: str, q8: bool) -> bool:
     own; True when SparQ ran."""
     from llama_sparq import Llama
     from llama_sparq._sparq import cache_type_id, default_r
+    from llama_sparq.models import attention_shape
 
     def context(**kw):
         # the sliding-window layers keep only their window (swa_full off, as in llama.cpp's tools),
@@ -195,7 +196,7 @@ def run_gemma(a, model: str, q8: bool) -> bool:
     k_desc = (f"calibrated (the fewest cells holding {p['sparq_coverage']:.2f} of the estimated attention mass, "
               f"{p['sparq_k_min']} to {100 * p['sparq_k_frac']:.0f} % of the cells)" if p['sparq_k'] == 0 else p['sparq_k'])
     l_desc = p['sparq_l'] if p['sparq_l'] >= 0 else ('k_min / 4' if p['sparq_k'] == 0 else 'k / 4')
-    d = int(llm.metadata[f"{llm.metadata['general.architecture']}.attention.key_length"])  # the head size
+    d = attention_shape(llm.metadata)["d"]
     r_desc = p['sparq_r'] or f"{default_r(d, p['sparq_kt_bits'])} of {d} (the {p['sparq_kt_bits']}-bit K^T's default)"
     print(f"SparQ defaults: r = {r_desc}, k {k_desc}, l = {l_desc}, basis {p['sparq_basis']}, "
           f"dense below {p['sparq_min_kv']} KV cells\n", flush=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import inspect
 import os
 import threading
 
@@ -15,6 +16,8 @@ from .bindings import settings as _table
 setup_llama_cpp()
 
 import llama_cpp  # noqa: E402  (after LLAMA_CPP_LIB_PATH is set)
+
+_COMPLETION_SIGNATURE = inspect.signature(llama_cpp.Llama._create_completion)
 
 GGUF_MAGIC = b"GGUF"
 
@@ -263,17 +266,21 @@ class Llama(llama_cpp.Llama):
             raise EmbeddingError("Llama model must be created with embedding=True to call this method")
         return super().embed(*args, **kwargs)
 
-    def _create_completion(self, *args, stopping_criteria=None, **kwargs):
+    def _create_completion(self, *args, **kwargs):
         """llama_cpp's, stopped at max_tokens and where the KV cache is full. It skips its max_tokens
         check while the text ends inside a UTF-8 character, so a completion went on past max_tokens,
         and one that reached the context there went on to a llama_decode with no free cell
         (RuntimeError "llama_decode returned 1"). Such stops are reported as ``finish_reason``
         "length", as llama_cpp's own are. An empty prompt is not echoed when logprobs are asked for."""
-        prompt = args[0] if args else kwargs.get("prompt")
-        if kwargs.get("echo") and kwargs.get("logprobs") is not None and prompt is not None and len(prompt) == 0:
+        # the arguments by llama_cpp's own signature and defaults, however they were passed
+        call = _COMPLETION_SIGNATURE.bind(self, *args, **kwargs)
+        call.apply_defaults()
+        p = dict(call.arguments)
+        del p["self"]
+        if p["echo"] and p["logprobs"] is not None and p["prompt"] is not None and len(p["prompt"]) == 0:
             # nothing to echo, and llama_cpp's echo of logprobs indexed the empty prompt's (an IndexError)
-            kwargs["echo"] = False
-        max_tokens = args[2] if len(args) > 2 else kwargs.get("max_tokens", 16)
+            p["echo"] = False
+        max_tokens = p["max_tokens"]
         full, n_prompt = [], None
 
         def at_a_limit(input_ids, logits) -> bool:
@@ -286,8 +293,8 @@ class Llama(llama_cpp.Llama):
                 return True
             return False
 
-        criteria = llama_cpp.StoppingCriteriaList([at_a_limit, *(stopping_criteria or [])])
-        for chunk in super()._create_completion(*args, stopping_criteria=criteria, **kwargs):
+        p["stopping_criteria"] = llama_cpp.StoppingCriteriaList([at_a_limit, *(p["stopping_criteria"] or [])])
+        for chunk in super()._create_completion(**p):
             if full:
                 for choice in chunk.get("choices", ()):
                     if choice.get("finish_reason") == "stop":

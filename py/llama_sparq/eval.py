@@ -173,7 +173,7 @@ def _open_model(args, contexts, chat):
     """(Llama with SparQ ready but off, model path, d, g, n_ctx) for ``args.model``."""
     from . import Llama
     from ._sparq import cache_type_id
-    from .models import resolve_model
+    from .models import attention_shape, resolve_model
 
     model = str(resolve_model(args.model))
     n_ctx = max(contexts) + 256
@@ -182,11 +182,8 @@ def _open_model(args, contexts, chat):
                 sparq_min_kv=0, logits_all=False, type_k=ct, type_v=ct)
     llm.set_sparq(sparq=False)
     meta = llm.metadata
-    arch = meta.get("general.architecture", "?")
-    d = int(meta.get(f"{arch}.attention.key_length", 0) or
-            int(meta[f"{arch}.embedding_length"]) // int(meta[f"{arch}.attention.head_count"]))
-    n_head = int(meta[f"{arch}.attention.head_count"])
-    g = n_head // int(meta.get(f"{arch}.attention.head_count_kv", n_head))
+    shape = attention_shape(meta)
+    arch, d, g = shape["arch"], shape["d"], shape["n_head"] // shape["n_head_kv"]
     n_train = int(meta.get(f"{arch}.context_length", 0) or 0)
     if n_train and n_ctx > n_train:
         raise SystemExit(f"--contexts: the longest ({max(contexts)}) + 256 exceeds the model's training context "

@@ -41,6 +41,7 @@ __all__ = [
     "smollm2_model_path",
     "NAMED_MODELS",
     "resolve_model",
+    "attention_shape",
     "model_dir",
     "main",
 ]
@@ -229,6 +230,16 @@ def resolve_model(name: str | os.PathLike[str] | None = None, install: bool = Tr
     if str(name) == "smollm2":
         return smollm2_model_path(install=install)
     return Path(name)
+
+
+def attention_shape(metadata: dict) -> dict:
+    """A GGUF's attention shape from its metadata (``Llama.metadata``): architecture, head size ``d``
+    (``attention.key_length``, else the embedding over the heads), layers, heads and KV heads."""
+    arch = metadata.get("general.architecture", "?")
+    n_head = int(metadata[f"{arch}.attention.head_count"])
+    n_head_kv = int(metadata.get(f"{arch}.attention.head_count_kv", n_head))
+    d = int(metadata.get(f"{arch}.attention.key_length", 0) or int(metadata[f"{arch}.embedding_length"]) // n_head)
+    return dict(arch=arch, d=d, n_layer=int(metadata[f"{arch}.block_count"]), n_head=n_head, n_head_kv=n_head_kv)
 
 
 # --------------------------------------------------------------------------

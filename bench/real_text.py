@@ -5,6 +5,7 @@
     python bench/real_text.py profile --model smollm2 ...    a steady decode loop to put under perf record
     python bench/real_text.py ab --before DIR ...            two builds' decode in alternation, dense beside
     python bench/real_text.py budget --model gemma3 ...      the calibrated k's rules: predictions against dense
+    python bench/real_text.py split --model smollm2 ...      where a step's time goes, by perf: depth 0, dense, SparQ
 
 `python bench/real_text.py SUBCOMMAND -h` lists a subcommand's options.
 """
@@ -26,6 +27,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import RESULTS, dispatch, loadavg, md_bullets, md_table, out_stem, run_meta, write_json  # noqa: E402
 from real_text_budget import budget_main  # noqa: E402
+from real_text_split import split_main  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
@@ -305,9 +307,19 @@ state is kept, so a profiler started with a delay sees only decode steps:
         python bench/real_text.py profile --model smollm2 --tokens 8000 --steps 400
     perf report -i sparq.data --no-children --sort pid,symbol -g none
 
-It writes no result file: a profile is read, and what it finds is written up by hand
-(``results/profile_smollm2_8k.md``); speed is measured by ``real_text.py speed``.
+With ``--perf-control CTL,ACK`` (perf record's ``--control fifo:CTL,ACK`` started with ``-D -1``)
+it enables perf's events for the decode steps only (``real_text.py split`` runs it so). It writes
+no result file; speed is measured by ``real_text.py speed``, the split of a step by ``split``.
 """
+
+
+def perf_control(fifos, command):
+    """perf record's control FIFO: the command, then perf's ack (so the events are on before the
+    first step is timed)."""
+    with open(fifos[0], "w") as f:
+        f.write(command + "\n")
+    with open(fifos[1]) as f:
+        f.readline()
 
 
 def profile_main(argv=None) -> int:
@@ -325,9 +337,14 @@ def profile_main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--state-dir", type=Path, default=Path("/tmp/llama_sparq_profile"),
                     help="where the prefilled state is kept between runs")
+    ap.add_argument("--perf-control", default=None, metavar="CTL,ACK",
+                    help="perf record's control and ack FIFOs: events enabled over the decode steps only")
     args = ap.parse_args(argv)
     if args.tokens < 16 or args.steps < 1:
         ap.error("--tokens must be >= 16 and --steps >= 1")
+    fifos = args.perf_control.split(",") if args.perf_control else None
+    if fifos is not None and (len(fifos) != 2 or not all(Path(f).exists() for f in fifos)):
+        ap.error(f"--perf-control takes two existing FIFOs, CTL,ACK; got {args.perf_control!r}")
     if args.mode == "sparq" and args.flash_attn == 0:
         ap.error("--flash-attn 0 is a dense path: SparQ runs on flash attention's cache layout")
 
@@ -358,13 +375,18 @@ def profile_main(argv=None) -> int:
     if fa:
         kt = {"sparq_kt_bits": args.kt_bits} if args.mode == "sparq" and args.kt_bits else {}
         llm.set_sparq(sparq=args.mode == "sparq", **kt)
+        llm.sparq_sync()  # K^T rebuilt from the loaded K now, not in the first timed step
     llm.reset_sparq_stats()
     tok = toks[-1]
+    if fifos:
+        perf_control(fifos, "enable")
     t = time.perf_counter()
     for _ in range(args.steps):
         llm.eval([tok])
         tok = int(np.argmax(llm.last_logits()))
     dt = time.perf_counter() - t
+    if fifos:
+        perf_control(fifos, "disable")
     s = llm.sparq_stats()
     label = "sparq" if args.mode == "sparq" else f"dense_{args.cache_type}_fa{args.flash_attn}"
     print(f"{label}: {args.steps / dt:.2f} tokens/s over {args.steps} steps; SparQ calls {s['n_sparq']}, "
@@ -518,7 +540,7 @@ def ab_main(argv=None) -> int:
 
 # ============================================================================================= the subcommands
 
-SUBCOMMANDS = {"speed": speed_main, "profile": profile_main, "ab": ab_main, "budget": budget_main}
+SUBCOMMANDS = {"speed": speed_main, "profile": profile_main, "ab": ab_main, "budget": budget_main, "split": split_main}
 
 
 def main(argv=None) -> int:

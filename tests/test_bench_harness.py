@@ -238,3 +238,86 @@ def test_op_ab_times_a_layer_shape_and_the_8bit_kt(tmp_path):
     p = subprocess.run([sys.executable, str(REPO / "bench" / "op.py"), "ab", "--before", str(tmp_path), "--heads", "9",
                         "--head-kv", "2"], capture_output=True, text=True, cwd=REPO)
     assert p.returncode == 2 and "--heads must be a multiple of --head-kv" in p.stderr
+
+
+def test_step_split_classifies_perf_symbols():
+    """real_text.py split's parts: quantized matmuls are weights, f16 dots and SparQ's kernels
+    attention (upstream's anonymous-namespace tinyBLAS is not), libgomp the barriers."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from real_text_split import classify, parse_report
+
+    assert classify("libggml-cpu.so", "ggml_vec_dot_q4_1_q8_1") == "weights"
+    assert classify("libggml-cpu.so", "quantize_row_q8_0") == "weights"
+    assert classify("libggml-cpu.so", "void (anonymous namespace)::tinyBLAS<16, float, float>::gemm<4, 1>") == "weights"
+    assert classify("libggml-cpu.so", "ggml_vec_dot_f16") == "attention"
+    assert classify("libggml-cpu.so", "ggml_compute_forward_flash_attn_ext_f16_one_chunk") == "attention"
+    assert classify("libggml-cpu.so", "(anonymous namespace)::avx512_expsum_store") == "attention"
+    assert classify("libggml-cpu.so", "sparq_cpu::attend_cells") == "attention"
+    assert classify("libm.so.6", "__expf_fma") == "attention"
+    assert classify("libgomp.so.1.0.0", "0x000000000001f7da") == "barriers"
+    assert classify("libggml-cpu.so", "ggml_compute_forward_rms_norm") == "other"
+    assert classify("libpython3.11.so.1.0", "_PyEval_EvalFrameDefault") == "other"
+    report = "\n".join([
+        "# Samples: 4K of event 'cpu-clock:pppH'",
+        "    35.30%         18841  libggml-cpu.so     [.] ggml_vec_dot_q4_1_q8_1            -      -",
+        "     6.23%          3326  libgomp.so.1.0.0   [.] 0x000000000001f7da                -      -",
+        "     4.65%          2482  libggml-cpu.so     [.] (anonymous namespace)::simd_approx_kt4_tile<(anonymous "
+        "namespace)::avx512_vec, 3, 3, 3>     -      -",
+        "     1.00%           500  [kernel.kallsyms]  [k] clear_page_erms                   -      -",
+    ])
+    p = parse_report(report)
+    assert p["samples"] == {"weights": 18841, "attention": 2482, "barriers": 3326, "other": 500}
+    assert p["symbols"]["attention"] == {
+        "(anonymous namespace)::simd_approx_kt4_tile<(anonymous namespace)::avx512_vec, 3, 3, 3>": 2482}
+
+
+def _perf_usable():
+    sys.path.insert(0, str(REPO / "bench"))
+    from real_text_split import perf_usable
+
+    return perf_usable()
+
+
+def test_step_split_writes_results(tmp_path):
+    """real_text.py split on a tiny model with q8_0 weights: every run sampled over its decode steps
+    only, the parts and the bounds in the result files; SparQ ran."""
+    why = _perf_usable()
+    if why:
+        pytest.skip(why)
+    from sparq_lab.models import make_tiny_llama
+
+    # weights large enough for perf to sample their matmuls at depth 0
+    model = make_tiny_llama(tmp_path / "small-q8.gguf", n_layer=2, n_embd=512, n_ff=2048, n_head=8, n_head_kv=2,
+                            seed=3, weight_type="q8_0")
+    harness("real_text.py split", "--model", model, "--tokens", "1300", "--steps", "40", "--kt-bits", "4,8",
+            "--tag", "split", "--out-dir", tmp_path)
+    doc = json.loads((tmp_path / "split.json").read_text())
+    runs = doc["result"]["runs"]
+    assert set(runs) == {"depth0_fa1", "depth0_fa0", "dense_fa1", "dense_fa0", "sparq_kt4", "sparq_kt8"}
+    assert runs["sparq_kt4"]["sparq_calls"] > 0 and runs["dense_fa1"]["sparq_calls"] == 0
+    assert all(set(r["cpu_ms"]) == {"weights", "attention", "barriers", "other"} for r in runs.values())
+    assert runs["depth0_fa1"]["cpu_ms"]["weights"] > 0
+    an = doc["result"]["analysis"]
+    assert an["dense_fastest"] in ("dense_fa1", "dense_fa0")
+    assert 0 < an["sparq"]["sparq_kt4"]["bound_depth0"] and 0 < an["sparq"]["sparq_kt4"]["share_depth0"]
+    md = (tmp_path / "split.md").read_text()
+    assert "| sparq_kt8 | 1300 |" in md and "the depth-0 bound" in md and "top symbols" in md
+
+
+def test_step_split_refuses_bad_input(tmp_path, tiny_gqa_model):
+    """Bad options are named; a model with f32 weights (no quantized matmul to tell the weights by)
+    is refused with the reason."""
+    script = str(REPO / "bench" / "real_text.py")
+    p = subprocess.run([sys.executable, script, "split", "--kt-bits", "3", "--tag", "x"], capture_output=True,
+                       text=True, cwd=REPO)
+    assert p.returncode == 2 and "--kt-bits" in p.stderr
+    p = subprocess.run([sys.executable, script, "profile", "--perf-control", str(tmp_path / "no-fifo")],
+                       capture_output=True, text=True, cwd=REPO)
+    assert p.returncode == 2 and "--perf-control" in p.stderr
+    if _perf_usable() is not None:
+        return  # the refusal comes after the runs perf samples
+    p = subprocess.run([sys.executable, script, "split", "--model", tiny_gqa_model, "--tokens", "1300", "--steps", "2",
+                        "--kt-bits", "4", "--tag", "x", "--out-dir", str(tmp_path)], capture_output=True, text=True,
+                       cwd=REPO)
+    assert p.returncode != 0 and "quantized" in p.stderr
+    assert not (tmp_path / "x.json").exists()

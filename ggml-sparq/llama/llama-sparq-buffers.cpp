@@ -21,10 +21,6 @@
 #include <memory>
 #include <vector>
 
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
-
 llama_kv_cache * sparq_find_cache(llama_memory_t mem) {
     if (auto * kv = dynamic_cast<llama_kv_cache *>(mem)) {
         return kv;
@@ -36,30 +32,6 @@ llama_kv_cache * sparq_find_cache(llama_memory_t mem) {
         return hyb->get_mem_attn();
     }
     return nullptr;
-}
-
-// A host buffer of the CPU's on transparent huge pages where the kernel allows them (its
-// `transparent_hugepage` setting: madvise or always), before its first touch: a decode step writes
-// one cell of every K^T row and step 1 reads r rows, each row on pages of its own, and with 4 KiB
-// pages their TLB misses took more time than the op's arithmetic on them. Only the whole 2 MiB
-// pages inside the buffer; nothing elsewhere.
-static void sparq_advise_huge_pages(ggml_backend_buffer_t buf) {
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-    ggml_backend_dev_t dev = ggml_backend_buft_get_device(ggml_backend_buffer_get_type(buf));
-    if (!ggml_backend_buffer_is_host(buf) || !dev || ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU) {
-        return; // (a GPU's pinned host buffer is the driver's memory)
-    }
-    const uintptr_t huge = (uintptr_t) 2 << 20;
-    uintptr_t b = (uintptr_t) ggml_backend_buffer_get_base(buf);
-    uintptr_t e = b + ggml_backend_buffer_get_size(buf);
-    b = (b + huge - 1) & ~(huge - 1);
-    e &= ~(huge - 1);
-    if (e > b) {
-        madvise((void *) b, e - b, MADV_HUGEPAGE); // advice: a kernel without THP leaves small pages
-    }
-#else
-    (void) buf;
-#endif
 }
 
 // allocate the tensors of each buffer type in one zeroed buffer (kept in bufs, counted as SparQ's memory)
@@ -82,7 +54,6 @@ bool sparq_alloc_buffers(llama_sparq_ctx & S,
         for (ggml_tensor * t : tensors) {
             ggml_tallocr_alloc(&ta, t);
         }
-        sparq_advise_huge_pages(buf);
         ggml_backend_buffer_clear(buf, 0);
         ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
         S.mem.extra_bytes += ggml_backend_buffer_get_size(buf);

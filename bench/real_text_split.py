@@ -30,8 +30,8 @@ A sample is 1/F s of one CPU; per run and step, CPU milliseconds of:
 - weights: the quantized matmuls (``ggml_vec_dot_<quant>_*``, ``ggml_gemv_*``, ``ggml_gemm_*``,
   llamafile's ``tinyBLAS``) and the activations' ``quantize_row_*``;
 - attention: upstream's flash attention or ``-fa 0`` path (``ggml_vec_dot_f16``, ``ggml_vec_mad_f16``,
-  ``soft_max``, libm's ``exp``, the f16 conversions) or SparQ (every symbol naming ``sparq`` and the op's
-  ISA kernels);
+  ``soft_max``, libm's ``exp``, the f16 conversions) or SparQ (every symbol naming ``sparq``, the op's
+  ISA kernels, the standard library's selections in libggml-cpu);
 - barriers: the threads' waits (libgomp, ``ggml_barrier``);
 - other: the rest of the step (norms, RoPE, graph building, Python).
 
@@ -61,9 +61,11 @@ def classify(dso: str, sym: str) -> str:
         return "barriers"
     if _WEIGHTS.search(sym):
         return "weights"
-    # the op's ISA kernels live in anonymous namespaces of libggml-cpu; upstream's there are tinyBLAS
-    if (_ATTN.search(sym) or (dso.startswith("libm.") and "exp" in sym)
-            or (dso.startswith("libggml-cpu") and "(anonymous namespace)::" in sym)):
+    # the op's ISA kernels live in anonymous namespaces of libggml-cpu (upstream's there are tinyBLAS),
+    # and the standard library's selections there are the op's but for upstream's argsort and top-k
+    # (a MoE's routing), which name their comparators cmp_argsort, cmp_top_k
+    ours = "(anonymous namespace)::" in sym or (sym.startswith("std::") and "cmp_" not in sym)
+    if _ATTN.search(sym) or (dso.startswith("libm.") and "exp" in sym) or (dso.startswith("libggml-cpu") and ours):
         return "attention"
     return "other"
 

@@ -254,6 +254,10 @@ def test_step_split_classifies_perf_symbols():
     assert classify("libggml-cpu.so", "(anonymous namespace)::avx512_expsum_store") == "attention"
     assert classify("libggml-cpu.so", "sparq_cpu::attend_cells") == "attention"
     assert classify("libm.so.6", "__expf_fma") == "attention"
+    assert classify("libggml-cpu.so", "std::__introselect<float*, long, __gnu_cxx::__ops::_Iter_comp_iter<"
+                                      "std::greater<float> > >") == "attention"
+    assert classify("libggml-cpu.so", "std::__introsort_loop<int*, long, __gnu_cxx::__ops::_Iter_comp_iter<"
+                                      "cmp_top_k> >") == "other"  # upstream's top-k (a MoE's routing)
     assert classify("libgomp.so.1.0.0", "0x000000000001f7da") == "barriers"
     assert classify("libggml-cpu.so", "ggml_compute_forward_rms_norm") == "other"
     assert classify("libpython3.11.so.1.0", "_PyEval_EvalFrameDefault") == "other"

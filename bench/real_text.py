@@ -422,6 +422,30 @@ LINE = re.compile(r"^(\w+): ([0-9.]+) tokens/s over (\d+) steps; SparQ calls (\d
 DENSE = {"f16_fa1": ("f16", 1), "f16_fa0": ("f16", 0), "q8_0_fa1": ("q8_0", 1)}
 
 
+def profile_cmd(args, dense: str | None = None, kt_bits: int | None = None, *, tokens: int | None = None,
+                steps: int | None = None, state_dir: Path | None = None, python: Path | None = None,
+                script: Path | None = None) -> list[str]:
+    """The command of one profile run for args (model, tokens, steps, threads, state_dir; each of the
+    last four overridden by its keyword): SparQ's defaults (kt_bits: that K^T width), or the dense path
+    dense (a key of DENSE); by the interpreter python and the real_text.py script (default: these)."""
+    cmd = [str(python or sys.executable), str(script or HERE / "real_text.py"), "profile", "--model", args.model,
+           "--tokens", str(tokens or args.tokens), "--steps", str(steps or args.steps), "--threads", str(args.threads),
+           "--state-dir", str(state_dir or args.state_dir)]
+    if dense:
+        ct, fa = DENSE[dense]
+        cmd += ["--mode", "dense", "--cache-type", ct, "--flash-attn", str(fa)]
+    return cmd + (["--kt-bits", str(kt_bits)] if kt_bits else [])
+
+
+def profile_result(p: subprocess.CompletedProcess, what: str) -> dict:
+    """A profile run's tokens/s, SparQ calls and compression from its last line; SystemExit naming
+    what failed otherwise."""
+    m = LINE.search(p.stdout)
+    if p.returncode != 0 or not m:
+        raise SystemExit(f"{what} failed:\n{p.stdout[-1500:]}{p.stderr[-3000:]}")
+    return {"tokens_per_s": float(m.group(2)), "sparq_calls": int(m.group(4)), "compression": float(m.group(5))}
+
+
 def run_once(lib: Path | None, args, dense: str | None = None, python: Path | None = None) -> dict:
     """One profile run with the libraries in lib (None: the package's), by the interpreter python
     (None: this one) and its package's real_text.py: an earlier build whose ABI differs runs with its
@@ -430,22 +454,13 @@ def run_once(lib: Path | None, args, dense: str | None = None, python: Path | No
     env.pop("LLAMA_SPARQ_LIB_DIR", None)
     if lib is not None:
         env["LLAMA_SPARQ_LIB_DIR"] = str(lib)
-    script = HERE / "real_text.py"
+    script = None
     if python is not None:
         # the checkout that environment was installed from: its bench/ beside its .venv (the venv's
         # interpreter is a link out of the checkout, so the path is made absolute, not resolved)
         script = Path(os.path.abspath(python)).parent.parent.parent / "bench" / "real_text.py"
-    cmd = [str(python or sys.executable), str(script), "profile", "--model", args.model, "--tokens", str(args.tokens),
-           "--steps", str(args.steps), "--threads", str(args.threads), "--state-dir", str(args.state_dir)]
-    if dense:
-        ct, fa = DENSE[dense]
-        cmd += ["--mode", "dense", "--cache-type", ct, "--flash-attn", str(fa)]
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    m = LINE.search(p.stdout)
-    if p.returncode != 0 or not m:
-        raise SystemExit(f"real_text.py profile failed with {lib or 'the installed package'}:\n"
-                         f"{p.stdout[-1500:]}{p.stderr[-3000:]}")
-    return {"tokens_per_s": float(m.group(2)), "sparq_calls": int(m.group(4)), "compression": float(m.group(5))}
+    p = subprocess.run(profile_cmd(args, dense, python=python, script=script), capture_output=True, text=True, env=env)
+    return profile_result(p, f"real_text.py profile with {lib or 'the installed package'}")
 
 
 def ab_main(argv=None) -> int:

@@ -14,7 +14,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import RESULTS, loadavg, md_bullets, md_table, out_stem, run_meta, write_json, write_md  # noqa: E402
 
-HERE = Path(__file__).resolve().parent
 
 SPLIT_DOC = """Where a decode step's time goes, by perf: the weights' matmuls, attention, barriers, the rest.
 
@@ -98,31 +97,22 @@ def perf_usable() -> str | None:
     return None
 
 
-def profile_cmd(args, tokens: int, state_dir: Path, mode: str, fa: int, kt_bits: int | None, steps: int) -> list[str]:
-    cmd = [sys.executable, str(HERE / "real_text.py"), "profile", "--model", args.model, "--tokens", str(tokens),
-           "--steps", str(steps), "--threads", str(args.threads), "--state-dir", str(state_dir), "--mode", mode,
-           "--flash-attn", str(fa)]
-    return cmd + (["--kt-bits", str(kt_bits)] if kt_bits else [])
-
-
-def run_profiled(args, work: Path, name: str, tokens: int, mode: str, fa: int, kt_bits: int | None) -> dict:
-    """One run: the prefill kept first (unsampled), then the decode steps under perf record."""
-    from real_text import LINE
+def run_profiled(args, work: Path, name: str, tokens: int, dense: str | None, kt_bits: int | None) -> dict:
+    """One run of real_text.py profile (the dense path dense, a key of real_text.DENSE, or SparQ's
+    defaults at kt_bits): the prefill kept first (unsampled), then the decode steps under perf record."""
+    from real_text import DENSE, profile_cmd, profile_result
 
     state_dir = work / f"state_{tokens}"
-    prep = subprocess.run(profile_cmd(args, tokens, state_dir, mode, fa, kt_bits, 1), capture_output=True, text=True)
-    if prep.returncode != 0:
-        raise SystemExit(f"{name}: real_text.py profile failed:\n{prep.stdout[-1500:]}{prep.stderr[-3000:]}")
+    cmd = profile_cmd(args, dense, kt_bits, tokens=tokens, steps=1, state_dir=state_dir)
+    profile_result(subprocess.run(cmd, capture_output=True, text=True), f"{name}: real_text.py profile")
     ctl, ack, data = work / f"{name}.ctl", work / f"{name}.ack", work / f"{name}.data"
     for f in (ctl, ack):
         f.unlink(missing_ok=True)
         subprocess.run(["mkfifo", str(f)], check=True)
     cmd = ["perf", "record", "-D", "-1", "--control", f"fifo:{ctl},{ack}", "-F", str(args.freq), "-o", str(data),
-           "--", *profile_cmd(args, tokens, state_dir, mode, fa, kt_bits, args.steps), "--perf-control", f"{ctl},{ack}"]
-    p = subprocess.run(cmd, capture_output=True, text=True)
-    m = LINE.search(p.stdout)
-    if p.returncode != 0 or not m:
-        raise SystemExit(f"{name}: perf record of real_text.py profile failed:\n{p.stdout[-1500:]}{p.stderr[-3000:]}")
+           "--", *profile_cmd(args, dense, kt_bits, tokens=tokens, state_dir=state_dir), "--perf-control", f"{ctl},{ack}"]
+    run = profile_result(subprocess.run(cmd, capture_output=True, text=True),
+                         f"{name}: perf record of real_text.py profile")
     rep = subprocess.run(["perf", "report", "-i", str(data), "-n", "--sort", "dso,symbol", "--stdio"],
                          capture_output=True, text=True)
     if rep.returncode != 0:
@@ -131,8 +121,8 @@ def run_profiled(args, work: Path, name: str, tokens: int, mode: str, fa: int, k
     if sum(parsed["samples"].values()) == 0:
         raise SystemExit(f"{name}: perf recorded no sample of the decode steps")
     ms = 1000.0 / args.freq / args.steps  # CPU ms a step per sample
-    return {"tokens": tokens, "mode": mode, "flash_attn": fa, "kt_bits": kt_bits,
-            "tokens_per_s": float(m.group(2)), "sparq_calls": int(m.group(4)), "compression": float(m.group(5)),
+    return {"tokens": tokens, "mode": "dense" if dense else "sparq", "flash_attn": DENSE[dense][1] if dense else 1,
+            "kt_bits": kt_bits, **run,
             "cpu_ms": {k: round(v * ms, 3) for k, v in parsed["samples"].items()},
             "top": {part: [[s, round(n * ms, 3)] for s, n in sorted(d.items(), key=lambda x: -x[1])[:args.top]]
                     for part, d in parsed["symbols"].items()}}
@@ -168,8 +158,9 @@ def analyse(runs: dict, threads: int) -> dict:
     return out
 
 
-RUNS = (("depth0_fa1", "depth0", "dense", 1), ("depth0_fa0", "depth0", "dense", 0),
-        ("dense_fa1", "S", "dense", 1), ("dense_fa0", "S", "dense", 0))
+# (run, depth 0?, dense path): an f16 cache
+RUNS = (("depth0_fa1", True, "f16_fa1"), ("depth0_fa0", True, "f16_fa0"),
+        ("dense_fa1", False, "f16_fa1"), ("dense_fa0", False, "f16_fa0"))
 
 
 def split_main(argv=None) -> int:
@@ -200,10 +191,10 @@ def split_main(argv=None) -> int:
     runs = {}
     with tempfile.TemporaryDirectory(prefix="sparq_split_") as d:
         work = Path(d)
-        plan = [(n, 16 if t == "depth0" else a.tokens, m, fa, None) for n, t, m, fa in RUNS]
-        plan += [(f"sparq_kt{b}", a.tokens, "sparq", 1, int(b)) for b in bits]
-        for name, tokens, mode, fa, kt in plan:
-            runs[name] = run_profiled(a, work, name, tokens, mode, fa, kt)
+        plan = [(n, 16 if d0 else a.tokens, dense, None) for n, d0, dense in RUNS]
+        plan += [(f"sparq_kt{b}", a.tokens, None, int(b)) for b in bits]
+        for name, tokens, dense, kt in plan:
+            runs[name] = run_profiled(a, work, name, tokens, dense, kt)
             r = runs[name]
             print(f"{name}: {r['tokens_per_s']:.2f} t/s; CPU ms a step: "
                   + ", ".join(f"{p} {r['cpu_ms'][p]:.2f}" for p in PARTS), flush=True)

@@ -4,6 +4,7 @@ the prompt's length, dense against SparQ, by ``perf record`` (real_text.py's fif
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import subprocess
@@ -108,9 +109,10 @@ def run_profiled(args, work: Path, name: str, tokens: int, dense: str | None, kt
     ctl, ack, data = work / f"{name}.ctl", work / f"{name}.ack", work / f"{name}.data"
     for f in (ctl, ack):
         f.unlink(missing_ok=True)
-        subprocess.run(["mkfifo", str(f)], check=True)
+        os.mkfifo(f)
+    profile = profile_cmd(args, dense, kt_bits, tokens=tokens, state_dir=state_dir)
     cmd = ["perf", "record", "-D", "-1", "--control", f"fifo:{ctl},{ack}", "-F", str(args.freq), "-o", str(data),
-           "--", *profile_cmd(args, dense, kt_bits, tokens=tokens, state_dir=state_dir), "--perf-control", f"{ctl},{ack}"]
+           "--", *profile, "--perf-control", f"{ctl},{ack}"]
     run = profile_result(subprocess.run(cmd, capture_output=True, text=True),
                          f"{name}: perf record of real_text.py profile")
     rep = subprocess.run(["perf", "report", "-i", str(data), "-n", "--sort", "dso,symbol", "--stdio"],
